@@ -1,0 +1,64 @@
+# recserve: one Makefile, the same targets locally and in CI.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PROTOS := $(wildcard proto/recserve/v1/*.proto)
+GEN    := recserve/v1/.generated
+BENCHES := codec ps train e2e swap
+
+.PHONY: venv proto lint test test-fast demo bench $(addprefix bench-,$(BENCHES)) clean
+
+venv: $(STAMP)
+
+# The venv is created and filled on first use, so every target works on a fresh clone.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "grpcio-tools>=1.66"
+	$(MAKE) --no-print-directory proto-gen
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+proto: $(STAMP) proto-gen
+
+# Generated code goes to recserve/v1/ (gitignored); never hand-edit it.
+proto-gen: $(GEN)
+$(GEN): $(PROTOS)
+	mkdir -p recserve/v1
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+	touch recserve/__init__.py recserve/v1/__init__.py $@
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# Unit tests first (fast), then the integration tests that start real processes.
+test: $(STAMP) lint
+	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m slow
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" -x
+
+demo: $(STAMP)
+	$(PY) -m serving.demo
+
+bench: $(addprefix bench-,$(BENCHES))
+
+bench-codec: $(STAMP)
+	$(PY) -m loadtest.bench_codec
+
+bench-ps: $(STAMP)
+	$(PY) -m loadtest.bench_ps
+
+bench-train: $(STAMP)
+	$(PY) -m loadtest.bench_train
+
+bench-e2e: $(STAMP)
+	$(PY) -m loadtest.bench_e2e
+
+bench-swap: $(STAMP)
+	$(PY) -m loadtest.bench_swap
+
+clean:
+	rm -rf $(VENV) recserve .pytest_cache .ruff_cache
