@@ -1,0 +1,173 @@
+"""Dense model zoo: shapes, F == 0, gradients, TorchScript and ONNX round trips, DLRM interaction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from training.export_dense import (
+    ExportVerificationError,
+    build_tensorrt_engine,
+    export_onnx,
+    export_torchscript,
+    load_dense,
+    verify_onnx,
+)
+from training.models import DLRM, MODEL_KINDS, ModelConfig, build_model
+
+S, D, F = 5, 8, 3
+
+
+def make(kind: str, num_dense: int = F, dropout: float = 0.0, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        kind=kind,
+        num_slots=S,
+        dim=D,
+        num_dense=num_dense,
+        bottom_mlp=[16, D],
+        top_mlp=[16, 8],
+        dropout=dropout,
+    )
+    return build_model(cfg).eval()
+
+
+def inputs(batch: int, num_dense: int = F, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, S, D, generator=g), torch.randn(batch, num_dense, generator=g)
+
+
+@pytest.mark.parametrize("num_dense", [F, 0])
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_shapes_and_grad_to_pooled(kind: str, num_dense: int) -> None:
+    model = make(kind, num_dense).train()
+    for batch in (1, 7):
+        pooled, dense = inputs(batch, num_dense)
+        pooled.requires_grad_(True)
+        logits = model(pooled, dense)
+        assert logits.shape == (batch,) and logits.dtype == torch.float32
+        assert torch.isfinite(logits).all()
+        torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.ones(batch)).backward()
+        assert pooled.grad is not None and pooled.grad.shape == pooled.shape
+        assert pooled.grad.abs().sum() > 0  # the worker back-propagates this into the embeddings
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_deterministic_init(kind: str) -> None:
+    a, b, c = make(kind, seed=3), make(kind, seed=3), make(kind, seed=4)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("num_dense", [F, 0])
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_torchscript_round_trip_exact(kind: str, num_dense: int, tmp_path) -> None:
+    model = make(kind, num_dense, dropout=0.2).train()  # export must switch dropout off
+    path = export_torchscript(model, tmp_path / "dense.pt")
+    assert model.training  # the trainer's model is handed back in its original mode
+    model.eval()
+    pooled, dense = inputs(6, num_dense)
+    loaded = torch.jit.load(str(path))
+    with torch.no_grad():
+        expected = model(pooled, dense)
+        for _ in range(3):  # the profiling executor re-optimises after warm-up runs
+            assert torch.equal(loaded(pooled, dense), expected)
+    served = load_dense(path)(pooled.numpy(), dense.numpy())
+    assert served.dtype == np.float32
+    np.testing.assert_array_equal(served, model(pooled, dense).detach().numpy())
+
+
+@pytest.mark.parametrize("num_dense", [F, 0])
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_onnx_matches_torch_on_other_batch_size(kind: str, num_dense: int, tmp_path) -> None:
+    model = make(kind, num_dense, dropout=0.2)
+    path = export_onnx(model, tmp_path / "dense.onnx", *inputs(4, num_dense))
+    pooled, dense = inputs(33, num_dense, seed=7)
+    diff = verify_onnx(path, model, pooled, dense, atol=1e-5)
+    assert diff <= 1e-5
+    served = load_dense(path, num_threads=1)(pooled.numpy(), dense.numpy())
+    assert served.shape == (33,) and served.dtype == np.float32
+
+
+def test_verify_onnx_rejects_a_different_model(tmp_path) -> None:
+    path = export_onnx(make("dlrm"), tmp_path / "dense.onnx", *inputs(2))
+    with pytest.raises(ExportVerificationError, match="differ from torch"):
+        verify_onnx(path, make("dlrm", seed=9), *inputs(5))
+    # a relative bound admits what float32 rounding would, not a different model
+    with pytest.raises(ExportVerificationError):
+        verify_onnx(path, make("dlrm", seed=9), *inputs(5), atol=0.0, rtol=1e-3)
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".onnx"])
+def test_load_dense_rejects_wrong_shapes(suffix: str, tmp_path) -> None:
+    model = make("fm")
+    path = tmp_path / f"dense{suffix}"
+    if suffix == ".pt":
+        export_torchscript(model, path)
+    else:
+        export_onnx(model, path, *inputs(2))
+    predict = load_dense(path)
+    pooled, dense = inputs(3)
+    with pytest.raises(ValueError, match=r"pooled must be \(B, 5, 8\)"):
+        predict(pooled.numpy()[:, :4], dense.numpy())
+    with pytest.raises(ValueError, match=r"dense must be \(3, 3\)"):
+        predict(pooled.numpy(), dense.numpy()[:2])
+    with pytest.raises(ValueError, match="unknown dense model format"):
+        load_dense(tmp_path / "dense.bin")
+
+
+@pytest.mark.parametrize("num_dense", [F, 0])
+def test_dlrm_interaction_equals_naive_pairwise_dots(num_dense: int) -> None:
+    model = make("dlrm", num_dense)
+    assert isinstance(model, DLRM)
+    fields = torch.randn(2, S + (1 if num_dense else 0), D, dtype=torch.float32)
+    n = fields.shape[1]
+    naive = torch.tensor(
+        [[float(fields[b, i] @ fields[b, j]) for i in range(n) for j in range(i + 1, n)] for b in range(2)]
+    )
+    torch.testing.assert_close(model.interact(fields), naive)
+
+    # and the forward pass feeds [bottom(dense), slots] through exactly that interaction
+    pooled, dense = inputs(2, num_dense)
+    with torch.no_grad():
+        if model.bottom is not None:
+            x = model.bottom(dense)
+            top_in = torch.cat([x, model.interact(torch.cat([x[:, None], pooled], 1))], 1)
+        else:
+            top_in = model.interact(pooled)
+        torch.testing.assert_close(model(pooled, dense), model.top(top_in).squeeze(-1))
+
+
+def test_fm_pairwise_term_equals_naive_sum() -> None:
+    model = make("fm")
+    pooled, dense = inputs(3)
+    with torch.no_grad():
+        v = model.fields(pooled, dense)
+        n = v.shape[1]
+        pairs = sum((v[:, i] * v[:, j]).sum(-1) for i in range(n) for j in range(i + 1, n))
+        first = model.linear(torch.cat([pooled.flatten(1), dense], 1)).squeeze(-1)
+        torch.testing.assert_close(model(pooled, dense), first + pairs)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="unknown model kind"):
+        ModelConfig(kind="wdl", num_slots=2, num_dense=1)
+    with pytest.raises(ValueError, match="must end with dim=16"):
+        ModelConfig(kind="dlrm", num_slots=2, num_dense=1, bottom_mlp=[64, 32])
+    with pytest.raises(ValueError, match="unknown ModelConfig keys"):
+        ModelConfig.from_dict({"kind": "lr", "num_slots": 2, "num_dense": 0, "emb_dim": 4})
+    cfg = ModelConfig.from_dict({"kind": "lr", "num_slots": 2, "num_dense": 0})
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_tensorrt_path_fails_cleanly_without_tensorrt(tmp_path) -> None:
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        with pytest.raises(RuntimeError, match="TensorRT not available"):
+            build_tensorrt_engine(tmp_path / "x.onnx", tmp_path / "x.engine")
+    else:
+        pytest.skip("tensorrt is installed; the CPU-only failure path does not apply")

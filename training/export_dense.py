@@ -1,0 +1,239 @@
+"""Export the dense network (TorchScript `.pt`, ONNX `.onnx`) and load it back for serving.
+
+The exported graph has the model contract of `training.models`: inputs `pooled` (B, S, D) and
+`dense` (B, F) float32, output `logits` (B,), batch axis dynamic. `load_dense` gives serving one
+numpy-in/numpy-out callable whichever format was exported.
+
+Both exporters used here are deprecated in torch 2.13 (`torch.jit.script`, and the TorchScript-
+based ONNX exporter; the new one needs `onnxscript`, not a dependency). They still work and
+TorchServe still loads `.pt`, so their deprecation warnings are silenced here, in one place.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+ONNX_OPSET = 17
+INPUT_NAMES = ("pooled", "dense")
+OUTPUT_NAME = "logits"
+
+DenseFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+class ExportVerificationError(RuntimeError):
+    """The exported model does not reproduce the torch model's outputs."""
+
+
+@contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Export in eval mode (no dropout), then give the trainer its model back as it was."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+@contextmanager
+def _quiet_deprecations() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\..*")
+        warnings.filterwarnings("ignore", message=r".*legacy TorchScript-based ONNX export.*")
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.(script|load). is deprecated.*")
+        warnings.filterwarnings("ignore", message=r".*feature will be removed.*")
+        yield
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The inner module of a DistributedDataParallel wrapper (export the model, not the wrapper)."""
+    inner = getattr(model, "module", None)
+    return inner if isinstance(model, nn.parallel.DistributedDataParallel) and inner is not None else model
+
+
+def _as_tensor(x: Tensor | np.ndarray, like: nn.Module) -> Tensor:
+    """float32 on the model's device (the trainer's model may live on a GPU)."""
+    t = x if isinstance(x, Tensor) else torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    device = next(iter(like.parameters())).device
+    return t.detach().to(device=device, dtype=torch.float32)
+
+
+def _as_array(x: Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(x, Tensor):
+        x = x.detach().cpu().numpy()
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def export_torchscript(model: nn.Module, path: str | os.PathLike) -> Path:
+    """Script `model` (eval mode) and save it; `torch.jit.load(path)` needs no recserve code."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _eval_mode(_unwrap(model)) as m, _quiet_deprecations():
+        scripted = torch.jit.script(m)
+        scripted.eval()
+        torch.jit.save(scripted, str(path))
+    return path
+
+
+def export_onnx(
+    model: nn.Module,
+    path: str | os.PathLike,
+    example_pooled: Tensor | np.ndarray,
+    example_dense: Tensor | np.ndarray,
+) -> Path:
+    """Export to ONNX (opset 17) with a dynamic batch axis.
+
+    When the model has no dense features the exporter drops the unused `dense` input from the
+    graph; `load_dense` feeds only the inputs the graph declares.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    batch = {0: "batch"}
+    with _eval_mode(_unwrap(model)) as m, _quiet_deprecations(), torch.no_grad():
+        torch.onnx.export(
+            m,
+            (_as_tensor(example_pooled, m), _as_tensor(example_dense, m)),
+            str(path),
+            dynamo=False,
+            opset_version=ONNX_OPSET,
+            input_names=list(INPUT_NAMES),
+            output_names=[OUTPUT_NAME],
+            dynamic_axes={"pooled": batch, "dense": batch, OUTPUT_NAME: batch},
+        )
+    return path
+
+
+def verify_onnx(
+    path: str | os.PathLike,
+    model: nn.Module,
+    pooled: Tensor | np.ndarray,
+    dense: Tensor | np.ndarray,
+    atol: float = 1e-5,
+    rtol: float = 0.0,
+) -> float:
+    """Max abs difference between onnxruntime (CPU) and torch logits on these inputs.
+
+    Raises ExportVerificationError where any row differs by more than `atol + rtol * |logit|`
+    (or the shapes differ), so an export that does not reproduce the trainer's scores is never
+    published. Why `rtol`: float32 carries ~7 digits, so two correct runtimes that sum in a
+    different order differ by ~1e-6 at |logit| ~ 10; logits far from 0 may need a relative bound.
+    """
+    with _eval_mode(_unwrap(model)) as m, torch.no_grad():
+        expected = m(_as_tensor(pooled, m), _as_tensor(dense, m)).cpu().numpy()
+    got = load_dense(path)(_as_array(pooled), _as_array(dense))
+    if got.shape != expected.shape:
+        raise ExportVerificationError(f"{path}: ONNX logits shape {got.shape} != torch {expected.shape}")
+    err = np.abs(got - expected)
+    diff = float(err.max()) if err.size else 0.0
+    bad = ~(err <= atol + rtol * np.abs(expected))  # NaN counts as bad
+    if bad.any():
+        raise ExportVerificationError(
+            f"{path}: ONNX logits differ from torch by up to {diff:.3g} (max abs); "
+            f"{int(bad.sum())} of {err.size} rows exceed atol={atol:g} + rtol={rtol:g} * |logit|"
+        )
+    return diff
+
+
+def _check_inputs(pooled: np.ndarray, dense: np.ndarray, slots: int, dim: int, num_dense: int) -> None:
+    """Shape errors with a message naming the problem, instead of a deep runtime error."""
+    if pooled.ndim != 3 or pooled.shape[1:] != (slots, dim):
+        raise ValueError(f"pooled must be (B, {slots}, {dim}), got {pooled.shape}")
+    if dense.ndim != 2 or dense.shape != (pooled.shape[0], num_dense):
+        raise ValueError(f"dense must be ({pooled.shape[0]}, {num_dense}), got {dense.shape}")
+
+
+def _load_torchscript(path: Path) -> DenseFn:
+    with _quiet_deprecations():
+        module = torch.jit.load(str(path), map_location="cpu")
+    module.eval()
+    shape = (int(module.num_slots), int(module.dim), int(module.num_dense))
+
+    def predict(pooled: np.ndarray, dense: np.ndarray) -> np.ndarray:
+        p, d = _as_array(pooled), _as_array(dense)
+        _check_inputs(p, d, *shape)
+        with torch.inference_mode():
+            return module(torch.from_numpy(p), torch.from_numpy(d)).numpy()
+
+    return predict
+
+
+def _load_onnx(path: Path, num_threads: int | None) -> DenseFn:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    if num_threads is not None:
+        opts.intra_op_num_threads = num_threads
+    session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    inputs = {i.name: i.shape for i in session.get_inputs()}
+    if "pooled" not in inputs:
+        raise ValueError(f"{path}: not a recserve dense model (inputs {sorted(inputs)}, no 'pooled')")
+    slots, dim = int(inputs["pooled"][1]), int(inputs["pooled"][2])
+    num_dense = int(inputs["dense"][1]) if "dense" in inputs else 0
+
+    def predict(pooled: np.ndarray, dense: np.ndarray) -> np.ndarray:
+        p, d = _as_array(pooled), _as_array(dense)
+        _check_inputs(p, d, slots, dim, num_dense)
+        feed = {"pooled": p, "dense": d} if "dense" in inputs else {"pooled": p}
+        return session.run([OUTPUT_NAME], feed)[0]
+
+    return predict
+
+
+def load_dense(path: str | os.PathLike, num_threads: int | None = None) -> DenseFn:
+    """Load an exported dense model as `(pooled f32 (B,S,D), dense f32 (B,F)) -> logits f32 (B,)`.
+
+    `.pt` is loaded with torch.jit.load, `.onnx` with an onnxruntime CPU session (`num_threads`
+    sets its intra-op threads; None keeps onnxruntime's default). Inputs of the wrong shape raise
+    ValueError naming the expected shape.
+    """
+    path = Path(path)
+    if path.suffix == ".pt":
+        return _load_torchscript(path)
+    if path.suffix == ".onnx":
+        return _load_onnx(path, num_threads)
+    raise ValueError(f"{path}: unknown dense model format {path.suffix!r}; expected .pt or .onnx")
+
+
+def build_tensorrt_engine(
+    onnx_path: str | os.PathLike, engine_path: str | os.PathLike, max_batch: int = 1024
+) -> Path:
+    """Optional GPU path: build a serialized TensorRT engine from the ONNX export.
+
+    Raises RuntimeError("TensorRT not available ...") where tensorrt or a CUDA device is missing
+    (the default CPU install). Not exercised by the CPU test suite.
+    """
+    try:
+        import tensorrt as trt
+    except ImportError as e:
+        raise RuntimeError("TensorRT not available: install the 'gpu' extra on a CUDA machine") from e
+    if not torch.cuda.is_available():
+        raise RuntimeError("TensorRT not available: no CUDA device")
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse(Path(onnx_path).read_bytes()):
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise RuntimeError(f"TensorRT could not parse {onnx_path}: {errors}")
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    for i in range(network.num_inputs):
+        inp = network.get_input(i)
+        rest = tuple(inp.shape)[1:]
+        profile.set_shape(inp.name, (1, *rest), (max_batch, *rest), (max_batch, *rest))
+    config.add_optimization_profile(profile)
+    engine = builder.build_serialized_network(network, config)
+    if engine is None:
+        raise RuntimeError(f"TensorRT failed to build an engine from {onnx_path}")
+    engine_path = Path(engine_path)
+    engine_path.write_bytes(bytes(engine))
+    return engine_path
