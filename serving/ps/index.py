@@ -1,0 +1,247 @@
+"""Compiled kernels of the PS store: the open-addressing sign -> slot index, deterministic row
+initialisation and the admission sketch.
+
+The index is a table of int32 slot numbers (-1 = empty) with linear probing; the
+signs themselves live once, in the store's ``keys`` array (``keys[slot]``), so an entry costs
+4 bytes of table plus nothing else. Deletion uses backward shifting, so there are no tombstones
+and probe lengths do not degrade under churn.
+
+The table size is exactly ceil(capacity / MAX_LOAD) (no rounding to a power of two, which would
+cost up to 2x index memory); the home position is the high 32 bits of a salted splitmix64 of the
+sign scaled to the size (multiply-shift). ``shard_of`` routes by ``mix64(sign) % num_shards``, so
+inside one shard the low bits of ``mix64`` are correlated with the shard number; the high bits of
+a differently salted mix keep the table uniform.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+EMPTY = np.int32(-1)
+MAX_LOAD = 0.6  # table load factor bound: capacity <= MAX_LOAD * table size
+
+_SALT = np.uint64(0x5DEECE66DA3B9F17)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+_S11 = np.uint64(11)
+_S32 = np.uint64(32)
+_INV53 = 1.0 / 9007199254740992.0  # 2**-53
+
+
+def table_size(capacity: int) -> int:
+    """Index entries for ``capacity`` rows at load <= MAX_LOAD (at least 16)."""
+    return max(int(np.ceil(capacity / MAX_LOAD)), 16)
+
+
+@numba.njit(inline="always")
+def _mix(z):
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
+
+
+@numba.njit(inline="always")
+def _home(sign, size):
+    return np.int64(((_mix(sign ^ _SALT) >> _S32) * np.uint64(size)) >> _S32)
+
+
+@numba.njit(cache=True, nogil=True)
+def find_slots(table, keys, signs):
+    """Slot of each sign, -1 where absent."""
+    size = len(table)
+    out = np.empty(len(signs), dtype=np.int32)
+    for i in range(len(signs)):
+        s = signs[i]
+        pos = _home(s, size)
+        while True:
+            slot = table[pos]
+            if slot < 0 or keys[slot] == s:
+                out[i] = slot
+                break
+            pos = _next(pos, size)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def gather_rows(table, keys, rows, signs, out):
+    """Fused lookup + gather for float32 storage: out[i] = rows[slot(signs[i])] or zeros.
+    Returns the number of misses."""
+    size = len(table)
+    dim = rows.shape[1]
+    misses = 0
+    for i in range(len(signs)):
+        s = signs[i]
+        pos = _home(s, size)
+        while True:
+            slot = table[pos]
+            if slot < 0:
+                for j in range(dim):
+                    out[i, j] = 0.0
+                misses += 1
+                break
+            if keys[slot] == s:
+                for j in range(dim):
+                    out[i, j] = rows[slot, j]
+                break
+            pos = _next(pos, size)
+    return misses
+
+
+@numba.njit(cache=True, nogil=True)
+def insert_new(table, keys, signs, start):
+    """Insert distinct, absent ``signs`` at slots start, start+1, ... (keys written too)."""
+    size = len(table)
+    for i in range(len(signs)):
+        s = signs[i]
+        slot = start + i
+        keys[slot] = s
+        pos = _home(s, size)
+        while table[pos] >= 0:
+            pos = _next(pos, size)
+        table[pos] = slot
+
+
+@numba.njit(cache=True, nogil=True)
+def rebuild(table, keys, n):
+    """Index keys[:n] (slot = position). Returns the number of duplicate signs found (0 when
+    the input is consistent); duplicates are not indexed."""
+    size = len(table)
+    table[:] = EMPTY
+    dups = 0
+    for slot in range(n):
+        s = keys[slot]
+        pos = _home(s, size)
+        while True:
+            t = table[pos]
+            if t < 0:
+                table[pos] = slot
+                break
+            if keys[t] == s:
+                dups += 1
+                break
+            pos = _next(pos, size)
+    return dups
+
+
+@numba.njit(inline="always")
+def _next(pos, size):
+    pos += 1
+    return 0 if pos == size else pos
+
+
+@numba.njit(inline="always")
+def _delete_at(table, keys, pos, size):
+    """Backward-shift deletion of the entry at ``pos``."""
+    i = pos
+    j = pos
+    while True:
+        j = _next(j, size)
+        t = table[j]
+        if t < 0:
+            break
+        k = _home(keys[t], size)
+        # the entry at j may move to i only if its home is not cyclically inside (i, j]
+        if i <= j:
+            if i < k <= j:
+                continue
+        elif k > i or k <= j:
+            continue
+        table[i] = t
+        i = j
+    table[i] = EMPTY
+
+
+@numba.njit(inline="always")
+def _position_of(table, keys, slot, size):
+    pos = _home(keys[slot], size)
+    while table[pos] != slot:
+        pos = _next(pos, size)
+    return pos
+
+
+@numba.njit(cache=True, nogil=True)
+def remove_compact(table, keys, victims, n):
+    """Remove the rows at the sorted distinct slots ``victims`` (all < n) and keep rows dense:
+    the surviving rows at the tail fill the holes. Moves keys and the index; returns (src, dst)
+    so the caller moves every other per-row array the same way (src >= new n > dst)."""
+    size = len(table)
+    for v in victims:
+        _delete_at(table, keys, _position_of(table, keys, v, size), size)
+    m = len(victims)
+    new_n = n - m
+    gone = np.zeros(n - new_n, dtype=np.bool_)  # victims in the tail [new_n, n)
+    holes = 0
+    for v in victims:
+        if v >= new_n:
+            gone[v - new_n] = True
+        else:
+            holes += 1
+    src = np.empty(holes, dtype=np.int64)
+    dst = np.empty(holes, dtype=np.int64)
+    j = new_n
+    h = 0
+    for v in victims:
+        if v >= new_n:
+            break
+        while gone[j - new_n]:
+            j += 1
+        table[_position_of(table, keys, j, size)] = v
+        keys[v] = keys[j]
+        src[h] = j
+        dst[h] = v
+        h += 1
+        j += 1
+    return src, dst
+
+
+@numba.njit(cache=True, nogil=True)
+def init_rows(signs, dim, seed, scale):
+    """Deterministic initial rows: element (i, j) is uniform(-scale, scale) drawn from a
+    counter-based hash of (sign, j, seed), so a sign gets the same row in every process."""
+    out = np.empty((len(signs), dim), dtype=np.float32)
+    for i in range(len(signs)):
+        base = signs[i] ^ seed
+        for j in range(dim):
+            z = _mix(base ^ (np.uint64(j + 1) * _GOLDEN))
+            u = np.float64(z >> _S11) * _INV53
+            out[i, j] = np.float32((2.0 * u - 1.0) * scale)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def sketch_add(sketch, signs, counts):
+    """Count-min sketch (depth x 2**k uint16, saturating): add ``counts`` for ``signs`` and
+    return the new estimates (never below the true count)."""
+    depth, width = sketch.shape
+    mask = np.uint64(width - 1)
+    out = np.empty(len(signs), dtype=np.int64)
+    for i in range(len(signs)):
+        z = _mix(signs[i] ^ _SALT)
+        est = 1 << 30
+        for d in range(depth):
+            z = _mix(z + _GOLDEN)
+            pos = np.int64(z & mask)
+            c = np.int64(sketch[d, pos]) + counts[i]
+            if c > 65535:
+                c = 65535
+            sketch[d, pos] = c
+            if c < est:
+                est = c
+        out[i] = est
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def segment_sum(inverse, values, k):
+    """out[inverse[i]] += values[i]: sums the gradients of duplicate signs, in input order."""
+    out = np.zeros((k, values.shape[1]), dtype=np.float32)
+    for i in range(len(inverse)):
+        r = inverse[i]
+        for j in range(values.shape[1]):
+            out[r, j] += values[i, j]
+    return out

@@ -1,0 +1,118 @@
+"""Sparse optimizers of the PS, vectorised over the rows one update touches.
+
+The store gathers the touched rows and their state into float32 matrices, calls ``apply`` and
+scatters the results back, so an optimizer is a few whole-array numpy expressions. SGD and
+Adagrad follow ``torch.optim.SGD`` / ``torch.optim.Adagrad`` operation by operation (same float32
+expressions in the same order) because training results are compared with in-memory torch
+models; Adam is lazy Adam as ``torch.optim.SparseAdam`` (moments and the parameter change only
+on rows with a gradient; the bias correction uses the shard's step count); FTRL is
+FTRL-Proximal, per coordinate, as in McMahan et al. 2013 ("Ad Click Prediction"), Algorithm 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+STATE_NAMES: dict[str, tuple[str, ...]] = {
+    "sgd": (),
+    "adagrad": ("sum",),
+    "adam": ("exp_avg", "exp_avg_sq"),
+    "ftrl": ("z", "n"),
+}
+
+
+@dataclass
+class OptimizerConfig:
+    """A sparse optimizer and its hyper-parameters (fields an optimizer does not use are ignored)."""
+
+    name: str = "adagrad"
+    """One of sgd, adagrad, adam, ftrl."""
+    lr: float = 0.01
+    """Learning rate (FTRL: alpha)."""
+    eps: float | None = None
+    """Denominator epsilon; None means the torch default (Adagrad 1e-10, Adam 1e-8)."""
+    initial_accumulator_value: float = 0.0
+    """Adagrad: initial value of the squared-gradient sum (torch's argument of the same name)."""
+    beta1: float = 0.9
+    """Adam: first-moment decay."""
+    beta2: float = 0.999
+    """Adam: second-moment decay."""
+    l1: float = 0.0
+    """FTRL: L1 regularisation strength (lambda_1)."""
+    l2: float = 0.0
+    """FTRL: L2 regularisation strength (lambda_2)."""
+    ftrl_beta: float = 1.0
+    """FTRL: the beta of the per-coordinate learning rate alpha / (beta + sqrt(n))."""
+
+    def __post_init__(self) -> None:
+        if self.name not in STATE_NAMES:
+            raise ValueError(f"unknown optimizer {self.name!r}; choose one of {', '.join(STATE_NAMES)}")
+        if not self.lr > 0:
+            raise ValueError(f"learning rate must be > 0, got {self.lr}")
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return STATE_NAMES[self.name]
+
+    def initial_state(self, name: str) -> float:
+        return self.initial_accumulator_value if (self.name, name) == ("adagrad", "sum") else 0.0
+
+
+def apply(
+    cfg: OptimizerConfig, params: np.ndarray, state: dict[str, np.ndarray], grads: np.ndarray, step: int
+) -> None:
+    """One update of the gathered rows ``params`` (k, dim) and their ``state`` in place, with the
+    already coalesced ``grads`` (k, dim); ``step`` >= 1 is the optimizer step (Adam only)."""
+    f32 = np.float32
+    if cfg.name == "sgd":
+        # torch: param.add_(grad, alpha=-lr)
+        params += f32(-cfg.lr) * grads
+    elif cfg.name == "adagrad":
+        # torch: state_sum.addcmul_(grad, grad, value=1); std = state_sum.sqrt().add_(eps);
+        #        param.addcdiv_(grad, std, value=-clr)
+        eps = f32(1e-10 if cfg.eps is None else cfg.eps)
+        s = state["sum"]
+        s += grads * grads
+        std = np.sqrt(s)
+        std += eps
+        params += f32(-cfg.lr) * grads / std
+    elif cfg.name == "adam":
+        _sparse_adam(cfg, params, state, grads, step)
+    else:
+        _ftrl(cfg, params, state, grads)
+
+
+def _sparse_adam(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
+    # torch.optim.SparseAdam, on the rows present in the gradient
+    f32 = np.float32
+    eps = f32(1e-8 if cfg.eps is None else cfg.eps)
+    m, v = state["exp_avg"], state["exp_avg_sq"]
+    m_update = (grads - m) * f32(1 - cfg.beta1)
+    v_update = (grads * grads - v) * f32(1 - cfg.beta2)
+    numer = m_update + m
+    denom = np.sqrt(v_update + v)
+    m += m_update
+    v += v_update
+    denom += eps
+    bc1 = 1 - cfg.beta1**step
+    bc2 = 1 - cfg.beta2**step
+    step_size = cfg.lr * math.sqrt(bc2) / bc1
+    params += f32(-step_size) * (numer / denom)
+
+
+def _ftrl(cfg: OptimizerConfig, params, state, grads) -> None:
+    # McMahan et al. 2013, Algorithm 1 (per coordinate), with the current row as w_t
+    f32 = np.float32
+    z, n = state["z"], state["n"]
+    alpha = f32(cfg.lr)
+    g2 = grads * grads
+    n_new = n + g2
+    sigma = (np.sqrt(n_new) - np.sqrt(n)) / alpha
+    z += grads - sigma * params
+    n[...] = n_new
+    shrunk = z - np.sign(z) * f32(cfg.l1)
+    w = -shrunk / ((f32(cfg.ftrl_beta) + np.sqrt(n)) / alpha + f32(cfg.l2))
+    params[...] = np.where(np.abs(z) <= f32(cfg.l1), f32(0.0), w)

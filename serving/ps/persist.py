@@ -1,0 +1,313 @@
+"""Shard dumps on disk: full dumps and deltas, verified loading and re-sharding.
+
+A dump of shard i of n is one directory ``shard-<i>-of-<n>/``::
+
+    signs.npy            uint64 (rows,)            the keys, in slot order
+    rows.npy             float32|float16 (rows, dim)
+    state.<name>.npy     float32 (rows, dim)       one per optimizer state (Adagrad: state.sum)
+    stamp.npy, count.npy uint32 (rows,)            last-touch time (unix s) and touch count
+    deleted.npy          uint64 (k,)               deltas only: signs deleted since the last cut
+    meta.json            format, kind (full|delta), shard, num_shards, dim, dtype, optimizer,
+                         state names, schema_hash, rows, deleted, version, delta_seq, step, ...
+    MANIFEST.json        sha256 and size of every file above
+    _SUCCESS             written last
+
+The directory is written under a hidden temporary name and renamed into place, so a reader sees
+a complete dump or nothing. Loading checks ``_SUCCESS``, every checksum and the metadata against
+the store before anything is installed. Arrays are plain ``.npy`` files, read with one read each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from features.hashing import shard_of
+
+FORMAT = "recserve-ps-shard/1"
+SUCCESS = "_SUCCESS"
+MANIFEST = "MANIFEST.json"
+META = "meta.json"
+_SHARD_RE = re.compile(r"^shard-(\d+)-of-(\d+)$")
+
+
+class StoreError(Exception):
+    """A dump that cannot be used (incomplete, corrupt or incompatible with the store), or a
+    store operation that cannot be done; the message says which and why."""
+
+
+@dataclass
+class ShardData:
+    """The arrays of one shard (full dump or delta) and its metadata."""
+
+    meta: dict
+    signs: np.ndarray
+    rows: np.ndarray
+    state: dict[str, np.ndarray]
+    stamp: np.ndarray
+    count: np.ndarray
+    deleted: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
+
+    def select(self, mask: np.ndarray) -> ShardData:
+        """The rows where ``mask`` is true (deleted signs are kept as they are)."""
+        return ShardData(
+            self.meta,
+            self.signs[mask],
+            self.rows[mask],
+            {k: v[mask] for k, v in self.state.items()},
+            self.stamp[mask],
+            self.count[mask],
+            self.deleted,
+        )
+
+
+def shard_dir_name(shard: int, num_shards: int) -> str:
+    return f"shard-{shard}-of-{num_shards}"
+
+
+class _HashingWriter:
+    """A write-only file wrapper that hashes what passes through (np.save writes through it)."""
+
+    def __init__(self, f):
+        self.f = f
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, b) -> int:
+        self.sha.update(b)
+        self.size += len(b)
+        return self.f.write(b)
+
+
+def _write_file(path: Path, writer) -> dict:
+    with open(path, "wb") as f:
+        hw = _HashingWriter(f)
+        writer(hw)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"sha256": hw.sha.hexdigest(), "bytes": hw.size}
+
+
+def _npy_writer(arr: np.ndarray):
+    return lambda f: np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+
+
+def write_shard(parent: str | os.PathLike, data: ShardData) -> Path:
+    """Write ``data`` as ``parent/shard-<i>-of-<n>/`` (temporary name, fsync, rename); an
+    existing dump of the same name is replaced. Returns the final path."""
+    meta = dict(data.meta)
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    final = parent / shard_dir_name(meta["shard"], meta["num_shards"])
+    tmp = parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        arrays = {
+            "signs.npy": data.signs,
+            "rows.npy": data.rows,
+            "stamp.npy": data.stamp,
+            "count.npy": data.count,
+        }
+        arrays.update({f"state.{k}.npy": v for k, v in data.state.items()})
+        if meta["kind"] == "delta":
+            arrays["deleted.npy"] = data.deleted
+        files = {name: _write_file(tmp / name, _npy_writer(arr)) for name, arr in arrays.items()}
+        meta.update(format=FORMAT, rows=int(len(data.signs)), deleted=int(len(data.deleted)))
+        body = json.dumps(meta, indent=1, sort_keys=True).encode()
+        files[META] = _write_file(tmp / META, lambda f: f.write(body))
+        manifest = json.dumps({"files": files}, indent=1, sort_keys=True).encode()
+        _write_file(tmp / MANIFEST, lambda f: f.write(manifest))
+        _write_file(tmp / SUCCESS, lambda f: f.write(b""))
+        _fsync_dir(tmp)
+        if final.exists():
+            trash = parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(final, trash)
+            os.rename(tmp, final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_npy(path: Path, expect: dict) -> np.ndarray:
+    """One read, checksum over the bytes, then an array view of them (no second copy)."""
+    buf = bytearray(path.read_bytes())
+    if len(buf) != expect.get("bytes", len(buf)) or hashlib.sha256(buf).hexdigest() != expect["sha256"]:
+        raise StoreError(f"{path}: checksum mismatch (file corrupt or modified after the dump)")
+    bio = io.BytesIO(buf)
+    try:
+        version = np.lib.format.read_magic(bio)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(bio)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(bio)
+    except ValueError as e:
+        raise StoreError(f"{path}: not a .npy array: {e}") from e
+    if fortran or dtype.hasobject:
+        raise StoreError(f"{path}: unsupported array layout")
+    count = int(np.prod(shape))
+    return np.frombuffer(buf, dtype=dtype, count=count, offset=bio.tell()).reshape(shape)
+
+
+def read_shard(path: str | os.PathLike) -> ShardData:
+    """Read and verify one shard directory (full or delta)."""
+    path = Path(path)
+    if not (path / SUCCESS).is_file():
+        raise StoreError(f"{path}: no {SUCCESS} marker: the dump is incomplete or still being written")
+    try:
+        files = json.loads((path / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError) as e:
+        raise StoreError(f"{path}: unreadable {MANIFEST}: {e}") from e
+    if META not in files:
+        raise StoreError(f"{path}: {MANIFEST} does not list {META}")
+    body = (path / META).read_bytes()
+    if hashlib.sha256(body).hexdigest() != files[META]["sha256"]:
+        raise StoreError(f"{path / META}: checksum mismatch")
+    meta = json.loads(body)
+    if meta.get("format") != FORMAT:
+        raise StoreError(f"{path}: unknown dump format {meta.get('format')!r}, expected {FORMAT!r}")
+    arrays = {}
+    for name, info in files.items():
+        if name.endswith(".npy"):
+            if not (path / name).is_file():
+                raise StoreError(f"{path}: {name} listed in {MANIFEST} is missing")
+            arrays[name] = _read_npy(path / name, info)
+    data = ShardData(
+        meta=meta,
+        signs=arrays.get("signs.npy"),
+        rows=arrays.get("rows.npy"),
+        state={n: arrays.get(f"state.{n}.npy") for n in meta["state"]},
+        stamp=arrays.get("stamp.npy"),
+        count=arrays.get("count.npy"),
+        deleted=arrays.get("deleted.npy", np.empty(0, np.uint64)),
+    )
+    _validate(path, data)
+    return data
+
+
+def _validate(path: Path, d: ShardData) -> None:
+    n, dim = d.meta["rows"], d.meta["dim"]
+    checks = [
+        ("signs", d.signs, (n,), np.uint64),
+        ("rows", d.rows, (n, dim), np.dtype(d.meta["dtype"])),
+        ("stamp", d.stamp, (n,), np.uint32),
+        ("count", d.count, (n,), np.uint32),
+        ("deleted", d.deleted, (d.meta["deleted"],), np.uint64),
+    ] + [(f"state.{k}", v, (n, dim), np.float32) for k, v in d.state.items()]
+    for name, arr, shape, dtype in checks:
+        if arr is None:
+            raise StoreError(f"{path}: {name}.npy is missing")
+        if arr.shape != shape or arr.dtype != dtype:
+            raise StoreError(
+                f"{path}: {name}.npy is {arr.dtype}{arr.shape}, meta.json says {np.dtype(dtype)}{shape}"
+            )
+
+
+def check_compatible(meta: dict, dim: int, dtype: str, schema_hash: str, where: str = "") -> None:
+    """Refuse a dump whose dim, row dtype or feature-schema hash differs from the store's."""
+    where = where or f"shard {meta.get('shard')} of {meta.get('num_shards')}"
+    if meta["dim"] != dim:
+        raise StoreError(f"{where}: dim {meta['dim']} does not match the store's dim {dim}")
+    if meta["dtype"] != dtype:
+        raise StoreError(f"{where}: dtype {meta['dtype']} does not match the store's dtype {dtype}")
+    if schema_hash and meta.get("schema_hash", "") != schema_hash:
+        raise StoreError(
+            f"{where}: schema hash {meta.get('schema_hash', '')!r} does not match the store's {schema_hash!r} "
+            "(the dump was trained with another feature schema)"
+        )
+
+
+def shard_dirs(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """The shard directories named by ``paths``: a shard directory itself, a directory holding
+    ``shard-<i>-of-<n>/`` directories (all n must be there), or a list of shard directories."""
+    if isinstance(paths, (str, os.PathLike)):
+        root = Path(paths)
+        if (root / META).exists() or (root / SUCCESS).exists() or _SHARD_RE.match(root.name):
+            return [root]
+        if not root.is_dir():
+            raise StoreError(f"{root}: no such dump directory")
+        found = sorted(p for p in root.iterdir() if _SHARD_RE.match(p.name))
+        if not found:
+            raise StoreError(f"{root}: no shard-<i>-of-<n> directories in it")
+        counts = {int(_SHARD_RE.match(p.name).group(2)) for p in found}
+        if len(counts) != 1:
+            raise StoreError(f"{root}: dumps of different shard counts {sorted(counts)} side by side")
+        n = counts.pop()
+        have = {int(_SHARD_RE.match(p.name).group(1)) for p in found}
+        missing = sorted(set(range(n)) - have)
+        if missing:
+            raise StoreError(f"{root}: shards {missing} of {n} are missing")
+        return [root / shard_dir_name(i, n) for i in range(n)]
+    return [Path(p) for p in paths]
+
+
+def read_for_shard(paths, shard: int, num_shards: int, check=None) -> ShardData:
+    """The part of a dump (full or delta, any shard count) that shard ``shard`` of
+    ``num_shards`` owns, by the routing hash. ``check(meta, where)`` vets each shard's metadata
+    before its arrays are read."""
+    dirs = shard_dirs(paths)
+    metas = []
+    for d in dirs:
+        try:
+            metas.append(json.loads((d / META).read_text()))
+        except (OSError, ValueError) as e:
+            raise StoreError(f"{d}: unreadable {META}: {e}") from e
+    if check is not None:
+        for d, m in zip(dirs, metas, strict=True):
+            check(m, str(d))
+    same = [
+        d for d, m in zip(dirs, metas, strict=True) if (m["shard"], m["num_shards"]) == (shard, num_shards)
+    ]
+    if same and all(m["num_shards"] == num_shards for m in metas) and len(dirs) == num_shards:
+        return read_shard(same[0])  # same layout: read only our own shard
+    parts = []
+    for d in dirs:
+        data = read_shard(d)
+        if data.meta["num_shards"] == num_shards and data.meta["shard"] == shard:
+            parts.append(data)
+        else:
+            parts.append(data.select(shard_of(data.signs, num_shards) == shard))
+    return _concat(parts)
+
+
+def _concat(parts: Iterable[ShardData]) -> ShardData:
+    parts = list(parts)
+    if len(parts) == 1:
+        return parts[0]
+    meta = dict(parts[0].meta)
+    for key in ("kind", "dim", "dtype", "optimizer", "delta_seq", "version"):
+        values = {str(p.meta.get(key)) for p in parts}
+        if len(values) > 1:
+            raise StoreError(f"shard dumps disagree on {key}: {sorted(values)}")
+    meta["step"] = max(int(p.meta.get("step", 0)) for p in parts)
+    return ShardData(
+        meta=meta,
+        signs=np.concatenate([p.signs for p in parts]),
+        rows=np.concatenate([p.rows for p in parts]),
+        state={k: np.concatenate([p.state[k] for p in parts]) for k in parts[0].state},
+        stamp=np.concatenate([p.stamp for p in parts]),
+        count=np.concatenate([p.count for p in parts]),
+        deleted=np.unique(np.concatenate([p.deleted for p in parts])),
+    )
