@@ -1,0 +1,246 @@
+"""Shard dumps: bit-identical round trip, base + deltas == full dump, re-sharding, and refusal
+of incomplete, corrupt or incompatible dumps."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from features.hashing import shard_of
+from serving.ps import EmbeddingStore, OptimizerConfig, StoreConfig, StoreError, persist
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 1_700_000_000.0
+
+    def __call__(self):
+        return self.t
+
+
+def make(**kw) -> EmbeddingStore:
+    kw.setdefault("dim", 4)
+    kw.setdefault("capacity", 500)
+    kw.setdefault("optimizer", OptimizerConfig("adam", lr=0.01))
+    clock = kw.pop("clock", None) or FakeClock()
+    return EmbeddingStore(StoreConfig(**kw), clock=clock)
+
+
+def train(store: EmbeddingStore, rng, steps: int, pool: int = 300, batch: int = 64) -> None:
+    for _ in range(steps):
+        signs = rng.integers(1, pool, batch).astype(np.uint64)
+        if store.config.num_shards > 1:
+            signs = signs[shard_of(signs, store.config.num_shards) == store.config.shard]
+        store.lookup(signs, insert=True)
+        store.apply_gradients(signs, rng.standard_normal((len(signs), store.config.dim)))
+
+
+def contents(store: EmbeddingStore) -> dict:
+    """Order-independent content: arrays sorted by sign."""
+    snap = store.snapshot()
+    order = np.argsort(snap.signs)
+    out = {
+        "signs": snap.signs[order],
+        "rows": snap.rows[order],
+        "stamp": snap.stamp[order],
+        "count": snap.count[order],
+    }
+    out.update({f"state.{k}": v[order] for k, v in snap.state.items()})
+    return out
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_dump_load_is_bit_identical(tmp_path):
+    rng = np.random.default_rng(0)
+    a = make(schema_hash="abc")
+    train(a, rng, 10)
+    a.version = "v1"
+    path = a.dump(tmp_path / "one")
+    assert path.name == "shard-0-of-1"
+    assert sorted(p.name for p in path.iterdir()) == [
+        "MANIFEST.json",
+        "_SUCCESS",
+        "count.npy",
+        "meta.json",
+        "rows.npy",
+        "signs.npy",
+        "stamp.npy",
+        "state.exp_avg.npy",
+        "state.exp_avg_sq.npy",
+    ]
+    assert not [p for p in (tmp_path / "one").iterdir() if p.name.startswith(".")]  # no temp dirs left
+    b = make(schema_hash="abc")
+    assert b.load(tmp_path / "one") == len(a)
+    assert (b.version, b.delta_seq, b.step) == ("v1", a.delta_seq, a.step)
+    b.dump(tmp_path / "two")
+    for name in (
+        "signs.npy",
+        "rows.npy",
+        "state.exp_avg.npy",
+        "state.exp_avg_sq.npy",
+        "stamp.npy",
+        "count.npy",
+    ):
+        assert (tmp_path / "one/shard-0-of-1" / name).read_bytes() == (
+            tmp_path / "two/shard-0-of-1" / name
+        ).read_bytes()
+    signs = a.snapshot().signs
+    np.testing.assert_array_equal(a.lookup(signs)[0], b.lookup(signs)[0])
+    # training continues identically from the loaded copy
+    grads = rng.standard_normal((len(signs), 4))
+    a.apply_gradients(signs, grads)
+    b.apply_gradients(signs, grads)
+    np.testing.assert_array_equal(a.lookup(signs)[0], b.lookup(signs)[0])
+
+
+def test_full_dump_equals_base_plus_deltas(tmp_path):
+    rng = np.random.default_rng(1)
+    clock = FakeClock()
+    train_store = make(capacity=200, evict_fraction=0.05, clock=clock)  # small: evictions happen
+    train(train_store, rng, 5)
+    train_store.version = "v7"
+    train_store.dump(tmp_path / "base")
+    for seq in range(3):
+        clock.t += 1
+        train(train_store, rng, 4)
+        path = train_store.dump_delta(tmp_path / "deltas" / str(seq))
+        assert json.loads((path / "meta.json").read_text())["delta_seq"] == seq
+    assert train_store.evictions > 0
+    train_store.dump(tmp_path / "full")
+
+    serving = make(capacity=200)
+    serving.load(tmp_path / "base")
+    assert serving.delta_seq == -1
+    for seq in range(3):
+        serving.apply_delta(tmp_path / "deltas" / str(seq))
+        assert serving.delta_seq == seq
+    full = make(capacity=200)
+    full.load(tmp_path / "full")
+    assert_same(contents(serving), contents(full))
+    assert_same(contents(serving), contents(train_store))
+    # applying a delta again is harmless; a gap is refused
+    assert serving.apply_delta(tmp_path / "deltas" / "2") == 0
+    assert_same(contents(serving), contents(full))
+    other = make(capacity=200)
+    other.load(tmp_path / "base")
+    with pytest.raises(StoreError, match="does not follow"):
+        other.apply_delta(tmp_path / "deltas" / "1")
+    with pytest.raises(StoreError, match="expected a delta"):
+        other.apply_delta(tmp_path / "base")
+
+
+def test_reshard_2_to_3(tmp_path):
+    rng = np.random.default_rng(2)
+    olds = [make(shard=i, num_shards=2) for i in range(2)]
+    for s in olds:
+        train(s, rng, 8)
+        s.dump(tmp_path / "v1")
+    union = {k: np.concatenate([contents(s)[k] for s in olds]) for k in contents(olds[0])}
+    news = [make(shard=i, num_shards=3) for i in range(3)]
+    for i, s in enumerate(news):
+        s.load(tmp_path / "v1")
+        assert (shard_of(s.snapshot().signs, 3) == i).all()
+    merged = {k: np.concatenate([contents(s)[k] for s in news]) for k in union}
+    order_u, order_m = np.argsort(union["signs"]), np.argsort(merged["signs"])
+    for k in union:
+        np.testing.assert_array_equal(union[k][order_u], merged[k][order_m], err_msg=k)
+    # the same via an explicit list of shard directories and explicit shard arguments
+    s = make()
+    s.load([tmp_path / "v1/shard-0-of-2", tmp_path / "v1/shard-1-of-2"], shard=1, num_shards=3)
+    assert_same(contents(s), contents(news[1]))
+
+
+def test_reshard_deltas(tmp_path):
+    rng = np.random.default_rng(3)
+    olds = [make(shard=i, num_shards=2) for i in range(2)]
+    for s in olds:
+        train(s, rng, 3)
+        s.dump(tmp_path / "base")
+        train(s, rng, 3)
+        s.dump_delta(tmp_path / "d0")
+    news = [make(shard=i, num_shards=3) for i in range(3)]
+    for s in news:
+        s.load(tmp_path / "base")
+        s.apply_delta(tmp_path / "d0")
+    assert sum(len(s) for s in news) == sum(len(s) for s in olds)
+    for s in olds:
+        signs = s.snapshot().signs
+        got = np.zeros((len(signs), 4), np.float32)
+        for i, n in enumerate(news):
+            mine = shard_of(signs, 3) == i
+            got[mine] = n.lookup(signs[mine])[0]
+        np.testing.assert_array_equal(got, s.lookup(signs)[0])
+
+
+@pytest.fixture
+def dumped(tmp_path):
+    s = make(schema_hash="abc")
+    train(s, np.random.default_rng(4), 3)
+    return s.dump(tmp_path / "v")
+
+
+def test_refuses_missing_success(dumped):
+    (dumped / "_SUCCESS").unlink()
+    with pytest.raises(StoreError, match="_SUCCESS"):
+        make().load(dumped)
+
+
+def test_refuses_bad_checksum(dumped):
+    data = bytearray((dumped / "rows.npy").read_bytes())
+    data[-1] ^= 1
+    (dumped / "rows.npy").write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="checksum"):
+        make().load(dumped)
+
+
+def test_refuses_incompatible_dumps(dumped):
+    with pytest.raises(StoreError, match="dim 4 does not match the store's dim 8"):
+        make(dim=8).load(dumped)
+    with pytest.raises(StoreError, match="dtype float32 does not match"):
+        make(dtype="float16").load(dumped)
+    with pytest.raises(StoreError, match="schema hash"):
+        make(schema_hash="other").load(dumped)
+    with pytest.raises(StoreError, match="capacity"):
+        make(capacity=5).load(dumped)
+    s = make()  # a store without a schema hash adopts the dump's
+    s.load(dumped)
+    assert s.config.schema_hash == "abc"
+
+
+def test_refuses_incomplete_shard_sets(tmp_path):
+    s = make(shard=0, num_shards=2)
+    s.dump(tmp_path / "v")
+    with pytest.raises(StoreError, match=r"shards \[1\] of 2 are missing"):
+        make().load(tmp_path / "v")
+    with pytest.raises(StoreError, match="no such dump"):
+        make().load(tmp_path / "nope")
+
+
+def test_failed_write_leaves_nothing_and_keeps_the_delta_pending(tmp_path, monkeypatch):
+    s = make()
+    train(s, np.random.default_rng(5), 2)
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(persist, "_fsync_dir", boom)
+    with pytest.raises(OSError):
+        s.dump_delta(tmp_path / "d")
+    assert list((tmp_path / "d").iterdir()) == []
+    assert s.delta_seq == -1
+    monkeypatch.undo()
+    delta = s.cut_delta()
+    assert len(delta.signs) == len(s) and delta.meta["delta_seq"] == 0
+
+
+def test_optimizer_change_resets_state(dumped):
+    s = make(optimizer=OptimizerConfig("adagrad", initial_accumulator_value=0.1))
+    n = s.load(dumped)
+    assert n > 0 and (s.snapshot().state["sum"] == np.float32(0.1)).all()
