@@ -110,9 +110,11 @@ def _xxh64(buf, n, seed):
 
 
 @numba.njit(cache=True)
-def _hash_codepoints(cps, seed, prefix, mask):
+def _hash_codepoints(cps, seed, prefixes, mask):
     """Signs of the rows of a (n, width) UTF-32 code-point matrix (a numpy 'U' array viewed as
-    uint32): each row is UTF-8 encoded into a scratch buffer, then hashed."""
+    uint32): each row is UTF-8 encoded into a scratch buffer, hashed, masked and given the prefix
+    of its row (``prefixes`` has one entry per row, or a single entry for all)."""
+    one = len(prefixes) == 1
     n, width = cps.shape
     out = np.empty(n, dtype=np.uint64)
     buf = np.empty(4 * width + 1, dtype=np.uint8)
@@ -141,22 +143,29 @@ def _hash_codepoints(cps, seed, prefix, mask):
                 buf[m + 2] = 0x80 | ((c >> 6) & 0x3F)
                 buf[m + 3] = 0x80 | (c & 0x3F)
                 m += 4
-        out[r] = prefix | (_xxh64(buf, m, seed) & mask)
+        out[r] = prefixes[0 if one else r] | (_xxh64(buf, m, seed) & mask)
     return out
 
 
 def xxh64_strings(values: np.ndarray, seed: int = SIGN_SEED) -> np.ndarray:
     """Plain XXH64 (64 bits, no slot prefix) of each string of a numpy 'U' array."""
     u = _as_unicode(values)
-    return _hash_codepoints(_codepoints(u), np.uint64(seed), np.uint64(0), np.uint64(0xFFFFFFFFFFFFFFFF))
+    return _hash_codepoints(
+        _codepoints(u), np.uint64(seed), np.zeros(1, np.uint64), np.uint64(0xFFFFFFFFFFFFFFFF)
+    )
 
 
-def hash_values(values: np.ndarray, slot_id: int) -> np.ndarray:
-    """Signs (uint64) of a whole column of string values of one slot, in one compiled pass."""
-    if not 0 < slot_id <= MAX_SLOT_ID:
-        raise ValueError(f"slot id {slot_id} outside 1..{MAX_SLOT_ID}")
+def hash_values(values: np.ndarray, slot_id: int | np.ndarray) -> np.ndarray:
+    """Signs (uint64) of string values, in one compiled pass. ``slot_id``: one id for all values,
+    or one id per value (to hash several slots' columns in one call)."""
+    ids = np.atleast_1d(np.asarray(slot_id, dtype=np.int64))
+    if ids.size and (ids.min() < 1 or ids.max() > MAX_SLOT_ID):
+        raise ValueError(f"slot ids must be in 1..{MAX_SLOT_ID}")
     u = _as_unicode(values)
-    return _hash_codepoints(_codepoints(u), np.uint64(SIGN_SEED), np.uint64(slot_id << SIGN_BITS), SIGN_MASK)
+    if len(ids) not in (1, len(u)):
+        raise ValueError("need one slot id, or one per value")
+    prefixes = ids.astype(np.uint64) << np.uint64(SIGN_BITS)
+    return _hash_codepoints(_codepoints(u), np.uint64(SIGN_SEED), prefixes, SIGN_MASK)
 
 
 def sign(slot_id: int, value: str) -> int:

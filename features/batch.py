@@ -1,0 +1,161 @@
+"""CompactBatch: the deduplicated, jagged batch that every hop carries.
+
+Layout (all slots concatenated, slot order = ``Schema.sparse``):
+
+- ``signs``    uint64, per slot the sorted unique signs of that slot, slot after slot;
+  ``sign_counts[s]`` of them belong to slot ``s``.
+- ``values``   per slot, one index per value into that slot's own signs (narrowest unsigned
+  type that fits the largest slot); ``value_counts[s]`` of them belong to slot ``s``.
+- ``offsets``  uint32, for each multi-valued slot in order, ``rows_s + 1`` offsets into its values.
+- ``flags``    uint8 per slot: FLAG_CONTEXT (stored once for the batch), FLAG_MULTI.
+- ``dense``    float32 (num_rows, F_row): per-row dense features. When the batch carries a request
+  context (``has_context``), context-scoped dense features are in ``context_dense`` (F_ctx,) once.
+- ``labels``   float32 (num_rows,) or None.
+
+A single-valued slot has exactly one value per stored row (``rows_s`` = 1 for a context slot,
+``num_rows`` otherwise). Because signs carry their slot id in the top bits, the concatenated
+``signs`` are unique across the whole batch: one lookup serves every slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+FLAG_CONTEXT = 1
+FLAG_MULTI = 2
+
+
+def index_dtype(max_count: int) -> np.dtype:
+    """Narrowest unsigned type whose values index ``max_count`` signs."""
+    if max_count <= 1 << 8:
+        return np.dtype(np.uint8)
+    if max_count <= 1 << 16:
+        return np.dtype(np.uint16)
+    return np.dtype(np.uint32)
+
+
+def _as_matrix(dense: np.ndarray, num_rows: int) -> np.ndarray:
+    dense = np.ascontiguousarray(dense, dtype=np.float32)
+    return dense if dense.ndim == 2 else dense.reshape(num_rows, -1)
+
+
+class SlotView(NamedTuple):
+    signs: np.ndarray  # uint64 sorted unique
+    values: np.ndarray  # indices into signs, one per value
+    offsets: np.ndarray | None  # multi-valued: rows_s + 1 offsets into values
+    context: bool  # stored once for the whole batch
+
+
+@dataclass(eq=False)
+class CompactBatch:
+    num_rows: int
+    flags: np.ndarray
+    sign_counts: np.ndarray
+    value_counts: np.ndarray
+    signs: np.ndarray
+    values: np.ndarray
+    offsets: np.ndarray
+    dense: np.ndarray
+    context_dense: np.ndarray
+    labels: np.ndarray | None = None
+    has_context: bool = False
+    schema_hash: int = 0
+
+    @classmethod
+    def from_slots(
+        cls,
+        num_rows: int,
+        slots: list[SlotView],
+        dense: np.ndarray,
+        context_dense: np.ndarray | None = None,
+        labels: np.ndarray | None = None,
+        has_context: bool = False,
+        schema_hash: int = 0,
+    ) -> CompactBatch:
+        sign_counts = np.array([len(s.signs) for s in slots], dtype=np.uint32)
+        vdt = index_dtype(int(sign_counts.max(initial=0)))
+        empty_u64 = np.empty(0, np.uint64)
+        return cls(
+            num_rows=int(num_rows),
+            flags=np.array(
+                [FLAG_CONTEXT * s.context | FLAG_MULTI * (s.offsets is not None) for s in slots], np.uint8
+            ),
+            sign_counts=sign_counts,
+            value_counts=np.array([len(s.values) for s in slots], dtype=np.uint32),
+            signs=np.concatenate([s.signs for s in slots]).astype(np.uint64) if slots else empty_u64,
+            values=np.concatenate([s.values for s in slots]).astype(vdt) if slots else np.empty(0, vdt),
+            offsets=np.concatenate(
+                [s.offsets for s in slots if s.offsets is not None] + [np.empty(0, np.uint32)]
+            ).astype(np.uint32),
+            dense=_as_matrix(dense, num_rows),
+            context_dense=np.zeros(0, np.float32)
+            if context_dense is None
+            else np.ascontiguousarray(context_dense, np.float32).reshape(-1),
+            labels=None if labels is None else np.ascontiguousarray(labels, np.float32).reshape(num_rows),
+            has_context=bool(has_context),
+            schema_hash=int(schema_hash),
+        )
+
+    # --- derived -------------------------------------------------------------------------
+    @property
+    def num_slots(self) -> int:
+        return len(self.flags)
+
+    @property
+    def sign_splits(self) -> np.ndarray:
+        return np.concatenate(([0], np.cumsum(self.sign_counts, dtype=np.int64)))
+
+    @property
+    def value_splits(self) -> np.ndarray:
+        return np.concatenate(([0], np.cumsum(self.value_counts, dtype=np.int64)))
+
+    def rows_of(self, slot: int) -> int:
+        return 1 if self.flags[slot] & FLAG_CONTEXT else self.num_rows
+
+    def slot(self, i: int) -> SlotView:
+        """The arrays of slot ``i`` (views, no copies)."""
+        ss, vs = self.sign_splits, self.value_splits
+        offsets = None
+        if self.flags[i] & FLAG_MULTI:
+            start = sum(self.rows_of(j) + 1 for j in range(i) if self.flags[j] & FLAG_MULTI)
+            offsets = self.offsets[start : start + self.rows_of(i) + 1]
+        return SlotView(
+            self.signs[ss[i] : ss[i + 1]],
+            self.values[vs[i] : vs[i + 1]],
+            offsets,
+            bool(self.flags[i] & FLAG_CONTEXT),
+        )
+
+    def global_values(self) -> np.ndarray:
+        """Per value, its index into the whole ``signs`` array (int64)."""
+        starts = self.sign_splits[:-1]
+        return self.values.astype(np.int64) + np.repeat(starts, self.value_counts.astype(np.int64))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CompactBatch):
+            return NotImplemented
+        same = (
+            self.num_rows == other.num_rows
+            and self.has_context == other.has_context
+            and self.schema_hash == other.schema_hash
+            and (self.labels is None) == (other.labels is None)
+            and self.values.dtype == other.values.dtype
+        )
+        arrays = (
+            "flags",
+            "sign_counts",
+            "value_counts",
+            "signs",
+            "values",
+            "offsets",
+            "dense",
+            "context_dense",
+        )
+        same = same and all(np.array_equal(getattr(self, a), getattr(other, a)) for a in arrays)
+        same = same and self.dense.shape == other.dense.shape
+        return bool(same and (self.labels is None or np.array_equal(self.labels, other.labels)))
+
+    __hash__ = None  # mutable arrays inside

@@ -1,0 +1,170 @@
+import numpy as np
+import orjson
+import pytest
+
+from features.codec import decode, encode
+from features.readers import obd_candidates, read_criteo, read_obd, to_records
+from features.schema import SchemaError, load_schema, schema_from_dict
+from features.transform import FeatureError, dense_matrix, transform
+
+CRITEO = load_schema("data/schemas/criteo.yaml")
+OBD = load_schema("data/schemas/obd.yaml")
+
+
+def test_shipped_schemas():
+    assert len(CRITEO.dense) == 13 and len(CRITEO.sparse) == 26
+    assert {s.scope for s in OBD.slots if s.name.startswith("user_feature")} == {"context"}
+    assert {s.scope for s in OBD.slots if s.name.startswith("affinity")} == {"context"}
+    assert {s.scope for s in OBD.slots if s.name in ("item_id", "position", "item_feature_0")} == {"item"}
+
+
+def test_criteo_tsv_and_json_records_give_identical_bytes():
+    table = read_criteo("data/criteo/wide_resdnn_criteo_test.tsv", limit=200)
+    records = orjson.loads(orjson.dumps(to_records(table, CRITEO, with_label=True)))  # as a client sends them
+    assert encode(transform(table, CRITEO)) == encode(transform(records, CRITEO))
+
+
+def test_criteo_csv_sample_and_json_give_identical_bytes():
+    table = read_criteo("data/criteo/deepctr_criteo_sample.csv")
+    assert table.num_rows == 200
+    records = orjson.loads(orjson.dumps(to_records(table, CRITEO, with_label=True)))
+    assert encode(transform(table, CRITEO)) == encode(transform(records, CRITEO))
+
+
+def test_criteo_batch_contents():
+    table = read_criteo("data/criteo/wide_resdnn_criteo_test.tsv", limit=50)
+    b = transform(table, CRITEO)
+    assert b.num_rows == 50 and b.num_slots == 26 and b.dense.shape == (50, 13)
+    assert b.labels.tolist() == table.columns["label"].astype(np.float32).tolist()
+    for i in range(26):  # every slot reconstructs its column's signs
+        s = b.slot(i)
+        assert np.all(np.diff(s.signs.astype(np.float64)) > 0)
+        assert len(s.values) == 50
+    i1 = table.columns["I1"]
+    expect = np.log1p(np.clip(np.where(i1 == "", "0", i1).astype(np.float64), 0, None)).astype(np.float32)
+    assert np.allclose(b.dense[:, 0], expect)
+
+
+def test_obd_offline_rows_equal_request_rows():
+    """A logged impression transformed offline and the same impression sent as a ranking request
+    give the same per-row features."""
+    table = read_obd("data/obd/all.csv", "data/obd/item_context.csv", limit=5)
+    offline = transform(table, OBD)
+    rec = to_records(table, OBD, slice(0, 1))[0]
+    ctx_cols = {s.column for s in OBD.slots if s.scope == "context"}
+    request = {"context": {k: v for k, v in rec.items() if k in ctx_cols},
+               "items": [{k: v for k, v in rec.items() if k not in ctx_cols}]}  # fmt: skip
+    online = transform(request, OBD)
+    assert online.has_context and offline.labels is not None and online.labels is None
+    for i in range(OBD.sparse.__len__()):
+        off, on = offline.slot(i), online.slot(i)
+        assert off.signs[off.values[0]] == on.signs[on.values[0]]
+    assert np.array_equal(dense_matrix(online, OBD)[0], offline.dense[0])
+
+
+def test_ranking_request_stores_context_once():
+    items = to_records(obd_candidates("data/obd/item_context.csv"), OBD)
+    ctx = {"user_feature_0": "u0", "user_feature_1": "u1", "user-item_affinity_3": 0.5}
+    b = transform({"context": ctx, "items": items}, OBD)
+    assert b.num_rows == 80 and b.dense.shape == (80, 1) and b.context_dense.shape == (80,)
+    assert b.context_dense[3] == 0.5
+    for i, f in enumerate(OBD.sparse):
+        assert len(b.slot(i).values) == (1 if f.scope == "context" else 80)
+    assert decode(encode(b)) == b
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        ({"items": [{"item_id": "1", "bogus": 1}]}, "unknown field"),
+        ({"items": [{"item_id": "1", "user_feature_0": "x"}]}, "wrong part"),
+        ({"items": [{"item_id": "1"}], "context": {"item_id": "2"}}, "wrong part"),
+        ({"items": [{"item_feature_1": "a"}]}, "required field 'item_id'"),
+        ({"items": [{"item_id": {"a": 1}}]}, "expected a string or integer"),
+        ({"items": [{"item_id": "1", "item_feature_0": "abc"}]}, "item_feature_0"),
+        ({"items": [{"item_id": "1", "item_feature_0": [1]}]}, "item_feature_0"),
+        ({"items": []}, "non-empty list"),
+        ({"items": "x"}, "non-empty list"),
+        ({"items": [1, 2]}, "JSON object"),
+        ({"context": [], "items": [{"item_id": "1"}]}, "must be an object"),
+        ({"foo": 1}, "a request is"),
+        ("just a string", "records must be"),
+        ([], "no records"),
+    ],
+)
+def test_bad_requests_are_named(request_, message):
+    with pytest.raises(FeatureError, match=message):
+        transform(request_, OBD)
+
+
+def test_integer_categoricals_and_missing_values():
+    a = transform([{"C1": 5, "I1": 2}, {"C1": None}], CRITEO)
+    b = transform([{"C1": "5", "I1": "2"}, {}], CRITEO)
+    assert encode(a) == encode(b)
+
+
+MULTI = schema_from_dict(
+    {
+        "name": "multi",
+        "label": "y",
+        "slots": [
+            {"name": "user", "scope": "context"},
+            {"name": "item"},
+            {"name": "tags", "kind": "multi", "separator": ","},
+            {"name": "price", "kind": "dense", "transform": {"mean": 10.0, "std": 2.0, "default": 10.0}},
+        ],
+        "crosses": [{"name": "user_x_item", "slots": ["user", "item"]}],
+    }
+)
+
+
+def test_multi_valued_lists_and_joined_strings_agree():
+    joined = [
+        {"user": "u", "item": "a", "tags": "x,y"},
+        {"user": "u", "item": "b", "tags": ""},
+        {"user": "v", "item": "a"},
+    ]
+    lists = [
+        {"user": "u", "item": "a", "tags": ["x", "y"]},
+        {"user": "u", "item": "b", "tags": []},
+        {"user": "v", "item": "a"},
+    ]
+    a, b = transform(joined, MULTI), transform(lists, MULTI)
+    assert encode(a) == encode(b)
+    tags = a.slot(2)
+    assert tags.offsets.tolist() == [0, 2, 2, 2]
+    assert a.dense[:, 0].tolist() == [0.0, 0.0, 0.0]  # default 10 standardised with mean 10
+
+
+def test_cross_of_context_and_item():
+    req = transform({"context": {"user": "u"}, "items": [{"item": "a"}, {"item": "b"}, {"item": "a"}]}, MULTI)
+    flat = transform(
+        [{"user": "u", "item": "a"}, {"user": "u", "item": "b"}, {"user": "u", "item": "a"}], MULTI
+    )
+    rc, fc = req.slot(3), flat.slot(3)
+    assert not rc.context and len(rc.values) == 3
+    assert (rc.signs[rc.values] == fc.signs[fc.values]).all()
+    assert rc.signs[rc.values][0] == rc.signs[rc.values][2] != rc.signs[rc.values][1]
+
+
+def test_schema_validation():
+    with pytest.raises(SchemaError, match="duplicate"):
+        schema_from_dict({"slots": [{"name": "a"}, {"name": "a"}]})
+    with pytest.raises(SchemaError, match="std"):
+        schema_from_dict({"slots": [{"name": "a", "kind": "dense", "transform": {"mean": 1.0}}]})
+    with pytest.raises(SchemaError, match="not a single-valued"):
+        schema_from_dict(
+            {
+                "slots": [{"name": "a", "kind": "dense"}, {"name": "b"}],
+                "crosses": [{"name": "c", "slots": ["a", "b"]}],
+            }
+        )
+    with pytest.raises(SchemaError):
+        schema_from_dict({"slots": [{"name": "a", "wrong_key": 1}]})
+    assert load_schema("data/schemas/criteo.yaml").fingerprint == CRITEO.fingerprint
+
+
+def test_log1p_of_negative_needs_clip():
+    s = schema_from_dict({"slots": [{"name": "x", "kind": "dense", "transform": {"log1p": True}}]})
+    with pytest.raises(FeatureError, match="log1p"):
+        transform([{"x": -3}], s)
