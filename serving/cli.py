@@ -13,6 +13,7 @@ import sys
 
 ROLES: dict[str, tuple[str, str]] = {
     "transform": ("features.cli", "read a data file, transform it and write compact batches"),
+    "ps": ("serving.ps.server", "serve one embedding parameter-server shard over gRPC"),
 }
 
 

@@ -1,0 +1,50 @@
+"""Prometheus ``/metrics`` on its own HTTP port, one registry per process role.
+
+Each service builds its own ``CollectorRegistry`` (so tests can run several in one process) and
+calls ``start_metrics_server``; port 0 means metrics are off.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+# Latency buckets from 50 us to 2.5 s: PS and worker calls live in the sub-millisecond range.
+LATENCY_BUCKETS = (
+    5e-5,
+    1e-4,
+    2e-4,
+    3e-4,
+    5e-4,
+    7.5e-4,
+    1e-3,
+    2e-3,
+    5e-3,
+    1e-2,
+    2.5e-2,
+    5e-2,
+    0.1,
+    0.25,
+    1.0,
+    2.5,
+)
+
+
+def start_metrics_server(port: int, host: str, registry) -> Callable[[], None]:
+    """Serve ``registry`` at http://host:port/metrics in a daemon thread; returns a stop function
+    (a no-op when ``port`` is 0)."""
+    if not port:
+        return lambda: None
+    from prometheus_client import start_http_server
+
+    httpd, thread = start_http_server(port, addr=host, registry=registry)
+    log.info("metrics on http://%s:%d/metrics", host, port)
+
+    def stop() -> None:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+    return stop

@@ -1,0 +1,179 @@
+"""A real PS process (`recserve ps`) on a free loopback port, called over gRPC: lookup, update,
+stats, dump/load, health, reflection, metrics, every bad input answered with INVALID_ARGUMENT
+while it keeps serving, and a clean exit on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+
+from recserve.v1 import common_pb2, ps_pb2
+from serving.ps.client import PSClient
+from tests.helpers import free_ports
+
+pytestmark = pytest.mark.slow
+
+DIM = 4
+
+
+@pytest.fixture(scope="module")
+def ps(tmp_path_factory):
+    port, metrics_port = free_ports(2)
+    log = tmp_path_factory.mktemp("ps") / "ps.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "serving.cli",
+        "ps",
+        "--port",
+        str(port),
+        "--metrics-port",
+        str(metrics_port),
+    ]
+    cmd += [
+        "--dim",
+        str(DIM),
+        "--capacity",
+        "1000",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.5",
+        "--init-scale",
+        "0.1",
+    ]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    client = PSClient(f"127.0.0.1:{port}", timeout_s=5.0)
+    try:
+        client.wait_ready(timeout_s=60)
+        yield {"proc": proc, "client": client, "port": port, "metrics_port": metrics_port, "log": log}
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def signs(*xs) -> np.ndarray:
+    return np.array(xs, dtype=np.uint64)
+
+
+def test_lookup_update_stats(ps):
+    c = ps["client"]
+    rows, misses = c.lookup(signs(10, 11, 12))
+    assert misses == 3 and not rows.any()
+    rows, misses = c.lookup(signs(10, 11, 12, 10), insert=True)
+    assert misses == 0 and rows.shape == (4, DIM) and np.abs(rows).max() <= 0.1
+    np.testing.assert_array_equal(rows[0], rows[3])
+    assert c.update(signs(10, 10, 11), np.ones((3, DIM), np.float32)) == 2
+    after, _ = c.lookup(signs(10, 11, 12))
+    np.testing.assert_allclose(after[0], rows[0] - 0.5 * 2, rtol=1e-6)  # duplicates summed
+    np.testing.assert_allclose(after[1], rows[1] - 0.5, rtol=1e-6)
+    np.testing.assert_array_equal(after[2], rows[2])
+    half, _ = c.lookup(signs(10, 11), dtype="float16")
+    np.testing.assert_allclose(half, after[:2], rtol=1e-3)
+    st = c.stats()
+    assert st["rows"] >= 3 and st["dim"] == DIM and st["capacity"] == 1000 and st["optimizer"] == "sgd"
+    assert st["memory_bytes"] > 0 and st["misses"] >= 3 and st["hits"] >= 3 and st["delta_seq"] == -1
+
+
+def test_dump_and_load_over_grpc(ps, tmp_path):
+    c = ps["client"]
+    c.lookup(signs(1, 2, 3), insert=True)
+    before, _ = c.lookup(signs(1, 2, 3))
+    resp = c.dump(str(tmp_path / "full"))
+    assert resp.path.endswith("shard-0-of-1") and resp.rows == c.stats()["rows"]
+    c.update(signs(1), np.ones((1, DIM), np.float32))
+    delta = c.dump(str(tmp_path / "d0"), delta=True)
+    assert delta.rows >= 1
+    loaded = c.load(str(tmp_path / "full"))
+    assert loaded.rows == resp.rows
+    np.testing.assert_array_equal(c.lookup(signs(1, 2, 3))[0], before)
+    c.load(str(tmp_path / "d0"), delta=True)
+    assert c.stats()["delta_seq"] == 0
+    assert not np.array_equal(c.lookup(signs(1))[0], before[:1])
+    with pytest.raises(grpc.RpcError) as e:
+        c.load(str(tmp_path / "missing"))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "no such dump" in e.value.details()
+
+
+def bad_requests():
+    ok = signs(1, 2).tobytes()
+    yield "empty lookup", "Lookup", ps_pb2.LookupRequest(), "empty request"
+    yield "signs not x8", "Lookup", ps_pb2.LookupRequest(signs=b"\x01" * 12), "multiple of 8"
+    yield "unknown dtype", "Lookup", ps_pb2.LookupRequest(signs=ok, dtype=7), "unknown dtype"
+    yield "empty update", "Update", ps_pb2.UpdateRequest(), "empty request"
+    yield "update signs not x8", "Update", ps_pb2.UpdateRequest(signs=b"\x01" * 9, grads=b""), "multiple of 8"
+    short = np.ones((2, DIM - 1), np.float32).tobytes()
+    yield "grads wrong shape", "Update", ps_pb2.UpdateRequest(signs=ok, grads=short), "expected"
+    nan = np.full((2, DIM), np.nan, np.float32).tobytes()
+    yield "NaN grads", "Update", ps_pb2.UpdateRequest(signs=ok, grads=nan), "NaN or Inf"
+    inf = np.full((2, DIM), np.inf, np.float32).tobytes()
+    yield "Inf grads", "Update", ps_pb2.UpdateRequest(signs=ok, grads=inf), "NaN or Inf"
+    yield "empty dump path", "Dump", ps_pb2.DumpRequest(), "path is empty"
+
+
+@pytest.mark.parametrize(
+    "name,method,request_,message", list(bad_requests()), ids=[b[0] for b in bad_requests()]
+)
+def test_bad_input_is_invalid_argument_and_server_keeps_serving(ps, name, method, request_, message):
+    c = ps["client"]
+    with pytest.raises(grpc.RpcError) as e:
+        getattr(c.stub, method)(request_, timeout=5)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in e.value.details()
+    rows, _ = c.lookup(signs(1, 2))
+    assert rows.shape == (2, DIM) and ps["proc"].poll() is None
+
+
+def test_deadline_is_honoured(ps):
+    with pytest.raises(grpc.RpcError) as e:
+        big = np.arange(1, 1_000_001, dtype=np.uint64).tobytes()  # 8 MB: cannot make it in 2 ms
+        ps["client"].stub.Lookup(ps_pb2.LookupRequest(signs=big), timeout=0.002)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert ps["client"].lookup(signs(1))[0].shape == (1, DIM)
+
+
+def test_health_and_reflection(ps):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    channel = ps["client"].channel
+    health = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "recserve.v1.EmbeddingPS"):
+        resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    answers = stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+    )
+    names = {s.name for a in answers for s in a.list_services_response.service}
+    assert {"recserve.v1.EmbeddingPS", "grpc.health.v1.Health"} <= names
+
+
+def test_metrics_endpoint(ps):
+    ps["client"].lookup(signs(5, 6))
+    body = urllib.request.urlopen(f"http://127.0.0.1:{ps['metrics_port']}/metrics", timeout=5).read().decode()
+    for name in ("recserve_ps_lookup_seconds_bucket", "recserve_ps_rows", "recserve_ps_memory_bytes"):
+        assert name in body
+    for name in ("recserve_ps_misses_total", "recserve_ps_evictions_total"):
+        assert name in body
+
+
+def test_version_in_lookup_response(ps):
+    resp = ps["client"].stub.Lookup(ps_pb2.LookupRequest(signs=signs(1).tobytes()), timeout=5)
+    assert resp.dim == DIM and resp.dtype == common_pb2.FLOAT32 and resp.version.delta_seq >= -1
+
+
+def test_sigterm_shuts_down_cleanly(ps):  # last in the module: it stops the shared server
+    proc = ps["proc"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 0, ps["log"].read_text()
+    assert "shutting down" in ps["log"].read_text()
