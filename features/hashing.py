@@ -147,6 +147,50 @@ def _hash_codepoints(cps, seed, prefixes, mask):
     return out
 
 
+@numba.njit(cache=True)
+def _hash_joined(buf, n_values, seed, prefixes, mask):
+    """Signs of the NUL-separated UTF-8 values in ``buf``; returns (signs, ok). ``ok`` is False
+    when the piece count differs from ``n_values`` (a value contained NUL itself)."""
+    out = np.empty(n_values, dtype=np.uint64)
+    one = len(prefixes) == 1
+    start = 0
+    k = 0
+    for i in range(len(buf) + 1):
+        if i == len(buf) or buf[i] == 0:
+            if k >= n_values:
+                return out, False
+            out[k] = prefixes[0 if one else k] | (_xxh64(buf[start:i], i - start, seed) & mask)
+            k += 1
+            start = i + 1
+    return out, k == n_values
+
+
+def _prefixes(slot_id, n: int) -> np.ndarray:
+    ids = np.atleast_1d(np.asarray(slot_id, dtype=np.int64))
+    if ids.size and (ids.min() < 1 or ids.max() > MAX_SLOT_ID):
+        raise ValueError(f"slot ids must be in 1..{MAX_SLOT_ID}")
+    if len(ids) not in (1, n):
+        raise ValueError("need one slot id, or one per value")
+    return ids.astype(np.uint64) << np.uint64(SIGN_BITS)
+
+
+def hash_str_list(values: list[str], slot_id: int | np.ndarray) -> np.ndarray:
+    """``hash_values`` for a Python list of str: one join + one UTF-8 encode + one compiled pass
+    (several times faster than building a numpy string array first)."""
+    prefixes = _prefixes(slot_id, len(values))
+    if values:
+        try:
+            buf = "\0".join(values).encode("utf-8", "surrogatepass")
+        except TypeError:  # not all str
+            raise ValueError("hash_str_list needs a list of str") from None
+        out, ok = _hash_joined(
+            np.frombuffer(buf, np.uint8), len(values), np.uint64(SIGN_SEED), prefixes, SIGN_MASK
+        )
+        if ok:
+            return out
+    return hash_values(np.array(values, dtype=np.str_), slot_id)
+
+
 def xxh64_strings(values: np.ndarray, seed: int = SIGN_SEED) -> np.ndarray:
     """Plain XXH64 (64 bits, no slot prefix) of each string of a numpy 'U' array."""
     u = _as_unicode(values)
@@ -158,13 +202,8 @@ def xxh64_strings(values: np.ndarray, seed: int = SIGN_SEED) -> np.ndarray:
 def hash_values(values: np.ndarray, slot_id: int | np.ndarray) -> np.ndarray:
     """Signs (uint64) of string values, in one compiled pass. ``slot_id``: one id for all values,
     or one id per value (to hash several slots' columns in one call)."""
-    ids = np.atleast_1d(np.asarray(slot_id, dtype=np.int64))
-    if ids.size and (ids.min() < 1 or ids.max() > MAX_SLOT_ID):
-        raise ValueError(f"slot ids must be in 1..{MAX_SLOT_ID}")
     u = _as_unicode(values)
-    if len(ids) not in (1, len(u)):
-        raise ValueError("need one slot id, or one per value")
-    prefixes = ids.astype(np.uint64) << np.uint64(SIGN_BITS)
+    prefixes = _prefixes(slot_id, len(u))
     return _hash_codepoints(_codepoints(u), np.uint64(SIGN_SEED), prefixes, SIGN_MASK)
 
 

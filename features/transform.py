@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from features.batch import FLAG_CONTEXT, FLAG_MULTI, CompactBatch, index_dtype
-from features.hashing import SIGN_BITS, cross_signs, hash_values
+from features.hashing import SIGN_BITS, cross_signs, hash_str_list, hash_values
 from features.schema import Cross, Schema, Slot
 
 
@@ -133,6 +133,17 @@ def _strings(cols: list, slots: list[Slot]) -> np.ndarray:
         )
     flat[flat == None] = ""  # noqa: E711 (element-wise comparison)
     return flat.astype(np.str_).reshape(arr.shape)
+
+
+def _hash_group(cols: list, slots: list[Slot], ids: np.ndarray) -> np.ndarray:
+    """Signs of k categorical columns (flattened, column after column)."""
+    if not isinstance(cols[0], np.ndarray):
+        flat = list(itertools.chain.from_iterable(cols))
+        try:
+            return hash_str_list(flat, ids)  # fast path: every value a str
+        except ValueError:
+            pass
+    return hash_values(_strings(cols, slots).reshape(-1), ids)
 
 
 def _numbers(cols: list, slots: list[Slot]) -> np.ndarray:
@@ -270,10 +281,10 @@ def transform(records, schema: Schema) -> CompactBatch:
         group = [s for s in plan.single if inp.stored_once(s.scope) == stored_once]
         if not group:
             continue
-        strings = _strings(inp.columns(group, stored_once, ""), group)  # (k, m)
-        m = strings.shape[1]
+        cols = inp.columns(group, stored_once, "")
+        m = 1 if stored_once else inp.num_rows
         ids = np.repeat(np.array([s.id for s in group], dtype=np.int64), m)
-        signs = hash_values(strings.reshape(-1), ids).reshape(len(group), m)
+        signs = _hash_group(cols, group, ids).reshape(len(group), m)
         for s, row in zip(group, signs, strict=True):
             per_slot[plan.position[s.name]] = row
             once[plan.position[s.name]] = stored_once

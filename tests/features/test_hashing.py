@@ -66,3 +66,18 @@ def test_cross_signs_carry_the_cross_slot():
     c = cross_signs(a, b, 30)
     assert c[0] != c[1] and all(int(x) >> 48 == 30 for x in c)
     assert (cross_signs(a, b, 30) == c).all()
+
+
+def test_joined_fast_path_equals_array_path():
+    from features.hashing import hash_str_list
+
+    values = ["", "a", "b\x00c", "é€𝄞", "x" * 50, "05db9164"]  # NUL inside a value -> fallback path
+    ids = np.arange(1, len(values) + 1)
+    assert hash_str_list(values, ids).tolist() == hash_values(np.array(values), ids).tolist()
+    assert (
+        hash_str_list(values[:2] + values[3:], 4).tolist()
+        == hash_values(np.array(values[:2] + values[3:]), 4).tolist()
+    )
+    assert hash_str_list([], 4).tolist() == []
+    with pytest.raises(ValueError):
+        hash_str_list(["a", 1], 4)

@@ -1,0 +1,53 @@
+"""Shared bits of the benchmark programs: timing, tables, JSON results."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_us(fn: Callable[[], object], min_runs: int = 200, min_seconds: float = 0.3) -> float:
+    """Median wall time of ``fn`` in microseconds over many runs (after one warm-up call)."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_runs or time.perf_counter() - start < min_seconds:
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - t0) / 1e3)
+    return float(np.median(times))
+
+
+def machine() -> dict:
+    import os
+
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine()}
+
+
+def write_results(name: str, results: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({**results, "machine": machine()}, indent=2) + "\n")
+    return path
+
+
+def print_table(title: str, rows: list[dict], columns: list[str]) -> None:
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    print(f"\n{title}")
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths, strict=True)))
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
+    return "" if v is None else str(v)
