@@ -1,0 +1,318 @@
+"""The embedding worker as a library: route signs to PS shards, pool, and apply gradients back.
+
+``forward(batch)`` routes the batch's unique signs to their shards (``features.hashing.shard_of``),
+queries all shards at once, and pools the rows per (row, slot) (``pooling``). In training mode it
+remembers the batch under an id; ``backward(id, pooled_grads)`` scatters the gradients back to
+per-sign gradients and sends them to the shards from background threads, returning at once.
+
+Staleness bound K: a training forward waits while more than K batches' updates are in flight, so
+K=0 is fully synchronous (every update is applied before the next lookup). A background update
+that fails is re-raised (as ``UpdateError``) by the next forward, backward or flush.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from features.batch import CompactBatch
+from features.schema import Schema
+from serving.worker.pooling import BatchError, PoolingPlan, make_plan, pool, unpool
+from serving.worker.shards import GrpcShard, HashRouter, LocalShard, ShardBackend, ShardError
+
+__all__ = [
+    "BatchError",
+    "EmbeddingWorker",
+    "ForwardResult",
+    "GrpcShard",
+    "LocalShard",
+    "ShardBackend",
+    "ShardError",
+    "UpdateError",
+    "WorkerConfig",
+    "connect",
+]
+
+log = logging.getLogger("recserve.worker")
+
+MODES = ("train", "infer")
+
+
+class UpdateError(RuntimeError):
+    """A background update failed; raised by the next forward/backward/flush (cause attached)."""
+
+
+@dataclass
+class WorkerConfig:
+    """Embedding worker settings."""
+
+    staleness: int = 0
+    """K: a TRAIN forward waits while more than K batches' updates are in flight; 0 = synchronous."""
+    update_threads: int = 2
+    """Background threads applying updates (scatter + send)."""
+    fanout_threads: int = 4
+    """Threads for concurrent shard calls (one call per shard runs on the caller's thread)."""
+    max_pending_batches: int = 4096
+    """TRAIN batches remembered for Backward; beyond this the oldest are forgotten (logged)."""
+
+    def __post_init__(self) -> None:
+        if self.staleness < 0:
+            raise ValueError("staleness must be >= 0")
+        if self.update_threads < 1 or self.fanout_threads < 1 or self.max_pending_batches < 1:
+            raise ValueError("update_threads, fanout_threads and max_pending_batches must be >= 1")
+
+
+@dataclass
+class ForwardResult:
+    batch_id: int
+    """Id to pass to ``backward`` (TRAIN); 0 for INFER."""
+    pooled: np.ndarray
+    """float32 (num_rows, num_slots, dim), C-contiguous."""
+    version: tuple[str, int]
+    """(embedding version, delta seq) of the rows: ("", -1) if unknown; min delta seq over shards."""
+
+
+@dataclass
+class _Pending:
+    signs: np.ndarray  # uint64, the batch's signs (copied)
+    plan: PoolingPlan
+
+
+class EmbeddingWorker:
+    """Forward/backward over a fixed list of shards (shard i owns ``shard_of(sign, n) == i``)."""
+
+    def __init__(self, shards: Sequence[ShardBackend], schema: Schema, config: WorkerConfig | None = None):
+        if not shards:
+            raise ValueError("need at least one shard")
+        self.shards = list(shards)
+        self.schema = schema
+        self.config = config or WorkerConfig()
+        dims = {int(s.dim) for s in self.shards}
+        if len(dims) != 1:
+            raise ValueError(f"shards disagree on the embedding dim: {sorted(dims)}")
+        self.dim = dims.pop()
+        self.router = HashRouter(len(self.shards))
+        self._fanout = ThreadPoolExecutor(self.config.fanout_threads, thread_name_prefix="worker-fanout")
+        self._updates = ThreadPoolExecutor(self.config.update_threads, thread_name_prefix="worker-update")
+        self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)  # notified when an in-flight update finishes
+        self._pending: OrderedDict[int, _Pending] = OrderedDict()
+        self._next_id = 1
+        self._in_flight = 0
+        self._error: BaseException | None = None
+        self._closed = False
+        self.forgotten = 0
+        """TRAIN batches dropped from memory without a backward (max_pending_batches)."""
+
+    # ---- public API ----------------------------------------------------------------------------
+    def forward(self, batch: CompactBatch, mode: str = "infer") -> ForwardResult:
+        """Pooled embeddings of ``batch``; ``mode="train"`` inserts unseen signs and returns a
+        batch id for ``backward``, ``"infer"`` never inserts."""
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; use 'train' or 'infer'")
+        self._check_open()
+        train = mode == "train"
+        plan = make_plan(batch, self.schema)
+        if train:
+            self._wait_in_flight(self.config.staleness)
+        else:
+            self._raise_error()
+        table = self._lookup(np.asarray(batch.signs), insert=train)
+        pooled = pool(plan, table)
+        batch_id = self._remember(np.array(batch.signs, dtype=np.uint64), plan) if train else 0
+        return ForwardResult(batch_id, pooled, self.version())
+
+    def backward(self, batch_id: int, pooled_grads: np.ndarray) -> None:
+        """Queue the gradients of a TRAIN batch's pooled embeddings; returns at once. The
+        gradients are copied, so the caller may reuse its buffer."""
+        self._check_open()
+        self._raise_error()
+        with self._lock:
+            pending = self._pending.get(batch_id)
+        if pending is None:
+            raise KeyError(
+                f"unknown batch id {batch_id}: not returned by a train forward of this worker, "
+                "already backwarded, or forgotten"
+            )
+        grads = np.array(pooled_grads, dtype=np.float32, order="C")  # a copy
+        plan = pending.plan
+        want = (plan.num_rows, plan.num_slots, self.dim)
+        if grads.shape != want:
+            if grads.size != np.prod(want):
+                raise ValueError(f"pooled grads have shape {grads.shape}; expected {want} (rows, slots, dim)")
+            grads = grads.reshape(want)
+        if not np.isfinite(grads).all():
+            raise ValueError("pooled grads contain NaN or Inf")
+        with self._lock:
+            if self._pending.pop(batch_id, None) is None:  # a concurrent backward took it
+                raise KeyError(f"unknown batch id {batch_id}: already backwarded")
+            self._in_flight += 1
+        try:
+            self._updates.submit(self._apply, pending, grads)
+        except BaseException:
+            self._finish()
+            raise
+
+    def flush(self) -> None:
+        """Wait until every queued update has been applied (re-raises a failed one)."""
+        self._wait_in_flight(0)
+
+    def close(self) -> None:
+        """Apply queued updates, stop the threads and close the shards' connections."""
+        if self._closed:
+            return
+        self._closed = True
+        self._updates.shutdown(wait=True)
+        self._fanout.shutdown(wait=True)
+        for shard in self.shards:
+            if callable(getattr(shard, "close", None)):
+                shard.close()
+        if self._error is not None:
+            log.error("closed with a failed background update: %s", self._error)
+
+    def __enter__(self) -> EmbeddingWorker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- state ---------------------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        """Batches whose updates are queued or being applied."""
+        return self._in_flight
+
+    @property
+    def pending_batches(self) -> int:
+        """TRAIN batches waiting for their backward."""
+        return len(self._pending)
+
+    def version(self) -> tuple[str, int]:
+        """(embedding version, min delta seq) over the shards; ("", -1) when a shard's is unknown."""
+        versions = [getattr(s, "version", None) for s in self.shards]
+        if any(v is None for v in versions):
+            return "", -1
+        names = {v[0] for v in versions}
+        return (names.pop() if len(names) == 1 else ""), min(int(v[1]) for v in versions)
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("embedding worker is closed")
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            with self._lock:
+                err, self._error = self._error, None
+            if err is not None:
+                raise UpdateError(f"a background embedding update failed: {err}") from err
+
+    def _wait_in_flight(self, limit: int) -> None:
+        with self._done:
+            self._done.wait_for(lambda: self._in_flight <= limit)
+        self._raise_error()
+
+    def _remember(self, signs: np.ndarray, plan: PoolingPlan) -> int:
+        with self._lock:
+            batch_id = self._next_id
+            self._next_id += 1
+            self._pending[batch_id] = _Pending(signs, plan)
+            while len(self._pending) > self.config.max_pending_batches:
+                old, _ = self._pending.popitem(last=False)
+                self.forgotten += 1
+                log.warning("forgot train batch %d: no backward among the last %d", old, len(self._pending))
+        return batch_id
+
+    def _fan_out(self, calls: list[Callable[[], object]]) -> list:
+        """Run the calls concurrently (the last on this thread) and return their results in order;
+        raises the first failure after every call has finished."""
+        if len(calls) == 1:
+            return [calls[0]()]
+        futures = [self._fanout.submit(c) for c in calls[:-1]]
+        results, error = [], None
+        try:
+            last = calls[-1]()
+        except Exception as e:
+            last, error = None, e
+        for f in futures:
+            try:
+                results.append(f.result())
+            except Exception as e:
+                results.append(None)
+                error = error or e
+        if error is not None:
+            raise error
+        return results + [last]
+
+    def _lookup(self, signs: np.ndarray, insert: bool) -> np.ndarray:
+        if not len(signs):
+            return np.empty((0, self.dim), np.float32)
+        parts = self.router.split(signs)
+        work = [(s, p) for s, p in zip(self.shards, parts, strict=True) if p is None or len(p)]
+        calls = [lambda s=s, p=p: s.lookup(signs if p is None else signs[p], insert) for s, p in work]
+        results = self._fan_out(calls)
+        if parts[0] is None:
+            return self._checked(results[0], len(signs))
+        table = np.empty((len(signs), self.dim), np.float32)
+        for (_, p), rows in zip(work, results, strict=True):
+            table[p] = self._checked(rows, len(p))
+        return table
+
+    def _checked(self, rows: np.ndarray, n: int) -> np.ndarray:
+        if rows.shape != (n, self.dim):
+            raise ShardError(f"a shard answered rows of shape {rows.shape} for {n} signs (dim {self.dim})")
+        return rows
+
+    def _apply(self, pending: _Pending, grads: np.ndarray) -> None:
+        """Background: per-sign gradients of one batch, sent to every shard that owns some."""
+        try:
+            idx, sign_grads = unpool(pending.plan, grads)
+            signs = pending.signs[idx]
+            parts = self.router.split(signs)
+            calls = []
+            for shard, p in zip(self.shards, parts, strict=True):
+                if p is None:
+                    calls.append(lambda s=shard: s.update(signs, sign_grads))
+                elif len(p):
+                    calls.append(lambda s=shard, p=p: s.update(signs[p], sign_grads[p]))
+            if calls:
+                self._fan_out(calls)
+        except BaseException as e:
+            log.error("background embedding update failed: %s", e)
+            with self._lock:
+                self._error = self._error or e
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        with self._done:
+            self._in_flight -= 1
+            self._done.notify_all()
+
+
+def connect(
+    ps_addresses: list[str], schema: Schema, config: WorkerConfig | None = None, timeout_s: float = 5.0
+) -> EmbeddingWorker:
+    """A worker over PS processes at ``ps_addresses`` (shard i at address i). Waits up to
+    ``timeout_s`` for each shard and checks it is shard i of len(ps_addresses)."""
+    shards = [GrpcShard(a, timeout_s=timeout_s) for a in ps_addresses]
+    try:
+        for i, shard in enumerate(shards):
+            shard.wait_ready(timeout_s)
+            st = shard.stats()
+            if (st["shard"], st["num_shards"]) != (i, len(shards)):
+                raise ValueError(
+                    f"PS at {shard.address} is shard {st['shard']} of {st['num_shards']}, "
+                    f"but was given as shard {i} of {len(shards)} (order of --ps matters)"
+                )
+        return EmbeddingWorker(shards, schema, config)
+    except BaseException:
+        for shard in shards:
+            shard.close()
+        raise
