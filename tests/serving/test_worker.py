@@ -1,0 +1,361 @@
+"""Embedding worker core: pooling, its adjoint, one training step against torch, staleness."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from features.batch import FLAG_CONTEXT, FLAG_MULTI
+from features.codec import decode, encode
+from features.hashing import shard_of
+from features.schema import schema_from_dict
+from features.transform import transform
+from serving.ps.optim import OptimizerConfig
+from serving.ps.store import EmbeddingStore, StoreConfig
+from serving.worker.core import (
+    BatchError,
+    EmbeddingWorker,
+    LocalShard,
+    UpdateError,
+    WorkerConfig,
+)
+
+DIM = 4
+
+SCHEMA = schema_from_dict(
+    {
+        "name": "worker-test",
+        "label": "y",
+        "slots": [
+            {"name": "user", "kind": "categorical", "scope": "context"},
+            {"name": "hist", "kind": "multi", "scope": "context", "pooling": "mean"},
+            {"name": "recent", "kind": "multi", "scope": "context", "pooling": "sum"},
+            {"name": "item", "kind": "categorical"},
+            {"name": "tags", "kind": "multi", "pooling": "mean"},
+            {"name": "cats", "kind": "multi", "pooling": "sum"},
+            {"name": "x", "kind": "dense"},
+        ],
+        "crosses": [{"name": "user_item", "slots": ["user", "item"]}],
+    }
+)
+
+ITEMS = [
+    {"item": "i1", "tags": "t1|t2|t1", "cats": "c1", "x": 1.0},
+    {"item": "i2", "tags": "", "cats": "c1|c2", "x": 2.0},
+    {"item": "i1", "tags": "t3", "cats": "", "x": 3.0},
+    {"item": "i3", "tags": "t2|t3", "cats": "c2|c2|c3", "x": 4.0},
+]
+
+
+def ranking_batch(user: str = "u1", items=ITEMS):
+    """A request with a context (context slots stored once) -> a decoded compact batch."""
+    request = {"context": {"user": user, "hist": "h1|h2|h1", "recent": ""}, "items": items}
+    return decode(encode(transform(request, SCHEMA)))
+
+
+def flat_batch(n: int = 6, seed: int = 0):
+    """Flat records (no context: every slot per row), with labels."""
+    rng = np.random.default_rng(seed)
+    records = [
+        {
+            "user": f"u{rng.integers(3)}",
+            "hist": "|".join(f"h{k}" for k in rng.integers(0, 4, rng.integers(0, 4))),
+            "recent": "|".join(f"r{k}" for k in rng.integers(0, 3, rng.integers(0, 3))),
+            "item": f"i{rng.integers(5)}",
+            "tags": "|".join(f"t{k}" for k in rng.integers(0, 4, rng.integers(0, 4))),
+            "cats": "|".join(f"c{k}" for k in rng.integers(0, 3, rng.integers(0, 3))),
+            "x": float(i),
+            "y": float(i % 2),
+        }
+        for i in range(n)
+    ]
+    return transform(records, SCHEMA)
+
+
+def make_stores(n: int = 2, optimizer: str = "sgd", lr: float = 0.1, dim: int = DIM):
+    opt = OptimizerConfig(name=optimizer, lr=lr)
+    return [
+        EmbeddingStore(
+            StoreConfig(dim=dim, capacity=10_000, shard=i, num_shards=n, optimizer=opt, init_scale=0.5)
+        )
+        for i in range(n)
+    ]
+
+
+def rows_of(stores, signs, insert: bool = False) -> np.ndarray:
+    """Rows of ``signs`` read straight from the owning stores (no worker involved)."""
+    owner = shard_of(np.asarray(signs, np.uint64), len(stores))
+    out = np.zeros((len(signs), stores[0].config.dim), np.float32)
+    for k, store in enumerate(stores):
+        m = owner == k
+        if m.any():
+            out[m] = store.lookup(np.asarray(signs, np.uint64)[m], insert=insert)[0]
+    return out
+
+
+def bags(batch, s: int):
+    """Slot ``s`` as (global sign indices per value, bag offsets, stored rows) for embedding_bag."""
+    view = batch.slot(s)
+    start = int(batch.sign_splits[s])
+    idx = view.values.astype(np.int64) + start
+    rows = batch.rows_of(s)
+    offsets = view.offsets[:-1].astype(np.int64) if view.offsets is not None else np.arange(rows)
+    return idx, offsets, rows
+
+
+def torch_pooled(batch, schema, weight: torch.Tensor) -> torch.Tensor:
+    """The reference: pooled (rows, slots, dim) with torch embedding_bag over a (n_signs, dim) table."""
+    cols = []
+    for s, feature in enumerate(schema.sparse):
+        idx, offsets, _ = bags(batch, s)
+        mode = getattr(feature, "pooling", "sum")
+        pooled = torch.nn.functional.embedding_bag(
+            torch.from_numpy(idx), weight, torch.from_numpy(offsets), mode=mode
+        )
+        cols.append(pooled.expand(batch.num_rows, -1) if batch.flags[s] & FLAG_CONTEXT else pooled)
+    return torch.stack(cols, dim=1)
+
+
+def numpy_pooled(batch, schema, table: np.ndarray) -> np.ndarray:
+    """The reference, by hand: a Python loop over rows and values."""
+    out = np.zeros((batch.num_rows, batch.num_slots, table.shape[1]), np.float32)
+    for s, feature in enumerate(schema.sparse):
+        idx, offsets, rows = bags(batch, s)
+        ends = list(offsets[1:]) + [len(idx)]
+        for r in range(batch.num_rows):
+            k = 0 if batch.flags[s] & FLAG_CONTEXT else r
+            vals = [table[i] for i in idx[offsets[k] : ends[k]]]
+            if vals:
+                total = np.sum(vals, axis=0, dtype=np.float32)
+                out[r, s] = total / len(vals) if getattr(feature, "pooling", "sum") == "mean" else total
+    return out
+
+
+@pytest.fixture
+def worker():
+    stores = make_stores()
+    w = EmbeddingWorker([LocalShard(s) for s in stores], SCHEMA)
+    w.stores = stores
+    yield w
+    w.close()
+
+
+# ---- forward --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("make", [ranking_batch, flat_batch], ids=["context", "flat"])
+def test_pooling_matches_numpy(worker, make):
+    batch = make()
+    res = worker.forward(batch, "train")
+    table = rows_of(worker.stores, batch.signs)
+    assert res.pooled.dtype == np.float32 and res.pooled.flags.c_contiguous
+    assert res.pooled.shape == (batch.num_rows, batch.num_slots, DIM)
+    np.testing.assert_allclose(res.pooled, numpy_pooled(batch, SCHEMA, table), rtol=1e-6, atol=1e-7)
+    assert res.batch_id > 0 and res.version == ("", -1)
+
+
+def test_context_slots_broadcast_and_empty_lists_are_zero(worker):
+    batch = ranking_batch()
+    assert batch.flags[0] & FLAG_CONTEXT and batch.flags[4] & FLAG_MULTI
+    pooled = worker.forward(batch, "train").pooled
+    for s in range(3):  # user, hist, recent: stored once, the same for every row
+        assert (pooled[:, s] == pooled[0, s]).all()
+    assert (pooled[:, 2] == 0).all()  # "recent" is an empty list
+    assert (pooled[1, 4] == 0).all() and (pooled[2, 5] == 0).all()  # empty tags / cats
+    assert np.abs(pooled[:, 0]).sum() > 0
+
+
+def test_single_valued_fast_path_matches_numpy():
+    schema = schema_from_dict({"name": "flat", "slots": [{"name": f"C{i}"} for i in range(5)]})
+    records = [{f"C{i}": str((r * (i + 1)) % 3) for i in range(5)} for r in range(7)]
+    batch = transform(records, schema)
+    stores = make_stores(3)
+    with EmbeddingWorker([LocalShard(s) for s in stores], schema) as w:
+        pooled = w.forward(batch, "train").pooled
+        table = rows_of(stores, batch.signs)
+        np.testing.assert_array_equal(pooled, numpy_pooled(batch, schema, table))
+
+
+def test_signs_are_routed_to_their_owner(worker):
+    batch = flat_batch(20)
+    worker.forward(batch, "train")
+    owner = shard_of(batch.signs, 2)
+    for k, store in enumerate(worker.stores):
+        assert len(store) == int((owner == k).sum())
+
+
+def test_infer_never_inserts(worker):
+    batch = ranking_batch()
+    pooled = worker.forward(batch, "infer").pooled
+    assert [len(s) for s in worker.stores] == [0, 0] and (pooled == 0).all()
+    assert worker.forward(batch, "infer").batch_id == 0
+    worker.forward(batch, "train")
+    rows = [len(s) for s in worker.stores]
+    worker.forward(ranking_batch(user="someone-new"), "infer")
+    assert [len(s) for s in worker.stores] == rows
+
+
+def test_bad_batches_and_modes(worker):
+    other = schema_from_dict({"name": "other", "slots": [{"name": "a"}]})
+    with pytest.raises(BatchError, match="sparse slots"):
+        worker.forward(transform([{"a": "1"}], other))
+    batch = ranking_batch()
+    batch.schema_hash ^= 1
+    with pytest.raises(BatchError, match="schema hash"):
+        worker.forward(batch)
+    with pytest.raises(ValueError, match="unknown mode"):
+        worker.forward(ranking_batch(), "predict")
+
+
+# ---- backward -------------------------------------------------------------------------------------
+class RecordingShard:
+    """A shard that records updates (and can be slowed down or made to fail)."""
+
+    def __init__(self, dim=DIM, delay_s=0.0, fail=False):
+        self.dim = dim
+        self.gate = threading.Event()
+        self.gate.set()
+        self.delay_s = delay_s
+        self.fail = fail
+        self.updates: list[tuple[np.ndarray, np.ndarray]] = []
+        self.started = self.applied = 0
+        self.lookups: list[int] = []  # in-flight batches seen by each training lookup
+        self.backwards = 0
+        self.lock = threading.Lock()
+
+    def lookup(self, signs, insert):
+        if insert:
+            with self.lock:
+                self.lookups.append(self.backwards - self.applied)
+        rng = np.random.default_rng(int(signs[0]) % 2**32 if len(signs) else 0)
+        return rng.standard_normal((len(signs), self.dim)).astype(np.float32)
+
+    def update(self, signs, grads):
+        with self.lock:
+            self.started += 1
+        time.sleep(self.delay_s)
+        self.gate.wait(10)
+        if self.fail:
+            raise ConnectionError("shard went away")
+        with self.lock:
+            self.updates.append((np.array(signs), np.array(grads)))
+            self.applied += 1
+
+
+@pytest.mark.parametrize("make", [ranking_batch, flat_batch], ids=["context", "flat"])
+def test_backward_matches_torch_autograd(make):
+    shard = RecordingShard()
+    batch = make()
+    with EmbeddingWorker([shard], SCHEMA) as w:
+        res = w.forward(batch, "train")
+        table = shard.lookup(batch.signs, False)
+        weight = torch.tensor(table, requires_grad=True)
+        ref = torch_pooled(batch, SCHEMA, weight)
+        np.testing.assert_allclose(res.pooled, ref.detach().numpy(), rtol=1e-6, atol=1e-7)
+        grads = np.random.default_rng(1).standard_normal(res.pooled.shape).astype(np.float32)
+        (ref * torch.from_numpy(grads)).sum().backward()
+        w.backward(res.batch_id, grads)
+        w.flush()
+    ((signs, sent),) = shard.updates
+    expected = weight.grad.numpy()[np.searchsorted(batch.signs, signs)]
+    assert len(np.unique(signs)) == len(signs) == len(batch.signs)  # every used sign once, summed
+    np.testing.assert_allclose(sent, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_backward_validates_input(worker):
+    res = worker.forward(ranking_batch(), "train")
+    with pytest.raises(KeyError, match="unknown batch id 999"):
+        worker.backward(999, res.pooled)
+    with pytest.raises(ValueError, match="expected"):
+        worker.backward(res.batch_id, res.pooled[:, :2])
+    bad = np.zeros_like(res.pooled)
+    bad[0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        worker.backward(res.batch_id, bad)
+    worker.backward(res.batch_id, np.zeros_like(res.pooled))  # still known after refused grads
+    with pytest.raises(KeyError, match="unknown batch id"):
+        worker.backward(res.batch_id, np.zeros_like(res.pooled))
+    worker.flush()
+
+
+def test_background_failure_is_raised_by_the_next_call():
+    shard = RecordingShard(fail=True)
+    with EmbeddingWorker([shard], SCHEMA, WorkerConfig(staleness=4)) as w:
+        res = w.forward(ranking_batch(), "train")
+        w.backward(res.batch_id, np.ones_like(res.pooled))
+        with pytest.raises(UpdateError, match="shard went away"):
+            w.flush()
+        w.flush()  # reported once
+        res = w.forward(ranking_batch(), "train")
+        w.backward(res.batch_id, np.ones_like(res.pooled))
+        time.sleep(0.05)
+        with pytest.raises(UpdateError):
+            w.forward(ranking_batch(), "train")
+
+
+def test_backward_returns_before_the_update_is_applied():
+    shard = RecordingShard()
+    shard.gate.clear()
+    with EmbeddingWorker([shard], SCHEMA, WorkerConfig(staleness=1)) as w:
+        res = w.forward(ranking_batch(), "train")
+        w.backward(res.batch_id, np.ones_like(res.pooled))  # returns although the shard is blocked
+        assert shard.applied == 0 and w.in_flight == 1
+        w.forward(ranking_batch(), "train")  # K=1: one batch in flight is allowed
+        shard.gate.set()
+        w.flush()
+        assert shard.applied == 1 and w.in_flight == 0
+
+
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_staleness_bound(staleness):
+    shard = RecordingShard(delay_s=0.02)
+    config = WorkerConfig(staleness=staleness, update_threads=1)
+    with EmbeddingWorker([shard], SCHEMA, config) as w:
+        for _ in range(8):
+            res = w.forward(ranking_batch(), "train")
+            with shard.lock:
+                shard.backwards += 1
+            w.backward(res.batch_id, np.ones_like(res.pooled))
+        w.flush()
+        assert shard.applied == 8 and w.in_flight == 0
+    assert max(shard.lookups) == staleness  # never more than K in flight at a train forward
+    assert shard.lookups[0] == 0
+
+
+# ---- one training step against torch ----------------------------------------------------------------
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_training_steps_match_torch(optimizer):
+    stores = make_stores(2, optimizer=optimizer, lr=0.05)
+    batches = [flat_batch(8, seed=1), flat_batch(8, seed=2)]
+    all_signs = np.unique(np.concatenate([b.signs for b in batches]))
+    rng = np.random.default_rng(0)
+    head = torch.from_numpy(rng.standard_normal((len(SCHEMA.sparse), DIM)).astype(np.float32))
+
+    def loss_of(pooled: torch.Tensor, labels: np.ndarray) -> torch.Tensor:
+        logits = (pooled * head).sum(dim=(1, 2))
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.from_numpy(labels))
+
+    with EmbeddingWorker([LocalShard(s) for s in stores], SCHEMA) as w:
+        rows0 = rows_of(stores, all_signs, insert=True)  # torch starts from the same rows
+        emb = torch.nn.Embedding(len(all_signs), DIM)
+        emb.weight.data = torch.from_numpy(rows0.copy())
+        opt_cls = torch.optim.SGD if optimizer == "sgd" else torch.optim.Adagrad
+        opt = opt_cls(emb.parameters(), lr=0.05)
+        for b in batches:
+            res = w.forward(b, "train")
+            pooled = torch.tensor(res.pooled, requires_grad=True)
+            loss_of(pooled, b.labels).backward()
+            w.backward(res.batch_id, pooled.grad.numpy())
+
+            # torch: the same model, embeddings in-process
+            opt.zero_grad()
+            local = torch.from_numpy(np.searchsorted(all_signs, b.signs))
+            ref = torch_pooled(b, SCHEMA, emb.weight[local])
+            np.testing.assert_allclose(res.pooled, ref.detach().numpy(), atol=1e-6)
+            loss_of(ref, b.labels).backward()
+            opt.step()
+        w.flush()
+        np.testing.assert_allclose(rows_of(stores, all_signs), emb.weight.detach().numpy(), atol=1e-6)
+        assert not np.allclose(rows0, emb.weight.detach().numpy())  # the rows moved
