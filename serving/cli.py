@@ -1,7 +1,8 @@
 """The ``recserve`` command: one subcommand per process role.
 
 Each role registers itself in ``ROLES`` as ``name -> (module, help)``. The module provides
-``add_arguments(parser)`` and ``run(args) -> int``; it is imported only when its subcommand (or
+``add_arguments(parser)`` and ``run(args) -> int`` (or ``add_<name>_arguments`` / ``run_<name>``
+when one module serves several subcommands); it is imported only when its subcommand (or
 ``--help``) needs it, so ``recserve ps`` does not pay for importing torch.
 """
 
@@ -14,7 +15,17 @@ import sys
 ROLES: dict[str, tuple[str, str]] = {
     "transform": ("features.cli", "read a data file, transform it and write compact batches"),
     "ps": ("serving.ps.server", "serve one embedding parameter-server shard over gRPC"),
+    "train": ("training.cli", "train a model (PS-backed embeddings, DDP dense) and export it"),
+    "up": ("serving.stack_cli", "start the local serving stack (PS shards, worker, TorchServe) for a model"),
+    "down": ("serving.stack_cli", "stop exactly the processes a previous `recserve up` started"),
+    "score": ("serving.stack_cli", "send scoring requests from a data file to an endpoint and print scores"),
 }
+
+
+def _hook(module, kind: str, name: str):
+    """``run_<name>`` / ``add_<name>_arguments`` if the module has them, else ``run`` / ``add_arguments``."""
+    specific = getattr(module, f"run_{name}" if kind == "run" else f"add_{name}_arguments", None)
+    return specific or getattr(module, "run" if kind == "run" else "add_arguments")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -23,7 +34,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for name, (module, help_text) in ROLES.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if only is None or only == name:
-            importlib.import_module(module).add_arguments(p)
+            _hook(importlib.import_module(module), "add", name)(p)
     return parser
 
 
@@ -33,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(only=chosen)
     args = parser.parse_args(argv)
     module = importlib.import_module(ROLES[args.command][0])
-    return int(module.run(args) or 0)
+    return int(_hook(module, "run", args.command)(args) or 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,51 @@
+"""TorchServe handler for recserve scoring: an adapter over ``serving.scoring.Scorer``.
+
+TorchServe calls ``initialize(context)`` once per worker process and ``handle(data, context)``
+per batch of requests (batching on). Everything else -- decoding, features, the embedding
+worker, the dense model, error statuses -- lives in the scoring core. No import-time side effects:
+the core is imported in ``initialize``.
+
+The archive carries ``scoring.json`` (a ``ScoringConfig``: which model-store version to serve,
+the worker address, the runtime, limits). TorchServe must run with TS_DECODE_INPUT_REQUEST=false
+so request bodies arrive as bytes and are parsed once, by orjson, in the core.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class RecserveHandler:
+    def __init__(self) -> None:
+        self.scorer = None
+        self.initialized = False
+
+    def initialize(self, context) -> None:
+        from serving.scoring import Scorer, ScoringConfig
+
+        model_dir = Path(context.system_properties["model_dir"])
+        config = ScoringConfig.from_dict(json.loads((model_dir / "scoring.json").read_text()))
+        self.scorer = Scorer(config)
+        self.initialized = True
+
+    # decode -> predict -> encode, one request at a time; each request gets its own status
+    def handle(self, data: list[dict], context) -> list[bytes]:
+        out = []
+        for idx, request in enumerate(data):
+            body = request.get("body") or request.get("data") or b""
+            if isinstance(body, str):
+                body = body.encode()
+            status, payload = self.scorer.score(bytes(body), _content_type(context, idx))
+            context.set_response_status(status, "", idx)
+            context.set_response_content_type(idx, "application/json")
+            out.append(payload)
+        return out
+
+
+def _content_type(context, idx: int) -> str | None:
+    for key in ("body", "data"):
+        header = context.get_request_header(idx, key)
+        if isinstance(header, dict) and header.get("content-type"):
+            return header["content-type"]
+    return context.get_request_header(idx, "Content-Type")

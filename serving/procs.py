@@ -1,0 +1,110 @@
+"""Starting and stopping the local stack's processes: free ports, spawn with logs, gRPC health
+waits, and stopping exactly the processes we started (by pid + process group, never by name)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports free on ``host`` right now."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def spawn(role_args: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
+    """Run ``recserve <role_args>`` as a child in its own session, output to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "serving.cli", *role_args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a terminal's Ctrl-C does not reach it
+            env={**os.environ, **(env or {})},
+        )
+
+
+def wait_grpc_healthy(
+    address: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None
+):
+    """Block until the grpc.health.v1 service at ``address`` answers SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if proc is not None and proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+                raise RuntimeError(f"process for {address} exited with {proc.returncode}:\n{tail}")
+            try:
+                if (
+                    stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status
+                    == health_pb2.HealthCheckResponse.SERVING
+                ):
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{address} not healthy after {timeout_s}s")
+            time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def stop_pid(pid: int, must_contain: str, timeout_s: float = 15.0) -> bool:
+    """SIGTERM the process group led by ``pid`` -- only if ``pid`` still runs a command containing
+    ``must_contain`` (a recycled pid is left alone); SIGKILL after ``timeout_s``."""
+    if not alive(pid) or must_contain not in cmdline(pid):
+        return False
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive(pid) or _zombie(pid):
+            break
+        time.sleep(0.05)
+    try:
+        os.killpg(pid, signal.SIGKILL)  # stragglers of the group (e.g. TorchServe's Python workers)
+    except ProcessLookupError:
+        pass
+    return True
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True

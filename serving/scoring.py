@@ -1,0 +1,180 @@
+"""The scoring core: request bytes -> scores, with no TorchServe in sight.
+
+Verbs (LitServe style): ``decode`` (JSON via orjson, or a binary compact batch) -> ``predict``
+(``features.transform`` — the training code, unchanged — then the embedding worker's
+``Forward(mode=infer)``, then the dense model) -> ``encode`` (scores in item order + the versions
+that produced them). ``score`` runs the three and maps every failure to an HTTP status with a
+JSON body ``{"error": "..."}`` naming the problem: 400/413/415 for the client's mistakes, 503 when
+the worker or PS cannot answer in time. The TorchServe handler (``handlers/``) only adapts this.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from features.batch import CompactBatch
+from features.codec import CodecError, decode, encode
+from features.schema import Schema, load_schema
+from features.transform import FeatureError, dense_matrix, transform
+from serving import model_store
+
+JSON = "application/json"
+BINARY = "application/octet-stream"
+
+
+@dataclass
+class ScoringConfig:
+    """What a scoring process serves and its limits."""
+
+    version_dir: str  # model_store/<model>/<version>: schema.yaml, dense model, MANIFEST.json
+    worker: str = "127.0.0.1:50060"  # embedding worker address (host:port)
+    runtime: str = "torchscript"  # dense runtime: torchscript | onnx
+    max_items: int = 1000  # rows per request
+    max_body_bytes: int = 4 << 20  # request body limit
+    worker_timeout_s: float = 0.5  # deadline of the worker Forward call
+    threads: int = 1  # intra-op threads of the dense runtime
+    verify: bool = True  # check the version's checksums when loading
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ScoringConfig:
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown scoring config keys: {sorted(unknown)}")
+        return cls(**d)
+
+
+class ScoringError(Exception):
+    """A request that cannot be scored; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class Scored:
+    scores: np.ndarray  # probability per item, in request order
+    versions: dict  # embedding version, delta seq, dense version
+    timings_ms: dict = field(default_factory=dict)  # per stage, for the latency breakdown
+
+
+class Scorer:
+    """Loads one model version's schema and dense network; talks to one embedding worker."""
+
+    def __init__(self, config: ScoringConfig, worker=None):
+        self.config = config
+        vdir = Path(config.version_dir)
+        self.manifest = model_store.read_manifest(vdir, verify=config.verify)
+        self.schema: Schema = load_schema(vdir / "schema.yaml")
+        self.model = self.manifest.get("model", vdir.parent.name)
+        self.dense_version = str(self.manifest.get("version", vdir.name))
+        rel = self.manifest["dense"]["onnx" if config.runtime == "onnx" else "torchscript"]
+        self.dense = _load_dense(vdir / rel, config.threads)
+        self.worker = worker if worker is not None else _worker_client(config)
+
+    # --- verbs ---------------------------------------------------------------------------------
+    def decode(self, body: bytes, content_type: str | None) -> CompactBatch:
+        if len(body) > self.config.max_body_bytes:
+            raise ScoringError(
+                413, f"request body of {len(body)} bytes exceeds the limit of {self.config.max_body_bytes}"
+            )
+        if not body:
+            raise ScoringError(400, "empty request body")
+        ctype = (content_type or JSON).split(";")[0].strip().lower()
+        if ctype == BINARY:
+            try:
+                batch = decode(body, schema_hash=self.schema.hash64)
+            except CodecError as e:
+                raise ScoringError(400, f"invalid compact batch: {e}") from None
+            self._check_rows(batch.num_rows)
+            return batch
+        if ctype not in (JSON, "text/json", ""):
+            raise ScoringError(415, f"unsupported content type {ctype!r}: send {JSON} or {BINARY}")
+        try:
+            request = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            raise ScoringError(400, f"malformed JSON: {e}") from None
+        if isinstance(request, dict) and isinstance(request.get("items"), list):
+            self._check_rows(len(request["items"]))
+        elif isinstance(request, list):
+            self._check_rows(len(request))
+        try:
+            return transform(request, self.schema)
+        except FeatureError as e:
+            raise ScoringError(400, str(e)) from None
+
+    def predict(self, batch: CompactBatch, body: bytes | None = None) -> Scored:
+        t0 = time.perf_counter()
+        try:
+            fwd = self.worker.forward(body if body is not None else encode(batch), mode="infer")
+        except Exception as e:  # the worker client raises on deadline/unavailable
+            raise ScoringError(503, f"embedding worker unavailable: {_short(e)}") from None
+        t1 = time.perf_counter()
+        logits = self.dense(fwd.pooled, dense_matrix(batch, self.schema))
+        scores = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+        t2 = time.perf_counter()
+        emb_version, delta_seq = fwd.version
+        versions = {"embedding": emb_version, "delta_seq": int(delta_seq), "dense": self.dense_version}
+        return Scored(scores, versions, {"worker_ms": (t1 - t0) * 1e3, "dense_ms": (t2 - t1) * 1e3})
+
+    def encode(self, scored: Scored) -> bytes:
+        return orjson.dumps(
+            {"model": self.model, "scores": scored.scores.tolist(), "versions": scored.versions},
+            option=orjson.OPT_SERIALIZE_NUMPY,
+        )
+
+    # --- the whole path -------------------------------------------------------------------------
+    def score(self, body: bytes, content_type: str | None = JSON) -> tuple[int, bytes]:
+        """(HTTP status, JSON body) for one request. Never raises for a bad request."""
+        try:
+            t0 = time.perf_counter()
+            batch = self.decode(body, content_type)
+            t1 = time.perf_counter()
+            binary = (content_type or "").startswith(BINARY)
+            scored = self.predict(batch, body if binary else None)
+            scored.timings_ms["decode_transform_ms"] = (t1 - t0) * 1e3
+            return 200, self.encode(scored)
+        except ScoringError as e:
+            return e.status, error_body(e.message)
+        except Exception as e:  # a bug, not the client's fault: say so, keep serving
+            return 500, error_body(f"internal error: {_short(e)}")
+
+    def _check_rows(self, n: int) -> None:
+        if n > self.config.max_items:
+            raise ScoringError(413, f"{n} items exceed the limit of {self.config.max_items} per request")
+
+    def close(self) -> None:
+        close = getattr(self.worker, "close", None)
+        if close:
+            close()
+
+
+def error_body(message: str) -> bytes:
+    return orjson.dumps({"error": message})
+
+
+def _short(e: Exception) -> str:
+    text = getattr(e, "details", None)
+    text = text() if callable(text) else str(e)
+    return f"{type(e).__name__}: {text}"[:300]
+
+
+def _load_dense(path: Path, threads: int):
+    import torch
+
+    from training.export_dense import load_dense
+
+    torch.set_num_threads(threads)
+    return load_dense(path, num_threads=threads)
+
+
+def _worker_client(config: ScoringConfig):
+    from serving.worker.client import WorkerClient
+
+    return WorkerClient(config.worker, timeout_s=config.worker_timeout_s)

@@ -1,0 +1,226 @@
+"""The local serving stack: PS shards + embedding worker + TorchServe with the scoring handler.
+
+``LocalStack(StackConfig).start()`` loads the served version (``CURRENT`` or a given one, checked
+against its manifest), starts one ``recserve ps`` per shard loading that version's embeddings, a
+``recserve worker`` over them, and TorchServe with the model registered, waits until every part is
+healthy, and writes ``<run_dir>/stack.json`` (pids, ports, endpoint). ``stop()`` -- or
+``recserve down``, from another process -- stops exactly the processes listed there.
+
+TorchServe: every listener on 127.0.0.1; the model-control API is on the loopback management port
+only; token auth stays ON unless ``disable_token_auth`` is set (the local demo sets it, and says so).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from serving import model_store
+from serving.procs import free_ports, spawn, stop_pid, wait_grpc_healthy
+
+ROOT = Path(__file__).resolve().parent.parent
+HANDLER = ROOT / "handlers" / "recserve_handler.py"
+
+
+@dataclass
+class StackConfig:
+    """What to serve and where."""
+
+    model_store: str = "model_store"  # the model store root
+    model: str = "criteo"  # model name in the store (and the TorchServe model name)
+    version: str | None = None  # None: the version named by CURRENT
+    run_dir: str | None = None  # pid files, logs, configs; default <model_store>/.run/<model>
+    host: str = "127.0.0.1"  # every listener binds here
+    http_port: int = 8080  # TorchServe inference API (0: any free port)
+    management_port: int = 8081  # TorchServe management API, loopback only (0: any free port)
+    metrics_port: int = 8082  # TorchServe metrics API (0: any free port)
+    worker_port: int = 0  # embedding worker gRPC port (0: any free port)
+    ps_ports: list[int] = field(default_factory=list)  # one per shard; empty: free ports
+    runtime: str = "torchscript"  # dense runtime in the handler: torchscript | onnx
+    disable_token_auth: bool = False  # TorchServe token auth is on unless this is set
+    ts_workers: int = 1  # TorchServe handler processes
+    batch_size: int = 1  # TorchServe batching (requests per handler call)
+    max_batch_delay_ms: int = 1  # how long TorchServe waits to fill a batch
+    worker_timeout_s: float = 0.5  # deadline of the handler's worker call
+    max_items: int = 1000  # items per scoring request
+    startup_timeout_s: float = 180.0
+
+
+class LocalStack:
+    def __init__(self, config: StackConfig):
+        self.config = config
+        self.root = Path(config.model_store).resolve()
+        self.run_dir = Path(config.run_dir or self.root / ".run" / config.model).resolve()
+        self.state: dict = {}
+        self._procs: dict = {}
+        self._ts = None
+
+    # --- start ----------------------------------------------------------------------------------
+    def start(self) -> LocalStack:
+        cfg = self.config
+        if (self.run_dir / "stack.json").exists() and _any_alive(
+            json.loads((self.run_dir / "stack.json").read_text())
+        ):
+            raise RuntimeError(f"a stack is already running from {self.run_dir}; run `recserve down` first")
+        version = cfg.version or model_store.current(self.root, cfg.model)
+        if version is None:
+            raise RuntimeError(f"{self.root}/{cfg.model}: no CURRENT version; train and publish one first")
+        vdir = model_store.version_dir(self.root, cfg.model, version)
+        manifest = model_store.read_manifest(vdir)  # refuses incomplete or corrupt versions
+        n = int(manifest["num_shards"])
+        ps_ports = list(cfg.ps_ports) or free_ports(n, cfg.host)
+        if len(ps_ports) != n:
+            raise ValueError(f"version {version} has {n} shards; {len(ps_ports)} PS ports given")
+        worker_port = cfg.worker_port or free_ports(1, cfg.host)[0]
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        logs = self.run_dir / "logs"
+        self.state = {"model": cfg.model, "version": version, "run_dir": str(self.run_dir), "pids": {}}
+        try:
+            self._start_ps(vdir, manifest, ps_ports, logs)
+            self._start_worker(vdir, ps_ports, worker_port, logs)
+            self._start_torchserve(vdir, version, worker_port)
+        except BaseException:
+            self.stop()
+            raise
+        self._write_state()
+        return self
+
+    def _start_ps(self, vdir: Path, manifest: dict, ports: list[int], logs: Path) -> None:
+        n, cfg = len(ports), self.config
+        for i, port in enumerate(ports):
+            args = ["ps", "--shard", str(i), "--num-shards", str(n), "--host", cfg.host, "--port", str(port),
+                    "--dim", str(manifest["dim"]), "--load", str(vdir / "embeddings"),
+                    "--schema-hash", manifest["schema_fingerprint"]]  # fmt: skip
+            self._procs[f"ps{i}"] = spawn(args, logs / f"ps{i}.log")
+            self.state["pids"][f"ps{i}"] = self._procs[f"ps{i}"].pid
+        for i, port in enumerate(ports):
+            wait_grpc_healthy(
+                f"{cfg.host}:{port}", cfg.startup_timeout_s, self._procs[f"ps{i}"], logs / f"ps{i}.log"
+            )
+        self.state["ps"] = [f"{cfg.host}:{p}" for p in ports]
+
+    def _start_worker(self, vdir: Path, ps_ports: list[int], port: int, logs: Path) -> None:
+        cfg = self.config
+        args = ["worker", "--ps", ",".join(self.state["ps"]), "--schema", str(vdir / "schema.yaml"),
+                "--host", cfg.host, "--port", str(port)]  # fmt: skip
+        self._procs["worker"] = spawn(args, logs / "worker.log")
+        self.state["pids"]["worker"] = self._procs["worker"].pid
+        wait_grpc_healthy(
+            f"{cfg.host}:{port}", cfg.startup_timeout_s, self._procs["worker"], logs / "worker.log"
+        )
+        self.state["worker"] = f"{cfg.host}:{port}"
+
+    def _start_torchserve(self, vdir: Path, version: str, worker_port: int) -> None:
+        from serving.torchserve import TorchServe, TorchServeConfig
+
+        cfg = self.config
+        ports = [
+            p or q
+            for p, q in zip(
+                (cfg.http_port, cfg.management_port, cfg.metrics_port), free_ports(3, cfg.host), strict=True
+            )
+        ]
+        grpc_ports = free_ports(2, cfg.host)
+        ts_store = self.run_dir / "torchserve-store"
+        ts_store.mkdir(parents=True, exist_ok=True)
+        ts_cfg = TorchServeConfig(
+            model_store=ts_store, run_dir=self.run_dir / "torchserve", host=cfg.host,
+            inference_port=ports[0], management_port=ports[1], metrics_port=ports[2],
+            grpc_inference_port=grpc_ports[0], grpc_management_port=grpc_ports[1],
+            default_workers_per_model=cfg.ts_workers, batch_size=cfg.batch_size,
+            max_batch_delay_ms=cfg.max_batch_delay_ms, disable_token_auth=cfg.disable_token_auth,
+        )  # fmt: skip
+        self._ts = TorchServe(ts_cfg).start()
+        self.state["pids"]["torchserve"] = self._ts.pid
+        self._ts.wait_healthy(cfg.startup_timeout_s)
+        self.state.update(
+            endpoint=f"http://{cfg.host}:{ports[0]}/predictions/{cfg.model}",
+            inference=ts_cfg.url(ports[0]),
+            management=ts_cfg.url(ports[1]),
+            metrics=ts_cfg.url(ports[2]),
+            token_auth=not cfg.disable_token_auth,
+            key_file=None if cfg.disable_token_auth else str(self._ts.key_file),
+        )
+        self.register(vdir, version, make_default=True)
+
+    # --- dense versions ---------------------------------------------------------------------------
+    def build_mar(self, vdir: Path, version: str) -> str:
+        """Archive the handler + a scoring.json pointing at ``vdir`` into TorchServe's store."""
+        from serving.torchserve import archive
+
+        cfg = self.config
+        staging = self.run_dir / "mar-staging" / version
+        staging.mkdir(parents=True, exist_ok=True)
+        scoring = {"version_dir": str(vdir), "worker": self.state["worker"], "runtime": cfg.runtime,
+                   "worker_timeout_s": cfg.worker_timeout_s, "max_items": cfg.max_items}  # fmt: skip
+        (staging / "scoring.json").write_text(json.dumps(scoring, indent=2))
+        mar = archive(
+            HANDLER, [staging / "scoring.json"], cfg.model, version, self.run_dir / "torchserve-store"
+        )
+        shutil.rmtree(staging, ignore_errors=True)
+        return mar.name
+
+    def register(self, vdir: Path, version: str, make_default: bool) -> None:
+        mgmt = self.management()
+        mgmt.register(self.build_mar(vdir, version), self.config.model)
+        if make_default:
+            mgmt.set_default(self.config.model, version)
+            self.state["dense_version"] = version
+
+    def management(self):
+        from serving.torchserve import ManagementClient
+
+        key = Path(self.state["key_file"]) if self.state.get("key_file") else None
+        return ManagementClient(self.state["management"], key)
+
+    def inference(self):
+        from serving.torchserve import InferenceClient
+
+        key = Path(self.state["key_file"]) if self.state.get("key_file") else None
+        return InferenceClient(self.state["inference"], key)
+
+    # --- stop -----------------------------------------------------------------------------------
+    def stop(self) -> None:
+        if self._ts is not None:
+            self._ts.stop()
+            self._ts = None
+        for name, proc in list(self._procs.items()):
+            stop_pid(proc.pid, "serving.cli")
+            proc.wait(10)
+            self._procs.pop(name)
+        (self.run_dir / "stack.json").unlink(missing_ok=True)
+
+    def _write_state(self) -> None:
+        self.state["config"] = asdict(self.config)
+        self.state["started"] = time.time()
+        (self.run_dir / "stack.json").write_text(json.dumps(self.state, indent=2))
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _any_alive(state: dict) -> bool:
+    from serving.procs import alive
+
+    return any(alive(pid) for pid in state.get("pids", {}).values())
+
+
+def down(run_dir: Path) -> list[str]:
+    """Stop the processes a previous ``up`` recorded in ``run_dir/stack.json``; returns their names."""
+    state_file = Path(run_dir) / "stack.json"
+    if not state_file.exists():
+        return []
+    state = json.loads(state_file.read_text())
+    stopped = []
+    for name, pid in state.get("pids", {}).items():
+        marker = "org.pytorch.serve.ModelServer" if name == "torchserve" else "serving.cli"
+        if stop_pid(int(pid), marker):
+            stopped.append(name)
+    state_file.unlink(missing_ok=True)
+    return stopped
