@@ -15,10 +15,21 @@ import sys
 ROLES: dict[str, tuple[str, str]] = {
     "transform": ("features.cli", "read a data file, transform it and write compact batches"),
     "ps": ("serving.ps.server", "serve one embedding parameter-server shard over gRPC"),
+    "worker": ("serving.worker.server", "serve the embedding worker (route, pool, update) over gRPC"),
     "train": ("training.cli", "train a model (PS-backed embeddings, DDP dense) and export it"),
     "up": ("serving.stack_cli", "start the local serving stack (PS shards, worker, TorchServe) for a model"),
     "down": ("serving.stack_cli", "stop exactly the processes a previous `recserve up` started"),
     "score": ("serving.stack_cli", "send scoring requests from a data file to an endpoint and print scores"),
+    "controller": (
+        "serving.controller",
+        "keep TorchServe's dense model on the model store's CURRENT version",
+    ),
+    "versions": ("serving.releases_cli", "list a model's versions (and optionally keep only the newest N)"),
+    "publish": (
+        "serving.releases_cli",
+        "validate a version and make it the served one (atomic CURRENT switch)",
+    ),
+    "rollback": ("serving.releases_cli", "re-publish the previously published version"),
 }
 
 

@@ -47,6 +47,7 @@ class StackConfig:
     worker_timeout_s: float = 0.5  # deadline of the handler's worker call
     max_items: int = 1000  # items per scoring request
     startup_timeout_s: float = 180.0
+    poll_s: float = 1.0  # how often the PS shards and the controller look for new versions/deltas
 
 
 class LocalStack:
@@ -82,6 +83,12 @@ class LocalStack:
             self._start_ps(vdir, manifest, ps_ports, logs)
             self._start_worker(vdir, ps_ports, worker_port, logs)
             self._start_torchserve(vdir, version, worker_port)
+            self._write_state()
+            self._procs["controller"] = spawn(
+                ["controller", "--run-dir", str(self.run_dir), "--poll-s", str(cfg.poll_s)],
+                logs / "controller.log",
+            )
+            self.state["pids"]["controller"] = self._procs["controller"].pid
         except BaseException:
             self.stop()
             raise
@@ -184,6 +191,10 @@ class LocalStack:
 
     # --- stop -----------------------------------------------------------------------------------
     def stop(self) -> None:
+        ctl = self._procs.pop("controller", None)  # first, so it cannot act on a half-stopped stack
+        if ctl is not None:
+            stop_pid(ctl.pid, "serving.cli")
+            ctl.wait(10)
         if self._ts is not None:
             self._ts.stop()
             self._ts = None
@@ -196,7 +207,21 @@ class LocalStack:
     def _write_state(self) -> None:
         self.state["config"] = asdict(self.config)
         self.state["started"] = time.time()
-        (self.run_dir / "stack.json").write_text(json.dumps(self.state, indent=2))
+        self.save_state()
+
+    def save_state(self) -> None:
+        tmp = self.run_dir / "stack.json.tmp"
+        tmp.write_text(json.dumps(self.state, indent=2))
+        tmp.replace(self.run_dir / "stack.json")
+
+    @classmethod
+    def attach(cls, run_dir: str | Path) -> LocalStack:
+        """A handle on a running stack (from its stack.json) that owns none of its processes."""
+        state = json.loads((Path(run_dir) / "stack.json").read_text())
+        stack = cls(StackConfig(**state["config"]))
+        stack.run_dir = Path(run_dir).resolve()
+        stack.state = state
+        return stack
 
     def __enter__(self) -> LocalStack:
         return self.start()
@@ -218,7 +243,8 @@ def down(run_dir: Path) -> list[str]:
         return []
     state = json.loads(state_file.read_text())
     stopped = []
-    for name, pid in state.get("pids", {}).items():
+    pids = state.get("pids", {})
+    for name, pid in sorted(pids.items(), key=lambda kv: kv[0] != "controller"):  # controller first
         marker = "org.pytorch.serve.ModelServer" if name == "torchserve" else "serving.cli"
         if stop_pid(int(pid), marker):
             stopped.append(name)
