@@ -1,9 +1,11 @@
 """Compiled kernels of the PS store: the open-addressing sign -> slot index, deterministic row
 initialisation and the admission sketch.
 
-The index is a table of int32 slot numbers (-1 = empty) with linear probing; the
-signs themselves live once, in the store's ``keys`` array (``keys[slot]``), so an entry costs
-4 bytes of table plus nothing else. Deletion uses backward shifting, so there are no tombstones
+The index is a table of int32 entries (-1 = empty) with linear probing; the signs themselves
+live once, in the store's ``keys`` array (``keys[slot]``), so an entry costs 4 bytes of table
+plus nothing else. An entry holds the slot number in its low ``bits`` bits and a fingerprint of
+the sign (other hash bits) in the remaining bits up to 31: probing past other signs' entries
+then almost never touches ``keys`` (a random cache miss each), only the one that matches. Deletion uses backward shifting, so there are no tombstones
 and probe lengths do not degrade under churn.
 
 The table size is exactly ceil(capacity / MAX_LOAD) (no rounding to a power of two, which would
@@ -33,6 +35,11 @@ _S32 = np.uint64(32)
 _INV53 = 1.0 / 9007199254740992.0  # 2**-53
 
 
+def slot_bits(capacity: int) -> int:
+    """Bits of an entry that hold the slot number (the rest, up to 31, are fingerprint)."""
+    return max(1, (capacity - 1).bit_length())
+
+
 def table_size(capacity: int) -> int:
     """Index entries for ``capacity`` rows at load <= MAX_LOAD (at least 16)."""
     return max(int(np.ceil(capacity / MAX_LOAD)), 16)
@@ -46,86 +53,13 @@ def _mix(z):
 
 
 @numba.njit(inline="always")
-def _home(sign, size):
-    return np.int64(((_mix(sign ^ _SALT) >> _S32) * np.uint64(size)) >> _S32)
+def _hash(sign):
+    return _mix(sign ^ _SALT)
 
 
-@numba.njit(cache=True, nogil=True)
-def find_slots(table, keys, signs):
-    """Slot of each sign, -1 where absent."""
-    size = len(table)
-    out = np.empty(len(signs), dtype=np.int32)
-    for i in range(len(signs)):
-        s = signs[i]
-        pos = _home(s, size)
-        while True:
-            slot = table[pos]
-            if slot < 0 or keys[slot] == s:
-                out[i] = slot
-                break
-            pos = _next(pos, size)
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
-def gather_rows(table, keys, rows, signs, out):
-    """Fused lookup + gather for float32 storage: out[i] = rows[slot(signs[i])] or zeros.
-    Returns the number of misses."""
-    size = len(table)
-    dim = rows.shape[1]
-    misses = 0
-    for i in range(len(signs)):
-        s = signs[i]
-        pos = _home(s, size)
-        while True:
-            slot = table[pos]
-            if slot < 0:
-                for j in range(dim):
-                    out[i, j] = 0.0
-                misses += 1
-                break
-            if keys[slot] == s:
-                for j in range(dim):
-                    out[i, j] = rows[slot, j]
-                break
-            pos = _next(pos, size)
-    return misses
-
-
-@numba.njit(cache=True, nogil=True)
-def insert_new(table, keys, signs, start):
-    """Insert distinct, absent ``signs`` at slots start, start+1, ... (keys written too)."""
-    size = len(table)
-    for i in range(len(signs)):
-        s = signs[i]
-        slot = start + i
-        keys[slot] = s
-        pos = _home(s, size)
-        while table[pos] >= 0:
-            pos = _next(pos, size)
-        table[pos] = slot
-
-
-@numba.njit(cache=True, nogil=True)
-def rebuild(table, keys, n):
-    """Index keys[:n] (slot = position). Returns the number of duplicate signs found (0 when
-    the input is consistent); duplicates are not indexed."""
-    size = len(table)
-    table[:] = EMPTY
-    dups = 0
-    for slot in range(n):
-        s = keys[slot]
-        pos = _home(s, size)
-        while True:
-            t = table[pos]
-            if t < 0:
-                table[pos] = slot
-                break
-            if keys[t] == s:
-                dups += 1
-                break
-            pos = _next(pos, size)
-    return dups
+@numba.njit(inline="always")
+def _home(h, size):
+    return np.int64(((h >> _S32) * np.uint64(size)) >> _S32)
 
 
 @numba.njit(inline="always")
@@ -135,43 +69,166 @@ def _next(pos, size):
 
 
 @numba.njit(inline="always")
-def _delete_at(table, keys, pos, size):
+def _masks(bits):
+    """(slot mask, fingerprint mask) for ``bits`` slot bits."""
+    return np.int64((1 << bits) - 1), np.uint64((1 << (31 - bits)) - 1)
+
+
+@numba.njit(inline="always")
+def _find(table, keys, s, h, pos, bits):
+    """Probe from ``pos`` for sign ``s`` (hash ``h``): its slot or -1."""
+    size = len(table)
+    smask, fmask = _masks(bits)
+    fp = np.int64(h & fmask)
+    while True:
+        e = np.int64(table[pos])
+        if e < 0:
+            return -1
+        if (e >> bits) == fp:
+            slot = e & smask
+            if keys[slot] == s:
+                return slot
+        pos = _next(pos, size)
+
+
+@numba.njit(cache=True, nogil=True)
+def find_slots(table, keys, signs, bits):
+    """Slot of each sign, -1 where absent."""
+    size = len(table)
+    out = np.empty(len(signs), dtype=np.int32)
+    for i in range(len(signs)):
+        h = _hash(signs[i])
+        out[i] = _find(table, keys, signs[i], h, _home(h, size), bits)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def gather_rows(table, keys, rows, signs, bits, out):
+    """Fused lookup + gather for float32 storage: out[i] = rows[slot(signs[i])] or zeros.
+    Returns the number of misses.
+
+    Works in blocks of 32 signs and three passes (table by fingerprint, key check, row copy),
+    so the cache misses of different signs are independent and overlap in the memory system;
+    one sign at a time would wait for three dependent misses in a row."""
+    size = len(table)
+    smask, fmask = _masks(bits)
+    dim = rows.shape[1]
+    n = len(signs)
+    B = 32
+    cand = np.empty(B, dtype=np.int64)
+    where = np.empty(B, dtype=np.int64)
+    misses = 0
+    for b0 in range(0, n, B):
+        m = min(B, n - b0)
+        for k in range(m):  # pass 1: the first entry whose fingerprint matches
+            h = _hash(signs[b0 + k])
+            pos = _home(h, size)
+            fp = np.int64(h & fmask)
+            slot = -1
+            while True:
+                e = np.int64(table[pos])
+                if e < 0:
+                    break
+                if (e >> bits) == fp:
+                    slot = e & smask
+                    break
+                pos = _next(pos, size)
+            cand[k] = slot
+            where[k] = pos
+        for k in range(m):  # pass 2: confirm the key; a fingerprint collision probes on
+            slot = cand[k]
+            s = signs[b0 + k]
+            if slot >= 0 and keys[slot] != s:
+                cand[k] = _find(table, keys, s, _hash(s), _next(where[k], size), bits)
+        for k in range(m):  # pass 3: copy the rows
+            slot = cand[k]
+            i = b0 + k
+            if slot < 0:
+                misses += 1
+                for j in range(dim):
+                    out[i, j] = 0.0
+            else:
+                for j in range(dim):
+                    out[i, j] = rows[slot, j]
+    return misses
+
+
+@numba.njit(inline="always")
+def _put(table, h, slot, bits):
+    size = len(table)
+    _, fmask = _masks(bits)
+    pos = _home(h, size)
+    while table[pos] >= 0:
+        pos = _next(pos, size)
+    table[pos] = np.int32((np.int64(h & fmask) << bits) | slot)
+
+
+@numba.njit(cache=True, nogil=True)
+def insert_new(table, keys, signs, start, bits):
+    """Insert distinct, absent ``signs`` at slots start, start+1, ... (keys written too)."""
+    for i in range(len(signs)):
+        keys[start + i] = signs[i]
+        _put(table, _hash(signs[i]), start + i, bits)
+
+
+@numba.njit(cache=True, nogil=True)
+def rebuild(table, keys, n, bits):
+    """Index keys[:n] (slot = position). Returns the number of duplicate signs found (0 when
+    the input is consistent); duplicates are not indexed."""
+    size = len(table)
+    table[:] = EMPTY
+    dups = 0
+    for slot in range(n):
+        h = _hash(keys[slot])
+        if _find(table, keys, keys[slot], h, _home(h, size), bits) >= 0:
+            dups += 1
+        else:
+            _put(table, h, slot, bits)
+    return dups
+
+
+@numba.njit(inline="always")
+def _delete_at(table, keys, pos, bits):
     """Backward-shift deletion of the entry at ``pos``."""
+    size = len(table)
+    smask, _ = _masks(bits)
     i = pos
     j = pos
     while True:
         j = _next(j, size)
-        t = table[j]
-        if t < 0:
+        e = np.int64(table[j])
+        if e < 0:
             break
-        k = _home(keys[t], size)
+        k = _home(_hash(keys[e & smask]), size)
         # the entry at j may move to i only if its home is not cyclically inside (i, j]
         if i <= j:
             if i < k <= j:
                 continue
         elif k > i or k <= j:
             continue
-        table[i] = t
+        table[i] = table[j]
         i = j
     table[i] = EMPTY
 
 
 @numba.njit(inline="always")
-def _position_of(table, keys, slot, size):
-    pos = _home(keys[slot], size)
-    while table[pos] != slot:
+def _position_of(table, keys, slot, bits):
+    size = len(table)
+    smask, _ = _masks(bits)
+    pos = _home(_hash(keys[slot]), size)
+    while table[pos] < 0 or (np.int64(table[pos]) & smask) != slot:
         pos = _next(pos, size)
     return pos
 
 
 @numba.njit(cache=True, nogil=True)
-def remove_compact(table, keys, victims, n):
+def remove_compact(table, keys, victims, n, bits):
     """Remove the rows at the sorted distinct slots ``victims`` (all < n) and keep rows dense:
     the surviving rows at the tail fill the holes. Moves keys and the index; returns (src, dst)
     so the caller moves every other per-row array the same way (src >= new n > dst)."""
-    size = len(table)
+    smask, _ = _masks(bits)
     for v in victims:
-        _delete_at(table, keys, _position_of(table, keys, v, size), size)
+        _delete_at(table, keys, _position_of(table, keys, v, bits), bits)
     m = len(victims)
     new_n = n - m
     gone = np.zeros(n - new_n, dtype=np.bool_)  # victims in the tail [new_n, n)
@@ -190,7 +247,8 @@ def remove_compact(table, keys, victims, n):
             break
         while gone[j - new_n]:
             j += 1
-        table[_position_of(table, keys, j, size)] = v
+        pos = _position_of(table, keys, j, bits)
+        table[pos] = np.int32((np.int64(table[pos]) & ~smask) | v)  # same key: keep its fingerprint
         keys[v] = keys[j]
         src[h] = j
         dst[h] = v

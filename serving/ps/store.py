@@ -12,6 +12,7 @@ store is called in-process from several threads or from the gRPC server's event 
 
 from __future__ import annotations
 
+import mmap
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from serving.ps.persist import ShardData, StoreError
 __all__ = ["EmbeddingStore", "OptimizerConfig", "StoreConfig", "StoreError"]
 
 _DTYPES = ("float32", "float16")
+_HUGE_PAGE = 2 * 1024 * 1024
 
 
 @dataclass
@@ -92,6 +94,22 @@ def as_signs(signs) -> np.ndarray:
     return np.ascontiguousarray(a.reshape(-1))
 
 
+def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Zeroed memory for a big per-row array: an anonymous mapping (page-aligned, so a row of 16
+    float32 is one cache line) advised to use transparent huge pages, because lookups touch
+    random rows and 4 KiB pages would add a TLB miss to most of them."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if nbytes >= _HUGE_PAGE:
+        m = mmap.mmap(-1, nbytes)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            m.madvise(mmap.MADV_HUGEPAGE)
+        return np.frombuffer(m, dtype=dtype).reshape(shape)
+    buf = np.zeros(nbytes + 64, dtype=np.uint8)  # small: just align to 64 bytes
+    offset = -buf.ctypes.data % 64
+    return buf[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
 class EmbeddingStore:
     """Rows and optimizer state of one shard, addressed by uint64 sign."""
 
@@ -99,10 +117,12 @@ class EmbeddingStore:
         self.config = config
         self.clock = clock
         cap, dim = config.capacity, config.dim
-        self._table = np.full(index.table_size(cap), index.EMPTY, dtype=np.int32)
-        self._keys = np.zeros(cap, dtype=np.uint64)
-        self._rows = np.zeros((cap, dim), dtype=config.dtype)
-        self._state = {name: np.zeros((cap, dim), dtype=np.float32) for name in config.optimizer.state_names}
+        self._table = _zeros((index.table_size(cap),), np.int32)
+        self._table[:] = index.EMPTY
+        self._bits = index.slot_bits(cap)
+        self._keys = _zeros((cap,), np.uint64)
+        self._rows = _zeros((cap, dim), config.dtype)
+        self._state = {name: _zeros((cap, dim), np.float32) for name in config.optimizer.state_names}
         self._stamp = np.zeros(cap, dtype=np.uint32)
         self._count = np.zeros(cap, dtype=np.uint32)
         self._dirty = np.zeros(cap, dtype=np.bool_)
@@ -132,9 +152,9 @@ class EmbeddingStore:
                 self._admit(signs)
             if self._rows.dtype == np.float32:
                 out = np.empty((len(signs), self.config.dim), dtype=np.float32)
-                misses = int(index.gather_rows(self._table, self._keys, self._rows, signs, out))
+                misses = int(index.gather_rows(self._table, self._keys, self._rows, signs, self._bits, out))
             else:
-                slots = index.find_slots(self._table, self._keys, signs)
+                slots = index.find_slots(self._table, self._keys, signs, self._bits)
                 missing = slots < 0
                 out = self._rows.take(np.where(missing, 0, slots), axis=0).astype(np.float32)
                 out[missing] = 0.0
@@ -145,7 +165,7 @@ class EmbeddingStore:
             return out, misses
 
     def _admit(self, signs: np.ndarray) -> None:
-        slots = index.find_slots(self._table, self._keys, signs)
+        slots = index.find_slots(self._table, self._keys, signs, self._bits)
         found = slots >= 0
         n_found = int(found.sum())
         self.hits += n_found
@@ -158,7 +178,7 @@ class EmbeddingStore:
                 new = new[seen >= self.config.min_count]
             if len(new):
                 self._insert(new, protect=hit_slots)
-                slots = index.find_slots(self._table, self._keys, signs)
+                slots = index.find_slots(self._table, self._keys, signs, self._bits)
                 hit_slots = slots[slots >= 0]
         self._stamp[hit_slots] = np.uint32(self.clock())
         c = self._count[hit_slots]
@@ -172,7 +192,7 @@ class EmbeddingStore:
             self._evict(max(need, int(cap * self.config.evict_fraction)), protect)
             new = new[: cap - self.rows]  # a batch larger than the free space: the rest waits
         start, k = self.rows, len(new)
-        index.insert_new(self._table, self._keys, new, start)
+        index.insert_new(self._table, self._keys, new, start, self._bits)
         end = start + k
         cfg = self.config
         self._rows[start:end] = index.init_rows(new, cfg.dim, np.uint64(cfg.seed), cfg.init_scale)
@@ -218,7 +238,9 @@ class EmbeddingStore:
         """Delete the rows at sorted distinct slots, record their signs for the next delta and
         refill the holes from the tail so rows stay dense."""
         self._deleted.append(self._keys[victims].copy())
-        src, dst = index.remove_compact(self._table, self._keys, victims.astype(np.int64), self.rows)
+        src, dst = index.remove_compact(
+            self._table, self._keys, victims.astype(np.int64), self.rows, self._bits
+        )
         for arr in (self._rows, self._stamp, self._count, self._dirty, *self._state.values()):
             arr[dst] = arr[src]
         self.rows -= len(victims)
@@ -244,7 +266,7 @@ class EmbeddingStore:
             summed = grads[np.argsort(signs, kind="stable")]
         with self._lock:
             self.step = step if step else self.step + 1
-            slots = index.find_slots(self._table, self._keys, uniq)
+            slots = index.find_slots(self._table, self._keys, uniq, self._bits)
             ok = slots >= 0
             slots, g = slots[ok], summed[ok]
             params = self._rows[slots].astype(np.float32)
@@ -305,7 +327,7 @@ class EmbeddingStore:
             signs = self._keys[slots]
             deleted = np.unique(np.concatenate([np.empty(0, np.uint64), *self._deleted]))
             if len(deleted):  # deleted, then inserted again: the row wins
-                deleted = deleted[index.find_slots(self._table, self._keys, deleted) < 0]
+                deleted = deleted[index.find_slots(self._table, self._keys, deleted, self._bits) < 0]
             self.delta_seq += 1
             data = ShardData(
                 meta=self._meta("delta") | {"base_version": self.version},
@@ -323,7 +345,7 @@ class EmbeddingStore:
     def restore_delta(self, data: ShardData) -> None:
         """Mark a cut delta's rows and deletions pending again (its write failed)."""
         with self._lock:
-            slots = index.find_slots(self._table, self._keys, data.signs)
+            slots = index.find_slots(self._table, self._keys, data.signs, self._bits)
             self._dirty[slots[slots >= 0]] = True
             self._deleted.append(data.deleted)
             if self.delta_seq == data.meta["delta_seq"]:
@@ -371,7 +393,7 @@ class EmbeddingStore:
             )
         with self._lock:
             self._keys[:n] = data.signs
-            dups = index.rebuild(self._table, self._keys, n)
+            dups = index.rebuild(self._table, self._keys, n, self._bits)
             if dups:
                 self._table[:] = index.EMPTY
                 self.rows = 0
@@ -410,16 +432,16 @@ class EmbeddingStore:
             if seq != self.delta_seq + 1:
                 raise StoreError(f"delta {seq} does not follow the last applied delta {self.delta_seq}")
             if len(data.deleted):
-                slots = index.find_slots(self._table, self._keys, data.deleted)
+                slots = index.find_slots(self._table, self._keys, data.deleted, self._bits)
                 slots = np.sort(slots[slots >= 0])
                 if len(slots):
                     self._remove(slots)
                     self._deleted.pop()  # applied deletions are not ours to publish again
-            slots = index.find_slots(self._table, self._keys, data.signs)
+            slots = index.find_slots(self._table, self._keys, data.signs, self._bits)
             absent = slots < 0
             if absent.any():
                 self._insert(data.signs[absent], protect=slots[~absent])
-                slots = index.find_slots(self._table, self._keys, data.signs)
+                slots = index.find_slots(self._table, self._keys, data.signs, self._bits)
             ok = slots >= 0
             slots = slots[ok]
             self._rows[slots] = data.rows[ok]
@@ -483,4 +505,4 @@ class EmbeddingStore:
 
     def __contains__(self, sign) -> bool:
         s = as_signs([sign])
-        return bool(index.find_slots(self._table, self._keys, s)[0] >= 0)
+        return bool(index.find_slots(self._table, self._keys, s, self._bits)[0] >= 0)

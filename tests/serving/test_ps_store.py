@@ -28,6 +28,42 @@ def u64(*xs) -> np.ndarray:
     return np.array(xs, dtype=np.uint64)
 
 
+# ---- the index kernels --------------------------------------------------------------------------
+@pytest.mark.parametrize("bits", [7, 30])  # 30: one fingerprint bit, so fingerprints collide often
+def test_index_kernels_against_a_dict(bits):
+    rng = np.random.default_rng(bits)
+    cap = 100
+    table = np.full(ps_index.table_size(cap), ps_index.EMPTY, np.int32)
+    keys = np.zeros(cap, np.uint64)
+    rows = np.arange(cap * 2, dtype=np.float32).reshape(cap, 2)
+    n = 0
+    universe = rng.integers(0, 2**64 - 1, 300, dtype=np.uint64)
+    for _ in range(40):
+        present = set(keys[:n].tolist())
+        new = np.array([x for x in rng.choice(universe, 20) if int(x) not in present], np.uint64)
+        new = np.unique(new)[: cap - n]
+        ps_index.insert_new(table, keys, new, n, bits)
+        rows[n : n + len(new)] = new[:, None].astype(np.float32) % 1000
+        n += len(new)
+        victims = np.sort(rng.choice(n, min(n, 7), replace=False)).astype(np.int64)
+        src, dst = ps_index.remove_compact(table, keys, victims, n, bits)
+        rows[dst] = rows[src]
+        n -= len(victims)
+        want = {int(k): i for i, k in enumerate(keys[:n])}
+        assert len(want) == n
+        probe = rng.choice(universe, 50)
+        slots = ps_index.find_slots(table, keys, probe, bits)
+        assert slots.tolist() == [want.get(int(x), -1) for x in probe]
+        out = np.empty((50, 2), np.float32)
+        misses = ps_index.gather_rows(table, keys, rows, probe, bits, out)
+        assert misses == int((slots < 0).sum())
+        np.testing.assert_array_equal(out, np.where(slots[:, None] >= 0, rows[np.maximum(slots, 0)], 0))
+    assert ps_index.rebuild(table, keys, n, bits) == 0
+    assert ps_index.find_slots(table, keys, keys[:n], bits).tolist() == list(range(n))
+    keys[1] = keys[0]
+    assert ps_index.rebuild(table, keys, n, bits) == 1
+
+
 # ---- lookup, insert, init ---------------------------------------------------------------------
 def test_serving_lookup_never_inserts_and_counts_misses():
     s = make()
