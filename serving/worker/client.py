@@ -1,0 +1,126 @@
+"""Blocking client of an ``EmbeddingWorker`` process, with the core's verbs.
+
+``WorkerClient`` has the same ``forward`` / ``backward`` / ``flush`` as ``core.EmbeddingWorker``,
+so the trainer and the scoring core can use either. One channel per client, reused by every call
+(thread-safe); each call carries a deadline. Errors come back as the core raises them:
+INVALID_ARGUMENT -> ValueError, NOT_FOUND -> KeyError, UNAVAILABLE / DEADLINE_EXCEEDED ->
+ConnectionError, anything else -> RuntimeError (the ``grpc.RpcError`` is the ``__cause__``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from features.batch import CompactBatch
+from serving.worker.core import ForwardResult
+
+_MAX_MESSAGE = 256 * 1024 * 1024
+
+
+class WorkerClient:
+    """Client of the worker at ``address`` ("host:port")."""
+
+    def __init__(self, address: str, timeout_s: float = 5.0):
+        import grpc
+
+        from recserve.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+
+        self.address = address
+        self.timeout_s = timeout_s
+        self._grpc = grpc
+        self._pb = worker_pb2
+        self._common = common_pb2
+        opts = [
+            ("grpc.max_send_message_length", _MAX_MESSAGE),
+            ("grpc.max_receive_message_length", _MAX_MESSAGE),
+        ]
+        self.channel = grpc.insecure_channel(address, options=opts)
+        self.stub = worker_pb2_grpc.EmbeddingWorkerStub(self.channel)
+        self._modes = {"train": worker_pb2.TRAIN, "infer": worker_pb2.INFER}
+        self._dtypes = {"float32": common_pb2.FLOAT32, "float16": common_pb2.FLOAT16}
+
+    def _call(self, method, request, timeout_s: float | None):
+        try:
+            return method(request, timeout=timeout_s or self.timeout_s)
+        except self._grpc.RpcError as e:
+            code, details = e.code(), e.details()
+            message = f"worker {self.address}: {code.name}: {details}"
+            if code == self._grpc.StatusCode.INVALID_ARGUMENT:
+                raise ValueError(message) from e
+            if code == self._grpc.StatusCode.NOT_FOUND:
+                raise KeyError(message) from e
+            if code in (self._grpc.StatusCode.UNAVAILABLE, self._grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise ConnectionError(message) from e
+            raise RuntimeError(message) from e
+
+    def forward(
+        self,
+        batch: bytes | CompactBatch,
+        mode: str = "infer",
+        dtype: str = "float32",
+        timeout_s: float | None = None,
+    ) -> ForwardResult:
+        """Pooled embeddings (float32 (rows, slots, dim), writable) of a compact batch (its
+        encoded bytes, or a ``CompactBatch`` that is encoded here). ``dtype`` is the wire type."""
+        if isinstance(batch, CompactBatch):
+            from features.codec import encode
+
+            batch = encode(batch)
+        if mode not in self._modes or dtype not in self._dtypes:
+            raise ValueError(f"mode must be train|infer and dtype float32|float16, got {mode!r}, {dtype!r}")
+        request = self._pb.ForwardRequest(batch=batch, mode=self._modes[mode], dtype=self._dtypes[dtype])
+        resp = self._call(self.stub.Forward, request, timeout_s)
+        wire = "<f2" if resp.dtype == self._common.FLOAT16 else "<f4"
+        shape = (resp.num_rows, resp.num_slots, resp.dim)
+        pooled = np.frombuffer(resp.pooled, dtype=wire).reshape(shape).astype(np.float32)  # a writable copy
+        return ForwardResult(resp.batch_id, pooled, (resp.version.version, int(resp.version.delta_seq)))
+
+    def backward(self, batch_id: int, grads: np.ndarray, timeout_s: float | None = None) -> None:
+        """Send float32 gradients (rows, slots, dim) of a TRAIN batch's pooled embeddings."""
+        payload = np.ascontiguousarray(grads, dtype="<f4").tobytes()
+        self._call(self.stub.Backward, self._pb.BackwardRequest(batch_id=batch_id, grads=payload), timeout_s)
+
+    def flush(self, timeout_s: float = 300.0) -> None:
+        """Wait until the worker has applied every queued update."""
+        self._call(self.stub.Flush, self._pb.FlushRequest(), timeout_s)
+
+    def stats(self, timeout_s: float | None = None) -> dict:
+        r = self._call(self.stub.Stats, self._pb.WorkerStatsRequest(), timeout_s)
+        return {
+            "num_shards": r.num_shards,
+            "dim": r.dim,
+            "staleness": r.staleness,
+            "in_flight": r.in_flight,
+            "pending_batches": r.pending_batches,
+            "schema": r.schema,
+            "schema_hash": r.schema_hash,
+            "version": (r.version.version, int(r.version.delta_seq)),
+        }
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Block until the worker's health service says SERVING (raises TimeoutError)."""
+        import time
+
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        deadline, last = time.monotonic() + timeout_s, None
+        while time.monotonic() < deadline:
+            try:
+                status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                last = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+            except self._grpc.RpcError as e:
+                last = e.code().name
+            time.sleep(0.05)
+        raise TimeoutError(f"worker {self.address} not SERVING after {timeout_s}s (last: {last})")
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> WorkerClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

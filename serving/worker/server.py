@@ -1,0 +1,304 @@
+"""The ``EmbeddingWorker`` gRPC service (``recserve worker``): a thin servicer over ``core``.
+
+A synchronous gRPC server with a thread pool: the core is blocking (its shard fan-out uses threads
+and the gRPC client releases the GIL), so a handler thread calls it directly. An asyncio server
+would add a thread hop per call for the same work (see the report in the worker issue).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+log = logging.getLogger("recserve.worker")
+
+SERVICE = "recserve.v1.EmbeddingWorker"
+
+
+@dataclass
+class ServerConfig:
+    """One embedding-worker process."""
+
+    ps: tuple[str, ...] = ()
+    """PS shard addresses, shard i at position i."""
+    schema: str = "data/schemas/criteo.yaml"
+    """Feature schema the compact batches must be built for."""
+    host: str = "127.0.0.1"
+    """Interface to bind; loopback unless told otherwise."""
+    port: int = 50071
+    """gRPC port (0: the OS picks one; it is logged)."""
+    metrics_port: int = 0
+    """Prometheus /metrics HTTP port (0: off)."""
+    staleness: int = 0
+    """K: a TRAIN Forward waits while more than K batches' updates are in flight."""
+    threads: int = 8
+    """gRPC handler threads (concurrent calls)."""
+    ps_timeout_s: float = 5.0
+    """Deadline of each PS call; also how long startup waits for each shard."""
+    grace_s: float = 5.0
+    """On SIGTERM/SIGINT, in-flight calls get this long to finish."""
+    max_message_mb: int = 256
+    """Max gRPC send/receive message size."""
+
+
+class BadRequest(ValueError):
+    """The request is malformed; maps to INVALID_ARGUMENT."""
+
+
+def _status(e: BaseException, method: str):
+    """The gRPC status code and message for an exception raised by an RPC."""
+    import grpc
+
+    from serving.worker.core import ShardError, UpdateError
+
+    cause = e.__cause__ if isinstance(e, UpdateError) else e
+    if isinstance(cause, ShardError):
+        code = grpc.StatusCode.UNAVAILABLE if cause.unavailable else grpc.StatusCode.INTERNAL
+        return code, str(e)
+    if isinstance(e, KeyError):
+        return grpc.StatusCode.NOT_FOUND, str(e.args[0]) if e.args else "not found"
+    if isinstance(e, ValueError):  # BadRequest, CodecError, BatchError, the core's checks
+        return grpc.StatusCode.INVALID_ARGUMENT, str(e)
+    log.error("%s failed", method, exc_info=e)
+    return grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(e).__name__}: {e}"
+
+
+class _Metrics:
+    def __init__(self, worker):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        from serving.metrics import LATENCY_BUCKETS
+
+        self.registry = CollectorRegistry()
+        self.forward_seconds = Histogram(
+            "recserve_worker_forward_seconds",
+            "Forward time in the server (decode, lookup, pool, encode)",
+            ["mode"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batches = Counter("recserve_worker_batches", "Forward batches", ["mode"], registry=self.registry)
+        self.rows = Counter("recserve_worker_rows", "Rows pooled", registry=self.registry)
+        self.backwards = Counter(
+            "recserve_worker_backwards", "Backward calls accepted", registry=self.registry
+        )
+        self.errors = Counter(
+            "recserve_worker_errors", "RPCs answered with an error", ["code"], registry=self.registry
+        )
+        in_flight = Gauge(
+            "recserve_worker_in_flight", "Batches with updates in flight", registry=self.registry
+        )
+        in_flight.set_function(lambda: worker.in_flight)
+        pending = Gauge(
+            "recserve_worker_pending_batches", "TRAIN batches awaiting Backward", registry=self.registry
+        )
+        pending.set_function(lambda: worker.pending_batches)
+
+
+def _rpc(method):
+    """The error boundary of every RPC: exceptions -> gRPC status with an actionable message."""
+
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        try:
+            return method(self, request, context)
+        except Exception as e:
+            code, message = _status(e, method.__name__)
+            self.metrics.errors.labels(code.name).inc()
+            context.abort(code, message)
+
+    return wrapper
+
+
+class EmbeddingWorkerServicer:
+    """gRPC adapter of one ``EmbeddingWorker``."""
+
+    def __init__(self, worker, metrics: _Metrics):
+        from recserve.v1 import common_pb2, worker_pb2
+
+        self.worker = worker
+        self.metrics = metrics
+        self.pb = worker_pb2
+        self.common = common_pb2
+
+    def _mode(self, value: int) -> str:
+        if value in (self.pb.MODE_UNSPECIFIED, self.pb.INFER):
+            return "infer"
+        if value == self.pb.TRAIN:
+            return "train"
+        raise BadRequest(f"unknown mode {value}; use TRAIN (1) or INFER (2)")
+
+    def _fp16(self, value: int) -> bool:
+        if value in (self.common.DTYPE_UNSPECIFIED, self.common.FLOAT32):
+            return False
+        if value == self.common.FLOAT16:
+            return True
+        raise BadRequest(f"unknown dtype {value}; use FLOAT32 (1) or FLOAT16 (2)")
+
+    @_rpc
+    def Forward(self, request, context):
+        from features.codec import decode
+
+        t0 = time.perf_counter()
+        if not request.batch:
+            raise BadRequest("empty request: no compact batch")
+        mode, fp16 = self._mode(request.mode), self._fp16(request.dtype)
+        batch = decode(request.batch, schema_hash=self.worker.schema.hash64)
+        res = self.worker.forward(batch, mode)
+        pooled = res.pooled.astype(np.float16) if fp16 else res.pooled
+        reply = self.pb.ForwardResponse(
+            pooled=pooled.tobytes(),
+            num_rows=pooled.shape[0],
+            num_slots=pooled.shape[1],
+            dim=pooled.shape[2],
+            dtype=self.common.FLOAT16 if fp16 else self.common.FLOAT32,
+            batch_id=res.batch_id,
+            version=self.common.ModelVersion(version=res.version[0], delta_seq=res.version[1]),
+        )
+        self.metrics.forward_seconds.labels(mode).observe(time.perf_counter() - t0)
+        self.metrics.batches.labels(mode).inc()
+        self.metrics.rows.inc(batch.num_rows)
+        return reply
+
+    @_rpc
+    def Backward(self, request, context):
+        if not request.grads:
+            raise BadRequest("empty request: no grads")
+        if not request.batch_id:
+            raise BadRequest("batch_id is 0: pass the batch_id a TRAIN Forward returned")
+        if len(request.grads) % 4:
+            raise BadRequest(f"grads is {len(request.grads)} bytes, not a multiple of 4 (float32)")
+        grads = np.frombuffer(request.grads, dtype="<f4")
+        try:
+            self.worker.backward(request.batch_id, grads)
+        except ValueError as e:
+            raise BadRequest(f"grads ({len(request.grads)} bytes): {e}") from None
+        self.metrics.backwards.inc()
+        return self.pb.BackwardResponse()
+
+    @_rpc
+    def Flush(self, request, context):
+        self.worker.flush()
+        return self.pb.FlushResponse()
+
+    @_rpc
+    def Stats(self, request, context):
+        w = self.worker
+        version, seq = w.version()
+        return self.pb.WorkerStatsResponse(
+            num_shards=len(w.shards),
+            dim=w.dim,
+            staleness=w.config.staleness,
+            in_flight=w.in_flight,
+            pending_batches=w.pending_batches,
+            schema=w.schema.name,
+            schema_hash=f"{w.schema.hash64:016x}",
+            version=self.common.ModelVersion(version=version, delta_seq=seq),
+        )
+
+
+def serve(
+    config: ServerConfig, stop: threading.Event | None = None, started: Callable[[int], None] | None = None
+) -> int:
+    """Run the worker until SIGTERM/SIGINT (or ``stop`` is set); returns the exit code.
+    ``started(port)`` is called once it serves."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection
+
+    from features.schema import load_schema
+    from recserve.v1 import worker_pb2_grpc
+    from serving.metrics import start_metrics_server
+    from serving.worker.core import ShardError, WorkerConfig, connect
+
+    if not config.ps:
+        log.error("no PS shards given (--ps HOST:PORT,...)")
+        return 2
+    try:
+        schema = load_schema(config.schema)
+        worker = connect(
+            list(config.ps), schema, WorkerConfig(staleness=config.staleness), config.ps_timeout_s
+        )
+    except (ShardError, ValueError, OSError) as e:
+        log.error("cannot start: %s", e)
+        return 1
+    metrics = _Metrics(worker)
+    size = config.max_message_mb * 1024 * 1024
+    options = [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
+    server = grpc.server(ThreadPoolExecutor(config.threads, thread_name_prefix="worker-rpc"), options=options)
+    worker_pb2_grpc.add_EmbeddingWorkerServicer_to_server(EmbeddingWorkerServicer(worker, metrics), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if not port:
+        worker.close()
+        raise OSError(f"cannot bind {config.host}:{config.port}")
+    stop_metrics = start_metrics_server(config.metrics_port, config.host, metrics.registry)
+    server.start()
+    for name in ("", SERVICE):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info(
+        "worker serving %s on %s:%d over %d PS shards (dim %d, staleness %d)",
+        schema.name,
+        config.host,
+        port,
+        len(config.ps),
+        worker.dim,
+        config.staleness,
+    )
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    if started is not None:
+        started(port)
+    stop.wait()
+    log.info("shutting down (grace %.1fs)", config.grace_s)
+    health_servicer.enter_graceful_shutdown()
+    server.stop(config.grace_s).wait()
+    worker.close()  # applies the updates still queued
+    stop_metrics()
+    return 0
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ps", required=True, help="PS shard addresses HOST:PORT,HOST:PORT (shard i at position i)"
+    )
+    p.add_argument("--schema", default=ServerConfig.schema, help="feature schema YAML")
+    p.add_argument("--host", default=ServerConfig.host, help="interface to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=ServerConfig.port, help="gRPC port (0 = any)")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0 = off)")
+    p.add_argument("--staleness", type=int, default=0, help="K: batches whose updates may be in flight")
+    p.add_argument("--threads", type=int, default=ServerConfig.threads, help="gRPC handler threads")
+    p.add_argument(
+        "--ps-timeout-s", type=float, default=ServerConfig.ps_timeout_s, help="deadline of PS calls"
+    )
+    p.add_argument("--log-level", default="INFO")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = ServerConfig(
+        ps=tuple(a.strip() for a in args.ps.split(",") if a.strip()),
+        schema=args.schema,
+        host=args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        staleness=args.staleness,
+        threads=args.threads,
+        ps_timeout_s=args.ps_timeout_s,
+    )
+    return serve(config)

@@ -1,0 +1,217 @@
+"""Two real PS processes and a real `recserve worker` on free loopback ports: Forward/Backward over
+gRPC against the rows the PS holds, fp16 replies, health, reflection, metrics, every bad input
+answered with INVALID_ARGUMENT/NOT_FOUND while the worker keeps serving, UNAVAILABLE while a
+PS is down (and recovery once it is back), and a clean exit on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from features.codec import encode
+from features.hashing import shard_of
+from features.schema import dump_schema, schema_from_dict
+from features.transform import transform
+from recserve.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from serving.ps.client import PSClient
+from serving.worker.client import WorkerClient
+from tests.helpers import free_ports
+from tests.serving.test_worker import SCHEMA, ranking_batch, torch_pooled
+
+pytestmark = pytest.mark.slow
+
+DIM = 4
+LR = 0.5
+
+
+def _spawn(args: list[str], log) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "serving.cli", *args], stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def _ps_args(i: int, port: int) -> list[str]:
+    return ["ps", "--shard", str(i), "--num-shards", "2", "--port", str(port), "--dim", str(DIM)] + [
+        "--capacity",
+        "1000",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        str(LR),
+        "--init-scale",
+        "0.1",
+    ]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("worker")
+    schema_path = tmp / "schema.yaml"
+    schema_path.write_text(dump_schema(SCHEMA))
+    ps_ports = free_ports(2)
+    port, metrics_port = free_ports(2)
+    procs = {f"ps{i}": _spawn(_ps_args(i, p), tmp / f"ps{i}.log") for i, p in enumerate(ps_ports)}
+    ps = [PSClient(f"127.0.0.1:{p}", timeout_s=5.0) for p in ps_ports]
+    client = WorkerClient(f"127.0.0.1:{port}", timeout_s=10.0)
+    try:
+        for c in ps:
+            c.wait_ready(timeout_s=60)
+        addresses = ",".join(f"127.0.0.1:{p}" for p in ps_ports)
+        worker_args = ["worker", "--ps", addresses, "--schema", str(schema_path), "--port", str(port)]
+        worker_args += ["--metrics-port", str(metrics_port), "--ps-timeout-s", "2"]
+        procs["worker"] = _spawn(worker_args, tmp / "worker.log")
+        client.wait_ready(timeout_s=60)
+        stub = worker_pb2_grpc.EmbeddingWorkerStub(client.channel)
+        yield {"procs": procs, "ps": ps, "ps_ports": ps_ports, "client": client, "stub": stub, "tmp": tmp}
+    finally:
+        client.close()
+        for c in ps:
+            c.close()
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def metrics_url(stack):
+    cmd = stack["procs"]["worker"].args
+    return f"http://127.0.0.1:{cmd[cmd.index('--metrics-port') + 1]}/metrics"
+
+
+def ps_rows(stack, signs: np.ndarray) -> np.ndarray:
+    owner = shard_of(signs, 2)
+    out = np.zeros((len(signs), DIM), np.float32)
+    for k, c in enumerate(stack["ps"]):
+        if (owner == k).any():
+            out[owner == k] = c.lookup(signs[owner == k])[0]
+    return out
+
+
+def test_forward_backward_through_real_processes(stack):
+    c = stack["client"]
+    batch = ranking_batch()
+    res = c.forward(encode(batch), mode="train")
+    assert res.batch_id > 0 and res.pooled.shape == (batch.num_rows, batch.num_slots, DIM)
+    rows0 = ps_rows(stack, batch.signs)
+    assert np.abs(rows0).sum() > 0  # TRAIN inserted the rows
+    weight = torch.tensor(rows0, requires_grad=True)
+    ref = torch_pooled(batch, SCHEMA, weight)
+    np.testing.assert_allclose(res.pooled, ref.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+    half = c.forward(batch, mode="infer", dtype="float16")  # a CompactBatch is encoded by the client
+    assert half.batch_id == 0
+    np.testing.assert_allclose(half.pooled, res.pooled, atol=1e-3)
+
+    grads = np.random.default_rng(0).standard_normal(res.pooled.shape).astype(np.float32)
+    (ref * torch.from_numpy(grads)).sum().backward()
+    c.backward(res.batch_id, grads)
+    c.flush()
+    np.testing.assert_allclose(ps_rows(stack, batch.signs), rows0 - LR * weight.grad.numpy(), atol=1e-5)
+    st = c.stats()
+    assert st["num_shards"] == 2 and st["dim"] == DIM and st["in_flight"] == 0 and st["schema"] == SCHEMA.name
+
+
+def test_infer_does_not_insert(stack):
+    before = [c.stats()["rows"] for c in stack["ps"]]
+    res = stack["client"].forward(ranking_batch(user="never-seen-before"), mode="infer")
+    assert [c.stats()["rows"] for c in stack["ps"]] == before
+    assert (res.pooled[:, 0] == 0).all()  # the unseen user's row is the default zero row
+
+
+def test_health_reflection_metrics(stack, metrics_url):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    channel = stack["client"].channel
+    for service in ("", "recserve.v1.EmbeddingWorker"):
+        resp = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=5
+        )
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    answers = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+    names = {s.name for a in answers for s in a.list_services_response.service}
+    assert "recserve.v1.EmbeddingWorker" in names
+    stack["client"].forward(ranking_batch(), mode="infer")
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    assert 'recserve_worker_forward_seconds_count{mode="infer"}' in text
+    assert "recserve_worker_in_flight" in text
+
+
+def _code(call, request):
+    with pytest.raises(grpc.RpcError) as e:
+        call(request, timeout=5)
+    return e.value.code(), e.value.details()
+
+
+def test_bad_input_is_answered_and_the_worker_keeps_serving(stack):
+    stub, pb = stack["stub"], worker_pb2
+    good = encode(ranking_batch())
+    other = schema_from_dict({"name": "other", "slots": [{"name": "a"}]})
+    cases = [
+        (stub.Forward, pb.ForwardRequest(), "empty request"),
+        (stub.Forward, pb.ForwardRequest(batch=b"not a batch at all"), ""),
+        (stub.Forward, pb.ForwardRequest(batch=good[:-8]), ""),
+        (stub.Forward, pb.ForwardRequest(batch=encode(transform([{"a": "1"}], other))), "schema"),
+        (stub.Forward, pb.ForwardRequest(batch=good, mode=7), "unknown mode"),
+        (stub.Forward, pb.ForwardRequest(batch=good, dtype=9), "unknown dtype"),
+        (stub.Backward, pb.BackwardRequest(), "empty request"),
+        (stub.Backward, pb.BackwardRequest(batch_id=0, grads=b"\0" * 16), "batch_id is 0"),
+    ]
+    for call, request, words in cases:
+        code, details = _code(call, request)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+        assert words in details and details
+
+    res = stack["client"].forward(good, mode="train")
+    code, details = _code(stub.Backward, pb.BackwardRequest(batch_id=res.batch_id + 10_000, grads=b"\0" * 16))
+    assert code == grpc.StatusCode.NOT_FOUND and "unknown batch id" in details
+    short = np.zeros(res.pooled.size - 1, np.float32).tobytes()
+    code, details = _code(stub.Backward, pb.BackwardRequest(batch_id=res.batch_id, grads=short))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "expected" in details
+    code, _ = _code(stub.Backward, pb.BackwardRequest(batch_id=res.batch_id, grads=b"\0" * 7))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    nan = np.full(res.pooled.shape, np.nan, np.float32).tobytes()
+    code, details = _code(stub.Backward, pb.BackwardRequest(batch_id=res.batch_id, grads=nan))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "NaN" in details
+
+    stack["client"].backward(res.batch_id, np.zeros_like(res.pooled))  # still accepted after the refusals
+    stack["client"].flush()
+    resp = stub.Forward(pb.ForwardRequest(batch=good, mode=pb.INFER, dtype=common_pb2.FLOAT32), timeout=5)
+    assert resp.num_rows == 4 and stack["procs"]["worker"].poll() is None
+
+
+def test_ps_down_is_unavailable_then_recovers(stack):
+    c, procs = stack["client"], stack["procs"]
+    procs["ps1"].send_signal(signal.SIGTERM)
+    procs["ps1"].wait(timeout=30)
+    with pytest.raises(ConnectionError, match="UNAVAILABLE.*PS shard 127.0.0.1"):
+        c.forward(ranking_batch(), mode="infer")
+    assert c.stats()["num_shards"] == 2  # the worker itself keeps serving
+    procs["ps1"] = _spawn(_ps_args(1, stack["ps_ports"][1]), stack["tmp"] / "ps1-restarted.log")
+    stack["ps"][1].wait_ready(timeout_s=60)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            c.forward(ranking_batch(), mode="infer")
+            break
+        except ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_sigterm_exits_cleanly(stack):
+    proc = stack["procs"]["worker"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
