@@ -48,7 +48,9 @@ bench: $(addprefix bench-,$(BENCHES))
 bench-codec: $(STAMP)
 	$(PY) -m loadtest.bench_codec
 
+# The PS bench compares against Redis 7, started on a free loopback port by the bench itself.
 bench-ps: $(STAMP)
+	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
 	$(PY) -m loadtest.bench_ps
 
 bench-train: $(STAMP)

@@ -164,6 +164,10 @@ class EmbeddingStore:
                 self.misses += misses
             return out, misses
 
+    def lookup_or_insert(self, signs) -> tuple[np.ndarray, int]:
+        """Training lookup: ``lookup(signs, insert=True)``."""
+        return self.lookup(signs, insert=True)
+
     def _admit(self, signs: np.ndarray) -> None:
         slots = index.find_slots(self._table, self._keys, signs, self._bits)
         found = slots >= 0
@@ -372,6 +376,8 @@ class EmbeddingStore:
         kind = data.meta.get("kind")
         if kind != ("delta" if delta else "full"):
             raise StoreError(f"{paths}: is a {kind} dump, expected a {'delta' if delta else 'full'} one")
+        if len(np.unique(data.signs)) != len(data.signs):
+            raise StoreError(f"{paths}: the dump holds duplicate signs; refusing it")
         return data
 
     def load(self, paths, shard: int | None = None, num_shards: int | None = None) -> int:
@@ -394,10 +400,7 @@ class EmbeddingStore:
         with self._lock:
             self._keys[:n] = data.signs
             dups = index.rebuild(self._table, self._keys, n, self._bits)
-            if dups:
-                self._table[:] = index.EMPTY
-                self.rows = 0
-                raise StoreError(f"dump holds {dups} duplicate signs; refusing it")
+            assert dups == 0, "read() refuses dumps with duplicate signs"
             self._rows[:n] = data.rows
             same_optimizer = data.meta["optimizer"]["name"] == self.config.optimizer.name
             for name, arr in self._state.items():

@@ -244,3 +244,20 @@ def test_optimizer_change_resets_state(dumped):
     s = make(optimizer=OptimizerConfig("adagrad", initial_accumulator_value=0.1))
     n = s.load(dumped)
     assert n > 0 and (s.snapshot().state["sum"] == np.float32(0.1)).all()
+
+
+def test_refused_load_keeps_the_served_rows(tmp_path, dumped):
+    s = make(schema_hash="abc")
+    s.load(dumped)
+    before = contents(s)
+    snap = s.snapshot()
+    snap.signs[1] = snap.signs[0]  # a dump with a duplicate sign (checksums are fine)
+    bad = persist.write_shard(tmp_path / "dup", snap)
+    with pytest.raises(StoreError, match="duplicate"):
+        s.load(bad)
+    data = bytearray((dumped / "signs.npy").read_bytes())
+    data[-1] ^= 1
+    (dumped / "signs.npy").write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="checksum"):
+        s.load(dumped)
+    assert_same(contents(s), before)
