@@ -1,0 +1,199 @@
+"""The sparse half of training: embedding PS shards plus the embedding worker the trainer uses.
+
+Three ways to get shards (``open_cluster``):
+
+- default: start ``num_shards`` PS processes (``recserve ps``) on free loopback ports, and stop
+  them (SIGTERM, then SIGKILL) when the cluster is closed, also on error;
+- ``addresses``: connect to running shards given in shard order (their shard/num_shards are
+  checked against that order);
+- ``inprocess``: ``EmbeddingStore``s in this process behind ``LocalShard`` (tests, benchmarks).
+
+The worker is always an in-process ``EmbeddingWorker`` library object in the trainer (over
+``GrpcShard``s or ``LocalShard``s), not a ``recserve worker`` process: the trainer is its only
+client, and the library saves one network hop (pooled embeddings and their gradients) per step.
+With torchrun, every rank has its own worker and all ranks share rank 0's shards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from features.schema import Schema
+
+log = logging.getLogger("recserve.train")
+
+
+@dataclass
+class ShardSpec:
+    """What every shard we start is configured with (serving.ps.store.StoreConfig fields)."""
+
+    dim: int = 16
+    capacity: int = 1_000_000
+    optimizer: dict = field(default_factory=lambda: {"name": "adagrad", "lr": 0.05})
+    init_scale: float = 0.01
+    seed: int = 0
+    schema_hash: str = ""
+
+    def store_config(self, shard: int, num_shards: int):
+        from serving.ps.store import OptimizerConfig, StoreConfig
+
+        d = asdict(self) | {"shard": shard, "num_shards": num_shards}
+        d["optimizer"] = OptimizerConfig(**self.optimizer)
+        return StoreConfig(**d)
+
+
+@dataclass
+class Cluster:
+    """A worker over its shards, and what is needed to dump and stop them."""
+
+    worker: object
+    num_shards: int
+    stores: list = field(default_factory=list)  # in-process stores (inprocess mode)
+    addresses: list[str] = field(default_factory=list)  # gRPC shards
+    procs: list[subprocess.Popen] = field(default_factory=list)  # shards we started
+    log_dir: tempfile.TemporaryDirectory | None = None
+
+    def dump(self, directory: str | Path, delta: bool = False) -> None:
+        """Write every shard's full dump (or delta) as ``directory/shard-<i>-of-<n>/``."""
+        directory = Path(directory).resolve()  # a PS process has its own working directory
+        directory.mkdir(parents=True, exist_ok=True)
+        for store in self.stores:
+            store.dump_delta(directory) if delta else store.dump(directory)
+        if self.addresses:
+            from serving.ps.client import PSClient
+
+            for address in self.addresses:
+                with PSClient(address) as client:
+                    client.dump(str(directory), delta=delta)
+
+    def close(self) -> None:
+        try:
+            if self.worker is not None:
+                self.worker.close()
+        finally:
+            stop_processes(self.procs)
+            self.procs = []
+            if self.log_dir is not None:
+                self.log_dir.cleanup()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_cluster(
+    schema: Schema,
+    spec: ShardSpec,
+    num_shards: int,
+    worker_config,
+    addresses: list[str] | None = None,
+    inprocess: bool = False,
+) -> Cluster:
+    """Shards (started, given or in-process) and an EmbeddingWorker over them."""
+    from serving.worker.core import EmbeddingWorker, LocalShard, connect
+
+    if inprocess:
+        from serving.ps.store import EmbeddingStore
+
+        stores = [EmbeddingStore(spec.store_config(i, num_shards)) for i in range(num_shards)]
+        worker = EmbeddingWorker([LocalShard(s) for s in stores], schema, worker_config)
+        return Cluster(worker, num_shards, stores=stores)
+    cluster = Cluster(None, 0)
+    try:
+        if not addresses:
+            cluster.log_dir = tempfile.TemporaryDirectory(prefix="recserve-ps-")
+            cluster.procs, addresses = start_shards(spec, num_shards, Path(cluster.log_dir.name))
+        # connect() checks that shard i of len(addresses) answers at address i
+        cluster.worker = connect(list(addresses), schema, worker_config, timeout_s=30.0)
+        cluster.addresses, cluster.num_shards = list(addresses), len(addresses)
+        return cluster
+    except BaseException:
+        cluster.close()
+        raise
+
+
+# ---- PS processes -------------------------------------------------------------------------------
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports free right now (all sockets stay open until every port is picked)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def start_shards(
+    spec: ShardSpec, num_shards: int, log_dir: Path, timeout_s: float = 60.0
+) -> tuple[list[subprocess.Popen], list[str]]:
+    """Start ``recserve ps`` processes for shards 0..n-1 on loopback and wait until all serve."""
+    from serving.ps.client import PSClient
+
+    procs: list[subprocess.Popen] = []
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(num_shards)]
+    try:
+        for i, address in enumerate(addresses):
+            cfg = log_dir / f"ps-{i}.yaml"
+            store = asdict(spec) | {"shard": i, "num_shards": num_shards}
+            cfg.write_text(yaml.safe_dump({"grace_s": 0.5, "store": store}))
+            port = address.rsplit(":", 1)[1]
+            cmd = [sys.executable, "-m", "serving.cli", "ps", "--config", str(cfg), "--port", port]
+            cmd += ["--log-level", "WARNING"]
+            out = open(log_dir / f"ps-{i}.log", "wb")  # noqa: SIM115 (the child keeps it)
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_child_env()))
+            out.close()
+        deadline = time.monotonic() + timeout_s
+        for i, address in enumerate(addresses):
+            with PSClient(address) as client:
+                while True:
+                    if procs[i].poll() is not None:
+                        tail = (log_dir / f"ps-{i}.log").read_text()[-2000:]
+                        raise RuntimeError(f"PS shard {i} exited with {procs[i].returncode}:\n{tail}")
+                    try:
+                        client.wait_ready(timeout_s=min(2.0, max(0.1, deadline - time.monotonic())))
+                        break
+                    except TimeoutError:
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(
+                                f"PS shard {i} at {address} not serving after {timeout_s}s"
+                            ) from None
+        log.info("started %d PS shards: %s", num_shards, ",".join(addresses))
+        return procs, addresses
+    except BaseException:
+        stop_processes(procs)
+        raise
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else root
+    return env
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
+    """SIGTERM every process we started, then SIGKILL those still running after ``timeout_s``."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

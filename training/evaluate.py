@@ -1,0 +1,92 @@
+"""Evaluation (AUC and logloss from scikit-learn) and the training-curve plot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from features.batch import CompactBatch
+
+
+@dataclass
+class EvalResult:
+    auc: float
+    logloss: float
+    scores: np.ndarray  # sigmoid probabilities, float32, in row order
+    labels: np.ndarray
+    pooled: np.ndarray  # dense-network inputs of every row (export verification)
+    dense: np.ndarray
+
+    def metrics(self) -> dict[str, float]:
+        return {"auc": self.auc, "logloss": self.logloss}
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    return (1.0 / (1.0 + np.exp(-logits.astype(np.float64)))).astype(np.float32)
+
+
+def auc_logloss(labels: np.ndarray, scores: np.ndarray) -> tuple[float, float]:
+    from sklearn.metrics import log_loss, roc_auc_score
+
+    auc = float(roc_auc_score(labels, scores)) if len(np.unique(labels)) == 2 else float("nan")
+    p = np.clip(scores.astype(np.float64), 1e-7, 1 - 1e-7)
+    return auc, float(log_loss(labels, p, labels=[0, 1]))
+
+
+def evaluate(ctx, batches: list[CompactBatch]) -> EvalResult:
+    """Score every batch with ``ctx.predict`` (no inserts, eval mode) and compute the metrics."""
+    preds = [ctx.predict(b) for b in batches]
+    labels = np.concatenate([b.labels for b in batches])
+    scores = sigmoid(np.concatenate([p.logits for p in preds]))
+    auc, logloss = auc_logloss(labels, scores)
+    pooled = np.concatenate([p.pooled for p in preds])
+    dense = np.concatenate([p.dense for p in preds])
+    return EvalResult(auc, logloss, scores, labels, pooled, dense)
+
+
+@dataclass
+class History:
+    """What the curve shows: the training loss per step and the test metrics per epoch."""
+
+    steps: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)
+    auc: list[float] = field(default_factory=list)
+    logloss: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {k: list(v) for k, v in self.__dict__.items()}
+
+
+def plot_curve(history: History, path: str | Path, title: str = "") -> Path:
+    """A PNG with the training loss (smoothed) and test logloss on the left, test AUC on the right."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (ax_loss, ax_auc) = plt.subplots(1, 2, figsize=(10, 4))
+    if history.loss:
+        loss = np.asarray(history.loss)
+        k = max(1, len(loss) // 20)
+        smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
+        ax_loss.plot(history.steps, loss, alpha=0.3, label="train loss")
+        ax_loss.plot(history.steps[k - 1 :], smooth, label=f"train loss (mean of {k})")
+    if history.eval_steps:
+        ax_loss.plot(history.eval_steps, history.logloss, "o-", label="test logloss")
+        ax_auc.plot(history.eval_steps, history.auc, "o-", color="C2", label="test AUC")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("logloss")
+    ax_loss.legend()
+    ax_auc.set_xlabel("step")
+    ax_auc.set_ylabel("AUC")
+    ax_auc.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path

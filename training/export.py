@@ -1,0 +1,112 @@
+"""Export a trained model into the model store (layout in serving/model_store.py).
+
+``VersionWriter`` stages ``<root>/<model>/.staging-<v>-<id>/`` when training starts, so the deltas
+cut while training (``DeltaTrigger``) land in the version being written; ``finish`` adds the full
+embedding dumps, the schema, the dense model (TorchScript + ONNX verified with onnxruntime on the
+test rows), the trainer's own test scores and the manifest, then seals the version (``_SUCCESS``
+last, atomic rename). ``abort`` removes a version that never finished.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+from torch import nn
+
+from features.schema import Schema, dump_schema
+from serving import model_store
+from training.export_dense import export_onnx, export_torchscript, verify_onnx
+
+log = logging.getLogger("recserve.train")
+
+DENSE = {"torchscript": "dense/model.pt", "onnx": "dense/model.onnx"}
+SCORES = "eval/scores.npy"
+# onnxruntime and torch sum in different orders: ~1e-6 apart at ordinary logits, more at |logit|
+# >> 1 (FM/DeepFM), hence a relative term too
+ONNX_ATOL, ONNX_RTOL = 1e-4, 1e-4
+
+
+class DeltaTrigger:
+    """Says when to cut a delta: every ``interval_s`` seconds and/or every ``rows`` training rows."""
+
+    def __init__(self, interval_s: float = 0.0, rows: int = 0, clock=time.monotonic):
+        self.interval_s, self.rows, self.clock = interval_s, rows, clock
+        self._last = clock()
+        self._rows = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval_s > 0 or self.rows > 0
+
+    def due(self, new_rows: int) -> bool:
+        """Count ``new_rows`` trained; True (and reset) when a trigger fired."""
+        self._rows += new_rows
+        fired = (self.interval_s > 0 and self.clock() - self._last >= self.interval_s) or (
+            self.rows > 0 and self._rows >= self.rows
+        )
+        if fired:
+            self._last, self._rows = self.clock(), 0
+        return fired
+
+
+class VersionWriter:
+    """One new version of ``model`` under ``root``, staged until ``finish``."""
+
+    def __init__(self, root: str | Path, model: str):
+        self.root, self.model = Path(root), model
+        self.version = model_store.next_version(self.root, model)
+        self.staging = model_store.staging_dir(self.root, model, self.version)
+        self.deltas = 0
+
+    def cut_delta(self, cluster) -> Path:
+        """Dump every shard's changed rows into ``deltas/<seq>/`` and mark it done."""
+        path = model_store.delta_dir(self.staging, self.deltas)
+        cluster.dump(path, delta=True)
+        model_store.mark_done(path)
+        self.deltas += 1
+        return path
+
+    def finish(
+        self,
+        cluster,
+        model: nn.Module,
+        model_config: dict,
+        schema: Schema,
+        evaluation,
+        extra: dict | None = None,
+    ) -> Path:
+        """Write the full version from the current (flushed) PS state and seal it."""
+        d = self.staging
+        cluster.dump(d / "embeddings")
+        (d / "schema.yaml").write_text(dump_schema(schema))
+        export_torchscript(model, d / DENSE["torchscript"])
+        export_onnx(model, d / DENSE["onnx"], evaluation.pooled[:2], evaluation.dense[:2])
+        diff = verify_onnx(
+            d / DENSE["onnx"], model, evaluation.pooled, evaluation.dense, atol=ONNX_ATOL, rtol=ONNX_RTOL
+        )
+        (d / SCORES).parent.mkdir(parents=True, exist_ok=True)
+        np.save(d / SCORES, evaluation.scores.astype(np.float32))
+        parent = model_store.versions(self.root, self.model)
+        manifest = {
+            "model": self.model,
+            "version": self.version,
+            "parent": parent[-1] if parent else None,
+            "schema_fingerprint": schema.fingerprint,
+            "model_config": model_config,
+            "dim": model_config["dim"],
+            "num_shards": cluster.num_shards,
+            "dense": dict(DENSE),
+            "metrics": {**evaluation.metrics(), "onnx_max_abs_diff": diff},
+            "deltas": self.deltas,
+            **(extra or {}),
+        }
+        model_store.write_manifest(d, manifest)
+        final = model_store.seal(d, model_store.version_dir(self.root, self.model, self.version))
+        log.info("exported %s (AUC %.4f)", final, evaluation.auc)
+        return final
+
+    def abort(self) -> None:
+        model_store.discard(self.staging)

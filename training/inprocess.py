@@ -1,0 +1,128 @@
+"""The no-PS baseline: embedding tables as one torch ``nn.EmbeddingBag`` inside the trainer.
+
+Same verbs as ``TrainCtx`` (``forward`` / ``backward`` / ``predict`` / ``flush``), so the training
+loop and the benchmark run it unchanged. Signs map to table rows without a Python dict: the
+vocabulary is the sorted unique signs of the training batches and a row is found with
+``np.searchsorted``; a sign outside it maps to row 0, the padding row, which is zero and never
+trained (as the PS answers an unseen sign in inference with a zero row). Updates are
+synchronous, in the trainer (sparse gradients, torch's sparse Adagrad/SGD), i.e. what the PS
+path is measured against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from features.batch import FLAG_CONTEXT, FLAG_MULTI, CompactBatch
+from features.schema import Schema
+from features.transform import dense_matrix
+from training.ctx import Prediction, unwrap
+
+
+class SignTable(nn.Module):
+    """Pooled (B, S, D) embeddings of a CompactBatch from one EmbeddingBag over a fixed vocabulary."""
+
+    def __init__(self, vocab: np.ndarray, schema: Schema, dim: int, init_scale: float, seed: int):
+        super().__init__()
+        self.vocab = np.unique(np.asarray(vocab, np.uint64))
+        self.mean_slot = np.array([getattr(f, "pooling", "sum") == "mean" for f in schema.sparse])
+        self.bag = nn.EmbeddingBag(len(self.vocab) + 1, dim, mode="sum", sparse=True, padding_idx=0)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            self.bag.weight.uniform_(-init_scale, init_scale, generator=gen)
+            self.bag.weight[0] = 0.0
+
+    @classmethod
+    def from_batches(
+        cls, batches: Iterable[CompactBatch], schema: Schema, dim: int, init_scale: float, seed: int
+    ):
+        return cls(np.concatenate([b.signs for b in batches]), schema, dim, init_scale, seed)
+
+    def rows(self, signs: np.ndarray) -> np.ndarray:
+        """Table row of each sign (0 where the sign is not in the vocabulary)."""
+        pos = np.minimum(np.searchsorted(self.vocab, signs), len(self.vocab) - 1)
+        return np.where(self.vocab[pos] == signs, pos + 1, 0)
+
+    def bags(self, batch: CompactBatch) -> tuple[Tensor, Tensor, Tensor | None]:
+        """EmbeddingBag input, offsets and per-value weights, bags in (slot, row) order."""
+        rows = self.rows(batch.signs)[batch.global_values()]
+        vsplit = batch.value_splits
+        n = batch.num_rows
+        idx, lengths, weights = [], [], []
+        for s in range(batch.num_slots):
+            vals = rows[vsplit[s] : vsplit[s + 1]]
+            flags = int(batch.flags[s])
+            if flags & FLAG_MULTI:
+                off = batch.slot(s).offsets.astype(np.int64)
+                lens = np.diff(off)
+            else:
+                lens = np.ones(len(vals), np.int64)
+            if flags & FLAG_CONTEXT:  # one stored row: every row of the batch gets the same bag
+                vals, lens = np.tile(vals, n), np.repeat(lens, n)
+            idx.append(vals)
+            lengths.append(lens)
+            weights.append(
+                np.repeat(1.0 / np.maximum(lens, 1), lens) if self.mean_slot[s] else np.ones(len(vals))
+            )
+        lengths_all = np.concatenate(lengths)
+        offsets = np.concatenate(([0], np.cumsum(lengths_all)[:-1]))
+        w = torch.from_numpy(np.concatenate(weights).astype(np.float32)) if self.mean_slot.any() else None
+        return torch.from_numpy(np.concatenate(idx).astype(np.int64)), torch.from_numpy(offsets), w
+
+    def forward(self, batch: CompactBatch) -> Tensor:
+        idx, offsets, w = self.bags(batch)
+        pooled = self.bag(idx, offsets, per_sample_weights=w)  # (S * B, D), slot-major
+        return pooled.view(batch.num_slots, batch.num_rows, -1).transpose(0, 1)
+
+
+def sparse_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    """The torch counterpart of the PS optimizer (sparse gradients)."""
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adam":
+        return torch.optim.SparseAdam(params, lr=lr)
+    raise ValueError(f"the in-process baseline has no sparse {name!r} optimizer")
+
+
+class InProcessCtx:
+    """``TrainCtx``'s verbs over a ``SignTable`` in the trainer (no PS, no worker)."""
+
+    def __init__(self, table: SignTable, dense_model: nn.Module, dense_optimizer, sparse_opt, schema: Schema):
+        self.table = table
+        self.model = dense_model
+        self.optimizer = dense_optimizer
+        self.sparse_optimizer = sparse_opt
+        self.schema = schema
+
+    def forward(self, batch: CompactBatch) -> Tensor:
+        dense = torch.from_numpy(dense_matrix(batch, self.schema))
+        return self.model(self.table(batch), dense)
+
+    def backward(self, loss: Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.sparse_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.sparse_optimizer.step()
+        self.optimizer.step()
+
+    @torch.inference_mode()
+    def predict(self, batch: CompactBatch) -> Prediction:
+        model = unwrap(self.model)
+        was_training = model.training
+        model.eval()
+        try:
+            pooled = self.table(batch)
+            dense = torch.from_numpy(dense_matrix(batch, self.schema))
+            logits = model(pooled, dense)
+        finally:
+            model.train(was_training)
+        return Prediction(logits.numpy(), pooled.contiguous().numpy(), dense.numpy())
+
+    def flush(self) -> None:
+        pass

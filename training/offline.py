@@ -1,0 +1,81 @@
+"""Score data offline from an exported version, with nothing of the trainer's state.
+
+Loads what serving loads (manifest + checksums, schema.yaml, embedding shard dumps into
+in-process stores, the TorchScript dense model), runs the same worker in inference mode and
+returns probabilities. The export round-trip test runs this in a fresh process and compares it
+with the trainer's own ``eval/scores.npy``::
+
+    python -m training.offline model_store/criteo/1 data/criteo/wide_resdnn_criteo_test.tsv out.npy
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from features.schema import load_schema
+from features.transform import dense_matrix
+from serving import model_store
+from training.data import batches, read_split
+from training.evaluate import sigmoid
+
+
+def load_stores(version: Path, manifest: dict) -> list:
+    """One EmbeddingStore per shard, filled from ``embeddings/shard-<i>-of-<n>/``."""
+    from serving.ps.store import EmbeddingStore, StoreConfig
+
+    n = int(manifest["num_shards"])
+    stores = []
+    for i in range(n):
+        shard = version / "embeddings" / f"shard-{i}-of-{n}"
+        meta = json.loads((shard / "meta.json").read_text())
+        cfg = StoreConfig(
+            dim=int(meta["dim"]),
+            capacity=max(1, int(meta["rows"])),
+            dtype=meta["dtype"],
+            schema_hash=manifest["schema_fingerprint"],
+            shard=i,
+            num_shards=n,
+        )
+        store = EmbeddingStore(cfg)
+        store.load(shard)
+        stores.append(store)
+    return stores
+
+
+def score(version: str | Path, data: str | Path, batch_size: int = 2048, dense_format: str = "torchscript"):
+    """Probabilities for every row of ``data`` from the artifacts of ``version`` alone."""
+    from serving.worker.core import EmbeddingWorker, LocalShard
+    from training.export_dense import load_dense
+
+    version = Path(version)
+    manifest = model_store.read_manifest(version)  # refuses incomplete or corrupt versions
+    schema = load_schema(version / "schema.yaml")
+    if schema.fingerprint != manifest["schema_fingerprint"]:
+        raise model_store.ModelStoreError(f"{version}: schema.yaml does not match the manifest fingerprint")
+    dense = load_dense(version / manifest["dense"][dense_format])
+    worker = EmbeddingWorker([LocalShard(s) for s in load_stores(version, manifest)], schema)
+    try:
+        logits = [
+            dense(worker.forward(b, mode="infer").pooled, dense_matrix(b, schema))
+            for b in batches(read_split(data, schema), schema, batch_size)
+        ]
+    finally:
+        worker.close()
+    return sigmoid(np.concatenate(logits))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 3:
+        print("usage: python -m training.offline VERSION_DIR DATA OUT.npy", file=sys.stderr)
+        return 2
+    np.save(argv[2], score(argv[0], argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

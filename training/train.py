@@ -1,0 +1,235 @@
+"""Train a recommendation model: sparse rows on the embedding PS, dense network with torch (DDP).
+
+Reads top to bottom: config -> data -> embeddings (PS shards + worker) -> dense model -> epochs
+(with evaluation, progress and delta cuts) -> export to the model store. One process, or one per
+rank under torchrun (``WORLD_SIZE`` > 1): every rank reads its own contiguous block of the
+training rows, rank 0 starts the PS shards and hands their addresses to the others, dense
+gradients are all-reduced by DDP (gloo on CPU, NCCL on GPU), sparse updates go straight from each
+rank's worker to the shards. Rank 0 evaluates and exports. Everything started here is stopped at
+the end, on error too.
+
+    recserve train --model dlrm --epochs 3 --out model_store --name criteo
+    torchrun --nproc-per-node 2 -m training.cli --epochs 3
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from tqdm import tqdm
+
+from features.schema import load_schema
+from training import data
+from training.cluster import Cluster, ShardSpec, open_cluster
+from training.config import TrainConfig
+from training.ctx import TrainCtx, unwrap
+from training.evaluate import EvalResult, History, evaluate, plot_curve
+from training.export import DeltaTrigger, VersionWriter
+from training.inprocess import InProcessCtx, SignTable, sparse_optimizer
+from training.models import ModelConfig, build_model
+
+log = logging.getLogger("recserve.train")
+
+
+@dataclass
+class TrainResult:
+    """What a run produced (rank 0 holds the evaluation and the exported version)."""
+
+    auc: float = float("nan")
+    logloss: float = float("nan")
+    samples_per_s: float = 0.0  # training rows per second over all ranks, training steps only
+    train_seconds: float = 0.0
+    steps: int = 0
+    version_dir: str | None = None
+    curve: str | None = None
+    history: History = field(default_factory=History)
+    evaluation: EvalResult | None = None
+    dense_state: dict | None = None  # the dense network's final weights (rank-local copy)
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+    # ---- distributed setup ---------------------------------------------------------------------
+    rank, world = _init_distributed()
+    try:
+        return _train(cfg, rank, world)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)  # identical dense init on every rank (DDP also broadcasts it)
+    device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu")
+
+    # ---- data ----------------------------------------------------------------------------------
+    schema = load_schema(cfg.schema)
+    full_train = data.read_split(cfg.data, schema, cfg.limit)
+    if cfg.dense_stats:  # from the whole training file, so every rank gets the same schema
+        schema = data.standardised(schema, full_train)
+    train_rows = data.partition(data.shuffle(full_train, cfg.seed), rank, world)
+    train_batches = data.batches(train_rows, schema, cfg.batch_size)
+    test_batches = data.batches(data.read_split(cfg.test, schema), schema, cfg.eval_batch_size)
+    log.info("rank %d/%d: %d training rows, %d batches", rank, world, train_rows.num_rows, len(train_batches))
+
+    # ---- dense model ---------------------------------------------------------------------------
+    model_cfg = ModelConfig(
+        kind=cfg.model,
+        num_slots=len(schema.sparse),
+        dim=cfg.dim,
+        num_dense=len(schema.dense),
+        bottom_mlp=[*cfg.bottom_mlp[:-1], cfg.dim],  # DLRM: the bottom output is a dim-wide field
+        top_mlp=cfg.top_mlp,
+        dropout=cfg.dropout,
+    )
+    model: nn.Module = build_model(model_cfg).to(device)
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
+        )
+    dense_opt = torch.optim.Adam(model.parameters(), lr=cfg.dense_lr)
+
+    with contextlib.ExitStack() as stack:
+        # ---- embeddings: PS shards + worker, or the in-process baseline --------------------
+        cluster: Cluster | None = None
+        if cfg.embeddings == "inprocess":
+            if world > 1:
+                raise ValueError("embeddings=inprocess is a single-process baseline")
+            table = SignTable.from_batches(train_batches, schema, cfg.dim, cfg.init_scale, cfg.seed)
+            ctx = InProcessCtx(
+                table,
+                model,
+                dense_opt,
+                sparse_optimizer(cfg.sparse_optimizer, table.parameters(), cfg.lr),
+                schema,
+            )
+        else:
+            cluster = stack.enter_context(_open_cluster(cfg, schema, rank, world))
+            ctx = TrainCtx(cluster.worker, model, dense_opt, schema)
+
+        writer = None
+        if rank == 0 and cfg.export and cluster is not None:
+            writer = VersionWriter(cfg.out, cfg.name)
+            stack.callback(lambda: writer.abort() if writer.staging.exists() else None)
+        deltas = DeltaTrigger(cfg.delta_interval_s, cfg.delta_rows)
+
+        # ---- training loop ---------------------------------------------------------------------
+        result = TrainResult()
+        history = result.history
+        loss_fn = nn.BCEWithLogitsLoss()
+        rng = np.random.default_rng(cfg.seed + 1)
+        total = cfg.epochs * len(train_batches)
+        bar = tqdm(total=total, disable=not cfg.progress or rank != 0, unit="batch", dynamic_ncols=True)
+        step, train_time = 0, 0.0
+        for epoch in range(cfg.epochs):
+            model.train()
+            t0 = time.perf_counter()
+            for i in rng.permutation(len(train_batches)):
+                batch = train_batches[i]
+                logits = ctx.forward(batch)
+                loss = loss_fn(logits, torch.from_numpy(batch.labels).to(logits.device))
+                ctx.backward(loss)
+                step += 1
+                history.steps.append(step)
+                history.loss.append(loss.item())  # note: a sync point on GPU, cheap on CPU
+                if writer is not None and deltas.enabled and deltas.due(batch.num_rows * world):
+                    writer.cut_delta(cluster)
+                bar.update()
+                bar.set_postfix(epoch=epoch + 1, loss=f"{history.loss[-1]:.4f}", refresh=False)
+            ctx.flush()  # every sparse update applied before evaluating
+            train_time += time.perf_counter() - t0
+
+            # ---- evaluation (rank 0; the others wait at the barrier) ---------------------------
+            if world > 1:
+                dist.barrier()
+            if rank == 0:
+                result.evaluation = evaluate(ctx, test_batches)
+                history.eval_steps.append(step)
+                history.auc.append(result.evaluation.auc)
+                history.logloss.append(result.evaluation.logloss)
+                bar.write(
+                    f"epoch {epoch + 1}/{cfg.epochs}: test AUC {result.evaluation.auc:.4f} "
+                    f"logloss {result.evaluation.logloss:.4f}"
+                )
+            if world > 1:
+                dist.barrier()
+        bar.close()
+
+        result.steps, result.train_seconds = step, train_time
+        result.samples_per_s = step * cfg.batch_size * world / train_time if train_time else 0.0
+        result.dense_state = {k: v.detach().cpu().clone() for k, v in unwrap(model).state_dict().items()}
+        if rank == 0:
+            ev = result.evaluation
+            result.auc, result.logloss = ev.auc, ev.logloss
+
+            # ---- training curve and export ----------------------------------------------------
+            curve = cfg.curve or (str(writer.staging / "eval" / "curve.png") if writer is not None else "")
+            if curve:
+                result.curve = str(plot_curve(history, curve, title=f"{cfg.name}: {cfg.model}"))
+            if writer is not None:
+                version = writer.finish(
+                    cluster,
+                    unwrap(model).cpu(),
+                    model_cfg.to_dict(),
+                    schema,
+                    ev,
+                    extra={"train": {"config": cfg.to_dict(), "world_size": world, "steps": step}},
+                )
+                result.version_dir = str(version)
+                if not cfg.curve:
+                    result.curve = str(version / "eval" / "curve.png")
+                if cfg.publish:
+                    from serving import model_store
+
+                    model_store.publish(cfg.out, cfg.name, writer.version)
+                    log.info("published %s/%s", cfg.name, writer.version)
+        if world > 1:
+            dist.barrier()  # the other ranks keep rank 0's shards up until the export is done
+        return result
+
+
+def _init_distributed() -> tuple[int, int]:
+    """(rank, world size); joins the torchrun process group when WORLD_SIZE > 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _open_cluster(cfg: TrainConfig, schema, rank: int, world: int) -> Cluster:
+    """Rank 0 starts (or connects to) the shards; the other ranks connect to the same addresses."""
+    from serving.worker.core import WorkerConfig
+
+    spec = ShardSpec(
+        dim=cfg.dim,
+        capacity=cfg.capacity,
+        optimizer={"name": cfg.sparse_optimizer, "lr": cfg.lr},
+        init_scale=cfg.init_scale,
+        seed=cfg.seed,
+        schema_hash=schema.fingerprint,
+    )
+    worker_cfg = WorkerConfig(staleness=cfg.staleness, update_threads=cfg.update_threads)
+    if world == 1:
+        return open_cluster(schema, spec, cfg.num_shards, worker_cfg, cfg.ps, cfg.inprocess_ps)
+    if cfg.inprocess_ps:
+        raise ValueError("--inprocess-ps cannot be shared by several ranks; use PS processes")
+    cluster = open_cluster(schema, spec, cfg.num_shards, worker_cfg, cfg.ps) if rank == 0 else None
+    addresses = [cluster.addresses if cluster is not None else None]
+    dist.broadcast_object_list(addresses, src=0)
+    if rank == 0:
+        return cluster
+    return open_cluster(schema, spec, len(addresses[0]), worker_cfg, addresses[0])
