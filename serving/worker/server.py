@@ -1,8 +1,9 @@
 """The ``EmbeddingWorker`` gRPC service (``recserve worker``): a thin servicer over ``core``.
 
 A synchronous gRPC server with a thread pool: the core is blocking (its shard fan-out uses threads
-and the gRPC client releases the GIL), so a handler thread calls it directly. An asyncio server
-would add a thread hop per call for the same work (see the report in the worker issue).
+and the gRPC client releases the GIL), so a handler thread calls it directly; under grpc.aio every
+Forward would need a hop to a thread for the same work. Measured on loopback: an empty RPC costs
+~0.4 ms here against ~0.6-0.8 ms for the grpc.aio PS's Stats.
 """
 
 from __future__ import annotations
