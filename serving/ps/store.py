@@ -12,7 +12,6 @@ store is called in-process from several threads or from the gRPC server's event 
 
 from __future__ import annotations
 
-import mmap
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +27,6 @@ from serving.ps.persist import ShardData, StoreError
 __all__ = ["EmbeddingStore", "OptimizerConfig", "StoreConfig", "StoreError"]
 
 _DTYPES = ("float32", "float16")
-_HUGE_PAGE = 2 * 1024 * 1024
 
 
 @dataclass
@@ -95,17 +93,13 @@ def as_signs(signs) -> np.ndarray:
 
 
 def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """Zeroed memory for a big per-row array: an anonymous mapping (page-aligned, so a row of 16
-    float32 is one cache line) advised to use transparent huge pages, because lookups touch
-    random rows and 4 KiB pages would add a TLB miss to most of them."""
+    """np.zeros starting on a 64-byte boundary, so a row of 16 float32 is one cache line, not two
+    (large allocations are only 16-byte aligned). numpy advises transparent huge pages for big
+    arrays itself, which matters here: lookups touch random rows, and with 4 KiB pages most of
+    them would also miss the TLB."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
-    if nbytes >= _HUGE_PAGE:
-        m = mmap.mmap(-1, nbytes)
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            m.madvise(mmap.MADV_HUGEPAGE)
-        return np.frombuffer(m, dtype=dtype).reshape(shape)
-    buf = np.zeros(nbytes + 64, dtype=np.uint8)  # small: just align to 64 bytes
+    buf = np.zeros(nbytes + 64, dtype=np.uint8)
     offset = -buf.ctypes.data % 64
     return buf[offset : offset + nbytes].view(dtype).reshape(shape)
 
