@@ -94,7 +94,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
     model: nn.Module = build_model(model_cfg).to(device)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
+            model, device_ids=[device.index] if device.type == "cuda" else None
         )
     dense_opt = torch.optim.Adam(model.parameters(), lr=cfg.dense_lr)
 
