@@ -56,7 +56,11 @@ def requests_from_file(
 
     if path.endswith(".json"):
         data = orjson.loads(Path(path).read_bytes())
-        for req in data if isinstance(data, list) and data and isinstance(data[0], dict) and "items" in data[0] else [data]:
+        for req in (
+            data
+            if isinstance(data, list) and data and isinstance(data[0], dict) and "items" in data[0]
+            else [data]
+        ):
             yield orjson.dumps(req), "application/json"
         return
     schema = load_schema(schema_path)

@@ -36,7 +36,7 @@ class ScoringConfig:
     runtime: str = "torchscript"  # dense runtime: torchscript | onnx
     max_items: int = 1000  # rows per request
     max_body_bytes: int = 4 << 20  # request body limit
-    worker_timeout_s: float = 0.5  # deadline of the worker Forward call
+    worker_timeout_s: float = 1.0  # deadline of the worker Forward call
     threads: int = 1  # intra-op threads of the dense runtime
     verify: bool = True  # check the version's checksums when loading
 
@@ -77,6 +77,21 @@ class Scorer:
         rel = self.manifest["dense"]["onnx" if config.runtime == "onnx" else "torchscript"]
         self.dense = _load_dense(vdir / rel, config.threads)
         self.worker = worker if worker is not None else _worker_client(config)
+        self.warmup()
+
+    def warmup(self, rounds: int = 3, patience_s: float = 60.0) -> None:
+        """Run a synthetic one-row request through every stage, so compiled kernels, channels and
+        the dense runtime are hot before the first real request (scores are discarded). A worker
+        that is still cold may miss the deadline at first: retry for ``patience_s``, then fail."""
+        record = {s.column: ("0" if s.kind != "dense" else 0.0) for s in self.schema.slots}
+        body = orjson.dumps([record])
+        deadline, done = time.monotonic() + patience_s, 0
+        while done < rounds:
+            status, payload = self.score(body, JSON)
+            if status == 200:
+                done += 1
+            elif status != 503 or time.monotonic() > deadline:
+                raise RuntimeError(f"warm-up request failed ({status}): {payload.decode()[:300]}")
 
     # --- verbs ---------------------------------------------------------------------------------
     def decode(self, body: bytes, content_type: str | None) -> CompactBatch:

@@ -44,7 +44,7 @@ class StackConfig:
     ts_workers: int = 1  # TorchServe handler processes
     batch_size: int = 1  # TorchServe batching (requests per handler call)
     max_batch_delay_ms: int = 1  # how long TorchServe waits to fill a batch
-    worker_timeout_s: float = 0.5  # deadline of the handler's worker call
+    worker_timeout_s: float = 1.0  # deadline of the handler's worker call
     max_items: int = 1000  # items per scoring request
     startup_timeout_s: float = 180.0
     poll_s: float = 1.0  # how often the PS shards and the controller look for new versions/deltas

@@ -15,9 +15,13 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", help="pid files, logs and configs (default <model-store>/.run/<model>)")
     p.add_argument("--host", default="127.0.0.1", help="interface every listener binds (default 127.0.0.1)")
     p.add_argument("--http-port", type=int, default=8080, help="TorchServe inference port (0: any free)")
-    p.add_argument("--management-port", type=int, default=8081, help="TorchServe management port, loopback (0: any free)")
+    p.add_argument(
+        "--management-port", type=int, default=8081, help="TorchServe management port, loopback (0: any free)"
+    )
     p.add_argument("--metrics-port", type=int, default=8082, help="TorchServe metrics port (0: any free)")
-    p.add_argument("--worker-port", type=int, default=0, help="embedding worker gRPC port (default: any free)")
+    p.add_argument(
+        "--worker-port", type=int, default=0, help="embedding worker gRPC port (default: any free)"
+    )
     p.add_argument("--runtime", choices=["torchscript", "onnx"], default="torchscript", help="dense runtime")
     p.add_argument("--ts-workers", type=int, default=1, help="TorchServe handler processes (default 1)")
     p.add_argument(
@@ -34,9 +38,17 @@ def run_up(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port, worker_port=args.worker_port, runtime=args.runtime,
         ts_workers=args.ts_workers, disable_token_auth=args.no_token_auth,
     )  # fmt: skip
-    stack = LocalStack(cfg).start()
+    from serving.model_store import ModelStoreError
+
+    try:
+        stack = LocalStack(cfg).start()
+    except (ModelStoreError, RuntimeError, TimeoutError, ValueError) as e:
+        print(f"recserve up: {e}", file=sys.stderr)
+        return 1
     s = stack.state
-    print(f"serving {s['model']} version {s['version']}: {len(s['ps'])} PS shard(s) {', '.join(s['ps'])}, worker {s['worker']}")
+    print(
+        f"serving {s['model']} version {s['version']}: {len(s['ps'])} PS shard(s) {', '.join(s['ps'])}, worker {s['worker']}"
+    )
     print(f"endpoint: POST {s['endpoint']}")
     if s["token_auth"]:
         print(f"token auth is ON: send 'Authorization: Bearer <inference key>' from {s['key_file']}")
@@ -66,8 +78,12 @@ def run_down(args: argparse.Namespace) -> int:
 
 def add_score_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="Criteo TSV/CSV rows, or a JSON file with one request or a list of requests")
-    p.add_argument("--url", required=True, help="scoring endpoint, e.g. http://127.0.0.1:8080/predictions/criteo")
-    p.add_argument("--schema", default="data/schemas/criteo.yaml", help="schema for data files (default criteo)")
+    p.add_argument(
+        "--url", required=True, help="scoring endpoint, e.g. http://127.0.0.1:8080/predictions/criteo"
+    )
+    p.add_argument(
+        "--schema", default="data/schemas/criteo.yaml", help="schema for data files (default criteo)"
+    )
     p.add_argument("--rows", type=int, default=200, help="rows per request for data files (default 200)")
     p.add_argument("--limit", type=int, help="score at most this many rows")
     p.add_argument("--key-file", help="TorchServe key_file.json when token auth is on")
@@ -89,6 +105,8 @@ def run_score(args: argparse.Namespace) -> int:
             return 1
         scores = reply["scores"]
         head = ", ".join(f"{s:.4f}" for s in scores[:5])
-        print(f"request {n}: {len(scores)} scores [{head}{', ...' if len(scores) > 5 else ''}] versions {json.dumps(reply['versions'])}")
+        print(
+            f"request {n}: {len(scores)} scores [{head}{', ...' if len(scores) > 5 else ''}] versions {json.dumps(reply['versions'])}"
+        )
         n += 1
     return 0

@@ -1,0 +1,153 @@
+"""The whole serving stack on loopback: a model trained on the Criteo split, real PS and worker
+processes, real TorchServe with the recserve handler. Scores must equal the trainer's own; every
+bad request gets its 4xx and the stack keeps scoring; a worker outage is a 503, not a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import orjson
+import pytest
+
+from features.codec import encode
+from features.readers import read_criteo, to_records
+from features.schema import load_schema
+from features.transform import transform
+from serving.client import ScoringClient, requests_from_file
+from serving.stack import LocalStack, StackConfig, down
+
+pytestmark = pytest.mark.slow
+TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
+SCHEMA = load_schema("data/schemas/criteo.yaml")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from training.config import TrainConfig
+    from training.train import train
+
+    root = tmp_path_factory.mktemp("store")
+    cfg = TrainConfig(out=str(root), name="criteo", epochs=1, inprocess_ps=True, publish=True, progress=False,
+                      curve=str(root / "curve.png"))  # fmt: skip
+    result = train(cfg)
+    return root, result
+
+
+@pytest.fixture(scope="module")
+def stack(trained):
+    root, _ = trained
+    cfg = StackConfig(model_store=str(root), model="criteo", http_port=0, management_port=0, metrics_port=0)
+    s = LocalStack(cfg).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def client(stack):
+    c = ScoringClient(stack.state["endpoint"], key_file=stack.state["key_file"])
+    yield c
+    c.close()
+
+
+def _score_all(client, limit=2000, binary=False, schema="data/schemas/criteo.yaml") -> np.ndarray:
+    out = []
+    for body, ctype in requests_from_file(TEST, schema, 200, limit, binary):
+        status, payload = client.post(body, ctype)
+        assert status == 200, payload
+        reply = orjson.loads(payload)
+        assert set(reply["versions"]) == {"embedding", "delta_seq", "dense"}
+        out.extend(reply["scores"])
+    return np.array(out)
+
+
+def test_everything_binds_loopback_and_token_auth_is_on_by_default(stack):
+    assert all(a.startswith("127.0.0.1:") for a in [*stack.state["ps"], stack.state["worker"]])
+    assert stack.state["endpoint"].startswith("http://127.0.0.1:")
+    assert stack.state["token_auth"]
+    status, payload = ScoringClient(stack.state["endpoint"]).post(b"[{}]")  # no token
+    assert status in (400, 401) and b"Token Authorization failed" in payload, payload  # TorchServe says 400
+
+
+def test_online_scores_equal_offline_scores(stack, client, trained):
+    root, result = trained
+    offline = np.load(os.path.join(result.version_dir, "eval", "scores.npy"))
+    online = _score_all(client)
+    assert len(online) == len(offline) == 2000
+    assert np.abs(online - offline).max() <= 1e-5
+
+
+def test_binary_compact_batch_scores_like_json(client, trained):
+    served_schema = os.path.join(trained[1].version_dir, "schema.yaml")  # binary clients build with it
+    binary = _score_all(client, 400, binary=True, schema=served_schema)
+    assert np.abs(binary - _score_all(client, 400)).max() <= 1e-6
+
+
+BAD = [
+    (b'{"items": [', "application/json", 400, "malformed JSON"),
+    (orjson.dumps([{"C1": "a", "bogus": 1}]), "application/json", 400, "unknown field"),
+    (orjson.dumps([{"C1": {"x": 1}}]), "application/json", 400, "C1"),
+    (orjson.dumps([{"I1": "not a number"}]), "application/json", 400, "I1"),
+    (orjson.dumps([{}] * 1001), "application/json", 413, "exceed the limit"),
+    (orjson.dumps({"items": "x"}), "application/json", 400, "items"),
+    (b"garbage bytes", "application/octet-stream", 400, "invalid compact batch"),
+    (b"RSCB" + bytes(60), "application/octet-stream", 400, "invalid compact batch"),
+    (b"[{}]", "text/csv", 415, "unsupported content type"),
+    (b"", "application/json", 400, "empty"),
+]
+
+
+@pytest.mark.parametrize(("body", "ctype", "status", "message"), BAD)
+def test_bad_requests_get_4xx_and_the_stack_keeps_scoring(client, body, ctype, status, message):
+    got, payload = client.post(body, ctype)
+    assert got == status, payload
+    assert message in orjson.loads(payload)["error"]
+    ok, _ = client.post(orjson.dumps(to_records(read_criteo(TEST, limit=5), SCHEMA)))
+    assert ok == 200
+
+
+def test_binary_batch_for_another_schema_is_refused(client):
+    obd = load_schema("data/schemas/obd.yaml")
+    blob = encode(transform([{"item_id": "1"}], obd))
+    status, payload = client.post(blob, "application/octet-stream")
+    assert status == 400 and "schema" in orjson.loads(payload)["error"]
+
+
+def test_worker_outage_is_a_503_not_a_hang_and_recovers(stack, client):
+    pid = stack.state["pids"]["worker"]
+    body = orjson.dumps(to_records(read_criteo(TEST, limit=3), SCHEMA))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        status, payload = client.post(body)
+        assert status == 503, payload
+        assert "worker" in orjson.loads(payload)["error"]
+        assert time.monotonic() - t0 < 10
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for _ in range(50):  # back to scoring once the worker runs again
+        status, _ = client.post(body)
+        if status == 200:
+            break
+        time.sleep(0.1)
+    assert status == 200
+
+
+def test_down_stops_exactly_what_up_started(trained, tmp_path):
+    root, _ = trained
+    cfg = StackConfig(model_store=str(root), model="criteo", run_dir=str(tmp_path / "run"),
+                      http_port=0, management_port=0, metrics_port=0, disable_token_auth=True)  # fmt: skip
+    s = LocalStack(cfg).start()
+    pids = dict(s.state["pids"])
+    assert set(pids) == {"ps0", "ps1", "worker", "torchserve", "controller"}
+    stopped = down(tmp_path / "run")  # as `recserve down` does, from the state file alone
+    assert sorted(stopped) == sorted(pids)
+    time.sleep(0.5)
+    for pid in pids.values():
+        assert (
+            not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split(")")[-1][:3]
+        )
+    for proc in s._procs.values():  # reap our children
+        proc.wait(10)
