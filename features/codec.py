@@ -38,6 +38,7 @@ import numba
 import numpy as np
 
 from features.batch import CompactBatch
+from features.hashing import _read64 as _u64
 from features.hashing import _xxh64
 
 MAGIC = b"RSCB"
@@ -68,14 +69,6 @@ def _u32(buf, i):
         | (np.int64(buf[i + 2]) << 16)
         | (np.int64(buf[i + 3]) << 24)
     )
-
-
-@numba.njit(inline="always")
-def _u64(buf, i):
-    v = np.uint64(0)
-    for k in range(8):
-        v |= np.uint64(buf[i + k]) << np.uint64(8 * k)
-    return v
 
 
 @numba.njit(inline="always")
