@@ -182,6 +182,10 @@ def write_config(cfg: TorchServeConfig) -> Path:
     return path
 
 
+# Loopback calls must never go through an http_proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _http(
     method: str, url: str, token: str | None, body: bytes | None = None, content_type: str = ""
 ) -> bytes:
@@ -191,7 +195,7 @@ def _http(
     if content_type:
         req.add_header("Content-Type", content_type)
     try:
-        with urllib.request.urlopen(req, timeout=300) as resp:
+        with _OPENER.open(req, timeout=300) as resp:
             return resp.read()
     except urllib.error.HTTPError as e:
         raw = e.read().decode("utf-8", "replace")
@@ -259,6 +263,13 @@ class ManagementClient:
         return self._call(
             "PUT", f"/models/{model}/{version}", min_worker=min_workers, synchronous=str(synchronous).lower()
         )
+
+    def rotate_key(self, kind: str = "inference") -> None:
+        """Make TorchServe issue a new ``kind`` ("inference" or "management") key into key_file.json.
+
+        Keys expire after ``token_expiration_min``; the key file's "API" key authorises this call.
+        """
+        _http("PUT", f"{self.base_url}/token?type={kind}", self._keys.get("API"))
 
     def set_default(self, model: str, version: str) -> dict:
         return self._call("PUT", f"/models/{model}/{version}/set-default")

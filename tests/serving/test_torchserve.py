@@ -103,6 +103,10 @@ def test_lifecycle_versions_and_token_auth(model_store, tmp_path):
             mgmt.register("missing.mar", "nope")
         assert err.value.status == 404 and "missing.mar" in err.value.message
 
+        old = ts.inference().inference_token()
+        mgmt.rotate_key("inference")  # keys expire; the key file's API key renews them
+        assert ts.inference().inference_token() != old and predict(ts)["version"] == "2.0"
+
         procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
         assert len(procs) >= 2  # the JVM and at least one Python worker
 
