@@ -77,6 +77,7 @@ class Scorer:
         rel = self.manifest["dense"]["onnx" if config.runtime == "onnx" else "torchscript"]
         self.dense = _load_dense(vdir / rel, config.threads)
         self.worker = worker if worker is not None else _worker_client(config)
+        self._inprocess = not hasattr(self.worker, "address")  # WorkerClient has one, EmbeddingWorker not
         self.warmup()
 
     def warmup(self, rounds: int = 3, patience_s: float = 60.0) -> None:
@@ -126,8 +127,11 @@ class Scorer:
 
     def predict(self, batch: CompactBatch, body: bytes | None = None) -> Scored:
         t0 = time.perf_counter()
+        # a worker process gets bytes (the client's own binary body when there is one); an
+        # in-process EmbeddingWorker takes the batch itself
+        payload = batch if self._inprocess else (body if body is not None else encode(batch))
         try:
-            fwd = self.worker.forward(body if body is not None else encode(batch), mode="infer")
+            fwd = self.worker.forward(payload, mode="infer")
         except Exception as e:  # the worker client raises on deadline/unavailable
             raise ScoringError(503, f"embedding worker unavailable: {_short(e)}") from None
         t1 = time.perf_counter()

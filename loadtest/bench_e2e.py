@@ -1,0 +1,284 @@
+"""``make bench-e2e``: the whole scoring stack under locust at fixed rates, against one process.
+
+    python -m loadtest.bench_e2e [--model-store DIR --model NAME] [--duration 30] [--rates 10,50,100]
+
+Trains a model into a temporary model store unless one is given, starts the local stack on this
+machine (PS shards, embedding worker, TorchServe with the recserve handler), warms it up, then runs
+locust headless (``loadtest/locustfile.py``: FastHttpUser, 200-item JSON requests cut from the
+2,000 Criteo test rows) at each fixed rate for ``--duration`` seconds. Every request's latency is
+recorded exactly (not locust's rounded buckets).
+
+Reference: ``inprocess_p50_ms``, the same requests scored in ONE process (features, embedding
+tables in memory, dense model: the Scorer over an in-process EmbeddingWorker on LocalShards).
+Where the time goes (``stages_ms``): each stage of the handler's path timed sequentially in this
+process against the running worker and PS shards, and the HTTP + TorchServe share as the
+end-to-end p50 at the lowest rate minus the handler's own time. Writes
+loadtest/results/e2e.json and prints a table; stops everything at the end, also on error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from loadtest.common import print_table, write_results
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST = ROOT / "data" / "criteo" / "wide_resdnn_criteo_test.tsv"
+SCHEMA = ROOT / "data" / "schemas" / "criteo.yaml"
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+TARGETS = {"p99_ms_at_50": 10.0, "failures": 0, "p50_at_10_over_inprocess": 3.0}
+
+
+def train_model(root: Path) -> None:
+    from training.config import TrainConfig
+    from training.train import train
+
+    # curve outside the version dir: the sealed version's checksums must stay valid
+    train(TrainConfig(out=str(root), name="criteo", epochs=1, inprocess_ps=True, publish=True,
+                      progress=False, curve=str(root / "curve.png")))  # fmt: skip
+
+
+def request_bodies() -> list[bytes]:
+    from serving.client import requests_from_file
+
+    return [body for body, _ in requests_from_file(str(TEST), str(SCHEMA), 200)]
+
+
+def percentiles(ms: np.ndarray) -> dict:
+    if not len(ms):
+        return {"p50_ms": None, "p99_ms": None, "max_ms": None, "mean_ms": None}
+    return {
+        "p50_ms": round(float(np.percentile(ms, 50)), 3),
+        "p99_ms": round(float(np.percentile(ms, 99)), 3),
+        "max_ms": round(float(ms.max()), 3),
+        "mean_ms": round(float(ms.mean()), 3),
+    }
+
+
+# ---- load ---------------------------------------------------------------------------------------
+def run_locust(host: str, model: str, rate: float, duration: float, key_file: str | None, work: Path) -> dict:
+    """One headless locust run at ``rate`` requests/s; exact latencies from the locustfile's dump."""
+    users = max(1, math.ceil(rate / 10))  # 10 requests/s per user: far below what one user can do
+    out = work / f"latency-{rate:g}.txt"
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", host,
+           "-u", str(users), "-r", str(users), "-t", f"{duration:g}s", "--stop-timeout", "5",
+           "--only-summary", "--loglevel", "WARNING", "--total-rate", str(rate), "--model", model,
+           "--latency-out", str(out)]  # fmt: skip
+    if key_file:
+        cmd += ["--key-file", key_file]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=duration + 120)
+    if not out.exists():
+        raise RuntimeError(f"locust wrote no latencies (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    rows = np.loadtxt(out, ndmin=2) if out.stat().st_size else np.empty((0, 2))
+    ms, failed = rows[:, 0], rows[:, 1].astype(bool)
+    return {
+        **percentiles(ms),
+        "requests": int(len(ms)),
+        "failures": int(failed.sum()),
+        "achieved_rps": round(len(ms) / duration, 1),
+        "users": users,
+        "locust_exit": proc.returncode,
+    }
+
+
+def warm_up(endpoint: str, key_file: str | None, bodies: list[bytes], seconds: float) -> int:
+    from serving.client import ScoringClient
+
+    client, n, deadline = ScoringClient(endpoint, key_file), 0, time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            status, payload = client.post(bodies[n % len(bodies)])
+            if status != 200:
+                raise RuntimeError(f"warm-up request failed ({status}): {payload[:300]!r}")
+            n += 1
+    finally:
+        client.close()
+    return n
+
+
+# ---- where the time goes ------------------------------------------------------------------------
+def median_ms(fn, args: list, min_runs: int = 100, min_seconds: float = 1.0) -> float:
+    """Median wall time of ``fn(a)`` in ms, cycling through ``args`` (after one pass of warm-up)."""
+    for a in args:
+        fn(a)
+    times, start, i = [], time.perf_counter(), 0
+    while len(times) < min_runs or time.perf_counter() - start < min_seconds:
+        a = args[i % len(args)]
+        t0 = time.perf_counter_ns()
+        fn(a)
+        times.append((time.perf_counter_ns() - t0) / 1e6)
+        i += 1
+    return round(float(np.median(times)), 3)
+
+
+def stages(vdir: Path, state: dict, bodies: list[bytes], runtime: str) -> tuple[dict, float]:
+    """Per-stage medians (ms) of the handler's path, and the in-process p50 (ms)."""
+    from features.codec import encode
+    from features.schema import load_schema
+    from features.transform import dense_matrix
+    from serving import model_store
+    from serving.scoring import JSON, Scorer, ScoringConfig
+    from serving.worker.client import WorkerClient
+    from serving.worker.core import EmbeddingWorker, GrpcShard, LocalShard
+    from training.offline import load_stores
+
+    manifest = model_store.read_manifest(vdir)
+    schema = load_schema(vdir / "schema.yaml")
+    cfg = ScoringConfig(str(vdir), worker=state["worker"], runtime=runtime)
+    with contextlib.ExitStack() as es:
+        local = EmbeddingWorker([LocalShard(s) for s in load_stores(vdir, manifest)], schema)
+        es.callback(local.close)
+        inproc = Scorer(cfg, worker=local)
+        remote = Scorer(cfg)  # what the handler runs: the worker process over gRPC
+        es.callback(remote.close)
+        client = WorkerClient(state["worker"])
+        es.callback(client.close)
+        ps = EmbeddingWorker([GrpcShard(a) for a in state["ps"]], schema)  # this process -> PS shards
+        es.callback(ps.close)
+
+        batches = [inproc.decode(b, JSON) for b in bodies]
+        blobs = [encode(b) for b in batches]
+        signs = [np.asarray(b.signs) for b in batches]
+        pooled = [(local.forward(b).pooled, dense_matrix(b, schema)) for b in batches]
+        scored = [inproc.predict(b) for b in batches]
+
+        def check(status_payload):
+            if status_payload[0] != 200:
+                raise RuntimeError(f"scoring failed: {status_payload}")
+
+        inprocess_p50 = median_ms(lambda b: check(inproc.score(b, JSON)), bodies)
+        out = {
+            "handler_score_remote_worker": median_ms(lambda b: check(remote.score(b, JSON)), bodies),
+            "orjson_transform": median_ms(lambda b: inproc.decode(b, JSON), bodies),
+            "codec_encode": median_ms(encode, batches),
+            "worker_forward_rpc": median_ms(lambda blob: client.forward(blob, mode="infer"), blobs),
+            "worker_core_over_ps": median_ms(lambda b: ps.forward(b, "infer"), batches),
+            "ps_lookup_fanout": median_ms(lambda s: ps._lookup(s, insert=False), signs),
+            "worker_core_inprocess_tables": median_ms(lambda b: local.forward(b, "infer"), batches),
+            "dense": median_ms(lambda pd: inproc.dense(*pd), pooled),
+            "encode_response": median_ms(inproc.encode, scored),
+        }
+    # derived: the worker's gRPC hop (server + client + codec decode) and its own compute
+    out["worker_rpc_hop"] = round(out["worker_forward_rpc"] - out["worker_core_over_ps"], 3)
+    out["worker_compute"] = round(out["worker_core_over_ps"] - out["ps_lookup_fanout"], 3)
+    return out, inprocess_p50
+
+
+# ---- main ---------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-store", help="existing model store (default: train one into a temp dir)")
+    p.add_argument("--model", default="criteo")
+    p.add_argument("--rates", default="10,50,100", help="requests/s, comma-separated")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds per rate")
+    p.add_argument("--warmup-s", type=float, default=5.0, help="sequential warm-up before measuring")
+    p.add_argument("--token-auth", action="store_true", help="keep TorchServe token auth on")
+    p.add_argument("--runtime", default="torchscript", choices=["torchscript", "onnx"])
+    p.add_argument("--ts-workers", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--max-batch-delay-ms", type=int, default=1)
+    p.add_argument("--out", default="e2e", help="results name: loadtest/results/<out>.json")
+    args = p.parse_args(argv)
+    rates = [float(r) for r in args.rates.split(",")]
+
+    from serving import model_store
+    from serving.stack import LocalStack, StackConfig
+
+    work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+    stack = None
+    try:
+        store = Path(args.model_store) if args.model_store else work / "store"
+        if not args.model_store:
+            t0 = time.perf_counter()
+            print(f"training a model into {store} ...", flush=True)
+            train_model(store)
+            print(f"  trained in {time.perf_counter() - t0:.0f} s", flush=True)
+        version = model_store.current(store, args.model)
+        vdir = model_store.version_dir(store, args.model, version)
+        cfg = StackConfig(model_store=str(store), model=args.model, run_dir=str(work / "run"), http_port=0,
+                          management_port=0, metrics_port=0, runtime=args.runtime,
+                          disable_token_auth=not args.token_auth, ts_workers=args.ts_workers,
+                          batch_size=args.batch_size, max_batch_delay_ms=args.max_batch_delay_ms)  # fmt: skip
+        print(f"starting the stack ({args.model} version {version}) ...", flush=True)
+        stack = LocalStack(cfg).start()
+        state = stack.state
+        auth = "ON" if state["token_auth"] else "OFF (disabled for this bench, loopback only)"
+        print(f"endpoint {state['endpoint']}; TorchServe token auth {auth}", flush=True)
+        bodies = request_bodies()
+        n = warm_up(state["endpoint"], state["key_file"], bodies, args.warmup_s)
+        print(f"warm-up: {n} requests in {args.warmup_s:g} s", flush=True)
+
+        load_before = os.getloadavg()
+        host = state["endpoint"].split("/predictions/")[0]
+        results = {}
+        for rate in rates:
+            r = run_locust(host, args.model, rate, args.duration, state["key_file"], work)
+            results[f"{rate:g}"] = r
+            print(f"  {rate:g} rps: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
+                  f"{r['requests']} requests, {r['failures']} failures", flush=True)  # fmt: skip
+        load_after = os.getloadavg()
+        stage_ms, inprocess_p50 = stages(vdir, state, bodies, args.runtime)
+    finally:
+        if stack is not None:
+            stack.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    low = results[f"{min(rates):g}"]
+    stage_ms["http_torchserve_frontend"] = round(low["p50_ms"] - stage_ms["handler_score_remote_worker"], 3)
+    checks = {}
+    if "50" in results:
+        checks["p99_at_50_le_10ms"] = results["50"]["p99_ms"] <= TARGETS["p99_ms_at_50"]
+    checks["no_failures"] = all(r["failures"] == 0 for r in results.values())
+    if "10" in results:
+        checks["p50_at_10_le_3x_inprocess"] = results["10"]["p50_ms"] <= 3 * inprocess_p50
+    out = {
+        "rates": results,
+        "inprocess_p50_ms": inprocess_p50,
+        "stages_ms": stage_ms,
+        "targets": TARGETS,
+        "targets_met": checks,
+        "conditions": {
+            "duration_s": args.duration,
+            "request_items": 200,
+            "distinct_requests": len(bodies),
+            "token_auth": state["token_auth"],
+            "runtime": args.runtime,
+            "ts_workers": args.ts_workers,
+            "batch_size": args.batch_size,
+            "max_batch_delay_ms": args.max_batch_delay_ms,
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in load_after],
+            "note": "load generator (locust) and every stack process share this machine",
+        },
+    }
+    path = write_results(args.out, out)
+
+    print_table(
+        f"end to end: locust FastHttpUser, 200-item JSON requests, {args.duration:g} s per rate, token auth {auth}",
+        [{"rate": k, **v} for k, v in results.items()],
+        ["rate", "p50_ms", "p99_ms", "max_ms", "mean_ms", "requests", "failures", "achieved_rps"],
+    )
+    print(f"\nin one process (features + tables in memory + dense): p50 {inprocess_p50} ms")
+    print_table("stages (sequential medians, ms)", [{"stage": k, "ms": v} for k, v in stage_ms.items()],
+                ["stage", "ms"])  # fmt: skip
+    print(f"\ntargets: {checks}")
+    print(f"load average before/after the load runs: {load_before[0]:.2f}/{load_after[0]:.2f} "
+          f"on {os.cpu_count()} cpus")  # fmt: skip
+    print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
