@@ -177,3 +177,30 @@ def test_sigterm_shuts_down_cleanly(ps):  # last in the module: it stops the sha
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 0, ps["log"].read_text()
     assert "shutting down" in ps["log"].read_text()
+
+
+def test_cli_config_yaml_and_flags(tmp_path):
+    from serving.cli import build_parser
+    from serving.ps.server import config_from_args
+
+    cfg_file = tmp_path / "ps.yaml"
+    cfg_file.write_text("port: 6000\nstore:\n  dim: 8\n  capacity: 500\n  optimizer: {name: ftrl, l1: 0.5}\n")
+    args = build_parser("ps").parse_args(
+        [
+            "ps",
+            "--config",
+            str(cfg_file),
+            "--shard",
+            "1",
+            "--num-shards",
+            "3",
+            "--lr",
+            "0.2",
+            "--port",
+            "7000",
+        ]
+    )
+    cfg = config_from_args(args)
+    assert (cfg.host, cfg.port, cfg.metrics_port) == ("127.0.0.1", 7000, 0)
+    assert (cfg.store.shard, cfg.store.num_shards, cfg.store.dim, cfg.store.capacity) == (1, 3, 8, 500)
+    assert (cfg.store.optimizer.name, cfg.store.optimizer.l1, cfg.store.optimizer.lr) == ("ftrl", 0.5, 0.2)
