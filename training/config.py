@@ -69,6 +69,9 @@ class TrainConfig:
     """Row capacity of each shard we start."""
     staleness: int = 4
     """K: sparse updates that may be in flight while the next batch is looked up (0 = sync)."""
+    prefetch: bool = True
+    """With K >= 1, look the next batch up while this one trains (one of the K: the worker then
+    runs with K-1)."""
     update_threads: int = 2
     """Worker threads applying sparse updates."""
 

@@ -9,10 +9,18 @@ worker scatters the gradients to the PS shards in the background, with at most K
 updates in flight (the staleness bound). The dense half is plain torch: the pooled embeddings
 enter the network as a leaf tensor, so after ``loss.backward()`` its ``.grad`` is exactly the
 gradient the worker needs.
+
+Prefetch (``prefetch=True``, only meaningful with K >= 1): iterate the epoch through
+``ctx.steps(batches)`` and each ``forward`` starts the next batch's lookup on a background thread,
+so it overlaps this step's dense forward/backward. That lookup runs before this step's sparse
+update is sent, i.e. it is one batch staler; give the worker staleness K-1 to keep the bound K
+(``train.py`` does).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
@@ -49,7 +57,12 @@ class TrainCtx:
     """One hybrid step: sparse rows through an EmbeddingWorker, dense network in torch."""
 
     def __init__(
-        self, worker, dense_model: nn.Module, dense_optimizer: torch.optim.Optimizer, schema: Schema
+        self,
+        worker,
+        dense_model: nn.Module,
+        dense_optimizer: torch.optim.Optimizer,
+        schema: Schema,
+        prefetch: bool = False,
     ):
         self.worker = worker
         self.model = dense_model  # possibly DDP-wrapped: its backward all-reduces dense grads
@@ -57,12 +70,40 @@ class TrainCtx:
         self.schema = schema
         self.device = next(unwrap(dense_model).parameters()).device
         self._pending: tuple[int, Tensor] | None = None
+        self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
+        self._upcoming: CompactBatch | None = None  # the batch after the current one (steps())
+        self._prefetched: tuple[CompactBatch, Future] | None = None
+
+    def steps(self, batches: Iterable[CompactBatch]) -> Iterator[CompactBatch]:
+        """The batches in order, telling ``forward`` which one comes next (for prefetch)."""
+        it = iter(batches)
+        current = next(it, None)
+        try:
+            while current is not None:
+                self._upcoming = next(it, None)
+                yield current
+                current = self._upcoming
+        finally:
+            self._upcoming = None
+
+    def _lookup(self, batch: CompactBatch):
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None and prefetched[0] is batch:
+            result = prefetched[1].result()
+        else:
+            if prefetched is not None:  # not the batch we guessed: let that lookup finish, unused
+                prefetched[1].result()
+            result = self.worker.forward(batch, mode="train")
+        if self._prefetcher is not None and self._upcoming is not None:
+            upcoming = self._upcoming
+            self._prefetched = (upcoming, self._prefetcher.submit(self.worker.forward, upcoming, "train"))
+        return result
 
     def forward(self, batch: CompactBatch) -> Tensor:
         """Logits (B,) of a training batch; the next call must be ``backward``."""
         if self._pending is not None:
             raise RuntimeError("forward called twice without backward")
-        result = self.worker.forward(batch, mode="train")
+        result = self._lookup(batch)
         pooled = _tensor(result.pooled, self.device).requires_grad_()
         dense = _tensor(dense_matrix(batch, self.schema), self.device)
         self._pending = (result.batch_id, pooled)
@@ -96,4 +137,11 @@ class TrainCtx:
 
     def flush(self) -> None:
         """Wait until every sparse update sent so far is applied on the PS."""
+        if self._prefetched is not None:  # an epoch ended early: that lookup is never trained
+            self._prefetched[1].result()
+            self._prefetched = None
         self.worker.flush()
+
+    def close(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.shutdown(wait=True)

@@ -124,5 +124,11 @@ class InProcessCtx:
             model.train(was_training)
         return Prediction(logits.numpy(), pooled.contiguous().numpy(), dense.numpy())
 
+    def steps(self, batches: Iterable[CompactBatch]) -> Iterable[CompactBatch]:
+        return batches
+
     def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
         pass

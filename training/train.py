@@ -114,7 +114,8 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
             )
         else:
             cluster = stack.enter_context(_open_cluster(cfg, schema, rank, world))
-            ctx = TrainCtx(cluster.worker, model, dense_opt, schema)
+            ctx = TrainCtx(cluster.worker, model, dense_opt, schema, prefetch=_prefetch(cfg))
+            stack.callback(ctx.close)
 
         writer = None
         if rank == 0 and cfg.export and cluster is not None:
@@ -133,8 +134,8 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
         for epoch in range(cfg.epochs):
             model.train()
             t0 = time.perf_counter()
-            for i in rng.permutation(len(train_batches)):
-                batch = train_batches[i]
+            order = rng.permutation(len(train_batches))
+            for batch in ctx.steps(train_batches[i] for i in order):
                 logits = ctx.forward(batch)
                 loss = loss_fn(logits, torch.from_numpy(batch.labels).to(logits.device))
                 ctx.backward(loss)
@@ -210,6 +211,10 @@ def _init_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def _prefetch(cfg: TrainConfig) -> bool:
+    return cfg.prefetch and cfg.staleness >= 1
+
+
 def _open_cluster(cfg: TrainConfig, schema, rank: int, world: int) -> Cluster:
     """Rank 0 starts (or connects to) the shards; the other ranks connect to the same addresses."""
     from serving.worker.core import WorkerConfig
@@ -222,7 +227,9 @@ def _open_cluster(cfg: TrainConfig, schema, rank: int, world: int) -> Cluster:
         seed=cfg.seed,
         schema_hash=schema.fingerprint,
     )
-    worker_cfg = WorkerConfig(staleness=cfg.staleness, update_threads=cfg.update_threads)
+    # a prefetched lookup is one batch staler than the worker knows: it counts as one of the K
+    staleness = cfg.staleness - 1 if _prefetch(cfg) else cfg.staleness
+    worker_cfg = WorkerConfig(staleness=staleness, update_threads=cfg.update_threads)
     if world == 1:
         return open_cluster(schema, spec, cfg.num_shards, worker_cfg, cfg.ps, cfg.inprocess_ps)
     if cfg.inprocess_ps:
