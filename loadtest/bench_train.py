@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         default="process",
         help="PS shards as `recserve ps` processes (gRPC) or in-process stores",
     )
-    p.add_argument("--num-shards", type=int, default=2)
+    # one shard by default: on a 2-core machine a second PS process adds per-RPC CPU, not capacity
+    p.add_argument("--num-shards", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (all variants)")
     p.add_argument("--epochs", type=int, default=0, help="0: the TrainConfig default")
     p.add_argument("--out", default=str(RESULTS))

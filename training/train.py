@@ -96,7 +96,9 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
-    dense_opt = torch.optim.Adam(model.parameters(), lr=cfg.dense_lr)
+    # foreach: one multi-tensor kernel per step instead of a Python loop over ~10 tensors (4x
+    # faster on CPU, where torch does not default to it)
+    dense_opt = torch.optim.Adam(model.parameters(), lr=cfg.dense_lr, foreach=True)
 
     with contextlib.ExitStack() as stack:
         # ---- embeddings: PS shards + worker, or the in-process baseline --------------------
