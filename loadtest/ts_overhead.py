@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         archive(HANDLER, [], name, "1.0", store)
     bodies = [make_body(i) for i in range(16)]
     out: dict = {
-        "machine": {"cpus": os.cpu_count(), "loadavg_before": os.getloadavg()},
+        "machine": {"cpus": os.cpu_count(), "nice": os.nice(0), "loadavg_before": os.getloadavg()},
         "body_bytes": len(bodies[0]),
         "rate_rps": args.rate,
         "duration_s": args.duration,
