@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     # one shard by default: on a 2-core machine a second PS process adds per-RPC CPU, not capacity
     p.add_argument("--num-shards", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (all variants)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch intra-op threads, all variants (0: TrainConfig's)"
+    )
     p.add_argument("--epochs", type=int, default=0, help="0: the TrainConfig default")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         "dense": f"adam lr {cfg.dense_lr}",
         "seeds": seeds,
         "shards": f"{args.num_shards} x {'recserve ps process (gRPC)' if args.shards == 'process' else 'in-process store'}",
-        "torch_threads": args.threads,
+        "torch_threads": args.threads or max(1, (os.cpu_count() or 2) // 2),
         "cpus": os.cpu_count(),
         "machine": platform.processor() or platform.machine(),
         "loadavg_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],

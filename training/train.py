@@ -66,8 +66,7 @@ def train(cfg: TrainConfig) -> TrainResult:
 
 
 def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 2) // 2))
     torch.manual_seed(cfg.seed)  # identical dense init on every rank (DDP also broadcasts it)
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu")
 
