@@ -46,6 +46,9 @@ class StackConfig:
     max_batch_delay_ms: int = 1  # how long TorchServe waits to fill a batch
     worker_timeout_s: float = 1.0  # deadline of the handler's worker call
     max_items: int = 1000  # items per scoring request
+    # The handler runs the embedding worker as a library over the PS shards (one process hop and
+    # one 330 KB pooled reply fewer per request); the worker process still serves other clients
+    worker_in_handler: bool = False
     startup_timeout_s: float = 180.0
     poll_s: float = 1.0  # how often the PS shards and the controller look for new versions/deltas
 
@@ -66,7 +69,9 @@ class LocalStack:
             json.loads((self.run_dir / "stack.json").read_text())
         ):
             raise RuntimeError(f"a stack is already running from {self.run_dir}; run `recserve down` first")
-        version = cfg.version or model_store.current(self.root, cfg.model)
+        current = model_store.current(self.root, cfg.model)
+        version = cfg.version or current
+        self._follows = version == current
         if version is None:
             raise RuntimeError(f"{self.root}/{cfg.model}: no CURRENT version; train and publish one first")
         vdir = model_store.version_dir(self.root, cfg.model, version)
@@ -98,9 +103,15 @@ class LocalStack:
     def _start_ps(self, vdir: Path, manifest: dict, ports: list[int], logs: Path) -> None:
         n, cfg = len(ports), self.config
         for i, port in enumerate(ports):
+            # following the model: serve CURRENT, switch with it, apply its deltas; a pinned
+            # --version that is not CURRENT is loaded and served as is
+            source = (
+                ["--follow", str(vdir.parent), "--poll-s", str(cfg.poll_s)]
+                if self._follows
+                else ["--load", str(vdir / "embeddings")]
+            )
             args = ["ps", "--shard", str(i), "--num-shards", str(n), "--host", cfg.host, "--port", str(port),
-                    "--dim", str(manifest["dim"]), "--load", str(vdir / "embeddings"),
-                    "--schema-hash", manifest["schema_fingerprint"]]  # fmt: skip
+                    "--dim", str(manifest["dim"]), *source]  # fmt: skip
             self._procs[f"ps{i}"] = spawn(args, logs / f"ps{i}.log")
             self.state["pids"][f"ps{i}"] = self._procs[f"ps{i}"].pid
         for i, port in enumerate(ports):
@@ -163,6 +174,8 @@ class LocalStack:
         staging.mkdir(parents=True, exist_ok=True)
         scoring = {"version_dir": str(vdir), "worker": self.state["worker"], "runtime": cfg.runtime,
                    "worker_timeout_s": cfg.worker_timeout_s, "max_items": cfg.max_items}  # fmt: skip
+        if cfg.worker_in_handler:
+            scoring["ps"] = self.state["ps"]
         (staging / "scoring.json").write_text(json.dumps(scoring, indent=2))
         mar = archive(
             HANDLER, [staging / "scoring.json"], cfg.model, version, self.run_dir / "torchserve-store"

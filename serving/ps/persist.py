@@ -244,7 +244,7 @@ def shard_dirs(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[P
     ``shard-<i>-of-<n>/`` directories (all n must be there), or a list of shard directories."""
     if isinstance(paths, (str, os.PathLike)):
         root = Path(paths)
-        if (root / META).exists() or (root / SUCCESS).exists() or _SHARD_RE.match(root.name):
+        if (root / META).exists() or _SHARD_RE.match(root.name):  # not _SUCCESS: a delta dir has its own
             return [root]
         if not root.is_dir():
             raise StoreError(f"{root}: no such dump directory")

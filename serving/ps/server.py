@@ -46,6 +46,11 @@ class ServerConfig:
     """Max gRPC send/receive message size."""
     expire_every_s: float = 10.0
     """How often TTL expiry runs (only when store.ttl_s > 0)."""
+    follow: str = ""
+    """Model directory (<model_store>/<model>) to follow: serve its CURRENT version, switch when
+    CURRENT changes, apply each new delta of the served version (serving/ps/follow.py)."""
+    poll_s: float = 1.0
+    """How often the follower looks for a new version or delta."""
     store: StoreConfig = field(default_factory=lambda: _store_config())
     """The shard's store (shard, num_shards, dim, capacity, optimizer, ...)."""
 
@@ -163,6 +168,10 @@ class EmbeddingPSServicer:
             return True
         raise BadRequest(f"unknown dtype {value}; use FLOAT32 (1) or FLOAT16 (2)")
 
+    def _lookup_version(self):  # of the rows just returned: read under the lookup's lock, same thread
+        version, seq = self.store.last_lookup_version
+        return self.common.ModelVersion(version=version, delta_seq=seq)
+
     def _version(self):
         return self.common.ModelVersion(version=self.store.version, delta_seq=self.store.delta_seq)
 
@@ -181,7 +190,7 @@ class EmbeddingPSServicer:
             dim=self.store.config.dim,
             dtype=self.common.FLOAT16 if fp16 else self.common.FLOAT32,
             misses=misses,
-            version=self._version(),
+            version=self._lookup_version(),
         )
 
     @_rpc
@@ -284,6 +293,13 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
         store.load(config.load)
         log.info("loaded %d rows from %s in %.2fs", len(store), config.load, time.perf_counter() - t0)
     metrics = _Metrics(store)
+    follower = None
+    if config.follow:
+        from serving.ps.follow import Follower
+
+        follower = Follower(store, config.follow, registry=metrics.registry)
+        for event in follower.poll():  # serve the published version (and its deltas) from the start
+            log.info("follow: %s", event)
     server = grpc.aio.server(options=_options(config))
     ps_pb2_grpc.add_EmbeddingPSServicer_to_server(EmbeddingPSServicer(store, metrics), server)
     health_servicer = health.aio.HealthServicer()
@@ -323,13 +339,24 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
             if n := store.expire():
                 log.info("expired %d rows", n)
 
+    async def follow_loop():
+        while True:
+            await asyncio.sleep(config.poll_s)
+            try:  # file reads and checks off the loop; the store's lock makes each flip atomic
+                for event in await loop.run_in_executor(None, follower.poll):
+                    log.info("follow: %s", event)
+            except Exception:  # keep serving what we have; the next poll retries
+                log.exception("follow poll failed")
+
     expirer = asyncio.create_task(expire_loop()) if cfg.ttl_s > 0 else None
+    following = asyncio.create_task(follow_loop()) if follower is not None else None
     try:
         await stop.wait()
         log.info("shutting down (grace %.1fs)", config.grace_s)
     finally:
-        if expirer is not None:
-            expirer.cancel()
+        for task in (expirer, following):
+            if task is not None:
+                task.cancel()
         await health_servicer.enter_graceful_shutdown()
         await server.stop(config.grace_s)
         stop_metrics()
@@ -344,6 +371,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="gRPC port (default 50061; 0 = any)")
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 0 = off)")
     p.add_argument("--load", help="dump directory to load before serving")
+    p.add_argument(
+        "--follow",
+        help="model directory <model_store>/<model>: serve CURRENT, follow new versions and deltas",
+    )
+    p.add_argument("--poll-s", type=float, help="how often --follow looks for versions/deltas (default 1 s)")
     p.add_argument("--dim", type=int, help="embedding dimension (default 16)")
     p.add_argument("--capacity", type=int, help="row capacity of this shard (default 1,000,000)")
     p.add_argument("--dtype", choices=["float32", "float16"], help="row storage type")
@@ -357,7 +389,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="INFO")
 
 
-_SERVER_FLAGS = ("host", "port", "metrics_port", "load")
+_SERVER_FLAGS = ("host", "port", "metrics_port", "load", "follow", "poll_s")
 _STORE_FLAGS = (
     "shard",
     "num_shards",

@@ -131,6 +131,8 @@ class EmbeddingStore:
         """Model-store version this shard serves ('' until loaded or set)."""
         self.delta_seq = -1
         """Sequence number of the last delta cut (training) or applied (serving); -1: none."""
+        self.last_lookup_version = ("", -1)
+        """(version, delta_seq) of the rows the latest lookup returned, read under the same lock."""
         self.step = 0
         """Optimizer step count (Adam bias correction)."""
         self.hits = self.misses = self.evictions = self.expired = self.inserts = 0
@@ -156,6 +158,7 @@ class EmbeddingStore:
             if not insert:
                 self.hits += len(signs) - misses
                 self.misses += misses
+            self.last_lookup_version = (self.version, self.delta_seq)  # what these rows are (under the lock)
             return out, misses
 
     def lookup_or_insert(self, signs) -> tuple[np.ndarray, int]:
@@ -244,6 +247,26 @@ class EmbeddingStore:
         self.rows -= len(victims)
 
     # ---- training ------------------------------------------------------------------------
+    def assign(self, signs, rows) -> int:
+        """Set rows to given values (inserting absent signs, bypassing admission) and mark them for
+        the next delta: for rows computed elsewhere (imports, tools, tests). Returns rows written."""
+        signs = as_signs(signs)
+        rows = np.asarray(rows, dtype=np.float32)
+        if rows.shape != (len(signs), self.config.dim) or not np.isfinite(rows).all():
+            raise ValueError(f"rows must be finite float32 of shape ({len(signs)}, {self.config.dim})")
+        if len(np.unique(signs)) != len(signs):
+            raise ValueError("assign needs distinct signs")
+        with self._lock:
+            slots = index.find_slots(self._table, self._keys, signs, self._bits)
+            absent = slots < 0
+            if absent.any():
+                self._insert(signs[absent], protect=slots[~absent])
+                slots = index.find_slots(self._table, self._keys, signs, self._bits)
+            ok = slots >= 0
+            self._rows[slots[ok]] = rows[ok]
+            self._dirty[slots[ok]] = True
+            return int(ok.sum())
+
     def apply_gradients(self, signs, grads, step: int = 0) -> int:
         """Apply gradients (float32, (n, dim)) with the store's optimizer; duplicate signs are
         summed first; signs without a row (never admitted, or evicted) are skipped. ``step`` is

@@ -1,0 +1,126 @@
+"""A PS shard following its model in the model store: new versions and deltas, live.
+
+``Follower.poll()`` (called every ``poll_s`` by the server, off the event loop) reads
+``<model>/CURRENT``. A new version is validated (``_SUCCESS``, manifest, sha256 of every file, same
+feature schema as the one served), its shard is read beside the served one (re-sharded by the
+routing hash if the shard count differs), then installed in one step under the store's lock: a
+lookup sees the old rows or the new, never a mix. Then every complete delta of the served version
+with a higher seq is applied in seq order, each atomically (the store applies a delta under its
+lock and refuses gaps; deltas carry values, so re-applying one is a no-op). Every shard checks
+every shard's part of a delta first, so a delta corrupt anywhere is refused everywhere. A version or delta that
+fails validation is logged once and skipped; the shard keeps serving what it has.
+
+Freshness -- time from a delta's ``_SUCCESS`` to the delta being visible in lookups -- goes to the
+``recserve_ps_delta_freshness_seconds`` histogram.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from serving import model_store as ms
+from serving.model_store import ModelStoreError
+from serving.ps import persist
+from serving.ps.persist import StoreError
+
+log = logging.getLogger("recserve.ps.follow")
+
+
+class Follower:
+    def __init__(self, store, model_dir: str | os.PathLike, registry=None, clock=time.time):
+        self.store = store
+        self.model_dir = Path(model_dir)
+        self.root, self.model = self.model_dir.parent, self.model_dir.name
+        self.schema_fingerprint: str | None = None  # of the first version served; later ones must match
+        self.clock = clock
+        self._refused: set[tuple[str, int]] = set()  # (version, seq) already reported; seq -1 = version
+        self.freshness = None
+        if registry is not None:
+            from prometheus_client import Histogram
+
+            self.freshness = Histogram(
+                "recserve_ps_delta_freshness_seconds",
+                "Time from a delta's _SUCCESS to the delta being visible in lookups",
+                buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60),
+                registry=registry,
+            )
+
+    def poll(self) -> list[str]:
+        """One pass: switch to a new CURRENT version, then apply new deltas. Returns what it did."""
+        events: list[str] = []
+        target = ms.current(self.root, self.model)
+        if target and target != self.store.version and (target, -1) not in self._refused:
+            try:
+                events.append(self._switch(target))
+            except (ModelStoreError, StoreError, OSError) as e:
+                self._refuse(target, -1, f"not switching to version {target}: {e}")
+        if self.store.version:
+            events.extend(self._apply_deltas(self.store.version, self.store))
+        return events
+
+    def _switch(self, version: str) -> str:
+        """Build the new version's complete state -- full dump plus its deltas -- in a staging store
+        beside the served one, then flip once: no lookup sees the new version without its deltas."""
+        import dataclasses
+
+        from serving.ps.store import EmbeddingStore
+
+        vdir = ms.version_dir(self.root, self.model, version)
+        manifest = ms.read_manifest(vdir, verify=True)
+        fp = manifest.get("schema_fingerprint")
+        if self.schema_fingerprint and fp != self.schema_fingerprint:
+            raise ModelStoreError(
+                f"feature schema {str(fp)[:12]} differs from the served {self.schema_fingerprint[:12]}"
+            )
+        t0 = time.perf_counter()
+        data = self.store.read(vdir / "embeddings")
+        staging = EmbeddingStore(dataclasses.replace(self.store.config))  # same shard, dim, capacity
+        staging.install(data)
+        staging.version = version
+        applied = self._apply_deltas(version, staging, observe=False)
+        old = self.store.version or "(none)"
+        rows = self.store.install(staging.snapshot(copy=False))  # the atomic flip, deltas included
+        self.schema_fingerprint = fp
+        msg = (f"version {old} -> {version}: {rows} rows, deltas up to {self.store.delta_seq} "
+               f"({len(applied)} applied before the flip) in {time.perf_counter() - t0:.2f}s")  # fmt: skip
+        log.info(msg)
+        return msg
+
+    def _apply_deltas(self, version: str, store, observe: bool = True) -> list[str]:
+        events = []
+        vdir = ms.version_dir(self.root, self.model, version)
+        for seq in ms.list_deltas(vdir):
+            if seq <= store.delta_seq or (version, seq) in self._refused:
+                continue
+            ddir = ms.delta_dir(vdir, seq)
+            try:
+                _verify_all_parts(ddir)  # a delta corrupt in any shard is refused by every shard
+                data = store.read(ddir, delta=True)
+                if int(data.meta.get("delta_seq", seq)) != seq:
+                    raise StoreError(f"delta directory {seq} holds delta seq {data.meta.get('delta_seq')}")
+                n = store.apply_delta_data(data)
+            except (StoreError, OSError, ValueError) as e:
+                self._refuse(version, seq, f"delta {seq} of version {version} refused: {e}")
+                break  # later deltas build on this one
+            lag = self.clock() - (ddir / ms.SUCCESS).stat().st_mtime
+            if self.freshness is not None and observe:
+                self.freshness.observe(max(lag, 0.0))
+            events.append(
+                f"delta {seq}: {n} rows, {len(data.deleted)} deleted, visible {lag:.2f}s after _SUCCESS"
+            )
+        return events
+
+    def _refuse(self, version: str, seq: int, message: str) -> None:
+        if (version, seq) not in self._refused:
+            log.error(message)
+            self._refused.add((version, seq))
+
+
+def _verify_all_parts(ddir: Path) -> None:
+    """Check the checksums of every shard's part of a delta (deltas are small), so that the shards
+    apply a delta all together or not at all."""
+    for part in persist.shard_dirs(ddir):
+        persist.read_shard(part)

@@ -1,0 +1,111 @@
+"""Hot swap on the live stack: a delta goes live and changes scores; a corrupt delta is refused
+while serving continues; a new full version swaps embeddings and dense; rollback restores the
+earlier scores exactly."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import orjson
+import pytest
+
+from features.readers import read_criteo
+from features.schema import load_schema
+from features.transform import transform
+from serving import model_store as ms
+from serving.client import ScoringClient, requests_from_file
+from serving.deltas import DeltaWriter
+from serving.releases import publish, rollback
+from serving.stack import LocalStack, StackConfig
+
+pytestmark = pytest.mark.slow
+TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
+
+
+def _train(root, seed: int, publish_it: bool):
+    from training.config import TrainConfig
+    from training.train import train
+
+    cfg = TrainConfig(out=str(root), name="criteo", epochs=1, inprocess_ps=True, publish=publish_it, progress=False,
+                      seed=seed, curve=str(root / f"curve-{seed}.png"))  # fmt: skip
+    return train(cfg)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    root = tmp_path_factory.mktemp("store")
+    _train(root, 0, True)
+    stack = LocalStack(StackConfig(model_store=str(root), model="criteo", http_port=0, management_port=0,
+                                   metrics_port=0, disable_token_auth=True, poll_s=0.2)).start()  # fmt: skip
+    client = ScoringClient(stack.state["endpoint"])
+    yield root, stack, client
+    client.close()
+    stack.stop()
+
+
+def _score(client, limit=400, every=False):
+    """Scores of the first ``limit`` test rows and the versions of the last reply (of every
+    reply with ``every``: each request names the versions that produced it)."""
+    scores, versions = [], []
+    for body, ctype in requests_from_file(TEST, "data/schemas/criteo.yaml", 200, limit):
+        status, payload = client.post(body, ctype)
+        assert status == 200, payload
+        reply = orjson.loads(payload)
+        scores.extend(reply["scores"])
+        versions.append(reply["versions"])
+    return np.array(scores), versions if every else versions[-1]
+
+
+def _wait(client, pred, timeout=20.0):
+    """Score until every reply of one round satisfies ``pred`` (the swap has fully landed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        scores, versions = _score(client, every=True)
+        if all(pred(v) for v in versions):
+            return scores, versions[-1]
+        time.sleep(0.1)
+    raise AssertionError(f"not live after {timeout}s: {versions}")
+
+
+def test_delta_goes_live_and_changes_scores(live):
+    root, stack, client = live
+    before, versions = _score(client)
+    assert versions["embedding"] == "1" and versions["dense"] == "1"
+    writer = DeltaWriter(root, "criteo")
+    schema = load_schema(ms.version_dir(root, "criteo", "1") / "schema.yaml")
+    signs = transform(read_criteo(TEST, limit=400), schema).signs  # the rows these requests use
+    writer.assign(signs, writer.lookup(signs) * 3.0 + 0.05)
+    seq, _, _ = writer.publish()
+    after, versions = _wait(client, lambda v: v["delta_seq"] == seq)
+    assert versions["embedding"] == "1"
+    assert np.abs(after - before).max() > 1e-3
+
+
+def test_corrupt_delta_is_refused_and_serving_continues(live):
+    root, stack, client = live
+    before, versions = _score(client)
+    writer = DeltaWriter(root, "criteo")
+    writer.assign(writer.signs()[:100], np.full((100, writer.dim), 9.0, np.float32))
+    seq, ddir, _ = writer.publish()
+    victim = next(ddir.rglob("rows.npy"))
+    victim.write_bytes(victim.read_bytes()[:-4] + b"\xff\xff\xff\xff")
+    time.sleep(1.0)  # several polls
+    after, now = _score(client)
+    assert now["delta_seq"] == versions["delta_seq"] < seq
+    assert np.array_equal(after, before)
+
+
+def test_full_version_switch_then_rollback_restores_scores(live):
+    root, stack, client = live
+    before, _ = _score(client)
+    result = _train(root, 1, False)
+    v2 = ms.versions(root, "criteo")[-1]
+    publish(root, "criteo", v2)
+    new, versions = _wait(client, lambda v: v["embedding"] == v2 and v["dense"] == v2, timeout=60)
+    offline = np.load(f"{result.version_dir}/eval/scores.npy")[: len(new)]
+    assert np.abs(new - offline).max() <= 1e-5  # the new version scores as it did in evaluation
+    assert rollback(root, "criteo") == "1"
+    back, versions = _wait(client, lambda v: v["embedding"] == "1" and v["dense"] == "1", timeout=60)
+    diff = np.abs(back - before)
+    assert diff.max() <= 1e-6, f"{(diff > 1e-6).sum()} of {len(diff)} scores differ, max {diff.max()}"

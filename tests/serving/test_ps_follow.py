@@ -1,0 +1,158 @@
+"""A PS shard following the model store: versions and deltas applied live, in order, atomically."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from serving import model_store as ms
+from serving.ps.follow import Follower
+from serving.ps.store import EmbeddingStore, StoreConfig
+from serving.releases import publish, rollback
+
+DIM = 4
+SIGNS = np.arange(1, 2001, dtype=np.uint64) * np.uint64(7919)
+
+
+def _store(**kw) -> EmbeddingStore:
+    return EmbeddingStore(StoreConfig(dim=DIM, capacity=10_000, **kw))
+
+
+def make_version(root, trainer: EmbeddingStore, fingerprint: str = "fp") -> str:
+    """Seal the trainer store's rows as the next version of model m."""
+    version = ms.next_version(root, "m")
+    staging = ms.staging_dir(root, "m", version)
+    trainer.dump(staging / "embeddings")
+    ms.write_manifest(
+        staging,
+        {"model": "m", "version": version, "schema_fingerprint": fingerprint, "dim": DIM, "num_shards": 1},
+    )
+    ms.seal(staging, ms.version_dir(root, "m", version))
+    return version
+
+
+def cut_delta(root, version: str, trainer: EmbeddingStore) -> int:
+    seq = trainer.delta_seq + 1
+    ddir = ms.delta_dir(ms.version_dir(root, "m", version), seq)
+    trainer.dump_delta(ddir)
+    ms.mark_done(ddir)
+    return seq
+
+
+@pytest.fixture
+def setup(tmp_path):
+    trainer = _store()
+    trainer.lookup(SIGNS, insert=True)
+    v1 = make_version(tmp_path, trainer)
+    publish(tmp_path, "m", v1)
+    served = _store()
+    return tmp_path, trainer, v1, served, Follower(served, tmp_path / "m")
+
+
+def test_follows_current_then_deltas_in_order(setup):
+    root, trainer, v1, served, follower = setup
+    follower.poll()
+    assert served.version == v1 and len(served) == len(SIGNS)
+    assert np.array_equal(served.lookup(SIGNS)[0], trainer.lookup(SIGNS)[0])
+    for k in range(3):  # three deltas, each moving a different block of rows
+        block = SIGNS[k * 100 : (k + 1) * 100]
+        trainer.apply_gradients(block, np.full((100, DIM), 1.0, np.float32))
+        cut_delta(root, v1, trainer)
+    events = follower.poll()
+    assert [e.split(":")[0] for e in events] == ["delta 0", "delta 1", "delta 2"]
+    assert served.delta_seq == 2 and served.last_lookup_version == (v1, -1)
+    assert np.array_equal(served.lookup(SIGNS)[0], trainer.lookup(SIGNS)[0])
+    assert served.last_lookup_version == (v1, 2)
+
+
+def test_deltas_are_idempotent_and_carry_deletions(setup):
+    root, trainer, v1, served, follower = setup
+    follower.poll()
+    trainer.apply_gradients(SIGNS[:10], np.ones((10, DIM), np.float32))
+    trainer._remove(np.sort(np.array([trainer_slot(trainer, s) for s in SIGNS[-5:]])))  # evicted in training
+    seq = cut_delta(root, v1, trainer)
+    follower.poll()
+    after = served.lookup(SIGNS)[0].copy()
+    assert all(s not in served for s in SIGNS[-5:]) and len(served) == len(SIGNS) - 5
+    served.apply_delta(ms.delta_dir(ms.version_dir(root, "m", v1), seq))  # again: a no-op
+    assert np.array_equal(served.lookup(SIGNS)[0], after)
+
+
+def trainer_slot(store: EmbeddingStore, sign) -> int:
+    from serving.ps import index
+
+    return int(index.find_slots(store._table, store._keys, np.array([sign], np.uint64), store._bits)[0])
+
+
+def test_corrupt_delta_refused_and_serving_continues(setup):
+    root, trainer, v1, served, follower = setup
+    follower.poll()
+    before = served.lookup(SIGNS)[0].copy()
+    trainer.apply_gradients(SIGNS[:50], np.ones((50, DIM), np.float32))
+    seq = cut_delta(root, v1, trainer)
+    rows = next(ms.delta_dir(ms.version_dir(root, "m", v1), seq).rglob("rows.npy"))
+    rows.write_bytes(rows.read_bytes()[:-8] + b"\x01" * 8)  # flipped bytes: checksum mismatch
+    assert follower.poll() == []
+    assert served.delta_seq == -1 and np.array_equal(served.lookup(SIGNS)[0], before)
+
+
+def test_version_without_success_or_other_schema_is_refused(setup):
+    root, trainer, v1, served, follower = setup
+    follower.poll()
+    trainer.apply_gradients(SIGNS[:50], np.ones((50, DIM), np.float32))
+    v2 = make_version(root, trainer)
+    (ms.version_dir(root, "m", v2) / ms.SUCCESS).unlink()
+    ms._write_atomic(ms.model_dir(root, "m") / ms.CURRENT, f"{v2}\n".encode())  # forced past publish's gate
+    assert follower.poll() == [] and served.version == v1
+    v3 = make_version(root, trainer, fingerprint="another-schema")
+    ms._write_atomic(ms.model_dir(root, "m") / ms.CURRENT, f"{v3}\n".encode())
+    assert follower.poll() == [] and served.version == v1
+
+
+def test_rollback_restores_the_earlier_rows_exactly(setup):
+    root, trainer, v1, served, follower = setup
+    follower.poll()
+    v1_rows = served.lookup(SIGNS)[0].copy()
+    trainer.apply_gradients(SIGNS, np.ones((len(SIGNS), DIM), np.float32))
+    v2 = make_version(root, trainer)
+    publish(root, "m", v2)
+    follower.poll()
+    assert served.version == v2 and not np.array_equal(served.lookup(SIGNS)[0], v1_rows)
+    assert rollback(root, "m") == v1
+    follower.poll()
+    assert served.version == v1 and np.array_equal(served.lookup(SIGNS)[0], v1_rows)
+
+
+def test_no_lookup_mixes_old_and_new_rows(tmp_path):
+    """While lookups run in a loop, a delta sets every row of the shard to a recognisable value:
+    every answer is entirely old or entirely new."""
+    trainer = _store(optimizer={"name": "sgd", "lr": 1.0})
+    trainer.lookup(SIGNS, insert=True)
+    v1 = make_version(tmp_path, trainer)
+    publish(tmp_path, "m", v1)
+    served = _store()
+    follower = Follower(served, tmp_path / "m")
+    follower.poll()
+    old = served.lookup(SIGNS)[0].copy()
+    trainer.apply_gradients(SIGNS, trainer.lookup(SIGNS)[0] - 7.0)  # sgd lr 1: every row becomes 7.0
+    cut_delta(tmp_path, v1, trainer)
+    answers, stop = [], threading.Event()
+
+    def look():
+        while not stop.is_set():
+            answers.append(served.lookup(SIGNS)[0])
+
+    threads = [threading.Thread(target=look) for _ in range(2)]
+    for t in threads:
+        t.start()
+    follower.poll()
+    stop.set()
+    for t in threads:
+        t.join()
+    answers.append(served.lookup(SIGNS)[0])
+    assert len(answers) > 2
+    for rows in answers:
+        assert np.array_equal(rows, old) or np.all(rows == 7.0), "a lookup mixed old and new rows"
+    assert np.all(answers[-1] == 7.0)
