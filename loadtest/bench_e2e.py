@@ -66,10 +66,49 @@ def percentiles(ms: np.ndarray) -> dict:
     }
 
 
+# ---- CPU accounting (robust to a shared machine: CPU time, not wall time) ------------------------
+def children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(stat.parent.name))
+    return kids
+
+
+def stack_processes(state: dict) -> dict[str, list[int]]:
+    """Role -> pids: the PS shards, the worker, TorchServe's JVM and its Python handler processes."""
+    pids = state["pids"]
+    ts = int(pids["torchserve"])
+    return {
+        "ps": [int(p) for k, p in pids.items() if k.startswith("ps")],
+        "worker": [int(pids["worker"])],
+        "torchserve_frontend": [ts],
+        "handler": children(ts),
+        "controller": [int(pids["controller"])],
+    }
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def cpu_snapshot(procs: dict[str, list[int]]) -> dict[str, float]:
+    return {role: cpu_seconds(pids) for role, pids in procs.items()}
+
+
 # ---- load ---------------------------------------------------------------------------------------
-def run_locust(host: str, model: str, rate: float, duration: float, key_file: str | None, work: Path) -> dict:
-    """One headless locust run at ``rate`` requests/s; exact latencies from the locustfile's dump."""
-    users = max(1, math.ceil(rate / 10))  # 10 requests/s per user: far below what one user can do
+def run_locust(
+    host: str, model: str, rate: float, duration: float, key_file: str | None, work: Path, procs: dict
+) -> dict:
+    """One headless locust run at ``rate`` requests/s; exact latencies from the locustfile's dump,
+    and the CPU time each part of the stack (and locust itself) spent per request."""
+    users = max(1, math.ceil(rate / 4))  # 4 requests/s per user: the rate holds while latency < 250 ms
     out = work / f"latency-{rate:g}.txt"
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", host,
            "-u", str(users), "-r", str(users), "-t", f"{duration:g}s", "--stop-timeout", "5",
@@ -78,11 +117,12 @@ def run_locust(host: str, model: str, rate: float, duration: float, key_file: st
     if key_file:
         cmd += ["--key-file", key_file]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    before, locust_before = cpu_snapshot(procs), _children_cpu()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=duration + 120)
+    after, locust_cpu = cpu_snapshot(procs), _children_cpu() - locust_before
     if not out.exists():
         raise RuntimeError(f"locust wrote no latencies (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    rows = np.loadtxt(out, ndmin=2) if out.stat().st_size else np.empty((0, 2))
-    ms, failed = rows[:, 0], rows[:, 1].astype(bool)
+    ms, failed, server = read_latencies(out)
     return {
         **percentiles(ms),
         "requests": int(len(ms)),
@@ -90,7 +130,43 @@ def run_locust(host: str, model: str, rate: float, duration: float, key_file: st
         "achieved_rps": round(len(ms) / duration, 1),
         "users": users,
         "locust_exit": proc.returncode,
+        "server_timing_p50_ms": server,
+        "cpu_ms_per_request": _per_request(before, after, locust_cpu, len(ms)),
     }
+
+
+def _children_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _per_request(before: dict, after: dict, locust_cpu: float, n: int) -> dict:
+    out = {role: round((after[role] - before[role]) / max(n, 1) * 1e3, 3) for role in before}
+    out["locust"] = round(locust_cpu / max(n, 1) * 1e3, 3)
+    out["total"] = round(sum(out.values()), 3)
+    return out
+
+
+def read_latencies(path: Path) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Latencies (ms), failed flags, and the p50 of each Server-Timing stage plus of what lies
+    outside the handler (client + HTTP + TorchServe frontend and backend loop) per request."""
+    ms, failed, stages = [], [], {}
+    for line in path.read_text().splitlines():
+        lat, fail, timing = (line.split("\t") + [""])[:3]
+        ms.append(float(lat))
+        failed.append(fail == "1")
+        parts = dict(p.strip().split(";dur=") for p in timing.split(",") if ";dur=" in p)
+        for name, dur in parts.items():
+            stages.setdefault(name, []).append(float(dur))
+        if "total" in parts:
+            stages.setdefault("outside_handler", []).append(float(lat) - float(parts["total"]))
+    p50 = {k: round(float(np.median(v)), 3) for k, v in stages.items()}
+    if "outside_handler" in stages:
+        p50["outside_handler_p99"] = round(float(np.percentile(stages["outside_handler"], 99)), 3)
+        p50["handler_total_p99"] = round(float(np.percentile(stages["total"], 99)), 3)
+    return np.array(ms), np.array(failed, dtype=bool), p50
 
 
 def warm_up(endpoint: str, key_file: str | None, bodies: list[bytes], seconds: float) -> int:
@@ -123,7 +199,9 @@ def median_ms(fn, args: list, min_runs: int = 100, min_seconds: float = 1.0) -> 
     return round(float(np.median(times)), 3)
 
 
-def stages(vdir: Path, state: dict, bodies: list[bytes], runtime: str) -> tuple[dict, float]:
+def stages(
+    vdir: Path, state: dict, bodies: list[bytes], runtime: str, worker_in_handler: bool
+) -> tuple[dict, float]:
     """Per-stage medians (ms) of the handler's path, and the in-process p50 (ms)."""
     from features.codec import encode
     from features.schema import load_schema
@@ -141,7 +219,9 @@ def stages(vdir: Path, state: dict, bodies: list[bytes], runtime: str) -> tuple[
         local = EmbeddingWorker([LocalShard(s) for s in load_stores(vdir, manifest)], schema)
         es.callback(local.close)
         inproc = Scorer(cfg, worker=local)
-        remote = Scorer(cfg)  # what the handler runs: the worker process over gRPC
+        # what the handler runs: the worker process over gRPC, or the worker library over the PS
+        remote = Scorer(ScoringConfig(str(vdir), worker=state["worker"], runtime=runtime,
+                                      ps=state["ps"] if worker_in_handler else None))  # fmt: skip
         es.callback(remote.close)
         client = WorkerClient(state["worker"])
         es.callback(client.close)
@@ -160,7 +240,7 @@ def stages(vdir: Path, state: dict, bodies: list[bytes], runtime: str) -> tuple[
 
         inprocess_p50 = median_ms(lambda b: check(inproc.score(b, JSON)), bodies)
         out = {
-            "handler_score_remote_worker": median_ms(lambda b: check(remote.score(b, JSON)), bodies),
+            "handler_score": median_ms(lambda b: check(remote.score(b, JSON)), bodies),
             "orjson_transform": median_ms(lambda b: inproc.decode(b, JSON), bodies),
             "codec_encode": median_ms(encode, batches),
             "worker_forward_rpc": median_ms(lambda blob: client.forward(blob, mode="infer"), blobs),
@@ -189,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ts-workers", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--max-batch-delay-ms", type=int, default=1)
+    p.add_argument(
+        "--worker-in-handler",
+        action="store_true",
+        help="the handler runs the embedding worker library over the PS (no worker-process hop)",
+    )
     p.add_argument("--out", default="e2e", help="results name: loadtest/results/<out>.json")
     args = p.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
@@ -210,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = StackConfig(model_store=str(store), model=args.model, run_dir=str(work / "run"), http_port=0,
                           management_port=0, metrics_port=0, runtime=args.runtime,
                           disable_token_auth=not args.token_auth, ts_workers=args.ts_workers,
-                          batch_size=args.batch_size, max_batch_delay_ms=args.max_batch_delay_ms)  # fmt: skip
+                          batch_size=args.batch_size, max_batch_delay_ms=args.max_batch_delay_ms,
+                          worker_in_handler=args.worker_in_handler)  # fmt: skip
         print(f"starting the stack ({args.model} version {version}) ...", flush=True)
         stack = LocalStack(cfg).start()
         state = stack.state
@@ -220,23 +306,28 @@ def main(argv: list[str] | None = None) -> int:
         n = warm_up(state["endpoint"], state["key_file"], bodies, args.warmup_s)
         print(f"warm-up: {n} requests in {args.warmup_s:g} s", flush=True)
 
+        procs = stack_processes(state)
         load_before = os.getloadavg()
         host = state["endpoint"].split("/predictions/")[0]
         results = {}
         for rate in rates:
-            r = run_locust(host, args.model, rate, args.duration, state["key_file"], work)
+            r = run_locust(host, args.model, rate, args.duration, state["key_file"], work, procs)
             results[f"{rate:g}"] = r
             print(f"  {rate:g} rps: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
                   f"{r['requests']} requests, {r['failures']} failures", flush=True)  # fmt: skip
         load_after = os.getloadavg()
-        stage_ms, inprocess_p50 = stages(vdir, state, bodies, args.runtime)
+        stage_ms, inprocess_p50 = stages(vdir, state, bodies, args.runtime, args.worker_in_handler)
     finally:
         if stack is not None:
             stack.stop()
         shutil.rmtree(work, ignore_errors=True)
 
     low = results[f"{min(rates):g}"]
-    stage_ms["http_torchserve_frontend"] = round(low["p50_ms"] - stage_ms["handler_score_remote_worker"], 3)
+    # measured per request in the lowest-rate run: the handler's Server-Timing total, and the rest of
+    # each request's latency (locust client + HTTP + TorchServe frontend + its Python worker loop)
+    st = low["server_timing_p50_ms"]
+    stage_ms["under_load_handler_total"] = st.get("total")
+    stage_ms["under_load_http_torchserve_client"] = st.get("outside_handler")
     checks = {}
     if "50" in results:
         checks["p99_at_50_le_10ms"] = results["50"]["p99_ms"] <= TARGETS["p99_ms_at_50"]
@@ -258,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             "ts_workers": args.ts_workers,
             "batch_size": args.batch_size,
             "max_batch_delay_ms": args.max_batch_delay_ms,
+            "worker_in_handler": args.worker_in_handler,
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in load_after],
             "note": "load generator (locust) and every stack process share this machine",
@@ -273,6 +365,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nin one process (features + tables in memory + dense): p50 {inprocess_p50} ms")
     print_table("stages (sequential medians, ms)", [{"stage": k, "ms": v} for k, v in stage_ms.items()],
                 ["stage", "ms"])  # fmt: skip
+    print_table(
+        "CPU ms per request, by process (CPU time, so less sensitive to other load on the machine)",
+        [{"rate": k, **v["cpu_ms_per_request"]} for k, v in results.items()],
+        ["rate", "locust", "torchserve_frontend", "handler", "worker", "ps", "controller", "total"],
+    )
+    print_table(
+        "handler Server-Timing p50 under load (ms) and the rest of each request",
+        [{"rate": k, **v["server_timing_p50_ms"]} for k, v in results.items()],
+        ["rate", "decode", "worker", "dense", "encode", "total", "handler_total_p99", "outside_handler",
+         "outside_handler_p99"],
+    )  # fmt: skip
     print(f"\ntargets: {checks}")
     print(f"load average before/after the load runs: {load_before[0]:.2f}/{load_after[0]:.2f} "
           f"on {os.cpu_count()} cpus")  # fmt: skip

@@ -4,27 +4,31 @@
         --total-rate 50 --latency-out /tmp/lat.txt [--key-file key_file.json] [--model criteo]
 
 Each user posts to ``/predictions/<model>``, cycling through the requests cut from the test split
-(2,000 rows -> ten 200-row requests), paced by ``constant_throughput`` so that ``-u N`` users make
-``--total-rate`` requests/s in all. With ``--key-file`` (TorchServe's key_file.json) every request
-carries the inference token. Every request's exact latency (perf_counter ms, as locust measures it)
-and outcome is appended to ``--latency-out`` when the run stops, so p50/p99 are exact rather than
-locust's rounded histogram buckets. ``loadtest/bench_e2e.py`` drives this file.
+(2,000 rows -> ten 200-row requests), paced at a constant throughput so that ``-u N`` users make
+``--total-rate`` requests/s in all, evenly spaced. With ``--key-file`` (TorchServe's key_file.json) every request
+carries the inference token. Every request's exact latency (perf_counter ms, as locust measures it),
+outcome and the handler's ``Server-Timing`` header (its stage times) are written, tab-separated, to
+``--latency-out`` when the run stops, so p50/p99 are exact rather than locust's rounded buckets. ``loadtest/bench_e2e.py`` drives this file.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import time
 from pathlib import Path
 
-from locust import FastHttpUser, constant_throughput, events, task
+import gevent
+from locust import FastHttpUser, events, task
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST = ROOT / "data" / "criteo" / "wide_resdnn_criteo_test.tsv"
 SCHEMA = ROOT / "data" / "schemas" / "criteo.yaml"
 
 _bodies: list[bytes] = []  # filled once per process in on_test_start
-_latencies: list[tuple[float, int]] = []  # (ms, 1 if failed)
+_user_index = itertools.count()  # the order users started in: their slot in the schedule
+_t0: list[float] = []  # the schedule's start (set by the first user)
+_latencies: list[tuple] = []  # (ms, 1 if failed, Server-Timing header or "")
 
 
 @events.init_command_line_parser.add_listener
@@ -47,8 +51,9 @@ def _load(environment, **_) -> None:
 
 
 @events.request.add_listener
-def _record(response_time, exception, **_) -> None:
-    _latencies.append((float(response_time), 1 if exception else 0))
+def _record(response_time, exception, response=None, **_) -> None:
+    timing = getattr(response, "headers", None) and response.headers.get("Server-Timing")
+    _latencies.append((float(response_time), 1 if exception else 0, timing or ""))
 
 
 @events.quitting.add_listener
@@ -56,27 +61,38 @@ def _dump(environment, **_) -> None:
     out = environment.parsed_options.latency_out
     if out:
         with open(out, "w") as f:
-            f.writelines(f"{ms:.4f} {failed}\n" for ms, failed in _latencies)
+            f.writelines(f"{ms:.4f}\t{failed}\t{timing}\n" for ms, failed, timing in _latencies)
 
 
 class ScoringUser(FastHttpUser):
-    """One client posting ranking requests at ``--total-rate / users`` requests/s."""
+    """One client posting ranking requests at ``--total-rate / users`` requests/s.
+
+    Pacing is ``constant_throughput`` on an absolute, staggered schedule: user i's k-th request
+    is due at ``t0 + (i + k * users) / total_rate``, so the users' requests interleave evenly
+    instead of arriving in bursts (users started together and paced alike fire together, and a
+    burst of N requests queues N-deep at the handler), and a late request does not shift the
+    ones after it."""
 
     def on_start(self) -> None:
         opts = self.environment.parsed_options
-        users = max(1, self.environment.runner.target_user_count or 1)
-        self._pace = constant_throughput(opts.total_rate / users)
+        self._users = max(1, int(getattr(opts, "num_users", 1) or 1))
+        self._rate = float(opts.total_rate)
+        self._index, self._k = next(_user_index), 0
+        if not _t0:
+            _t0.append(time.time() + 1.0)  # every user is started by then (spawn rate = users/s)
         self._path = f"/predictions/{opts.model}"
         self._headers = {"Content-Type": "application/json"}
         if opts.key_file:
             key = json.loads(Path(opts.key_file).read_text())["inference"]["key"]
             self._headers["Authorization"] = f"Bearer {key}"
         # users start at different requests, so concurrent users do not send identical bodies
-        start = self.environment.runner.user_count % len(_bodies)
-        self._cycle = itertools.islice(itertools.cycle(_bodies), start, None)
+        self._cycle = itertools.islice(itertools.cycle(_bodies), self._index % len(_bodies), None)
+        gevent.sleep(self.wait_time())
 
     def wait_time(self) -> float:
-        return self._pace(self)
+        due = _t0[0] + (self._index + self._k * self._users) / self._rate
+        self._k += 1
+        return max(0.0, due - time.time())
 
     @task
     def score(self) -> None:
