@@ -1,0 +1,260 @@
+"""``make bench-swap``: hot swaps under load.
+
+    python -m loadtest.bench_swap [--duration 90] [--rate 50] [--deltas 10] [--delta-rows 10000]
+
+Trains two versions into a temporary model store (v1 published, v2 held back), starts the local
+stack, and runs locust (200-item JSON requests) at a fixed rate for ``--duration`` s. Meanwhile:
+after a steady period, ``--deltas`` deltas of ``--delta-rows`` changed rows each are published into
+the served version (one every few seconds, by ``serving.deltas.DeltaWriter``), then v2 is published
+(the PS shards switch their embeddings; the controller registers v2's dense model in TorchServe,
+makes it the default and unregisters v1). Each event's window runs from its publish until it is
+live: a delta until every PS shard reports its seq, the full switch until every shard serves v2,
+the dense switch until TorchServe's default is v2.
+
+Writes loadtest/results/swap.json (``failures``, ``p99_steady_ms``, ``p99_during_swap_ms``,
+``delta_visible_p50_s``, ``delta_visible_p99_s``, per-window figures) and swap.png (latency over
+time with every event marked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from loadtest.common import print_table, write_results
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "loadtest" / "results"
+
+
+def train_versions(root: Path) -> None:
+    from training.config import TrainConfig
+    from training.train import train
+
+    for seed, publish in ((0, True), (1, False)):
+        train(TrainConfig(out=str(root), name="criteo", epochs=1, inprocess_ps=True, publish=publish,
+                          progress=False, seed=seed, curve=str(root / f"curve-{seed}.png")))  # fmt: skip
+
+
+class Shards:
+    """Polls every PS shard's Stats: what (version, delta seq) each one serves."""
+
+    def __init__(self, addresses: list[str]):
+        from serving.ps.client import PSClient
+
+        self.clients = [PSClient(a, timeout_s=2.0) for a in addresses]
+
+    def serving(self) -> list[tuple[str, int]]:
+        out = []
+        for c in self.clients:
+            st = c.stats()
+            out.append((st["version"], st["delta_seq"]))
+        return out
+
+    def wait(self, pred, timeout_s: float = 30.0) -> float:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if all(pred(v, s) for v, s in self.serving()):
+                return time.time()
+            time.sleep(0.02)
+        raise TimeoutError(f"shards not live after {timeout_s}s: {self.serving()}")
+
+
+def swap_schedule(root: Path, stack, args, events: list[dict]) -> None:
+    """The swaps, run in a thread while locust runs. Appends {kind, start, live} per event."""
+    from serving import model_store as ms
+    from serving.deltas import DeltaWriter
+    from serving.releases import publish
+
+    shards = Shards(stack.state["ps"])
+    rng = np.random.default_rng(0)
+    time.sleep(args.steady_s)
+    writer = DeltaWriter(root, "criteo")
+    all_signs = writer.signs()
+    for _ in range(args.deltas):
+        signs = rng.choice(all_signs, size=min(args.delta_rows, len(all_signs)), replace=False)
+        writer.assign(
+            signs, writer.lookup(signs) + rng.normal(0, 0.01, (len(signs), writer.dim)).astype(np.float32)
+        )
+        seq, _, published = writer.publish()
+        live = shards.wait(lambda v, s, seq=seq: s >= seq)
+        events.append({"kind": "delta", "seq": seq, "start": published, "live": live})
+        time.sleep(max(0.0, args.delta_every_s - (time.time() - published)))
+    time.sleep(args.delta_every_s)
+    v2 = ms.versions(root, "criteo")[-1]
+    t0 = time.time()
+    publish(root, "criteo", v2)
+    live = shards.wait(lambda v, s: v == v2)
+    events.append({"kind": "full version switch", "version": v2, "start": t0, "live": live})
+    state_file = stack.run_dir / "stack.json"
+    while (
+        json.loads(state_file.read_text()).get("dense_version") != v2
+    ):  # the controller's record: registered + default
+        if time.time() - t0 > 60:
+            raise TimeoutError("dense version switch not live after 60 s")
+        time.sleep(0.05)
+    events.append({"kind": "dense version switch", "version": v2, "start": live, "live": time.time()})
+
+
+def run(args) -> dict:
+    from serving.stack import LocalStack, StackConfig
+
+    work = Path(tempfile.mkdtemp(prefix="bench-swap-"))
+    root = work / "store"
+    try:
+        print("training two versions ...", flush=True)
+        train_versions(root)
+        cfg = StackConfig(model_store=str(root), model="criteo", http_port=0, management_port=0, metrics_port=0,
+                          disable_token_auth=True, poll_s=args.poll_s)  # fmt: skip
+        print("starting the stack (token auth disabled for this local benchmark) ...", flush=True)
+        with LocalStack(cfg) as stack:
+            timeline = work / "timeline.txt"
+            cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtest" / "locust_timeline.py"), "--headless",
+                   "--host", stack.state["inference"], "-u", str(max(1, args.rate // 4)), "-r", "100",
+                   "-t", f"{args.duration}s", "--stop-timeout", "5", "--only-summary", "--loglevel", "WARNING",
+                   "--total-rate", str(args.rate), "--model", "criteo", "--timeline-out", str(timeline)]  # fmt: skip
+            events: list[dict] = []
+            t_start = time.time()
+            locust = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+            errors: list[BaseException] = []
+
+            def swaps():
+                try:
+                    swap_schedule(root, stack, args, events)
+                except BaseException as e:  # reported after the run
+                    errors.append(e)
+
+            th = threading.Thread(target=swaps)
+            th.start()
+            th.join()
+            _, stderr = locust.communicate(timeout=args.duration + 120)
+            if errors:
+                raise errors[0]
+            if not timeline.exists():
+                raise RuntimeError(f"locust wrote no timeline:\n{stderr[-3000:]}")
+        return analyse(np.loadtxt(timeline, ndmin=2), events, t_start, args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def analyse(tl: np.ndarray, events: list[dict], t_start: float, args) -> dict:
+    end, ms, failed = tl[:, 0], tl[:, 1], tl[:, 2].astype(bool)
+    start = end - ms / 1e3  # when each request was sent
+    first_event = min(e["start"] for e in events)
+    steady = (start >= t_start + 3.0) & (end < first_event)  # after a short ramp-up
+    in_swap = np.zeros(len(ms), bool)
+    per_kind: dict[str, list] = {}
+    for e in events:
+        window = (end >= e["start"]) & (start <= e["live"])
+        in_swap |= window
+        per_kind.setdefault(e["kind"], []).append(window)
+    visible = np.array([e["live"] - e["start"] for e in events if e["kind"] == "delta"])
+    p99 = lambda m: float(np.percentile(ms[m], 99)) if m.any() else None  # noqa: E731
+    windows = {k: {"requests": int(np.any(w, axis=0).sum()), "p99_ms": p99(np.any(w, axis=0)),
+                   "window_s": [round(e["live"] - e["start"], 3) for e in events if e["kind"] == k]}
+               for k, w in per_kind.items()}  # fmt: skip
+    result = {
+        "rate": args.rate,
+        "duration_s": args.duration,
+        "requests": int(len(ms)),
+        "failures": int(failed.sum()),
+        "p50_steady_ms": float(np.percentile(ms[steady], 50)) if steady.any() else None,
+        "p99_steady_ms": p99(steady),
+        "steady_requests": int(steady.sum()),
+        "p99_during_swap_ms": p99(in_swap),
+        "swap_requests": int(in_swap.sum()),
+        "delta_visible_p50_s": float(np.percentile(visible, 50)),
+        "delta_visible_p99_s": float(np.percentile(visible, 99)),
+        "windows": windows,
+        "events": [
+            {**e, "start": round(e["start"] - t_start, 3), "live": round(e["live"] - t_start, 3)}
+            for e in events
+        ],
+        "conditions": {
+            "deltas": args.deltas,
+            "delta_rows": args.delta_rows,
+            "poll_s": args.poll_s,
+            "loadavg": os.getloadavg(),
+        },  # fmt: skip
+    }
+    plot(start - t_start, ms, failed, result["events"], RESULTS / "swap.png")
+    return result
+
+
+def plot(t, ms, failed, events, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(12, 5))
+    ax.scatter(t[~failed], ms[~failed], s=4, color="tab:blue", label="request latency")
+    if failed.any():
+        ax.scatter(t[failed], ms[failed], s=12, color="red", marker="x", label="failed")
+    colors = {"delta": "tab:green", "full version switch": "tab:orange", "dense version switch": "tab:purple"}
+    seen = set()
+    for e in events:
+        c = colors[e["kind"]]
+        ax.axvspan(
+            e["start"],
+            e["live"],
+            color=c,
+            alpha=0.25,
+            label=None if e["kind"] in seen else f"{e['kind']} (publish -> live)",
+        )
+        ax.axvline(e["start"], color=c, lw=0.8)
+        seen.add(e["kind"])
+    ax.set_xlabel("seconds since load start")
+    ax.set_ylabel("latency (ms)")
+    ax.set_yscale("log")
+    ax.set_title(
+        "recserve: scoring latency at 50 req/s while deltas, a full version and a dense model are swapped in"
+    )
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--duration", type=int, default=90)
+    p.add_argument("--rate", type=int, default=50)
+    p.add_argument("--deltas", type=int, default=10)
+    p.add_argument("--delta-rows", type=int, default=10_000)
+    p.add_argument("--delta-every-s", type=float, default=4.0)
+    p.add_argument("--steady-s", type=float, default=15.0)
+    p.add_argument("--poll-s", type=float, default=1.0)
+    args = p.parse_args(argv)
+    result = run(args)
+    print_table("hot swap under load", [result], ["rate", "requests", "failures", "p50_steady_ms", "p99_steady_ms",
+                "p99_during_swap_ms", "delta_visible_p50_s", "delta_visible_p99_s"])  # fmt: skip
+    print_table("windows (publish -> live)", [{"kind": k, **v} for k, v in result["windows"].items()],
+                ["kind", "requests", "p99_ms", "window_s"])  # fmt: skip
+    checks = {
+        "0 failures": result["failures"] == 0,
+        "p99_during_swap <= 1.5x p99_steady": (result["p99_during_swap_ms"] or 0)
+        <= 1.5 * (result["p99_steady_ms"] or 0),
+        "delta_visible_p99 <= 5 s": result["delta_visible_p99_s"] <= 5,
+    }
+    for k, ok in checks.items():
+        print(f"  [{'met' if ok else 'MISSED'}] {k}")
+    result["targets_met"] = checks
+    print(f"\nwrote {write_results('swap', result)} and {RESULTS / 'swap.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
