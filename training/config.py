@@ -127,6 +127,62 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+@dataclass
+class FollowConfig:
+    """`recserve train --follow`: keep training the SERVED version's embeddings on new data files
+    and cut deltas into it (training/follow.py). The dense model stays the served one, frozen."""
+
+    watch: str = ""
+    """Directory of arriving data files (Criteo .tsv/.txt, or .csv with a header). A file is taken
+    once complete: its name does not start with '.' (x.csv.tmp, x.csv.part are not data), and either a
+    `<name>.done` marker exists or its size and mtime did not change between two polls."""
+    out: str = "model_store"
+    """Model-store root."""
+    name: str = "criteo"
+    """Model name in the store; its CURRENT version is the one followed."""
+    delta_interval_s: float = 2.0
+    """Cut a delta every this many seconds when rows changed (and always at the end)."""
+    poll_s: float = 1.0
+    """How often to look for new files and a new CURRENT."""
+    once: bool = False
+    """Train on the complete files present now, cut the delta, exit."""
+    max_seconds: float = 0.0
+    """Stop (after a final delta) after this many seconds (0: run until SIGTERM/Ctrl-C)."""
+    state: str = ""
+    """Ledger of the files trained so far (rows done per file), rewritten after every delta;
+    '' : <watch>/.recserve-follow-<name>.json."""
+    batch_size: int = 128
+    """Rows per step."""
+    lr: float | None = None
+    """Sparse learning rate (None: the one the version was trained with, from its shard dumps)."""
+    staleness: int = 4
+    """K: sparse updates in flight (the next batch's lookup is prefetched and counts as one)."""
+    update_threads: int = 2
+    """Worker threads applying sparse updates."""
+    capacity: int = 1_000_000
+    """Row capacity of each in-process shard (at least twice the version's rows is used)."""
+    threads: int = 0
+    """torch intra-op threads (0: half the CPUs, at least 1)."""
+
+    def __post_init__(self) -> None:
+        if not self.watch:
+            raise ValueError("--follow needs --watch DIR")
+        if self.delta_interval_s <= 0 or self.poll_s <= 0:
+            raise ValueError("delta_interval_s and poll_s must be > 0")
+        if self.batch_size < 1 or self.staleness < 0 or self.max_seconds < 0:
+            raise ValueError("batch_size must be >= 1, staleness and max_seconds >= 0")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FollowConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown FollowConfig keys {unknown}")
+        return cls(**d)
+
+
 # ---- CLI ----------------------------------------------------------------------------------------
 _SHORT_HELP = {
     "data": "training file",
@@ -139,10 +195,28 @@ _SHORT_HELP = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """One flag per TrainConfig field (--batch-size, --inprocess-ps, --no-export, ...)."""
-    p.add_argument("--config", help="YAML file with TrainConfig fields; flags override it")
-    doc = _field_docs()
-    for f in dataclasses.fields(TrainConfig):
+    """One flag per TrainConfig field (--batch-size, --inprocess-ps, --no-export, ...), then the
+    --follow mode's own flags (FollowConfig fields TrainConfig does not have)."""
+    p.add_argument(
+        "--config", help="YAML file with TrainConfig (FollowConfig with --follow) fields; flags override it"
+    )
+    _add_fields(p, TrainConfig, skip=set())
+    g = p.add_argument_group(
+        "continuous training (--follow)",
+        "keep training the served version's embeddings on new files in --watch and cut deltas "
+        "into it; the served dense model is loaded frozen so the deltas stay consistent with it. "
+        "Uses --out --name --batch-size --lr --staleness --update-threads --capacity --threads "
+        "and --delta-interval-s (default 2 here) too.",
+    )
+    g.add_argument("--follow", action="store_true", help="continuous training into the served version")
+    _add_fields(g, FollowConfig, skip={f.name for f in dataclasses.fields(TrainConfig)})
+
+
+def _add_fields(p, cls, skip: set[str]) -> None:
+    doc = _field_docs(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
         flag = "--" + f.name.replace("_", "-")
         help_text = _SHORT_HELP.get(f.name, doc.get(f.name, ""))
         if f.type in ("bool",):
@@ -152,29 +226,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         elif f.type == "list[str]":
             p.add_argument(flag, dest=f.name, help=help_text)
         else:
-            kind = {"int": int, "float": float, "int | None": int}.get(f.type, str)
+            kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(f.type, str)
             p.add_argument(flag, dest=f.name, type=kind, help=help_text)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig.from_dict(_raw(args, TrainConfig))
+
+
+def follow_config_from_args(args: argparse.Namespace) -> FollowConfig:
+    """FollowConfig from --config YAML and flags; a training-only flag given with --follow is an
+    error (it would silently do nothing)."""
+    follow_fields = {f.name for f in dataclasses.fields(FollowConfig)}
+    ignored = [
+        "--" + f.name.replace("_", "-")
+        for f in dataclasses.fields(TrainConfig)
+        if f.name not in follow_fields and getattr(args, f.name, None) is not None
+    ]
+    if ignored:
+        raise ValueError(f"{', '.join(ignored)} do not apply to --follow")
+    return FollowConfig.from_dict(_raw(args, FollowConfig))
+
+
+def follow_only_flags(args: argparse.Namespace) -> list[str]:
+    """The --follow flags given (an error without --follow)."""
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    return [
+        "--" + f.name.replace("_", "-")
+        for f in dataclasses.fields(FollowConfig)
+        if f.name not in train_fields and getattr(args, f.name, None) is not None
+    ]
+
+
+def _raw(args: argparse.Namespace, cls) -> dict:
     raw = yaml.safe_load(Path(args.config).read_text()) or {} if getattr(args, "config", None) else {}
-    for f in dataclasses.fields(TrainConfig):
+    for f in dataclasses.fields(cls):
         value = getattr(args, f.name, None)
         if value is not None:
             raw[f.name] = value
-    return TrainConfig.from_dict(raw)
+    return raw
 
 
 def _int_list(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x]
 
 
-def _field_docs() -> dict[str, str]:
+def _field_docs(cls=TrainConfig) -> dict[str, str]:
     """Field docstrings (the string literal after each field) for --help."""
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(TrainConfig))
+    tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body
     docs = {}
     for node, nxt in zip(body, body[1:], strict=False):

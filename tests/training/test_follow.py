@@ -1,0 +1,245 @@
+"""Continuous training into the served version (training/follow.py, ``recserve train --follow``).
+
+One small version is trained and published once per module; every test follows a copy of it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from features.hashing import shard_of
+from features.schema import load_schema
+from features.transform import transform
+from serving import model_store as ms
+from training import data
+from training.config import FollowConfig, TrainConfig
+from training.follow import FollowTrainer, WatchDir, follow
+from training.train import train
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "data/criteo/deepctr_criteo_sample.csv"
+NAME = "criteo"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("follow-version")
+    cfg = TrainConfig(
+        out=str(tmp / "store"),
+        name=NAME,
+        epochs=1,
+        limit=2000,
+        inprocess_ps=True,
+        publish=True,
+        progress=False,
+        curve=str(tmp / "c.png"),
+    )
+    train(cfg)
+    return tmp / "store"
+
+
+@pytest.fixture
+def store(trained, tmp_path) -> Path:
+    out = tmp_path / "store"
+    shutil.copytree(trained, out)
+    return out
+
+
+@pytest.fixture
+def watch(tmp_path) -> Path:
+    d = tmp_path / "incoming"
+    d.mkdir()
+    return d
+
+
+def _cfg(store: Path, watch: Path, **kw) -> FollowConfig:
+    return FollowConfig(**({"watch": str(watch), "out": str(store), "name": NAME, "poll_s": 0.2} | kw))
+
+
+def _lookup(stores, signs: np.ndarray) -> np.ndarray:
+    """Rows of ``signs`` in stores routed like the PS (the default zero row where absent)."""
+    owner = shard_of(signs, len(stores))
+    out = np.zeros((len(signs), stores[0].config.dim), np.float32)
+    for i, s in enumerate(stores):
+        out[owner == i] = s.lookup(signs[owner == i])[0]
+    return out
+
+
+def _serving_stores(store: Path, deltas: bool = True):
+    """Serving-side shards: the version, plus its deltas through the PS's own Follower."""
+    from serving.ps.follow import Follower
+    from serving.ps.store import EmbeddingStore, StoreConfig
+
+    version = ms.current(store, NAME)
+    manifest = ms.read_manifest(ms.version_dir(store, NAME, version))
+    n, dim = int(manifest["num_shards"]), int(manifest["dim"])
+    stores = [EmbeddingStore(StoreConfig(dim=dim, capacity=100_000, shard=i, num_shards=n)) for i in range(n)]
+    for s in stores:
+        if deltas:
+            Follower(s, ms.model_dir(store, NAME)).poll()
+        else:
+            s.load(ms.version_dir(store, NAME, version) / "embeddings")
+    return stores
+
+
+def _file_signs(store: Path, path: Path) -> np.ndarray:
+    vdir = ms.version_dir(store, NAME, ms.current(store, NAME))
+    schema = load_schema(vdir / "schema.yaml")
+    return transform(data.read_split(path, schema), schema).signs
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated")
+def test_once_cuts_a_delta_that_serving_applies(store, watch):
+    shutil.copy(SAMPLE, watch / SAMPLE.name)
+    (watch / ".sample-being-written.csv").write_text(SAMPLE.read_text()[:5000])  # hidden: in progress
+    (watch / "more.csv.tmp").write_text(SAMPLE.read_text())  # renamed into place when complete
+    version = ms.current(store, NAME)
+    vdir = ms.version_dir(store, NAME, version)
+    dense_sha = ms.sha256_file(vdir / "dense/model.pt")
+    before = ms.list_deltas(vdir)
+
+    with FollowTrainer(_cfg(store, watch, once=True)) as trainer:
+        result = trainer.run(threading.Event())
+        signs = _file_signs(store, SAMPLE)
+        trained_rows = _lookup(trainer.loaded.cluster.stores, signs)
+        dense_after = trainer.loaded.dense.state_dict()
+
+    # one delta, complete, of the served version, after the ones cut while training
+    assert result.files == [SAMPLE.name] and result.rows == 200
+    seq = (max(before) + 1) if before else 0
+    assert result.deltas == [(version, seq)]
+    ddir = ms.delta_dir(vdir, seq)
+    assert (ddir / ms.SUCCESS).is_file() and ms.list_deltas(vdir) == [*before, seq]
+    metas = [json.loads(p.read_text()) for p in sorted(ddir.glob("shard-*/meta.json"))]
+    assert len(metas) == json.loads((vdir / ms.MANIFEST).read_text())["num_shards"]
+    assert {m["base_version"] for m in metas} == {version} and {m["delta_seq"] for m in metas} == {seq}
+
+    # serving applies it: the file's rows changed and equal the trainer's; the others did not
+    base = _serving_stores(store, deltas=False)
+    served = _serving_stores(store)
+    assert {s.delta_seq for s in served} == {seq}
+    base_rows, served_rows = _lookup(base, signs), _lookup(served, signs)
+    np.testing.assert_array_equal(served_rows, trained_rows)
+    assert (np.abs(served_rows - base_rows).max(axis=1) > 0).all()
+    others = np.setdiff1d(np.concatenate([s.snapshot().signs for s in base]), signs)[:2000]
+    np.testing.assert_array_equal(_lookup(served, others), _lookup(base, others))
+
+    # the dense model is the served one, untouched; the version still validates
+    assert ms.sha256_file(vdir / "dense/model.pt") == dense_sha
+    fresh = torch.jit.load(str(vdir / "dense/model.pt"))
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, dense_after[k]), k
+    ms.read_manifest(vdir, verify=True)
+
+    # a second --once: nothing new, nothing cut; it resumes from the served rows (delta included)
+    with FollowTrainer(_cfg(store, watch, once=True)) as again:
+        assert again.run(threading.Event()).deltas == []
+        np.testing.assert_array_equal(_lookup(again.loaded.cluster.stores, signs), trained_rows)
+    assert ms.list_deltas(vdir) == [*before, seq]
+
+
+def test_a_file_counts_once_complete(watch):
+    w = WatchDir(watch, watch / ".ledger.json")
+    growing = watch / "a.csv"
+    growing.write_text("label,I1\n0,1\n")
+    assert w.ready() == [] and w.pending == 1  # first sighting
+    with growing.open("a") as f:
+        f.write("1,2\n")
+    assert w.ready() == []  # still growing
+    assert w.ready() == [growing]  # same size and mtime for two polls
+    marked = watch / "b.tsv"
+    marked.write_text("x")
+    (watch / "b.tsv.done").write_text("")
+    (watch / ".c.csv").write_text("x")
+    (watch / "d.csv.part").write_text("x")
+    (watch / "notes.md").write_text("x")
+    assert w.ready() == [growing, marked] or w.ready() == [marked, growing]
+    w.entry("a.csv").update(rows=2, done=True)
+    w.commit()
+    assert WatchDir(watch, watch / ".ledger.json").ready() == [marked]  # the ledger persists
+
+
+def test_follow_loop_cuts_deltas_and_reloads_on_a_new_current(store, watch):
+    v1 = ms.current(store, NAME)
+    stop = threading.Event()
+    box: dict = {}
+    cfg = _cfg(store, watch, delta_interval_s=0.2, poll_s=0.1, max_seconds=60)
+    thread = threading.Thread(target=lambda: box.update(result=follow(cfg, stop)))
+    thread.start()
+    try:
+
+        def drop(name: str) -> None:  # hidden name, rename, marker: complete at first sight
+            shutil.copy(SAMPLE, watch / f".{name}")
+            (watch / f".{name}").rename(watch / name)
+            (watch / f"{name}.done").write_text("")
+
+        def wait_delta(version: str, n: int) -> None:
+            deadline = time.monotonic() + 30
+            while len(ms.list_deltas(ms.version_dir(store, NAME, version))) < n:
+                assert time.monotonic() < deadline and thread.is_alive(), "no delta cut"
+                time.sleep(0.05)
+
+        n1 = len(ms.list_deltas(ms.version_dir(store, NAME, v1)))
+        drop("a.csv")
+        wait_delta(v1, n1 + 1)
+
+        # a new full version is published (a copy of v1 without its deltas): the follower moves
+        v2 = str(int(v1) + 1)
+        shutil.copytree(
+            ms.version_dir(store, NAME, v1),
+            ms.version_dir(store, NAME, v2),
+            ignore=shutil.ignore_patterns("deltas"),
+        )
+        ms.publish(store, NAME, v2)
+        drop("b.csv")
+        wait_delta(v2, 1)
+    finally:
+        stop.set()
+        thread.join(30)
+    result = box["result"]
+    assert result.reloads == 1 and result.version == v2
+    assert result.files == ["a.csv", "b.csv"] and result.rows == 400
+    # (a slow machine may cut a file in two deltas: the seqs only need to be consecutive)
+    for version, first in ((v1, n1), (v2, 0)):
+        seqs = [seq for v, seq in result.deltas if v == version]
+        assert seqs == list(range(first, first + len(seqs))) and seqs, result.deltas
+    assert result.deltas[-1][0] == v2
+    meta = json.loads(
+        next(ms.delta_dir(ms.version_dir(store, NAME, v2), 0).glob("shard-*/meta.json")).read_text()
+    )
+    assert meta["base_version"] == v2
+
+
+def test_max_seconds_stops_without_a_delta_when_nothing_arrived(store, watch):
+    t0 = time.monotonic()
+    result = follow(_cfg(store, watch, max_seconds=0.5))
+    assert result.deltas == [] and result.files == [] and time.monotonic() - t0 < 10
+
+
+def test_cli_once(store, watch):
+    shutil.copy(SAMPLE, watch / SAMPLE.name)
+    (watch / f"{SAMPLE.name}.done").write_text("")
+    args = ["--follow", "--once", "--out", str(store), "--name", NAME, "--watch", str(watch)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["files"] == [SAMPLE.name] and summary["rows"] == 200 and len(summary["deltas"]) == 1
+    bad = subprocess.run(
+        [sys.executable, "-m", "training.cli", *args, "--epochs", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "--epochs do not apply to --follow" in bad.stderr

@@ -1,0 +1,396 @@
+"""Continuous training into the served version: ``recserve train --follow``.
+
+    recserve train --follow --out model_store --name criteo --watch incoming/ [--once]
+
+Reads top to bottom like train.py: resolve ``<model>/CURRENT`` -> load that version (embedding
+shards with their optimizer state, plus every delta already cut into it, so training continues
+from exactly what serving holds; its ``schema.yaml``; its dense ``dense/model.pt``, FROZEN) ->
+loop: new complete files in ``--watch`` are trained on once, in file order (same TrainCtx and
+worker path as ``recserve train``, mode train), and every ``--delta-interval-s`` seconds, when
+rows changed, the changed rows are cut as the version's next ``deltas/<seq>/`` (every shard's
+delta, then ``_SUCCESS``), which the serving PS shards apply within their poll interval.
+
+Why the dense model is frozen: the deltas go into the version being served, and serving keeps
+scoring with that version's dense network; rows trained against a moving dense network would
+drift away from the one that scores them. Dense updates ship as a new full version.
+
+Embeddings live in in-process ``EmbeddingStore``s (one per shard of the version, routed by the
+same hash as the PS) behind an in-process worker: the follower is the only writer, and a delta
+is a dump of those stores. Only one delta writer per version at a time (a foreign delta with
+our next seq is refused, not overwritten).
+
+Which files count (``WatchDir``): ``.tsv``/``.txt`` (Criteo, headerless) or ``.csv`` (with a
+header) whose name does not start with '.' (so not ``x.csv.tmp`` nor ``.x.csv``), once complete:
+a ``<name>.done`` marker exists, or its size and mtime did not change between two polls. Producers
+should write under a hidden or ``.tmp`` name and rename, or write the marker after the file.
+
+A ledger (``<watch>/.recserve-follow-<model>.json`` by default) records the rows trained per
+file. It is rewritten only after a delta's ``_SUCCESS``, so it never claims rows that no
+published delta holds: after a crash the rows since the last delta are trained again (at least
+once), after SIGTERM/Ctrl-C/``--max-seconds`` a final delta is cut and a file interrupted midway
+resumes at its next row. A file that cannot be read is recorded as failed and skipped.
+
+If CURRENT moves to another version while following, the pending rows are cut into the old
+version, and the trainer reloads from the new one (files keep their ledger entries: the new
+version does not see them again).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from features.schema import Schema, load_schema
+from features.transform import FeatureError, transform
+from serving import model_store as ms
+from training import data
+from training.cluster import Cluster
+from training.config import FollowConfig
+from training.ctx import TrainCtx
+
+log = logging.getLogger("recserve.train.follow")
+
+SUFFIXES = (".tsv", ".txt", ".csv")  # so x.csv.tmp, x.csv.part, x.csv.done are not data
+DONE = ".done"
+
+
+@dataclass
+class FollowResult:
+    """What a follow run did."""
+
+    version: str = ""  # the version followed last
+    deltas: list[tuple[str, int]] = field(default_factory=list)  # (version, seq) cut
+    files: list[str] = field(default_factory=list)  # files trained on (completely or partly)
+    rows: int = 0  # training rows
+    steps: int = 0
+    reloads: int = 0  # CURRENT changes followed
+    seconds: float = 0.0
+
+
+def follow(cfg: FollowConfig, stop: threading.Event | None = None) -> FollowResult:
+    """Run until ``stop`` is set, ``cfg.max_seconds`` passed, or (``cfg.once``) the files present
+    now are trained; a final delta is cut in every case but an exception."""
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 2) // 2))
+    with FollowTrainer(cfg) as trainer:
+        return trainer.run(stop or threading.Event())
+
+
+# ---- the watched directory ------------------------------------------------------------------------
+class WatchDir:
+    """New complete data files of a directory, and the ledger of the rows trained from each."""
+
+    def __init__(self, directory: str | os.PathLike, ledger: str | os.PathLike):
+        self.dir = Path(directory)
+        self.ledger_path = Path(ledger)
+        self.ledger: dict[str, dict] = self._read_ledger()  # name -> {"rows", "done"[, "error"]}
+        self.progress: dict[str, dict] = {}  # entries changed since the last commit
+        self._seen: dict[str, tuple[int, int]] = {}  # name -> (size, mtime_ns) at the last poll
+        self.pending = 0  # candidates seen at the last poll that are not complete yet
+
+    def ready(self) -> list[Path]:
+        """Complete files not trained to the end yet, oldest first. Call once per poll: a file
+        without a marker becomes complete when two polls in a row see the same size and mtime."""
+        out, seen, self.pending = [], {}, 0
+        try:
+            entries = list(os.scandir(self.dir))
+        except FileNotFoundError:
+            entries = []
+        for e in entries:
+            name = e.name
+            if not _is_data_name(name) or self._done(name) or not e.is_file():
+                continue
+            st = e.stat()
+            seen[name] = (st.st_size, st.st_mtime_ns)
+            marked = (self.dir / (name + DONE)).exists()
+            if marked or (st.st_size > 0 and self._seen.get(name) == seen[name]):
+                out.append((st.st_mtime_ns, name))
+            else:
+                self.pending += 1
+        self._seen = seen
+        return [self.dir / name for _, name in sorted(out)]
+
+    def entry(self, name: str) -> dict:
+        """The mutable progress entry of a file: ``rows`` trained so far, ``done``."""
+        if name not in self.progress:
+            self.progress[name] = dict(self.ledger.get(name, {"rows": 0, "done": False}))
+        return self.progress[name]
+
+    def commit(self) -> None:
+        """Move the progress into the ledger file (atomically): call after a delta's _SUCCESS."""
+        if not self.progress:
+            return
+        self.ledger.update(self.progress)
+        self.progress = {}
+        self.ledger_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.ledger_path.with_name(f".{self.ledger_path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        tmp.write_text(json.dumps({"files": self.ledger}, indent=1, sort_keys=True))
+        os.replace(tmp, self.ledger_path)
+
+    def _done(self, name: str) -> bool:
+        return bool((self.progress.get(name) or self.ledger.get(name) or {}).get("done"))
+
+    def _read_ledger(self) -> dict[str, dict]:
+        try:
+            return dict(json.loads(self.ledger_path.read_text())["files"])
+        except FileNotFoundError:
+            return {}
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{self.ledger_path}: unreadable follow ledger ({e}); move it away") from e
+
+
+def _is_data_name(name: str) -> bool:
+    return not name.startswith(".") and name.endswith(SUFFIXES)
+
+
+# ---- the trainer -----------------------------------------------------------------------------------
+class _FrozenDense:
+    """TrainCtx's dense optimizer for a frozen network: nothing to zero, nothing to step."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+
+@dataclass
+class _Loaded:
+    """One version, ready to train: its shards, worker, frozen dense model, schema."""
+
+    version: str
+    vdir: Path
+    schema: Schema
+    cluster: Cluster
+    ctx: TrainCtx
+    dense: nn.Module
+
+
+class FollowTrainer:
+    def __init__(self, cfg: FollowConfig, clock=time.monotonic):
+        self.cfg = cfg
+        self.clock = clock
+        self.watch = WatchDir(cfg.watch, cfg.state or Path(cfg.watch) / f".recserve-follow-{cfg.name}.json")
+        self.loaded: _Loaded | None = None
+        self.result = FollowResult()
+        self._changed = False  # rows trained since the last delta
+        self._last_cut = clock()
+        self._loss = nn.BCEWithLogitsLoss()
+        self._refused: set[str] = set()  # versions CURRENT named that could not be loaded
+
+    # ---- loop ------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> FollowResult:
+        t0 = self.clock()
+        deadline = t0 + self.cfg.max_seconds if self.cfg.max_seconds else float("inf")
+        self._follow_current()
+        if self.cfg.once:
+            files = self.watch.ready()
+            if self.watch.pending:  # files without a marker need a second look to count as complete
+                stop.wait(self.cfg.poll_s)
+                files = self.watch.ready()
+            for path in files:
+                if not self.train_file(path, stop, deadline):
+                    break
+        else:
+            while not stop.is_set() and self.clock() < deadline:
+                self._follow_current()
+                for path in self.watch.ready():
+                    if not self.train_file(path, stop, deadline):
+                        break
+                self._maybe_cut()
+                stop.wait(max(0.0, min(self.cfg.poll_s, deadline - self.clock())))
+        self.cut()
+        self.result.seconds = self.clock() - t0
+        return self.result
+
+    def _follow_current(self) -> None:
+        """Load CURRENT's version at the start; later, move to a new CURRENT. A new version that
+        cannot be loaded (incomplete, corrupt) is refused like the serving PS refuses it: both
+        stay on the old version, so its deltas keep going there."""
+        from serving.ps.persist import StoreError
+
+        version = ms.current(self.cfg.out, self.cfg.name)
+        if version is None:
+            raise ms.ModelStoreError(f"{self.cfg.name}: nothing published under {self.cfg.out}")
+        if self.loaded is None:
+            self.loaded = self._load(version)
+            self.result.version = version
+            return
+        if version == self.loaded.version or version in self._refused:
+            return
+        try:
+            new = self._load(version)
+        except (ms.ModelStoreError, StoreError, OSError, ValueError) as e:
+            log.error("CURRENT moved to %s, which cannot be loaded (%s): staying on %s", version, e,
+                      self.loaded.version)  # fmt: skip
+            self._refused.add(version)
+            return
+        log.info("CURRENT moved %s -> %s: last delta into %s, then following %s", self.loaded.version,
+                 version, self.loaded.version, version)  # fmt: skip
+        self.cut()
+        self._unload()
+        self.loaded = new
+        self.result.version = version
+        self.result.reloads += 1
+
+    def train_file(self, path: Path, stop: threading.Event, deadline: float) -> bool:
+        """Train on ``path`` from its first untrained row; False when stopped before its end."""
+        lv, entry = self.loaded, self.watch.entry(path.name)
+        try:
+            table = data.read_split(path, lv.schema)
+        except (FeatureError, OSError, UnicodeDecodeError, ValueError) as e:
+            log.error("%s: cannot read it, skipping it: %s", path, e)
+            entry.update(done=True, error=str(e))
+            return True
+        n, bs, start = table.num_rows, self.cfg.batch_size, int(entry["rows"])
+        log.info("training on %s: rows %d..%d into version %s", path, start, n, lv.version)
+        batches = (
+            transform(data.take(table, slice(a, min(a + bs, n))), lv.schema) for a in range(start, n, bs)
+        )
+        if path.name not in self.result.files:
+            self.result.files.append(path.name)
+        try:
+            for batch in lv.ctx.steps(batches):
+                if stop.is_set() or self.clock() >= deadline:
+                    break
+                if batch.labels is None:
+                    raise FeatureError("no label column: nothing to train on")
+                logits = lv.ctx.forward(batch)
+                lv.ctx.backward(self._loss(logits, torch.from_numpy(batch.labels)))
+                entry["rows"] += batch.num_rows
+                self.result.rows += batch.num_rows
+                self.result.steps += 1
+                self._changed = True
+                self._maybe_cut()
+        except FeatureError as e:
+            log.error("%s: skipping the rest of it: %s", path, e)
+            entry.update(done=True, error=str(e))
+            return True
+        entry["done"] = entry["rows"] >= n
+        return entry["done"]
+
+    def _maybe_cut(self) -> None:
+        if self._changed and self.clock() - self._last_cut >= self.cfg.delta_interval_s:
+            self.cut()
+
+    def cut(self) -> int | None:
+        """Cut the rows changed since the last delta as the version's next delta and commit the
+        ledger; returns its seq (None: nothing changed)."""
+        lv = self.loaded
+        self._last_cut = self.clock()
+        if lv is None:
+            return None
+        lv.ctx.flush()  # every sparse update applied before the dump
+        if not self._changed:
+            self.watch.commit()  # e.g. unreadable files: nothing to publish, but remember them
+            return None
+        seq = lv.cluster.stores[0].delta_seq + 1
+        ddir = ms.delta_dir(lv.vdir, seq)
+        # a delta directory without _SUCCESS (a crashed writer) was never loaded by anyone: the
+        # dump replaces its shard directories; one with _SUCCESS is not ours to overwrite
+        if (ddir / ms.SUCCESS).exists():
+            raise ms.ModelStoreError(f"{ddir} was written by someone else: one delta writer per version")
+        lv.cluster.dump(ddir, delta=True)
+        ms.mark_done(ddir)
+        self.watch.commit()
+        self._changed = False
+        self.result.deltas.append((lv.version, seq))
+        log.info("delta %s/%d cut: %s", lv.version, seq, ddir)
+        return seq
+
+    # ---- loading a version -----------------------------------------------------------------------
+    def _load(self, version: str) -> _Loaded:
+        from serving.ps.persist import META, shard_dirs
+        from serving.ps.store import EmbeddingStore, StoreConfig
+        from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
+
+        vdir = ms.version_dir(self.cfg.out, self.cfg.name, version)
+        manifest = ms.read_manifest(vdir, verify=True)
+        schema = load_schema(vdir / "schema.yaml")
+        if schema.fingerprint != manifest.get("schema_fingerprint"):
+            raise ms.ModelStoreError(f"{vdir}: schema.yaml does not match the manifest's fingerprint")
+        n = int(manifest["num_shards"])
+        parts = shard_dirs(vdir / "embeddings")
+        metas = [json.loads((part / META).read_text()) for part in parts]
+        meta = metas[0]  # the optimizer (and its state) the rows were trained with
+        store_cfg = StoreConfig(
+            dim=int(manifest["dim"]),
+            # hash routing spreads rows evenly: room for the version's rows and as many new ones
+            capacity=max(self.cfg.capacity, 2 * sum(int(m["rows"]) for m in metas) // n + 1024),
+            dtype=meta["dtype"],
+            optimizer=meta["optimizer"] | ({"lr": self.cfg.lr} if self.cfg.lr else {}),
+            init_scale=float(meta.get("init_scale", 0.01)),
+            seed=int(meta.get("seed", 0)),
+            schema_hash=schema.fingerprint,
+        )
+        stores = [EmbeddingStore(replace(store_cfg, shard=i, num_shards=n)) for i in range(n)]
+        for store in stores:
+            store.load(vdir / "embeddings")
+            store.version = version  # deltas carry base_version = the served version
+        applied = _apply_existing_deltas(vdir, stores)
+
+        dense = _load_frozen_dense(vdir / manifest["dense"]["torchscript"])
+        # a prefetched lookup is one batch staler than the worker knows: it counts as one of the K
+        staleness, prefetch = max(0, self.cfg.staleness - 1), self.cfg.staleness >= 1
+        worker = EmbeddingWorker(
+            [LocalShard(s) for s in stores],
+            schema,
+            WorkerConfig(staleness=staleness, update_threads=self.cfg.update_threads),
+        )
+        cluster = Cluster(worker, n, stores=stores)
+        ctx = TrainCtx(worker, dense, _FrozenDense(), schema, prefetch=prefetch)
+        rows = sum(s.rows for s in stores)
+        log.info("following %s/%s: %d rows in %d shards, %d existing deltas applied, next delta %d",
+                 self.cfg.name, version, rows, n, applied, stores[0].delta_seq + 1)  # fmt: skip
+        return _Loaded(version, vdir, schema, cluster, ctx, dense)
+
+    def _unload(self) -> None:
+        if self.loaded is not None:
+            lv, self.loaded = self.loaded, None
+            try:
+                lv.ctx.close()
+            finally:
+                lv.cluster.close()
+
+    def close(self) -> None:
+        self._unload()
+
+    def __enter__(self) -> FollowTrainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _apply_existing_deltas(vdir: Path, stores: list) -> int:
+    """Bring the stores to what serving holds: every complete delta after the full dump's seq, in
+    order (a gap or a delta of another version is refused by the store). Returns deltas applied."""
+    applied = 0
+    for seq in ms.list_deltas(vdir):
+        if seq <= stores[0].delta_seq:
+            continue
+        for store in stores:
+            store.apply_delta(ms.delta_dir(vdir, seq))
+        applied += 1
+    return applied
+
+
+def _load_frozen_dense(path: Path) -> nn.Module:
+    """The served TorchScript dense network in eval mode with no trainable parameters: gradients
+    still flow through it to the pooled embeddings (its inputs)."""
+    from training.export_dense import _quiet_deprecations
+
+    with _quiet_deprecations():
+        module = torch.jit.load(str(path), map_location="cpu")
+    module.eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module
