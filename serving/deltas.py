@@ -2,7 +2,8 @@
 
 ``DeltaWriter`` loads a version's embedding shards into in-process stores (one per shard, routed
 like the PS), lets the caller change rows (``assign``) and cuts each change set as the next
-``deltas/<seq>/`` of that version: every shard's delta, then the delta's ``_SUCCESS``. The serving
+``deltas/<seq>/`` of that version: every shard's delta, then the delta's ``_SUCCESS``. It starts
+from what serving holds: the full dump plus the version's existing deltas, in order. The serving
 PS shards following the model apply it within their poll interval. Used by the demo, the
 hot-swap benchmark and the tests; continuous training (``recserve train --follow``) writes the
 same layout.
