@@ -1,6 +1,7 @@
 """``make bench-e2e``: the whole scoring stack under locust at fixed rates, against one process.
 
     python -m loadtest.bench_e2e [--model-store DIR --model NAME] [--duration 30] [--rates 10,50,100]
+                                 [--ts-workers 2] [--worker-in-handler] [--out e2e]
 
 Trains a model into a temporary model store unless one is given, starts the local stack on this
 machine (PS shards, embedding worker, TorchServe with the recserve handler), warms it up, then runs
@@ -10,10 +11,16 @@ recorded exactly (not locust's rounded buckets).
 
 Reference: ``inprocess_p50_ms``, the same requests scored in ONE process (features, embedding
 tables in memory, dense model: the Scorer over an in-process EmbeddingWorker on LocalShards).
-Where the time goes (``stages_ms``): each stage of the handler's path timed sequentially in this
-process against the running worker and PS shards, and the HTTP + TorchServe share as the
-end-to-end p50 at the lowest rate minus the handler's own time. Writes
-loadtest/results/e2e.json and prints a table; stops everything at the end, also on error.
+Where the time goes, three ways, all in the same run: (1) per request under load, the handler's
+``Server-Timing`` header (decode, worker, dense, encode, total) and the rest of the latency
+(locust client + HTTP + TorchServe frontend and its Python worker loop); (2) ``stages_ms``: each
+stage timed sequentially in this process against the running worker and PS shards (worker Forward
+split into the worker's gRPC hop, its own compute and the PS fan-out); (3) CPU time per request of
+each process (locust, TorchServe's JVM, the handlers, worker, PS), which a shared machine disturbs
+less than wall time. Defaults: 2 TorchServe handler processes (one saturates near 80 requests/s);
+token auth off (loopback only, and the output says so). ``--worker-in-handler`` runs the worker
+library inside the handler instead of calling the worker process. Writes
+loadtest/results/<out>.json and prints tables; stops everything at the end, also on error.
 """
 
 from __future__ import annotations
@@ -89,15 +96,6 @@ def stack_processes(state: dict) -> dict[str, list[int]]:
     }
 
 
-def renice(procs: dict[str, list[int]], nice: int) -> None:
-    """Set every thread of the stack's processes to ``nice`` (negative: ahead of other jobs)."""
-    for pids in procs.values():
-        for pid in pids:
-            for task in Path(f"/proc/{pid}/task").glob("*"):
-                with contextlib.suppress(OSError):
-                    os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
-
-
 def cpu_seconds(pids: list[int]) -> float:
     tick, total = os.sysconf("SC_CLK_TCK"), 0.0
     for pid in pids:
@@ -120,7 +118,6 @@ def run_locust(
     key_file: str | None,
     work: Path,
     procs: dict,
-    nice: int = 0,
 ) -> dict:
     """One headless locust run at ``rate`` requests/s; exact latencies from the locustfile's dump,
     and the CPU time each part of the stack (and locust itself) spent per request."""
@@ -135,8 +132,7 @@ def run_locust(
         cmd += ["--key-file", key_file]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     before, locust_before = cpu_snapshot(procs), _children_cpu()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=duration + 120,
-                          preexec_fn=(lambda: os.setpriority(os.PRIO_PROCESS, 0, nice)) if nice else None)  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=duration + 120)
     after, locust_cpu = cpu_snapshot(procs), _children_cpu() - locust_before
     if not out.exists():
         raise RuntimeError(f"locust wrote no latencies (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -281,6 +277,17 @@ def stages(
     return out, inprocess_p50
 
 
+def measure_rates(args, rates: list[float], state: dict, work: Path, procs: dict) -> dict:
+    host = state["endpoint"].split("/predictions/")[0]
+    results = {}
+    for rate in rates:
+        r = run_locust(host, args.model, rate, args.duration, state["key_file"], work, procs)
+        results[f"{rate:g}"] = r
+        print(f"  {rate:g} rps: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
+              f"{r['requests']} requests, {r['failures']} failures", flush=True)  # fmt: skip
+    return results
+
+
 # ---- main ---------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -298,12 +305,6 @@ def main(argv: list[str] | None = None) -> int:
         "--worker-in-handler",
         action="store_true",
         help="the handler runs the embedding worker library over the PS (no worker-process hop)",
-    )
-    p.add_argument(
-        "--nice",
-        type=int,
-        default=0,
-        help="run the stack and locust at this nice value (negative: ahead of other jobs on the machine)",
     )
     p.add_argument("--out", default="e2e", help="results name: loadtest/results/<out>.json")
     args = p.parse_args(argv)
@@ -338,17 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warm-up: {n} requests in {args.warmup_s:g} s", flush=True)
 
         procs = stack_processes(state)
-        if args.nice:
-            renice(procs, args.nice)
-            print(f"stack processes and locust run at nice {args.nice}", flush=True)
         load_before = os.getloadavg()
-        host = state["endpoint"].split("/predictions/")[0]
-        results = {}
-        for rate in rates:
-            r = run_locust(host, args.model, rate, args.duration, state["key_file"], work, procs, args.nice)
-            results[f"{rate:g}"] = r
-            print(f"  {rate:g} rps: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
-                  f"{r['requests']} requests, {r['failures']} failures", flush=True)  # fmt: skip
+        results = measure_rates(args, rates, state, work, procs)
         load_after = os.getloadavg()
         stage_ms, inprocess_p50 = stages(vdir, state, bodies, args.runtime, args.worker_in_handler)
     finally:
@@ -384,7 +376,6 @@ def main(argv: list[str] | None = None) -> int:
             "batch_size": args.batch_size,
             "max_batch_delay_ms": args.max_batch_delay_ms,
             "worker_in_handler": args.worker_in_handler,
-            "nice": args.nice,
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in load_after],
             "note": "load generator (locust) and every stack process share this machine",
