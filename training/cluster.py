@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -125,18 +124,6 @@ def open_cluster(
 
 
 # ---- PS processes -------------------------------------------------------------------------------
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports free right now (all sockets stay open until every port is picked)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def start_shards(
     spec: ShardSpec, num_shards: int, log_dir: Path, timeout_s: float = 60.0
 ) -> tuple[list[subprocess.Popen], list[str]]:
@@ -144,6 +131,8 @@ def start_shards(
     from serving.ps.client import PSClient
 
     procs: list[subprocess.Popen] = []
+    from serving.procs import free_ports
+
     addresses = [f"127.0.0.1:{p}" for p in free_ports(num_shards)]
     try:
         for i, address in enumerate(addresses):

@@ -243,7 +243,7 @@ def _ddp_rank(rank: int, port: int, tmp: str) -> None:
 def test_two_rank_ddp_ends_with_identical_dense_weights(tmp_path):
     import torch.multiprocessing as mp
 
-    from training.cluster import free_ports
+    from serving.procs import free_ports
 
     mp.start_processes(_ddp_rank, args=(free_ports(1)[0], str(tmp_path)), nprocs=2, start_method="spawn")
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
