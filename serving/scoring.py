@@ -80,7 +80,9 @@ class Scorer:
         rel = self.manifest["dense"]["onnx" if config.runtime == "onnx" else "torchscript"]
         self.dense = _load_dense(vdir / rel, config.threads)
         self.worker = worker if worker is not None else _worker_client(config, self.schema)
-        self._inprocess = not hasattr(self.worker, "address")  # WorkerClient has one, EmbeddingWorker not
+        from serving.worker.core import EmbeddingWorker
+
+        self._inprocess = isinstance(self.worker, EmbeddingWorker)  # takes batches, not bytes
         self.warmup()
 
     def warmup(self, rounds: int = 3, patience_s: float = 60.0) -> None:
