@@ -118,6 +118,7 @@ def run_locust(
     key_file: str | None,
     work: Path,
     procs: dict,
+    binary_schema: str = "",
 ) -> dict:
     """One headless locust run at ``rate`` requests/s; exact latencies from the locustfile's dump,
     and the CPU time each part of the stack (and locust itself) spent per request."""
@@ -130,6 +131,8 @@ def run_locust(
            "--latency-out", str(out)]  # fmt: skip
     if key_file:
         cmd += ["--key-file", key_file]
+    if binary_schema:
+        cmd += ["--binary-schema", binary_schema]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     before, locust_before = cpu_snapshot(procs), _children_cpu()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=duration + 120)
@@ -279,9 +282,16 @@ def stages(
 
 def measure_rates(args, rates: list[float], state: dict, work: Path, procs: dict) -> dict:
     host = state["endpoint"].split("/predictions/")[0]
+    from serving import model_store
+
+    served = model_store.version_dir(state["config"]["model_store"], args.model, state["version"])
+    binary_schema = (
+        str(served / "schema.yaml") if args.binary else ""
+    )  # binary clients build with the served schema
     results = {}
     for rate in rates:
-        r = run_locust(host, args.model, rate, args.duration, state["key_file"], work, procs)
+        r = run_locust(host, args.model, rate, args.duration, state["key_file"], work, procs,
+                       binary_schema)  # fmt: skip
         results[f"{rate:g}"] = r
         print(f"  {rate:g} rps: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
               f"{r['requests']} requests, {r['failures']} failures", flush=True)  # fmt: skip
@@ -306,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the handler runs the embedding worker library over the PS (no worker-process hop)",
     )
+    p.add_argument("--ps-shards", type=int, default=0, help="PS processes (default: as trained, 2)")
+    p.add_argument("--binary", action="store_true", help="send binary compact batches instead of JSON")
     p.add_argument("--out", default="e2e", help="results name: loadtest/results/<out>.json")
     args = p.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
@@ -328,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                           management_port=0, metrics_port=0, runtime=args.runtime,
                           disable_token_auth=not args.token_auth, ts_workers=args.ts_workers,
                           batch_size=args.batch_size, max_batch_delay_ms=args.max_batch_delay_ms,
-                          worker_in_handler=args.worker_in_handler)  # fmt: skip
+                          worker_in_handler=args.worker_in_handler, ps_shards=args.ps_shards)  # fmt: skip
         print(f"starting the stack ({args.model} version {version}) ...", flush=True)
         stack = LocalStack(cfg).start()
         state = stack.state
@@ -376,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
             "batch_size": args.batch_size,
             "max_batch_delay_ms": args.max_batch_delay_ms,
             "worker_in_handler": args.worker_in_handler,
+            "request_format": "binary compact batch" if args.binary else "JSON",
+            "ps_shards": len(state["ps"]),
             "loadavg_before": [round(x, 2) for x in load_before],
             "loadavg_after": [round(x, 2) for x in load_after],
             "note": "load generator (locust) and every stack process share this machine",
@@ -384,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_results(args.out, out)
 
     print_table(
-        f"end to end: locust FastHttpUser, 200-item JSON requests, {args.duration:g} s per rate, token auth {auth}",
+        f"end to end: locust FastHttpUser, 200-item {'binary compact-batch' if args.binary else 'JSON'} requests, {args.duration:g} s per rate, token auth {auth}",
         [{"rate": k, **v} for k, v in results.items()],
         ["rate", "p50_ms", "p99_ms", "max_ms", "mean_ms", "requests", "failures", "achieved_rps"],
     )

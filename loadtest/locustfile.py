@@ -39,6 +39,9 @@ def _args(parser) -> None:
     parser.add_argument("--latency-out", default="", help="file for every request's latency (ms, failed)")
     parser.add_argument("--data", default=str(TEST), help="Criteo TSV rows to build requests from")
     parser.add_argument("--rows", type=int, default=200, help="items per request")
+    parser.add_argument(
+        "--binary-schema", default="", help="send compact batches built with this (served) schema.yaml"
+    )
 
 
 @events.init.add_listener
@@ -47,7 +50,9 @@ def _load(environment, **_) -> None:
 
     opts = environment.parsed_options
     if not _bodies:
-        _bodies.extend(body for body, _ in requests_from_file(opts.data, str(SCHEMA), opts.rows))
+        binary = bool(opts.binary_schema)
+        schema = opts.binary_schema or str(SCHEMA)
+        _bodies.extend(body for body, _ in requests_from_file(opts.data, schema, opts.rows, binary=binary))
 
 
 @events.request.add_listener
@@ -81,7 +86,8 @@ class ScoringUser(FastHttpUser):
         if not _t0:
             _t0.append(time.time() + 1.0)  # every user is started by then (spawn rate = users/s)
         self._path = f"/predictions/{opts.model}"
-        self._headers = {"Content-Type": "application/json"}
+        binary = bool(opts.binary_schema)
+        self._headers = {"Content-Type": "application/octet-stream" if binary else "application/json"}
         if opts.key_file:
             key = json.loads(Path(opts.key_file).read_text())["inference"]["key"]
             self._headers["Authorization"] = f"Bearer {key}"

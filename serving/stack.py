@@ -38,6 +38,7 @@ class StackConfig:
     management_port: int = 8081  # TorchServe management API, loopback only (0: any free port)
     metrics_port: int = 8082  # TorchServe metrics API (0: any free port)
     worker_port: int = 0  # embedding worker gRPC port (0: any free port)
+    ps_shards: int = 0  # PS processes (0: as many as the version was trained with; else re-sharded on load)
     ps_ports: list[int] = field(default_factory=list)  # one per shard; empty: free ports
     runtime: str = "torchscript"  # dense runtime in the handler: torchscript | onnx
     disable_token_auth: bool = False  # TorchServe token auth is on unless this is set
@@ -76,10 +77,10 @@ class LocalStack:
             raise RuntimeError(f"{self.root}/{cfg.model}: no CURRENT version; train and publish one first")
         vdir = model_store.version_dir(self.root, cfg.model, version)
         manifest = model_store.read_manifest(vdir)  # refuses incomplete or corrupt versions
-        n = int(manifest["num_shards"])
+        n = cfg.ps_shards or int(manifest["num_shards"])  # PS shards re-shard the dump by the routing hash
         ps_ports = list(cfg.ps_ports) or free_ports(n, cfg.host)
         if len(ps_ports) != n:
-            raise ValueError(f"version {version} has {n} shards; {len(ps_ports)} PS ports given")
+            raise ValueError(f"serving {n} PS shards; {len(ps_ports)} PS ports given")
         worker_port = cfg.worker_port or free_ports(1, cfg.host)[0]
         self.run_dir.mkdir(parents=True, exist_ok=True)
         logs = self.run_dir / "logs"

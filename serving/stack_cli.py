@@ -35,7 +35,7 @@ def run_up(args: argparse.Namespace) -> int:
     cfg = StackConfig(
         model_store=args.model_store, model=args.model, version=args.version, run_dir=args.run_dir,
         host=args.host, http_port=args.http_port, management_port=args.management_port,
-        metrics_port=args.metrics_port, worker_port=args.worker_port, runtime=args.runtime,
+        metrics_port=args.metrics_port, worker_port=args.worker_port, ps_shards=args.ps_shards, runtime=args.runtime,
         ts_workers=args.ts_workers, disable_token_auth=args.no_token_auth,
     )  # fmt: skip
     from serving.model_store import ModelStoreError
