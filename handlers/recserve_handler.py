@@ -23,12 +23,13 @@ class RecserveHandler:
         self.initialized = False
 
     def initialize(self, context) -> None:
-        from serving.scoring import Scorer, ScoringConfig, server_timing
+        from serving.scoring import Scorer, ScoringConfig, loading_priority, server_timing
 
         self._server_timing = server_timing
         model_dir = Path(context.system_properties["model_dir"])
         config = ScoringConfig.from_dict(json.loads((model_dir / "scoring.json").read_text()))
-        self.scorer = Scorer(config)
+        with loading_priority():  # a version loading beside a serving one yields the CPU to it
+            self.scorer = Scorer(config)
         self.initialized = True
 
     # decode -> predict -> encode, one request at a time; each request gets its own status and a

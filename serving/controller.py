@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import time
 from pathlib import Path
@@ -67,7 +68,7 @@ class Controller:
         log.info("dense model %s -> %s registered and default in %.2fs", old, target, time.monotonic() - t0)
         time.sleep(self.drain_s)  # requests routed to the old version finish
         try:
-            self.stack.management().unregister(cfg.model, old)
+            self.stack.management().unregister(cfg.model, old, synchronous=False)  # see LocalStack.register
         except Exception as e:  # noqa: BLE001 - an old version that lingers is logged, not fatal
             log.warning("unregistering %s failed: %s", old, e)
         return target
@@ -75,6 +76,7 @@ class Controller:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    os.nice(10)  # checksums and archiving are background work: serving keeps the CPU
     ctl = Controller(Path(args.run_dir), args.drain_s)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))

@@ -10,6 +10,9 @@ the worker or PS cannot answer in time. The TorchServe handler (``handlers/``) o
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +25,8 @@ from features.codec import CodecError, decode, encode
 from features.schema import Schema, load_schema
 from features.transform import FeatureError, dense_matrix, transform
 from serving import model_store
+
+log = logging.getLogger("recserve.scoring")
 
 JSON = "application/json"
 BINARY = "application/octet-stream"
@@ -195,6 +200,32 @@ class Scorer:
 def server_timing(timings_ms: dict) -> str:
     """An HTTP ``Server-Timing`` header value: ``decode;dur=1.234, worker;dur=0.9, ...``."""
     return ", ".join(f"{name};dur={ms:.3f}" for name, ms in timings_ms.items())
+
+
+@contextlib.contextmanager
+def loading_priority(niceness: int = 10):
+    """Load a model (imports, checksums, warm-up) at low CPU priority, then serve at normal priority.
+
+    A new version loading beside the serving one must not take its CPU: on a small machine the
+    load otherwise stalls live requests for seconds. ``recserve up`` starts TorchServe's Python
+    workers niced already (their start-up imports come before the handler runs); this keeps the
+    handler's own loading niced and then returns the process to niceness 0. That needs
+    CAP_SYS_NICE; without it the process keeps the lower priority and says so."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, max(os.getpriority(os.PRIO_PROCESS, 0), niceness))
+    except OSError:
+        pass
+    try:
+        yield
+    finally:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        except OSError as e:
+            log.warning(
+                "serving at niceness %d: cannot return to 0 after loading (%s)",
+                os.getpriority(os.PRIO_PROCESS, 0),
+                e,
+            )
 
 
 def error_body(message: str) -> bytes:

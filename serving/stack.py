@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -145,12 +146,17 @@ class LocalStack:
         grpc_ports = free_ports(2, cfg.host)
         ts_store = self.run_dir / "torchserve-store"
         ts_store.mkdir(parents=True, exist_ok=True)
+        # TorchServe's Python workers start niced: a version loading beside the serving one (imports,
+        # warm-up) yields the CPU to it; the handler returns to niceness 0 once loaded
+        python = self.run_dir / "python-niced"
+        python.write_text(f'#!/bin/sh\nexec nice -n 10 "{sys.executable}" "$@"\n')
+        python.chmod(0o755)
         ts_cfg = TorchServeConfig(
             model_store=ts_store, run_dir=self.run_dir / "torchserve", host=cfg.host,
             inference_port=ports[0], management_port=ports[1], metrics_port=ports[2],
             grpc_inference_port=grpc_ports[0], grpc_management_port=grpc_ports[1],
             default_workers_per_model=cfg.ts_workers, batch_size=cfg.batch_size,
-            max_batch_delay_ms=cfg.max_batch_delay_ms, disable_token_auth=cfg.disable_token_auth,
+            max_batch_delay_ms=cfg.max_batch_delay_ms, disable_token_auth=cfg.disable_token_auth, python=str(python),
         )  # fmt: skip
         self._ts = TorchServe(ts_cfg).start()
         self.state["pids"]["torchserve"] = self._ts.pid
@@ -184,9 +190,24 @@ class LocalStack:
         shutil.rmtree(staging, ignore_errors=True)
         return mar.name
 
-    def register(self, vdir: Path, version: str, make_default: bool) -> None:
+    def register(self, vdir: Path, version: str, make_default: bool, timeout_s: float = 180.0) -> None:
+        """Register a dense version and wait until its workers are READY (then make it the default).
+
+        Registration is asynchronous on purpose: TorchServe serves a synchronous register on one of
+        its netty event-loop threads, and every inference connection on that thread stalls until
+        the new workers are up (seconds). Asynchronous registration plus polling keeps serving."""
         mgmt = self.management()
-        mgmt.register(self.build_mar(vdir, version), self.config.model)
+        mgmt.register(self.build_mar(vdir, version), self.config.model, synchronous=False)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            workers = [w for d in mgmt.describe(self.config.model, version) for w in d.get("workers", [])]
+            if workers and all(w.get("status") == "READY" for w in workers):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{self.config.model} version {version}: workers not READY after {timeout_s}s: {workers}"
+                )
+            time.sleep(0.1)
         if make_default:
             mgmt.set_default(self.config.model, version)
             self.state["dense_version"] = version

@@ -278,8 +278,8 @@ class ManagementClient:
     def set_default(self, model: str, version: str) -> dict:
         return self._call("PUT", f"/models/{model}/{version}/set-default")
 
-    def unregister(self, model: str, version: str) -> dict:
-        return self._call("DELETE", f"/models/{model}/{version}")
+    def unregister(self, model: str, version: str, synchronous: bool = True) -> dict:
+        return self._call("DELETE", f"/models/{model}/{version}", synchronous=str(synchronous).lower())
 
     def list_models(self) -> list[dict]:
         """All registered models (following TorchServe's pagination)."""
