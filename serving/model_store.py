@@ -151,6 +151,18 @@ def read_manifest(directory: str | os.PathLike, verify: bool = True) -> dict:
     return manifest
 
 
+def verify_files(directory: str | os.PathLike, manifest: dict, names: list[str]) -> None:
+    """Check the sha256 of just the listed files a reader is about to use (a handler needs the
+    dense model and schema, not every embedding shard; PS shard dumps carry their own checksums)."""
+    d = Path(directory)
+    listed = manifest.get("files", {})
+    for rel in names:
+        if rel not in listed:
+            raise ModelStoreError(f"{d}: {rel} is not in the manifest")
+        if not (d / rel).is_file() or sha256_file(d / rel) != listed[rel]:
+            raise ModelStoreError(f"{d}: checksum mismatch for {rel}")
+
+
 # ---- deltas ------------------------------------------------------------------------------------
 def delta_dir(version_path: str | os.PathLike, seq: int) -> Path:
     return Path(version_path) / DELTAS / str(seq)

@@ -46,7 +46,7 @@ class ScoringConfig:
     max_body_bytes: int = 4 << 20  # request body limit
     worker_timeout_s: float = 1.0  # deadline of the worker Forward call
     threads: int = 1  # intra-op threads of the dense runtime
-    verify: bool = True  # check the version's checksums when loading
+    verify: bool = True  # check the checksums of the files the scorer reads (dense model, schema)
 
     @classmethod
     def from_dict(cls, d: dict) -> ScoringConfig:
@@ -78,11 +78,13 @@ class Scorer:
     def __init__(self, config: ScoringConfig, worker=None):
         self.config = config
         vdir = Path(config.version_dir)
-        self.manifest = model_store.read_manifest(vdir, verify=config.verify)
+        self.manifest = model_store.read_manifest(vdir, verify=False)  # _SUCCESS and a readable manifest
         self.schema: Schema = load_schema(vdir / "schema.yaml")
         self.model = self.manifest.get("model", vdir.parent.name)
         self.dense_version = str(self.manifest.get("version", vdir.name))
         rel = self.manifest["dense"]["onnx" if config.runtime == "onnx" else "torchscript"]
+        if config.verify:  # the files this process reads; the embedding shards are the PS's to check
+            model_store.verify_files(vdir, self.manifest, [rel, "schema.yaml"])
         self.dense = _load_dense(vdir / rel, config.threads)
         self.worker = worker if worker is not None else _worker_client(config, self.schema)
         from serving.worker.core import EmbeddingWorker

@@ -156,3 +156,16 @@ def test_no_lookup_mixes_old_and_new_rows(tmp_path):
     for rows in answers:
         assert np.array_equal(rows, old) or np.all(rows == 7.0), "a lookup mixed old and new rows"
     assert np.all(answers[-1] == 7.0)
+
+
+def test_version_with_a_corrupt_shard_file_is_refused(setup):
+    root, trainer, v1, served, follower = setup
+    follower.poll()
+    trainer.apply_gradients(SIGNS[:50], np.ones((50, DIM), np.float32))
+    v2 = make_version(root, trainer)
+    rows = next((ms.version_dir(root, "m", v2) / "embeddings").rglob("rows.npy"))
+    rows.write_bytes(rows.read_bytes()[:-4] + b"\x00\x00\x80\x7f")
+    ms._write_atomic(ms.model_dir(root, "m") / ms.CURRENT, f"{v2}\n".encode())  # forced past publish's gate
+    before = served.lookup(SIGNS)[0].copy()
+    assert follower.poll() == [] and served.version == v1
+    assert np.array_equal(served.lookup(SIGNS)[0], before)
