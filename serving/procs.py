@@ -82,10 +82,23 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def stop_pid(pid: int, must_contain: str, timeout_s: float = 15.0) -> bool:
-    """SIGTERM the process group led by ``pid`` -- only if ``pid`` still runs a command containing
-    ``must_contain`` (a recycled pid is left alone); SIGKILL after ``timeout_s``."""
-    if not alive(pid) or must_contain not in cmdline(pid):
+def start_time(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot): with the pid, an identity that
+    a recycled pid cannot match."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def stop_pid(pid: int, must_contain: str, timeout_s: float = 15.0, started: int | None = None) -> bool:
+    """SIGTERM the process group led by ``pid`` -- only if it is still the process we started: its
+    start time equals ``started`` (when recorded) or its command contains ``must_contain``; a
+    recycled pid is left alone. SIGKILL after ``timeout_s``."""
+    if not alive(pid):
+        return False
+    same = (started is not None and start_time(pid) == started) or must_contain in cmdline(pid)
+    if not same:
         return False
     try:
         os.killpg(pid, signal.SIGTERM)

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from serving import model_store
-from serving.procs import free_ports, spawn, stop_pid, wait_grpc_healthy
+from serving.procs import free_ports, spawn, start_time, stop_pid, wait_grpc_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 HANDLER = ROOT / "handlers" / "recserve_handler.py"
@@ -241,6 +241,7 @@ class LocalStack:
 
     def _write_state(self) -> None:
         self.state["config"] = asdict(self.config)
+        self.state["started_at"] = {name: start_time(pid) for name, pid in self.state["pids"].items()}
         self.state["started"] = time.time()
         self.save_state()
 
@@ -281,7 +282,7 @@ def down(run_dir: Path) -> list[str]:
     pids = state.get("pids", {})
     for name, pid in sorted(pids.items(), key=lambda kv: kv[0] != "controller"):  # controller first
         marker = "org.pytorch.serve.ModelServer" if name == "torchserve" else "serving.cli"
-        if stop_pid(int(pid), marker):
+        if stop_pid(int(pid), marker, started=state.get("started_at", {}).get(name)):
             stopped.append(name)
     state_file.unlink(missing_ok=True)
     return stopped

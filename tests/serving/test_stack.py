@@ -142,8 +142,13 @@ def test_down_stops_exactly_what_up_started(trained, tmp_path):
     s = LocalStack(cfg).start()
     pids = dict(s.state["pids"])
     assert set(pids) == {"ps0", "ps1", "worker", "torchserve", "controller"}
+    from serving.procs import alive, cmdline
+
+    seen = {name: (alive(pid), cmdline(pid)[:50], s._procs[name].poll() if name in s._procs else None)
+            for name, pid in pids.items()}  # fmt: skip
     stopped = down(tmp_path / "run")  # as `recserve down` does, from the state file alone
-    assert sorted(stopped) == sorted(pids)
+    log = (tmp_path / "run" / "logs" / "controller.log").read_text()[-500:]
+    assert sorted(stopped) == sorted(pids), f"{seen}\n{log}"
     time.sleep(0.5)
     for pid in pids.values():
         assert (
