@@ -85,7 +85,3 @@ def to_records(
             rec[c] = float(v) if kinds.get(c) == "dense" or c == schema.label else v
         out.append(rec)
     return out
-
-
-def to_request(context: dict, items: list[dict]) -> dict:
-    return {"context": context, "items": items}

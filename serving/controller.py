@@ -10,7 +10,6 @@ serving stays on what it has. (The PS shards follow CURRENT and its deltas thems
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -88,7 +87,3 @@ def run(args: argparse.Namespace) -> int:
             log.exception("swap step failed")
         time.sleep(args.poll_s)
     return 0
-
-
-def state(run_dir: Path) -> dict:
-    return json.loads((Path(run_dir) / "stack.json").read_text())

@@ -98,7 +98,7 @@ class Follower:
                 continue
             ddir = ms.delta_dir(vdir, seq)
             try:
-                _verify_all_parts(ddir)  # a delta corrupt in any shard is refused by every shard
+                _verify_other_parts(ddir, store.config)  # corrupt in any shard: refused by every shard
                 data = store.read(ddir, delta=True)
                 if int(data.meta.get("delta_seq", seq)) != seq:
                     raise StoreError(f"delta directory {seq} holds delta seq {data.meta.get('delta_seq')}")
@@ -120,8 +120,11 @@ class Follower:
             self._refused.add((version, seq))
 
 
-def _verify_all_parts(ddir: Path) -> None:
-    """Check the checksums of every shard's part of a delta (deltas are small), so that the shards
-    apply a delta all together or not at all."""
+def _verify_other_parts(ddir: Path, config) -> None:
+    """Check the checksums of the other shards' parts of a delta (deltas are small), so that the
+    shards apply a delta all together or not at all. This shard's own part is checked as
+    ``store.read`` reads it; with another shard count every part is read there anyway."""
+    own = persist.shard_dir_name(config.shard, config.num_shards)
     for part in persist.shard_dirs(ddir):
-        persist.read_shard(part)
+        if part.name != own:
+            persist.read_shard(part)
