@@ -41,7 +41,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -x
 
 demo: $(STAMP)
-	$(PY) -m serving.demo
+	$(PY) -m recserve.demo
 
 bench: $(addprefix bench-,$(BENCHES))
 

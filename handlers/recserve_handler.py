@@ -23,7 +23,7 @@ class RecserveHandler:
         self.initialized = False
 
     def initialize(self, context) -> None:
-        from serving.scoring import Scorer, ScoringConfig, loading_priority, server_timing
+        from serving.scoring.core import Scorer, ScoringConfig, loading_priority, server_timing
 
         self._server_timing = server_timing
         model_dir = Path(context.system_properties["model_dir"])

@@ -52,12 +52,12 @@ def train_model(root: Path) -> None:
     from training.train import train
 
     # curve outside the version dir: the sealed version's checksums must stay valid
-    train(TrainConfig(out=str(root), name="criteo", epochs=1, inprocess_ps=True, publish=True,
+    train(TrainConfig(store=str(root), model="criteo", epochs=1, inprocess_ps=True, publish=True,
                       progress=False, curve=str(root / "curve.png")))  # fmt: skip
 
 
 def request_bodies() -> list[bytes]:
-    from serving.client import requests_from_file
+    from serving.scoring.client import requests_from_file
 
     return [body for body, _ in requests_from_file(str(TEST), str(SCHEMA), 200)]
 
@@ -187,7 +187,7 @@ def read_latencies(path: Path) -> tuple[np.ndarray, np.ndarray, dict]:
 
 
 def warm_up(endpoint: str, key_file: str | None, bodies: list[bytes], seconds: float) -> int:
-    from serving.client import ScoringClient
+    from serving.scoring.client import ScoringClient
 
     client, n, deadline = ScoringClient(endpoint, key_file), 0, time.monotonic() + seconds
     try:
@@ -220,13 +220,13 @@ def stages(
     vdir: Path, state: dict, bodies: list[bytes], runtime: str, worker_in_handler: bool
 ) -> tuple[dict, float]:
     """Per-stage medians (ms) of the handler's path, and the in-process p50 (ms)."""
+    import model_store
     from features.codec import encode
     from features.schema import load_schema
     from features.transform import dense_matrix
-    from serving import model_store
-    from serving.scoring import JSON, Scorer, ScoringConfig
+    from serving.scoring.core import JSON, Scorer, ScoringConfig
     from serving.worker.client import WorkerClient
-    from serving.worker.core import EmbeddingWorker, GrpcShard, LocalShard
+    from serving.worker.core import EmbeddingWorker, LocalShard, PSClient
     from training.offline import load_stores
 
     manifest = model_store.read_manifest(vdir)
@@ -242,7 +242,7 @@ def stages(
         es.callback(remote.close)
         client = WorkerClient(state["worker"])
         es.callback(client.close)
-        ps = EmbeddingWorker([GrpcShard(a) for a in state["ps"]], schema)  # this process -> PS shards
+        ps = EmbeddingWorker([PSClient(a) for a in state["ps"]], schema)  # this process -> PS shards
         es.callback(ps.close)
 
         batches = [inproc.decode(b, JSON) for b in bodies]
@@ -282,9 +282,9 @@ def stages(
 
 def measure_rates(args, rates: list[float], state: dict, work: Path, procs: dict) -> dict:
     host = state["endpoint"].split("/predictions/")[0]
-    from serving import model_store
+    import model_store
 
-    served = model_store.version_dir(state["config"]["model_store"], args.model, state["version"])
+    served = model_store.version_dir(state["config"]["store"], args.model, state["version"])
     binary_schema = (
         str(served / "schema.yaml") if args.binary else ""
     )  # binary clients build with the served schema
@@ -322,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
 
-    from serving import model_store
-    from serving.stack import LocalStack, StackConfig
+    import model_store
+    from serving.stack.local import LocalStack, StackConfig
 
     work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     stack = None
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  trained in {time.perf_counter() - t0:.0f} s", flush=True)
         version = model_store.current(store, args.model)
         vdir = model_store.version_dir(store, args.model, version)
-        cfg = StackConfig(model_store=str(store), model=args.model, run_dir=str(work / "run"), http_port=0,
+        cfg = StackConfig(store=str(store), model=args.model, run_dir=str(work / "run"), http_port=0,
                           management_port=0, metrics_port=0, runtime=args.runtime,
                           disable_token_auth=not args.token_auth, ts_workers=args.ts_workers,
                           batch_size=args.batch_size, max_batch_delay_ms=args.max_batch_delay_ms,

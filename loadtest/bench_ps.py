@@ -120,7 +120,7 @@ class RedisServer:
 class PSProcess:
     def __init__(self, dump: Path, rows: int, log: Path):
         self.port = free_port()
-        cmd = [sys.executable, "-m", "serving.cli", "ps", "--port", str(self.port), "--load", str(dump)]
+        cmd = [sys.executable, "-m", "recserve", "ps", "--port", str(self.port), "--load", str(dump)]
         cmd += [
             "--dim",
             str(DIM),

@@ -5,7 +5,7 @@
 Trains two versions into a temporary model store (v1 published, v2 held back), starts the local
 stack, and runs locust (200-item JSON requests) at a fixed rate for ``--duration`` s. Meanwhile:
 after a steady period, ``--deltas`` deltas of ``--delta-rows`` changed rows each are published into
-the served version (one every few seconds, by ``serving.deltas.DeltaWriter``), then v2 is published
+the served version (one every few seconds, by ``serving.ps.deltas.DeltaWriter``), then v2 is published
 (the PS shards switch their embeddings; the controller registers v2's dense model in TorchServe,
 makes it the default and unregisters v1). Each event's window runs from its publish until it is
 live: a delta until every PS shard reports its seq, the full switch until every shard serves v2,
@@ -42,7 +42,7 @@ def train_versions(root: Path) -> None:
     from training.train import train
 
     for seed, publish in ((0, True), (1, False)):
-        train(TrainConfig(out=str(root), name="criteo", epochs=1, inprocess_ps=True, publish=publish,
+        train(TrainConfig(store=str(root), model="criteo", epochs=1, inprocess_ps=True, publish=publish,
                           progress=False, seed=seed, curve=str(root / f"curve-{seed}.png")))  # fmt: skip
 
 
@@ -72,9 +72,9 @@ class Shards:
 
 def swap_schedule(root: Path, stack, args, events: list[dict]) -> None:
     """The swaps, run in a thread while locust runs. Appends {kind, start, live} per event."""
-    from serving import model_store as ms
-    from serving.deltas import DeltaWriter
-    from serving.releases import publish
+    import model_store as ms
+    from model_store.releases import publish
+    from serving.ps.deltas import DeltaWriter
 
     shards = Shards(stack.state["ps"])
     rng = np.random.default_rng(0)
@@ -107,14 +107,14 @@ def swap_schedule(root: Path, stack, args, events: list[dict]) -> None:
 
 
 def run(args) -> dict:
-    from serving.stack import LocalStack, StackConfig
+    from serving.stack.local import LocalStack, StackConfig
 
     work = Path(tempfile.mkdtemp(prefix="bench-swap-"))
     root = work / "store"
     try:
         print("training two versions ...", flush=True)
         train_versions(root)
-        cfg = StackConfig(model_store=str(root), model="criteo", http_port=0, management_port=0, metrics_port=0,
+        cfg = StackConfig(store=str(root), model="criteo", http_port=0, management_port=0, metrics_port=0,
                           disable_token_auth=True, poll_s=args.poll_s)  # fmt: skip
         print("starting the stack (token auth disabled for this local benchmark) ...", flush=True)
         with LocalStack(cfg) as stack:

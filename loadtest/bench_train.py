@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig()
     results["conditions"] = {
         "data": "Criteo split: 8000 train / 2000 test rows (data/criteo/wide_resdnn_*)",
-        "model": "dlrm",
+        "arch": "dlrm",
         "dim": cfg.dim,
         "epochs": args.epochs or cfg.epochs,
         "batch_size": cfg.batch_size,

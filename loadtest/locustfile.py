@@ -46,7 +46,7 @@ def _args(parser) -> None:
 
 @events.init.add_listener
 def _load(environment, **_) -> None:
-    from serving.client import requests_from_file
+    from serving.scoring.client import requests_from_file
 
     opts = environment.parsed_options
     if not _bodies:

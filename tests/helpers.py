@@ -1,6 +1,6 @@
 """Small helpers shared by tests."""
 
-from serving.procs import free_ports
+from serving.rpc.procs import free_ports
 
 
 def free_port(host: str = "127.0.0.1") -> int:

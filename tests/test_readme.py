@@ -21,16 +21,16 @@ def test_readme_names_the_two_commands_and_ci_runs_make_test():
 
 
 def test_every_cli_subcommand_in_the_readme_exists():
-    from serving.cli import ROLES
+    from recserve.cli import COMMANDS
 
     for name in re.findall(r"^recserve ([a-z]+)", README, re.M):
-        assert name in ROLES, name
+        assert name in COMMANDS, name
 
 
 @pytest.mark.slow
 def test_recserve_transform_runs_as_documented(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "serving.cli", "transform", "--schema", "data/schemas/criteo.yaml",
+        [sys.executable, "-m", "recserve", "transform", "--schema", "data/schemas/criteo.yaml",
          "--data", "data/criteo/wide_resdnn_criteo_test.tsv", "--limit", "400", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

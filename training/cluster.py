@@ -9,7 +9,7 @@ Three ways to get shards (``open_cluster``):
 - ``inprocess``: ``EmbeddingStore``s in this process behind ``LocalShard`` (tests, benchmarks).
 
 The worker is always an in-process ``EmbeddingWorker`` library object in the trainer (over
-``GrpcShard``s or ``LocalShard``s), not a ``recserve worker`` process: the trainer is its only
+``PSClient``s or ``LocalShard``s), not a ``recserve worker`` process: the trainer is its only
 client, and the library saves one network hop (pooled embeddings and their gradients) per step.
 With torchrun, every rank has its own worker and all ranks share rank 0's shards.
 """
@@ -131,7 +131,7 @@ def start_shards(
     from serving.ps.client import PSClient
 
     procs: list[subprocess.Popen] = []
-    from serving.procs import free_ports
+    from serving.rpc.procs import free_ports
 
     addresses = [f"127.0.0.1:{p}" for p in free_ports(num_shards)]
     try:
@@ -140,7 +140,7 @@ def start_shards(
             store = asdict(spec) | {"shard": i, "num_shards": num_shards}
             cfg.write_text(yaml.safe_dump({"grace_s": 0.5, "store": store}))
             port = address.rsplit(":", 1)[1]
-            cmd = [sys.executable, "-m", "serving.cli", "ps", "--config", str(cfg), "--port", port]
+            cmd = [sys.executable, "-m", "recserve", "ps", "--config", str(cfg), "--port", port]
             cmd += ["--log-level", "WARNING"]
             out = open(log_dir / f"ps-{i}.log", "wb")  # noqa: SIM115 (the child keeps it)
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_child_env()))

@@ -1,13 +1,11 @@
-"""The trainer's configuration: one typed dataclass, loaded from YAML and/or CLI flags."""
+"""The trainer's configuration: typed dataclasses (flags and YAML via ``recserve.config``)."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import yaml
+from model_store.layout import default_root
 
 
 @dataclass
@@ -27,8 +25,8 @@ class TrainConfig:
     """Standardise dense features with the training split's mean/std (stored in schema.yaml)."""
 
     # ---- model
-    model: str = "dlrm"
-    """Dense network: lr, fm, deepfm or dlrm (training.models)."""
+    arch: str = field(default="dlrm", metadata={"choices": ["lr", "fm", "deepfm", "dlrm"]})
+    """Network architecture: lr, fm, deepfm or dlrm (training.models)."""
     dim: int = 16
     """Embedding dimension."""
     bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
@@ -78,9 +76,9 @@ class TrainConfig:
     # ---- evaluation and output
     eval_batch_size: int = 2048
     """Rows per evaluation batch."""
-    out: str = "model_store"
-    """Model-store root."""
-    name: str = "criteo"
+    store: str = field(default_factory=default_root)
+    """Model-store root ($RECSERVE_STORE or ./artifacts)."""
+    model: str = "criteo"
     """Model name in the store."""
     export: bool = True
     """Write a version to the model store at the end."""
@@ -111,18 +109,6 @@ class TrainConfig:
         if self.ps and self.inprocess_ps:
             raise ValueError("--ps and --inprocess-ps exclude each other")
 
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig keys {unknown}")
-        return cls(**d)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> TrainConfig:
-        return cls.from_dict(yaml.safe_load(Path(path).read_text()) or {})
-
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -136,9 +122,9 @@ class FollowConfig:
     """Directory of arriving data files (Criteo .tsv/.txt, or .csv with a header). A file is taken
     once complete: its name does not start with '.' (x.csv.tmp, x.csv.part are not data), and either a
     `<name>.done` marker exists or its size and mtime did not change between two polls."""
-    out: str = "model_store"
-    """Model-store root."""
-    name: str = "criteo"
+    store: str = field(default_factory=default_root)
+    """Model-store root ($RECSERVE_STORE or ./artifacts)."""
+    model: str = "criteo"
     """Model name in the store; its CURRENT version is the one followed."""
     delta_interval_s: float = 2.0
     """Cut a delta every this many seconds when rows changed (and always at the end)."""
@@ -150,7 +136,7 @@ class FollowConfig:
     """Stop (after a final delta) after this many seconds (0: run until SIGTERM/Ctrl-C)."""
     state: str = ""
     """Ledger of the files trained so far (rows done per file), rewritten after every delta;
-    '' : <watch>/.recserve-follow-<name>.json."""
+    '' : <watch>/.recserve-follow-<model>.json."""
     batch_size: int = 128
     """Rows per step."""
     lr: float | None = None
@@ -181,109 +167,3 @@ class FollowConfig:
         if unknown:
             raise ValueError(f"unknown FollowConfig keys {unknown}")
         return cls(**d)
-
-
-# ---- CLI ----------------------------------------------------------------------------------------
-_SHORT_HELP = {
-    "data": "training file",
-    "test": "test file",
-    "model": "lr, fm, deepfm or dlrm",
-    "out": "model-store root",
-    "name": "model name in the store",
-    "ps": "comma-separated PS shard addresses in shard order (default: start our own)",
-}
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """One flag per TrainConfig field (--batch-size, --inprocess-ps, --no-export, ...), then the
-    --follow mode's own flags (FollowConfig fields TrainConfig does not have)."""
-    p.add_argument(
-        "--config", help="YAML file with TrainConfig (FollowConfig with --follow) fields; flags override it"
-    )
-    _add_fields(p, TrainConfig, skip=set())
-    g = p.add_argument_group(
-        "continuous training (--follow)",
-        "keep training the served version's embeddings on new files in --watch and cut deltas "
-        "into it; the served dense model is loaded frozen so the deltas stay consistent with it. "
-        "Uses --out --name --batch-size --lr --staleness --update-threads --capacity --threads "
-        "and --delta-interval-s (default 2 here) too.",
-    )
-    g.add_argument("--follow", action="store_true", help="continuous training into the served version")
-    _add_fields(g, FollowConfig, skip={f.name for f in dataclasses.fields(TrainConfig)})
-
-
-def _add_fields(p, cls, skip: set[str]) -> None:
-    doc = _field_docs(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        help_text = _SHORT_HELP.get(f.name, doc.get(f.name, ""))
-        if f.type in ("bool",):
-            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, help=help_text)
-        elif f.type == "list[int]":
-            p.add_argument(flag, dest=f.name, type=_int_list, help=help_text + " (comma-separated)")
-        elif f.type == "list[str]":
-            p.add_argument(flag, dest=f.name, help=help_text)
-        else:
-            kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(f.type, str)
-            p.add_argument(flag, dest=f.name, type=kind, help=help_text)
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    return TrainConfig.from_dict(_raw(args, TrainConfig))
-
-
-def follow_config_from_args(args: argparse.Namespace) -> FollowConfig:
-    """FollowConfig from --config YAML and flags; a training-only flag given with --follow is an
-    error (it would silently do nothing)."""
-    follow_fields = {f.name for f in dataclasses.fields(FollowConfig)}
-    ignored = [
-        "--" + f.name.replace("_", "-")
-        for f in dataclasses.fields(TrainConfig)
-        if f.name not in follow_fields and getattr(args, f.name, None) is not None
-    ]
-    if ignored:
-        raise ValueError(f"{', '.join(ignored)} do not apply to --follow")
-    return FollowConfig.from_dict(_raw(args, FollowConfig))
-
-
-def follow_only_flags(args: argparse.Namespace) -> list[str]:
-    """The --follow flags given (an error without --follow)."""
-    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    return [
-        "--" + f.name.replace("_", "-")
-        for f in dataclasses.fields(FollowConfig)
-        if f.name not in train_fields and getattr(args, f.name, None) is not None
-    ]
-
-
-def _raw(args: argparse.Namespace, cls) -> dict:
-    raw = yaml.safe_load(Path(args.config).read_text()) or {} if getattr(args, "config", None) else {}
-    for f in dataclasses.fields(cls):
-        value = getattr(args, f.name, None)
-        if value is not None:
-            raw[f.name] = value
-    return raw
-
-
-def _int_list(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x]
-
-
-def _field_docs(cls=TrainConfig) -> dict[str, str]:
-    """Field docstrings (the string literal after each field) for --help."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body
-    docs = {}
-    for node, nxt in zip(body, body[1:], strict=False):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-        ):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())
-    return docs

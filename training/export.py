@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
+import model_store
 from features.schema import Schema, dump_schema
-from serving import model_store
 from training.export_dense import export_onnx, export_torchscript, verify_onnx
 
 log = logging.getLogger("recserve.train")

@@ -12,8 +12,7 @@ TorchServe still loads `.pt`, so their deprecation warnings are silenced here, i
 from __future__ import annotations
 
 import os
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,11 +20,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from model_store.dense import OUTPUT_NAME, DenseFn, as_array, load_dense, quiet_deprecations  # noqa: F401
+
 ONNX_OPSET = 17
 INPUT_NAMES = ("pooled", "dense")
-OUTPUT_NAME = "logits"
-
-DenseFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 class ExportVerificationError(RuntimeError):
@@ -43,16 +41,6 @@ def _eval_mode(model: nn.Module) -> Iterator[nn.Module]:
         model.train(was_training)
 
 
-@contextmanager
-def _quiet_deprecations() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\..*")
-        warnings.filterwarnings("ignore", message=r".*legacy TorchScript-based ONNX export.*")
-        warnings.filterwarnings("ignore", message=r".*torch\.jit\.(script|load). is deprecated.*")
-        warnings.filterwarnings("ignore", message=r".*feature will be removed.*")
-        yield
-
-
 def _unwrap(model: nn.Module) -> nn.Module:
     """The inner module of a DistributedDataParallel wrapper (export the model, not the wrapper)."""
     inner = getattr(model, "module", None)
@@ -66,17 +54,11 @@ def _as_tensor(x: Tensor | np.ndarray, like: nn.Module) -> Tensor:
     return t.detach().to(device=device, dtype=torch.float32)
 
 
-def _as_array(x: Tensor | np.ndarray) -> np.ndarray:
-    if isinstance(x, Tensor):
-        x = x.detach().cpu().numpy()
-    return np.ascontiguousarray(x, dtype=np.float32)
-
-
 def export_torchscript(model: nn.Module, path: str | os.PathLike) -> Path:
     """Script `model` (eval mode) and save it; `torch.jit.load(path)` needs no recserve code."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _eval_mode(_unwrap(model)) as m, _quiet_deprecations():
+    with _eval_mode(_unwrap(model)) as m, quiet_deprecations():
         scripted = torch.jit.script(m)
         scripted.eval()
         torch.jit.save(scripted, str(path))
@@ -97,7 +79,7 @@ def export_onnx(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     batch = {0: "batch"}
-    with _eval_mode(_unwrap(model)) as m, _quiet_deprecations(), torch.no_grad():
+    with _eval_mode(_unwrap(model)) as m, quiet_deprecations(), torch.no_grad():
         torch.onnx.export(
             m,
             (_as_tensor(example_pooled, m), _as_tensor(example_dense, m)),
@@ -128,7 +110,7 @@ def verify_onnx(
     """
     with _eval_mode(_unwrap(model)) as m, torch.no_grad():
         expected = m(_as_tensor(pooled, m), _as_tensor(dense, m)).cpu().numpy()
-    got = load_dense(path)(_as_array(pooled), _as_array(dense))
+    got = load_dense(path)(as_array(pooled), as_array(dense))
     if got.shape != expected.shape:
         raise ExportVerificationError(f"{path}: ONNX logits shape {got.shape} != torch {expected.shape}")
     err = np.abs(got - expected)
@@ -140,66 +122,6 @@ def verify_onnx(
             f"{int(bad.sum())} of {err.size} rows exceed atol={atol:g} + rtol={rtol:g} * |logit|"
         )
     return diff
-
-
-def _check_inputs(pooled: np.ndarray, dense: np.ndarray, slots: int, dim: int, num_dense: int) -> None:
-    """Shape errors with a message naming the problem, instead of a deep runtime error."""
-    if pooled.ndim != 3 or pooled.shape[1:] != (slots, dim):
-        raise ValueError(f"pooled must be (B, {slots}, {dim}), got {pooled.shape}")
-    if dense.ndim != 2 or dense.shape != (pooled.shape[0], num_dense):
-        raise ValueError(f"dense must be ({pooled.shape[0]}, {num_dense}), got {dense.shape}")
-
-
-def _load_torchscript(path: Path) -> DenseFn:
-    with _quiet_deprecations():
-        module = torch.jit.load(str(path), map_location="cpu")
-    module.eval()
-    shape = (int(module.num_slots), int(module.dim), int(module.num_dense))
-
-    def predict(pooled: np.ndarray, dense: np.ndarray) -> np.ndarray:
-        p, d = _as_array(pooled), _as_array(dense)
-        _check_inputs(p, d, *shape)
-        with torch.inference_mode():
-            return module(torch.from_numpy(p), torch.from_numpy(d)).numpy()
-
-    return predict
-
-
-def _load_onnx(path: Path, num_threads: int | None) -> DenseFn:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    if num_threads is not None:
-        opts.intra_op_num_threads = num_threads
-    session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-    inputs = {i.name: i.shape for i in session.get_inputs()}
-    if "pooled" not in inputs:
-        raise ValueError(f"{path}: not a recserve dense model (inputs {sorted(inputs)}, no 'pooled')")
-    slots, dim = int(inputs["pooled"][1]), int(inputs["pooled"][2])
-    num_dense = int(inputs["dense"][1]) if "dense" in inputs else 0
-
-    def predict(pooled: np.ndarray, dense: np.ndarray) -> np.ndarray:
-        p, d = _as_array(pooled), _as_array(dense)
-        _check_inputs(p, d, slots, dim, num_dense)
-        feed = {"pooled": p, "dense": d} if "dense" in inputs else {"pooled": p}
-        return session.run([OUTPUT_NAME], feed)[0]
-
-    return predict
-
-
-def load_dense(path: str | os.PathLike, num_threads: int | None = None) -> DenseFn:
-    """Load an exported dense model as `(pooled f32 (B,S,D), dense f32 (B,F)) -> logits f32 (B,)`.
-
-    `.pt` is loaded with torch.jit.load, `.onnx` with an onnxruntime CPU session (`num_threads`
-    sets its intra-op threads; None keeps onnxruntime's default). Inputs of the wrong shape raise
-    ValueError naming the expected shape.
-    """
-    path = Path(path)
-    if path.suffix == ".pt":
-        return _load_torchscript(path)
-    if path.suffix == ".onnx":
-        return _load_onnx(path, num_threads)
-    raise ValueError(f"{path}: unknown dense model format {path.suffix!r}; expected .pt or .onnx")
 
 
 def build_tensorrt_engine(

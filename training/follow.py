@@ -49,9 +49,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+import model_store as ms
 from features.schema import Schema, load_schema
 from features.transform import FeatureError, transform
-from serving import model_store as ms
 from training import data
 from training.cluster import Cluster
 from training.config import FollowConfig
@@ -178,7 +178,7 @@ class FollowTrainer:
     def __init__(self, cfg: FollowConfig, clock=time.monotonic):
         self.cfg = cfg
         self.clock = clock
-        self.watch = WatchDir(cfg.watch, cfg.state or Path(cfg.watch) / f".recserve-follow-{cfg.name}.json")
+        self.watch = WatchDir(cfg.watch, cfg.state or Path(cfg.watch) / f".recserve-follow-{cfg.model}.json")
         self.loaded: _Loaded | None = None
         self.result = FollowResult()
         self._changed = False  # rows trained since the last delta
@@ -215,11 +215,11 @@ class FollowTrainer:
         """Load CURRENT's version at the start; later, move to a new CURRENT. A new version that
         cannot be loaded (incomplete, corrupt) is refused like the serving PS refuses it: both
         stay on the old version, so its deltas keep going there."""
-        from serving.ps.persist import StoreError
+        from model_store.shards import StoreError
 
-        version = ms.current(self.cfg.out, self.cfg.name)
+        version = ms.current(self.cfg.store, self.cfg.model)
         if version is None:
-            raise ms.ModelStoreError(f"{self.cfg.name}: nothing published under {self.cfg.out}")
+            raise ms.ModelStoreError(f"{self.cfg.model}: nothing published under {self.cfg.store}")
         if self.loaded is None:
             self.loaded = self._load(version)
             self.result.version = version
@@ -308,11 +308,11 @@ class FollowTrainer:
 
     # ---- loading a version -----------------------------------------------------------------------
     def _load(self, version: str) -> _Loaded:
-        from serving.ps.persist import META, shard_dirs
+        from model_store.shards import META, shard_dirs
         from serving.ps.store import EmbeddingStore, StoreConfig
         from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
 
-        vdir = ms.version_dir(self.cfg.out, self.cfg.name, version)
+        vdir = ms.version_dir(self.cfg.store, self.cfg.model, version)
         manifest = ms.read_manifest(vdir, verify=True)
         schema = load_schema(vdir / "schema.yaml")
         if schema.fingerprint != manifest.get("schema_fingerprint"):
@@ -349,7 +349,7 @@ class FollowTrainer:
         ctx = TrainCtx(worker, dense, _FrozenDense(), schema, prefetch=prefetch)
         rows = sum(s.rows for s in stores)
         log.info("following %s/%s: %d rows in %d shards, %d existing deltas applied, next delta %d",
-                 self.cfg.name, version, rows, n, applied, stores[0].delta_seq + 1)  # fmt: skip
+                 self.cfg.model, version, rows, n, applied, stores[0].delta_seq + 1)  # fmt: skip
         return _Loaded(version, vdir, schema, cluster, ctx, dense)
 
     def _unload(self) -> None:
@@ -386,9 +386,9 @@ def _apply_existing_deltas(vdir: Path, stores: list) -> int:
 def _load_frozen_dense(path: Path) -> nn.Module:
     """The served TorchScript dense network in eval mode with no trainable parameters: gradients
     still flow through it to the pooled embeddings (its inputs)."""
-    from training.export_dense import _quiet_deprecations
+    from model_store.dense import quiet_deprecations
 
-    with _quiet_deprecations():
+    with quiet_deprecations():
         module = torch.jit.load(str(path), map_location="cpu")
     module.eval()
     for p in module.parameters():

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+import model_store
 from features.schema import load_schema
 from features.transform import dense_matrix
-from serving import model_store
 from training.data import batches, read_split
 from training.evaluate import sigmoid
 
@@ -48,8 +48,8 @@ def load_stores(version: Path, manifest: dict) -> list:
 
 def score(version: str | Path, data: str | Path, batch_size: int = 2048, dense_format: str = "torchscript"):
     """Probabilities for every row of ``data`` from the artifacts of ``version`` alone."""
+    from model_store.dense import load_dense
     from serving.worker.core import EmbeddingWorker, LocalShard
-    from training.export_dense import load_dense
 
     version = Path(version)
     manifest = model_store.read_manifest(version)  # refuses incomplete or corrupt versions

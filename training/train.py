@@ -9,7 +9,7 @@ rank's worker to the shards. Rank 0 evaluates and exports. Everything started he
 the end, on error too.
 
     recserve train --model dlrm --epochs 3 --out model_store --name criteo
-    torchrun --nproc-per-node 2 -m training.cli --epochs 3
+    torchrun --nproc-per-node 2 -m recserve train --epochs 3
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
 
     # ---- dense model ---------------------------------------------------------------------------
     model_cfg = ModelConfig(
-        kind=cfg.model,
+        kind=cfg.arch,
         num_slots=len(schema.sparse),
         dim=cfg.dim,
         num_dense=len(schema.dense),
@@ -120,7 +120,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
 
         writer = None
         if rank == 0 and cfg.export and cluster is not None:
-            writer = VersionWriter(cfg.out, cfg.name)
+            writer = VersionWriter(cfg.store, cfg.model)
             stack.callback(lambda: writer.abort() if writer.staging.exists() else None)
         deltas = DeltaTrigger(cfg.delta_interval_s, cfg.delta_rows)
 
@@ -176,7 +176,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
             # ---- training curve and export ----------------------------------------------------
             curve = cfg.curve or (str(writer.staging / "eval" / "curve.png") if writer is not None else "")
             if curve:
-                result.curve = str(plot_curve(history, curve, title=f"{cfg.name}: {cfg.model}"))
+                result.curve = str(plot_curve(history, curve, title=f"{cfg.model}: {cfg.arch}"))
             if writer is not None:
                 version = writer.finish(
                     cluster,
@@ -190,10 +190,10 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
                 if not cfg.curve:
                     result.curve = str(version / "eval" / "curve.png")
                 if cfg.publish:
-                    from serving import model_store
+                    import model_store
 
-                    model_store.publish(cfg.out, cfg.name, writer.version)
-                    log.info("published %s/%s", cfg.name, writer.version)
+                    model_store.publish(cfg.store, cfg.model, writer.version)
+                    log.info("published %s/%s", cfg.model, writer.version)
         if world > 1:
             dist.barrier()  # the other ranks keep rank 0's shards up until the export is done
         return result

@@ -1,102 +1,137 @@
-"""Clients of one ``EmbeddingPS`` shard: ``PSClient`` (blocking) and ``AsyncPSClient`` (asyncio).
+"""The one client of an ``EmbeddingPS`` shard. It is also the worker's shard backend (``rows``,
+``update``, ``dim``, ``version``), so training, serving and benchmarks talk to a PS one way.
 
-Both speak numpy: ``lookup(signs) -> (rows float32 (n, dim), misses)``, ``update(signs, grads)``,
-``stats() -> dict``; every call carries a deadline (``timeout_s``). gRPC errors surface as
-``grpc.RpcError`` with the server's status and message.
+It speaks numpy: ``lookup(signs) -> (rows float32 (n, dim), misses)``, ``rows(signs, insert)``,
+``update(signs, grads)``, ``stats() -> dict``, ``dump``/``load``. Every call carries a deadline
+(``timeout_s``). Every failure is a ``ShardError`` naming the shard, with the gRPC status name in
+``code`` and ``unavailable`` set when the shard could not be reached in time (the one client error
+convention; the worker's servers map it to UNAVAILABLE / INTERNAL).
+
+The blocking gRPC client releases the GIL while it waits, so the worker's fan-out threads query
+several shards at once.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-_MAX_MESSAGE = 64 * 1024 * 1024
-_FLOAT16 = 2  # recserve.v1.DType.FLOAT16
+from serving.rpc import convert
+from serving.rpc.health import wait_serving
+from serving.rpc.server import grpc_options
+
+_UNAVAILABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 
 
-def channel_options(max_message: int = _MAX_MESSAGE) -> list[tuple[str, int]]:
-    return [("grpc.max_send_message_length", max_message), ("grpc.max_receive_message_length", max_message)]
+class ShardError(RuntimeError):
+    """A PS call failed: ``code`` is the gRPC status name ("" when not from gRPC),
+    ``unavailable`` is True when the shard could not be reached in time."""
 
+    def __init__(self, message: str, unavailable: bool = False, code: str = ""):
+        super().__init__(message)
+        self.unavailable = unavailable
+        self.code = code
 
-def _signs_bytes(signs) -> bytes:
-    return np.ascontiguousarray(signs, dtype="<u8").tobytes()
-
-
-def _lookup_request(signs, insert: bool, dtype: str):
-    from recserve.v1 import common_pb2, ps_pb2
-
-    if dtype not in ("float32", "float16"):
-        raise ValueError(f"unknown dtype {dtype!r}")
-    wire = common_pb2.FLOAT16 if dtype == "float16" else common_pb2.FLOAT32
-    return ps_pb2.LookupRequest(signs=_signs_bytes(signs), dtype=wire, insert=insert)
-
-
-def _rows(resp, n: int) -> tuple[np.ndarray, int]:
-    """Rows as float32 (a read-only view of the payload when it was sent as float32)."""
-    rows = np.frombuffer(resp.rows, dtype="<f2" if resp.dtype == _FLOAT16 else "<f4").reshape(n, resp.dim)
-    return (rows.astype(np.float32) if resp.dtype == _FLOAT16 else rows), resp.misses
-
-
-def _update_request(signs, grads, step: int):
-    from recserve.v1 import ps_pb2
-
-    return ps_pb2.UpdateRequest(
-        signs=_signs_bytes(signs), grads=np.ascontiguousarray(grads, dtype="<f4").tobytes(), step=step
-    )
-
-
-def _stats(resp) -> dict:
-    from google.protobuf.json_format import MessageToDict
-
-    out = MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-    for k in ("rows", "capacity", "memory_bytes", "hits", "misses", "evictions"):
-        out[k] = int(out.get(k, 0))
-    out["delta_seq"] = int(resp.version.delta_seq)
-    out["version"] = resp.version.version
-    return out
+    @property
+    def grpc_status(self) -> str:
+        """How a server that called this shard answers its own client."""
+        return "UNAVAILABLE" if self.unavailable else "INTERNAL"
 
 
 class PSClient:
     """Blocking client of one PS shard at ``target`` ("host:port")."""
 
-    def __init__(self, target: str, timeout_s: float = 2.0):
+    def __init__(self, target: str, timeout_s: float = 5.0, max_message_mb: int = 256):
         import grpc
 
-        from recserve.v1 import ps_pb2_grpc
+        from recserve.v1 import ps_pb2, ps_pb2_grpc
 
-        self.target = target
+        self.target = self.address = target
         self.timeout_s = timeout_s
-        self.channel = grpc.insecure_channel(target, options=channel_options())
+        self._grpc = grpc
+        self._pb = ps_pb2
+        opts = [
+            *grpc_options(max_message_mb),
+            # a restarted PS is found again within ~2 s (gRPC's default backoff grows to 120 s)
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
+        self.channel = grpc.insecure_channel(target, options=opts)
         self.stub = ps_pb2_grpc.EmbeddingPSStub(self.channel)
+        self._dim: int | None = None
+        self.version: tuple[str, int] | None = None
+        """(version, delta_seq) of the last answer from this shard (None before the first)."""
 
+    def _call(self, method, request, timeout_s: float | None = None):
+        try:
+            return method(request, timeout=timeout_s or self.timeout_s)
+        except self._grpc.RpcError as e:
+            code = e.code().name
+            unavailable = code in _UNAVAILABLE
+            what = "unavailable" if unavailable else "failed"
+            raise ShardError(
+                f"PS shard {self.target} {what}: {code}: {e.details()}", unavailable, code
+            ) from None
+
+    # ---- lookups and updates -------------------------------------------------------------------
     def lookup(self, signs, insert: bool = False, dtype: str = "float32", timeout_s: float | None = None):
-        """(rows float32 (n, dim), misses) for ``signs`` (uint64)."""
-        resp = self.stub.Lookup(_lookup_request(signs, insert, dtype), timeout=timeout_s or self.timeout_s)
-        return _rows(resp, len(signs))
+        """(rows float32 (n, dim), misses) for uint64 ``signs``; ``insert`` gives unseen signs a row."""
+        request = self._pb.LookupRequest(
+            signs=convert.signs_to_bytes(signs), dtype=convert.wire_dtype(dtype), insert=insert
+        )
+        resp = self._call(self.stub.Lookup, request, timeout_s)
+        self.version = (resp.version.version, int(resp.version.delta_seq))
+        try:
+            rows = convert.rows_from_bytes(resp.rows, resp.dtype, (len(signs), resp.dim))
+        except ValueError as e:
+            raise ShardError(f"PS shard {self.target} answered a bad payload: {e}") from None
+        return rows, resp.misses
+
+    def rows(self, signs: np.ndarray, insert: bool) -> np.ndarray:
+        """The worker's backend verb: rows float32 (n, dim)."""
+        return self.lookup(signs, insert)[0]
 
     def update(self, signs, grads, step: int = 0, timeout_s: float | None = None) -> int:
-        """Apply float32 gradients (n, dim); returns the distinct signs updated."""
-        return self.stub.Update(
-            _update_request(signs, grads, step), timeout=timeout_s or self.timeout_s
-        ).applied
+        """Apply float32 gradients (n, dim) with the shard's optimizer; returns the signs updated."""
+        request = self._pb.UpdateRequest(
+            signs=convert.signs_to_bytes(signs),
+            grads=np.ascontiguousarray(grads, dtype="<f4").tobytes(),
+            step=step,
+        )
+        return self._call(self.stub.Update, request, timeout_s).applied
+
+    # ---- state ---------------------------------------------------------------------------------
+    @property
+    def dim(self) -> int:
+        if self._dim is None:
+            self._dim = int(self.stats()["dim"])
+        return self._dim
 
     def stats(self, timeout_s: float | None = None) -> dict:
-        from recserve.v1 import ps_pb2
+        """The shard's Stats (shard, num_shards, dim, rows, capacity, ..., version, delta_seq)."""
+        from google.protobuf.json_format import MessageToDict
 
-        return _stats(self.stub.Stats(ps_pb2.StatsRequest(), timeout=timeout_s or self.timeout_s))
+        resp = self._call(self.stub.Stats, self._pb.StatsRequest(), timeout_s)
+        self.version = (resp.version.version, int(resp.version.delta_seq))
+        out = MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        for k in ("rows", "capacity", "memory_bytes", "hits", "misses", "evictions"):
+            out[k] = int(out.get(k, 0))
+        out["delta_seq"] = int(resp.version.delta_seq)
+        out["version"] = resp.version.version
+        return out
 
     def dump(self, path: str, delta: bool = False, timeout_s: float = 300.0):
-        from recserve.v1 import ps_pb2
-
-        return self.stub.Dump(ps_pb2.DumpRequest(path=str(path), delta=delta), timeout=timeout_s)
+        return self._call(self.stub.Dump, self._pb.DumpRequest(path=str(path), delta=delta), timeout_s)
 
     def load(self, path: str, delta: bool = False, timeout_s: float = 300.0):
-        from recserve.v1 import ps_pb2
+        return self._call(self.stub.Load, self._pb.LoadRequest(path=str(path), delta=delta), timeout_s)
 
-        return self.stub.Load(ps_pb2.LoadRequest(path=str(path), delta=delta), timeout=timeout_s)
-
+    # ---- life cycle ----------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float = 30.0) -> None:
-        """Block until the shard's health service says SERVING (raises TimeoutError)."""
-        wait_serving(self.channel, timeout_s)
+        """Block until the shard's health says SERVING (ShardError, unavailable, after ``timeout_s``)."""
+        try:
+            wait_serving(self.channel, timeout_s)
+        except TimeoutError as e:
+            raise ShardError(f"PS shard {self.target}: {e}", True, "UNAVAILABLE") from None
 
     def close(self) -> None:
         self.channel.close()
@@ -106,67 +141,3 @@ class PSClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class AsyncPSClient:
-    """asyncio client of one PS shard (grpc.aio); same methods as ``PSClient``, awaited."""
-
-    def __init__(self, target: str, timeout_s: float = 2.0):
-        import grpc
-
-        from recserve.v1 import ps_pb2_grpc
-
-        self.target = target
-        self.timeout_s = timeout_s
-        self.channel = grpc.aio.insecure_channel(target, options=channel_options())
-        self.stub = ps_pb2_grpc.EmbeddingPSStub(self.channel)
-
-    async def lookup(
-        self, signs, insert: bool = False, dtype: str = "float32", timeout_s: float | None = None
-    ):
-        resp = await self.stub.Lookup(
-            _lookup_request(signs, insert, dtype), timeout=timeout_s or self.timeout_s
-        )
-        return _rows(resp, len(signs))
-
-    async def update(self, signs, grads, step: int = 0, timeout_s: float | None = None) -> int:
-        resp = await self.stub.Update(
-            _update_request(signs, grads, step), timeout=timeout_s or self.timeout_s
-        )
-        return resp.applied
-
-    async def stats(self, timeout_s: float | None = None) -> dict:
-        from recserve.v1 import ps_pb2
-
-        return _stats(await self.stub.Stats(ps_pb2.StatsRequest(), timeout=timeout_s or self.timeout_s))
-
-    async def close(self) -> None:
-        await self.channel.close()
-
-    async def __aenter__(self) -> AsyncPSClient:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
-
-
-def wait_serving(channel, timeout_s: float = 30.0, service: str = "") -> None:
-    """Poll grpc.health.v1 on a blocking ``channel`` until SERVING or ``timeout_s`` passes."""
-    import time
-
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    stub = health_pb2_grpc.HealthStub(channel)
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
-            if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                return
-            last = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-        except grpc.RpcError as e:
-            last = e.code().name
-        time.sleep(0.05)
-    raise TimeoutError(f"PS not SERVING after {timeout_s}s (last: {last})")

@@ -21,10 +21,9 @@ import os
 import time
 from pathlib import Path
 
-from serving import model_store as ms
-from serving.model_store import ModelStoreError
-from serving.ps import persist
-from serving.ps.persist import StoreError
+import model_store as ms
+from model_store import ModelStoreError, shards
+from model_store.shards import StoreError
 
 log = logging.getLogger("recserve.ps.follow")
 
@@ -69,13 +68,10 @@ class Follower:
         from serving.ps.store import EmbeddingStore
 
         vdir = ms.version_dir(self.root, self.model, version)
-        # _SUCCESS and the manifest here; each shard file's sha256 is checked by persist as it is read
-        manifest = ms.read_manifest(vdir, verify=False)
+        # the one gate (model_store.validate) without the sha256 of every file: this shard's own
+        # files are checked by model_store.shards as they are read
+        manifest = ms.validate(self.root, self.model, version, self.schema_fingerprint, verify=False)
         fp = manifest.get("schema_fingerprint")
-        if self.schema_fingerprint and fp != self.schema_fingerprint:
-            raise ModelStoreError(
-                f"feature schema {str(fp)[:12]} differs from the served {self.schema_fingerprint[:12]}"
-            )
         t0 = time.perf_counter()
         data = self.store.read(vdir / "embeddings")
         staging = EmbeddingStore(dataclasses.replace(self.store.config))  # same shard, dim, capacity
@@ -124,7 +120,7 @@ def _verify_other_parts(ddir: Path, config) -> None:
     """Check the checksums of the other shards' parts of a delta (deltas are small), so that the
     shards apply a delta all together or not at all. This shard's own part is checked as
     ``store.read`` reads it; with another shard count every part is read there anyway."""
-    own = persist.shard_dir_name(config.shard, config.num_shards)
-    for part in persist.shard_dirs(ddir):
+    own = shards.shard_dir_name(config.shard, config.num_shards)
+    for part in shards.shard_dirs(ddir):
         if part.name != own:
-            persist.read_shard(part)
+            shards.read_shard(part)

@@ -12,7 +12,7 @@ FTRL-Proximal, per coordinate, as in McMahan et al. 2013 ("Ad Click Prediction")
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,8 +28,8 @@ STATE_NAMES: dict[str, tuple[str, ...]] = {
 class OptimizerConfig:
     """A sparse optimizer and its hyper-parameters (fields an optimizer does not use are ignored)."""
 
-    name: str = "adagrad"
-    """One of sgd, adagrad, adam, ftrl."""
+    name: str = field(default="adagrad", metadata={"flag": "optimizer", "choices": list(STATE_NAMES)})
+    """Sparse optimizer: one of sgd, adagrad, adam, ftrl."""
     lr: float = 0.01
     """Learning rate (FTRL: alpha)."""
     eps: float | None = None

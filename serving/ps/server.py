@@ -9,19 +9,17 @@ makes each of them (a delta application included) atomic with respect to lookups
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import functools
 import logging
-import signal
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # the store (numba) and grpc are imported when a server starts, not by `recserve --help`
-    from serving.ps.store import StoreConfig
+from model_store import shards
+from serving.ps.config import StoreConfig
+from serving.rpc import convert
+from serving.rpc.errors import BadRequest, rpc
 
 log = logging.getLogger("recserve.ps")
 
@@ -51,62 +49,13 @@ class ServerConfig:
     CURRENT changes, apply each new delta of the served version (serving/ps/follow.py)."""
     poll_s: float = 1.0
     """How often the follower looks for a new version or delta."""
-    store: StoreConfig = field(default_factory=lambda: _store_config())
+    store: StoreConfig = field(default_factory=StoreConfig)
     """The shard's store (shard, num_shards, dim, capacity, optimizer, ...)."""
 
+    def endpoint(self):
+        from serving.rpc.server import Endpoint
 
-def _store_config(**kw) -> StoreConfig:
-    from serving.ps.store import StoreConfig
-
-    return StoreConfig(**kw)
-
-
-class BadRequest(ValueError):
-    """The request is malformed; maps to INVALID_ARGUMENT."""
-
-
-def _signs(payload: bytes) -> np.ndarray:
-    if not payload:
-        raise BadRequest("empty request: no signs")
-    if len(payload) % 8:
-        raise BadRequest(f"signs is {len(payload)} bytes, not a multiple of 8 (uint64 little-endian)")
-    return np.frombuffer(payload, dtype="<u8")
-
-
-def _status(e: Exception, method: str):
-    """The gRPC status and message for an exception raised by an RPC."""
-    import grpc
-
-    from serving.ps.persist import StoreError
-
-    if isinstance(e, ValueError):  # BadRequest and the store's own argument checks
-        return grpc.StatusCode.INVALID_ARGUMENT, str(e)
-    if isinstance(e, StoreError):
-        return grpc.StatusCode.FAILED_PRECONDITION, str(e)
-    if isinstance(e, OSError):
-        return grpc.StatusCode.UNAVAILABLE, f"I/O error: {e}"
-    log.error("%s failed", method, exc_info=e)
-    return grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(e).__name__}: {e}"
-
-
-def _rpc(method):
-    """The error boundary of every RPC: deadline check, then exceptions -> gRPC status."""
-
-    @functools.wraps(method)
-    async def wrapper(self, request, context):
-        remaining = context.time_remaining()
-        if remaining is not None and remaining <= 0:
-            import grpc
-
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before the call started")
-        try:
-            return await method(self, request, context)
-        except Exception as e:
-            if type(e).__name__ == "AbortError":  # context.abort() inside the method
-                raise
-            await context.abort(*_status(e, method.__name__))
-
-    return wrapper
+        return Endpoint(self.host, self.port, self.metrics_port, self.max_message_mb, self.grace_s)
 
 
 class _Metrics:
@@ -116,7 +65,7 @@ class _Metrics:
         from prometheus_client import CollectorRegistry, Counter, Histogram
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        from serving.metrics import LATENCY_BUCKETS
+        from serving.rpc.metrics import LATENCY_BUCKETS
 
         self.registry = CollectorRegistry()
         self.lookup_seconds = Histogram(
@@ -126,6 +75,9 @@ class _Metrics:
             registry=self.registry,
         )
         self.lookup_ids = Counter("recserve_ps_lookup_ids", "Signs looked up", registry=self.registry)
+        self.errors = Counter(
+            "recserve_ps_errors", "RPCs answered with an error", ["code"], registry=self.registry
+        )
         self.update_seconds = Histogram(
             "recserve_ps_update_seconds",
             "PS Update time in the server",
@@ -160,14 +112,6 @@ class EmbeddingPSServicer:
         self.pb = ps_pb2
         self.common = common_pb2
 
-    def _fp16(self, value: int) -> bool:
-        """True for float16, False for float32; anything else is refused."""
-        if value in (self.common.DTYPE_UNSPECIFIED, self.common.FLOAT32):
-            return False
-        if value == self.common.FLOAT16:
-            return True
-        raise BadRequest(f"unknown dtype {value}; use FLOAT32 (1) or FLOAT16 (2)")
-
     def _lookup_version(self):  # of the rows just returned: read under the lookup's lock, same thread
         version, seq = self.store.last_lookup_version
         return self.common.ModelVersion(version=version, delta_seq=seq)
@@ -175,13 +119,13 @@ class EmbeddingPSServicer:
     def _version(self):
         return self.common.ModelVersion(version=self.store.version, delta_seq=self.store.delta_seq)
 
-    @_rpc
+    @rpc
     async def Lookup(self, request, context):
-        signs = _signs(request.signs)
-        fp16 = self._fp16(request.dtype)
+        signs = convert.signs_from_bytes(request.signs)
+        fp16 = convert.wants_fp16(request.dtype)
         t0 = time.perf_counter()
         rows, misses = self.store.lookup(signs, insert=request.insert)
-        payload = (rows.astype(np.float16) if fp16 else rows).tobytes()
+        payload = convert.rows_to_bytes(rows, fp16)
         if self.metrics is not None:
             self.metrics.lookup_seconds.observe(time.perf_counter() - t0)
             self.metrics.lookup_ids.inc(len(signs))
@@ -193,24 +137,17 @@ class EmbeddingPSServicer:
             version=self._lookup_version(),
         )
 
-    @_rpc
+    @rpc
     async def Update(self, request, context):
-        signs = _signs(request.signs)
-        dim = self.store.config.dim
-        want = len(signs) * dim * 4
-        if len(request.grads) != want:
-            raise BadRequest(
-                f"grads is {len(request.grads)} bytes; expected {want} "
-                f"(float32, {len(signs)} signs x dim {dim}, row-major)"
-            )
-        grads = np.frombuffer(request.grads, dtype="<f4").reshape(len(signs), dim)
+        signs = convert.signs_from_bytes(request.signs)
+        grads = convert.matrix_from_bytes(request.grads, len(signs), self.store.config.dim)
         t0 = time.perf_counter()
         applied = self.store.apply_gradients(signs, grads, step=request.step)
         if self.metrics is not None:
             self.metrics.update_seconds.observe(time.perf_counter() - t0)
         return self.pb.UpdateResponse(applied=applied)
 
-    @_rpc
+    @rpc
     async def Stats(self, request, context):
         st = self.store.stats()
         return self.pb.StatsResponse(
@@ -227,23 +164,21 @@ class EmbeddingPSServicer:
             version=self._version(),
         )
 
-    @_rpc
+    @rpc
     async def Dump(self, request, context):
-        from serving.ps import persist
-
         if not request.path:
             raise BadRequest("dump path is empty")
         # cut/copy inline (consistent and atomic), write in a thread (lookups keep flowing)
         data = self.store.cut_delta() if request.delta else self.store.snapshot(copy=True)
         try:
-            path = await asyncio.to_thread(persist.write_shard, request.path, data)
+            path = await asyncio.to_thread(shards.write_shard, request.path, data)
         except BaseException:
             if request.delta:
                 self.store.restore_delta(data)
             raise
         return self.pb.DumpResponse(path=str(path), rows=len(data.signs), deleted=len(data.deleted))
 
-    @_rpc
+    @rpc
     async def Load(self, request, context):
         if not request.path:
             raise BadRequest("load path is empty")
@@ -271,20 +206,11 @@ def _warm_up(cfg: StoreConfig) -> None:
     scratch.apply_gradients(signs[:1], grads[:1])
 
 
-def _options(config: ServerConfig) -> list[tuple[str, int]]:
-    size = config.max_message_mb * 1024 * 1024
-    return [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
-
-
 async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> None:
     """Run one PS shard until SIGTERM/SIGINT (or until the task is cancelled)."""
-    import grpc
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-    from grpc_reflection.v1alpha import reflection
-
     from recserve.v1 import ps_pb2_grpc
-    from serving.metrics import start_metrics_server
     from serving.ps.store import EmbeddingStore
+    from serving.rpc import server as rpc_server
 
     store = EmbeddingStore(config.store)
     _warm_up(config.store)
@@ -300,38 +226,23 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
         follower = Follower(store, config.follow, registry=metrics.registry)
         for event in follower.poll():  # serve the published version (and its deltas) from the start
             log.info("follow: %s", event)
-    server = grpc.aio.server(options=_options(config))
-    ps_pb2_grpc.add_EmbeddingPSServicer_to_server(EmbeddingPSServicer(store, metrics), server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    if not port:
-        raise OSError(f"cannot bind {config.host}:{config.port}")
-    stop_metrics = start_metrics_server(config.metrics_port, config.host, metrics.registry)
-    await server.start()
-    for name in ("", SERVICE):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    servicer = EmbeddingPSServicer(store, metrics)
+    running = await rpc_server.start_aio(
+        config.endpoint(),
+        SERVICE,
+        lambda server: ps_pb2_grpc.add_EmbeddingPSServicer_to_server(servicer, server),
+        metrics.registry,
+    )
+    await rpc_server.set_serving_aio(running, True)
     cfg = config.store
     log.info(
         "ps shard %d/%d serving on %s:%d (dim %d, capacity %d)",
-        cfg.shard,
-        cfg.num_shards,
-        config.host,
-        port,
-        cfg.dim,
-        cfg.capacity,
-    )
+        cfg.shard, cfg.num_shards, config.host, running.port, cfg.dim, cfg.capacity,
+    )  # fmt: skip
     if started is not None:
-        started.set_result(port)
-
-    stop = asyncio.Event()
+        started.set_result(running.port)
+    stop = rpc_server.stop_event_on_signals()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):  # not the main thread (tests)
-            pass
 
     async def expire_loop():
         while True:
@@ -352,87 +263,8 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
     following = asyncio.create_task(follow_loop()) if follower is not None else None
     try:
         await stop.wait()
-        log.info("shutting down (grace %.1fs)", config.grace_s)
     finally:
         for task in (expirer, following):
             if task is not None:
                 task.cancel()
-        await health_servicer.enter_graceful_shutdown()
-        await server.stop(config.grace_s)
-        stop_metrics()
-
-
-# ---- CLI ----------------------------------------------------------------------------------------
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML file with ServerConfig fields (store: {...}); flags override it")
-    p.add_argument("--shard", type=int, help="this shard's number (default 0)")
-    p.add_argument("--num-shards", type=int, help="number of PS shards (default 1)")
-    p.add_argument("--host", help="interface to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="gRPC port (default 50061; 0 = any)")
-    p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 0 = off)")
-    p.add_argument("--load", help="dump directory to load before serving")
-    p.add_argument(
-        "--follow",
-        help="model directory <model_store>/<model>: serve CURRENT, follow new versions and deltas",
-    )
-    p.add_argument("--poll-s", type=float, help="how often --follow looks for versions/deltas (default 1 s)")
-    p.add_argument("--dim", type=int, help="embedding dimension (default 16)")
-    p.add_argument("--capacity", type=int, help="row capacity of this shard (default 1,000,000)")
-    p.add_argument("--dtype", choices=["float32", "float16"], help="row storage type")
-    p.add_argument("--optimizer", choices=["sgd", "adagrad", "adam", "ftrl"], help="sparse optimizer")
-    p.add_argument("--lr", type=float, help="learning rate")
-    p.add_argument("--init-scale", type=float, help="new rows are uniform(-s, s)")
-    p.add_argument("--min-count", type=int, help="admission threshold (sightings before a row)")
-    p.add_argument("--eviction", choices=["lru", "lfu"], help="eviction policy when full")
-    p.add_argument("--ttl-s", type=float, help="expire rows untouched this long (0 = never)")
-    p.add_argument("--schema-hash", help="feature-schema hash required of loaded dumps")
-    p.add_argument("--log-level", default="INFO")
-
-
-_SERVER_FLAGS = ("host", "port", "metrics_port", "load", "follow", "poll_s")
-_STORE_FLAGS = (
-    "shard",
-    "num_shards",
-    "dim",
-    "capacity",
-    "dtype",
-    "init_scale",
-    "min_count",
-    "eviction",
-    "ttl_s",
-    "schema_hash",
-)
-
-
-def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    raw: dict = {}
-    if args.config:
-        import yaml
-
-        with open(args.config) as f:
-            raw = yaml.safe_load(f) or {}
-    store = dict(raw.pop("store", {}) or {})
-    optimizer = dict(store.pop("optimizer", {}) or {})
-    raw.update({k: getattr(args, k) for k in _SERVER_FLAGS if getattr(args, k) is not None})
-    store.update({k: getattr(args, k) for k in _STORE_FLAGS if getattr(args, k) is not None})
-    if args.optimizer is not None:
-        optimizer["name"] = args.optimizer
-    if args.lr is not None:
-        optimizer["lr"] = args.lr
-    from serving.ps.optim import OptimizerConfig
-
-    store["optimizer"] = OptimizerConfig(**optimizer)
-    return ServerConfig(**raw, store=_store_config(**store))
-
-
-def run(args: argparse.Namespace) -> int:
-    import uvloop
-
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        config = config_from_args(args)
-    except (TypeError, ValueError) as e:
-        log.error("bad configuration: %s", e)
-        return 2
-    uvloop.run(serve(config))
-    return 0
+        await rpc_server.stop_aio(running, config.grace_s)

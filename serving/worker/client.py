@@ -99,22 +99,12 @@ class WorkerClient:
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Block until the worker's health service says SERVING (raises TimeoutError)."""
-        import time
+        from serving.rpc.health import wait_serving
 
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-        stub = health_pb2_grpc.HealthStub(self.channel)
-        deadline, last = time.monotonic() + timeout_s, None
-        while time.monotonic() < deadline:
-            try:
-                status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-                last = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
-            except self._grpc.RpcError as e:
-                last = e.code().name
-            time.sleep(0.05)
-        raise TimeoutError(f"worker {self.address} not SERVING after {timeout_s}s (last: {last})")
+        try:
+            wait_serving(self.channel, timeout_s)
+        except TimeoutError as e:
+            raise TimeoutError(f"worker {self.address}: {e}") from None
 
     def close(self) -> None:
         self.channel.close()

@@ -24,13 +24,13 @@ import numpy as np
 from features.batch import CompactBatch
 from features.schema import Schema
 from serving.worker.pooling import BatchError, PoolingPlan, make_plan, pool, unpool
-from serving.worker.shards import GrpcShard, HashRouter, LocalShard, ShardBackend, ShardError
+from serving.worker.shards import HashRouter, LocalShard, PSClient, ShardBackend, ShardError
 
 __all__ = [
     "BatchError",
     "EmbeddingWorker",
     "ForwardResult",
-    "GrpcShard",
+    "PSClient",
     "LocalShard",
     "ShardBackend",
     "ShardError",
@@ -46,6 +46,10 @@ MODES = ("train", "infer")
 
 class UpdateError(RuntimeError):
     """A background update failed; raised by the next forward/backward/flush (cause attached)."""
+
+    @property
+    def grpc_status(self) -> str:
+        return getattr(self.__cause__, "grpc_status", None) or "INTERNAL"
 
 
 @dataclass
@@ -255,7 +259,7 @@ class EmbeddingWorker:
             return np.empty((0, self.dim), np.float32)
         parts = self.router.split(signs)
         work = [(s, p) for s, p in zip(self.shards, parts, strict=True) if p is None or len(p)]
-        calls = [lambda s=s, p=p: s.lookup(signs if p is None else signs[p], insert) for s, p in work]
+        calls = [lambda s=s, p=p: s.rows(signs if p is None else signs[p], insert) for s, p in work]
         results = self._fan_out(calls)
         if parts[0] is None:
             return self._checked(results[0], len(signs))
@@ -301,14 +305,14 @@ def connect(
 ) -> EmbeddingWorker:
     """A worker over PS processes at ``ps_addresses`` (shard i at address i). Waits up to
     ``timeout_s`` for each shard and checks it is shard i of len(ps_addresses)."""
-    shards = [GrpcShard(a, timeout_s=timeout_s) for a in ps_addresses]
+    shards = [PSClient(a, timeout_s=timeout_s) for a in ps_addresses]
     try:
         for i, shard in enumerate(shards):
             shard.wait_ready(timeout_s)
             st = shard.stats()
             if (st["shard"], st["num_shards"]) != (i, len(shards)):
                 raise ValueError(
-                    f"PS at {shard.address} is shard {st['shard']} of {st['num_shards']}, "
+                    f"PS at {shard.target} is shard {st['shard']} of {st['num_shards']}, "
                     f"but was given as shard {i} of {len(shards)} (order of --ps matters)"
                 )
         return EmbeddingWorker(shards, schema, config)

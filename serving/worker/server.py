@@ -8,16 +8,16 @@ Forward would need a hop to a thread for the same work. Measured on loopback: an
 
 from __future__ import annotations
 
-import argparse
-import functools
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from serving.rpc import convert
+from serving.rpc.errors import BadRequest, rpc
 
 log = logging.getLogger("recserve.worker")
 
@@ -49,34 +49,17 @@ class ServerConfig:
     max_message_mb: int = 256
     """Max gRPC send/receive message size."""
 
+    def endpoint(self):
+        from serving.rpc.server import Endpoint
 
-class BadRequest(ValueError):
-    """The request is malformed; maps to INVALID_ARGUMENT."""
-
-
-def _status(e: BaseException, method: str):
-    """The gRPC status code and message for an exception raised by an RPC."""
-    import grpc
-
-    from serving.worker.core import ShardError, UpdateError
-
-    cause = e.__cause__ if isinstance(e, UpdateError) else e
-    if isinstance(cause, ShardError):
-        code = grpc.StatusCode.UNAVAILABLE if cause.unavailable else grpc.StatusCode.INTERNAL
-        return code, str(e)
-    if isinstance(e, KeyError):
-        return grpc.StatusCode.NOT_FOUND, str(e.args[0]) if e.args else "not found"
-    if isinstance(e, ValueError):  # BadRequest, CodecError, BatchError, the core's checks
-        return grpc.StatusCode.INVALID_ARGUMENT, str(e)
-    log.error("%s failed", method, exc_info=e)
-    return grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(e).__name__}: {e}"
+        return Endpoint(self.host, self.port, self.metrics_port, self.max_message_mb, self.grace_s)
 
 
 class _Metrics:
     def __init__(self, worker):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-        from serving.metrics import LATENCY_BUCKETS
+        from serving.rpc.metrics import LATENCY_BUCKETS
 
         self.registry = CollectorRegistry()
         self.forward_seconds = Histogram(
@@ -104,21 +87,6 @@ class _Metrics:
         pending.set_function(lambda: worker.pending_batches)
 
 
-def _rpc(method):
-    """The error boundary of every RPC: exceptions -> gRPC status with an actionable message."""
-
-    @functools.wraps(method)
-    def wrapper(self, request, context):
-        try:
-            return method(self, request, context)
-        except Exception as e:
-            code, message = _status(e, method.__name__)
-            self.metrics.errors.labels(code.name).inc()
-            context.abort(code, message)
-
-    return wrapper
-
-
 class EmbeddingWorkerServicer:
     """gRPC adapter of one ``EmbeddingWorker``."""
 
@@ -137,21 +105,14 @@ class EmbeddingWorkerServicer:
             return "train"
         raise BadRequest(f"unknown mode {value}; use TRAIN (1) or INFER (2)")
 
-    def _fp16(self, value: int) -> bool:
-        if value in (self.common.DTYPE_UNSPECIFIED, self.common.FLOAT32):
-            return False
-        if value == self.common.FLOAT16:
-            return True
-        raise BadRequest(f"unknown dtype {value}; use FLOAT32 (1) or FLOAT16 (2)")
-
-    @_rpc
+    @rpc
     def Forward(self, request, context):
         from features.codec import decode
 
         t0 = time.perf_counter()
         if not request.batch:
             raise BadRequest("empty request: no compact batch")
-        mode, fp16 = self._mode(request.mode), self._fp16(request.dtype)
+        mode, fp16 = self._mode(request.mode), convert.wants_fp16(request.dtype)
         batch = decode(request.batch, schema_hash=self.worker.schema.hash64)
         res = self.worker.forward(batch, mode)
         pooled = res.pooled.astype(np.float16) if fp16 else res.pooled
@@ -169,7 +130,7 @@ class EmbeddingWorkerServicer:
         self.metrics.rows.inc(batch.num_rows)
         return reply
 
-    @_rpc
+    @rpc
     def Backward(self, request, context):
         if not request.grads:
             raise BadRequest("empty request: no grads")
@@ -185,12 +146,12 @@ class EmbeddingWorkerServicer:
         self.metrics.backwards.inc()
         return self.pb.BackwardResponse()
 
-    @_rpc
+    @rpc
     def Flush(self, request, context):
         self.worker.flush()
         return self.pb.FlushResponse()
 
-    @_rpc
+    @rpc
     def Stats(self, request, context):
         w = self.worker
         version, seq = w.version()
@@ -211,15 +172,9 @@ def serve(
 ) -> int:
     """Run the worker until SIGTERM/SIGINT (or ``stop`` is set); returns the exit code.
     ``started(port)`` is called once it serves."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import grpc
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-    from grpc_reflection.v1alpha import reflection
-
     from features.schema import load_schema
     from recserve.v1 import worker_pb2_grpc
-    from serving.metrics import start_metrics_server
+    from serving.rpc import server as rpc_server
     from serving.worker.core import ShardError, WorkerConfig, connect
 
     if not config.ps:
@@ -234,72 +189,26 @@ def serve(
         log.error("cannot start: %s", e)
         return 1
     metrics = _Metrics(worker)
-    size = config.max_message_mb * 1024 * 1024
-    options = [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
-    server = grpc.server(ThreadPoolExecutor(config.threads, thread_name_prefix="worker-rpc"), options=options)
-    worker_pb2_grpc.add_EmbeddingWorkerServicer_to_server(EmbeddingWorkerServicer(worker, metrics), server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    if not port:
+    servicer = EmbeddingWorkerServicer(worker, metrics)
+    try:
+        running = rpc_server.start_sync(
+            config.endpoint(),
+            SERVICE,
+            lambda server: worker_pb2_grpc.add_EmbeddingWorkerServicer_to_server(servicer, server),
+            metrics.registry,
+            config.threads,
+        )
+    except OSError:
         worker.close()
-        raise OSError(f"cannot bind {config.host}:{config.port}")
-    stop_metrics = start_metrics_server(config.metrics_port, config.host, metrics.registry)
-    server.start()
-    for name in ("", SERVICE):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        raise
+    rpc_server.set_serving_sync(running, True)
     log.info(
         "worker serving %s on %s:%d over %d PS shards (dim %d, staleness %d)",
-        schema.name,
-        config.host,
-        port,
-        len(config.ps),
-        worker.dim,
-        config.staleness,
-    )
-    stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+        schema.name, config.host, running.port, len(config.ps), worker.dim, config.staleness,
+    )  # fmt: skip
     if started is not None:
-        started(port)
-    stop.wait()
-    log.info("shutting down (grace %.1fs)", config.grace_s)
-    health_servicer.enter_graceful_shutdown()
-    server.stop(config.grace_s).wait()
+        started(running.port)
+    rpc_server.wait_for_stop(stop)
+    rpc_server.stop_sync(running, config.grace_s)
     worker.close()  # applies the updates still queued
-    stop_metrics()
     return 0
-
-
-# ---- CLI ----------------------------------------------------------------------------------------
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--ps", required=True, help="PS shard addresses HOST:PORT,HOST:PORT (shard i at position i)"
-    )
-    p.add_argument("--schema", default=ServerConfig.schema, help="feature schema YAML")
-    p.add_argument("--host", default=ServerConfig.host, help="interface to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=ServerConfig.port, help="gRPC port (0 = any)")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0 = off)")
-    p.add_argument("--staleness", type=int, default=0, help="K: batches whose updates may be in flight")
-    p.add_argument("--threads", type=int, default=ServerConfig.threads, help="gRPC handler threads")
-    p.add_argument(
-        "--ps-timeout-s", type=float, default=ServerConfig.ps_timeout_s, help="deadline of PS calls"
-    )
-    p.add_argument("--log-level", default="INFO")
-
-
-def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = ServerConfig(
-        ps=tuple(a.strip() for a in args.ps.split(",") if a.strip()),
-        schema=args.schema,
-        host=args.host,
-        port=args.port,
-        metrics_port=args.metrics_port,
-        staleness=args.staleness,
-        threads=args.threads,
-        ps_timeout_s=args.ps_timeout_s,
-    )
-    return serve(config)

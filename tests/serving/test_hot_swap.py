@@ -10,14 +10,14 @@ import numpy as np
 import orjson
 import pytest
 
+import model_store as ms
 from features.readers import read_criteo
 from features.schema import load_schema
 from features.transform import transform
-from serving import model_store as ms
-from serving.client import ScoringClient, requests_from_file
-from serving.deltas import DeltaWriter
-from serving.releases import publish, rollback
-from serving.stack import LocalStack, StackConfig
+from model_store.releases import publish, rollback
+from serving.ps.deltas import DeltaWriter
+from serving.scoring.client import ScoringClient, requests_from_file
+from serving.stack.local import LocalStack, StackConfig
 
 pytestmark = pytest.mark.slow
 TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
@@ -36,7 +36,7 @@ def _train(root, seed: int, publish_it: bool):
 def live(tmp_path_factory):
     root = tmp_path_factory.mktemp("store")
     _train(root, 0, True)
-    stack = LocalStack(StackConfig(model_store=str(root), model="criteo", http_port=0, management_port=0,
+    stack = LocalStack(StackConfig(store=str(root), model="criteo", http_port=0, management_port=0,
                                    metrics_port=0, disable_token_auth=True, poll_s=0.2)).start()  # fmt: skip
     client = ScoringClient(stack.state["endpoint"])
     yield root, stack, client

@@ -7,10 +7,10 @@ import threading
 import numpy as np
 import pytest
 
-from serving import model_store as ms
+import model_store as ms
+from model_store.releases import publish, rollback
 from serving.ps.follow import Follower
 from serving.ps.store import EmbeddingStore, StoreConfig
-from serving.releases import publish, rollback
 
 DIM = 4
 SIGNS = np.arange(1, 2001, dtype=np.uint64) * np.uint64(7919)
@@ -104,10 +104,10 @@ def test_version_without_success_or_other_schema_is_refused(setup):
     trainer.apply_gradients(SIGNS[:50], np.ones((50, DIM), np.float32))
     v2 = make_version(root, trainer)
     (ms.version_dir(root, "m", v2) / ms.SUCCESS).unlink()
-    ms._write_atomic(ms.model_dir(root, "m") / ms.CURRENT, f"{v2}\n".encode())  # forced past publish's gate
+    ms.layout.set_current(root, "m", v2)  # forced past publish's gate
     assert follower.poll() == [] and served.version == v1
     v3 = make_version(root, trainer, fingerprint="another-schema")
-    ms._write_atomic(ms.model_dir(root, "m") / ms.CURRENT, f"{v3}\n".encode())
+    ms.layout.set_current(root, "m", v3)
     assert follower.poll() == [] and served.version == v1
 
 
@@ -165,7 +165,7 @@ def test_version_with_a_corrupt_shard_file_is_refused(setup):
     v2 = make_version(root, trainer)
     rows = next((ms.version_dir(root, "m", v2) / "embeddings").rglob("rows.npy"))
     rows.write_bytes(rows.read_bytes()[:-4] + b"\x00\x00\x80\x7f")
-    ms._write_atomic(ms.model_dir(root, "m") / ms.CURRENT, f"{v2}\n".encode())  # forced past publish's gate
+    ms.layout.set_current(root, "m", v2)  # forced past publish's gate
     before = served.lookup(SIGNS)[0].copy()
     assert follower.poll() == [] and served.version == v1
     assert np.array_equal(served.lookup(SIGNS)[0], before)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from features.hashing import shard_of
-from serving.ps import EmbeddingStore, OptimizerConfig, StoreConfig, StoreError, persist
+from model_store import shards
+from serving.ps import EmbeddingStore, OptimizerConfig, StoreConfig, StoreError
 
 
 class FakeClock:
@@ -230,7 +231,7 @@ def test_failed_write_leaves_nothing_and_keeps_the_delta_pending(tmp_path, monke
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(persist, "_fsync_dir", boom)
+    monkeypatch.setattr(shards, "fsync_dir", boom)
     with pytest.raises(OSError):
         s.dump_delta(tmp_path / "d")
     assert list((tmp_path / "d").iterdir()) == []
@@ -252,7 +253,7 @@ def test_refused_load_keeps_the_served_rows(tmp_path, dumped):
     before = contents(s)
     snap = s.snapshot()
     snap.signs[1] = snap.signs[0]  # a dump with a duplicate sign (checksums are fine)
-    bad = persist.write_shard(tmp_path / "dup", snap)
+    bad = shards.write_shard(tmp_path / "dup", snap)
     with pytest.raises(StoreError, match="duplicate"):
         s.load(bad)
     data = bytearray((dumped / "signs.npy").read_bytes())

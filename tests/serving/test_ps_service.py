@@ -29,7 +29,7 @@ def ps(tmp_path_factory):
     cmd = [
         sys.executable,
         "-m",
-        "serving.cli",
+        "recserve",
         "ps",
         "--port",
         str(port),
@@ -180,7 +180,7 @@ def test_sigterm_shuts_down_cleanly(ps):  # last in the module: it stops the sha
 
 
 def test_cli_config_yaml_and_flags(tmp_path):
-    from serving.cli import build_parser
+    from recserve.cli import build_parser
     from serving.ps.server import config_from_args
 
     cfg_file = tmp_path / "ps.yaml"

@@ -1,8 +1,8 @@
 import pytest
 
-from serving import model_store as ms
-from serving.model_store import ModelStoreError
-from serving.releases import history, list_versions, publish, retain, rollback, validate
+import model_store as ms
+from model_store import ModelStoreError
+from model_store.releases import history, list_versions, publish, retain, rollback, validate
 
 
 def _version(root, fingerprint="fp", complete=True) -> str:

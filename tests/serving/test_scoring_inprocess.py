@@ -11,10 +11,10 @@ import numpy as np
 import orjson
 import pytest
 
+import model_store
 from features.schema import load_schema
-from serving import model_store
-from serving.client import requests_from_file
-from serving.scoring import Scorer, ScoringConfig, server_timing
+from serving.scoring.client import requests_from_file
+from serving.scoring.core import Scorer, ScoringConfig, server_timing
 from serving.worker.core import EmbeddingWorker, LocalShard
 
 TEST = "data/criteo/wide_resdnn_criteo_test.tsv"

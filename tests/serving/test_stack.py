@@ -16,8 +16,8 @@ from features.codec import encode
 from features.readers import read_criteo, to_records
 from features.schema import load_schema
 from features.transform import transform
-from serving.client import ScoringClient, requests_from_file
-from serving.stack import LocalStack, StackConfig, down
+from serving.scoring.client import ScoringClient, requests_from_file
+from serving.stack.local import LocalStack, StackConfig, down
 
 pytestmark = pytest.mark.slow
 TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
@@ -39,7 +39,7 @@ def trained(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stack(trained):
     root, _ = trained
-    cfg = StackConfig(model_store=str(root), model="criteo", http_port=0, management_port=0, metrics_port=0)
+    cfg = StackConfig(store=str(root), model="criteo", http_port=0, management_port=0, metrics_port=0)
     s = LocalStack(cfg).start()
     yield s
     s.stop()
@@ -137,7 +137,7 @@ def test_worker_outage_is_a_503_not_a_hang_and_recovers(stack, client):
 
 def test_down_stops_exactly_what_up_started(trained, tmp_path):
     root, _ = trained
-    cfg = StackConfig(model_store=str(root), model="criteo", run_dir=str(tmp_path / "run"),
+    cfg = StackConfig(store=str(root), model="criteo", run_dir=str(tmp_path / "run"),
                       http_port=0, management_port=0, metrics_port=0, disable_token_auth=True)  # fmt: skip
     s = LocalStack(cfg).start()
     try:

@@ -8,7 +8,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serving.torchserve import ManagementClient, TorchServe, TorchServeConfig, TorchServeError, archive
+from serving.torchserve import (
+    ManagementClient,
+    TorchServe,
+    TorchServeConfig,
+    TorchServeError,
+    archive,
+)
 from tests.helpers import free_ports
 
 pytestmark = pytest.mark.slow

@@ -225,7 +225,7 @@ class RecordingShard:
         self.backwards = 0
         self.lock = threading.Lock()
 
-    def lookup(self, signs, insert):
+    def rows(self, signs, insert):
         if insert:
             with self.lock:
                 self.lookups.append(self.backwards - self.applied)
@@ -250,7 +250,7 @@ def test_backward_matches_torch_autograd(make):
     batch = make()
     with EmbeddingWorker([shard], SCHEMA) as w:
         res = w.forward(batch, "train")
-        table = shard.lookup(batch.signs, False)
+        table = shard.rows(batch.signs, False)
         weight = torch.tensor(table, requires_grad=True)
         ref = torch_pooled(batch, SCHEMA, weight)
         np.testing.assert_allclose(res.pooled, ref.detach().numpy(), rtol=1e-6, atol=1e-7)

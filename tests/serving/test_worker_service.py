@@ -35,7 +35,7 @@ LR = 0.5
 def _spawn(args: list[str], log) -> subprocess.Popen:
     with open(log, "w") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "serving.cli", *args], stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "recserve", *args], stdout=out, stderr=subprocess.STDOUT
         )
 
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
+import model_store as ms
 from features.hashing import shard_of
 from features.schema import load_schema
 from features.transform import transform
-from serving import model_store as ms
 from training import data
 from training.config import FollowConfig, TrainConfig
 from training.follow import FollowTrainer, WatchDir, follow
@@ -35,8 +35,8 @@ NAME = "criteo"
 def trained(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("follow-version")
     cfg = TrainConfig(
-        out=str(tmp / "store"),
-        name=NAME,
+        store=str(tmp / "store"),
+        model=NAME,
         epochs=1,
         limit=2000,
         inprocess_ps=True,
@@ -63,7 +63,7 @@ def watch(tmp_path) -> Path:
 
 
 def _cfg(store: Path, watch: Path, **kw) -> FollowConfig:
-    return FollowConfig(**({"watch": str(watch), "out": str(store), "name": NAME, "poll_s": 0.2} | kw))
+    return FollowConfig(**({"watch": str(watch), "store": str(store), "model": NAME, "poll_s": 0.2} | kw))
 
 
 def _lookup(stores, signs: np.ndarray) -> np.ndarray:
@@ -229,15 +229,19 @@ def test_max_seconds_stops_without_a_delta_when_nothing_arrived(store, watch):
 def test_cli_once(store, watch):
     shutil.copy(SAMPLE, watch / SAMPLE.name)
     (watch / f"{SAMPLE.name}.done").write_text("")
-    args = ["--follow", "--once", "--out", str(store), "--name", NAME, "--watch", str(watch)]
+    args = ["--follow", "--once", "--store", str(store), "--model", NAME, "--watch", str(watch)]
     proc = subprocess.run(
-        [sys.executable, "-m", "training.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "recserve", "train", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["files"] == [SAMPLE.name] and summary["rows"] == 200 and len(summary["deltas"]) == 1
     bad = subprocess.run(
-        [sys.executable, "-m", "training.cli", *args, "--epochs", "2"],
+        [sys.executable, "-m", "recserve", "train", *args, "--epochs", "2"],
         cwd=ROOT,
         capture_output=True,
         text=True,

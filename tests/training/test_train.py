@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
+import model_store
 from features.schema import load_schema
-from serving import model_store
 from training import data
 from training.config import TrainConfig
 from training.ctx import TrainCtx
@@ -37,8 +37,8 @@ def _config(tmp_path: Path, **kw) -> TrainConfig:
         schema=str(SCHEMA),
         data=str(TRAIN),
         test=str(TEST),
-        out=str(tmp_path / "store"),
-        name="criteo",
+        store=str(tmp_path / "store"),
+        model="criteo",
         progress=False,
         num_shards=2,
     )
@@ -142,8 +142,8 @@ def test_short_training_reaches_auc(trained):
 def test_export_writes_a_complete_verified_version(trained):
     cfg, result = trained
     version = Path(result.version_dir)
-    assert version == Path(cfg.out) / "criteo" / "1"
-    assert model_store.current(cfg.out, "criteo") == "1"
+    assert version == Path(cfg.store) / "criteo" / "1"
+    assert model_store.current(cfg.store, "criteo") == "1"
     manifest = model_store.read_manifest(version)  # checks every sha256
     schema = load_schema(version / "schema.yaml")
     assert manifest["schema_fingerprint"] == schema.fingerprint
@@ -205,7 +205,7 @@ def test_recserve_train_exports_and_a_fresh_process_scores_the_same(tmp_path):
     """`recserve train` with its own PS processes; then the exported artifacts alone, loaded in a
     fresh process, reproduce the trainer's evaluation scores."""
     out = tmp_path / "store"
-    cmd = [sys.executable, "-m", "serving.cli", "train", "--out", str(out), "--name", "criteo"]
+    cmd = [sys.executable, "-m", "recserve", "train", "--store", str(out), "--model", "criteo"]
     cmd += ["--schema", str(SCHEMA), "--data", str(TRAIN), "--test", str(TEST), "--epochs", "1", "--publish"]
     cmd += ["--no-progress", "--log-level", "WARNING"]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
@@ -243,7 +243,7 @@ def _ddp_rank(rank: int, port: int, tmp: str) -> None:
 def test_two_rank_ddp_ends_with_identical_dense_weights(tmp_path):
     import torch.multiprocessing as mp
 
-    from serving.procs import free_ports
+    from serving.rpc.procs import free_ports
 
     mp.start_processes(_ddp_rank, args=(free_ports(1)[0], str(tmp_path)), nprocs=2, start_method="spawn")
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))

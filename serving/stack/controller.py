@@ -9,27 +9,35 @@ serving stays on what it has. (The PS shards follow CURRENT and its deltas thems
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger("recserve.controller")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-dir", required=True, help="the stack's run dir (reads stack.json)")
-    p.add_argument("--poll-s", type=float, default=1.0, help="how often to read CURRENT (default 1 s)")
-    p.add_argument(
-        "--drain-s", type=float, default=2.0, help="time the old dense version keeps serving (default 2 s)"
-    )
+@dataclass
+class ControllerConfig:
+    """The controller beside a running stack."""
+
+    run_dir: str = field(default="", metadata={"help": "the stack's run dir (reads stack.json)"})
+    """The stack's run dir (reads stack.json)."""
+    poll_s: float = 1.0
+    """How often to read CURRENT."""
+    drain_s: float = 2.0
+    """How long the old dense version keeps serving after the switch."""
+
+    def __post_init__(self) -> None:
+        if not self.run_dir:
+            raise ValueError("--run-dir is required")
 
 
 class Controller:
     def __init__(self, run_dir: Path, drain_s: float = 2.0):
-        from serving.stack import LocalStack
+        from serving.stack.local import LocalStack
 
         self.stack = LocalStack.attach(run_dir)
         self.drain_s = drain_s
@@ -41,9 +49,9 @@ class Controller:
 
     def step(self) -> str | None:
         """One poll: swap to CURRENT if it changed and validates; returns the new version or None."""
-        from serving import model_store
-        from serving.model_store import ModelStoreError
-        from serving.releases import validate
+        import model_store
+        from model_store import ModelStoreError
+        from model_store.releases import validate
 
         cfg = self.stack.config
         target = model_store.current(self.stack.root, cfg.model)
@@ -73,8 +81,7 @@ class Controller:
         return target
 
 
-def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+def run_controller(args: ControllerConfig) -> int:
     os.nice(10)  # checksums and archiving are background work: serving keeps the CPU
     ctl = Controller(Path(args.run_dir), args.drain_s)
     stopping = []

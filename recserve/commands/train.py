@@ -1,6 +1,7 @@
 """``recserve train``: train a model and export it to the model store (see training/train.py).
 
-Also runnable under torchrun for multi-rank DDP: ``torchrun --nproc-per-node 2 -m training.cli ...``.
+Also runnable under torchrun for multi-rank DDP:
+``torchrun --nproc-per-node 2 -m recserve.commands.train ...``.
 
 ``recserve train --follow --watch DIR``: continuous training into the served version instead
 (see training/follow.py): new files in DIR train the served embeddings (the served dense model is
@@ -18,23 +19,38 @@ import time
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from training.config import add_arguments as add_config_arguments
+    """One flag per TrainConfig field (--arch, --batch-size, --no-export, ...), then the --follow
+    mode's own flags (the FollowConfig fields TrainConfig does not have)."""
+    import dataclasses
 
-    add_config_arguments(p)
-    p.add_argument("--log-level", default="INFO")
+    from recserve import config
+    from training.config import FollowConfig, TrainConfig
+
+    config.add_arguments(p, TrainConfig)
+    g = p.add_argument_group(
+        "continuous training (--follow)",
+        "keep training the served version's embeddings on new files in --watch and cut deltas "
+        "into it; the served dense model is loaded frozen so the deltas stay consistent with it. "
+        "Uses --store --model --batch-size --lr --staleness --update-threads --capacity --threads "
+        "and --delta-interval-s (default 2 here) too.",
+    )
+    g.add_argument("--follow", action="store_true", help="continuous training into the served version")
+    config.add_arguments(
+        g, FollowConfig, yaml_flag=False, skip={f.name for f in dataclasses.fields(TrainConfig)}
+    )
 
 
-def run(args: argparse.Namespace) -> int:
-    from training.config import config_from_args, follow_only_flags
+def run_args(args: argparse.Namespace) -> int:
+    from recserve import config
+    from training.config import FollowConfig, TrainConfig
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if getattr(args, "follow", False):
         return run_follow(args)
     try:
-        stray = follow_only_flags(args)
+        stray = [f for f in config.given(FollowConfig, args) if f not in config.given(TrainConfig, args)]
         if stray:
             raise ValueError(f"{', '.join(stray)}: only with --follow")
-        cfg = config_from_args(args)
+        cfg = config.from_args(TrainConfig, args)
     except (TypeError, ValueError) as e:
         logging.getLogger("recserve.train").error("bad configuration: %s", e)
         return 2
@@ -59,17 +75,26 @@ def run(args: argparse.Namespace) -> int:
 def run_follow(args: argparse.Namespace) -> int:
     """``--follow``: train until SIGTERM/Ctrl-C, ``--max-seconds`` or (``--once``) the files
     present now are done; a final delta is cut on the way out. Prints a JSON summary."""
+    import dataclasses
     import signal
     import threading
 
-    from training.config import follow_config_from_args
+    from recserve import config
+    from training.config import FollowConfig, TrainConfig
 
     try:
-        cfg = follow_config_from_args(args)
+        follow_fields = {f.name for f in dataclasses.fields(FollowConfig)}
+        train_only = [f for f in dataclasses.fields(TrainConfig) if f.name not in follow_fields]
+        ignored = [
+            f"--{f.name.replace('_', '-')}" for f in train_only if getattr(args, f.name, None) is not None
+        ]
+        if ignored:
+            raise ValueError(f"{', '.join(ignored)} do not apply to --follow")
+        cfg = config.from_args(FollowConfig, args)
     except (TypeError, ValueError) as e:
         logging.getLogger("recserve.train").error("bad configuration: %s", e)
         return 2
-    from serving.model_store import ModelStoreError
+    from model_store import ModelStoreError
     from training.follow import follow
 
     stop = threading.Event()
@@ -99,9 +124,13 @@ def run_follow(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m recserve.commands.train ...`` (what torchrun runs on every rank)."""
     parser = argparse.ArgumentParser(prog="recserve train", description=__doc__)
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return run_args(args)
 
 
 if __name__ == "__main__":

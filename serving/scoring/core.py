@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+import model_store
 from features.batch import CompactBatch
 from features.codec import CodecError, decode, encode
 from features.schema import Schema, load_schema
 from features.transform import FeatureError, dense_matrix, transform
-from serving import model_store
 
 log = logging.getLogger("recserve.scoring")
 
@@ -243,7 +243,7 @@ def _short(e: Exception) -> str:
 def _load_dense(path: Path, threads: int):
     import torch
 
-    from training.export_dense import load_dense
+    from model_store.dense import load_dense
 
     torch.set_num_threads(threads)
     return load_dense(path, num_threads=threads)
@@ -251,9 +251,9 @@ def _load_dense(path: Path, threads: int):
 
 def _worker_client(config: ScoringConfig, schema: Schema):
     if config.ps:  # the worker library here, over the PS processes; each PS call gets the deadline
-        from serving.worker.core import EmbeddingWorker, GrpcShard
+        from serving.worker.core import EmbeddingWorker, PSClient
 
-        shards = [GrpcShard(a, timeout_s=config.worker_timeout_s) for a in config.ps]
+        shards = [PSClient(a, timeout_s=config.worker_timeout_s) for a in config.ps]
         return EmbeddingWorker(shards, schema)
     from serving.worker.client import WorkerClient
 

@@ -56,7 +56,7 @@ def train_step():
     from training.train import train
 
     step("2-3. train DLRM on the Criteo split (8,000 rows) and export a version")
-    cfg = TrainConfig(out=str(STORE), name="criteo", publish=True, progress=False)
+    cfg = TrainConfig(store=str(STORE), model="criteo", publish=True, progress=False)
     t0 = time.time()
     result = train(cfg)
     print(
@@ -71,13 +71,13 @@ def serve_step(result) -> None:
     from sklearn.metrics import roc_auc_score
 
     from features.readers import read_criteo
-    from serving.client import ScoringClient, requests_from_file
-    from serving.stack import LocalStack, StackConfig
+    from serving.scoring.client import ScoringClient, requests_from_file
+    from serving.stack.local import LocalStack, StackConfig
 
     step("4. recserve up: PS shards + embedding worker + TorchServe")
     print("   (token auth is DISABLED for this local demo; `recserve up` keeps it on unless --no-token-auth)")
     cfg = StackConfig(
-        model_store=str(STORE),
+        store=str(STORE),
         model="criteo",
         http_port=0,
         management_port=0,
@@ -126,7 +126,7 @@ def serve_step(result) -> None:
 def _first_request(client):
     import orjson
 
-    from serving.client import requests_from_file
+    from serving.scoring.client import requests_from_file
 
     body, ctype = next(requests_from_file(str(TEST), str(SCHEMA), rows=200))
     status, payload = client.post(body, ctype)

@@ -29,7 +29,7 @@ def spawn(role_args: list[str], log_path: Path, env: dict | None = None) -> subp
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "serving.cli", *role_args],
+            [sys.executable, "-m", "recserve", *role_args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -41,28 +41,14 @@ def spawn(role_args: list[str], log_path: Path, env: dict | None = None) -> subp
 def wait_grpc_healthy(
     address: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None
 ):
-    """Block until the grpc.health.v1 service at ``address`` answers SERVING."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    """Block until the grpc.health.v1 service at ``address`` answers SERVING (the child ``proc``
+    exiting first is a RuntimeError with its log's tail)."""
+    from serving.rpc.health import wait_serving
 
-    deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            if proc is not None and proc.poll() is not None:
-                tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
-                raise RuntimeError(f"process for {address} exited with {proc.returncode}:\n{tail}")
-            try:
-                if (
-                    stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status
-                    == health_pb2.HealthCheckResponse.SERVING
-                ):
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{address} not healthy after {timeout_s}s")
-            time.sleep(0.05)
+    try:
+        wait_serving(address, timeout_s, proc=proc, log_path=log)
+    except (TimeoutError, RuntimeError) as e:
+        raise type(e)(f"{address}: {e}") from None
 
 
 def alive(pid: int) -> bool:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+import model_store as ms
 from features.hashing import shard_of
-from serving import model_store as ms
 
 
 class DeltaWriter:

@@ -6,20 +6,38 @@ inspect what training and serving see, and to produce binary request bodies for 
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--schema", required=True, help="feature schema YAML (e.g. data/schemas/criteo.yaml)")
-    p.add_argument("--data", required=True, help="Criteo TSV/CSV, or OBD all.csv (with --items)")
-    p.add_argument("--items", help="OBD item_context.csv to join item features from")
-    p.add_argument("--batch-size", type=int, default=200, help="rows per compact batch")
-    p.add_argument("--limit", type=int, help="read at most this many rows")
-    p.add_argument("--out", type=Path, help="directory for <n>.rscb files (omit: only report)")
+@dataclass
+class TransformConfig:
+    """``recserve transform``."""
+
+    schema: str = "data/schemas/criteo.yaml"
+    """Feature schema YAML."""
+    data: str = ""
+    """Criteo TSV/CSV, or OBD all.csv (with --items)."""
+    items: str = ""
+    """OBD item_context.csv to join item features from."""
+    batch_size: int = 200
+    """Rows per compact batch."""
+    limit: int | None = None
+    """Read at most this many rows."""
+    out: str = ""
+    """Directory for <n>.rscb files ('': only report)."""
+
+    def __post_init__(self) -> None:
+        if not self.data:
+            raise ValueError("--data is required")
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
 
 
-def run(args: argparse.Namespace) -> int:
+CONFIG = TransformConfig
+
+
+def run(args: TransformConfig) -> int:
     from features.codec import decode, encode
     from features.readers import read_criteo, read_obd
     from features.schema import load_schema
@@ -27,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
 
     schema = load_schema(args.schema)
     table = read_obd(args.data, args.items, args.limit) if args.items else read_criteo(args.data, args.limit)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
     total = unique = 0
     n = 0
     for n, start in enumerate(range(0, table.num_rows, args.batch_size)):
@@ -38,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
         batch = decode(blob)
         total += len(blob)
         unique += len(batch.signs)
-        if args.out:
-            (args.out / f"{n:06d}.rscb").write_bytes(blob)
+        if out:
+            (out / f"{n:06d}.rscb").write_bytes(blob)
     batches = n + 1 if table.num_rows else 0
     print(
         f"{table.num_rows} rows of {args.data} -> {batches} compact batches of <= {args.batch_size} rows, "

@@ -1,6 +1,6 @@
 """Release management over the model store: list, validate, publish, roll back, retain.
 
-Builds on ``serving.model_store`` (layout, manifests, the atomic CURRENT switch) and adds what
+Builds on ``model_store.layout`` (layout, manifests, the atomic CURRENT switch) and adds what
 an operator needs: a publish history (``<model>/HISTORY``, one version per line, appended on every
 publish) so ``rollback`` returns to the previously published version; a validation gate that also
 checks the feature-schema fingerprint against the schema being served; retention of the last N
@@ -13,8 +13,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving import model_store as ms
-from serving.model_store import ModelStoreError
+from model_store import layout as ms
+from model_store.errors import IncompleteVersion, ModelStoreError, SchemaMismatch, VersionNotFound
+from model_store.manifest import read_manifest
 
 HISTORY = "HISTORY"
 
@@ -30,14 +31,20 @@ class VersionInfo:
     deltas: int = 0
 
 
-def validate(root, model: str, version: str, schema_fingerprint: str | None = None) -> dict:
-    """The manifest of a version fit to serve, or ModelStoreError saying why not."""
+def validate(
+    root, model: str, version: str, schema_fingerprint: str | None = None, verify: bool = True
+) -> dict:
+    """THE gate: the manifest of a version fit to serve, or a typed ModelStoreError saying why not.
+
+    ``recserve publish``, ``train --publish``, rollback, the controller and every PS follower call
+    this one function, so CURRENT never names a version that serving refuses. ``verify=False``
+    skips the sha256 of every file (a PS checks its own shard files as it reads them)."""
     vdir = ms.version_dir(root, model, version)
     if not vdir.is_dir():
-        raise ModelStoreError(f"{model} version {version} does not exist in {root}")
-    manifest = ms.read_manifest(vdir, verify=True)
+        raise VersionNotFound(f"{model} version {version} does not exist in {root}")
+    manifest = read_manifest(vdir, verify=verify)
     if schema_fingerprint and manifest.get("schema_fingerprint") != schema_fingerprint:
-        raise ModelStoreError(
+        raise SchemaMismatch(
             f"{model} version {version} was trained with feature schema {str(manifest.get('schema_fingerprint'))[:12]}, "
             f"the served schema is {schema_fingerprint[:12]}: refusing it"
         )
@@ -50,11 +57,11 @@ def list_versions(root, model: str) -> list[VersionInfo]:
     out = []
     for v in ms.versions(root, model, complete_only=False):
         try:
-            m = ms.read_manifest(ms.version_dir(root, model, v), verify=True)
+            m = read_manifest(ms.version_dir(root, model, v), verify=True)
             info = VersionInfo(v, "ok", v == cur, created=m.get("created"), metrics=m.get("metrics"))
             info.deltas = len(ms.list_deltas(ms.version_dir(root, model, v)))
         except ModelStoreError as e:
-            status = "incomplete" if "_SUCCESS" in str(e) else "corrupt"
+            status = "incomplete" if isinstance(e, IncompleteVersion) else "corrupt"
             info = VersionInfo(v, status, v == cur, detail=str(e))
         out.append(info)
     return out
@@ -72,9 +79,9 @@ def publish(root, model: str, version: str, schema_fingerprint: str | None = Non
     """Validate ``version`` and make it CURRENT (atomic); record it in the history."""
     validate(root, model, version, schema_fingerprint)
     previous = history(root, model)
-    ms.publish(root, model, version)
+    ms.set_current(root, model, version)
     if not previous or previous[-1] != version:
-        ms._write_atomic(
+        ms.write_atomic(
             ms.model_dir(root, model) / HISTORY, ("\n".join([*previous, version]) + "\n").encode()
         )
     return version
@@ -92,11 +99,11 @@ def rollback(root, model: str, schema_fingerprint: str | None = None) -> str:
         except ModelStoreError as e:
             errors.append(str(e))
             continue
-        ms.publish(root, model, v)
+        ms.set_current(root, model, v)
         kept = hist[: len(hist) - hist[::-1].index(v)]  # history up to (and including) v
-        ms._write_atomic(ms.model_dir(root, model) / HISTORY, ("\n".join(kept) + "\n").encode())
+        ms.write_atomic(ms.model_dir(root, model) / HISTORY, ("\n".join(kept) + "\n").encode())
         return v
-    raise ModelStoreError(
+    raise VersionNotFound(
         f"{model}: no earlier published version to roll back to"
         + (f" ({'; '.join(errors)})" if errors else "")
     )

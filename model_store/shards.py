@@ -1,4 +1,4 @@
-"""Shard dumps on disk: full dumps and deltas, verified loading and re-sharding.
+"""Embedding shard dumps on disk (the PS writes and reads them; the model store holds them): full dumps and deltas, verified loading and re-sharding.
 
 A dump of shard i of n is one directory ``shard-<i>-of-<n>/``::
 
@@ -33,17 +33,16 @@ from pathlib import Path
 import numpy as np
 
 from features.hashing import shard_of
+from model_store.errors import StoreError
+from model_store.layout import fsync_dir
+
+__all__ = ["ShardData", "StoreError", "read_shard", "write_shard", "read_for_shard", "shard_dirs"]
 
 FORMAT = "recserve-ps-shard/1"
 SUCCESS = "_SUCCESS"
 MANIFEST = "MANIFEST.json"
 META = "meta.json"
 _SHARD_RE = re.compile(r"^shard-(\d+)-of-(\d+)$")
-
-
-class StoreError(Exception):
-    """A dump that cannot be used (incomplete, corrupt or incompatible with the store), or a
-    store operation that cannot be done; the message says which and why."""
 
 
 @dataclass
@@ -128,7 +127,7 @@ def write_shard(parent: str | os.PathLike, data: ShardData) -> Path:
         manifest = json.dumps({"files": files}, indent=1, sort_keys=True).encode()
         _write_file(tmp / MANIFEST, lambda f: f.write(manifest))
         _write_file(tmp / SUCCESS, lambda f: f.write(b""))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():
             trash = parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(final, trash)
@@ -136,19 +135,11 @@ def write_shard(parent: str | os.PathLike, data: ShardData) -> Path:
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.rename(tmp, final)
-        _fsync_dir(parent)
+        fsync_dir(parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _read_npy(path: Path, expect: dict) -> np.ndarray:

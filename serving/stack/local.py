@@ -19,8 +19,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from serving import model_store
-from serving.procs import free_ports, spawn, start_time, stop_pid, wait_grpc_healthy
+import model_store
+from serving.rpc.procs import free_ports, spawn, start_time, stop_pid, wait_grpc_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 HANDLER = ROOT / "handlers" / "recserve_handler.py"
@@ -28,37 +28,57 @@ HANDLER = ROOT / "handlers" / "recserve_handler.py"
 
 @dataclass
 class StackConfig:
-    """What to serve and where."""
+    """What to serve and where (``recserve up``)."""
 
-    model_store: str = "model_store"  # the model store root
-    model: str = "criteo"  # model name in the store (and the TorchServe model name)
-    version: str | None = None  # None: the version named by CURRENT
-    run_dir: str | None = None  # pid files, logs, configs; default <model_store>/.run/<model>
-    host: str = "127.0.0.1"  # every listener binds here
-    http_port: int = 8080  # TorchServe inference API (0: any free port)
-    management_port: int = 8081  # TorchServe management API, loopback only (0: any free port)
-    metrics_port: int = 8082  # TorchServe metrics API (0: any free port)
-    worker_port: int = 0  # embedding worker gRPC port (0: any free port)
-    ps_shards: int = 0  # PS processes (0: as many as the version was trained with; else re-sharded on load)
-    ps_ports: list[int] = field(default_factory=list)  # one per shard; empty: free ports
-    runtime: str = "torchscript"  # dense runtime in the handler: torchscript | onnx
-    disable_token_auth: bool = False  # TorchServe token auth is on unless this is set
-    ts_workers: int = 1  # TorchServe handler processes
-    batch_size: int = 1  # TorchServe batching (requests per handler call)
-    max_batch_delay_ms: int = 1  # how long TorchServe waits to fill a batch
-    worker_timeout_s: float = 1.0  # deadline of the handler's worker call
-    max_items: int = 1000  # items per scoring request
-    # The handler runs the embedding worker as a library over the PS shards (one process hop and
-    # one 330 KB pooled reply fewer per request); the worker process still serves other clients
+    store: str = field(default_factory=model_store.default_root)
+    """Model-store root ($RECSERVE_STORE or ./artifacts)."""
+    model: str = "criteo"
+    """Model name in the store (and the TorchServe model name)."""
+    version: str | None = None
+    """Version to serve (None: the one CURRENT names, followed as it changes)."""
+    run_dir: str | None = None
+    """Pid files, logs and configs (None: <store>/.run/<model>)."""
+    host: str = "127.0.0.1"
+    """Interface every listener binds (loopback unless told otherwise)."""
+    http_port: int = 8080
+    """TorchServe inference port (0: any free port)."""
+    management_port: int = 8081
+    """TorchServe management port, loopback only (0: any free port)."""
+    metrics_port: int = 8082
+    """TorchServe metrics port (0: any free port)."""
+    worker_port: int = 0
+    """Embedding worker gRPC port (0: any free port)."""
+    ps_shards: int = 0
+    """PS processes (0: as many as the version was trained with; else re-sharded on load)."""
+    ps_ports: list[int] = field(default_factory=list)
+    """One gRPC port per PS shard (empty: free ports)."""
+    runtime: str = field(default="torchscript", metadata={"choices": ["torchscript", "onnx"]})
+    """Dense runtime in the handler."""
+    disable_token_auth: bool = field(default=False, metadata={"flag": "no-token-auth"})
+    """Turn TorchServe token auth OFF (it is on by default; `up` says which)."""
+    ts_workers: int = 1
+    """TorchServe handler processes."""
+    batch_size: int = 1
+    """TorchServe batching (requests per handler call)."""
+    max_batch_delay_ms: int = 1
+    """How long TorchServe waits to fill a batch."""
+    worker_timeout_s: float = 1.0
+    """Deadline of the handler's worker call."""
+    max_items: int = 1000
+    """Items per scoring request."""
     worker_in_handler: bool = False
+    """Run the embedding worker as a library inside the handler over the PS shards (one process
+    hop and one 330 KB pooled reply fewer per request); the worker process still serves others."""
     startup_timeout_s: float = 180.0
-    poll_s: float = 1.0  # how often the PS shards and the controller look for new versions/deltas
+    """How long `up` waits for every part to be healthy."""
+    poll_s: float = 1.0
+    """How often the PS shards and the controller look for new versions/deltas."""
 
 
 class LocalStack:
     def __init__(self, config: StackConfig):
         self.config = config
-        self.root = Path(config.model_store).resolve()
+        self.root = Path(config.store).resolve()
         self.run_dir = Path(config.run_dir or self.root / ".run" / config.model).resolve()
         self.state: dict = {}
         self._procs: dict = {}
@@ -228,13 +248,13 @@ class LocalStack:
     def stop(self) -> None:
         ctl = self._procs.pop("controller", None)  # first, so it cannot act on a half-stopped stack
         if ctl is not None:
-            stop_pid(ctl.pid, "serving.cli")
+            stop_pid(ctl.pid, "recserve")
             ctl.wait(10)
         if self._ts is not None:
             self._ts.stop()
             self._ts = None
         for name, proc in list(self._procs.items()):
-            stop_pid(proc.pid, "serving.cli")
+            stop_pid(proc.pid, "recserve")
             proc.wait(10)
             self._procs.pop(name)
         (self.run_dir / "stack.json").unlink(missing_ok=True)
@@ -267,7 +287,7 @@ class LocalStack:
 
 
 def _any_alive(state: dict) -> bool:
-    from serving.procs import alive
+    from serving.rpc.procs import alive
 
     return any(alive(pid) for pid in state.get("pids", {}).values())
 
@@ -281,7 +301,7 @@ def down(run_dir: Path) -> list[str]:
     stopped = []
     pids = state.get("pids", {})
     for name, pid in sorted(pids.items(), key=lambda kv: kv[0] != "controller"):  # controller first
-        marker = "org.pytorch.serve.ModelServer" if name == "torchserve" else "serving.cli"
+        marker = "org.pytorch.serve.ModelServer" if name == "torchserve" else "recserve"
         if stop_pid(int(pid), marker, started=state.get("started_at", {}).get(name)):
             stopped.append(name)
     state_file.unlink(missing_ok=True)

@@ -1,0 +1,50 @@
+"""The model store: the artifact format and its life cycle.
+
+- ``layout``: paths, version numbering, staging and sealing, deltas, CURRENT, atomic writes;
+- ``manifest``: MANIFEST.json write/read/verify (sha256 of every file);
+- ``errors``: typed errors (VersionNotFound, IncompleteVersion, CorruptVersion, SchemaMismatch);
+- ``releases``: THE gate (``validate``), THE publish (CURRENT + HISTORY), rollback, retention;
+- ``shards``: the embedding shard dump format (full dumps and deltas), verified reads, re-sharding;
+- ``dense``: the dense-model loader serving uses.
+
+Artifacts live under a root directory outside the source tree (``recserve.config.default_store``:
+``$RECSERVE_STORE`` or ``./artifacts``). ``import model_store as ms`` gives the common API below.
+"""
+
+from model_store.errors import (
+    CorruptVersion,
+    IncompleteVersion,
+    ModelStoreError,
+    SchemaMismatch,
+    StoreError,
+    VersionNotFound,
+)
+from model_store.layout import (
+    CURRENT,
+    DELTAS,
+    MANIFEST,
+    SUCCESS,
+    current,
+    default_root,
+    delta_dir,
+    discard,
+    fsync_dir,
+    list_deltas,
+    mark_done,
+    model_dir,
+    next_version,
+    staging_dir,
+    version_dir,
+    versions,
+    write_atomic,
+)
+from model_store.manifest import read_manifest, seal, sha256_file, verify_files, write_manifest
+from model_store.releases import history, list_versions, publish, retain, rollback, validate
+
+__all__ = [
+    "CURRENT", "DELTAS", "MANIFEST", "SUCCESS", "CorruptVersion", "IncompleteVersion", "ModelStoreError",
+    "SchemaMismatch", "StoreError", "VersionNotFound", "current", "default_root", "delta_dir", "discard", "fsync_dir",
+    "history", "list_deltas", "list_versions", "mark_done", "model_dir", "next_version", "publish",
+    "read_manifest", "retain", "rollback", "seal", "sha256_file", "staging_dir", "validate",
+    "verify_files", "version_dir", "versions", "write_atomic", "write_manifest",
+]  # fmt: skip

@@ -1,0 +1,29 @@
+"""Typed errors of the model store: callers branch on the type, never on the message."""
+
+from __future__ import annotations
+
+
+class ModelStoreError(Exception):
+    """A version or store operation that cannot be used or done; the message says why."""
+
+
+class VersionNotFound(ModelStoreError):
+    """The model or version does not exist (or nothing is published)."""
+
+
+class IncompleteVersion(ModelStoreError):
+    """No ``_SUCCESS``: the version (or delta) is still being written or was abandoned."""
+
+
+class CorruptVersion(ModelStoreError):
+    """A manifest that cannot be read, or files missing, unlisted or failing their checksum."""
+
+
+class SchemaMismatch(ModelStoreError):
+    """The version's feature schema is not the one being served (or its schema.yaml does not
+    match its manifest)."""
+
+
+class StoreError(ModelStoreError):
+    """A shard dump that cannot be used (incomplete, corrupt or incompatible with the store), or
+    a store operation that cannot be done; the message says which and why."""

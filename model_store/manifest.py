@@ -1,0 +1,96 @@
+"""Version manifests: write, read and verify (sha256 of every file), with typed errors.
+
+``MANIFEST.json`` holds format, model, version, parent, created, schema_fingerprint, model_config,
+dim, num_shards, dense paths, metrics, and ``"files": {relpath: sha256}`` for every file of the
+version but MANIFEST/_SUCCESS. Files under ``deltas/`` that are not listed are allowed: deltas cut
+after the version was sealed carry their own per-shard manifests and ``_SUCCESS``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from model_store.errors import CorruptVersion, IncompleteVersion, ModelStoreError
+from model_store.layout import DELTAS, FORMAT, MANIFEST, SUCCESS, fsync_dir, write_atomic
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_checksums(directory: str | os.PathLike) -> dict[str, str]:
+    """sha256 of every file under ``directory`` (posix relpaths) except the top MANIFEST/_SUCCESS."""
+    root = Path(directory)
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and rel not in (MANIFEST, SUCCESS):
+            out[rel] = sha256_file(p)
+    return out
+
+
+def write_manifest(directory: str | os.PathLike, manifest: dict) -> dict:
+    """Write MANIFEST.json with ``format``, ``created`` and the checksums of every file now in
+    ``directory`` filled in; returns the manifest written."""
+    directory = Path(directory)
+    full = {"format": FORMAT, "created": time.time(), **manifest, "files": file_checksums(directory)}
+    write_atomic(directory / MANIFEST, json.dumps(full, indent=2, sort_keys=True).encode())
+    return full
+
+
+def seal(staging: str | os.PathLike, final: str | os.PathLike) -> Path:
+    """Write ``_SUCCESS`` into a staged version and rename it to its final name."""
+    staging, final = Path(staging), Path(final)
+    if final.exists():
+        raise ModelStoreError(f"{final} already exists")
+    write_atomic(staging / SUCCESS, b"")
+    os.replace(staging, final)
+    fsync_dir(final.parent)
+    return final
+
+
+def read_manifest(directory: str | os.PathLike, verify: bool = True) -> dict:
+    """The manifest of a complete version; raises IncompleteVersion where ``_SUCCESS`` is
+    missing, CorruptVersion where the manifest is unreadable or (``verify``) a file is missing, unlisted or fails its sha256."""
+    d = Path(directory)
+    if not (d / SUCCESS).is_file():
+        raise IncompleteVersion(f"{d}: no {SUCCESS}: the version is incomplete, refusing it")
+    try:
+        manifest = json.loads((d / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise CorruptVersion(f"{d}: cannot read {MANIFEST}: {e}") from None
+    if manifest.get("format") != FORMAT:
+        raise CorruptVersion(f"{d}: manifest format {manifest.get('format')!r}, expected {FORMAT}")
+    if verify:
+        listed = manifest.get("files", {})
+        present = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()} - {MANIFEST, SUCCESS}
+        missing = sorted(set(listed) - present)
+        if missing:
+            raise CorruptVersion(f"{d}: files in the manifest are missing: {missing[:5]}")
+        extra = sorted(p for p in present - set(listed) if not p.startswith(DELTAS + "/"))
+        if extra:
+            raise CorruptVersion(f"{d}: files not in the manifest: {extra[:5]}")
+        for rel, digest in listed.items():
+            if sha256_file(d / rel) != digest:
+                raise CorruptVersion(f"{d}: checksum mismatch for {rel}")
+    return manifest
+
+
+def verify_files(directory: str | os.PathLike, manifest: dict, names: list[str]) -> None:
+    """Check the sha256 of just the listed files a reader is about to use (a handler needs the
+    dense model and schema, not every embedding shard; PS shard dumps carry their own checksums)."""
+    d = Path(directory)
+    listed = manifest.get("files", {})
+    for rel in names:
+        if rel not in listed:
+            raise CorruptVersion(f"{d}: {rel} is not in the manifest")
+        if not (d / rel).is_file() or sha256_file(d / rel) != listed[rel]:
+            raise CorruptVersion(f"{d}: checksum mismatch for {rel}")

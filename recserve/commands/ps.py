@@ -1,0 +1,15 @@
+"""``recserve ps``: one embedding PS shard over gRPC (flags from ``serving.ps.server.ServerConfig``
+with its ``store`` and the store's ``optimizer`` flattened: --shard, --dim, --optimizer, --lr, ...)."""
+
+from __future__ import annotations
+
+from serving.ps.server import ServerConfig as CONFIG
+
+
+def run(cfg: CONFIG) -> int:
+    import uvloop
+
+    from serving.ps.server import serve
+
+    uvloop.run(serve(cfg))
+    return 0

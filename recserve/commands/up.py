@@ -1,0 +1,112 @@
+"""``recserve up`` / ``down`` / ``score``: the local serving stack and a client for it."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recserve.config import store_field
+from serving.stack.local import StackConfig
+
+
+def run_up(cfg: StackConfig) -> int:
+    from model_store import ModelStoreError
+    from serving.stack.local import LocalStack
+
+    try:
+        stack = LocalStack(cfg).start()
+    except (ModelStoreError, RuntimeError, TimeoutError, ValueError) as e:
+        print(f"recserve up: {e}", file=sys.stderr)
+        return 1
+    s = stack.state
+    print(
+        f"serving {s['model']} version {s['version']}: {len(s['ps'])} PS shard(s) {', '.join(s['ps'])}, worker {s['worker']}"
+    )
+    print(f"endpoint: POST {s['endpoint']}")
+    if s["token_auth"]:
+        print(f"token auth is ON: send 'Authorization: Bearer <inference key>' from {s['key_file']}")
+    else:
+        print("token auth is OFF (--no-token-auth): anyone on this host can call the APIs")
+    print(f"stop with: recserve down --run-dir {stack.run_dir}")
+    return 0
+
+
+@dataclass
+class DownConfig:
+    """``recserve down``: stop exactly what a previous ``recserve up`` started."""
+
+    store: str = store_field()
+    """Model-store root (with --model, finds the default run dir)."""
+    model: str = ""
+    """Model name (finds <store>/.run/<model>)."""
+    run_dir: str = ""
+    """The run dir `recserve up` printed."""
+
+    def __post_init__(self) -> None:
+        if not self.run_dir and not self.model:
+            raise ValueError("give --run-dir or --model")
+
+
+def run_down(cfg: DownConfig) -> int:
+    from serving.stack.local import down
+
+    run_dir = Path(cfg.run_dir or Path(cfg.store).resolve() / ".run" / cfg.model)
+    stopped = down(run_dir)
+    print(f"stopped {', '.join(stopped)}" if stopped else f"nothing running from {run_dir}")
+    return 0
+
+
+@dataclass
+class ScoreConfig:
+    """``recserve score``: send requests built from a data file and print the scores."""
+
+    file: str = field(default="", metadata={"positional": True})
+    """Criteo TSV/CSV rows, or a JSON file with one request or a list of requests."""
+    url: str = "http://127.0.0.1:8080/predictions/criteo"
+    """Scoring endpoint."""
+    schema: str = "data/schemas/criteo.yaml"
+    """Feature schema for data files (and binary batches)."""
+    rows: int = 200
+    """Rows per request for data files."""
+    limit: int | None = None
+    """Score at most this many rows."""
+    key_file: str = ""
+    """TorchServe key_file.json when token auth is on."""
+    binary: bool = False
+    """Send compact batches instead of JSON."""
+
+    def __post_init__(self) -> None:
+        if not self.file:
+            raise ValueError("give the FILE to score")
+
+
+def run_score(cfg: ScoreConfig) -> int:
+    import orjson
+
+    from serving.scoring.client import ScoringClient, requests_from_file
+
+    client = ScoringClient(cfg.url, key_file=cfg.key_file or None)
+    n = 0
+    for body, ctype in requests_from_file(cfg.file, cfg.schema, cfg.rows, cfg.limit, cfg.binary):
+        status, payload = client.post(body, ctype)
+        reply = orjson.loads(payload)
+        if status != 200:
+            print(f"request {n}: HTTP {status}: {reply.get('error')}", file=sys.stderr)
+            return 1
+        scores = reply["scores"]
+        head = ", ".join(f"{s:.4f}" for s in scores[:5])
+        print(
+            f"request {n}: {len(scores)} scores [{head}{', ...' if len(scores) > 5 else ''}] versions {json.dumps(reply['versions'])}"
+        )
+        n += 1
+    return 0
+
+
+COMMANDS = {
+    "up": types.SimpleNamespace(CONFIG=StackConfig, run=run_up),
+    "down": types.SimpleNamespace(CONFIG=DownConfig, run=run_down),
+    "score": types.SimpleNamespace(CONFIG=ScoreConfig, run=run_score),
+}

@@ -1,0 +1,206 @@
+"""The one config mechanism: typed dataclasses, loadable from YAML, with argparse flags generated
+from them.
+
+A config is a dataclass whose fields carry a docstring each (the string literal after the field,
+as in torchrec's ``EmbeddingBagConfig``); nested dataclasses (a PS server's ``store``, a store's
+``optimizer``) are flattened into the same flag namespace. Every subcommand builds its parser with
+``add_arguments`` and its config with ``from_args``: defaults come from the dataclass, then the
+``--config`` YAML file, then the flags the user typed. Nothing is copied by hand, so a flag cannot
+be read without being defined.
+
+Field metadata tunes a flag: ``flag`` (its name without ``--``; default the field name with
+dashes), ``positional`` (a positional argument), ``choices``, ``help`` (a short help line instead
+of the docstring), ``cli=False`` (YAML only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import os
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+def store_field(**metadata: Any):
+    """The store-root field every config that touches the model store uses (one name, one flag)."""
+    from model_store.layout import DEFAULT_ROOT, STORE_ENV, default_root
+
+    help_text = f"model-store root (default ${STORE_ENV} or ./{DEFAULT_ROOT})"
+    return dataclasses.field(default_factory=default_root, metadata={"help": help_text, **metadata})
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Field docstrings (the string literal after each field), whitespace-normalised."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:], strict=False):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _unoptional(tp: Any) -> Any:
+    """``X | None`` -> X."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _is_config(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _leaf_fields(cls: type, path: tuple[str, ...] = ()):
+    """(dotted path, field, type) of every non-dataclass field, nested configs flattened."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = _unoptional(hints[f.name])
+        if _is_config(tp):
+            yield from _leaf_fields(tp, (*path, f.name))
+        else:
+            yield (*path, f.name), f, tp, cls
+
+
+def _list_of(kind):
+    def parse(s: str) -> list:
+        return [kind(x.strip()) for x in s.split(",") if x.strip()]
+
+    return parse
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser, cls: type, *, yaml_flag: bool = True, skip: set[str] = frozenset()
+) -> None:
+    """One flag per field of ``cls`` (nested configs flattened), each defaulting to "not given"
+    so that YAML and dataclass defaults show through; ``--config FILE.yaml`` when ``yaml_flag``;
+    top-level fields named in ``skip`` get none (another config already defines them)."""
+    if yaml_flag:
+        parser.add_argument(
+            "--config",
+            dest="_config_file",
+            metavar="FILE.yaml",
+            help="YAML with these fields; flags override it",
+        )
+    seen: dict[str, str] = {}
+    for path, f, tp, owner in _leaf_fields(cls):
+        if f.metadata.get("cli", True) is False or path[0] in skip:
+            continue
+        name = f.metadata.get("flag", f.name.replace("_", "-"))
+        dest = ".".join(path)
+        if name in seen:
+            raise TypeError(f"{cls.__name__}: flag --{name} for both {seen[name]} and {dest}")
+        seen[name] = dest
+        doc = f.metadata.get("help") or field_docs(owner).get(f.name, "")
+        default = _default(f)
+        help_text = f"{doc} (default: {default})" if default not in (None, "", [], ()) else doc
+        kw: dict[str, Any] = {"help": help_text.replace("%", "%%")}
+        if "choices" in f.metadata:
+            kw["choices"] = f.metadata["choices"]
+        origin = typing.get_origin(tp)
+        if tp is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif origin in (list, tuple):
+            kw["type"] = _list_of(typing.get_args(tp)[0])
+            kw["metavar"] = "A,B,..."
+        elif tp in (int, float, str):
+            kw["type"] = tp
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name}: no flag for type {tp!r}")
+        if f.metadata.get("positional"):
+            kw.pop("action", None)
+            parser.add_argument(dest, metavar=name.upper().replace("-", "_"), nargs="?", default=None, **kw)
+        else:
+            parser.add_argument(f"--{name}", dest=dest, default=None, **kw)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def from_dict(cls: type[T], d: dict | None, where: str = "") -> T:
+    """Build ``cls`` from a (nested) dict; unknown keys are an error naming them."""
+    d = dict(d or {})
+    hints = _hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}{where}")
+    for name, value in list(d.items()):
+        tp = _unoptional(hints[name])
+        if _is_config(tp) and isinstance(value, dict):
+            d[name] = from_dict(tp, value, where)
+        elif typing.get_origin(tp) is tuple and isinstance(value, list):
+            d[name] = tuple(value)
+    return cls(**d)
+
+
+def to_dict(config: Any) -> dict:
+    return dataclasses.asdict(config)
+
+
+def load_yaml(cls: type[T], path: str | os.PathLike) -> T:
+    return from_dict(cls, yaml.safe_load(Path(path).read_text()) or {}, f" in {path}")
+
+
+def raw_from_args(cls: type, args: argparse.Namespace) -> dict:
+    """The nested dict of the YAML file (if any) overlaid with the flags the user gave."""
+    path = getattr(args, "_config_file", None)
+    raw = (yaml.safe_load(Path(path).read_text()) or {}) if path else {}
+    for dotted, _f, _tp, _owner in _leaf_fields(cls):
+        value = getattr(args, ".".join(dotted), None)
+        if value is None:
+            continue
+        node = raw
+        for key in dotted[:-1]:
+            node = node.setdefault(key, {})
+            if dataclasses.is_dataclass(node):  # YAML never gives dataclasses; defensive
+                node = dataclasses.asdict(node)
+        node[dotted[-1]] = value
+    return raw
+
+
+def from_args(cls: type[T], args: argparse.Namespace) -> T:
+    """``cls`` from its defaults, then ``--config`` YAML, then the flags given."""
+    path = getattr(args, "_config_file", None)
+    return from_dict(cls, raw_from_args(cls, args), f" in {path}" if path else "")
+
+
+def given(cls: type, args: argparse.Namespace) -> list[str]:
+    """The flags of ``cls`` the user actually typed (``--a-b`` names)."""
+    out = []
+    for dotted, f, _tp, _owner in _leaf_fields(cls):
+        if getattr(args, ".".join(dotted), None) is not None:
+            out.append("--" + f.metadata.get("flag", f.name.replace("_", "-")))
+    return out

@@ -1,0 +1,94 @@
+"""Errors at the gRPC boundary, handled once: one exception -> status table and one decorator
+that every RPC of every recserve service wears (sync or grpc.aio).
+
+Client mistakes are INVALID_ARGUMENT wherever they are found: ``ValueError`` covers ``BadRequest``,
+``CodecError``, ``BatchError`` and the cores' own argument checks. A domain error that knows its
+class of failure says so with a ``grpc_status`` attribute naming a ``grpc.StatusCode`` (a shard that
+could not be reached is UNAVAILABLE); nothing is classified by matching message strings.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+
+from model_store.errors import StoreError
+
+log = logging.getLogger("recserve.rpc")
+
+
+class BadRequest(ValueError):
+    """The request is malformed; maps to INVALID_ARGUMENT."""
+
+
+def status_of(e: BaseException, method: str = "call"):
+    """``(grpc.StatusCode, message)`` for an exception an RPC raised."""
+    import grpc
+
+    named = getattr(e, "grpc_status", None)
+    if named:
+        return grpc.StatusCode[named], str(e)
+    if isinstance(e, StoreError):  # a dump or delta that cannot be used: the request was fine
+        return grpc.StatusCode.FAILED_PRECONDITION, str(e)
+    if isinstance(e, ValueError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(e)
+    if isinstance(e, KeyError):
+        return grpc.StatusCode.NOT_FOUND, str(e.args[0]) if e.args else "not found"
+    if isinstance(e, OSError):
+        return grpc.StatusCode.UNAVAILABLE, f"I/O error: {e}"
+    log.error("%s failed", method, exc_info=e)
+    return grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(e).__name__}: {e}"
+
+
+def _deadline_passed(context) -> bool:
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= 0
+
+
+def _count(servicer, code) -> None:
+    metrics = getattr(servicer, "metrics", None)
+    errors = getattr(metrics, "errors", None)
+    if errors is not None:
+        errors.labels(code.name).inc()
+
+
+def rpc(method):
+    """The error boundary of an RPC method: a call whose deadline already passed is not started;
+    exceptions become the status of ``status_of`` (counted in ``self.metrics.errors`` by code)."""
+    import grpc
+
+    name = method.__name__
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def async_wrapper(self, request, context):
+            if _deadline_passed(context):
+                _count(self, grpc.StatusCode.DEADLINE_EXCEEDED)
+                await context.abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before the call started"
+                )
+            try:
+                return await method(self, request, context)
+            except Exception as e:
+                if type(e).__name__ == "AbortError":  # context.abort() inside the method
+                    raise
+                code, message = status_of(e, name)
+                _count(self, code)
+                await context.abort(code, message)
+
+        return async_wrapper
+
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        if _deadline_passed(context):
+            _count(self, grpc.StatusCode.DEADLINE_EXCEEDED)
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before the call started")
+        try:
+            return method(self, request, context)
+        except Exception as e:
+            code, message = status_of(e, name)
+            _count(self, code)
+            context.abort(code, message)
+
+    return wrapper

@@ -1,0 +1,140 @@
+"""One gRPC server bootstrap for every recserve service (the PS on grpc.aio, the worker on a
+thread pool): message-size options, health and reflection, Prometheus /metrics on its own port,
+SIGTERM/SIGINT, and a graceful stop (health NOT_SERVING first, then in-flight calls get ``grace_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger("recserve.rpc")
+
+
+def grpc_options(max_message_mb: int) -> list[tuple[str, int]]:
+    size = max_message_mb * 1024 * 1024
+    return [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
+
+
+@dataclass
+class Endpoint:
+    """Where and how a service listens (the common part of every server config)."""
+
+    host: str
+    port: int
+    metrics_port: int
+    max_message_mb: int
+    grace_s: float
+
+
+@dataclass
+class Running:
+    """A started server: the gRPC server, its health servicer, the bound port, a metrics stopper."""
+
+    server: object
+    health: object
+    port: int
+    service: str
+    stop_metrics: Callable[[], None]
+
+
+def _bind(server, endpoint: Endpoint, add_servicer, health, service: str, registry) -> tuple[int, Callable]:
+    from grpc_health.v1 import health as health_mod
+    from grpc_health.v1 import health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection
+
+    from serving.rpc.metrics import start_metrics_server
+
+    add_servicer(server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection((service, health_mod.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(f"{endpoint.host}:{endpoint.port}")
+    if not port:
+        raise OSError(f"cannot bind {endpoint.host}:{endpoint.port}")
+    return port, start_metrics_server(endpoint.metrics_port, endpoint.host, registry)
+
+
+def _status(serving: bool):
+    from grpc_health.v1 import health_pb2
+
+    return health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+# ---- thread-pool servers (the worker) ----------------------------------------------------------
+def start_sync(endpoint: Endpoint, service: str, add_servicer, registry, threads: int) -> Running:
+    """Start a thread-pool gRPC server with health (NOT_SERVING until ``set_serving``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    from grpc_health.v1 import health
+
+    server = grpc.server(
+        ThreadPoolExecutor(threads, thread_name_prefix="rpc"), options=grpc_options(endpoint.max_message_mb)
+    )
+    health_servicer = health.HealthServicer()
+    port, stop_metrics = _bind(server, endpoint, add_servicer, health_servicer, service, registry)
+    server.start()
+    return Running(server, health_servicer, port, service, stop_metrics)
+
+
+def set_serving_sync(running: Running, serving: bool) -> None:
+    for name in ("", running.service):
+        running.health.set(name, _status(serving))
+
+
+def wait_for_stop(stop: threading.Event | None = None) -> threading.Event:
+    """Block until SIGTERM/SIGINT (main thread only) or ``stop`` is set."""
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    return stop
+
+
+def stop_sync(running: Running, grace_s: float) -> None:
+    log.info("shutting down (grace %.1fs)", grace_s)
+    running.health.enter_graceful_shutdown()
+    running.server.stop(grace_s).wait()
+    running.stop_metrics()
+
+
+# ---- asyncio servers (the PS) ------------------------------------------------------------------
+async def start_aio(endpoint: Endpoint, service: str, add_servicer, registry) -> Running:
+    """Start a grpc.aio server with health (NOT_SERVING until ``set_serving_aio``)."""
+    import grpc
+    from grpc_health.v1 import health
+
+    server = grpc.aio.server(options=grpc_options(endpoint.max_message_mb))
+    health_servicer = health.aio.HealthServicer()
+    port, stop_metrics = _bind(server, endpoint, add_servicer, health_servicer, service, registry)
+    await server.start()
+    return Running(server, health_servicer, port, service, stop_metrics)
+
+
+async def set_serving_aio(running: Running, serving: bool) -> None:
+    for name in ("", running.service):
+        await running.health.set(name, _status(serving))
+
+
+def stop_event_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM/SIGINT (when this loop may install signal handlers)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread (tests)
+            pass
+    return stop
+
+
+async def stop_aio(running: Running, grace_s: float) -> None:
+    log.info("shutting down (grace %.1fs)", grace_s)
+    await running.health.enter_graceful_shutdown()
+    await running.server.stop(grace_s)
+    running.stop_metrics()
