@@ -63,4 +63,4 @@ bench-swap: $(STAMP)
 	$(PY) -m loadtest.bench_swap
 
 clean:
-	rm -rf $(VENV) recserve .pytest_cache .ruff_cache
+	rm -rf $(VENV) recserve/v1 .pytest_cache .ruff_cache

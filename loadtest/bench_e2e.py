@@ -1,6 +1,6 @@
 """``make bench-e2e``: the whole scoring stack under locust at fixed rates, against one process.
 
-    python -m loadtest.bench_e2e [--model-store DIR --model NAME] [--duration 30] [--rates 10,50,100]
+    python -m loadtest.bench_e2e [--store DIR --model NAME] [--duration 30] [--rates 10,50,100]
                                  [--ts-workers 2] [--worker-in-handler] [--out e2e]
 
 Trains a model into a temporary model store unless one is given, starts the local stack on this
@@ -301,7 +301,7 @@ def measure_rates(args, rates: list[float], state: dict, work: Path, procs: dict
 # ---- main ---------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-store", help="existing model store (default: train one into a temp dir)")
+    p.add_argument("--store", help="existing model store (default: train one into a temp dir)")
     p.add_argument("--model", default="criteo")
     p.add_argument("--rates", default="10,50,100", help="requests/s, comma-separated")
     p.add_argument("--duration", type=float, default=30.0, help="seconds per rate")
@@ -328,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     stack = None
     try:
-        store = Path(args.model_store) if args.model_store else work / "store"
-        if not args.model_store:
+        store = Path(args.store) if args.store else work / "store"
+        if not args.store:
             t0 = time.perf_counter()
             print(f"training a model into {store} ...", flush=True)
             train_model(store)

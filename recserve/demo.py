@@ -19,8 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from model_store.layout import default_root
+
 ROOT = Path(__file__).resolve().parent.parent
-STORE = ROOT / "model_store"
+STORE = ROOT / default_root()  # ./artifacts, or $RECSERVE_STORE (an absolute path wins)
 TEST = ROOT / "data/criteo/wide_resdnn_criteo_test.tsv"
 SCHEMA = ROOT / "data/schemas/criteo.yaml"
 
@@ -150,7 +152,7 @@ def follow_step(client, result) -> None:
     shutil.copy(ROOT / "data/criteo/deepctr_criteo_sample.csv", watch / "new_rows.csv")
     (watch / "new_rows.csv.done").touch()  # the file is complete
     t0 = time.time()
-    res = follow(FollowConfig(watch=str(watch), out=str(STORE), name="criteo", once=True))
+    res = follow(FollowConfig(watch=str(watch), store=str(STORE), model="criteo", once=True))
     version, seq = res.deltas[-1]
     print(
         f"   trained {res.rows} new rows (dense model frozen) -> delta {seq} of version {version} in {time.time() - t0:.1f} s"

@@ -19,9 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -128,10 +126,9 @@ def start_shards(
     spec: ShardSpec, num_shards: int, log_dir: Path, timeout_s: float = 60.0
 ) -> tuple[list[subprocess.Popen], list[str]]:
     """Start ``recserve ps`` processes for shards 0..n-1 on loopback and wait until all serve."""
-    from serving.ps.client import PSClient
+    from serving.rpc.procs import free_ports, spawn, wait_grpc_healthy
 
     procs: list[subprocess.Popen] = []
-    from serving.rpc.procs import free_ports
 
     addresses = [f"127.0.0.1:{p}" for p in free_ports(num_shards)]
     try:
@@ -140,27 +137,10 @@ def start_shards(
             store = asdict(spec) | {"shard": i, "num_shards": num_shards}
             cfg.write_text(yaml.safe_dump({"grace_s": 0.5, "store": store}))
             port = address.rsplit(":", 1)[1]
-            cmd = [sys.executable, "-m", "recserve", "ps", "--config", str(cfg), "--port", port]
-            cmd += ["--log-level", "WARNING"]
-            out = open(log_dir / f"ps-{i}.log", "wb")  # noqa: SIM115 (the child keeps it)
-            procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_child_env()))
-            out.close()
-        deadline = time.monotonic() + timeout_s
-        for i, address in enumerate(addresses):
-            with PSClient(address) as client:
-                while True:
-                    if procs[i].poll() is not None:
-                        tail = (log_dir / f"ps-{i}.log").read_text()[-2000:]
-                        raise RuntimeError(f"PS shard {i} exited with {procs[i].returncode}:\n{tail}")
-                    try:
-                        client.wait_ready(timeout_s=min(2.0, max(0.1, deadline - time.monotonic())))
-                        break
-                    except TimeoutError:
-                        if time.monotonic() > deadline:
-                            raise TimeoutError(
-                                f"PS shard {i} at {address} not serving after {timeout_s}s"
-                            ) from None
-        log.info("started %d PS shards: %s", num_shards, ",".join(addresses))
+            args = ["ps", "--config", str(cfg), "--port", port, "--log-level", "WARNING"]
+            procs.append(spawn(args, log_dir / f"ps-{i}.log", env=_child_env()))
+        for i, address in enumerate(addresses):  # the one health wait (a child's early exit shows its log)
+            wait_grpc_healthy(address, timeout_s, procs[i], log_dir / f"ps-{i}.log")
         return procs, addresses
     except BaseException:
         stop_processes(procs)
@@ -175,14 +155,7 @@ def _child_env() -> dict:
 
 
 def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
-    """SIGTERM every process we started, then SIGKILL those still running after ``timeout_s``."""
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    """Stop every process we started (``serving.rpc.procs``: SIGTERM, SIGKILL after ``timeout_s``)."""
+    from serving.rpc.procs import stop_children
+
+    stop_children(procs, timeout_s)

@@ -107,3 +107,16 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def stop_children(procs: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
+    """Stop child processes this process spawned (each with its process group) and reap them."""
+    for p in procs:
+        if p.poll() is None:
+            stop_pid(p.pid, "recserve", timeout_s, started=start_time(p.pid))
+    for p in procs:
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

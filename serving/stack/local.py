@@ -22,7 +22,7 @@ from pathlib import Path
 import model_store
 from serving.rpc.procs import free_ports, spawn, start_time, stop_pid, wait_grpc_healthy
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HANDLER = ROOT / "handlers" / "recserve_handler.py"
 
 

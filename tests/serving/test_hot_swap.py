@@ -27,7 +27,7 @@ def _train(root, seed: int, publish_it: bool):
     from training.config import TrainConfig
     from training.train import train
 
-    cfg = TrainConfig(out=str(root), name="criteo", epochs=1, inprocess_ps=True, publish=publish_it, progress=False,
+    cfg = TrainConfig(store=str(root), model="criteo", epochs=1, inprocess_ps=True, publish=publish_it, progress=False,
                       seed=seed, curve=str(root / f"curve-{seed}.png"))  # fmt: skip
     return train(cfg)
 

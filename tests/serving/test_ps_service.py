@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from recserve.v1 import common_pb2, ps_pb2
-from serving.ps.client import PSClient
+from serving.ps.client import PSClient, ShardError
 from tests.helpers import free_ports
 
 pytestmark = pytest.mark.slow
@@ -99,9 +99,9 @@ def test_dump_and_load_over_grpc(ps, tmp_path):
     c.load(str(tmp_path / "d0"), delta=True)
     assert c.stats()["delta_seq"] == 0
     assert not np.array_equal(c.lookup(signs(1))[0], before[:1])
-    with pytest.raises(grpc.RpcError) as e:
+    with pytest.raises(ShardError) as e:
         c.load(str(tmp_path / "missing"))
-    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "no such dump" in e.value.details()
+    assert e.value.code == "FAILED_PRECONDITION" and "no such dump" in str(e.value)
 
 
 def bad_requests():
@@ -180,8 +180,9 @@ def test_sigterm_shuts_down_cleanly(ps):  # last in the module: it stops the sha
 
 
 def test_cli_config_yaml_and_flags(tmp_path):
+    from recserve import config
     from recserve.cli import build_parser
-    from serving.ps.server import config_from_args
+    from serving.ps.server import ServerConfig
 
     cfg_file = tmp_path / "ps.yaml"
     cfg_file.write_text("port: 6000\nstore:\n  dim: 8\n  capacity: 500\n  optimizer: {name: ftrl, l1: 0.5}\n")
@@ -200,7 +201,7 @@ def test_cli_config_yaml_and_flags(tmp_path):
             "7000",
         ]
     )
-    cfg = config_from_args(args)
+    cfg = config.from_args(ServerConfig, args)
     assert (cfg.host, cfg.port, cfg.metrics_port) == ("127.0.0.1", 7000, 0)
     assert (cfg.store.shard, cfg.store.num_shards, cfg.store.dim, cfg.store.capacity) == (1, 3, 8, 500)
     assert (cfg.store.optimizer.name, cfg.store.optimizer.l1, cfg.store.optimizer.lr) == ("ftrl", 0.5, 0.2)

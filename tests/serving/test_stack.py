@@ -30,7 +30,7 @@ def trained(tmp_path_factory):
     from training.train import train
 
     root = tmp_path_factory.mktemp("store")
-    cfg = TrainConfig(out=str(root), name="criteo", epochs=1, inprocess_ps=True, publish=True, progress=False,
+    cfg = TrainConfig(store=str(root), model="criteo", epochs=1, inprocess_ps=True, publish=True, progress=False,
                       curve=str(root / "curve.png"))  # fmt: skip
     result = train(cfg)
     return root, result

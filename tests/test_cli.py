@@ -1,0 +1,109 @@
+"""Every ``recserve ...`` line in the README parses with the real parser and builds its config
+(no unknown flag, no crash), and the config mechanism does what the CLI relies on."""
+
+import argparse
+import dataclasses
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from recserve import config
+from recserve.cli import COMMANDS, build_parser, module_of
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_command_lines() -> list[str]:
+    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line.startswith("recserve ")]
+
+
+LINES = readme_command_lines()
+
+
+def test_the_readme_shows_every_command():
+    assert len(LINES) >= 15
+    shown = {shlex.split(line)[1] for line in LINES}
+    assert shown == set(COMMANDS), set(COMMANDS) ^ shown
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_readme_line_parses_and_builds_its_config(line):
+    argv = shlex.split(line)[1:]
+    args = build_parser(only=argv[0]).parse_args(argv)
+    mod = module_of(argv[0])
+    if hasattr(mod, "CONFIG"):
+        config.from_args(mod.CONFIG, args)
+    else:  # train: its two modes
+        from training.config import FollowConfig, TrainConfig
+
+        config.from_args(FollowConfig if args.follow else TrainConfig, args)
+
+
+def test_every_command_has_help():
+    parser = build_parser()
+    for name in COMMANDS:
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args([name, "--help"])
+        assert e.value.code == 0
+
+
+def test_an_undefined_flag_is_refused():
+    with pytest.raises(SystemExit) as e:
+        build_parser(only="up").parse_args(["up", "--model-store", "x"])
+    assert e.value.code == 2
+
+
+@dataclasses.dataclass
+class Inner:
+    lr: float = 0.1
+    """Learning rate."""
+    name: str = dataclasses.field(default="sgd", metadata={"flag": "optimizer", "choices": ["sgd", "adam"]})
+    """Optimizer."""
+
+
+@dataclasses.dataclass
+class Outer:
+    port: int = 1
+    """Port."""
+    ps: list[str] = dataclasses.field(default_factory=list)
+    """Addresses."""
+    fast: bool = False
+    """Go fast."""
+    inner: Inner = dataclasses.field(default_factory=Inner)
+    """Nested."""
+
+
+def test_defaults_then_yaml_then_flags(tmp_path):
+    p = argparse.ArgumentParser()
+    config.add_arguments(p, Outer)
+    (tmp_path / "c.yaml").write_text("port: 5\ninner: {lr: 0.5, name: adam}\n")
+    cfg = config.from_args(Outer, p.parse_args(["--config", str(tmp_path / "c.yaml"), "--lr", "0.7"]))
+    assert cfg == Outer(port=5, inner=Inner(lr=0.7, name="adam"))
+    cfg = config.from_args(Outer, p.parse_args(["--ps", "a:1,b:2", "--fast", "--optimizer", "sgd"]))
+    assert cfg.ps == ["a:1", "b:2"] and cfg.fast and cfg.inner.name == "sgd" and cfg.port == 1
+    assert "Learning rate." in p.format_help()
+    with pytest.raises(SystemExit):
+        p.parse_args(["--optimizer", "ftrl"])
+
+
+def test_unknown_yaml_key_is_an_error_naming_it(tmp_path):
+    (tmp_path / "c.yaml").write_text("prot: 5\n")
+    p = argparse.ArgumentParser()
+    config.add_arguments(p, Outer)
+    with pytest.raises(ValueError, match="prot"):
+        config.from_args(Outer, p.parse_args(["--config", str(tmp_path / "c.yaml")]))
+
+
+def test_store_root_defaults_to_artifacts_or_the_environment(monkeypatch):
+    from training.config import TrainConfig
+
+    monkeypatch.delenv("RECSERVE_STORE", raising=False)
+    assert TrainConfig().store == "artifacts"
+    monkeypatch.setenv("RECSERVE_STORE", "/srv/store")
+    assert TrainConfig().store == "/srv/store"
+    assert module_of("up").CONFIG().store == "/srv/store"
