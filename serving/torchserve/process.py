@@ -12,12 +12,15 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 from serving.torchserve.api import InferenceClient, ManagementClient, TorchServeError
 from serving.torchserve.archive import _ts_home
 from serving.torchserve.config import TorchServeConfig, write_config, write_log_config
+
+_MAX_UNIX_PATH = 100
 
 
 class TorchServe:
@@ -32,6 +35,12 @@ class TorchServe:
         self.key_file = self.run_dir / "key_file.json"
         self._proc: subprocess.Popen | None = None
         self._stdout = None
+        # Python workers listen on <java.io.tmpdir>/.ts.sock.<port>: an AF_UNIX path, at most 107
+        # bytes. A deep run dir (a long store path) gets a short private dir under /tmp instead,
+        # or every worker dies at bind and TorchServe only says UNLOADING.
+        self.tmp_dir = self.run_dir / "tmp"
+        if len(str(self.tmp_dir / ".ts.sock.65535")) > _MAX_UNIX_PATH:
+            self.tmp_dir = Path(tempfile.mkdtemp(prefix="recserve-ts-"))
 
     def command(self, config_path: Path) -> list[str]:
         java_home = os.environ.get("JAVA_HOME")
@@ -41,7 +50,7 @@ class TorchServe:
             java,
             f"-Dmodel_server_home={ts_home}",
             f"-Xmx{self.cfg.jvm_heap_mb}m",
-            f"-Djava.io.tmpdir={self.run_dir / 'tmp'}",
+            f"-Djava.io.tmpdir={self.tmp_dir}",
             "-Djava.net.preferIPv4Stack=true",  # plain IPv4 sockets, not ::ffff:127.0.0.1 dual-stack
             f"-Dlog4j.configurationFile=file://{self.run_dir / 'log4j2.xml'}",
             *self.cfg.jvm_options,
@@ -60,7 +69,7 @@ class TorchServe:
     def start(self) -> TorchServe:
         if self._proc is not None:
             raise RuntimeError("this TorchServe is already started")
-        (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.key_file.unlink(missing_ok=True)  # a stale key file would hand out dead tokens
         config_path = write_config(self.cfg)
