@@ -185,8 +185,6 @@ def raw_from_args(cls: type, args: argparse.Namespace) -> dict:
         node = raw
         for key in dotted[:-1]:
             node = node.setdefault(key, {})
-            if dataclasses.is_dataclass(node):  # YAML never gives dataclasses; defensive
-                node = dataclasses.asdict(node)
         node[dotted[-1]] = value
     return raw
 

@@ -1,8 +1,9 @@
-"""Export the dense network (TorchScript `.pt`, ONNX `.onnx`) and load it back for serving.
+"""Export the dense network (TorchScript `.pt`, ONNX `.onnx`) and verify the export; serving loads
+it with `model_store.dense.load_dense`.
 
 The exported graph has the model contract of `training.models`: inputs `pooled` (B, S, D) and
 `dense` (B, F) float32, output `logits` (B,), batch axis dynamic. `load_dense` gives serving one
-numpy-in/numpy-out callable whichever format was exported.
+numpy-in/numpy-out callable whichever format was exported (used here to verify the ONNX file).
 
 Both exporters used here are deprecated in torch 2.13 (`torch.jit.script`, and the TorchScript-
 based ONNX exporter; the new one needs `onnxscript`, not a dependency). They still work and
