@@ -14,6 +14,7 @@ import sys
 
 ROLES: dict[str, tuple[str, str]] = {
     "transform": ("features.cli", "read a data file, transform it and write compact batches"),
+    "synth": ("features.synth", "write Criteo-shaped synthetic click logs of any size (TSV or Parquet)"),
     "ps": ("serving.ps.server", "serve one embedding parameter-server shard over gRPC"),
     "worker": ("serving.worker.server", "serve the embedding worker (route, pool, update) over gRPC"),
     "train": ("training.cli", "train a model (PS-backed embeddings, DDP dense) and export it"),
