@@ -93,19 +93,31 @@ def scan(
 # ---- rows -> mini-batches -----------------------------------------------------------------------
 def shuffled(tables: Iterable[Table], buffer_rows: int, rng: np.random.Generator) -> Iterator[Table]:
     """The rows of ``tables`` mixed within a window of ``buffer_rows``: the buffer fills, is
-    permuted as a whole (vectorised), its first half goes out, the rest waits for the next fill."""
+    permuted as a whole (vectorised), its first half goes out, the rest waits for the next fill.
+    The input tables are consumed (their columns are released as the buffer is mixed)."""
     pending: list[Table] = []
     n = 0
     for t in tables:
         pending.append(t)
         n += t.num_rows
         if n >= buffer_rows:
-            mixed = take(concat(pending), rng.permutation(n))
+            mixed = _permuted(pending, n, rng)
             keep = buffer_rows // 2
             yield take(mixed, slice(keep, None))
-            pending, n = [take(mixed, slice(0, keep))], keep
+            pending, n = [take(mixed, np.arange(keep))], keep  # a copy: the old buffer can go
+            del mixed
     if n:
-        yield take(concat(pending), rng.permutation(n))
+        yield _permuted(pending, n, rng)
+
+
+def _permuted(tables: list[Table], n: int, rng: np.random.Generator) -> Table:
+    """The rows of ``tables`` in a random order, built column by column while the tables' own
+    columns are released (about one buffer of extra memory, not two)."""
+    order = rng.permutation(n)
+    cols = {}
+    for name in list(tables[0].columns):
+        cols[name] = np.concatenate([t.columns.pop(name) for t in tables])[order]
+    return Table(cols, n)
 
 
 def rebatch(tables: Iterable[Table], size: int) -> Iterator[Table]:
