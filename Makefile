@@ -62,5 +62,11 @@ bench-e2e: $(STAMP)
 bench-swap: $(STAMP)
 	$(PY) -m loadtest.bench_swap
 
+# Training at scale (issue 11): synth files of N and 10N rows streamed through `recserve train`;
+# ~1 GB of temporary data, a few minutes. Not part of `make bench`.
+.PHONY: bench-scale-train
+bench-scale-train: $(STAMP)
+	$(PY) -m loadtest.bench_scale_train
+
 clean:
 	rm -rf $(VENV) recserve/v1 .pytest_cache .ruff_cache

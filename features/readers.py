@@ -1,8 +1,8 @@
 """File readers (Criteo TSV/CSV, Open Bandit CSV + item_context.csv) -> ``Table``, and the
 inverse for clients and tests: a Table's rows as the JSON records a client would send.
 
-Readers split the whole file in one pass of C-level string operations and reshape it into a
-(rows, columns) array: no Python loop per row or field.
+These read a whole (small) file into one Table for clients, tests and the demo; they are thin
+wrappers over the streaming reader (``features.stream``), which training uses chunk by chunk.
 """
 
 from __future__ import annotations
@@ -12,27 +12,28 @@ from pathlib import Path
 import numpy as np
 
 from features.schema import Schema
+from features.stream import concat, text_batches, to_table
 from features.transform import FeatureError, Table
 
 CRITEO_COLUMNS = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
+_BLOCK = 4 << 20
 
 
 def read_delimited(
     path: str | Path, sep: str, columns: list[str] | None = None, limit: int | None = None
 ) -> Table:
-    """A delimited text file without quoting. ``columns=None``: the first line is the header."""
-    text = Path(path).read_text()
-    lines = text.rstrip("\n").split("\n")
-    if columns is None:
-        columns, lines = lines[0].split(sep), lines[1:]
-    if limit is not None:
-        lines = lines[:limit]
-    ncols = len(columns)
-    flat = sep.join(lines).split(sep) if lines else []
-    if len(flat) != len(lines) * ncols:
-        raise FeatureError(f"{path}: expected {ncols} fields on every line")
-    arr = np.array(flat, dtype=np.str_).reshape(len(lines), ncols)
-    return Table({c: arr[:, j] for j, c in enumerate(columns)}, len(lines))
+    """A delimited text file without quoting (gzip if it ends in .gz). ``columns=None``: the first
+    line is the header. A line with the wrong number of fields is a FeatureError naming it."""
+    tables: list[Table] = []
+    rows = 0
+    for batch in text_batches(Path(path), sep, tuple(columns) if columns else None, _BLOCK):
+        if limit is not None:
+            batch = batch.slice(0, limit - rows)
+        tables.append(to_table(batch, where=str(path)))
+        rows += batch.num_rows
+        if limit is not None and rows >= limit:
+            break
+    return concat(tables)
 
 
 def read_criteo(path: str | Path, limit: int | None = None) -> Table:

@@ -18,6 +18,7 @@ from recserve import config
 
 COMMANDS: dict[str, str] = {
     "transform": "read a data file, transform it and write compact batches",
+    "synth": "write Criteo-shaped synthetic click logs of any size (TSV or Parquet)",
     "train": "train a model (PS-backed embeddings, DDP dense) and export it",
     "ps": "serve one embedding parameter-server shard over gRPC",
     "worker": "serve the embedding worker (route, pool, update) over gRPC",
@@ -29,7 +30,7 @@ COMMANDS: dict[str, str] = {
     "rollback": "re-publish the previously published version",
     "controller": "(started by `up`) keep TorchServe's dense model on the store's CURRENT version",
 }
-_MODULE = {"down": "recserve.commands.up", "score": "recserve.commands.up"}
+_MODULE = {"synth": "features.synth", "down": "recserve.commands.up", "score": "recserve.commands.up"}
 _MODULE.update({name: "recserve.commands.releases" for name in ("versions", "publish", "rollback")})
 
 

@@ -16,9 +16,18 @@ class TrainConfig:
     schema: str = "data/schemas/criteo.yaml"
     """Feature schema YAML."""
     data: str = "data/criteo/wide_resdnn_criteo_train.tsv"
-    """Training file (Criteo TSV, or a CSV with a header)."""
+    """Training data: a file, a directory or a glob (TSV/CSV with or without a header, Parquet,
+    gzip), streamed from disk every epoch."""
     test: str = "data/criteo/wide_resdnn_criteo_test.tsv"
-    """Test file: AUC/logloss, ONNX verification and the exported eval scores."""
+    """Test data (the same forms): AUC/logloss, ONNX verification and the exported eval scores."""
+    data_format: str = "auto"
+    """Format of the data and test files: auto (per file, from its suffix, then its content), tsv,
+    csv or parquet; tsv and csv may add :header or :noheader (default: detected). A headerless
+    file's columns are the schema's label, then each slot's column."""
+    block_size: int = 4 << 20
+    """Bytes of text read and converted per chunk."""
+    shuffle_buffer: int = 65536
+    """Rows mixed at a time by the shuffle buffer (<= 1: file order); ~1 KB each for Criteo."""
     limit: int | None = None
     """Read at most this many training rows (None: all)."""
     dense_stats: bool = True
@@ -108,6 +117,11 @@ class TrainConfig:
             raise ValueError("staleness must be >= 0")
         if self.ps and self.inprocess_ps:
             raise ValueError("--ps and --inprocess-ps exclude each other")
+        if self.shuffle_buffer < 0:
+            raise ValueError("shuffle_buffer must be >= 0")
+        from features.stream import ReadOptions
+
+        ReadOptions(format=self.data_format, block_size=self.block_size)  # raises ValueError if bad
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +17,7 @@ class EvalResult:
     logloss: float
     scores: np.ndarray  # sigmoid probabilities, float32, in row order
     labels: np.ndarray
-    pooled: np.ndarray  # dense-network inputs of every row (export verification)
+    pooled: np.ndarray  # dense-network inputs of the first rows (export verification)
     dense: np.ndarray
 
     def metrics(self) -> dict[str, float]:
@@ -35,15 +36,24 @@ def auc_logloss(labels: np.ndarray, scores: np.ndarray) -> tuple[float, float]:
     return auc, float(log_loss(labels, p, labels=[0, 1]))
 
 
-def evaluate(ctx, batches: list[CompactBatch]) -> EvalResult:
-    """Score every batch with ``ctx.predict`` (no inserts, eval mode) and compute the metrics."""
-    preds = [ctx.predict(b) for b in batches]
-    labels = np.concatenate([b.labels for b in batches])
-    scores = sigmoid(np.concatenate([p.logits for p in preds]))
+def evaluate(ctx, batches: Iterable[CompactBatch], keep: int = 8192) -> EvalResult:
+    """Score every batch with ``ctx.predict`` (no inserts, eval mode) in one pass over them and
+    compute the metrics. The dense-network inputs are kept for the first ``keep`` rows only (they
+    verify the export; a streamed test split may be any size)."""
+    logits, labels, pooled, dense = [], [], [], []
+    kept = 0
+    for b in batches:
+        p = ctx.predict(b)
+        logits.append(p.logits)
+        labels.append(b.labels)
+        if kept < keep:
+            pooled.append(p.pooled[: keep - kept])
+            dense.append(p.dense[: keep - kept])
+            kept += len(pooled[-1])
+    scores = sigmoid(np.concatenate(logits))
+    labels = np.concatenate(labels)
     auc, logloss = auc_logloss(labels, scores)
-    pooled = np.concatenate([p.pooled for p in preds])
-    dense = np.concatenate([p.dense for p in preds])
-    return EvalResult(auc, logloss, scores, labels, pooled, dense)
+    return EvalResult(auc, logloss, scores, labels, np.concatenate(pooled), np.concatenate(dense))
 
 
 @dataclass

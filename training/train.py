@@ -2,19 +2,22 @@
 
 Reads top to bottom: config -> data -> embeddings (PS shards + worker) -> dense model -> epochs
 (with evaluation, progress and delta cuts) -> export to the model store. One process, or one per
-rank under torchrun (``WORLD_SIZE`` > 1): every rank reads its own contiguous block of the
-training rows, rank 0 starts the PS shards and hands their addresses to the others, dense
-gradients are all-reduced by DDP (gloo on CPU, NCCL on GPU), sparse updates go straight from each
-rank's worker to the shards. Rank 0 evaluates and exports. Everything started here is stopped at
-the end, on error too.
+rank under torchrun (``WORLD_SIZE`` > 1): the data streams from disk every epoch (training/data.py)
+and every rank reads its own pieces of the training rows, rank 0 starts the PS shards and hands
+their addresses to the others, dense gradients are all-reduced by DDP (gloo on CPU, NCCL on GPU),
+sparse updates go straight from each rank's worker to the shards. Rank 0 evaluates and exports.
+Everything started here is stopped at the end, on error too.
 
-    recserve train --model dlrm --epochs 3 --out model_store --name criteo
+    recserve train --arch dlrm --epochs 3 --store artifacts --model criteo
+    recserve train --data 'logs/day-*.tsv.gz' --test logs/test.parquet --epochs 1
     torchrun --nproc-per-node 2 -m recserve train --epochs 3
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import logging
 import os
 import time
@@ -26,7 +29,8 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from features.schema import load_schema
+from features.schema import load_schema, with_stats
+from features.stream import ReadOptions
 from training import data
 from training.cluster import Cluster, ShardSpec, open_cluster
 from training.config import TrainConfig
@@ -45,7 +49,7 @@ class TrainResult:
 
     auc: float = float("nan")
     logloss: float = float("nan")
-    samples_per_s: float = 0.0  # training rows per second over all ranks, training steps only
+    samples_per_s: float = 0.0  # training rows per second over all ranks, epoch loops only (reading overlaps)
     train_seconds: float = 0.0
     steps: int = 0
     version_dir: str | None = None
@@ -70,15 +74,24 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
     torch.manual_seed(cfg.seed)  # identical dense init on every rank (DDP also broadcasts it)
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu")
 
-    # ---- data ----------------------------------------------------------------------------------
+    # ---- data: streamed every epoch; one pass first counts every rank's rows and dense moments --
     schema = load_schema(cfg.schema)
-    full_train = data.read_split(cfg.data, schema, cfg.limit)
-    if cfg.dense_stats:  # from the whole training file, so every rank gets the same schema
-        schema = data.standardised(schema, full_train)
-    train_rows = data.partition(data.shuffle(full_train, cfg.seed), rank, world)
-    train_batches = data.batches(train_rows, schema, cfg.batch_size)
-    test_batches = data.batches(data.read_split(cfg.test, schema), schema, cfg.eval_batch_size)
-    log.info("rank %d/%d: %d training rows, %d batches", rank, world, train_rows.num_rows, len(train_batches))
+    read = ReadOptions(format=cfg.data_format, block_size=cfg.block_size, numeric_dense=True)
+    train_split = data.Split(cfg.data, schema, read, cfg.limit, part=(rank, world))
+    scans = _all_ranks(train_split.scan(), world)
+    if cfg.dense_stats:  # over all ranks' rows, so every rank gets the same schema
+        schema = with_stats(schema, functools.reduce(data.Scan.merge, scans).stats(schema))
+    train_split = dataclasses.replace(train_split, schema=schema)
+    test_split = data.Split(cfg.test, schema, read)
+    # DDP needs the same number of steps on every rank: the ranks with more rows drop the rest
+    steps_per_epoch = min(-(-s.rows // cfg.batch_size) for s in scans)
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"{cfg.data}: no training rows" + (f" for one of the {world} ranks" if world > 1 else "")
+        )
+    log.info(
+        "rank %d/%d: %d training rows, %d steps per epoch", rank, world, scans[rank].rows, steps_per_epoch
+    )
 
     # ---- dense model ---------------------------------------------------------------------------
     model_cfg = ModelConfig(
@@ -105,7 +118,8 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
         if cfg.embeddings == "inprocess":
             if world > 1:
                 raise ValueError("embeddings=inprocess is a single-process baseline")
-            table = SignTable.from_batches(train_batches, schema, cfg.dim, cfg.init_scale, cfg.seed)
+            vocab = train_split.batches(cfg.batch_size)  # one extra pass for the vocabulary
+            table = SignTable.from_batches(vocab, schema, cfg.dim, cfg.init_scale, cfg.seed)
             ctx = InProcessCtx(
                 table,
                 model,
@@ -128,19 +142,20 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
         result = TrainResult()
         history = result.history
         loss_fn = nn.BCEWithLogitsLoss()
-        rng = np.random.default_rng(cfg.seed + 1)
-        total = cfg.epochs * len(train_batches)
+        total = cfg.epochs * steps_per_epoch
         bar = tqdm(total=total, disable=not cfg.progress or rank != 0, unit="batch", dynamic_ncols=True)
-        step, train_time = 0, 0.0
+        step, rows, train_time = 0, 0, 0.0
         for epoch in range(cfg.epochs):
             model.train()
             t0 = time.perf_counter()
-            order = rng.permutation(len(train_batches))
-            for batch in ctx.steps(train_batches[i] for i in order):
+            rng = np.random.default_rng([cfg.seed, epoch, rank])
+            epoch_batches = train_split.batches(cfg.batch_size, cfg.shuffle_buffer, rng, steps_per_epoch)
+            for batch in ctx.steps(data.in_background(epoch_batches)):
                 logits = ctx.forward(batch)
                 loss = loss_fn(logits, torch.from_numpy(batch.labels).to(logits.device))
                 ctx.backward(loss)
                 step += 1
+                rows += batch.num_rows
                 history.steps.append(step)
                 history.loss.append(loss.item())  # note: a sync point on GPU, cheap on CPU
                 if writer is not None and deltas.enabled and deltas.due(batch.num_rows * world):
@@ -154,7 +169,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
             if world > 1:
                 dist.barrier()
             if rank == 0:
-                result.evaluation = evaluate(ctx, test_batches)
+                result.evaluation = evaluate(ctx, data.in_background(test_split.batches(cfg.eval_batch_size)))
                 history.eval_steps.append(step)
                 history.auc.append(result.evaluation.auc)
                 history.logloss.append(result.evaluation.logloss)
@@ -167,7 +182,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
         bar.close()
 
         result.steps, result.train_seconds = step, train_time
-        result.samples_per_s = step * cfg.batch_size * world / train_time if train_time else 0.0
+        result.samples_per_s = rows * world / train_time if train_time else 0.0
         result.dense_state = {k: v.detach().cpu().clone() for k, v in unwrap(model).state_dict().items()}
         if rank == 0:
             ev = result.evaluation
@@ -210,6 +225,15 @@ def _init_distributed() -> tuple[int, int]:
     if torch.cuda.is_available():
         torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
     return dist.get_rank(), dist.get_world_size()
+
+
+def _all_ranks(scan: data.Scan, world: int) -> list[data.Scan]:
+    """Every rank's scan, in rank order, on every rank."""
+    if world == 1:
+        return [scan]
+    scans: list = [None] * world
+    dist.all_gather_object(scans, scan)
+    return scans
 
 
 def _prefetch(cfg: TrainConfig) -> bool:

@@ -1,0 +1,281 @@
+"""``make bench-scale-train``: training memory and throughput as the data grows (issue 11).
+
+1. ``recserve synth`` writes training files of N and 10N rows (one seed: the small file is the
+   start of the large one) and a held-out test file (another seed, same hidden model).
+2. Each training file is streamed through ``recserve train --epochs 1`` in a subprocess, as a user
+   types it; the peak RSS of its process tree (the trainer and the PS shard processes it starts)
+   is polled from /proc every 0.2 s. The shards get ``--capacity`` rows each, enough for every
+   ID of the 10N file, so nothing is evicted (the default 1M rows/shard would evict at 10N = 2M).
+   The PS holds one row per distinct ID, and synth data keeps bringing new IDs, so the PS share
+   of the memory grows with the data by design; the trainer's share must not.
+3. ``read_rows_per_s``: the 10N file -> CompactBatches of 4096 rows on every core
+   (``features.parallel``), measured alone, best of two; ``read_rows_per_s_1proc``: the trainer's
+   own path (one process: stream -> shuffle buffer -> batches of 128 rows).
+4. The issue's baseline (reading a 1M-row Criteo TSV for training took 17.5 s and 4.7 GB RSS):
+   the trainer's data path (dense-statistics pass + one shuffled epoch of 128-row batches) on 1M
+   rows of synth TSV in a fresh process, time and peak RSS.
+
+Writes ``loadtest/results/scale_train.json`` and prints a table. Linux only (/proc).
+
+    python -m loadtest.bench_scale_train [--rows 200000] [--scale 1.0] [--capacity 4000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from loadtest.common import print_table, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+ISSUE_BASELINE = {"seconds": 17.5, "peak_rss_gb": 4.7, "rows": 1_000_000}
+
+
+# ---- process-tree memory ------------------------------------------------------------------------
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            kids.setdefault(ppid, []).append(int(d))
+    return kids
+
+
+def tree_rss(root: int) -> tuple[int, int]:
+    """(RSS of ``root`` and all its descendants, RSS of ``root`` alone), bytes."""
+    kids, todo, total, own = _children(), [root], 0, 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    while todo:
+        pid = todo.pop()
+        try:
+            rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        except (OSError, IndexError):
+            rss = 0
+        total += rss
+        own = rss if pid == root else own
+        todo += kids.get(pid, [])
+    return total, own
+
+
+def run_polled(cmd: list[str], timeout: float) -> dict:
+    """Run ``cmd``; its stdout, exit code, wall time and peak RSS (tree and own), polled."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = peak_own = 0
+    try:
+        while proc.poll() is None:
+            total, own = tree_rss(proc.pid)
+            peak, peak_own = max(peak, total), max(peak_own, own)
+            if time.perf_counter() - t0 > timeout:
+                proc.kill()
+                raise TimeoutError(f"{' '.join(cmd)}: still running after {timeout} s")
+            time.sleep(0.2)
+    finally:
+        out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{err[-3000:]}")
+    return {
+        "stdout": out,
+        "wall_s": time.perf_counter() - t0,
+        "peak_gb": peak / 1e9,
+        "own_peak_gb": peak_own / 1e9,
+    }
+
+
+# ---- the steps ----------------------------------------------------------------------------------
+def recserve(*args: str) -> list[str]:
+    return [sys.executable, "-m", "recserve", *args]
+
+
+def synth(path: Path, rows: int, seed: int, scale: float) -> float:
+    t0 = time.perf_counter()
+    cmd = recserve(
+        "synth", "--rows", str(rows), "--out", str(path), "--seed", str(seed), "--scale", str(scale)
+    )
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    return rows / (time.perf_counter() - t0)
+
+
+def train(data: Path, test: Path, store: Path, args: argparse.Namespace) -> dict:
+    cmd = recserve("train", "--data", str(data), "--test", str(test), "--epochs", "1")
+    cmd += ["--capacity", str(args.capacity), "--num-shards", str(args.num_shards)]
+    cmd += ["--store", str(store), "--model", data.stem, "--no-progress", "--log-level", "WARNING"]
+    run = run_polled(cmd, timeout=args.timeout)
+    summary = json.loads(run["stdout"].strip().splitlines()[-1])
+    shard_rows = [
+        json.loads(m.read_text())["rows"] for m in Path(summary["version_dir"]).glob("embeddings/*/meta.json")
+    ]
+    return {
+        "peak_rss_gb": run["peak_gb"],
+        "trainer_peak_rss_gb": run["own_peak_gb"],
+        "ps_rows": sum(shard_rows),
+        "samples_per_s": summary["samples_per_s"],
+        "auc": summary["auc"],
+        "wall_s": summary["wall_s"],
+    }
+
+
+def read_rate(path: Path, workers: int) -> dict:
+    """Rows per second, file -> CompactBatches of 4096 rows, in ``workers`` processes."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from features import parallel
+    from features.schema import load_schema
+    from features.stream import ReadOptions
+
+    schema = load_schema(ROOT / "data/schemas/criteo.yaml")
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        list(pool.map(abs, range(workers)))  # start the workers before the clock
+        t0 = time.perf_counter()
+        rows = sum(
+            b.num_rows
+            for b in parallel.batches(path, schema, ReadOptions(numeric_dense=True), 4096, pool=pool)
+        )
+        return {"rows": rows, "rows_per_s": rows / (time.perf_counter() - t0)}
+
+
+def trainer_read(path: Path, limit: int) -> dict:
+    """The trainer's data path alone (dense-statistics pass + one shuffled epoch of 128-row
+    batches) in this process: rows, seconds, rows/s. Run in a fresh process for its peak RSS."""
+    import dataclasses
+    import resource
+
+    import numpy as np
+
+    from features.schema import load_schema, with_stats
+    from features.stream import ReadOptions
+    from training import data
+
+    t0 = time.perf_counter()
+    schema = load_schema(ROOT / "data/schemas/criteo.yaml")
+    split = data.Split(path, schema, ReadOptions(numeric_dense=True), limit)
+    split = dataclasses.replace(split, schema=with_stats(schema, split.scan().stats(schema)))
+    rows = sum(b.num_rows for b in split.batches(128, 65536, np.random.default_rng(0)))
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds, "peak_rss_gb": peak}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=200_000, help="N: rows of the small training file")
+    p.add_argument("--test-rows", type=int, default=50_000, help="rows of the held-out test file")
+    p.add_argument("--scale", type=float, default=1.0, help="synth cardinality scale (1: Kaggle's)")
+    p.add_argument("--capacity", type=int, default=4_000_000, help="rows per PS shard (no eviction)")
+    p.add_argument("--num-shards", type=int, default=2)
+    p.add_argument("--baseline-rows", type=int, default=1_000_000, help="rows for the reader baseline")
+    p.add_argument("--workdir", help="where the data goes (default: a temporary directory, removed)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per training run")
+    p.add_argument("--trainer-read", nargs=2, metavar=("FILE", "LIMIT"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.trainer_read:  # the child of step 4
+        print(json.dumps(trainer_read(Path(args.trainer_read[0]), int(args.trainer_read[1]))))
+        return 0
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="recserve-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    n = args.rows
+    try:
+        small, large, test = work / "train_1x.tsv", work / "train_10x.tsv", work / "test.tsv"
+        synth_rate = synth(large, 10 * n, seed=1, scale=args.scale)
+        synth(small, n, seed=1, scale=args.scale)
+        synth(test, args.test_rows, seed=2, scale=args.scale)
+        baseline_file = large if 10 * n >= args.baseline_rows else work / "baseline.tsv"
+        if baseline_file != large:
+            synth(baseline_file, args.baseline_rows, seed=1, scale=args.scale)
+
+        runs, loads = {}, {}
+        for name, path in (("1x", small), ("10x", large)):
+            loads[f"train_{name}"] = round(os.getloadavg()[0], 2)
+            runs[name] = train(path, test, work / "store", args)
+        loads["read"] = round(os.getloadavg()[0], 2)
+        # best of two: the machine may be shared, and a rate is a capability
+        read = max((read_rate(large, os.cpu_count() or 1) for _ in range(2)), key=lambda r: r["rows_per_s"])
+        loads["reader_baseline"] = round(os.getloadavg()[0], 2)
+        child = run_polled(
+            [sys.executable, "-m", "loadtest.bench_scale_train", "--trainer-read", str(baseline_file), str(args.baseline_rows)],
+            timeout=args.timeout,
+        )  # fmt: skip
+        reader = json.loads(child["stdout"].strip().splitlines()[-1])
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+    one, ten = runs["1x"], runs["10x"]
+    results = {
+        "train_peak_rss_gb_1x": round(one["peak_rss_gb"], 3),
+        "train_peak_rss_gb_10x": round(ten["peak_rss_gb"], 3),
+        "rss_ratio_10x": round(ten["peak_rss_gb"] / one["peak_rss_gb"], 3),
+        "trainer_peak_rss_gb_1x": round(one["trainer_peak_rss_gb"], 3),
+        "trainer_peak_rss_gb_10x": round(ten["trainer_peak_rss_gb"], 3),
+        "trainer_rss_ratio_10x": round(ten["trainer_peak_rss_gb"] / one["trainer_peak_rss_gb"], 3),
+        "ps_rows_1x": one["ps_rows"],
+        "ps_rows_10x": ten["ps_rows"],
+        "train_samples_per_s": round(ten["samples_per_s"], 1),
+        "train_samples_per_s_1x": round(one["samples_per_s"], 1),
+        "test_auc": ten["auc"],
+        "test_auc_1x": one["auc"],
+        "read_rows_per_s": round(read["rows_per_s"]),
+        "read_rows_per_s_1proc": round(reader["rows_per_s"]),
+        "reader_baseline_s": round(reader["seconds"], 2),
+        "reader_baseline_peak_rss_gb": round(child["peak_gb"], 3),
+        "issue_baseline": ISSUE_BASELINE,
+        "synth_rows_per_s": round(synth_rate),
+        "targets": {"rss_ratio_10x": "<= 1.25", "read_rows_per_s": ">= 250000"},
+        "conditions": {
+            "rows_1x": n,
+            "rows_10x": 10 * n,
+            "test_rows": args.test_rows,
+            "scale": args.scale,
+            "capacity_per_shard": args.capacity,
+            "num_shards": args.num_shards,
+            "epochs": 1,
+            "read_workers": os.cpu_count(),
+            "baseline_rows": args.baseline_rows,
+            "load_average_at_start": [round(x, 2) for x in load],
+            "load_average_1min_before": loads,
+        },
+    }
+    rows = [
+        {"run": "1x", "rows": n, "peak_rss_gb": one["peak_rss_gb"], "trainer_gb": one["trainer_peak_rss_gb"],
+         "ps_rows": one["ps_rows"], "samples_per_s": one["samples_per_s"], "test_auc": one["auc"]},
+        {"run": "10x", "rows": 10 * n, "peak_rss_gb": ten["peak_rss_gb"], "trainer_gb": ten["trainer_peak_rss_gb"],
+         "ps_rows": ten["ps_rows"], "samples_per_s": ten["samples_per_s"], "test_auc": ten["auc"]},
+    ]  # fmt: skip
+    print_table(
+        "recserve train, streamed (peak RSS of the process tree: trainer + PS shards)", rows, list(rows[0])
+    )
+    print_table(
+        "reading",
+        [
+            {"what": f"file -> CompactBatch, {os.cpu_count()} processes", "rows_per_s": read["rows_per_s"]},
+            {
+                "what": "trainer's path, 1 process (stats pass + shuffled 128-row batches)",
+                "rows_per_s": reader["rows_per_s"],
+            },
+            {
+                "what": f"{args.baseline_rows:,} rows for training: seconds / peak RSS GB",
+                "rows_per_s": f"{reader['seconds']:.1f} s / {child['peak_gb']:.2f} GB (issue: 17.5 s / 4.7 GB)",
+            },
+        ],  # fmt: skip
+        ["what", "rows_per_s"],
+    )
+    print(f"\nwrote {write_results('scale_train', results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
