@@ -7,10 +7,17 @@ A dump of shard i of n is one directory ``shard-<i>-of-<n>/``::
     state.<name>.npy     float32 (rows, dim)       one per optimizer state (Adagrad: state.sum)
     stamp.npy, count.npy uint32 (rows,)            last-touch time (unix s) and touch count
     deleted.npy          uint64 (k,)               deltas only: signs deleted since the last cut
+    buckets.npy          uint32 (2**bits + 1,)     full dumps only: the bucket directory (below)
     meta.json            format, kind (full|delta), shard, num_shards, dim, dtype, optimizer,
                          state names, schema_hash, rows, deleted, version, delta_seq, step, ...
     MANIFEST.json        sha256 and size of every file above
     _SUCCESS             written last
+
+A full dump is written in *bucket order*: rows sorted by ``table_hash(sign)``, whose top
+``bucket_bits`` bits (meta) are the sign's bucket, and ``buckets[b]:buckets[b + 1]`` are the slots
+of bucket b (4 to 8 signs on average). That order plus the directory is a static hash index: a
+serving PS maps the files read-only and looks signs up in place (serving/ps/table.py), at about
+0.5-1 byte of index per row and no build step. Training stores read any order.
 
 The directory is written under a hidden temporary name and renamed into place, so a reader sees
 a complete dump or nothing. Loading checks ``_SUCCESS``, every checksum and the metadata against
@@ -32,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from features.hashing import shard_of
+from features.hashing import mix64, shard_of
 from model_store.errors import StoreError
 from model_store.layout import fsync_dir
 
@@ -43,6 +50,29 @@ SUCCESS = "_SUCCESS"
 MANIFEST = "MANIFEST.json"
 META = "meta.json"
 _SHARD_RE = re.compile(r"^shard-(\d+)-of-(\d+)$")
+TABLE_SALT = np.uint64(0x5DEECE66DA3B9F17)  # == serving.ps.index's salt; the numba twin is table._hash
+_CHUNK_ROWS = 1 << 20
+
+
+def table_hash(signs: np.ndarray) -> np.ndarray:
+    """The hash whose top bits bucket a sign in a full dump (vectorised)."""
+    return mix64(np.asarray(signs, dtype=np.uint64) ^ TABLE_SALT)
+
+
+def bucket_bits(rows: int) -> int:
+    """Directory size for ``rows`` signs: 2**bits buckets of 4 to 8 signs on average."""
+    return max(1, (rows // 8).bit_length())
+
+
+def bucket_layout(signs: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """(order, directory, bits): ``signs[order]`` is bucket order and ``directory`` its offsets."""
+    bits = bucket_bits(len(signs))
+    h = table_hash(signs)
+    order = np.argsort(h)
+    bucket = (h[order] >> np.uint64(64 - bits)).astype(np.int64)
+    directory = np.zeros((1 << bits) + 1, dtype=np.uint32)
+    np.cumsum(np.bincount(bucket, minlength=1 << bits), out=directory[1:])
+    return order, directory, bits
 
 
 @dataclass
@@ -84,7 +114,7 @@ class _HashingWriter:
 
     def write(self, b) -> int:
         self.sha.update(b)
-        self.size += len(b)
+        self.size += memoryview(b).nbytes
         return self.f.write(b)
 
 
@@ -97,8 +127,17 @@ def _write_file(path: Path, writer) -> dict:
     return {"sha256": hw.sha.hexdigest(), "bytes": hw.size}
 
 
-def _npy_writer(arr: np.ndarray):
-    return lambda f: np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+def _npy_writer(arr: np.ndarray, order: np.ndarray | None = None):
+    """Writes ``arr`` (or ``arr[order]``, gathered a chunk at a time: no full permuted copy)."""
+    if order is None:
+        return lambda f: np.lib.format.write_array(f, np.ascontiguousarray(arr), allow_pickle=False)
+
+    def write(f):
+        np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(arr))
+        for i in range(0, len(order), _CHUNK_ROWS):
+            f.write(memoryview(np.ascontiguousarray(arr.take(order[i : i + _CHUNK_ROWS], axis=0))).cast("B"))
+
+    return write
 
 
 def write_shard(parent: str | os.PathLike, data: ShardData) -> Path:
@@ -118,9 +157,14 @@ def write_shard(parent: str | os.PathLike, data: ShardData) -> Path:
             "count.npy": data.count,
         }
         arrays.update({f"state.{k}.npy": v for k, v in data.state.items()})
+        order = None
         if meta["kind"] == "delta":
             arrays["deleted.npy"] = data.deleted
-        files = {name: _write_file(tmp / name, _npy_writer(arr)) for name, arr in arrays.items()}
+        else:
+            order, directory, meta["bucket_bits"] = bucket_layout(data.signs)
+        files = {name: _write_file(tmp / name, _npy_writer(arr, order)) for name, arr in arrays.items()}
+        if order is not None:
+            files["buckets.npy"] = _write_file(tmp / "buckets.npy", _npy_writer(directory))
         meta.update(format=FORMAT, rows=int(len(data.signs)), deleted=int(len(data.deleted)))
         body = json.dumps(meta, indent=1, sort_keys=True).encode()
         files[META] = _write_file(tmp / META, lambda f: f.write(body))
@@ -254,17 +298,20 @@ def shard_dirs(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[P
     return [Path(p) for p in paths]
 
 
+def read_meta(shard_dir: Path) -> dict:
+    """A shard directory's meta.json, unverified (to decide how to read it; readers verify)."""
+    try:
+        return json.loads((Path(shard_dir) / META).read_text())
+    except (OSError, ValueError) as e:
+        raise StoreError(f"{shard_dir}: unreadable {META}: {e}") from e
+
+
 def read_for_shard(paths, shard: int, num_shards: int, check=None) -> ShardData:
     """The part of a dump (full or delta, any shard count) that shard ``shard`` of
     ``num_shards`` owns, by the routing hash. ``check(meta, where)`` vets each shard's metadata
     before its arrays are read."""
     dirs = shard_dirs(paths)
-    metas = []
-    for d in dirs:
-        try:
-            metas.append(json.loads((d / META).read_text()))
-        except (OSError, ValueError) as e:
-            raise StoreError(f"{d}: unreadable {META}: {e}") from e
+    metas = [read_meta(d) for d in dirs]
     if check is not None:
         for d, m in zip(dirs, metas, strict=True):
             check(m, str(d))

@@ -29,14 +29,16 @@ log = logging.getLogger("recserve.ps.follow")
 
 
 class Follower:
-    def __init__(self, store, model_dir: str | os.PathLike, registry=None, clock=time.time):
+    def __init__(self, store, model_dir: str | os.PathLike, registry=None, clock=time.time, pin: str = ""):
         self.store = store
+        self.pin = pin  # serve this version instead of CURRENT
         self.model_dir = Path(model_dir)
         self.root, self.model = self.model_dir.parent, self.model_dir.name
         self.schema_fingerprint: str | None = None  # of the first version served; later ones must match
         self.clock = clock
         self._refused: set[tuple[str, int]] = set()  # (version, seq) already reported; seq -1 = version
         self.freshness = None
+        self.switch_s = 0.0  # how long the last version switch took (read, verify, deltas, flip)
         if registry is not None:
             from prometheus_client import Histogram
 
@@ -50,7 +52,7 @@ class Follower:
     def poll(self) -> list[str]:
         """One pass: switch to a new CURRENT version, then apply new deltas. Returns what it did."""
         events: list[str] = []
-        target = ms.current(self.root, self.model)
+        target = self.pin or ms.current(self.root, self.model)
         if target and target != self.store.version and (target, -1) not in self._refused:
             try:
                 events.append(self._switch(target))
@@ -62,27 +64,24 @@ class Follower:
 
     def _switch(self, version: str) -> str:
         """Build the new version's complete state -- full dump plus its deltas -- in a staging store
-        beside the served one, then flip once: no lookup sees the new version without its deltas."""
-        import dataclasses
-
-        from serving.ps.store import EmbeddingStore
-
+        beside the served one, then flip once: no lookup sees the new version without its deltas.
+        A serving shard (MappedStore) maps and verifies the version's files here and the flip is a
+        reference assignment; the old version is released when its last lookup finishes."""
         vdir = ms.version_dir(self.root, self.model, version)
         # the one gate (model_store.validate) without the sha256 of every file: this shard's own
-        # files are checked by model_store.shards as they are read
+        # files are checked by the store as it reads or maps them
         manifest = ms.validate(self.root, self.model, version, self.schema_fingerprint, verify=False)
         fp = manifest.get("schema_fingerprint")
         t0 = time.perf_counter()
-        data = self.store.read(vdir / "embeddings")
-        staging = EmbeddingStore(dataclasses.replace(self.store.config))  # same shard, dim, capacity
-        staging.install(data)
-        staging.version = version
+        staging = self.store.staging()
+        staging.open(vdir / "embeddings", version)
         applied = self._apply_deltas(version, staging, observe=False)
         old = self.store.version or "(none)"
-        rows = self.store.install(staging.snapshot(copy=False))  # the atomic flip, deltas included
+        rows = self.store.adopt(staging)  # the atomic flip, deltas included
         self.schema_fingerprint = fp
+        self.switch_s = time.perf_counter() - t0
         msg = (f"version {old} -> {version}: {rows} rows, deltas up to {self.store.delta_seq} "
-               f"({len(applied)} applied before the flip) in {time.perf_counter() - t0:.2f}s")  # fmt: skip
+               f"({len(applied)} applied before the flip) in {self.switch_s:.2f}s")  # fmt: skip
         log.info(msg)
         return msg
 

@@ -126,6 +126,24 @@ class ShardPersistence:
                 self.config.shard = shard if shard is not None else self.config.shard
         return self.install(self.read(paths))
 
+    # the Follower's protocol (serving/ps/follow.py), shared with MappedStore
+    def staging(self):
+        """An empty store of the same configuration, to build the next version in."""
+        import dataclasses
+
+        return type(self)(dataclasses.replace(self.config))
+
+    def open(self, paths, version: str | None = None) -> int:
+        """Replace the contents with a full dump (``load``), named ``version`` if given."""
+        n = self.install(self.read(paths))
+        if version is not None:
+            self.version = version
+        return n
+
+    def adopt(self, other) -> int:
+        """Take over what ``other`` (a staging store) holds, in one step under the lock."""
+        return self.install(other.snapshot(copy=False))
+
     def install(self, data: ShardData) -> int:
         """Replace the contents with a full dump already read (``read``)."""
         n = len(data.signs)

@@ -126,12 +126,10 @@ class LocalStack:
         n, cfg = len(ports), self.config
         for i, port in enumerate(ports):
             # following the model: serve CURRENT, switch with it, apply its deltas; a pinned
-            # --version that is not CURRENT is loaded and served as is
-            source = (
-                ["--follow", str(vdir.parent), "--poll-s", str(cfg.poll_s)]
-                if self._follows
-                else ["--load", str(vdir / "embeddings")]
-            )
+            # --version that is not CURRENT is served with its deltas and never switched
+            source = ["--follow", str(vdir.parent), "--poll-s", str(cfg.poll_s)]
+            if not self._follows:
+                source += ["--pin", vdir.name]
             args = ["ps", "--shard", str(i), "--num-shards", str(n), "--host", cfg.host, "--port", str(port),
                     "--dim", str(manifest["dim"]), *source]  # fmt: skip
             self._procs[f"ps{i}"] = spawn(args, logs / f"ps{i}.log")

@@ -109,3 +109,63 @@ def test_full_version_switch_then_rollback_restores_scores(live):
     back, versions = _wait(client, lambda v: v["embedding"] == "1" and v["dense"] == "1", timeout=60)
     diff = np.abs(back - before)
     assert diff.max() <= 1e-6, f"{(diff > 1e-6).sum()} of {len(diff)} scores differ, max {diff.max()}"
+
+
+def test_a_version_bigger_than_the_old_capacity_is_served(live):
+    """Version 1's rows plus 1.2M more (more than the 1M rows a serving shard used to hold at
+    most): the PS shards map it and serve it, and it scores as version 1 did in evaluation (the
+    requests do not use the added IDs; version 1's deltas are not part of the copy)."""
+    import json
+    import shutil
+
+    from model_store.shards import read_shard, write_shard
+
+    root, stack, client = live
+    v1 = ms.version_dir(root, "criteo", "1")
+    big = ms.next_version(root, "criteo")
+    staging = ms.staging_dir(root, "criteo", big)
+    for p in v1.iterdir():
+        if p.name not in ("embeddings", "deltas", ms.SUCCESS, "MANIFEST.json"):
+            (shutil.copytree if p.is_dir() else shutil.copy2)(p, staging / p.name)
+    rng = np.random.default_rng(5)
+    for part in sorted((v1 / "embeddings").iterdir()):
+        data = read_shard(part)
+        n = 1_200_000 // data.meta["num_shards"] + 1
+        from features.hashing import shard_of
+
+        extra = rng.integers(2**62, 2**63, 3 * n, dtype=np.uint64)
+        extra = extra[shard_of(extra, data.meta["num_shards"]) == data.meta["shard"]][:n]
+        data.meta = dict(data.meta, version=big)
+        data.signs = np.concatenate([data.signs, extra])
+        data.rows = np.concatenate(
+            [data.rows, rng.standard_normal((n, data.rows.shape[1])).astype(data.rows.dtype)]
+        )
+        data.state = {
+            k: np.concatenate([v, np.zeros((n, v.shape[1]), v.dtype)]) for k, v in data.state.items()
+        }
+        data.stamp = np.concatenate([data.stamp, np.zeros(n, np.uint32)])
+        data.count = np.concatenate([data.count, np.zeros(n, np.uint32)])
+        write_shard(staging / "embeddings", data)
+    manifest = json.loads((v1 / "MANIFEST.json").read_text())
+    manifest.pop("files", None)
+    ms.write_manifest(staging, dict(manifest, version=big))
+    ms.seal(staging, ms.version_dir(root, "criteo", big))
+    publish(root, "criteo", big)
+    rows = 0
+    deadline = time.monotonic() + 60
+    from serving.ps.client import PSClient
+
+    while time.monotonic() < deadline:
+        stats = []
+        for target in stack.state["ps"]:
+            with PSClient(target) as ps:
+                stats.append(ps.stats())
+        if all(s["version"] == big for s in stats):
+            rows = sum(s["rows"] for s in stats)
+            break
+        time.sleep(0.2)
+    assert rows >= 1_200_000, stats
+    after, versions = _wait(client, lambda v: v["embedding"] == big and v["dense"] == big, timeout=60)
+    offline = np.load(v1 / "eval" / "scores.npy")[: len(after)]
+    assert np.abs(after - offline).max() <= 1e-5
+    rollback(root, "criteo")

@@ -10,6 +10,7 @@ import pytest
 import model_store as ms
 from model_store.releases import publish, rollback
 from serving.ps.follow import Follower
+from serving.ps.mapped import MappedStore
 from serving.ps.store import EmbeddingStore, StoreConfig
 
 DIM = 4
@@ -47,7 +48,7 @@ def setup(tmp_path):
     trainer.lookup(SIGNS, insert=True)
     v1 = make_version(tmp_path, trainer)
     publish(tmp_path, "m", v1)
-    served = _store()
+    served = MappedStore(StoreConfig(dim=DIM))  # what a serving PS (--follow) holds
     return tmp_path, trainer, v1, served, Follower(served, tmp_path / "m")
 
 
@@ -132,7 +133,7 @@ def test_no_lookup_mixes_old_and_new_rows(tmp_path):
     trainer.lookup(SIGNS, insert=True)
     v1 = make_version(tmp_path, trainer)
     publish(tmp_path, "m", v1)
-    served = _store()
+    served = MappedStore(StoreConfig(dim=DIM))
     follower = Follower(served, tmp_path / "m")
     follower.poll()
     old = served.lookup(SIGNS)[0].copy()

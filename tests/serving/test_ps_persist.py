@@ -68,6 +68,7 @@ def test_dump_load_is_bit_identical(tmp_path):
     assert sorted(p.name for p in path.iterdir()) == [
         "MANIFEST.json",
         "_SUCCESS",
+        "buckets.npy",
         "count.npy",
         "meta.json",
         "rows.npy",

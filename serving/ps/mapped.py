@@ -1,0 +1,269 @@
+"""The store of a serving PS shard: an immutable version, memory-mapped, plus a delta overlay.
+
+Serving needs keys, rows and an index; no optimizer state, no touch counters, no capacity. A
+``MappedStore`` serves one ``Served`` snapshot: the version's ``Table`` (mapped read-only from the
+model store, serving/ps/table.py), an in-memory overlay ``Table`` of the rows its deltas changed
+or added (deleted signs as tombstones), the version name and the last delta applied. Snapshots
+are immutable; every change builds a new one beside the served one and *flips a reference*:
+
+- a delta: the overlay is rebuilt with the delta's rows (O(overlay), off the event loop);
+- a full switch: the new version is mapped and verified beside the old one, its deltas applied,
+  then the flip. No O(rows) copy, no lock, no stall of lookups; memory peaks at old + new, and
+  the old version's pages are released when the last lookup holding it finishes.
+
+A lookup reads the reference once, so it sees one version and one delta seq, entirely.
+
+When a dump cannot be mapped as it is -- it was written with another shard count (re-sharded by
+the routing hash), by an older format, or ``dtype`` asks for float16 rows of a float32 version --
+the table is built in memory instead (the same structure, the same lookups).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from model_store import shards
+from model_store.shards import ShardData, StoreError
+from serving.ps.config import StoreConfig
+from serving.ps.table import Table
+
+__all__ = ["MappedStore", "Served"]
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a serving shard answers from, as one immutable value."""
+
+    base: Table
+    overlay: Table
+    version: str = ""
+    delta_seq: int = -1
+    rows: int = 0
+    """Live rows: the version's, plus the ones deltas added, minus the ones they deleted."""
+
+    @classmethod
+    def of(cls, base: Table, version: str, delta_seq: int) -> Served:
+        return cls(base, Table.empty(base.dim, base.rows.dtype), version, delta_seq, len(base))
+
+    def with_delta(self, data: ShardData) -> Served:
+        """This snapshot with a delta applied (a new overlay; self is unchanged). Deletions and
+        rows of the same delta: the row wins, as in the training store."""
+        seq = int(data.meta["delta_seq"])
+        base_version = data.meta.get("base_version", "")
+        if base_version and self.version and base_version != self.version:
+            raise StoreError(
+                f"delta {seq} belongs to version {base_version!r}, this shard serves {self.version!r}"
+            )
+        if seq <= self.delta_seq:
+            return self
+        if seq != self.delta_seq + 1:
+            raise StoreError(f"delta {seq} does not follow the last applied delta {self.delta_seq}")
+        o, dim = self.overlay, self.base.dim
+        signs = np.concatenate([o.keys, data.deleted, data.signs])
+        rows = np.concatenate(
+            [o.rows, np.zeros((len(data.deleted), dim), o.rows.dtype), data.rows.astype(o.rows.dtype)]
+        )
+        dead = np.concatenate(
+            [o.dead if len(o.dead) else np.zeros(len(o), np.bool_), np.ones(len(data.deleted), np.bool_),
+             np.zeros(len(data.signs), np.bool_)]
+        )  # fmt: skip
+        # the last occurrence of each sign wins: first occurrence in the reversed arrays
+        _, first = np.unique(signs[::-1], return_index=True)
+        keep = len(signs) - 1 - first
+        overlay = Table.build(signs[keep], rows[keep], dead[keep])
+        in_base = self.base.find(overlay.keys) >= 0
+        live = len(self.base) + int((~in_base & ~overlay.dead).sum()) - int((in_base & overlay.dead).sum())
+        return Served(self.base, overlay, self.version, seq, live)
+
+
+class MappedStore:
+    """A serving shard's rows: ``lookup`` only; versions and deltas flip in whole."""
+
+    read_only = True
+
+    def __init__(self, config: StoreConfig):
+        self.config = config
+        self.served = Served.of(Table.empty(config.dim, self._dtype(config.dtype)), "", -1)
+        self.hits = self.misses = 0
+        self.last_lookup_version = ("", -1)
+        self.switch_s = 0.0
+
+    @staticmethod
+    def _dtype(dtype: str):
+        return np.dtype(dtype)
+
+    # ---- what is served ---------------------------------------------------------------------
+    @property
+    def version(self) -> str:
+        return self.served.version
+
+    @version.setter
+    def version(self, value: str) -> None:
+        self.served = replace(self.served, version=value)
+
+    @property
+    def delta_seq(self) -> int:
+        return self.served.delta_seq
+
+    def __len__(self) -> int:
+        return self.served.rows
+
+    def __contains__(self, sign) -> bool:
+        s = self.served
+        one = np.array([sign], dtype=np.uint64)
+        if len(s.overlay) and (slot := s.overlay.find(one)[0]) >= 0:
+            return not s.overlay.dead[slot]
+        return bool(s.base.find(one)[0] >= 0)
+
+    def lookup(self, signs, insert: bool = False) -> tuple[np.ndarray, int]:
+        """Rows (float32, request order) and how many signs had none (answered with zeros)."""
+        if insert:
+            raise ValueError("a serving PS does not insert rows (lookups with insert=true go to training)")
+        from serving.ps.store import as_signs
+
+        signs = as_signs(signs)
+        s = self.served  # one read: base, overlay, version and seq belong together
+        out = np.empty((len(signs), s.base.dim), dtype=np.float32)
+        hit = s.base.gather(signs, out) >= 0
+        if len(s.overlay):
+            slots = s.overlay.gather(signs, out, zero_missing=False)
+            found = slots >= 0
+            hit[found] = ~s.overlay.dead[slots[found]]
+        misses = len(signs) - int(hit.sum())
+        self.hits += len(signs) - misses
+        self.misses += misses
+        self.last_lookup_version = (s.version, s.delta_seq)
+        return out, misses
+
+    # ---- changing it ------------------------------------------------------------------------
+    def staging(self) -> MappedStore:
+        """An empty store of the same configuration, to build the next version in."""
+        return MappedStore(replace(self.config))
+
+    def open(self, paths, version: str | None = None) -> int:
+        """Serve a full dump (this shard's part of it), mapped when its layout allows, verified
+        before it serves. Returns rows."""
+        t0 = time.perf_counter()
+        base, meta = self._open_table(paths)
+        self.served = Served.of(base, meta.get("version", "") if version is None else version,
+                                int(meta.get("delta_seq", -1)))  # fmt: skip
+        if not self.config.schema_hash:
+            self.config.schema_hash = meta.get("schema_hash", "")
+        self.switch_s = time.perf_counter() - t0
+        return len(base)
+
+    def load(self, paths) -> int:
+        return self.open(paths)
+
+    def adopt(self, other: MappedStore) -> int:
+        """The flip: serve what ``other`` built (one reference assignment)."""
+        self.served = other.served
+        self.config.schema_hash = other.config.schema_hash
+        return self.served.rows
+
+    def read(self, paths, delta: bool = False) -> ShardData:
+        """Read and verify this shard's part of a delta (full dumps go through ``open``)."""
+        if not delta:
+            raise StoreError("a serving PS opens full dumps with open(), not read()")
+        data = shards.read_for_shard(paths, self.config.shard, self.config.num_shards, check=self._check)
+        if data.meta.get("kind") != "delta":
+            raise StoreError(f"{paths}: is a {data.meta.get('kind')} dump, expected a delta")
+        if len(np.unique(data.signs)) != len(data.signs):
+            raise StoreError(f"{paths}: the delta holds duplicate signs; refusing it")
+        return data
+
+    def apply_delta_data(self, data: ShardData) -> int:
+        served = self.served.with_delta(data)
+        self.served = served
+        return len(data.signs) if served.delta_seq == int(data.meta["delta_seq"]) else 0
+
+    def apply_delta(self, paths) -> int:
+        return self.apply_delta_data(self.read(paths, delta=True))
+
+    def _check(self, meta: dict, where: str) -> None:
+        """Refuse a dump of another dim or feature schema (any row dtype is served)."""
+        cfg = self.config
+        shards.check_compatible(meta, cfg.dim, meta["dtype"], cfg.schema_hash, where)
+
+    def _open_table(self, paths) -> tuple[Table, dict]:
+        cfg = self.config
+        dirs = shards.shard_dirs(paths)
+        own = shards.shard_dir_name(cfg.shard, cfg.num_shards)
+        if len(dirs) == cfg.num_shards and any(d.name == own for d in dirs):
+            d = next(d for d in dirs if d.name == own)
+            try:
+                meta = shards.read_meta(d)
+            except StoreError:
+                meta = {}
+            if meta.get("bucket_bits") is not None and meta.get("num_shards") == cfg.num_shards:
+                self._check(meta, str(d))
+                table, meta = Table.open(d)
+                if cfg.dtype == "float16" and table.rows.dtype != np.float16:
+                    table = table.astype(np.float16)
+                return table, meta
+        data = shards.read_for_shard(paths, cfg.shard, cfg.num_shards, check=self._check)
+        if data.meta.get("kind") != "full":
+            raise StoreError(f"{paths}: is a {data.meta.get('kind')} dump, expected a full one")
+        if len(np.unique(data.signs)) != len(data.signs):
+            raise StoreError(f"{paths}: the dump holds duplicate signs; refusing it")
+        rows = data.rows.astype(np.float16) if cfg.dtype == "float16" else data.rows
+        return Table.build(data.signs, rows), data.meta
+
+    # ---- introspection ----------------------------------------------------------------------
+    @property
+    def memory_bytes(self) -> int:
+        s = self.served
+        return s.base.nbytes + s.overlay.nbytes
+
+    @property
+    def raw_bytes_per_row(self) -> int:
+        s = self.served
+        return 8 + s.base.dim * s.base.rows.dtype.itemsize
+
+    def stats(self) -> dict:
+        s, cfg = self.served, self.config
+        return {
+            "shard": cfg.shard,
+            "num_shards": cfg.num_shards,
+            "dim": s.base.dim,
+            "dtype": str(s.base.rows.dtype),
+            "rows": s.rows,
+            "capacity": s.rows,  # a served version has no capacity: it is as big as it is
+            "memory_bytes": self.memory_bytes,
+            "mapped_bytes": s.base.nbytes if s.base.mapped else 0,
+            "overlay_rows": len(s.overlay),
+            "hits": self.hits,
+            "misses": self.misses,
+            "inserts": 0,
+            "evictions": 0,
+            "expired": 0,
+            "optimizer": "none",
+            "step": 0,
+            "version": s.version,
+            "delta_seq": s.delta_seq,
+        }
+
+    def expire(self, now: float | None = None) -> int:
+        return 0
+
+    # ---- what a serving PS does not do ------------------------------------------------------
+    def _read_only(self, what: str):
+        raise StoreError(
+            f"{what}: this PS serves a read-only version from the model store (--follow); "
+            "updates and dumps go to a PS started for training"
+        )
+
+    def apply_gradients(self, signs, grads, step: int = 0) -> int:
+        self._read_only("update")
+
+    def snapshot(self, copy: bool = True):
+        self._read_only("dump")
+
+    def cut_delta(self):
+        self._read_only("dump")
+
+    def install(self, data: ShardData) -> int:
+        self._read_only("load of rows already read")

@@ -1,0 +1,147 @@
+"""The serving PS store: a version mapped read-only from its files plus a delta overlay answers
+exactly like the training store given the same dump and deltas."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from model_store import shards
+from model_store.shards import StoreError
+from serving.ps.mapped import MappedStore
+from serving.ps.store import EmbeddingStore, StoreConfig
+from serving.ps.table import Table, _hash
+
+DIM = 8
+
+
+@numba.njit
+def _hashes(signs):
+    out = np.empty(len(signs), np.uint64)
+    for i in range(len(signs)):
+        out[i] = _hash(signs[i])
+    return out
+
+
+def test_the_kernel_hash_is_the_dump_format_hash():
+    signs = np.random.default_rng(0).integers(0, 2**63, 10_000, dtype=np.uint64)
+    np.testing.assert_array_equal(_hashes(signs), shards.table_hash(signs))
+
+
+def _trainer(n: int, seed: int = 0, **kw) -> tuple[EmbeddingStore, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    store = EmbeddingStore(StoreConfig(dim=DIM, capacity=4 * n, eviction="lru", **kw))
+    signs = np.unique(rng.integers(1, 2**63, n, dtype=np.uint64))
+    store.lookup(signs, insert=True)
+    store.apply_gradients(signs, rng.standard_normal((len(signs), DIM)).astype(np.float32))
+    return store, signs
+
+
+def _probe(signs: np.ndarray, seed: int = 1) -> np.ndarray:
+    absent = np.random.default_rng(seed).integers(1, 2**63, 500, dtype=np.uint64)
+    return np.concatenate([signs, absent, signs[:100]])  # duplicates too
+
+
+def test_a_mapped_version_plus_deltas_answers_like_the_training_store(tmp_path):
+    trainer, signs = _trainer(30_000)
+    trainer.version = "7"
+    trainer.dump(tmp_path / "full")
+    served = MappedStore(StoreConfig(dim=DIM))
+    assert served.open(tmp_path / "full") == len(signs)
+    assert served.served.base.mapped and not served.served.base.rows.flags.writeable
+    probe = _probe(signs)
+    np.testing.assert_array_equal(served.lookup(probe)[0], trainer.lookup(probe)[0])
+    rng = np.random.default_rng(2)
+    for k in range(4):  # changed rows, new rows, deletions, and a deleted sign coming back
+        changed = rng.choice(signs, 2_000, replace=False)
+        trainer.apply_gradients(changed, rng.standard_normal((2_000, DIM)).astype(np.float32))
+        new = rng.integers(1, 2**63, 1_000, dtype=np.uint64)
+        trainer.lookup(new, insert=True)
+        if k == 1:
+            trainer._remove(np.sort(rng.choice(len(trainer), 500, replace=False)))
+        if k == 2:
+            trainer.assign(signs[:50], np.full((50, DIM), 3.0, np.float32))
+        trainer.dump_delta(tmp_path / f"d{k}")
+        served.apply_delta(tmp_path / f"d{k}")
+        probe = _probe(np.concatenate([signs, new]), seed=k)
+        got, got_misses = served.lookup(probe)
+        want, want_misses = trainer.lookup(probe)
+        np.testing.assert_array_equal(got, want)
+        assert got_misses == want_misses
+        assert len(served) == len(trainer) and served.delta_seq == trainer.delta_seq
+    every = trainer.snapshot().signs
+    assert all(s in served for s in every[:200])
+
+
+def test_a_dump_of_another_shard_count_is_resharded_in_memory(tmp_path):
+    trainer, signs = _trainer(10_000)
+    data = trainer.snapshot()
+    from features.hashing import shard_of
+
+    owner = shard_of(data.signs, 2)
+    for i in range(2):  # the same rows dumped as two shards
+        part = data.select(owner == i)
+        part.meta = dict(part.meta, shard=i, num_shards=2)
+        shards.write_shard(tmp_path / "two", part)
+    served = MappedStore(StoreConfig(dim=DIM, shard=0, num_shards=1))
+    served.open(tmp_path / "two")
+    assert not served.served.base.mapped and len(served) == len(signs)
+    np.testing.assert_array_equal(served.lookup(signs)[0], trainer.lookup(signs)[0])
+    half = MappedStore(StoreConfig(dim=DIM, shard=1, num_shards=2))
+    half.open(tmp_path / "two")
+    assert half.served.base.mapped and len(half) == int((owner == 1).sum())
+
+
+def test_fp16_rows_are_within_half_precision_of_fp32(tmp_path):
+    trainer, signs = _trainer(5_000)
+    trainer.dump(tmp_path / "full")
+    fp32 = MappedStore(StoreConfig(dim=DIM))
+    fp32.open(tmp_path / "full")
+    fp16 = MappedStore(StoreConfig(dim=DIM, dtype="float16"))
+    fp16.open(tmp_path / "full")
+    assert fp16.served.base.rows.dtype == np.float16
+    assert fp16.memory_bytes < fp32.memory_bytes
+    a, b = fp32.lookup(signs)[0], fp16.lookup(signs)[0]
+    np.testing.assert_allclose(b, a, rtol=2**-10, atol=1e-7)  # fp16: 10-bit mantissa
+
+
+def test_a_corrupt_or_truncated_file_is_refused_and_the_served_version_stays(tmp_path):
+    trainer, signs = _trainer(5_000)
+    trainer.version = "1"
+    trainer.dump(tmp_path / "v1")
+    trainer.version = "2"
+    trainer.dump(tmp_path / "v2")
+    served = MappedStore(StoreConfig(dim=DIM))
+    served.open(tmp_path / "v1")
+    before = served.lookup(signs)[0].copy()
+    rows = tmp_path / "v2/shard-0-of-1/rows.npy"
+    raw = bytearray(rows.read_bytes())
+    raw[-1] ^= 0xFF
+    rows.write_bytes(bytes(raw))
+    staging = served.staging()
+    with pytest.raises(StoreError, match="checksum"):
+        staging.open(tmp_path / "v2")
+    rows.write_bytes(bytes(raw[:-64]))
+    with pytest.raises(StoreError, match="bytes"):
+        staging.open(tmp_path / "v2")
+    assert served.version == "1"
+    np.testing.assert_array_equal(served.lookup(signs)[0], before)
+
+
+def test_a_serving_store_refuses_writes(tmp_path):
+    served = MappedStore(StoreConfig(dim=DIM))
+    with pytest.raises(ValueError, match="does not insert"):
+        served.lookup(np.array([1], np.uint64), insert=True)
+    with pytest.raises(StoreError, match="read-only"):
+        served.apply_gradients(np.array([1], np.uint64), np.zeros((1, DIM), np.float32))
+    with pytest.raises(StoreError, match="read-only"):
+        served.cut_delta()
+
+
+def test_an_empty_table_and_a_tiny_one_answer_misses():
+    empty = Table.empty(DIM)
+    out = np.ones((3, DIM), np.float32)
+    assert (empty.gather(np.array([1, 2, 3], np.uint64), out) == -1).all() and not out.any()
+    one = Table.build(np.array([42], np.uint64), np.full((1, DIM), 2.0, np.float32))
+    assert one.find(np.array([42, 43], np.uint64)).tolist() == [0, -1]
