@@ -144,9 +144,10 @@ class LocalStack:
 
     def _wait_shards_serve(self, version: str, logs: Path) -> list[dict]:
         """Poll every PS shard's Stats until each serves ``version`` (a pinned version is served
-        once the shard answers: it loaded the dump before listening). A shard that refuses the
-        version or exits fails at once, one still without it after ``startup_timeout_s`` fails
-        then: the error names every shard not serving and why. Returns what each one serves."""
+        once the shard answers: it loaded the dump before listening). Fails as soon as every shard
+        has either served it, refused it or exited, with one that did not; or after
+        ``startup_timeout_s``: the error names every shard not serving and why. Returns what each
+        one serves."""
         from serving.ps.client import PSClient
 
         cfg = self.config
@@ -158,7 +159,7 @@ class LocalStack:
                 missing = {i: why for i, (_, why, _) in enumerate(states) if why}
                 if not missing:
                     return [served for served, _, _ in states]
-                fatal = any(f for _, _, f in states)
+                fatal = all(final for _, why, final in states if why)  # each shard has decided
                 if fatal or time.monotonic() > deadline:
                     why = "".join(f"\n  ps shard {i} ({clients[i].target}): {m}" for i, m in missing.items())
                     head = f"{cfg.model} version {version} is not served by every PS shard"
