@@ -25,6 +25,9 @@ def run_up(cfg: StackConfig) -> int:
     print(
         f"serving {s['model']} version {s['version']}: {len(s['ps'])} PS shard(s) {', '.join(s['ps'])}, worker {s['worker']}"
     )
+    for i, shard in enumerate(s["shards"]):
+        print(f"  ps shard {i} ({shard['address']}): version {shard['version']}, delta {shard['delta_seq']}, "
+              f"{shard['rows']} rows")  # fmt: skip
     print(f"endpoint: POST {s['endpoint']}")
     if s["token_auth"]:
         print(f"token auth is ON: send 'Authorization: Bearer <inference key>' from {s['key_file']}")

@@ -5,7 +5,8 @@ It speaks numpy: ``lookup(signs) -> (rows float32 (n, dim), misses)``, ``rows(si
 ``update(signs, grads)``, ``stats() -> dict``, ``dump``/``load``. Every call carries a deadline
 (``timeout_s``). Every failure is a ``ShardError`` naming the shard, with the gRPC status name in
 ``code`` and ``unavailable`` set when the shard could not be reached in time (the one client error
-convention; the worker's servers map it to UNAVAILABLE / INTERNAL).
+convention; the worker's servers map it to UNAVAILABLE / INTERNAL). A shard that is up but serves
+no version says so (``not_serving``), and its message -- naming the shard and why -- is kept as is.
 
 The blocking gRPC client releases the GIL while it waits, so the worker's fan-out threads query
 several shards at once.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from serving.rpc import convert
+from serving.rpc.errors import not_serving
 from serving.rpc.health import wait_serving
 from serving.rpc.server import grpc_options
 
@@ -24,12 +26,14 @@ _UNAVAILABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 
 class ShardError(RuntimeError):
     """A PS call failed: ``code`` is the gRPC status name ("" when not from gRPC),
-    ``unavailable`` is True when the shard could not be reached in time."""
+    ``unavailable`` is True when the shard could not be reached in time or serves no version,
+    ``not_serving`` when it is up but serves no version (the message says why)."""
 
-    def __init__(self, message: str, unavailable: bool = False, code: str = ""):
+    def __init__(self, message: str, unavailable: bool = False, code: str = "", not_serving: bool = False):
         super().__init__(message)
-        self.unavailable = unavailable
+        self.unavailable = unavailable or not_serving
         self.code = code
+        self.not_serving = not_serving
 
     @property
     def grpc_status(self) -> str:
@@ -66,6 +70,8 @@ class PSClient:
             return method(request, timeout=timeout_s or self.timeout_s)
         except self._grpc.RpcError as e:
             code = e.code().name
+            if not_serving(e):  # the shard's own message names it and says why
+                raise ShardError(f"{e.details()} (PS {self.target})", code=code, not_serving=True) from None
             unavailable = code in _UNAVAILABLE
             what = "unavailable" if unavailable else "failed"
             raise ShardError(
@@ -126,6 +132,16 @@ class PSClient:
         return self._call(self.stub.Load, self._pb.LoadRequest(path=str(path), delta=delta), timeout_s)
 
     # ---- life cycle ----------------------------------------------------------------------------
+    def wait_connected(self, timeout_s: float = 30.0) -> None:
+        """Block until the shard accepts calls, serving a version or not (ShardError, unavailable,
+        after ``timeout_s``)."""
+        try:
+            self._grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+        except self._grpc.FutureTimeoutError:
+            raise ShardError(
+                f"PS shard {self.target}: not reachable after {timeout_s}s", True, "UNAVAILABLE"
+            ) from None
+
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Block until the shard's health says SERVING (ShardError, unavailable, after ``timeout_s``)."""
         try:

@@ -8,7 +8,8 @@ lookup sees the old rows or the new, never a mix. Then every complete delta of t
 with a higher seq is applied in seq order, each atomically (the store applies a delta under its
 lock and refuses gaps; deltas carry values, so re-applying one is a no-op). Every shard checks
 every shard's part of a delta first, so a delta corrupt anywhere is refused everywhere. A version or delta that
-fails validation is logged once and skipped; the shard keeps serving what it has.
+fails validation is logged once and skipped; the shard keeps serving what it has, and
+``refusal`` says why it does not serve the version CURRENT names.
 
 Freshness -- time from a delta's ``_SUCCESS`` to the delta being visible in lookups -- goes to the
 ``recserve_ps_delta_freshness_seconds`` histogram.
@@ -36,7 +37,9 @@ class Follower:
         self.root, self.model = self.model_dir.parent, self.model_dir.name
         self.schema_fingerprint: str | None = None  # of the first version served; later ones must match
         self.clock = clock
-        self._refused: set[tuple[str, int]] = set()  # (version, seq) already reported; seq -1 = version
+        self._refused: dict[tuple[str, int], str] = {}  # (version, seq) reported -> why; seq -1 = version
+        self.refusal = ""
+        """Why the version CURRENT names is not served ('' when it is, or none was refused)."""
         self.freshness = None
         self.switch_s = 0.0  # how long the last version switch took (read, verify, deltas, flip)
         if registry is not None:
@@ -58,6 +61,7 @@ class Follower:
                 events.append(self._switch(target))
             except (ModelStoreError, StoreError, OSError) as e:
                 self._refuse(target, -1, f"not switching to version {target}: {e}")
+        self.refusal = self._refused.get((target, -1), "") if target != self.store.version else ""
         if self.store.version:
             events.extend(self._apply_deltas(self.store.version, self.store))
         return events
@@ -112,7 +116,7 @@ class Follower:
     def _refuse(self, version: str, seq: int, message: str) -> None:
         if (version, seq) not in self._refused:
             log.error(message)
-            self._refused.add((version, seq))
+            self._refused[(version, seq)] = message
 
 
 def _verify_other_parts(ddir: Path, config) -> None:

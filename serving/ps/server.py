@@ -5,6 +5,10 @@ converts back. Store calls run inline on the event loop (uvloop): a lookup is te
 microseconds of numba, far less than a thread hop, and running every store call on one thread
 makes each of them (a delta application included) atomic with respect to lookups. Only file I/O
 (reading and writing dumps) goes to a worker thread; the install/cut steps around it are inline.
+
+Never serve nothing: a shard following the model store (``--follow``) says NOT_SERVING on gRPC
+health until it serves a version, and answers a Lookup then with UNAVAILABLE naming the shard and
+why (no version published yet, or the follower's refusal); ``Stats`` carries the refusal.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import model_store as ms
 from model_store import shards
 from serving.ps.config import StoreConfig
 from serving.rpc import convert
-from serving.rpc.errors import BadRequest, rpc
+from serving.rpc.errors import BadRequest, NotServing, rpc
 
 log = logging.getLogger("recserve.ps")
 
@@ -103,14 +108,31 @@ class _Metrics:
         self.registry.register(StoreCollector())
 
 
-class EmbeddingPSServicer:
-    """gRPC adapter of one ``EmbeddingStore``."""
+def not_serving_reason(store, follower) -> str:
+    """Why a shard serves no version ('' when it serves one, or does not follow the model store:
+    a training shard or one loaded with ``--load`` serves what it holds)."""
+    if follower is None or store.version:
+        return ""
+    cfg = store.config
+    current = ms.current(follower.root, follower.model)
+    if follower.refusal:
+        why = follower.refusal
+    elif current:
+        why = f"version {current} of model {follower.model} not loaded yet"
+    else:
+        why = f"no version published yet for model {follower.model} in {follower.root}"
+    return f"embedding shard {cfg.shard} of {cfg.num_shards} serves no version: {why}"
 
-    def __init__(self, store, metrics: _Metrics | None = None):
+
+class EmbeddingPSServicer:
+    """gRPC adapter of one ``EmbeddingStore`` (and of its ``Follower`` when it follows a model)."""
+
+    def __init__(self, store, metrics: _Metrics | None = None, follower=None):
         from recserve.v1 import common_pb2, ps_pb2
 
         self.store = store
         self.metrics = metrics
+        self.follower = follower
         self.pb = ps_pb2
         self.common = common_pb2
 
@@ -123,6 +145,8 @@ class EmbeddingPSServicer:
 
     @rpc
     async def Lookup(self, request, context):
+        if self.follower is not None and not self.store.version:  # never default rows for no version
+            raise NotServing(not_serving_reason(self.store, self.follower))
         signs = convert.signs_from_bytes(request.signs)
         fp16 = convert.wants_fp16(request.dtype)
         t0 = time.perf_counter()
@@ -164,6 +188,7 @@ class EmbeddingPSServicer:
             evictions=st["evictions"] + st["expired"],
             optimizer=st["optimizer"],
             version=self._version(),
+            refusal=self.follower.refusal if self.follower is not None else "",
         )
 
     @rpc
@@ -261,17 +286,31 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
         follower = Follower(store, config.follow, registry=metrics.registry, pin=config.pin)
         for event in follower.poll():  # serve the published version (and its deltas) from the start
             log.info("follow: %s", event)
-    servicer = EmbeddingPSServicer(store, metrics)
+    servicer = EmbeddingPSServicer(store, metrics, follower)
     running = await rpc_server.start_aio(
         config.endpoint(),
         SERVICE,
         lambda server: ps_pb2_grpc.add_EmbeddingPSServicer_to_server(servicer, server),
         metrics.registry,
     )
-    await rpc_server.set_serving_aio(running, True)
+    last_reason = None
+
+    async def update_health():  # SERVING exactly while the shard serves a version
+        nonlocal last_reason
+        reason = not_serving_reason(store, follower)
+        if reason != last_reason:
+            if last_reason is None or bool(reason) != bool(last_reason):
+                await rpc_server.set_serving_aio(running, not reason)
+            last_reason = reason
+            if reason:
+                log.warning("NOT_SERVING: %s", reason)
+            elif follower is not None:
+                log.info("SERVING version %s (delta %d)", store.version, store.delta_seq)
+
+    await update_health()
     cfg = config.store
     log.info(
-        "ps shard %d/%d serving on %s:%d (dim %d, capacity %d)",
+        "ps shard %d/%d listening on %s:%d (dim %d, capacity %d)",
         cfg.shard, cfg.num_shards, config.host, running.port, cfg.dim, cfg.capacity,
     )  # fmt: skip
     if started is not None:
@@ -299,6 +338,7 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
                     log.info("follow: %s", event)
             except Exception:  # keep serving what we have; the next poll retries
                 log.exception("follow poll failed")
+            await update_health()
 
     expirer = asyncio.create_task(expire_loop()) if cfg.ttl_s > 0 else None
     following = asyncio.create_task(follow_loop()) if follower is not None else None

@@ -5,6 +5,11 @@ Client mistakes are INVALID_ARGUMENT wherever they are found: ``ValueError`` cov
 ``CodecError``, ``BatchError`` and the cores' own argument checks. A domain error that knows its
 class of failure says so with a ``grpc_status`` attribute naming a ``grpc.StatusCode`` (a shard that
 could not be reached is UNAVAILABLE); nothing is classified by matching message strings.
+
+A component that runs but serves no model version (``NotServing``, or any error with a true
+``not_serving`` attribute) answers UNAVAILABLE with a marker in the trailing metadata, so each hop
+(PS -> worker -> scoring) passes its message on unchanged: the HTTP 503 says which shard serves no
+version and why, not "worker unavailable".
 """
 
 from __future__ import annotations
@@ -18,8 +23,31 @@ from model_store.errors import StoreError
 log = logging.getLogger("recserve.rpc")
 
 
+NOT_SERVING_KEY = "recserve-not-serving"
+"""Trailing-metadata key of an UNAVAILABLE answered because no model version is served."""
+
+
 class BadRequest(ValueError):
     """The request is malformed; maps to INVALID_ARGUMENT."""
+
+
+class NotServing(RuntimeError):
+    """Up, but serving no model version (none published yet, or the one named was refused); the
+    message names the component and why. Maps to UNAVAILABLE, marked with ``NOT_SERVING_KEY``."""
+
+    grpc_status = "UNAVAILABLE"
+    not_serving = True
+
+
+def not_serving(rpc_error) -> bool:
+    """Whether a ``grpc.RpcError`` is an UNAVAILABLE marked as "serves no version" by the peer."""
+    trailing = getattr(rpc_error, "trailing_metadata", None)
+    metadata = (trailing() if callable(trailing) else None) or ()
+    return any(key == NOT_SERVING_KEY for key, _ in metadata)
+
+
+def _metadata(e: BaseException) -> tuple:
+    return ((NOT_SERVING_KEY, "1"),) if getattr(e, "not_serving", False) else ()
 
 
 def status_of(e: BaseException, method: str = "call"):
@@ -75,7 +103,7 @@ def rpc(method):
                     raise
                 code, message = status_of(e, name)
                 _count(self, code)
-                await context.abort(code, message)
+                await context.abort(code, message, _metadata(e))
 
         return async_wrapper
 
@@ -89,6 +117,8 @@ def rpc(method):
         except Exception as e:
             code, message = status_of(e, name)
             _count(self, code)
+            if metadata := _metadata(e):
+                context.set_trailing_metadata(metadata)
             context.abort(code, message)
 
     return wrapper

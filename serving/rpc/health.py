@@ -1,33 +1,73 @@
-"""The one wait for a gRPC service to say SERVING (grpc.health.v1)."""
+"""gRPC health (grpc.health.v1) as a client: the one check, the one wait for SERVING, and the one
+loop that keeps a service's own health equal to that of the services it depends on."""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from collections.abc import Callable
+
+log = logging.getLogger("recserve.rpc")
+
+
+def check(channel, service: str = "", timeout_s: float = 1.0) -> str:
+    """The health status of ``service`` on a blocking ``channel``: "SERVING", "NOT_SERVING", ...,
+    or the gRPC status code name when the check itself fails ("UNAVAILABLE": not reachable)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        resp = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
+        )
+    except grpc.RpcError as e:
+        return e.code().name
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
 
 def wait_serving(channel, timeout_s: float = 30.0, service: str = "", proc=None, log_path=None) -> None:
     """Poll grpc.health.v1 on a blocking ``channel`` until SERVING (TimeoutError after
     ``timeout_s``; RuntimeError with the log's tail when ``proc`` exits first). The one health wait."""
     import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     if isinstance(channel, str):  # an address
         with grpc.insecure_channel(channel) as ch:
             return wait_serving(ch, timeout_s, service, proc, log_path)
-    stub = health_pb2_grpc.HealthStub(channel)
     deadline = time.monotonic() + timeout_s
-    last = None
     while True:
         if proc is not None and proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:] if log_path and log_path.exists() else ""
             raise RuntimeError(f"process exited with {proc.returncode}:\n{tail}")
-        try:
-            resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
-            if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                return
-            last = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-        except grpc.RpcError as e:
-            last = e.code().name
+        last = check(channel, service)
+        if last == "SERVING":
+            return
         if time.monotonic() > deadline:
             raise TimeoutError(f"not SERVING after {timeout_s}s (last: {last})")
         time.sleep(0.05)
+
+
+def mirror(channels: dict[str, object], set_serving: Callable[[bool], None], interval_s: float = 0.5):
+    """Keep a service SERVING exactly while every service it depends on says SERVING: a daemon
+    thread checks each of ``channels`` (name -> blocking channel) every ``interval_s`` and calls
+    ``set_serving`` when the answer changes (logging which are not serving). Returns the
+    ``threading.Event`` that stops it."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        last = None
+        while True:
+            down = {name: status for name, ch in channels.items() if (status := check(ch)) != "SERVING"}
+            if down != last:
+                if last is None or bool(down) != bool(last):
+                    set_serving(not down)
+                if down:
+                    log.warning("NOT_SERVING: %s", ", ".join(f"{n} is {s}" for n, s in down.items()))
+                else:
+                    log.info("SERVING: %s", ", ".join(channels))
+                last = down
+            if stop.wait(interval_s):
+                return
+
+    threading.Thread(target=loop, name="health-mirror", daemon=True).start()
+    return stop

@@ -76,6 +76,8 @@ def start_sync(endpoint: Endpoint, service: str, add_servicer, registry, threads
         ThreadPoolExecutor(threads, thread_name_prefix="rpc"), options=grpc_options(endpoint.max_message_mb)
     )
     health_servicer = health.HealthServicer()
+    for name in ("", service):  # grpc's servicer starts with "" SERVING
+        health_servicer.set(name, _status(False))
     port, stop_metrics = _bind(server, endpoint, add_servicer, health_servicer, service, registry)
     server.start()
     return Running(server, health_servicer, port, service, stop_metrics)
@@ -111,6 +113,8 @@ async def start_aio(endpoint: Endpoint, service: str, add_servicer, registry) ->
 
     server = grpc.aio.server(options=grpc_options(endpoint.max_message_mb))
     health_servicer = health.aio.HealthServicer()
+    for name in ("", service):  # grpc's servicer starts with "" SERVING
+        await health_servicer.set(name, _status(False))
     port, stop_metrics = _bind(server, endpoint, add_servicer, health_servicer, service, registry)
     await server.start()
     return Running(server, health_servicer, port, service, stop_metrics)

@@ -5,7 +5,9 @@ Verbs (LitServe style): ``decode`` (JSON via orjson, or a binary compact batch) 
 ``Forward(mode=infer)``, then the dense model) -> ``encode`` (scores in item order + the versions
 that produced them). ``score`` runs the three and maps every failure to an HTTP status with a
 JSON body ``{"error": "..."}`` naming the problem: 400/413/415 for the client's mistakes, 503 when
-the worker or PS cannot answer in time. The TorchServe handler (``handlers/``) only adapts this.
+the worker or PS cannot answer in time, or when an embedding shard serves no version (the body
+then names the shard and why: none published yet, or the version refused and the reason). Never a
+200 from default rows. The TorchServe handler (``handlers/``) only adapts this.
 """
 
 from __future__ import annotations
@@ -145,6 +147,8 @@ class Scorer:
         try:
             fwd = self.worker.forward(payload, mode="infer")
         except Exception as e:  # the worker client raises on deadline/unavailable
+            if getattr(e, "not_serving", False):  # a shard without its version: which, and why
+                raise ScoringError(503, str(e)) from None
             raise ScoringError(503, f"embedding worker unavailable: {_short(e)}") from None
         t1 = time.perf_counter()
         logits = self.dense(fwd.pooled, dense_matrix(batch, self.schema))

@@ -1,10 +1,13 @@
 """The local serving stack: PS shards + embedding worker + TorchServe with the scoring handler.
 
 ``LocalStack(StackConfig).start()`` loads the served version (``CURRENT`` or a given one, checked
-against its manifest), starts one ``recserve ps`` per shard loading that version's embeddings, a
-``recserve worker`` over them, and TorchServe with the model registered, waits until every part is
-healthy, and writes ``<run_dir>/stack.json`` (pids, ports, endpoint). ``stop()`` -- or
-``recserve down``, from another process -- stops exactly the processes listed there.
+against its manifest), starts one ``recserve ps`` per shard loading that version's embeddings,
+waits until every shard serves that version, starts a ``recserve worker`` over them and TorchServe
+with the model registered, waits until every part is healthy, and writes ``<run_dir>/stack.json``
+(pids, ports, endpoint). ``stop()`` -- or ``recserve down``, from another process -- stops exactly
+the processes listed there. Never serve nothing: a shard that refuses the version (or has not
+loaded it after ``startup_timeout_s``) fails ``start`` with every shard's reason, after stopping
+what it started.
 
 TorchServe: every listener on 127.0.0.1; the model-control API is on the loopback management port
 only; token auth stays ON unless ``disable_token_auth`` is set (the local demo sets it, and says so).
@@ -70,7 +73,7 @@ class StackConfig:
     """Run the embedding worker as a library inside the handler over the PS shards (one process
     hop and one 330 KB pooled reply fewer per request); the worker process still serves others."""
     startup_timeout_s: float = 180.0
-    """How long `up` waits for every part to be healthy."""
+    """How long `up` waits for every part to be healthy (every PS shard serving the version)."""
     poll_s: float = 1.0
     """How often the PS shards and the controller look for new versions/deltas."""
 
@@ -134,11 +137,57 @@ class LocalStack:
                     "--dim", str(manifest["dim"]), *source]  # fmt: skip
             self._procs[f"ps{i}"] = spawn(args, logs / f"ps{i}.log")
             self.state["pids"][f"ps{i}"] = self._procs[f"ps{i}"].pid
-        for i, port in enumerate(ports):
-            wait_grpc_healthy(
-                f"{cfg.host}:{port}", cfg.startup_timeout_s, self._procs[f"ps{i}"], logs / f"ps{i}.log"
-            )
         self.state["ps"] = [f"{cfg.host}:{p}" for p in ports]
+        self.state["shards"] = self._wait_shards_serve(vdir.name, logs)
+
+    def _wait_shards_serve(self, version: str, logs: Path) -> list[dict]:
+        """Poll every PS shard's Stats until each serves ``version`` (a pinned version is served
+        once the shard answers: it loaded the dump before listening). Fails as soon as every shard
+        has either served it, refused it or exited, with one that did not; or after
+        ``startup_timeout_s``: the error names every shard not serving and why. Returns what each
+        one serves."""
+        from serving.ps.client import PSClient
+
+        cfg = self.config
+        clients = [PSClient(a, timeout_s=2.0) for a in self.state["ps"]]
+        deadline = time.monotonic() + cfg.startup_timeout_s
+        try:
+            while True:
+                states = [self._shard_state(i, c, version, logs) for i, c in enumerate(clients)]
+                missing = {i: why for i, (_, why, _) in enumerate(states) if why}
+                if not missing:
+                    return [served for served, _, _ in states]
+                fatal = all(final for _, why, final in states if why)  # each shard has decided
+                if fatal or time.monotonic() > deadline:
+                    why = "".join(f"\n  ps shard {i} ({clients[i].target}): {m}" for i, m in missing.items())
+                    head = f"{cfg.model} version {version} is not served by every PS shard"
+                    if fatal:
+                        raise RuntimeError(f"{head}:{why}")
+                    raise TimeoutError(f"{head} after {cfg.startup_timeout_s}s:{why}")
+                time.sleep(0.1)
+        finally:
+            for client in clients:
+                client.close()
+
+    def _shard_state(self, i: int, client, version: str, logs: Path) -> tuple[dict | None, str, bool]:
+        """(what shard ``i`` serves, or None; why it does not serve ``version``; whether that is final)."""
+        from serving.ps.client import ShardError
+
+        proc = self._procs[f"ps{i}"]
+        if proc.poll() is not None:
+            tail = (logs / f"ps{i}.log").read_text(errors="replace")[-1500:].strip()
+            return None, f"exited with {proc.returncode}:\n{tail}", True
+        try:
+            st = client.stats()
+        except ShardError as e:
+            return None, f"not answering yet ({e.code or e})", False
+        if st["refusal"]:
+            return None, st["refusal"], True
+        if self._follows and st["version"] != version:
+            return None, f"serves version {st['version'] or '(none yet)'}", False
+        served = {"address": client.target, "version": st["version"] or version,
+                  "delta_seq": st["delta_seq"], "rows": st["rows"]}  # fmt: skip
+        return served, "", False
 
     def _start_worker(self, vdir: Path, ps_ports: list[int], port: int, logs: Path) -> None:
         cfg = self.config

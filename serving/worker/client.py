@@ -3,8 +3,9 @@
 ``WorkerClient`` has the same ``forward`` / ``backward`` / ``flush`` as ``core.EmbeddingWorker``,
 so the trainer and the scoring core can use either. One channel per client, reused by every call
 (thread-safe); each call carries a deadline. Errors come back as the core raises them:
-INVALID_ARGUMENT -> ValueError, NOT_FOUND -> KeyError, UNAVAILABLE / DEADLINE_EXCEEDED ->
-ConnectionError, anything else -> RuntimeError (the ``grpc.RpcError`` is the ``__cause__``).
+INVALID_ARGUMENT -> ValueError, NOT_FOUND -> KeyError, a shard that serves no version ->
+``NotServing`` with the shard's own message, UNAVAILABLE / DEADLINE_EXCEEDED -> ConnectionError,
+anything else -> RuntimeError (the ``grpc.RpcError`` is the ``__cause__``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from features.batch import CompactBatch
+from serving.rpc.errors import NotServing, not_serving
 from serving.worker.core import ForwardResult
 
 _MAX_MESSAGE = 256 * 1024 * 1024
@@ -44,6 +46,8 @@ class WorkerClient:
             return method(request, timeout=timeout_s or self.timeout_s)
         except self._grpc.RpcError as e:
             code, details = e.code(), e.details()
+            if not_serving(e):  # says which shard serves no version, and why
+                raise NotServing(details) from e
             message = f"worker {self.address}: {code.name}: {details}"
             if code == self._grpc.StatusCode.INVALID_ARGUMENT:
                 raise ValueError(message) from e

@@ -304,11 +304,12 @@ def connect(
     ps_addresses: list[str], schema: Schema, config: WorkerConfig | None = None, timeout_s: float = 5.0
 ) -> EmbeddingWorker:
     """A worker over PS processes at ``ps_addresses`` (shard i at address i). Waits up to
-    ``timeout_s`` for each shard and checks it is shard i of len(ps_addresses)."""
+    ``timeout_s`` for each shard to answer (serving a version or not yet) and checks it is shard i
+    of len(ps_addresses)."""
     shards = [PSClient(a, timeout_s=timeout_s) for a in ps_addresses]
     try:
         for i, shard in enumerate(shards):
-            shard.wait_ready(timeout_s)
+            shard.wait_connected(timeout_s)
             st = shard.stats()
             if (st["shard"], st["num_shards"]) != (i, len(shards)):
                 raise ValueError(

@@ -1,5 +1,9 @@
 """The ``EmbeddingWorker`` gRPC service (``recserve worker``): a thin servicer over ``core``.
 
+Its gRPC health is SERVING exactly while every PS shard it routes to is (``health.mirror``): a
+shard that serves no version makes the worker NOT_SERVING, and a Forward that needs it fails with
+UNAVAILABLE naming the shard and why, never with default rows.
+
 A synchronous gRPC server with a thread pool: the core is blocking (its shard fan-out uses threads
 and the gRPC client releases the GIL), so a handler thread calls it directly; under grpc.aio every
 Forward would need a hop to a thread for the same work. Measured on loopback: an empty RPC costs
@@ -44,6 +48,8 @@ class ServerConfig:
     """gRPC handler threads (concurrent calls)."""
     ps_timeout_s: float = 5.0
     """Deadline of each PS call; also how long startup waits for each shard."""
+    health_poll_s: float = 0.5
+    """How often the shards' health is checked: the worker is SERVING while every shard is."""
     grace_s: float = 5.0
     """On SIGTERM/SIGINT, in-flight calls get this long to finish."""
     max_message_mb: int = 256
@@ -174,6 +180,7 @@ def serve(
     ``started(port)`` is called once it serves."""
     from features.schema import load_schema
     from recserve.v1 import worker_pb2_grpc
+    from serving.rpc import health
     from serving.rpc import server as rpc_server
     from serving.worker.core import ShardError, WorkerConfig, connect
 
@@ -201,14 +208,17 @@ def serve(
     except OSError:
         worker.close()
         raise
-    rpc_server.set_serving_sync(running, True)
+    # SERVING exactly while every shard is (a shard without its version is NOT_SERVING)
+    shards = {f"shard {i} ({s.target})": s.channel for i, s in enumerate(worker.shards)}
+    mirror = health.mirror(shards, lambda ok: rpc_server.set_serving_sync(running, ok), config.health_poll_s)
     log.info(
-        "worker serving %s on %s:%d over %d PS shards (dim %d, staleness %d)",
+        "worker for %s listening on %s:%d over %d PS shards (dim %d, staleness %d)",
         schema.name, config.host, running.port, len(config.ps), worker.dim, config.staleness,
     )  # fmt: skip
     if started is not None:
         started(running.port)
     rpc_server.wait_for_stop(stop)
+    mirror.set()
     rpc_server.stop_sync(running, config.grace_s)
     worker.close()  # applies the updates still queued
     return 0

@@ -170,3 +170,37 @@ def test_version_with_a_corrupt_shard_file_is_refused(setup):
     before = served.lookup(SIGNS)[0].copy()
     assert follower.poll() == [] and served.version == v1
     assert np.array_equal(served.lookup(SIGNS)[0], before)
+
+
+def test_refusal_says_why_current_is_not_served_until_it_is(tmp_path):
+    from serving.ps.server import not_serving_reason
+
+    served = _store()
+    follower = Follower(served, tmp_path / "m")
+    follower.poll()
+    assert served.version == "" and follower.refusal == ""
+    assert not_serving_reason(served, follower) == (
+        f"embedding shard 0 of 1 serves no version: no version published yet for model m in {tmp_path}"
+    )
+    wide = EmbeddingStore(StoreConfig(dim=8, capacity=100))
+    wide.lookup(SIGNS[:10], insert=True)
+    v1 = make_version(tmp_path, wide)  # the manifest says dim 4, the rows are dim 8
+    publish(tmp_path, "m", v1)
+    follower.poll()
+    assert served.version == "" and follower.refusal.startswith(f"not switching to version {v1}: ")
+    assert "dim 8 does not match the store's dim 4" in follower.refusal
+    assert not_serving_reason(served, follower).endswith(follower.refusal)
+    trainer = _store()
+    trainer.lookup(SIGNS, insert=True)
+    v2 = make_version(tmp_path, trainer)
+    publish(tmp_path, "m", v2)
+    follower.poll()
+    assert served.version == v2 and follower.refusal == "" and not_serving_reason(served, follower) == ""
+    ms.layout.set_current(tmp_path, "m", v1)  # CURRENT back on the refused version: v2 keeps serving
+    follower.poll()
+    assert served.version == v2 and "dim 8" in follower.refusal
+    assert not_serving_reason(served, follower) == ""  # it serves (v2): lookups answer
+    ms.layout.set_current(tmp_path, "m", v2)
+    follower.poll()
+    assert follower.refusal == ""
+    assert not_serving_reason(served, None) == ""  # not following: serves what it holds

@@ -1,0 +1,179 @@
+"""Never serve nothing: real `recserve ps --follow` and `recserve worker` processes on free loopback
+ports, and the scoring core in this process against them. Before any version is published, and
+while the published one is refused, the PS and the worker say NOT_SERVING on gRPC health, lookups
+are UNAVAILABLE naming the shard and why, and scoring answers 503 with that reason; once a good
+version is published every part serves it. `recserve up` on a version every shard refuses exits
+non-zero with each shard's reason."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+import model_store as ms
+from features.schema import dump_schema
+from model_store.releases import publish
+from serving.ps.client import PSClient, ShardError
+from serving.ps.store import EmbeddingStore, StoreConfig
+from serving.rpc.errors import NotServing
+from serving.rpc.health import check, wait_serving
+from serving.rpc.procs import free_ports, spawn, stop_children
+from serving.scoring.core import Scorer, ScoringConfig
+from serving.worker.client import WorkerClient
+from tests.serving.test_ps_follow import SIGNS
+from tests.serving.test_worker import SCHEMA, ranking_batch
+
+pytestmark = pytest.mark.slow
+DIM = 4
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_version(root: Path, rows_dim: int = DIM) -> str:
+    """A complete version of model m: rows of ``rows_dim`` (its manifest says DIM, so another
+    ``rows_dim`` is refused by every shard), the schema and a small dense network."""
+    import torch
+
+    from training.export_dense import export_torchscript
+    from training.models import ModelConfig, build_model
+
+    trainer = EmbeddingStore(StoreConfig(dim=rows_dim, capacity=10_000))
+    trainer.lookup(SIGNS, insert=True)
+    version = ms.next_version(root, "m")
+    staging = ms.staging_dir(root, "m", version)
+    trainer.dump(staging / "embeddings")
+    (staging / "schema.yaml").write_text(dump_schema(SCHEMA))
+    torch.manual_seed(0)
+    model_cfg = ModelConfig(kind="lr", num_slots=len(SCHEMA.sparse), dim=DIM, num_dense=len(SCHEMA.dense))
+    export_torchscript(build_model(model_cfg), staging / "dense" / "model.pt")
+    ms.write_manifest(staging, {"model": "m", "version": version, "schema_fingerprint": SCHEMA.fingerprint,
+                                "dim": DIM, "num_shards": 1, "dense": {"torchscript": "dense/model.pt"}})  # fmt: skip
+    ms.seal(staging, ms.version_dir(root, "m", version))
+    return version
+
+
+@pytest.fixture
+def serving(tmp_path, monkeypatch):
+    """A PS following model m (nothing published yet) and a worker over it."""
+    root = tmp_path / "store"
+    root.mkdir()
+    schema = tmp_path / "schema.yaml"
+    schema.write_text(dump_schema(SCHEMA))
+    ps_port, worker_port = free_ports(2)
+    procs = [
+        spawn(["ps", "--shard", "0", "--num-shards", "1", "--port", str(ps_port), "--dim", str(DIM),
+               "--follow", str(root / "m"), "--poll-s", "0.1"], tmp_path / "ps.log"),
+        spawn(["worker", "--ps", f"127.0.0.1:{ps_port}", "--schema", str(schema), "--port", str(worker_port),
+               "--health-poll-s", "0.1"], tmp_path / "worker.log"),
+    ]  # fmt: skip
+    ps = PSClient(f"127.0.0.1:{ps_port}", timeout_s=5.0)
+    worker = WorkerClient(f"127.0.0.1:{worker_port}", timeout_s=5.0)
+    monkeypatch.setattr(Scorer, "warmup", lambda self: None)  # it would wait for a served version
+    try:
+        ps.wait_connected(60)
+        _wait_connected(worker, 60)
+        yield root, ps, worker
+    finally:
+        ps.close()
+        worker.close()
+        stop_children(procs)
+
+
+def _wait_connected(client, timeout_s: float) -> None:
+    import grpc
+
+    grpc.channel_ready_future(client.channel).result(timeout=timeout_s)
+
+
+def _scorer(root: Path, version: str, worker: WorkerClient) -> Scorer:
+    return Scorer(ScoringConfig(str(ms.version_dir(root, "m", version)), worker=worker.address))
+
+
+def _score(scorer: Scorer) -> tuple[int, dict]:
+    status, payload = scorer.score(
+        orjson.dumps({"context": {"user": "u1"}, "items": [{"item": "i1", "x": 1.0}]})
+    )
+    return status, orjson.loads(payload)
+
+
+def _wait_status(channel, want: str, timeout_s: float = 10.0) -> None:
+    """Until health says ``want`` (the worker checks its shards every 0.1 s here)."""
+    deadline = time.monotonic() + timeout_s
+    while (status := check(channel)) != want:
+        assert time.monotonic() < deadline, f"health {status}, expected {want}"
+        time.sleep(0.05)
+
+
+def test_before_any_version_nothing_serves_then_the_published_version_does(serving):
+    root, ps, worker = serving
+    assert check(ps.channel) == "NOT_SERVING"
+    with pytest.raises(ShardError) as err:
+        ps.lookup(SIGNS[:3])
+    assert err.value.not_serving and err.value.code == "UNAVAILABLE"
+    assert "embedding shard 0 of 1 serves no version: no version published yet for model m" in str(err.value)
+    st = ps.stats()
+    assert st["version"] == "" and st["refusal"] == ""
+    _wait_status(worker.channel, "NOT_SERVING")
+    with pytest.raises(NotServing, match="embedding shard 0 of 1 serves no version: no version published"):
+        worker.forward(ranking_batch())
+    version = make_version(root)  # sealed, not yet published: scoring serves its dense side
+    scorer = _scorer(root, version, worker)
+    status, body = _score(scorer)
+    assert status == 503, body
+    assert body["error"].startswith("embedding shard 0 of 1 serves no version: no version published yet")
+
+    publish(root, "m", version)
+    wait_serving(ps.channel, timeout_s=10)
+    rows, _ = ps.lookup(SIGNS[:3])
+    assert rows.shape == (3, DIM) and np.abs(rows).sum() > 0  # the version's rows, not default zeros
+    assert ps.stats()["version"] == version
+    wait_serving(worker.channel, timeout_s=10)
+    status, body = _score(scorer)
+    assert status == 200, body
+    assert body["versions"]["embedding"] == version and len(body["scores"]) == 1
+    scorer.close()
+
+
+def test_a_refused_version_is_not_served_and_every_layer_says_why(serving):
+    root, ps, worker = serving
+    version = make_version(root, rows_dim=8)  # the shard is dim 4: refused
+    publish(root, "m", version)
+    reason = f"not switching to version {version}: "
+    deadline = time.monotonic() + 10  # the follower polls every 0.1 s
+    while not (st := ps.stats())["refusal"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert st["refusal"].startswith(reason) and "dim 8 does not match the store's dim 4" in st["refusal"]
+    assert st["version"] == "" and check(ps.channel) == "NOT_SERVING"
+    with pytest.raises(ShardError, match="dim 8 does not match"):
+        ps.lookup(SIGNS[:3])
+    _wait_status(worker.channel, "NOT_SERVING")
+    scorer = _scorer(root, version, worker)
+    status, body = _score(scorer)
+    scorer.close()
+    assert status == 503, body
+    assert body["error"].startswith(f"embedding shard 0 of 1 serves no version: {reason}")
+    assert "dim 8 does not match the store's dim 4" in body["error"]
+
+
+def test_up_on_a_version_every_shard_refuses_exits_nonzero_with_each_reason(tmp_path):
+    root = tmp_path / "store"
+    version = make_version(root, rows_dim=8)
+    publish(root, "m", version)
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "recserve", "up", "--store", str(root), "--model", "m", "--ps-shards", "2",
+            "--run-dir", str(run_dir), "--http-port", "0", "--management-port", "0", "--metrics-port", "0",
+            "--startup-timeout-s", "60"]  # fmt: skip
+    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0, run.stdout
+    assert "serving" not in run.stdout
+    err = run.stderr
+    assert f"m version {version} is not served by every PS shard" in err, err
+    for shard in (0, 1):
+        line = next(x for x in err.splitlines() if x.strip().startswith(f"ps shard {shard} "))
+        assert f"not switching to version {version}" in line and "dim 8 does not match" in line, err
+    assert not (run_dir / "stack.json").exists()  # up stopped what it started
