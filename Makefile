@@ -33,39 +33,39 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 # Unit tests first (fast), then the integration tests that start real processes.
-test: $(STAMP) lint
+test: $(STAMP) $(GEN) lint
 	$(PY) -m pytest -q -m "not slow"
 	$(PY) -m pytest -q -m slow
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(GEN)
 	$(PY) -m pytest -q -m "not slow" -x
 
-demo: $(STAMP)
+demo: $(STAMP) $(GEN)
 	$(PY) -m recserve.demo
 
 bench: $(addprefix bench-,$(BENCHES))
 
-bench-codec: $(STAMP)
+bench-codec: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_codec
 
 # The PS bench compares against Redis 7, started on a free loopback port by the bench itself.
-bench-ps: $(STAMP)
+bench-ps: $(STAMP) $(GEN)
 	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)
 	$(PY) -m loadtest.bench_ps
 
-bench-train: $(STAMP)
+bench-train: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_train
 
 bench-e2e: $(STAMP)
 	$(PY) -m loadtest.bench_e2e
 
-bench-swap: $(STAMP)
+bench-swap: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_swap
 
 # Training at scale (issue 11): synth files of N and 10N rows streamed through `recserve train`;
 # ~1 GB of temporary data, a few minutes. Not part of `make bench`.
 .PHONY: bench-scale-train
-bench-scale-train: $(STAMP)
+bench-scale-train: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_scale_train
 
 clean:
