@@ -127,13 +127,13 @@ class ShardPersistence:
         return self.install(self.read(paths))
 
     def install(self, data: ShardData) -> int:
-        """Replace the contents with a full dump already read (``read``)."""
+        """Replace the contents with a full dump already read (``read``). A dump with more rows
+        than the capacity gets room for all of them (``CapacityError`` past the memory limit, the
+        contents unchanged): a version is never refused for the configured capacity, nor cut."""
         n = len(data.signs)
-        if n > self.config.capacity:
-            raise StoreError(
-                f"dump has {n} rows for this shard, more than the capacity {self.config.capacity}"
-            )
         with self._lock:
+            if n > self.capacity:
+                self._grow(n, keep=0, double=False)
             self._keys[:n] = data.signs
             dups = index.rebuild(self._table, self._keys, n, self._bits)
             assert dups == 0, "read() refuses dumps with duplicate signs"

@@ -95,8 +95,15 @@ class _Metrics:
                     ("delta_seq", "last delta applied or cut"),
                 ):
                     yield GaugeMetricFamily(f"recserve_ps_{name}", help_text, value=st[name])
-                for name in ("hits", "misses", "inserts", "evictions", "expired"):
-                    yield CounterMetricFamily(f"recserve_ps_{name}", f"signs {name}", value=st[name])
+                for name, help_text in (
+                    ("hits", "signs found"),
+                    ("misses", "signs answered with the default row"),
+                    ("inserts", "rows inserted"),
+                    ("evictions", "rows evicted by the eviction policy (lru/lfu)"),
+                    ("expired", "rows removed by the TTL"),
+                    ("grows", "times the store grew (eviction none)"),
+                ):
+                    yield CounterMetricFamily(f"recserve_ps_{name}", help_text, value=st[name])
 
         self.registry.register(StoreCollector())
 
@@ -159,7 +166,9 @@ class EmbeddingPSServicer:
             memory_bytes=st["memory_bytes"],
             hits=st["hits"],
             misses=st["misses"],
-            evictions=st["evictions"] + st["expired"],
+            evictions=st["evictions"],
+            expired=st["expired"],
+            grows=st["grows"],
             optimizer=st["optimizer"],
             version=self._version(),
         )
@@ -197,7 +206,7 @@ def _warm_up(cfg: StoreConfig) -> None:
 
     from serving.ps.store import EmbeddingStore
 
-    scratch = EmbeddingStore(replace(cfg, capacity=16, min_count=1, shard=0, num_shards=1))
+    scratch = EmbeddingStore(replace(cfg, capacity=16, min_count=1, shard=0, num_shards=1, max_memory_gb=0.0))
     signs = np.frombuffer(np.array([1, 2, 2, 3], dtype="<u8").tobytes(), dtype="<u8")
     grads = np.frombuffer(np.zeros((4, cfg.dim), dtype="<f4").tobytes(), dtype="<f4").reshape(4, cfg.dim)
     scratch.lookup(signs, insert=True)
@@ -236,8 +245,9 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
     await rpc_server.set_serving_aio(running, True)
     cfg = config.store
     log.info(
-        "ps shard %d/%d serving on %s:%d (dim %d, capacity %d)",
-        cfg.shard, cfg.num_shards, config.host, running.port, cfg.dim, cfg.capacity,
+        "ps shard %d/%d serving on %s:%d (dim %d, capacity %d, eviction %s, memory limit %s)",
+        cfg.shard, cfg.num_shards, config.host, running.port, cfg.dim, store.capacity, cfg.eviction,
+        f"{cfg.max_memory_gb:g} GiB" if cfg.max_memory_gb else "none",
     )  # fmt: skip
     if started is not None:
         started.set_result(running.port)
@@ -248,7 +258,7 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
         while True:
             await asyncio.sleep(config.expire_every_s)
             if n := store.expire():
-                log.info("expired %d rows", n)
+                log.info("expired %d rows (%d in all)", n, store.expired)
 
     async def follow_loop():
         while True:

@@ -121,7 +121,7 @@ def test_admission_min_count():
 # ---- eviction and TTL -------------------------------------------------------------------------
 def test_lru_evicts_least_recently_touched():
     clock = FakeClock()
-    s = make(clock, capacity=8, evict_fraction=0.0)
+    s = make(clock, capacity=8, evict_fraction=0.0, eviction="lru")
     for sign in range(1, 9):
         clock.t += 1
         s.lookup(u64(sign), insert=True)
@@ -172,7 +172,7 @@ def test_ttl_expiry():
 # ---- dirty tracking ---------------------------------------------------------------------------
 def test_delta_cut_holds_changed_rows_and_deletions():
     clock = FakeClock()
-    s = make(clock, capacity=4, evict_fraction=0.0)
+    s = make(clock, capacity=4, evict_fraction=0.0, eviction="lru")
     s.lookup(u64(1, 2, 3), insert=True)
     first = s.cut_delta()
     assert sorted(first.signs.tolist()) == [1, 2, 3] and first.meta["delta_seq"] == 0
