@@ -6,12 +6,12 @@ the optimizer state (float32), a uint32 last-touch time, a uint32 touch count an
 plus the index, 4 bytes per table entry at load <= 0.6. There are no per-ID Python objects; the
 batch paths are numba kernels (``index.py``) and whole-array numpy.
 
-A full store never drops a row unless an eviction policy is configured (``growth.py``). With
-``eviction="none"`` (the default) it grows: every array is reallocated at about twice the capacity
-(or what the batch needs), the occupied prefix copied and the index rebuilt for the new size, all under the lock, so
-inserts cost amortised O(1). Growth that would pass ``max_memory_gb`` or the int32 slot limit, or
-that the machine cannot allocate, raises ``CapacityError`` and leaves the store as it was. With
-``lru``/``lfu`` the capacity is a bound and rows are evicted, counted and logged.
+A full store never drops a row unless an eviction policy is configured. With ``eviction="none"``
+(the default) it grows (``growth.py``): every array is reallocated at about twice the capacity (or
+what the batch needs), the occupied prefix copied and the index rebuilt for the new size, all
+under the lock, so inserts cost amortised O(1). Growth that would pass ``max_memory_gb`` or the
+int32 slot limit, or that the machine cannot allocate, raises ``CapacityError`` and leaves the
+store as it was. With ``lru``/``lfu`` the capacity is a bound; evictions are counted and logged.
 
 All public methods take one lock, so a lookup sees a delta entirely or not at all, whether the
 store is called in-process from several threads or from the gRPC server's event loop.
