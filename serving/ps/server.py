@@ -278,3 +278,6 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
             if task is not None:
                 task.cancel()
         await rpc_server.stop_aio(running, config.grace_s)
+        st = store.stats()
+        log.info("ps shard %d: %d rows held; %d evicted, %d expired, grew %d times",
+                 cfg.shard, st["rows"], st["evictions"], st["expired"], st["grows"])  # fmt: skip
