@@ -170,6 +170,10 @@ class ShardPersistence:
                 return 0
             if seq != self.delta_seq + 1:
                 raise StoreError(f"delta {seq} does not follow the last applied delta {self.delta_seq}")
+            if self.config.eviction == "none":  # room first: a delta past the limit changes nothing
+                new = int((index.find_slots(self._table, self._keys, data.signs, self._bits) < 0).sum())
+                if self.rows + new > self.capacity:
+                    self._grow(self.rows + new, keep=self.rows)
             if len(data.deleted):
                 slots = index.find_slots(self._table, self._keys, data.deleted, self._bits)
                 slots = np.sort(slots[slots >= 0])

@@ -52,6 +52,14 @@ class StackConfig:
     """PS processes (0: as many as the version was trained with; else re-sharded on load)."""
     ps_ports: list[int] = field(default_factory=list)
     """One gRPC port per PS shard (empty: free ports)."""
+    eviction: str = field(default="none", metadata={"choices": ["none", "lru", "lfu"]})
+    """What a full PS shard does when deltas add rows: none (grow, up to --max-memory-gb), lru or
+    lfu (evict by the rows' training stamps and counts; counted in the PS metrics)."""
+    ttl_s: float = 0.0
+    """PS shards drop rows that training has not updated for this many seconds (0 = never)."""
+    max_memory_gb: float = 0.0
+    """Memory limit of each PS shard's store in GiB (0 = none): a version or delta past it is
+    refused whole and logged by the shard, which keeps what it has; never cut."""
     runtime: str = field(default="torchscript", metadata={"choices": ["torchscript", "onnx"]})
     """Dense runtime in the handler."""
     disable_token_auth: bool = field(default=False, metadata={"flag": "no-token-auth"})
@@ -133,7 +141,8 @@ class LocalStack:
                 else ["--load", str(vdir / "embeddings")]
             )
             args = ["ps", "--shard", str(i), "--num-shards", str(n), "--host", cfg.host, "--port", str(port),
-                    "--dim", str(manifest["dim"]), *source]  # fmt: skip
+                    "--dim", str(manifest["dim"]), *source, "--eviction", cfg.eviction,
+                    "--ttl-s", str(cfg.ttl_s), "--max-memory-gb", str(cfg.max_memory_gb)]  # fmt: skip
             self._procs[f"ps{i}"] = spawn(args, logs / f"ps{i}.log")
             self.state["pids"][f"ps{i}"] = self._procs[f"ps{i}"].pid
         for i, port in enumerate(ports):

@@ -232,3 +232,24 @@ def test_configured_eviction_bounds_the_store_and_counts_and_logs(policy, caplog
     lines = [r.getMessage() for r in caplog.records if "evicted" in r.getMessage()]
     assert 1 <= len(lines) < 30, lines  # a running total now and then, not a line per pass
     assert f"({policy} at capacity 50)" in lines[0]
+
+
+def test_a_delta_past_the_memory_limit_is_refused_whole(tmp_path):
+    rng, clock = np.random.default_rng(4), FakeClock()
+    trainer = EmbeddingStore(StoreConfig(dim=4, capacity=16, ttl_s=10), clock=clock)
+    old = rng.integers(1, 2**63, 50, dtype=np.uint64)
+    trainer.lookup(old, insert=True)
+    trainer.dump(tmp_path / "base")
+    clock.t += 5
+    trainer.lookup(np.concatenate([old[10:], rng.integers(1, 2**63, 200, dtype=np.uint64)]), insert=True)
+    clock.t += 6
+    assert trainer.expire() == 10
+    trainer.dump_delta(tmp_path / "d0")  # 10 deletions, 240 rows of which 200 new
+    limit_gb = trainer.bytes_for(100) / GIB
+    serving = EmbeddingStore(StoreConfig(dim=4, capacity=16, max_memory_gb=limit_gb))
+    serving.load(tmp_path / "base")
+    before = contents(serving)
+    with pytest.raises(CapacityError, match="max_memory_gb"):
+        serving.apply_delta(tmp_path / "d0")
+    assert_same(contents(serving), before)  # not even the delta's deletions
+    assert serving.delta_seq == -1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -39,7 +40,8 @@ def trained(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stack(trained):
     root, _ = trained
-    cfg = StackConfig(store=str(root), model="criteo", http_port=0, management_port=0, metrics_port=0)
+    cfg = StackConfig(store=str(root), model="criteo", http_port=0, management_port=0, metrics_port=0,
+                      eviction="lru", ttl_s=86400.0, max_memory_gb=4.0)  # fmt: skip
     s = LocalStack(cfg).start()
     yield s
     s.stop()
@@ -69,6 +71,12 @@ def test_everything_binds_loopback_and_token_auth_is_on_by_default(stack):
     assert stack.state["token_auth"]
     status, payload = ScoringClient(stack.state["endpoint"]).post(b"[{}]")  # no token
     assert status in (400, 401) and b"Token Authorization failed" in payload, payload  # TorchServe says 400
+
+
+def test_the_ps_shards_get_the_eviction_settings(stack):
+    logs = Path(stack.state["run_dir"]) / "logs"
+    for i in range(len(stack.state["ps"])):
+        assert "eviction lru, memory limit 4 GiB" in (logs / f"ps{i}.log").read_text()
 
 
 def test_online_scores_equal_offline_scores(stack, client, trained):
