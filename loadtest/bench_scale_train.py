@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=200_000, help="N: rows of the small training file")
     p.add_argument("--test-rows", type=int, default=50_000, help="rows of the held-out test file")
     p.add_argument("--scale", type=float, default=1.0, help="synth cardinality scale (1: Kaggle's)")
-    p.add_argument("--capacity", type=int, default=4_000_000, help="initial rows per PS shard (no growth during the run)")
+    p.add_argument("--capacity", type=int, default=4_000_000, help="initial rows per PS shard (no growth)")
     p.add_argument("--num-shards", type=int, default=2)
     p.add_argument("--baseline-rows", type=int, default=1_000_000, help="rows for the reader baseline")
     p.add_argument("--workdir", help="where the data goes (default: a temporary directory, removed)")

@@ -93,7 +93,8 @@ class StoreMemory:
             )
         if limit and self.bytes_for(need) > limit:
             raise self._capacity_error(
-                need, f"{self.bytes_for(need) / GIB:.3f} GiB, past max_memory_gb={cfg.max_memory_gb:g}"
+                need,
+                f"they need {self.bytes_for(need) / GIB:.3g} GiB, past max_memory_gb={cfg.max_memory_gb:g}",
             )
         target = min(max(need, 2 * cap), MAX_ROWS) if double else need
         if limit and self.bytes_for(target) > limit:  # the largest capacity the limit allows
@@ -131,7 +132,7 @@ class StoreMemory:
         cfg = self.config
         return CapacityError(
             f"PS shard {cfg.shard}/{cfg.num_shards} cannot hold {need:,} rows ({self.rows:,} held, "
-            f"capacity {self.capacity:,}, {self.memory_bytes / GIB:.3f} GiB): {why}. Rows are never "
+            f"capacity {self.capacity:,}, {self.memory_bytes / GIB:.3g} GiB): {why}. Rows are never "
             f"dropped without an eviction policy: add shards (--num-shards), raise --max-memory-gb, "
             f"or bound the table with --eviction lru|lfu (or --ttl-s / --min-count)"
         )

@@ -64,7 +64,7 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         if limit and self.bytes_for(self.capacity) > limit:
             raise CapacityError(
                 f"shard {config.shard}: capacity {self.capacity:,} rows needs "
-                f"{self.bytes_for(self.capacity) / GIB:.3f} GiB, more than max_memory_gb="
+                f"{self.bytes_for(self.capacity) / GIB:.3g} GiB, more than max_memory_gb="
                 f"{config.max_memory_gb:g}; lower --capacity or raise --max-memory-gb"
             )
         self._install_arrays(self._allocate(self.capacity))

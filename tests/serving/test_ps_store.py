@@ -202,7 +202,8 @@ def test_apply_gradients_rejects_bad_input():
 
 
 def test_config_validation():
-    for bad in ({"dtype": "int8"}, {"eviction": "fifo"}, {"dim": 0}, {"shard": 2, "num_shards": 2}):
+    for bad in ({"dtype": "int8"}, {"eviction": "fifo"}, {"dim": 0}, {"shard": 2, "num_shards": 2},
+                {"max_memory_gb": -1.0}, {"ttl_s": -1.0}):  # fmt: skip
         with pytest.raises(ValueError):
             StoreConfig(**bad)
     with pytest.raises(ValueError, match="unknown optimizer"):

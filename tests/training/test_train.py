@@ -256,6 +256,21 @@ def test_recserve_train_exports_and_a_fresh_process_scores_the_same(tmp_path):
     assert np.abs(got - want).max() <= 1e-5
 
 
+@pytest.mark.slow
+def test_recserve_train_stops_with_the_shards_resource_exhausted_message(tmp_path):
+    """The gRPC path: a PS process out of room answers RESOURCE_EXHAUSTED, the trainer exits 1
+    with the message (~10 s: it stops at the first batch)."""
+    cmd = [sys.executable, "-m", "recserve", "train", "--store", str(tmp_path), "--schema", str(SCHEMA)]
+    cmd += ["--data", str(TRAIN), "--test", str(TEST), "--no-progress", "--capacity", "64"]
+    cmd += ["--max-memory-gb", "0.00002"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 1, run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert "training stopped" in last and "RESOURCE_EXHAUSTED" in last, last
+    assert "max_memory_gb=2e-05" in last and "--num-shards" in last and "Traceback" not in run.stderr
+    assert run.stdout.strip() == ""  # no summary: nothing was trained
+
+
 def _ddp_rank(rank: int, port: int, tmp: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     os.environ["LOCAL_RANK"] = str(rank)
