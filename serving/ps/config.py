@@ -20,7 +20,8 @@ class StoreConfig:
     """Embedding dimension (all slots of a shard share it)."""
     capacity: int = 1_000_000
     """Initial rows: memory for them is allocated up front. With eviction none a full store grows
-    (about 2x) up to max_memory_gb; with lru or lfu it holds at most this many rows and evicts."""
+    (about 2x) up to max_memory_gb; with lru or lfu inserts beyond it evict. A loaded dump with
+    more rows gets room for all of them."""
     dtype: str = "float32"
     """Row storage type: float32, or float16 to halve row memory (state stays float32)."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
