@@ -56,7 +56,7 @@ bench-ps: $(STAMP) $(GEN)
 bench-train: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_train
 
-bench-e2e: $(STAMP)
+bench-e2e: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_e2e
 
 bench-swap: $(STAMP) $(GEN)

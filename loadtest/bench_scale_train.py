@@ -5,7 +5,7 @@
 2. Each training file is streamed through ``recserve train --epochs 1`` in a subprocess, as a user
    types it; the peak RSS of its process tree (the trainer and the PS shard processes it starts)
    is polled from /proc every 0.2 s. The shards get ``--capacity`` rows each, enough for every
-   ID of the 10N file, so nothing is evicted (the default 1M rows/shard would evict at 10N = 2M).
+   ID of the 10N file, so they never grow during the run (a full shard grows; none evicts).
    The PS holds one row per distinct ID, and synth data keeps bringing new IDs, so the PS share
    of the memory grows with the data by design; the trainer's share must not.
 3. ``read_rows_per_s``: the 10N file -> CompactBatches of 4096 rows on every core
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=200_000, help="N: rows of the small training file")
     p.add_argument("--test-rows", type=int, default=50_000, help="rows of the held-out test file")
     p.add_argument("--scale", type=float, default=1.0, help="synth cardinality scale (1: Kaggle's)")
-    p.add_argument("--capacity", type=int, default=4_000_000, help="rows per PS shard (no eviction)")
+    p.add_argument("--capacity", type=int, default=4_000_000, help="initial rows per PS shard (no growth)")
     p.add_argument("--num-shards", type=int, default=2)
     p.add_argument("--baseline-rows", type=int, default=1_000_000, help="rows for the reader baseline")
     p.add_argument("--workdir", help="where the data goes (default: a temporary directory, removed)")

@@ -2,7 +2,8 @@
 
 - ``layout``: paths, version numbering, staging and sealing, deltas, CURRENT, atomic writes;
 - ``manifest``: MANIFEST.json write/read/verify (sha256 of every file);
-- ``errors``: typed errors (VersionNotFound, IncompleteVersion, CorruptVersion, SchemaMismatch);
+- ``errors``: typed errors (VersionNotFound, IncompleteVersion, CorruptVersion, SchemaMismatch,
+  StoreError, CapacityError);
 - ``releases``: THE gate (``validate``), THE publish (CURRENT + HISTORY), rollback, retention;
 - ``shards``: the embedding shard dump format (full dumps and deltas), verified reads, re-sharding;
 - ``dense``: the dense-model loader serving uses.
@@ -12,6 +13,7 @@ Artifacts live under a root directory outside the source tree (``recserve.config
 """
 
 from model_store.errors import (
+    CapacityError,
     CorruptVersion,
     IncompleteVersion,
     ModelStoreError,
@@ -42,8 +44,9 @@ from model_store.manifest import read_manifest, seal, sha256_file, verify_files,
 from model_store.releases import history, list_versions, publish, retain, rollback, validate
 
 __all__ = [
-    "CURRENT", "DELTAS", "MANIFEST", "SUCCESS", "CorruptVersion", "IncompleteVersion", "ModelStoreError",
-    "SchemaMismatch", "StoreError", "VersionNotFound", "current", "default_root", "delta_dir", "discard", "fsync_dir",
+    "CURRENT", "DELTAS", "MANIFEST", "SUCCESS", "CapacityError", "CorruptVersion", "IncompleteVersion",
+    "ModelStoreError", "SchemaMismatch", "StoreError", "VersionNotFound", "current", "default_root",
+    "delta_dir", "discard", "fsync_dir",
     "history", "list_deltas", "list_versions", "mark_done", "model_dir", "next_version", "publish",
     "read_manifest", "retain", "rollback", "seal", "sha256_file", "staging_dir", "validate",
     "verify_files", "version_dir", "versions", "write_atomic", "write_manifest",

@@ -27,3 +27,11 @@ class SchemaMismatch(ModelStoreError):
 class StoreError(ModelStoreError):
     """A shard dump that cannot be used (incomplete, corrupt or incompatible with the store), or
     a store operation that cannot be done; the message says which and why."""
+
+
+class CapacityError(StoreError):
+    """A store cannot take the rows it is given without dropping some: growing would pass its
+    memory limit, the int32 slot limit of one shard, or the machine's memory. The message names
+    the rows, the limit and what to do; at the gRPC boundary it is RESOURCE_EXHAUSTED."""
+
+    grpc_status = "RESOURCE_EXHAUSTED"

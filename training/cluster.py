@@ -40,6 +40,10 @@ class ShardSpec:
     init_scale: float = 0.01
     seed: int = 0
     schema_hash: str = ""
+    eviction: str = "none"
+    max_memory_gb: float = 0.0
+    ttl_s: float = 0.0
+    min_count: int = 1
 
     def store_config(self, shard: int, num_shards: int):
         from serving.ps.store import OptimizerConfig, StoreConfig
@@ -72,6 +76,23 @@ class Cluster:
             for address in self.addresses:
                 with PSClient(address) as client:
                     client.dump(str(directory), delta=delta)
+
+    def stats(self) -> dict:
+        """What the shards hold and what they dropped, summed over the shards: ``ps_rows``,
+        ``evictions`` (the eviction policy), ``expired`` (the TTL) and ``grows``."""
+        per_shard = [store.stats() for store in self.stores]
+        if self.addresses:
+            from serving.ps.client import PSClient
+
+            for address in self.addresses:
+                with PSClient(address) as client:
+                    per_shard.append(client.stats())
+        keys = {"ps_rows": "rows", "evictions": "evictions", "expired": "expired", "grows": "grows"}
+        return {name: sum(int(st[key]) for st in per_shard) for name, key in keys.items()}
+
+    def expire(self) -> int:
+        """Run the TTL on in-process stores (a PS process runs its own every expire_every_s)."""
+        return sum(store.expire() for store in self.stores)
 
     def close(self) -> None:
         try:

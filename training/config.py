@@ -73,7 +73,18 @@ class TrainConfig:
     num_shards: int = 2
     """Shards to start when `ps` is empty."""
     capacity: int = 1_000_000
-    """Row capacity of each shard we start."""
+    """Initial row capacity of each shard we start: a full shard grows (about 2x) unless an
+    eviction policy is set, so this sizes the first allocation, not the table."""
+    eviction: str = field(default="none", metadata={"choices": ["none", "lru", "lfu"]})
+    """What a full shard does: none (grow; past --max-memory-gb training stops with an error),
+    lru or lfu (evict rows at --capacity; counted in the logs and the summary)."""
+    max_memory_gb: float = 0.0
+    """Memory limit of each shard's store in GiB (0 = none): training stops with a clear error
+    rather than drop rows past it."""
+    ttl_s: float = 0.0
+    """Remove embedding rows untouched for this many seconds (0 = never); counted as expired."""
+    min_count: int = 1
+    """Admission: a sign gets a row once seen this many times (until then the zero row)."""
     staleness: int = 4
     """K: sparse updates that may be in flight while the next batch is looked up (0 = sync)."""
     prefetch: bool = True
@@ -119,6 +130,10 @@ class TrainConfig:
             raise ValueError("--ps and --inprocess-ps exclude each other")
         if self.shuffle_buffer < 0:
             raise ValueError("shuffle_buffer must be >= 0")
+        if self.eviction not in ("none", "lru", "lfu"):
+            raise ValueError(f"eviction must be none, lru or lfu, got {self.eviction!r}")
+        if self.max_memory_gb < 0 or self.ttl_s < 0 or self.min_count < 1:
+            raise ValueError("max_memory_gb and ttl_s must be >= 0, min_count >= 1")
         from features.stream import ReadOptions
 
         ReadOptions(format=self.data_format, block_size=self.block_size)  # raises ValueError if bad
@@ -160,7 +175,12 @@ class FollowConfig:
     update_threads: int = 2
     """Worker threads applying sparse updates."""
     capacity: int = 1_000_000
-    """Row capacity of each in-process shard (at least twice the version's rows is used)."""
+    """Initial row capacity of each in-process shard (at least twice the version's rows is used;
+    a full shard grows unless --eviction is lru or lfu)."""
+    eviction: str = field(default="none", metadata={"choices": ["none", "lru", "lfu"]})
+    """What a full shard does: none (grow up to --max-memory-gb), lru or lfu (evict, counted)."""
+    max_memory_gb: float = 0.0
+    """Memory limit of each shard's store in GiB (0 = none); past it training stops loudly."""
     threads: int = 0
     """torch intra-op threads (0: half the CPUs, at least 1)."""
 

@@ -325,6 +325,8 @@ class FollowTrainer:
             dim=int(manifest["dim"]),
             # hash routing spreads rows evenly: room for the version's rows and as many new ones
             capacity=max(self.cfg.capacity, 2 * sum(int(m["rows"]) for m in metas) // n + 1024),
+            eviction=self.cfg.eviction,
+            max_memory_gb=self.cfg.max_memory_gb,
             dtype=meta["dtype"],
             optimizer=meta["optimizer"] | ({"lr": self.cfg.lr} if self.cfg.lr else {}),
             init_scale=float(meta.get("init_scale", 0.01)),

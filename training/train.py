@@ -57,6 +57,7 @@ class TrainResult:
     history: History = field(default_factory=History)
     evaluation: EvalResult | None = None
     dense_state: dict | None = None  # the dense network's final weights (rank-local copy)
+    ps: dict = field(default_factory=dict)  # rank 0: ps_rows, evictions, expired, grows (Cluster.stats)
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -164,6 +165,13 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
                 bar.set_postfix(epoch=epoch + 1, loss=f"{history.loss[-1]:.4f}", refresh=False)
             ctx.flush()  # every sparse update applied before evaluating
             train_time += time.perf_counter() - t0
+            if rank == 0 and cluster is not None:
+                cluster.expire()
+                result.ps = cluster.stats()
+                log.info(
+                    "epoch %d: the PS holds %d rows; %d evicted, %d expired, grew %d times",
+                    epoch + 1, *(result.ps[k] for k in ("ps_rows", "evictions", "expired", "grows")),
+                )  # fmt: skip
 
             # ---- evaluation (rank 0; the others wait at the barrier) ---------------------------
             if world > 1:
@@ -251,6 +259,10 @@ def _open_cluster(cfg: TrainConfig, schema, rank: int, world: int) -> Cluster:
         init_scale=cfg.init_scale,
         seed=cfg.seed,
         schema_hash=schema.fingerprint,
+        eviction=cfg.eviction,
+        max_memory_gb=cfg.max_memory_gb,
+        ttl_s=cfg.ttl_s,
+        min_count=cfg.min_count,
     )
     # a prefetched lookup is one batch staler than the worker knows: it counts as one of the K
     staleness = cfg.staleness - 1 if _prefetch(cfg) else cfg.staleness

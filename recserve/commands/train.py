@@ -31,8 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "continuous training (--follow)",
         "keep training the served version's embeddings on new files in --watch and cut deltas "
         "into it; the served dense model is loaded frozen so the deltas stay consistent with it. "
-        "Uses --store --model --batch-size --lr --staleness --update-threads --capacity --threads "
-        "and --delta-interval-s (default 2 here) too.",
+        "Uses --store --model --batch-size --lr --staleness --update-threads --capacity --eviction "
+        "--max-memory-gb --threads and --delta-interval-s (default 2 here) too.",
     )
     g.add_argument("--follow", action="store_true", help="continuous training into the served version")
     config.add_arguments(
@@ -57,7 +57,13 @@ def run_args(args: argparse.Namespace) -> int:
     from training.train import train
 
     t0 = time.perf_counter()
-    result = train(cfg)
+    try:
+        result = train(cfg)
+    except Exception as e:
+        if not out_of_room(e):
+            raise
+        logging.getLogger("recserve.train").error("training stopped: %s", e)
+        return 1
     if result.evaluation is not None:  # rank 0
         summary = {
             "auc": round(result.auc, 5),
@@ -67,9 +73,22 @@ def run_args(args: argparse.Namespace) -> int:
             "version_dir": result.version_dir,
             "curve": result.curve,
             "wall_s": round(time.perf_counter() - t0, 2),
+            **result.ps,  # ps_rows, evictions, expired, grows (summed over the shards)
         }
         print(json.dumps(summary))
     return 0
+
+
+def out_of_room(e: BaseException | None) -> bool:
+    """Whether a PS shard (in-process or over gRPC, possibly behind the worker's background
+    updates) refused rows for lack of room: RESOURCE_EXHAUSTED anywhere in the cause chain."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if getattr(e, "grpc_status", None) == "RESOURCE_EXHAUSTED":
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def run_follow(args: argparse.Namespace) -> int:

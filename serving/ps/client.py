@@ -22,6 +22,7 @@ from serving.rpc.health import wait_serving
 from serving.rpc.server import grpc_options
 
 _UNAVAILABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+_PASSED_ON = ("RESOURCE_EXHAUSTED",)
 
 
 class ShardError(RuntimeError):
@@ -37,7 +38,10 @@ class ShardError(RuntimeError):
 
     @property
     def grpc_status(self) -> str:
-        """How a server that called this shard answers its own client."""
+        """How a server that called this shard answers its own client (a shard out of room stays
+        RESOURCE_EXHAUSTED all the way to the trainer)."""
+        if self.code in _PASSED_ON:
+            return self.code
         return "UNAVAILABLE" if self.unavailable else "INTERNAL"
 
 
@@ -119,7 +123,7 @@ class PSClient:
         resp = self._call(self.stub.Stats, self._pb.StatsRequest(), timeout_s)
         self.version = (resp.version.version, int(resp.version.delta_seq))
         out = MessageToDict(resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-        for k in ("rows", "capacity", "memory_bytes", "hits", "misses", "evictions"):
+        for k in ("rows", "capacity", "memory_bytes", "hits", "misses", "evictions", "expired", "grows"):
             out[k] = int(out.get(k, 0))
         out["delta_seq"] = int(resp.version.delta_seq)
         out["version"] = resp.version.version

@@ -240,6 +240,8 @@ class MappedStore:
             "inserts": 0,
             "evictions": 0,
             "expired": 0,
+            "grows": 0,
+            "eviction": "none",
             "optimizer": "none",
             "step": 0,
             "version": s.version,

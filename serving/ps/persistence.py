@@ -145,13 +145,13 @@ class ShardPersistence:
         return self.install(other.snapshot(copy=False))
 
     def install(self, data: ShardData) -> int:
-        """Replace the contents with a full dump already read (``read``)."""
+        """Replace the contents with a full dump already read (``read``). A dump with more rows
+        than the capacity gets room for all of them (``CapacityError`` past the memory limit, the
+        contents unchanged): a version is never refused for the configured capacity, nor cut."""
         n = len(data.signs)
-        if n > self.config.capacity:
-            raise StoreError(
-                f"dump has {n} rows for this shard, more than the capacity {self.config.capacity}"
-            )
         with self._lock:
+            if n > self.capacity:
+                self._grow(n, keep=0, double=False)
             self._keys[:n] = data.signs
             dups = index.rebuild(self._table, self._keys, n, self._bits)
             assert dups == 0, "read() refuses dumps with duplicate signs"
@@ -188,6 +188,10 @@ class ShardPersistence:
                 return 0
             if seq != self.delta_seq + 1:
                 raise StoreError(f"delta {seq} does not follow the last applied delta {self.delta_seq}")
+            if self.config.eviction == "none":  # room first: a delta past the limit changes nothing
+                new = int((index.find_slots(self._table, self._keys, data.signs, self._bits) < 0).sum())
+                if self.rows + new > self.capacity:
+                    self._grow(self.rows + new, keep=self.rows)
             if len(data.deleted):
                 slots = index.find_slots(self._table, self._keys, data.deleted, self._bits)
                 slots = np.sort(slots[slots >= 0])

@@ -59,6 +59,12 @@ class ServerConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
     """The shard's store (shard, num_shards, dim, capacity, optimizer, ...)."""
 
+    def __post_init__(self) -> None:
+        if self.pin and not self.follow:
+            raise ValueError("--pin needs --follow")
+        if self.follow and isinstance(self.store, StoreConfig):
+            check_serving_config(self.store)
+
     def endpoint(self):
         from serving.rpc.server import Endpoint
 
@@ -102,8 +108,15 @@ class _Metrics:
                     ("delta_seq", "last delta applied or cut"),
                 ):
                     yield GaugeMetricFamily(f"recserve_ps_{name}", help_text, value=st[name])
-                for name in ("hits", "misses", "inserts", "evictions", "expired"):
-                    yield CounterMetricFamily(f"recserve_ps_{name}", f"signs {name}", value=st[name])
+                for name, help_text in (
+                    ("hits", "signs found"),
+                    ("misses", "signs answered with the default row"),
+                    ("inserts", "rows inserted"),
+                    ("evictions", "rows evicted by the eviction policy (lru/lfu)"),
+                    ("expired", "rows removed by the TTL"),
+                    ("grows", "times the store grew (eviction none)"),
+                ):
+                    yield CounterMetricFamily(f"recserve_ps_{name}", help_text, value=st[name])
 
         self.registry.register(StoreCollector())
 
@@ -185,7 +198,9 @@ class EmbeddingPSServicer:
             memory_bytes=st["memory_bytes"],
             hits=st["hits"],
             misses=st["misses"],
-            evictions=st["evictions"] + st["expired"],
+            evictions=st["evictions"],
+            expired=st["expired"],
+            grows=st["grows"],
             optimizer=st["optimizer"],
             version=self._version(),
             refusal=self.follower.refusal if self.follower is not None else "",
@@ -220,6 +235,17 @@ class EmbeddingPSServicer:
         return self.pb.LoadResponse(rows=len(self.store), version=self._version())
 
 
+def check_serving_config(cfg: StoreConfig) -> None:
+    """A serving PS maps an immutable version: the training store's policies do not apply."""
+    given = [f"--{name}" for name, on in (("eviction", cfg.eviction != "none"), ("ttl-s", cfg.ttl_s > 0),
+             ("min-count", cfg.min_count > 1), ("max-memory-gb", cfg.max_memory_gb > 0)) if on]  # fmt: skip
+    if given:
+        raise ValueError(
+            f"{', '.join(given)}: not for a serving PS (--follow), which maps the version's files as "
+            "they are; eviction and TTL are training policies (recserve train --eviction/--ttl-s)"
+        )
+
+
 def _lower_priority() -> None:
     """Run this thread at nice 10: a version's checksum pass and an overlay build must not take
     the CPU from the event loop's lookups (CFS gives a nice-10 thread ~1/10 of a nice-0 one)."""
@@ -251,7 +277,7 @@ def _warm_up(cfg: StoreConfig, serving: bool = False) -> None:
             overlay = Table.build(np.array([2], np.uint64), np.zeros((1, cfg.dim), dtype), np.ones(1, bool))
             overlay.gather(signs, np.empty((4, cfg.dim), np.float32), zero_missing=False)
         return
-    scratch = EmbeddingStore(replace(cfg, capacity=16, min_count=1, shard=0, num_shards=1))
+    scratch = EmbeddingStore(replace(cfg, capacity=16, min_count=1, shard=0, num_shards=1, max_memory_gb=0.0))
     grads = np.frombuffer(np.zeros((4, cfg.dim), dtype="<f4").tobytes(), dtype="<f4").reshape(4, cfg.dim)
     scratch.lookup(signs, insert=True)
     scratch.lookup(signs)
@@ -265,8 +291,7 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
     from serving.ps.store import EmbeddingStore
     from serving.rpc import server as rpc_server
 
-    if config.pin and not config.follow:
-        raise ValueError("--pin needs --follow")
+    config.__post_init__()
     if config.follow:  # serving: the version's files mapped read-only, deltas in an overlay
         from serving.ps.mapped import MappedStore
 
@@ -310,8 +335,11 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
     await update_health()
     cfg = config.store
     log.info(
-        "ps shard %d/%d listening on %s:%d (dim %d, capacity %d)",
-        cfg.shard, cfg.num_shards, config.host, running.port, cfg.dim, cfg.capacity,
+        "ps shard %d/%d listening on %s:%d (dim %d, %s)",
+        cfg.shard, cfg.num_shards, config.host, running.port, cfg.dim,
+        "serving mapped versions" if config.follow else
+        f"capacity {store.capacity}, eviction {cfg.eviction}, memory limit "
+        + (f"{cfg.max_memory_gb:g} GiB" if cfg.max_memory_gb else "none"),
     )  # fmt: skip
     if started is not None:
         started.set_result(running.port)
@@ -322,7 +350,7 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
         while True:
             await asyncio.sleep(config.expire_every_s)
             if n := store.expire():
-                log.info("expired %d rows", n)
+                log.info("expired %d rows (%d in all)", n, store.expired)
 
     background = None
     if follower is not None:
@@ -351,3 +379,6 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
         await rpc_server.stop_aio(running, config.grace_s)
         if background is not None:
             background.shutdown(wait=False, cancel_futures=True)
+        st = store.stats()
+        log.info("ps shard %d: %d rows held; %d evicted, %d expired, grew %d times",
+                 cfg.shard, st["rows"], st["evictions"], st["expired"], st["grows"])  # fmt: skip

@@ -1,10 +1,17 @@
 """The embedding store of one PS shard: a plain class, no network.
 
-Memory is preallocated at ``capacity`` rows and kept dense: slots 0..rows-1 are occupied, so a
+Memory is allocated for ``capacity`` rows and kept dense: slots 0..rows-1 are occupied, so a
 dump is a slice of each array. Per row: the 8-byte sign (``keys``), the row (float32 or float16),
 the optimizer state (float32), a uint32 last-touch time, a uint32 touch count and a dirty byte;
 plus the index, 4 bytes per table entry at load <= 0.6. There are no per-ID Python objects; the
 batch paths are numba kernels (``index.py``) and whole-array numpy.
+
+A full store never drops a row unless an eviction policy is configured. With ``eviction="none"``
+(the default) it grows (``growth.py``): every array is reallocated at about twice the capacity (or
+what the batch needs), the occupied prefix copied and the index rebuilt for the new size, all
+under the lock, so inserts cost amortised O(1). Growth that would pass ``max_memory_gb`` or the
+int32 slot limit, or that the machine cannot allocate, raises ``CapacityError`` and leaves the
+store as it was. With ``lru``/``lfu`` the capacity is a bound; evictions are counted and logged.
 
 All public methods take one lock, so a lookup sees a delta entirely or not at all, whether the
 store is called in-process from several threads or from the gRPC server's event loop.
@@ -12,19 +19,26 @@ store is called in-process from several threads or from the gRPC server's event 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 
+from model_store.errors import CapacityError
 from model_store.shards import StoreError
 from serving.ps import index, optim
 from serving.ps.config import StoreConfig
+from serving.ps.growth import GIB, StoreMemory, sketch_width
 from serving.ps.optim import OptimizerConfig
 from serving.ps.persistence import ShardPersistence
 
-__all__ = ["EmbeddingStore", "OptimizerConfig", "StoreConfig", "StoreError"]
+__all__ = ["CapacityError", "EmbeddingStore", "OptimizerConfig", "StoreConfig", "StoreError"]
+
+log = logging.getLogger("recserve.ps.store")
+
+LOG_EVERY_S = 10.0  # eviction log lines: at most one per this many seconds, with running totals
 
 
 def as_signs(signs) -> np.ndarray:
@@ -37,38 +51,25 @@ def as_signs(signs) -> np.ndarray:
     return np.ascontiguousarray(a.reshape(-1))
 
 
-def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """np.zeros starting on a 64-byte boundary, so a row of 16 float32 is one cache line, not two
-    (large allocations are only 16-byte aligned). numpy advises transparent huge pages for big
-    arrays itself, which matters here: lookups touch random rows, and with 4 KiB pages most of
-    them would also miss the TLB."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    buf = np.zeros(nbytes + 64, dtype=np.uint8)
-    offset = -buf.ctypes.data % 64
-    return buf[offset : offset + nbytes].view(dtype).reshape(shape)
-
-
-class EmbeddingStore(ShardPersistence):
+class EmbeddingStore(StoreMemory, ShardPersistence):
     """Rows and optimizer state of one shard, addressed by uint64 sign."""
 
     def __init__(self, config: StoreConfig, clock: Callable[[], float] = time.time):
         self.config = config
         self.clock = clock
-        cap, dim = config.capacity, config.dim
-        self._table = _zeros((index.table_size(cap),), np.int32)
-        self._table[:] = index.EMPTY
-        self._bits = index.slot_bits(cap)
-        self._keys = _zeros((cap,), np.uint64)
-        self._rows = _zeros((cap, dim), config.dtype)
-        self._state = {name: _zeros((cap, dim), np.float32) for name in config.optimizer.state_names}
-        self._stamp = np.zeros(cap, dtype=np.uint32)
-        self._count = np.zeros(cap, dtype=np.uint32)
-        self._dirty = np.zeros(cap, dtype=np.bool_)
+        self.capacity = config.capacity
+        """Rows the arrays hold now (``config.capacity`` at first; growth raises it)."""
         self._sketch = None
+        limit = self._limit_bytes()
+        if limit and self.bytes_for(self.capacity) > limit:
+            raise CapacityError(
+                f"shard {config.shard}: capacity {self.capacity:,} rows needs "
+                f"{self.bytes_for(self.capacity) / GIB:.3g} GiB, more than max_memory_gb="
+                f"{config.max_memory_gb:g}; lower --capacity or raise --max-memory-gb"
+            )
+        self._install_arrays(self._allocate(self.capacity))
         if config.min_count > 1:
-            width = 1 << max(10, (cap - 1).bit_length())
-            self._sketch = np.zeros((4, width), dtype=np.uint16)
+            self._sketch = np.zeros((4, sketch_width(self.capacity)), dtype=np.uint16)
         self._deleted: list[np.ndarray] = []
         self._lock = threading.RLock()
         self.rows = 0
@@ -80,7 +81,8 @@ class EmbeddingStore(ShardPersistence):
         """(version, delta_seq) of the rows the latest lookup returned, read under the same lock."""
         self.step = 0
         """Optimizer step count (Adam bias correction)."""
-        self.hits = self.misses = self.evictions = self.expired = self.inserts = 0
+        self.hits = self.misses = self.evictions = self.expired = self.inserts = self.grows = 0
+        self._evictions_logged = (-np.inf, 0)  # (monotonic time, evictions) of the last log line
 
     # ---- lookups -------------------------------------------------------------------------
     def lookup(self, signs, insert: bool = False) -> tuple[np.ndarray, int]:
@@ -131,12 +133,15 @@ class EmbeddingStore(ShardPersistence):
         self._count[hit_slots] = c + (c < np.uint32(0xFFFFFFFF))
 
     def _insert(self, new: np.ndarray, protect: np.ndarray) -> None:
-        """Give the distinct absent ``new`` signs rows, evicting first if the store is full."""
-        cap = self.config.capacity
-        if len(new) > cap - self.rows:
-            need = len(new) - (cap - self.rows)
-            self._evict(max(need, int(cap * self.config.evict_fraction)), protect)
-            new = new[: cap - self.rows]  # a batch larger than the free space: the rest waits
+        """Give the distinct absent ``new`` signs rows: grow (eviction none) or evict first if
+        the store is full."""
+        free = self.capacity - self.rows
+        if len(new) > free:
+            if self.config.eviction == "none":
+                self._grow(self.rows + len(new), keep=self.rows)
+            else:
+                self._evict(max(len(new) - free, int(self.capacity * self.config.evict_fraction)), protect)
+                new = new[: self.capacity - self.rows]  # a batch larger than the free space: the rest waits
         start, k = self.rows, len(new)
         index.insert_new(self._table, self._keys, new, start, self._bits)
         end = start + k
@@ -166,6 +171,15 @@ class EmbeddingStore(ShardPersistence):
         victims = np.argpartition(key, k - 1)[:k] if k < n else np.arange(n)
         self._remove(np.sort(victims))
         self.evictions += k
+        now, (last, _) = time.monotonic(), self._evictions_logged
+        if now - last >= LOG_EVERY_S:
+            cfg = self.config
+            since = self.evictions - self._evictions_logged[1]
+            self._evictions_logged = (now, self.evictions)
+            log.info(
+                "shard %d: %d rows evicted (%s at capacity %d), %d since the last report, %d held",
+                cfg.shard, self.evictions, cfg.eviction, self.capacity, since, self.rows,
+            )  # fmt: skip
 
     def expire(self, now: float | None = None) -> int:
         """Remove rows untouched for ``ttl_s`` seconds; returns how many."""
@@ -248,22 +262,6 @@ class EmbeddingStore(ShardPersistence):
     # ---- persistence ---------------------------------------------------------------------
     # ---- introspection -------------------------------------------------------------------
     @property
-    def memory_bytes(self) -> int:
-        """Bytes of every array the store holds (index, keys, rows, state, metadata, sketch)."""
-        arrays = [
-            self._table,
-            self._keys,
-            self._rows,
-            self._stamp,
-            self._count,
-            self._dirty,
-            *self._state.values(),
-        ]
-        if self._sketch is not None:
-            arrays.append(self._sketch)
-        return sum(a.nbytes for a in arrays)
-
-    @property
     def raw_bytes_per_row(self) -> int:
         """8-byte key + row + optimizer state: the floor any layout must pay per row."""
         cfg = self.config
@@ -278,13 +276,15 @@ class EmbeddingStore(ShardPersistence):
                 "dim": cfg.dim,
                 "dtype": cfg.dtype,
                 "rows": self.rows,
-                "capacity": cfg.capacity,
+                "capacity": self.capacity,
                 "memory_bytes": self.memory_bytes,
                 "hits": self.hits,
                 "misses": self.misses,
                 "inserts": self.inserts,
                 "evictions": self.evictions,
                 "expired": self.expired,
+                "grows": self.grows,
+                "eviction": cfg.eviction,
                 "optimizer": cfg.optimizer.name,
                 "step": self.step,
                 "version": self.version,
@@ -296,4 +296,5 @@ class EmbeddingStore(ShardPersistence):
 
     def __contains__(self, sign) -> bool:
         s = as_signs([sign])
-        return bool(index.find_slots(self._table, self._keys, s, self._bits)[0] >= 0)
+        with self._lock:
+            return bool(index.find_slots(self._table, self._keys, s, self._bits)[0] >= 0)

@@ -55,6 +55,9 @@ class StackConfig:
     """PS processes (0: as many as the version was trained with; else re-sharded on load)."""
     ps_ports: list[int] = field(default_factory=list)
     """One gRPC port per PS shard (empty: free ports)."""
+    dtype: str = field(default="float32", metadata={"choices": ["float32", "float16"]})
+    """Row storage of the PS shards: float32 maps the version's rows as they are; float16 halves
+    row memory (an fp32 version's rows converted into memory at load)."""
     runtime: str = field(default="torchscript", metadata={"choices": ["torchscript", "onnx"]})
     """Dense runtime in the handler."""
     disable_token_auth: bool = field(default=False, metadata={"flag": "no-token-auth"})
@@ -134,7 +137,7 @@ class LocalStack:
             if not self._follows:
                 source += ["--pin", vdir.name]
             args = ["ps", "--shard", str(i), "--num-shards", str(n), "--host", cfg.host, "--port", str(port),
-                    "--dim", str(manifest["dim"]), *source]  # fmt: skip
+                    "--dim", str(manifest["dim"]), *source, "--dtype", cfg.dtype]  # fmt: skip
             self._procs[f"ps{i}"] = spawn(args, logs / f"ps{i}.log")
             self.state["pids"][f"ps{i}"] = self._procs[f"ps{i}"].pid
         self.state["ps"] = [f"{cfg.host}:{p}" for p in ports]

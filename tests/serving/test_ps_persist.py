@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from features.hashing import shard_of
-from model_store import shards
+from model_store import CapacityError, shards
 from serving.ps import EmbeddingStore, OptimizerConfig, StoreConfig, StoreError
 
 
@@ -105,7 +105,7 @@ def test_dump_load_is_bit_identical(tmp_path):
 def test_full_dump_equals_base_plus_deltas(tmp_path):
     rng = np.random.default_rng(1)
     clock = FakeClock()
-    train_store = make(capacity=200, evict_fraction=0.05, clock=clock)  # small: evictions happen
+    train_store = make(capacity=200, evict_fraction=0.05, clock=clock, eviction="lru")  # evictions happen
     train(train_store, rng, 5)
     train_store.version = "v7"
     train_store.dump(tmp_path / "base")
@@ -209,11 +209,25 @@ def test_refuses_incompatible_dumps(dumped):
         make(dtype="float16").load(dumped)
     with pytest.raises(StoreError, match="schema hash"):
         make(schema_hash="other").load(dumped)
-    with pytest.raises(StoreError, match="capacity"):
-        make(capacity=5).load(dumped)
     s = make()  # a store without a schema hash adopts the dump's
     s.load(dumped)
     assert s.config.schema_hash == "abc"
+
+
+def test_a_dump_bigger_than_the_capacity_loads_whole_within_the_memory_limit(dumped):
+    full = make()
+    full.load(dumped)
+    for eviction in ("none", "lru"):  # a version is never refused (or cut) for the capacity
+        small = make(capacity=5, eviction=eviction)
+        assert small.load(dumped) == len(full) > 5
+        assert small.capacity == len(full) and small.stats()["grows"] == 1 and small.evictions == 0
+        assert_same(contents(small), contents(full))
+    limited = make(capacity=5, max_memory_gb=2000 / 2**30)  # room for ~5 rows, not the dump's
+    limited.lookup(np.array([7], np.uint64), insert=True)
+    with pytest.raises(CapacityError, match="max_memory_gb") as e:
+        limited.load(dumped)
+    assert isinstance(e.value, StoreError)  # a refused dump, like any other
+    assert len(limited) == 1 and 7 in limited and limited.capacity == 5  # unchanged
 
 
 def test_refuses_incomplete_shard_sets(tmp_path):

@@ -4,6 +4,7 @@ while it keeps serving, and a clean exit on SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -22,34 +23,13 @@ pytestmark = pytest.mark.slow
 DIM = 4
 
 
-@pytest.fixture(scope="module")
-def ps(tmp_path_factory):
+@contextlib.contextmanager
+def running_ps(log, *flags: str):
+    """A `recserve ps` process on free loopback ports, with its client."""
     port, metrics_port = free_ports(2)
-    log = tmp_path_factory.mktemp("ps") / "ps.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "recserve",
-        "ps",
-        "--port",
-        str(port),
-        "--metrics-port",
-        str(metrics_port),
-    ]
-    cmd += [
-        "--dim",
-        str(DIM),
-        "--capacity",
-        "1000",
-        "--optimizer",
-        "sgd",
-        "--lr",
-        "0.5",
-        "--init-scale",
-        "0.1",
-    ]
+    cmd = [sys.executable, "-m", "recserve", "ps", "--port", str(port), "--metrics-port", str(metrics_port)]
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([*cmd, "--dim", str(DIM), *flags], stdout=out, stderr=subprocess.STDOUT)
     client = PSClient(f"127.0.0.1:{port}", timeout_s=5.0)
     try:
         client.wait_ready(timeout_s=60)
@@ -59,6 +39,15 @@ def ps(tmp_path_factory):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def ps(tmp_path_factory):
+    log = tmp_path_factory.mktemp("ps") / "ps.log"
+    with running_ps(
+        log, "--capacity", "1000", "--optimizer", "sgd", "--lr", "0.5", "--init-scale", "0.1"
+    ) as p:
+        yield p
 
 
 def signs(*xs) -> np.ndarray:
@@ -165,6 +154,52 @@ def test_metrics_endpoint(ps):
         assert name in body
     for name in ("recserve_ps_misses_total", "recserve_ps_evictions_total"):
         assert name in body
+
+
+def test_a_shard_out_of_memory_answers_resource_exhausted_and_keeps_its_rows(tmp_path):
+    from serving.ps.growth import GIB
+    from serving.ps.store import EmbeddingStore, StoreConfig
+    from serving.worker.core import UpdateError
+
+    limit_gb = EmbeddingStore(StoreConfig(dim=DIM)).bytes_for(100) / GIB  # room for 100 rows
+    with running_ps(tmp_path / "ps.log", "--capacity", "16", "--max-memory-gb", repr(limit_gb)) as p:
+        c = p["client"]
+        c.lookup(np.arange(1, 61, dtype=np.uint64), insert=True)  # grows 16 -> 60
+        before, _ = c.lookup(np.arange(1, 61, dtype=np.uint64))
+        with pytest.raises(ShardError) as e:
+            c.lookup(np.arange(1000, 1100, dtype=np.uint64), insert=True)
+        assert e.value.code == "RESOURCE_EXHAUSTED" and f"max_memory_gb={limit_gb:g}" in str(e.value)
+        assert "160 rows" in str(e.value) and "--eviction lru|lfu" in str(e.value)
+        # a worker or trainer that called this shard passes the status on, not INTERNAL
+        assert e.value.grpc_status == "RESOURCE_EXHAUSTED"
+        try:
+            raise UpdateError("a background embedding update failed") from e.value
+        except UpdateError as wrapped:
+            assert wrapped.grpc_status == "RESOURCE_EXHAUSTED"
+        rows, misses = c.lookup(np.arange(1, 61, dtype=np.uint64))
+        assert misses == 0
+        np.testing.assert_array_equal(rows, before)
+        st = c.stats()
+        assert (st["rows"], st["evictions"], st["expired"], st["grows"]) == (60, 0, 0, 1)
+        assert st["memory_bytes"] <= limit_gb * GIB
+
+
+def test_eviction_flags_reach_the_store_and_are_counted(tmp_path):
+    with running_ps(tmp_path / "ps.log", "--capacity", "50", "--eviction", "lru") as p:
+        c = p["client"]
+        for i in range(10):
+            c.lookup(np.arange(10 * i, 10 * i + 10, dtype=np.uint64) + 1, insert=True)
+        st = c.stats()
+        assert (st["rows"], st["capacity"], st["evictions"], st["grows"]) == (50, 50, 50, 0)
+        body = (
+            urllib.request.urlopen(f"http://127.0.0.1:{p['metrics_port']}/metrics", timeout=5).read().decode()
+        )
+        assert "recserve_ps_evictions_total 50.0" in body and "recserve_ps_grows_total 0.0" in body
+    assert "rows evicted (lru at capacity 50)" in (tmp_path / "ps.log").read_text()
+    with pytest.raises(SystemExit):
+        from recserve.cli import build_parser
+
+        build_parser("ps").parse_args(["ps", "--eviction", "fifo"])
 
 
 def test_version_in_lookup_response(ps):

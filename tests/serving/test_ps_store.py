@@ -121,7 +121,7 @@ def test_admission_min_count():
 # ---- eviction and TTL -------------------------------------------------------------------------
 def test_lru_evicts_least_recently_touched():
     clock = FakeClock()
-    s = make(clock, capacity=8, evict_fraction=0.0)
+    s = make(clock, capacity=8, evict_fraction=0.0, eviction="lru")
     for sign in range(1, 9):
         clock.t += 1
         s.lookup(u64(sign), insert=True)
@@ -172,7 +172,7 @@ def test_ttl_expiry():
 # ---- dirty tracking ---------------------------------------------------------------------------
 def test_delta_cut_holds_changed_rows_and_deletions():
     clock = FakeClock()
-    s = make(clock, capacity=4, evict_fraction=0.0)
+    s = make(clock, capacity=4, evict_fraction=0.0, eviction="lru")
     s.lookup(u64(1, 2, 3), insert=True)
     first = s.cut_delta()
     assert sorted(first.signs.tolist()) == [1, 2, 3] and first.meta["delta_seq"] == 0
@@ -202,7 +202,8 @@ def test_apply_gradients_rejects_bad_input():
 
 
 def test_config_validation():
-    for bad in ({"dtype": "int8"}, {"eviction": "fifo"}, {"dim": 0}, {"shard": 2, "num_shards": 2}):
+    for bad in ({"dtype": "int8"}, {"eviction": "fifo"}, {"dim": 0}, {"shard": 2, "num_shards": 2},
+                {"max_memory_gb": -1.0}, {"ttl_s": -1.0}):  # fmt: skip
         with pytest.raises(ValueError):
             StoreConfig(**bad)
     with pytest.raises(ValueError, match="unknown optimizer"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -69,6 +70,17 @@ def test_everything_binds_loopback_and_token_auth_is_on_by_default(stack):
     assert stack.state["token_auth"]
     status, payload = ScoringClient(stack.state["endpoint"]).post(b"[{}]")  # no token
     assert status in (400, 401) and b"Token Authorization failed" in payload, payload  # TorchServe says 400
+
+
+def test_the_ps_shards_serve_mapped_versions(stack):
+    from serving.ps.client import PSClient
+
+    logs = Path(stack.state["run_dir"]) / "logs"
+    for i, target in enumerate(stack.state["ps"]):
+        assert "serving mapped versions" in (logs / f"ps{i}.log").read_text()
+        with PSClient(target) as ps:
+            st = ps.stats()
+        assert st["optimizer"] == "none" and st["rows"] > 0  # no optimizer state on a serving shard
 
 
 def test_online_scores_equal_offline_scores(stack, client, trained):

@@ -125,9 +125,10 @@ def test_ctx_verbs_must_alternate():
 # ---- a real (short) training run ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """Default hyper-parameters, in-process PS stores, exported + published (~5 s)."""
+    """Default hyper-parameters, in-process PS stores, exported + published (~5 s). The shards
+    start at 1,024 rows: they must grow, without losing an ID, to hold the split's."""
     tmp = tmp_path_factory.mktemp("train")
-    cfg = _config(tmp, inprocess_ps=True, publish=True, delta_rows=5000)
+    cfg = _config(tmp, inprocess_ps=True, publish=True, delta_rows=5000, capacity=1024)
     return cfg, train(cfg)
 
 
@@ -161,6 +162,30 @@ def test_export_writes_a_complete_verified_version(trained):
     # deltas were cut while training (every 5000 rows: 3 over 16k rows), each complete
     assert model_store.list_deltas(version) == [0, 1, 2]
     assert (version / "deltas/0/shard-1-of-2/_SUCCESS").is_file()
+
+
+def test_the_ps_keeps_every_training_id_and_the_result_says_so(trained):
+    _, result = trained
+    version = Path(result.version_dir)
+    schema = load_schema(version / "schema.yaml")  # with the fitted statistics training used
+    signs = np.unique(
+        np.concatenate([b.signs for b in data.batches(data.read_split(TRAIN, schema), schema, 4096)])
+    )
+    exported = sum(json.loads(p.read_text())["rows"] for p in version.glob("embeddings/shard-*/meta.json"))
+    assert result.ps["ps_rows"] == len(signs) == exported > 2 * 1024
+    assert result.ps["evictions"] == result.ps["expired"] == 0 and result.ps["grows"] >= 2
+
+
+def test_a_shard_out_of_memory_stops_training_loudly(tmp_path, caplog):
+    from recserve.commands.train import main
+
+    argv = ["--schema", str(SCHEMA), "--data", str(TRAIN), "--test", str(TEST), "--store", str(tmp_path)]
+    argv += ["--inprocess-ps", "--capacity", "64", "--max-memory-gb", "0.00002", "--no-progress"]
+    with caplog.at_level("ERROR", logger="recserve.train"):
+        assert main(argv) == 1
+    message = caplog.records[-1].getMessage()
+    assert "training stopped" in message and "max_memory_gb=2e-05" in message and "--eviction" in message
+    assert not model_store.versions(tmp_path, "criteo")  # nothing half-trained is exported
 
 
 def test_corrupt_or_incomplete_versions_are_refused(trained, tmp_path):
@@ -207,12 +232,15 @@ def test_recserve_train_exports_and_a_fresh_process_scores_the_same(tmp_path):
     out = tmp_path / "store"
     cmd = [sys.executable, "-m", "recserve", "train", "--store", str(out), "--model", "criteo"]
     cmd += ["--schema", str(SCHEMA), "--data", str(TRAIN), "--test", str(TEST), "--epochs", "1", "--publish"]
-    cmd += ["--no-progress", "--log-level", "WARNING"]
+    cmd += ["--no-progress", "--log-level", "WARNING", "--capacity", "1000"]  # the PS processes grow
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     version = out / "criteo" / "1"
     assert summary["version_dir"] == str(version) and summary["auc"] > 0.68
+    exported = sum(json.loads(p.read_text())["rows"] for p in version.glob("embeddings/shard-*/meta.json"))
+    assert summary["ps_rows"] == exported > 2 * 1000 and summary["grows"] >= 2
+    assert summary["evictions"] == summary["expired"] == 0
     assert model_store.current(out, "criteo") == "1"
     scores = tmp_path / "scores.npy"
     run = subprocess.run(
@@ -226,6 +254,21 @@ def test_recserve_train_exports_and_a_fresh_process_scores_the_same(tmp_path):
     got, want = np.load(scores), np.load(version / "eval/scores.npy")
     assert got.shape == want.shape == (2000,)
     assert np.abs(got - want).max() <= 1e-5
+
+
+@pytest.mark.slow
+def test_recserve_train_stops_with_the_shards_resource_exhausted_message(tmp_path):
+    """The gRPC path: a PS process out of room answers RESOURCE_EXHAUSTED, the trainer exits 1
+    with the message (~10 s: it stops at the first batch)."""
+    cmd = [sys.executable, "-m", "recserve", "train", "--store", str(tmp_path), "--schema", str(SCHEMA)]
+    cmd += ["--data", str(TRAIN), "--test", str(TEST), "--no-progress", "--capacity", "64"]
+    cmd += ["--max-memory-gb", "0.00002"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 1, run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert "training stopped" in last and "RESOURCE_EXHAUSTED" in last, last
+    assert "max_memory_gb=2e-05" in last and "--num-shards" in last and "Traceback" not in run.stderr
+    assert run.stdout.strip() == ""  # no summary: nothing was trained
 
 
 def _ddp_rank(rank: int, port: int, tmp: str) -> None:
