@@ -247,3 +247,20 @@ def shard_of(signs: np.ndarray, num_shards: int) -> np.ndarray:
     if num_shards < 1:
         raise ValueError("num_shards must be >= 1")
     return (mix64(signs) % np.uint64(num_shards)).astype(np.int64)
+
+
+def unique_signs(signs: np.ndarray) -> np.ndarray:
+    """The distinct signs, sorted: ``np.unique`` by one sort. (numpy 2.4's plain ``np.unique`` takes
+    a hash-table path that is 25-60x slower on millions of uint64: 5.2 s vs 0.08 s for 5M.)"""
+    s = np.sort(np.asarray(signs, dtype=np.uint64).reshape(-1))
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), dtype=np.bool_)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+def has_duplicates(signs: np.ndarray) -> bool:
+    s = np.sort(np.asarray(signs).reshape(-1))
+    return bool(len(s) > 1 and (s[1:] == s[:-1]).any())

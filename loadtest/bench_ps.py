@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from features.hashing import unique_signs
+
 RESULTS = Path(__file__).resolve().parent / "results"
 DIM = 16
 TARGETS = {"grpc_vs_redis_4000_p50": 0.25, "bytes_vs_raw": 1.15, "inproc_ids_per_s": 10e6}
@@ -50,7 +52,7 @@ def build_store(rows: int, seed: int):
 
     store = EmbeddingStore(StoreConfig(dim=DIM, capacity=rows, optimizer=OptimizerConfig("adagrad", lr=0.01)))
     rng = np.random.default_rng(seed)
-    signs = np.unique(rng.integers(1, 2**63, int(rows * 1.01), dtype=np.uint64))[:rows]
+    signs = unique_signs(rng.integers(1, 2**63, int(rows * 1.01), dtype=np.uint64))[:rows]
     rng.shuffle(signs)
     for i in range(0, rows, 200_000):
         store.lookup(signs[i : i + 200_000], insert=True)

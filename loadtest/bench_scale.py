@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from features.hashing import unique_signs
 from loadtest.common import machine, print_table, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,11 +61,11 @@ def shard_signs(rows: int, shard: int, seed: int) -> np.ndarray:
     out = []
     need = rows // SHARDS
     while need > 0:
-        s = np.unique(rng.integers(1, 2**63, int(need * SHARDS * 1.05), dtype=np.uint64))
+        s = unique_signs(rng.integers(1, 2**63, int(need * SHARDS * 1.05), dtype=np.uint64))
         s = s[shard_of(s, SHARDS) == shard]
         out.append(s[:need])
         need -= len(out[-1])
-    signs = np.unique(np.concatenate(out))
+    signs = unique_signs(np.concatenate(out))
     return signs
 
 
@@ -118,9 +119,9 @@ def write_delta(root: Path, version: str, sample: np.ndarray, rows: int) -> Path
     ddir = ms.delta_dir(vdir, 0)
     rng = np.random.default_rng(7)
     for shard in range(SHARDS):
-        mine = np.unique(sample[shard_of(sample, SHARDS) == shard])
+        mine = unique_signs(sample[shard_of(sample, SHARDS) == shard])
         extra = rng.integers(1, 2**63, rows, dtype=np.uint64)
-        signs = np.unique(np.concatenate([mine, extra[shard_of(extra, SHARDS) == shard]]))[:rows]
+        signs = unique_signs(np.concatenate([mine, extra[shard_of(extra, SHARDS) == shard]]))[:rows]
         n = len(signs)
         ms.shards.write_shard(ddir, ShardData(
             meta={"kind": "delta", "shard": shard, "num_shards": SHARDS, "dim": DIM, "dtype": "float32",
@@ -341,11 +342,14 @@ def main(argv=None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the working directory")
     p.add_argument("--no-train", action="store_true", help="skip the training part")
     p.add_argument("--train-args", default="", help="extra arguments for loadtest.bench_scale_train")
+    p.add_argument("--train-json", default="", help="merge this scale_train.json instead of running it")
     args = p.parse_args(argv)
     result = {"machine": machine(), "serving": run(args)}
     serving = result["serving"]
     print_table("serving a memory-mapped version", [serving], list(serving))
-    if not args.no_train:
+    if args.train_json:
+        result["training"] = json.loads(Path(args.train_json).read_text())
+    elif not args.no_train:
         cmd = [sys.executable, "-m", "loadtest.bench_scale_train", *args.train_args.split()]
         subprocess.run(cmd, cwd=ROOT, check=True)
         result["training"] = json.loads((RESULTS / "scale_train.json").read_text())

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from features.hashing import mix64, shard_of
+from features.hashing import mix64, shard_of, unique_signs
 from model_store.errors import StoreError
 from model_store.layout import fsync_dir
 
@@ -347,5 +347,5 @@ def _concat(parts: Iterable[ShardData]) -> ShardData:
         state={k: np.concatenate([p.state[k] for p in parts]) for k in parts[0].state},
         stamp=np.concatenate([p.stamp for p in parts]),
         count=np.concatenate([p.count for p in parts]),
-        deleted=np.unique(np.concatenate([p.deleted for p in parts])),
+        deleted=unique_signs(np.concatenate([p.deleted for p in parts])),
     )

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from features.batch import FLAG_CONTEXT, FLAG_MULTI, CompactBatch
+from features.hashing import unique_signs
 from features.schema import Schema
 from features.transform import dense_matrix
 from training.ctx import Prediction, unwrap
@@ -28,7 +29,7 @@ class SignTable(nn.Module):
 
     def __init__(self, vocab: np.ndarray, schema: Schema, dim: int, init_scale: float, seed: int):
         super().__init__()
-        self.vocab = np.unique(np.asarray(vocab, np.uint64))
+        self.vocab = unique_signs(vocab)
         self.mean_slot = np.array([getattr(f, "pooling", "sum") == "mean" for f in schema.sparse])
         self.bag = nn.EmbeddingBag(len(self.vocab) + 1, dim, mode="sum", sparse=True, padding_idx=0)
         gen = torch.Generator().manual_seed(seed)

@@ -1,15 +1,18 @@
-"""A PS shard following its model in the model store: new versions and deltas, live.
+r"""A PS shard following its model in the model store: new versions and deltas, live.
 
-``Follower.poll()`` (called every ``poll_s`` by the server, off the event loop) reads
-``<model>/CURRENT``. A new version is validated (``_SUCCESS``, manifest, same feature schema as the
-one served, and the sha256 of every shard file as it is read), its shard is read beside the served one (re-sharded by the
-routing hash if the shard count differs), then installed in one step under the store's lock: a
-lookup sees the old rows or the new, never a mix. Then every complete delta of the served version
-with a higher seq is applied in seq order, each atomically (the store applies a delta under its
-lock and refuses gaps; deltas carry values, so re-applying one is a no-op). Every shard checks
-every shard's part of a delta first, so a delta corrupt anywhere is refused everywhere. A version or delta that
-fails validation is logged once and skipped; the shard keeps serving what it has, and
-``refusal`` says why it does not serve the version CURRENT names.
+``Follower.poll()`` (called every ``poll_s`` by the server, off the event loop, at low priority)
+reads ``<model>/CURRENT`` (or serves the ``pin``\ ned version). A new version passes the one gate
+(``model_store.validate``: ``_SUCCESS``, manifest, the feature schema of the one served), then is
+opened in a staging store beside the served one -- a serving ``MappedStore`` maps this shard's
+files and checks their sha256 through the mapping; a dump of another shard count is re-sharded by
+the routing hash in memory -- its deltas are applied there, and the served store *adopts* it in
+one step (a reference flip for a MappedStore): a lookup sees the old version or the new one with
+its deltas, never a mix. Then every complete delta of the served version with a higher seq is
+applied in seq order, each atomically (a new overlay, flipped; gaps are refused; deltas carry
+values, so re-applying one is a no-op). Every shard checks every shard's part of a delta first,
+so a delta corrupt anywhere is refused everywhere. A version or delta that fails validation is
+logged once and skipped; the shard keeps serving what it has, and ``refusal`` says why it does
+not serve the version CURRENT names.
 
 Freshness -- time from a delta's ``_SUCCESS`` to the delta being visible in lookups -- goes to the
 ``recserve_ps_delta_freshness_seconds`` histogram.

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from features.hashing import has_duplicates
 from model_store import shards
 from model_store.shards import ShardData, StoreError
 from serving.ps.config import StoreConfig
@@ -171,7 +172,7 @@ class MappedStore:
         data = shards.read_for_shard(paths, self.config.shard, self.config.num_shards, check=self._check)
         if data.meta.get("kind") != "delta":
             raise StoreError(f"{paths}: is a {data.meta.get('kind')} dump, expected a delta")
-        if len(np.unique(data.signs)) != len(data.signs):
+        if has_duplicates(data.signs):
             raise StoreError(f"{paths}: the delta holds duplicate signs; refusing it")
         return data
 
@@ -207,7 +208,7 @@ class MappedStore:
         data = shards.read_for_shard(paths, cfg.shard, cfg.num_shards, check=self._check)
         if data.meta.get("kind") != "full":
             raise StoreError(f"{paths}: is a {data.meta.get('kind')} dump, expected a full one")
-        if len(np.unique(data.signs)) != len(data.signs):
+        if has_duplicates(data.signs):
             raise StoreError(f"{paths}: the dump holds duplicate signs; refusing it")
         rows = data.rows.astype(np.float16) if cfg.dtype == "float16" else data.rows
         return Table.build(data.signs, rows), data.meta

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from features.hashing import has_duplicates, unique_signs
 from model_store import shards
 from model_store.shards import ShardData, StoreError
 from serving.ps import index
@@ -65,7 +66,7 @@ class ShardPersistence:
         with self._lock:
             slots = np.flatnonzero(self._dirty[: self.rows])
             signs = self._keys[slots]
-            deleted = np.unique(np.concatenate([np.empty(0, np.uint64), *self._deleted]))
+            deleted = unique_signs(np.concatenate([np.empty(0, np.uint64), *self._deleted]))
             if len(deleted):  # deleted, then inserted again: the row wins
                 deleted = deleted[index.find_slots(self._table, self._keys, deleted, self._bits) < 0]
             self.delta_seq += 1
@@ -112,7 +113,7 @@ class ShardPersistence:
         kind = data.meta.get("kind")
         if kind != ("delta" if delta else "full"):
             raise StoreError(f"{paths}: is a {kind} dump, expected a {'delta' if delta else 'full'} one")
-        if len(np.unique(data.signs)) != len(data.signs):
+        if has_duplicates(data.signs):
             raise StoreError(f"{paths}: the dump holds duplicate signs; refusing it")
         return data
 

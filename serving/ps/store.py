@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from features.hashing import has_duplicates, unique_signs
 from model_store.errors import CapacityError
 from model_store.shards import StoreError
 from serving.ps import index, optim
@@ -165,7 +166,7 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         else:
             key = (count << np.uint64(32)) | stamp
         key[protect] = np.iinfo(np.uint64).max
-        k = min(k, n - len(np.unique(protect)))
+        k = min(k, n - len(unique_signs(protect)))
         if k <= 0:
             return
         victims = np.argpartition(key, k - 1)[:k] if k < n else np.arange(n)
@@ -213,7 +214,7 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         rows = np.asarray(rows, dtype=np.float32)
         if rows.shape != (len(signs), self.config.dim) or not np.isfinite(rows).all():
             raise ValueError(f"rows must be finite float32 of shape ({len(signs)}, {self.config.dim})")
-        if len(np.unique(signs)) != len(signs):
+        if has_duplicates(signs):
             raise ValueError("assign needs distinct signs")
         with self._lock:
             slots = index.find_slots(self._table, self._keys, signs, self._bits)
