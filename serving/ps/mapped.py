@@ -149,8 +149,10 @@ class MappedStore:
         before it serves. Returns rows."""
         t0 = time.perf_counter()
         base, meta = self._open_table(paths)
+        old = self.served
         self.served = Served.of(base, meta.get("version", "") if version is None else version,
                                 int(meta.get("delta_seq", -1)))  # fmt: skip
+        old.base.release()
         if not self.config.schema_hash:
             self.config.schema_hash = meta.get("schema_hash", "")
         self.switch_s = time.perf_counter() - t0
@@ -161,8 +163,10 @@ class MappedStore:
 
     def adopt(self, other: MappedStore) -> int:
         """The flip: serve what ``other`` built (one reference assignment)."""
-        self.served = other.served
+        old, self.served = self.served, other.served
         self.config.schema_hash = other.config.schema_hash
+        if old.base is not self.served.base:
+            old.base.release()  # here, off the event loop, not in whichever thread drops it last
         return self.served.rows
 
     def read(self, paths, delta: bool = False) -> ShardData:

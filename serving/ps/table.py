@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import mmap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,6 +125,24 @@ class Table:
     bits: int
     dead: np.ndarray  # bool per key (overlays: deleted signs); empty for a version's table
     mapped: bool = False
+    maps: tuple = ()  # the mmap objects behind a mapped table's arrays
+
+    def release(self, pause_s: float = 0.05) -> None:
+        """Drop a retired table's page tables in 64 MB steps (each step holds the process's mmap
+        lock shortly, for reading) so that the final munmap, whichever thread drops the last
+        reference, has almost nothing to tear down: unmapping 1.8 GB at once stalled lookups for
+        tens of ms. Waits ``pause_s`` first, for lookups still reading the old snapshot; a late
+        one faults the pages back in from the page cache and reads the same bytes."""
+        if not self.maps:
+            return
+        time.sleep(pause_s)
+        step = 64 << 20
+        for mm in self.maps:
+            for i in range(0, len(mm), step):
+                try:
+                    mm.madvise(mmap.MADV_DONTNEED, i, min(step, len(mm) - i))
+                except (OSError, ValueError):
+                    break
 
     @classmethod
     def empty(cls, dim: int, dtype="float32") -> Table:
@@ -159,15 +178,18 @@ class Table:
             "rows.npy": ((n, dim), np.dtype(meta["dtype"])),
             "buckets.npy": (((1 << bits) + 1,), np.dtype(np.uint32)),
         }
-        arrays = {}
+        arrays, maps = {}, []
         for name, (shape, dtype) in expect.items():
             if name not in files:
                 raise StoreError(f"{path}: {shards.MANIFEST} does not list {name}")
-            arrays[name] = _map_npy(path / name, files[name], shape, dtype)
+            arrays[name], mm = _map_npy(path / name, files[name], shape, dtype)
+            maps.append(mm)
         buckets = arrays["buckets.npy"]
         if buckets[0] != 0 or buckets[-1] != n or np.any(np.diff(buckets.astype(np.int64)) < 0):
             raise StoreError(f"{path}: buckets.npy is not a directory of {n} rows")
-        table = cls(arrays["signs.npy"], arrays["rows.npy"], buckets, bits, np.empty(0, np.bool_), True)
+        table = cls(
+            arrays["signs.npy"], arrays["rows.npy"], buckets, bits, np.empty(0, np.bool_), True, tuple(maps)
+        )
         return table, meta
 
     def __len__(self) -> int:
@@ -197,10 +219,12 @@ class Table:
         """The same table with rows of ``dtype`` (a copy in memory; keys and directory shared)."""
         if self.rows.dtype == np.dtype(dtype):
             return self
-        return Table(self.keys, self.rows.astype(dtype), self.buckets, self.bits, self.dead, self.mapped)
+        return Table(
+            self.keys, self.rows.astype(dtype), self.buckets, self.bits, self.dead, self.mapped, self.maps
+        )
 
 
-def _map_npy(path: Path, expect: dict, shape: tuple, dtype: np.dtype) -> np.ndarray:
+def _map_npy(path: Path, expect: dict, shape: tuple, dtype: np.dtype) -> tuple[np.ndarray, mmap.mmap]:
     """Map a .npy file read-only after checking its sha256 through the mapping (which also
     brings its pages into memory before the table serves)."""
     try:
@@ -236,4 +260,4 @@ def _map_npy(path: Path, expect: dict, shape: tuple, dtype: np.dtype) -> np.ndar
     if hasattr(mmap, "MADV_RANDOM"):
         mm.madvise(mmap.MADV_RANDOM)  # lookups touch random rows: no read-ahead
     count = int(np.prod(shape))
-    return np.frombuffer(mm, dtype=dtype, count=count, offset=head.tell()).reshape(shape)
+    return np.frombuffer(mm, dtype=dtype, count=count, offset=head.tell()).reshape(shape), mm
