@@ -53,6 +53,18 @@ IDS_PER_CALL = 4000
 
 
 # ---- building versions ----------------------------------------------------------------------
+def _shard_data(kind: str, shard: int, version: str, signs: np.ndarray, rows: np.ndarray):
+    from model_store.shards import ShardData
+
+    n = len(signs)
+    meta = {"kind": kind, "shard": shard, "num_shards": SHARDS, "dim": DIM, "dtype": "float32",
+            "optimizer": {"name": "adagrad"}, "state": [], "schema_hash": "", "version": version,
+            "delta_seq": 0 if kind == "delta" else -1, "step": 0}  # fmt: skip
+    if kind == "delta":
+        meta["base_version"] = version
+    return ShardData(meta, signs, rows, {}, np.zeros(n, np.uint32), np.zeros(n, np.uint32))
+
+
 def shard_signs(rows: int, shard: int, seed: int) -> np.ndarray:
     """~rows/SHARDS distinct random signs that route to ``shard``."""
     from features.hashing import shard_of
@@ -72,7 +84,6 @@ def shard_signs(rows: int, shard: int, seed: int) -> np.ndarray:
 def build_version(root: Path, rows: int, seed: int) -> tuple[str, np.ndarray]:
     """A sealed version of random rows; returns its name and a sample of its signs."""
     import model_store as ms
-    from model_store.shards import ShardData
 
     version = ms.next_version(root, MODEL)
     staging = ms.staging_dir(root, MODEL, version)
@@ -81,26 +92,7 @@ def build_version(root: Path, rows: int, seed: int) -> tuple[str, np.ndarray]:
         signs = shard_signs(rows, shard, seed=1)  # the same signs in every version, new rows
         rng = np.random.default_rng(seed * 1000 + shard)
         n = len(signs)
-        data = ShardData(
-            meta={
-                "kind": "full",
-                "shard": shard,
-                "num_shards": SHARDS,
-                "dim": DIM,
-                "dtype": "float32",
-                "optimizer": {"name": "adagrad"},
-                "state": [],
-                "schema_hash": "",
-                "version": version,
-                "delta_seq": -1,
-                "step": 0,
-            },  # fmt: skip
-            signs=signs,
-            rows=rng.standard_normal((n, DIM), dtype=np.float32),
-            state={},
-            stamp=np.zeros(n, np.uint32),
-            count=np.zeros(n, np.uint32),
-        )
+        data = _shard_data("full", shard, version, signs, rng.standard_normal((n, DIM), dtype=np.float32))
         ms.shards.write_shard(staging / "embeddings", data)
         sample.append(signs[rng.integers(0, n, 200_000)])
         del data, signs
@@ -113,7 +105,6 @@ def build_version(root: Path, rows: int, seed: int) -> tuple[str, np.ndarray]:
 def write_delta(root: Path, version: str, sample: np.ndarray, rows: int) -> Path:
     import model_store as ms
     from features.hashing import shard_of
-    from model_store.shards import ShardData
 
     vdir = ms.version_dir(root, MODEL, version)
     ddir = ms.delta_dir(vdir, 0)
@@ -122,14 +113,8 @@ def write_delta(root: Path, version: str, sample: np.ndarray, rows: int) -> Path
         mine = unique_signs(sample[shard_of(sample, SHARDS) == shard])
         extra = rng.integers(1, 2**63, rows, dtype=np.uint64)
         signs = unique_signs(np.concatenate([mine, extra[shard_of(extra, SHARDS) == shard]]))[:rows]
-        n = len(signs)
-        ms.shards.write_shard(ddir, ShardData(
-            meta={"kind": "delta", "shard": shard, "num_shards": SHARDS, "dim": DIM, "dtype": "float32",
-                  "optimizer": {"name": "adagrad"}, "state": [], "schema_hash": "", "version": version,
-                  "base_version": version, "delta_seq": 0, "step": 0},
-            signs=signs, rows=np.full((n, DIM), 0.5, np.float32), state={},
-            stamp=np.zeros(n, np.uint32), count=np.zeros(n, np.uint32),
-        ))  # fmt: skip
+        rows_ = np.full((len(signs), DIM), 0.5, np.float32)
+        ms.shards.write_shard(ddir, _shard_data("delta", shard, version, signs, rows_))
     ms.mark_done(ddir)
     return ddir
 

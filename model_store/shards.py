@@ -186,29 +186,34 @@ def write_shard(parent: str | os.PathLike, data: ShardData) -> Path:
     return final
 
 
+def npy_header(path: Path, head: bytes) -> tuple[tuple, np.dtype, int]:
+    """(shape, dtype, data offset) of a .npy file from its first bytes; StoreError if it is not a
+    plain C-order array."""
+    bio = io.BytesIO(head)
+    try:
+        version = np.lib.format.read_magic(bio)
+        read = (
+            np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        )
+        shape, fortran, dtype = read(bio)
+    except ValueError as e:
+        raise StoreError(f"{path}: not a .npy array: {e}") from e
+    if fortran or dtype.hasobject:
+        raise StoreError(f"{path}: unsupported array layout")
+    return shape, dtype, bio.tell()
+
+
 def _read_npy(path: Path, expect: dict) -> np.ndarray:
     """One read, checksum over the bytes, then an array view of them (no second copy)."""
     buf = bytearray(path.read_bytes())
     if len(buf) != expect.get("bytes", len(buf)) or hashlib.sha256(buf).hexdigest() != expect["sha256"]:
         raise StoreError(f"{path}: checksum mismatch (file corrupt or modified after the dump)")
-    bio = io.BytesIO(buf)
-    try:
-        version = np.lib.format.read_magic(bio)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(bio)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(bio)
-    except ValueError as e:
-        raise StoreError(f"{path}: not a .npy array: {e}") from e
-    if fortran or dtype.hasobject:
-        raise StoreError(f"{path}: unsupported array layout")
-    count = int(np.prod(shape))
-    return np.frombuffer(buf, dtype=dtype, count=count, offset=bio.tell()).reshape(shape)
+    shape, dtype, offset = npy_header(path, bytes(buf[: 1 << 16]))
+    return np.frombuffer(buf, dtype=dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)
 
 
-def read_shard(path: str | os.PathLike) -> ShardData:
-    """Read and verify one shard directory (full or delta)."""
-    path = Path(path)
+def read_listing(path: Path) -> tuple[dict, dict]:
+    """(manifest files, meta) of a complete shard directory, meta checked against its sha256."""
     if not (path / SUCCESS).is_file():
         raise StoreError(f"{path}: no {SUCCESS} marker: the dump is incomplete or still being written")
     try:
@@ -223,6 +228,13 @@ def read_shard(path: str | os.PathLike) -> ShardData:
     meta = json.loads(body)
     if meta.get("format") != FORMAT:
         raise StoreError(f"{path}: unknown dump format {meta.get('format')!r}, expected {FORMAT!r}")
+    return files, meta
+
+
+def read_shard(path: str | os.PathLike) -> ShardData:
+    """Read and verify one shard directory (full or delta)."""
+    path = Path(path)
+    files, meta = read_listing(path)
     arrays = {}
     for name, info in files.items():
         if name.endswith(".npy"):

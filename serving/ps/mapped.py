@@ -87,14 +87,10 @@ class MappedStore:
 
     def __init__(self, config: StoreConfig):
         self.config = config
-        self.served = Served.of(Table.empty(config.dim, self._dtype(config.dtype)), "", -1)
+        self.served = Served.of(Table.empty(config.dim, config.dtype), "", -1)
         self.hits = self.misses = 0
         self.last_lookup_version = ("", -1)
         self.switch_s = 0.0
-
-    @staticmethod
-    def _dtype(dtype: str):
-        return np.dtype(dtype)
 
     # ---- what is served ---------------------------------------------------------------------
     @property
@@ -157,9 +153,6 @@ class MappedStore:
             self.config.schema_hash = meta.get("schema_hash", "")
         self.switch_s = time.perf_counter() - t0
         return len(base)
-
-    def load(self, paths) -> int:
-        return self.open(paths)
 
     def adopt(self, other: MappedStore) -> int:
         """The flip: serve what ``other`` built (one reference assignment)."""

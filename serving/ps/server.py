@@ -62,6 +62,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.pin and not self.follow:
             raise ValueError("--pin needs --follow")
+        if self.load and self.follow:
+            raise ValueError("--load and --follow exclude each other (--follow serves the model's versions)")
         if self.follow and isinstance(self.store, StoreConfig):
             check_serving_config(self.store)
 

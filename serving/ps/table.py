@@ -17,8 +17,6 @@ cache misses of different signs overlap, like ``index.gather_rows``.
 from __future__ import annotations
 
 import hashlib
-import io
-import json
 import mmap
 import time
 from dataclasses import dataclass
@@ -160,16 +158,7 @@ class Table:
         """Map a full dump's bucket-ordered files read-only, each verified against the manifest
         first. Raises StoreError if the dump is incomplete, corrupt or not bucket-ordered."""
         path = Path(shard_dir)
-        if not (path / shards.SUCCESS).is_file():
-            raise StoreError(f"{path}: no {shards.SUCCESS} marker: the dump is incomplete")
-        try:
-            files = json.loads((path / shards.MANIFEST).read_text())["files"]
-            body = (path / shards.META).read_bytes()
-        except (OSError, ValueError, KeyError) as e:
-            raise StoreError(f"{path}: unreadable {shards.MANIFEST} or {shards.META}: {e}") from e
-        if hashlib.sha256(body).hexdigest() != files.get(shards.META, {}).get("sha256"):
-            raise StoreError(f"{path / shards.META}: checksum mismatch")
-        meta = json.loads(body)
+        files, meta = shards.read_listing(path)
         if meta.get("kind") != "full" or "bucket_bits" not in meta:
             raise StoreError(f"{path}: not a bucket-ordered full dump")
         n, dim, bits = int(meta["rows"]), int(meta["dim"]), int(meta["bucket_bits"])
@@ -246,18 +235,8 @@ def _map_npy(path: Path, expect: dict, shape: tuple, dtype: np.dtype) -> tuple[n
         view.release()
     if sha.hexdigest() != expect["sha256"]:
         raise StoreError(f"{path}: checksum mismatch (file corrupt or modified after the dump)")
-    head = io.BytesIO(mm[: min(size, 1 << 16)])
-    try:
-        version = np.lib.format.read_magic(head)
-        read = (
-            np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        )
-        got_shape, fortran, got_dtype = read(head)
-    except ValueError as e:
-        raise StoreError(f"{path}: not a .npy array: {e}") from e
-    if fortran or got_shape != shape or got_dtype != dtype:
+    got_shape, got_dtype, offset = shards.npy_header(path, mm[: min(size, 1 << 16)])
+    if got_shape != shape or got_dtype != dtype:
         raise StoreError(f"{path}: is {got_dtype}{got_shape}, meta.json says {dtype}{shape}")
-    if hasattr(mmap, "MADV_RANDOM"):
-        mm.madvise(mmap.MADV_RANDOM)  # lookups touch random rows: no read-ahead
     count = int(np.prod(shape))
-    return np.frombuffer(mm, dtype=dtype, count=count, offset=head.tell()).reshape(shape), mm
+    return np.frombuffer(mm, dtype=dtype, count=count, offset=offset).reshape(shape), mm
