@@ -2,8 +2,8 @@
 
 - ``layout``: paths, version numbering, staging and sealing, deltas, CURRENT, atomic writes;
 - ``manifest``: MANIFEST.json write/read/verify (sha256 of every file);
-- ``errors``: typed errors (VersionNotFound, IncompleteVersion, CorruptVersion, SchemaMismatch,
-  StoreError, CapacityError);
+- ``errors``: typed errors (VersionNotFound, IncompleteVersion, CorruptVersion, IncompatibleVersion,
+  SchemaMismatch, StoreError, CapacityError);
 - ``releases``: THE gate (``validate``), THE publish (CURRENT + HISTORY), rollback, retention;
 - ``shards``: the embedding shard dump format (full dumps and deltas), verified reads, re-sharding;
 - ``dense``: the dense-model loader serving uses.
@@ -15,6 +15,7 @@ Artifacts live under a root directory outside the source tree (``recserve.config
 from model_store.errors import (
     CapacityError,
     CorruptVersion,
+    IncompatibleVersion,
     IncompleteVersion,
     ModelStoreError,
     SchemaMismatch,
@@ -41,12 +42,21 @@ from model_store.layout import (
     write_atomic,
 )
 from model_store.manifest import read_manifest, seal, sha256_file, verify_files, write_manifest
-from model_store.releases import history, list_versions, publish, retain, rollback, validate
+from model_store.releases import (
+    current_manifest,
+    history,
+    list_versions,
+    publish,
+    retain,
+    rollback,
+    validate,
+)
 
 __all__ = [
-    "CURRENT", "DELTAS", "MANIFEST", "SUCCESS", "CapacityError", "CorruptVersion", "IncompleteVersion",
+    "CURRENT", "DELTAS", "MANIFEST", "SUCCESS", "CapacityError", "CorruptVersion", "IncompatibleVersion",
+    "IncompleteVersion",
     "ModelStoreError", "SchemaMismatch", "StoreError", "VersionNotFound", "current", "default_root",
-    "delta_dir", "discard", "fsync_dir",
+    "current_manifest", "delta_dir", "discard", "fsync_dir",
     "history", "list_deltas", "list_versions", "mark_done", "model_dir", "next_version", "publish",
     "read_manifest", "retain", "rollback", "seal", "sha256_file", "staging_dir", "validate",
     "verify_files", "version_dir", "versions", "write_atomic", "write_manifest",

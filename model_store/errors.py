@@ -19,7 +19,13 @@ class CorruptVersion(ModelStoreError):
     """A manifest that cannot be read, or files missing, unlisted or failing their checksum."""
 
 
-class SchemaMismatch(ModelStoreError):
+class IncompatibleVersion(ModelStoreError):
+    """A valid version that cannot replace the served one in a running stack: another feature
+    schema, embedding dim or model input shape (``model_store.releases.validate``). Serving it
+    takes a new stack: ``recserve publish --allow-schema-change``, then restart the stack."""
+
+
+class SchemaMismatch(IncompatibleVersion):
     """The version's feature schema is not the one being served (or its schema.yaml does not
     match its manifest)."""
 

@@ -2,9 +2,10 @@
 
 Builds on ``model_store.layout`` (layout, manifests, the atomic CURRENT switch) and adds what
 an operator needs: a publish history (``<model>/HISTORY``, one version per line, appended on every
-publish) so ``rollback`` returns to the previously published version; a validation gate that also
-checks the feature-schema fingerprint against the schema being served; retention of the last N
-versions. Nothing without ``_SUCCESS`` or with a bad checksum is ever published.
+publish) so ``rollback`` returns to the previously published version; THE gate (``validate``):
+whether a version can replace the served one, run by publish, rollback and every serving
+component; retention of the last N versions. Nothing without ``_SUCCESS``, with a bad checksum,
+or that the running stack would refuse is ever published (unless a schema change is allowed).
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model_store import layout as ms
-from model_store.errors import IncompleteVersion, ModelStoreError, SchemaMismatch, VersionNotFound
+from model_store.errors import (
+    IncompatibleVersion,
+    IncompleteVersion,
+    ModelStoreError,
+    SchemaMismatch,
+    VersionNotFound,
+)
 from model_store.manifest import read_manifest
 
 HISTORY = "HISTORY"
@@ -31,23 +38,68 @@ class VersionInfo:
     deltas: int = 0
 
 
-def validate(
-    root, model: str, version: str, schema_fingerprint: str | None = None, verify: bool = True
-) -> dict:
-    """THE gate: the manifest of a version fit to serve, or a typed ModelStoreError saying why not.
+# What a running stack cannot change under its processes, each as (manifest key path, what it
+# is): the worker decodes batches with the feature schema it started with and every PS shard
+# refuses rows of another schema hash or dim; the dense network's inputs are slots x dim + dense.
+CONTRACT: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("schema_fingerprint",), "feature schema"),
+    (("dim",), "embedding dim"),
+    (("model_config", "num_slots"), "number of sparse slots"),
+    (("model_config", "num_dense"), "number of dense inputs"),
+)
 
-    ``recserve publish``, ``train --publish``, rollback, the controller and every PS follower call
-    this one function, so CURRENT never names a version that serving refuses. ``verify=False``
-    skips the sha256 of every file (a PS checks its own shard files as it reads them)."""
+
+def validate(root, model: str, version: str, served: dict | None = None, verify: bool = True) -> dict:
+    """THE gate: the manifest of ``version`` if it can replace the served version whose manifest is
+    ``served`` (None: nothing served, only the version's own validity counts), else a typed
+    ModelStoreError naming both sides.
+
+    Valid: the directory exists, ``_SUCCESS``, a readable manifest, (``verify``) the sha256 of every
+    file. Compatible with ``served``: the same value for every ``CONTRACT`` key present in both
+    manifests (IncompatibleVersion; SchemaMismatch for the feature schema). ``recserve publish``,
+    ``train --publish`` and rollback call it with CURRENT's manifest (``current_manifest``), the
+    controller with the dense version it serves, every PS follower with the version it serves, so
+    CURRENT never names a version that serving refuses. ``verify=False`` skips the sha256 of every
+    file (a PS checks its own shard files as it reads them)."""
     vdir = ms.version_dir(root, model, version)
     if not vdir.is_dir():
         raise VersionNotFound(f"{model} version {version} does not exist in {root}")
     manifest = read_manifest(vdir, verify=verify)
-    if schema_fingerprint and manifest.get("schema_fingerprint") != schema_fingerprint:
-        raise SchemaMismatch(
-            f"{model} version {version} was trained with feature schema {str(manifest.get('schema_fingerprint'))[:12]}, "
-            f"the served schema is {schema_fingerprint[:12]}: refusing it"
+    if served is None:
+        return manifest
+    for key, what in CONTRACT:
+        mine, theirs = _get(manifest, key), _get(served, key)
+        if mine is None or theirs is None or mine == theirs:
+            continue
+        short = (lambda v: str(v)[:12]) if key == ("schema_fingerprint",) else str
+        error = SchemaMismatch if key == ("schema_fingerprint",) else IncompatibleVersion
+        raise error(
+            f"{model} version {version} cannot replace the served version {served.get('version', '?')}: "
+            f"its {what} is {short(mine)}, the served version's is {short(theirs)} (serving refuses it; "
+            "a new schema or shape needs a new stack: `recserve publish --allow-schema-change`, then "
+            "restart the stack)"
         )
+    return manifest
+
+
+def current_manifest(root, model: str) -> dict | None:
+    """The manifest of the version CURRENT names -- what a running stack serves or is switching to
+    -- (unverified: it passed the gate when published), or None when nothing is published."""
+    cur = ms.current(root, model)
+    if cur is None:
+        return None
+    try:
+        return read_manifest(ms.version_dir(root, model, cur), verify=False)
+    except ModelStoreError as e:
+        raise ModelStoreError(
+            f"{model}: CURRENT names version {cur}, whose manifest cannot be read ({e}): cannot tell "
+            "what serving serves (`--allow-schema-change` publishes without comparing)"
+        ) from None
+
+
+def _get(manifest: dict, key: tuple[str, ...]):
+    for k in key:
+        manifest = manifest.get(k) if isinstance(manifest, dict) else None
     return manifest
 
 
@@ -75,9 +127,11 @@ def history(root, model: str) -> list[str]:
         return [cur] if cur else []
 
 
-def publish(root, model: str, version: str, schema_fingerprint: str | None = None) -> str:
-    """Validate ``version`` and make it CURRENT (atomic); record it in the history."""
-    validate(root, model, version, schema_fingerprint)
+def publish(root, model: str, version: str, allow_schema_change: bool = False) -> str:
+    """Make ``version`` CURRENT (atomic) if it passes the gate against CURRENT's version; record it
+    in the history. ``allow_schema_change``: check only the version's own validity (a deliberate
+    change of schema or shape, served by a new stack)."""
+    validate(root, model, version, None if allow_schema_change else current_manifest(root, model))
     previous = history(root, model)
     ms.set_current(root, model, version)
     if not previous or previous[-1] != version:
@@ -87,15 +141,17 @@ def publish(root, model: str, version: str, schema_fingerprint: str | None = Non
     return version
 
 
-def rollback(root, model: str, schema_fingerprint: str | None = None) -> str:
-    """Re-publish the most recent earlier version that still validates; returns it."""
+def rollback(root, model: str, allow_schema_change: bool = False) -> str:
+    """Re-publish the most recent earlier version that passes the gate against CURRENT's version
+    (``allow_schema_change``: that is still valid); returns it."""
     hist = history(root, model)
     cur = ms.current(root, model)
+    served = None if allow_schema_change else current_manifest(root, model)
     candidates = [v for v in reversed(hist) if v != cur]
     errors = []
     for v in candidates:
         try:
-            validate(root, model, v, schema_fingerprint)
+            validate(root, model, v, served)
         except ModelStoreError as e:
             errors.append(str(e))
             continue

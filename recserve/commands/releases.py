@@ -1,5 +1,6 @@
 """``recserve versions`` / ``publish`` / ``rollback``: release management of the model store
-(``model_store.releases``: the one gate, the one publish with HISTORY)."""
+(``model_store.releases``: the one gate, the one publish with HISTORY), and what a running stack
+actually serves (``serving.stack.local.serving_view``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class VersionsConfig:
     """Model name in the store."""
     keep: int = 0
     """Delete all but the newest KEEP versions (never CURRENT or the rollback target; 0: keep all)."""
+    run_dir: str = ""
+    """Run dir of the stack `recserve up` started, to show what it serves ('': <store>/.run/<model>)."""
 
 
 @dataclass
@@ -33,8 +36,9 @@ class PublishConfig:
     """Model-store root."""
     model: str = "criteo"
     """Model name in the store."""
-    schema_fingerprint: str = ""
-    """Refuse unless the version's feature schema has this fingerprint."""
+    allow_schema_change: bool = False
+    """Publish a version of another feature schema or shape (dim, slots, dense inputs) than
+    CURRENT's: the running stack refuses it and must be restarted (`recserve down`, `recserve up`)."""
 
     def __post_init__(self) -> None:
         if not self.version:
@@ -49,10 +53,14 @@ class RollbackConfig:
     """Model-store root."""
     model: str = "criteo"
     """Model name in the store."""
+    allow_schema_change: bool = False
+    """Roll back to a version of another feature schema or shape than CURRENT's (the running
+    stack must be restarted)."""
 
 
 def run_versions(cfg: VersionsConfig) -> int:
     from model_store.releases import list_versions, retain
+    from serving.stack.local import default_run_dir, serving_view
 
     if cfg.keep:
         removed = retain(cfg.store, cfg.model, cfg.keep)
@@ -60,23 +68,71 @@ def run_versions(cfg: VersionsConfig) -> int:
     rows = list_versions(cfg.store, cfg.model)
     if not rows:
         print(f"no versions of {cfg.model} in {cfg.store}")
+    run_dir = cfg.run_dir or default_run_dir(cfg.store, cfg.model)
+    view = serving_view(run_dir)
+    current = next((r.version for r in rows if r.current), None)
+    refused = _refusals(view, current) if view else {}
     for r in rows:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created)) if r.created else "-"
         auc = f"auc={r.metrics['auc']:.4f}" if r.metrics and "auc" in r.metrics else ""
         mark = "*" if r.current else " "
-        print(f"{mark} {r.version:>4}  {r.status:<10} {created}  deltas={r.deltas:<3} {auc} {r.detail}")
+        why = f"refused by {', '.join(refused[r.version])}" if r.version in refused else ""
+        notes = " ".join(x for x in (auc, r.detail, why) if x)
+        print(f"{mark} {r.version:>4}  {r.status:<10} {created}  deltas={r.deltas:<3} {notes}")
+    if view is None:
+        print(f"serving: no stack running from {run_dir}")
+        return 0
+    print(f"serving (stack in {view['run_dir']}):")
+    print(f"  dense model  version {view['dense_version']} (TorchServe's default)")
+    for i, shard in enumerate(view["ps"]):
+        print(f"  ps shard {i}   {shard['address']}  " + _served(shard))
+        if shard.get("refusal"):
+            print(f"               refuses: {shard['refusal']}")
+    if view["worker"]:
+        print(f"  worker       {view['worker']['address']}  " + _served(view["worker"]))
+    for version, why in view["refused"].items():
+        print(f"  controller   refused version {version}: {why}")
     return 0
 
 
-def run_publish(cfg: PublishConfig) -> int:
-    from model_store import ModelStoreError, publish
+def _served(part: dict) -> str:
+    if "error" in part:
+        return f"not answering: {part['error']}"
+    return f"version {part['version'] or '(none)'} delta {part['delta_seq']}"
 
+
+def _refusals(view: dict, current: str | None) -> dict[str, list[str]]:
+    """version -> the serving components that refuse it. A shard's ``refusal`` is about the
+    version CURRENT names."""
+    out: dict[str, list[str]] = {}
+    for i, shard in enumerate(view["ps"]):
+        if shard.get("refusal") and current:
+            out.setdefault(current, []).append(f"ps shard {i}")
+    for version in view["refused"]:
+        out.setdefault(version, []).append("the controller")
+    return out
+
+
+def run_publish(cfg: PublishConfig) -> int:
+    from model_store import IncompatibleVersion, ModelStoreError, publish
+
+    note = ""
     try:
-        publish(cfg.store, cfg.model, cfg.version, cfg.schema_fingerprint or None)
+        try:
+            publish(cfg.store, cfg.model, cfg.version)
+        except IncompatibleVersion as e:
+            if not cfg.allow_schema_change:
+                raise
+            publish(cfg.store, cfg.model, cfg.version, allow_schema_change=True)
+            note = (f"a schema change ({e}); a running stack keeps serving what it has and refuses "
+                    f"{cfg.version}: restart it (recserve down --model {cfg.model}; recserve up --model "
+                    f"{cfg.model}), and any `train --follow`")  # fmt: skip
     except ModelStoreError as e:
         print(f"refused: {e}", file=sys.stderr)
         return 1
     print(f"{cfg.model}: CURRENT -> {cfg.version}")
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 
@@ -84,7 +140,7 @@ def run_rollback(cfg: RollbackConfig) -> int:
     from model_store import ModelStoreError, rollback
 
     try:
-        v = rollback(cfg.store, cfg.model)
+        v = rollback(cfg.store, cfg.model, cfg.allow_schema_change)
     except ModelStoreError as e:
         print(f"refused: {e}", file=sys.stderr)
         return 1

@@ -54,11 +54,19 @@ def run_args(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as e:
         logging.getLogger("recserve.train").error("bad configuration: %s", e)
         return 2
+    from model_store import IncompatibleVersion
     from training.train import train
 
     t0 = time.perf_counter()
     try:
         result = train(cfg)
+    except IncompatibleVersion as e:  # --publish: the gate refused the version; it stays exported
+        logging.getLogger("recserve.train").error(
+            "exported, not published: %s. `recserve publish --allow-schema-change VERSION` publishes "
+            "it for a new stack",
+            e,
+        )
+        return 1
     except Exception as e:
         if not out_of_room(e):
             raise

@@ -54,9 +54,9 @@ class DownConfig:
 
 
 def run_down(cfg: DownConfig) -> int:
-    from serving.stack.local import down
+    from serving.stack.local import default_run_dir, down
 
-    run_dir = Path(cfg.run_dir or Path(cfg.store).resolve() / ".run" / cfg.model)
+    run_dir = Path(cfg.run_dir or default_run_dir(cfg.store, cfg.model))
     stopped = down(run_dir)
     print(f"stopped {', '.join(stopped)}" if stopped else f"nothing running from {run_dir}")
     return 0

@@ -85,7 +85,7 @@ class LocalStack:
     def __init__(self, config: StackConfig):
         self.config = config
         self.root = Path(config.store).resolve()
-        self.run_dir = Path(config.run_dir or self.root / ".run" / config.model).resolve()
+        self.run_dir = Path(config.run_dir or default_run_dir(config.store, config.model)).resolve()
         self.state: dict = {}
         self._procs: dict = {}
         self._ts = None
@@ -334,6 +334,45 @@ class LocalStack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def default_run_dir(store: str | Path, model: str) -> Path:
+    """Where ``recserve up`` keeps a model's stack (stack.json, logs) unless given ``--run-dir``."""
+    return Path(store).resolve() / ".run" / model
+
+
+def serving_view(run_dir: str | Path, timeout_s: float = 2.0) -> dict | None:
+    """What the stack running from ``run_dir`` actually serves, asked of its processes: each PS
+    shard's ``version``, ``delta_seq`` and ``refusal`` (why it does not serve CURRENT's version;
+    Stats), the worker's version (Stats), the dense version TorchServe serves by default and the
+    versions the controller refused with why (stack.json). A process that does not answer has
+    ``error`` instead. None when no stack runs from ``run_dir``."""
+    try:
+        state = json.loads((Path(run_dir) / "stack.json").read_text())
+    except FileNotFoundError:
+        return None
+    from serving.ps.client import PSClient, ShardError
+    from serving.worker.client import WorkerClient
+
+    shards = []
+    for address in state.get("ps", []):
+        try:
+            with PSClient(address, timeout_s=timeout_s) as client:
+                st = client.stats()
+            shards.append({"address": address, "version": st["version"], "delta_seq": st["delta_seq"],
+                           "refusal": st["refusal"]})  # fmt: skip
+        except ShardError as e:
+            shards.append({"address": address, "error": str(e)})
+    worker = None
+    if state.get("worker"):
+        worker = {"address": state["worker"]}
+        try:
+            with WorkerClient(state["worker"], timeout_s=timeout_s) as client:
+                worker["version"], worker["delta_seq"] = client.stats()["version"]
+        except (ConnectionError, RuntimeError) as e:
+            worker["error"] = str(e)
+    return {"run_dir": str(run_dir), "ps": shards, "worker": worker,
+            "dense_version": state.get("dense_version"), "refused": state.get("refused", {})}  # fmt: skip
 
 
 def _any_alive(state: dict) -> bool:

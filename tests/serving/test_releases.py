@@ -1,15 +1,25 @@
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import model_store as ms
-from model_store import ModelStoreError
+from model_store import IncompatibleVersion, ModelStoreError, SchemaMismatch
 from model_store.releases import history, list_versions, publish, retain, rollback, validate
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def _version(root, fingerprint="fp", complete=True) -> str:
+
+def _version(root, fingerprint="fp", complete=True, dim=8, num_dense=13) -> str:
     v = ms.next_version(root, "m")
     staging = ms.staging_dir(root, "m", v)
     (staging / "payload.bin").write_bytes(b"x" * 100)
-    ms.write_manifest(staging, {"model": "m", "version": v, "schema_fingerprint": fingerprint})
+    config = {"kind": "dlrm", "dim": dim, "num_slots": 26, "num_dense": num_dense}
+    ms.write_manifest(
+        staging,
+        {"model": "m", "version": v, "schema_fingerprint": fingerprint, "dim": dim, "model_config": config},
+    )
     if complete:
         ms.seal(staging, ms.version_dir(root, "m", v))
     else:
@@ -39,8 +49,8 @@ def test_incomplete_corrupt_and_foreign_schema_versions_are_refused(tmp_path):
     with pytest.raises(ModelStoreError, match="checksum"):
         publish(tmp_path, "m", corrupt)
     other = _version(tmp_path, fingerprint="other")
-    with pytest.raises(ModelStoreError, match="schema"):
-        validate(tmp_path, "m", other, schema_fingerprint="fp")
+    with pytest.raises(SchemaMismatch, match="schema"):
+        publish(tmp_path, "m", other)
     assert ms.current(tmp_path, "m") == good
     assert {i.version: i.status for i in list_versions(tmp_path, "m")}[incomplete] == "incomplete"
     assert {i.version: i.status for i in list_versions(tmp_path, "m")}[corrupt] == "corrupt"
@@ -66,3 +76,62 @@ def test_retain_keeps_newest_current_and_rollback_target(tmp_path):
     assert set(left) == {vs[1], vs[2], vs[4], vs[5]} and set(removed) == {vs[0], vs[3]}
     with pytest.raises(ValueError):
         retain(tmp_path, "m", keep=0)
+
+
+@pytest.mark.parametrize(
+    ("kw", "what"),
+    [
+        ({"fingerprint": "another-schema"}, "its feature schema is another-sche, the served version's is fp"),
+        ({"dim": 16}, "its embedding dim is 16, the served version's is 8"),
+        ({"num_dense": 0}, "its number of dense inputs is 0, the served version's is 13"),
+    ],
+)
+def test_the_gate_refuses_what_serving_refuses_naming_both_sides(tmp_path, kw, what):
+    v1 = _version(tmp_path)
+    publish(tmp_path, "m", v1)  # nothing published yet: its own validity is enough
+    v2 = _version(tmp_path, **kw)
+    with pytest.raises(IncompatibleVersion) as e:
+        publish(tmp_path, "m", v2)
+    assert f"m version {v2} cannot replace the served version {v1}: {what}" in str(e.value)
+    assert "--allow-schema-change" in str(e.value)
+    assert ms.current(tmp_path, "m") == v1
+    # the same function, given the served manifest, is what the serving components run
+    served = ms.read_manifest(ms.version_dir(tmp_path, "m", v1))
+    with pytest.raises(IncompatibleVersion, match=what):
+        validate(tmp_path, "m", v2, served, verify=False)
+    assert validate(tmp_path, "m", v2)["version"] == v2  # on its own it is a valid version
+    publish(tmp_path, "m", v2, allow_schema_change=True)  # a deliberate change: a new stack
+    assert ms.current(tmp_path, "m") == v2
+
+
+def test_rollback_across_a_schema_change_needs_it_allowed(tmp_path):
+    v1, v2 = _version(tmp_path), _version(tmp_path, fingerprint="new")
+    publish(tmp_path, "m", v1)
+    publish(tmp_path, "m", v2, allow_schema_change=True)
+    with pytest.raises(ModelStoreError, match="no earlier published version") as e:
+        rollback(tmp_path, "m")
+    assert "feature schema" in str(e.value) and ms.current(tmp_path, "m") == v2
+    assert rollback(tmp_path, "m", allow_schema_change=True) == v1
+
+
+def _recserve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "recserve", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.slow
+def test_recserve_publish_refuses_another_schema_or_dim_and_allows_a_schema_change(tmp_path):
+    v1 = _version(tmp_path)
+    other_schema, other_dim = _version(tmp_path, fingerprint="another-schema"), _version(tmp_path, dim=16)
+    store = ["--store", str(tmp_path), "--model", "m"]
+    assert _recserve("publish", *store, v1).returncode == 0
+    for v, why in ((other_schema, "feature schema is another-sche"), (other_dim, "embedding dim is 16")):
+        proc = _recserve("publish", *store, v)
+        assert proc.returncode == 1 and proc.stderr.startswith("refused: "), proc.stderr
+        assert f"version {v} cannot replace the served version {v1}: its {why}" in proc.stderr
+        assert ms.current(tmp_path, "m") == v1
+    proc = _recserve("publish", *store, "--allow-schema-change", other_schema)
+    assert proc.returncode == 0 and f"CURRENT -> {other_schema}" in proc.stdout, proc.stderr
+    assert "restart it" in proc.stderr and ms.current(tmp_path, "m") == other_schema
+    assert history(tmp_path, "m") == [v1, other_schema]
