@@ -2,7 +2,8 @@ r"""A PS shard following its model in the model store: new versions and deltas, 
 
 ``Follower.poll()`` (called every ``poll_s`` by the server, off the event loop, at low priority)
 reads ``<model>/CURRENT`` (or serves the ``pin``\ ned version). A new version passes the one gate
-(``model_store.validate``: ``_SUCCESS``, manifest, the feature schema of the one served), then is
+(``model_store.validate`` against the manifest of the version served: ``_SUCCESS``, manifest,
+the same feature schema and dim), then is
 opened in a staging store beside the served one -- a serving ``MappedStore`` maps this shard's
 files and checks their sha256 through the mapping; a dump of another shard count is re-sharded by
 the routing hash in memory -- its deltas are applied there, and the served store *adopts* it in
@@ -11,8 +12,9 @@ its deltas, never a mix. Then every complete delta of the served version with a 
 applied in seq order, each atomically (a new overlay, flipped; gaps are refused; deltas carry
 values, so re-applying one is a no-op). Every shard checks every shard's part of a delta first,
 so a delta corrupt anywhere is refused everywhere. A version or delta that fails validation is
-logged once and skipped; the shard keeps serving what it has, and ``refusal`` says why it does
-not serve the version CURRENT names.
+logged once, counted (``recserve_version_refusals_total{component="ps"}``) and skipped; the
+shard keeps serving what it has, and ``refusal`` says why it does not serve the version CURRENT
+names.
 
 Freshness -- time from a delta's ``_SUCCESS`` to the delta being visible in lookups -- goes to the
 ``recserve_ps_delta_freshness_seconds`` histogram.
@@ -38,15 +40,17 @@ class Follower:
         self.pin = pin  # serve this version instead of CURRENT
         self.model_dir = Path(model_dir)
         self.root, self.model = self.model_dir.parent, self.model_dir.name
-        self.schema_fingerprint: str | None = None  # of the first version served; later ones must match
+        self.served_manifest: dict | None = None  # of the version served: the gate compares with it
         self.clock = clock
         self._refused: dict[tuple[str, int], str] = {}  # (version, seq) reported -> why; seq -1 = version
         self.refusal = ""
         """Why the version CURRENT names is not served ('' when it is, or none was refused)."""
-        self.freshness = None
+        self.freshness = self.refusals = None
         self.switch_s = 0.0  # how long the last version switch took (read, verify, deltas, flip)
         if registry is not None:
             from prometheus_client import Histogram
+
+            from serving.rpc.metrics import version_refusals
 
             self.freshness = Histogram(
                 "recserve_ps_delta_freshness_seconds",
@@ -54,6 +58,7 @@ class Follower:
                 buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60),
                 registry=registry,
             )
+            self.refusals = version_refusals(registry)
 
     def poll(self) -> list[str]:
         """One pass: switch to a new CURRENT version, then apply new deltas. Returns what it did."""
@@ -77,15 +82,14 @@ class Follower:
         vdir = ms.version_dir(self.root, self.model, version)
         # the one gate (model_store.validate) without the sha256 of every file: this shard's own
         # files are checked by the store as it reads or maps them
-        manifest = ms.validate(self.root, self.model, version, self.schema_fingerprint, verify=False)
-        fp = manifest.get("schema_fingerprint")
+        manifest = ms.validate(self.root, self.model, version, self.served_manifest, verify=False)
         t0 = time.perf_counter()
         staging = self.store.staging()
         staging.open(vdir / "embeddings", version)
         applied = self._apply_deltas(version, staging, observe=False)
         old = self.store.version or "(none)"
         rows = self.store.adopt(staging)  # the atomic flip, deltas included
-        self.schema_fingerprint = fp
+        self.served_manifest = manifest
         self.switch_s = time.perf_counter() - t0
         msg = (f"version {old} -> {version}: {rows} rows, deltas up to {self.store.delta_seq} "
                f"({len(applied)} applied before the flip) in {self.switch_s:.2f}s")  # fmt: skip
@@ -120,6 +124,8 @@ class Follower:
         if (version, seq) not in self._refused:
             log.error(message)
             self._refused[(version, seq)] = message
+            if self.refusals is not None:
+                self.refusals.labels("ps", "version" if seq == -1 else "delta").inc()
 
 
 def _verify_other_parts(ddir: Path, config) -> None:

@@ -48,3 +48,18 @@ def start_metrics_server(port: int, host: str, registry) -> Callable[[], None]:
         thread.join(timeout=5)
 
     return stop
+
+
+def version_refusals(registry):
+    """``recserve_version_refusals_total{component, kind}``: versions (kind="version") and deltas
+    (kind="delta") a serving component (component="ps", "controller") refused -- the gate
+    (``model_store.validate``) or its store said no -- so an alert can fire where a log line
+    would go unread. Callers do ``.labels(component, kind).inc()``."""
+    from prometheus_client import Counter
+
+    return Counter(
+        "recserve_version_refusals",
+        "Versions and deltas a serving component refused (it keeps serving what it has)",
+        ["component", "kind"],
+        registry=registry,
+    )

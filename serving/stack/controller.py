@@ -1,10 +1,13 @@
 """``recserve controller``: keeps TorchServe's dense model on the model store's CURRENT version.
 
 Started by ``recserve up`` next to the stack. Every ``--poll-s`` it reads ``<model>/CURRENT``; on a
-change it validates the new version (manifest, sha256, ``_SUCCESS``, same feature schema as the
-served one), registers it in TorchServe through the management API, makes it the default, lets the
-old version drain, then unregisters it. A version that fails validation is reported and skipped;
-serving stays on what it has. (The PS shards follow CURRENT and its deltas themselves.)
+change it runs the one gate (``model_store.validate``: manifest, sha256, ``_SUCCESS``, same
+feature schema and shape as the served dense version), registers it in TorchServe through the
+management API, makes it the default, lets the old version drain, then unregisters it. A version
+the gate refuses is skipped, serving stays on what it has, and the refusal is visible: under
+``refused`` in ``stack.json`` (``recserve versions`` shows it) and counted in
+``recserve_version_refusals_total{component="controller"}`` (``--metrics-port``). (The PS shards
+follow CURRENT and its deltas themselves.)
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ class ControllerConfig:
     """How often to read CURRENT."""
     drain_s: float = 2.0
     """How long the old dense version keeps serving after the switch."""
+    metrics_port: int = 0
+    """Prometheus /metrics port on 127.0.0.1 (0: off)."""
 
     def __post_init__(self) -> None:
         if not self.run_dir:
@@ -36,12 +41,17 @@ class ControllerConfig:
 
 
 class Controller:
-    def __init__(self, run_dir: Path, drain_s: float = 2.0):
+    def __init__(self, run_dir: Path, drain_s: float = 2.0, registry=None):
+        from prometheus_client import CollectorRegistry
+
+        from serving.rpc.metrics import version_refusals
         from serving.stack.local import LocalStack
 
         self.stack = LocalStack.attach(run_dir)
         self.drain_s = drain_s
         self.refused: set[str] = set()
+        self.registry = registry or CollectorRegistry()
+        self.refusals = version_refusals(self.registry)
 
     @property
     def served(self) -> str:
@@ -61,10 +71,13 @@ class Controller:
             model_store.version_dir(self.stack.root, cfg.model, self.served), verify=False
         )
         try:
-            validate(self.stack.root, cfg.model, target, served_manifest.get("schema_fingerprint"))
+            validate(self.stack.root, cfg.model, target, served_manifest)
         except ModelStoreError as e:
             log.error("not swapping to %s: %s", target, e)
             self.refused.add(target)
+            self.refusals.labels("controller", "version").inc()
+            self.stack.state.setdefault("refused", {})[target] = str(e)  # `recserve versions` shows it
+            self.stack.save_state()
             return None
         old = self.served
         t0 = time.monotonic()
@@ -82,8 +95,11 @@ class Controller:
 
 
 def run_controller(args: ControllerConfig) -> int:
+    from serving.rpc.metrics import start_metrics_server
+
     os.nice(10)  # checksums and archiving are background work: serving keeps the CPU
     ctl = Controller(Path(args.run_dir), args.drain_s)
+    start_metrics_server(args.metrics_port, "127.0.0.1", ctl.registry)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     log.info("following %s/CURRENT (serving dense version %s)", ctl.stack.config.model, ctl.served)

@@ -1,0 +1,129 @@
+"""One gate: the PS follower and the controller refuse a version through ``model_store.validate``
+(the function ``recserve publish`` runs), count it, and ``recserve versions`` shows the refusal
+and what each serving component actually serves."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+import model_store as ms
+from features.schema import dump_schema
+from model_store.releases import publish, validate
+from serving.ps.client import PSClient
+from serving.ps.follow import Follower
+from serving.ps.mapped import MappedStore
+from serving.ps.store import EmbeddingStore, StoreConfig
+from serving.rpc.procs import free_ports, spawn, stop_children
+from serving.stack.controller import Controller
+from serving.stack.local import StackConfig
+from tests.serving.test_ps_follow import DIM, SIGNS
+from tests.serving.test_ps_follow import make_version as make_rows_version
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _stack_json(run_dir: Path, root: Path, dense_version: str, **state) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = asdict(StackConfig(store=str(root), model="m", run_dir=str(run_dir)))
+    state = {"model": "m", "config": config, "dense_version": dense_version, "pids": {}, **state}
+    (run_dir / "stack.json").write_text(json.dumps(state))
+
+
+def _refusals(registry: CollectorRegistry, component: str) -> float | None:
+    return registry.get_sample_value(
+        "recserve_version_refusals_total", {"component": component, "kind": "version"}
+    )
+
+
+def test_the_ps_follower_and_the_controller_refuse_with_the_gates_message(tmp_path):
+    root = tmp_path / "store"
+    trainer = EmbeddingStore(StoreConfig(dim=DIM, capacity=10_000))
+    trainer.lookup(SIGNS, insert=True)
+    v1 = make_rows_version(root, trainer)
+    publish(root, "m", v1)
+    ps_registry = CollectorRegistry()
+    served = MappedStore(StoreConfig(dim=DIM))
+    follower = Follower(served, root / "m", registry=ps_registry)
+    follower.poll()
+    assert served.version == v1
+    v2 = make_rows_version(root, trainer, fingerprint="another-schema")
+    ms.layout.set_current(root, "m", v2)  # forced past publish's gate
+    with pytest.raises(ms.SchemaMismatch) as e:
+        validate(root, "m", v2, ms.read_manifest(ms.version_dir(root, "m", v1)))
+    message = str(e.value)
+    assert f"m version {v2} cannot replace the served version {v1}: its feature schema" in message
+
+    follower.poll()
+    follower.poll()  # refused once, counted once
+    assert served.version == v1 and follower.refusal == f"not switching to version {v2}: {message}"
+    assert _refusals(ps_registry, "ps") == 1
+
+    run_dir = tmp_path / "run"
+    _stack_json(run_dir, root, v1)
+    controller = Controller(run_dir)
+    assert controller.step() is None and controller.step() is None
+    assert controller.served == v1
+    assert json.loads((run_dir / "stack.json").read_text())["refused"] == {v2: message}
+    assert _refusals(controller.registry, "controller") == 1
+
+
+@pytest.mark.slow
+def test_recserve_versions_shows_what_each_component_serves_and_why_a_version_is_refused(tmp_path):
+    from tests.serving.test_not_serving import make_version
+    from tests.serving.test_worker import SCHEMA
+
+    root = tmp_path / "store"
+    root.mkdir()
+    v1 = make_version(root)
+    publish(root, "m", v1)
+    schema = tmp_path / "schema.yaml"
+    schema.write_text(dump_schema(SCHEMA))
+    ps_port, worker_port = free_ports(2)
+    procs = [
+        spawn(["ps", "--shard", "0", "--num-shards", "1", "--port", str(ps_port), "--dim", str(DIM),
+               "--follow", str(root / "m"), "--poll-s", "0.1"], tmp_path / "ps.log"),
+        spawn(["worker", "--ps", f"127.0.0.1:{ps_port}", "--schema", str(schema), "--port", str(worker_port)],
+              tmp_path / "worker.log"),
+    ]  # fmt: skip
+    try:
+        with PSClient(f"127.0.0.1:{ps_port}", timeout_s=5.0) as ps:
+            ps.wait_ready(60)
+            trainer = EmbeddingStore(StoreConfig(dim=DIM, capacity=10_000))
+            trainer.lookup(SIGNS, insert=True)
+            v2 = make_rows_version(root, trainer, fingerprint="another-schema")
+            ms.layout.set_current(root, "m", v2)  # forced past publish's gate
+            deadline = time.monotonic() + 30
+            while not ps.stats()["refusal"]:
+                assert time.monotonic() < deadline, "the shard did not refuse the version"
+                time.sleep(0.1)
+            assert ps.stats()["version"] == v1
+            assert ps.lookup(SIGNS[:3])[0].shape == (3, DIM)  # still serving v1
+        run_dir = tmp_path / "run"
+        _stack_json(run_dir, root, v1, ps=[f"127.0.0.1:{ps_port}"], worker=f"127.0.0.1:{worker_port}")
+        Controller(run_dir).step()  # the controller refuses it too, into stack.json
+        proc = subprocess.run(
+            [sys.executable, "-m", "recserve", "versions", "--store", str(root), "--model", "m",
+             "--run-dir", str(run_dir)],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        stop_children(procs)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    why = f"m version {v2} cannot replace the served version {v1}: its feature schema is another-sche"
+    lines = out.splitlines()
+    row = next(line for line in lines if line.startswith(f"* {v2:>4}"))
+    assert row.endswith("refused by ps shard 0, the controller"), out
+    assert f"serving (stack in {run_dir}):" in out and f"dense model  version {v1}" in out
+    assert f"ps shard 0   127.0.0.1:{ps_port}  version {v1} delta -1" in out
+    assert f"refuses: not switching to version {v2}: {why}" in out
+    assert f"worker       127.0.0.1:{worker_port}  version" in out
+    assert f"controller   refused version {v2}: {why}" in out
