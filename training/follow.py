@@ -30,9 +30,11 @@ published delta holds: after a crash the rows since the last delta are trained a
 once), after SIGTERM/Ctrl-C/``--max-seconds`` a final delta is cut and a file interrupted midway
 resumes at its next row. A file that cannot be read is recorded as failed and skipped.
 
-If CURRENT moves to another version while following, the pending rows are cut into the old
-version, and the trainer reloads from the new one (files keep their ledger entries: the new
-version does not see them again).
+If CURRENT moves to another version while following (``recserve publish``), the pending rows are
+cut into the old version, and the trainer reloads from the new one and cuts its next deltas into
+it only (files keep their ledger entries: the new version does not see them again). A version the
+serving PS refuses (``model_store.validate`` against the version followed: another schema or dim)
+is refused here too, so trainer and serving stay on the same version.
 """
 
 from __future__ import annotations
@@ -172,6 +174,7 @@ class _Loaded:
     cluster: Cluster
     ctx: TrainCtx
     dense: nn.Module
+    manifest: dict
 
 
 class FollowTrainer:
@@ -213,8 +216,9 @@ class FollowTrainer:
 
     def _follow_current(self) -> None:
         """Load CURRENT's version at the start; later, move to a new CURRENT. A new version that
-        cannot be loaded (incomplete, corrupt) is refused like the serving PS refuses it: both
-        stay on the old version, so its deltas keep going there."""
+        the serving PS refuses (the one gate, ``model_store.validate``, against the version
+        followed) or that cannot be loaded is refused here too: both stay on the old version, so
+        its deltas keep going there."""
         from model_store.shards import StoreError
 
         version = ms.current(self.cfg.store, self.cfg.model)
@@ -227,7 +231,8 @@ class FollowTrainer:
         if version == self.loaded.version or version in self._refused:
             return
         try:
-            new = self._load(version)
+            ms.validate(self.cfg.store, self.cfg.model, version, self.loaded.manifest, verify=False)
+            new = self._load(version)  # verifies every file
         except (ms.ModelStoreError, StoreError, OSError, ValueError) as e:
             log.error("CURRENT moved to %s, which cannot be loaded (%s): staying on %s", version, e,
                       self.loaded.version)  # fmt: skip
@@ -352,7 +357,7 @@ class FollowTrainer:
         rows = sum(s.rows for s in stores)
         log.info("following %s/%s: %d rows in %d shards, %d existing deltas applied, next delta %d",
                  self.cfg.model, version, rows, n, applied, stores[0].delta_seq + 1)  # fmt: skip
-        return _Loaded(version, vdir, schema, cluster, ctx, dense)
+        return _Loaded(version, vdir, schema, cluster, ctx, dense, manifest)
 
     def _unload(self) -> None:
         if self.loaded is not None:

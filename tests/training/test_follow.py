@@ -220,6 +220,98 @@ def test_follow_loop_cuts_deltas_and_reloads_on_a_new_current(store, watch):
     assert meta["base_version"] == v2
 
 
+def _retrained(store: Path, v1: str, **changes) -> str:
+    """A new full version of v1's schema and shape (its rows, without its deltas), sealed;
+    ``changes`` go into its manifest."""
+    manifest = ms.read_manifest(ms.version_dir(store, NAME, v1))
+    v2 = ms.next_version(store, NAME)
+    staging = ms.staging_dir(store, NAME, v2)
+    src = ms.version_dir(store, NAME, v1)
+    top = {ms.DELTAS, ms.MANIFEST, ms.SUCCESS}  # (the shard dumps keep their own)
+    shutil.copytree(
+        src, staging, dirs_exist_ok=True, ignore=lambda d, names: top & set(names) if Path(d) == src else []
+    )
+    keep = {k: v for k, v in manifest.items() if k not in ("files", "created", "format")}
+    ms.write_manifest(staging, keep | {"version": v2, "parent": v1, "deltas": 0} | changes)
+    ms.seal(staging, ms.version_dir(store, NAME, v2))
+    return v2
+
+
+def _delta_signs(store: Path, version: str, seq: int) -> set[int]:
+    ddir = ms.delta_dir(ms.version_dir(store, NAME, version), seq)
+    metas = [json.loads(p.read_text()) for p in ddir.glob("shard-*/meta.json")]
+    assert metas and {m["base_version"] for m in metas} == {version}
+    return {int(x) for part in ddir.glob("shard-*") for x in np.load(part / "signs.npy")}
+
+
+def test_a_publish_mid_follow_moves_the_next_deltas_to_the_new_version_only(store, watch):
+    """Rows trained before `recserve publish V2` are cut into V1 (the version they were trained
+    against); the rows after it go into V2's deltas only; serving V2 applies V2's deltas and refuses
+    V1's."""
+    from model_store.shards import StoreError
+
+    v1 = ms.current(store, NAME)
+    n1 = len(ms.list_deltas(ms.version_dir(store, NAME, v1)))
+    lines = SAMPLE.read_text().splitlines(keepends=True)
+    for name, rows in (("a.csv", lines[1:101]), ("b.csv", lines[101:])):
+        (watch / f".{name}").write_text("".join([lines[0], *rows]))
+    a_signs = {int(x) for x in _file_signs(store, watch / ".a.csv")}
+    b_signs = {int(x) for x in _file_signs(store, watch / ".b.csv")}
+    stop = threading.Event()
+    box: dict = {}
+    # no timed cuts: the only cuts are the one the move makes and the final one
+    trainer = FollowTrainer(_cfg(store, watch, delta_interval_s=3600, poll_s=0.05, max_seconds=60))
+    thread = threading.Thread(target=lambda: box.update(result=trainer.run(stop)))
+    thread.start()
+    try:
+
+        def train(name: str, rows: int) -> None:
+            (watch / f".{name}").rename(watch / name)
+            (watch / f"{name}.done").write_text("")
+            deadline = time.monotonic() + 60
+            while trainer.result.rows < rows:
+                assert time.monotonic() < deadline and thread.is_alive(), "not trained"
+                time.sleep(0.05)
+
+        train("a.csv", 100)
+        assert trainer.result.deltas == []  # a.csv's rows are pending
+        v2 = _retrained(store, v1)
+        assert ms.publish(store, NAME, v2) == v2  # same schema and shape: the gate passes
+        deadline = time.monotonic() + 60
+        while trainer.result.version != v2:
+            assert time.monotonic() < deadline and thread.is_alive(), "the trainer did not move to v2"
+            time.sleep(0.05)
+        train("b.csv", 200)
+    finally:
+        stop.set()
+        thread.join(60)
+        trainer.close()
+    result = box["result"]
+    assert result.reloads == 1 and result.deltas == [(v1, n1), (v2, 0)], result.deltas
+    assert ms.list_deltas(ms.version_dir(store, NAME, v1)) == list(range(n1 + 1))  # nothing after the move
+    assert ms.list_deltas(ms.version_dir(store, NAME, v2)) == [0]
+    in_v1, in_v2 = _delta_signs(store, v1, n1), _delta_signs(store, v2, 0)
+    assert in_v1 <= a_signs and in_v2 <= b_signs and in_v1 - b_signs and in_v2 - a_signs
+
+    # serving follows CURRENT (v2): v2's delta is applied, v1's is refused by a v2 shard
+    served = _serving_stores(store)
+    assert {(s.version, s.delta_seq) for s in served} == {(v2, 0)}
+    with pytest.raises(StoreError, match=f"belongs to version '{v1}', this shard serves '{v2}'"):
+        served[0].apply_delta(ms.delta_dir(ms.version_dir(store, NAME, v1), n1))
+
+
+def test_the_trainer_refuses_what_serving_refuses(store, watch, caplog):
+    v1 = ms.current(store, NAME)
+    with FollowTrainer(_cfg(store, watch, once=True)) as trainer:
+        trainer.run(threading.Event())
+        v2 = _retrained(store, v1, dim=32)
+        with pytest.raises(ms.IncompatibleVersion):
+            ms.publish(store, NAME, v2)
+        ms.layout.set_current(store, NAME, v2)  # forced past publish's gate
+        assert trainer.run(threading.Event()).reloads == 0 and trainer.loaded.version == v1
+    assert f"version {v2} cannot replace the served version {v1}: its embedding dim is 32" in caplog.text
+
+
 def test_max_seconds_stops_without_a_delta_when_nothing_arrived(store, watch):
     t0 = time.monotonic()
     result = follow(_cfg(store, watch, max_seconds=0.5))
