@@ -2,9 +2,15 @@
 
 Started by ``recserve up`` next to the stack. Every ``--poll-s`` it reads ``<model>/CURRENT``; on a
 change it validates the new version (manifest, sha256, ``_SUCCESS``, same feature schema as the
-served one), registers it in TorchServe through the management API, makes it the default, lets the
-old version drain, then unregisters it. A version that fails validation is reported and skipped;
-serving stays on what it has. (The PS shards follow CURRENT and its deltas themselves.)
+served one), waits until every PS shard serves the new version's embeddings, then registers the
+new dense model in TorchServe through the management API, makes it the default, lets the old
+version drain, then unregisters it. A version that fails validation, or that a shard refuses, is
+reported and skipped; serving stays on what it has. (The PS shards follow CURRENT and its deltas
+themselves.)
+
+No response mixes versions: every scoring process names its dense model's version in its
+lookups (version-pinned), a shard keeps the replaced version for lookups that still name it,
+and the new dense model becomes the default only once every shard holds the new embeddings.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ class ControllerConfig:
     """How often to read CURRENT."""
     drain_s: float = 2.0
     """How long the old dense version keeps serving after the switch."""
+    shards_timeout_s: float = 900.0
+    """How long to wait for every PS shard to serve a new version before giving up on it."""
 
     def __post_init__(self) -> None:
         if not self.run_dir:
@@ -36,11 +44,12 @@ class ControllerConfig:
 
 
 class Controller:
-    def __init__(self, run_dir: Path, drain_s: float = 2.0):
+    def __init__(self, run_dir: Path, drain_s: float = 2.0, shards_timeout_s: float = 900.0):
         from serving.stack.local import LocalStack
 
         self.stack = LocalStack.attach(run_dir)
         self.drain_s = drain_s
+        self.shards_timeout_s = shards_timeout_s
         self.refused: set[str] = set()
 
     @property
@@ -66,6 +75,12 @@ class Controller:
             log.error("not swapping to %s: %s", target, e)
             self.refused.add(target)
             return None
+        why, final = self.wait_shards(target)
+        if why:
+            log.error("not swapping the dense model to %s: %s", target, why)
+            if final:  # a refusal stays one; a timeout is tried again at the next poll
+                self.refused.add(target)
+            return None
         old = self.served
         t0 = time.monotonic()
         self.stack.register(
@@ -80,10 +95,42 @@ class Controller:
             log.warning("unregistering %s failed: %s", old, e)
         return target
 
+    def wait_shards(self, version: str, poll_s: float = 0.2) -> tuple[str, bool]:
+        """Wait until every PS shard serves ``version`` as its newest: ('', _) when they do, else
+        (why not, whether that is final: a shard refused it, rather than the wait timing out). A
+        shard that is briefly unreachable is waited for."""
+        from serving.ps.client import PSClient, ShardError
+
+        clients = [PSClient(a, timeout_s=2.0) for a in self.stack.state.get("ps", [])]
+        deadline = time.monotonic() + self.shards_timeout_s
+        try:
+            while True:
+                waiting = []
+                for i, c in enumerate(clients):
+                    try:
+                        st = c.stats()
+                    except ShardError as e:
+                        waiting.append(f"shard {i}: {e}")
+                        continue
+                    if st["version"] == version:
+                        continue
+                    if f"version {version}:" in st.get("refusal", ""):
+                        return f"shard {i} refused it: {st['refusal']}", True
+                    waiting.append(f"shard {i} serves {st['version'] or 'nothing'}")
+                if not waiting:
+                    return "", True
+                if time.monotonic() > deadline:
+                    why = f"not every shard serves it after {self.shards_timeout_s:g}s: {'; '.join(waiting)}"
+                    return why, False
+                time.sleep(poll_s)
+        finally:
+            for c in clients:
+                c.close()
+
 
 def run_controller(args: ControllerConfig) -> int:
     os.nice(10)  # checksums and archiving are background work: serving keeps the CPU
-    ctl = Controller(Path(args.run_dir), args.drain_s)
+    ctl = Controller(Path(args.run_dir), args.drain_s, args.shards_timeout_s)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     log.info("following %s/CURRENT (serving dense version %s)", ctl.stack.config.model, ctl.served)

@@ -59,7 +59,7 @@ def _score_all(client, limit=2000, binary=False, schema="data/schemas/criteo.yam
         status, payload = client.post(body, ctype)
         assert status == 200, payload
         reply = orjson.loads(payload)
-        assert set(reply["versions"]) == {"embedding", "delta_seq", "dense"}
+        assert set(reply["versions"]) == {"embedding", "delta_seq", "dense", "shards"}
         out.extend(reply["scores"])
     return np.array(out)
 
