@@ -30,7 +30,9 @@ class DenseTransform:
     clip_min: float | None = None  # lower bound applied first (e.g. 0 before log1p)
     clip_max: float | None = None  # upper bound applied first
     log1p: bool = False  # apply log(1 + x) after clipping
-    mean: float | None = None  # standardise with stored statistics: (x - mean) / std
+    # standardise with given values: (x - mean) / std. Part of the feature contract (a client
+    # applies it); the statistics fitted by training live in the model version, not here
+    mean: float | None = None
     std: float | None = None  # must be > 0 when given; both or neither of mean/std
 
 
@@ -96,7 +98,9 @@ class Schema:
 
     @functools.cached_property
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON of the schema: equal schemas, equal fingerprints."""
+        """sha256 of the canonical JSON of the schema: equal schemas, equal fingerprints. A schema
+        holds the feature contract only (fitted statistics live in the model version), so models
+        retrained from the same schema file share it."""
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -162,19 +166,6 @@ def load_schema(path: str | Path) -> Schema:
     if not isinstance(d, dict):
         raise SchemaError(f"{path}: not a schema mapping")
     return schema_from_dict(d)
-
-
-def with_stats(schema: Schema, stats: dict[str, tuple[float, float]]) -> Schema:
-    """A copy of the schema whose dense slots standardise with the given (mean, std)."""
-    slots = tuple(
-        dataclasses.replace(
-            s, transform=dataclasses.replace(s.transform, mean=stats[s.name][0], std=stats[s.name][1])
-        )
-        if s.name in stats
-        else s
-        for s in schema.slots
-    )
-    return dataclasses.replace(schema, slots=slots)
 
 
 def dump_schema(schema: Schema) -> str:

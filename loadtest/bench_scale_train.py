@@ -149,19 +149,18 @@ def read_rate(path: Path, workers: int) -> dict:
 def trainer_read(path: Path, limit: int) -> dict:
     """The trainer's data path alone (dense-statistics pass + one shuffled epoch of 128-row
     batches) in this process: rows, seconds, rows/s. Run in a fresh process for its peak RSS."""
-    import dataclasses
     import resource
 
     import numpy as np
 
-    from features.schema import load_schema, with_stats
+    from features.schema import load_schema
     from features.stream import ReadOptions
     from training import data
 
     t0 = time.perf_counter()
     schema = load_schema(ROOT / "data/schemas/criteo.yaml")
     split = data.Split(path, schema, ReadOptions(numeric_dense=True), limit)
-    split = dataclasses.replace(split, schema=with_stats(schema, split.scan().stats(schema)))
+    split.scan().stats(schema)  # the trainer's statistics pass (they go to its dense network)
     rows = sum(b.num_rows for b in split.batches(128, 65536, np.random.default_rng(0)))
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9

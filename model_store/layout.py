@@ -4,11 +4,12 @@ Layout (see DESIGN.md)::
 
     <root>/<model>/<version>/        version = "1", "2", ... (the next integer)
         MANIFEST.json                format, model, version, parent, created, schema_fingerprint,
-                                     model_config, dim, num_shards, dense paths, metrics, and
-                                     "files": {relpath: sha256} for every file but MANIFEST/_SUCCESS
-        schema.yaml                  the exact feature schema (features.schema.dump_schema)
+                                     model_config (with the fitted dense_mean/dense_std), dim,
+                                     num_shards, dense paths, metrics, and "files": {relpath:
+                                     sha256} for every file but MANIFEST/_SUCCESS
+        schema.yaml                  the feature schema as written (features.schema.dump_schema)
         embeddings/shard-<i>-of-<n>/ full PS dumps (model_store.shards layout)
-        dense/model.pt, model.onnx   the dense network
+        dense/model.pt, model.onnx   the dense network (it applies the fitted dense statistics)
         eval/scores.npy              the trainer's own test-split probabilities
         deltas/<seq>/shard-<i>-of-<n>/ + deltas/<seq>/_SUCCESS   row deltas (own manifests)
         _SUCCESS                     written last

@@ -31,7 +31,9 @@ class TrainConfig:
     limit: int | None = None
     """Read at most this many training rows (None: all)."""
     dense_stats: bool = True
-    """Standardise dense features with the training split's mean/std (stored in schema.yaml)."""
+    """Standardise dense features with the mean/std fitted on the training split (after the
+    schema's own transform): applied by the dense network, recorded in the manifest's model_config;
+    the schema stays as written."""
 
     # ---- model
     arch: str = field(default="dlrm", metadata={"choices": ["lr", "fm", "deepfm", "dlrm"]})

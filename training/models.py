@@ -17,6 +17,7 @@ TorchScript resolves at compile time, so no dead branch is compiled or traced.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,11 @@ class ModelConfig:
     """Hidden widths of the DLRM top MLP and the DeepFM deep MLP (a final layer to 1 is added)."""
     dropout: float = 0.0
     """Dropout after each hidden ReLU of the top/deep MLP (0 disables it; off in eval mode)."""
+    dense_mean: list[float] | None = None
+    """Fitted per-feature mean of the transformed dense inputs (F values), subtracted first by the
+    network; None (with dense_std None): no fitted standardisation."""
+    dense_std: list[float] | None = None
+    """Fitted per-feature std (F values, each finite and > 0) the network divides by."""
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -68,6 +74,24 @@ class ModelConfig:
                 )
         if self.kind == "dlrm" and self.num_dense == 0 and self.num_slots < 2:
             raise ValueError("DLRM needs at least two fields to interact: num_slots >= 2 when num_dense == 0")
+        self._check_stats()
+
+    def _check_stats(self) -> None:
+        if (self.dense_mean is None) != (self.dense_std is None):
+            raise ValueError("dense_mean and dense_std: give both or neither")
+        if self.dense_mean is None or self.dense_std is None:
+            return
+        self.dense_mean = [float(x) for x in self.dense_mean]
+        self.dense_std = [float(x) for x in self.dense_std]
+        for name, values in (("dense_mean", self.dense_mean), ("dense_std", self.dense_std)):
+            if len(values) != self.num_dense:
+                raise ValueError(f"{name} has {len(values)} values, expected num_dense={self.num_dense}")
+            bad = [i for i, x in enumerate(values) if not math.isfinite(x)]
+            if bad:
+                raise ValueError(f"{name} must be finite: feature {bad[0]} is {values[bad[0]]}")
+        bad = [i for i, x in enumerate(self.dense_std) if not x > 0]
+        if bad:
+            raise ValueError(f"dense_std must be > 0: feature {bad[0]} is {self.dense_std[bad[0]]}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
@@ -96,13 +120,32 @@ def mlp(in_dim: int, widths: list[int], dropout: float = 0.0, out_dim: int | Non
 
 
 class _Base(nn.Module):
-    """Records the input shapes so exporters and loaders can check inputs without the config."""
+    """Records the input shapes (so exporters and loaders can check inputs without the config) and
+    holds the fitted dense statistics: `forward` standardises `dense`, then `logits` (the model
+    proper, written by each subclass) scores. A model used inside another (DeepFM's FM) is called
+    through `logits`, so the dense features are standardised once."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_slots = cfg.num_slots
         self.dim = cfg.dim
         self.num_dense = cfg.num_dense
+        mean = cfg.dense_mean if cfg.dense_mean is not None else [0.0] * cfg.num_dense
+        std = cfg.dense_std if cfg.dense_std is not None else [1.0] * cfg.num_dense
+        self.register_buffer("dense_mean", torch.tensor(mean, dtype=torch.float32).reshape(cfg.num_dense))
+        self.register_buffer("dense_std", torch.tensor(std, dtype=torch.float32).reshape(cfg.num_dense))
+
+    def standardise(self, dense: Tensor) -> Tensor:
+        """(dense - mean) / std with the fitted statistics (identity without them)."""
+        return (dense - self.dense_mean) / self.dense_std
+
+    def forward(self, pooled: Tensor, dense: Tensor) -> Tensor:
+        if self.num_dense > 0:
+            dense = self.standardise(dense)
+        return self.logits(pooled, dense)
+
+    def logits(self, pooled: Tensor, dense: Tensor) -> Tensor:
+        raise NotImplementedError
 
 
 def _wide_input(pooled: Tensor, dense: Tensor, num_dense: int) -> Tensor:
@@ -119,7 +162,7 @@ class LR(_Base):
         super().__init__(cfg)
         self.linear = nn.Linear(cfg.num_slots * cfg.dim + cfg.num_dense, 1)
 
-    def forward(self, pooled: Tensor, dense: Tensor) -> Tensor:
+    def logits(self, pooled: Tensor, dense: Tensor) -> Tensor:
         return self.linear(_wide_input(pooled, dense, self.num_dense)).squeeze(-1)
 
 
@@ -145,7 +188,7 @@ class FM(_Base):
             return torch.cat([pooled, proj(dense).unsqueeze(1)], dim=1)
         return pooled
 
-    def forward(self, pooled: Tensor, dense: Tensor) -> Tensor:
+    def logits(self, pooled: Tensor, dense: Tensor) -> Tensor:
         v = self.fields(pooled, dense)
         pairwise = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)
         first = self.linear(_wide_input(pooled, dense, self.num_dense)).squeeze(-1)
@@ -157,12 +200,12 @@ class DeepFM(_Base):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        self.fm = FM(cfg)
+        self.fm = FM(dataclasses.replace(cfg, dense_mean=None, dense_std=None))  # standardised here
         self.deep = mlp(cfg.num_slots * cfg.dim + cfg.num_dense, cfg.top_mlp, cfg.dropout, out_dim=1)
 
-    def forward(self, pooled: Tensor, dense: Tensor) -> Tensor:
+    def logits(self, pooled: Tensor, dense: Tensor) -> Tensor:
         deep = self.deep(_wide_input(pooled, dense, self.num_dense)).squeeze(-1)
-        return self.fm(pooled, dense) + deep
+        return self.fm.logits(pooled, dense) + deep
 
 
 class DLRM(_Base):
@@ -192,7 +235,7 @@ class DLRM(_Base):
         z = torch.bmm(fields, fields.transpose(1, 2))
         return z.flatten(1).index_select(1, self.pair_index)
 
-    def forward(self, pooled: Tensor, dense: Tensor) -> Tensor:
+    def logits(self, pooled: Tensor, dense: Tensor) -> Tensor:
         bottom = self.bottom
         if bottom is not None:
             x = bottom(dense)

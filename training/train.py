@@ -16,7 +16,6 @@ Everything started here is stopped at the end, on error too.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import os
@@ -29,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from features.schema import load_schema, with_stats
+from features.schema import load_schema
 from features.stream import ReadOptions
 from training import data
 from training.cluster import Cluster, ShardSpec, open_cluster
@@ -76,13 +75,17 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu")
 
     # ---- data: streamed every epoch; one pass first counts every rank's rows and dense moments --
+    # the schema stays the file as loaded (the feature contract, fingerprinted); the statistics
+    # fitted here belong to this version's dense network (ModelConfig), which applies them
     schema = load_schema(cfg.schema)
     read = ReadOptions(format=cfg.data_format, block_size=cfg.block_size, numeric_dense=True)
     train_split = data.Split(cfg.data, schema, read, cfg.limit, part=(rank, world))
     scans = _all_ranks(train_split.scan(), world)
-    if cfg.dense_stats:  # over all ranks' rows, so every rank gets the same schema
-        schema = with_stats(schema, functools.reduce(data.Scan.merge, scans).stats(schema))
-    train_split = dataclasses.replace(train_split, schema=schema)
+    dense_mean = dense_std = None
+    if cfg.dense_stats and schema.dense:  # over all ranks' rows, so every rank gets the same ones
+        stats = functools.reduce(data.Scan.merge, scans).stats(schema)
+        dense_mean = [stats[s.name][0] for s in schema.dense]
+        dense_std = [stats[s.name][1] for s in schema.dense]
     test_split = data.Split(cfg.test, schema, read)
     # DDP needs the same number of steps on every rank: the ranks with more rows drop the rest
     steps_per_epoch = min(-(-s.rows // cfg.batch_size) for s in scans)
@@ -103,6 +106,8 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
         bottom_mlp=[*cfg.bottom_mlp[:-1], cfg.dim],  # DLRM: the bottom output is a dim-wide field
         top_mlp=cfg.top_mlp,
         dropout=cfg.dropout,
+        dense_mean=dense_mean,
+        dense_std=dense_std,
     )
     model: nn.Module = build_model(model_cfg).to(device)
     if world > 1:

@@ -83,22 +83,34 @@ class PSClient:
             ) from None
 
     # ---- lookups and updates -------------------------------------------------------------------
-    def lookup(self, signs, insert: bool = False, dtype: str = "float32", timeout_s: float | None = None):
-        """(rows float32 (n, dim), misses) for uint64 ``signs``; ``insert`` gives unseen signs a row."""
+    def lookup(
+        self, signs, insert: bool = False, dtype: str = "float32", timeout_s: float | None = None,
+        version: str = "",
+    ):  # fmt: skip
+        """(rows float32 (n, dim), misses) for uint64 ``signs`` of ``version`` ("" = the shard's
+        newest); ``insert`` gives unseen signs a row."""
+        rows, misses, _ = self._lookup(signs, insert, dtype, timeout_s, version)
+        return rows, misses
+
+    def rows(self, signs: np.ndarray, insert: bool, version: str = "") -> tuple[np.ndarray, tuple[str, int]]:
+        """The worker's backend verb: rows float32 (n, dim) and the (version, delta seq) they were
+        read from."""
+        rows, _, answered = self._lookup(signs, insert, "float32", None, version)
+        return rows, answered
+
+    def _lookup(self, signs, insert: bool, dtype: str, timeout_s: float | None, version: str):
         request = self._pb.LookupRequest(
-            signs=convert.signs_to_bytes(signs), dtype=convert.wire_dtype(dtype), insert=insert
-        )
+            signs=convert.signs_to_bytes(signs), dtype=convert.wire_dtype(dtype), insert=insert,
+            version=version,
+        )  # fmt: skip
         resp = self._call(self.stub.Lookup, request, timeout_s)
-        self.version = (resp.version.version, int(resp.version.delta_seq))
+        answered = (resp.version.version, int(resp.version.delta_seq))
+        self.version = answered
         try:
             rows = convert.rows_from_bytes(resp.rows, resp.dtype, (len(signs), resp.dim))
         except ValueError as e:
             raise ShardError(f"PS shard {self.target} answered a bad payload: {e}") from None
-        return rows, resp.misses
-
-    def rows(self, signs: np.ndarray, insert: bool) -> np.ndarray:
-        """The worker's backend verb: rows float32 (n, dim)."""
-        return self.lookup(signs, insert)[0]
+        return rows, resp.misses, answered
 
     def update(self, signs, grads, step: int = 0, timeout_s: float | None = None) -> int:
         """Apply float32 gradients (n, dim) with the shard's optimizer; returns the signs updated."""
@@ -127,6 +139,7 @@ class PSClient:
             out[k] = int(out.get(k, 0))
         out["delta_seq"] = int(resp.version.delta_seq)
         out["version"] = resp.version.version
+        out["held"] = [(h.version, int(h.delta_seq)) for h in resp.held]
         return out
 
     def dump(self, path: str, delta: bool = False, timeout_s: float = 300.0):

@@ -13,6 +13,14 @@ are immutable; every change builds a new one beside the served one and *flips a 
 
 A lookup reads the reference once, so it sees one version and one delta seq, entirely.
 
+Version-pinned lookups: a lookup may name the version it wants (the one its dense model was
+exported with). After a full switch the replaced snapshot is *kept*, answering the lookups that
+name it, until none has named it for ``keep_s`` seconds (``release_idle``, called by the
+follower); so during a switch a shard holds both versions and a scoring process still on the old
+dense model keeps reading the old rows, never the new ones. A version the shard does not hold
+is refused (``NotServing``: UNAVAILABLE naming the shard and what it holds), never answered from
+another version.
+
 When a dump cannot be mapped as it is -- it was written with another shard count (re-sharded by
 the routing hash), by an older format, or ``dtype`` asks for float16 rows of a float32 version --
 the table is built in memory instead (the same structure, the same lookups).
@@ -30,6 +38,7 @@ from model_store import shards
 from model_store.shards import ShardData, StoreError
 from serving.ps.config import StoreConfig
 from serving.ps.table import Table
+from serving.rpc.errors import NotServing
 
 __all__ = ["MappedStore", "Served"]
 
@@ -85,9 +94,15 @@ class MappedStore:
 
     read_only = True
 
-    def __init__(self, config: StoreConfig):
+    def __init__(self, config: StoreConfig, keep_s: float = 30.0, clock=time.monotonic):
         self.config = config
         self.served = Served.of(Table.empty(config.dim, config.dtype), "", -1)
+        self.kept: dict[str, Served] = {}
+        """Versions replaced by a switch, still answering lookups that name them."""
+        self.keep_s = keep_s
+        """A kept version is released once no lookup has named it for this long."""
+        self.clock = clock
+        self._named: dict[str, float] = {}  # kept version -> when a lookup last named it (or it was kept)
         self.hits = self.misses = 0
         self.last_lookup_version = ("", -1)
         self.switch_s = 0.0
@@ -115,14 +130,36 @@ class MappedStore:
             return not s.overlay.dead[slot]
         return bool(s.base.find(one)[0] >= 0)
 
-    def lookup(self, signs, insert: bool = False) -> tuple[np.ndarray, int]:
-        """Rows (float32, request order) and how many signs had none (answered with zeros)."""
+    def held(self) -> list[tuple[str, int]]:
+        """(version, delta seq) of every version a lookup can name: the newest first."""
+        s = self.served
+        return [(s.version, s.delta_seq)] * bool(s.version) + [(v, k.delta_seq) for v, k in self.kept.items()]
+
+    def snapshot_for(self, version: str = "") -> Served:
+        """The snapshot a lookup naming ``version`` reads ("" or the newest: the served one)."""
+        s = self.served  # one read: base, overlay, version and seq belong together
+        if not version or version == s.version:
+            return s
+        kept = self.kept.get(version)
+        if kept is None:
+            cfg = self.config
+            holds = ", ".join(v for v, _ in self.held()) or "none"
+            raise NotServing(
+                f"embedding shard {cfg.shard} of {cfg.num_shards} does not hold version {version} "
+                f"(it holds {holds})"
+            )
+        self._named[version] = self.clock()
+        return kept
+
+    def lookup(self, signs, insert: bool = False, version: str = "") -> tuple[np.ndarray, int]:
+        """Rows (float32, request order) of ``version`` ("" = the newest) and how many signs had
+        none (answered with zeros)."""
         if insert:
             raise ValueError("a serving PS does not insert rows (lookups with insert=true go to training)")
         from serving.ps.store import as_signs
 
         signs = as_signs(signs)
-        s = self.served  # one read: base, overlay, version and seq belong together
+        s = self.snapshot_for(version)
         out = np.empty((len(signs), s.base.dim), dtype=np.float32)
         hit = s.base.gather(signs, out) >= 0
         if len(s.overlay):
@@ -145,10 +182,9 @@ class MappedStore:
         before it serves. Returns rows."""
         t0 = time.perf_counter()
         base, meta = self._open_table(paths)
-        old = self.served
-        self.served = Served.of(base, meta.get("version", "") if version is None else version,
-                                int(meta.get("delta_seq", -1)))  # fmt: skip
-        old.base.release()
+        new = Served.of(base, meta.get("version", "") if version is None else version,
+                        int(meta.get("delta_seq", -1)))  # fmt: skip
+        self._flip(new)
         if not self.config.schema_hash:
             self.config.schema_hash = meta.get("schema_hash", "")
         self.switch_s = time.perf_counter() - t0
@@ -156,11 +192,35 @@ class MappedStore:
 
     def adopt(self, other: MappedStore) -> int:
         """The flip: serve what ``other`` built (one reference assignment)."""
-        old, self.served = self.served, other.served
         self.config.schema_hash = other.config.schema_hash
-        if old.base is not self.served.base:
-            old.base.release()  # here, off the event loop, not in whichever thread drops it last
+        self._flip(other.served)
         return self.served.rows
+
+    def _flip(self, new: Served) -> None:
+        """Serve ``new``; the replaced version is kept for the lookups that still name it."""
+        old = self.served
+        if new.version in self.kept:  # back to a version still kept (a quick rollback): one copy
+            self._drop(new.version)
+        if old.version and old.version != new.version and old.base is not new.base:
+            self.kept[old.version] = old
+            self._named[old.version] = self.clock()
+        self.served = new
+        if (not old.version or old.version == new.version) and old.base is not new.base:
+            old.base.release()  # here, off the event loop, not in whichever thread drops it last
+
+    def release_idle(self) -> list[str]:
+        """Release the kept versions no lookup has named for ``keep_s``; returns them."""
+        now = self.clock()
+        idle = [v for v in list(self.kept) if now - self._named.get(v, now) >= self.keep_s]
+        for v in idle:
+            self._drop(v)
+        return idle
+
+    def _drop(self, version: str) -> None:
+        kept = self.kept.pop(version, None)
+        self._named.pop(version, None)
+        if kept is not None and kept.base is not self.served.base:
+            kept.base.release()
 
     def read(self, paths, delta: bool = False) -> ShardData:
         """Read and verify this shard's part of a delta (full dumps go through ``open``)."""
@@ -213,8 +273,7 @@ class MappedStore:
     # ---- introspection ----------------------------------------------------------------------
     @property
     def memory_bytes(self) -> int:
-        s = self.served
-        return s.base.nbytes + s.overlay.nbytes
+        return sum(s.base.nbytes + s.overlay.nbytes for s in (self.served, *self.kept.values()))
 
     @property
     def raw_bytes_per_row(self) -> int:
@@ -244,6 +303,7 @@ class MappedStore:
             "step": 0,
             "version": s.version,
             "delta_seq": s.delta_seq,
+            "held": self.held(),
         }
 
     def expire(self, now: float | None = None) -> int:

@@ -56,6 +56,9 @@ class ServerConfig:
     """With --follow: serve this version (and its deltas) instead of the one CURRENT names."""
     poll_s: float = 1.0
     """How often the follower looks for a new version or delta."""
+    keep_previous_s: float = 30.0
+    """With --follow: after a switch, the replaced version keeps answering the lookups that name
+    it (scoring processes still on its dense model) until none has for this long."""
     store: StoreConfig = field(default_factory=StoreConfig)
     """The shard's store (shard, num_shards, dim, capacity, optimizer, ...)."""
 
@@ -165,7 +168,14 @@ class EmbeddingPSServicer:
         signs = convert.signs_from_bytes(request.signs)
         fp16 = convert.wants_fp16(request.dtype)
         t0 = time.perf_counter()
-        rows, misses = self.store.lookup(signs, insert=request.insert)
+        if getattr(self.store, "read_only", False):  # a serving shard answers from the version named
+            rows, misses = self.store.lookup(signs, version=request.version)
+        else:
+            if request.version and request.version != self.store.version:
+                cfg = self.store.config
+                raise NotServing(f"embedding shard {cfg.shard} of {cfg.num_shards} does not hold version "
+                                 f"{request.version} (it holds {self.store.version or 'none'})")  # fmt: skip
+            rows, misses = self.store.lookup(signs, insert=request.insert)
         payload = convert.rows_to_bytes(rows, fp16)
         if self.metrics is not None:
             self.metrics.lookup_seconds.observe(time.perf_counter() - t0)
@@ -206,6 +216,7 @@ class EmbeddingPSServicer:
             optimizer=st["optimizer"],
             version=self._version(),
             refusal=self.follower.refusal if self.follower is not None else "",
+            held=[self.common.ModelVersion(version=v, delta_seq=q) for v, q in st.get("held", ())],
         )
 
     @rpc
@@ -297,7 +308,7 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
     if config.follow:  # serving: the version's files mapped read-only, deltas in an overlay
         from serving.ps.mapped import MappedStore
 
-        store = MappedStore(config.store)
+        store = MappedStore(config.store, keep_s=config.keep_previous_s)
     else:  # training: rows, optimizer state, admission, eviction
         store = EmbeddingStore(config.store)
     _warm_up(config.store, serving=bool(config.follow))
@@ -366,6 +377,8 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
             try:  # reads, checksums and overlay builds off the loop at low priority; flips are atomic
                 for event in await loop.run_in_executor(background, follower.poll):
                     log.info("follow: %s", event)
+                for version in await loop.run_in_executor(background, store.release_idle):
+                    log.info("released version %s: no lookup named it for %gs", version, store.keep_s)
             except Exception:  # keep serving what we have; the next poll retries
                 log.exception("follow poll failed")
             await update_health()

@@ -145,7 +145,8 @@ class Scorer:
         # in-process EmbeddingWorker takes the batch itself
         payload = batch if self._inprocess else (body if body is not None else encode(batch))
         try:
-            fwd = self.worker.forward(payload, mode="infer")
+            # pinned: the embedding version this dense model was exported with, never another
+            fwd = self.worker.forward(payload, mode="infer", version=self.dense_version)
         except Exception as e:  # the worker client raises on deadline/unavailable
             if getattr(e, "not_serving", False):  # a shard without its version: which, and why
                 raise ScoringError(503, str(e)) from None
@@ -155,7 +156,8 @@ class Scorer:
         scores = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
         t2 = time.perf_counter()
         emb_version, delta_seq = fwd.version
-        versions = {"embedding": emb_version, "delta_seq": int(delta_seq), "dense": self.dense_version}
+        versions = {"embedding": emb_version, "delta_seq": int(delta_seq), "dense": self.dense_version,
+                    "shards": [[v, q] for v, q in fwd.shards]}  # exactly what this request read  # fmt: skip
         return Scored(scores, versions, {"worker_ms": (t1 - t0) * 1e3, "dense_ms": (t2 - t1) * 1e3})
 
     def encode(self, scored: Scored) -> bytes:

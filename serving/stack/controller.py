@@ -2,12 +2,17 @@
 
 Started by ``recserve up`` next to the stack. Every ``--poll-s`` it reads ``<model>/CURRENT``; on a
 change it runs the one gate (``model_store.validate``: manifest, sha256, ``_SUCCESS``, same
-feature schema and shape as the served dense version), registers it in TorchServe through the
-management API, makes it the default, lets the old version drain, then unregisters it. A version
-the gate refuses is skipped, serving stays on what it has, and the refusal is visible: under
-``refused`` in ``stack.json`` (``recserve versions`` shows it) and counted in
+feature schema and shape as the served dense version), waits until every PS shard serves the new
+version's embeddings, then registers the new dense model in TorchServe through the management API,
+makes it the default, lets the old version drain, then unregisters it. A version the gate refuses,
+or that a shard refuses, is skipped, serving stays on what it has, and the refusal is visible:
+under ``refused`` in ``stack.json`` (``recserve versions`` shows it) and counted in
 ``recserve_version_refusals_total{component="controller"}`` (``--metrics-port``). (The PS shards
 follow CURRENT and its deltas themselves.)
+
+No response mixes versions: every scoring process names its dense model's version in its
+lookups (version-pinned), a shard keeps the replaced version for lookups that still name it,
+and the new dense model becomes the default only once every shard holds the new embeddings.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class ControllerConfig:
     """How often to read CURRENT."""
     drain_s: float = 2.0
     """How long the old dense version keeps serving after the switch."""
+    shards_timeout_s: float = 900.0
+    """How long to wait for every PS shard to serve a new version before giving up on it."""
     metrics_port: int = 0
     """Prometheus /metrics port on 127.0.0.1 (0: off)."""
 
@@ -41,7 +48,7 @@ class ControllerConfig:
 
 
 class Controller:
-    def __init__(self, run_dir: Path, drain_s: float = 2.0, registry=None):
+    def __init__(self, run_dir: Path, drain_s: float = 2.0, shards_timeout_s: float = 900.0, registry=None):
         from prometheus_client import CollectorRegistry
 
         from serving.rpc.metrics import version_refusals
@@ -49,6 +56,7 @@ class Controller:
 
         self.stack = LocalStack.attach(run_dir)
         self.drain_s = drain_s
+        self.shards_timeout_s = shards_timeout_s
         self.refused: set[str] = set()
         self.registry = registry or CollectorRegistry()
         self.refusals = version_refusals(self.registry)
@@ -74,10 +82,13 @@ class Controller:
             validate(self.stack.root, cfg.model, target, served_manifest)
         except ModelStoreError as e:
             log.error("not swapping to %s: %s", target, e)
-            self.refused.add(target)
-            self.refusals.labels("controller", "version").inc()
-            self.stack.state.setdefault("refused", {})[target] = str(e)  # `recserve versions` shows it
-            self.stack.save_state()
+            self._refuse(target, str(e))
+            return None
+        why, final = self.wait_shards(target)
+        if why:
+            log.error("not swapping the dense model to %s: %s", target, why)
+            if final:  # a refusal stays one; a timeout is tried again at the next poll
+                self._refuse(target, why)
             return None
         old = self.served
         t0 = time.monotonic()
@@ -93,12 +104,51 @@ class Controller:
             log.warning("unregistering %s failed: %s", old, e)
         return target
 
+    def _refuse(self, version: str, why: str) -> None:
+        """Skip ``version`` from now on, count it, and record why in stack.json for `recserve versions`."""
+        self.refused.add(version)
+        self.refusals.labels("controller", "version").inc()
+        self.stack.state.setdefault("refused", {})[version] = why
+        self.stack.save_state()
+
+    def wait_shards(self, version: str, poll_s: float = 0.2) -> tuple[str, bool]:
+        """Wait until every PS shard serves ``version`` as its newest: ('', _) when they do, else
+        (why not, whether that is final: a shard refused it, rather than the wait timing out). A
+        shard that is briefly unreachable is waited for."""
+        from serving.ps.client import PSClient, ShardError
+
+        clients = [PSClient(a, timeout_s=2.0) for a in self.stack.state.get("ps", [])]
+        deadline = time.monotonic() + self.shards_timeout_s
+        try:
+            while True:
+                waiting = []
+                for i, c in enumerate(clients):
+                    try:
+                        st = c.stats()
+                    except ShardError as e:
+                        waiting.append(f"shard {i}: {e}")
+                        continue
+                    if st["version"] == version:
+                        continue
+                    if f"version {version}:" in st.get("refusal", ""):
+                        return f"shard {i} refused it: {st['refusal']}", True
+                    waiting.append(f"shard {i} serves {st['version'] or 'nothing'}")
+                if not waiting:
+                    return "", True
+                if time.monotonic() > deadline:
+                    why = f"not every shard serves it after {self.shards_timeout_s:g}s: {'; '.join(waiting)}"
+                    return why, False
+                time.sleep(poll_s)
+        finally:
+            for c in clients:
+                c.close()
+
 
 def run_controller(args: ControllerConfig) -> int:
     from serving.rpc.metrics import start_metrics_server
 
     os.nice(10)  # checksums and archiving are background work: serving keeps the CPU
-    ctl = Controller(Path(args.run_dir), args.drain_s)
+    ctl = Controller(Path(args.run_dir), args.drain_s, args.shards_timeout_s)
     start_metrics_server(args.metrics_port, "127.0.0.1", ctl.registry)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))

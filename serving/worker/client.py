@@ -63,21 +63,28 @@ class WorkerClient:
         mode: str = "infer",
         dtype: str = "float32",
         timeout_s: float | None = None,
+        version: str = "",
     ) -> ForwardResult:
         """Pooled embeddings (float32 (rows, slots, dim), writable) of a compact batch (its
-        encoded bytes, or a ``CompactBatch`` that is encoded here). ``dtype`` is the wire type."""
+        encoded bytes, or a ``CompactBatch`` that is encoded here). ``dtype`` is the wire type;
+        ``version`` pins the embedding version read ("" = each shard's newest)."""
         if isinstance(batch, CompactBatch):
             from features.codec import encode
 
             batch = encode(batch)
         if mode not in self._modes or dtype not in self._dtypes:
             raise ValueError(f"mode must be train|infer and dtype float32|float16, got {mode!r}, {dtype!r}")
-        request = self._pb.ForwardRequest(batch=batch, mode=self._modes[mode], dtype=self._dtypes[dtype])
+        request = self._pb.ForwardRequest(
+            batch=batch, mode=self._modes[mode], dtype=self._dtypes[dtype], version=version
+        )
         resp = self._call(self.stub.Forward, request, timeout_s)
         wire = "<f2" if resp.dtype == self._common.FLOAT16 else "<f4"
         shape = (resp.num_rows, resp.num_slots, resp.dim)
         pooled = np.frombuffer(resp.pooled, dtype=wire).reshape(shape).astype(np.float32)  # a writable copy
-        return ForwardResult(resp.batch_id, pooled, (resp.version.version, int(resp.version.delta_seq)))
+        shards = [(v.version, int(v.delta_seq)) for v in resp.shards]
+        return ForwardResult(
+            resp.batch_id, pooled, (resp.version.version, int(resp.version.delta_seq)), shards
+        )
 
     def backward(self, batch_id: int, grads: np.ndarray, timeout_s: float | None = None) -> None:
         """Send float32 gradients (rows, slots, dim) of a TRAIN batch's pooled embeddings."""

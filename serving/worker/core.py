@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -79,7 +79,11 @@ class ForwardResult:
     pooled: np.ndarray
     """float32 (num_rows, num_slots, dim), C-contiguous."""
     version: tuple[str, int]
-    """(embedding version, delta seq) of the rows: ("", -1) if unknown; min delta seq over shards."""
+    """(embedding version, delta seq) this batch's rows were read from: the shards' version (the
+    distinct ones joined by "," should shards have differed: an unpinned read across a switch) and
+    the lowest delta seq among them; ("", -1) when no shard was asked."""
+    shards: list[tuple[str, int]] = field(default_factory=list)
+    """Per shard, the (version, delta seq) this batch read; ("", -1) for a shard not asked."""
 
 
 @dataclass
@@ -115,9 +119,10 @@ class EmbeddingWorker:
         """TRAIN batches dropped from memory without a backward (max_pending_batches)."""
 
     # ---- public API ----------------------------------------------------------------------------
-    def forward(self, batch: CompactBatch, mode: str = "infer") -> ForwardResult:
+    def forward(self, batch: CompactBatch, mode: str = "infer", version: str = "") -> ForwardResult:
         """Pooled embeddings of ``batch``; ``mode="train"`` inserts unseen signs and returns a
-        batch id for ``backward``, ``"infer"`` never inserts."""
+        batch id for ``backward``, ``"infer"`` never inserts. ``version`` pins the embedding version
+        every shard reads ("" = each shard's newest)."""
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; use 'train' or 'infer'")
         self._check_open()
@@ -127,10 +132,10 @@ class EmbeddingWorker:
             self._wait_in_flight(self.config.staleness)
         else:
             self._raise_error()
-        table = self._lookup(np.asarray(batch.signs), insert=train)
+        table, read = self._lookup(np.asarray(batch.signs), insert=train, version=version)
         pooled = pool(plan, table)
         batch_id = self._remember(np.array(batch.signs, dtype=np.uint64), plan) if train else 0
-        return ForwardResult(batch_id, pooled, self.version())
+        return ForwardResult(batch_id, pooled, _summary(read), read)
 
     def backward(self, batch_id: int, pooled_grads: np.ndarray) -> None:
         """Queue the gradients of a TRAIN batch's pooled embeddings; returns at once. The
@@ -254,19 +259,27 @@ class EmbeddingWorker:
             raise error
         return results + [last]
 
-    def _lookup(self, signs: np.ndarray, insert: bool) -> np.ndarray:
+    def _lookup(self, signs: np.ndarray, insert: bool, version: str = "") -> tuple[np.ndarray, list]:
+        """Rows of ``signs`` from their shards, and per shard the (version, seq) it answered from."""
+        read: list[tuple[str, int]] = [("", -1)] * len(self.shards)
         if not len(signs):
-            return np.empty((0, self.dim), np.float32)
+            return np.empty((0, self.dim), np.float32), read
         parts = self.router.split(signs)
-        work = [(s, p) for s, p in zip(self.shards, parts, strict=True) if p is None or len(p)]
-        calls = [lambda s=s, p=p: s.rows(signs if p is None else signs[p], insert) for s, p in work]
+        work = [
+            (i, s, p) for i, (s, p) in enumerate(zip(self.shards, parts, strict=True)) if p is None or len(p)
+        ]
+        calls = [
+            lambda s=s, p=p: s.rows(signs if p is None else signs[p], insert, version) for _, s, p in work
+        ]
         results = self._fan_out(calls)
+        for (i, _, _), (_, answered) in zip(work, results, strict=True):
+            read[i] = (str(answered[0]), int(answered[1]))
         if parts[0] is None:
-            return self._checked(results[0], len(signs))
+            return self._checked(results[0][0], len(signs)), read
         table = np.empty((len(signs), self.dim), np.float32)
-        for (_, p), rows in zip(work, results, strict=True):
+        for (_, _, p), (rows, _) in zip(work, results, strict=True):
             table[p] = self._checked(rows, len(p))
-        return table
+        return table, read
 
     def _checked(self, rows: np.ndarray, n: int) -> np.ndarray:
         if rows.shape != (n, self.dim):
@@ -321,3 +334,12 @@ def connect(
         for shard in shards:
             shard.close()
         raise
+
+
+def _summary(read: list[tuple[str, int]]) -> tuple[str, int]:
+    """One (version, delta seq) for a batch: the shards' version (distinct ones joined by ",") and
+    the lowest delta seq, over the shards that were asked."""
+    asked = [(v, q) for v, q in read if v or q >= 0]
+    if not asked:
+        return "", -1
+    return ",".join(sorted({v for v, _ in asked})), min(q for _, q in asked)

@@ -120,7 +120,7 @@ class EmbeddingWorkerServicer:
             raise BadRequest("empty request: no compact batch")
         mode, fp16 = self._mode(request.mode), convert.wants_fp16(request.dtype)
         batch = decode(request.batch, schema_hash=self.worker.schema.hash64)
-        res = self.worker.forward(batch, mode)
+        res = self.worker.forward(batch, mode, version=request.version)
         pooled = res.pooled.astype(np.float16) if fp16 else res.pooled
         reply = self.pb.ForwardResponse(
             pooled=pooled.tobytes(),
@@ -130,6 +130,7 @@ class EmbeddingWorkerServicer:
             dtype=self.common.FLOAT16 if fp16 else self.common.FLOAT32,
             batch_id=res.batch_id,
             version=self.common.ModelVersion(version=res.version[0], delta_seq=res.version[1]),
+            shards=[self.common.ModelVersion(version=v, delta_seq=q) for v, q in res.shards],
         )
         self.metrics.forward_seconds.labels(mode).observe(time.perf_counter() - t0)
         self.metrics.batches.labels(mode).inc()

@@ -2,8 +2,9 @@
 
 ``ShardBackend`` is the whole interface the worker needs (``dim``, ``rows``, ``update``), so a
 shard can be an in-process store (``LocalShard``, tests and single-process training) or a PS
-process over gRPC (``serving.ps.client.PSClient``, the one PS client). Backends may also expose ``version`` ((version, delta_seq) of
-the last answer) and ``close()``.
+process over gRPC (``serving.ps.client.PSClient``, the one PS client). ``rows`` names the version
+to read ("" = the newest) and says which (version, delta seq) it read, per call. Backends may also
+expose ``version`` ((version, delta_seq) of the last answer, for Stats) and ``close()``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ __all__ = ["HashRouter", "LocalShard", "PSClient", "ShardBackend", "ShardError"]
 class ShardBackend(Protocol):
     dim: int
 
-    def rows(self, signs: np.ndarray, insert: bool) -> np.ndarray:
-        """Rows float32 (n, dim) for uint64 ``signs``; ``insert`` gives unseen signs a row."""
+    def rows(self, signs: np.ndarray, insert: bool, version: str = "") -> tuple[np.ndarray, tuple[str, int]]:
+        """Rows float32 (n, dim) for uint64 ``signs`` of ``version`` and the (version, delta seq)
+        they came from; ``insert`` gives unseen signs a row."""
         ...
 
     def update(self, signs: np.ndarray, grads: np.ndarray) -> None:
@@ -56,8 +58,15 @@ class LocalShard:
         self.store = store
         self.dim = store.config.dim
 
-    def rows(self, signs: np.ndarray, insert: bool) -> np.ndarray:
-        return self.store.lookup(signs, insert=insert)[0]
+    def rows(self, signs: np.ndarray, insert: bool, version: str = "") -> tuple[np.ndarray, tuple[str, int]]:
+        store = self.store
+        if getattr(store, "read_only", False):
+            rows = store.lookup(signs, version=version)[0]
+            return rows, store.last_lookup_version
+        if version and version != store.version:
+            raise ShardError(f"this shard holds version {store.version or 'none'}, not {version}",
+                             unavailable=True, not_serving=True)  # fmt: skip
+        return store.lookup(signs, insert=insert)[0], (store.version, store.delta_seq)
 
     def update(self, signs: np.ndarray, grads: np.ndarray) -> None:
         self.store.apply_gradients(signs, grads)

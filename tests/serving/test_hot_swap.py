@@ -97,14 +97,48 @@ def test_corrupt_delta_is_refused_and_serving_continues(live):
 
 
 def test_full_version_switch_then_rollback_restores_scores(live):
+    """A scoring loop runs across the switch: no response pairs one version's embeddings with
+    another's dense network, and each equals the scores of the version it names."""
+    import threading
+
     root, stack, client = live
     before, _ = _score(client)
+    bodies = list(requests_from_file(TEST, "data/schemas/criteo.yaml", 200, 400))
+    replies, stop = [], threading.Event()
+
+    def loop():  # scores while the version switches under it (its own connection)
+        own = ScoringClient(stack.state["endpoint"])
+        while not stop.is_set():
+            for k, (body, ctype) in enumerate(bodies):
+                status, payload = own.post(body, ctype)
+                replies.append((k, status, payload))
+        own.close()
+
     result = _train(root, 1, False)
     v2 = ms.versions(root, "criteo")[-1]
-    publish(root, "criteo", v2)
-    new, versions = _wait(client, lambda v: v["embedding"] == v2 and v["dense"] == v2, timeout=60)
+    looping = threading.Thread(target=loop)
+    looping.start()
+    try:
+        time.sleep(0.5)
+        publish(root, "criteo", v2)
+        new, versions = _wait(client, lambda v: v["embedding"] == v2 and v["dense"] == v2, timeout=60)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        looping.join()
     offline = np.load(f"{result.version_dir}/eval/scores.npy")[: len(new)]
     assert np.abs(new - offline).max() <= 1e-5  # the new version scores as it did in evaluation
+    expected = {"1": before, v2: offline}
+    seen = {"1": 0, v2: 0}
+    for k, status, payload in replies:
+        assert status == 200, payload
+        reply = orjson.loads(payload)
+        v = reply["versions"]
+        assert v["embedding"] == v["dense"] and {s for s, _ in v["shards"]} == {v["dense"]}, v
+        want = expected[v["dense"]][200 * k : 200 * (k + 1)]
+        assert np.abs(np.array(reply["scores"]) - want).max() <= 1e-5, (k, v)
+        seen[v["dense"]] += 1
+    assert seen["1"] and seen[v2], seen  # the loop did span the switch
     assert rollback(root, "criteo") == "1"
     back, versions = _wait(client, lambda v: v["embedding"] == "1" and v["dense"] == "1", timeout=60)
     diff = np.abs(back - before)

@@ -153,3 +153,41 @@ def test_a_serving_ps_refuses_training_policies():
     assert main(["ps", "--follow", "/nonexistent/m", "--eviction", "lru"]) == 2
     assert main(["ps", "--follow", "/nonexistent/m", "--ttl-s", "60", "--min-count", "2"]) == 2
     assert main(["ps", "--pin", "3"]) == 2  # --pin without --follow
+
+
+def test_a_switch_keeps_the_replaced_version_for_lookups_that_name_it(tmp_path):
+    """Version-pinned lookups: after a switch both versions answer, each from its own rows; the
+    old one is released once no lookup has named it for keep_s; a version not held is refused."""
+    from serving.rpc.errors import NotServing
+
+    v1, signs = _trainer(5_000, seed=1)
+    v1.version = "1"
+    v1.dump(tmp_path / "v1")
+    v2, _ = _trainer(5_000, seed=1)  # the same signs, other rows
+    v2.apply_gradients(signs, np.ones((len(signs), DIM), np.float32))
+    v2.version = "2"
+    v2.dump(tmp_path / "v2")
+    now = [0.0]
+    served = MappedStore(StoreConfig(dim=DIM), keep_s=30.0, clock=lambda: now[0])
+    served.open(tmp_path / "v1")
+    staging = served.staging()
+    staging.open(tmp_path / "v2")
+    served.adopt(staging)
+    assert served.version == "2" and served.held() == [("2", -1), ("1", -1)]
+    want1, want2 = v1.lookup(signs)[0], v2.lookup(signs)[0]
+    assert not np.array_equal(want1, want2)
+    np.testing.assert_array_equal(served.lookup(signs, version="1")[0], want1)
+    assert served.last_lookup_version == ("1", -1)
+    np.testing.assert_array_equal(served.lookup(signs, version="2")[0], want2)
+    np.testing.assert_array_equal(served.lookup(signs)[0], want2)  # unpinned: the newest
+    with pytest.raises(NotServing, match="does not hold version 3 .it holds 2, 1"):
+        served.lookup(signs, version="3")
+    now[0] = 20.0
+    served.lookup(signs[:1], version="1")  # still named: kept 30 s from here
+    now[0] = 45.0
+    assert served.release_idle() == []
+    now[0] = 50.0
+    assert served.release_idle() == ["1"] and served.held() == [("2", -1)]
+    with pytest.raises(NotServing, match="does not hold version 1"):
+        served.lookup(signs, version="1")
+    assert served.stats()["held"] == [("2", -1)]

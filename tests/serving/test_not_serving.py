@@ -34,7 +34,7 @@ DIM = 4
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_version(root: Path, rows_dim: int = DIM) -> str:
+def make_version(root: Path, rows_dim: int = DIM, seed: int = 0) -> str:
     """A complete version of model m: rows of ``rows_dim`` (its manifest says DIM, so another
     ``rows_dim`` is refused by every shard), the schema and a small dense network."""
     import torch
@@ -42,7 +42,7 @@ def make_version(root: Path, rows_dim: int = DIM) -> str:
     from training.export_dense import export_torchscript
     from training.models import ModelConfig, build_model
 
-    trainer = EmbeddingStore(StoreConfig(dim=rows_dim, capacity=10_000))
+    trainer = EmbeddingStore(StoreConfig(dim=rows_dim, capacity=10_000, seed=seed))
     trainer.lookup(SIGNS, insert=True)
     version = ms.next_version(root, "m")
     staging = ms.staging_dir(root, "m", version)
@@ -177,3 +177,41 @@ def test_up_on_a_version_every_shard_refuses_exits_nonzero_with_each_reason(tmp_
         line = next(x for x in err.splitlines() if x.strip().startswith(f"ps shard {shard} "))
         assert f"not switching to version {version}" in line and "dim 8 does not match" in line, err
     assert not (run_dir / "stack.json").exists()  # up stopped what it started
+
+
+def test_lookups_name_their_version_and_a_switch_keeps_the_old_one_for_them(serving):
+    """Version-pinned over real processes: after a switch, the scorer of the old dense version
+    still reads the old rows (the shard keeps them), the new one the new rows; a version the shard
+    never held is a 503 naming the shard and what it holds, never another version's rows."""
+    root, ps, worker = serving
+    v1 = make_version(root)
+    publish(root, "m", v1)
+    wait_serving(worker.channel, timeout_s=10)
+    old = _scorer(root, v1, worker)
+    status, before = _score(old)
+    assert status == 200 and before["versions"]["embedding"] == v1, before
+    v2 = make_version(root, seed=1)  # other rows
+    publish(root, "m", v2)
+    deadline = time.monotonic() + 10
+    while ps.stats()["version"] != v2:
+        assert time.monotonic() < deadline, ps.stats()
+        time.sleep(0.05)
+    assert ps.stats()["held"] == [(v2, -1), (v1, -1)]
+    rows1, _ = ps.lookup(SIGNS[:5], version=v1)
+    rows2, _ = ps.lookup(SIGNS[:5], version=v2)
+    assert not np.array_equal(rows1, rows2)  # two versions, each its own rows
+    status, body = _score(old)
+    assert status == 200 and body["versions"]["embedding"] == v1 == body["versions"]["dense"], body
+    assert body["scores"] == before["scores"]
+    new = _scorer(root, v2, worker)
+    status, body = _score(new)
+    assert status == 200 and body["versions"]["shards"] == [[v2, -1]], body
+    v3 = make_version(root)  # sealed, never published: no shard holds it
+    unheld = _scorer(root, v3, worker)
+    status, body = _score(unheld)
+    assert status == 503, body
+    assert body["error"].startswith(
+        f"embedding shard 0 of 1 does not hold version {v3} (it holds {v2}, {v1})"
+    )
+    for s in (old, new, unheld):
+        s.close()

@@ -59,7 +59,7 @@ def _score_all(client, limit=2000, binary=False, schema="data/schemas/criteo.yam
         status, payload = client.post(body, ctype)
         assert status == 200, payload
         reply = orjson.loads(payload)
-        assert set(reply["versions"]) == {"embedding", "delta_seq", "dense"}
+        assert set(reply["versions"]) == {"embedding", "delta_seq", "dense", "shards"}
         out.extend(reply["scores"])
     return np.array(out)
 
@@ -95,6 +95,21 @@ def test_binary_compact_batch_scores_like_json(client, trained):
     served_schema = os.path.join(trained[1].version_dir, "schema.yaml")  # binary clients build with it
     binary = _score_all(client, 400, binary=True, schema=served_schema)
     assert np.abs(binary - _score_all(client, 400)).max() <= 1e-6
+    shipped = _score_all(client, 400, binary=True)  # or with the shipped schema file: the same contract
+    assert np.abs(shipped - binary).max() == 0
+
+
+def test_score_binary_with_no_schema_flag_against_the_stack(stack, trained):
+    """`recserve score --binary` as a user types it: the default schema is the shipped file, whose
+    fingerprint is the served one (fitted statistics live in the model, not in the schema)."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "recserve", "score", TEST, "--binary", "--limit", "400",
+            "--url", stack.state["endpoint"], "--key-file", stack.state["key_file"]]  # fmt: skip
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count(" 200 scores ") == 2, run.stdout
 
 
 BAD = [

@@ -225,12 +225,12 @@ class RecordingShard:
         self.backwards = 0
         self.lock = threading.Lock()
 
-    def rows(self, signs, insert):
+    def rows(self, signs, insert, version=""):
         if insert:
             with self.lock:
                 self.lookups.append(self.backwards - self.applied)
         rng = np.random.default_rng(int(signs[0]) % 2**32 if len(signs) else 0)
-        return rng.standard_normal((len(signs), self.dim)).astype(np.float32)
+        return rng.standard_normal((len(signs), self.dim)).astype(np.float32), ("", -1)
 
     def update(self, signs, grads):
         with self.lock:
@@ -250,7 +250,7 @@ def test_backward_matches_torch_autograd(make):
     batch = make()
     with EmbeddingWorker([shard], SCHEMA) as w:
         res = w.forward(batch, "train")
-        table = shard.rows(batch.signs, False)
+        table, _ = shard.rows(batch.signs, False)
         weight = torch.tensor(table, requires_grad=True)
         ref = torch_pooled(batch, SCHEMA, weight)
         np.testing.assert_allclose(res.pooled, ref.detach().numpy(), rtol=1e-6, atol=1e-7)

@@ -163,6 +163,64 @@ def test_config_validation() -> None:
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
 
 
+def test_config_rejects_bad_dense_stats() -> None:
+    base = dict(kind="lr", num_slots=2, num_dense=2)
+    with pytest.raises(ValueError, match="give both or neither"):
+        ModelConfig(**base, dense_mean=[0.0, 1.0])
+    with pytest.raises(ValueError, match="dense_std has 1 values, expected num_dense=2"):
+        ModelConfig(**base, dense_mean=[0.0, 1.0], dense_std=[1.0])
+    with pytest.raises(ValueError, match="dense_mean has 3 values"):
+        ModelConfig(**base, dense_mean=[0.0, 1.0, 2.0], dense_std=[1.0, 1.0])
+    with pytest.raises(ValueError, match=r"dense_std must be > 0: feature 1 is 0.0"):
+        ModelConfig(**base, dense_mean=[0.0, 1.0], dense_std=[1.0, 0.0])
+    with pytest.raises(ValueError, match=r"dense_std must be > 0: feature 0 is -2.0"):
+        ModelConfig(**base, dense_mean=[0.0, 1.0], dense_std=[-2.0, 1.0])
+    with pytest.raises(ValueError, match=r"dense_mean must be finite: feature 0 is nan"):
+        ModelConfig(**base, dense_mean=[float("nan"), 1.0], dense_std=[1.0, 1.0])
+    with pytest.raises(ValueError, match=r"dense_std must be finite: feature 1 is inf"):
+        ModelConfig(**base, dense_mean=[0.0, 1.0], dense_std=[1.0, float("inf")])
+    cfg = ModelConfig(**base, dense_mean=[0, 1], dense_std=[2, 3])
+    assert cfg.dense_mean == [0.0, 1.0] and cfg.dense_std == [2.0, 3.0]
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg  # what the manifest records, read back
+    legacy = {k: v for k, v in cfg.to_dict().items() if k not in ("dense_mean", "dense_std")}
+    assert ModelConfig.from_dict(legacy).dense_mean is None  # a manifest written before the stats
+
+
+def _with_stats(kind: str, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module, ModelConfig]:
+    """The same network with fitted statistics and without them (the weights are equal)."""
+    mean, std = [0.5, -1.0, 3.0], [2.0, 0.25, 4.0]
+    fitted = ModelConfig(kind=kind, num_slots=S, dim=D, num_dense=F, bottom_mlp=[16, D], top_mlp=[16, 8],
+                         dense_mean=mean, dense_std=std)  # fmt: skip
+    torch.manual_seed(seed)
+    with_stats = build_model(fitted).eval()
+    plain = make(kind, seed=seed + 1)  # other weights, then the fitted model's but for the stats
+    weights = {k: v for k, v in with_stats.state_dict().items() if k not in ("dense_mean", "dense_std")}
+    plain.load_state_dict(weights, strict=False)
+    assert plain.dense_std.eq(1).all() and plain.dense_mean.eq(0).all()
+    return with_stats, plain, fitted
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_fitted_stats_standardise_dense_once_and_travel_in_the_exports(kind: str, tmp_path) -> None:
+    model, plain, cfg = _with_stats(kind)
+    pooled, dense = inputs(9)
+    mean, std = torch.tensor(cfg.dense_mean), torch.tensor(cfg.dense_std)
+    with torch.no_grad():
+        expected = plain(pooled, (dense - mean) / std)
+        torch.testing.assert_close(model(pooled, dense), expected, rtol=0, atol=1e-6)
+        assert not torch.allclose(plain(pooled, dense), expected)  # the stats change the scores
+    torch.testing.assert_close(model.standardise(dense), (dense - mean) / std)
+    ts = load_dense(export_torchscript(model, tmp_path / "dense.pt"))(pooled.numpy(), dense.numpy())
+    onnx_path = export_onnx(model, tmp_path / "dense.onnx", *inputs(2))
+    onnx = load_dense(onnx_path)(pooled.numpy(), dense.numpy())
+    np.testing.assert_allclose(ts, expected.numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(onnx, expected.numpy(), rtol=0, atol=1e-5)
+    assert verify_onnx(onnx_path, model, pooled, dense, atol=1e-5) <= 1e-5
+    saved = torch.jit.load(str(tmp_path / "dense.pt")).state_dict()
+    torch.testing.assert_close(saved["dense_std"], std)
+
+
 def test_tensorrt_path_fails_cleanly_without_tensorrt(tmp_path) -> None:
     try:
         import tensorrt  # noqa: F401

@@ -148,7 +148,8 @@ def test_export_writes_a_complete_verified_version(trained):
     manifest = model_store.read_manifest(version)  # checks every sha256
     schema = load_schema(version / "schema.yaml")
     assert manifest["schema_fingerprint"] == schema.fingerprint
-    assert schema.dense[0].transform.std is not None  # the dense statistics travel with the model
+    assert schema == load_schema(SCHEMA)  # the schema file as written: the feature contract
+    assert len(manifest["model_config"]["dense_std"]) == 13  # the fitted statistics: the model's
     assert manifest["num_shards"] == 2 and manifest["dim"] == 16
     assert manifest["model_config"]["kind"] == "dlrm"
     assert abs(manifest["metrics"]["auc"] - result.auc) < 1e-12
@@ -167,7 +168,7 @@ def test_export_writes_a_complete_verified_version(trained):
 def test_the_ps_keeps_every_training_id_and_the_result_says_so(trained):
     _, result = trained
     version = Path(result.version_dir)
-    schema = load_schema(version / "schema.yaml")  # with the fitted statistics training used
+    schema = load_schema(version / "schema.yaml")
     signs = np.unique(
         np.concatenate([b.signs for b in data.batches(data.read_split(TRAIN, schema), schema, 4096)])
     )
