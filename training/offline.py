@@ -42,6 +42,7 @@ def load_stores(version: Path, manifest: dict) -> list:
         )
         store = EmbeddingStore(cfg)
         store.load(shard)
+        store.version = str(manifest.get("version", version.name))  # what pinned lookups name
         stores.append(store)
     return stores
 
