@@ -130,7 +130,7 @@ class Controller:
                         continue
                     if st["version"] == version:
                         continue
-                    if f"version {version}:" in st.get("refusal", ""):
+                    if st.get("refusal"):  # a follower's refusal is of the version CURRENT names: this one
                         return f"shard {i} refused it: {st['refusal']}", True
                     waiting.append(f"shard {i} serves {st['version'] or 'nothing'}")
                 if not waiting:
