@@ -23,13 +23,21 @@ pytestmark = pytest.mark.slow
 TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
 
 
-def _train(root, seed: int, publish_it: bool):
+def _train(root, seed: int, publish_it: bool, data: str = "data/criteo/wide_resdnn_criteo_train.tsv"):
     from training.config import TrainConfig
     from training.train import train
 
-    cfg = TrainConfig(store=str(root), model="criteo", epochs=1, inprocess_ps=True, publish=publish_it, progress=False,
-                      seed=seed, curve=str(root / f"curve-{seed}.png"))  # fmt: skip
+    cfg = TrainConfig(store=str(root), model="criteo", data=data, epochs=1, inprocess_ps=True, publish=publish_it,
+                      progress=False, seed=seed, curve=str(root / f"curve-{seed}.png"))  # fmt: skip
     return train(cfg)
+
+
+def _other_half(root) -> str:
+    """The second half of the training rows: a retrain on other data (other fitted statistics)."""
+    lines = open("data/criteo/wide_resdnn_criteo_train.tsv", "rb").read().splitlines(keepends=True)
+    path = root.parent / "train-second-half.tsv"
+    path.write_bytes(b"".join(lines[len(lines) // 2 :]))
+    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +105,9 @@ def test_corrupt_delta_is_refused_and_serving_continues(live):
 
 
 def test_full_version_switch_then_rollback_restores_scores(live):
-    """A scoring loop runs across the switch: no response pairs one version's embeddings with
-    another's dense network, and each equals the scores of the version it names."""
+    """A version retrained on other data goes live; a scoring loop runs across the switch: no
+    response pairs one version's embeddings with another's dense network, and each equals the
+    scores of the version it names."""
     import threading
 
     root, stack, client = live
@@ -114,8 +123,11 @@ def test_full_version_switch_then_rollback_restores_scores(live):
                 replies.append((k, status, payload))
         own.close()
 
-    result = _train(root, 1, False)
+    result = _train(root, 1, False, data=_other_half(root))  # the daily retrain: same schema file
     v2 = ms.versions(root, "criteo")[-1]
+    m1, m2 = (ms.read_manifest(ms.version_dir(root, "criteo", v), verify=False) for v in ("1", v2))
+    assert m1["schema_fingerprint"] == m2["schema_fingerprint"]
+    assert m1["model_config"]["dense_mean"] != m2["model_config"]["dense_mean"]
     looping = threading.Thread(target=loop)
     looping.start()
     try:
