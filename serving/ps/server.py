@@ -300,7 +300,7 @@ def _warm_up(cfg: StoreConfig, serving: bool = False) -> None:
 
 async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> None:
     """Run one PS shard until SIGTERM/SIGINT (or until the task is cancelled)."""
-    from recserve.v1 import ps_pb2_grpc
+    from recserve.v1 import ps_pb2  # noqa: F401  (registers the service add_service looks up)
     from serving.ps.store import EmbeddingStore
     from serving.rpc import server as rpc_server
 
@@ -325,12 +325,7 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
         for event in follower.poll():  # serve the published version (and its deltas) from the start
             log.info("follow: %s", event)
     servicer = EmbeddingPSServicer(store, metrics, follower)
-    running = await rpc_server.start_aio(
-        config.endpoint(),
-        SERVICE,
-        lambda server: ps_pb2_grpc.add_EmbeddingPSServicer_to_server(servicer, server),
-        metrics.registry,
-    )
+    running = await rpc_server.start_aio(config.endpoint(), SERVICE, servicer, metrics.registry)
     last_reason = None
 
     async def update_health():  # SERVING exactly while the shard serves a version

@@ -180,7 +180,7 @@ def serve(
     """Run the worker until SIGTERM/SIGINT (or ``stop`` is set); returns the exit code.
     ``started(port)`` is called once it serves."""
     from features.schema import load_schema
-    from recserve.v1 import worker_pb2_grpc
+    from recserve.v1 import worker_pb2  # noqa: F401  (registers the service add_service looks up)
     from serving.rpc import health
     from serving.rpc import server as rpc_server
     from serving.worker.core import ShardError, WorkerConfig, connect
@@ -200,11 +200,7 @@ def serve(
     servicer = EmbeddingWorkerServicer(worker, metrics)
     try:
         running = rpc_server.start_sync(
-            config.endpoint(),
-            SERVICE,
-            lambda server: worker_pb2_grpc.add_EmbeddingWorkerServicer_to_server(servicer, server),
-            metrics.registry,
-            config.threads,
+            config.endpoint(), SERVICE, servicer, metrics.registry, config.threads
         )
     except OSError:
         worker.close()
