@@ -11,9 +11,10 @@ A component that runs but serves no model version (``NotServing``, or any error 
 (PS -> worker -> scoring) passes its message on unchanged: the HTTP 503 says which shard serves no
 version and why, not "worker unavailable".
 
-Requests arrive as bytes (``Undecoded``, see ``serving.rpc.server.add_service``) that are parsed
-here: a payload that is not the method's message is INVALID_ARGUMENT, never the UNKNOWN or
-INTERNAL that gRPC answers when its own deserializer fails.
+Every RPC passes its server's ``Access`` (``self.access``, ``serving.rpc.auth``) before it runs, and
+requests arrive as bytes (``Undecoded``, see ``serving.rpc.server.add_service``) that are parsed
+here, after the access check: a payload that is not the method's message is INVALID_ARGUMENT,
+never the UNKNOWN or INTERNAL that gRPC answers when its own deserializer fails.
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ class NotServing(RuntimeError):
 
     grpc_status = "UNAVAILABLE"
     not_serving = True
+
+
+class Unauthenticated(Exception):
+    """The call carries no credentials and needs them; maps to UNAUTHENTICATED."""
+
+    grpc_status = "UNAUTHENTICATED"
+
+
+class PermissionDenied(Exception):
+    """The caller may not do this (wrong token, an RPC this server does not serve, a path outside
+    its root); maps to PERMISSION_DENIED."""
+
+    grpc_status = "PERMISSION_DENIED"
 
 
 class Undecoded:
@@ -100,7 +114,10 @@ def _deadline_passed(context) -> bool:
 
 
 def _admit(servicer, name: str, request, context):
-    """The checks before a method runs: the request parsed."""
+    """The checks before a method runs: its server's ``Access``, then the request parsed."""
+    access = getattr(servicer, "access", None)
+    if access is not None:
+        access.check(name, context)
     return request.parse(name) if isinstance(request, Undecoded) else request
 
 
@@ -113,8 +130,8 @@ def _count(servicer, code) -> None:
 
 def rpc(method):
     """The error boundary of an RPC method: a call whose deadline already passed is not started;
-    the request is parsed next (``_admit``); exceptions become the status of ``status_of``
-    (counted in ``self.metrics.errors`` by code)."""
+    the server's access policy and the request's parsing come next (``_admit``); exceptions become
+    the status of ``status_of`` (counted in ``self.metrics.errors`` by code)."""
     import grpc
 
     name = method.__name__
