@@ -20,12 +20,43 @@ A single-valued slot has exactly one value per stored row (``rows_s`` = 1 for a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from features.schema import Schema
+
 FLAG_CONTEXT = 1
 FLAG_MULTI = 2
+
+
+class BatchError(ValueError):
+    """A batch that does not fit a schema; the message names the problem."""
+
+
+def check_fits(batch: CompactBatch, schema: Schema) -> None:
+    """The one check that ``batch`` was built for ``schema``: its sparse slot count, its schema
+    hash (when it names one) and its dense widths (per row, and once for a request context). The
+    worker's pooling plan and the scoring core both run it: a batch of another shape is the
+    client's mistake (BatchError: INVALID_ARGUMENT, HTTP 400), never a failure further down."""
+    if batch.num_slots != len(schema.sparse):
+        raise BatchError(
+            f"batch has {batch.num_slots} sparse slots, schema {schema.name!r} has {len(schema.sparse)}"
+        )
+    if batch.schema_hash and batch.schema_hash != schema.hash64:
+        raise BatchError(
+            f"batch was built for schema hash {batch.schema_hash:016x}, "
+            f"this model serves {schema.name!r} ({schema.hash64:016x})"
+        )
+    once = sum(s.scope == "context" for s in schema.dense) if batch.has_context else 0
+    per_row = int(batch.dense.shape[1]) if batch.dense.ndim == 2 else -1
+    if per_row != len(schema.dense) - once or len(batch.context_dense) != once:
+        where = f" ({once} of them once per request context)" if batch.has_context else ""
+        raise BatchError(
+            f"batch has {per_row} dense columns per row and {len(batch.context_dense)} per context, "
+            f"schema {schema.name!r} has {len(schema.dense)} dense features{where}"
+        )
 
 
 def index_dtype(max_count: int) -> np.dtype:

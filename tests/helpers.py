@@ -1,5 +1,7 @@
 """Small helpers shared by tests."""
 
+import random
+
 from serving.rpc.procs import free_ports
 
 
@@ -8,4 +10,33 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
-__all__ = ["free_port", "free_ports"]
+def fuzz_payloads(valid: bytes, n: int, seed: int = 0):
+    """``n`` request payloads: half random byte strings (0-256 bytes), half ``valid`` mutated
+    (bytes flipped, inserted, deleted, or cut off), reproducible from ``seed``."""
+    rnd = random.Random(seed)
+    for i in range(n):
+        if i % 2 == 0 or not valid:
+            yield rnd.randbytes(rnd.randint(0, 256))
+            continue
+        data = bytearray(valid)
+        for _ in range(rnd.randint(1, 4)):
+            at = rnd.randrange(len(data) + 1)
+            kind = rnd.randrange(4)
+            if kind == 0 and at < len(data):
+                data[at] ^= 1 << rnd.randrange(8)
+            elif kind == 1:
+                data[at:at] = rnd.randbytes(rnd.randint(1, 8))
+            elif kind == 2:
+                del data[at : at + rnd.randint(1, 8)]
+            else:
+                del data[at:]
+        yield bytes(data)
+
+
+def raw_call(channel, method: str):
+    """A unary call of ``method`` ("/package.Service/Method") that sends and returns bytes as they
+    are: what a client that does not use our stubs (or a fuzzer) sends."""
+    return channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+
+
+__all__ = ["free_port", "free_ports", "fuzz_payloads", "raw_call"]

@@ -3,9 +3,12 @@
 Three ways to get shards (``open_cluster``):
 
 - default: start ``num_shards`` PS processes (``recserve ps``) on free loopback ports, and stop
-  them (SIGTERM, then SIGKILL) when the cluster is closed, also on error;
+  them (SIGTERM, then SIGKILL) when the cluster is closed, also on error. Their writes (updates,
+  inserting lookups, dumps) need an admin token: a fresh one in a 0600 file in the cluster's
+  private temporary directory, passed to the shards (``--admin-token-file``) and used by every
+  client here; their dumps must lie under ``data_root`` (the model-store root);
 - ``addresses``: connect to running shards given in shard order (their shard/num_shards are
-  checked against that order);
+  checked against that order), with their admin token file (``token_file``);
 - ``inprocess``: ``EmbeddingStore``s in this process behind ``LocalShard`` (tests, benchmarks).
 
 The worker is always an in-process ``EmbeddingWorker`` library object in the trainer (over
@@ -26,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from features.schema import Schema
+from serving.rpc.auth import new_token_file
 
 log = logging.getLogger("recserve.train")
 
@@ -63,6 +67,7 @@ class Cluster:
     addresses: list[str] = field(default_factory=list)  # gRPC shards
     procs: list[subprocess.Popen] = field(default_factory=list)  # shards we started
     log_dir: tempfile.TemporaryDirectory | None = None
+    token_file: str = ""  # the gRPC shards' admin token file
 
     def dump(self, directory: str | Path, delta: bool = False) -> None:
         """Write every shard's full dump (or delta) as ``directory/shard-<i>-of-<n>/``."""
@@ -74,7 +79,7 @@ class Cluster:
             from serving.ps.client import PSClient
 
             for address in self.addresses:
-                with PSClient(address) as client:
+                with PSClient(address, token_file=self.token_file) as client:
                     client.dump(str(directory), delta=delta)
 
     def stats(self) -> dict:
@@ -118,8 +123,12 @@ def open_cluster(
     worker_config,
     addresses: list[str] | None = None,
     inprocess: bool = False,
+    token_file: str = "",
+    data_root: str | Path = "",
 ) -> Cluster:
-    """Shards (started, given or in-process) and an EmbeddingWorker over them."""
+    """Shards (started, given or in-process) and an EmbeddingWorker over them. ``token_file``:
+    the admin token file of the given ``addresses``; ``data_root``: where the shards we start may
+    write dumps (the model-store root; "" = the shards' default, the default model-store root)."""
     from serving.worker.core import EmbeddingWorker, LocalShard, connect
 
     if inprocess:
@@ -128,13 +137,15 @@ def open_cluster(
         stores = [EmbeddingStore(spec.store_config(i, num_shards)) for i in range(num_shards)]
         worker = EmbeddingWorker([LocalShard(s) for s in stores], schema, worker_config)
         return Cluster(worker, num_shards, stores=stores)
-    cluster = Cluster(None, 0)
+    cluster = Cluster(None, 0, token_file=token_file)
     try:
         if not addresses:
-            cluster.log_dir = tempfile.TemporaryDirectory(prefix="recserve-ps-")
-            cluster.procs, addresses = start_shards(spec, num_shards, Path(cluster.log_dir.name))
+            cluster.log_dir = tempfile.TemporaryDirectory(prefix="recserve-ps-")  # mode 0700
+            log_dir = Path(cluster.log_dir.name)
+            cluster.token_file = str(new_token_file(log_dir / "admin.token"))
+            cluster.procs, addresses = start_shards(spec, num_shards, log_dir, cluster.token_file, data_root)
         # connect() checks that shard i of len(addresses) answers at address i
-        cluster.worker = connect(list(addresses), schema, worker_config, timeout_s=30.0)
+        cluster.worker = connect(list(addresses), schema, worker_config, 30.0, cluster.token_file)
         cluster.addresses, cluster.num_shards = list(addresses), len(addresses)
         return cluster
     except BaseException:
@@ -144,9 +155,11 @@ def open_cluster(
 
 # ---- PS processes -------------------------------------------------------------------------------
 def start_shards(
-    spec: ShardSpec, num_shards: int, log_dir: Path, timeout_s: float = 60.0
-) -> tuple[list[subprocess.Popen], list[str]]:
-    """Start ``recserve ps`` processes for shards 0..n-1 on loopback and wait until all serve."""
+    spec: ShardSpec, num_shards: int, log_dir: Path, token_file: str, data_root: str | Path = "",
+    timeout_s: float = 60.0,
+) -> tuple[list[subprocess.Popen], list[str]]:  # fmt: skip
+    """Start ``recserve ps`` processes for shards 0..n-1 on loopback and wait until all serve;
+    their writes need the token in ``token_file``, their dumps must lie under ``data_root``."""
     from serving.rpc.procs import free_ports, spawn, wait_grpc_healthy
 
     procs: list[subprocess.Popen] = []
@@ -156,7 +169,10 @@ def start_shards(
         for i, address in enumerate(addresses):
             cfg = log_dir / f"ps-{i}.yaml"
             store = asdict(spec) | {"shard": i, "num_shards": num_shards}
-            cfg.write_text(yaml.safe_dump({"grace_s": 0.5, "store": store}))
+            server = {"grace_s": 0.5, "admin_token_file": str(token_file), "store": store}
+            if data_root:
+                server["data_root"] = str(Path(data_root).resolve())
+            cfg.write_text(yaml.safe_dump(server))
             port = address.rsplit(":", 1)[1]
             args = ["ps", "--config", str(cfg), "--port", port, "--log-level", "WARNING"]
             procs.append(spawn(args, log_dir / f"ps-{i}.log", env=_child_env()))

@@ -70,6 +70,9 @@ class TrainConfig:
     trainer (a baseline for benchmarks; nothing servable is exported)."""
     ps: list[str] = field(default_factory=list)
     """Addresses of running PS shards, in shard order; empty: start our own."""
+    ps_token_file: str = ""
+    """With --ps: the shards' admin token file (mode 0600), needed for updates and dumps. Shards
+    we start get a fresh token of their own."""
     inprocess_ps: bool = False
     """Our own shards as in-process stores (LocalShard) instead of `recserve ps` processes."""
     num_shards: int = 2

@@ -272,13 +272,16 @@ def _open_cluster(cfg: TrainConfig, schema, rank: int, world: int) -> Cluster:
     # a prefetched lookup is one batch staler than the worker knows: it counts as one of the K
     staleness = cfg.staleness - 1 if _prefetch(cfg) else cfg.staleness
     worker_cfg = WorkerConfig(staleness=staleness, update_threads=cfg.update_threads)
+    shards = {"token_file": cfg.ps_token_file, "data_root": cfg.store}
     if world == 1:
-        return open_cluster(schema, spec, cfg.num_shards, worker_cfg, cfg.ps, cfg.inprocess_ps)
+        return open_cluster(schema, spec, cfg.num_shards, worker_cfg, cfg.ps, cfg.inprocess_ps, **shards)
     if cfg.inprocess_ps:
         raise ValueError("--inprocess-ps cannot be shared by several ranks; use PS processes")
-    cluster = open_cluster(schema, spec, cfg.num_shards, worker_cfg, cfg.ps) if rank == 0 else None
-    addresses = [cluster.addresses if cluster is not None else None]
-    dist.broadcast_object_list(addresses, src=0)
+    cluster = open_cluster(schema, spec, cfg.num_shards, worker_cfg, cfg.ps, **shards) if rank == 0 else None
+    # the ranks run on this machine: the token file's path is enough (its 0600 file, our user)
+    shared = [(cluster.addresses, cluster.token_file) if cluster is not None else None]
+    dist.broadcast_object_list(shared, src=0)
     if rank == 0:
         return cluster
-    return open_cluster(schema, spec, len(addresses[0]), worker_cfg, addresses[0])
+    addresses, token_file = shared[0]
+    return open_cluster(schema, spec, len(addresses), worker_cfg, addresses, token_file=token_file)

@@ -8,6 +8,10 @@ It speaks numpy: ``lookup(signs) -> (rows float32 (n, dim), misses)``, ``rows(si
 convention; the worker's servers map it to UNAVAILABLE / INTERNAL). A shard that is up but serves
 no version says so (``not_serving``), and its message -- naming the shard and why -- is kept as is.
 
+Given the admin token file of a training shard (``token_file``), every call carries the token
+(``serving.rpc.auth``): ``update``, ``dump``, ``load`` and inserting lookups need it; plain lookups
+and ``stats`` do not, and sending it there costs one header.
+
 The blocking gRPC client releases the GIL while it waits, so the worker's fan-out threads query
 several shards at once.
 """
@@ -17,12 +21,13 @@ from __future__ import annotations
 import numpy as np
 
 from serving.rpc import convert
+from serving.rpc.auth import read_token_file, token_metadata
 from serving.rpc.errors import not_serving
 from serving.rpc.health import wait_serving
 from serving.rpc.server import grpc_options
 
 _UNAVAILABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
-_PASSED_ON = ("RESOURCE_EXHAUSTED",)
+_PASSED_ON = ("RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "UNAUTHENTICATED")
 
 
 class ShardError(RuntimeError):
@@ -39,21 +44,25 @@ class ShardError(RuntimeError):
     @property
     def grpc_status(self) -> str:
         """How a server that called this shard answers its own client (a shard out of room stays
-        RESOURCE_EXHAUSTED all the way to the trainer)."""
+        RESOURCE_EXHAUSTED all the way to the trainer; a refused token stays a refusal)."""
         if self.code in _PASSED_ON:
             return self.code
         return "UNAVAILABLE" if self.unavailable else "INTERNAL"
 
 
 class PSClient:
-    """Blocking client of one PS shard at ``target`` ("host:port")."""
+    """Blocking client of one PS shard at ``target`` ("host:port"); ``token_file``: the shard's
+    admin token file (a training shard's writes need it)."""
 
-    def __init__(self, target: str, timeout_s: float = 5.0, max_message_mb: int = 256):
+    def __init__(self, target: str, timeout_s: float = 5.0, max_message_mb: int = 256, token_file: str = ""):
         import grpc
 
         from recserve.v1 import ps_pb2, ps_pb2_grpc
 
         self.target = self.address = target
+        self.token_file = token_file
+        self.metadata = token_metadata(read_token_file(token_file)) if token_file else ()
+        """Metadata of every call (the admin token, when given), also for raw stub calls."""
         self.timeout_s = timeout_s
         self._grpc = grpc
         self._pb = ps_pb2
@@ -71,7 +80,7 @@ class PSClient:
 
     def _call(self, method, request, timeout_s: float | None = None):
         try:
-            return method(request, timeout=timeout_s or self.timeout_s)
+            return method(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
         except self._grpc.RpcError as e:
             code = e.code().name
             if not_serving(e):  # the shard's own message names it and says why

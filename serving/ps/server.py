@@ -9,6 +9,13 @@ makes each of them (a delta application included) atomic with respect to lookups
 Never serve nothing: a shard following the model store (``--follow``) says NOT_SERVING on gRPC
 health until it serves a version, and answers a Lookup then with UNAVAILABLE naming the shard and
 why (no version published yet, or the follower's refusal); ``Stats`` carries the refusal.
+
+Least privilege (``ps_access``, checked by the one ``rpc`` boundary): a serving shard (``--follow``)
+answers ``Lookup`` and ``Stats`` (and health, reflection) only; ``Update``, ``Dump`` and ``Load`` are
+PERMISSION_DENIED whatever the caller sends. A training shard answers them, and inserting lookups,
+to callers holding the admin token (``--admin-token-file``; without one they are refused), and
+``Dump``/``Load`` paths must stay under ``--data-root``. Plain lookups and ``Stats`` stay open on a
+training shard: they change nothing, and benchmarks and tools read shards without the token.
 """
 
 from __future__ import annotations
@@ -17,14 +24,17 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 import model_store as ms
 from model_store import shards
+from model_store.layout import default_root
 from serving.ps.config import StoreConfig
 from serving.rpc import convert
-from serving.rpc.errors import BadRequest, NotServing, rpc
+from serving.rpc.auth import Access, read_token_file
+from serving.rpc.errors import NotServing, rpc
 
 log = logging.getLogger("recserve.ps")
 
@@ -59,10 +69,22 @@ class ServerConfig:
     keep_previous_s: float = 30.0
     """With --follow: after a switch, the replaced version keeps answering the lookups that name
     it (scoring processes still on its dense model) until none has for this long."""
+    admin_token_file: str = ""
+    """Training shard: file holding the token that Update, Dump, Load and inserting lookups need
+    (created 0600 by whoever starts the shard; `recserve train` does). Without it they are refused."""
+    data_root: str = field(default_factory=default_root)
+    """Training shard: Dump and Load paths must lie under this directory (symlinks resolved;
+    relative paths are taken under it). Default: the model-store root ($RECSERVE_STORE or ./artifacts)."""
     store: StoreConfig = field(default_factory=StoreConfig)
     """The shard's store (shard, num_shards, dim, capacity, optimizer, ...)."""
 
     def __post_init__(self) -> None:
+        if self.admin_token_file and self.follow:
+            raise ValueError(
+                "--admin-token-file is for a training PS: a serving PS (--follow) has no RPC that writes"
+            )
+        if self.admin_token_file:
+            read_token_file(self.admin_token_file)  # missing, empty or readable by others: say so now
         if self.pin and not self.follow:
             raise ValueError("--pin needs --follow")
         if self.load and self.follow:
@@ -142,13 +164,31 @@ def not_serving_reason(store, follower) -> str:
     return f"embedding shard {cfg.shard} of {cfg.num_shards} serves no version: {why}"
 
 
-class EmbeddingPSServicer:
-    """gRPC adapter of one ``EmbeddingStore`` (and of its ``Follower`` when it follows a model)."""
+OPEN = frozenset({"Lookup", "Stats"})
+"""What every shard answers to anyone: reads."""
+WRITES = frozenset({"Update", "Dump", "Load"})
+"""What only a training shard answers, to callers holding its admin token."""
 
-    def __init__(self, store, metrics: _Metrics | None = None, follower=None):
+
+def ps_access(config: ServerConfig) -> Access:
+    """The shard's policy: reads only when serving; reads plus token-guarded writes when training."""
+    if config.follow:
+        return Access("serving PS (--follow)", open=OPEN)
+    token = read_token_file(config.admin_token_file) if config.admin_token_file else ""
+    return Access(
+        "training PS", open=OPEN, guarded=WRITES, token=token, root=Path(config.data_root).resolve()
+    )
+
+
+class EmbeddingPSServicer:
+    """gRPC adapter of one ``EmbeddingStore`` (and of its ``Follower`` when it follows a model);
+    ``access`` is the shard's ``ps_access`` policy."""
+
+    def __init__(self, store, access: Access, metrics: _Metrics | None = None, follower=None):
         from recserve.v1 import common_pb2, ps_pb2
 
         self.store = store
+        self.access = access
         self.metrics = metrics
         self.follower = follower
         self.pb = ps_pb2
@@ -175,6 +215,8 @@ class EmbeddingPSServicer:
                 cfg = self.store.config
                 raise NotServing(f"embedding shard {cfg.shard} of {cfg.num_shards} does not hold version "
                                  f"{request.version} (it holds {self.store.version or 'none'})")  # fmt: skip
+            if request.insert:  # a new row is a write
+                self.access.require("Lookup with insert", context)
             rows, misses = self.store.lookup(signs, insert=request.insert)
         payload = convert.rows_to_bytes(rows, fp16)
         if self.metrics is not None:
@@ -221,12 +263,11 @@ class EmbeddingPSServicer:
 
     @rpc
     async def Dump(self, request, context):
-        if not request.path:
-            raise BadRequest("dump path is empty")
+        path = self.access.path(request.path, "dump")
         # cut/copy inline (consistent and atomic), write in a thread (lookups keep flowing)
         data = self.store.cut_delta() if request.delta else self.store.snapshot(copy=True)
         try:
-            path = await asyncio.to_thread(shards.write_shard, request.path, data)
+            path = await asyncio.to_thread(shards.write_shard, path, data)
         except BaseException:
             if request.delta:
                 self.store.restore_delta(data)
@@ -234,13 +275,9 @@ class EmbeddingPSServicer:
         return self.pb.DumpResponse(path=str(path), rows=len(data.signs), deleted=len(data.deleted))
 
     @rpc
-    async def Load(self, request, context):
-        if not request.path:
-            raise BadRequest("load path is empty")
-        if not request.delta and getattr(self.store, "read_only", False):  # map + verify, then flip
-            await asyncio.to_thread(self.store.open, request.path)
-            return self.pb.LoadResponse(rows=len(self.store), version=self._version())
-        data = await asyncio.to_thread(self.store.read, request.path, request.delta)  # read + verify
+    async def Load(self, request, context):  # a training shard's (a serving one follows the store)
+        path = self.access.path(request.path, "load")
+        data = await asyncio.to_thread(self.store.read, path, request.delta)  # read + verify
         if request.delta:
             self.store.apply_delta_data(data)
         else:
@@ -300,11 +337,12 @@ def _warm_up(cfg: StoreConfig, serving: bool = False) -> None:
 
 async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> None:
     """Run one PS shard until SIGTERM/SIGINT (or until the task is cancelled)."""
-    from recserve.v1 import ps_pb2_grpc
+    from recserve.v1 import ps_pb2  # noqa: F401  (registers the service add_service looks up)
     from serving.ps.store import EmbeddingStore
     from serving.rpc import server as rpc_server
 
     config.__post_init__()
+    access = ps_access(config)
     if config.follow:  # serving: the version's files mapped read-only, deltas in an overlay
         from serving.ps.mapped import MappedStore
 
@@ -324,13 +362,8 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
         follower = Follower(store, config.follow, registry=metrics.registry, pin=config.pin)
         for event in follower.poll():  # serve the published version (and its deltas) from the start
             log.info("follow: %s", event)
-    servicer = EmbeddingPSServicer(store, metrics, follower)
-    running = await rpc_server.start_aio(
-        config.endpoint(),
-        SERVICE,
-        lambda server: ps_pb2_grpc.add_EmbeddingPSServicer_to_server(servicer, server),
-        metrics.registry,
-    )
+    servicer = EmbeddingPSServicer(store, access, metrics, follower)
+    running = await rpc_server.start_aio(config.endpoint(), SERVICE, servicer, metrics.registry)
     last_reason = None
 
     async def update_health():  # SERVING exactly while the shard serves a version

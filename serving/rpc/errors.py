@@ -10,6 +10,11 @@ A component that runs but serves no model version (``NotServing``, or any error 
 ``not_serving`` attribute) answers UNAVAILABLE with a marker in the trailing metadata, so each hop
 (PS -> worker -> scoring) passes its message on unchanged: the HTTP 503 says which shard serves no
 version and why, not "worker unavailable".
+
+Every RPC passes its server's ``Access`` (``self.access``, ``serving.rpc.auth``) before it runs, and
+requests arrive as bytes (``Undecoded``, see ``serving.rpc.server.add_service``) that are parsed
+here, after the access check: a payload that is not the method's message is INVALID_ARGUMENT,
+never the UNKNOWN or INTERNAL that gRPC answers when its own deserializer fails.
 """
 
 from __future__ import annotations
@@ -37,6 +42,40 @@ class NotServing(RuntimeError):
 
     grpc_status = "UNAVAILABLE"
     not_serving = True
+
+
+class Unauthenticated(Exception):
+    """The call carries no credentials and needs them; maps to UNAUTHENTICATED."""
+
+    grpc_status = "UNAUTHENTICATED"
+
+
+class PermissionDenied(Exception):
+    """The caller may not do this (wrong token, an RPC this server does not serve, a path outside
+    its root); maps to PERMISSION_DENIED."""
+
+    grpc_status = "PERMISSION_DENIED"
+
+
+class Undecoded:
+    """A request as it came off the wire, parsed by the ``rpc`` boundary (``parse``)."""
+
+    __slots__ = ("data", "message")
+
+    def __init__(self, message: type, data: bytes):
+        self.message = message
+        self.data = data
+
+    def parse(self, method: str):
+        from google.protobuf.message import DecodeError
+
+        try:
+            return self.message.FromString(self.data)
+        except DecodeError as e:
+            name = self.message.DESCRIPTOR.full_name
+            raise BadRequest(
+                f"{method}: the request ({len(self.data)} bytes) is not a valid {name}: {e}"
+            ) from None
 
 
 def not_serving(rpc_error) -> bool:
@@ -74,6 +113,14 @@ def _deadline_passed(context) -> bool:
     return remaining is not None and remaining <= 0
 
 
+def _admit(servicer, name: str, request, context):
+    """The checks before a method runs: its server's ``Access``, then the request parsed."""
+    access = getattr(servicer, "access", None)
+    if access is not None:
+        access.check(name, context)
+    return request.parse(name) if isinstance(request, Undecoded) else request
+
+
 def _count(servicer, code) -> None:
     metrics = getattr(servicer, "metrics", None)
     errors = getattr(metrics, "errors", None)
@@ -83,7 +130,8 @@ def _count(servicer, code) -> None:
 
 def rpc(method):
     """The error boundary of an RPC method: a call whose deadline already passed is not started;
-    exceptions become the status of ``status_of`` (counted in ``self.metrics.errors`` by code)."""
+    the server's access policy and the request's parsing come next (``_admit``); exceptions become
+    the status of ``status_of`` (counted in ``self.metrics.errors`` by code)."""
     import grpc
 
     name = method.__name__
@@ -97,7 +145,7 @@ def rpc(method):
                     grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before the call started"
                 )
             try:
-                return await method(self, request, context)
+                return await method(self, _admit(self, name, request, context), context)
             except Exception as e:
                 if type(e).__name__ == "AbortError":  # context.abort() inside the method
                     raise
@@ -113,7 +161,7 @@ def rpc(method):
             _count(self, grpc.StatusCode.DEADLINE_EXCEEDED)
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before the call started")
         try:
-            return method(self, request, context)
+            return method(self, _admit(self, name, request, context), context)
         except Exception as e:
             code, message = status_of(e, name)
             _count(self, code)

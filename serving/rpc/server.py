@@ -1,6 +1,12 @@
 """One gRPC server bootstrap for every recserve service (the PS on grpc.aio, the worker on a
 thread pool): message-size options, health and reflection, Prometheus /metrics on its own port,
 SIGTERM/SIGINT, and a graceful stop (health NOT_SERVING first, then in-flight calls get ``grace_s``).
+
+A service is registered by ``add_service`` from its proto descriptor, not by the generated
+``add_*Servicer_to_server``: those give gRPC the message's ``FromString`` as deserializer, and a
+payload it cannot parse then fails inside gRPC, before any handler, as UNKNOWN (grpc.aio) or
+INTERNAL (thread pool). Here every request reaches the ``rpc`` boundary as bytes and is parsed
+there, after the access check, so an undecodable request is INVALID_ARGUMENT naming the method.
 """
 
 from __future__ import annotations
@@ -42,14 +48,40 @@ class Running:
     stop_metrics: Callable[[], None]
 
 
-def _bind(server, endpoint: Endpoint, add_servicer, health, service: str, registry) -> tuple[int, Callable]:
+def add_service(server, servicer, service: str) -> None:
+    """Register every method of ``service`` (its full proto name, e.g. ``recserve.v1.EmbeddingPS``;
+    its ``*_pb2`` module imported) on ``server``: ``servicer.<Method>`` gets the request as
+    ``errors.Undecoded`` bytes, which its ``rpc`` boundary parses."""
+    import functools
+
+    import grpc
+    from google.protobuf import descriptor_pool, message_factory
+
+    from serving.rpc.errors import Undecoded
+
+    handlers = {}
+    for method in descriptor_pool.Default().FindServiceByName(service).methods:
+        if method.client_streaming or method.server_streaming:
+            raise TypeError(f"{service}.{method.name}: only unary RPCs are supported")
+        request = message_factory.GetMessageClass(method.input_type)
+        response = message_factory.GetMessageClass(method.output_type)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name),
+            request_deserializer=functools.partial(Undecoded, request),
+            response_serializer=response.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)
+
+
+def _bind(server, endpoint: Endpoint, servicer, health, service: str, registry) -> tuple[int, Callable]:
     from grpc_health.v1 import health as health_mod
     from grpc_health.v1 import health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
     from serving.rpc.metrics import start_metrics_server
 
-    add_servicer(server)
+    add_service(server, servicer, service)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((service, health_mod.SERVICE_NAME, reflection.SERVICE_NAME), server)
     port = server.add_insecure_port(f"{endpoint.host}:{endpoint.port}")
@@ -65,7 +97,7 @@ def _status(serving: bool):
 
 
 # ---- thread-pool servers (the worker) ----------------------------------------------------------
-def start_sync(endpoint: Endpoint, service: str, add_servicer, registry, threads: int) -> Running:
+def start_sync(endpoint: Endpoint, service: str, servicer, registry, threads: int) -> Running:
     """Start a thread-pool gRPC server with health (NOT_SERVING until ``set_serving``)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -78,7 +110,7 @@ def start_sync(endpoint: Endpoint, service: str, add_servicer, registry, threads
     health_servicer = health.HealthServicer()
     for name in ("", service):  # grpc's servicer starts with "" SERVING
         health_servicer.set(name, _status(False))
-    port, stop_metrics = _bind(server, endpoint, add_servicer, health_servicer, service, registry)
+    port, stop_metrics = _bind(server, endpoint, servicer, health_servicer, service, registry)
     server.start()
     return Running(server, health_servicer, port, service, stop_metrics)
 
@@ -106,7 +138,7 @@ def stop_sync(running: Running, grace_s: float) -> None:
 
 
 # ---- asyncio servers (the PS) ------------------------------------------------------------------
-async def start_aio(endpoint: Endpoint, service: str, add_servicer, registry) -> Running:
+async def start_aio(endpoint: Endpoint, service: str, servicer, registry) -> Running:
     """Start a grpc.aio server with health (NOT_SERVING until ``set_serving_aio``)."""
     import grpc
     from grpc_health.v1 import health
@@ -115,7 +147,7 @@ async def start_aio(endpoint: Endpoint, service: str, add_servicer, registry) ->
     health_servicer = health.aio.HealthServicer()
     for name in ("", service):  # grpc's servicer starts with "" SERVING
         await health_servicer.set(name, _status(False))
-    port, stop_metrics = _bind(server, endpoint, add_servicer, health_servicer, service, registry)
+    port, stop_metrics = _bind(server, endpoint, servicer, health_servicer, service, registry)
     await server.start()
     return Running(server, health_servicer, port, service, stop_metrics)
 

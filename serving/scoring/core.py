@@ -8,6 +8,11 @@ JSON body ``{"error": "..."}`` naming the problem: 400/413/415 for the client's 
 the worker or PS cannot answer in time, or when an embedding shard serves no version (the body
 then names the shard and why: none published yet, or the version refused and the reason). Never a
 200 from default rows. The TorchServe handler (``handlers/``) only adapts this.
+
+A binary batch is checked against the served schema (``features.batch.check_fits``, the check the
+worker runs too): another slot count or dense width is a 400 naming it, before any hop. A worker's
+verdict keeps its class (``forward_status``): INVALID_ARGUMENT is a 400 with the worker's message,
+unavailability a 503, anything else a 500 -- never "unavailable" for what is not.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import numpy as np
 import orjson
 
 import model_store
-from features.batch import CompactBatch
+from features.batch import BatchError, CompactBatch, check_fits
 from features.codec import CodecError, decode, encode
 from features.schema import Schema, load_schema
 from features.transform import FeatureError, dense_matrix, transform
@@ -120,7 +125,8 @@ class Scorer:
         if ctype == BINARY:
             try:
                 batch = decode(body, schema_hash=self.schema.hash64)
-            except CodecError as e:
+                check_fits(batch, self.schema)
+            except (CodecError, BatchError) as e:
                 raise ScoringError(400, f"invalid compact batch: {e}") from None
             self._check_rows(batch.num_rows)
             return batch
@@ -147,10 +153,8 @@ class Scorer:
         try:
             # pinned: the embedding version this dense model was exported with, never another
             fwd = self.worker.forward(payload, mode="infer", version=self.dense_version)
-        except Exception as e:  # the worker client raises on deadline/unavailable
-            if getattr(e, "not_serving", False):  # a shard without its version: which, and why
-                raise ScoringError(503, str(e)) from None
-            raise ScoringError(503, f"embedding worker unavailable: {_short(e)}") from None
+        except Exception as e:
+            raise ScoringError(*forward_status(e)) from None
         t1 = time.perf_counter()
         logits = self.dense(fwd.pooled, dense_matrix(batch, self.schema))
         scores = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
@@ -234,6 +238,26 @@ def loading_priority(niceness: int = 10):
                 os.getpriority(os.PRIO_PROCESS, 0),
                 e,
             )
+
+
+def forward_status(e: Exception) -> tuple[int, str]:
+    """(HTTP status, message) for a failed worker Forward (a ``WorkerClient``'s or an in-process
+    worker's exception), classified by ``serving.rpc.errors.status_of`` like every gRPC error:
+    the client's mistake is a 400 with the worker's own message; a shard serving no version a 503
+    naming it and why; an unreachable or late worker or shard a 503; anything else a 500."""
+    import grpc
+
+    from serving.rpc.errors import status_of
+
+    if getattr(e, "not_serving", False):  # a shard without its version: which, and why
+        return 503, str(e)
+    code, _ = status_of(e, "Forward")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        details = getattr(e.__cause__, "details", None)  # the worker's words, not the client's wrapping
+        return 400, details() if callable(details) else str(e)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return 503, f"embedding worker unavailable: {_short(e)}"
+    return 500, f"embedding worker failed: {_short(e)}"
 
 
 def error_body(message: str) -> bytes:

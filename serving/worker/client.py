@@ -5,7 +5,8 @@ so the trainer and the scoring core can use either. One channel per client, reus
 (thread-safe); each call carries a deadline. Errors come back as the core raises them:
 INVALID_ARGUMENT -> ValueError, NOT_FOUND -> KeyError, a shard that serves no version ->
 ``NotServing`` with the shard's own message, UNAVAILABLE / DEADLINE_EXCEEDED -> ConnectionError,
-anything else -> RuntimeError (the ``grpc.RpcError`` is the ``__cause__``).
+anything else -> RuntimeError (the ``grpc.RpcError`` is the ``__cause__``). ``token_file``: the
+worker's admin token file, sent on every call (TRAIN Forward and Backward need it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from features.batch import CompactBatch
+from serving.rpc.auth import read_token_file, token_metadata
 from serving.rpc.errors import NotServing, not_serving
 from serving.worker.core import ForwardResult
 
@@ -22,12 +24,14 @@ _MAX_MESSAGE = 256 * 1024 * 1024
 class WorkerClient:
     """Client of the worker at ``address`` ("host:port")."""
 
-    def __init__(self, address: str, timeout_s: float = 5.0):
+    def __init__(self, address: str, timeout_s: float = 5.0, token_file: str = ""):
         import grpc
 
         from recserve.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
         self.address = address
+        self.metadata = token_metadata(read_token_file(token_file)) if token_file else ()
+        """Metadata of every call (the admin token, when given), also for raw stub calls."""
         self.timeout_s = timeout_s
         self._grpc = grpc
         self._pb = worker_pb2
@@ -43,7 +47,7 @@ class WorkerClient:
 
     def _call(self, method, request, timeout_s: float | None):
         try:
-            return method(request, timeout=timeout_s or self.timeout_s)
+            return method(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
         except self._grpc.RpcError as e:
             code, details = e.code(), e.details()
             if not_serving(e):  # says which shard serves no version, and why

@@ -314,13 +314,16 @@ class EmbeddingWorker:
 
 
 def connect(
-    ps_addresses: list[str], schema: Schema, config: WorkerConfig | None = None, timeout_s: float = 5.0
-) -> EmbeddingWorker:
+    ps_addresses: list[str], schema: Schema, config: WorkerConfig | None = None, timeout_s: float = 5.0,
+    token_file: str = "",
+) -> EmbeddingWorker:  # fmt: skip
     """A worker over PS processes at ``ps_addresses`` (shard i at address i). Waits up to
     ``timeout_s`` for each shard to answer (serving a version or not yet) and checks it is shard i
-    of len(ps_addresses)."""
-    shards = [PSClient(a, timeout_s=timeout_s) for a in ps_addresses]
+    of len(ps_addresses). ``token_file``: the training shards' admin token file (TRAIN needs it)."""
+    shards: list[PSClient] = []
     try:
+        for a in ps_addresses:
+            shards.append(PSClient(a, timeout_s=timeout_s, token_file=token_file))
         for i, shard in enumerate(shards):
             shard.wait_connected(timeout_s)
             st = shard.stats()

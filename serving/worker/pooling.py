@@ -16,12 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from features.batch import FLAG_CONTEXT, FLAG_MULTI, CompactBatch
+from features.batch import FLAG_CONTEXT, FLAG_MULTI, BatchError, CompactBatch, check_fits
 from features.schema import Schema
 
-
-class BatchError(ValueError):
-    """A batch that does not fit the worker's schema; the message names the problem."""
+__all__ = ["BatchError", "PoolingPlan", "make_plan", "pool", "unpool"]
 
 
 @dataclass
@@ -55,14 +53,8 @@ def _mean_slots(schema: Schema) -> np.ndarray:
 
 def make_plan(batch: CompactBatch, schema: Schema) -> PoolingPlan:
     """Validate ``batch`` against ``schema`` and compute its pooling plan."""
+    check_fits(batch, schema)
     R, S = int(batch.num_rows), int(batch.num_slots)
-    if S != len(schema.sparse):
-        raise BatchError(f"batch has {S} sparse slots, schema {schema.name!r} has {len(schema.sparse)}")
-    if batch.schema_hash and batch.schema_hash != schema.hash64:
-        raise BatchError(
-            f"batch was built for schema hash {batch.schema_hash:016x}, "
-            f"this worker serves {schema.name!r} ({schema.hash64:016x})"
-        )
     flags = np.asarray(batch.flags)
     item = (flags & FLAG_CONTEXT) == 0
     multi = (flags & FLAG_MULTI) != 0

@@ -8,6 +8,12 @@ A synchronous gRPC server with a thread pool: the core is blocking (its shard fa
 and the gRPC client releases the GIL), so a handler thread calls it directly; under grpc.aio every
 Forward would need a hop to a thread for the same work. Measured on loopback: an empty RPC costs
 ~0.4 ms here against ~0.6-0.8 ms for the grpc.aio PS's Stats.
+
+Least privilege (``worker_access``): INFER ``Forward``, ``Flush`` and ``Stats`` are open. TRAIN
+``Forward`` (it inserts rows) and ``Backward`` (it updates them) write to the PS shards with the
+worker's admin token, so the worker asks its own callers for the same token: otherwise anyone who
+can reach the worker could write through it. A worker started without ``--admin-token-file`` (the
+serving one ``recserve up`` starts) refuses them.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from serving.rpc import convert
+from serving.rpc.auth import Access, read_token_file
 from serving.rpc.errors import BadRequest, rpc
 
 log = logging.getLogger("recserve.worker")
@@ -54,6 +61,13 @@ class ServerConfig:
     """On SIGTERM/SIGINT, in-flight calls get this long to finish."""
     max_message_mb: int = 256
     """Max gRPC send/receive message size."""
+    admin_token_file: str = ""
+    """Training: the PS shards' admin token file. Sent on this worker's PS calls, and required of
+    callers of TRAIN Forward and Backward; without it they are refused (INFER only)."""
+
+    def __post_init__(self) -> None:
+        if self.admin_token_file:
+            read_token_file(self.admin_token_file)  # missing, empty or readable by others: say so now
 
     def endpoint(self):
         from serving.rpc.server import Endpoint
@@ -93,13 +107,21 @@ class _Metrics:
         pending.set_function(lambda: worker.pending_batches)
 
 
-class EmbeddingWorkerServicer:
-    """gRPC adapter of one ``EmbeddingWorker``."""
+def worker_access(config: ServerConfig) -> Access:
+    """INFER for anyone; TRAIN Forward and Backward for holders of the admin token."""
+    token = read_token_file(config.admin_token_file) if config.admin_token_file else ""
+    return Access("embedding worker", open=frozenset({"Forward", "Flush", "Stats"}),
+                  guarded=frozenset({"Backward"}), token=token)  # fmt: skip
 
-    def __init__(self, worker, metrics: _Metrics):
+
+class EmbeddingWorkerServicer:
+    """gRPC adapter of one ``EmbeddingWorker``; ``access`` is its ``worker_access`` policy."""
+
+    def __init__(self, worker, access: Access, metrics: _Metrics):
         from recserve.v1 import common_pb2, worker_pb2
 
         self.worker = worker
+        self.access = access
         self.metrics = metrics
         self.pb = worker_pb2
         self.common = common_pb2
@@ -119,6 +141,8 @@ class EmbeddingWorkerServicer:
         if not request.batch:
             raise BadRequest("empty request: no compact batch")
         mode, fp16 = self._mode(request.mode), convert.wants_fp16(request.dtype)
+        if mode == "train":  # inserts rows on the shards
+            self.access.require("Forward in TRAIN mode", context)
         batch = decode(request.batch, schema_hash=self.worker.schema.hash64)
         res = self.worker.forward(batch, mode, version=request.version)
         pooled = res.pooled.astype(np.float16) if fp16 else res.pooled
@@ -180,7 +204,7 @@ def serve(
     """Run the worker until SIGTERM/SIGINT (or ``stop`` is set); returns the exit code.
     ``started(port)`` is called once it serves."""
     from features.schema import load_schema
-    from recserve.v1 import worker_pb2_grpc
+    from recserve.v1 import worker_pb2  # noqa: F401  (registers the service add_service looks up)
     from serving.rpc import health
     from serving.rpc import server as rpc_server
     from serving.worker.core import ShardError, WorkerConfig, connect
@@ -190,21 +214,19 @@ def serve(
         return 2
     try:
         schema = load_schema(config.schema)
+        access = worker_access(config)
         worker = connect(
-            list(config.ps), schema, WorkerConfig(staleness=config.staleness), config.ps_timeout_s
-        )
+            list(config.ps), schema, WorkerConfig(staleness=config.staleness), config.ps_timeout_s,
+            config.admin_token_file,
+        )  # fmt: skip
     except (ShardError, ValueError, OSError) as e:
         log.error("cannot start: %s", e)
         return 1
     metrics = _Metrics(worker)
-    servicer = EmbeddingWorkerServicer(worker, metrics)
+    servicer = EmbeddingWorkerServicer(worker, access, metrics)
     try:
         running = rpc_server.start_sync(
-            config.endpoint(),
-            SERVICE,
-            lambda server: worker_pb2_grpc.add_EmbeddingWorkerServicer_to_server(servicer, server),
-            metrics.registry,
-            config.threads,
+            config.endpoint(), SERVICE, servicer, metrics.registry, config.threads
         )
     except OSError:
         worker.close()

@@ -16,6 +16,7 @@ import pytest
 
 from recserve.v1 import common_pb2, ps_pb2
 from serving.ps.client import PSClient, ShardError
+from serving.rpc.auth import new_token_file
 from tests.helpers import free_ports
 
 pytestmark = pytest.mark.slow
@@ -25,15 +26,20 @@ DIM = 4
 
 @contextlib.contextmanager
 def running_ps(log, *flags: str):
-    """A `recserve ps` process on free loopback ports, with its client."""
+    """A training `recserve ps` process on free loopback ports, with an admin token (a 0600 file
+    beside ``log``), a data root (``root`` beside ``log``) and a client holding the token."""
     port, metrics_port = free_ports(2)
+    token, root = new_token_file(log.parent / "admin.token"), log.parent / "root"
+    root.mkdir()
     cmd = [sys.executable, "-m", "recserve", "ps", "--port", str(port), "--metrics-port", str(metrics_port)]
+    cmd += ["--admin-token-file", str(token), "--data-root", str(root)]
     with open(log, "w") as out:
         proc = subprocess.Popen([*cmd, "--dim", str(DIM), *flags], stdout=out, stderr=subprocess.STDOUT)
-    client = PSClient(f"127.0.0.1:{port}", timeout_s=5.0)
+    client = PSClient(f"127.0.0.1:{port}", timeout_s=5.0, token_file=str(token))
     try:
         client.wait_ready(timeout_s=60)
-        yield {"proc": proc, "client": client, "port": port, "metrics_port": metrics_port, "log": log}
+        yield {"proc": proc, "client": client, "port": port, "metrics_port": metrics_port, "log": log,
+               "root": root, "token": token}  # fmt: skip
     finally:
         client.close()
         if proc.poll() is None:
@@ -73,23 +79,23 @@ def test_lookup_update_stats(ps):
     assert st["memory_bytes"] > 0 and st["misses"] >= 3 and st["hits"] >= 3 and st["delta_seq"] == -1
 
 
-def test_dump_and_load_over_grpc(ps, tmp_path):
-    c = ps["client"]
+def test_dump_and_load_over_grpc(ps):
+    c, root = ps["client"], ps["root"]
     c.lookup(signs(1, 2, 3), insert=True)
     before, _ = c.lookup(signs(1, 2, 3))
-    resp = c.dump(str(tmp_path / "full"))
+    resp = c.dump(str(root / "full"))
     assert resp.path.endswith("shard-0-of-1") and resp.rows == c.stats()["rows"]
     c.update(signs(1), np.ones((1, DIM), np.float32))
-    delta = c.dump(str(tmp_path / "d0"), delta=True)
+    delta = c.dump(str(root / "d0"), delta=True)
     assert delta.rows >= 1
-    loaded = c.load(str(tmp_path / "full"))
+    loaded = c.load(str(root / "full"))
     assert loaded.rows == resp.rows
     np.testing.assert_array_equal(c.lookup(signs(1, 2, 3))[0], before)
-    c.load(str(tmp_path / "d0"), delta=True)
+    c.load(str(root / "d0"), delta=True)
     assert c.stats()["delta_seq"] == 0
     assert not np.array_equal(c.lookup(signs(1))[0], before[:1])
     with pytest.raises(ShardError) as e:
-        c.load(str(tmp_path / "missing"))
+        c.load(str(root / "missing"))
     assert e.value.code == "FAILED_PRECONDITION" and "no such dump" in str(e.value)
 
 
@@ -115,7 +121,7 @@ def bad_requests():
 def test_bad_input_is_invalid_argument_and_server_keeps_serving(ps, name, method, request_, message):
     c = ps["client"]
     with pytest.raises(grpc.RpcError) as e:
-        getattr(c.stub, method)(request_, timeout=5)
+        getattr(c.stub, method)(request_, timeout=5, metadata=c.metadata)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in e.value.details()
     rows, _ = c.lookup(signs(1, 2))

@@ -5,6 +5,7 @@ PS is down (and recovery once it is back), and a clean exit on SIGTERM."""
 
 from __future__ import annotations
 
+import collections
 import signal
 import subprocess
 import sys
@@ -22,8 +23,9 @@ from features.schema import dump_schema, schema_from_dict
 from features.transform import transform
 from recserve.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from serving.ps.client import PSClient
+from serving.rpc.auth import new_token_file, token_metadata
 from serving.worker.client import WorkerClient
-from tests.helpers import free_ports
+from tests.helpers import free_ports, fuzz_payloads, raw_call
 from tests.serving.test_worker import SCHEMA, ranking_batch, torch_pooled
 
 pytestmark = pytest.mark.slow
@@ -39,8 +41,10 @@ def _spawn(args: list[str], log) -> subprocess.Popen:
         )
 
 
-def _ps_args(i: int, port: int) -> list[str]:
+def _ps_args(i: int, port: int, token) -> list[str]:
     return ["ps", "--shard", str(i), "--num-shards", "2", "--port", str(port), "--dim", str(DIM)] + [
+        "--admin-token-file",
+        str(token),
         "--capacity",
         "1000",
         "--optimizer",
@@ -59,19 +63,28 @@ def stack(tmp_path_factory):
     schema_path.write_text(dump_schema(SCHEMA))
     ps_ports = free_ports(2)
     port, metrics_port = free_ports(2)
-    procs = {f"ps{i}": _spawn(_ps_args(i, p), tmp / f"ps{i}.log") for i, p in enumerate(ps_ports)}
+    token = new_token_file(tmp / "admin.token")  # the training shards' and the worker's
+    procs = {f"ps{i}": _spawn(_ps_args(i, p, token), tmp / f"ps{i}.log") for i, p in enumerate(ps_ports)}
     ps = [PSClient(f"127.0.0.1:{p}", timeout_s=5.0) for p in ps_ports]
-    client = WorkerClient(f"127.0.0.1:{port}", timeout_s=10.0)
+    client = WorkerClient(f"127.0.0.1:{port}", timeout_s=10.0, token_file=str(token))
     try:
         for c in ps:
             c.wait_ready(timeout_s=60)
         addresses = ",".join(f"127.0.0.1:{p}" for p in ps_ports)
         worker_args = ["worker", "--ps", addresses, "--schema", str(schema_path), "--port", str(port)]
-        worker_args += ["--metrics-port", str(metrics_port), "--ps-timeout-s", "2"]
+        worker_args += [
+            "--metrics-port",
+            str(metrics_port),
+            "--ps-timeout-s",
+            "2",
+            "--admin-token-file",
+            str(token),
+        ]
         procs["worker"] = _spawn(worker_args, tmp / "worker.log")
         client.wait_ready(timeout_s=60)
         stub = worker_pb2_grpc.EmbeddingWorkerStub(client.channel)
-        yield {"procs": procs, "ps": ps, "ps_ports": ps_ports, "client": client, "stub": stub, "tmp": tmp}
+        yield {"procs": procs, "ps": ps, "ps_ports": ps_ports, "client": client, "stub": stub, "tmp": tmp,
+               "token": token, "port": port}  # fmt: skip
     finally:
         client.close()
         for c in ps:
@@ -148,14 +161,14 @@ def test_health_reflection_metrics(stack, metrics_url):
     assert "recserve_worker_in_flight" in text
 
 
-def _code(call, request):
+def _code(call, request, metadata=()):
     with pytest.raises(grpc.RpcError) as e:
-        call(request, timeout=5)
+        call(request, timeout=5, metadata=metadata)
     return e.value.code(), e.value.details()
 
 
 def test_bad_input_is_answered_and_the_worker_keeps_serving(stack):
-    stub, pb = stack["stub"], worker_pb2
+    stub, pb, token = stack["stub"], worker_pb2, stack["client"].metadata
     good = encode(ranking_batch())
     other = schema_from_dict({"name": "other", "slots": [{"name": "a"}]})
     cases = [
@@ -169,26 +182,88 @@ def test_bad_input_is_answered_and_the_worker_keeps_serving(stack):
         (stub.Backward, pb.BackwardRequest(batch_id=0, grads=b"\0" * 16), "batch_id is 0"),
     ]
     for call, request, words in cases:
-        code, details = _code(call, request)
+        code, details = _code(call, request, token)
         assert code == grpc.StatusCode.INVALID_ARGUMENT, details
         assert words in details and details
 
     res = stack["client"].forward(good, mode="train")
-    code, details = _code(stub.Backward, pb.BackwardRequest(batch_id=res.batch_id + 10_000, grads=b"\0" * 16))
+    code, details = _code(
+        stub.Backward, pb.BackwardRequest(batch_id=res.batch_id + 10_000, grads=b"\0" * 16), token
+    )
     assert code == grpc.StatusCode.NOT_FOUND and "unknown batch id" in details
     short = np.zeros(res.pooled.size - 1, np.float32).tobytes()
-    code, details = _code(stub.Backward, pb.BackwardRequest(batch_id=res.batch_id, grads=short))
+    code, details = _code(stub.Backward, pb.BackwardRequest(batch_id=res.batch_id, grads=short), token)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "expected" in details
-    code, _ = _code(stub.Backward, pb.BackwardRequest(batch_id=res.batch_id, grads=b"\0" * 7))
+    code, _ = _code(stub.Backward, pb.BackwardRequest(batch_id=res.batch_id, grads=b"\0" * 7), token)
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     nan = np.full(res.pooled.shape, np.nan, np.float32).tobytes()
-    code, details = _code(stub.Backward, pb.BackwardRequest(batch_id=res.batch_id, grads=nan))
+    code, details = _code(stub.Backward, pb.BackwardRequest(batch_id=res.batch_id, grads=nan), token)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "NaN" in details
 
     stack["client"].backward(res.batch_id, np.zeros_like(res.pooled))  # still accepted after the refusals
     stack["client"].flush()
     resp = stub.Forward(pb.ForwardRequest(batch=good, mode=pb.INFER, dtype=common_pb2.FLOAT32), timeout=5)
     assert resp.num_rows == 4 and stack["procs"]["worker"].poll() is None
+
+
+def test_train_calls_need_the_workers_token(stack):
+    stub, pb = stack["stub"], worker_pb2
+    good = encode(ranking_batch())
+    train = pb.ForwardRequest(batch=good, mode=pb.TRAIN)
+    backward = pb.BackwardRequest(batch_id=1, grads=b"\0" * 16)
+    for call, request, what in (
+        (stub.Forward, train, "Forward in TRAIN mode"),
+        (stub.Backward, backward, "Backward"),
+    ):
+        code, details = _code(call, request)
+        assert code == grpc.StatusCode.UNAUTHENTICATED and f"{what} needs the admin token" in details
+        code, details = _code(call, request, token_metadata("guess"))
+        assert code == grpc.StatusCode.PERMISSION_DENIED and f"{what}: wrong admin token" in details
+    resp = stub.Forward(pb.ForwardRequest(batch=good, mode=pb.INFER), timeout=5)  # INFER is open
+    assert resp.num_rows == 4 and resp.batch_id == 0
+
+
+def test_a_worker_without_a_token_file_serves_infer_only(stack):
+    """The serving worker (`recserve up` starts it so): TRAIN would write through it."""
+    (port,) = free_ports(1)
+    addresses = ",".join(f"127.0.0.1:{p}" for p in stack["ps_ports"])
+    schema = stack["tmp"] / "schema.yaml"
+    proc = _spawn(
+        ["worker", "--ps", addresses, "--schema", str(schema), "--port", str(port)], stack["tmp"] / "w2.log"
+    )
+    try:
+        with WorkerClient(f"127.0.0.1:{port}", timeout_s=10.0, token_file=str(stack["token"])) as client:
+            client.wait_ready(timeout_s=60)
+            assert client.forward(ranking_batch(), mode="infer").pooled.shape == (4, len(SCHEMA.sparse), DIM)
+            for call in (
+                lambda: client.forward(ranking_batch(), mode="train"),
+                lambda: client.backward(1, np.zeros(4)),
+            ):
+                with pytest.raises(
+                    RuntimeError, match="PERMISSION_DENIED.*started without --admin-token-file"
+                ):
+                    call()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_fuzzed_forward_is_invalid_argument_and_the_worker_keeps_serving(stack):
+    valid = worker_pb2.ForwardRequest(
+        batch=encode(ranking_batch()), mode=worker_pb2.INFER
+    ).SerializeToString()
+    call = raw_call(stack["client"].channel, "/recserve.v1.EmbeddingWorker/Forward")
+    codes = collections.Counter()
+    for payload in fuzz_payloads(valid, 300, seed=7):
+        try:
+            call(payload, timeout=10, metadata=stack["client"].metadata)
+            codes["OK"] += 1
+        except grpc.RpcError as e:
+            codes[e.code().name] += 1
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (payload, e.code(), e.details())
+    assert codes["INVALID_ARGUMENT"] > 200, codes
+    assert stack["client"].forward(ranking_batch(), mode="infer").pooled.shape[0] == 4
+    assert stack["procs"]["worker"].poll() is None
 
 
 def test_ps_down_is_unavailable_then_recovers(stack):
@@ -198,7 +273,9 @@ def test_ps_down_is_unavailable_then_recovers(stack):
     with pytest.raises(ConnectionError, match="UNAVAILABLE.*PS shard 127.0.0.1"):
         c.forward(ranking_batch(), mode="infer")
     assert c.stats()["num_shards"] == 2  # the worker itself keeps serving
-    procs["ps1"] = _spawn(_ps_args(1, stack["ps_ports"][1]), stack["tmp"] / "ps1-restarted.log")
+    procs["ps1"] = _spawn(
+        _ps_args(1, stack["ps_ports"][1], stack["token"]), stack["tmp"] / "ps1-restarted.log"
+    )
     stack["ps"][1].wait_ready(timeout_s=60)
     deadline = time.monotonic() + 15
     while True:
