@@ -209,7 +209,7 @@ class EmbeddingPSServicer:
         fp16 = convert.wants_fp16(request.dtype)
         t0 = time.perf_counter()
         if getattr(self.store, "read_only", False):  # a serving shard answers from the version named
-            rows, misses = self.store.lookup(signs, version=request.version)
+            rows, misses = self.store.lookup(signs, insert=request.insert, version=request.version)
         else:
             if request.version and request.version != self.store.version:
                 cfg = self.store.config

@@ -200,6 +200,9 @@ def test_lookups_name_their_version_and_a_switch_keeps_the_old_one_for_them(serv
     rows1, _ = ps.lookup(SIGNS[:5], version=v1)
     rows2, _ = ps.lookup(SIGNS[:5], version=v2)
     assert not np.array_equal(rows1, rows2)  # two versions, each its own rows
+    with pytest.raises(ShardError) as err:  # a serving shard never inserts, pinned or not
+        ps.lookup(SIGNS[:5], insert=True, version=v1)
+    assert err.value.code == "INVALID_ARGUMENT" and "does not insert" in str(err.value)
     status, body = _score(old)
     assert status == 200 and body["versions"]["embedding"] == v1 == body["versions"]["dense"], body
     assert body["scores"] == before["scores"]
