@@ -101,10 +101,15 @@ class PSClient:
         rows, misses, _ = self._lookup(signs, insert, dtype, timeout_s, version)
         return rows, misses
 
-    def rows(self, signs: np.ndarray, insert: bool, version: str = "") -> tuple[np.ndarray, tuple[str, int]]:
+    def rows(
+        self, signs: np.ndarray, insert: bool, version: str = "", timeout_s: float | None = None
+    ) -> tuple[np.ndarray, tuple[str, int]]:
         """The worker's backend verb: rows float32 (n, dim) and the (version, delta seq) they were
-        read from."""
-        rows, _, answered = self._lookup(signs, insert, "float32", None, version)
+        read from. ``timeout_s``: what is left of the caller's deadline (the call's deadline is
+        the shorter of it and this client's ``timeout_s``)."""
+        if timeout_s is not None:
+            timeout_s = max(min(timeout_s, self.timeout_s), 1e-3)
+        rows, _, answered = self._lookup(signs, insert, "float32", timeout_s, version)
         return rows, answered
 
     def _lookup(self, signs, insert: bool, dtype: str, timeout_s: float | None, version: str):
@@ -167,6 +172,12 @@ class PSClient:
             raise ShardError(
                 f"PS shard {self.target}: not reachable after {timeout_s}s", True, "UNAVAILABLE"
             ) from None
+
+    def health(self) -> str:
+        """The shard's gRPC health: "SERVING", "NOT_SERVING", or why the check failed ("UNAVAILABLE")."""
+        from serving.rpc.health import check
+
+        return check(self.channel)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Block until the shard's health says SERVING (ShardError, unavailable, after ``timeout_s``)."""

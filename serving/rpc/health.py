@@ -47,24 +47,26 @@ def wait_serving(channel, timeout_s: float = 30.0, service: str = "", proc=None,
         time.sleep(0.05)
 
 
-def mirror(channels: dict[str, object], set_serving: Callable[[bool], None], interval_s: float = 0.5):
+def mirror(
+    probes: dict[str, Callable[[], str]], set_serving: Callable[[bool], None], interval_s: float = 0.5
+):
     """Keep a service SERVING exactly while every service it depends on says SERVING: a daemon
-    thread checks each of ``channels`` (name -> blocking channel) every ``interval_s`` and calls
-    ``set_serving`` when the answer changes (logging which are not serving). Returns the
-    ``threading.Event`` that stops it."""
+    thread calls each of ``probes`` (name -> a function returning a health status, e.g. a
+    ``PSClient``'s ``health``) every ``interval_s`` and calls ``set_serving`` when the answer
+    changes (logging which are not serving). Returns the ``threading.Event`` that stops it."""
     stop = threading.Event()
 
     def loop() -> None:
         last = None
         while True:
-            down = {name: status for name, ch in channels.items() if (status := check(ch)) != "SERVING"}
+            down = {name: status for name, probe in probes.items() if (status := probe()) != "SERVING"}
             if down != last:
                 if last is None or bool(down) != bool(last):
                     set_serving(not down)
                 if down:
                     log.warning("NOT_SERVING: %s", ", ".join(f"{n} is {s}" for n, s in down.items()))
                 else:
-                    log.info("SERVING: %s", ", ".join(channels))
+                    log.info("SERVING: %s", ", ".join(probes))
                 last = down
             if stop.wait(interval_s):
                 return

@@ -45,7 +45,7 @@ class ScoringConfig:
 
     version_dir: str  # model_store/<model>/<version>: schema.yaml, dense model, MANIFEST.json
     worker: str = "127.0.0.1:50060"  # embedding worker address (host:port)
-    # PS shard addresses (shard i at i): if set, the embedding worker runs as a library in this
+    # PS shard addresses (shard i at i; replicas "a:1|a:2", serving.worker.replicas): if set, the embedding worker runs as a library in this
     # process over them instead of being called at ``worker`` -- one process hop fewer per request
     ps: list[str] | None = None
     runtime: str = "torchscript"  # dense runtime: torchscript | onnx
@@ -281,10 +281,10 @@ def _load_dense(path: Path, threads: int):
 
 def _worker_client(config: ScoringConfig, schema: Schema):
     if config.ps:  # the worker library here, over the PS processes; each PS call gets the deadline
-        from serving.worker.core import EmbeddingWorker, PSClient
+        from serving.worker.core import EmbeddingWorker
+        from serving.worker.replicas import connect_shards
 
-        shards = [PSClient(a, timeout_s=config.worker_timeout_s) for a in config.ps]
-        return EmbeddingWorker(shards, schema)
+        return EmbeddingWorker(connect_shards(config.ps, timeout_s=config.worker_timeout_s), schema)
     from serving.worker.client import WorkerClient
 
     return WorkerClient(config.worker, timeout_s=config.worker_timeout_s)

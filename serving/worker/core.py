@@ -119,10 +119,13 @@ class EmbeddingWorker:
         """TRAIN batches dropped from memory without a backward (max_pending_batches)."""
 
     # ---- public API ----------------------------------------------------------------------------
-    def forward(self, batch: CompactBatch, mode: str = "infer", version: str = "") -> ForwardResult:
+    def forward(
+        self, batch: CompactBatch, mode: str = "infer", version: str = "", timeout_s: float | None = None
+    ) -> ForwardResult:
         """Pooled embeddings of ``batch``; ``mode="train"`` inserts unseen signs and returns a
         batch id for ``backward``, ``"infer"`` never inserts. ``version`` pins the embedding version
-        every shard reads ("" = each shard's newest)."""
+        every shard reads ("" = each shard's newest). ``timeout_s``: the caller's deadline, which
+        bounds the shard calls (a replicated shard retries another replica within it)."""
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; use 'train' or 'infer'")
         self._check_open()
@@ -132,7 +135,9 @@ class EmbeddingWorker:
             self._wait_in_flight(self.config.staleness)
         else:
             self._raise_error()
-        table, read = self._lookup(np.asarray(batch.signs), insert=train, version=version)
+        table, read = self._lookup(
+            np.asarray(batch.signs), insert=train, version=version, timeout_s=timeout_s
+        )
         pooled = pool(plan, table)
         batch_id = self._remember(np.array(batch.signs, dtype=np.uint64), plan) if train else 0
         return ForwardResult(batch_id, pooled, _summary(read), read)
@@ -259,7 +264,9 @@ class EmbeddingWorker:
             raise error
         return results + [last]
 
-    def _lookup(self, signs: np.ndarray, insert: bool, version: str = "") -> tuple[np.ndarray, list]:
+    def _lookup(
+        self, signs: np.ndarray, insert: bool, version: str = "", timeout_s: float | None = None
+    ) -> tuple[np.ndarray, list]:
         """Rows of ``signs`` from their shards, and per shard the (version, seq) it answered from."""
         read: list[tuple[str, int]] = [("", -1)] * len(self.shards)
         if not len(signs):
@@ -269,7 +276,8 @@ class EmbeddingWorker:
             (i, s, p) for i, (s, p) in enumerate(zip(self.shards, parts, strict=True)) if p is None or len(p)
         ]
         calls = [
-            lambda s=s, p=p: s.rows(signs if p is None else signs[p], insert, version) for _, s, p in work
+            lambda s=s, p=p: s.rows(signs if p is None else signs[p], insert, version, timeout_s=timeout_s)
+            for _, s, p in work
         ]
         results = self._fan_out(calls)
         for (i, _, _), (_, answered) in zip(work, results, strict=True):
@@ -315,23 +323,17 @@ class EmbeddingWorker:
 
 def connect(
     ps_addresses: list[str], schema: Schema, config: WorkerConfig | None = None, timeout_s: float = 5.0,
-    token_file: str = "",
+    token_file: str = "", health_poll_s: float = 0.5,
 ) -> EmbeddingWorker:  # fmt: skip
-    """A worker over PS processes at ``ps_addresses`` (shard i at address i). Waits up to
+    """A worker over PS processes at ``ps_addresses``: shard i at entry i, a shard's replicas in
+    one entry separated by "|" (``serving.worker.replicas.parse_ps_spec``). Waits up to
     ``timeout_s`` for each shard to answer (serving a version or not yet) and checks it is shard i
-    of len(ps_addresses). ``token_file``: the training shards' admin token file (TRAIN needs it)."""
-    shards: list[PSClient] = []
+    of len(ps_addresses). ``token_file``: the training shards' admin token file (TRAIN needs it);
+    ``health_poll_s``: how often a replicated shard checks its replicas' health."""
+    from serving.worker.replicas import connect_shards
+
+    shards = connect_shards(ps_addresses, timeout_s, token_file, health_poll_s)
     try:
-        for a in ps_addresses:
-            shards.append(PSClient(a, timeout_s=timeout_s, token_file=token_file))
-        for i, shard in enumerate(shards):
-            shard.wait_connected(timeout_s)
-            st = shard.stats()
-            if (st["shard"], st["num_shards"]) != (i, len(shards)):
-                raise ValueError(
-                    f"PS at {shard.target} is shard {st['shard']} of {st['num_shards']}, "
-                    f"but was given as shard {i} of {len(shards)} (order of --ps matters)"
-                )
         return EmbeddingWorker(shards, schema, config)
     except BaseException:
         for shard in shards:

@@ -40,7 +40,8 @@ class ServerConfig:
     """One embedding-worker process."""
 
     ps: tuple[str, ...] = ()
-    """PS shard addresses, shard i at position i."""
+    """PS shard addresses HOST:PORT, shard i at position i; a shard's replicas separated by '|'
+    (a:1|a:2,b:1|b:2: lookups spread over a shard's SERVING replicas, failing over between them)."""
     schema: str = "data/schemas/criteo.yaml"
     """Feature schema the compact batches must be built for."""
     host: str = "127.0.0.1"
@@ -56,7 +57,8 @@ class ServerConfig:
     ps_timeout_s: float = 5.0
     """Deadline of each PS call; also how long startup waits for each shard."""
     health_poll_s: float = 0.5
-    """How often the shards' health is checked: the worker is SERVING while every shard is."""
+    """How often the shards' health is checked: the worker is SERVING while every shard is (a
+    replicated shard while one of its replicas is)."""
     grace_s: float = 5.0
     """On SIGTERM/SIGINT, in-flight calls get this long to finish."""
     max_message_mb: int = 256
@@ -66,6 +68,10 @@ class ServerConfig:
     callers of TRAIN Forward and Backward; without it they are refused (INFER only)."""
 
     def __post_init__(self) -> None:
+        if self.ps:
+            from serving.worker.replicas import parse_ps_spec
+
+            parse_ps_spec(self.ps)  # a malformed spec is a configuration error, said at once
         if self.admin_token_file:
             read_token_file(self.admin_token_file)  # missing, empty or readable by others: say so now
 
@@ -144,7 +150,7 @@ class EmbeddingWorkerServicer:
         if mode == "train":  # inserts rows on the shards
             self.access.require("Forward in TRAIN mode", context)
         batch = decode(request.batch, schema_hash=self.worker.schema.hash64)
-        res = self.worker.forward(batch, mode, version=request.version)
+        res = self.worker.forward(batch, mode, version=request.version, timeout_s=context.time_remaining())
         pooled = res.pooled.astype(np.float16) if fp16 else res.pooled
         reply = self.pb.ForwardResponse(
             pooled=pooled.tobytes(),
@@ -217,7 +223,7 @@ def serve(
         access = worker_access(config)
         worker = connect(
             list(config.ps), schema, WorkerConfig(staleness=config.staleness), config.ps_timeout_s,
-            config.admin_token_file,
+            config.admin_token_file, config.health_poll_s,
         )  # fmt: skip
     except (ShardError, ValueError, OSError) as e:
         log.error("cannot start: %s", e)
@@ -231,8 +237,9 @@ def serve(
     except OSError:
         worker.close()
         raise
-    # SERVING exactly while every shard is (a shard without its version is NOT_SERVING)
-    shards = {f"shard {i} ({s.target})": s.channel for i, s in enumerate(worker.shards)}
+    # SERVING exactly while every shard is (a shard without its version is NOT_SERVING; a
+    # replicated one is SERVING while one of its replicas is)
+    shards = {f"shard {i} ({s.target})": s.health for i, s in enumerate(worker.shards)}
     mirror = health.mirror(shards, lambda ok: rpc_server.set_serving_sync(running, ok), config.health_poll_s)
     log.info(
         "worker for %s listening on %s:%d over %d PS shards (dim %d, staleness %d)",

@@ -2,7 +2,8 @@
 
 ``ShardBackend`` is the whole interface the worker needs (``dim``, ``rows``, ``update``), so a
 shard can be an in-process store (``LocalShard``, tests and single-process training) or a PS
-process over gRPC (``serving.ps.client.PSClient``, the one PS client). ``rows`` names the version
+process over gRPC (``serving.ps.client.PSClient``, the one PS client), or several replica processes
+of one shard (``serving.worker.replicas.ReplicaSet``). ``rows`` names the version
 to read ("" = the newest) and says which (version, delta seq) it read, per call. Backends may also
 expose ``version`` ((version, delta_seq) of the last answer, for Stats) and ``close()``.
 """
@@ -23,9 +24,12 @@ __all__ = ["HashRouter", "LocalShard", "PSClient", "ShardBackend", "ShardError"]
 class ShardBackend(Protocol):
     dim: int
 
-    def rows(self, signs: np.ndarray, insert: bool, version: str = "") -> tuple[np.ndarray, tuple[str, int]]:
+    def rows(
+        self, signs: np.ndarray, insert: bool, version: str = "", timeout_s: float | None = None
+    ) -> tuple[np.ndarray, tuple[str, int]]:
         """Rows float32 (n, dim) for uint64 ``signs`` of ``version`` and the (version, delta seq)
-        they came from; ``insert`` gives unseen signs a row."""
+        they came from; ``insert`` gives unseen signs a row; ``timeout_s``: what is left of the
+        caller's deadline (None: the backend's own)."""
         ...
 
     def update(self, signs: np.ndarray, grads: np.ndarray) -> None:
@@ -58,7 +62,9 @@ class LocalShard:
         self.store = store
         self.dim = store.config.dim
 
-    def rows(self, signs: np.ndarray, insert: bool, version: str = "") -> tuple[np.ndarray, tuple[str, int]]:
+    def rows(
+        self, signs: np.ndarray, insert: bool, version: str = "", timeout_s: float | None = None
+    ) -> tuple[np.ndarray, tuple[str, int]]:
         store = self.store
         if getattr(store, "read_only", False):
             rows = store.lookup(signs, version=version)[0]

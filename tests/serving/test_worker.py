@@ -225,7 +225,7 @@ class RecordingShard:
         self.backwards = 0
         self.lock = threading.Lock()
 
-    def rows(self, signs, insert, version=""):
+    def rows(self, signs, insert, version="", timeout_s=None):
         if insert:
             with self.lock:
                 self.lookups.append(self.backwards - self.applied)
