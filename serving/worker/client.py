@@ -39,6 +39,9 @@ class WorkerClient:
         opts = [
             ("grpc.max_send_message_length", _MAX_MESSAGE),
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
+            # a restarted worker is found again within ~2 s (gRPC's default backoff grows to 120 s)
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2000),
         ]
         self.channel = grpc.insecure_channel(address, options=opts)
         self.stub = worker_pb2_grpc.EmbeddingWorkerStub(self.channel)

@@ -168,8 +168,9 @@ class ReplicaSet:
             old, self._status[i] = self._status[i], status
             if status != "SERVING":
                 self._checked[i] = False
-        if old != status:
-            log.warning("shard %d replica %s: %s -> %s", self.shard, self.replicas[i].target, old, status)
+        if old != status:  # leaving SERVING is the news; coming (back) to it is routine
+            level = logging.WARNING if old == "SERVING" or status == "WRONG_SHARD" else logging.INFO
+            log.log(level, "shard %d replica %s: %s -> %s", self.shard, self.replicas[i].target, old, status)
 
     def check(self) -> None:
         """One health pass over the replicas (the poller's; also callable directly)."""
