@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "publish": "validate a version and make it the served one (atomic CURRENT switch)",
     "rollback": "re-publish the previously published version",
     "controller": "(started by `up`) keep TorchServe's dense model on the store's CURRENT version",
+    "supervisor": "(started by `up`) restart any process of the local stack that dies",
 }
 _MODULE = {"synth": "features.synth", "down": "recserve.commands.up", "score": "recserve.commands.up"}
 _MODULE.update({name: "recserve.commands.releases" for name in ("versions", "publish", "rollback")})

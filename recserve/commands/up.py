@@ -22,17 +22,21 @@ def run_up(cfg: StackConfig) -> int:
         print(f"recserve up: {e}", file=sys.stderr)
         return 1
     s = stack.state
+    replicas = len(s["ps"]) // len(s["ps_shards"])
     print(
-        f"serving {s['model']} version {s['version']}: {len(s['ps'])} PS shard(s) {', '.join(s['ps'])}, worker {s['worker']}"
+        f"serving {s['model']} version {s['version']}: {len(s['ps_shards'])} PS shard(s) x {replicas} replica(s) "
+        f"{', '.join(s['ps'])}, worker {s['worker']}"
     )
-    for i, shard in enumerate(s["shards"]):
-        print(f"  ps shard {i} ({shard['address']}): version {shard['version']}, delta {shard['delta_seq']}, "
-              f"{shard['rows']} rows")  # fmt: skip
+    for shard in s["shards"]:
+        print(f"  ps shard {shard['shard']} ({shard['address']}): version {shard['version']}, "
+              f"delta {shard['delta_seq']}, {shard['rows']} rows")  # fmt: skip
     print(f"endpoint: POST {s['endpoint']}")
     if s["token_auth"]:
         print(f"token auth is ON: send 'Authorization: Bearer <inference key>' from {s['key_file']}")
     else:
         print("token auth is OFF (--no-token-auth): anyone on this host can call the APIs")
+    if "supervisor" in s["pids"]:
+        print(f"supervised: a process that dies is restarted (see {stack.run_dir}/logs/supervisor.log)")
     print(f"stop with: recserve down --run-dir {stack.run_dir}")
     return 0
 

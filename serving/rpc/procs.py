@@ -61,6 +61,14 @@ def alive(pid: int) -> bool:
     return True
 
 
+def running(pid: int, started: int | None = None) -> bool:
+    """Whether ``pid`` runs (not gone, not a zombie) and, when ``started`` (its recorded
+    ``start_time``) is given, is still the process started then, not a recycled pid."""
+    if not alive(pid) or _zombie(pid):
+        return False
+    return started is None or start_time(pid) == started
+
+
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")

@@ -95,7 +95,7 @@ class Controller:
         self.stack.register(
             model_store.version_dir(self.stack.root, cfg.model, target), target, make_default=True
         )
-        self.stack.save_state()
+        self.stack.save_state("dense_version")
         log.info("dense model %s -> %s registered and default in %.2fs", old, target, time.monotonic() - t0)
         time.sleep(self.drain_s)  # requests routed to the old version finish
         try:
@@ -109,7 +109,7 @@ class Controller:
         self.refused.add(version)
         self.refusals.labels("controller", "version").inc()
         self.stack.state.setdefault("refused", {})[version] = why
-        self.stack.save_state()
+        self.stack.save_state("refused")
 
     def wait_shards(self, version: str, poll_s: float = 0.2) -> tuple[str, bool]:
         """Wait until every PS shard serves ``version`` as its newest: ('', _) when they do, else

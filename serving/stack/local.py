@@ -1,11 +1,14 @@
 """The local serving stack: PS shards + embedding worker + TorchServe with the scoring handler.
 
 ``LocalStack(StackConfig).start()`` loads the served version (``CURRENT`` or a given one, checked
-against its manifest), starts one ``recserve ps`` per shard loading that version's embeddings,
-waits until every shard serves that version, starts a ``recserve worker`` over them and TorchServe
-with the model registered, waits until every part is healthy, and writes ``<run_dir>/stack.json``
-(pids, ports, endpoint). ``stop()`` -- or ``recserve down``, from another process -- stops exactly
-the processes listed there. Never serve nothing: a shard that refuses the version (or has not
+against its manifest), starts ``replicas`` ``recserve ps`` processes per shard loading that
+version's embeddings, waits until every one serves that version, starts a ``recserve worker`` over
+them (a shard's replicas in one ``--ps`` entry, ``serving.worker.replicas``) and TorchServe with the
+model registered, waits until every part is healthy, writes ``<run_dir>/stack.json`` (pids, ports,
+endpoint, the command of each process) and starts the controller and the supervisor
+(``serving.stack.supervisor``: restarts any process that dies). ``stop()`` -- or ``recserve
+down``, from another process -- stops the supervisor first, then exactly the processes listed
+there. Never serve nothing: a shard that refuses the version (or has not
 loaded it after ``startup_timeout_s``) fails ``start`` with every shard's reason, after stopping
 what it started.
 
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import model_store
 from serving.rpc.procs import free_ports, spawn, start_time, stop_pid, wait_grpc_healthy
+from serving.stack.state import read_state, update_state, write_state
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDLER = ROOT / "handlers" / "recserve_handler.py"
@@ -54,7 +58,12 @@ class StackConfig:
     ps_shards: int = 0
     """PS processes (0: as many as the version was trained with; else re-sharded on load)."""
     ps_ports: list[int] = field(default_factory=list)
-    """One gRPC port per PS shard (empty: free ports)."""
+    """One gRPC port per PS process, shard by shard (shard 0's replicas first; empty: free ports)."""
+    replicas: int = 1
+    """PS processes per shard, each following the store on its own: the worker spreads a shard's
+    lookups over its SERVING replicas and retries another when one fails."""
+    supervise: bool = True
+    """Start the supervisor: a process of the stack that dies is restarted (with backoff)."""
     dtype: str = field(default="float32", metadata={"choices": ["float32", "float16"]})
     """Row storage of the PS shards: float32 maps the version's rows as they are; float16 halves
     row memory (an fp32 version's rows converted into memory at load)."""
@@ -79,6 +88,10 @@ class StackConfig:
     """How long `up` waits for every part to be healthy (every PS shard serving the version)."""
     poll_s: float = 1.0
     """How often the PS shards and the controller look for new versions/deltas."""
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"--replicas must be >= 1, not {self.replicas}")
 
 
 class LocalStack:
@@ -105,42 +118,72 @@ class LocalStack:
         vdir = model_store.version_dir(self.root, cfg.model, version)
         manifest = model_store.read_manifest(vdir)  # refuses incomplete or corrupt versions
         n = cfg.ps_shards or int(manifest["num_shards"])  # PS shards re-shard the dump by the routing hash
-        ps_ports = list(cfg.ps_ports) or free_ports(n, cfg.host)
-        if len(ps_ports) != n:
-            raise ValueError(f"serving {n} PS shards; {len(ps_ports)} PS ports given")
+        ps_ports = list(cfg.ps_ports) or free_ports(n * cfg.replicas, cfg.host)
+        if len(ps_ports) != n * cfg.replicas:
+            raise ValueError(
+                f"serving {n} PS shards x {cfg.replicas} replicas; {len(ps_ports)} PS ports given"
+            )
         worker_port = cfg.worker_port or free_ports(1, cfg.host)[0]
         self.run_dir.mkdir(parents=True, exist_ok=True)
         logs = self.run_dir / "logs"
-        self.state = {"model": cfg.model, "version": version, "run_dir": str(self.run_dir), "pids": {}}
+        self.state = {"model": cfg.model, "version": version, "run_dir": str(self.run_dir), "pids": {},
+                      "commands": {}}  # fmt: skip
         try:
             self._start_ps(vdir, manifest, ps_ports, logs)
             self._start_worker(vdir, ps_ports, worker_port, logs)
             self._start_torchserve(vdir, version, worker_port)
             self._write_state()
-            self._procs["controller"] = spawn(
-                ["controller", "--run-dir", str(self.run_dir), "--poll-s", str(cfg.poll_s)],
-                logs / "controller.log",
-            )
-            self.state["pids"]["controller"] = self._procs["controller"].pid
+            self._spawn("controller", ["controller", "--run-dir", str(self.run_dir), "--poll-s", str(cfg.poll_s)],
+                        logs / "controller.log")  # fmt: skip
+            self._write_state()
+            if cfg.supervise:  # last: it restarts what it finds dead in stack.json
+                self._start_supervisor(logs)
         except BaseException:
             self.stop()
             raise
-        self._write_state()
         return self
 
+    def _spawn(self, name: str, args: list[str], log: Path) -> None:
+        """Start ``recserve <args>`` as ``name``; its pid and command go into the state (the
+        supervisor restarts it with the same command)."""
+        self._procs[name] = spawn(args, log)
+        self.state["pids"][name] = self._procs[name].pid
+        self.state["commands"][name] = {"args": args, "log": str(log)}
+
+    def _start_supervisor(self, logs: Path) -> None:
+        proc = self._procs["supervisor"] = spawn(["supervisor", "--run-dir", str(self.run_dir)],
+                                                 logs / "supervisor.log")  # fmt: skip
+        began = start_time(proc.pid)
+        self.state["pids"]["supervisor"] = proc.pid
+        self.state["started_at"]["supervisor"] = began
+
+        def add(state: dict) -> None:
+            state["pids"]["supervisor"], state["started_at"]["supervisor"] = proc.pid, began
+
+        update_state(self.run_dir, add)
+
     def _start_ps(self, vdir: Path, manifest: dict, ports: list[int], logs: Path) -> None:
-        n, cfg = len(ports), self.config
-        for i, port in enumerate(ports):
-            # following the model: serve CURRENT, switch with it, apply its deltas; a pinned
-            # --version that is not CURRENT is served with its deltas and never switched
-            source = ["--follow", str(vdir.parent), "--poll-s", str(cfg.poll_s)]
-            if not self._follows:
-                source += ["--pin", vdir.name]
-            args = ["ps", "--shard", str(i), "--num-shards", str(n), "--host", cfg.host, "--port", str(port),
-                    "--dim", str(manifest["dim"]), *source, "--dtype", cfg.dtype]  # fmt: skip
-            self._procs[f"ps{i}"] = spawn(args, logs / f"ps{i}.log")
-            self.state["pids"][f"ps{i}"] = self._procs[f"ps{i}"].pid
-        self.state["ps"] = [f"{cfg.host}:{p}" for p in ports]
+        cfg, r = self.config, self.config.replicas
+        n = len(ports) // r
+        shards = [[f"{cfg.host}:{p}" for p in ports[i * r : (i + 1) * r]] for i in range(n)]
+        self._ps_names: dict[str, tuple[str, str]] = {}  # address -> (process name, label)
+        for i, replicas in enumerate(shards):
+            for k, address in enumerate(replicas):
+                # following the model: serve CURRENT, switch with it, apply its deltas; a pinned
+                # --version that is not CURRENT is served with its deltas and never switched
+                source = ["--follow", str(vdir.parent), "--poll-s", str(cfg.poll_s)]
+                if not self._follows:
+                    source += ["--pin", vdir.name]
+                args = ["ps", "--shard", str(i), "--num-shards", str(n), "--host", cfg.host,
+                        "--port", address.rsplit(":", 1)[1], "--dim", str(manifest["dim"]), *source,
+                        "--dtype", cfg.dtype]  # fmt: skip
+                name, label = (
+                    (f"ps{i}", f"ps shard {i}") if r == 1 else (f"ps{i}.{k}", f"ps shard {i} replica {k}")
+                )
+                self._spawn(name, args, logs / f"{name}.log")
+                self._ps_names[address] = (name, label)
+        self.state["ps"] = [a for replicas in shards for a in replicas]
+        self.state["ps_shards"] = shards
         self.state["shards"] = self._wait_shards_serve(vdir.name, logs)
 
     def _wait_shards_serve(self, version: str, logs: Path) -> list[dict]:
@@ -156,13 +199,16 @@ class LocalStack:
         deadline = time.monotonic() + cfg.startup_timeout_s
         try:
             while True:
-                states = [self._shard_state(i, c, version, logs) for i, c in enumerate(clients)]
+                states = [self._shard_state(c, version, logs) for c in clients]
                 missing = {i: why for i, (_, why, _) in enumerate(states) if why}
                 if not missing:
                     return [served for served, _, _ in states]
                 fatal = all(final for _, why, final in states if why)  # each shard has decided
                 if fatal or time.monotonic() > deadline:
-                    why = "".join(f"\n  ps shard {i} ({clients[i].target}): {m}" for i, m in missing.items())
+                    label = lambda c: self._ps_names[c.target][1]  # noqa: E731
+                    why = "".join(
+                        f"\n  {label(clients[i])} ({clients[i].target}): {m}" for i, m in missing.items()
+                    )
                     head = f"{cfg.model} version {version} is not served by every PS shard"
                     if fatal:
                         raise RuntimeError(f"{head}:{why}")
@@ -172,13 +218,15 @@ class LocalStack:
             for client in clients:
                 client.close()
 
-    def _shard_state(self, i: int, client, version: str, logs: Path) -> tuple[dict | None, str, bool]:
-        """(what shard ``i`` serves, or None; why it does not serve ``version``; whether that is final)."""
+    def _shard_state(self, client, version: str, logs: Path) -> tuple[dict | None, str, bool]:
+        """(what the PS at ``client`` serves, or None; why it does not serve ``version``; whether
+        that is final)."""
         from serving.ps.client import ShardError
 
-        proc = self._procs[f"ps{i}"]
+        name = self._ps_names[client.target][0]
+        proc = self._procs[name]
         if proc.poll() is not None:
-            tail = (logs / f"ps{i}.log").read_text(errors="replace")[-1500:].strip()
+            tail = (logs / f"{name}.log").read_text(errors="replace")[-1500:].strip()
             return None, f"exited with {proc.returncode}:\n{tail}", True
         try:
             st = client.stats()
@@ -188,16 +236,17 @@ class LocalStack:
             return None, st["refusal"], True
         if self._follows and st["version"] != version:
             return None, f"serves version {st['version'] or '(none yet)'}", False
-        served = {"address": client.target, "version": st["version"] or version,
+        served = {"address": client.target, "shard": st["shard"], "version": st["version"] or version,
                   "delta_seq": st["delta_seq"], "rows": st["rows"]}  # fmt: skip
         return served, "", False
 
     def _start_worker(self, vdir: Path, ps_ports: list[int], port: int, logs: Path) -> None:
         cfg = self.config
-        args = ["worker", "--ps", ",".join(self.state["ps"]), "--schema", str(vdir / "schema.yaml"),
+        from serving.worker.replicas import format_ps_spec
+
+        args = ["worker", "--ps", format_ps_spec(self.state["ps_shards"]), "--schema", str(vdir / "schema.yaml"),
                 "--host", cfg.host, "--port", str(port)]  # fmt: skip
-        self._procs["worker"] = spawn(args, logs / "worker.log")
-        self.state["pids"]["worker"] = self._procs["worker"].pid
+        self._spawn("worker", args, logs / "worker.log")
         wait_grpc_healthy(
             f"{cfg.host}:{port}", cfg.startup_timeout_s, self._procs["worker"], logs / "worker.log"
         )
@@ -252,7 +301,7 @@ class LocalStack:
         scoring = {"version_dir": str(vdir), "worker": self.state["worker"], "runtime": cfg.runtime,
                    "worker_timeout_s": cfg.worker_timeout_s, "max_items": cfg.max_items}  # fmt: skip
         if cfg.worker_in_handler:
-            scoring["ps"] = self.state["ps"]
+            scoring["ps"] = ["|".join(replicas) for replicas in self.state["ps_shards"]]
         (staging / "scoring.json").write_text(json.dumps(scoring, indent=2))
         mar = archive(
             HANDLER, [staging / "scoring.json"], cfg.model, version, self.run_dir / "torchserve-store"
@@ -296,10 +345,15 @@ class LocalStack:
 
     # --- stop -----------------------------------------------------------------------------------
     def stop(self) -> None:
-        ctl = self._procs.pop("controller", None)  # first, so it cannot act on a half-stopped stack
-        if ctl is not None:
-            stop_pid(ctl.pid, "recserve")
-            ctl.wait(10)
+        # the supervisor first (it would restart what is stopped), then the controller (it must not
+        # act on a half-stopped stack), then -- from stack.json -- the replacements the supervisor
+        # started; then what this object started itself (reaped)
+        for first in ("supervisor", "controller"):
+            proc = self._procs.pop(first, None)
+            if proc is not None:
+                stop_pid(proc.pid, "recserve")
+                proc.wait(10)
+        down(self.run_dir)
         if self._ts is not None:
             self._ts.stop()
             self._ts = None
@@ -313,17 +367,19 @@ class LocalStack:
         self.state["config"] = asdict(self.config)
         self.state["started_at"] = {name: start_time(pid) for name, pid in self.state["pids"].items()}
         self.state["started"] = time.time()
-        self.save_state()
+        write_state(self.run_dir, self.state)
 
-    def save_state(self) -> None:
-        tmp = self.run_dir / "stack.json.tmp"
-        tmp.write_text(json.dumps(self.state, indent=2))
-        tmp.replace(self.run_dir / "stack.json")
+    def save_state(self, *keys: str) -> None:
+        """Write ``keys`` of this object's state into stack.json as it is now (the controller and
+        the supervisor each write their own entries of a running stack: ``serving.stack.state``)."""
+        if not keys:
+            raise ValueError("name the state keys to save")
+        update_state(self.run_dir, lambda state: state.update({k: self.state[k] for k in keys}))
 
     @classmethod
     def attach(cls, run_dir: str | Path) -> LocalStack:
         """A handle on a running stack (from its stack.json) that owns none of its processes."""
-        state = json.loads((Path(run_dir) / "stack.json").read_text())
+        state = read_state(run_dir)
         stack = cls(StackConfig(**state["config"]))
         stack.run_dir = Path(run_dir).resolve()
         stack.state = state
@@ -371,8 +427,8 @@ def serving_view(run_dir: str | Path, timeout_s: float = 2.0) -> dict | None:
                 worker["version"], worker["delta_seq"] = client.stats()["version"]
         except (ConnectionError, RuntimeError) as e:
             worker["error"] = str(e)
-    return {"run_dir": str(run_dir), "ps": shards, "worker": worker,
-            "dense_version": state.get("dense_version"), "refused": state.get("refused", {})}  # fmt: skip
+    return {"run_dir": str(run_dir), "ps": shards, "worker": worker, "dense_version": state.get("dense_version"),
+            "refused": state.get("refused", {}), "restarts": state.get("restarts", {})}  # fmt: skip
 
 
 def _any_alive(state: dict) -> bool:
@@ -382,16 +438,20 @@ def _any_alive(state: dict) -> bool:
 
 
 def down(run_dir: Path) -> list[str]:
-    """Stop the processes a previous ``up`` recorded in ``run_dir/stack.json``; returns their names."""
+    """Stop the processes a previous ``up`` recorded in ``run_dir/stack.json``; returns their names.
+    The supervisor first (it would restart what is stopped), then the controller, then the rest as
+    stack.json names them once the supervisor is gone (its last replacements included)."""
     state_file = Path(run_dir) / "stack.json"
     if not state_file.exists():
         return []
-    state = json.loads(state_file.read_text())
-    stopped = []
-    pids = state.get("pids", {})
-    for name, pid in sorted(pids.items(), key=lambda kv: kv[0] != "controller"):  # controller first
-        marker = "org.pytorch.serve.ModelServer" if name == "torchserve" else "recserve"
-        if stop_pid(int(pid), marker, started=state.get("started_at", {}).get(name)):
-            stopped.append(name)
+    stopped: list[str] = []
+    for group in (("supervisor",), ("controller",), None):
+        state = read_state(run_dir)
+        for name, pid in state.get("pids", {}).items():
+            if name in stopped or (name not in group if group else name in ("supervisor", "controller")):
+                continue
+            marker = "org.pytorch.serve.ModelServer" if name == "torchserve" else "recserve"
+            if stop_pid(int(pid), marker, started=state.get("started_at", {}).get(name)):
+                stopped.append(name)
     state_file.unlink(missing_ok=True)
     return stopped

@@ -169,7 +169,7 @@ def test_down_stops_exactly_what_up_started(trained, tmp_path):
     s = LocalStack(cfg).start()
     try:
         pids = dict(s.state["pids"])
-        assert set(pids) == {"ps0", "ps1", "worker", "torchserve", "controller"}
+        assert set(pids) == {"ps0", "ps1", "worker", "torchserve", "controller", "supervisor"}
         stopped = down(tmp_path / "run")  # as `recserve down` does, from the state file alone
         assert sorted(stopped) == sorted(pids)
         time.sleep(0.5)
