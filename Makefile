@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PROTOS := $(wildcard proto/recserve/v1/*.proto)
 GEN    := recserve/v1/.generated
-BENCHES := codec ps train e2e swap
+BENCHES := codec ps train e2e swap faults
 
 .PHONY: venv proto lint test test-fast demo bench $(addprefix bench-,$(BENCHES)) clean
 
@@ -61,6 +61,11 @@ bench-e2e: $(STAMP) $(GEN)
 
 bench-swap: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_swap
+
+# Replicas and supervision (issue 13): kill -9 a PS replica, the worker and the controller of
+# `up --replicas 2` under load while deltas are published; then 100,000 fuzzed requests.
+bench-faults: $(STAMP) $(GEN)
+	$(PY) -m loadtest.bench_faults
 
 # Training at scale (issue 11): synth files of N and 10N rows streamed through `recserve train`;
 # Huge tables (issue 11): two 50M-row versions (dim 16, 2 shards) served by `recserve ps --follow`

@@ -29,8 +29,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -38,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtest.common import print_table, write_results
+from loadtest.common import print_table, start_locust_timeline, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "loadtest" / "results"
@@ -143,14 +141,9 @@ def run(args) -> dict:
         print("starting the stack (token auth disabled for this local benchmark) ...", flush=True)
         with LocalStack(cfg) as stack:
             timeline = work / "timeline.txt"
-            cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtest" / "locust_timeline.py"), "--headless",
-                   "--host", stack.state["inference"], "-u", str(max(1, args.rate // 4)), "-r", "100",
-                   "-t", f"{args.duration}s", "--stop-timeout", "5", "--only-summary", "--loglevel", "WARNING",
-                   "--total-rate", str(args.rate), "--model", "criteo", "--timeline-out", str(timeline)]  # fmt: skip
             events: list[dict] = []
             t_start = time.time()
-            locust = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+            locust = start_locust_timeline(stack.state["inference"], args.rate, args.duration, timeline)
             errors: list[BaseException] = []
 
             def swaps():

@@ -3,14 +3,32 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "loadtest" / "results"
+
+
+def start_locust_timeline(
+    host: str, rate: int, duration_s: int, timeline: Path, model: str = "criteo"
+) -> subprocess.Popen:
+    """Locust (``loadtest/locust_timeline.py``: 200-item JSON requests, one timeline line per
+    request) against ``host`` at ``rate`` requests/s for ``duration_s``, headless, in a child
+    process; ``communicate()`` it, then read ``timeline``."""
+    cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtest" / "locust_timeline.py"), "--headless",
+           "--host", host, "-u", str(max(1, rate // 4)), "-r", "100", "-t", f"{duration_s}s", "--stop-timeout",
+           "5", "--only-summary", "--loglevel", "WARNING", "--total-rate", str(rate), "--model", model,
+           "--timeline-out", str(timeline)]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
 def median_us(fn: Callable[[], object], min_runs: int = 200, min_seconds: float = 0.3) -> float:
