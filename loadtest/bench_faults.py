@@ -40,6 +40,7 @@ from loadtest.common import ROOT, print_table, start_locust_timeline, write_resu
 
 TRAIN = ROOT / "data" / "criteo" / "wide_resdnn_criteo_train.tsv"
 TEST = ROOT / "data" / "criteo" / "wide_resdnn_criteo_test.tsv"
+SCHEMA = ROOT / "data" / "schemas" / "criteo.yaml"
 KILLED_PS = "ps0.1"  # its twin ps0.0 keeps serving shard 0
 
 
@@ -165,14 +166,15 @@ def score_test_split(endpoint: str) -> np.ndarray:
     from serving.scoring.client import ScoringClient, requests_from_file
 
     out = []
-    with ScoringClient(endpoint) as client:
-        for body, ctype in requests_from_file(
-            str(TEST), str(ROOT / "data/schemas/criteo.yaml"), 200, 2000, False
-        ):
+    client = ScoringClient(endpoint)
+    try:
+        for body, ctype in requests_from_file(str(TEST), str(SCHEMA), 200, 2000, False):
             status, payload = client.post(body, ctype)
             if status != 200:
                 raise RuntimeError(f"scoring the test split: HTTP {status}: {payload[:300]!r}")
             out.extend(orjson.loads(payload)["scores"])
+    finally:
+        client.close()
     return np.array(out)
 
 

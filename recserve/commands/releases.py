@@ -85,13 +85,15 @@ def run_versions(cfg: VersionsConfig) -> int:
     print(f"serving (stack in {view['run_dir']}):")
     print(f"  dense model  version {view['dense_version']} (TorchServe's default)")
     for i, shard in enumerate(view["ps"]):
-        print(f"  ps shard {i}   {shard['address']}  " + _served(shard))
+        print(f"  ps shard {shard.get('shard', i)}   {shard['address']}  " + _served(shard))
         if shard.get("refusal"):
             print(f"               refuses: {shard['refusal']}")
     if view["worker"]:
         print(f"  worker       {view['worker']['address']}  " + _served(view["worker"]))
     for version, why in view["refused"].items():
         print(f"  controller   refused version {version}: {why}")
+    if view.get("restarts"):
+        print("  restarted    " + ", ".join(f"{name} {n}x" for name, n in sorted(view["restarts"].items())))
     return 0
 
 
@@ -107,7 +109,9 @@ def _refusals(view: dict, current: str | None) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for i, shard in enumerate(view["ps"]):
         if shard.get("refusal") and current:
-            out.setdefault(current, []).append(f"ps shard {i}")
+            who = f"ps shard {shard.get('shard', i)}"  # its replicas refuse it alike: named once
+            if who not in out.get(current, []):
+                out.setdefault(current, []).append(who)
     for version in view["refused"]:
         out.setdefault(version, []).append("the controller")
     return out

@@ -415,8 +415,8 @@ def serving_view(run_dir: str | Path, timeout_s: float = 2.0) -> dict | None:
         try:
             with PSClient(address, timeout_s=timeout_s) as client:
                 st = client.stats()
-            shards.append({"address": address, "version": st["version"], "delta_seq": st["delta_seq"],
-                           "refusal": st["refusal"]})  # fmt: skip
+            shards.append({"address": address, "shard": st["shard"], "version": st["version"],
+                           "delta_seq": st["delta_seq"], "refusal": st["refusal"]})  # fmt: skip
         except ShardError as e:
             shards.append({"address": address, "error": str(e)})
     worker = None
