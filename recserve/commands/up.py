@@ -29,6 +29,10 @@ def run_up(cfg: StackConfig) -> int:
         print(f"  ps shard {i} ({shard['address']}): version {shard['version']}, delta {shard['delta_seq']}, "
               f"{shard['rows']} rows")  # fmt: skip
     print(f"endpoint: POST {s['endpoint']}")
+    metrics = ", ".join(
+        f"{name} http://{address}/metrics" for name, address in sorted(s["metrics_endpoints"].items())
+    )
+    print(f"metrics: {metrics}\n  (Prometheus targets: {stack.run_dir / 'prometheus-targets.json'})")
     if s["token_auth"]:
         print(f"token auth is ON: send 'Authorization: Bearer <inference key>' from {s['key_file']}")
     else:

@@ -105,7 +105,7 @@ class _Metrics:
         from prometheus_client import CollectorRegistry, Counter, Histogram
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        from serving.rpc.metrics import LATENCY_BUCKETS
+        from serving.rpc.metrics import LATENCY_BUCKETS, rpc_errors
 
         self.registry = CollectorRegistry()
         self.lookup_seconds = Histogram(
@@ -115,9 +115,7 @@ class _Metrics:
             registry=self.registry,
         )
         self.lookup_ids = Counter("recserve_ps_lookup_ids", "Signs looked up", registry=self.registry)
-        self.errors = Counter(
-            "recserve_ps_errors", "RPCs answered with an error", ["code"], registry=self.registry
-        )
+        self.errors = rpc_errors("recserve_ps_errors", self.registry)
         self.update_seconds = Histogram(
             "recserve_ps_update_seconds",
             "PS Update time in the server",

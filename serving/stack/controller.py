@@ -59,7 +59,7 @@ class Controller:
         self.shards_timeout_s = shards_timeout_s
         self.refused: set[str] = set()
         self.registry = registry or CollectorRegistry()
-        self.refusals = version_refusals(self.registry)
+        self.refusals = version_refusals(self.registry, "controller")
 
     @property
     def served(self) -> str:

@@ -117,11 +117,14 @@ class LocalStack:
             self._start_worker(vdir, ps_ports, worker_port, logs)
             self._start_torchserve(vdir, version, worker_port)
             self._write_state()
+            port = self._metrics_port("controller")
             self._procs["controller"] = spawn(
-                ["controller", "--run-dir", str(self.run_dir), "--poll-s", str(cfg.poll_s)],
+                ["controller", "--run-dir", str(self.run_dir), "--poll-s", str(cfg.poll_s),
+                 "--metrics-port", str(port)],
                 logs / "controller.log",
-            )
+            )  # fmt: skip
             self.state["pids"]["controller"] = self._procs["controller"].pid
+            self._write_targets()
         except BaseException:
             self.stop()
             raise
@@ -137,7 +140,8 @@ class LocalStack:
             if not self._follows:
                 source += ["--pin", vdir.name]
             args = ["ps", "--shard", str(i), "--num-shards", str(n), "--host", cfg.host, "--port", str(port),
-                    "--dim", str(manifest["dim"]), *source, "--dtype", cfg.dtype]  # fmt: skip
+                    "--dim", str(manifest["dim"]), *source, "--dtype", cfg.dtype,
+                    "--metrics-port", str(self._metrics_port(f"ps{i}"))]  # fmt: skip
             self._procs[f"ps{i}"] = spawn(args, logs / f"ps{i}.log")
             self.state["pids"][f"ps{i}"] = self._procs[f"ps{i}"].pid
         self.state["ps"] = [f"{cfg.host}:{p}" for p in ports]
@@ -195,7 +199,7 @@ class LocalStack:
     def _start_worker(self, vdir: Path, ps_ports: list[int], port: int, logs: Path) -> None:
         cfg = self.config
         args = ["worker", "--ps", ",".join(self.state["ps"]), "--schema", str(vdir / "schema.yaml"),
-                "--host", cfg.host, "--port", str(port)]  # fmt: skip
+                "--host", cfg.host, "--port", str(port), "--metrics-port", str(self._metrics_port("worker"))]  # fmt: skip
         self._procs["worker"] = spawn(args, logs / "worker.log")
         self.state["pids"]["worker"] = self._procs["worker"].pid
         wait_grpc_healthy(
@@ -236,10 +240,33 @@ class LocalStack:
             inference=ts_cfg.url(ports[0]),
             management=ts_cfg.url(ports[1]),
             metrics=ts_cfg.url(ports[2]),
+            metrics_endpoints={
+                **self.state.get("metrics_endpoints", {}),
+                "torchserve": f"{cfg.host}:{ports[2]}",
+            },
             token_auth=not cfg.disable_token_auth,
             key_file=None if cfg.disable_token_auth else str(self._ts.key_file),
         )
         self.register(vdir, version, make_default=True)
+
+    # --- metrics ----------------------------------------------------------------------------------
+    def _metrics_port(self, name: str) -> int:
+        """A free port for process ``name``'s /metrics, recorded in the state (``metrics_endpoints``)."""
+        host = self.config.host
+        port = free_ports(1, host)[0]
+        self.state.setdefault("metrics_endpoints", {})[name] = f"{host}:{port}"
+        return port
+
+    def _write_targets(self) -> None:
+        """``<run_dir>/prometheus-targets.json``: every /metrics endpoint of the stack in Prometheus'
+        file service discovery format (ops/prometheus.yml reads it), labelled by component."""
+        groups = [
+            {"targets": [address], "labels": {"component": name.rstrip("0123456789"), "instance_name": name}}
+            for name, address in sorted(self.state.get("metrics_endpoints", {}).items())
+        ]
+        model_store.write_atomic(
+            self.run_dir / "prometheus-targets.json", json.dumps(groups, indent=2).encode()
+        )
 
     # --- dense versions ---------------------------------------------------------------------------
     def build_mar(self, vdir: Path, version: str) -> str:

@@ -79,7 +79,7 @@ class _Metrics:
     def __init__(self, worker):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-        from serving.rpc.metrics import LATENCY_BUCKETS
+        from serving.rpc.metrics import LATENCY_BUCKETS, rpc_errors
 
         self.registry = CollectorRegistry()
         self.forward_seconds = Histogram(
@@ -94,9 +94,7 @@ class _Metrics:
         self.backwards = Counter(
             "recserve_worker_backwards", "Backward calls accepted", registry=self.registry
         )
-        self.errors = Counter(
-            "recserve_worker_errors", "RPCs answered with an error", ["code"], registry=self.registry
-        )
+        self.errors = rpc_errors("recserve_worker_errors", self.registry)
         in_flight = Gauge(
             "recserve_worker_in_flight", "Batches with updates in flight", registry=self.registry
         )
