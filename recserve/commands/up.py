@@ -37,6 +37,12 @@ def run_up(cfg: StackConfig) -> int:
         print(f"token auth is ON: send 'Authorization: Bearer <inference key>' from {s['key_file']}")
     else:
         print("token auth is OFF (--no-token-auth): anyone on this host can call the APIs")
+    if s.get("tls"):
+        client = s["tls"]["client"]
+        mtls = f"; clients must present {client['cert']} (mTLS)" if client["cert"] else ""
+        print(f"TLS is ON for the PS shards and the worker: CA {client['ca']}{mtls}")
+    else:
+        print("gRPC (PS shards, worker) is plaintext on loopback (--tls turns TLS on)")
     print(f"stop with: recserve down --run-dir {stack.run_dir}")
     return 0
 

@@ -55,6 +55,11 @@ class ScoringConfig:
     worker_timeout_s: float = 1.0  # deadline of the worker Forward call
     threads: int = 1  # intra-op threads of the dense runtime
     verify: bool = True  # check the checksums of the files the scorer reads (dense model, schema)
+    # TLS to the worker (or the PS shards): the CA that signed their certificates, and for mTLS
+    # this process's client certificate and key (PEM paths; all empty: plaintext)
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
 
     @classmethod
     def from_dict(cls, d: dict) -> ScoringConfig:
@@ -296,11 +301,14 @@ def _load_dense(path: Path, threads: int):
 
 
 def _worker_client(config: ScoringConfig, schema: Schema):
+    from serving.rpc.tls import ClientTLS
+
+    tls = ClientTLS.of(config.tls_ca, config.tls_cert, config.tls_key)
     if config.ps:  # the worker library here, over the PS processes; each PS call gets the deadline
         from serving.worker.core import EmbeddingWorker, PSClient
 
-        shards = [PSClient(a, timeout_s=config.worker_timeout_s) for a in config.ps]
+        shards = [PSClient(a, timeout_s=config.worker_timeout_s, tls=tls) for a in config.ps]
         return EmbeddingWorker(shards, schema)
     from serving.worker.client import WorkerClient
 
-    return WorkerClient(config.worker, timeout_s=config.worker_timeout_s)
+    return WorkerClient(config.worker, timeout_s=config.worker_timeout_s, tls=tls)

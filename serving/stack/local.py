@@ -9,6 +9,9 @@ the processes listed there. Never serve nothing: a shard that refuses the versio
 loaded it after ``startup_timeout_s``) fails ``start`` with every shard's reason, after stopping
 what it started.
 
+TLS (``--tls``, ``serving.stack.tls``): fresh certificates under ``<run_dir>/tls``; every PS shard
+and the worker serve over TLS (mTLS unless ``--no-tls-client-auth``) and every client presents them.
+
 TorchServe: every listener on 127.0.0.1; the model-control API is on the loopback management port
 only; token auth stays ON unless ``disable_token_auth`` is set (the local demo sets it, and says so).
 """
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import model_store
 from serving.rpc.procs import free_ports, spawn, start_time, stop_pid, wait_grpc_healthy
+from serving.stack import tls as stack_tls
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDLER = ROOT / "handlers" / "recserve_handler.py"
@@ -79,6 +83,10 @@ class StackConfig:
     """How long `up` waits for every part to be healthy (every PS shard serving the version)."""
     poll_s: float = 1.0
     """How often the PS shards and the controller look for new versions/deltas."""
+    tls: bool = False
+    """Make a local CA and certificates under <run_dir>/tls; the PS shards and the worker serve TLS."""
+    tls_client_auth: bool = True
+    """With --tls: mTLS, the PS shards and the worker accept only the stack's client certificate."""
 
 
 class LocalStack:
@@ -112,6 +120,8 @@ class LocalStack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         logs = self.run_dir / "logs"
         self.state = {"model": cfg.model, "version": version, "run_dir": str(self.run_dir), "pids": {}}
+        if cfg.tls:
+            self.state["tls"] = stack_tls.create(self.run_dir / "tls", cfg.host, cfg.tls_client_auth)
         try:
             self._start_ps(vdir, manifest, ps_ports, logs)
             self._start_worker(vdir, ps_ports, worker_port, logs)
@@ -141,7 +151,7 @@ class LocalStack:
                 source += ["--pin", vdir.name]
             args = ["ps", "--shard", str(i), "--num-shards", str(n), "--host", cfg.host, "--port", str(port),
                     "--dim", str(manifest["dim"]), *source, "--dtype", cfg.dtype,
-                    "--metrics-port", str(self._metrics_port(f"ps{i}"))]  # fmt: skip
+                    "--metrics-port", str(self._metrics_port(f"ps{i}")), *stack_tls.server_flags(self.state)]  # fmt: skip
             self._procs[f"ps{i}"] = spawn(args, logs / f"ps{i}.log")
             self.state["pids"][f"ps{i}"] = self._procs[f"ps{i}"].pid
         self.state["ps"] = [f"{cfg.host}:{p}" for p in ports]
@@ -156,7 +166,7 @@ class LocalStack:
         from serving.ps.client import PSClient
 
         cfg = self.config
-        clients = [PSClient(a, timeout_s=2.0) for a in self.state["ps"]]
+        clients = [PSClient(a, timeout_s=2.0, tls=stack_tls.client(self.state)) for a in self.state["ps"]]
         deadline = time.monotonic() + cfg.startup_timeout_s
         try:
             while True:
@@ -199,12 +209,14 @@ class LocalStack:
     def _start_worker(self, vdir: Path, ps_ports: list[int], port: int, logs: Path) -> None:
         cfg = self.config
         args = ["worker", "--ps", ",".join(self.state["ps"]), "--schema", str(vdir / "schema.yaml"),
-                "--host", cfg.host, "--port", str(port), "--metrics-port", str(self._metrics_port("worker"))]  # fmt: skip
+                "--host", cfg.host, "--port", str(port), "--metrics-port", str(self._metrics_port("worker")),
+                *stack_tls.server_flags(self.state, worker=True)]  # fmt: skip
         self._procs["worker"] = spawn(args, logs / "worker.log")
         self.state["pids"]["worker"] = self._procs["worker"].pid
         wait_grpc_healthy(
-            f"{cfg.host}:{port}", cfg.startup_timeout_s, self._procs["worker"], logs / "worker.log"
-        )
+            f"{cfg.host}:{port}", cfg.startup_timeout_s, self._procs["worker"], logs / "worker.log",
+            stack_tls.client(self.state),
+        )  # fmt: skip
         self.state["worker"] = f"{cfg.host}:{port}"
 
     def _start_torchserve(self, vdir: Path, version: str, worker_port: int) -> None:
@@ -280,6 +292,7 @@ class LocalStack:
                    "worker_timeout_s": cfg.worker_timeout_s, "max_items": cfg.max_items}  # fmt: skip
         if cfg.worker_in_handler:
             scoring["ps"] = self.state["ps"]
+        scoring.update(stack_tls.scoring_fields(self.state))
         (staging / "scoring.json").write_text(json.dumps(scoring, indent=2))
         mar = archive(
             HANDLER, [staging / "scoring.json"], cfg.model, version, self.run_dir / "torchserve-store"
@@ -384,7 +397,7 @@ def serving_view(run_dir: str | Path, timeout_s: float = 2.0) -> dict | None:
     shards = []
     for address in state.get("ps", []):
         try:
-            with PSClient(address, timeout_s=timeout_s) as client:
+            with PSClient(address, timeout_s=timeout_s, tls=stack_tls.client(state)) as client:
                 st = client.stats()
             shards.append({"address": address, "version": st["version"], "delta_seq": st["delta_seq"],
                            "refusal": st["refusal"]})  # fmt: skip
@@ -394,7 +407,7 @@ def serving_view(run_dir: str | Path, timeout_s: float = 2.0) -> dict | None:
     if state.get("worker"):
         worker = {"address": state["worker"]}
         try:
-            with WorkerClient(state["worker"], timeout_s=timeout_s) as client:
+            with WorkerClient(state["worker"], timeout_s=timeout_s, tls=stack_tls.client(state)) as client:
                 worker["version"], worker["delta_seq"] = client.stats()["version"]
         except (ConnectionError, RuntimeError) as e:
             worker["error"] = str(e)

@@ -315,15 +315,16 @@ class EmbeddingWorker:
 
 def connect(
     ps_addresses: list[str], schema: Schema, config: WorkerConfig | None = None, timeout_s: float = 5.0,
-    token_file: str = "",
+    token_file: str = "", tls=None,
 ) -> EmbeddingWorker:  # fmt: skip
     """A worker over PS processes at ``ps_addresses`` (shard i at address i). Waits up to
     ``timeout_s`` for each shard to answer (serving a version or not yet) and checks it is shard i
-    of len(ps_addresses). ``token_file``: the training shards' admin token file (TRAIN needs it)."""
+    of len(ps_addresses). ``token_file``: the training shards' admin token file (TRAIN needs it);
+    ``tls``: the shards' ``serving.rpc.tls.ClientTLS`` (None: plaintext)."""
     shards: list[PSClient] = []
     try:
         for a in ps_addresses:
-            shards.append(PSClient(a, timeout_s=timeout_s, token_file=token_file))
+            shards.append(PSClient(a, timeout_s=timeout_s, token_file=token_file, tls=tls))
         for i, shard in enumerate(shards):
             shard.wait_connected(timeout_s)
             st = shard.stats()

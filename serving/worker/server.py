@@ -64,15 +64,41 @@ class ServerConfig:
     admin_token_file: str = ""
     """Training: the PS shards' admin token file. Sent on this worker's PS calls, and required of
     callers of TRAIN Forward and Backward; without it they are refused (INFER only)."""
+    tls_cert: str = ""
+    """TLS: this server's certificate (PEM; with --tls-key). Without it the server speaks plaintext."""
+    tls_key: str = ""
+    """TLS: the certificate's private key (PEM, unencrypted, mode 0600)."""
+    tls_client_ca: str = ""
+    """mTLS: clients must present a certificate signed by this CA (PEM)."""
+    ps_tls_ca: str = ""
+    """TLS to the PS shards: the CA that signed their certificates (PEM). Without any --ps-tls-*
+    flag the worker speaks plaintext to them."""
+    ps_tls_cert: str = ""
+    """mTLS to the PS shards: this worker's client certificate (PEM; with --ps-tls-key)."""
+    ps_tls_key: str = ""
+    """mTLS to the PS shards: the client certificate's private key (PEM, mode 0600)."""
 
     def __post_init__(self) -> None:
+        self.tls(), self.ps_tls()  # a missing file, or a key that is not the certificate's: say so now
         if self.admin_token_file:
             read_token_file(self.admin_token_file)  # missing, empty or readable by others: say so now
 
     def endpoint(self):
         from serving.rpc.server import Endpoint
 
-        return Endpoint(self.host, self.port, self.metrics_port, self.max_message_mb, self.grace_s)
+        return Endpoint(
+            self.host, self.port, self.metrics_port, self.max_message_mb, self.grace_s, self.tls()
+        )
+
+    def tls(self):
+        from serving.rpc.tls import ServerTLS
+
+        return ServerTLS.of(self.tls_cert, self.tls_key, self.tls_client_ca)
+
+    def ps_tls(self):
+        from serving.rpc.tls import ClientTLS
+
+        return ClientTLS.of(self.ps_tls_ca, self.ps_tls_cert, self.ps_tls_key)
 
 
 class _Metrics:
@@ -215,7 +241,7 @@ def serve(
         access = worker_access(config)
         worker = connect(
             list(config.ps), schema, WorkerConfig(staleness=config.staleness), config.ps_timeout_s,
-            config.admin_token_file,
+            config.admin_token_file, config.ps_tls(),
         )  # fmt: skip
     except (ShardError, ValueError, OSError) as e:
         log.error("cannot start: %s", e)
