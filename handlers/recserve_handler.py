@@ -19,6 +19,7 @@ from pathlib import Path
 class RecserveHandler:
     def __init__(self) -> None:
         self.scorer = None
+        self._metrics = None
         self._server_timing = None
         self.initialized = False
 
@@ -30,6 +31,7 @@ class RecserveHandler:
         config = ScoringConfig.from_dict(json.loads((model_dir / "scoring.json").read_text()))
         with loading_priority():  # a version loading beside a serving one yields the CPU to it
             self.scorer = Scorer(config)
+        self._metrics = _metrics(context, self.scorer.dense_version)
         self.initialized = True
 
     # decode -> predict -> encode, one request at a time; each request gets its own status and a
@@ -40,12 +42,28 @@ class RecserveHandler:
             body = request.get("body") or request.get("data") or b""
             if isinstance(body, str):
                 body = body.encode()
-            status, payload, timings = self.scorer.score_timed(bytes(body), _content_type(context, idx))
-            context.set_response_status(status, "", idx)
+            reply = self.scorer.reply(bytes(body), _content_type(context, idx))
+            context.set_response_status(reply.status, "", idx)
             context.set_response_content_type(idx, "application/json")
-            context.set_response_header(idx, "Server-Timing", self._server_timing(timings))
-            out.append(payload)
+            context.set_response_header(idx, "Server-Timing", self._server_timing(reply.timings))
+            if self._metrics is not None:
+                self._metrics.record(reply)
+            out.append(reply.payload)
         return out
+
+
+def _metrics(context, dense_version: str):
+    """The scoring metrics (serving/torchserve/metrics.py), or None when this TorchServe was not
+    started with their config (a stack not started by recserve): scoring does not depend on them."""
+    from serving.torchserve.metrics import ScoringMetrics
+
+    try:
+        return ScoringMetrics(context, dense_version)
+    except Exception as e:  # noqa: BLE001 - MetricsCacheKeyError: not declared in this TorchServe
+        import logging
+
+        logging.getLogger("recserve.handler").warning("scoring metrics off: %s", e)
+        return None
 
 
 def _content_type(context, idx: int) -> str | None:

@@ -12,6 +12,10 @@ Given the admin token file of a training shard (``token_file``), every call carr
 (``serving.rpc.auth``): ``update``, ``dump``, ``load`` and inserting lookups need it; plain lookups
 and ``stats`` do not, and sending it there costs one header.
 
+With ``tls`` (``serving.rpc.tls.ClientTLS``) the channel speaks TLS, or mTLS when it holds a client
+certificate; an unreachable shard's error says what this client spoke, since a plaintext client
+against a TLS server (or a CA that did not sign its certificate) looks like "unreachable" to gRPC.
+
 The blocking gRPC client releases the GIL while it waits, so the worker's fan-out threads query
 several shards at once.
 """
@@ -25,6 +29,7 @@ from serving.rpc.auth import read_token_file, token_metadata
 from serving.rpc.errors import not_serving
 from serving.rpc.health import wait_serving
 from serving.rpc.server import grpc_options
+from serving.rpc.tls import ClientTLS, channel, describe
 
 _UNAVAILABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 _PASSED_ON = ("RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "UNAUTHENTICATED")
@@ -52,15 +57,19 @@ class ShardError(RuntimeError):
 
 class PSClient:
     """Blocking client of one PS shard at ``target`` ("host:port"); ``token_file``: the shard's
-    admin token file (a training shard's writes need it)."""
+    admin token file (a training shard's writes need it); ``tls``: TLS settings (None: plaintext)."""
 
-    def __init__(self, target: str, timeout_s: float = 5.0, max_message_mb: int = 256, token_file: str = ""):
+    def __init__(
+        self, target: str, timeout_s: float = 5.0, max_message_mb: int = 256, token_file: str = "",
+        tls: ClientTLS | None = None,
+    ):  # fmt: skip
         import grpc
 
         from recserve.v1 import ps_pb2, ps_pb2_grpc
 
         self.target = self.address = target
         self.token_file = token_file
+        self.tls = tls
         self.metadata = token_metadata(read_token_file(token_file)) if token_file else ()
         """Metadata of every call (the admin token, when given), also for raw stub calls."""
         self.timeout_s = timeout_s
@@ -72,7 +81,7 @@ class PSClient:
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000),
         ]
-        self.channel = grpc.insecure_channel(target, options=opts)
+        self.channel = channel(target, opts, tls)
         self.stub = ps_pb2_grpc.EmbeddingPSStub(self.channel)
         self._dim: int | None = None
         self.version: tuple[str, int] | None = None
@@ -86,7 +95,7 @@ class PSClient:
             if not_serving(e):  # the shard's own message names it and says why
                 raise ShardError(f"{e.details()} (PS {self.target})", code=code, not_serving=True) from None
             unavailable = code in _UNAVAILABLE
-            what = "unavailable" if unavailable else "failed"
+            what = f"unavailable (client speaks {describe(self.tls)})" if unavailable else "failed"
             raise ShardError(
                 f"PS shard {self.target} {what}: {code}: {e.details()}", unavailable, code
             ) from None
@@ -170,8 +179,9 @@ class PSClient:
             self._grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
         except self._grpc.FutureTimeoutError:
             raise ShardError(
-                f"PS shard {self.target}: not reachable after {timeout_s}s", True, "UNAVAILABLE"
-            ) from None
+                f"PS shard {self.target}: not reachable after {timeout_s}s (client speaks "
+                f"{describe(self.tls)})", True, "UNAVAILABLE",
+            ) from None  # fmt: skip
 
     def health(self) -> str:
         """The shard's gRPC health: "SERVING", "NOT_SERVING", or why the check failed ("UNAVAILABLE")."""
@@ -184,7 +194,9 @@ class PSClient:
         try:
             wait_serving(self.channel, timeout_s)
         except TimeoutError as e:
-            raise ShardError(f"PS shard {self.target}: {e}", True, "UNAVAILABLE") from None
+            raise ShardError(
+                f"PS shard {self.target}: {e} (client speaks {describe(self.tls)})", True, "UNAVAILABLE"
+            ) from None
 
     def close(self) -> None:
         self.channel.close()

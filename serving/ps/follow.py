@@ -58,7 +58,7 @@ class Follower:
                 buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60),
                 registry=registry,
             )
-            self.refusals = version_refusals(registry)
+            self.refusals = version_refusals(registry, "ps")
 
     def poll(self) -> list[str]:
         """One pass: switch to a new CURRENT version, then apply new deltas. Returns what it did."""

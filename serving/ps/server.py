@@ -75,10 +75,17 @@ class ServerConfig:
     data_root: str = field(default_factory=default_root)
     """Training shard: Dump and Load paths must lie under this directory (symlinks resolved;
     relative paths are taken under it). Default: the model-store root ($RECSERVE_STORE or ./artifacts)."""
+    tls_cert: str = ""
+    """TLS: this server's certificate (PEM; with --tls-key). Without it the server speaks plaintext."""
+    tls_key: str = ""
+    """TLS: the certificate's private key (PEM, unencrypted, mode 0600)."""
+    tls_client_ca: str = ""
+    """mTLS: clients must present a certificate signed by this CA (PEM)."""
     store: StoreConfig = field(default_factory=StoreConfig)
     """The shard's store (shard, num_shards, dim, capacity, optimizer, ...)."""
 
     def __post_init__(self) -> None:
+        self.tls()  # a missing file, or a key that is not the certificate's: say so now
         if self.admin_token_file and self.follow:
             raise ValueError(
                 "--admin-token-file is for a training PS: a serving PS (--follow) has no RPC that writes"
@@ -95,7 +102,14 @@ class ServerConfig:
     def endpoint(self):
         from serving.rpc.server import Endpoint
 
-        return Endpoint(self.host, self.port, self.metrics_port, self.max_message_mb, self.grace_s)
+        return Endpoint(
+            self.host, self.port, self.metrics_port, self.max_message_mb, self.grace_s, self.tls()
+        )
+
+    def tls(self):
+        from serving.rpc.tls import ServerTLS
+
+        return ServerTLS.of(self.tls_cert, self.tls_key, self.tls_client_ca)
 
 
 class _Metrics:
@@ -105,7 +119,7 @@ class _Metrics:
         from prometheus_client import CollectorRegistry, Counter, Histogram
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        from serving.rpc.metrics import LATENCY_BUCKETS
+        from serving.rpc.metrics import LATENCY_BUCKETS, rpc_errors
 
         self.registry = CollectorRegistry()
         self.lookup_seconds = Histogram(
@@ -115,9 +129,7 @@ class _Metrics:
             registry=self.registry,
         )
         self.lookup_ids = Counter("recserve_ps_lookup_ids", "Signs looked up", registry=self.registry)
-        self.errors = Counter(
-            "recserve_ps_errors", "RPCs answered with an error", ["code"], registry=self.registry
-        )
+        self.errors = rpc_errors("recserve_ps_errors", self.registry)
         self.update_seconds = Histogram(
             "recserve_ps_update_seconds",
             "PS Update time in the server",

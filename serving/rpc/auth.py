@@ -20,8 +20,8 @@ which refuses a file that group or others can read.
 
 Paths in requests (``Dump``, ``Load``) are resolved -- symlinks followed, a relative path taken
 under the root -- and must lie under the server's root (``confine``); ``..`` or a symlink out is
-PERMISSION_DENIED naming the path and the root. TLS is not here yet: on a network the token
-crosses in plain text, so servers bind 127.0.0.1 unless told otherwise.
+PERMISSION_DENIED naming the path and the root. On a network the token crosses in plain text unless
+the servers use TLS (``serving.rpc.tls``), so servers bind 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
@@ -49,20 +49,28 @@ def new_token_file(path: str | Path) -> Path:
     return path
 
 
-def read_token_file(path: str | Path) -> str:
-    """The token in ``path``; a ValueError naming the file when it is missing, empty, or readable
-    by group or others (like ssh with a private key: a token others can read is no secret)."""
+def read_secret(path: str | Path, what: str) -> bytes:
+    """The bytes of a secret file (an admin token, a TLS private key); a ValueError naming ``what``
+    and the file when it is missing or readable by group or others (like ssh with a private key:
+    a secret others can read is no secret)."""
     path = Path(path)
     try:
         mode = path.stat().st_mode
-        token = path.read_text().strip()
+        data = path.read_bytes()
     except OSError as e:
-        raise ValueError(f"cannot read the admin token file {path}: {e.strerror}") from None
+        raise ValueError(f"cannot read the {what} {path}: {e.strerror}") from None
     if mode & 0o077:
         raise ValueError(
-            f"admin token file {path} has mode {stat.S_IMODE(mode):04o}: group and others must not "
+            f"{what} {path} has mode {stat.S_IMODE(mode):04o}: group and others must not "
             f"read it (chmod 600 {path})"
         )
+    return data
+
+
+def read_token_file(path: str | Path) -> str:
+    """The token in ``path``; a ValueError naming the file when it is missing, empty, or readable
+    by group or others (``read_secret``)."""
+    token = read_secret(path, "admin token file").decode().strip()
     if not token:
         raise ValueError(f"admin token file {path} is empty")
     return token

@@ -14,6 +14,11 @@ log = logging.getLogger("recserve.rpc")
 def check(channel, service: str = "", timeout_s: float = 1.0) -> str:
     """The health status of ``service`` on a blocking ``channel``: "SERVING", "NOT_SERVING", ...,
     or the gRPC status code name when the check itself fails ("UNAVAILABLE": not reachable)."""
+    return _check(channel, service, timeout_s)[0]
+
+
+def _check(channel, service: str, timeout_s: float) -> tuple[str, str]:
+    """(``check``'s answer, gRPC's reason when the check itself failed, else "")."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -22,28 +27,34 @@ def check(channel, service: str = "", timeout_s: float = 1.0) -> str:
             health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
         )
     except grpc.RpcError as e:
-        return e.code().name
-    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+        return e.code().name, e.details() or ""
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status), ""
 
 
-def wait_serving(channel, timeout_s: float = 30.0, service: str = "", proc=None, log_path=None) -> None:
+def wait_serving(
+    channel, timeout_s: float = 30.0, service: str = "", proc=None, log_path=None, tls=None
+) -> None:
     """Poll grpc.health.v1 on a blocking ``channel`` until SERVING (TimeoutError after
-    ``timeout_s``; RuntimeError with the log's tail when ``proc`` exits first). The one health wait."""
-    import grpc
+    ``timeout_s``; RuntimeError with the log's tail when ``proc`` exits first). The one health wait.
+    ``channel`` may be an address, opened with ``tls`` (``serving.rpc.tls.ClientTLS``; None: plaintext)."""
+    from serving.rpc import tls as tls_mod
 
     if isinstance(channel, str):  # an address
-        with grpc.insecure_channel(channel) as ch:
-            return wait_serving(ch, timeout_s, service, proc, log_path)
+        with tls_mod.channel(channel, tls=tls) as ch:
+            try:
+                return wait_serving(ch, timeout_s, service, proc, log_path)
+            except TimeoutError as e:
+                raise TimeoutError(f"{e} (client speaks {tls_mod.describe(tls)})") from None
     deadline = time.monotonic() + timeout_s
     while True:
         if proc is not None and proc.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:] if log_path and log_path.exists() else ""
             raise RuntimeError(f"process exited with {proc.returncode}:\n{tail}")
-        last = check(channel, service)
+        last, why = _check(channel, service, 1.0)
         if last == "SERVING":
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"not SERVING after {timeout_s}s (last: {last})")
+            raise TimeoutError(f"not SERVING after {timeout_s}s (last: {last}{f': {why}' if why else ''})")
         time.sleep(0.05)
 
 

@@ -50,16 +50,37 @@ def start_metrics_server(port: int, host: str, registry) -> Callable[[], None]:
     return stop
 
 
-def version_refusals(registry):
+def version_refusals(registry, component: str = ""):
     """``recserve_version_refusals_total{component, kind}``: versions (kind="version") and deltas
     (kind="delta") a serving component (component="ps", "controller") refused -- the gate
     (``model_store.validate``) or its store said no -- so an alert can fire where a log line
     would go unread. Callers do ``.labels(component, kind).inc()``."""
     from prometheus_client import Counter
 
-    return Counter(
+    counter = Counter(
         "recserve_version_refusals",
         "Versions and deltas a serving component refused (it keeps serving what it has)",
         ["component", "kind"],
         registry=registry,
     )
+    if component:  # its series exist (at 0) from the start
+        for kind in ("version", "delta"):
+            counter.labels(component, kind)
+    return counter
+
+
+# Status codes an RPC of ours answers with besides OK: their counters exist (at 0) from the start,
+# so a dashboard's rate() has a series before the first error.
+ERROR_CODES = ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND", "RESOURCE_EXHAUSTED", "UNAVAILABLE",
+               "DEADLINE_EXCEEDED", "UNAUTHENTICATED", "PERMISSION_DENIED", "INTERNAL")  # fmt: skip
+
+
+def rpc_errors(name: str, registry):
+    """``<name>{code}``: RPCs a server answered with an error, by status code (one series per
+    code from the start). The ``rpc`` decorator counts into it (``servicer.metrics.errors``)."""
+    from prometheus_client import Counter
+
+    counter = Counter(name, "RPCs answered with an error", ["code"], registry=registry)
+    for code in ERROR_CODES:
+        counter.labels(code)
+    return counter

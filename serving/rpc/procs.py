@@ -39,14 +39,14 @@ def spawn(role_args: list[str], log_path: Path, env: dict | None = None) -> subp
 
 
 def wait_grpc_healthy(
-    address: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None
+    address: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None, tls=None
 ):
     """Block until the grpc.health.v1 service at ``address`` answers SERVING (the child ``proc``
-    exiting first is a RuntimeError with its log's tail)."""
+    exiting first is a RuntimeError with its log's tail); ``tls``: a ``serving.rpc.tls.ClientTLS``."""
     from serving.rpc.health import wait_serving
 
     try:
-        wait_serving(address, timeout_s, proc=proc, log_path=log)
+        wait_serving(address, timeout_s, proc=proc, log_path=log, tls=tls)
     except (TimeoutError, RuntimeError) as e:
         raise type(e)(f"{address}: {e}") from None
 

@@ -1,6 +1,7 @@
 """One gRPC server bootstrap for every recserve service (the PS on grpc.aio, the worker on a
-thread pool): message-size options, health and reflection, Prometheus /metrics on its own port,
-SIGTERM/SIGINT, and a graceful stop (health NOT_SERVING first, then in-flight calls get ``grace_s``).
+thread pool): message-size options, TLS (``Endpoint.tls``, ``serving.rpc.tls``), health and
+reflection, Prometheus /metrics on its own port, SIGTERM/SIGINT, and a graceful stop (health
+NOT_SERVING first, then in-flight calls get ``grace_s``).
 
 A service is registered by ``add_service`` from its proto descriptor, not by the generated
 ``add_*Servicer_to_server``: those give gRPC the message's ``FromString`` as deserializer, and a
@@ -17,6 +18,8 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from serving.rpc.tls import ServerTLS
 
 log = logging.getLogger("recserve.rpc")
 
@@ -35,6 +38,8 @@ class Endpoint:
     metrics_port: int
     max_message_mb: int
     grace_s: float
+    tls: ServerTLS | None = None
+    """TLS (and mTLS) settings; None: plaintext."""
 
 
 @dataclass
@@ -84,9 +89,14 @@ def _bind(server, endpoint: Endpoint, servicer, health, service: str, registry) 
     add_service(server, servicer, service)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((service, health_mod.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{endpoint.host}:{endpoint.port}")
+    address = f"{endpoint.host}:{endpoint.port}"
+    if endpoint.tls is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, endpoint.tls.credentials())
+        log.info("%s speaks %s", service, endpoint.tls.describe())
     if not port:
-        raise OSError(f"cannot bind {endpoint.host}:{endpoint.port}")
+        raise OSError(f"cannot bind {address}")
     return port, start_metrics_server(endpoint.metrics_port, endpoint.host, registry)
 
 

@@ -23,6 +23,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import orjson
@@ -54,6 +55,11 @@ class ScoringConfig:
     worker_timeout_s: float = 1.0  # deadline of the worker Forward call
     threads: int = 1  # intra-op threads of the dense runtime
     verify: bool = True  # check the checksums of the files the scorer reads (dense model, schema)
+    # TLS to the worker (or the PS shards): the CA that signed their certificates, and for mTLS
+    # this process's client certificate and key (PEM paths; all empty: plaintext)
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
 
     @classmethod
     def from_dict(cls, d: dict) -> ScoringConfig:
@@ -77,6 +83,13 @@ class Scored:
     scores: np.ndarray  # probability per item, in request order
     versions: dict  # embedding version, delta seq, dense version
     timings_ms: dict = field(default_factory=dict)  # per stage, for the latency breakdown
+
+
+class Reply(NamedTuple):
+    status: int  # HTTP status
+    payload: bytes  # JSON body
+    timings: dict  # stage -> ms (decode, worker, dense, encode when scored; total always)
+    versions: dict  # what answered (Scored.versions); empty when the request was not scored
 
 
 class Scorer:
@@ -179,8 +192,15 @@ class Scorer:
     def score_timed(self, body: bytes, content_type: str | None = JSON) -> tuple[int, bytes, dict]:
         """``score`` plus the wall time of each stage in ms: ``decode`` (orjson + transform),
         ``worker`` (Forward), ``dense``, ``encode`` and ``total`` (what a Server-Timing header says)."""
+        r = self.reply(body, content_type)
+        return r.status, r.payload, r.timings
+
+    def reply(self, body: bytes, content_type: str | None = JSON) -> Reply:
+        """Everything about one request: status, body, stage times in ms and the versions that
+        answered (empty unless scored) -- what the handler reports as metrics."""
         t0 = time.perf_counter()
         timings: dict = {}
+        versions: dict = {}
         try:
             batch = self.decode(body, content_type)
             t1 = time.perf_counter()
@@ -188,6 +208,7 @@ class Scorer:
             scored = self.predict(batch, body if binary else None)
             t2 = time.perf_counter()
             payload = self.encode(scored)
+            versions = scored.versions
             t3 = time.perf_counter()
             timings = {"decode": (t1 - t0) * 1e3, "worker": scored.timings_ms["worker_ms"],
                        "dense": scored.timings_ms["dense_ms"], "encode": (t3 - t2) * 1e3}  # fmt: skip
@@ -197,7 +218,7 @@ class Scorer:
         except Exception as e:  # a bug, not the client's fault: say so, keep serving
             status, payload = 500, error_body(f"internal error: {_short(e)}")
         timings["total"] = (time.perf_counter() - t0) * 1e3
-        return status, payload, timings
+        return Reply(status, payload, timings, versions)
 
     def _check_rows(self, n: int) -> None:
         if n > self.config.max_items:
@@ -280,11 +301,14 @@ def _load_dense(path: Path, threads: int):
 
 
 def _worker_client(config: ScoringConfig, schema: Schema):
+    from serving.rpc.tls import ClientTLS
+
+    tls = ClientTLS.of(config.tls_ca, config.tls_cert, config.tls_key)
     if config.ps:  # the worker library here, over the PS processes; each PS call gets the deadline
         from serving.worker.core import EmbeddingWorker
         from serving.worker.replicas import connect_shards
 
-        return EmbeddingWorker(connect_shards(config.ps, timeout_s=config.worker_timeout_s), schema)
+        return EmbeddingWorker(connect_shards(config.ps, timeout_s=config.worker_timeout_s, tls=tls), schema)
     from serving.worker.client import WorkerClient
 
-    return WorkerClient(config.worker, timeout_s=config.worker_timeout_s)
+    return WorkerClient(config.worker, timeout_s=config.worker_timeout_s, tls=tls)

@@ -59,7 +59,7 @@ class Controller:
         self.shards_timeout_s = shards_timeout_s
         self.refused: set[str] = set()
         self.registry = registry or CollectorRegistry()
-        self.refusals = version_refusals(self.registry)
+        self.refusals = version_refusals(self.registry, "controller")
 
     @property
     def served(self) -> str:
@@ -116,8 +116,10 @@ class Controller:
         (why not, whether that is final: a shard refused it, rather than the wait timing out). A
         shard that is briefly unreachable is waited for."""
         from serving.ps.client import PSClient, ShardError
+        from serving.stack import tls as stack_tls
 
-        clients = [PSClient(a, timeout_s=2.0) for a in self.stack.state.get("ps", [])]
+        tls = stack_tls.client(self.stack.state)
+        clients = [PSClient(a, timeout_s=2.0, tls=tls) for a in self.stack.state.get("ps", [])]
         deadline = time.monotonic() + self.shards_timeout_s
         try:
             while True:

@@ -12,6 +12,9 @@ there. Never serve nothing: a shard that refuses the version (or has not
 loaded it after ``startup_timeout_s``) fails ``start`` with every shard's reason, after stopping
 what it started.
 
+TLS (``--tls``, ``serving.stack.tls``): fresh certificates under ``<run_dir>/tls``; every PS shard
+and the worker serve over TLS (mTLS unless ``--no-tls-client-auth``) and every client presents them.
+
 TorchServe: every listener on 127.0.0.1; the model-control API is on the loopback management port
 only; token auth stays ON unless ``disable_token_auth`` is set (the local demo sets it, and says so).
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import model_store
 from serving.rpc.procs import free_ports, spawn, start_time, stop_pid, wait_grpc_healthy
+from serving.stack import tls as stack_tls
 from serving.stack.state import read_state, update_state, write_state
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,6 +92,10 @@ class StackConfig:
     """How long `up` waits for every part to be healthy (every PS shard serving the version)."""
     poll_s: float = 1.0
     """How often the PS shards and the controller look for new versions/deltas."""
+    tls: bool = False
+    """Make a local CA and certificates under <run_dir>/tls; the PS shards and the worker serve TLS."""
+    tls_client_auth: bool = True
+    """With --tls: mTLS, the PS shards and the worker accept only the stack's client certificate."""
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -128,13 +136,17 @@ class LocalStack:
         logs = self.run_dir / "logs"
         self.state = {"model": cfg.model, "version": version, "run_dir": str(self.run_dir), "pids": {},
                       "commands": {}}  # fmt: skip
+        if cfg.tls:
+            self.state["tls"] = stack_tls.create(self.run_dir / "tls", cfg.host, cfg.tls_client_auth)
         try:
             self._start_ps(vdir, manifest, ps_ports, logs)
             self._start_worker(vdir, ps_ports, worker_port, logs)
             self._start_torchserve(vdir, version, worker_port)
             self._write_state()
-            self._spawn("controller", ["controller", "--run-dir", str(self.run_dir), "--poll-s", str(cfg.poll_s)],
-                        logs / "controller.log")  # fmt: skip
+            port = self._metrics_port("controller")
+            self._spawn("controller", ["controller", "--run-dir", str(self.run_dir), "--poll-s", str(cfg.poll_s),
+                                       "--metrics-port", str(port)], logs / "controller.log")  # fmt: skip
+            self._write_targets()
             self._write_state()
             if cfg.supervise:  # last: it restarts what it finds dead in stack.json
                 self._start_supervisor(logs)
@@ -174,12 +186,13 @@ class LocalStack:
                 source = ["--follow", str(vdir.parent), "--poll-s", str(cfg.poll_s)]
                 if not self._follows:
                     source += ["--pin", vdir.name]
-                args = ["ps", "--shard", str(i), "--num-shards", str(n), "--host", cfg.host,
-                        "--port", address.rsplit(":", 1)[1], "--dim", str(manifest["dim"]), *source,
-                        "--dtype", cfg.dtype]  # fmt: skip
                 name, label = (
                     (f"ps{i}", f"ps shard {i}") if r == 1 else (f"ps{i}.{k}", f"ps shard {i} replica {k}")
                 )
+                args = ["ps", "--shard", str(i), "--num-shards", str(n), "--host", cfg.host,
+                        "--port", address.rsplit(":", 1)[1], "--dim", str(manifest["dim"]), *source,
+                        "--dtype", cfg.dtype, "--metrics-port", str(self._metrics_port(name)),
+                        *stack_tls.server_flags(self.state)]  # fmt: skip
                 self._spawn(name, args, logs / f"{name}.log")
                 self._ps_names[address] = (name, label)
         self.state["ps"] = [a for replicas in shards for a in replicas]
@@ -195,7 +208,7 @@ class LocalStack:
         from serving.ps.client import PSClient
 
         cfg = self.config
-        clients = [PSClient(a, timeout_s=2.0) for a in self.state["ps"]]
+        clients = [PSClient(a, timeout_s=2.0, tls=stack_tls.client(self.state)) for a in self.state["ps"]]
         deadline = time.monotonic() + cfg.startup_timeout_s
         try:
             while True:
@@ -245,11 +258,13 @@ class LocalStack:
         from serving.worker.replicas import format_ps_spec
 
         args = ["worker", "--ps", format_ps_spec(self.state["ps_shards"]), "--schema", str(vdir / "schema.yaml"),
-                "--host", cfg.host, "--port", str(port)]  # fmt: skip
+                "--host", cfg.host, "--port", str(port), "--metrics-port", str(self._metrics_port("worker")),
+                *stack_tls.server_flags(self.state, worker=True)]  # fmt: skip
         self._spawn("worker", args, logs / "worker.log")
         wait_grpc_healthy(
-            f"{cfg.host}:{port}", cfg.startup_timeout_s, self._procs["worker"], logs / "worker.log"
-        )
+            f"{cfg.host}:{port}", cfg.startup_timeout_s, self._procs["worker"], logs / "worker.log",
+            stack_tls.client(self.state),
+        )  # fmt: skip
         self.state["worker"] = f"{cfg.host}:{port}"
 
     def _start_torchserve(self, vdir: Path, version: str, worker_port: int) -> None:
@@ -285,10 +300,33 @@ class LocalStack:
             inference=ts_cfg.url(ports[0]),
             management=ts_cfg.url(ports[1]),
             metrics=ts_cfg.url(ports[2]),
+            metrics_endpoints={
+                **self.state.get("metrics_endpoints", {}),
+                "torchserve": f"{cfg.host}:{ports[2]}",
+            },
             token_auth=not cfg.disable_token_auth,
             key_file=None if cfg.disable_token_auth else str(self._ts.key_file),
         )
         self.register(vdir, version, make_default=True)
+
+    # --- metrics ----------------------------------------------------------------------------------
+    def _metrics_port(self, name: str) -> int:
+        """A free port for process ``name``'s /metrics, recorded in the state (``metrics_endpoints``)."""
+        host = self.config.host
+        port = free_ports(1, host)[0]
+        self.state.setdefault("metrics_endpoints", {})[name] = f"{host}:{port}"
+        return port
+
+    def _write_targets(self) -> None:
+        """``<run_dir>/prometheus-targets.json``: every /metrics endpoint of the stack in Prometheus'
+        file service discovery format (ops/prometheus.yml reads it), labelled by component."""
+        groups = [
+            {"targets": [address], "labels": {"component": name.rstrip("0123456789."), "instance_name": name}}
+            for name, address in sorted(self.state.get("metrics_endpoints", {}).items())
+        ]
+        model_store.write_atomic(
+            self.run_dir / "prometheus-targets.json", json.dumps(groups, indent=2).encode()
+        )
 
     # --- dense versions ---------------------------------------------------------------------------
     def build_mar(self, vdir: Path, version: str) -> str:
@@ -302,6 +340,7 @@ class LocalStack:
                    "worker_timeout_s": cfg.worker_timeout_s, "max_items": cfg.max_items}  # fmt: skip
         if cfg.worker_in_handler:
             scoring["ps"] = ["|".join(replicas) for replicas in self.state["ps_shards"]]
+        scoring.update(stack_tls.scoring_fields(self.state))
         (staging / "scoring.json").write_text(json.dumps(scoring, indent=2))
         mar = archive(
             HANDLER, [staging / "scoring.json"], cfg.model, version, self.run_dir / "torchserve-store"
@@ -413,7 +452,7 @@ def serving_view(run_dir: str | Path, timeout_s: float = 2.0) -> dict | None:
     shards = []
     for address in state.get("ps", []):
         try:
-            with PSClient(address, timeout_s=timeout_s) as client:
+            with PSClient(address, timeout_s=timeout_s, tls=stack_tls.client(state)) as client:
                 st = client.stats()
             shards.append({"address": address, "shard": st["shard"], "version": st["version"],
                            "delta_seq": st["delta_seq"], "refusal": st["refusal"]})  # fmt: skip
@@ -423,7 +462,7 @@ def serving_view(run_dir: str | Path, timeout_s: float = 2.0) -> dict | None:
     if state.get("worker"):
         worker = {"address": state["worker"]}
         try:
-            with WorkerClient(state["worker"], timeout_s=timeout_s) as client:
+            with WorkerClient(state["worker"], timeout_s=timeout_s, tls=stack_tls.client(state)) as client:
                 worker["version"], worker["delta_seq"] = client.stats()["version"]
         except (ConnectionError, RuntimeError) as e:
             worker["error"] = str(e)

@@ -155,6 +155,10 @@ def write_config(cfg: TorchServeConfig) -> Path:
     props.update(cfg.extra_properties)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.metrics_mode == "prometheus" and "metrics_config" not in props:
+        from serving.torchserve.metrics import write_metrics_config
+
+        props["metrics_config"] = b(write_metrics_config(run_dir / "metrics.yaml").resolve())
     path = run_dir / "config.properties"
     path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     return path

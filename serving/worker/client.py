@@ -6,7 +6,9 @@ so the trainer and the scoring core can use either. One channel per client, reus
 INVALID_ARGUMENT -> ValueError, NOT_FOUND -> KeyError, a shard that serves no version ->
 ``NotServing`` with the shard's own message, UNAVAILABLE / DEADLINE_EXCEEDED -> ConnectionError,
 anything else -> RuntimeError (the ``grpc.RpcError`` is the ``__cause__``). ``token_file``: the
-worker's admin token file, sent on every call (TRAIN Forward and Backward need it).
+worker's admin token file, sent on every call (TRAIN Forward and Backward need it). ``tls``: the
+worker's TLS settings (``serving.rpc.tls.ClientTLS``; None: plaintext); an unreachable worker's
+error says what this client spoke.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 from features.batch import CompactBatch
 from serving.rpc.auth import read_token_file, token_metadata
 from serving.rpc.errors import NotServing, not_serving
+from serving.rpc.tls import ClientTLS, channel, describe
 from serving.worker.core import ForwardResult
 
 _MAX_MESSAGE = 256 * 1024 * 1024
@@ -24,12 +27,15 @@ _MAX_MESSAGE = 256 * 1024 * 1024
 class WorkerClient:
     """Client of the worker at ``address`` ("host:port")."""
 
-    def __init__(self, address: str, timeout_s: float = 5.0, token_file: str = ""):
+    def __init__(
+        self, address: str, timeout_s: float = 5.0, token_file: str = "", tls: ClientTLS | None = None
+    ):
         import grpc
 
         from recserve.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
         self.address = address
+        self.tls = tls
         self.metadata = token_metadata(read_token_file(token_file)) if token_file else ()
         """Metadata of every call (the admin token, when given), also for raw stub calls."""
         self.timeout_s = timeout_s
@@ -43,7 +49,7 @@ class WorkerClient:
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000),
         ]
-        self.channel = grpc.insecure_channel(address, options=opts)
+        self.channel = channel(address, opts, tls)
         self.stub = worker_pb2_grpc.EmbeddingWorkerStub(self.channel)
         self._modes = {"train": worker_pb2.TRAIN, "infer": worker_pb2.INFER}
         self._dtypes = {"float32": common_pb2.FLOAT32, "float16": common_pb2.FLOAT16}
@@ -61,7 +67,7 @@ class WorkerClient:
             if code == self._grpc.StatusCode.NOT_FOUND:
                 raise KeyError(message) from e
             if code in (self._grpc.StatusCode.UNAVAILABLE, self._grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise ConnectionError(message) from e
+                raise ConnectionError(f"{message} (client speaks {describe(self.tls)})") from e
             raise RuntimeError(message) from e
 
     def forward(
@@ -122,7 +128,7 @@ class WorkerClient:
         try:
             wait_serving(self.channel, timeout_s)
         except TimeoutError as e:
-            raise TimeoutError(f"worker {self.address}: {e}") from None
+            raise TimeoutError(f"worker {self.address}: {e} (client speaks {describe(self.tls)})") from None
 
     def close(self) -> None:
         self.channel.close()

@@ -323,16 +323,17 @@ class EmbeddingWorker:
 
 def connect(
     ps_addresses: list[str], schema: Schema, config: WorkerConfig | None = None, timeout_s: float = 5.0,
-    token_file: str = "", health_poll_s: float = 0.5,
+    token_file: str = "", tls=None, health_poll_s: float = 0.5,
 ) -> EmbeddingWorker:  # fmt: skip
     """A worker over PS processes at ``ps_addresses``: shard i at entry i, a shard's replicas in
     one entry separated by "|" (``serving.worker.replicas.parse_ps_spec``). Waits up to
     ``timeout_s`` for each shard to answer (serving a version or not yet) and checks it is shard i
     of len(ps_addresses). ``token_file``: the training shards' admin token file (TRAIN needs it);
-    ``health_poll_s``: how often a replicated shard checks its replicas' health."""
+    ``tls``: the shards' ``serving.rpc.tls.ClientTLS`` (None: plaintext); ``health_poll_s``: how
+    often a replicated shard checks its replicas' health."""
     from serving.worker.replicas import connect_shards
 
-    shards = connect_shards(ps_addresses, timeout_s, token_file, health_poll_s)
+    shards = connect_shards(ps_addresses, timeout_s, token_file, health_poll_s, tls)
     try:
         return EmbeddingWorker(shards, schema, config)
     except BaseException:

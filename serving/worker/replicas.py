@@ -34,6 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from serving.ps.client import PSClient, ShardError
+from serving.rpc.tls import ClientTLS
 
 log = logging.getLogger("recserve.worker")
 
@@ -246,17 +247,19 @@ class ReplicaSet:
 
 
 def connect_shards(
-    spec: Sequence[str] | str, timeout_s: float = 5.0, token_file: str = "", health_poll_s: float = 0.5
-) -> list:
+    spec: Sequence[str] | str, timeout_s: float = 5.0, token_file: str = "", health_poll_s: float = 0.5,
+    tls: ClientTLS | None = None,
+) -> list:  # fmt: skip
     """One shard backend per shard of ``spec`` (``parse_ps_spec``): a ``PSClient`` for a shard with
-    one address, a started ``ReplicaSet`` for one with several. Waits up to ``timeout_s`` for each
-    shard to answer (serving a version or not yet) and checks that it is shard i of n."""
+    one address, a started ``ReplicaSet`` for one with several (every client with ``tls``; None:
+    plaintext). Waits up to ``timeout_s`` for each shard to answer (serving a version or not yet)
+    and checks that it is shard i of n."""
     shards = parse_ps_spec(spec)
     n = len(shards)
     backends: list = []
     try:
         for i, addresses in enumerate(shards):
-            clients = [PSClient(a, timeout_s=timeout_s, token_file=token_file) for a in addresses]
+            clients = [PSClient(a, timeout_s=timeout_s, token_file=token_file, tls=tls) for a in addresses]
             if len(clients) > 1:
                 backends.append(ReplicaSet(clients, i, n, health_poll_s))
                 backends[-1].start(timeout_s)

@@ -66,8 +66,22 @@ class ServerConfig:
     admin_token_file: str = ""
     """Training: the PS shards' admin token file. Sent on this worker's PS calls, and required of
     callers of TRAIN Forward and Backward; without it they are refused (INFER only)."""
+    tls_cert: str = ""
+    """TLS: this server's certificate (PEM; with --tls-key). Without it the server speaks plaintext."""
+    tls_key: str = ""
+    """TLS: the certificate's private key (PEM, unencrypted, mode 0600)."""
+    tls_client_ca: str = ""
+    """mTLS: clients must present a certificate signed by this CA (PEM)."""
+    ps_tls_ca: str = ""
+    """TLS to the PS shards: the CA that signed their certificates (PEM). Without any --ps-tls-*
+    flag the worker speaks plaintext to them."""
+    ps_tls_cert: str = ""
+    """mTLS to the PS shards: this worker's client certificate (PEM; with --ps-tls-key)."""
+    ps_tls_key: str = ""
+    """mTLS to the PS shards: the client certificate's private key (PEM, mode 0600)."""
 
     def __post_init__(self) -> None:
+        self.tls(), self.ps_tls()  # a missing file, or a key that is not the certificate's: say so now
         if self.ps:
             from serving.worker.replicas import parse_ps_spec
 
@@ -78,14 +92,26 @@ class ServerConfig:
     def endpoint(self):
         from serving.rpc.server import Endpoint
 
-        return Endpoint(self.host, self.port, self.metrics_port, self.max_message_mb, self.grace_s)
+        return Endpoint(
+            self.host, self.port, self.metrics_port, self.max_message_mb, self.grace_s, self.tls()
+        )
+
+    def tls(self):
+        from serving.rpc.tls import ServerTLS
+
+        return ServerTLS.of(self.tls_cert, self.tls_key, self.tls_client_ca)
+
+    def ps_tls(self):
+        from serving.rpc.tls import ClientTLS
+
+        return ClientTLS.of(self.ps_tls_ca, self.ps_tls_cert, self.ps_tls_key)
 
 
 class _Metrics:
     def __init__(self, worker):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-        from serving.rpc.metrics import LATENCY_BUCKETS
+        from serving.rpc.metrics import LATENCY_BUCKETS, rpc_errors
 
         self.registry = CollectorRegistry()
         self.forward_seconds = Histogram(
@@ -100,9 +126,7 @@ class _Metrics:
         self.backwards = Counter(
             "recserve_worker_backwards", "Backward calls accepted", registry=self.registry
         )
-        self.errors = Counter(
-            "recserve_worker_errors", "RPCs answered with an error", ["code"], registry=self.registry
-        )
+        self.errors = rpc_errors("recserve_worker_errors", self.registry)
         in_flight = Gauge(
             "recserve_worker_in_flight", "Batches with updates in flight", registry=self.registry
         )
@@ -223,7 +247,7 @@ def serve(
         access = worker_access(config)
         worker = connect(
             list(config.ps), schema, WorkerConfig(staleness=config.staleness), config.ps_timeout_s,
-            config.admin_token_file, config.health_poll_s,
+            config.admin_token_file, config.ps_tls(), config.health_poll_s,
         )  # fmt: skip
     except (ShardError, ValueError, OSError) as e:
         log.error("cannot start: %s", e)

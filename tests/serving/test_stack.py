@@ -180,3 +180,40 @@ def test_down_stops_exactly_what_up_started(trained, tmp_path):
             )
     finally:
         s.stop()  # whatever `down` left (nothing when the test passes); reaps our children
+
+
+def test_every_metric_the_dashboard_charts_exists_on_the_live_stack(stack, client):
+    """Scrape every endpoint `up` lists in prometheus-targets.json: each metric a dashboard query
+    uses is exported there, and the scoring metrics count what was just sent."""
+    import json
+    import re
+    import urllib.request
+
+    root = Path(__file__).resolve().parents[2]
+    targets = json.loads((Path(stack.run_dir) / "prometheus-targets.json").read_text())
+    components = {g["labels"]["component"] for g in targets}
+    assert components == {"ps", "worker", "controller", "torchserve"}, targets
+    assert len([g for g in targets if g["labels"]["component"] == "ps"]) == len(stack.state["ps"])
+    _score_all(client, 400)
+    assert client.post(b"{not json", "application/json")[0] == 400
+    time.sleep(0.5)
+    text = "".join(
+        urllib.request.urlopen(f"http://{t}/metrics", timeout=10).read().decode()
+        for g in targets
+        for t in g["targets"]
+    )
+    dashboard = json.loads((root / "serving/stack/grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\b((?:recserve|ts)_[a-z0-9_]+)", e)}
+    assert len(used) >= 10, used
+
+    def exported(name: str) -> bool:
+        base = re.sub(r"_(bucket|sum|count|total)$", "", name)
+        return re.search(rf"^{name}[{{ ]", text, re.M) is not None or f"# TYPE {base} " in text
+
+    missing = sorted(m for m in used if not exported(m))
+    assert not missing, f"the dashboard charts metrics no process exports: {missing}"
+    version = stack.state["version"]
+    ok = rf'recserve_scoring_requests_total{{[^}}]*status="200",dense_version="{version}",embedding_version="{version}"'
+    assert re.search(ok, text), [x for x in text.splitlines() if "recserve_scoring_requests_total" in x]
+    assert re.search(r'recserve_scoring_requests_total{[^}]*status="400"', text)

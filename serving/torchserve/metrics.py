@@ -1,0 +1,66 @@
+"""The scoring process's own metrics, through TorchServe's custom metrics API.
+
+The scoring core runs inside TorchServe's Python workers (one or more per registered version), so
+its metrics go where TorchServe's go: the handler emits them with ``context.metrics`` and the
+frontend serves them on its Prometheus port (``metrics_mode=prometheus``) beside its own
+(``ts_inference_requests_total``, ...), summed over every worker. TorchServe only exports custom
+metrics declared in its metrics config, so ``write_metrics_config`` writes TorchServe's default
+config plus ``SCORING``; ``ScoringMetrics`` records one reply of the scoring core.
+
+- ``recserve_scoring_requests_total{status, dense_version, embedding_version}``: requests by HTTP
+  status, the worker's dense version and the embedding version read ("none" when not scored:
+  TorchServe drops a metric line with an empty dimension);
+- ``recserve_scoring_stage_seconds{stage}``: histogram of each stage's time (decode, worker,
+  dense, encode, total).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+REQUESTS = "recserve_scoring_requests_total"
+STAGES = "recserve_scoring_stage_seconds"
+_DIMS = ["ModelName", "Level"]  # what TorchServe adds to every model metric
+SCORING = {
+    "counter": [{"name": REQUESTS, "unit": "Count",
+                 "dimensions": [*_DIMS, "status", "dense_version", "embedding_version"]}],
+    "histogram": [{"name": STAGES, "unit": "Seconds", "dimensions": [*_DIMS, "stage"]}],
+}  # fmt: skip
+
+
+def write_metrics_config(path: Path) -> Path:
+    """TorchServe's own metrics config (its frontend metrics) with the scoring metrics added."""
+    import ts
+
+    default = Path(ts.__file__).parent / "configs" / "metrics.yaml"
+    config = yaml.safe_load(default.read_text())
+    model = config.setdefault("model_metrics", {}) or {}
+    for kind, metrics in SCORING.items():
+        model[kind] = [m for m in model.get(kind) or [] if m["name"] not in {x["name"] for x in metrics}]
+        model[kind] += metrics
+    config["model_metrics"] = model
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+class ScoringMetrics:
+    """Records replies of the scoring core (``serving.scoring.core.Reply``) as TorchServe metrics."""
+
+    def __init__(self, context, dense_version: str):
+        from ts.metrics.metric_type_enum import MetricTypes
+
+        cache = context.metrics
+        self.model = context.model_name
+        self.dense_version = dense_version
+        self.requests = cache.get_metric(REQUESTS, MetricTypes.COUNTER)
+        self.stages = cache.get_metric(STAGES, MetricTypes.HISTOGRAM)
+
+    def record(self, reply) -> None:
+        v = reply.versions
+        dims = [self.model, "Model"]
+        dense, embedding = v.get("dense") or self.dense_version, v.get("embedding") or "none"
+        self.requests.add_or_update(1, [*dims, str(reply.status), str(dense), str(embedding)])
+        for stage, ms in reply.timings.items():
+            self.stages.add_or_update(ms / 1e3, [*dims, stage])
