@@ -31,7 +31,9 @@ from pathlib import Path
 import model_store
 from serving.rpc.procs import free_ports, spawn, start_time, stop_pid, wait_grpc_healthy
 from serving.stack import tls as stack_tls
-from serving.stack.state import read_state, update_state, write_state
+from serving.stack.state import any_alive, down, read_state, serving_view, update_state, write_state
+
+__all__ = ["LocalStack", "StackConfig", "default_run_dir", "down", "serving_view"]
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDLER = ROOT / "handlers" / "recserve_handler.py"
@@ -114,7 +116,7 @@ class LocalStack:
     # --- start ----------------------------------------------------------------------------------
     def start(self) -> LocalStack:
         cfg = self.config
-        if (self.run_dir / "stack.json").exists() and _any_alive(
+        if (self.run_dir / "stack.json").exists() and any_alive(
             json.loads((self.run_dir / "stack.json").read_text())
         ):
             raise RuntimeError(f"a stack is already running from {self.run_dir}; run `recserve down` first")
@@ -434,63 +436,3 @@ class LocalStack:
 def default_run_dir(store: str | Path, model: str) -> Path:
     """Where ``recserve up`` keeps a model's stack (stack.json, logs) unless given ``--run-dir``."""
     return Path(store).resolve() / ".run" / model
-
-
-def serving_view(run_dir: str | Path, timeout_s: float = 2.0) -> dict | None:
-    """What the stack running from ``run_dir`` actually serves, asked of its processes: each PS
-    shard's ``version``, ``delta_seq`` and ``refusal`` (why it does not serve CURRENT's version;
-    Stats), the worker's version (Stats), the dense version TorchServe serves by default and the
-    versions the controller refused with why (stack.json). A process that does not answer has
-    ``error`` instead. None when no stack runs from ``run_dir``."""
-    try:
-        state = json.loads((Path(run_dir) / "stack.json").read_text())
-    except FileNotFoundError:
-        return None
-    from serving.ps.client import PSClient, ShardError
-    from serving.worker.client import WorkerClient
-
-    shards = []
-    for address in state.get("ps", []):
-        try:
-            with PSClient(address, timeout_s=timeout_s, tls=stack_tls.client(state)) as client:
-                st = client.stats()
-            shards.append({"address": address, "shard": st["shard"], "version": st["version"],
-                           "delta_seq": st["delta_seq"], "refusal": st["refusal"]})  # fmt: skip
-        except ShardError as e:
-            shards.append({"address": address, "error": str(e)})
-    worker = None
-    if state.get("worker"):
-        worker = {"address": state["worker"]}
-        try:
-            with WorkerClient(state["worker"], timeout_s=timeout_s, tls=stack_tls.client(state)) as client:
-                worker["version"], worker["delta_seq"] = client.stats()["version"]
-        except (ConnectionError, RuntimeError) as e:
-            worker["error"] = str(e)
-    return {"run_dir": str(run_dir), "ps": shards, "worker": worker, "dense_version": state.get("dense_version"),
-            "refused": state.get("refused", {}), "restarts": state.get("restarts", {})}  # fmt: skip
-
-
-def _any_alive(state: dict) -> bool:
-    from serving.rpc.procs import alive
-
-    return any(alive(pid) for pid in state.get("pids", {}).values())
-
-
-def down(run_dir: Path) -> list[str]:
-    """Stop the processes a previous ``up`` recorded in ``run_dir/stack.json``; returns their names.
-    The supervisor first (it would restart what is stopped), then the controller, then the rest as
-    stack.json names them once the supervisor is gone (its last replacements included)."""
-    state_file = Path(run_dir) / "stack.json"
-    if not state_file.exists():
-        return []
-    stopped: list[str] = []
-    for group in (("supervisor",), ("controller",), None):
-        state = read_state(run_dir)
-        for name, pid in state.get("pids", {}).items():
-            if name in stopped or (name not in group if group else name in ("supervisor", "controller")):
-                continue
-            marker = "org.pytorch.serve.ModelServer" if name == "torchserve" else "recserve"
-            if stop_pid(int(pid), marker, started=state.get("started_at", {}).get(name)):
-                stopped.append(name)
-    state_file.unlink(missing_ok=True)
-    return stopped

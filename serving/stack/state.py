@@ -5,6 +5,9 @@
 entries of it while the other may be writing too. So every change is a read-modify-write under an
 exclusive ``flock`` on ``stack.json.lock``, and the file is replaced atomically (readers without
 the lock see the old state or the new one, never a half-written file).
+
+What is read from it by other processes lives here too: ``down`` (stop what it lists) and
+``serving_view`` (ask each process listed what it serves).
 """
 
 from __future__ import annotations
@@ -53,3 +56,67 @@ def update_state(run_dir: str | Path, change: Callable[[dict], None]) -> dict:
         change(state)
         _write(run_dir, state)
     return state
+
+
+def serving_view(run_dir: str | Path, timeout_s: float = 2.0) -> dict | None:
+    """What the stack running from ``run_dir`` actually serves, asked of its processes: each PS
+    shard's ``version``, ``delta_seq`` and ``refusal`` (why it does not serve CURRENT's version;
+    Stats), the worker's version (Stats), the dense version TorchServe serves by default and the
+    versions the controller refused with why (stack.json). A process that does not answer has
+    ``error`` instead. None when no stack runs from ``run_dir``."""
+    try:
+        state = read_state(run_dir)
+    except FileNotFoundError:
+        return None
+    from serving.ps.client import PSClient, ShardError
+    from serving.stack import tls as stack_tls
+    from serving.worker.client import WorkerClient
+
+    shards = []
+    for address in state.get("ps", []):
+        try:
+            with PSClient(address, timeout_s=timeout_s, tls=stack_tls.client(state)) as client:
+                st = client.stats()
+            shards.append({"address": address, "shard": st["shard"], "version": st["version"],
+                           "delta_seq": st["delta_seq"], "refusal": st["refusal"]})  # fmt: skip
+        except ShardError as e:
+            shards.append({"address": address, "error": str(e)})
+    worker = None
+    if state.get("worker"):
+        worker = {"address": state["worker"]}
+        try:
+            with WorkerClient(state["worker"], timeout_s=timeout_s, tls=stack_tls.client(state)) as client:
+                worker["version"], worker["delta_seq"] = client.stats()["version"]
+        except (ConnectionError, RuntimeError) as e:
+            worker["error"] = str(e)
+    return {"run_dir": str(run_dir), "ps": shards, "worker": worker, "dense_version": state.get("dense_version"),
+            "refused": state.get("refused", {}), "restarts": state.get("restarts", {})}  # fmt: skip
+
+
+def any_alive(state: dict) -> bool:
+    """Whether a process recorded in ``state`` still runs."""
+    from serving.rpc.procs import alive
+
+    return any(alive(pid) for pid in state.get("pids", {}).values())
+
+
+def down(run_dir: Path) -> list[str]:
+    """Stop the processes a previous ``up`` recorded in ``run_dir/stack.json``; returns their names.
+    The supervisor first (it would restart what is stopped), then the controller, then the rest as
+    stack.json names them once the supervisor is gone (its last replacements included)."""
+    from serving.rpc.procs import stop_pid
+
+    state_file = Path(run_dir) / "stack.json"
+    if not state_file.exists():
+        return []
+    stopped: list[str] = []
+    for group in (("supervisor",), ("controller",), None):
+        state = read_state(run_dir)
+        for name, pid in state.get("pids", {}).items():
+            if name in stopped or (name not in group if group else name in ("supervisor", "controller")):
+                continue
+            marker = "org.pytorch.serve.ModelServer" if name == "torchserve" else "recserve"
+            if stop_pid(int(pid), marker, started=state.get("started_at", {}).get(name)):
+                stopped.append(name)
+    state_file.unlink(missing_ok=True)
+    return stopped
