@@ -270,7 +270,7 @@ class LocalStack:
         self.state["worker"] = f"{cfg.host}:{port}"
 
     def _start_torchserve(self, vdir: Path, version: str, worker_port: int) -> None:
-        from serving.torchserve import TorchServe, TorchServeConfig
+        from serving.torchserve import TorchServe
 
         cfg = self.config
         ports = [
@@ -279,21 +279,9 @@ class LocalStack:
                 (cfg.http_port, cfg.management_port, cfg.metrics_port), free_ports(3, cfg.host), strict=True
             )
         ]
-        grpc_ports = free_ports(2, cfg.host)
-        ts_store = self.run_dir / "torchserve-store"
-        ts_store.mkdir(parents=True, exist_ok=True)
-        # TorchServe's Python workers start niced: a version loading beside the serving one (imports,
-        # warm-up) yields the CPU to it; the handler returns to niceness 0 once loaded
-        python = self.run_dir / "python-niced"
-        python.write_text(f'#!/bin/sh\nexec nice -n 10 "{sys.executable}" "$@"\n')
-        python.chmod(0o755)
-        ts_cfg = TorchServeConfig(
-            model_store=ts_store, run_dir=self.run_dir / "torchserve", host=cfg.host,
-            inference_port=ports[0], management_port=ports[1], metrics_port=ports[2],
-            grpc_inference_port=grpc_ports[0], grpc_management_port=grpc_ports[1],
-            default_workers_per_model=cfg.ts_workers, batch_size=cfg.batch_size,
-            max_batch_delay_ms=cfg.max_batch_delay_ms, disable_token_auth=cfg.disable_token_auth, python=str(python),
-        )  # fmt: skip
+        ports += free_ports(2, cfg.host)  # TorchServe's gRPC servers (unused, but always started)
+        self.state["torchserve_ports"] = ports  # a restart (the supervisor) takes the same ones
+        ts_cfg = self._torchserve_config()
         self._ts = TorchServe(ts_cfg).start()
         self.state["pids"]["torchserve"] = self._ts.pid
         self._ts.wait_healthy(cfg.startup_timeout_s)
@@ -310,6 +298,42 @@ class LocalStack:
             key_file=None if cfg.disable_token_auth else str(self._ts.key_file),
         )
         self.register(vdir, version, make_default=True)
+
+    def _torchserve_config(self):
+        from serving.torchserve import TorchServeConfig
+
+        cfg, ports = self.config, self.state["torchserve_ports"]
+        ts_store = self.run_dir / "torchserve-store"
+        ts_store.mkdir(parents=True, exist_ok=True)
+        # TorchServe's Python workers start niced: a version loading beside the serving one (imports,
+        # warm-up) yields the CPU to it; the handler returns to niceness 0 once loaded
+        python = self.run_dir / "python-niced"
+        python.write_text(f'#!/bin/sh\nexec nice -n 10 "{sys.executable}" "$@"\n')
+        python.chmod(0o755)
+        return TorchServeConfig(
+            model_store=ts_store, run_dir=self.run_dir / "torchserve", host=cfg.host,
+            inference_port=ports[0], management_port=ports[1], metrics_port=ports[2],
+            grpc_inference_port=ports[3], grpc_management_port=ports[4],
+            default_workers_per_model=cfg.ts_workers, batch_size=cfg.batch_size,
+            max_batch_delay_ms=cfg.max_batch_delay_ms, disable_token_auth=cfg.disable_token_auth, python=str(python),
+        )  # fmt: skip
+
+    def restart_torchserve(self):
+        """Start TorchServe again (it died) on its old ports and register the dense version the
+        stack served, as its default; for the supervisor, on a stack from ``attach``. Returns the
+        ``TorchServe`` (whose process the caller owns). Token auth: new keys, in the same key file."""
+        from serving.torchserve import TorchServe
+
+        self._ts = TorchServe(self._torchserve_config()).start()
+        try:
+            self._ts.wait_healthy(self.config.startup_timeout_s)
+            version = self.state["dense_version"]
+            vdir = model_store.version_dir(self.root, self.config.model, version)
+            self.register(vdir, version, make_default=True)
+        except BaseException:
+            self._ts.stop()  # no half-started server holding the ports for the next try
+            raise
+        return self._ts
 
     # --- metrics ----------------------------------------------------------------------------------
     def _metrics_port(self, name: str) -> int:

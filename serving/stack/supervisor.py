@@ -20,10 +20,12 @@ What a restart means:
   reconnects to it;
 - the controller attaches to stack.json again and goes on following CURRENT.
 
-TorchServe (a JVM whose key file and registered models would have to be rebuilt) is watched and
-its death logged and counted, but it is not restarted: ``recserve down`` + ``up`` does that. The
-supervisor is not supervised itself; ``recserve down`` stops it first, so nothing is restarted
-while the stack stops.
+- TorchServe is started again on its old ports (``LocalStack.restart_torchserve``) and the dense
+  version the stack served is registered and made the default before it counts as restarted; with
+  token auth on it writes new keys into the same key file.
+
+The supervisor is not supervised itself; ``recserve down`` stops it first, so nothing is
+restarted while the stack stops.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ class Supervisor:
                     self.quick_failures.pop(name, None)
                 continue
             command = state.get("commands", {}).get(name)
+            if name == "torchserve":
+                command = {"torchserve": True}  # not a command line: LocalStack.restart_torchserve
             if name not in self.down_since:
                 self.down_since[name] = now
                 ended = self._how_it_ended(name, pid)
@@ -131,7 +135,12 @@ class Supervisor:
         update_state(self.run_dir, change)
 
     def _restart(self, name: str, command: dict, now: float) -> None:
-        proc = spawn(command["args"], Path(command["log"]))
+        if command.get("torchserve"):
+            from serving.stack.local import LocalStack
+
+            proc = LocalStack.attach(self.run_dir).restart_torchserve()._proc  # started and serving
+        else:
+            proc = spawn(command["args"], Path(command["log"]))
         self.children[name] = proc
         self.started[name] = now
         self.quick_failures[name] = self.quick_failures.get(name, 0) + 1

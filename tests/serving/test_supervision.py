@@ -4,8 +4,8 @@ TorchServe, the controller and the supervisor, all real processes on free loopba
 Killing a PS replica with SIGKILL while requests are scored fails none of them (the worker retries
 the other replica); the supervisor restarts the killed replica, which serves the same version and
 delta seq before it says SERVING, and the worker sends it lookups again. A killed worker is
-restarted and scoring resumes; `down` stops the supervisor first and then every process,
-replacements included."""
+restarted and scoring resumes; so is a killed TorchServe, with the served dense version; `down`
+stops the supervisor first and then every process, replacements included."""
 
 from __future__ import annotations
 
@@ -146,6 +146,32 @@ def test_a_killed_worker_is_restarted_and_scoring_resumes(stack, client):
     _wait(lambda: client.post(BODY)[0] == 200, 60, "scoring again")
     status, payload = client.post(BODY)
     assert status == 200 and len(orjson.loads(payload)["scores"]) == 200
+
+
+def test_a_killed_torchserve_is_restarted_with_the_served_version_on_the_same_endpoint(stack, client):
+    """The JVM killed: the supervisor starts TorchServe again on its ports, registers the dense
+    version the stack served as the default, and the same endpoint scores the same again."""
+    _, s = stack
+    status, before = client.post(BODY)
+    assert status == 200
+    old = read_state(s.run_dir)["pids"]["torchserve"]
+    os.kill(old, signal.SIGKILL)
+    _wait(lambda: read_state(s.run_dir)["pids"]["torchserve"] != old, 120, "torchserve restarted")
+    state = read_state(s.run_dir)
+    assert state["restarts"]["torchserve"] == 1 and "unknown" in state["last_death"]["torchserve"]["how"]
+    _wait(lambda: _post_or_none(client) == 200, 60, "scoring again")
+    status, after = client.post(BODY)
+    assert status == 200
+    assert orjson.loads(after)["scores"] == orjson.loads(before)["scores"]
+    assert orjson.loads(after)["versions"]["dense"] == orjson.loads(before)["versions"]["dense"]
+
+
+def _post_or_none(client) -> int | None:
+    try:
+        return client.post(BODY)[0]
+    except OSError:  # the server is not listening yet
+        client.close()
+        return None
 
 
 def test_down_stops_the_supervisor_first_and_every_process_replacements_included(stack):
