@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import model_store
 from serving.rpc.procs import free_ports, spawn, start_time, stop_pid, wait_grpc_healthy
+from serving.stack import state as stack_state
 from serving.stack import tls as stack_tls
 from serving.stack.state import any_alive, down, read_state, serving_view, update_state, write_state
 
@@ -148,7 +148,7 @@ class LocalStack:
             port = self._metrics_port("controller")
             self._spawn("controller", ["controller", "--run-dir", str(self.run_dir), "--poll-s", str(cfg.poll_s),
                                        "--metrics-port", str(port)], logs / "controller.log")  # fmt: skip
-            self._write_targets()
+            stack_state.write_prometheus_targets(self.run_dir, self.state)
             self._write_state()
             if cfg.supervise:  # last: it restarts what it finds dead in stack.json
                 self._start_supervisor(logs)
@@ -301,15 +301,12 @@ class LocalStack:
 
     def _torchserve_config(self):
         from serving.torchserve import TorchServeConfig
+        from serving.torchserve.config import niced_python
 
         cfg, ports = self.config, self.state["torchserve_ports"]
         ts_store = self.run_dir / "torchserve-store"
         ts_store.mkdir(parents=True, exist_ok=True)
-        # TorchServe's Python workers start niced: a version loading beside the serving one (imports,
-        # warm-up) yields the CPU to it; the handler returns to niceness 0 once loaded
-        python = self.run_dir / "python-niced"
-        python.write_text(f'#!/bin/sh\nexec nice -n 10 "{sys.executable}" "$@"\n')
-        python.chmod(0o755)
+        python = niced_python(self.run_dir / "python-niced")
         return TorchServeConfig(
             model_store=ts_store, run_dir=self.run_dir / "torchserve", host=cfg.host,
             inference_port=ports[0], management_port=ports[1], metrics_port=ports[2],
@@ -342,17 +339,6 @@ class LocalStack:
         port = free_ports(1, host)[0]
         self.state.setdefault("metrics_endpoints", {})[name] = f"{host}:{port}"
         return port
-
-    def _write_targets(self) -> None:
-        """``<run_dir>/prometheus-targets.json``: every /metrics endpoint of the stack in Prometheus'
-        file service discovery format (ops/prometheus.yml reads it), labelled by component."""
-        groups = [
-            {"targets": [address], "labels": {"component": name.rstrip("0123456789."), "instance_name": name}}
-            for name, address in sorted(self.state.get("metrics_endpoints", {}).items())
-        ]
-        model_store.write_atomic(
-            self.run_dir / "prometheus-targets.json", json.dumps(groups, indent=2).encode()
-        )
 
     # --- dense versions ---------------------------------------------------------------------------
     def build_mar(self, vdir: Path, version: str) -> str:

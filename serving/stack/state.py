@@ -120,3 +120,18 @@ def down(run_dir: Path) -> list[str]:
                 stopped.append(name)
     state_file.unlink(missing_ok=True)
     return stopped
+
+
+def write_prometheus_targets(run_dir: str | Path, state: dict) -> Path:
+    """``<run_dir>/prometheus-targets.json``: every /metrics endpoint of the stack in Prometheus'
+    file service discovery format (serving/stack/prometheus.yml reads it), labelled by component
+    (``ps0.1`` -> ``ps``)."""
+    from model_store import write_atomic
+
+    groups = [
+        {"targets": [address], "labels": {"component": name.rstrip("0123456789."), "instance_name": name}}
+        for name, address in sorted(state.get("metrics_endpoints", {}).items())
+    ]
+    path = Path(run_dir) / "prometheus-targets.json"
+    write_atomic(path, json.dumps(groups, indent=2).encode())
+    return path

@@ -162,3 +162,12 @@ def write_config(cfg: TorchServeConfig) -> Path:
     path = run_dir / "config.properties"
     path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     return path
+
+
+def niced_python(path: Path) -> Path:
+    """A script at ``path`` that runs this Python at nice 10, for TorchServe's Python workers: a
+    version loading beside the serving one (imports, warm-up) yields the CPU to it; the handler
+    returns to niceness 0 once loaded (``serving.scoring.core.loading_priority``)."""
+    path.write_text(f'#!/bin/sh\nexec nice -n 10 "{sys.executable}" "$@"\n')
+    path.chmod(0o755)
+    return path
