@@ -13,7 +13,7 @@ from features.codec import decode, encode
 from features.readers import obd_candidates, read_criteo, read_obd, to_records
 from features.schema import load_schema
 from features.transform import transform
-from loadtest.common import median_us, print_table, write_results
+from loadtest.common import median_us, print_table, report_targets, write_results
 
 TARGETS = {
     "ranking_80": {"compact/naive": 0.10, "compact/json": 0.12},
@@ -99,9 +99,7 @@ def main() -> int:
         ("criteo_200 transform from JSON records <= 2 ms", results["criteo_200"]["transform_us"] <= 2000),
     ]
     print()
-    for text, ok in checks:
-        print(f"  [{'met' if ok else 'MISSED'}] {text}")
-    results["targets_met"] = {text: ok for text, ok in checks}
+    report_targets(results, dict(checks))
     print(f"\nwrote {write_results('codec', results)}")
     return 0
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtest.common import ROOT, print_table, start_locust_timeline, write_results
+from loadtest.common import ROOT, print_table, report_targets, start_locust_timeline, write_results
 
 TRAIN = ROOT / "data" / "criteo" / "wide_resdnn_criteo_train.tsv"
 TEST = ROOT / "data" / "criteo" / "wide_resdnn_criteo_test.tsv"
@@ -303,9 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fuzz_cases:
         checks["fuzz_cases >= 100,000"] = result["fuzz_cases"] >= 100_000
         checks["0 fuzz server errors"] = result["fuzz_server_errors"] == 0
-    for k, ok in checks.items():
-        print(f"  [{'met' if ok else 'MISSED'}] {k}")
-    result["targets_met"] = checks
+    report_targets(result, checks)
     print(f"\nwrote {write_results('faults', result)}")
     return 0
 

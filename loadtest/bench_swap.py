@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtest.common import print_table, start_locust_timeline, write_results
+from loadtest.common import print_table, report_targets, start_locust_timeline, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "loadtest" / "results"
@@ -279,9 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         <= 1.5 * (result["p99_steady_ms"] or 0),
         "delta_visible_p99 <= 1 s": result["delta_visible_p99_s"] <= 1,
     }
-    for k, ok in checks.items():
-        print(f"  [{'met' if ok else 'MISSED'}] {k}")
-    result["targets_met"] = checks
+    report_targets(result, checks)
     print(f"\nwrote {write_results('swap', result)} and {RESULTS / 'swap.png'}")
     return 0
 

@@ -56,6 +56,13 @@ def write_results(name: str, results: dict) -> Path:
     return path
 
 
+def report_targets(result: dict, checks: dict[str, bool]) -> None:
+    """Print each target as met / MISSED and record them in ``result["targets_met"]``."""
+    for text, ok in checks.items():
+        print(f"  [{'met' if ok else 'MISSED'}] {text}")
+    result["targets_met"] = dict(checks)
+
+
 def print_table(title: str, rows: list[dict], columns: list[str]) -> None:
     widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
     print(f"\n{title}")

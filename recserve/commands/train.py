@@ -47,7 +47,7 @@ def run_args(args: argparse.Namespace) -> int:
     if getattr(args, "follow", False):
         return run_follow(args)
     try:
-        stray = [f for f in config.given(FollowConfig, args) if f not in config.given(TrainConfig, args)]
+        stray = only_in(FollowConfig, TrainConfig, args)
         if stray:
             raise ValueError(f"{', '.join(stray)}: only with --follow")
         cfg = config.from_args(TrainConfig, args)
@@ -99,10 +99,17 @@ def out_of_room(e: BaseException | None) -> bool:
     return False
 
 
+def only_in(cls: type, other: type, args: argparse.Namespace) -> list[str]:
+    """The flags the user typed that ``cls`` has and ``other`` does not."""
+    from recserve import config
+
+    theirs = set(config.given(other, args))
+    return [f for f in config.given(cls, args) if f not in theirs]
+
+
 def run_follow(args: argparse.Namespace) -> int:
     """``--follow``: train until SIGTERM/Ctrl-C, ``--max-seconds`` or (``--once``) the files
     present now are done; a final delta is cut on the way out. Prints a JSON summary."""
-    import dataclasses
     import signal
     import threading
 
@@ -110,11 +117,7 @@ def run_follow(args: argparse.Namespace) -> int:
     from training.config import FollowConfig, TrainConfig
 
     try:
-        follow_fields = {f.name for f in dataclasses.fields(FollowConfig)}
-        train_only = [f for f in dataclasses.fields(TrainConfig) if f.name not in follow_fields]
-        ignored = [
-            f"--{f.name.replace('_', '-')}" for f in train_only if getattr(args, f.name, None) is not None
-        ]
+        ignored = only_in(TrainConfig, FollowConfig, args)
         if ignored:
             raise ValueError(f"{', '.join(ignored)} do not apply to --follow")
         cfg = config.from_args(FollowConfig, args)

@@ -74,3 +74,16 @@ class StoreConfig:
     @classmethod
     def from_dict(cls, d: dict) -> StoreConfig:
         return cls(**d)
+
+
+def check_holds(config: StoreConfig, version: str, holds: list[str]) -> None:
+    """The pin check of every shard store: a lookup naming ``version`` ("" = whatever the shard
+    serves) is answered only from it; otherwise ``NotServing`` (UNAVAILABLE through gRPC, a 503
+    at scoring) naming the shard and what it holds -- never rows of another version."""
+    if version and version not in holds:
+        from serving.rpc.errors import NotServing
+
+        raise NotServing(
+            f"embedding shard {config.shard} of {config.num_shards} does not hold version {version} "
+            f"(it holds {', '.join(holds) or 'none'})"
+        )

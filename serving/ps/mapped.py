@@ -36,9 +36,8 @@ import numpy as np
 from features.hashing import has_duplicates
 from model_store import shards
 from model_store.shards import ShardData, StoreError
-from serving.ps.config import StoreConfig
+from serving.ps.config import StoreConfig, check_holds
 from serving.ps.table import Table
-from serving.rpc.errors import NotServing
 
 __all__ = ["MappedStore", "Served"]
 
@@ -142,12 +141,7 @@ class MappedStore:
             return s
         kept = self.kept.get(version)
         if kept is None:
-            cfg = self.config
-            holds = ", ".join(v for v, _ in self.held()) or "none"
-            raise NotServing(
-                f"embedding shard {cfg.shard} of {cfg.num_shards} does not hold version {version} "
-                f"(it holds {holds})"
-            )
+            check_holds(self.config, version, [v for v, _ in self.held()])
         self._named[version] = self.clock()
         return kept
 

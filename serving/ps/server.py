@@ -220,16 +220,10 @@ class EmbeddingPSServicer:
         signs = convert.signs_from_bytes(request.signs)
         fp16 = convert.wants_fp16(request.dtype)
         t0 = time.perf_counter()
-        if getattr(self.store, "read_only", False):  # a serving shard answers from the version named
-            rows, misses = self.store.lookup(signs, insert=request.insert, version=request.version)
-        else:
-            if request.version and request.version != self.store.version:
-                cfg = self.store.config
-                raise NotServing(f"embedding shard {cfg.shard} of {cfg.num_shards} does not hold version "
-                                 f"{request.version} (it holds {self.store.version or 'none'})")  # fmt: skip
-            if request.insert:  # a new row is a write
-                self.access.require("Lookup with insert", context)
-            rows, misses = self.store.lookup(signs, insert=request.insert)
+        if request.insert and not getattr(self.store, "read_only", False):  # a new row is a write
+            self.access.require("Lookup with insert", context)
+        # answered from the version named, or refused (serving/ps/config.py check_holds)
+        rows, misses = self.store.lookup(signs, insert=request.insert, version=request.version)
         payload = convert.rows_to_bytes(rows, fp16)
         if self.metrics is not None:
             self.metrics.lookup_seconds.observe(time.perf_counter() - t0)

@@ -30,7 +30,7 @@ from features.hashing import has_duplicates, unique_signs
 from model_store.errors import CapacityError
 from model_store.shards import StoreError
 from serving.ps import index, optim
-from serving.ps.config import StoreConfig
+from serving.ps.config import StoreConfig, check_holds
 from serving.ps.growth import GIB, StoreMemory, sketch_width
 from serving.ps.optim import OptimizerConfig
 from serving.ps.persistence import ShardPersistence
@@ -86,12 +86,14 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         self._evictions_logged = (-np.inf, 0)  # (monotonic time, evictions) of the last log line
 
     # ---- lookups -------------------------------------------------------------------------
-    def lookup(self, signs, insert: bool = False) -> tuple[np.ndarray, int]:
+    def lookup(self, signs, insert: bool = False, version: str = "") -> tuple[np.ndarray, int]:
         """Rows (float32, (n, dim), request order) for ``signs`` and the number answered with the
         default zero row. ``insert=True`` (training) gives unseen signs a row, subject to
-        admission, and refreshes the touched rows' LRU/LFU metadata; serving never inserts."""
+        admission, and refreshes the touched rows' LRU/LFU metadata; serving never inserts.
+        ``version``: the version the caller pins ("" = any); the store holds only its own."""
         signs = as_signs(signs)
         with self._lock:
+            check_holds(self.config, version, [self.version] if self.version else [])
             if insert:
                 self._admit(signs)
             if self._rows.dtype == np.float32:

@@ -65,14 +65,8 @@ class LocalShard:
     def rows(
         self, signs: np.ndarray, insert: bool, version: str = "", timeout_s: float | None = None
     ) -> tuple[np.ndarray, tuple[str, int]]:
-        store = self.store
-        if getattr(store, "read_only", False):
-            rows = store.lookup(signs, version=version)[0]
-            return rows, store.last_lookup_version
-        if version and version != store.version:
-            raise ShardError(f"this shard holds version {store.version or 'none'}, not {version}",
-                             unavailable=True, not_serving=True)  # fmt: skip
-        return store.lookup(signs, insert=insert)[0], (store.version, store.delta_seq)
+        rows = self.store.lookup(signs, insert=insert, version=version)[0]
+        return rows, self.store.last_lookup_version
 
     def update(self, signs: np.ndarray, grads: np.ndarray) -> None:
         self.store.apply_gradients(signs, grads)
