@@ -38,8 +38,8 @@ import numba
 import numpy as np
 
 from features.batch import CompactBatch
-from features.hashing import _read64 as _u64
-from features.hashing import _xxh64
+from features.xxh64 import read64 as _u64
+from features.xxh64 import xxh64 as _xxh64
 
 MAGIC = b"RSCB"
 VERSION = 1

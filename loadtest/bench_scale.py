@@ -24,7 +24,7 @@ Training: ``loadtest.bench_scale_train`` (synth files of N and 10N rows streamed
 Writes ``loadtest/results/scale.json`` and ``scale.png`` (lookup latency over time, the switch
 marked). Linux only (/proc). Needs ~2 x 3.6 GB of disk and ~10 GB of RAM at the default size.
 
-    python -m loadtest.bench_scale [--rows 50000000] [--dir /tmp/scale] [--no-train]
+    python -m loadtest.bench_scale [--rows 50000000] [--dir /tmp/scale [--keep] [--reuse]] [--no-train]
 """
 
 from __future__ import annotations
@@ -119,6 +119,21 @@ def write_delta(root: Path, version: str, sample: np.ndarray, rows: int) -> Path
     return ddir
 
 
+def _reuse(root: Path, rows: int):
+    """(v1, v2, sample) of a store an earlier ``--keep`` run built with ``rows`` rows, reset to
+    v1 published and v2 without deltas; None when there is none."""
+    import model_store as ms
+
+    sample = root.parent / "sample.npy"
+    meta = sorted((root / MODEL).glob("[12]/embeddings/*/meta.json"))
+    if not sample.exists() or len(meta) != 2 * SHARDS:
+        return None
+    if sum(json.loads(m.read_text())["rows"] for m in meta) != 2 * rows // SHARDS * SHARDS:
+        return None
+    shutil.rmtree(ms.version_dir(root, MODEL, "2") / ms.DELTAS, ignore_errors=True)
+    return "1", "2", np.load(sample)
+
+
 # ---- processes --------------------------------------------------------------------------------
 def rss(pids: list[int]) -> int:
     total = 0
@@ -190,17 +205,22 @@ def p99(values) -> float:
 
 def run(args) -> dict:
     import model_store as ms
+    from model_store.layout import set_current
     from serving.ps.client import PSClient
     from serving.rpc.procs import free_ports, spawn, stop_children
 
     base = Path(args.dir or tempfile.mkdtemp(prefix="recserve-scale-"))
     root = base / "store"
-    shutil.rmtree(root, ignore_errors=True)
     t0 = time.perf_counter()
-    v1, sample = build_version(root, args.rows, seed=1)
+    if args.reuse and (reused := _reuse(root, args.rows)):
+        v1, v2, sample = reused
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+        v1, sample = build_version(root, args.rows, seed=1)
+        v2, _ = build_version(root, args.rows, seed=2)
+        np.save(base / "sample.npy", sample)
     build_s = time.perf_counter() - t0
-    v2, _ = build_version(root, args.rows, seed=2)
-    ms.publish(root, MODEL, v1)
+    set_current(root, MODEL, v1)
     version_bytes = sum(f.stat().st_size for f in (root / MODEL / v1 / "embeddings").rglob("*.npy"))
     rows = sum(
         json.loads(m.read_text())["rows"] for m in (root / MODEL / v1 / "embeddings").glob("*/meta.json")
@@ -325,6 +345,7 @@ def main(argv=None) -> int:
     p.add_argument("--delta-rows", type=int, default=1_000_000, help="rows per shard in the delta")
     p.add_argument("--dir", default="", help="working directory (default: a temp dir, removed after)")
     p.add_argument("--keep", action="store_true", help="keep the working directory")
+    p.add_argument("--reuse", action="store_true", help="with --dir: serve the versions an earlier --keep run built")
     p.add_argument("--no-train", action="store_true", help="skip the training part")
     p.add_argument("--train-args", default="", help="extra arguments for loadtest.bench_scale_train")
     p.add_argument("--train-json", default="", help="merge this scale_train.json instead of running it")

@@ -18,11 +18,14 @@ from model_store.errors import CorruptVersion, IncompleteVersion, ModelStoreErro
 from model_store.layout import DELTAS, FORMAT, MANIFEST, SUCCESS, fsync_dir, write_atomic
 
 
-def sha256_file(path: str | os.PathLike) -> str:
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """The file's sha256, read in ``chunk``-byte pieces into one reused buffer (reading and
+    hashing both release the GIL; ~1.5 GB/s on one core with SHA extensions)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    view = memoryview(bytearray(chunk))
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            h.update(view[:n])
     return h.hexdigest()
 
 

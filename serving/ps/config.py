@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from serving.ps.optim import OptimizerConfig
 
 _DTYPES = ("float32", "float16")
@@ -87,3 +89,13 @@ def check_holds(config: StoreConfig, version: str, holds: list[str]) -> None:
             f"embedding shard {config.shard} of {config.num_shards} does not hold version {version} "
             f"(it holds {', '.join(holds) or 'none'})"
         )
+
+
+def as_signs(signs) -> np.ndarray:
+    """A contiguous uint64 array of signs (a view where possible)."""
+    a = np.asarray(signs)
+    if a.dtype != np.uint64:
+        if a.dtype.kind == "i" and a.size and a.min() < 0:
+            raise ValueError("signs must be non-negative (uint64)")
+        a = a.astype(np.uint64)
+    return np.ascontiguousarray(a.reshape(-1))

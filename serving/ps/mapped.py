@@ -36,7 +36,7 @@ import numpy as np
 from features.hashing import has_duplicates
 from model_store import shards
 from model_store.shards import ShardData, StoreError
-from serving.ps.config import StoreConfig, check_holds
+from serving.ps.config import StoreConfig, as_signs, check_holds
 from serving.ps.table import Table
 
 __all__ = ["MappedStore", "Served"]
@@ -150,8 +150,6 @@ class MappedStore:
         none (answered with zeros)."""
         if insert:
             raise ValueError("a serving PS does not insert rows (lookups with insert=true go to training)")
-        from serving.ps.store import as_signs
-
         signs = as_signs(signs)
         s = self.snapshot_for(version)
         out = np.empty((len(signs), s.base.dim), dtype=np.float32)

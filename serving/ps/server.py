@@ -314,25 +314,15 @@ def _lower_priority() -> None:
         pass
 
 
-def _warm_up(cfg: StoreConfig, serving: bool = False) -> None:
-    """Load every kernel the RPCs use (compiled or from numba's cache) for the read-only arrays
-    that protobuf payloads give, so the first real call is not the slow one."""
+def _warm_up(cfg: StoreConfig) -> None:
+    """A training shard: load every compiled kernel the RPCs use (from numba's cache) for the
+    read-only arrays that protobuf payloads give, so the first real call is not the slow one. A
+    serving shard has nothing to warm up: its lookups are numpy."""
+    signs = np.frombuffer(np.array([1, 2, 2, 3], dtype="<u8").tobytes(), dtype="<u8")
     from dataclasses import replace
 
     from serving.ps.store import EmbeddingStore
 
-    signs = np.frombuffer(np.array([1, 2, 2, 3], dtype="<u8").tobytes(), dtype="<u8")
-    if serving:  # a mapped version's arrays are read-only, an overlay's are not
-        from serving.ps.table import Table
-
-        for dtype in ("float32", "float16"):
-            table = Table.build(np.array([1, 5], np.uint64), np.zeros((2, cfg.dim), dtype))
-            for a in (table.keys, table.rows, table.buckets):
-                a.setflags(write=False)
-            table.gather(signs, np.empty((4, cfg.dim), np.float32))
-            overlay = Table.build(np.array([2], np.uint64), np.zeros((1, cfg.dim), dtype), np.ones(1, bool))
-            overlay.gather(signs, np.empty((4, cfg.dim), np.float32), zero_missing=False)
-        return
     scratch = EmbeddingStore(replace(cfg, capacity=16, min_count=1, shard=0, num_shards=1, max_memory_gb=0.0))
     grads = np.frombuffer(np.zeros((4, cfg.dim), dtype="<f4").tobytes(), dtype="<f4").reshape(4, cfg.dim)
     scratch.lookup(signs, insert=True)
@@ -344,7 +334,6 @@ def _warm_up(cfg: StoreConfig, serving: bool = False) -> None:
 async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> None:
     """Run one PS shard until SIGTERM/SIGINT (or until the task is cancelled)."""
     from recserve.v1 import ps_pb2  # noqa: F401  (registers the service add_service looks up)
-    from serving.ps.store import EmbeddingStore
     from serving.rpc import server as rpc_server
 
     config.__post_init__()
@@ -353,9 +342,12 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
         from serving.ps.mapped import MappedStore
 
         store = MappedStore(config.store, keep_s=config.keep_previous_s)
-    else:  # training: rows, optimizer state, admission, eviction
+    else:  # training: rows, optimizer state, admission, eviction (compiled kernels: numba)
+        from serving.ps.store import EmbeddingStore
+
         store = EmbeddingStore(config.store)
-    _warm_up(config.store, serving=bool(config.follow))
+    if not config.follow:
+        _warm_up(config.store)
     if config.load:
         t0 = time.perf_counter()
         store.load(config.load)

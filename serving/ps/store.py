@@ -30,7 +30,7 @@ from features.hashing import has_duplicates, unique_signs
 from model_store.errors import CapacityError
 from model_store.shards import StoreError
 from serving.ps import index, optim
-from serving.ps.config import StoreConfig, check_holds
+from serving.ps.config import StoreConfig, as_signs, check_holds
 from serving.ps.growth import GIB, StoreMemory, sketch_width
 from serving.ps.optim import OptimizerConfig
 from serving.ps.persistence import ShardPersistence
@@ -40,16 +40,6 @@ __all__ = ["CapacityError", "EmbeddingStore", "OptimizerConfig", "StoreConfig", 
 log = logging.getLogger("recserve.ps.store")
 
 LOG_EVERY_S = 10.0  # eviction log lines: at most one per this many seconds, with running totals
-
-
-def as_signs(signs) -> np.ndarray:
-    """A contiguous uint64 array of signs (a view where possible)."""
-    a = np.asarray(signs)
-    if a.dtype != np.uint64:
-        if a.dtype.kind == "i" and a.size and a.min() < 0:
-            raise ValueError("signs must be non-negative (uint64)")
-        a = a.astype(np.uint64)
-    return np.ascontiguousarray(a.reshape(-1))
 
 
 class EmbeddingStore(StoreMemory, ShardPersistence):

@@ -3,7 +3,6 @@ exactly like the training store given the same dump and deltas."""
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import pytest
 
@@ -11,22 +10,69 @@ from model_store import shards
 from model_store.shards import StoreError
 from serving.ps.mapped import MappedStore
 from serving.ps.store import EmbeddingStore, StoreConfig
-from serving.ps.table import Table, _hash
+from serving.ps.table import Table
 
 DIM = 8
 
 
-@numba.njit
-def _hashes(signs):
-    out = np.empty(len(signs), np.uint64)
-    for i in range(len(signs)):
-        out[i] = _hash(signs[i])
-    return out
+def test_table_lookups_equal_a_dict_of_the_same_rows():
+    """find/gather (numpy over every candidate of every bucket) against a plain dict: hits,
+    misses, empty buckets, float16 rows, tombstones, and leaving misses alone in an overlay."""
+    rng = np.random.default_rng(0)
+    signs = np.unique(rng.integers(1, 2**63, 5_000, dtype=np.uint64))
+    rows = rng.standard_normal((len(signs), DIM)).astype(np.float32)
+    ref = dict(zip(signs.tolist(), rows))
+    query = np.concatenate([signs[rng.integers(0, len(signs), 3_000)], rng.integers(1, 2**63, 1_000, dtype=np.uint64)])
+    rng.shuffle(query)
+    for dtype in ("float32", "float16"):
+        table = Table.build(signs, rows.astype(dtype))
+        assert (np.diff(table.buckets.astype(np.int64)) == 0).any()  # some buckets are empty
+        out = np.full((len(query), DIM), 7.0, np.float32)
+        slots = table.gather(query, out)
+        for q, slot, got in zip(query.tolist(), slots, out):
+            if q in ref:
+                assert table.keys[slot] == q
+                np.testing.assert_array_equal(got, ref[q].astype(dtype).astype(np.float32))
+            else:
+                assert slot == -1 and not got.any()
+    dead = np.zeros(len(signs), bool)
+    dead[::3] = True
+    overlay = Table.build(signs, rows, dead)
+    out = np.full((len(query), DIM), 7.0, np.float32)
+    slots = overlay.gather(query, out, zero_missing=False)
+    is_dead = dict(zip(signs.tolist(), dead))
+    for q, slot, got in zip(query.tolist(), slots, out):
+        if q not in ref:
+            assert slot == -1 and (got == 7.0).all()  # left for the base's row
+        elif is_dead[q]:
+            assert slot >= 0 and not got.any()
+        else:
+            np.testing.assert_array_equal(got, ref[q])
+    assert (Table.empty(DIM).find(query) == -1).all()
 
 
-def test_the_kernel_hash_is_the_dump_format_hash():
-    signs = np.random.default_rng(0).integers(0, 2**63, 10_000, dtype=np.uint64)
-    np.testing.assert_array_equal(_hashes(signs), shards.table_hash(signs))
+def test_checksum_passes_take_turns_host_wide(tmp_path):
+    """With one slot a second pass waits until the first is done; with two, both run."""
+    import threading
+
+    from serving.ps.table import checksum_slot
+
+    entered = threading.Event()
+
+    def second(slots):
+        with checksum_slot(slots, str(tmp_path)):
+            entered.set()
+
+    with checksum_slot(1, str(tmp_path)):
+        waiter = threading.Thread(target=second, args=(1,))
+        waiter.start()
+        assert not entered.wait(0.3)
+    assert entered.wait(5)
+    waiter.join()
+    entered.clear()
+    with checksum_slot(2, str(tmp_path)):
+        second(2)
+        assert entered.is_set()
 
 
 def _trainer(n: int, seed: int = 0, **kw) -> tuple[EmbeddingStore, np.ndarray]:

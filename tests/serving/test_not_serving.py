@@ -72,6 +72,7 @@ def serving(tmp_path, monkeypatch):
                "--health-poll-s", "0.1"], tmp_path / "worker.log"),
     ]  # fmt: skip
     ps = PSClient(f"127.0.0.1:{ps_port}", timeout_s=5.0)
+    ps.pid = procs[0].pid
     worker = WorkerClient(f"127.0.0.1:{worker_port}", timeout_s=5.0)
     monkeypatch.setattr(Scorer, "warmup", lambda self: None)  # it would wait for a served version
     try:
@@ -132,6 +133,10 @@ def test_before_any_version_nothing_serves_then_the_published_version_does(servi
     rows, _ = ps.lookup(SIGNS[:3])
     assert rows.shape == (3, DIM) and np.abs(rows).sum() > 0  # the version's rows, not default zeros
     assert ps.stats()["version"] == version
+    # a serving shard is numpy only: no numba/LLVM in the process (~120 MB of RSS each)
+    maps = Path(f"/proc/{ps.pid}/maps")
+    if maps.exists():
+        assert "llvmlite" not in maps.read_text()
     wait_serving(worker.channel, timeout_s=10)
     status, body = _score(scorer)
     assert status == 200, body
