@@ -42,7 +42,8 @@ class ShardPersistence:
 
     def snapshot(self, copy: bool = True) -> ShardData:
         """The shard's rows as ShardData (copies unless ``copy=False``: then views that later
-        updates change, only safe while the caller holds ``self._lock``)."""
+        updates change, only safe while nothing changes the store -- the caller holds
+        ``self._lock``, or, in the PS server, every change waits until the dump is written)."""
         with self._lock:
             n = self.rows
             c = np.copy if copy else (lambda a: a)

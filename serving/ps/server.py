@@ -205,6 +205,16 @@ class EmbeddingPSServicer:
         self.follower = follower
         self.pb = ps_pb2
         self.common = common_pb2
+        self._writable = asyncio.Event()  # clear while a full dump writes from the live arrays
+        self._writable.set()
+        self._dumping = asyncio.Lock()
+
+    async def writable(self) -> None:
+        """Wait while a full dump is being written: every change to the store (Update, inserting
+        Lookups, Load, TTL expiry) waits here; lookups that only read do not. The change itself
+        then runs with no await in between, so no dump starts under it."""
+        while not self._writable.is_set():
+            await self._writable.wait()
 
     def _lookup_version(self):  # of the rows just returned: read under the lookup's lock, same thread
         version, seq = self.store.last_lookup_version
@@ -222,6 +232,7 @@ class EmbeddingPSServicer:
         t0 = time.perf_counter()
         if request.insert and not getattr(self.store, "read_only", False):  # a new row is a write
             self.access.require("Lookup with insert", context)
+            await self.writable()
         # answered from the version named, or refused (serving/ps/config.py check_holds)
         rows, misses = self.store.lookup(signs, insert=request.insert, version=request.version)
         payload = convert.rows_to_bytes(rows, fp16)
@@ -240,6 +251,7 @@ class EmbeddingPSServicer:
     async def Update(self, request, context):
         signs = convert.signs_from_bytes(request.signs)
         grads = convert.matrix_from_bytes(request.grads, len(signs), self.store.config.dim)
+        await self.writable()
         t0 = time.perf_counter()
         applied = self.store.apply_gradients(signs, grads, step=request.step)
         if self.metrics is not None:
@@ -270,20 +282,30 @@ class EmbeddingPSServicer:
     @rpc
     async def Dump(self, request, context):
         path = self.access.path(request.path, "dump")
-        # cut/copy inline (consistent and atomic), write in a thread (lookups keep flowing)
-        data = self.store.cut_delta() if request.delta else self.store.snapshot(copy=True)
-        try:
-            path = await asyncio.to_thread(shards.write_shard, path, data)
-        except BaseException:
-            if request.delta:
-                self.store.restore_delta(data)
-            raise
+        async with self._dumping:
+            if request.delta:  # the changed rows, copied inline (small); written in a thread
+                data = self.store.cut_delta()
+                try:
+                    path = await asyncio.to_thread(shards.write_shard, path, data)
+                except BaseException:
+                    self.store.restore_delta(data)
+                    raise
+            else:  # written in a thread from views of the live arrays, changes paused meanwhile:
+                # a copy first would double the shard's memory (keys, rows, optimizer state) at
+                # every checkpoint; lookups that only read keep flowing
+                self._writable.clear()
+                try:
+                    data = self.store.snapshot(copy=False)
+                    path = await asyncio.to_thread(shards.write_shard, path, data)
+                finally:
+                    self._writable.set()
         return self.pb.DumpResponse(path=str(path), rows=len(data.signs), deleted=len(data.deleted))
 
     @rpc
     async def Load(self, request, context):  # a training shard's (a serving one follows the store)
         path = self.access.path(request.path, "load")
         data = await asyncio.to_thread(self.store.read, path, request.delta)  # read + verify
+        await self.writable()
         if request.delta:
             self.store.apply_delta_data(data)
         else:
@@ -314,23 +336,6 @@ def _lower_priority() -> None:
         pass
 
 
-def _warm_up(cfg: StoreConfig) -> None:
-    """A training shard: load every compiled kernel the RPCs use (from numba's cache) for the
-    read-only arrays that protobuf payloads give, so the first real call is not the slow one. A
-    serving shard has nothing to warm up: its lookups are numpy."""
-    signs = np.frombuffer(np.array([1, 2, 2, 3], dtype="<u8").tobytes(), dtype="<u8")
-    from dataclasses import replace
-
-    from serving.ps.store import EmbeddingStore
-
-    scratch = EmbeddingStore(replace(cfg, capacity=16, min_count=1, shard=0, num_shards=1, max_memory_gb=0.0))
-    grads = np.frombuffer(np.zeros((4, cfg.dim), dtype="<f4").tobytes(), dtype="<f4").reshape(4, cfg.dim)
-    scratch.lookup(signs, insert=True)
-    scratch.lookup(signs)
-    scratch.apply_gradients(signs, grads)
-    scratch.apply_gradients(signs[:1], grads[:1])
-
-
 async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> None:
     """Run one PS shard until SIGTERM/SIGINT (or until the task is cancelled)."""
     from recserve.v1 import ps_pb2  # noqa: F401  (registers the service add_service looks up)
@@ -343,11 +348,10 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
 
         store = MappedStore(config.store, keep_s=config.keep_previous_s)
     else:  # training: rows, optimizer state, admission, eviction (compiled kernels: numba)
-        from serving.ps.store import EmbeddingStore
+        from serving.ps.store import EmbeddingStore, warm_up
 
         store = EmbeddingStore(config.store)
-    if not config.follow:
-        _warm_up(config.store)
+        warm_up(config.store)
     if config.load:
         t0 = time.perf_counter()
         store.load(config.load)
@@ -393,6 +397,7 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
     async def expire_loop():
         while True:
             await asyncio.sleep(config.expire_every_s)
+            await servicer.writable()
             if n := store.expire():
                 log.info("expired %d rows (%d in all)", n, store.expired)
 
