@@ -28,6 +28,7 @@ SLOT_BITS = 16
 MAX_SLOT_ID = (1 << SLOT_BITS) - 1
 SIGN_MASK = np.uint64((1 << SIGN_BITS) - 1)
 
+
 def _prefixes(slot_id, n: int) -> np.ndarray:
     ids = np.atleast_1d(np.asarray(slot_id, dtype=np.int64))
     if ids.size and (ids.min() < 1 or ids.max() > MAX_SLOT_ID):

@@ -345,7 +345,9 @@ def main(argv=None) -> int:
     p.add_argument("--delta-rows", type=int, default=1_000_000, help="rows per shard in the delta")
     p.add_argument("--dir", default="", help="working directory (default: a temp dir, removed after)")
     p.add_argument("--keep", action="store_true", help="keep the working directory")
-    p.add_argument("--reuse", action="store_true", help="with --dir: serve the versions an earlier --keep run built")
+    p.add_argument(
+        "--reuse", action="store_true", help="with --dir: serve the versions an earlier --keep run built"
+    )
     p.add_argument("--no-train", action="store_true", help="skip the training part")
     p.add_argument("--train-args", default="", help="extra arguments for loadtest.bench_scale_train")
     p.add_argument("--train-json", default="", help="merge this scale_train.json instead of running it")

@@ -26,8 +26,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 import model_store as ms
 from model_store import shards
 from model_store.layout import default_root

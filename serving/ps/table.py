@@ -36,6 +36,7 @@ import numpy as np
 from model_store import shards
 from model_store.shards import StoreError
 
+
 @dataclass(frozen=True)
 class Table:
     """Signs in bucket order, their rows, the bucket directory; optionally tombstones."""

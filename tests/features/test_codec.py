@@ -8,10 +8,10 @@ from hypothesis import strategies as st
 
 from features.batch import CompactBatch, SlotView
 from features.codec import HEADER_SIZE, CodecError, decode, encode
-from features.xxh64 import xxh64 as _xxh64
 from features.readers import obd_candidates, read_criteo, to_records
 from features.schema import load_schema
 from features.transform import transform
+from features.xxh64 import xxh64 as _xxh64
 
 
 @st.composite

@@ -21,15 +21,17 @@ def test_table_lookups_equal_a_dict_of_the_same_rows():
     rng = np.random.default_rng(0)
     signs = np.unique(rng.integers(1, 2**63, 5_000, dtype=np.uint64))
     rows = rng.standard_normal((len(signs), DIM)).astype(np.float32)
-    ref = dict(zip(signs.tolist(), rows))
-    query = np.concatenate([signs[rng.integers(0, len(signs), 3_000)], rng.integers(1, 2**63, 1_000, dtype=np.uint64)])
+    ref = dict(zip(signs.tolist(), rows, strict=True))
+    query = np.concatenate(
+        [signs[rng.integers(0, len(signs), 3_000)], rng.integers(1, 2**63, 1_000, dtype=np.uint64)]
+    )
     rng.shuffle(query)
     for dtype in ("float32", "float16"):
         table = Table.build(signs, rows.astype(dtype))
         assert (np.diff(table.buckets.astype(np.int64)) == 0).any()  # some buckets are empty
         out = np.full((len(query), DIM), 7.0, np.float32)
         slots = table.gather(query, out)
-        for q, slot, got in zip(query.tolist(), slots, out):
+        for q, slot, got in zip(query.tolist(), slots, out, strict=True):
             if q in ref:
                 assert table.keys[slot] == q
                 np.testing.assert_array_equal(got, ref[q].astype(dtype).astype(np.float32))
@@ -40,8 +42,8 @@ def test_table_lookups_equal_a_dict_of_the_same_rows():
     overlay = Table.build(signs, rows, dead)
     out = np.full((len(query), DIM), 7.0, np.float32)
     slots = overlay.gather(query, out, zero_missing=False)
-    is_dead = dict(zip(signs.tolist(), dead))
-    for q, slot, got in zip(query.tolist(), slots, out):
+    is_dead = dict(zip(signs.tolist(), dead, strict=True))
+    for q, slot, got in zip(query.tolist(), slots, out, strict=True):
         if q not in ref:
             assert slot == -1 and (got == 7.0).all()  # left for the base's row
         elif is_dead[q]:
