@@ -51,6 +51,7 @@ MANIFEST = "MANIFEST.json"
 META = "meta.json"
 _SHARD_RE = re.compile(r"^shard-(\d+)-of-(\d+)$")
 TABLE_SALT = np.uint64(0x5DEECE66DA3B9F17)  # == serving.ps.index's salt; the numba twin is table._hash
+XXH3 = "xxh3_128"  # a shard file's fast checksum in its MANIFEST.json (older dumps: sha256 only)
 _CHUNK_ROWS = 1 << 18  # rows gathered per write of a bucket-ordered dump (16 MB of dim-16 rows)
 
 
@@ -107,15 +108,22 @@ def shard_dir_name(shard: int, num_shards: int) -> str:
 
 
 class _HashingWriter:
-    """A write-only file wrapper that hashes what passes through (np.save writes through it)."""
+    """A write-only file wrapper that hashes what passes through (np.save writes through it):
+    sha256, and XXH3-128, which a serving PS checks before it maps the file (15 GB/s on one core
+    against sha256's 1.5: a 50M-row version's shard is checked in ~0.1 s, not 1.2 s of a core
+    taken from lookups)."""
 
     def __init__(self, f):
+        import xxhash
+
         self.f = f
         self.sha = hashlib.sha256()
+        self.xxh = xxhash.xxh3_128()
         self.size = 0
 
     def write(self, b) -> int:
         self.sha.update(b)
+        self.xxh.update(b)
         self.size += memoryview(b).nbytes
         return self.f.write(b)
 
@@ -126,7 +134,7 @@ def _write_file(path: Path, writer) -> dict:
         writer(hw)
         f.flush()
         os.fsync(f.fileno())
-    return {"sha256": hw.sha.hexdigest(), "bytes": hw.size}
+    return {"sha256": hw.sha.hexdigest(), XXH3: hw.xxh.hexdigest(), "bytes": hw.size}
 
 
 def _npy_writer(arr: np.ndarray, order: np.ndarray | None = None):
@@ -205,10 +213,20 @@ def npy_header(path: Path, head: bytes) -> tuple[tuple, np.dtype, int]:
     return shape, dtype, bio.tell()
 
 
+def checksum_ok(buf, expect: dict) -> bool:
+    """Whether a shard file's bytes match its manifest entry: XXH3-128 where the dump has it,
+    else sha256. One call over the whole buffer (no GIL held meanwhile)."""
+    if XXH3 in expect:
+        import xxhash
+
+        return xxhash.xxh3_128(buf).hexdigest() == expect[XXH3]
+    return hashlib.sha256(buf).hexdigest() == expect["sha256"]
+
+
 def _read_npy(path: Path, expect: dict) -> np.ndarray:
     """One read, checksum over the bytes, then an array view of them (no second copy)."""
     buf = bytearray(path.read_bytes())
-    if len(buf) != expect.get("bytes", len(buf)) or hashlib.sha256(buf).hexdigest() != expect["sha256"]:
+    if len(buf) != expect.get("bytes", len(buf)) or not checksum_ok(buf, expect):
         raise StoreError(f"{path}: checksum mismatch (file corrupt or modified after the dump)")
     shape, dtype, offset = npy_header(path, bytes(buf[: 1 << 16]))
     return np.frombuffer(buf, dtype=dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)

@@ -177,6 +177,30 @@ def test_a_corrupt_or_truncated_file_is_refused_and_the_served_version_stays(tmp
     np.testing.assert_array_equal(served.lookup(signs)[0], before)
 
 
+def test_a_dump_written_before_xxh3_is_checked_by_its_sha256(tmp_path):
+    """Shard files carry XXH3-128 and sha256; a dump with sha256 only (older code) is still
+    mapped and checked, and refused when corrupt."""
+    import json
+
+    trainer, signs = _trainer(2_000)
+    trainer.version = "1"
+    trainer.dump(tmp_path / "v1")
+    shard = tmp_path / "v1/shard-0-of-1"
+    listing = json.loads((shard / shards.MANIFEST).read_text())
+    assert all(shards.XXH3 in entry for entry in listing["files"].values())
+    for entry in listing["files"].values():
+        del entry[shards.XXH3]
+    (shard / shards.MANIFEST).write_text(json.dumps(listing))
+    served = MappedStore(StoreConfig(dim=DIM))
+    served.open(tmp_path / "v1")
+    np.testing.assert_array_equal(served.lookup(signs)[0], trainer.lookup(signs)[0])
+    raw = bytearray((shard / "signs.npy").read_bytes())
+    raw[-1] ^= 0xFF
+    (shard / "signs.npy").write_bytes(bytes(raw))
+    with pytest.raises(StoreError, match="checksum"):
+        served.staging().open(tmp_path / "v1")
+
+
 def test_a_serving_store_refuses_writes(tmp_path):
     served = MappedStore(StoreConfig(dim=DIM))
     with pytest.raises(ValueError, match="does not insert"):
