@@ -4,14 +4,14 @@ Serving (this module):
 
 1. Two versions of ``--rows`` rows (default 50M), dim 16, over 2 shards are written straight into a
    model store with random signs and rows (``model_store.shards.write_shard``: bucket order, the
-   manifest's sha256; nothing is trained), sealed, and v1 published.
+   manifest's checksums; nothing is trained), sealed, and v1 published.
 2. One ``recserve ps --follow <store>/<model> --shard i --num-shards 2`` per shard, as ``recserve up``
    starts them. ``load_s``: spawn -> every shard serves v1 (its files mapped and verified);
    ``load_gb_per_s``: the version's bytes / load_s. ``serving_bytes_per_row``: summed VmRSS of
    the PS processes / rows, against ``raw_bytes_per_row`` = 8 + 4 x dim.
 3. A client sends 4,000-ID ``Lookup`` calls (random signs of the version, one shard after the other)
    at ``--rate`` calls/s for ``--steady-s`` seconds (``lookup_p99_steady_ms``), then v2 is published
-   with ``nice -n 10 recserve publish`` (the one gate: sha256 of every file) while the loop goes on:
+   with ``nice -n 10 recserve publish`` (the one gate: XXH3-128 of every file) while the loop goes on:
    ``switch_s`` (publish -> every shard answers from v2), ``lookup_p99_during_switch_ms`` (calls
    from the publish until 2 s after the last shard flipped), ``peak_rss_during_switch_gb`` (VmRSS
    polled every 50 ms) against ``old_plus_new_gb`` (steady RSS on v1 + steady RSS on v2).

@@ -1,7 +1,7 @@
 """The model store: the artifact format and its life cycle.
 
 - ``layout``: paths, version numbering, staging and sealing, deltas, CURRENT, atomic writes;
-- ``manifest``: MANIFEST.json write/read/verify (sha256 of every file);
+- ``manifest``: MANIFEST.json write/read/verify (a checksum of every file: XXH3-128, or sha256);
 - ``errors``: typed errors (VersionNotFound, IncompleteVersion, CorruptVersion, IncompatibleVersion,
   SchemaMismatch, StoreError, CapacityError);
 - ``releases``: THE gate (``validate``), THE publish (CURRENT + HISTORY), rollback, retention;
@@ -41,7 +41,7 @@ from model_store.layout import (
     versions,
     write_atomic,
 )
-from model_store.manifest import read_manifest, seal, sha256_file, verify_files, write_manifest
+from model_store.manifest import file_digest, read_manifest, seal, sha256_file, verify_files, write_manifest
 from model_store.releases import (
     current_manifest,
     history,
@@ -58,6 +58,6 @@ __all__ = [
     "ModelStoreError", "SchemaMismatch", "StoreError", "VersionNotFound", "current", "default_root",
     "current_manifest", "delta_dir", "discard", "fsync_dir",
     "history", "list_deltas", "list_versions", "mark_done", "model_dir", "next_version", "publish",
-    "read_manifest", "retain", "rollback", "seal", "sha256_file", "staging_dir", "validate",
+    "read_manifest", "retain", "rollback", "seal", "file_digest", "sha256_file", "staging_dir", "validate",
     "verify_files", "version_dir", "versions", "write_atomic", "write_manifest",
 ]  # fmt: skip

@@ -6,7 +6,7 @@ Layout (see DESIGN.md)::
         MANIFEST.json                format, model, version, parent, created, schema_fingerprint,
                                      model_config (with the fitted dense_mean/dense_std), dim,
                                      num_shards, dense paths, metrics, and "files": {relpath:
-                                     sha256} for every file but MANIFEST/_SUCCESS
+                                     digest} for every file but MANIFEST/_SUCCESS
         schema.yaml                  the feature schema as written (features.schema.dump_schema)
         embeddings/shard-<i>-of-<n>/ full PS dumps (model_store.shards layout)
         dense/model.pt, model.onnx   the dense network (it applies the fitted dense statistics)

@@ -1,8 +1,10 @@
-"""Version manifests: write, read and verify (sha256 of every file), with typed errors.
+"""Version manifests: write, read and verify (a checksum of every file), with typed errors.
 
 ``MANIFEST.json`` holds format, model, version, parent, created, schema_fingerprint, model_config,
-dim, num_shards, dense paths, metrics, and ``"files": {relpath: sha256}`` for every file of the
-version but MANIFEST/_SUCCESS. Files under ``deltas/`` that are not listed are allowed: deltas cut
+dim, num_shards, dense paths, metrics, and ``"files": {relpath: digest}`` for every file of the
+version but MANIFEST/_SUCCESS. A digest is ``xxh3_128:<hex>`` (XXH3-128: ~10 GB/s with the reads,
+so ``recserve publish`` checks a 4 GB version in well under a second instead of 2.7 s of a core
+next to the lookups it serves) or, in manifests written before it, a plain sha256 hex; both verify. Files under ``deltas/`` that are not listed are allowed: deltas cut
 after the version was sealed carry their own per-shard manifests and ``_SUCCESS``.
 """
 
@@ -29,14 +31,36 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+XXH3_PREFIX = "xxh3_128:"
+
+
+def file_digest(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """The manifest digest of a file: ``xxh3_128:<hex>``, read into one reused buffer."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    view = memoryview(bytearray(chunk))
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            h.update(view[:n])
+    return XXH3_PREFIX + h.hexdigest()
+
+
+def digest_ok(path: str | os.PathLike, recorded: str) -> bool:
+    """Whether the file matches its manifest digest (XXH3-128, or sha256 in older manifests)."""
+    if recorded.startswith(XXH3_PREFIX):
+        return file_digest(path) == recorded
+    return sha256_file(path) == recorded
+
+
 def file_checksums(directory: str | os.PathLike) -> dict[str, str]:
-    """sha256 of every file under ``directory`` (posix relpaths) except the top MANIFEST/_SUCCESS."""
+    """The digest of every file under ``directory`` (posix relpaths) except the top MANIFEST/_SUCCESS."""
     root = Path(directory)
     out = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
         if p.is_file() and rel not in (MANIFEST, SUCCESS):
-            out[rel] = sha256_file(p)
+            out[rel] = file_digest(p)
     return out
 
 
@@ -62,7 +86,8 @@ def seal(staging: str | os.PathLike, final: str | os.PathLike) -> Path:
 
 def read_manifest(directory: str | os.PathLike, verify: bool = True) -> dict:
     """The manifest of a complete version; raises IncompleteVersion where ``_SUCCESS`` is
-    missing, CorruptVersion where the manifest is unreadable or (``verify``) a file is missing, unlisted or fails its sha256."""
+    missing, CorruptVersion where the manifest is unreadable or (``verify``) a file is missing, unlisted or fails
+    its checksum."""
     d = Path(directory)
     if not (d / SUCCESS).is_file():
         raise IncompleteVersion(f"{d}: no {SUCCESS}: the version is incomplete, refusing it")
@@ -82,18 +107,18 @@ def read_manifest(directory: str | os.PathLike, verify: bool = True) -> dict:
         if extra:
             raise CorruptVersion(f"{d}: files not in the manifest: {extra[:5]}")
         for rel, digest in listed.items():
-            if sha256_file(d / rel) != digest:
+            if not digest_ok(d / rel, digest):
                 raise CorruptVersion(f"{d}: checksum mismatch for {rel}")
     return manifest
 
 
 def verify_files(directory: str | os.PathLike, manifest: dict, names: list[str]) -> None:
-    """Check the sha256 of just the listed files a reader is about to use (a handler needs the
+    """Check the checksums of just the listed files a reader is about to use (a handler needs the
     dense model and schema, not every embedding shard; PS shard dumps carry their own checksums)."""
     d = Path(directory)
     listed = manifest.get("files", {})
     for rel in names:
         if rel not in listed:
             raise CorruptVersion(f"{d}: {rel} is not in the manifest")
-        if not (d / rel).is_file() or sha256_file(d / rel) != listed[rel]:
+        if not (d / rel).is_file() or not digest_ok(d / rel, listed[rel]):
             raise CorruptVersion(f"{d}: checksum mismatch for {rel}")

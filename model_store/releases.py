@@ -54,12 +54,12 @@ def validate(root, model: str, version: str, served: dict | None = None, verify:
     ``served`` (None: nothing served, only the version's own validity counts), else a typed
     ModelStoreError naming both sides.
 
-    Valid: the directory exists, ``_SUCCESS``, a readable manifest, (``verify``) the sha256 of every
+    Valid: the directory exists, ``_SUCCESS``, a readable manifest, (``verify``) the checksum of every
     file. Compatible with ``served``: the same value for every ``CONTRACT`` key present in both
     manifests (IncompatibleVersion; SchemaMismatch for the feature schema). ``recserve publish``,
     ``train --publish`` and rollback call it with CURRENT's manifest (``current_manifest``), the
     controller with the dense version it serves, every PS follower with the version it serves, so
-    CURRENT never names a version that serving refuses. ``verify=False`` skips the sha256 of every
+    CURRENT never names a version that serving refuses. ``verify=False`` skips the checksum of every
     file (a PS checks its own shard files as it reads them)."""
     vdir = ms.version_dir(root, model, version)
     if not vdir.is_dir():

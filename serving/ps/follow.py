@@ -5,7 +5,7 @@ reads ``<model>/CURRENT`` (or serves the ``pin``\ ned version). A new version pa
 (``model_store.validate`` against the manifest of the version served: ``_SUCCESS``, manifest,
 the same feature schema and dim), then is
 opened in a staging store beside the served one -- a serving ``MappedStore`` maps this shard's
-files and checks their sha256 through the mapping; a dump of another shard count is re-sharded by
+files and checks their checksums through the mapping; a dump of another shard count is re-sharded by
 the routing hash in memory -- its deltas are applied there, and the served store *adopts* it in
 one step (a reference flip for a MappedStore): a lookup sees the old version or the new one with
 its deltas, never a mix. Then every complete delta of the served version with a higher seq is
@@ -80,7 +80,7 @@ class Follower:
         A serving shard (MappedStore) maps and verifies the version's files here and the flip is a
         reference assignment; the old version is released when its last lookup finishes."""
         vdir = ms.version_dir(self.root, self.model, version)
-        # the one gate (model_store.validate) without the sha256 of every file: this shard's own
+        # the one gate (model_store.validate) without the checksum of every file: this shard's own
         # files are checked by the store as it reads or maps them
         manifest = ms.validate(self.root, self.model, version, self.served_manifest, verify=False)
         t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """``recserve controller``: keeps TorchServe's dense model on the model store's CURRENT version.
 
 Started by ``recserve up`` next to the stack. Every ``--poll-s`` it reads ``<model>/CURRENT``; on a
-change it runs the one gate (``model_store.validate``: manifest, sha256, ``_SUCCESS``, same
+change it runs the one gate (``model_store.validate``: manifest, checksums, ``_SUCCESS``, same
 feature schema and shape as the served dense version), waits until every PS shard serves the new
 version's embeddings, then registers the new dense model in TorchServe through the management API,
 makes it the default, lets the old version drain, then unregisters it. A version the gate refuses,

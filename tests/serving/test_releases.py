@@ -56,6 +56,23 @@ def test_incomplete_corrupt_and_foreign_schema_versions_are_refused(tmp_path):
     assert {i.version: i.status for i in list_versions(tmp_path, "m")}[corrupt] == "corrupt"
 
 
+def test_manifests_of_xxh3_and_of_older_sha256_digests_both_verify_and_catch_corruption(tmp_path):
+    import json
+
+    for old in (False, True):
+        v = _version(tmp_path)
+        vdir = ms.version_dir(tmp_path, "m", v)
+        manifest = json.loads((vdir / ms.MANIFEST).read_text())
+        assert manifest["files"]["payload.bin"].startswith("xxh3_128:")
+        if old:  # as written before XXH3: plain sha256 hex
+            manifest["files"] = {rel: ms.sha256_file(vdir / rel) for rel in manifest["files"]}
+            (vdir / ms.MANIFEST).write_text(json.dumps(manifest))
+        assert validate(tmp_path, "m", v)["files"] == manifest["files"]
+        (vdir / "payload.bin").write_bytes(b"y" + b"x" * 99)
+        with pytest.raises(ModelStoreError, match="checksum mismatch for payload.bin"):
+            validate(tmp_path, "m", v)
+
+
 def test_rollback_goes_back_one_publish_at_a_time(tmp_path):
     v1, v2, v3 = _version(tmp_path), _version(tmp_path), _version(tmp_path)
     for v in (v1, v2, v3):

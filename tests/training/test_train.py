@@ -215,7 +215,7 @@ def test_versions_are_staged_then_sealed(tmp_path):
     assert model_store.versions(tmp_path, "m") == []  # but is not a version yet
     model_store.write_manifest(staged, {"model": "m", "version": "1"})
     final = model_store.seal(staged, model_store.version_dir(tmp_path, "m", "1"))
-    assert model_store.read_manifest(final)["files"] == {"a.txt": model_store.sha256_file(final / "a.txt")}
+    assert model_store.read_manifest(final)["files"] == {"a.txt": model_store.file_digest(final / "a.txt")}
     (final / "b.txt").write_text("b")
     with pytest.raises(model_store.ModelStoreError, match="not in the manifest"):
         model_store.read_manifest(final)
