@@ -1,6 +1,9 @@
 """Small helpers shared by tests."""
 
+import asyncio
+import contextlib
 import random
+import threading
 
 from serving.rpc.procs import free_ports
 
@@ -8,6 +11,37 @@ from serving.rpc.procs import free_ports
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that is free right now (the OS picks it)."""
     return free_ports(1, host)[0]
+
+
+@contextlib.contextmanager
+def ps_in_thread(cfg):
+    """A PS shard (``serving.ps.server.serve(cfg)``, ``cfg.port`` 0) on a thread of this process,
+    on a free loopback port; yields its address and stops it after."""
+    from serving.ps.server import serve
+
+    loop = asyncio.new_event_loop()
+    started = loop.create_future()
+    task = loop.create_task(serve(cfg, started))
+
+    def run() -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # the stop below
+            loop.run_until_complete(task)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    async def port() -> int:
+        await asyncio.wait({started, task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            task.result()  # serve's own error
+        return started.result()
+
+    try:
+        yield f"127.0.0.1:{asyncio.run_coroutine_threadsafe(port(), loop).result(90)}"
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
+        thread.join(10)
+        loop.close()
 
 
 def fuzz_payloads(valid: bytes, n: int, seed: int = 0):

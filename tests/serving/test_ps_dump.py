@@ -6,7 +6,6 @@ hold the dump open."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
@@ -18,37 +17,21 @@ from model_store import shards
 from serving.ps.client import PSClient
 from serving.ps.config import StoreConfig
 from serving.rpc.auth import new_token_file
+from tests.helpers import ps_in_thread
 
 DIM = 4
 
 
 @contextlib.contextmanager
 def training_ps(tmp_path):
-    from serving.ps.server import ServerConfig, serve
+    from serving.ps.server import ServerConfig
 
     token, root = new_token_file(tmp_path / "admin.token"), tmp_path / "root"
     root.mkdir()
     cfg = ServerConfig(port=0, grace_s=0.1, admin_token_file=str(token), data_root=str(root),
                        store=StoreConfig(dim=DIM, capacity=1000))  # fmt: skip
-    loop = asyncio.new_event_loop()
-    started = loop.create_future()
-    task = loop.create_task(serve(cfg, started))
-
-    def run() -> None:
-        with contextlib.suppress(asyncio.CancelledError):  # the stop below
-            loop.run_until_complete(task)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    port = asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(started), 60), loop).result(90)
-    client = PSClient(f"127.0.0.1:{port}", timeout_s=10.0, token_file=str(token))
-    try:
+    with ps_in_thread(cfg) as address, PSClient(address, timeout_s=10.0, token_file=str(token)) as client:
         yield client, root
-    finally:
-        client.close()
-        loop.call_soon_threadsafe(task.cancel)
-        thread.join(10)
-        loop.close()
 
 
 def test_a_full_dump_pauses_changes_not_reads_and_holds_the_rows_asked_for(tmp_path, monkeypatch):

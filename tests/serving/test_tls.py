@@ -6,7 +6,6 @@ local PKI's files and the configuration errors that name the bad file."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import stat
 import threading
@@ -21,6 +20,7 @@ from serving.ps.store import StoreConfig
 from serving.rpc.health import wait_serving
 from serving.rpc.tls import ClientTLS, ServerTLS, issue_cert, local_pki, make_ca
 from serving.worker.client import WorkerClient
+from tests.helpers import ps_in_thread
 from tests.serving.test_worker import SCHEMA, ranking_batch
 
 DIM = 4
@@ -43,34 +43,13 @@ def pki(tmp_path_factory):
 @contextlib.contextmanager
 def ps_server(tls: ServerTLS | None):
     """A training PS shard (0 of 1) serving on a free loopback port on a thread of its own."""
-    from serving.ps.server import ServerConfig, serve
+    from serving.ps.server import ServerConfig
 
     fields = tls.to_dict() if tls else {}
     cfg = ServerConfig(port=0, grace_s=0.1, store=StoreConfig(dim=DIM, capacity=1000),
                        **{f"tls_{k}": v for k, v in fields.items()})  # fmt: skip
-    loop = asyncio.new_event_loop()
-    started = loop.create_future()
-    task = loop.create_task(serve(cfg, started))
-
-    def run() -> None:
-        with contextlib.suppress(asyncio.CancelledError):  # the stop below
-            loop.run_until_complete(task)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-
-    async def port() -> int:
-        await asyncio.wait({started, task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
-        if not started.done():
-            task.result()  # serve's own error
-        return started.result()
-
-    try:
-        yield f"127.0.0.1:{asyncio.run_coroutine_threadsafe(port(), loop).result(90)}"
-    finally:
-        loop.call_soon_threadsafe(task.cancel)
-        thread.join(10)
-        loop.close()
+    with ps_in_thread(cfg) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
