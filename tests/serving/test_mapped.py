@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import model_store as ms
 from model_store import shards
 from model_store.shards import StoreError
 from serving.ps.mapped import MappedStore
@@ -188,8 +189,9 @@ def test_a_dump_written_before_xxh3_is_checked_by_its_sha256(tmp_path):
     shard = tmp_path / "v1/shard-0-of-1"
     listing = json.loads((shard / shards.MANIFEST).read_text())
     assert all(shards.XXH3 in entry for entry in listing["files"].values())
-    for entry in listing["files"].values():
+    for name, entry in listing["files"].items():  # as written before XXH3: sha256 only
         del entry[shards.XXH3]
+        entry["sha256"] = ms.sha256_file(shard / name)
     (shard / shards.MANIFEST).write_text(json.dumps(listing))
     served = MappedStore(StoreConfig(dim=DIM))
     served.open(tmp_path / "v1")
