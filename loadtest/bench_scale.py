@@ -10,19 +10,27 @@ Serving (this module):
    ``load_gb_per_s``: the version's bytes / load_s. ``serving_bytes_per_row``: summed VmRSS of
    the PS processes / rows, against ``raw_bytes_per_row`` = 8 + 4 x dim.
 3. A client sends 4,000-ID ``Lookup`` calls (random signs of the version, one shard after the other)
-   at ``--rate`` calls/s for ``--steady-s`` seconds (``lookup_p99_steady_ms``), then v2 is published
-   with ``nice -n 10 recserve publish`` (the one gate: XXH3-128 of every file) while the loop goes on:
-   ``switch_s`` (publish -> every shard answers from v2), ``lookup_p99_during_switch_ms`` (calls
-   from the publish until 2 s after the last shard flipped), ``peak_rss_during_switch_gb`` (VmRSS
-   polled every 50 ms) against ``old_plus_new_gb`` (steady RSS on v1 + steady RSS on v2).
-4. ``delta_rows_per_s``: a delta of ``--delta-rows`` rows per shard is written into v2; rows /
+   at ``--rate`` calls/s while ``--switches`` full switches run, to v2 and back to v1 in turn. Each
+   is ``nice -n 10 recserve publish`` (the one gate: XXH3-128 of every file) -> every shard answers
+   from the new version (``switch_s``, the median) -> 2 s more: ``lookup_p99_during_switch_ms``
+   pools those windows. ``lookup_p99_steady_ms`` pools a ``--window-s`` window right before each
+   switch, so that each switch is compared with its neighbourhood (this VM's p99 drifts 1.5x
+   over a minute with nothing running). The replaced version is released ``--keep-previous-s``
+   later, outside both windows (``lookup_p99_during_release_ms``: +-1 s around it). Last, a busy
+   loop at idle priority runs in another process for a window (``lookup_p99_idle_spinner_ms``):
+   what any background work at all costs the lookups on this machine. ``peak_rss_during_switch_gb``
+   (VmRSS polled every 50 ms in the switch windows) against ``old_plus_new_gb`` (RSS on v1 alone +
+   RSS on v2 alone, after v1's release).
+4. ``delta_rows_per_s``: a delta of ``--delta-rows`` rows per shard is written into the version
+   served last; rows /
    (its _SUCCESS -> every shard reports its seq).
 
 Training: ``loadtest.bench_scale_train`` (synth files of N and 10N rows streamed through
 ``recserve train``) runs after, unless ``--no-train``; its keys are merged in.
 
-Writes ``loadtest/results/scale.json`` and ``scale.png`` (lookup latency over time, the switch
-marked). Linux only (/proc). Needs ~2 x 3.6 GB of disk and ~10 GB of RAM at the default size.
+Writes ``loadtest/results/scale.json`` (``--out``) and ``scale.png`` beside it (lookup latency over
+time, the switches marked), and prints each target met or MISSED. Linux only (/proc). Needs
+~2 x 4 GB of disk and ~10 GB of RAM at the default size (versions: ``loadtest/scale_store.py``).
 
     python -m loadtest.bench_scale [--rows 50000000] [--dir /tmp/scale [--keep] [--reuse]] [--no-train]
 """
@@ -41,97 +49,12 @@ from pathlib import Path
 
 import numpy as np
 
-from features.hashing import unique_signs
-from loadtest.common import machine, print_table, write_results
+from loadtest.common import machine, print_table, report_targets
+from loadtest.scale_store import DIM, MODEL, SHARDS, build_version, reuse, write_delta
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "loadtest" / "results"
-MODEL = "scale"
-DIM = 16
-SHARDS = 2
 IDS_PER_CALL = 4000
-
-
-# ---- building versions ----------------------------------------------------------------------
-def _shard_data(kind: str, shard: int, version: str, signs: np.ndarray, rows: np.ndarray):
-    from model_store.shards import ShardData
-
-    n = len(signs)
-    meta = {"kind": kind, "shard": shard, "num_shards": SHARDS, "dim": DIM, "dtype": "float32",
-            "optimizer": {"name": "adagrad"}, "state": [], "schema_hash": "", "version": version,
-            "delta_seq": 0 if kind == "delta" else -1, "step": 0}  # fmt: skip
-    if kind == "delta":
-        meta["base_version"] = version
-    return ShardData(meta, signs, rows, {}, np.zeros(n, np.uint32), np.zeros(n, np.uint32))
-
-
-def shard_signs(rows: int, shard: int, seed: int) -> np.ndarray:
-    """~rows/SHARDS distinct random signs that route to ``shard``."""
-    from features.hashing import shard_of
-
-    rng = np.random.default_rng(seed * 1000 + shard)
-    out = []
-    need = rows // SHARDS
-    while need > 0:
-        s = unique_signs(rng.integers(1, 2**63, int(need * SHARDS * 1.05), dtype=np.uint64))
-        s = s[shard_of(s, SHARDS) == shard]
-        out.append(s[:need])
-        need -= len(out[-1])
-    signs = unique_signs(np.concatenate(out))
-    return signs
-
-
-def build_version(root: Path, rows: int, seed: int) -> tuple[str, np.ndarray]:
-    """A sealed version of random rows; returns its name and a sample of its signs."""
-    import model_store as ms
-
-    version = ms.next_version(root, MODEL)
-    staging = ms.staging_dir(root, MODEL, version)
-    sample = []
-    for shard in range(SHARDS):
-        signs = shard_signs(rows, shard, seed=1)  # the same signs in every version, new rows
-        rng = np.random.default_rng(seed * 1000 + shard)
-        n = len(signs)
-        data = _shard_data("full", shard, version, signs, rng.standard_normal((n, DIM), dtype=np.float32))
-        ms.shards.write_shard(staging / "embeddings", data)
-        sample.append(signs[rng.integers(0, n, 200_000)])
-        del data, signs
-    ms.write_manifest(staging, {"model": MODEL, "version": version, "schema_fingerprint": "scale",
-                                "dim": DIM, "num_shards": SHARDS})  # fmt: skip
-    ms.seal(staging, ms.version_dir(root, MODEL, version))
-    return version, np.concatenate(sample)
-
-
-def write_delta(root: Path, version: str, sample: np.ndarray, rows: int) -> Path:
-    import model_store as ms
-    from features.hashing import shard_of
-
-    vdir = ms.version_dir(root, MODEL, version)
-    ddir = ms.delta_dir(vdir, 0)
-    rng = np.random.default_rng(7)
-    for shard in range(SHARDS):
-        mine = unique_signs(sample[shard_of(sample, SHARDS) == shard])
-        extra = rng.integers(1, 2**63, rows, dtype=np.uint64)
-        signs = unique_signs(np.concatenate([mine, extra[shard_of(extra, SHARDS) == shard]]))[:rows]
-        rows_ = np.full((len(signs), DIM), 0.5, np.float32)
-        ms.shards.write_shard(ddir, _shard_data("delta", shard, version, signs, rows_))
-    ms.mark_done(ddir)
-    return ddir
-
-
-def _reuse(root: Path, rows: int):
-    """(v1, v2, sample) of a store an earlier ``--keep`` run built with ``rows`` rows, reset to
-    v1 published and v2 without deltas; None when there is none."""
-    import model_store as ms
-
-    sample = root.parent / "sample.npy"
-    meta = sorted((root / MODEL).glob("[12]/embeddings/*/meta.json"))
-    if not sample.exists() or len(meta) != 2 * SHARDS:
-        return None
-    if sum(json.loads(m.read_text())["rows"] for m in meta) != 2 * rows // SHARDS * SHARDS:
-        return None
-    shutil.rmtree(ms.version_dir(root, MODEL, "2") / ms.DELTAS, ignore_errors=True)
-    return "1", "2", np.load(sample)
 
 
 # ---- processes --------------------------------------------------------------------------------
@@ -203,6 +126,18 @@ def p99(values) -> float:
     return float(np.percentile(values, 99)) if len(values) else float("nan")
 
 
+def _in(calls, a: float, b: float, ok_only: bool = False) -> list[float]:
+    return [d for t, d, ok, _ in calls if a <= t <= b and (ok or not ok_only)]
+
+
+def _spin_idle(seconds: float) -> None:
+    """A busy loop at SCHED_IDLE priority in another process: what any background work costs the
+    lookups on this machine, whatever it is (no memory traffic, no lock, lowest priority)."""
+    code = ("import os, time\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+            f"t = time.time() + {seconds}\nwhile time.time() < t: pass\n")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def run(args) -> dict:
     import model_store as ms
     from model_store.layout import set_current
@@ -212,7 +147,7 @@ def run(args) -> dict:
     base = Path(args.dir or tempfile.mkdtemp(prefix="recserve-scale-"))
     root = base / "store"
     t0 = time.perf_counter()
-    if args.reuse and (reused := _reuse(root, args.rows)):
+    if args.reuse and (reused := reuse(root, args.rows)):
         v1, v2, sample = reused
     else:
         shutil.rmtree(root, ignore_errors=True)
@@ -235,10 +170,12 @@ def run(args) -> dict:
     t_spawn = time.time()
     for i, port in enumerate(ports):
         procs.append(spawn(["ps", "--follow", str(root / MODEL), "--shard", str(i), "--num-shards",
-                            str(SHARDS), "--dim", str(DIM), "--port", str(port), "--poll-s", "0.2"],
+                            str(SHARDS), "--dim", str(DIM), "--port", str(port), "--poll-s", "0.2",
+                            "--keep-previous-s", str(args.keep_previous_s)],
                            base / f"ps{i}.log"))  # fmt: skip
     pids = [p.pid for p in procs]
     clients = [PSClient(f"127.0.0.1:{p}", timeout_s=5) for p in ports]
+    switches: list[dict] = []
     try:
         t_loaded = wait_version(clients, v1)
         load_s = t_loaded - t_spawn
@@ -250,33 +187,58 @@ def run(args) -> dict:
             target=lookup_loop, args=(clients, sample, args.rate, stop, calls), daemon=True
         )
         looper.start()
-        time.sleep(args.steady_s)
         sampler = Sampler(pids)
         sampler.start()
-        t_publish = time.time()
-        # as an operator would: `recserve publish` (the gate re-hashes every file) in its own
-        # process, niced so that its checksum pass competes less with the lookups on a small machine
-        subprocess.run(["nice", "-n", "10", sys.executable, "-m", "recserve", "publish", "--store", str(root),
-                        "--model", MODEL, v2], cwd=ROOT, check=True, capture_output=True)  # fmt: skip
-        t_switched = wait_version(clients, v2)
-        time.sleep(2)
-        t_end_switch = time.time()
-        sampler.stop.set()
-        time.sleep(args.steady_s / 2)
+        time.sleep(1)  # connections warm
+        rss_new = 0
+        for k in range(args.switches):
+            # a steady window right before each switch, as long as a switch window: the machine's
+            # noise drifts over tens of seconds, so each switch is compared with its own neighbour
+            target = v2 if k % 2 == 0 else v1
+            t_steady = time.time()
+            time.sleep(args.window_s)
+            t_publish = time.time()
+            # as an operator would: `recserve publish` (the gate re-hashes every file) in its own
+            # process, niced so that its checksum pass competes less with the lookups
+            subprocess.run(["nice", "-n", "10", sys.executable, "-m", "recserve", "publish", "--store",
+                            str(root), "--model", MODEL, target], cwd=ROOT, check=True,
+                           capture_output=True)  # fmt: skip
+            t_switched = wait_version(clients, target)
+            time.sleep(2)
+            t_end = time.time()
+            # the replaced version is released --keep-previous-s after the flip; wait for it, and
+            # measure the release apart (it is not part of the publish)
+            t_released = wait_released(clients)
+            time.sleep(1)
+            if k == 0:
+                rss_new = rss(pids)  # v2 alone
+            switches.append({"to": target, "steady": (t_steady, t_publish), "switch": (t_publish, t_end),
+                             "switch_s": t_switched - t_publish, "released": t_released})  # fmt: skip
+        t_spin = time.time()
+        _spin_idle(args.window_s)
+        t_spin_end = time.time()
+        time.sleep(0.5)
         stop.set()
         looper.join()
-        rss_v2 = rss(pids)
-        ddir = write_delta(root, v2, sample, args.delta_rows)
-        t_delta = wait_version(clients, v2, seq=0)
+        sampler.stop.set()
+        ddir = write_delta(root, v2 if args.switches % 2 else v1, sample, args.delta_rows)
+        t_delta = wait_version(clients, clients[0].stats()["version"], seq=0)
         delta_s = t_delta - (ddir / ms.SUCCESS).stat().st_mtime
     finally:
         for c in clients:
             c.close()
         stop_children(procs)
-    steady = [d for t, d, ok, _ in calls if t < t_publish and ok]
-    during = [d for t, d, ok, _ in calls if t_publish <= t <= t_end_switch]
-    failures = sum(1 for _, _, ok, _ in calls if not ok)
-    peak = max((r for _, r in sampler.samples), default=0)
+    steady = [d for sw in switches for d in _in(calls, *sw["steady"], ok_only=True)]
+    during = [d for sw in switches for d in _in(calls, *sw["switch"])]
+    release = [d for sw in switches for d in _in(calls, sw["released"] - 1, sw["released"] + 1)]
+    spinning = _in(calls, t_spin, t_spin_end)
+    per_switch = []
+    for sw in switches:
+        s_, d_ = p99(_in(calls, *sw["steady"], ok_only=True)), p99(_in(calls, *sw["switch"]))
+        per_switch.append({"to": sw["to"], "switch_s": round(sw["switch_s"], 2), "p99_steady_ms": round(s_ * 1e3, 2),
+                           "p99_during_ms": round(d_ * 1e3, 2), "ratio": round(d_ / s_, 2)})  # fmt: skip
+    peak = max((r for t, r in sampler.samples if any(a <= t <= b for sw in switches for a, b in [sw["switch"]])),
+               default=0)  # fmt: skip
     result = {
         "serving_rows": rows,
         "dim": DIM,
@@ -287,34 +249,44 @@ def run(args) -> dict:
         "serving_rss_gb": round(rss_v1 / 1e9, 3),
         "load_s": round(load_s, 2),
         "load_gb_per_s": round(version_bytes / 1e9 / load_s, 2),
-        "switch_s": round(t_switched - t_publish, 2),
+        "switches": len(switches),
+        "switch_s": round(float(np.median([s["switch_s"] for s in switches])), 2),
         "lookup_rate_per_s": args.rate,
         "lookup_ids_per_call": IDS_PER_CALL,
         "lookup_calls": len(calls),
-        "lookup_failures": failures,
+        "lookup_failures": sum(1 for _, _, ok, _ in calls if not ok),
         "lookup_p50_steady_ms": round(float(np.median(steady)) * 1e3, 3),
         "lookup_p99_steady_ms": round(p99(steady) * 1e3, 3),
         "lookup_p99_during_switch_ms": round(p99(during) * 1e3, 3),
+        "lookup_p99_switch_over_steady": round(p99(during) / p99(steady), 3),
+        "lookup_calls_steady": len(steady),
         "lookup_calls_during_switch": len(during),
+        "lookup_p99_during_release_ms": round(p99(release) * 1e3, 3),
+        "lookup_p99_idle_spinner_ms": round(p99(spinning) * 1e3, 3),
+        "per_switch": per_switch,
         "peak_rss_during_switch_gb": round(peak / 1e9, 3),
-        "old_plus_new_gb": round((rss_v1 + rss_v2) / 1e9, 3),
+        "old_plus_new_gb": round((rss_v1 + rss_new) / 1e9, 3),
         "delta_rows": args.delta_rows * SHARDS,
         "delta_visible_s": round(delta_s, 3),
         "delta_rows_per_s": round(args.delta_rows * SHARDS / max(delta_s, 1e-9)),
     }
-    windows = []  # p99 per second around the switch: where does the time go?
-    for k in range(-2, int(t_end_switch - t_publish) + 2):
-        w = [d for t, d, ok, _ in calls if t_publish + k <= t < t_publish + k + 1]
-        if w:
-            windows.append({"from_publish_s": k, "calls": len(w), "p99_ms": round(p99(w) * 1e3, 2)})
-    result["lookup_p99_per_second_around_switch"] = windows
-    plot(calls, t_publish, t_switched, RESULTS / "scale.png")
+    plot(calls, [sw["switch"] for sw in switches], (t_spin, t_spin_end), Path(args.out).with_suffix(".png"))
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)
     return result
 
 
-def plot(calls, t_publish, t_switched, path: Path) -> None:
+def wait_released(clients, timeout_s: float = 600.0) -> float:
+    """When every shard holds one version again (the replaced one released)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        if all(len(c.stats(timeout_s=2)["held"]) <= 1 for c in clients):
+            return time.time()
+        time.sleep(0.05)
+    raise TimeoutError(f"the replaced version was not released in {timeout_s}s")
+
+
+def plot(calls, windows, spin, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -323,30 +295,55 @@ def plot(calls, t_publish, t_switched, path: Path) -> None:
     t0 = calls[0][0]
     ts = np.array([c[0] - t0 for c in calls])
     ms_ = np.array([c[1] * 1e3 for c in calls])
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(11, 4))
     ax.plot(ts, ms_, ".", markersize=2, label=f"{IDS_PER_CALL}-ID Lookup latency")
-    ax.axvspan(
-        t_publish - t0, t_switched - t0, color="orange", alpha=0.3, label="publish -> all shards on v2"
-    )
+    for i, (a, b) in enumerate(windows):
+        ax.axvspan(a - t0, b - t0, color="orange", alpha=0.3,
+                   label="publish -> all shards switched + 2 s" if i == 0 else None)  # fmt: skip
+    ax.axvspan(spin[0] - t0, spin[1] - t0, color="grey", alpha=0.3, label="an idle-priority busy loop")
     ax.set_xlabel("seconds")
     ax.set_ylabel("ms")
-    ax.set_title("PS lookups while a second 50M-row version is published")
-    ax.legend()
+    ax.set_title("PS lookups while 50M-row versions are published in turn")
+    ax.legend(loc="upper left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
+
+
+def targets(r: dict) -> dict[str, bool]:
+    out = {
+        "serving_rows >= 50M": r["serving_rows"] >= 50_000_000,
+        "serving bytes/row <= 1.1x raw": r["serving_bytes_per_row"] <= 1.1 * r["raw_bytes_per_row"],
+        "lookup p99 during the switches <= 1.5x steady": r["lookup_p99_switch_over_steady"] <= 1.5,
+        "peak RSS during a switch <= 1.1x (old + new)": r["peak_rss_during_switch_gb"]
+        <= 1.1 * r["old_plus_new_gb"],
+    }
+    if "rss_ratio_10x" in r:
+        out["10x the rows -> <= 1.25x the peak RSS"] = r["rss_ratio_10x"] <= 1.25
+    if "read_rows_per_s" in r:
+        out["read_rows_per_s >= 250k"] = r["read_rows_per_s"] >= 250_000
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=50_000_000, help="rows per version (over 2 shards)")
     p.add_argument("--rate", type=float, default=200.0, help="lookup calls per second")
-    p.add_argument("--steady-s", type=float, default=10.0, help="seconds of steady lookups before the switch")
+    p.add_argument("--switches", type=int, default=4, help="full switches, v2 and v1 in turn")
+    p.add_argument(
+        "--window-s", type=float, default=4.0, help="seconds of the steady window before each switch"
+    )
+    p.add_argument(
+        "--keep-previous-s", type=float, default=3.0, help="the PS flag: when a replaced version is released"
+    )
     p.add_argument("--delta-rows", type=int, default=1_000_000, help="rows per shard in the delta")
     p.add_argument("--dir", default="", help="working directory (default: a temp dir, removed after)")
     p.add_argument("--keep", action="store_true", help="keep the working directory")
     p.add_argument(
         "--reuse", action="store_true", help="with --dir: serve the versions an earlier --keep run built"
+    )
+    p.add_argument(
+        "--out", default=str(RESULTS / "scale.json"), help="the JSON written (and the .png beside it)"
     )
     p.add_argument("--no-train", action="store_true", help="skip the training part")
     p.add_argument("--train-args", default="", help="extra arguments for loadtest.bench_scale_train")
@@ -354,7 +351,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     result = {"machine": machine(), "serving": run(args)}
     serving = result["serving"]
-    print_table("serving a memory-mapped version", [serving], list(serving))
+    print_table("serving a memory-mapped version", [serving], [k for k in serving if k != "per_switch"])
+    print_table(
+        "each switch against the steady window before it",
+        serving["per_switch"],
+        list(serving["per_switch"][0]),
+    )
     if args.train_json:
         result["training"] = json.loads(Path(args.train_json).read_text())
     elif not args.no_train:
@@ -366,7 +368,11 @@ def main(argv=None) -> int:
         if not isinstance(v, dict):
             flat.setdefault(k, v)
     result.update(flat)
-    write_results("scale", result)
+    report_targets(result, targets(result))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 

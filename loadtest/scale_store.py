@@ -1,0 +1,98 @@
+"""The model store ``make bench-scale`` serves: versions of random rows written straight into it
+(bucket-ordered shard dumps with their checksums, sealed; nothing is trained), and deltas."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from features.hashing import unique_signs
+
+MODEL = "scale"
+DIM = 16
+SHARDS = 2
+
+
+def _shard_data(kind: str, shard: int, version: str, signs: np.ndarray, rows: np.ndarray):
+    from model_store.shards import ShardData
+
+    n = len(signs)
+    meta = {"kind": kind, "shard": shard, "num_shards": SHARDS, "dim": DIM, "dtype": "float32",
+            "optimizer": {"name": "adagrad"}, "state": [], "schema_hash": "", "version": version,
+            "delta_seq": 0 if kind == "delta" else -1, "step": 0}  # fmt: skip
+    if kind == "delta":
+        meta["base_version"] = version
+    return ShardData(meta, signs, rows, {}, np.zeros(n, np.uint32), np.zeros(n, np.uint32))
+
+
+def shard_signs(rows: int, shard: int, seed: int) -> np.ndarray:
+    """~rows/SHARDS distinct random signs that route to ``shard``."""
+    from features.hashing import shard_of
+
+    rng = np.random.default_rng(seed * 1000 + shard)
+    out = []
+    need = rows // SHARDS
+    while need > 0:
+        s = unique_signs(rng.integers(1, 2**63, int(need * SHARDS * 1.05), dtype=np.uint64))
+        s = s[shard_of(s, SHARDS) == shard]
+        out.append(s[:need])
+        need -= len(out[-1])
+    signs = unique_signs(np.concatenate(out))
+    return signs
+
+
+def build_version(root: Path, rows: int, seed: int) -> tuple[str, np.ndarray]:
+    """A sealed version of random rows; returns its name and a sample of its signs."""
+    import model_store as ms
+
+    version = ms.next_version(root, MODEL)
+    staging = ms.staging_dir(root, MODEL, version)
+    sample = []
+    for shard in range(SHARDS):
+        signs = shard_signs(rows, shard, seed=1)  # the same signs in every version, new rows
+        rng = np.random.default_rng(seed * 1000 + shard)
+        n = len(signs)
+        data = _shard_data("full", shard, version, signs, rng.standard_normal((n, DIM), dtype=np.float32))
+        ms.shards.write_shard(staging / "embeddings", data)
+        sample.append(signs[rng.integers(0, n, 200_000)])
+        del data, signs
+    ms.write_manifest(staging, {"model": MODEL, "version": version, "schema_fingerprint": "scale",
+                                "dim": DIM, "num_shards": SHARDS})  # fmt: skip
+    ms.seal(staging, ms.version_dir(root, MODEL, version))
+    return version, np.concatenate(sample)
+
+
+def write_delta(root: Path, version: str, sample: np.ndarray, rows: int) -> Path:
+    import model_store as ms
+    from features.hashing import shard_of
+
+    vdir = ms.version_dir(root, MODEL, version)
+    ddir = ms.delta_dir(vdir, 0)
+    rng = np.random.default_rng(7)
+    for shard in range(SHARDS):
+        mine = unique_signs(sample[shard_of(sample, SHARDS) == shard])
+        extra = rng.integers(1, 2**63, rows, dtype=np.uint64)
+        signs = unique_signs(np.concatenate([mine, extra[shard_of(extra, SHARDS) == shard]]))[:rows]
+        rows_ = np.full((len(signs), DIM), 0.5, np.float32)
+        ms.shards.write_shard(ddir, _shard_data("delta", shard, version, signs, rows_))
+    ms.mark_done(ddir)
+    return ddir
+
+
+def reuse(root: Path, rows: int):
+    """(v1, v2, sample) of a store an earlier ``--keep`` run built with ``rows`` rows, its deltas
+    removed; None when there is none."""
+    import model_store as ms
+
+    sample = root.parent / "sample.npy"
+    meta = sorted((root / MODEL).glob("[12]/embeddings/*/meta.json"))
+    if not sample.exists() or len(meta) != 2 * SHARDS:
+        return None
+    if sum(json.loads(m.read_text())["rows"] for m in meta) != 2 * rows // SHARDS * SHARDS:
+        return None
+    for v in ("1", "2"):
+        shutil.rmtree(ms.version_dir(root, MODEL, v) / ms.DELTAS, ignore_errors=True)
+    return "1", "2", np.load(sample)
