@@ -114,7 +114,7 @@ def lookup_loop(clients, sample, rate, stop, out):
             ok, version = misses == 0, clients[shard].version
         except Exception:
             ok, version = False, None
-        out.append((t0, time.time() - t0, ok, version))
+        out.append((t0, time.time() - t0, ok, version, shard))
         k += 1
         t_next += period
         delay = t_next - time.time()
@@ -127,7 +127,7 @@ def p99(values) -> float:
 
 
 def _in(calls, a: float, b: float, ok_only: bool = False) -> list[float]:
-    return [d for t, d, ok, _ in calls if a <= t <= b and (ok or not ok_only)]
+    return [d for t, d, ok, *_ in calls if a <= t <= b and (ok or not ok_only)]
 
 
 def _spin_idle(seconds: float) -> None:
@@ -203,7 +203,7 @@ def run(args) -> dict:
             subprocess.run(["nice", "-n", "10", sys.executable, "-m", "recserve", "publish", "--store",
                             str(root), "--model", MODEL, target], cwd=ROOT, check=True,
                            capture_output=True)  # fmt: skip
-            t_switched = wait_version(clients, target)
+            t_switched = wait_answered(calls, target, t_publish)
             time.sleep(2)
             t_end = time.time()
             # the replaced version is released --keep-previous-s after the flip; wait for it, and
@@ -254,7 +254,7 @@ def run(args) -> dict:
         "lookup_rate_per_s": args.rate,
         "lookup_ids_per_call": IDS_PER_CALL,
         "lookup_calls": len(calls),
-        "lookup_failures": sum(1 for _, _, ok, _ in calls if not ok),
+        "lookup_failures": sum(1 for c in calls if not c[2]),
         "lookup_p50_steady_ms": round(float(np.median(steady)) * 1e3, 3),
         "lookup_p99_steady_ms": round(p99(steady) * 1e3, 3),
         "lookup_p99_during_switch_ms": round(p99(during) * 1e3, 3),
@@ -276,13 +276,30 @@ def run(args) -> dict:
     return result
 
 
+def wait_answered(calls, version: str, since: float, timeout_s: float = 600.0) -> float:
+    """When every shard has answered a lookup from ``version`` (read from the lookups' own answers:
+    polling Stats would add calls to the switch windows only)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        first = {}
+        for t, _, ok, v, shard in calls[::-1]:
+            if t < since:
+                break
+            if ok and v and v[0] == version:
+                first[shard] = t
+        if len(first) == SHARDS:
+            return max(first.values())
+        time.sleep(0.05)
+    raise TimeoutError(f"shards did not answer from version {version} in {timeout_s}s")
+
+
 def wait_released(clients, timeout_s: float = 600.0) -> float:
     """When every shard holds one version again (the replaced one released)."""
     t0 = time.time()
     while time.time() - t0 < timeout_s:
         if all(len(c.stats(timeout_s=2)["held"]) <= 1 for c in clients):
             return time.time()
-        time.sleep(0.05)
+        time.sleep(0.25)
     raise TimeoutError(f"the replaced version was not released in {timeout_s}s")
 
 
