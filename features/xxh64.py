@@ -38,19 +38,17 @@ def _merge(acc, val):
 
 
 @numba.njit(inline="always")
-def read64(buf, i):
+def _read_le(buf, i, width):
+    """``width`` bytes of buf at i, little-endian, as uint64."""
     v = np.uint64(0)
-    for k in range(8):
+    for k in range(width):
         v |= np.uint64(buf[i + k]) << np.uint64(8 * k)
     return v
 
 
 @numba.njit(inline="always")
-def _read32(buf, i):
-    v = np.uint64(0)
-    for k in range(4):
-        v |= np.uint64(buf[i + k]) << np.uint64(8 * k)
-    return v
+def read64(buf, i):
+    return _read_le(buf, i, 8)
 
 
 @numba.njit(cache=True)
@@ -81,7 +79,7 @@ def xxh64(buf, n, seed):
         h = _rotl(h, 27) * _P1 + _P4
         i += 8
     if i + 4 <= n:
-        h = h ^ (_read32(buf, i) * _P1)
+        h = h ^ (_read_le(buf, i, 4) * _P1)
         h = _rotl(h, 23) * _P2 + _P3
         i += 4
     while i < n:

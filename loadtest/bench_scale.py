@@ -237,8 +237,8 @@ def run(args) -> dict:
         s_, d_ = p99(_in(calls, *sw["steady"], ok_only=True)), p99(_in(calls, *sw["switch"]))
         per_switch.append({"to": sw["to"], "switch_s": round(sw["switch_s"], 2), "p99_steady_ms": round(s_ * 1e3, 2),
                            "p99_during_ms": round(d_ * 1e3, 2), "ratio": round(d_ / s_, 2)})  # fmt: skip
-    peak = max((r for t, r in sampler.samples if any(a <= t <= b for sw in switches for a, b in [sw["switch"]])),
-               default=0)  # fmt: skip
+    windows = [sw["switch"] for sw in switches]
+    peak = max((r for t, r in sampler.samples if any(a <= t <= b for a, b in windows)), default=0)
     result = {
         "serving_rows": rows,
         "dim": DIM,
@@ -270,7 +270,7 @@ def run(args) -> dict:
         "delta_visible_s": round(delta_s, 3),
         "delta_rows_per_s": round(args.delta_rows * SHARDS / max(delta_s, 1e-9)),
     }
-    plot(calls, [sw["switch"] for sw in switches], (t_spin, t_spin_end), Path(args.out).with_suffix(".png"))
+    plot(calls, windows, (t_spin, t_spin_end), Path(args.out).with_suffix(".png"))
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)
     return result
