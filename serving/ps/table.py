@@ -97,7 +97,8 @@ class Table:
             arrays[name], mm = _map_npy(path / name, files[name], shape, dtype)
             maps.append(mm)
         buckets = arrays["buckets.npy"]
-        if buckets[0] != 0 or buckets[-1] != n or np.any(np.diff(buckets.astype(np.int64)) < 0):
+        # monotone: one uint32 comparison pass (a diff in int64 made 64 MB of temporaries, ~50 ms)
+        if buckets[0] != 0 or buckets[-1] != n or bool((buckets[1:] < buckets[:-1]).any()):
             raise StoreError(f"{path}: buckets.npy is not a directory of {n} rows")
         table = cls(
             arrays["signs.npy"], arrays["rows.npy"], buckets, bits, np.empty(0, np.bool_), True, tuple(maps)

@@ -178,6 +178,34 @@ def test_a_corrupt_or_truncated_file_is_refused_and_the_served_version_stays(tmp
     np.testing.assert_array_equal(served.lookup(signs)[0], before)
 
 
+def test_a_bucket_directory_out_of_order_is_refused_though_its_checksum_matches(tmp_path):
+    """A dump whose checksums match but whose bucket directory is not monotone (a writer's bug)
+    is refused before it serves; so is one whose directory does not end at the row count."""
+    import json
+
+    import xxhash
+
+    trainer, signs = _trainer(2_000)
+    trainer.version = "1"
+    trainer.dump(tmp_path / "v1")
+    shard = tmp_path / "v1/shard-0-of-1"
+    path = shard / "buckets.npy"
+    good = np.load(path)
+    swapped, short = good.copy(), good.copy()
+    k = int(np.flatnonzero(np.diff(good.astype(np.int64)) > 0)[1])  # a bucket with rows
+    swapped[k + 1], swapped[k] = swapped[k], swapped[k + 1]
+    short[-1] -= 1
+    for bad in (swapped, short):
+        np.save(path, bad)
+        listing = json.loads((shard / shards.MANIFEST).read_text())
+        listing["files"]["buckets.npy"] = {shards.XXH3: xxhash.xxh3_128(path.read_bytes()).hexdigest(),
+                                           "bytes": path.stat().st_size}  # fmt: skip
+        (shard / shards.MANIFEST).write_text(json.dumps(listing))
+        with pytest.raises(StoreError, match="not a directory"):
+            Table.open(shard)
+    np.save(path, good)
+
+
 def test_a_dump_written_before_xxh3_is_checked_by_its_sha256(tmp_path):
     """Shard files carry XXH3-128 and sha256; a dump with sha256 only (older code) is still
     mapped and checked, and refused when corrupt."""
