@@ -49,21 +49,26 @@ class Table:
     maps: tuple = ()  # the mmap objects behind a mapped table's arrays
 
     def release(self, pause_s: float = 0.05) -> None:
-        """Drop a retired table's page tables in 64 MB steps (each step holds the process's mmap
-        lock shortly, for reading) so that the final munmap, whichever thread drops the last
-        reference, has almost nothing to tear down: unmapping 1.8 GB at once stalled lookups for
-        tens of ms. Waits ``pause_s`` first, for lookups still reading the old snapshot; a late
-        one faults the pages back in from the page cache and reads the same bytes."""
+        """Drop a retired table's page tables in 64 MB steps so that the final munmap, whichever
+        thread drops the last reference, has almost nothing to tear down: unmapping 1.8 GB at once
+        stalled lookups for tens of ms. Each step is ``madvise`` called through ctypes, which
+        lets go of the GIL (``mmap.madvise`` holds it: the event loop then stalled 10-20 ms per
+        release), with a 1 ms pause between steps. Waits ``pause_s`` first, for lookups still
+        reading the old snapshot; a late one faults the pages back in from the page cache and
+        reads the same bytes."""
         if not self.maps:
             return
         time.sleep(pause_s)
         step = 64 << 20
         for mm in self.maps:
+            try:
+                base = np.frombuffer(mm, np.uint8).ctypes.data
+            except ValueError:  # closed
+                continue
             for i in range(0, len(mm), step):
-                try:
-                    mm.madvise(mmap.MADV_DONTNEED, i, min(step, len(mm) - i))
-                except (OSError, ValueError):
+                if _madvise(base + i, min(step, len(mm) - i), mmap.MADV_DONTNEED) != 0:
                     break
+                time.sleep(0.001)
 
     @classmethod
     def empty(cls, dim: int, dtype="float32") -> Table:
@@ -162,6 +167,22 @@ class Table:
         return Table(
             self.keys, self.rows.astype(dtype), self.buckets, self.bits, self.dead, self.mapped, self.maps
         )
+
+
+def _madvise(addr: int, length: int, advice: int) -> int:
+    """libc ``madvise`` without the GIL (ctypes releases it around foreign calls); 0 on success."""
+    global _libc_madvise
+    if _libc_madvise is None:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+        fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        fn.restype = ctypes.c_int
+        _libc_madvise = fn
+    return _libc_madvise(addr, length, advice)
+
+
+_libc_madvise = None
 
 
 def _map_npy(path: Path, expect: dict, shape: tuple, dtype: np.dtype) -> tuple[np.ndarray, mmap.mmap]:

@@ -3,6 +3,8 @@ exactly like the training store given the same dump and deltas."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -293,3 +295,32 @@ def test_a_switch_keeps_the_replaced_version_for_lookups_that_name_it(tmp_path):
     with pytest.raises(NotServing, match="does not hold version 1"):
         served.lookup(signs, version="1")
     assert served.stats()["held"] == [("2", -1)]
+
+
+def test_a_released_table_drops_its_pages_and_a_late_lookup_still_reads_the_same_rows(tmp_path):
+    """release() drops the mapping's resident pages (madvise through ctypes, off the GIL); a
+    lookup still holding the old snapshot faults them back from the file and reads the same rows."""
+    import re
+
+    trainer, signs = _trainer(60_000)
+    trainer.version = "1"
+    trainer.dump(tmp_path / "v1")
+    table, _ = Table.open(tmp_path / "v1/shard-0-of-1")
+    out = np.empty((len(signs), DIM), np.float32)
+    table.gather(signs, out)
+    before = out.copy()
+
+    def resident_kb() -> int:  # the mapping of rows.npy in this process
+        smaps = Path("/proc/self/smaps").read_text()
+        m = re.search(
+            re.escape(str(tmp_path / "v1/shard-0-of-1/rows.npy")) + r"\n(?:.*\n)*?Rss:\s+(\d+)", smaps
+        )
+        return int(m.group(1)) if m else -1
+
+    if Path("/proc/self/smaps").exists():
+        assert resident_kb() > 1000
+    table.release(pause_s=0)
+    if Path("/proc/self/smaps").exists():
+        assert resident_kb() < 100
+    table.gather(signs, out)
+    np.testing.assert_array_equal(out, before)
