@@ -40,8 +40,7 @@ def shard_signs(rows: int, shard: int, seed: int) -> np.ndarray:
         s = s[shard_of(s, SHARDS) == shard]
         out.append(s[:need])
         need -= len(out[-1])
-    signs = unique_signs(np.concatenate(out))
-    return signs
+    return unique_signs(np.concatenate(out))
 
 
 def build_version(root: Path, rows: int, seed: int) -> tuple[str, np.ndarray]:

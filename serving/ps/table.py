@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import mmap
 import os
 import tempfile
@@ -171,18 +172,17 @@ class Table:
 
 def _madvise(addr: int, length: int, advice: int) -> int:
     """libc ``madvise`` without the GIL (ctypes releases it around foreign calls); 0 on success."""
-    global _libc_madvise
-    if _libc_madvise is None:
-        import ctypes
-
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-        fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-        fn.restype = ctypes.c_int
-        _libc_madvise = fn
-    return _libc_madvise(addr, length, advice)
+    return _libc_madvise()(addr, length, advice)
 
 
-_libc_madvise = None
+@functools.cache
+def _libc_madvise():
+    import ctypes
+
+    fn = ctypes.CDLL(None, use_errno=True).madvise
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def _map_npy(path: Path, expect: dict, shape: tuple, dtype: np.dtype) -> tuple[np.ndarray, mmap.mmap]:
