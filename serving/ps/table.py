@@ -6,8 +6,9 @@ bucket offsets, so the dump *is* a hash index: the signs of bucket ``b`` (the to
 their rows are at the same positions. ``Table.open`` maps ``signs.npy``, ``rows.npy`` and
 ``buckets.npy`` read-only (``mmap``), after checking each file's checksum (XXH3-128; sha256 in
 dumps written before it) against the dump's manifest *through the mapping*: verifying is also what brings the pages in, so the first lookups
-after a flip do not fault. Checksum passes take turns host-wide (``checksum_slot``), so the
-shards of a host switching together do not take every core from their lookups. Processes
+after a flip do not fault. Checksum passes are paced (``VERIFY_DUTY``: hash a piece, sleep as long)
+and take turns host-wide (``checksum_slot``), so the shards of a host switching together take
+neither the cores nor the memory bandwidth their lookups need. Processes
 mapping the same version share its pages in the page cache.
 A table costs 8 bytes of key + the row + 0.5-1 byte of directory per row, and nothing to build.
 
@@ -187,12 +188,13 @@ def _libc_madvise():
 
 def _map_npy(path: Path, expect: dict, shape: tuple, dtype: np.dtype) -> tuple[np.ndarray, mmap.mmap]:
     """Map a .npy file read-only after its checksum matches the manifest: XXH3-128 where the dump
-    has it (15 GB/s), else sha256 (1.5 GB/s; dumps written before it).
+    has it, else sha256 (dumps written before it).
 
-    The checksum is one call over the whole mapping: it holds no GIL for the whole pass (a loop
-    over chunks re-took it per chunk, and a low-priority thread holding the GIL stalls the event
-    loop), and it is what brings the pages in, so the first lookups after the flip do not fault.
-    It runs in a host-wide checksum slot (``checksum_slot``)."""
+    The checksum runs over the mapping, so it is what brings the pages in and the first lookups
+    after the flip do not fault. It goes in 4 MB pieces paced to ``shards.VERIFY_DUTY`` (a full-speed
+    pass, one GIL-free call, took the memory bandwidth of the lookups on the other core: their
+    p99 doubled while it ran), each piece without the GIL, and in a host-wide checksum slot
+    (``checksum_slot``)."""
     try:
         with open(path, "rb") as f:
             size = f.seek(0, 2)
@@ -204,7 +206,7 @@ def _map_npy(path: Path, expect: dict, shape: tuple, dtype: np.dtype) -> tuple[n
     except OSError as e:
         raise StoreError(f"{path}: {e}") from e
     with checksum_slot(), memoryview(mm) as view:
-        ok = shards.checksum_ok(view, expect)
+        ok = shards.checksum_ok(view, expect, shards.VERIFY_DUTY)
     if not ok:
         mm.close()
         raise StoreError(f"{path}: checksum mismatch (file corrupt or modified after the dump)")
@@ -228,8 +230,9 @@ def checksum_slot(slots: int | None = None, lock_dir: str | None = None):
     Shards of one host switch versions together; each verifying its 1.8 GB at once kept both
     cores of the 2-core dev box busy and doubled the lookups' p99 (7.7 vs 4.0 ms; lowering the
     threads' priority did not help, a lookup still waited behind a busy core). One pass at a
-    time leaves cores to the lookups: p99 during a 50M-row switch 1.2-1.25x steady. A switch
-    then takes about a second longer per shard beyond the slots."""
+    time leaves cores to the lookups; pacing each pass (``shards.VERIFY_DUTY``) leaves them the
+    memory bandwidth too: p99 during a 50M-row switch 1.0-1.2x steady. A switch then takes about
+    0.6-1.4 s longer per shard beyond the slots."""
     slots = CHECKSUM_SLOTS if slots is None else slots
     base = Path(lock_dir or tempfile.gettempdir())
     name = f"recserve-checksum-{os.getuid()}"

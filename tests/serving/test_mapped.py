@@ -232,6 +232,26 @@ def test_a_dump_written_before_xxh3_is_checked_by_its_sha256(tmp_path):
         served.staging().open(tmp_path / "v1")
 
 
+def test_a_paced_checksum_matches_one_pass_and_catches_a_flip_in_any_piece():
+    """A serving PS's pass hashes in pieces paced to ``VERIFY_DUTY``: it agrees with one call over
+    the whole file, and a byte flipped in the first, a middle or the last piece fails it."""
+    import hashlib
+
+    import xxhash
+
+    data = np.random.default_rng(0).integers(0, 256, 10_000, dtype=np.uint8).tobytes()
+    for expect in (
+        {shards.XXH3: xxhash.xxh3_128(data).hexdigest()},
+        {"sha256": hashlib.sha256(data).hexdigest()},
+    ):
+        assert shards.checksum_ok(data, expect, duty=0.5, chunk=999)
+        for i in (0, 5_000, 9_999):
+            bad = bytearray(data)
+            bad[i] ^= 1
+            assert not shards.checksum_ok(bad, expect, duty=0.5, chunk=999)
+            assert not shards.checksum_ok(bad, expect)
+
+
 def test_a_serving_store_refuses_writes(tmp_path):
     served = MappedStore(StoreConfig(dim=DIM))
     with pytest.raises(ValueError, match="does not insert"):
