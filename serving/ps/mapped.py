@@ -105,6 +105,9 @@ class MappedStore:
         self.hits = self.misses = 0
         self.last_lookup_version = ("", -1)
         self.switch_s = 0.0
+        self.verify_duty = 1.0
+        """How busy the checksum pass of the next ``open`` is (``shards.VERIFY_DUTY`` when a
+        version is being served beside it, full speed when nothing is)."""
 
     # ---- what is served ---------------------------------------------------------------------
     @property
@@ -166,8 +169,11 @@ class MappedStore:
 
     # ---- changing it ------------------------------------------------------------------------
     def staging(self) -> MappedStore:
-        """An empty store of the same configuration, to build the next version in."""
-        return MappedStore(replace(self.config))
+        """An empty store of the same configuration, to build the next version in; its checksum
+        pass is paced while this store serves lookups."""
+        staging = MappedStore(replace(self.config))
+        staging.verify_duty = shards.VERIFY_DUTY if self.served.version else 1.0
+        return staging
 
     def open(self, paths, version: str | None = None) -> int:
         """Serve a full dump (this shard's part of it), mapped when its layout allows, verified
@@ -250,7 +256,7 @@ class MappedStore:
                 meta = {}
             if meta.get("bucket_bits") is not None and meta.get("num_shards") == cfg.num_shards:
                 self._check(meta, str(d))
-                table, meta = Table.open(d)
+                table, meta = Table.open(d, self.verify_duty)
                 if cfg.dtype == "float16" and table.rows.dtype != np.float16:
                     table = table.astype(np.float16)
                 return table, meta

@@ -6,8 +6,8 @@ bucket offsets, so the dump *is* a hash index: the signs of bucket ``b`` (the to
 their rows are at the same positions. ``Table.open`` maps ``signs.npy``, ``rows.npy`` and
 ``buckets.npy`` read-only (``mmap``), after checking each file's checksum (XXH3-128; sha256 in
 dumps written before it) against the dump's manifest *through the mapping*: verifying is also what brings the pages in, so the first lookups
-after a flip do not fault. Checksum passes are paced (``VERIFY_DUTY``: hash a piece, sleep as long)
-and take turns host-wide (``checksum_slot``), so the shards of a host switching together take
+after a flip do not fault. Checksum passes beside a served version are paced
+(``shards.VERIFY_DUTY``: hash a piece, sleep as long) and all take turns host-wide (``checksum_slot``), so the shards of a host switching together take
 neither the cores nor the memory bandwidth their lookups need. Processes
 mapping the same version share its pages in the page cache.
 A table costs 8 bytes of key + the row + 0.5-1 byte of directory per row, and nothing to build.
@@ -84,9 +84,10 @@ class Table:
         return cls(np.ascontiguousarray(signs[order]), np.ascontiguousarray(rows[order]), directory, bits, d)
 
     @classmethod
-    def open(cls, shard_dir: str | Path) -> tuple[Table, dict]:
+    def open(cls, shard_dir: str | Path, duty: float = 1.0) -> tuple[Table, dict]:
         """Map a full dump's bucket-ordered files read-only, each verified against the manifest
-        first. Raises StoreError if the dump is incomplete, corrupt or not bucket-ordered."""
+        first, its checksum pass paced to ``duty``. Raises StoreError if the dump is incomplete,
+        corrupt or not bucket-ordered."""
         path = Path(shard_dir)
         files, meta = shards.read_listing(path)
         if meta.get("kind") != "full" or "bucket_bits" not in meta:
@@ -101,7 +102,7 @@ class Table:
         for name, (shape, dtype) in expect.items():
             if name not in files:
                 raise StoreError(f"{path}: {shards.MANIFEST} does not list {name}")
-            arrays[name], mm = _map_npy(path / name, files[name], shape, dtype)
+            arrays[name], mm = _map_npy(path / name, files[name], shape, dtype, duty)
             maps.append(mm)
         buckets = arrays["buckets.npy"]
         # monotone: one uint32 comparison pass (a diff in int64 made 64 MB of temporaries, ~50 ms)
@@ -186,15 +187,17 @@ def _libc_madvise():
     return fn
 
 
-def _map_npy(path: Path, expect: dict, shape: tuple, dtype: np.dtype) -> tuple[np.ndarray, mmap.mmap]:
+def _map_npy(
+    path: Path, expect: dict, shape: tuple, dtype: np.dtype, duty: float = 1.0
+) -> tuple[np.ndarray, mmap.mmap]:
     """Map a .npy file read-only after its checksum matches the manifest: XXH3-128 where the dump
     has it, else sha256 (dumps written before it).
 
     The checksum runs over the mapping, so it is what brings the pages in and the first lookups
-    after the flip do not fault. It goes in 4 MB pieces paced to ``shards.VERIFY_DUTY`` (a full-speed
-    pass, one GIL-free call, took the memory bandwidth of the lookups on the other core: their
-    p99 doubled while it ran), each piece without the GIL, and in a host-wide checksum slot
-    (``checksum_slot``)."""
+    after the flip do not fault. Beside a served version it goes in 4 MB pieces paced to ``duty``
+    (``shards.VERIFY_DUTY``; a full-speed pass, one GIL-free call, took the memory bandwidth of
+    the lookups on the other core: their p99 doubled while it ran), each piece without the GIL;
+    always in a host-wide checksum slot (``checksum_slot``)."""
     try:
         with open(path, "rb") as f:
             size = f.seek(0, 2)
@@ -206,7 +209,7 @@ def _map_npy(path: Path, expect: dict, shape: tuple, dtype: np.dtype) -> tuple[n
     except OSError as e:
         raise StoreError(f"{path}: {e}") from e
     with checksum_slot(), memoryview(mm) as view:
-        ok = shards.checksum_ok(view, expect, shards.VERIFY_DUTY)
+        ok = shards.checksum_ok(view, expect, duty)
     if not ok:
         mm.close()
         raise StoreError(f"{path}: checksum mismatch (file corrupt or modified after the dump)")

@@ -279,8 +279,9 @@ def test_a_serving_ps_refuses_training_policies():
 
 
 def test_a_switch_keeps_the_replaced_version_for_lookups_that_name_it(tmp_path):
-    """Version-pinned lookups: after a switch both versions answer, each from its own rows; the
-    old one is released once no lookup has named it for keep_s; a version not held is refused."""
+    """Version-pinned lookups: after a switch (checked by a paced pass) both versions answer, each
+    from its own rows; the old one is released once no lookup has named it for keep_s; a version
+    not held is refused."""
     from serving.rpc.errors import NotServing
 
     v1, signs = _trainer(5_000, seed=1)
@@ -292,8 +293,10 @@ def test_a_switch_keeps_the_replaced_version_for_lookups_that_name_it(tmp_path):
     v2.dump(tmp_path / "v2")
     now = [0.0]
     served = MappedStore(StoreConfig(dim=DIM), keep_s=30.0, clock=lambda: now[0])
+    assert served.staging().verify_duty == 1.0  # nothing served yet: check at full speed
     served.open(tmp_path / "v1")
     staging = served.staging()
+    assert staging.verify_duty == shards.VERIFY_DUTY < 1  # beside a served version: paced
     staging.open(tmp_path / "v2")
     served.adopt(staging)
     assert served.version == "2" and served.held() == [("2", -1), ("1", -1)]
