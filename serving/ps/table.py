@@ -5,11 +5,12 @@ bucket offsets, so the dump *is* a hash index: the signs of bucket ``b`` (the to
 ``table_hash(sign)``) are ``keys[buckets[b]:buckets[b + 1]]``, 4 to 8 of them on average, and
 their rows are at the same positions. ``Table.open`` maps ``signs.npy``, ``rows.npy`` and
 ``buckets.npy`` read-only (``mmap``), after checking each file's checksum (XXH3-128; sha256 in
-dumps written before it) against the dump's manifest *through the mapping*: verifying is also what brings the pages in, so the first lookups
-after a flip do not fault. Checksum passes beside a served version are paced
-(``shards.VERIFY_DUTY``: hash a piece, sleep as long) and all take turns host-wide (``checksum_slot``), so the shards of a host switching together take
-neither the cores nor the memory bandwidth their lookups need. Processes
-mapping the same version share its pages in the page cache.
+dumps written before it) against the dump's manifest *through the mapping*: verifying is also
+what brings the pages in, so the first lookups after a flip do not fault. Checksum passes beside
+a served version are paced (``shards.VERIFY_DUTY``: hash a piece, sleep as long) and all take
+turns host-wide (``checksum_slot``), so the shards of a host switching together take neither the
+cores nor the memory bandwidth their lookups need. Processes mapping the same version share its
+pages in the page cache.
 A table costs 8 bytes of key + the row + 0.5-1 byte of directory per row, and nothing to build.
 
 ``Table.build`` makes the same structure in memory (deltas' overlays, re-sharded or old dumps).
@@ -234,8 +235,8 @@ def checksum_slot(slots: int | None = None, lock_dir: str | None = None):
     cores of the 2-core dev box busy and doubled the lookups' p99 (7.7 vs 4.0 ms; lowering the
     threads' priority did not help, a lookup still waited behind a busy core). One pass at a
     time leaves cores to the lookups; pacing each pass (``shards.VERIFY_DUTY``) leaves them the
-    memory bandwidth too: p99 during a 50M-row switch 1.0-1.2x steady. A switch then takes about
-    0.6-1.4 s longer per shard beyond the slots."""
+    memory bandwidth too: p99 during a 50M-row switch 1.2-1.4x steady. Passes beyond the slots
+    wait their turn: a paced pass over a 25M-row shard takes ~1.2 s."""
     slots = CHECKSUM_SLOTS if slots is None else slots
     base = Path(lock_dir or tempfile.gettempdir())
     name = f"recserve-checksum-{os.getuid()}"
