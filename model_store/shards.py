@@ -112,7 +112,14 @@ class _HashingWriter:
     """A write-only file wrapper that hashes what passes through (np.save writes through it)
     with XXH3-128, the checksum a reader checks (``checksum_ok``): 15 GB/s on one core against
     sha256's 1.5, so a 50M-row version's shard is checked in ~0.1 s, not 1.2 s of a core taken
-    from lookups. Dumps written before it carry sha256, which still verifies."""
+    from lookups. Dumps written before it carry sha256, which still verifies.
+
+    Bytes reach the file in whole ``BLOCK``s at ``BLOCK``-aligned offsets (the rest at
+    ``close``): the page cache then holds a fresh dump in 2 MB folios, which a serving PS maps
+    with 2 MB page-table entries. Gathered 2 MB pieces after the 128-byte npy header left
+    ``signs.npy`` entirely in 4 KB pages (16 MB pieces: 87%)."""
+
+    BLOCK = 16 << 20
 
     def __init__(self, f):
         import xxhash
@@ -120,18 +127,42 @@ class _HashingWriter:
         self.f = f
         self.xxh = xxhash.xxh3_128()
         self.size = 0
+        self.pending = bytearray()
 
     def write(self, b) -> int:
-        self.xxh.update(b)
-        self.size += memoryview(b).nbytes
-        return self.f.write(b)
+        view = memoryview(b).cast("B")
+        n = len(view)
+        self.xxh.update(view)
+        self.size += n
+        if self.pending:  # top up the block begun by earlier writes
+            k = min(n, self.BLOCK - len(self.pending))
+            self.pending += view[:k]
+            view = view[k:]
+            if len(self.pending) < self.BLOCK:
+                return n
+            self._write(self.pending)
+            self.pending = bytearray()
+        whole = len(view) - len(view) % self.BLOCK
+        if whole:  # aligned now: whole blocks straight from the caller's buffer
+            self._write(view[:whole])
+        self.pending += view[whole:]
+        return n
+
+    def close(self) -> None:
+        self._write(self.pending)
+        self.pending = bytearray()
+
+    def _write(self, b) -> None:
+        with memoryview(b) as view:
+            while view:
+                view = view[self.f.write(view) :]
 
 
 def _write_file(path: Path, writer) -> dict:
-    with open(path, "wb") as f:
+    with open(path, "wb", buffering=0) as f:
         hw = _HashingWriter(f)
         writer(hw)
-        f.flush()
+        hw.close()
         os.fsync(f.fileno())
     return {XXH3: hw.xxh.hexdigest(), "bytes": hw.size}
 
