@@ -235,7 +235,7 @@ def checksum_slot(slots: int | None = None, lock_dir: str | None = None):
     cores of the 2-core dev box busy and doubled the lookups' p99 (7.7 vs 4.0 ms; lowering the
     threads' priority did not help, a lookup still waited behind a busy core). One pass at a
     time leaves cores to the lookups; pacing each pass (``shards.VERIFY_DUTY``) leaves them the
-    memory bandwidth too: p99 during a 50M-row switch 1.2-1.4x steady. Passes beyond the slots
+    memory bandwidth too: p99 during a 50M-row switch 1.1-1.45x steady. Passes beyond the slots
     wait their turn: a paced pass over a 25M-row shard takes ~1.2 s."""
     slots = CHECKSUM_SLOTS if slots is None else slots
     base = Path(lock_dir or tempfile.gettempdir())
