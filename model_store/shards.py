@@ -249,19 +249,6 @@ it hashes a 4 MB piece, then sleeps as long again. At full speed the pass took t
 bandwidth the lookups on the other core need (their p99 while it ran: about 2x steady)."""
 
 
-class Pacer:
-    """Called after each piece of a pass: sleeps so that the pass is busy ``duty`` of its time."""
-
-    def __init__(self, duty: float = 1.0):
-        self.rest = 1 / max(duty, 0.01) - 1 if duty < 1 else 0.0
-        self.t = time.perf_counter()
-
-    def __call__(self) -> None:
-        if self.rest:
-            time.sleep((time.perf_counter() - self.t) * self.rest)
-            self.t = time.perf_counter()
-
-
 def checksum_ok(buf, expect: dict, duty: float = 1.0, chunk: int = 4 << 20) -> bool:
     """Whether a shard file's bytes match its manifest entry: XXH3-128 where the dump has it,
     else sha256. ``duty`` 1 hashes in one call (no GIL held meanwhile); below 1 the pass goes in
@@ -275,11 +262,12 @@ def checksum_ok(buf, expect: dict, duty: float = 1.0, chunk: int = 4 << 20) -> b
     if duty >= 1:
         h.update(buf)
         return h.hexdigest() == want
-    pace = Pacer(duty)
+    rest = 1 / max(duty, 0.01) - 1  # seconds asleep per second busy
     with memoryview(buf) as view, view.cast("B") as flat:
         for i in range(0, len(flat), chunk):
+            t = time.perf_counter()
             h.update(flat[i : i + chunk])
-            pace()
+            time.sleep((time.perf_counter() - t) * rest)
     return h.hexdigest() == want
 
 
