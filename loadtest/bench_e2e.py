@@ -231,13 +231,13 @@ def stages(
 
     manifest = model_store.read_manifest(vdir)
     schema = load_schema(vdir / "schema.yaml")
-    cfg = ScoringConfig(str(vdir), worker=state["worker"], runtime=runtime)
+    cfg = ScoringConfig(str(vdir), lookups="remote", worker=state["worker"], runtime=runtime)
     with contextlib.ExitStack() as es:
         local = EmbeddingWorker([LocalShard(s) for s in load_stores(vdir, manifest)], schema)
         es.callback(local.close)
         inproc = Scorer(cfg, worker=local)
         # what the handler runs: the worker process over gRPC, or the worker library over the PS
-        remote = Scorer(ScoringConfig(str(vdir), worker=state["worker"], runtime=runtime,
+        remote = Scorer(ScoringConfig(str(vdir), lookups="remote", worker=state["worker"], runtime=runtime,
                                       ps=state["ps"] if worker_in_handler else None))  # fmt: skip
         es.callback(remote.close)
         client = WorkerClient(state["worker"])

@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import random
 import threading
+import time
 
 from serving.rpc.procs import free_ports
 
@@ -44,6 +45,34 @@ def ps_in_thread(cfg):
         loop.close()
 
 
+def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
+    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout_s``
+    saying ``what`` was waited for and the last value seen."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {timeout_s}s (last: {value!r})")
+        time.sleep(poll_s)
+
+
+def train_version(
+    root, seed: int = 0, publish: bool = True, data: str = "data/criteo/wide_resdnn_criteo_train.tsv"
+):
+    """Train the Criteo model into the store at ``root`` (in-process PS, one epoch) and export a
+    version (published with ``publish``); returns the training result (``.version_dir``)."""
+    from pathlib import Path
+
+    from training.config import TrainConfig
+    from training.train import train
+
+    cfg = TrainConfig(store=str(root), model="criteo", data=data, epochs=1, inprocess_ps=True, publish=publish,
+                      progress=False, seed=seed, curve=str(Path(root) / f"curve-{seed}.png"))  # fmt: skip
+    return train(cfg)
+
+
 def fuzz_payloads(valid: bytes, n: int, seed: int = 0):
     """``n`` request payloads: half random byte strings (0-256 bytes), half ``valid`` mutated
     (bytes flipped, inserted, deleted, or cut off), reproducible from ``seed``."""
@@ -73,4 +102,4 @@ def raw_call(channel, method: str):
     return channel.unary_unary(method, request_serializer=None, response_deserializer=None)
 
 
-__all__ = ["free_port", "free_ports", "fuzz_payloads", "raw_call"]
+__all__ = ["free_port", "free_ports", "fuzz_payloads", "raw_call", "train_version", "wait_until"]

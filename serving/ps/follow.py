@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -136,3 +137,28 @@ def _verify_other_parts(ddir: Path, config) -> None:
     for part in shards.shard_dirs(ddir):
         if part.name != own:
             shards.read_shard(part)
+
+
+def not_serving_reason(store, follower) -> str:
+    """Why a shard serves no version ('' when it serves one, or does not follow the model store:
+    a training shard or one loaded with ``--load`` serves what it holds)."""
+    if follower is None or store.version:
+        return ""
+    cfg = store.config
+    current = follower.pin or ms.current(follower.root, follower.model)
+    if follower.refusal:
+        why = follower.refusal
+    elif current:
+        why = f"version {current} of model {follower.model} not loaded yet"
+    else:
+        why = f"no version published yet for model {follower.model} in {follower.root}"
+    return f"embedding shard {cfg.shard} of {cfg.num_shards} serves no version: {why}"
+
+
+def lower_thread_priority() -> None:
+    """Run this thread at nice 10: a version's checksum pass and an overlay build must not take
+    the CPU from the event loop's lookups (CFS gives a nice-10 thread ~1/10 of a nice-0 one)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):  # not Linux, or not permitted: run at normal priority
+        pass

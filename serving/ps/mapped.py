@@ -153,6 +153,12 @@ class MappedStore:
         none (answered with zeros)."""
         if insert:
             raise ValueError("a serving PS does not insert rows (lookups with insert=true go to training)")
+        out, misses, self.last_lookup_version = self.rows_of(signs, version)
+        return out, misses
+
+    def rows_of(self, signs, version: str = "") -> tuple[np.ndarray, int, tuple[str, int]]:
+        """``lookup`` returning what answered as a value: rows, misses and the (version, delta seq)
+        of the one snapshot they were read from."""
         signs = as_signs(signs)
         s = self.snapshot_for(version)
         out = np.empty((len(signs), s.base.dim), dtype=np.float32)
@@ -164,8 +170,7 @@ class MappedStore:
         misses = len(signs) - int(hit.sum())
         self.hits += len(signs) - misses
         self.misses += misses
-        self.last_lookup_version = (s.version, s.delta_seq)
-        return out, misses
+        return out, misses, (s.version, s.delta_seq)
 
     # ---- changing it ------------------------------------------------------------------------
     def staging(self) -> MappedStore:

@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import model_store as ms
 from model_store import shards
 from model_store.layout import default_root
 from serving.ps.config import StoreConfig
+from serving.ps.follow import lower_thread_priority, not_serving_reason
 from serving.rpc import convert
 from serving.rpc.auth import Access, read_token_file
 from serving.rpc.errors import NotServing, rpc
@@ -156,22 +156,6 @@ class _Metrics:
                     yield CounterMetricFamily(f"recserve_ps_{name}", help_text, value=st[name])
 
         self.registry.register(StoreCollector())
-
-
-def not_serving_reason(store, follower) -> str:
-    """Why a shard serves no version ('' when it serves one, or does not follow the model store:
-    a training shard or one loaded with ``--load`` serves what it holds)."""
-    if follower is None or store.version:
-        return ""
-    cfg = store.config
-    current = ms.current(follower.root, follower.model)
-    if follower.refusal:
-        why = follower.refusal
-    elif current:
-        why = f"version {current} of model {follower.model} not loaded yet"
-    else:
-        why = f"no version published yet for model {follower.model} in {follower.root}"
-    return f"embedding shard {cfg.shard} of {cfg.num_shards} serves no version: {why}"
 
 
 OPEN = frozenset({"Lookup", "Stats"})
@@ -322,18 +306,6 @@ def check_serving_config(cfg: StoreConfig) -> None:
         )
 
 
-def _lower_priority() -> None:
-    """Run this thread at nice 10: a version's checksum pass and an overlay build must not take
-    the CPU from the event loop's lookups (CFS gives a nice-10 thread ~1/10 of a nice-0 one)."""
-    import os
-    import threading
-
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):  # not Linux, or not permitted: run at normal priority
-        pass
-
-
 async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> None:
     """Run one PS shard until SIGTERM/SIGINT (or until the task is cancelled)."""
     from recserve.v1 import ps_pb2  # noqa: F401  (registers the service add_service looks up)
@@ -403,7 +375,7 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
     if follower is not None:
         from concurrent.futures import ThreadPoolExecutor
 
-        background = ThreadPoolExecutor(1, "follow", initializer=_lower_priority)
+        background = ThreadPoolExecutor(1, "follow", initializer=lower_thread_priority)
 
     async def follow_loop():
         while True:

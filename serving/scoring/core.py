@@ -36,6 +36,7 @@ from features.transform import FeatureError, dense_matrix, transform
 
 log = logging.getLogger("recserve.scoring")
 
+LOOKUPS = ("remote", "colocated", "auto")
 JSON = "application/json"
 BINARY = "application/octet-stream"
 
@@ -44,22 +45,45 @@ BINARY = "application/octet-stream"
 class ScoringConfig:
     """What a scoring process serves and its limits."""
 
-    version_dir: str  # model_store/<model>/<version>: schema.yaml, dense model, MANIFEST.json
-    worker: str = "127.0.0.1:50060"  # embedding worker address (host:port)
-    # PS shard addresses (shard i at i; replicas "a:1|a:2", serving.worker.replicas): if set, the embedding worker runs as a library in this
-    # process over them instead of being called at ``worker`` -- one process hop fewer per request
+    version_dir: str = field(default="", metadata={"cli": False})
+    """model_store/<model>/<version>: schema.yaml, dense model, MANIFEST.json (a frontend that
+    follows the store sets it to the version it loads)."""
+    lookups: str = field(default="auto", metadata={"choices": ["auto", "colocated", "remote"]})
+    """Where embedding rows are read: auto (per shard, mapped in this process where the version's
+    files are on this host, through --ps elsewhere; through --worker when no shard is here, or when
+    some are missing and --ps is not given), colocated (every shard mapped here: its files must be
+    on this host) or remote (through --worker, or the PS shards of --ps)."""
+    worker: str = "127.0.0.1:50060"
+    """Embedding worker address (HOST:PORT) for remote lookups."""
     ps: list[str] | None = None
-    runtime: str = "torchscript"  # dense runtime: torchscript | onnx
-    max_items: int = 1000  # rows per request
-    max_body_bytes: int = 4 << 20  # request body limit
-    worker_timeout_s: float = 1.0  # deadline of the worker Forward call
-    threads: int = 1  # intra-op threads of the dense runtime
-    verify: bool = True  # check the checksums of the files the scorer reads (dense model, schema)
-    # TLS to the worker (or the PS shards): the CA that signed their certificates, and for mTLS
-    # this process's client certificate and key (PEM paths; all empty: plaintext)
+    """PS shard addresses, shard i at entry i, a shard's replicas joined by | (a:1|a:2,b:1): the
+    worker then runs as a library in this process over them (one process hop fewer than --worker)."""
+    poll_s: float = 1.0
+    """How often to look for new deltas of the served version (co-located shards) and new versions."""
+    runtime: str = field(default="torchscript", metadata={"choices": ["torchscript", "onnx"]})
+    """Dense runtime."""
+    max_items: int = 1000
+    """Items per scoring request (more: 413)."""
+    max_body_bytes: int = 4 << 20
+    """Request body limit in bytes (more: 413)."""
+    worker_timeout_s: float = 1.0
+    """Deadline of the embedding lookups of one request (worker call or PS calls)."""
+    threads: int = 1
+    """Intra-op threads of the dense runtime."""
+    verify: bool = True
+    """Check the checksums of the files the scorer reads (dense model, schema)."""
     tls_ca: str = ""
+    """TLS to the worker or PS shards: the CA that signed their certificates (PEM; empty: plaintext)."""
     tls_cert: str = ""
+    """mTLS: this process's client certificate (PEM)."""
     tls_key: str = ""
+    """mTLS: this process's client key (PEM)."""
+
+    def __post_init__(self) -> None:
+        if self.ps == []:
+            self.ps = None
+        if self.lookups not in LOOKUPS:
+            raise ValueError(f"unknown lookups {self.lookups!r}; choose one of {', '.join(LOOKUPS)}")
 
     @classmethod
     def from_dict(cls, d: dict) -> ScoringConfig:
@@ -106,7 +130,13 @@ class Scorer:
         if config.verify:  # the files this process reads; the embedding shards are the PS's to check
             model_store.verify_files(vdir, self.manifest, [rel, "schema.yaml"])
         self.dense = _load_dense(vdir / rel, config.threads)
-        self.worker = worker if worker is not None else _worker_client(config, self.schema)
+        if worker is None:
+            worker, self.lookup_modes = _lookup_backend(config, self.schema, self.manifest)
+        else:
+            self.lookup_modes = ["local" if getattr(s, "local", False) else "remote"
+                                 for s in getattr(worker, "shards", [worker])]  # fmt: skip
+        self.worker = worker
+        """Per embedding shard, where its rows are read: "local" (mapped here) or "remote"."""
         from serving.worker.core import EmbeddingWorker
 
         self._inprocess = isinstance(self.worker, EmbeddingWorker)  # takes batches, not bytes
@@ -300,15 +330,47 @@ def _load_dense(path: Path, threads: int):
     return load_dense(path, num_threads=threads)
 
 
-def _worker_client(config: ScoringConfig, schema: Schema):
+def _lookup_backend(config: ScoringConfig, schema: Schema, manifest: dict) -> tuple[object, list[str]]:
+    """The embedding worker this scorer calls (a client of the worker process, or the worker
+    library over its shards) and, per shard, "local" or "remote" (``ScoringConfig.lookups``)."""
     from serving.rpc.tls import ClientTLS
+    from serving.worker.colocated import ColocatedShard, has_local_files
+    from serving.worker.replicas import connect_shard, parse_ps_spec
 
     tls = ClientTLS.of(config.tls_ca, config.tls_cert, config.tls_key)
-    if config.ps:  # the worker library here, over the PS processes; each PS call gets the deadline
-        from serving.worker.core import EmbeddingWorker
-        from serving.worker.replicas import connect_shards
+    spec = parse_ps_spec(config.ps) if config.ps else None
+    n = len(spec) if spec else int(manifest.get("num_shards", 1))
+    local = (
+        [has_local_files(config.version_dir, i, n) for i in range(n)] if config.lookups != "remote" else []
+    )
+    if config.lookups == "colocated" and not all(local):
+        missing = ", ".join(str(i) for i, here in enumerate(local) if not here)
+        raise ValueError(
+            f"--lookups colocated: embedding shard(s) {missing} of {n} of {config.version_dir} have no "
+            "complete files on this host; serve them remotely (--lookups auto with --ps, or remote)"
+        )
+    if not any(local) or (not all(local) and spec is None):  # everything through the worker or the PS
+        if config.lookups == "auto" and any(local):
+            log.warning("lookups auto: shards %s are not on this host and no --ps is given: all remote",
+                        [i for i, here in enumerate(local) if not here])  # fmt: skip
+        if spec is None:
+            from serving.worker.client import WorkerClient
 
-        return EmbeddingWorker(connect_shards(config.ps, timeout_s=config.worker_timeout_s, tls=tls), schema)
-    from serving.worker.client import WorkerClient
+            return WorkerClient(config.worker, timeout_s=config.worker_timeout_s, tls=tls), ["remote"] * n
+        local = [False] * n
+    from serving.worker.core import EmbeddingWorker
 
-    return WorkerClient(config.worker, timeout_s=config.worker_timeout_s, tls=tls)
+    dim = int(manifest["dim"])
+    backends: list = []
+    try:
+        for i, here in enumerate(local):
+            if here:
+                backends.append(ColocatedShard(config.version_dir, i, n, dim, config.poll_s))
+            else:  # spec is set: each PS call gets the request's deadline
+                backends.append(connect_shard(spec[i], i, n, timeout_s=config.worker_timeout_s, tls=tls))
+        worker = EmbeddingWorker(backends, schema)
+    except BaseException:
+        for b in backends:
+            b.close()
+        raise
+    return worker, ["local" if here else "remote" for here in local]

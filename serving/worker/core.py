@@ -243,26 +243,26 @@ class EmbeddingWorker:
                 log.warning("forgot train batch %d: no backward among the last %d", old, len(self._pending))
         return batch_id
 
-    def _fan_out(self, calls: list[Callable[[], object]]) -> list:
-        """Run the calls concurrently (the last on this thread) and return their results in order;
-        raises the first failure after every call has finished."""
-        if len(calls) == 1:
-            return [calls[0]()]
-        futures = [self._fanout.submit(c) for c in calls[:-1]]
-        results, error = [], None
-        try:
-            last = calls[-1]()
-        except Exception as e:
-            last, error = None, e
-        for f in futures:
+    def _fan_out(self, calls: list[Callable[[], object]], here: Sequence[bool] = ()) -> list:
+        """Run the calls and return their results in order; raises the first failure after every
+        call has finished. Calls marked in ``here`` (in-process gathers: co-located shards) run on
+        this thread while the others (RPCs) run concurrently in the pool, the last of them on this
+        thread too."""
+        inline = [bool(here[i]) if i < len(here) else False for i in range(len(calls))]
+        pooled = [i for i, x in enumerate(inline) if not x]
+        if pooled:
+            inline[pooled.pop()] = True
+        futures = {i: self._fanout.submit(calls[i]) for i in pooled}
+        results: list = [None] * len(calls)
+        error = None
+        for i in [i for i, x in enumerate(inline) if x] + pooled:
             try:
-                results.append(f.result())
+                results[i] = futures[i].result() if i in futures else calls[i]()
             except Exception as e:
-                results.append(None)
                 error = error or e
         if error is not None:
             raise error
-        return results + [last]
+        return results
 
     def _lookup(
         self, signs: np.ndarray, insert: bool, version: str = "", timeout_s: float | None = None
@@ -279,7 +279,7 @@ class EmbeddingWorker:
             lambda s=s, p=p: s.rows(signs if p is None else signs[p], insert, version, timeout_s=timeout_s)
             for _, s, p in work
         ]
-        results = self._fan_out(calls)
+        results = self._fan_out(calls, [getattr(s, "local", False) for _, s, _ in work])
         for (i, _, _), (_, answered) in zip(work, results, strict=True):
             read[i] = (str(answered[0]), int(answered[1]))
         if parts[0] is None:

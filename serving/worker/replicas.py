@@ -38,7 +38,7 @@ from serving.rpc.tls import ClientTLS
 
 log = logging.getLogger("recserve.worker")
 
-__all__ = ["ReplicaSet", "connect_shards", "format_ps_spec", "parse_ps_spec"]
+__all__ = ["ReplicaSet", "connect_shard", "connect_shards", "format_ps_spec", "parse_ps_spec"]
 
 
 def parse_ps_spec(shards: Sequence[str] | str) -> list[list[str]]:
@@ -255,26 +255,43 @@ def connect_shards(
     plaintext). Waits up to ``timeout_s`` for each shard to answer (serving a version or not yet)
     and checks that it is shard i of n."""
     shards = parse_ps_spec(spec)
-    n = len(shards)
     backends: list = []
     try:
         for i, addresses in enumerate(shards):
-            clients = [PSClient(a, timeout_s=timeout_s, token_file=token_file, tls=tls) for a in addresses]
-            if len(clients) > 1:
-                backends.append(ReplicaSet(clients, i, n, health_poll_s))
-                backends[-1].start(timeout_s)
-                continue
-            (client,) = clients
-            backends.append(client)
-            client.wait_connected(timeout_s)
-            st = client.stats()
-            if (st["shard"], st["num_shards"]) != (i, n):
-                raise ValueError(
-                    f"PS at {client.target} is shard {st['shard']} of {st['num_shards']}, "
-                    f"but was given as shard {i} of {n} (order of --ps matters)"
-                )
+            backends.append(
+                connect_shard(addresses, i, len(shards), timeout_s, token_file, health_poll_s, tls)
+            )
         return backends
     except BaseException:
         for b in backends:
             b.close()
         raise
+
+
+def connect_shard(
+    addresses: Sequence[str], shard: int, num_shards: int, timeout_s: float = 5.0, token_file: str = "",
+    health_poll_s: float = 0.5, tls: ClientTLS | None = None,
+):  # fmt: skip
+    """The backend of shard ``shard`` of ``num_shards`` served at ``addresses`` (its replicas): a
+    ``PSClient`` for one address, a started ``ReplicaSet`` for several; checked to be that shard."""
+    clients = [PSClient(a, timeout_s=timeout_s, token_file=token_file, tls=tls) for a in addresses]
+    if len(clients) > 1:
+        replicas = ReplicaSet(clients, shard, num_shards, health_poll_s)
+        try:
+            return replicas.start(timeout_s)
+        except BaseException:
+            replicas.close()
+            raise
+    (client,) = clients
+    try:
+        client.wait_connected(timeout_s)
+        st = client.stats()
+        if (st["shard"], st["num_shards"]) != (shard, num_shards):
+            raise ValueError(
+                f"PS at {client.target} is shard {st['shard']} of {st['num_shards']}, "
+                f"but was given as shard {shard} of {num_shards} (order of --ps matters)"
+            )
+    except BaseException:
+        client.close()
+        raise
+    return client

@@ -95,7 +95,7 @@ def _scorer(root: Path, version: str, worker: WorkerClient) -> Scorer:
     # these tests check statuses, not latency: a deadline that a busy CI box cannot miss (the
     # default 1 s once expired on the first Forward of a fresh connection: a 503 for a 400)
     vdir = ms.version_dir(root, "m", version)
-    return Scorer(ScoringConfig(str(vdir), worker=worker.address, worker_timeout_s=10.0))
+    return Scorer(ScoringConfig(str(vdir), lookups="remote", worker=worker.address, worker_timeout_s=10.0))
 
 
 def _score(scorer: Scorer) -> tuple[int, dict]:

@@ -173,7 +173,7 @@ def test_version_with_a_corrupt_shard_file_is_refused(setup):
 
 
 def test_refusal_says_why_current_is_not_served_until_it_is(tmp_path):
-    from serving.ps.server import not_serving_reason
+    from serving.ps.follow import not_serving_reason
 
     served = _store()
     follower = Follower(served, tmp_path / "m")

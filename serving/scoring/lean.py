@@ -1,0 +1,311 @@
+"""``recserve serve``: the lean scoring frontend -- the scoring core behind uvicorn (uvloop, httptools).
+
+The same API as the TorchServe endpoint, over the same ``Scorer``: ``POST /predictions/<model>``
+(JSON or a binary compact batch; scores in item order + the versions that answered; the core's
+statuses: 400/413/415 for the client's mistakes, 503 naming what is unavailable, never a 200 from
+default rows), ``GET /ping`` (200 ``{"status": "Healthy"}`` while a version is served, else 503
+naming why), ``GET /metrics`` (Prometheus: the scoring metrics TorchServe's handler reports, plus
+the lookup mode of every shard, the served version and the refusals). Token auth is on by default
+(``Authorization: Bearer <key>``, the key in a TorchServe-style key file, so ``recserve score
+--key-file`` works with either frontend); HTTPS with ``--https-cert``/``--https-key``; SIGTERM
+drains: uvicorn stops accepting, lets the requests in flight finish, then the process exits.
+
+The frontend follows the model store itself (no controller): every ``poll_s`` it reads CURRENT (or
+serves ``--version``); a new version passes the one gate (``model_store.validate`` against the
+served manifest), then a new ``Scorer`` loads beside the serving one at low priority -- mapping its
+co-located shards, and warming up until every remote shard holds the version -- and replaces it in
+one reference assignment. Each scorer pins its lookups to its own version, and a request uses one
+scorer from start to end, so no response mixes versions. The replaced scorer is closed after
+``drain_s``. A version the gate or the load refuses is skipped (logged, counted, and named by
+``/ping`` while nothing is served); serving stays on what it has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import orjson
+
+import model_store as ms
+from recserve.config import store_field
+from serving.scoring.core import Reply, Scorer, ScoringConfig, error_body, loading_priority, server_timing
+
+log = logging.getLogger("recserve.serve")
+
+PREDICTIONS = "/predictions/"
+
+
+@dataclass
+class ServeConfig:
+    """The lean scoring frontend (``recserve serve``)."""
+
+    store: str = store_field()
+    model: str = "criteo"
+    """Model name in the store (the endpoint is /predictions/<model>)."""
+    version: str = ""
+    """Serve this version (and its deltas) instead of following CURRENT ('' follows CURRENT)."""
+    host: str = "127.0.0.1"
+    """Interface to bind (loopback unless told otherwise)."""
+    port: int = 8080
+    """HTTP port."""
+    key_file: str = ""
+    """Token file ({"inference": {"key": ...}}, as TorchServe writes; created with a fresh key when
+    missing). '' = <store>/.run/<model>/serve-key_file.json."""
+    disable_token_auth: bool = field(default=False, metadata={"flag": "no-token-auth"})
+    """Turn token auth OFF (it is on by default; serve says which)."""
+    https_cert: str = ""
+    """Serve HTTPS with this certificate (PEM); needs --https-key."""
+    https_key: str = ""
+    """The HTTPS private key (PEM, mode 600)."""
+    drain_s: float = 2.0
+    """After a version switch, how long the replaced scorer keeps its resources for requests in
+    flight; on SIGTERM, how long requests in flight may take to finish."""
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
+    """The scoring core (its version_dir is set to the version loaded)."""
+
+    def __post_init__(self) -> None:
+        if bool(self.https_cert) != bool(self.https_key):
+            raise ValueError("--https-cert and --https-key go together")
+
+    def key_path(self) -> Path:
+        return (
+            Path(self.key_file)
+            if self.key_file
+            else Path(self.store) / ".run" / self.model / "serve-key_file.json"
+        )
+
+
+def inference_key(path: Path) -> str:
+    """The inference key in ``path``; a fresh one written there (mode 600) when the file is missing."""
+    from serving.rpc.auth import read_secret
+
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"inference": {"key": secrets.token_urlsafe(24)}}, f)
+    try:
+        return json.loads(read_secret(path, "key file"))["inference"]["key"]
+    except (KeyError, TypeError, json.JSONDecodeError):
+        raise ValueError(f'key file {path} has no inference key ({{"inference": {{"key": ...}}}})') from None
+
+
+class Frontend:
+    """The served ``Scorer`` (None until a version loads), swapped whole, and its metrics."""
+
+    def __init__(self, config: ServeConfig):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        from serving.rpc.metrics import LATENCY_BUCKETS, version_refusals
+
+        self.config = config
+        self.scorer: Scorer | None = None
+        self.refused: dict[str, str] = {}  # version -> why (final: the gate or the load said no)
+        self.failure = ""  # why the last load of the target version failed (retried)
+        self.token = "" if config.disable_token_auth else inference_key(config.key_path())
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("recserve_scoring_requests", "Scoring requests by HTTP status and the versions that answered",
+                                ["model", "status", "dense_version", "embedding_version"], registry=r)  # fmt: skip
+        self.stages = Histogram("recserve_scoring_stage_seconds", "Time of each scoring stage", ["stage"],
+                                buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.served = Gauge(
+            "recserve_scoring_version", "1 for the dense version served", ["model", "version"], registry=r
+        )
+        self.modes = Gauge("recserve_scoring_lookup_mode", "Where each embedding shard's rows are read (1 = this mode)",
+                           ["shard", "mode"], registry=r)  # fmt: skip
+        self.refusals = version_refusals(r, "scorer")
+
+    # ---- following the store ---------------------------------------------------------------------
+    def target(self) -> str | None:
+        return self.config.version or ms.current(self.config.store, self.config.model)
+
+    def step(self) -> str | None:
+        """One poll (blocking: run it off the event loop): load the target version if it is new and
+        passes, then serve it. Returns the version switched to, or None."""
+        cfg = self.config
+        target, old = self.target(), self.scorer
+        if not target or (old is not None and old.dense_version == target) or target in self.refused:
+            return None
+        try:
+            ms.validate(cfg.store, cfg.model, target, old.manifest if old else None, verify=False)
+            vdir = ms.version_dir(cfg.store, cfg.model, target)
+            with loading_priority():
+                new = Scorer(replace(cfg.scoring, version_dir=str(vdir)))
+        except (ms.ModelStoreError, ValueError) as e:  # final: this version will not load as it is
+            self.refused[target] = f"version {target} refused: {e}"
+            self.refusals.labels("scorer", "version").inc()
+            log.error("%s", self.refused[target])
+            return None
+        except Exception as e:  # a remote shard not holding it yet, ...: tried again at the next poll
+            self.failure = f"version {target} not loaded: {e}"
+            log.warning("%s", self.failure)
+            return None
+        self.scorer, self.failure = new, ""
+        self._show(new)
+        log.info("serving version %s of %s (was %s; lookups %s)", target, cfg.model,
+                 old.dense_version if old else "none", ",".join(new.lookup_modes))  # fmt: skip
+        if old is not None:
+            time.sleep(cfg.drain_s)  # requests that took the old scorer finish with it
+            old.close()
+        return target
+
+    def _show(self, scorer: Scorer) -> None:
+        self.served.clear()
+        self.served.labels(self.config.model, scorer.dense_version).set(1)
+        self.modes.clear()
+        for i, mode in enumerate(scorer.lookup_modes):
+            for m in ("local", "remote"):
+                self.modes.labels(str(i), m).set(int(m == mode))
+
+    def not_serving_reason(self) -> str:
+        target = self.target()
+        if target in self.refused:
+            return self.refused[target]
+        if self.failure:
+            return self.failure
+        if not target:
+            return f"no version published yet for model {self.config.model} in {self.config.store}"
+        return f"version {target} of model {self.config.model} not loaded yet"
+
+    async def follow(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await loop.run_in_executor(None, self.step)
+            except Exception:  # keep serving what we have; the next poll retries
+                log.exception("follow step failed")
+            await asyncio.sleep(self.config.scoring.poll_s)
+
+    # ---- requests -------------------------------------------------------------------------------
+    def score(self, body: bytes, content_type: str | None) -> Reply:
+        scorer = self.scorer  # one read: this request is scored by one version from start to end
+        if scorer is None:
+            return Reply(503, error_body(self.not_serving_reason()), {"total": 0.0}, {})
+        reply = scorer.reply(body, content_type)
+        v = reply.versions
+        self.requests.labels(self.config.model, str(reply.status), v.get("dense") or scorer.dense_version,
+                             v.get("embedding") or "none").inc()  # fmt: skip
+        for stage, ms_ in reply.timings.items():
+            self.stages.labels(stage).observe(ms_ / 1e3)
+        return reply
+
+    def close(self) -> None:
+        if self.scorer is not None:
+            self.scorer.close()
+            self.scorer = None
+
+
+def app(frontend: Frontend):
+    """The ASGI application over ``frontend``."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    model_path = PREDICTIONS + frontend.config.model
+    max_body = frontend.config.scoring.max_body_bytes
+    follower: list[asyncio.Task] = []
+
+    async def send_reply(
+        send, status: int, body: bytes, ctype: bytes = b"application/json", extra=()
+    ) -> None:
+        headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode()), *extra]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def read_body(receive, limit: int) -> bytes | None:
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+            if not msg.get("more_body"):
+                return b"".join(chunks)
+
+    async def lifespan(receive, send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                follower.append(asyncio.create_task(frontend.follow()))
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                for task in follower:
+                    task.cancel()
+                await asyncio.get_running_loop().run_in_executor(None, frontend.close)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def application(scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            return await lifespan(receive, send)
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if path == "/ping" and method == "GET":
+            scorer = frontend.scorer
+            if scorer is None:
+                body = orjson.dumps({"status": "Unhealthy", "error": frontend.not_serving_reason()})
+                return await send_reply(send, 503, body)
+            return await send_reply(send, 200, orjson.dumps({"status": "Healthy", "version": scorer.dense_version,
+                                                             "lookups": scorer.lookup_modes}))  # fmt: skip
+        if path == "/metrics" and method == "GET":
+            return await send_reply(
+                send, 200, generate_latest(frontend.registry), CONTENT_TYPE_LATEST.encode()
+            )
+        if not path.startswith(PREDICTIONS):
+            return await send_reply(send, 404, error_body(f"no such path {path}: POST {model_path}"))
+        if path.rstrip("/") != model_path:
+            return await send_reply(send, 404, error_body(f"model {path[len(PREDICTIONS):]!r} is not served "
+                                                          f"here: POST {model_path}"))  # fmt: skip
+        if method != "POST":
+            return await send_reply(
+                send, 405, error_body(f"{method} {path}: use POST"), extra=[(b"allow", b"POST")]
+            )
+        headers = dict(scope["headers"])
+        if frontend.token and headers.get(b"authorization", b"") != b"Bearer " + frontend.token.encode():
+            return await send_reply(send, 401, error_body("token authorization failed: send the inference key "
+                                                          "of the key file as 'Authorization: Bearer <key>'"))  # fmt: skip
+        body = await read_body(receive, max_body)
+        if body is None:
+            return await send_reply(
+                send, 413, error_body(f"request body exceeds the limit of {max_body} bytes")
+            )
+        ctype = headers.get(b"content-type", b"").decode("latin-1") or None
+        scorer = frontend.scorer
+        if scorer is not None and "remote" in scorer.lookup_modes:  # blocking RPCs: off the event loop
+            reply = await asyncio.get_running_loop().run_in_executor(None, frontend.score, body, ctype)
+        else:  # in-process work only (or a 503): a thread hop would cost more than it frees
+            reply = frontend.score(body, ctype)
+        await send_reply(
+            send,
+            reply.status,
+            reply.payload,
+            extra=[(b"server-timing", server_timing(reply.timings).encode())],
+        )
+
+    return application
+
+
+def serve(config: ServeConfig) -> int:
+    """Run the lean frontend until SIGTERM/SIGINT (then drain and exit 0)."""
+    import uvicorn
+
+    frontend = Frontend(config)
+    auth = "off (--no-token-auth)" if config.disable_token_auth else f"on, key file {config.key_path()}"
+    scheme = "https" if config.https_cert else "http"
+    log.info("scoring %s at %s://%s:%d%s%s (token auth %s; lookups %s)", config.model, scheme, config.host,
+             config.port, PREDICTIONS, config.model, auth, config.scoring.lookups)  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(
+        app(frontend), host=config.host, port=config.port, loop="uvloop", http="httptools", lifespan="on",
+        access_log=False, log_level="warning", timeout_graceful_shutdown=max(config.drain_s, 1.0),
+        ssl_certfile=config.https_cert or None, ssl_keyfile=config.https_key or None,
+    ))  # fmt: skip
+    server.run()
+    return 0 if server.started else 1

@@ -1,0 +1,149 @@
+"""Co-located lookups (serving/worker/colocated.py): a scorer maps its version's shard files and
+looks rows up in-process, exactly as a PS would answer -- offline scores, pinned versions, deltas
+applied live, "never serve nothing" -- and ``lookups auto`` mixes mapped and remote shards."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import orjson
+import pytest
+
+import model_store as ms
+from features.readers import read_criteo
+from features.schema import load_schema
+from features.transform import transform
+from serving.ps.client import ShardError
+from serving.ps.deltas import DeltaWriter
+from serving.scoring.client import requests_from_file
+from serving.scoring.core import Scorer, ScoringConfig, forward_status
+from serving.worker.colocated import ColocatedShard, has_local_files
+from tests.helpers import ps_in_thread, train_version, wait_until
+
+pytestmark = pytest.mark.slow
+TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
+SCHEMA = "data/schemas/criteo.yaml"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("store")
+    train_version(root, seed=0, publish=True)
+    return root
+
+
+def _scores(scorer: Scorer, limit: int = 400) -> tuple[np.ndarray, list[dict]]:
+    scores, versions = [], []
+    for body, ctype in requests_from_file(TEST, SCHEMA, 200, limit):
+        status, payload = scorer.score(body, ctype)
+        assert status == 200, payload
+        reply = orjson.loads(payload)
+        scores.extend(reply["scores"])
+        versions.append(reply["versions"])
+    return np.array(scores), versions
+
+
+def test_colocated_scorer_scores_like_offline(store):
+    vdir = ms.version_dir(store, "criteo", "1")
+    scorer = Scorer(ScoringConfig(str(vdir), lookups="colocated"))
+    try:
+        assert scorer.lookup_modes == ["local", "local"]
+        scores, versions = _scores(scorer)
+        offline = np.load(vdir / "eval" / "scores.npy")[: len(scores)]
+        assert np.abs(scores - offline).max() <= 1e-6
+        assert versions[-1] == {
+            "embedding": "1",
+            "delta_seq": -1,
+            "dense": "1",
+            "shards": [["1", -1], ["1", -1]],
+        }
+    finally:
+        scorer.close()
+
+
+def test_a_published_delta_goes_live_in_the_colocated_shards(store):
+    vdir = ms.version_dir(store, "criteo", "1")
+    scorer = Scorer(ScoringConfig(str(vdir), lookups="auto", poll_s=0.05))
+    try:
+        before, versions = _scores(scorer)
+        writer = DeltaWriter(store, "criteo")
+        signs = transform(read_criteo(TEST, limit=400), load_schema(vdir / "schema.yaml")).signs
+        new = writer.lookup(signs) * 3.0 + 0.05
+        writer.assign(signs, new)
+        seq, _, _ = writer.publish()
+        wait_until(
+            lambda: all(s.version == ("1", seq) for s in scorer.worker.shards), 20, f"delta {seq} applied"
+        )
+        after, versions = _scores(scorer)
+        assert {(v["embedding"], v["delta_seq"]) for v in versions} == {("1", seq)}
+        assert np.abs(after - before).max() > 1e-3
+        own = scorer.worker.router.split(np.asarray(signs))[0][:50]  # shard 0's signs: the delta's rows
+        rows, answered = scorer.worker.shards[0].rows(np.asarray(signs)[own], False, "1")
+        assert answered == ("1", seq) and np.allclose(rows, new[own], atol=1e-6)
+    finally:
+        scorer.close()
+
+
+def test_a_pinned_version_the_shard_does_not_hold_is_refused_not_answered(store):
+    shard = ColocatedShard(ms.version_dir(store, "criteo", "1"), 0, 2, 16)
+    try:
+        with pytest.raises(ShardError) as e:
+            shard.rows(np.arange(1, 5, dtype=np.uint64), False, "7")
+        assert e.value.not_serving and "does not hold version 7" in str(e.value)
+        with pytest.raises(ValueError, match="do not insert"):
+            shard.rows(np.arange(1, 5, dtype=np.uint64), True)
+    finally:
+        shard.close()
+
+
+def test_a_corrupt_version_is_not_served_and_the_scorer_says_503_naming_why(store, tmp_path):
+    root = tmp_path / "store"
+    shutil.copytree(ms.version_dir(store, "criteo", "1"), ms.version_dir(root, "criteo", "1"))
+    victim = ms.version_dir(root, "criteo", "1") / "embeddings" / "shard-0-of-2" / "rows.npy"
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    shard = ColocatedShard(ms.version_dir(root, "criteo", "1"), 0, 2, 16)
+    try:
+        assert shard.health() == "NOT_SERVING"
+        with pytest.raises(ShardError) as e:
+            shard.rows(np.arange(1, 5, dtype=np.uint64), False, "1")
+        status, message = forward_status(e.value)
+        assert (
+            status == 503 and "shard 0 of 2 serves no version" in message and "checksum mismatch" in message
+        )
+    finally:
+        shard.close()
+
+
+def test_colocated_needs_every_shard_here_and_auto_reads_the_missing_one_remotely(store, tmp_path):
+    from serving.ps.config import StoreConfig
+    from serving.ps.server import ServerConfig
+
+    root = tmp_path / "store"
+    vdir = ms.version_dir(root, "criteo", "1")
+    shutil.copytree(ms.version_dir(store, "criteo", "1"), vdir)
+    (vdir / "embeddings" / "shard-1-of-2" / ms.SUCCESS).unlink()  # shard 1 is not (wholly) on this host
+    assert has_local_files(vdir, 0, 2) and not has_local_files(vdir, 1, 2)
+    with pytest.raises(ValueError, match=r"shard\(s\) 1 of 2 .* no complete files on this host"):
+        Scorer(ScoringConfig(str(vdir), lookups="colocated"))
+    # shard 1 served by a PS process following the original store, where it is whole
+    cfg = ServerConfig(port=0, grace_s=0.1, follow=str(ms.model_dir(store, "criteo")),
+                       store=StoreConfig(dim=16, shard=1, num_shards=2))  # fmt: skip
+    with ps_in_thread(cfg) as address:
+        scorer = Scorer(
+            ScoringConfig(str(vdir), lookups="auto", ps=["127.0.0.1:1", address], worker_timeout_s=10)
+        )
+        try:
+            assert scorer.lookup_modes == ["local", "remote"]
+            scores, versions = _scores(scorer)
+        finally:
+            scorer.close()
+    reference = Scorer(ScoringConfig(str(ms.version_dir(store, "criteo", "1")), lookups="colocated"))
+    try:  # the same version (and deltas) read wholly in-process
+        expected, expected_versions = _scores(reference)
+    finally:
+        reference.close()
+    assert np.abs(scores - expected).max() <= 1e-6
+    assert versions[-1] == expected_versions[-1]
