@@ -39,6 +39,7 @@ def _args(parser) -> None:
     parser.add_argument("--latency-out", default="", help="file for every request's latency (ms, failed)")
     parser.add_argument("--data", default=str(TEST), help="Criteo TSV rows to build requests from")
     parser.add_argument("--rows", type=int, default=200, help="items per request")
+    parser.add_argument("--columns", action="store_true", help="send ranking requests in column form")
     parser.add_argument(
         "--binary-schema", default="", help="send compact batches built with this (served) schema.yaml"
     )
@@ -52,7 +53,12 @@ def _load(environment, **_) -> None:
     if not _bodies:
         binary = bool(opts.binary_schema)
         schema = opts.binary_schema or str(SCHEMA)
-        _bodies.extend(body for body, _ in requests_from_file(opts.data, schema, opts.rows, binary=binary))
+        _bodies.extend(
+            body
+            for body, _ in requests_from_file(
+                opts.data, schema, opts.rows, binary=binary, columns=opts.columns
+            )
+        )
 
 
 @events.request.add_listener

@@ -125,7 +125,9 @@ def add_arguments(
         if "choices" in f.metadata:
             kw["choices"] = f.metadata["choices"]
         origin = typing.get_origin(tp)
-        if tp is bool:
+        if tp is bool and name.startswith("no-"):  # already a negative: argparse would read
+            kw["action"] = "store_true"  # --no-x as "x off" under BooleanOptionalAction, i.e. False
+        elif tp is bool:
             kw["action"] = argparse.BooleanOptionalAction
         elif origin in (list, tuple):
             kw["type"] = _list_of(typing.get_args(tp)[0])

@@ -58,6 +58,16 @@ def test_an_undefined_flag_is_refused():
     assert e.value.code == 2
 
 
+@pytest.mark.parametrize("command", ["up", "serve"])
+def test_a_negative_flag_turns_its_field_on(command):
+    """``--no-token-auth`` (field ``disable_token_auth``) must mean True: argparse's
+    BooleanOptionalAction reads a flag named --no-x as the off switch of --x."""
+    cls = module_of(command).CONFIG
+    given = config.from_args(cls, build_parser(only=command).parse_args([command, "--no-token-auth"]))
+    assert given.disable_token_auth is True
+    assert config.from_args(cls, build_parser(only=command).parse_args([command])).disable_token_auth is False
+
+
 @dataclasses.dataclass
 class Inner:
     lr: float = 0.1

@@ -84,3 +84,65 @@ def _worker_over_replicas(store, env) -> None:
             wait_serving(channel, timeout_s=120)  # every shard has a SERVING replica
     finally:
         stop_children(procs)
+
+
+@pytest.mark.slow
+def test_serve_and_colocated_up_lines_run_as_printed(tmp_path):
+    """`recserve serve --model criteo` and `recserve up ... --lookups colocated` as printed: each
+    scores the README's score line's requests like the trainer's offline scores."""
+    import json
+    import signal
+
+    import numpy as np
+
+    from tests.helpers import wait_until
+
+    if not all(port_free(p) for p in (8080, 8081, 8082)):
+        pytest.skip("the README's default ports 8080-8082 are taken on this machine")
+    store = tmp_path / "store"
+    env = {**os.environ, "RECSERVE_STORE": str(store)}
+    run = lambda argv: subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # noqa: E731
+    done = run(recserve_argv(line("recserve train --arch deepfm --model criteo")))
+    assert done.returncode == 0, done.stderr[-3000:]
+    offline = np.load(store / "criteo" / "1" / "eval" / "scores.npy")
+    expected = np.round(np.concatenate([offline[:5], offline[200:205]]), 4)  # what `score` prints of each
+    score = "recserve score data/criteo/wide_resdnn_criteo_test.tsv --url http://127.0.0.1:8080/predictions/criteo --limit 400"
+
+    def scored(key_file: str) -> np.ndarray:
+        done = run(recserve_argv(f"{score} --key-file {key_file}"))
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        heads = re.findall(r"request \d+: 200 scores \[([0-9., ]+), \.\.\.\] versions (.*)", done.stdout)
+        assert len(heads) == 2 and all('"embedding": "1"' in v for _, v in heads), done.stdout
+        return np.array([float(x) for head, _ in heads for x in head.split(", ")])
+
+    proc = subprocess.Popen(recserve_argv(line("recserve serve --model criteo")), cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        key_file = store / ".run" / "criteo" / "serve-key_file.json"
+        wait_until(lambda: key_file.exists() and json.loads(_ping(8080) or "{}").get("status") == "Healthy", 120,
+                   "recserve serve healthy")  # fmt: skip
+        assert np.abs(scored(str(key_file)) - expected).max() <= 1e-4
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.stdout.read()[-3000:]
+    down = line("recserve down --model criteo")
+    try:
+        out = run(recserve_argv(line("recserve up --model criteo --lookups colocated")))
+        assert out.returncode == 0 and "serving criteo version 1" in out.stdout, (
+            out.stdout[-3000:] + out.stderr[-3000:]
+        )
+        key = re.search(r"from (\S+key_file\S*\.json)", out.stdout).group(1)
+        assert np.abs(scored(key) - expected).max() <= 1e-4
+    finally:
+        run(recserve_argv(down))
+
+
+def _ping(port: int) -> str:
+    import http.client
+
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/ping")
+        return conn.getresponse().read().decode()
+    except OSError:
+        return ""

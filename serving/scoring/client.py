@@ -45,10 +45,12 @@ class ScoringClient:
 
 
 def requests_from_file(
-    path: str, schema_path: str, rows: int = 200, limit: int | None = None, binary: bool = False
-) -> Iterator[tuple[bytes, str]]:
+    path: str, schema_path: str, rows: int = 200, limit: int | None = None, binary: bool = False,
+    columns: bool = False,
+) -> Iterator[tuple[bytes, str]]:  # fmt: skip
     """(body, content type) per request: a JSON file is sent as is (one request or a list of them);
-    a data file is cut into requests of ``rows`` flat records (or compact batches with ``binary``)."""
+    a data file is cut into requests of ``rows`` flat records (or compact batches with ``binary``,
+    or ranking requests in column form, ``{"items": {field: [values]}}``, with ``columns``)."""
     from features.codec import encode
     from features.readers import read_criteo, to_records
     from features.schema import load_schema
@@ -70,5 +72,14 @@ def requests_from_file(
         part = Table({k: v[start:stop] for k, v in table.columns.items() if k != schema.label}, stop - start)
         if binary:
             yield encode(transform(part, schema)), "application/octet-stream"
+        elif columns:
+            yield orjson.dumps({"items": column_form(to_records(part, schema))}), "application/json"
         else:
             yield orjson.dumps(to_records(part, schema)), "application/json"
+
+
+def column_form(records: list[dict]) -> dict[str, list]:
+    """Flat records -> the column form of a request's items: each field's values, None where a
+    record lacks it (the form the scoring core parses without a pass over the items)."""
+    fields = sorted({f for r in records for f in r})
+    return {f: [r.get(f) for r in records] for f in fields}

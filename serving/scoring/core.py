@@ -179,10 +179,11 @@ class Scorer:
             request = orjson.loads(body)
         except orjson.JSONDecodeError as e:
             raise ScoringError(400, f"malformed JSON: {e}") from None
-        if isinstance(request, dict) and isinstance(request.get("items"), list):
-            self._check_rows(len(request["items"]))
-        elif isinstance(request, list):
-            self._check_rows(len(request))
+        items = request.get("items") if isinstance(request, dict) else request
+        if isinstance(items, list):
+            self._check_rows(len(items))
+        elif isinstance(items, dict):  # the column form: the longest column counts
+            self._check_rows(max((len(v) for v in items.values() if isinstance(v, list)), default=0))
         try:
             return transform(request, self.schema)
         except FeatureError as e:

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,7 +35,6 @@ from pathlib import Path
 import orjson
 
 import model_store as ms
-from recserve.config import store_field
 from serving.scoring.core import Reply, Scorer, ScoringConfig, error_body, loading_priority, server_timing
 
 log = logging.getLogger("recserve.serve")
@@ -46,7 +46,8 @@ PREDICTIONS = "/predictions/"
 class ServeConfig:
     """The lean scoring frontend (``recserve serve``)."""
 
-    store: str = store_field()
+    store: str = field(default_factory=ms.default_root)
+    """Model-store root ($RECSERVE_STORE or ./artifacts)."""
     model: str = "criteo"
     """Model name in the store (the endpoint is /predictions/<model>)."""
     version: str = ""
@@ -307,5 +308,11 @@ def serve(config: ServeConfig) -> int:
         access_log=False, log_level="warning", timeout_graceful_shutdown=max(config.drain_s, 1.0),
         ssl_certfile=config.https_cert or None, ssl_keyfile=config.https_key or None,
     ))  # fmt: skip
+    # uvicorn drains on SIGTERM, then raises the signal again for the handler it found: a no-op
+    # here, so a drained stop ends in exit 0 (and this log line) rather than death by the signal
+    signal.signal(signal.SIGTERM, lambda *_: None)
     server.run()
-    return 0 if server.started else 1
+    if not server.started:
+        return 1
+    log.info("stopped: requests in flight drained")
+    return 0

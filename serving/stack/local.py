@@ -91,9 +91,7 @@ class StackConfig:
     """Run the embedding worker as a library inside the handler over the PS shards (one process
     hop and one 330 KB pooled reply fewer per request); the worker process still serves others."""
     lookups: str = field(default="remote", metadata={"choices": ["remote", "colocated", "auto"]})
-    """Where the handler reads embedding rows: remote (the worker / PS processes), colocated (the
-    version's shard files mapped in the handler: no hop; they must be on this host) or auto (per
-    shard, mapped where the files are here, else through the PS shards)."""
+    """Where the handler reads rows: remote (worker/PS), colocated or auto (ScoringConfig.lookups)."""
     startup_timeout_s: float = 180.0
     """How long `up` waits for every part to be healthy (every PS shard serving the version)."""
     poll_s: float = 1.0
@@ -352,9 +350,8 @@ class LocalStack:
         cfg = self.config
         staging = self.run_dir / "mar-staging" / version
         staging.mkdir(parents=True, exist_ok=True)
-        scoring = {"version_dir": str(vdir), "worker": self.state["worker"], "runtime": cfg.runtime,
-                   "worker_timeout_s": cfg.worker_timeout_s, "max_items": cfg.max_items}  # fmt: skip
-        scoring.update(lookups=cfg.lookups, poll_s=cfg.poll_s)
+        scoring = {"version_dir": str(vdir), "worker": self.state["worker"], "runtime": cfg.runtime, "poll_s": cfg.poll_s,
+                   "worker_timeout_s": cfg.worker_timeout_s, "max_items": cfg.max_items, "lookups": cfg.lookups}  # fmt: skip
         if cfg.worker_in_handler or cfg.lookups == "auto":
             scoring["ps"] = ["|".join(replicas) for replicas in self.state["ps_shards"]]
         scoring.update(stack_tls.scoring_fields(self.state))

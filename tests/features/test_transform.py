@@ -6,6 +6,7 @@ from features.codec import decode, encode
 from features.readers import obd_candidates, read_criteo, read_obd, to_records
 from features.schema import SchemaError, load_schema, schema_from_dict
 from features.transform import FeatureError, dense_matrix, transform
+from serving.scoring.client import column_form
 
 CRITEO = load_schema("data/schemas/criteo.yaml")
 OBD = load_schema("data/schemas/obd.yaml")
@@ -73,6 +74,23 @@ def test_ranking_request_stores_context_once():
     assert decode(encode(b)) == b
 
 
+def test_the_column_form_of_a_request_gives_the_batch_of_its_row_form():
+    """{"items": {"C1": [...], ...}} (orjson parses it straight into columns) and the same items as
+    objects give identical bytes, missing values (absent or null) included."""
+    items = to_records(obd_candidates("data/obd/item_context.csv"), OBD)
+    items[3].pop("item_feature_0", None)
+    ctx = {"user_feature_0": "u0", "user-item_affinity_3": 0.5}
+    columns = column_form(items)
+    rows = transform({"context": ctx, "items": items}, OBD)
+    assert encode(transform(orjson.loads(orjson.dumps({"context": ctx, "items": columns})), OBD)) == encode(
+        rows
+    )
+    table = read_criteo("data/criteo/wide_resdnn_criteo_test.tsv", limit=200)
+    records = orjson.loads(orjson.dumps(to_records(table, CRITEO)))
+    columns = column_form(records)
+    assert encode(transform({"items": columns}, CRITEO)) == encode(transform({"items": records}, CRITEO))
+
+
 @pytest.mark.parametrize(
     ("request_", "message"),
     [
@@ -84,9 +102,19 @@ def test_ranking_request_stores_context_once():
         ({"items": [{"item_id": "1", "item_feature_0": "abc"}]}, "item_feature_0"),
         ({"items": [{"item_id": "1", "item_feature_0": [1]}]}, "item_feature_0"),
         ({"items": []}, "non-empty list"),
+        ({"items": 3}, "non-empty list"),
         ({"items": "x"}, "non-empty list"),
         ({"items": [1, 2]}, "JSON object"),
         ({"context": [], "items": [{"item_id": "1"}]}, "must be an object"),
+        ({"items": {"item_id": ["1", "2"], "bogus": [1, 2]}}, "unknown field"),
+        ({"items": {"item_id": ["1"], "user_feature_0": ["x"]}}, "wrong part"),
+        ({"items": {"item_id": ["1", "2"], "item_feature_0": ["1"]}}, "same non-zero length"),
+        ({"items": {"item_id": []}}, "same non-zero length"),
+        ({"items": {}}, "no columns"),
+        ({"items": {"item_id": "1"}}, "must be an array"),
+        ({"items": {"item_feature_1": ["a"]}}, "required field 'item_id'"),
+        ({"items": {"item_id": ["1", None]}}, "required field 'item_id'"),
+        ({"items": {"item_id": [{"a": 1}]}}, "expected a string or integer"),
         ({"foo": 1}, "a request is"),
         ("just a string", "records must be"),
         ([], "no records"),

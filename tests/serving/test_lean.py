@@ -1,0 +1,197 @@
+"""``recserve serve`` (serving/scoring/lean.py) as a real process: it follows the store itself
+(503 naming why before anything is published, then the published version), answers the scoring
+core's statuses, requires its token, exposes the lookup mode on /metrics, switches to a retrained
+version with no response mixing versions, and drains on SIGTERM."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import orjson
+import pytest
+
+import model_store as ms
+from serving.scoring.client import ScoringClient, requests_from_file
+from tests.helpers import free_port, train_version, wait_until
+
+pytestmark = pytest.mark.slow
+TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
+SCHEMA = "data/schemas/criteo.yaml"
+
+
+def _get(port: int, path: str, headers: dict | None = None, method: str = "GET", body: bytes | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path, body, headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    except ConnectionError:
+        return None, b""
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def lean(tmp_path_factory):
+    """A store with version 1 trained but not published, and `recserve serve` over it."""
+    root = tmp_path_factory.mktemp("store")
+    train_version(root, seed=0, publish=False)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "recserve", "serve", "--store", str(root), "--port", str(port), "--poll-s", "0.2",
+         "--drain-s", "0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    log: list[str] = []
+    threading.Thread(target=lambda: log.extend(proc.stdout), daemon=True).start()
+    wait_until(lambda: _get(port, "/ping")[0] is not None or proc.poll() is not None, 60, "listening")
+    assert proc.poll() is None, "".join(log)
+    key_file = root / ".run" / "criteo" / "serve-key_file.json"
+    yield root, port, proc, key_file, log
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_nothing_published_is_a_503_naming_why_then_the_published_version_serves(lean):
+    root, port, _, key_file, _ = lean
+    status, body = _get(port, "/ping")
+    assert status == 503 and "no version published yet for model criteo" in orjson.loads(body)["error"]
+    key = json.loads(key_file.read_text())["inference"]["key"]
+    status, body = _get(port, "/predictions/criteo", {"Authorization": f"Bearer {key}"}, "POST", b"[{}]")
+    assert status == 503 and "no version published yet" in orjson.loads(body)["error"]
+    ms.publish(root, "criteo", "1")
+    wait_until(lambda: _get(port, "/ping")[0] == 200, 60, "serving after publish")
+    assert orjson.loads(_get(port, "/ping")[1]) == {
+        "status": "Healthy",
+        "version": "1",
+        "lookups": ["local", "local"],
+    }
+
+
+def test_scores_like_offline_with_the_core_statuses_and_its_token(lean):
+    root, port, _, key_file, _ = lean
+    wait_until(lambda: _get(port, "/ping")[0] == 200, 60, "serving")
+    assert os.stat(key_file).st_mode & 0o077 == 0  # the key is the user's alone
+    client = ScoringClient(f"http://127.0.0.1:{port}/predictions/criteo", key_file=str(key_file))
+    scores = []
+    for body, ctype in requests_from_file(TEST, SCHEMA, 200, 400):
+        status, payload = client.post(body, ctype)
+        assert status == 200, payload
+        scores.extend(orjson.loads(payload)["scores"])
+    columns = []  # the same requests in column form
+    for body, ctype in requests_from_file(TEST, SCHEMA, 200, 400, columns=True):
+        status, payload = client.post(body, ctype)
+        assert status == 200, payload
+        columns.extend(orjson.loads(payload)["scores"])
+    offline = np.load(ms.version_dir(root, "criteo", "1") / "eval" / "scores.npy")[: len(scores)]
+    assert np.abs(np.array(scores) - offline).max() <= 1e-6
+    assert np.abs(np.array(columns) - offline).max() <= 1e-6
+    key = {"Authorization": "Bearer " + json.loads(key_file.read_text())["inference"]["key"]}
+    js = {**key, "Content-Type": "application/json"}
+    cases = [
+        ({}, "POST", "/predictions/criteo", b"[{}]", 401, "token authorization failed"),
+        ({"Authorization": "Bearer wrong"}, "POST", "/predictions/criteo", b"[{}]", 401, "token"),
+        (js, "POST", "/predictions/criteo", b"{not json", 400, "malformed JSON"),
+        (js, "POST", "/predictions/criteo", orjson.dumps([{}] * 1001), 413, "exceed the limit of 1000"),
+        (
+            js,
+            "POST",
+            "/predictions/criteo",
+            orjson.dumps({"items": {"C1": ["a"] * 1001}}),
+            413,
+            "exceed the limit",
+        ),
+        (
+            js,
+            "POST",
+            "/predictions/criteo",
+            orjson.dumps({"items": {"C1": ["a"], "C2": []}}),
+            400,
+            "same non-zero",
+        ),
+        (
+            {**key, "Content-Type": "text/plain"},
+            "POST",
+            "/predictions/criteo",
+            b"[{}]",
+            415,
+            "unsupported content",
+        ),
+        (js, "POST", "/predictions/avazu", b"[{}]", 404, "model 'avazu' is not served here"),
+        (js, "GET", "/predictions/criteo", None, 405, "use POST"),
+        (js, "POST", "/predictions/criteo", b"", 400, "empty request body"),
+    ]
+    for headers, method, path, body, want, words in cases:
+        status, payload = _get(port, path, headers, method, body)
+        assert (status, words in orjson.loads(payload)["error"]) == (want, True), (
+            path,
+            body and body[:20],
+            payload,
+        )
+    metrics = _get(port, "/metrics")[1].decode()
+    assert 'recserve_scoring_lookup_mode{mode="local",shard="0"} 1.0' in metrics
+    assert 'recserve_scoring_lookup_mode{mode="remote",shard="1"} 0.0' in metrics
+    assert (
+        'recserve_scoring_requests_total{dense_version="1",embedding_version="1",model="criteo",status="200"} 4.0'
+        in metrics
+    )
+    assert (
+        'status="413"} 2.0' in metrics
+        and 'recserve_scoring_version{model="criteo",version="1"} 1.0' in metrics
+    )
+
+
+def test_a_retrained_version_switches_in_with_no_response_mixing_versions(lean, tmp_path):
+    root, port, _, key_file, _ = lean
+    wait_until(lambda: _get(port, "/ping")[0] == 200, 60, "serving")
+    lines = open("data/criteo/wide_resdnn_criteo_train.tsv", "rb").read().splitlines(keepends=True)
+    half = tmp_path / "second-half.tsv"
+    half.write_bytes(b"".join(lines[len(lines) // 2 :]))
+    train_version(root, seed=1, publish=False, data=str(half))  # version 2: other rows, other statistics
+    bodies = list(requests_from_file(TEST, SCHEMA, 200, 400))
+    replies, stop = [], threading.Event()
+
+    def loop() -> None:  # scores while the version switches under it
+        client = ScoringClient(f"http://127.0.0.1:{port}/predictions/criteo", key_file=str(key_file))
+        while not stop.is_set():
+            for body, ctype in bodies:
+                replies.append(client.post(body, ctype))
+        client.close()
+
+    scorer = threading.Thread(target=loop)
+    scorer.start()
+    try:
+        ms.publish(root, "criteo", "2", allow_schema_change=True)
+        wait_until(
+            lambda: orjson.loads(_get(port, "/ping")[1]).get("version") == "2", 90, "serving version 2"
+        )
+        wait_until(lambda: sum(orjson.loads(p)["versions"]["dense"] == "2" for s, p in replies if s == 200) >= 4,
+                   30, "replies of version 2")  # fmt: skip
+    finally:
+        stop.set()
+        scorer.join(30)
+    assert {s for s, _ in replies} == {200}
+    seen = set()
+    for _, payload in replies:
+        v = orjson.loads(payload)["versions"]
+        assert v["embedding"] == v["dense"] and {name for name, _ in v["shards"]} == {v["dense"]}, v
+        seen.add(v["dense"])
+    assert seen == {"1", "2"}
+    client = ScoringClient(f"http://127.0.0.1:{port}/predictions/criteo", key_file=str(key_file))
+    scores = [s for body, ctype in bodies for s in orjson.loads(client.post(body, ctype)[1])["scores"]]
+    offline = np.load(ms.version_dir(root, "criteo", "2") / "eval" / "scores.npy")[: len(scores)]
+    assert np.abs(np.array(scores) - offline).max() <= 1e-6
+
+
+def test_sigterm_drains_and_exits_0(lean):
+    _, _, proc, _, log = lean
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, "".join(log)
