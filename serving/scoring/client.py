@@ -73,13 +73,16 @@ def requests_from_file(
         if binary:
             yield encode(transform(part, schema)), "application/octet-stream"
         elif columns:
-            yield orjson.dumps({"items": column_form(to_records(part, schema))}), "application/json"
+            dense = {sl.column for sl in schema.slots if sl.kind == "dense"}
+            yield orjson.dumps({"items": column_form(to_records(part, schema), dense)}), "application/json"
         else:
             yield orjson.dumps(to_records(part, schema)), "application/json"
 
 
-def column_form(records: list[dict]) -> dict[str, list]:
-    """Flat records -> the column form of a request's items: each field's values, None where a
-    record lacks it (the form the scoring core parses without a pass over the items)."""
+def column_form(records: list[dict], dense: frozenset[str] | set[str] = frozenset()) -> dict[str, list]:
+    """Flat records -> the column form of a request's items: each field's values, where a record
+    lacks one null for the ``dense`` fields and "" for the others (the form the scoring core parses
+    without a pass over the items; "" rather than null keeps a categorical column on the one-call
+    hashing path)."""
     fields = sorted({f for r in records for f in r})
-    return {f: [r.get(f) for r in records] for f in fields}
+    return {f: [r.get(f, None if f in dense else "") for r in records] for f in fields}

@@ -23,6 +23,7 @@ scorer from start to end, so no response mixes versions. The replaced scorer is 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -209,6 +210,7 @@ def app(frontend: Frontend):
 
     model_path = PREDICTIONS + frontend.config.model
     max_body = frontend.config.scoring.max_body_bytes
+    expected_auth = b"Bearer " + frontend.token.encode()
     follower: list[asyncio.Task] = []
 
     async def send_reply(
@@ -270,7 +272,7 @@ def app(frontend: Frontend):
                 send, 405, error_body(f"{method} {path}: use POST"), extra=[(b"allow", b"POST")]
             )
         headers = dict(scope["headers"])
-        if frontend.token and headers.get(b"authorization", b"") != b"Bearer " + frontend.token.encode():
+        if frontend.token and not hmac.compare_digest(headers.get(b"authorization", b""), expected_auth):
             return await send_reply(send, 401, error_body("token authorization failed: send the inference key "
                                                           "of the key file as 'Authorization: Bearer <key>'"))  # fmt: skip
         body = await read_body(receive, max_body)

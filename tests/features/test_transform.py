@@ -80,14 +80,14 @@ def test_the_column_form_of_a_request_gives_the_batch_of_its_row_form():
     items = to_records(obd_candidates("data/obd/item_context.csv"), OBD)
     items[3].pop("item_feature_0", None)
     ctx = {"user_feature_0": "u0", "user-item_affinity_3": 0.5}
-    columns = column_form(items)
+    columns = column_form(items, {s.column for s in OBD.slots if s.kind == "dense"})
     rows = transform({"context": ctx, "items": items}, OBD)
     assert encode(transform(orjson.loads(orjson.dumps({"context": ctx, "items": columns})), OBD)) == encode(
         rows
     )
     table = read_criteo("data/criteo/wide_resdnn_criteo_test.tsv", limit=200)
     records = orjson.loads(orjson.dumps(to_records(table, CRITEO)))
-    columns = column_form(records)
+    columns = column_form(records, {s.column for s in CRITEO.slots if s.kind == "dense"})
     assert encode(transform({"items": columns}, CRITEO)) == encode(transform({"items": records}, CRITEO))
 
 
