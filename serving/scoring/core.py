@@ -130,17 +130,24 @@ class Scorer:
         if config.verify:  # the files this process reads; the embedding shards are the PS's to check
             model_store.verify_files(vdir, self.manifest, [rel, "schema.yaml"])
         self.dense = _load_dense(vdir / rel, config.threads)
+        owned = worker is None  # built here: closed here if the warm-up fails
         if worker is None:
             worker, self.lookup_modes = _lookup_backend(config, self.schema, self.manifest)
         else:
             self.lookup_modes = ["local" if getattr(s, "local", False) else "remote"
                                  for s in getattr(worker, "shards", [worker])]  # fmt: skip
-        self.worker = worker
+        self.lookup_modes: list[str]
         """Per embedding shard, where its rows are read: "local" (mapped here) or "remote"."""
+        self.worker = worker
         from serving.worker.core import EmbeddingWorker
 
         self._inprocess = isinstance(self.worker, EmbeddingWorker)  # takes batches, not bytes
-        self.warmup()
+        try:
+            self.warmup()
+        except BaseException:
+            if owned:  # its threads, mappings and channels
+                self.close()
+            raise
 
     def warmup(self, rounds: int = 3, patience_s: float = 60.0) -> None:
         """Run a synthetic one-row request through every stage, so compiled kernels, channels and
@@ -155,6 +162,8 @@ class Scorer:
                 done += 1
             elif status != 503 or time.monotonic() > deadline:
                 raise RuntimeError(f"warm-up request failed ({status}): {payload.decode()[:300]}")
+            else:  # a shard not serving the version yet: ask again shortly, not in a busy loop
+                time.sleep(0.1)
 
     # --- verbs ---------------------------------------------------------------------------------
     def decode(self, body: bytes, content_type: str | None) -> CompactBatch:

@@ -88,15 +88,25 @@ def inference_key(path: Path) -> str:
     """The inference key in ``path``; a fresh one written there (mode 600) when the file is missing."""
     from serving.rpc.auth import read_secret
 
-    if not path.exists():
+    if not path.exists():  # written whole, then linked: a frontend starting beside reads all or nothing
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({"inference": {"key": secrets.token_urlsafe(24)}}, f)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:  # another one made it first: use theirs
+            pass
+        finally:
+            tmp.unlink()
     try:
-        return json.loads(read_secret(path, "key file"))["inference"]["key"]
+        key = json.loads(read_secret(path, "key file"))["inference"]["key"]
     except (KeyError, TypeError, json.JSONDecodeError):
-        raise ValueError(f'key file {path} has no inference key ({{"inference": {{"key": ...}}}})') from None
+        key = None
+    if not isinstance(key, str) or not key:  # an empty key must not turn token auth off
+        raise ValueError(f'key file {path} has no inference key ({{"inference": {{"key": "..."}}}})')
+    return key
 
 
 class Frontend:
@@ -123,6 +133,7 @@ class Frontend:
         self.modes = Gauge("recserve_scoring_lookup_mode", "Where each embedding shard's rows are read (1 = this mode)",
                            ["shard", "mode"], registry=r)  # fmt: skip
         self.refusals = version_refusals(r, "scorer")
+        self._closed = False
 
     # ---- following the store ---------------------------------------------------------------------
     def target(self) -> str | None:
@@ -148,6 +159,9 @@ class Frontend:
         except Exception as e:  # a remote shard not holding it yet, ...: tried again at the next poll
             self.failure = f"version {target} not loaded: {e}"
             log.warning("%s", self.failure)
+            return None
+        if self._closed:  # shut down while it loaded
+            new.close()
             return None
         self.scorer, self.failure = new, ""
         self._show(new)
@@ -177,17 +191,26 @@ class Frontend:
         return f"version {target} of model {self.config.model} not loaded yet"
 
     async def follow(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         loop = asyncio.get_running_loop()
-        while True:
-            try:
-                await loop.run_in_executor(None, self.step)
-            except Exception:  # keep serving what we have; the next poll retries
-                log.exception("follow step failed")
-            await asyncio.sleep(self.config.scoring.poll_s)
+        # its own thread: loading runs at nice 10 (loading_priority), which a thread without
+        # CAP_SYS_NICE cannot undo -- it must not be a thread that later scores requests
+        loader = ThreadPoolExecutor(1, "serve-follow")
+        try:
+            while True:
+                try:
+                    await loop.run_in_executor(loader, self.step)
+                except Exception:  # keep serving what we have; the next poll retries
+                    log.exception("follow step failed")
+                await asyncio.sleep(self.config.scoring.poll_s)
+        finally:
+            loader.shutdown(wait=False)
 
     # ---- requests -------------------------------------------------------------------------------
-    def score(self, body: bytes, content_type: str | None) -> Reply:
-        scorer = self.scorer  # one read: this request is scored by one version from start to end
+    def score(self, scorer: Scorer | None, body: bytes, content_type: str | None) -> Reply:
+        """Score with ``scorer``: the caller's one read of ``self.scorer``, so that a request is
+        scored by one version from start to end."""
         if scorer is None:
             return Reply(503, error_body(self.not_serving_reason()), {"total": 0.0}, {})
         reply = scorer.reply(body, content_type)
@@ -199,6 +222,7 @@ class Frontend:
         return reply
 
     def close(self) -> None:
+        self._closed = True
         if self.scorer is not None:
             self.scorer.close()
             self.scorer = None
@@ -272,7 +296,9 @@ def app(frontend: Frontend):
                 send, 405, error_body(f"{method} {path}: use POST"), extra=[(b"allow", b"POST")]
             )
         headers = dict(scope["headers"])
-        if frontend.token and not hmac.compare_digest(headers.get(b"authorization", b""), expected_auth):
+        if not frontend.config.disable_token_auth and not hmac.compare_digest(
+            headers.get(b"authorization", b""), expected_auth
+        ):
             return await send_reply(send, 401, error_body("token authorization failed: send the inference key "
                                                           "of the key file as 'Authorization: Bearer <key>'"))  # fmt: skip
         body = await read_body(receive, max_body)
@@ -283,9 +309,11 @@ def app(frontend: Frontend):
         ctype = headers.get(b"content-type", b"").decode("latin-1") or None
         scorer = frontend.scorer
         if scorer is not None and "remote" in scorer.lookup_modes:  # blocking RPCs: off the event loop
-            reply = await asyncio.get_running_loop().run_in_executor(None, frontend.score, body, ctype)
+            reply = await asyncio.get_running_loop().run_in_executor(
+                None, frontend.score, scorer, body, ctype
+            )
         else:  # in-process work only (or a 503): a thread hop would cost more than it frees
-            reply = frontend.score(body, ctype)
+            reply = frontend.score(scorer, body, ctype)
         await send_reply(
             send,
             reply.status,
@@ -297,8 +325,13 @@ def app(frontend: Frontend):
 
 
 def serve(config: ServeConfig) -> int:
-    """Run the lean frontend until SIGTERM/SIGINT (then drain and exit 0)."""
+    """Run the lean frontend until SIGTERM (drain, then exit 0) or SIGINT (drain, then stop)."""
     import uvicorn
+
+    from serving.rpc.auth import read_secret
+
+    if config.https_key:
+        read_secret(config.https_key, "HTTPS private key")  # others must not read it (chmod 600)
 
     frontend = Frontend(config)
     auth = "off (--no-token-auth)" if config.disable_token_auth else f"on, key file {config.key_path()}"

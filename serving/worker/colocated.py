@@ -11,9 +11,10 @@ A ``ColocatedShard`` is one shard of ONE version: its ``Follower`` is pinned to 
 scorer's dense model was exported with, so it serves exactly those rows, applies that version's
 deltas as they are published (polled every ``poll_s`` by a background thread at low priority,
 each delta flipped in atomically, as in a PS), and never switches to another version: a scorer of
-the next version maps the next version's files (``serving.scoring``). The pin check, "never serve
-nothing" (a shard whose version was refused answers ``ShardError(not_serving=True)``, a 503 naming
-it) and the (version, delta seq) of every answer are the PS's own.
+the next version maps the next version's files (``serving.scoring``). The pin check (a version it does
+not hold answers ``ShardError(not_serving=True)``, a 503) and the (version, delta seq) of every
+answer are the PS's own; a version whose files fail their checksums or the gate is refused at
+construction, with a ``StoreError`` saying why, so a scorer over it never starts.
 
 ``ShardBackend`` (``serving.worker.shards``) is all the worker sees; ``local = True`` tells it to
 run the gather on the calling thread rather than through its fan-out pool.
@@ -29,6 +30,7 @@ import numpy as np
 
 import model_store as ms
 from model_store import shards
+from model_store.shards import StoreError
 from serving.ps.client import ShardError
 from serving.ps.config import StoreConfig
 from serving.ps.follow import Follower, lower_thread_priority, not_serving_reason
@@ -64,6 +66,8 @@ class ColocatedShard:
         self._poll_s = poll_s
         self._stop = threading.Event()
         self.poll()  # the version itself (full-speed checksum pass: nothing is served yet)
+        if not self.store.version:  # refused (a checksum, the gate): it never will be; say why now
+            raise StoreError(not_serving_reason(self.store, self.follower))
         self._thread = threading.Thread(target=self._follow, name=f"colocated-{shard}", daemon=True)
         self._thread.start()
 
@@ -110,8 +114,8 @@ class ColocatedShard:
                 log.exception("shard %d (co-located): follow poll failed", self.shard)
 
     def close(self) -> None:
-        """Stop following and drop the mapped pages of this process (the page cache keeps them
-        for other processes mapping the same files)."""
+        """Stop following and drop this process's page-table entries of the mapped rows (the page
+        cache keeps the pages for other processes; the mappings go with the last reference)."""
         self._stop.set()
         self._thread.join(5)
         self.store.served.base.release(pause_s=0.0)

@@ -17,7 +17,7 @@ from features.transform import transform
 from serving.ps.client import ShardError
 from serving.ps.deltas import DeltaWriter
 from serving.scoring.client import requests_from_file
-from serving.scoring.core import Scorer, ScoringConfig, forward_status
+from serving.scoring.core import Scorer, ScoringConfig
 from serving.worker.colocated import ColocatedShard, has_local_files
 from tests.helpers import ps_in_thread, train_version, wait_until
 
@@ -97,24 +97,26 @@ def test_a_pinned_version_the_shard_does_not_hold_is_refused_not_answered(store)
         shard.close()
 
 
-def test_a_corrupt_version_is_not_served_and_the_scorer_says_503_naming_why(store, tmp_path):
+def test_a_corrupt_version_is_refused_at_once_naming_why(store, tmp_path):
+    """A shard whose files fail their checksum is never served: the shard, and a scorer over it,
+    refuse to start with the reason (a frontend counts it as a refused version), at once rather
+    than after the warm-up's patience."""
+    import time
+
+    from model_store.shards import StoreError
+
     root = tmp_path / "store"
     shutil.copytree(ms.version_dir(store, "criteo", "1"), ms.version_dir(root, "criteo", "1"))
     victim = ms.version_dir(root, "criteo", "1") / "embeddings" / "shard-0-of-2" / "rows.npy"
     data = bytearray(victim.read_bytes())
     data[-1] ^= 0xFF
     victim.write_bytes(bytes(data))
-    shard = ColocatedShard(ms.version_dir(root, "criteo", "1"), 0, 2, 16)
-    try:
-        assert shard.health() == "NOT_SERVING"
-        with pytest.raises(ShardError) as e:
-            shard.rows(np.arange(1, 5, dtype=np.uint64), False, "1")
-        status, message = forward_status(e.value)
-        assert (
-            status == 503 and "shard 0 of 2 serves no version" in message and "checksum mismatch" in message
-        )
-    finally:
-        shard.close()
+    with pytest.raises(StoreError, match="shard 0 of 2 serves no version: .*checksum mismatch"):
+        ColocatedShard(ms.version_dir(root, "criteo", "1"), 0, 2, 16)
+    t0 = time.monotonic()
+    with pytest.raises(StoreError, match="checksum mismatch"):
+        Scorer(ScoringConfig(str(ms.version_dir(root, "criteo", "1")), lookups="colocated"))
+    assert time.monotonic() - t0 < 30  # not the warm-up's 60 s of retries
 
 
 def test_colocated_needs_every_shard_here_and_auto_reads_the_missing_one_remotely(store, tmp_path):
