@@ -55,7 +55,7 @@ def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"not {what} after {timeout_s}s (last: {value!r})")
-        time.sleep(poll_s)
+        time.sleep(poll_s)  # the poll interval of this deadline-bound wait on a fact (no assert follows it)
 
 
 def train_version(
@@ -71,6 +71,17 @@ def train_version(
     cfg = TrainConfig(store=str(root), model="criteo", data=data, epochs=1, inprocess_ps=True, publish=publish,
                       progress=False, seed=seed, curve=str(Path(root) / f"curve-{seed}.png"))  # fmt: skip
     return train(cfg)
+
+
+def second_half(directory) -> str:
+    """The second half of the Criteo training rows, written into ``directory``: a retrain on other
+    data (other fitted statistics, the same schema)."""
+    from pathlib import Path
+
+    lines = open("data/criteo/wide_resdnn_criteo_train.tsv", "rb").read().splitlines(keepends=True)
+    path = Path(directory) / "train-second-half.tsv"
+    path.write_bytes(b"".join(lines[len(lines) // 2 :]))
+    return str(path)
 
 
 def fuzz_payloads(valid: bytes, n: int, seed: int = 0):
@@ -102,4 +113,12 @@ def raw_call(channel, method: str):
     return channel.unary_unary(method, request_serializer=None, response_deserializer=None)
 
 
-__all__ = ["free_port", "free_ports", "fuzz_payloads", "raw_call", "train_version", "wait_until"]
+__all__ = [
+    "free_port",
+    "free_ports",
+    "fuzz_payloads",
+    "raw_call",
+    "second_half",
+    "train_version",
+    "wait_until",
+]

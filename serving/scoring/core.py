@@ -132,11 +132,13 @@ class Scorer:
         self.dense = _load_dense(vdir / rel, config.threads)
         owned = worker is None  # built here: closed here if the warm-up fails
         if worker is None:
-            worker, self.lookup_modes = _lookup_backend(config, self.schema, self.manifest)
+            worker, modes = _lookup_backend(config, self.schema, self.manifest)
         else:
-            self.lookup_modes = ["local" if getattr(s, "local", False) else "remote"
-                                 for s in getattr(worker, "shards", [worker])]  # fmt: skip
-        self.lookup_modes: list[str]
+            modes = [
+                "local" if getattr(s, "local", False) else "remote"
+                for s in getattr(worker, "shards", [worker])
+            ]
+        self.lookup_modes = modes
         """Per embedding shard, where its rows are read: "local" (mapped here) or "remote"."""
         self.worker = worker
         from serving.worker.core import EmbeddingWorker

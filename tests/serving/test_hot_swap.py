@@ -18,32 +18,16 @@ from model_store.releases import publish, rollback
 from serving.ps.deltas import DeltaWriter
 from serving.scoring.client import ScoringClient, requests_from_file
 from serving.stack.local import LocalStack, StackConfig
+from tests.helpers import second_half, train_version
 
 pytestmark = pytest.mark.slow
 TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
 
 
-def _train(root, seed: int, publish_it: bool, data: str = "data/criteo/wide_resdnn_criteo_train.tsv"):
-    from training.config import TrainConfig
-    from training.train import train
-
-    cfg = TrainConfig(store=str(root), model="criteo", data=data, epochs=1, inprocess_ps=True, publish=publish_it,
-                      progress=False, seed=seed, curve=str(root / f"curve-{seed}.png"))  # fmt: skip
-    return train(cfg)
-
-
-def _other_half(root) -> str:
-    """The second half of the training rows: a retrain on other data (other fitted statistics)."""
-    lines = open("data/criteo/wide_resdnn_criteo_train.tsv", "rb").read().splitlines(keepends=True)
-    path = root.parent / "train-second-half.tsv"
-    path.write_bytes(b"".join(lines[len(lines) // 2 :]))
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     root = tmp_path_factory.mktemp("store")
-    _train(root, 0, True)
+    train_version(root, 0, True)
     stack = LocalStack(StackConfig(store=str(root), model="criteo", http_port=0, management_port=0,
                                    metrics_port=0, disable_token_auth=True, poll_s=0.2)).start()  # fmt: skip
     client = ScoringClient(stack.state["endpoint"])
@@ -123,7 +107,9 @@ def test_full_version_switch_then_rollback_restores_scores(live):
                 replies.append((k, status, payload))
         own.close()
 
-    result = _train(root, 1, False, data=_other_half(root))  # the daily retrain: same schema file
+    result = train_version(
+        root, 1, False, data=second_half(root.parent)
+    )  # the daily retrain: same schema file
     v2 = ms.versions(root, "criteo")[-1]
     m1, m2 = (ms.read_manifest(ms.version_dir(root, "criteo", v), verify=False) for v in ("1", v2))
     assert m1["schema_fingerprint"] == m2["schema_fingerprint"]

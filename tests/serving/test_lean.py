@@ -19,7 +19,7 @@ import pytest
 
 import model_store as ms
 from serving.scoring.client import ScoringClient, requests_from_file
-from tests.helpers import free_port, train_version, wait_until
+from tests.helpers import free_port, second_half, train_version, wait_until
 
 pytestmark = pytest.mark.slow
 TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
@@ -152,10 +152,9 @@ def test_scores_like_offline_with_the_core_statuses_and_its_token(lean):
 def test_a_retrained_version_switches_in_with_no_response_mixing_versions(lean, tmp_path):
     root, port, _, key_file, _ = lean
     wait_until(lambda: _get(port, "/ping")[0] == 200, 60, "serving")
-    lines = open("data/criteo/wide_resdnn_criteo_train.tsv", "rb").read().splitlines(keepends=True)
-    half = tmp_path / "second-half.tsv"
-    half.write_bytes(b"".join(lines[len(lines) // 2 :]))
-    train_version(root, seed=1, publish=False, data=str(half))  # version 2: other rows, other statistics
+    train_version(
+        root, seed=1, publish=False, data=second_half(tmp_path)
+    )  # version 2: other rows, other statistics
     bodies = list(requests_from_file(TEST, SCHEMA, 200, 400))
     replies, stop = [], threading.Event()
 
