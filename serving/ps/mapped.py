@@ -103,7 +103,6 @@ class MappedStore:
         self.clock = clock
         self._named: dict[str, float] = {}  # kept version -> when a lookup last named it (or it was kept)
         self.hits = self.misses = 0
-        self.last_lookup_version = ("", -1)
         self.switch_s = 0.0
         self.verify_duty = 1.0
         """How busy the checksum pass of the next ``open`` is (``shards.VERIFY_DUTY`` when a
@@ -151,14 +150,16 @@ class MappedStore:
     def lookup(self, signs, insert: bool = False, version: str = "") -> tuple[np.ndarray, int]:
         """Rows (float32, request order) of ``version`` ("" = the newest) and how many signs had
         none (answered with zeros)."""
-        if insert:
-            raise ValueError("a serving PS does not insert rows (lookups with insert=true go to training)")
-        out, misses, self.last_lookup_version = self.rows_of(signs, version)
+        out, misses, _ = self.rows_of(signs, insert, version)
         return out, misses
 
-    def rows_of(self, signs, version: str = "") -> tuple[np.ndarray, int, tuple[str, int]]:
+    def rows_of(
+        self, signs, insert: bool = False, version: str = ""
+    ) -> tuple[np.ndarray, int, tuple[str, int]]:
         """``lookup`` returning what answered as a value: rows, misses and the (version, delta seq)
         of the one snapshot they were read from."""
+        if insert:
+            raise ValueError("a serving PS does not insert rows (lookups with insert=true go to training)")
         signs = as_signs(signs)
         s = self.snapshot_for(version)
         out = np.empty((len(signs), s.base.dim), dtype=np.float32)

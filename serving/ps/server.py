@@ -198,10 +198,6 @@ class EmbeddingPSServicer:
         while not self._writable.is_set():
             await self._writable.wait()
 
-    def _lookup_version(self):  # of the rows just returned: read under the lookup's lock, same thread
-        version, seq = self.store.last_lookup_version
-        return self.common.ModelVersion(version=version, delta_seq=seq)
-
     def _version(self):
         return self.common.ModelVersion(version=self.store.version, delta_seq=self.store.delta_seq)
 
@@ -216,7 +212,7 @@ class EmbeddingPSServicer:
             self.access.require("Lookup with insert", context)
             await self.writable()
         # answered from the version named, or refused (serving/ps/config.py check_holds)
-        rows, misses = self.store.lookup(signs, insert=request.insert, version=request.version)
+        rows, misses, (version, seq) = self.store.rows_of(signs, request.insert, request.version)
         payload = convert.rows_to_bytes(rows, fp16)
         if self.metrics is not None:
             self.metrics.lookup_seconds.observe(time.perf_counter() - t0)
@@ -226,7 +222,7 @@ class EmbeddingPSServicer:
             dim=self.store.config.dim,
             dtype=self.common.FLOAT16 if fp16 else self.common.FLOAT32,
             misses=misses,
-            version=self._lookup_version(),
+            version=self.common.ModelVersion(version=version, delta_seq=seq),  # what these rows are
         )
 
     @rpc

@@ -69,8 +69,6 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         """Model-store version this shard serves ('' until loaded or set)."""
         self.delta_seq = -1
         """Sequence number of the last delta cut (training) or applied (serving); -1: none."""
-        self.last_lookup_version = ("", -1)
-        """(version, delta_seq) of the rows the latest lookup returned, read under the same lock."""
         self.step = 0
         """Optimizer step count (Adam bias correction)."""
         self.hits = self.misses = self.evictions = self.expired = self.inserts = self.grows = 0
@@ -82,6 +80,14 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         default zero row. ``insert=True`` (training) gives unseen signs a row, subject to
         admission, and refreshes the touched rows' LRU/LFU metadata; serving never inserts.
         ``version``: the version the caller pins ("" = any); the store holds only its own."""
+        out, misses, _ = self.rows_of(signs, insert, version)
+        return out, misses
+
+    def rows_of(
+        self, signs, insert: bool = False, version: str = ""
+    ) -> tuple[np.ndarray, int, tuple[str, int]]:
+        """``lookup`` returning what answered as a value: rows, misses and the (version, delta seq)
+        the rows are, read under the same lock."""
         signs = as_signs(signs)
         with self._lock:
             check_holds(self.config, version, [self.version] if self.version else [])
@@ -99,8 +105,7 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
             if not insert:
                 self.hits += len(signs) - misses
                 self.misses += misses
-            self.last_lookup_version = (self.version, self.delta_seq)  # what these rows are (under the lock)
-            return out, misses
+            return out, misses, (self.version, self.delta_seq)
 
     def lookup_or_insert(self, signs) -> tuple[np.ndarray, int]:
         """Training lookup: ``lookup(signs, insert=True)``."""

@@ -82,7 +82,7 @@ class ColocatedShard:
                 not_serving_reason(self.store, self.follower), code="UNAVAILABLE", not_serving=True
             )
         try:
-            rows, _, answered = self.store.rows_of(signs, version)
+            rows, _, answered = self.store.rows_of(signs, version=version)
         except NotServing as e:  # pinned to a version this shard does not hold
             raise ShardError(str(e), code="UNAVAILABLE", not_serving=True) from None
         return rows, answered

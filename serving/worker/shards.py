@@ -65,8 +65,8 @@ class LocalShard:
     def rows(
         self, signs: np.ndarray, insert: bool, version: str = "", timeout_s: float | None = None
     ) -> tuple[np.ndarray, tuple[str, int]]:
-        rows = self.store.lookup(signs, insert=insert, version=version)[0]
-        return rows, self.store.last_lookup_version
+        rows, _, answered = self.store.rows_of(signs, insert, version)
+        return rows, answered
 
     def update(self, signs: np.ndarray, grads: np.ndarray) -> None:
         self.store.apply_gradients(signs, grads)
