@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from model_store.layout import default_root
+from serving.ps import optim
 
 
 @dataclass
@@ -55,8 +56,9 @@ class TrainConfig:
     lr: float = 0.005
     """Sparse (embedding) learning rate, applied on the PS (Adagrad 0.05 overfits 8k rows in
     one epoch: test AUC peaks at ~0.70 then falls; 0.005 peaks at ~0.72 in epoch 2)."""
-    sparse_optimizer: str = "adagrad"
-    """Sparse optimizer on the PS: sgd, adagrad, adam, ftrl."""
+    sparse_optimizer: str = field(default="adagrad", metadata={"choices": optim.OPTIMIZERS.keys()})
+    """Sparse optimizer on the PS (the names registered in serving/ps/optim.py); with
+    --embeddings inprocess, one with a torch counterpart."""
     dense_lr: float = 1e-3
     """Adam learning rate of the dense network."""
     init_scale: float = 0.01
@@ -127,6 +129,9 @@ class TrainConfig:
             self.ps = [a for a in self.ps.split(",") if a]
         if self.embeddings not in ("ps", "inprocess"):
             raise ValueError(f"embeddings must be ps or inprocess, got {self.embeddings!r}")
+        sparse = optim.get(self.sparse_optimizer)  # raises ValueError naming the known ones
+        if self.embeddings == "inprocess" and sparse.torch is None:
+            raise ValueError(f"--embeddings inprocess: torch has no sparse {sparse.name!r} optimizer")
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError("epochs and batch_size must be >= 1")
         if self.staleness < 0:

@@ -5,8 +5,8 @@ loop and the benchmark run it unchanged. Signs map to table rows without a Pytho
 vocabulary is the sorted unique signs of the training batches and a row is found with
 ``np.searchsorted``; a sign outside it maps to row 0, the padding row, which is zero and never
 trained (as the PS answers an unseen sign in inference with a zero row). Updates are
-synchronous, in the trainer (sparse gradients, torch's sparse Adagrad/SGD), i.e. what the PS
-path is measured against.
+synchronous, in the trainer (sparse gradients, the ``torch.optim`` class that the PS optimizer's
+registry entry names, e.g. Adagrad), i.e. what the PS path is measured against.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from features.batch import FLAG_CONTEXT, FLAG_MULTI, CompactBatch
 from features.hashing import unique_signs
 from features.schema import Schema
 from features.transform import dense_matrix
+from serving.ps import optim
 from training.ctx import Prediction, unwrap
 
 
@@ -81,14 +82,11 @@ class SignTable(nn.Module):
 
 
 def sparse_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
-    """The torch counterpart of the PS optimizer (sparse gradients)."""
-    if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=lr)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adam":
-        return torch.optim.SparseAdam(params, lr=lr)
-    raise ValueError(f"the in-process baseline has no sparse {name!r} optimizer")
+    """The torch counterpart of the PS optimizer ``name`` (sparse gradients), from the registry."""
+    sparse = optim.get(name)
+    if sparse.torch is None:
+        raise ValueError(f"the in-process baseline has no sparse {name!r} optimizer (torch has none)")
+    return getattr(torch.optim, sparse.torch)(params, lr=lr)
 
 
 class InProcessCtx:

@@ -1,4 +1,4 @@
-"""Sparse optimizers of the PS, vectorised over the rows one update touches.
+"""Sparse optimizers of the PS, vectorised over the rows one update touches, and their registry.
 
 The store gathers the touched rows and their state into float32 matrices, calls ``apply`` and
 scatters the results back, so an optimizer is a few whole-array numpy expressions. SGD and
@@ -7,29 +7,75 @@ expressions in the same order) because training results are compared with in-mem
 models; Adam is lazy Adam as ``torch.optim.SparseAdam`` (moments and the parameter change only
 on rows with a gradient; the bias correction uses the shard's step count); FTRL is
 FTRL-Proximal, per coordinate, as in McMahan et al. 2013 ("Ad Click Prediction"), Algorithm 1.
+
+``OPTIMIZERS`` is the one list of optimizer names: the PS update, the state slots a shard
+allocates and dumps, the ``--optimizer`` / ``--sparse-optimizer`` choices and the in-process
+trainer's torch counterpart all come from it, and ``get`` refuses a name it does not hold. A new
+optimizer is one ``@register`` function here (plus a field of ``OptimizerConfig`` if it has a
+hyper-parameter of its own).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-STATE_NAMES: dict[str, tuple[str, ...]] = {
-    "sgd": (),
-    "adagrad": ("sum",),
-    "adam": ("exp_avg", "exp_avg_sq"),
-    "ftrl": ("z", "n"),
-}
+Update = Callable[["OptimizerConfig", np.ndarray, dict[str, np.ndarray], np.ndarray, int], None]
+
+
+@dataclass(frozen=True)
+class SparseOptimizer:
+    """One registered optimizer: its per-row state slots and its update."""
+
+    name: str
+    state: tuple[str, ...]
+    """Names of the per-row state matrices (each (rows, dim) float32), in dump order."""
+    update: Update
+    """``update(cfg, params, state, grads, step)``: see ``apply``."""
+    initial: Callable[[OptimizerConfig, str], float]
+    """The value a new row's state slot starts at."""
+    torch: str | None
+    """The ``torch.optim`` class that is its counterpart on sparse gradients (the in-process
+    baseline trains with it), or None when torch has none."""
+
+
+OPTIMIZERS: dict[str, SparseOptimizer] = {}
+
+
+def register(
+    name: str,
+    state: tuple[str, ...] = (),
+    torch: str | None = None,
+    initial: Callable[[OptimizerConfig, str], float] = lambda cfg, slot: 0.0,
+) -> Callable[[Update], Update]:
+    """Decorator: register ``update`` as the sparse optimizer ``name``."""
+
+    def add(update: Update) -> Update:
+        if name in OPTIMIZERS:
+            raise ValueError(f"optimizer {name!r} registered twice")
+        OPTIMIZERS[name] = SparseOptimizer(name, tuple(state), update, initial, torch)
+        return update
+
+    return add
+
+
+def get(name: str) -> SparseOptimizer:
+    """The optimizer registered as ``name``; a ValueError naming the known ones otherwise."""
+    try:
+        return OPTIMIZERS[name]
+    except KeyError:
+        raise ValueError(f"unknown optimizer {name!r}; known optimizers: {', '.join(OPTIMIZERS)}") from None
 
 
 @dataclass
 class OptimizerConfig:
     """A sparse optimizer and its hyper-parameters (fields an optimizer does not use are ignored)."""
 
-    name: str = field(default="adagrad", metadata={"flag": "optimizer", "choices": list(STATE_NAMES)})
-    """Sparse optimizer: one of sgd, adagrad, adam, ftrl."""
+    name: str = field(default="adagrad", metadata={"flag": "optimizer", "choices": OPTIMIZERS.keys()})
+    """Sparse optimizer (the names registered in serving/ps/optim.py)."""
     lr: float = 0.01
     """Learning rate (FTRL: alpha)."""
     eps: float | None = None
@@ -48,17 +94,16 @@ class OptimizerConfig:
     """FTRL: the beta of the per-coordinate learning rate alpha / (beta + sqrt(n))."""
 
     def __post_init__(self) -> None:
-        if self.name not in STATE_NAMES:
-            raise ValueError(f"unknown optimizer {self.name!r}; choose one of {', '.join(STATE_NAMES)}")
+        get(self.name)
         if not self.lr > 0:
             raise ValueError(f"learning rate must be > 0, got {self.lr}")
 
     @property
     def state_names(self) -> tuple[str, ...]:
-        return STATE_NAMES[self.name]
+        return get(self.name).state
 
     def initial_state(self, name: str) -> float:
-        return self.initial_accumulator_value if (self.name, name) == ("adagrad", "sum") else 0.0
+        return get(self.name).initial(self, name)
 
 
 def apply(
@@ -66,25 +111,29 @@ def apply(
 ) -> None:
     """One update of the gathered rows ``params`` (k, dim) and their ``state`` in place, with the
     already coalesced ``grads`` (k, dim); ``step`` >= 1 is the optimizer step (Adam only)."""
+    get(cfg.name).update(cfg, params, state, grads, step)
+
+
+@register("sgd", torch="SGD")
+def _sgd(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
+    # torch: param.add_(grad, alpha=-lr)
+    params += np.float32(-cfg.lr) * grads
+
+
+@register("adagrad", state=("sum",), torch="Adagrad", initial=lambda cfg, slot: cfg.initial_accumulator_value)
+def _adagrad(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
+    # torch: state_sum.addcmul_(grad, grad, value=1); std = state_sum.sqrt().add_(eps);
+    #        param.addcdiv_(grad, std, value=-clr)
     f32 = np.float32
-    if cfg.name == "sgd":
-        # torch: param.add_(grad, alpha=-lr)
-        params += f32(-cfg.lr) * grads
-    elif cfg.name == "adagrad":
-        # torch: state_sum.addcmul_(grad, grad, value=1); std = state_sum.sqrt().add_(eps);
-        #        param.addcdiv_(grad, std, value=-clr)
-        eps = f32(1e-10 if cfg.eps is None else cfg.eps)
-        s = state["sum"]
-        s += grads * grads
-        std = np.sqrt(s)
-        std += eps
-        params += f32(-cfg.lr) * grads / std
-    elif cfg.name == "adam":
-        _sparse_adam(cfg, params, state, grads, step)
-    else:
-        _ftrl(cfg, params, state, grads)
+    eps = f32(1e-10 if cfg.eps is None else cfg.eps)
+    s = state["sum"]
+    s += grads * grads
+    std = np.sqrt(s)
+    std += eps
+    params += f32(-cfg.lr) * grads / std
 
 
+@register("adam", state=("exp_avg", "exp_avg_sq"), torch="SparseAdam")
 def _sparse_adam(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
     # torch.optim.SparseAdam, on the rows present in the gradient
     f32 = np.float32
@@ -103,7 +152,8 @@ def _sparse_adam(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
     params += f32(-step_size) * (numer / denom)
 
 
-def _ftrl(cfg: OptimizerConfig, params, state, grads) -> None:
+@register("ftrl", state=("z", "n"))
+def _ftrl(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
     # McMahan et al. 2013, Algorithm 1 (per coordinate), with the current row as w_t
     f32 = np.float32
     z, n = state["z"], state["n"]
