@@ -107,10 +107,6 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
                 self.misses += misses
             return out, misses, (self.version, self.delta_seq)
 
-    def lookup_or_insert(self, signs) -> tuple[np.ndarray, int]:
-        """Training lookup: ``lookup(signs, insert=True)``."""
-        return self.lookup(signs, insert=True)
-
     def _admit(self, signs: np.ndarray) -> None:
         slots = index.find_slots(self._table, self._keys, signs, self._bits)
         found = slots >= 0
