@@ -30,6 +30,7 @@ from model_store import shards
 from model_store.layout import default_root
 from serving.ps.config import StoreConfig
 from serving.ps.follow import lower_thread_priority, not_serving_reason
+from serving.ps.metrics import PSMetrics
 from serving.rpc import convert
 from serving.rpc.auth import Access, read_token_file
 from serving.rpc.errors import NotServing, rpc
@@ -110,54 +111,6 @@ class ServerConfig:
         return ServerTLS.of(self.tls_cert, self.tls_key, self.tls_client_ca)
 
 
-class _Metrics:
-    """Lookup latency histogram and id counter; store gauges are read at scrape time."""
-
-    def __init__(self, store):
-        from prometheus_client import CollectorRegistry, Counter, Histogram
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        from serving.rpc.metrics import LATENCY_BUCKETS, rpc_errors
-
-        self.registry = CollectorRegistry()
-        self.lookup_seconds = Histogram(
-            "recserve_ps_lookup_seconds",
-            "PS Lookup time in the server",
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self.lookup_ids = Counter("recserve_ps_lookup_ids", "Signs looked up", registry=self.registry)
-        self.errors = rpc_errors("recserve_ps_errors", self.registry)
-        self.update_seconds = Histogram(
-            "recserve_ps_update_seconds",
-            "PS Update time in the server",
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-
-        class StoreCollector:
-            def collect(self):
-                st = store.stats()
-                for name, help_text in (
-                    ("rows", "rows held"),
-                    ("capacity", "row capacity"),
-                    ("memory_bytes", "bytes of all store arrays"),
-                    ("delta_seq", "last delta applied or cut"),
-                ):
-                    yield GaugeMetricFamily(f"recserve_ps_{name}", help_text, value=st[name])
-                for name, help_text in (
-                    ("hits", "signs found"),
-                    ("misses", "signs answered with the default row"),
-                    ("inserts", "rows inserted"),
-                    ("evictions", "rows evicted by the eviction policy (lru/lfu)"),
-                    ("expired", "rows removed by the TTL"),
-                    ("grows", "times the store grew (eviction none)"),
-                ):
-                    yield CounterMetricFamily(f"recserve_ps_{name}", help_text, value=st[name])
-
-        self.registry.register(StoreCollector())
-
-
 OPEN = frozenset({"Lookup", "Stats"})
 """What every shard answers to anyone: reads."""
 WRITES = frozenset({"Update", "Dump", "Load"})
@@ -178,7 +131,7 @@ class EmbeddingPSServicer:
     """gRPC adapter of one ``EmbeddingStore`` (and of its ``Follower`` when it follows a model);
     ``access`` is the shard's ``ps_access`` policy."""
 
-    def __init__(self, store, access: Access, metrics: _Metrics | None = None, follower=None):
+    def __init__(self, store, access: Access, metrics: PSMetrics | None = None, follower=None):
         from recserve.v1 import common_pb2, ps_pb2
 
         self.store = store
@@ -303,99 +256,142 @@ def check_serving_config(cfg: StoreConfig) -> None:
 
 
 async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> None:
-    """Run one PS shard until SIGTERM/SIGINT (or until the task is cancelled)."""
+    """Run one PS shard until SIGTERM/SIGINT (or until the task is cancelled): open its store,
+    start following the model (serving shard), answer gRPC with health kept true to what it
+    serves, run the background loops (TTL expiry, follow polls), then stop within the grace."""
     from recserve.v1 import ps_pb2  # noqa: F401  (registers the service add_service looks up)
     from serving.rpc import server as rpc_server
 
     config.__post_init__()
-    access = ps_access(config)
-    if config.follow:  # serving: the version's files mapped read-only, deltas in an overlay
+    store = open_store(config)
+    metrics = PSMetrics(store)
+    follower = start_following(config, store, metrics.registry)
+    servicer = EmbeddingPSServicer(store, ps_access(config), metrics, follower)
+    running = await rpc_server.start_aio(config.endpoint(), SERVICE, servicer, metrics.registry)
+    health = Health(running, store, follower)
+    await health.update()
+    log_listening(config, store, running.port)
+    if started is not None:
+        started.set_result(running.port)
+    stop = rpc_server.stop_event_on_signals()
+    loops = Background(config, servicer, health)
+    try:
+        await stop.wait()
+    finally:
+        loops.cancel()
+        await rpc_server.stop_aio(running, config.grace_s)
+        loops.shutdown()
+        st = store.stats()
+        log.info("ps shard %d: %d rows held; %d evicted, %d expired, grew %d times",
+                 config.store.shard, st["rows"], st["evictions"], st["expired"], st["grows"])  # fmt: skip
+
+
+def open_store(config: ServerConfig):
+    """The shard's store: a serving shard (``--follow``) maps versions' files read-only (deltas in
+    an overlay); a training one holds rows and optimizer state (compiled kernels: numba, warmed
+    up here), loaded from ``--load`` when given."""
+    if config.follow:
         from serving.ps.mapped import MappedStore
 
-        store = MappedStore(config.store, keep_s=config.keep_previous_s)
-    else:  # training: rows, optimizer state, admission, eviction (compiled kernels: numba)
-        from serving.ps.store import EmbeddingStore, warm_up
+        return MappedStore(config.store, keep_s=config.keep_previous_s)
+    from serving.ps.store import EmbeddingStore, warm_up
 
-        store = EmbeddingStore(config.store)
-        warm_up(config.store)
+    store = EmbeddingStore(config.store)
+    warm_up(config.store)
     if config.load:
         t0 = time.perf_counter()
         store.load(config.load)
         log.info("loaded %d rows from %s in %.2fs", len(store), config.load, time.perf_counter() - t0)
-    metrics = _Metrics(store)
-    follower = None
-    if config.follow:
-        from serving.ps.follow import Follower
+    return store
 
-        follower = Follower(store, config.follow, registry=metrics.registry, pin=config.pin)
-        for event in follower.poll():  # serve the published version (and its deltas) from the start
-            log.info("follow: %s", event)
-    servicer = EmbeddingPSServicer(store, access, metrics, follower)
-    running = await rpc_server.start_aio(config.endpoint(), SERVICE, servicer, metrics.registry)
-    last_reason = None
 
-    async def update_health():  # SERVING exactly while the shard serves a version
-        nonlocal last_reason
-        reason = not_serving_reason(store, follower)
-        if reason != last_reason:
-            if last_reason is None or bool(reason) != bool(last_reason):
-                await rpc_server.set_serving_aio(running, not reason)
-            last_reason = reason
-            if reason:
-                log.warning("NOT_SERVING: %s", reason)
-            elif follower is not None:
-                log.info("SERVING version %s (delta %d)", store.version, store.delta_seq)
+def start_following(config: ServerConfig, store, registry):
+    """A serving shard's ``Follower``, having polled once so the published version (and its
+    deltas) is served from the start; None for a training shard."""
+    if not config.follow:
+        return None
+    from serving.ps.follow import Follower
 
-    await update_health()
+    follower = Follower(store, config.follow, registry=registry, pin=config.pin)
+    for event in follower.poll():
+        log.info("follow: %s", event)
+    return follower
+
+
+class Health:
+    """gRPC health SERVING exactly while the shard serves a version; a change is logged once."""
+
+    def __init__(self, running, store, follower):
+        self.running, self.store, self.follower = running, store, follower
+        self.reason: str | None = None  # None: not set yet
+
+    async def update(self) -> None:
+        from serving.rpc import server as rpc_server
+
+        reason = not_serving_reason(self.store, self.follower)
+        if reason == self.reason:
+            return
+        if self.reason is None or bool(reason) != bool(self.reason):
+            await rpc_server.set_serving_aio(self.running, not reason)
+        self.reason = reason
+        if reason:
+            log.warning("NOT_SERVING: %s", reason)
+        elif self.follower is not None:
+            log.info("SERVING version %s (delta %d)", self.store.version, self.store.delta_seq)
+
+
+def log_listening(config: ServerConfig, store, port: int) -> None:
     cfg = config.store
     log.info(
         "ps shard %d/%d listening on %s:%d (dim %d, %s)",
-        cfg.shard, cfg.num_shards, config.host, running.port, cfg.dim,
+        cfg.shard, cfg.num_shards, config.host, port, cfg.dim,
         "serving mapped versions" if config.follow else
         f"capacity {store.capacity}, eviction {cfg.eviction}, memory limit "
         + (f"{cfg.max_memory_gb:g} GiB" if cfg.max_memory_gb else "none"),
     )  # fmt: skip
-    if started is not None:
-        started.set_result(running.port)
-    stop = rpc_server.stop_event_on_signals()
-    loop = asyncio.get_running_loop()
 
-    async def expire_loop():
+
+class Background:
+    """The shard's loops on the event loop: TTL expiry (training, ``ttl_s > 0``) and follow polls
+    (serving), whose reads, checksums and overlay builds run on one low-priority thread."""
+
+    def __init__(self, config: ServerConfig, servicer: EmbeddingPSServicer, health: Health):
+        self.config, self.servicer, self.health = config, servicer, health
+        self.store, self.follower = servicer.store, servicer.follower
+        self.pool = None
+        self.tasks = []
+        if config.store.ttl_s > 0:
+            self.tasks.append(asyncio.create_task(self.expire_loop()))
+        if self.follower is not None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(1, "follow", initializer=lower_thread_priority)
+            self.tasks.append(asyncio.create_task(self.follow_loop()))
+
+    async def expire_loop(self) -> None:
         while True:
-            await asyncio.sleep(config.expire_every_s)
-            await servicer.writable()
-            if n := store.expire():
-                log.info("expired %d rows (%d in all)", n, store.expired)
+            await asyncio.sleep(self.config.expire_every_s)
+            await self.servicer.writable()
+            if n := self.store.expire():
+                log.info("expired %d rows (%d in all)", n, self.store.expired)
 
-    background = None
-    if follower is not None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        background = ThreadPoolExecutor(1, "follow", initializer=lower_thread_priority)
-
-    async def follow_loop():
+    async def follow_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(config.poll_s)
-            try:  # reads, checksums and overlay builds off the loop at low priority; flips are atomic
-                for event in await loop.run_in_executor(background, follower.poll):
+            await asyncio.sleep(self.config.poll_s)
+            try:  # flips are atomic on the loop's side
+                for event in await loop.run_in_executor(self.pool, self.follower.poll):
                     log.info("follow: %s", event)
-                for version in await loop.run_in_executor(background, store.release_idle):
-                    log.info("released version %s: no lookup named it for %gs", version, store.keep_s)
+                for version in await loop.run_in_executor(self.pool, self.store.release_idle):
+                    log.info("released version %s: no lookup named it for %gs", version, self.store.keep_s)
             except Exception:  # keep serving what we have; the next poll retries
                 log.exception("follow poll failed")
-            await update_health()
+            await self.health.update()
 
-    expirer = asyncio.create_task(expire_loop()) if cfg.ttl_s > 0 else None
-    following = asyncio.create_task(follow_loop()) if follower is not None else None
-    try:
-        await stop.wait()
-    finally:
-        for task in (expirer, following):
-            if task is not None:
-                task.cancel()
-        await rpc_server.stop_aio(running, config.grace_s)
-        if background is not None:
-            background.shutdown(wait=False, cancel_futures=True)
-        st = store.stats()
-        log.info("ps shard %d: %d rows held; %d evicted, %d expired, grew %d times",
-                 cfg.shard, st["rows"], st["evictions"], st["expired"], st["grows"])  # fmt: skip
+    def cancel(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+
+    def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
