@@ -98,6 +98,14 @@ def _codepoints(u: np.ndarray) -> np.ndarray:
     return u.view(np.uint32).reshape(len(u), width)
 
 
+TABLE_SALT = np.uint64(0x5DEECE66DA3B9F17)
+"""Salt of the hash that places a sign inside one PS shard: ``mix64(sign ^ TABLE_SALT)``, whose
+high bits pick a full dump's bucket (``model_store.shards.table_hash``) and a sign's home slot in
+the PS's in-memory index and admission sketch (``serving.ps.index``, compiled). Routing uses the
+unsalted ``mix64``, so within one shard its low bits follow the shard number; the salt keeps the
+placement uniform."""
+
+
 def mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser, vectorised over a uint64 array (wrapping arithmetic)."""
     z = np.asarray(x, dtype=np.uint64)

@@ -101,8 +101,9 @@ def list_deltas(version_path: str | os.PathLike) -> list[int]:
     return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and (p / SUCCESS).is_file())
 
 
-def mark_done(directory: str | os.PathLike) -> None:
-    """Write ``_SUCCESS`` into a finished directory (a delta), last."""
+def mark_done(directory: str | os.PathLike[str]) -> None:
+    """Write ``_SUCCESS`` into a finished directory, last: the one writer of the done marker (a
+    sealed version, a shard dump, a delta). Readers take a directory without it as unfinished."""
     write_atomic(Path(directory) / SUCCESS, b"")
 
 

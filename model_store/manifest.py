@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from model_store.errors import CorruptVersion, IncompleteVersion, ModelStoreError
-from model_store.layout import DELTAS, FORMAT, MANIFEST, SUCCESS, fsync_dir, write_atomic
+from model_store.layout import DELTAS, FORMAT, MANIFEST, SUCCESS, fsync_dir, mark_done, write_atomic
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -78,7 +78,7 @@ def seal(staging: str | os.PathLike, final: str | os.PathLike) -> Path:
     staging, final = Path(staging), Path(final)
     if final.exists():
         raise ModelStoreError(f"{final} already exists")
-    write_atomic(staging / SUCCESS, b"")
+    mark_done(staging)
     os.replace(staging, final)
     fsync_dir(final.parent)
     return final

@@ -20,10 +20,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from features.hashing import TABLE_SALT as _SALT
+
 EMPTY = np.int32(-1)
 MAX_LOAD = 0.6  # table load factor bound: capacity <= MAX_LOAD * table size
 
-_SALT = np.uint64(0x5DEECE66DA3B9F17)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
