@@ -157,7 +157,7 @@ def follow_step(client, result) -> None:
     shutil.copy(ROOT / "data/criteo/deepctr_criteo_sample.csv", watch / "new_rows.csv")
     (watch / "new_rows.csv.done").touch()  # the file is complete
     t0 = time.time()
-    res = follow(FollowConfig(watch=str(watch), store=str(STORE), model="criteo", once=True))
+    res = follow(FollowConfig(follow=str(STORE / "criteo"), watch=str(watch), once=True))
     version, seq = res.deltas[-1]
     print(
         f"   trained {res.rows} new rows (dense model frozen) -> delta {seq} of version {version} in {time.time() - t0:.1f} s"

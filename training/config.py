@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from model_store.layout import default_root
 from serving.ps import optim
@@ -154,17 +155,17 @@ class TrainConfig:
 
 @dataclass
 class FollowConfig:
-    """`recserve train --follow`: keep training the SERVED version's embeddings on new data files
-    and cut deltas into it (training/follow.py). The dense model stays the served one, frozen."""
+    """`recserve train --follow MODEL_DIR`: keep training the SERVED version's embeddings on new
+    data files and cut deltas into it (training/follow.py). The dense model stays the served one,
+    frozen."""
 
+    follow: str = ""
+    """Model directory (<store>/<model>, e.g. artifacts/criteo) whose CURRENT version is trained
+    and receives the deltas: the directory `recserve ps --follow` serves from."""
     watch: str = ""
     """Directory of arriving data files (Criteo .tsv/.txt, or .csv with a header). A file is taken
     once complete: its name does not start with '.' (x.csv.tmp, x.csv.part are not data), and either a
     `<name>.done` marker exists or its size and mtime did not change between two polls."""
-    store: str = field(default_factory=default_root)
-    """Model-store root ($RECSERVE_STORE or ./artifacts)."""
-    model: str = "criteo"
-    """Model name in the store; its CURRENT version is the one followed."""
     delta_interval_s: float = 2.0
     """Cut a delta every this many seconds when rows changed (and always at the end)."""
     poll_s: float = 1.0
@@ -195,8 +196,8 @@ class FollowConfig:
     """torch intra-op threads (0: half the CPUs, at least 1)."""
 
     def __post_init__(self) -> None:
-        if not self.watch:
-            raise ValueError("--follow needs --watch DIR")
+        if not self.follow or not self.watch:
+            raise ValueError("continuous training needs --follow MODEL_DIR and --watch DIR")
         if self.delta_interval_s <= 0 or self.poll_s <= 0:
             raise ValueError("delta_interval_s and poll_s must be > 0")
         if self.batch_size < 1 or self.staleness < 0 or self.max_seconds < 0:
@@ -204,10 +205,12 @@ class FollowConfig:
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
 
-    @classmethod
-    def from_dict(cls, d: dict) -> FollowConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown FollowConfig keys {unknown}")
-        return cls(**d)
+    @property
+    def store(self) -> str:
+        """The model-store root: the parent of the model directory."""
+        return str(Path(self.follow).parent)
+
+    @property
+    def model(self) -> str:
+        """The model's name: the model directory's name."""
+        return Path(self.follow).name

@@ -3,8 +3,9 @@
 Also runnable under torchrun for multi-rank DDP:
 ``torchrun --nproc-per-node 2 -m recserve.commands.train ...``.
 
-``recserve train --follow --watch DIR``: continuous training into the served version instead
-(see training/follow.py): new files in DIR train the served embeddings (the served dense model is
+``recserve train --follow MODEL_DIR --watch DIR``: continuous training into the version the model
+directory serves (its CURRENT; the same ``--follow MODEL_DIR`` as ``recserve ps``) instead (see
+training/follow.py): new files in DIR train the served embeddings (the served dense model is
 frozen) and deltas are cut into the version every --delta-interval-s seconds. SIGTERM or Ctrl-C
 cuts a final delta and exits 0.
 """
@@ -20,7 +21,8 @@ import time
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field (--arch, --batch-size, --no-export, ...), then the --follow
-    mode's own flags (the FollowConfig fields TrainConfig does not have)."""
+    mode's own flags (the FollowConfig fields TrainConfig does not have, --follow MODEL_DIR among
+    them)."""
     import dataclasses
 
     from recserve import config
@@ -28,13 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     config.add_arguments(p, TrainConfig)
     g = p.add_argument_group(
-        "continuous training (--follow)",
-        "keep training the served version's embeddings on new files in --watch and cut deltas "
-        "into it; the served dense model is loaded frozen so the deltas stay consistent with it. "
-        "Uses --store --model --batch-size --lr --staleness --update-threads --capacity --eviction "
-        "--max-memory-gb --threads and --delta-interval-s (default 2 here) too.",
+        "continuous training (--follow MODEL_DIR)",
+        "keep training the embeddings of the version MODEL_DIR serves (<store>/<model>, as for "
+        "`recserve ps --follow`) on new files in --watch and cut deltas into it; the served dense "
+        "model is loaded frozen so the deltas stay consistent with it. Uses --batch-size --lr "
+        "--staleness --update-threads --capacity --eviction --max-memory-gb --threads and "
+        "--delta-interval-s (default 2 here) too.",
     )
-    g.add_argument("--follow", action="store_true", help="continuous training into the served version")
     config.add_arguments(
         g, FollowConfig, yaml_flag=False, skip={f.name for f in dataclasses.fields(TrainConfig)}
     )
@@ -44,7 +46,7 @@ def run_args(args: argparse.Namespace) -> int:
     from recserve import config
     from training.config import FollowConfig, TrainConfig
 
-    if getattr(args, "follow", False):
+    if getattr(args, "follow", None):
         return run_follow(args)
     try:
         stray = only_in(FollowConfig, TrainConfig, args)

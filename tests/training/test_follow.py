@@ -23,8 +23,9 @@ from features.schema import load_schema
 from features.transform import transform
 from training import data
 from training.config import FollowConfig, TrainConfig
-from training.follow import FollowTrainer, WatchDir, follow
+from training.follow import FollowTrainer, follow
 from training.train import train
+from training.watch import WatchDir
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "data/criteo/deepctr_criteo_sample.csv"
@@ -63,7 +64,7 @@ def watch(tmp_path) -> Path:
 
 
 def _cfg(store: Path, watch: Path, **kw) -> FollowConfig:
-    return FollowConfig(**({"watch": str(watch), "store": str(store), "model": NAME, "poll_s": 0.2} | kw))
+    return FollowConfig(**({"follow": str(store / NAME), "watch": str(watch), "poll_s": 0.2} | kw))
 
 
 def _lookup(stores, signs: np.ndarray) -> np.ndarray:
@@ -321,7 +322,7 @@ def test_max_seconds_stops_without_a_delta_when_nothing_arrived(store, watch):
 def test_cli_once(store, watch):
     shutil.copy(SAMPLE, watch / SAMPLE.name)
     (watch / f"{SAMPLE.name}.done").write_text("")
-    args = ["--follow", "--once", "--store", str(store), "--model", NAME, "--watch", str(watch)]
+    args = ["--follow", str(store / NAME), "--once", "--watch", str(watch)]
     proc = subprocess.run(
         [sys.executable, "-m", "recserve", "train", *args],
         cwd=ROOT,
@@ -333,9 +334,9 @@ def test_cli_once(store, watch):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["files"] == [SAMPLE.name] and summary["rows"] == 200 and len(summary["deltas"]) == 1
     bad = subprocess.run(
-        [sys.executable, "-m", "recserve", "train", *args, "--epochs", "2"],
+        [sys.executable, "-m", "recserve", "train", *args, "--epochs", "2", "--model", NAME],
         cwd=ROOT,
         capture_output=True,
         text=True,
-    )
-    assert bad.returncode == 2 and "--epochs do not apply to --follow" in bad.stderr
+    )  # the model is the --follow directory's: --store and --model are the other mode's
+    assert bad.returncode == 2 and "--epochs, --model do not apply to --follow" in bad.stderr
