@@ -1,14 +1,8 @@
 """``transform(records, schema) -> CompactBatch``: the one feature pipeline, offline and online.
 
-Accepted inputs (all go through the same column code below):
-
-- a ``Table`` (columns of strings from the file readers in ``features.readers``);
-- a list of flat records ``[{"C1": "05db9164", "I1": 3, ...}, ...]`` (one per row);
-- a ranking request ``{"context": {...}, "items": [{...}, ...]}``: context-scoped features once,
-  item-scoped features per item. Such a batch stores its context slots once;
-- the same request in column form, ``{"context": {...}, "items": {"C1": [v, ...], "I1": [...]}}``:
-  each item field's values as one array (missing: absent, or null). orjson parses it straight into
-  the columns this code works on, with no pass over the items in Python: the fast form for clients.
+Records come as a ``Table``, a list of records or a ranking request (row or column form); all are
+checked and seen as one ``Input`` (``features.inputs``), so they go through the same column code
+below. A request's batch stores its context slots once.
 
 Work is per group of columns: the columns are pulled out of the records with C-level ``map``,
 converted to one 2-D numpy array, hashed in one compiled call, deduplicated with one ``np.unique``
@@ -22,138 +16,26 @@ import functools
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from features.batch import FLAG_CONTEXT, FLAG_MULTI, CompactBatch, index_dtype
 from features.hashing import SIGN_BITS, cross_signs, hash_str_list, hash_values
+from features.inputs import Column, FeatureError, Input, Record, Table, normalise
 from features.schema import Cross, Schema, Slot
 
+__all__ = ["FeatureError", "Records", "Table", "dense_matrix", "transform"]
 
-class FeatureError(ValueError):
-    """Records that do not fit the schema; the message names the field and the problem."""
-
-
-@dataclass
-class Table:
-    """Columns of equal length (numpy arrays), e.g. from a file reader. Missing values are ""."""
-
-    columns: dict[str, np.ndarray]
-    num_rows: int
-
+Records = Table | list[Record] | Mapping[str, Any]
+"""A Table, a list of records, or a ranking request (``features.inputs`` says what each holds)."""
 
 _NONE = type(None)
 
 
-# --- input normalisation ------------------------------------------------------------------------
-@dataclass
-class _Input:
-    num_rows: int
-    has_context: bool
-    items: list | dict | Table  # per-row records, columns (name -> values), or a Table
-    context: dict | None  # request context (one record) or None
-
-    def stored_once(self, scope: str) -> bool:
-        return scope == "context" and self.has_context
-
-    def columns(self, slots: list[Slot], once: bool, missing) -> list:
-        """One list/array per slot: its values for every stored row (1 row if ``once``)."""
-        if once:
-            return [[self.context.get(s.column, missing)] for s in slots]
-        if isinstance(self.items, Table):
-            blank = np.full(self.num_rows, "", np.str_)
-            return [self.items.columns.get(s.column, blank) for s in slots]
-        if isinstance(self.items, dict):  # the column form: each column's values as sent
-            absent = [missing] * self.num_rows
-            return [self.items.get(s.column, absent) for s in slots]
-        # map(dict.get, ...) runs the loop in C: ~3x faster than a comprehension
-        return [
-            list(map(dict.get, self.items, itertools.repeat(s.column), itertools.repeat(missing)))
-            for s in slots
-        ]
-
-
-def _normalise(records, schema: Schema) -> _Input:
-    if isinstance(records, Table):
-        return _Input(records.num_rows, False, records, None)
-    if isinstance(records, Mapping):
-        if set(records) - {"context", "items"} or "items" not in records:
-            raise FeatureError('a request is {"context": {...}, "items": [{...}, ...]} or a list of records')
-        items, context = records["items"], records.get("context", {})
-        context = {} if context is None else context
-        if not isinstance(context, dict):
-            raise FeatureError('"context" must be an object')
-        if isinstance(items, dict):  # the column form: {"C1": [v, ...], "I1": [...], ...}
-            n = _check_columns(items, schema)
-            _check_fields([context], schema, "context", allow_label=False)
-            return _Input(n, True, items, context)
-        if not isinstance(items, list) or not items:
-            raise FeatureError(
-                '"items" must be a non-empty list of objects, or an object of equal-length arrays'
-            )
-        _check_fields(items, schema, "item", allow_label=False)
-        _check_fields([context], schema, "context", allow_label=False)
-        return _Input(len(items), True, items, context)
-    if isinstance(records, list):
-        if not records:
-            raise FeatureError("no records")
-        _check_fields(records, schema, None, allow_label=True)
-        return _Input(len(records), False, records, None)
-    raise FeatureError(
-        f"records must be a request object, a list of records or a Table, not {type(records).__name__}"
-    )
-
-
-def _check_columns(items: dict, schema: Schema) -> int:
-    """The item count of a column-form request, after checking it: known item fields only, each an
-    array, all of one non-zero length, required ones present with no missing value."""
-    allowed = {s.column for s in schema.slots if s.scope == "item"}
-    unknown = set(items) - allowed
-    if unknown:
-        hint = (
-            " (sent in the wrong part of the request)" if {s.column for s in schema.slots} & unknown else ""
-        )
-        raise FeatureError(f"unknown field(s) in items: {sorted(map(str, unknown))[:5]}{hint}")
-    if not items:
-        raise FeatureError('"items" has no columns')
-    lengths = {len(v) if isinstance(v, list) else -1 for v in items.values()}
-    if -1 in lengths:
-        bad = next(k for k, v in items.items() if not isinstance(v, list))
-        raise FeatureError(f"items column {bad!r} must be an array (one value per item)")
-    if len(lengths) != 1 or 0 in lengths:
-        raise FeatureError(
-            f"items columns must all have the same non-zero length, got lengths {sorted(lengths)}"
-        )
-    for s in schema.slots:
-        if s.required and s.scope == "item":
-            col = items.get(s.column)
-            if col is None or None in col or "" in col:
-                raise FeatureError(f"required field {s.column!r} is missing")
-    return lengths.pop()
-
-
-def _check_fields(records: list, schema: Schema, scope: str | None, allow_label: bool) -> None:
-    if not all(isinstance(r, dict) for r in records):
-        raise FeatureError("every record/item must be a JSON object")
-    allowed = {s.column for s in schema.slots if scope is None or s.scope == scope}
-    if allow_label and schema.label:
-        allowed.add(schema.label)
-    unknown = set().union(*records) - allowed
-    if unknown:
-        where = f" in {scope}" if scope else ""
-        hint = (
-            " (sent in the wrong part of the request)" if {s.column for s in schema.slots} & unknown else ""
-        )
-        raise FeatureError(f"unknown field(s){where}: {sorted(map(str, unknown))[:5]}{hint}")
-    for s in schema.slots:
-        if s.required and (scope is None or s.scope == scope):
-            col = list(map(dict.get, records, itertools.repeat(s.column)))
-            if None in col or "" in col:
-                raise FeatureError(f"required field {s.column!r} is missing")
-
-
 # --- column groups -> arrays --------------------------------------------------------------------
-def _strings(cols: list, slots: list[Slot]) -> np.ndarray:
+def _strings(cols: list[Column], slots: list[Slot]) -> NDArray[np.str_]:
     """(k, m) unicode array of k categorical columns; missing (None) becomes ""."""
     try:
         arr = np.array(cols)
@@ -175,7 +57,7 @@ def _strings(cols: list, slots: list[Slot]) -> np.ndarray:
     return flat.astype(np.str_).reshape(arr.shape)
 
 
-def _hash_group(cols: list, slots: list[Slot], ids: np.ndarray) -> np.ndarray:
+def _hash_group(cols: list[Column], slots: list[Slot], ids: NDArray[np.int64]) -> NDArray[np.uint64]:
     """Signs of k categorical columns (flattened, column after column)."""
     if not isinstance(cols[0], np.ndarray):
         flat = list(itertools.chain.from_iterable(cols))
@@ -186,7 +68,7 @@ def _hash_group(cols: list, slots: list[Slot], ids: np.ndarray) -> np.ndarray:
     return hash_values(_strings(cols, slots).reshape(-1), ids)
 
 
-def _numbers(cols: list, slots: list[Slot]) -> np.ndarray:
+def _numbers(cols: list[Column], slots: list[Slot]) -> NDArray[np.float64]:
     """(k, m) float64 array of k dense columns, NaN where missing (None or "")."""
     if cols and isinstance(cols[0], np.ndarray) and cols[0].dtype.kind == "U":  # a Table
         arr = np.array(cols)
@@ -208,7 +90,7 @@ def _numbers(cols: list, slots: list[Slot]) -> np.ndarray:
     return out
 
 
-def _first_bad(cols: list, slots: list[Slot]) -> str:
+def _first_bad(cols: list[Column], slots: list[Slot]) -> str:
     """Error path only: name the first field whose values are not numbers."""
     for s, c in zip(slots, cols, strict=True):
         for v in c:
@@ -223,7 +105,7 @@ def _first_bad(cols: list, slots: list[Slot]) -> str:
     return "a dense field"
 
 
-def _multi(vals, slot: Slot) -> tuple[np.ndarray, np.ndarray]:
+def _multi(vals: Column, slot: Slot) -> tuple[NDArray[np.str_], NDArray[np.int64]]:
     """Flat values and per-row lengths of a multi-valued column (lists or separator-joined)."""
     if isinstance(vals, np.ndarray):
         vals = vals.tolist()
@@ -233,7 +115,7 @@ def _multi(vals, slot: Slot) -> tuple[np.ndarray, np.ndarray]:
         arr[arr == None] = ""  # noqa: E711
         nonempty = arr != ""
         lengths = np.zeros(len(arr), np.int64)
-        flat: list = []
+        flat: list[str] = []
         if nonempty.any():
             joined = arr[nonempty].astype(np.str_)
             lengths[nonempty] = np.char.count(joined, slot.separator) + 1
@@ -255,13 +137,13 @@ class _Plan:
     multi: tuple[Slot, ...]
     crosses: tuple[Cross, ...]
     dense: tuple[Slot, ...]
-    position: dict  # sparse feature name -> batch slot index
-    lo: np.ndarray
-    hi: np.ndarray
-    log1p: np.ndarray
-    mean: np.ndarray
-    std: np.ndarray
-    default: np.ndarray
+    position: dict[str, int]  # sparse feature name -> batch slot index
+    lo: NDArray[np.float64]
+    hi: NDArray[np.float64]
+    log1p: NDArray[np.bool_]
+    mean: NDArray[np.float64]
+    std: NDArray[np.float64]
+    default: NDArray[np.float64]
 
 
 @functools.lru_cache(maxsize=64)
@@ -283,7 +165,7 @@ def _plan(schema: Schema) -> _Plan:
     )
 
 
-def _dense(inp: _Input, plan: _Plan, once: bool) -> np.ndarray:
+def _dense(inp: Input, plan: _Plan, once: bool) -> NDArray[np.float32]:
     """Transformed float32 (rows, k) matrix of the dense slots stored once / per row."""
     sel = np.array([inp.stored_once(s.scope) == once for s in plan.dense], dtype=bool)
     slots = [s for s, keep in zip(plan.dense, sel, strict=True) if keep]
@@ -307,15 +189,15 @@ def _dense(inp: _Input, plan: _Plan, once: bool) -> np.ndarray:
 
 
 # --- the pipeline --------------------------------------------------------------------------------
-def transform(records, schema: Schema) -> CompactBatch:
+def transform(records: Records, schema: Schema) -> CompactBatch:
     """Records (Table, list of records or a ranking request) -> CompactBatch."""
-    inp = _normalise(records, schema)
+    inp = normalise(records, schema)
     plan = _plan(schema)
     n_sparse = len(plan.position)
-    per_slot: list[np.ndarray | None] = [None] * n_sparse  # signs per stored value
-    offsets: list[np.ndarray | None] = [None] * n_sparse
+    per_slot: dict[int, NDArray[np.uint64]] = {}  # batch slot -> signs per stored value
+    offsets: list[NDArray[np.uint32] | None] = [None] * n_sparse
     once = np.zeros(n_sparse, dtype=bool)
-    row_signs: dict[str, np.ndarray] = {}  # single-valued signs by name, for crosses
+    row_signs: dict[str, NDArray[np.uint64]] = {}  # single-valued signs by name, for crosses
 
     for stored_once in (False, True):
         group = [s for s in plan.single if inp.stored_once(s.scope) == stored_once]
@@ -343,7 +225,7 @@ def transform(records, schema: Schema) -> CompactBatch:
         per_slot[i] = cross_signs(np.broadcast_to(a, n), np.broadcast_to(b, n), c.id)
         once[i] = inp.stored_once(schema.scope_of(c))
 
-    signs, values, sign_counts, value_counts = _dedup(per_slot, schema)
+    signs, values, sign_counts, value_counts = _dedup([per_slot[i] for i in range(n_sparse)], schema)
     return CompactBatch(
         num_rows=inp.num_rows,
         flags=(once * FLAG_CONTEXT | np.array([o is not None for o in offsets], bool) * FLAG_MULTI).astype(
@@ -364,7 +246,9 @@ def transform(records, schema: Schema) -> CompactBatch:
     )
 
 
-def _dedup(per_slot: list[np.ndarray], schema: Schema):
+def _dedup(
+    per_slot: list[NDArray[np.uint64]], schema: Schema
+) -> tuple[NDArray[np.uint64], NDArray[np.unsignedinteger[Any]], NDArray[np.uint32], NDArray[np.uint32]]:
     """One np.unique for all slots: signs sorted within each slot, slots in schema order."""
     value_counts = np.array([len(v) for v in per_slot], dtype=np.uint32)
     all_signs = np.concatenate(per_slot) if per_slot else np.empty(0, np.uint64)
@@ -383,9 +267,10 @@ def _dedup(per_slot: list[np.ndarray], schema: Schema):
     return uniq, local.astype(index_dtype(int(sign_counts.max(initial=0)))), sign_counts, value_counts
 
 
-def _labels(inp: _Input, schema: Schema) -> np.ndarray | None:
-    if inp.has_context or not schema.label:
+def _labels(inp: Input, schema: Schema) -> NDArray[np.float32] | None:
+    if inp.has_context or not schema.label or isinstance(inp.items, dict):  # a dict: a request's columns
         return None
+    col: Column | None
     if isinstance(inp.items, Table):
         col = inp.items.columns.get(schema.label)
         if col is None:
@@ -403,7 +288,7 @@ def _labels(inp: _Input, schema: Schema) -> np.ndarray | None:
     return labels
 
 
-def dense_matrix(batch: CompactBatch, schema: Schema) -> np.ndarray:
+def dense_matrix(batch: CompactBatch, schema: Schema) -> NDArray[np.float32]:
     """All dense features per row, in schema order (context values broadcast)."""
     if not batch.has_context:
         return batch.dense
