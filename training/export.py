@@ -1,4 +1,4 @@
-"""Export a trained model into the model store (layout in serving/model_store.py).
+"""Export a trained model into the model store (layout in model_store/layout.py).
 
 ``VersionWriter`` stages ``<root>/<model>/.staging-<v>-<id>/`` when training starts, so the deltas
 cut while training (``DeltaTrigger``) land in the version being written; ``finish`` adds the full

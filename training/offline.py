@@ -5,7 +5,7 @@ in-process stores, the TorchScript dense model), runs the same worker in inferen
 returns probabilities. The export round-trip test runs this in a fresh process and compares it
 with the trainer's own ``eval/scores.npy``::
 
-    python -m training.offline model_store/criteo/1 data/criteo/wide_resdnn_criteo_test.tsv out.npy
+    python -m training.offline artifacts/criteo/1 data/criteo/wide_resdnn_criteo_test.tsv out.npy
 """
 
 from __future__ import annotations
