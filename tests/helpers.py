@@ -3,10 +3,32 @@
 import asyncio
 import contextlib
 import random
+import shlex
+import socket
+import sys
 import threading
 import time
+from pathlib import Path
 
 from serving.rpc.procs import free_ports
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository's root (where the README, the Makefile and data/ are)."""
+
+
+def recserve_argv(line: str) -> list[str]:
+    """A README line ``recserve ...`` as the argv that runs it: the console script pip installed
+    (or ``python -m recserve`` where there is none)."""
+    argv = shlex.split(line)
+    assert argv[0] == "recserve", line
+    script = Path(sys.executable).parent / "recserve"
+    return [str(script), *argv[1:]] if script.exists() else [sys.executable, "-m", "recserve", *argv[1:]]
+
+
+def port_free(port: int) -> bool:
+    """Nothing listens on loopback ``port`` now (the README's fixed ports)."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -114,10 +136,14 @@ def raw_call(channel, method: str):
 
 
 __all__ = [
+    "ROOT",
     "free_port",
     "free_ports",
     "fuzz_payloads",
+    "port_free",
+    "ps_in_thread",
     "raw_call",
+    "recserve_argv",
     "second_half",
     "train_version",
     "wait_until",

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.test_quick_tour import ROOT
+from tests.helpers import ROOT
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 # package -> the project packages it may import (recserve.v1 is the generated proto contract)
 ALLOWED = {

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.test_quick_tour import ROOT
+from tests.helpers import ROOT
 
 
 @pytest.mark.slow

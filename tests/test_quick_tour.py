@@ -5,32 +5,17 @@
 import os
 import re
 import shlex
-import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT, port_free, recserve_argv
 
 
 def tour_lines() -> list[str]:
     text = (ROOT / "README.md").read_text()
     block = re.search(r"## Quick tour\n\n```bash\n(.*?)```", text, re.S).group(1)
     return [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
-
-
-def recserve_argv(line: str) -> list[str]:
-    argv = shlex.split(line)
-    assert argv[0] == "recserve", line
-    script = Path(sys.executable).parent / "recserve"  # the console script pip installed
-    return [str(script), *argv[1:]] if script.exists() else [sys.executable, "-m", "recserve", *argv[1:]]
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
 
 
 @pytest.mark.slow

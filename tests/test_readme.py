@@ -3,11 +3,11 @@
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 README = (ROOT / "README.md").read_text()
 
 

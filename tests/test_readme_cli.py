@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.test_quick_tour import ROOT, port_free, recserve_argv
+from tests.helpers import ROOT, port_free, recserve_argv
 
 
 def cli_lines() -> dict[str, str]:

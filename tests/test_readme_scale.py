@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.test_quick_tour import ROOT, recserve_argv
+from tests.helpers import ROOT, recserve_argv
 
 
 def scale_lines() -> list[str]:

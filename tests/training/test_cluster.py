@@ -12,7 +12,7 @@ import pytest
 
 from serving.ps.client import PSClient, ShardError
 from serving.worker.core import WorkerConfig
-from tests.serving.test_worker import SCHEMA
+from tests.serving.helpers import SCHEMA, ranking_batch
 from training.cluster import ShardSpec, open_cluster
 
 pytestmark = pytest.mark.slow
@@ -33,8 +33,6 @@ def test_started_shards_need_the_clusters_token_and_dump_under_the_root(tmp_path
                     anonymous.lookup(signs, insert=True)
                 with pytest.raises(ShardError, match="UNAUTHENTICATED"):
                     anonymous.dump(str(root / "x"))
-        from tests.serving.test_worker import ranking_batch
-
         res = cluster.worker.forward(ranking_batch(), mode="train")  # the cluster's worker holds it
         cluster.worker.backward(res.batch_id, np.ones_like(res.pooled))
         cluster.worker.flush()

@@ -17,8 +17,7 @@ from serving.ps.client import ShardError
 from serving.rpc.errors import NotServing
 from serving.scoring.core import BINARY, Scorer, ScoringConfig, ScoringError, forward_status
 from serving.worker.core import EmbeddingWorker, LocalShard
-from tests.serving.test_not_serving import _scorer, make_version, serving  # noqa: F401  (a fixture)
-from tests.serving.test_worker import DIM, ITEMS, SCHEMA
+from tests.serving.helpers import DIM, ITEMS, SCHEMA, make_version, remote_scorer
 
 OTHER = schema_from_dict({"name": "other", "slots": [{"name": "a"}, {"name": "b", "kind": "dense"}]})
 REQUEST = {"context": {"user": "u1", "hist": "h1|h2", "recent": ""}, "items": ITEMS}
@@ -121,15 +120,15 @@ def test_forward_failures_keep_their_class():
 
 
 @pytest.mark.slow
-def test_over_a_worker_process_client_mistakes_are_400_with_the_workers_message(serving):  # noqa: F811
+def test_over_a_worker_process_client_mistakes_are_400_with_the_workers_message(ps_and_worker):
     from model_store.releases import publish
     from serving.rpc.health import wait_serving
 
-    root, ps, worker = serving
+    root, ps, worker = ps_and_worker
     version = make_version(root)
     publish(root, "m", version)
     wait_serving(worker.channel, timeout_s=10)
-    scorer = _scorer(root, version, worker)
+    scorer = remote_scorer(root, version, worker)
     try:
         for name, (make, words) in BAD_BATCHES.items():
             status, body = scorer.score(make(), BINARY)

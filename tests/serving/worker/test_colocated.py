@@ -19,18 +19,16 @@ from serving.ps.deltas import DeltaWriter
 from serving.scoring.client import requests_from_file
 from serving.scoring.core import Scorer, ScoringConfig
 from serving.worker.colocated import ColocatedShard, has_local_files
-from tests.helpers import ps_in_thread, train_version, wait_until
+from tests.helpers import ps_in_thread, wait_until
+from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow
-TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
 SCHEMA = "data/schemas/criteo.yaml"
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("store")
-    train_version(root, seed=0, publish=True)
-    return root
+def store(trained):
+    return trained[0]
 
 
 def _scores(scorer: Scorer, limit: int = 400) -> tuple[np.ndarray, list[dict]]:

@@ -19,7 +19,7 @@ from tests.helpers import free_ports
 
 pytestmark = pytest.mark.slow
 
-HANDLER = Path(__file__).resolve().parents[1] / "fixtures" / "echo_handler.py"
+HANDLER = Path(__file__).resolve().parent / "echo_handler.py"
 
 
 @pytest.fixture(scope="module")

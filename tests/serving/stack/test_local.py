@@ -17,33 +17,18 @@ from features.codec import encode
 from features.readers import read_criteo, to_records
 from features.schema import load_schema
 from features.transform import transform
-from serving.scoring.client import ScoringClient, requests_from_file
+from serving.scoring.client import ScoringClient
 from serving.stack.local import LocalStack, StackConfig, down
+from tests.helpers import ROOT
+from tests.serving.helpers import TEST, score_all
 
 pytestmark = pytest.mark.slow
-TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
 SCHEMA = load_schema("data/schemas/criteo.yaml")
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    from training.config import TrainConfig
-    from training.train import train
-
-    root = tmp_path_factory.mktemp("store")
-    cfg = TrainConfig(store=str(root), model="criteo", epochs=1, inprocess_ps=True, publish=True, progress=False,
-                      curve=str(root / "curve.png"))  # fmt: skip
-    result = train(cfg)
-    return root, result
-
-
-@pytest.fixture(scope="module")
-def stack(trained):
-    root, _ = trained
-    cfg = StackConfig(store=str(root), model="criteo", http_port=0, management_port=0, metrics_port=0)
-    s = LocalStack(cfg).start()
-    yield s
-    s.stop()
+def stack(trained, start_stack):
+    return start_stack(trained[0], "criteo")
 
 
 @pytest.fixture
@@ -51,17 +36,6 @@ def client(stack):
     c = ScoringClient(stack.state["endpoint"], key_file=stack.state["key_file"])
     yield c
     c.close()
-
-
-def _score_all(client, limit=2000, binary=False, schema="data/schemas/criteo.yaml") -> np.ndarray:
-    out = []
-    for body, ctype in requests_from_file(TEST, schema, 200, limit, binary):
-        status, payload = client.post(body, ctype)
-        assert status == 200, payload
-        reply = orjson.loads(payload)
-        assert set(reply["versions"]) == {"embedding", "delta_seq", "dense", "shards"}
-        out.extend(reply["scores"])
-    return np.array(out)
 
 
 def test_everything_binds_loopback_and_token_auth_is_on_by_default(stack):
@@ -86,16 +60,16 @@ def test_the_ps_shards_serve_mapped_versions(stack):
 def test_online_scores_equal_offline_scores(stack, client, trained):
     root, result = trained
     offline = np.load(os.path.join(result.version_dir, "eval", "scores.npy"))
-    online = _score_all(client)
+    online = score_all(client)
     assert len(online) == len(offline) == 2000
     assert np.abs(online - offline).max() <= 1e-5
 
 
 def test_binary_compact_batch_scores_like_json(client, trained):
     served_schema = os.path.join(trained[1].version_dir, "schema.yaml")  # binary clients build with it
-    binary = _score_all(client, 400, binary=True, schema=served_schema)
-    assert np.abs(binary - _score_all(client, 400)).max() <= 1e-6
-    shipped = _score_all(client, 400, binary=True)  # or with the shipped schema file: the same contract
+    binary = score_all(client, 400, binary=True, schema=served_schema)
+    assert np.abs(binary - score_all(client, 400)).max() <= 1e-6
+    shipped = score_all(client, 400, binary=True)  # or with the shipped schema file: the same contract
     assert np.abs(shipped - binary).max() == 0
 
 
@@ -107,7 +81,7 @@ def test_score_binary_with_no_schema_flag_against_the_stack(stack, trained):
 
     argv = [sys.executable, "-m", "recserve", "score", TEST, "--binary", "--limit", "400",
             "--url", stack.state["endpoint"], "--key-file", stack.state["key_file"]]  # fmt: skip
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert run.stdout.count(" 200 scores ") == 2, run.stdout
 
@@ -189,12 +163,11 @@ def test_every_metric_the_dashboard_charts_exists_on_the_live_stack(stack, clien
     import re
     import urllib.request
 
-    root = Path(__file__).resolve().parents[2]
     targets = json.loads((Path(stack.run_dir) / "prometheus-targets.json").read_text())
     components = {g["labels"]["component"] for g in targets}
     assert components == {"ps", "worker", "controller", "torchserve"}, targets
     assert len([g for g in targets if g["labels"]["component"] == "ps"]) == len(stack.state["ps"])
-    _score_all(client, 400)
+    score_all(client, 400)
     assert client.post(b"{not json", "application/json")[0] == 400
     time.sleep(0.5)
     text = "".join(
@@ -202,7 +175,7 @@ def test_every_metric_the_dashboard_charts_exists_on_the_live_stack(stack, clien
         for g in targets
         for t in g["targets"]
     )
-    dashboard = json.loads((root / "serving/stack/grafana-dashboard.json").read_text())
+    dashboard = json.loads((ROOT / "serving/stack/grafana-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"\b((?:recserve|ts)_[a-z0-9_]+)", e)}
     assert len(used) >= 10, used

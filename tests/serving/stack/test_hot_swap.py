@@ -17,23 +17,19 @@ from features.transform import transform
 from model_store.releases import publish, rollback
 from serving.ps.deltas import DeltaWriter
 from serving.scoring.client import ScoringClient, requests_from_file
-from serving.stack.local import LocalStack, StackConfig
 from tests.helpers import second_half, train_version
+from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow
-TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    root = tmp_path_factory.mktemp("store")
-    train_version(root, 0, True)
-    stack = LocalStack(StackConfig(store=str(root), model="criteo", http_port=0, management_port=0,
-                                   metrics_port=0, disable_token_auth=True, poll_s=0.2)).start()  # fmt: skip
+def live(trained, start_stack):
+    root = trained[0]
+    stack = start_stack(root, "criteo", disable_token_auth=True, poll_s=0.2)
     client = ScoringClient(stack.state["endpoint"])
     yield root, stack, client
     client.close()
-    stack.stop()
 
 
 def _score(client, limit=400, every=False):

@@ -4,10 +4,7 @@ while it keeps serving, and a clean exit on SIGTERM."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import subprocess
-import sys
 import urllib.request
 
 import grpc
@@ -15,53 +12,18 @@ import numpy as np
 import pytest
 
 from recserve.v1 import common_pb2, ps_pb2
-from serving.ps.client import PSClient, ShardError
-from serving.rpc.auth import new_token_file
-from tests.helpers import free_ports
+from serving.ps.client import ShardError
+from tests.serving.helpers import DIM
 
 pytestmark = pytest.mark.slow
-
-DIM = 4
-
-
-@contextlib.contextmanager
-def running_ps(log, *flags: str):
-    """A training `recserve ps` process on free loopback ports, with an admin token (a 0600 file
-    beside ``log``), a data root (``root`` beside ``log``) and a client holding the token."""
-    port, metrics_port = free_ports(2)
-    token, root = new_token_file(log.parent / "admin.token"), log.parent / "root"
-    root.mkdir()
-    cmd = [sys.executable, "-m", "recserve", "ps", "--port", str(port), "--metrics-port", str(metrics_port)]
-    cmd += ["--admin-token-file", str(token), "--data-root", str(root)]
-    with open(log, "w") as out:
-        proc = subprocess.Popen([*cmd, "--dim", str(DIM), *flags], stdout=out, stderr=subprocess.STDOUT)
-    client = PSClient(f"127.0.0.1:{port}", timeout_s=5.0, token_file=str(token))
-    try:
-        client.wait_ready(timeout_s=60)
-        yield {"proc": proc, "client": client, "port": port, "metrics_port": metrics_port, "log": log,
-               "root": root, "token": token}  # fmt: skip
-    finally:
-        client.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-@pytest.fixture(scope="module")
-def ps(tmp_path_factory):
-    log = tmp_path_factory.mktemp("ps") / "ps.log"
-    with running_ps(
-        log, "--capacity", "1000", "--optimizer", "sgd", "--lr", "0.5", "--init-scale", "0.1"
-    ) as p:
-        yield p
 
 
 def signs(*xs) -> np.ndarray:
     return np.array(xs, dtype=np.uint64)
 
 
-def test_lookup_update_stats(ps):
-    c = ps["client"]
+def test_lookup_update_stats(training_ps):
+    c = training_ps["client"]
     rows, misses = c.lookup(signs(10, 11, 12))
     assert misses == 3 and not rows.any()
     rows, misses = c.lookup(signs(10, 11, 12, 10), insert=True)
@@ -79,8 +41,8 @@ def test_lookup_update_stats(ps):
     assert st["memory_bytes"] > 0 and st["misses"] >= 3 and st["hits"] >= 3 and st["delta_seq"] == -1
 
 
-def test_dump_and_load_over_grpc(ps):
-    c, root = ps["client"], ps["root"]
+def test_dump_and_load_over_grpc(training_ps):
+    c, root = training_ps["client"], training_ps["root"]
     c.lookup(signs(1, 2, 3), insert=True)
     before, _ = c.lookup(signs(1, 2, 3))
     resp = c.dump(str(root / "full"))
@@ -118,29 +80,29 @@ def bad_requests():
 @pytest.mark.parametrize(
     "name,method,request_,message", list(bad_requests()), ids=[b[0] for b in bad_requests()]
 )
-def test_bad_input_is_invalid_argument_and_server_keeps_serving(ps, name, method, request_, message):
-    c = ps["client"]
+def test_bad_input_is_invalid_argument_and_server_keeps_serving(training_ps, name, method, request_, message):
+    c = training_ps["client"]
     with pytest.raises(grpc.RpcError) as e:
         getattr(c.stub, method)(request_, timeout=5, metadata=c.metadata)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in e.value.details()
     rows, _ = c.lookup(signs(1, 2))
-    assert rows.shape == (2, DIM) and ps["proc"].poll() is None
+    assert rows.shape == (2, DIM) and training_ps["proc"].poll() is None
 
 
-def test_deadline_is_honoured(ps):
+def test_deadline_is_honoured(training_ps):
     with pytest.raises(grpc.RpcError) as e:
         big = np.arange(1, 1_000_001, dtype=np.uint64).tobytes()  # 8 MB: cannot make it in 2 ms
-        ps["client"].stub.Lookup(ps_pb2.LookupRequest(signs=big), timeout=0.002)
+        training_ps["client"].stub.Lookup(ps_pb2.LookupRequest(signs=big), timeout=0.002)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert ps["client"].lookup(signs(1))[0].shape == (1, DIM)
+    assert training_ps["client"].lookup(signs(1))[0].shape == (1, DIM)
 
 
-def test_health_and_reflection(ps):
+def test_health_and_reflection(training_ps):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-    channel = ps["client"].channel
+    channel = training_ps["client"].channel
     health = health_pb2_grpc.HealthStub(channel)
     for service in ("", "recserve.v1.EmbeddingPS"):
         resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
@@ -153,22 +115,26 @@ def test_health_and_reflection(ps):
     assert {"recserve.v1.EmbeddingPS", "grpc.health.v1.Health"} <= names
 
 
-def test_metrics_endpoint(ps):
-    ps["client"].lookup(signs(5, 6))
-    body = urllib.request.urlopen(f"http://127.0.0.1:{ps['metrics_port']}/metrics", timeout=5).read().decode()
+def test_metrics_endpoint(training_ps):
+    training_ps["client"].lookup(signs(5, 6))
+    body = (
+        urllib.request.urlopen(f"http://127.0.0.1:{training_ps['metrics_port']}/metrics", timeout=5)
+        .read()
+        .decode()
+    )
     for name in ("recserve_ps_lookup_seconds_bucket", "recserve_ps_rows", "recserve_ps_memory_bytes"):
         assert name in body
     for name in ("recserve_ps_misses_total", "recserve_ps_evictions_total"):
         assert name in body
 
 
-def test_a_shard_out_of_memory_answers_resource_exhausted_and_keeps_its_rows(tmp_path):
+def test_a_shard_out_of_memory_answers_resource_exhausted_and_keeps_its_rows(start_ps):
     from serving.ps.growth import GIB
     from serving.ps.store import EmbeddingStore, StoreConfig
     from serving.worker.core import UpdateError
 
     limit_gb = EmbeddingStore(StoreConfig(dim=DIM)).bytes_for(100) / GIB  # room for 100 rows
-    with running_ps(tmp_path / "ps.log", "--capacity", "16", "--max-memory-gb", repr(limit_gb)) as p:
+    with start_ps("--capacity", "16", "--max-memory-gb", repr(limit_gb)) as p:
         c = p["client"]
         c.lookup(np.arange(1, 61, dtype=np.uint64), insert=True)  # grows 16 -> 60
         before, _ = c.lookup(np.arange(1, 61, dtype=np.uint64))
@@ -190,8 +156,8 @@ def test_a_shard_out_of_memory_answers_resource_exhausted_and_keeps_its_rows(tmp
         assert st["memory_bytes"] <= limit_gb * GIB
 
 
-def test_eviction_flags_reach_the_store_and_are_counted(tmp_path):
-    with running_ps(tmp_path / "ps.log", "--capacity", "50", "--eviction", "lru") as p:
+def test_eviction_flags_reach_the_store_and_are_counted(start_ps, tmp_path):
+    with start_ps("--capacity", "50", "--eviction", "lru") as p:
         c = p["client"]
         for i in range(10):
             c.lookup(np.arange(10 * i, 10 * i + 10, dtype=np.uint64) + 1, insert=True)
@@ -208,16 +174,16 @@ def test_eviction_flags_reach_the_store_and_are_counted(tmp_path):
         build_parser("ps").parse_args(["ps", "--eviction", "fifo"])
 
 
-def test_version_in_lookup_response(ps):
-    resp = ps["client"].stub.Lookup(ps_pb2.LookupRequest(signs=signs(1).tobytes()), timeout=5)
+def test_version_in_lookup_response(training_ps):
+    resp = training_ps["client"].stub.Lookup(ps_pb2.LookupRequest(signs=signs(1).tobytes()), timeout=5)
     assert resp.dim == DIM and resp.dtype == common_pb2.FLOAT32 and resp.version.delta_seq >= -1
 
 
-def test_sigterm_shuts_down_cleanly(ps):  # last in the module: it stops the shared server
-    proc = ps["proc"]
+def test_sigterm_shuts_down_cleanly(training_ps):  # last in the module: it stops the shared server
+    proc = training_ps["proc"]
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=15) == 0, ps["log"].read_text()
-    assert "shutting down" in ps["log"].read_text()
+    assert proc.wait(timeout=15) == 0, training_ps["log"].read_text()
+    assert "shutting down" in training_ps["log"].read_text()
 
 
 def test_cli_config_yaml_and_flags(tmp_path):

@@ -26,7 +26,7 @@ from serving.ps.client import PSClient
 from serving.rpc.auth import new_token_file, token_metadata
 from serving.worker.client import WorkerClient
 from tests.helpers import free_ports, fuzz_payloads, raw_call
-from tests.serving.test_worker import SCHEMA, ranking_batch, torch_pooled
+from tests.serving.helpers import SCHEMA, ranking_batch, torch_pooled
 
 pytestmark = pytest.mark.slow
 

@@ -16,19 +16,12 @@ from features.schema import load_schema
 from serving.scoring.client import requests_from_file
 from serving.scoring.core import Scorer, ScoringConfig, server_timing
 from serving.worker.core import EmbeddingWorker, LocalShard
-
-TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
+from tests.serving.helpers import TEST
 
 
 @pytest.fixture(scope="module")
-def version(tmp_path_factory):
-    from training.config import TrainConfig
-    from training.train import train
-
-    root = tmp_path_factory.mktemp("store")
-    cfg = TrainConfig(store=str(root), model="criteo", epochs=1, inprocess_ps=True, publish=True, progress=False,
-                      curve=str(root / "curve.png"))  # fmt: skip
-    return Path(train(cfg).version_dir)
+def version(trained):
+    return Path(trained[1].version_dir)
 
 
 @pytest.mark.slow

@@ -1,14 +1,12 @@
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import model_store as ms
 from model_store import IncompatibleVersion, ModelStoreError, SchemaMismatch
 from model_store.releases import history, list_versions, publish, retain, rollback, validate
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT
 
 
 def _version(root, fingerprint="fp", complete=True, dim=8, num_dense=13) -> str:

@@ -12,26 +12,11 @@ from model_store.releases import publish, rollback
 from serving.ps.follow import Follower
 from serving.ps.mapped import MappedStore
 from serving.ps.store import EmbeddingStore, StoreConfig
-
-DIM = 4
-SIGNS = np.arange(1, 2001, dtype=np.uint64) * np.uint64(7919)
+from tests.serving.helpers import DIM, SIGNS, make_rows_version
 
 
 def _store(**kw) -> EmbeddingStore:
     return EmbeddingStore(StoreConfig(dim=DIM, capacity=10_000, **kw))
-
-
-def make_version(root, trainer: EmbeddingStore, fingerprint: str = "fp") -> str:
-    """Seal the trainer store's rows as the next version of model m."""
-    version = ms.next_version(root, "m")
-    staging = ms.staging_dir(root, "m", version)
-    trainer.dump(staging / "embeddings")
-    ms.write_manifest(
-        staging,
-        {"model": "m", "version": version, "schema_fingerprint": fingerprint, "dim": DIM, "num_shards": 1},
-    )
-    ms.seal(staging, ms.version_dir(root, "m", version))
-    return version
 
 
 def cut_delta(root, version: str, trainer: EmbeddingStore) -> int:
@@ -46,7 +31,7 @@ def cut_delta(root, version: str, trainer: EmbeddingStore) -> int:
 def setup(tmp_path):
     trainer = _store()
     trainer.lookup(SIGNS, insert=True)
-    v1 = make_version(tmp_path, trainer)
+    v1 = make_rows_version(tmp_path, trainer)
     publish(tmp_path, "m", v1)
     served = MappedStore(StoreConfig(dim=DIM))  # what a serving PS (--follow) holds
     return tmp_path, trainer, v1, served, Follower(served, tmp_path / "m")
@@ -103,11 +88,11 @@ def test_version_without_success_or_other_schema_is_refused(setup):
     root, trainer, v1, served, follower = setup
     follower.poll()
     trainer.apply_gradients(SIGNS[:50], np.ones((50, DIM), np.float32))
-    v2 = make_version(root, trainer)
+    v2 = make_rows_version(root, trainer)
     (ms.version_dir(root, "m", v2) / ms.SUCCESS).unlink()
     ms.layout.set_current(root, "m", v2)  # forced past publish's gate
     assert follower.poll() == [] and served.version == v1
-    v3 = make_version(root, trainer, fingerprint="another-schema")
+    v3 = make_rows_version(root, trainer, fingerprint="another-schema")
     ms.layout.set_current(root, "m", v3)
     assert follower.poll() == [] and served.version == v1
 
@@ -117,7 +102,7 @@ def test_rollback_restores_the_earlier_rows_exactly(setup):
     follower.poll()
     v1_rows = served.lookup(SIGNS)[0].copy()
     trainer.apply_gradients(SIGNS, np.ones((len(SIGNS), DIM), np.float32))
-    v2 = make_version(root, trainer)
+    v2 = make_rows_version(root, trainer)
     publish(root, "m", v2)
     follower.poll()
     assert served.version == v2 and not np.array_equal(served.lookup(SIGNS)[0], v1_rows)
@@ -131,7 +116,7 @@ def test_no_lookup_mixes_old_and_new_rows(tmp_path):
     every answer is entirely old or entirely new."""
     trainer = _store(optimizer={"name": "sgd", "lr": 1.0})
     trainer.lookup(SIGNS, insert=True)
-    v1 = make_version(tmp_path, trainer)
+    v1 = make_rows_version(tmp_path, trainer)
     publish(tmp_path, "m", v1)
     served = MappedStore(StoreConfig(dim=DIM))
     follower = Follower(served, tmp_path / "m")
@@ -163,7 +148,7 @@ def test_version_with_a_corrupt_shard_file_is_refused(setup):
     root, trainer, v1, served, follower = setup
     follower.poll()
     trainer.apply_gradients(SIGNS[:50], np.ones((50, DIM), np.float32))
-    v2 = make_version(root, trainer)
+    v2 = make_rows_version(root, trainer)
     rows = next((ms.version_dir(root, "m", v2) / "embeddings").rglob("rows.npy"))
     rows.write_bytes(rows.read_bytes()[:-4] + b"\x00\x00\x80\x7f")
     ms.layout.set_current(root, "m", v2)  # forced past publish's gate
@@ -184,7 +169,7 @@ def test_refusal_says_why_current_is_not_served_until_it_is(tmp_path):
     )
     wide = EmbeddingStore(StoreConfig(dim=8, capacity=100))
     wide.lookup(SIGNS[:10], insert=True)
-    v1 = make_version(tmp_path, wide)  # the manifest says dim 4, the rows are dim 8
+    v1 = make_rows_version(tmp_path, wide)  # the manifest says dim 4, the rows are dim 8
     publish(tmp_path, "m", v1)
     follower.poll()
     assert served.version == "" and follower.refusal.startswith(f"not switching to version {v1}: ")
@@ -192,7 +177,7 @@ def test_refusal_says_why_current_is_not_served_until_it_is(tmp_path):
     assert not_serving_reason(served, follower).endswith(follower.refusal)
     trainer = _store()
     trainer.lookup(SIGNS, insert=True)
-    v2 = make_version(tmp_path, trainer)
+    v2 = make_rows_version(tmp_path, trainer)
     publish(tmp_path, "m", v2)
     follower.poll()
     assert served.version == v2 and follower.refusal == "" and not_serving_reason(served, follower) == ""

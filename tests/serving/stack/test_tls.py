@@ -9,7 +9,6 @@ import os
 import stat
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,10 +18,10 @@ from serving.rpc.tls import ClientTLS
 from serving.scoring.client import ScoringClient
 from serving.stack import tls as stack_tls
 from serving.stack.local import down, serving_view
-from tests.serving.test_stack import _score_all, trained  # noqa: F401  (a module fixture)
+from tests.helpers import ROOT
+from tests.serving.helpers import score_all
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _recserve(*argv: str) -> subprocess.CompletedProcess:
@@ -30,7 +29,7 @@ def _recserve(*argv: str) -> subprocess.CompletedProcess:
                           timeout=300, cwd=ROOT)  # fmt: skip
 
 
-def test_up_tls_serves_scores_over_mtls_and_refuses_plaintext(trained, tmp_path):  # noqa: F811
+def test_up_tls_serves_scores_over_mtls_and_refuses_plaintext(trained, tmp_path):
     root, result = trained
     run_dir = tmp_path / "run"
     up = _recserve("up", "--store", str(root), "--model", "criteo", "--run-dir", str(run_dir), "--tls",
@@ -46,7 +45,7 @@ def test_up_tls_serves_scores_over_mtls_and_refuses_plaintext(trained, tmp_path)
         state = json.loads((run_dir / "stack.json").read_text())
 
         client = ScoringClient(state["endpoint"], key_file=state["key_file"])  # handler -> worker over mTLS
-        online = _score_all(client, 400)
+        online = score_all(client, 400)
         client.close()
         offline = np.load(os.path.join(result.version_dir, "eval", "scores.npy"))[:400]
         assert np.abs(online - offline).max() <= 1e-5

@@ -21,9 +21,9 @@ from model_store.releases import publish
 from serving.ps.client import PSClient, ShardError
 from serving.rpc.procs import alive
 from serving.scoring.client import ScoringClient
-from serving.stack.local import LocalStack, StackConfig, down
+from serving.stack.local import down
 from serving.stack.state import read_state
-from tests.serving.test_not_serving import make_version
+from tests.serving.helpers import make_version
 
 pytestmark = pytest.mark.slow
 BODY = orjson.dumps(
@@ -32,14 +32,10 @@ BODY = orjson.dumps(
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory, start_stack):
     root = tmp_path_factory.mktemp("store")
     publish(root, "m", make_version(root))
-    cfg = StackConfig(store=str(root), model="m", ps_shards=2, replicas=2, http_port=0, management_port=0,
-                      metrics_port=0, disable_token_auth=True, poll_s=0.2)  # fmt: skip
-    s = LocalStack(cfg).start()
-    yield root, s
-    s.stop()
+    return root, start_stack(root, "m", ps_shards=2, replicas=2, disable_token_auth=True, poll_s=0.2)
 
 
 @pytest.fixture

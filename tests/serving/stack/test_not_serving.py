@@ -16,86 +16,15 @@ import numpy as np
 import orjson
 import pytest
 
-import model_store as ms
-from features.schema import dump_schema
 from model_store.releases import publish
-from serving.ps.client import PSClient, ShardError
-from serving.ps.store import EmbeddingStore, StoreConfig
+from serving.ps.client import ShardError
 from serving.rpc.errors import NotServing
 from serving.rpc.health import check, wait_serving
-from serving.rpc.procs import free_ports, spawn, stop_children
-from serving.scoring.core import Scorer, ScoringConfig
-from serving.worker.client import WorkerClient
-from tests.serving.test_ps_follow import SIGNS
-from tests.serving.test_worker import SCHEMA, ranking_batch
+from serving.scoring.core import Scorer
+from tests.helpers import ROOT
+from tests.serving.helpers import DIM, SIGNS, make_version, ranking_batch, remote_scorer
 
 pytestmark = pytest.mark.slow
-DIM = 4
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def make_version(root: Path, rows_dim: int = DIM, seed: int = 0) -> str:
-    """A complete version of model m: rows of ``rows_dim`` (its manifest says DIM, so another
-    ``rows_dim`` is refused by every shard), the schema and a small dense network."""
-    import torch
-
-    from training.export_dense import export_torchscript
-    from training.models import ModelConfig, build_model
-
-    trainer = EmbeddingStore(StoreConfig(dim=rows_dim, capacity=10_000, seed=seed))
-    trainer.lookup(SIGNS, insert=True)
-    version = ms.next_version(root, "m")
-    staging = ms.staging_dir(root, "m", version)
-    trainer.dump(staging / "embeddings")
-    (staging / "schema.yaml").write_text(dump_schema(SCHEMA))
-    torch.manual_seed(0)
-    model_cfg = ModelConfig(kind="lr", num_slots=len(SCHEMA.sparse), dim=DIM, num_dense=len(SCHEMA.dense))
-    export_torchscript(build_model(model_cfg), staging / "dense" / "model.pt")
-    ms.write_manifest(staging, {"model": "m", "version": version, "schema_fingerprint": SCHEMA.fingerprint,
-                                "dim": DIM, "num_shards": 1, "dense": {"torchscript": "dense/model.pt"}})  # fmt: skip
-    ms.seal(staging, ms.version_dir(root, "m", version))
-    return version
-
-
-@pytest.fixture
-def serving(tmp_path, monkeypatch):
-    """A PS following model m (nothing published yet) and a worker over it."""
-    root = tmp_path / "store"
-    root.mkdir()
-    schema = tmp_path / "schema.yaml"
-    schema.write_text(dump_schema(SCHEMA))
-    ps_port, worker_port = free_ports(2)
-    procs = [
-        spawn(["ps", "--shard", "0", "--num-shards", "1", "--port", str(ps_port), "--dim", str(DIM),
-               "--follow", str(root / "m"), "--poll-s", "0.1"], tmp_path / "ps.log"),
-        spawn(["worker", "--ps", f"127.0.0.1:{ps_port}", "--schema", str(schema), "--port", str(worker_port),
-               "--health-poll-s", "0.1"], tmp_path / "worker.log"),
-    ]  # fmt: skip
-    ps = PSClient(f"127.0.0.1:{ps_port}", timeout_s=5.0)
-    ps.pid = procs[0].pid
-    worker = WorkerClient(f"127.0.0.1:{worker_port}", timeout_s=5.0)
-    monkeypatch.setattr(Scorer, "warmup", lambda self: None)  # it would wait for a served version
-    try:
-        ps.wait_connected(60)
-        _wait_connected(worker, 60)
-        yield root, ps, worker
-    finally:
-        ps.close()
-        worker.close()
-        stop_children(procs)
-
-
-def _wait_connected(client, timeout_s: float) -> None:
-    import grpc
-
-    grpc.channel_ready_future(client.channel).result(timeout=timeout_s)
-
-
-def _scorer(root: Path, version: str, worker: WorkerClient) -> Scorer:
-    # these tests check statuses, not latency: a deadline that a busy CI box cannot miss (the
-    # default 1 s once expired on the first Forward of a fresh connection: a 503 for a 400)
-    vdir = ms.version_dir(root, "m", version)
-    return Scorer(ScoringConfig(str(vdir), lookups="remote", worker=worker.address, worker_timeout_s=10.0))
 
 
 def _score(scorer: Scorer) -> tuple[int, dict]:
@@ -113,8 +42,8 @@ def _wait_status(channel, want: str, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def test_before_any_version_nothing_serves_then_the_published_version_does(serving):
-    root, ps, worker = serving
+def test_before_any_version_nothing_serves_then_the_published_version_does(ps_and_worker):
+    root, ps, worker = ps_and_worker
     assert check(ps.channel) == "NOT_SERVING"
     with pytest.raises(ShardError) as err:
         ps.lookup(SIGNS[:3])
@@ -126,7 +55,7 @@ def test_before_any_version_nothing_serves_then_the_published_version_does(servi
     with pytest.raises(NotServing, match="embedding shard 0 of 1 serves no version: no version published"):
         worker.forward(ranking_batch())
     version = make_version(root)  # sealed, not yet published: scoring serves its dense side
-    scorer = _scorer(root, version, worker)
+    scorer = remote_scorer(root, version, worker)
     status, body = _score(scorer)
     assert status == 503, body
     assert body["error"].startswith("embedding shard 0 of 1 serves no version: no version published yet")
@@ -147,8 +76,8 @@ def test_before_any_version_nothing_serves_then_the_published_version_does(servi
     scorer.close()
 
 
-def test_a_refused_version_is_not_served_and_every_layer_says_why(serving):
-    root, ps, worker = serving
+def test_a_refused_version_is_not_served_and_every_layer_says_why(ps_and_worker):
+    root, ps, worker = ps_and_worker
     version = make_version(root, rows_dim=8)  # the shard is dim 4: refused
     publish(root, "m", version)
     reason = f"not switching to version {version}: "
@@ -160,7 +89,7 @@ def test_a_refused_version_is_not_served_and_every_layer_says_why(serving):
     with pytest.raises(ShardError, match="dim 8 does not match"):
         ps.lookup(SIGNS[:3])
     _wait_status(worker.channel, "NOT_SERVING")
-    scorer = _scorer(root, version, worker)
+    scorer = remote_scorer(root, version, worker)
     status, body = _score(scorer)
     scorer.close()
     assert status == 503, body
@@ -187,15 +116,15 @@ def test_up_on_a_version_every_shard_refuses_exits_nonzero_with_each_reason(tmp_
     assert not (run_dir / "stack.json").exists()  # up stopped what it started
 
 
-def test_lookups_name_their_version_and_a_switch_keeps_the_old_one_for_them(serving):
+def test_lookups_name_their_version_and_a_switch_keeps_the_old_one_for_them(ps_and_worker):
     """Version-pinned over real processes: after a switch, the scorer of the old dense version
     still reads the old rows (the shard keeps them), the new one the new rows; a version the shard
     never held is a 503 naming the shard and what it holds, never another version's rows."""
-    root, ps, worker = serving
+    root, ps, worker = ps_and_worker
     v1 = make_version(root)
     publish(root, "m", v1)
     wait_serving(worker.channel, timeout_s=10)
-    old = _scorer(root, v1, worker)
+    old = remote_scorer(root, v1, worker)
     status, before = _score(old)
     assert status == 200 and before["versions"]["embedding"] == v1, before
     v2 = make_version(root, seed=1)  # other rows
@@ -214,11 +143,11 @@ def test_lookups_name_their_version_and_a_switch_keeps_the_old_one_for_them(serv
     status, body = _score(old)
     assert status == 200 and body["versions"]["embedding"] == v1 == body["versions"]["dense"], body
     assert body["scores"] == before["scores"]
-    new = _scorer(root, v2, worker)
+    new = remote_scorer(root, v2, worker)
     status, body = _score(new)
     assert status == 200 and body["versions"]["shards"] == [[v2, -1]], body
     v3 = make_version(root)  # sealed, never published: no shard holds it
-    unheld = _scorer(root, v3, worker)
+    unheld = remote_scorer(root, v3, worker)
     status, body = _score(unheld)
     assert status == 503, body
     assert body["error"].startswith(

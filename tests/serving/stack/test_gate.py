@@ -4,11 +4,9 @@ and what each serving component actually serves."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -22,19 +20,18 @@ from serving.ps.follow import Follower
 from serving.ps.mapped import MappedStore
 from serving.ps.store import EmbeddingStore, StoreConfig
 from serving.rpc.procs import free_ports, spawn, stop_children
+from serving.stack.config import StackConfig
 from serving.stack.controller import Controller
-from serving.stack.local import StackConfig
-from tests.serving.test_ps_follow import DIM, SIGNS
-from tests.serving.test_ps_follow import make_version as make_rows_version
-
-ROOT = Path(__file__).resolve().parents[2]
+from serving.stack.state import StackState, read_state, write_state
+from tests.helpers import ROOT
+from tests.serving.helpers import DIM, SCHEMA, SIGNS, make_rows_version, make_version
 
 
-def _stack_json(run_dir: Path, root: Path, dense_version: str, **state) -> None:
+def _stack_json(run_dir: Path, root: Path, dense_version: str, **fields) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = asdict(StackConfig(store=str(root), model="m", run_dir=str(run_dir)))
-    state = {"model": "m", "config": config, "dense_version": dense_version, "pids": {}, **state}
-    (run_dir / "stack.json").write_text(json.dumps(state))
+    config = StackConfig(store=str(root), model="m", run_dir=str(run_dir))
+    state = StackState("m", dense_version, str(run_dir), config, dense_version=dense_version, **fields)
+    write_state(run_dir, state)
 
 
 def _refusals(registry: CollectorRegistry, component: str) -> float | None:
@@ -71,15 +68,12 @@ def test_the_ps_follower_and_the_controller_refuse_with_the_gates_message(tmp_pa
     controller = Controller(run_dir)
     assert controller.step() is None and controller.step() is None
     assert controller.served == v1
-    assert json.loads((run_dir / "stack.json").read_text())["refused"] == {v2: message}
+    assert read_state(run_dir).refused == {v2: message}
     assert _refusals(controller.registry, "controller") == 1
 
 
 @pytest.mark.slow
 def test_recserve_versions_shows_what_each_component_serves_and_why_a_version_is_refused(tmp_path):
-    from tests.serving.test_not_serving import make_version
-    from tests.serving.test_worker import SCHEMA
-
     root = tmp_path / "store"
     root.mkdir()
     v1 = make_version(root)

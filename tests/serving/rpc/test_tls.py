@@ -21,7 +21,7 @@ from serving.rpc.health import wait_serving
 from serving.rpc.tls import ClientTLS, ServerTLS, issue_cert, local_pki, make_ca
 from serving.worker.client import WorkerClient
 from tests.helpers import ps_in_thread
-from tests.serving.test_worker import SCHEMA, ranking_batch
+from tests.serving.helpers import SCHEMA, ranking_batch
 
 DIM = 4
 SIGNS = np.array([1, 2, 3], np.uint64)

@@ -5,14 +5,12 @@ import argparse
 import dataclasses
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 
 from recserve import config
 from recserve.cli import COMMANDS, build_parser, module_of
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 def readme_command_lines() -> list[str]:

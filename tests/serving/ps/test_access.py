@@ -17,7 +17,7 @@ from serving.ps.client import PSClient, ShardError
 from serving.rpc.auth import new_token_file, token_metadata
 from serving.rpc.procs import free_ports, spawn, stop_children
 from tests.helpers import fuzz_payloads, raw_call
-from tests.serving.test_ps_service import DIM, running_ps
+from tests.serving.helpers import DIM
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +31,6 @@ def writes(where) -> dict:
         "Dump": ps_pb2.DumpRequest(path=str(where / "dumped")),
         "Load": ps_pb2.LoadRequest(path=str(where / "dumped")),
     }
-
-
-@pytest.fixture(scope="module")
-def training(tmp_path_factory):
-    with running_ps(tmp_path_factory.mktemp("training") / "ps.log") as p:
-        yield p
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +74,13 @@ def test_a_serving_ps_refuses_every_write_whatever_is_sent(serving, tmp_path):
         c.lookup(SIGNS)
 
 
-def test_training_writes_need_the_token(training, tmp_path):
-    port = training["client"].target
+def test_training_writes_need_the_token(training_ps, tmp_path):
+    port = training_ps["client"].target
     anonymous = PSClient(port, timeout_s=5.0)
     other = tmp_path / "other.token"
     new_token_file(other)
     wrong = PSClient(port, timeout_s=5.0, token_file=str(other))
-    root = training["root"]
+    root = training_ps["root"]
     writes = {
         "update": lambda c: c.update(SIGNS, np.ones((3, DIM), np.float32)),
         "inserting lookup": lambda c: c.lookup(SIGNS + 100, insert=True),
@@ -104,7 +98,7 @@ def test_training_writes_need_the_token(training, tmp_path):
     assert anonymous.lookup(SIGNS + 100)[1] == 3  # reads are open, and nothing was inserted
     assert anonymous.stats()["dim"] == DIM
 
-    c = training["client"]  # the token's holder
+    c = training_ps["client"]  # the token's holder
     before, _ = c.lookup(SIGNS, insert=True)
     assert c.update(SIGNS, np.ones((3, DIM), np.float32)) == 3
     assert not np.array_equal(c.lookup(SIGNS)[0], before)
@@ -114,8 +108,8 @@ def test_training_writes_need_the_token(training, tmp_path):
     wrong.close()
 
 
-def test_paths_outside_the_data_root_are_refused(training, tmp_path):
-    c, root = training["client"], training["root"]
+def test_paths_outside_the_data_root_are_refused(training_ps, tmp_path):
+    c, root = training_ps["client"], training_ps["root"]
     c.lookup(SIGNS, insert=True)
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -156,8 +150,8 @@ def test_a_training_ps_without_a_token_file_refuses_every_write(tmp_path):
         stop_children([proc])
 
 
-def test_fuzzed_lookup_and_stats_are_invalid_argument_and_the_shard_keeps_answering(training):
-    c = training["client"]
+def test_fuzzed_lookup_and_stats_are_invalid_argument_and_the_shard_keeps_answering(training_ps):
+    c = training_ps["client"]
     valid = {
         "Lookup": ps_pb2.LookupRequest(signs=SIGNS.tobytes(), dtype=2).SerializeToString(),
         "Stats": ps_pb2.StatsRequest().SerializeToString(),
@@ -170,4 +164,4 @@ def test_fuzzed_lookup_and_stats_are_invalid_argument_and_the_shard_keeps_answer
             assert code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT), (method, payload, details)
     assert codes["Lookup", "INVALID_ARGUMENT"] > 100 and codes["Stats", "INVALID_ARGUMENT"] > 50, codes
     rows, _ = c.lookup(SIGNS)
-    assert rows.shape == (3, DIM) and training["proc"].poll() is None
+    assert rows.shape == (3, DIM) and training_ps["proc"].poll() is None

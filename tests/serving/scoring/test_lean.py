@@ -20,9 +20,9 @@ import pytest
 import model_store as ms
 from serving.scoring.client import ScoringClient, requests_from_file
 from tests.helpers import free_port, second_half, train_version, wait_until
+from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow
-TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
 SCHEMA = "data/schemas/criteo.yaml"
 
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from features.batch import FLAG_CONTEXT, FLAG_MULTI
-from features.codec import decode, encode
 from features.hashing import shard_of
 from features.schema import schema_from_dict
 from features.transform import transform
@@ -23,38 +22,7 @@ from serving.worker.core import (
     UpdateError,
     WorkerConfig,
 )
-
-DIM = 4
-
-SCHEMA = schema_from_dict(
-    {
-        "name": "worker-test",
-        "label": "y",
-        "slots": [
-            {"name": "user", "kind": "categorical", "scope": "context"},
-            {"name": "hist", "kind": "multi", "scope": "context", "pooling": "mean"},
-            {"name": "recent", "kind": "multi", "scope": "context", "pooling": "sum"},
-            {"name": "item", "kind": "categorical"},
-            {"name": "tags", "kind": "multi", "pooling": "mean"},
-            {"name": "cats", "kind": "multi", "pooling": "sum"},
-            {"name": "x", "kind": "dense"},
-        ],
-        "crosses": [{"name": "user_item", "slots": ["user", "item"]}],
-    }
-)
-
-ITEMS = [
-    {"item": "i1", "tags": "t1|t2|t1", "cats": "c1", "x": 1.0},
-    {"item": "i2", "tags": "", "cats": "c1|c2", "x": 2.0},
-    {"item": "i1", "tags": "t3", "cats": "", "x": 3.0},
-    {"item": "i3", "tags": "t2|t3", "cats": "c2|c2|c3", "x": 4.0},
-]
-
-
-def ranking_batch(user: str = "u1", items=ITEMS):
-    """A request with a context (context slots stored once) -> a decoded compact batch."""
-    request = {"context": {"user": user, "hist": "h1|h2|h1", "recent": ""}, "items": items}
-    return decode(encode(transform(request, SCHEMA)))
+from tests.serving.helpers import DIM, SCHEMA, bags, ranking_batch, torch_pooled
 
 
 def flat_batch(n: int = 6, seed: int = 0):
@@ -95,29 +63,6 @@ def rows_of(stores, signs, insert: bool = False) -> np.ndarray:
         if m.any():
             out[m] = store.lookup(np.asarray(signs, np.uint64)[m], insert=insert)[0]
     return out
-
-
-def bags(batch, s: int):
-    """Slot ``s`` as (global sign indices per value, bag offsets, stored rows) for embedding_bag."""
-    view = batch.slot(s)
-    start = int(batch.sign_splits[s])
-    idx = view.values.astype(np.int64) + start
-    rows = batch.rows_of(s)
-    offsets = view.offsets[:-1].astype(np.int64) if view.offsets is not None else np.arange(rows)
-    return idx, offsets, rows
-
-
-def torch_pooled(batch, schema, weight: torch.Tensor) -> torch.Tensor:
-    """The reference: pooled (rows, slots, dim) with torch embedding_bag over a (n_signs, dim) table."""
-    cols = []
-    for s, feature in enumerate(schema.sparse):
-        idx, offsets, _ = bags(batch, s)
-        mode = getattr(feature, "pooling", "sum")
-        pooled = torch.nn.functional.embedding_bag(
-            torch.from_numpy(idx), weight, torch.from_numpy(offsets), mode=mode
-        )
-        cols.append(pooled.expand(batch.num_rows, -1) if batch.flags[s] & FLAG_CONTEXT else pooled)
-    return torch.stack(cols, dim=1)
 
 
 def numpy_pooled(batch, schema, table: np.ndarray) -> np.ndarray:

@@ -1,0 +1,53 @@
+"""Fixtures the serving tests share: a store with a trained, published Criteo version, and a PS
+following model m with a worker over it (real processes on free loopback ports)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from features.schema import dump_schema
+from serving.ps.client import PSClient
+from serving.rpc.procs import free_ports, spawn, stop_children
+from serving.scoring.core import Scorer
+from serving.worker.client import WorkerClient
+from tests.helpers import train_version
+from tests.serving.helpers import DIM, SCHEMA
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(store root, training result): the Criteo model trained on its bundled split (in-process
+    PS, one epoch, seed 0), version 1 exported and published. One per test module."""
+    root = tmp_path_factory.mktemp("store")
+    return root, train_version(root, seed=0, publish=True)
+
+
+@pytest.fixture
+def ps_and_worker(tmp_path, monkeypatch):
+    """(store root, PS client, worker client): a `recserve ps --follow <root>/m` (nothing published
+    yet: it serves no version) and a `recserve worker` over it, both checking every 0.1 s. A
+    Scorer's warm-up is skipped here: it would wait for a served version."""
+    root = tmp_path / "store"
+    root.mkdir()
+    schema = tmp_path / "schema.yaml"
+    schema.write_text(dump_schema(SCHEMA))
+    ps_port, worker_port = free_ports(2)
+    procs = [
+        spawn(["ps", "--shard", "0", "--num-shards", "1", "--port", str(ps_port), "--dim", str(DIM),
+               "--follow", str(root / "m"), "--poll-s", "0.1"], tmp_path / "ps.log"),
+        spawn(["worker", "--ps", f"127.0.0.1:{ps_port}", "--schema", str(schema), "--port", str(worker_port),
+               "--health-poll-s", "0.1"], tmp_path / "worker.log"),
+    ]  # fmt: skip
+    ps = PSClient(f"127.0.0.1:{ps_port}", timeout_s=5.0)
+    ps.pid = procs[0].pid
+    worker = WorkerClient(f"127.0.0.1:{worker_port}", timeout_s=5.0)
+    monkeypatch.setattr(Scorer, "warmup", lambda self: None)
+    try:
+        ps.wait_connected(60)
+        grpc.channel_ready_future(worker.channel).result(timeout=60)
+        yield root, ps, worker
+    finally:
+        ps.close()
+        worker.close()
+        stop_children(procs)
