@@ -35,10 +35,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from loadtest.common import print_table, report_targets, write_results
+
+if TYPE_CHECKING:
+    from serving.stack.state import StackState
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST = ROOT / "data" / "criteo" / "wide_resdnn_criteo_test.tsv"
@@ -89,9 +93,9 @@ def children(pid: int) -> list[int]:
     return kids
 
 
-def stack_processes(state: dict) -> dict[str, list[int]]:
+def stack_processes(state: StackState) -> dict[str, list[int]]:
     """Role -> pids: the PS shards, the worker, TorchServe's JVM and its Python handler processes."""
-    pids = state["pids"]
+    pids = state.pids
     ts = int(pids["torchserve"])
     return {
         "ps": [int(p) for k, p in pids.items() if k.startswith("ps")],
@@ -226,7 +230,7 @@ def median_ms(fn, args: list, min_runs: int = 100, min_seconds: float = 1.0) -> 
 
 
 def stages(
-    vdir: Path, state: dict, bodies: list[bytes], runtime: str, worker_in_handler: bool
+    vdir: Path, state: StackState, bodies: list[bytes], runtime: str, worker_in_handler: bool
 ) -> tuple[dict, float]:
     """Per-stage medians (ms) of the handler's path, and the in-process p50 (ms)."""
     import model_store
@@ -240,18 +244,18 @@ def stages(
 
     manifest = model_store.read_manifest(vdir)
     schema = load_schema(vdir / "schema.yaml")
-    cfg = ScoringConfig(str(vdir), lookups="remote", worker=state["worker"], runtime=runtime)
+    cfg = ScoringConfig(str(vdir), lookups="remote", worker=state.worker, runtime=runtime)
     with contextlib.ExitStack() as es:
         local = EmbeddingWorker([LocalShard(s) for s in load_stores(vdir, manifest)], schema)
         es.callback(local.close)
         inproc = Scorer(cfg, worker=local)
         # what the handler runs: the worker process over gRPC, or the worker library over the PS
-        remote = Scorer(ScoringConfig(str(vdir), lookups="remote", worker=state["worker"], runtime=runtime,
-                                      ps=state["ps"] if worker_in_handler else None))  # fmt: skip
+        remote = Scorer(ScoringConfig(str(vdir), lookups="remote", worker=state.worker, runtime=runtime,
+                                      ps=state.ps if worker_in_handler else None))  # fmt: skip
         es.callback(remote.close)
-        client = WorkerClient(state["worker"])
+        client = WorkerClient(state.worker)
         es.callback(client.close)
-        ps = EmbeddingWorker([PSClient(a) for a in state["ps"]], schema)  # this process -> PS shards
+        ps = EmbeddingWorker([PSClient(a) for a in state.ps], schema)  # this process -> PS shards
         es.callback(ps.close)
 
         batches = [inproc.decode(b, JSON) for b in bodies]
@@ -294,7 +298,7 @@ RUNS = ("lean:colocated", "lean:remote", "torchserve:colocated", "torchserve:rem
 
 
 @contextlib.contextmanager
-def lean_frontend(store: Path, model: str, lookups: str, state: dict | None, work: Path, runtime: str):
+def lean_frontend(store: Path, model: str, lookups: str, state: StackState | None, work: Path, runtime: str):
     """``recserve serve`` (the command a user runs) on a free port; remote lookups go to the
     stack's worker process. Yields (endpoint, {role: pids})."""
     from serving.rpc.procs import free_ports
@@ -303,7 +307,7 @@ def lean_frontend(store: Path, model: str, lookups: str, state: dict | None, wor
     argv = [sys.executable, "-m", "recserve", "serve", "--store", str(store), "--model", model, "--port",
             str(port), "--lookups", lookups, "--no-token-auth", "--runtime", runtime]  # fmt: skip
     if state is not None:
-        argv += ["--worker", state["worker"]]
+        argv += ["--worker", state.worker]
     log = open(work / f"serve-{lookups}.log", "w")
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     endpoint = f"http://127.0.0.1:{port}/predictions/{model}"
@@ -349,7 +353,7 @@ def run_one(args, frontend: str, lookups: str, store: Path, rates: list[float], 
                 lean_frontend(store, args.model, lookups, stack.state if stack else None, work, args.runtime)
             )
         else:
-            endpoint, procs = stack.state["endpoint"], stack_processes(stack.state)
+            endpoint, procs = stack.state.endpoint, stack_processes(stack.state)
         n = warm_up(endpoint, None, bodies, args.warmup_s)
         print(f"{frontend} + {lookups}: {endpoint}; warm-up {n} requests in {args.warmup_s:g} s", flush=True)
         host = endpoint.split("/predictions/")[0]
@@ -361,7 +365,7 @@ def run_one(args, frontend: str, lookups: str, store: Path, rates: list[float], 
                   f"{r['requests']} requests, {r['failures']} failures", flush=True)  # fmt: skip
         stage_ms = None
         if stack is not None and frontend == "torchserve" and lookups == "remote":
-            vdir = Path(stack.state["config"]["store"]) / args.model / stack.state["version"]
+            vdir = Path(stack.state.config.store) / args.model / stack.state.version
             stage_ms, _ = stages(vdir, stack.state, bodies, args.runtime, False)
     ok = [
         float(k)

@@ -33,10 +33,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from loadtest.common import ROOT, print_table, report_targets, start_locust_timeline, write_results
+
+if TYPE_CHECKING:
+    from serving.stack.state import StackState
 
 TRAIN = ROOT / "data" / "criteo" / "wide_resdnn_criteo_train.tsv"
 TEST = ROOT / "data" / "criteo" / "wide_resdnn_criteo_test.tsv"
@@ -98,24 +102,24 @@ def kill_and_watch(run_dir: Path, name: str, back, timeout_s: float = 120.0) -> 
     satisfies ``back(state)``. Returns {name, kill, back} (times)."""
     from serving.stack.state import read_state
 
-    old = read_state(run_dir)["pids"][name]
+    old = read_state(run_dir).pids[name]
     t0 = time.time()
     os.kill(old, signal.SIGKILL)
     while True:
         state = read_state(run_dir)
-        if state["pids"][name] != old and back(state):
-            return {"name": name, "kill": t0, "back": time.time(), "restarts": state["restarts"][name]}
+        if state.pids[name] != old and back(state):
+            return {"name": name, "kill": t0, "back": time.time(), "restarts": state.restarts[name]}
         if time.time() - t0 > timeout_s:
             raise TimeoutError(f"{name} not back {timeout_s}s after kill -9")
         time.sleep(0.05)
 
 
-def faults(run_dir: Path, state: dict, args, events: list[dict]) -> None:
+def faults(run_dir: Path, state: StackState, args, events: list[dict]) -> None:
     from serving.rpc.health import check
     from serving.rpc.procs import running
 
-    ps_address = state["ps_shards"][0][1]
-    twin = state["ps_shards"][0][0]
+    ps_address = state.ps_shards[0][1]
+    twin = state.ps_shards[0][0]
 
     def ps_back(_state) -> bool:  # SERVING what its twin serves: the same version and delta seq
         got, want = _ps_view(ps_address), _ps_view(twin)
@@ -124,7 +128,7 @@ def faults(run_dir: Path, state: dict, args, events: list[dict]) -> None:
     def worker_back(_state) -> bool:
         import grpc
 
-        with grpc.insecure_channel(state["worker"]) as ch:
+        with grpc.insecure_channel(state.worker) as ch:
             return check(ch) == "SERVING"
 
     def controller_back(s) -> bool:
@@ -194,7 +198,7 @@ def run(args) -> dict:
             deltas = Deltas(root, args.delta_rows, args.delta_every_s)
             events: list[dict] = []
             t_start = time.time()
-            locust = start_locust_timeline(stack.state["inference"], args.rate, args.duration, timeline)
+            locust = start_locust_timeline(stack.state.inference, args.rate, args.duration, timeline)
             deltas.start()
             faults(stack.run_dir, stack.state, args, events)
             _, stderr = locust.communicate(timeout=args.duration + 120)
@@ -205,21 +209,21 @@ def run(args) -> dict:
             if not timeline.exists():
                 raise RuntimeError(f"locust wrote no timeline:\n{stderr[-3000:]}")
             last = deltas.published[-1][0]
-            address = stack.state["ps_shards"][0][1]
+            address = stack.state.ps_shards[0][1]
             deadline = time.time() + 60
             while (view := _ps_view(address)) is None or view[2] < last:
                 if time.time() > deadline:
                     break  # counted as lost below
                 time.sleep(0.1)
-            lost, seq = lost_deltas(deltas, address, 0, len(stack.state["ps_shards"]), stack.state["version"])
-            before = score_test_split(stack.state["endpoint"])
+            lost, seq = lost_deltas(deltas, address, 0, len(stack.state.ps_shards), stack.state.version)
+            before = score_test_split(stack.state.endpoint)
             fuzz = {}
             if args.fuzz_cases:
                 from loadtest.fuzz import fuzz_stack
 
                 print(f"fuzzing the stack with {args.fuzz_cases} cases ...", flush=True)
                 fuzz = fuzz_stack(stack.state, args.fuzz_cases)
-            after = score_test_split(stack.state["endpoint"])
+            after = score_test_split(stack.state.endpoint)
             result = analyse(np.loadtxt(timeline, ndmin=2), events, t_start, args)
             result.update(lost_deltas=lost, deltas_published=len(deltas.published), recovered_delta_seq=seq,
                           last_delta_seq=last, scores_unchanged_by_fuzz=bool(np.array_equal(before, after)),
@@ -232,7 +236,7 @@ def run(args) -> dict:
 def stack_restarts(run_dir: Path) -> dict:
     from serving.stack.state import read_state
 
-    return read_state(run_dir).get("restarts", {})
+    return read_state(run_dir).restarts
 
 
 def analyse(tl: np.ndarray, events: list[dict], t_start: float, args) -> dict:

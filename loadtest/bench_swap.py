@@ -26,7 +26,6 @@ marked).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
@@ -95,7 +94,7 @@ def swap_schedule(root: Path, stack, args, events: list[dict]) -> None:
     from model_store.releases import publish
     from serving.ps.deltas import DeltaWriter
 
-    shards = Shards(stack.state["ps"])
+    shards = Shards(stack.state.ps)
     rng = np.random.default_rng(0)
     time.sleep(args.steady_s)
     writer = DeltaWriter(root, "criteo")
@@ -115,10 +114,9 @@ def swap_schedule(root: Path, stack, args, events: list[dict]) -> None:
     publish(root, "criteo", v2)
     live = shards.wait(lambda v, s: v == v2, timeout_s=120)
     events.append({"kind": "full version switch", "version": v2, "start": t0, "live": live})
-    state_file = stack.run_dir / "stack.json"
-    while (
-        json.loads(state_file.read_text()).get("dense_version") != v2
-    ):  # the controller's record: registered + default
+    from serving.stack.state import read_state
+
+    while read_state(stack.run_dir).dense_version != v2:  # the controller's record: registered + default
         if time.time() - t0 > 120:
             raise TimeoutError("dense version switch not live after 120 s")
         time.sleep(0.05)
@@ -143,7 +141,7 @@ def run(args) -> dict:
             timeline = work / "timeline.txt"
             events: list[dict] = []
             t_start = time.time()
-            locust = start_locust_timeline(stack.state["inference"], args.rate, args.duration, timeline)
+            locust = start_locust_timeline(stack.state.inference, args.rate, args.duration, timeline)
             errors: list[BaseException] = []
 
             def swaps():

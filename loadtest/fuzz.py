@@ -29,8 +29,12 @@ import struct
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from serving.stack.state import StackState
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST = ROOT / "data" / "criteo" / "wide_resdnn_criteo_test.tsv"
@@ -67,13 +71,14 @@ class Corpus:
     def __init__(self):
         import orjson
 
+        from features import stream
         from features.codec import encode
-        from features.readers import read_criteo, to_records
+        from features.readers import to_records
         from features.schema import load_schema
         from features.transform import transform
 
         schema = load_schema(SCHEMA)
-        table = read_criteo(str(TEST), 200)
+        table = stream.read(TEST, schema, limit=200)
         records = to_records(table, schema)
         self.records = [records[i : i + n] for i, n in ((0, 1), (1, 5), (10, 20), (40, 50))]
         self.blobs = [encode(transform(r, schema)) for r in self.records]
@@ -203,10 +208,10 @@ def worker_case(rng: np.random.Generator, corpus: Corpus, version: str) -> tuple
 
 
 class _Http:
-    def __init__(self, state: dict, binary: bool):
+    def __init__(self, state: StackState, binary: bool):
         from serving.scoring.client import ScoringClient
 
-        self.client = ScoringClient(state["endpoint"], key_file=state.get("key_file"), timeout_s=30.0)
+        self.client = ScoringClient(state.endpoint, key_file=state.key_file, timeout_s=30.0)
         self.ctype = "application/octet-stream" if binary else "application/json"
 
     def send(self, body: bytes) -> tuple[str, bool, str]:
@@ -246,9 +251,9 @@ class _Grpc:
         self.channel.close()
 
 
-def _fuzz_target(target: str, state: dict, cases: int, seed: int, threads: int) -> dict:
+def _fuzz_target(target: str, state: StackState, cases: int, seed: int, threads: int) -> dict:
     corpus = Corpus()
-    version = state.get("version", "")
+    version = state.version
     statuses: Counter = Counter()
     examples: list[dict] = []
     lock = threading.Lock()
@@ -263,10 +268,10 @@ def _fuzz_target(target: str, state: dict, cases: int, seed: int, threads: int) 
                 else (lambda: binary_case(rng, corpus))
             )
         elif target == "ps_grpc":
-            sender = _Grpc(state["ps"][k % len(state["ps"])], "recserve.v1.EmbeddingPS")
+            sender = _Grpc(state.ps[k % len(state.ps)], "recserve.v1.EmbeddingPS")
             make = lambda: ps_case(rng, corpus, version)  # noqa: E731
         else:
-            sender = _Grpc(state["worker"], "recserve.v1.EmbeddingWorker")
+            sender = _Grpc(state.worker, "recserve.v1.EmbeddingWorker")
             make = lambda: worker_case(rng, corpus, version)  # noqa: E731
         mine: Counter = Counter()
         try:
@@ -297,7 +302,7 @@ def _fuzz_target(target: str, state: dict, cases: int, seed: int, threads: int) 
             "examples": examples}  # fmt: skip
 
 
-def fuzz_stack(state: dict, cases: int = 100_000, seed: int = 0, threads: int = 4) -> dict:
+def fuzz_stack(state: StackState, cases: int = 100_000, seed: int = 0, threads: int = 4) -> dict:
     per = -(-cases // len(TARGETS))
     by_target = {}
     for target in TARGETS:

@@ -22,30 +22,28 @@ def run_up(cfg: StackConfig) -> int:
         print(f"recserve up: {e}", file=sys.stderr)
         return 1
     s = stack.state
-    replicas = len(s["ps"]) // len(s["ps_shards"])
+    replicas = len(s.ps) // len(s.ps_shards)
     print(
-        f"serving {s['model']} version {s['version']}: {len(s['ps_shards'])} PS shard(s) x {replicas} replica(s) "
-        f"{', '.join(s['ps'])}, worker {s['worker']}"
+        f"serving {s.model} version {s.version}: {len(s.ps_shards)} PS shard(s) x {replicas} replica(s) "
+        f"{', '.join(s.ps)}, worker {s.worker}"
     )
-    for shard in s["shards"]:
-        print(f"  ps shard {shard['shard']} ({shard['address']}): version {shard['version']}, "
-              f"delta {shard['delta_seq']}, {shard['rows']} rows")  # fmt: skip
-    print(f"endpoint: POST {s['endpoint']}")
-    metrics = ", ".join(
-        f"{name} http://{address}/metrics" for name, address in sorted(s["metrics_endpoints"].items())
-    )
+    for shard in s.shards:
+        print(f"  ps shard {shard.shard} ({shard.address}): version {shard.version}, "
+              f"delta {shard.delta_seq}, {shard.rows} rows")  # fmt: skip
+    print(f"endpoint: POST {s.endpoint}")
+    metrics = ", ".join(f"{name} http://{address}/metrics" for name, address in sorted(s.metrics_endpoints.items()))
     print(f"metrics: {metrics}\n  (Prometheus targets: {stack.run_dir / 'prometheus-targets.json'})")
-    if s["token_auth"]:
-        print(f"token auth is ON: send 'Authorization: Bearer <inference key>' from {s['key_file']}")
+    if s.token_auth:
+        print(f"token auth is ON: send 'Authorization: Bearer <inference key>' from {s.key_file}")
     else:
         print("token auth is OFF (--no-token-auth): anyone on this host can call the APIs")
-    if s.get("tls"):
-        client = s["tls"]["client"]
+    if s.tls:
+        client = s.tls["client"]
         mtls = f"; clients must present {client['cert']} (mTLS)" if client["cert"] else ""
         print(f"TLS is ON for the PS shards and the worker: CA {client['ca']}{mtls}")
     else:
         print("gRPC (PS shards, worker) is plaintext on loopback (--tls turns TLS on)")
-    if "supervisor" in s["pids"]:
+    if "supervisor" in s.pids:
         print(f"supervised: a process that dies is restarted (see {stack.run_dir}/logs/supervisor.log)")
     print(f"stop with: recserve down --run-dir {stack.run_dir}")
     return 0

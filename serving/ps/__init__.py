@@ -1,8 +1,11 @@
-"""The embedding parameter server: store (``store``), dumps (``persist``), gRPC service
-(``server``) and client (``client``).
+"""The embedding parameter server. Training store: ``store`` (``EmbeddingStore``, with its
+``persistence``, ``growth`` and ``optim`` parts and the compiled kernels of ``index``); serving
+store: ``mapped`` (``MappedStore`` over ``table``'s ``BucketTable``), kept current by ``follow``;
+``deltas`` writes deltas from outside a run; gRPC service: ``server`` (``metrics``), client:
+``client``.
 
-``EmbeddingStore`` (the training store: compiled kernels, numba) is imported on first use, so a
-serving shard -- ``recserve ps --follow``, numpy only -- never loads numba."""
+``EmbeddingStore`` (compiled kernels, numba) is imported on first use, so a serving shard --
+``recserve ps --follow``, numpy only -- never loads numba."""
 
 from model_store.shards import StoreError
 from serving.ps.config import StoreConfig

@@ -1,8 +1,8 @@
 """The store of a serving PS shard: an immutable version, memory-mapped, plus a delta overlay.
 
 Serving needs keys, rows and an index; no optimizer state, no touch counters, no capacity. A
-``MappedStore`` serves one ``Served`` snapshot: the version's ``Table`` (mapped read-only from the
-model store, serving/ps/table.py), an in-memory overlay ``Table`` of the rows its deltas changed
+``MappedStore`` serves one ``Served`` snapshot: the version's ``BucketTable`` (mapped read-only from the
+model store, serving/ps/table.py), an in-memory overlay ``BucketTable`` of the rows its deltas changed
 or added (deleted signs as tombstones), the version name and the last delta applied. Snapshots
 are immutable; every change builds a new one beside the served one and *flips a reference*:
 
@@ -37,7 +37,7 @@ from features.hashing import has_duplicates
 from model_store import shards
 from model_store.shards import ShardData, StoreError
 from serving.ps.config import StoreConfig, as_signs, check_holds
-from serving.ps.table import Table
+from serving.ps.table import BucketTable
 
 __all__ = ["MappedStore", "Served"]
 
@@ -46,16 +46,16 @@ __all__ = ["MappedStore", "Served"]
 class Served:
     """What a serving shard answers from, as one immutable value."""
 
-    base: Table
-    overlay: Table
+    base: BucketTable
+    overlay: BucketTable
     version: str = ""
     delta_seq: int = -1
     rows: int = 0
     """Live rows: the version's, plus the ones deltas added, minus the ones they deleted."""
 
     @classmethod
-    def of(cls, base: Table, version: str, delta_seq: int) -> Served:
-        return cls(base, Table.empty(base.dim, base.rows.dtype), version, delta_seq, len(base))
+    def of(cls, base: BucketTable, version: str, delta_seq: int) -> Served:
+        return cls(base, BucketTable.empty(base.dim, base.rows.dtype), version, delta_seq, len(base))
 
     def with_delta(self, data: ShardData) -> Served:
         """This snapshot with a delta applied (a new overlay; self is unchanged). Deletions and
@@ -82,7 +82,7 @@ class Served:
         # the last occurrence of each sign wins: first occurrence in the reversed arrays
         _, first = np.unique(signs[::-1], return_index=True)
         keep = len(signs) - 1 - first
-        overlay = Table.build(signs[keep], rows[keep], dead[keep])
+        overlay = BucketTable.build(signs[keep], rows[keep], dead[keep])
         in_base = self.base.find(overlay.keys) >= 0
         live = len(self.base) + int((~in_base & ~overlay.dead).sum()) - int((in_base & overlay.dead).sum())
         return Served(self.base, overlay, self.version, seq, live)
@@ -95,7 +95,7 @@ class MappedStore:
 
     def __init__(self, config: StoreConfig, keep_s: float = 30.0, clock=time.monotonic):
         self.config = config
-        self.served = Served.of(Table.empty(config.dim, config.dtype), "", -1)
+        self.served = Served.of(BucketTable.empty(config.dim, config.dtype), "", -1)
         self.kept: dict[str, Served] = {}
         """Versions replaced by a switch, still answering lookups that name them."""
         self.keep_s = keep_s
@@ -250,7 +250,7 @@ class MappedStore:
         cfg = self.config
         shards.check_compatible(meta, cfg.dim, meta["dtype"], cfg.schema_hash, where)
 
-    def _open_table(self, paths) -> tuple[Table, dict]:
+    def _open_table(self, paths) -> tuple[BucketTable, dict]:
         cfg = self.config
         dirs = shards.shard_dirs(paths)
         own = shards.shard_dir_name(cfg.shard, cfg.num_shards)
@@ -262,7 +262,7 @@ class MappedStore:
                 meta = {}
             if meta.get("bucket_bits") is not None and meta.get("num_shards") == cfg.num_shards:
                 self._check(meta, str(d))
-                table, meta = Table.open(d, self.verify_duty)
+                table, meta = BucketTable.open(d, self.verify_duty)
                 if cfg.dtype == "float16" and table.rows.dtype != np.float16:
                     table = table.astype(np.float16)
                 return table, meta
@@ -272,7 +272,7 @@ class MappedStore:
         if has_duplicates(data.signs):
             raise StoreError(f"{paths}: the dump holds duplicate signs; refusing it")
         rows = data.rows.astype(np.float16) if cfg.dtype == "float16" else data.rows
-        return Table.build(data.signs, rows), data.meta
+        return BucketTable.build(data.signs, rows), data.meta
 
     # ---- introspection ----------------------------------------------------------------------
     @property

@@ -3,7 +3,7 @@
 A full shard dump (model_store.shards) stores its signs in bucket order with a directory of
 bucket offsets, so the dump *is* a hash index: the signs of bucket ``b`` (the top ``bits`` bits of
 ``table_hash(sign)``) are ``keys[buckets[b]:buckets[b + 1]]``, 4 to 8 of them on average, and
-their rows are at the same positions. ``Table.open`` maps ``signs.npy``, ``rows.npy`` and
+their rows are at the same positions. ``BucketTable.open`` maps ``signs.npy``, ``rows.npy`` and
 ``buckets.npy`` read-only (``mmap``), after checking each file's checksum (XXH3-128; sha256 in
 dumps written before it) against the dump's manifest *through the mapping*: verifying is also
 what brings the pages in, so the first lookups after a flip do not fault. Checksum passes beside
@@ -13,7 +13,7 @@ cores nor the memory bandwidth their lookups need. Processes mapping the same ve
 pages in the page cache.
 A table costs 8 bytes of key + the row + 0.5-1 byte of directory per row, and nothing to build.
 
-``Table.build`` makes the same structure in memory (deltas' overlays, re-sharded or old dumps).
+``BucketTable.build`` makes the same structure in memory (deltas' overlays, re-sharded or old dumps).
 A lookup is numpy over the whole request (the directory, every candidate key of every bucket, the
 rows), so the random reads of different signs overlap in the memory system. Serving needs no
 compiled kernel: a serving PS process does not load numba (~120 MB of resident memory per
@@ -40,7 +40,7 @@ from model_store.shards import StoreError
 
 
 @dataclass(frozen=True)
-class Table:
+class BucketTable:
     """Signs in bucket order, their rows, the bucket directory; optionally tombstones."""
 
     keys: np.ndarray
@@ -74,18 +74,18 @@ class Table:
                 time.sleep(0.001)
 
     @classmethod
-    def empty(cls, dim: int, dtype="float32") -> Table:
+    def empty(cls, dim: int, dtype="float32") -> BucketTable:
         return cls.build(np.empty(0, np.uint64), np.empty((0, dim), dtype))
 
     @classmethod
-    def build(cls, signs: np.ndarray, rows: np.ndarray, dead: np.ndarray | None = None) -> Table:
+    def build(cls, signs: np.ndarray, rows: np.ndarray, dead: np.ndarray | None = None) -> BucketTable:
         """The table of distinct ``signs`` in memory (sorts them into bucket order)."""
         order, directory, bits = shards.bucket_layout(signs)
         d = np.empty(0, np.bool_) if dead is None else np.ascontiguousarray(dead[order])
         return cls(np.ascontiguousarray(signs[order]), np.ascontiguousarray(rows[order]), directory, bits, d)
 
     @classmethod
-    def open(cls, shard_dir: str | Path, duty: float = 1.0) -> tuple[Table, dict]:
+    def open(cls, shard_dir: str | Path, duty: float = 1.0) -> tuple[BucketTable, dict]:
         """Map a full dump's bucket-ordered files read-only, each verified against the manifest
         first, its checksum pass paced to ``duty``. Raises StoreError if the dump is incomplete,
         corrupt or not bucket-ordered."""
@@ -164,11 +164,11 @@ class Table:
         slots[owner[match]] = pos[match]
         return slots
 
-    def astype(self, dtype) -> Table:
+    def astype(self, dtype) -> BucketTable:
         """The same table with rows of ``dtype`` (a copy in memory; keys and directory shared)."""
         if self.rows.dtype == np.dtype(dtype):
             return self
-        return Table(
+        return BucketTable(
             self.keys, self.rows.astype(dtype), self.buckets, self.bits, self.dead, self.mapped, self.maps
         )
 

@@ -63,7 +63,7 @@ class Controller:
 
     @property
     def served(self) -> str:
-        return self.stack.state["dense_version"]
+        return self.stack.state.dense_version
 
     def step(self) -> str | None:
         """One poll: swap to CURRENT if it changed and validates; returns the new version or None."""
@@ -92,14 +92,14 @@ class Controller:
             return None
         old = self.served
         t0 = time.monotonic()
-        self.stack.register(
+        self.stack.dense.register(
             model_store.version_dir(self.stack.root, cfg.model, target), target, make_default=True
         )
         self.stack.save_state("dense_version")
         log.info("dense model %s -> %s registered and default in %.2fs", old, target, time.monotonic() - t0)
         time.sleep(self.drain_s)  # requests routed to the old version finish
         try:
-            self.stack.management().unregister(cfg.model, old, synchronous=False)  # see LocalStack.register
+            self.stack.dense.retire(old)
         except Exception as e:  # noqa: BLE001 - an old version that lingers is logged, not fatal
             log.warning("unregistering %s failed: %s", old, e)
         return target
@@ -108,7 +108,7 @@ class Controller:
         """Skip ``version`` from now on, count it, and record why in stack.json for `recserve versions`."""
         self.refused.add(version)
         self.refusals.labels("controller", "version").inc()
-        self.stack.state.setdefault("refused", {})[version] = why
+        self.stack.state.refused[version] = why
         self.stack.save_state("refused")
 
     def wait_shards(self, version: str, poll_s: float = 0.2) -> tuple[str, bool]:
@@ -119,7 +119,7 @@ class Controller:
         from serving.stack import tls as stack_tls
 
         tls = stack_tls.client(self.stack.state)
-        clients = [PSClient(a, timeout_s=2.0, tls=tls) for a in self.stack.state.get("ps", [])]
+        clients = [PSClient(a, timeout_s=2.0, tls=tls) for a in self.stack.state.ps]
         deadline = time.monotonic() + self.shards_timeout_s
         try:
             while True:

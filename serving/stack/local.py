@@ -21,106 +21,53 @@ only; token auth stays ON unless ``disable_token_auth`` is set (the local demo s
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import model_store
 from serving.rpc.procs import free_ports, spawn, start_time, stop_pid, wait_grpc_healthy
 from serving.stack import state as stack_state
 from serving.stack import tls as stack_tls
-from serving.stack.state import any_alive, down, read_state, serving_view, update_state, write_state
+from serving.stack.config import StackConfig
+from serving.stack.dense import DenseSwitch
+from serving.stack.packaging import torchserve_config
+from serving.stack.state import (
+    Command,
+    ServedShard,
+    StackState,
+    any_alive,
+    down,
+    read_state,
+    remove_state,
+    serving_view,
+    state_exists,
+    update_state,
+    write_state,
+)
 
 __all__ = ["LocalStack", "StackConfig", "default_run_dir", "down", "serving_view"]
 
-ROOT = Path(__file__).resolve().parents[2]
-HANDLER = ROOT / "handlers" / "recserve_handler.py"
-
-
-@dataclass
-class StackConfig:
-    """What to serve and where (``recserve up``)."""
-
-    store: str = field(default_factory=model_store.default_root)
-    """Model-store root ($RECSERVE_STORE or ./artifacts)."""
-    model: str = "criteo"
-    """Model name in the store (and the TorchServe model name)."""
-    version: str | None = None
-    """Version to serve (None: the one CURRENT names, followed as it changes)."""
-    run_dir: str | None = None
-    """Pid files, logs and configs (None: <store>/.run/<model>)."""
-    host: str = "127.0.0.1"
-    """Interface every listener binds (loopback unless told otherwise)."""
-    http_port: int = 8080
-    """TorchServe inference port (0: any free port)."""
-    management_port: int = 8081
-    """TorchServe management port, loopback only (0: any free port)."""
-    metrics_port: int = 8082
-    """TorchServe metrics port (0: any free port)."""
-    worker_port: int = 0
-    """Embedding worker gRPC port (0: any free port)."""
-    ps_shards: int = 0
-    """PS processes (0: as many as the version was trained with; else re-sharded on load)."""
-    ps_ports: list[int] = field(default_factory=list)
-    """One gRPC port per PS process, shard by shard (shard 0's replicas first; empty: free ports)."""
-    replicas: int = 1
-    """PS processes per shard, each following the store on its own: the worker spreads a shard's
-    lookups over its SERVING replicas and retries another when one fails."""
-    supervise: bool = True
-    """Start the supervisor: a process of the stack that dies is restarted (with backoff)."""
-    dtype: str = field(default="float32", metadata={"choices": ["float32", "float16"]})
-    """Row storage of the PS shards: float32 maps the version's rows as they are; float16 halves
-    row memory (an fp32 version's rows converted into memory at load)."""
-    runtime: str = field(default="torchscript", metadata={"choices": ["torchscript", "onnx"]})
-    """Dense runtime in the handler."""
-    disable_token_auth: bool = field(default=False, metadata={"flag": "no-token-auth"})
-    """Turn TorchServe token auth OFF (it is on by default; `up` says which)."""
-    ts_workers: int = 1
-    """TorchServe handler processes."""
-    batch_size: int = 1
-    """TorchServe batching (requests per handler call)."""
-    max_batch_delay_ms: int = 1
-    """How long TorchServe waits to fill a batch."""
-    worker_timeout_s: float = 1.0
-    """Deadline of the handler's worker call."""
-    max_items: int = 1000
-    """Items per scoring request."""
-    worker_in_handler: bool = False
-    """Run the embedding worker as a library inside the handler over the PS shards (one process
-    hop and one 330 KB pooled reply fewer per request); the worker process still serves others."""
-    lookups: str = field(default="remote", metadata={"choices": ["remote", "colocated", "auto"]})
-    """Where the handler reads rows: remote (worker/PS), colocated or auto (ScoringConfig.lookups)."""
-    startup_timeout_s: float = 180.0
-    """How long `up` waits for every part to be healthy (every PS shard serving the version)."""
-    poll_s: float = 1.0
-    """How often the PS shards and the controller look for new versions/deltas."""
-    tls: bool = False
-    """Make a local CA and certificates under <run_dir>/tls; the PS shards and the worker serve TLS."""
-    tls_client_auth: bool = True
-    """With --tls: mTLS, the PS shards and the worker accept only the stack's client certificate."""
-
-    def __post_init__(self) -> None:
-        if self.replicas < 1:
-            raise ValueError(f"--replicas must be >= 1, not {self.replicas}")
-
 
 class LocalStack:
+    """Starts, health-checks and stops the stack's processes; its state is ``state`` (stack.json),
+    its dense versions are switched by ``dense`` (``serving.stack.dense``)."""
+
     def __init__(self, config: StackConfig):
         self.config = config
         self.root = Path(config.store).resolve()
         self.run_dir = Path(config.run_dir or default_run_dir(config.store, config.model)).resolve()
-        self.state: dict = {}
+        self.state = StackState(model=config.model, version="", run_dir=str(self.run_dir), config=config)
         self._procs: dict = {}
         self._ts = None
+
+    @property
+    def dense(self) -> DenseSwitch:
+        return DenseSwitch(self.config, self.state, self.run_dir)
 
     # --- start ----------------------------------------------------------------------------------
     def start(self) -> LocalStack:
         cfg = self.config
-        if (self.run_dir / "stack.json").exists() and any_alive(
-            json.loads((self.run_dir / "stack.json").read_text())
-        ):
+        if state_exists(self.run_dir) and any_alive(read_state(self.run_dir)):
             raise RuntimeError(f"a stack is already running from {self.run_dir}; run `recserve down` first")
         current = model_store.current(self.root, cfg.model)
         version = cfg.version or current
@@ -138,10 +85,9 @@ class LocalStack:
         worker_port = cfg.worker_port or free_ports(1, cfg.host)[0]
         self.run_dir.mkdir(parents=True, exist_ok=True)
         logs = self.run_dir / "logs"
-        self.state = {"model": cfg.model, "version": version, "run_dir": str(self.run_dir), "pids": {},
-                      "commands": {}}  # fmt: skip
+        self.state = StackState(model=cfg.model, version=version, run_dir=str(self.run_dir), config=cfg)
         if cfg.tls:
-            self.state["tls"] = stack_tls.create(self.run_dir / "tls", cfg.host, cfg.tls_client_auth)
+            self.state.tls = stack_tls.create(self.run_dir / "tls", cfg.host, cfg.tls_client_auth)
         try:
             self._start_ps(vdir, manifest, ps_ports, logs)
             self._start_worker(vdir, ps_ports, worker_port, logs)
@@ -163,18 +109,18 @@ class LocalStack:
         """Start ``recserve <args>`` as ``name``; its pid and command go into the state (the
         supervisor restarts it with the same command)."""
         self._procs[name] = spawn(args, log)
-        self.state["pids"][name] = self._procs[name].pid
-        self.state["commands"][name] = {"args": args, "log": str(log)}
+        self.state.pids[name] = self._procs[name].pid
+        self.state.commands[name] = Command(args, str(log))
 
     def _start_supervisor(self, logs: Path) -> None:
         proc = self._procs["supervisor"] = spawn(["supervisor", "--run-dir", str(self.run_dir)],
                                                  logs / "supervisor.log")  # fmt: skip
         began = start_time(proc.pid)
-        self.state["pids"]["supervisor"] = proc.pid
-        self.state["started_at"]["supervisor"] = began
+        self.state.pids["supervisor"] = proc.pid
+        self.state.started_at["supervisor"] = began
 
-        def add(state: dict) -> None:
-            state["pids"]["supervisor"], state["started_at"]["supervisor"] = proc.pid, began
+        def add(state: StackState) -> None:
+            state.pids["supervisor"], state.started_at["supervisor"] = proc.pid, began
 
         update_state(self.run_dir, add)
 
@@ -199,11 +145,11 @@ class LocalStack:
                         *stack_tls.server_flags(self.state)]  # fmt: skip
                 self._spawn(name, args, logs / f"{name}.log")
                 self._ps_names[address] = (name, label)
-        self.state["ps"] = [a for replicas in shards for a in replicas]
-        self.state["ps_shards"] = shards
-        self.state["shards"] = self._wait_shards_serve(vdir.name, logs)
+        self.state.ps = [a for replicas in shards for a in replicas]
+        self.state.ps_shards = shards
+        self.state.shards = self._wait_shards_serve(vdir.name, logs)
 
-    def _wait_shards_serve(self, version: str, logs: Path) -> list[dict]:
+    def _wait_shards_serve(self, version: str, logs: Path) -> list[ServedShard]:
         """Poll every PS shard's Stats until each serves ``version`` (a pinned version is served
         once the shard answers: it loaded the dump before listening). Fails as soon as every shard
         has either served it, refused it or exited, with one that did not; or after
@@ -212,7 +158,7 @@ class LocalStack:
         from serving.ps.client import PSClient
 
         cfg = self.config
-        clients = [PSClient(a, timeout_s=2.0, tls=stack_tls.client(self.state)) for a in self.state["ps"]]
+        clients = [PSClient(a, timeout_s=2.0, tls=stack_tls.client(self.state)) for a in self.state.ps]
         deadline = time.monotonic() + cfg.startup_timeout_s
         try:
             while True:
@@ -235,7 +181,7 @@ class LocalStack:
             for client in clients:
                 client.close()
 
-    def _shard_state(self, client, version: str, logs: Path) -> tuple[dict | None, str, bool]:
+    def _shard_state(self, client, version: str, logs: Path) -> tuple[ServedShard | None, str, bool]:
         """(what the PS at ``client`` serves, or None; why it does not serve ``version``; whether
         that is final)."""
         from serving.ps.client import ShardError
@@ -253,15 +199,17 @@ class LocalStack:
             return None, st["refusal"], True
         if self._follows and st["version"] != version:
             return None, f"serves version {st['version'] or '(none yet)'}", False
-        served = {"address": client.target, "shard": st["shard"], "version": st["version"] or version,
-                  "delta_seq": st["delta_seq"], "rows": st["rows"]}  # fmt: skip
-        return served, "", False
+        return (
+            ServedShard(client.target, st["shard"], st["version"] or version, st["delta_seq"], st["rows"]),
+            "",
+            False,
+        )
 
     def _start_worker(self, vdir: Path, ps_ports: list[int], port: int, logs: Path) -> None:
         cfg = self.config
         from serving.worker.replicas import format_ps_spec
 
-        args = ["worker", "--ps", format_ps_spec(self.state["ps_shards"]), "--schema", str(vdir / "schema.yaml"),
+        args = ["worker", "--ps", format_ps_spec(self.state.ps_shards), "--schema", str(vdir / "schema.yaml"),
                 "--host", cfg.host, "--port", str(port), "--metrics-port", str(self._metrics_port("worker")),
                 *stack_tls.server_flags(self.state, worker=True)]  # fmt: skip
         self._spawn("worker", args, logs / "worker.log")
@@ -269,7 +217,7 @@ class LocalStack:
             f"{cfg.host}:{port}", cfg.startup_timeout_s, self._procs["worker"], logs / "worker.log",
             stack_tls.client(self.state),
         )  # fmt: skip
-        self.state["worker"] = f"{cfg.host}:{port}"
+        self.state.worker = f"{cfg.host}:{port}"
 
     def _start_torchserve(self, vdir: Path, version: str, worker_port: int) -> None:
         from serving.torchserve import TorchServe
@@ -282,40 +230,18 @@ class LocalStack:
             )
         ]
         ports += free_ports(2, cfg.host)  # TorchServe's gRPC servers (unused, but always started)
-        self.state["torchserve_ports"] = ports  # a restart (the supervisor) takes the same ones
-        ts_cfg = self._torchserve_config()
+        s = self.state
+        s.torchserve_ports = ports  # a restart (the supervisor) takes the same ones
+        ts_cfg = torchserve_config(cfg, s, self.run_dir)
         self._ts = TorchServe(ts_cfg).start()
-        self.state["pids"]["torchserve"] = self._ts.pid
+        s.pids["torchserve"] = self._ts.pid
         self._ts.wait_healthy(cfg.startup_timeout_s)
-        self.state.update(
-            endpoint=f"http://{cfg.host}:{ports[0]}/predictions/{cfg.model}",
-            inference=ts_cfg.url(ports[0]),
-            management=ts_cfg.url(ports[1]),
-            metrics=ts_cfg.url(ports[2]),
-            metrics_endpoints={
-                **self.state.get("metrics_endpoints", {}),
-                "torchserve": f"{cfg.host}:{ports[2]}",
-            },
-            token_auth=not cfg.disable_token_auth,
-            key_file=None if cfg.disable_token_auth else str(self._ts.key_file),
-        )
-        self.register(vdir, version, make_default=True)
-
-    def _torchserve_config(self):
-        from serving.torchserve import TorchServeConfig
-        from serving.torchserve.config import niced_python
-
-        cfg, ports = self.config, self.state["torchserve_ports"]
-        ts_store = self.run_dir / "torchserve-store"
-        ts_store.mkdir(parents=True, exist_ok=True)
-        python = niced_python(self.run_dir / "python-niced")
-        return TorchServeConfig(
-            model_store=ts_store, run_dir=self.run_dir / "torchserve", host=cfg.host,
-            inference_port=ports[0], management_port=ports[1], metrics_port=ports[2],
-            grpc_inference_port=ports[3], grpc_management_port=ports[4],
-            default_workers_per_model=cfg.ts_workers, batch_size=cfg.batch_size,
-            max_batch_delay_ms=cfg.max_batch_delay_ms, disable_token_auth=cfg.disable_token_auth, python=str(python),
-        )  # fmt: skip
+        s.endpoint = f"http://{cfg.host}:{ports[0]}/predictions/{cfg.model}"
+        s.inference, s.management, s.metrics = (ts_cfg.url(p) for p in ports[:3])
+        s.metrics_endpoints["torchserve"] = f"{cfg.host}:{ports[2]}"
+        s.token_auth = not cfg.disable_token_auth
+        s.key_file = None if cfg.disable_token_auth else str(self._ts.key_file)
+        self.dense.register(vdir, version, make_default=True)
 
     def restart_torchserve(self):
         """Start TorchServe again (it died) on its old ports and register the dense version the
@@ -323,12 +249,12 @@ class LocalStack:
         ``TorchServe`` (whose process the caller owns). Token auth: new keys, in the same key file."""
         from serving.torchserve import TorchServe
 
-        self._ts = TorchServe(self._torchserve_config()).start()
+        self._ts = TorchServe(torchserve_config(self.config, self.state, self.run_dir)).start()
         try:
             self._ts.wait_healthy(self.config.startup_timeout_s)
-            version = self.state["dense_version"]
+            version = self.state.dense_version
             vdir = model_store.version_dir(self.root, self.config.model, version)
-            self.register(vdir, version, make_default=True)
+            self.dense.register(vdir, version, make_default=True)
         except BaseException:
             self._ts.stop()  # no half-started server holding the ports for the next try
             raise
@@ -339,62 +265,8 @@ class LocalStack:
         """A free port for process ``name``'s /metrics, recorded in the state (``metrics_endpoints``)."""
         host = self.config.host
         port = free_ports(1, host)[0]
-        self.state.setdefault("metrics_endpoints", {})[name] = f"{host}:{port}"
+        self.state.metrics_endpoints[name] = f"{host}:{port}"
         return port
-
-    # --- dense versions ---------------------------------------------------------------------------
-    def build_mar(self, vdir: Path, version: str) -> str:
-        """Archive the handler + a scoring.json pointing at ``vdir`` into TorchServe's store."""
-        from serving.torchserve import archive
-
-        cfg = self.config
-        staging = self.run_dir / "mar-staging" / version
-        staging.mkdir(parents=True, exist_ok=True)
-        scoring = {"version_dir": str(vdir), "worker": self.state["worker"], "runtime": cfg.runtime, "poll_s": cfg.poll_s,
-                   "worker_timeout_s": cfg.worker_timeout_s, "max_items": cfg.max_items, "lookups": cfg.lookups}  # fmt: skip
-        if cfg.worker_in_handler or cfg.lookups == "auto":
-            scoring["ps"] = ["|".join(replicas) for replicas in self.state["ps_shards"]]
-        scoring.update(stack_tls.scoring_fields(self.state))
-        (staging / "scoring.json").write_text(json.dumps(scoring, indent=2))
-        mar = archive(
-            HANDLER, [staging / "scoring.json"], cfg.model, version, self.run_dir / "torchserve-store"
-        )
-        shutil.rmtree(staging, ignore_errors=True)
-        return mar.name
-
-    def register(self, vdir: Path, version: str, make_default: bool, timeout_s: float = 180.0) -> None:
-        """Register a dense version and wait until its workers are READY (then make it the default).
-
-        Registration is asynchronous on purpose: TorchServe serves a synchronous register on one of
-        its netty event-loop threads, and every inference connection on that thread stalls until
-        the new workers are up (seconds). Asynchronous registration plus polling keeps serving."""
-        mgmt = self.management()
-        mgmt.register(self.build_mar(vdir, version), self.config.model, synchronous=False)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            workers = [w for d in mgmt.describe(self.config.model, version) for w in d.get("workers", [])]
-            if workers and all(w.get("status") == "READY" for w in workers):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{self.config.model} version {version}: workers not READY after {timeout_s}s: {workers}"
-                )
-            time.sleep(0.1)
-        if make_default:
-            mgmt.set_default(self.config.model, version)
-            self.state["dense_version"] = version
-
-    def management(self):
-        from serving.torchserve import ManagementClient
-
-        key = Path(self.state["key_file"]) if self.state.get("key_file") else None
-        return ManagementClient(self.state["management"], key)
-
-    def inference(self):
-        from serving.torchserve import InferenceClient
-
-        key = Path(self.state["key_file"]) if self.state.get("key_file") else None
-        return InferenceClient(self.state["inference"], key)
 
     # --- stop -----------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -414,26 +286,31 @@ class LocalStack:
             stop_pid(proc.pid, "recserve")
             proc.wait(10)
             self._procs.pop(name)
-        (self.run_dir / "stack.json").unlink(missing_ok=True)
+        remove_state(self.run_dir)
 
     def _write_state(self) -> None:
-        self.state["config"] = asdict(self.config)
-        self.state["started_at"] = {name: start_time(pid) for name, pid in self.state["pids"].items()}
-        self.state["started"] = time.time()
+        self.state.started_at = {name: start_time(pid) for name, pid in self.state.pids.items()}
+        self.state.started = time.time()
         write_state(self.run_dir, self.state)
 
-    def save_state(self, *keys: str) -> None:
-        """Write ``keys`` of this object's state into stack.json as it is now (the controller and
-        the supervisor each write their own entries of a running stack: ``serving.stack.state``)."""
-        if not keys:
-            raise ValueError("name the state keys to save")
-        update_state(self.run_dir, lambda state: state.update({k: self.state[k] for k in keys}))
+    def save_state(self, *names: str) -> None:
+        """Write the fields ``names`` of this object's state into stack.json as they are now (the
+        controller and the supervisor each write their own fields of a running stack)."""
+        if not names:
+            raise ValueError("name the state fields to save")
+        values = {name: getattr(self.state, name) for name in names}
+
+        def change(state: StackState) -> None:
+            for name, value in values.items():
+                setattr(state, name, value)
+
+        update_state(self.run_dir, change)
 
     @classmethod
     def attach(cls, run_dir: str | Path) -> LocalStack:
         """A handle on a running stack (from its stack.json) that owns none of its processes."""
         state = read_state(run_dir)
-        stack = cls(StackConfig(**state["config"]))
+        stack = cls(state.config)
         stack.run_dir = Path(run_dir).resolve()
         stack.state = state
         return stack

@@ -9,8 +9,9 @@ signal when the supervisor started it; "status unknown" when ``up`` did) and sta
 the same command -- the same ports, the same store, the same log file (appended) -- after a
 backoff: at once the first time, then ``backoff_s``, doubling up to ``max_backoff_s`` while it
 keeps dying within ``stable_s`` of its start. The replacement's pid and start time, and the
-restart count per process (``restarts``, and ``last_restart``: when, and how the old one ended),
-go into stack.json (``serving.stack.state``), so ``recserve down`` stops the replacement.
+restart count per process (``restarts``; ``deaths`` counts how often each was found dead, and
+``last_death`` says when and how it last ended) go into stack.json (``serving.stack.state``), so
+``recserve down`` stops the replacement.
 
 What a restart means:
 - a PS replica loads CURRENT and its deltas before it listens (``serving/ps/server.py``), so it
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from serving.rpc.procs import running, spawn, start_time
-from serving.stack.state import read_state, update_state
+from serving.stack.state import Command, Death, StackState, read_state, update_state
 
 log = logging.getLogger("recserve.supervisor")
 
@@ -79,16 +80,16 @@ class Supervisor:
         state = read_state(self.run_dir)
         now = time.monotonic()
         restarted = []
-        for name, pid in state.get("pids", {}).items():
+        for name, pid in state.pids.items():
             if name == "supervisor":
                 continue
-            if self._running(name, pid, state.get("started_at", {}).get(name)):
+            if self._running(name, pid, state.started_at.get(name)):
                 if now - self.started.get(name, -1e9) > self.config.stable_s:
                     self.quick_failures.pop(name, None)
                 continue
-            command = state.get("commands", {}).get(name)
+            command: Command | str | None = state.commands.get(name)
             if name == "torchserve":
-                command = {"torchserve": True}  # not a command line: LocalStack.restart_torchserve
+                command = "torchserve"  # not a command line: LocalStack.restart_torchserve
             if name not in self.down_since:
                 self.down_since[name] = now
                 ended = self._how_it_ended(name, pid)
@@ -128,40 +129,40 @@ class Supervisor:
         return min(self.config.backoff_s * 2 ** (k - 1), self.config.max_backoff_s)
 
     def _record(self, name: str, ended: str) -> None:
-        def change(state: dict) -> None:
-            state.setdefault("deaths", {})[name] = state.get("deaths", {}).get(name, 0) + 1
-            state.setdefault("last_death", {})[name] = {"at": time.time(), "how": ended}
+        def change(state: StackState) -> None:
+            state.deaths[name] = state.deaths.get(name, 0) + 1
+            state.last_death[name] = Death(at=time.time(), how=ended)
 
         update_state(self.run_dir, change)
 
-    def _restart(self, name: str, command: dict, now: float) -> None:
-        if command.get("torchserve"):
+    def _restart(self, name: str, command: Command | str, now: float) -> None:
+        if isinstance(command, Command):
+            proc = spawn(command.args, Path(command.log))
+        else:  # "torchserve"
             from serving.stack.local import LocalStack
 
             proc = LocalStack.attach(self.run_dir).restart_torchserve()._proc  # started and serving
-        else:
-            proc = spawn(command["args"], Path(command["log"]))
         self.children[name] = proc
         self.started[name] = now
         self.quick_failures[name] = self.quick_failures.get(name, 0) + 1
         down_s = now - self.down_since.pop(name)
         began = start_time(proc.pid)
 
-        def change(state: dict) -> None:
-            state["pids"][name] = proc.pid
-            state.setdefault("started_at", {})[name] = began
-            state.setdefault("restarts", {})[name] = state.get("restarts", {}).get(name, 0) + 1
+        def change(state: StackState) -> None:
+            state.pids[name] = proc.pid
+            state.started_at[name] = began
+            state.restarts[name] = state.restarts.get(name, 0) + 1
 
         state = update_state(self.run_dir, change)
         log.warning("restarted %s as pid %d (restart %d; found dead %.2fs earlier)",
-                    name, proc.pid, state["restarts"][name], down_s)  # fmt: skip
+                    name, proc.pid, state.restarts[name], down_s)  # fmt: skip
 
 
 def run_supervisor(config: SupervisorConfig) -> int:
     sup = Supervisor(config)
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    names = sorted(read_state(sup.run_dir).get("commands", {}))
+    names = sorted(read_state(sup.run_dir).commands)
     log.info("supervising %s from %s", ", ".join(names), sup.run_dir)
     while not stopping:
         try:

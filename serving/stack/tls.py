@@ -11,30 +11,34 @@ controller and ``recserve`` tools reading the stack (``client``) present it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from serving.rpc.tls import ClientTLS, ServerTLS, local_pki
 
+if TYPE_CHECKING:
+    from serving.stack.state import StackState
 
-def create(directory: str | Path, host: str, client_auth: bool) -> dict:
+
+def create(directory: str | Path, host: str, client_auth: bool) -> dict[str, dict[str, str]]:
     """New certificates under ``directory``; returns the state entry naming them."""
     server, client = local_pki(directory, [host], client_auth)
     return {"server": server.to_dict(), "client": client.to_dict()}
 
 
-def client(state: dict) -> ClientTLS | None:
+def client(state: StackState) -> ClientTLS | None:
     """What a client of the stack's PS shards and worker presents (None: the stack is plaintext)."""
-    return ClientTLS.from_dict((state.get("tls") or {}).get("client"))
+    return ClientTLS.from_dict((state.tls or {}).get("client"))
 
 
-def server_flags(state: dict, worker: bool = False) -> list[str]:
+def server_flags(state: StackState, worker: bool = False) -> list[str]:
     """The TLS flags of a PS shard, or of the worker (also its ``--ps-tls-*`` client side)."""
-    server = ServerTLS.from_dict((state.get("tls") or {}).get("server"))
+    server = ServerTLS.from_dict((state.tls or {}).get("server"))
     if server is None:
         return []
     return server.flags() + (client(state).flags("--ps-tls-") if worker else [])
 
 
-def scoring_fields(state: dict) -> dict:
+def scoring_fields(state: StackState) -> dict[str, str]:
     """The ``ScoringConfig`` TLS fields of the stack's scoring handler ({} when plaintext)."""
     tls = client(state)
     return {"tls_ca": tls.ca, "tls_cert": tls.cert, "tls_key": tls.key} if tls else {}

@@ -2,7 +2,7 @@
 
 When a model version's shard files are on the scoring host (the model store is a local disk or a
 mount every host shares), the scoring process maps them and gathers rows in-process with the same
-code a serving PS runs (``serving.ps.mapped.MappedStore`` over ``serving.ps.table.Table``): no
+code a serving PS runs (``serving.ps.mapped.MappedStore`` over ``serving.ps.table.BucketTable``): no
 gRPC hop, no encoding of signs or rows. The files are mapped read-only, so every process on the
 host that maps a version shares one copy of its rows in the page cache: N scoring processes cost
 one copy, not N.

@@ -13,7 +13,7 @@ from model_store import shards
 from model_store.shards import StoreError
 from serving.ps.mapped import MappedStore
 from serving.ps.store import EmbeddingStore, StoreConfig
-from serving.ps.table import Table
+from serving.ps.table import BucketTable
 
 DIM = 8
 
@@ -30,7 +30,7 @@ def test_table_lookups_equal_a_dict_of_the_same_rows():
     )
     rng.shuffle(query)
     for dtype in ("float32", "float16"):
-        table = Table.build(signs, rows.astype(dtype))
+        table = BucketTable.build(signs, rows.astype(dtype))
         assert (np.diff(table.buckets.astype(np.int64)) == 0).any()  # some buckets are empty
         out = np.full((len(query), DIM), 7.0, np.float32)
         slots = table.gather(query, out)
@@ -42,7 +42,7 @@ def test_table_lookups_equal_a_dict_of_the_same_rows():
                 assert slot == -1 and not got.any()
     dead = np.zeros(len(signs), bool)
     dead[::3] = True
-    overlay = Table.build(signs, rows, dead)
+    overlay = BucketTable.build(signs, rows, dead)
     out = np.full((len(query), DIM), 7.0, np.float32)
     slots = overlay.gather(query, out, zero_missing=False)
     is_dead = dict(zip(signs.tolist(), dead, strict=True))
@@ -53,7 +53,7 @@ def test_table_lookups_equal_a_dict_of_the_same_rows():
             assert slot >= 0 and not got.any()
         else:
             np.testing.assert_array_equal(got, ref[q])
-    assert (Table.empty(DIM).find(query) == -1).all()
+    assert (BucketTable.empty(DIM).find(query) == -1).all()
 
 
 def test_checksum_passes_take_turns_host_wide(tmp_path):
@@ -204,7 +204,7 @@ def test_a_bucket_directory_out_of_order_is_refused_though_its_checksum_matches(
                                            "bytes": path.stat().st_size}  # fmt: skip
         (shard / shards.MANIFEST).write_text(json.dumps(listing))
         with pytest.raises(StoreError, match="not a directory"):
-            Table.open(shard)
+            BucketTable.open(shard)
 
 
 def test_a_dump_written_before_xxh3_is_checked_by_its_sha256(tmp_path):
@@ -263,10 +263,10 @@ def test_a_serving_store_refuses_writes(tmp_path):
 
 
 def test_an_empty_table_and_a_tiny_one_answer_misses():
-    empty = Table.empty(DIM)
+    empty = BucketTable.empty(DIM)
     out = np.ones((3, DIM), np.float32)
     assert (empty.gather(np.array([1, 2, 3], np.uint64), out) == -1).all() and not out.any()
-    one = Table.build(np.array([42], np.uint64), np.full((1, DIM), 2.0, np.float32))
+    one = BucketTable.build(np.array([42], np.uint64), np.full((1, DIM), 2.0, np.float32))
     assert one.find(np.array([42, 43], np.uint64)).tolist() == [0, -1]
 
 
@@ -328,7 +328,7 @@ def test_a_released_table_drops_its_pages_and_a_late_lookup_still_reads_the_same
     trainer, signs = _trainer(60_000)
     trainer.version = "1"
     trainer.dump(tmp_path / "v1")
-    table, _ = Table.open(tmp_path / "v1/shard-0-of-1")
+    table, _ = BucketTable.open(tmp_path / "v1/shard-0-of-1")
     out = np.empty((len(signs), DIM), np.float32)
     table.gather(signs, out)
     before = out.copy()

@@ -4,7 +4,6 @@ plaintext client or one without the stack's client certificate is refused; `recs
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import subprocess
@@ -18,6 +17,7 @@ from serving.rpc.tls import ClientTLS
 from serving.scoring.client import ScoringClient
 from serving.stack import tls as stack_tls
 from serving.stack.local import down, serving_view
+from serving.stack.state import read_state
 from tests.helpers import ROOT
 from tests.serving.helpers import score_all
 
@@ -42,9 +42,9 @@ def test_up_tls_serves_scores_over_mtls_and_refuses_plaintext(trained, tmp_path)
         assert stat.S_IMODE(tls_dir.stat().st_mode) == 0o700
         for key in ("server.key", "client.key"):
             assert stat.S_IMODE((tls_dir / key).stat().st_mode) == 0o600
-        state = json.loads((run_dir / "stack.json").read_text())
+        state = read_state(run_dir)
 
-        client = ScoringClient(state["endpoint"], key_file=state["key_file"])  # handler -> worker over mTLS
+        client = ScoringClient(state.endpoint, key_file=state.key_file)  # handler -> worker over mTLS
         online = score_all(client, 400)
         client.close()
         offline = np.load(os.path.join(result.version_dir, "eval", "scores.npy"))[:400]
@@ -54,7 +54,7 @@ def test_up_tls_serves_scores_over_mtls_and_refuses_plaintext(trained, tmp_path)
         assert all("error" not in s for s in view["ps"]) and "error" not in view["worker"], view
         tls = stack_tls.client(state)
         for bad, match in ((None, "client speaks plaintext"), (ClientTLS(tls.ca), "client speaks TLS")):
-            with PSClient(state["ps"][0], timeout_s=5, tls=bad) as ps, pytest.raises(ShardError, match=match):
+            with PSClient(state.ps[0], timeout_s=5, tls=bad) as ps, pytest.raises(ShardError, match=match):
                 ps.stats()
     finally:
         down(run_dir)

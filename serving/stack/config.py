@@ -1,0 +1,74 @@
+"""``StackConfig``: what ``recserve up`` serves and where (recorded whole in stack.json)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import model_store
+
+
+@dataclass
+class StackConfig:
+    """What to serve and where (``recserve up``)."""
+
+    store: str = field(default_factory=model_store.default_root)
+    """Model-store root ($RECSERVE_STORE or ./artifacts)."""
+    model: str = "criteo"
+    """Model name in the store (and the TorchServe model name)."""
+    version: str | None = None
+    """Version to serve (None: the one CURRENT names, followed as it changes)."""
+    run_dir: str | None = None
+    """Pid files, logs and configs (None: <store>/.run/<model>)."""
+    host: str = "127.0.0.1"
+    """Interface every listener binds (loopback unless told otherwise)."""
+    http_port: int = 8080
+    """TorchServe inference port (0: any free port)."""
+    management_port: int = 8081
+    """TorchServe management port, loopback only (0: any free port)."""
+    metrics_port: int = 8082
+    """TorchServe metrics port (0: any free port)."""
+    worker_port: int = 0
+    """Embedding worker gRPC port (0: any free port)."""
+    ps_shards: int = 0
+    """PS processes (0: as many as the version was trained with; else re-sharded on load)."""
+    ps_ports: list[int] = field(default_factory=list)
+    """One gRPC port per PS process, shard by shard (shard 0's replicas first; empty: free ports)."""
+    replicas: int = 1
+    """PS processes per shard, each following the store on its own: the worker spreads a shard's
+    lookups over its SERVING replicas and retries another when one fails."""
+    supervise: bool = True
+    """Start the supervisor: a process of the stack that dies is restarted (with backoff)."""
+    dtype: str = field(default="float32", metadata={"choices": ["float32", "float16"]})
+    """Row storage of the PS shards: float32 maps the version's rows as they are; float16 halves
+    row memory (an fp32 version's rows converted into memory at load)."""
+    runtime: str = field(default="torchscript", metadata={"choices": ["torchscript", "onnx"]})
+    """Dense runtime in the handler."""
+    disable_token_auth: bool = field(default=False, metadata={"flag": "no-token-auth"})
+    """Turn TorchServe token auth OFF (it is on by default; `up` says which)."""
+    ts_workers: int = 1
+    """TorchServe handler processes."""
+    batch_size: int = 1
+    """TorchServe batching (requests per handler call)."""
+    max_batch_delay_ms: int = 1
+    """How long TorchServe waits to fill a batch."""
+    worker_timeout_s: float = 1.0
+    """Deadline of the handler's worker call."""
+    max_items: int = 1000
+    """Items per scoring request."""
+    worker_in_handler: bool = False
+    """Run the embedding worker as a library inside the handler over the PS shards (one process
+    hop and one 330 KB pooled reply fewer per request); the worker process still serves others."""
+    lookups: str = field(default="remote", metadata={"choices": ["remote", "colocated", "auto"]})
+    """Where the handler reads rows: remote (worker/PS), colocated or auto (ScoringConfig.lookups)."""
+    startup_timeout_s: float = 180.0
+    """How long `up` waits for every part to be healthy (every PS shard serving the version)."""
+    poll_s: float = 1.0
+    """How often the PS shards and the controller look for new versions/deltas."""
+    tls: bool = False
+    """Make a local CA and certificates under <run_dir>/tls; the PS shards and the worker serve TLS."""
+    tls_client_auth: bool = True
+    """With --tls: mTLS, the PS shards and the worker accept only the stack's client certificate."""
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"--replicas must be >= 1, not {self.replicas}")
