@@ -1,6 +1,6 @@
 """What ``transform`` accepts, checked against the schema and seen through one view (``Input``):
 
-- a ``Table`` (columns of strings, as ``features.stream`` and ``features.readers`` read files);
+- a ``Table`` (columns of strings, as ``features.stream`` reads files);
 - a list of flat records ``[{"C1": "05db9164", "I1": 3, ...}, ...]`` (one per row);
 - a ranking request ``{"context": {...}, "items": [{...}, ...]}``: context-scoped features once,
   item-scoped features per item. Such a batch stores its context slots once;

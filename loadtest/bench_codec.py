@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import orjson
 
+from features import stream
 from features.codec import decode, encode
-from features.readers import obd_candidates, read_criteo, read_obd, to_records
+from features.readers import read_obd, to_records
 from features.schema import load_schema
 from features.transform import transform
 from loadtest.common import median_us, print_table, report_targets, write_results
@@ -23,15 +24,15 @@ TARGETS = {
 
 def criteo_request():
     schema = load_schema("data/schemas/criteo.yaml")
-    table = read_criteo("data/criteo/wide_resdnn_criteo_test.tsv", limit=200)
+    table = stream.read("data/criteo/wide_resdnn_criteo_test.tsv", schema, limit=200)
     return schema, to_records(table, schema, with_label=True)
 
 
 def ranking_request():
     schema = load_schema("data/schemas/obd.yaml")
-    first = to_records(read_obd("data/obd/all.csv", "data/obd/item_context.csv", limit=1), schema)[0]
+    first = to_records(read_obd("data/obd/all.csv", "data/obd/item_context.csv", schema, limit=1), schema)[0]
     context = {k: v for k, v in first.items() if k.startswith(("user_feature", "user-item_affinity"))}
-    items = to_records(obd_candidates("data/obd/item_context.csv"), schema)
+    items = to_records(stream.read("data/obd/item_context.csv", schema), schema)
     for item in items:
         item["position"] = "1"  # score every candidate as if shown in the first slot
     return schema, {"context": context, "items": items}

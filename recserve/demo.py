@@ -34,14 +34,15 @@ def step(title: str) -> None:
 def features_step() -> None:
     import orjson
 
+    from features import stream
     from features.codec import encode
-    from features.readers import read_criteo, to_records
+    from features.readers import to_records
     from features.schema import load_schema
     from features.transform import transform
 
     step("1. features: one transform for files and for JSON requests")
     schema = load_schema(SCHEMA)
-    table = read_criteo(TEST, limit=200)
+    table = stream.read(TEST, schema, limit=200)
     offline = encode(transform(table, schema))
     records = orjson.loads(orjson.dumps(to_records(table, schema, with_label=True)))
     online = encode(transform(records, schema))
@@ -77,7 +78,8 @@ def serve_step(result) -> None:
     import orjson
     from sklearn.metrics import roc_auc_score
 
-    from features.readers import read_criteo
+    from features import stream
+    from features.schema import load_schema
     from serving.scoring.client import ScoringClient, requests_from_file
     from serving.stack.local import LocalStack, StackConfig
 
@@ -112,7 +114,7 @@ def serve_step(result) -> None:
             versions = reply["versions"]
         online = np.array(scores)
         offline = np.load(Path(result.version_dir) / "eval" / "scores.npy")
-        labels = read_criteo(TEST).columns["label"].astype(np.float32)
+        labels = stream.read(TEST, load_schema(SCHEMA)).columns["label"].astype(np.float32)
         diff = float(np.abs(online - offline).max())
         print(f"   {len(online)} rows scored online; versions {versions}")
         print(

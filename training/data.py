@@ -29,11 +29,6 @@ from features.stream import ReadOptions
 from features.transform import Table, dense_matrix, transform
 
 
-def read_split(path: str | Path, schema: Schema, limit: int | None = None, fmt: str = "auto") -> Table:
-    """A whole (small) data file or source as one Table; the format from ``fmt`` or the file."""
-    return stream.read(path, schema, ReadOptions(format=fmt), limit)
-
-
 def take(table: Table, rows: np.ndarray | slice) -> Table:
     """The given rows of a table (a slice is a view, an index array a copy)."""
     cols = {k: v[rows] for k, v in table.columns.items()}

@@ -39,6 +39,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -46,8 +47,9 @@ import torch
 from torch import nn
 
 import model_store as ms
+from features import stream
 from features.schema import Schema, load_schema
-from features.transform import FeatureError, transform
+from features.transform import FeatureError, Table, transform
 from training import data
 from training.cluster import Cluster
 from training.config import FollowConfig
@@ -172,25 +174,18 @@ class FollowTrainer:
         self.result.reloads += 1
 
     def train_file(self, path: Path, stop: threading.Event, deadline: float) -> bool:
-        """Train on ``path`` from its first untrained row; False when stopped before its end."""
+        """Train on ``path`` from its first untrained row, streamed; False when stopped before its
+        end. A file that cannot be read (from the chunk where it cannot) is recorded as failed."""
         lv, entry = self.loaded, self.watch.entry(path.name)
-        try:
-            table = data.read_split(path, lv.schema)
-        except (FeatureError, OSError, UnicodeDecodeError, ValueError) as e:
-            log.error("%s: cannot read it, skipping it: %s", path, e)
-            entry.update(done=True, error=str(e))
-            return True
-        n, bs, start = table.num_rows, self.cfg.batch_size, int(entry["rows"])
-        log.info("training on %s: rows %d..%d into version %s", path, start, n, lv.version)
-        batches = (
-            transform(data.take(table, slice(a, min(a + bs, n))), lv.schema) for a in range(start, n, bs)
-        )
-        if path.name not in self.result.files:
-            self.result.files.append(path.name)
+        log.info("training on %s from row %d into version %s", path, entry["rows"], lv.version)
+        tables = _rows_after(_readable(path, lv.schema), int(entry["rows"]))
+        batches = (transform(t, lv.schema) for t in data.rebatch(tables, self.cfg.batch_size))
         try:
             for batch in lv.ctx.steps(batches):
+                if path.name not in self.result.files:
+                    self.result.files.append(path.name)
                 if stop.is_set() or self.clock() >= deadline:
-                    break
+                    return False
                 if batch.labels is None:
                     raise FeatureError("no label column: nothing to train on")
                 logits = lv.ctx.forward(batch)
@@ -204,8 +199,8 @@ class FollowTrainer:
             log.error("%s: skipping the rest of it: %s", path, e)
             entry.update(done=True, error=str(e))
             return True
-        entry["done"] = entry["rows"] >= n
-        return entry["done"]
+        entry["done"] = True
+        return True
 
     def _maybe_cut(self) -> None:
         if self._changed and self.clock() - self._last_cut >= self.cfg.delta_interval_s:
@@ -300,6 +295,26 @@ class FollowTrainer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _readable(path: Path, schema: Schema) -> Iterator[Table]:
+    """The rows of ``path`` streamed (``features.stream``); any failure to read is a FeatureError."""
+    try:
+        yield from stream.stream(path, schema)
+    except FeatureError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise FeatureError(f"cannot read it: {e}") from e
+
+
+def _rows_after(tables: Iterable[Table], skip: int) -> Iterator[Table]:
+    """The rows of ``tables`` after the first ``skip`` (those the ledger says are trained)."""
+    for t in tables:
+        if skip >= t.num_rows:
+            skip -= t.num_rows
+            continue
+        yield data.take(t, slice(skip, None)) if skip else t
+        skip = 0
 
 
 def _apply_existing_deltas(vdir: Path, stores: list) -> int:

@@ -18,8 +18,9 @@ import numpy as np
 
 import model_store
 from features.schema import load_schema
+from features.stream import ReadOptions
 from features.transform import dense_matrix
-from training.data import batches, read_split
+from training.data import Split
 from training.evaluate import sigmoid
 
 
@@ -62,7 +63,7 @@ def score(version: str | Path, data: str | Path, batch_size: int = 2048, dense_f
     try:
         logits = [
             dense(worker.forward(b, mode="infer").pooled, dense_matrix(b, schema))
-            for b in batches(read_split(data, schema), schema, batch_size)
+            for b in Split(data, schema, ReadOptions()).batches(batch_size)
         ]
     finally:
         worker.close()

@@ -1,4 +1,4 @@
-"""``recserve transform``: read a data file, transform it with a schema, write compact batches.
+"""``recserve transform``: stream a data file, transform it with a schema, write compact batches.
 
 Writes one ``.rscb`` file per batch (the compact-batch codec) and prints what it did. Useful to
 inspect what training and serving see, and to produce binary request bodies for the endpoint.
@@ -17,7 +17,8 @@ class TransformConfig:
     schema: str = "data/schemas/criteo.yaml"
     """Feature schema YAML."""
     data: str = ""
-    """Criteo TSV/CSV, or OBD all.csv (with --items)."""
+    """Data file, directory or glob in any format training reads (TSV/CSV, Parquet, gzip), e.g.
+    the Criteo TSV, or OBD all.csv (with --items)."""
     items: str = ""
     """OBD item_context.csv to join item features from."""
     batch_size: int = 200
@@ -38,31 +39,32 @@ CONFIG = TransformConfig
 
 
 def run(args: TransformConfig) -> int:
+    from features import stream
     from features.codec import decode, encode
-    from features.readers import read_criteo, read_obd
+    from features.readers import join_items
     from features.schema import load_schema
-    from features.transform import Table, transform
+    from features.transform import transform
+    from training.data import rebatch
 
     schema = load_schema(args.schema)
-    table = read_obd(args.data, args.items, args.limit) if args.items else read_criteo(args.data, args.limit)
+    items = stream.read(args.items, schema) if args.items else None
     out = Path(args.out) if args.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
-    total = unique = 0
-    n = 0
-    for n, start in enumerate(range(0, table.num_rows, args.batch_size)):
-        stop = min(start + args.batch_size, table.num_rows)
-        part = Table({k: v[start:stop] for k, v in table.columns.items()}, stop - start)
+    rows = total = unique = batches = 0
+    for part in rebatch(stream.stream(args.data, schema, limit=args.limit), args.batch_size):
+        if items is not None:
+            part = join_items(part, items, args.items)
         blob = encode(transform(part, schema))
-        batch = decode(blob)
         total += len(blob)
-        unique += len(batch.signs)
+        unique += len(decode(blob).signs)
         if out:
-            (out / f"{n:06d}.rscb").write_bytes(blob)
-    batches = n + 1 if table.num_rows else 0
+            (out / f"{batches:06d}.rscb").write_bytes(blob)
+        batches += 1
+        rows += part.num_rows
     print(
-        f"{table.num_rows} rows of {args.data} -> {batches} compact batches of <= {args.batch_size} rows, "
-        f"{total:,} bytes ({total / max(table.num_rows, 1):.1f} B/row), "
+        f"{rows} rows of {args.data} -> {batches} compact batches of <= {args.batch_size} rows, "
+        f"{total:,} bytes ({total / max(rows, 1):.1f} B/row), "
         f"{unique:,} unique signs; schema {schema.name} {schema.fingerprint[:12]}"
         + (f"; written to {args.out}" if args.out else "")
     )

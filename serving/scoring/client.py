@@ -51,8 +51,9 @@ def requests_from_file(
     """(body, content type) per request: a JSON file is sent as is (one request or a list of them);
     a data file is cut into requests of ``rows`` flat records (or compact batches with ``binary``,
     or ranking requests in column form, ``{"items": {field: [values]}}``, with ``columns``)."""
+    from features import stream
     from features.codec import encode
-    from features.readers import read_criteo, to_records
+    from features.readers import to_records
     from features.schema import load_schema
     from features.transform import Table, transform
 
@@ -66,7 +67,7 @@ def requests_from_file(
             yield orjson.dumps(req), "application/json"
         return
     schema = load_schema(schema_path)
-    table = read_criteo(path, limit)
+    table = stream.read(path, schema, limit=limit)
     for start in range(0, table.num_rows, rows):
         stop = min(start + rows, table.num_rows)
         part = Table({k: v[start:stop] for k, v in table.columns.items() if k != schema.label}, stop - start)

@@ -6,9 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from features import stream
 from features.batch import CompactBatch, SlotView
 from features.codec import HEADER_SIZE, CodecError, decode, encode
-from features.readers import obd_candidates, read_criteo, to_records
+from features.readers import to_records
 from features.schema import load_schema
 from features.transform import transform
 from features.xxh64 import xxh64 as _xxh64
@@ -86,8 +87,8 @@ def test_context_only_and_views_are_zero_copy():
 def _blobs():
     criteo = load_schema("data/schemas/criteo.yaml")
     obd = load_schema("data/schemas/obd.yaml")
-    t = read_criteo("data/criteo/wide_resdnn_criteo_test.tsv", limit=40)
-    items = to_records(obd_candidates("data/obd/item_context.csv"), obd)[:20]
+    t = stream.read("data/criteo/wide_resdnn_criteo_test.tsv", criteo, limit=40)
+    items = to_records(stream.read("data/obd/item_context.csv", obd), obd)[:20]
     multi = CompactBatch.from_slots(
         4,
         [

@@ -13,14 +13,25 @@ import pytest
 
 from features import stream
 from features.codec import encode
-from features.readers import read_criteo
 from features.schema import load_schema
 from features.stream import ReadOptions
 from features.transform import FeatureError, Table, transform
 
 CRITEO = load_schema("data/schemas/criteo.yaml")
 TSV = Path("data/criteo/wide_resdnn_criteo_train.tsv")
-WHOLE = read_criteo(TSV)
+
+
+def plain(path: Path, sep: str = "\t") -> Table:
+    """The oracle, independent of the reader under test: lines split by hand, every value the
+    string the file holds; a headerless file gets the schema's column order, a .csv its header."""
+    lines = path.read_text().splitlines()
+    header = path.suffix == ".csv"
+    names = lines[0].split(sep) if header else list(stream.schema_columns(CRITEO))
+    fields = [line.split(sep) for line in lines[header:]]
+    return Table({n: np.array([f[i] for f in fields], dtype=str) for i, n in enumerate(names)}, len(fields))
+
+
+WHOLE = plain(TSV)
 SMALL = ReadOptions(block_size=16 << 10)  # ~70 rows a chunk: the 8k-row file is ~110 chunks
 
 
@@ -100,7 +111,7 @@ def test_header_is_detected_or_declared(tmp_path):
     sample = Path("data/criteo/deepctr_criteo_sample.csv")
     with_header = list(stream.stream(sample, CRITEO))
     assert sum(t.num_rows for t in with_header) == 200
-    assert_same_rows(with_header, read_criteo(sample))
+    assert_same_rows(with_header, plain(sample, ","))
     # a .tsv with a header line, and an unknown suffix (sniffed: tab-separated)
     header = "\t".join(stream.schema_columns(CRITEO)) + "\n"
     (tmp_path / "h.tsv").write_text(header + "".join(TSV.read_text().splitlines(keepends=True)[:300]))
@@ -128,8 +139,6 @@ def test_a_malformed_line_names_file_and_line(tmp_path):
     bad.write_text("".join(lines))
     with pytest.raises(FeatureError, match=r"bad\.tsv: line 2500: expected 40 fields, got 39"):
         list(stream.stream(bad, CRITEO, SMALL))
-    with pytest.raises(FeatureError, match=r"bad\.tsv: line 2500"):
-        read_criteo(bad)
     header = Path("data/criteo/deepctr_criteo_sample.csv").read_text().splitlines(keepends=True)
     header[7] = header[7].rstrip("\n") + ",extra\n"  # line 8, counting the header
     (tmp_path / "bad.csv").write_text("".join(header))

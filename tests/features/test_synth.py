@@ -10,7 +10,6 @@ import pytest
 
 from features import stream, synth
 from features.codec import encode
-from features.readers import read_criteo
 from features.schema import load_schema
 from features.transform import transform
 
@@ -25,7 +24,7 @@ def _synth(tmp_path: Path, name: str, rows: int, **kw) -> Path:
 def test_rows_look_like_criteo(tmp_path):
     path = _synth(tmp_path, "s.tsv", 70_000, seed=3)  # more than one chunk
     assert not list(tmp_path.glob(".*"))  # written through a temporary name
-    t = read_criteo(path)  # headerless, Criteo column order
+    t = stream.read(path, CRITEO)  # headerless, Criteo column order
     assert t.num_rows == 70_000
     assert set(np.unique(t.columns["label"])) == {"0", "1"}
     ctr = (t.columns["label"] == "1").mean()
@@ -74,7 +73,7 @@ def test_deterministic_given_the_seed_and_formats_agree(tmp_path):
     pq = _synth(tmp_path, "a.parquet", 5000, seed=7)
     gz = _synth(tmp_path, "a.tsv.gz", 5000, seed=7)
     assert gzip.decompress(gz.read_bytes()) == a.read_bytes()
-    want = encode(transform(read_criteo(a), CRITEO))
+    want = encode(transform(stream.read(a, CRITEO), CRITEO))
     for path in (pq, gz):
         assert encode(transform(stream.read(path, CRITEO), CRITEO)) == want
 

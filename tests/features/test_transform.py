@@ -2,8 +2,9 @@ import numpy as np
 import orjson
 import pytest
 
+from features import stream
 from features.codec import decode, encode
-from features.readers import obd_candidates, read_criteo, read_obd, to_records
+from features.readers import read_obd, to_records
 from features.schema import SchemaError, load_schema, schema_from_dict
 from features.transform import FeatureError, dense_matrix, transform
 from serving.scoring.client import column_form
@@ -20,20 +21,20 @@ def test_shipped_schemas():
 
 
 def test_criteo_tsv_and_json_records_give_identical_bytes():
-    table = read_criteo("data/criteo/wide_resdnn_criteo_test.tsv", limit=200)
+    table = stream.read("data/criteo/wide_resdnn_criteo_test.tsv", CRITEO, limit=200)
     records = orjson.loads(orjson.dumps(to_records(table, CRITEO, with_label=True)))  # as a client sends them
     assert encode(transform(table, CRITEO)) == encode(transform(records, CRITEO))
 
 
 def test_criteo_csv_sample_and_json_give_identical_bytes():
-    table = read_criteo("data/criteo/deepctr_criteo_sample.csv")
+    table = stream.read("data/criteo/deepctr_criteo_sample.csv", CRITEO)
     assert table.num_rows == 200
     records = orjson.loads(orjson.dumps(to_records(table, CRITEO, with_label=True)))
     assert encode(transform(table, CRITEO)) == encode(transform(records, CRITEO))
 
 
 def test_criteo_batch_contents():
-    table = read_criteo("data/criteo/wide_resdnn_criteo_test.tsv", limit=50)
+    table = stream.read("data/criteo/wide_resdnn_criteo_test.tsv", CRITEO, limit=50)
     b = transform(table, CRITEO)
     assert b.num_rows == 50 and b.num_slots == 26 and b.dense.shape == (50, 13)
     assert b.labels.tolist() == table.columns["label"].astype(np.float32).tolist()
@@ -49,7 +50,7 @@ def test_criteo_batch_contents():
 def test_obd_offline_rows_equal_request_rows():
     """A logged impression transformed offline and the same impression sent as a ranking request
     give the same per-row features."""
-    table = read_obd("data/obd/all.csv", "data/obd/item_context.csv", limit=5)
+    table = read_obd("data/obd/all.csv", "data/obd/item_context.csv", OBD, limit=5)
     offline = transform(table, OBD)
     rec = to_records(table, OBD, slice(0, 1))[0]
     ctx_cols = {s.column for s in OBD.slots if s.scope == "context"}
@@ -64,7 +65,7 @@ def test_obd_offline_rows_equal_request_rows():
 
 
 def test_ranking_request_stores_context_once():
-    items = to_records(obd_candidates("data/obd/item_context.csv"), OBD)
+    items = to_records(stream.read("data/obd/item_context.csv", OBD), OBD)
     ctx = {"user_feature_0": "u0", "user_feature_1": "u1", "user-item_affinity_3": 0.5}
     b = transform({"context": ctx, "items": items}, OBD)
     assert b.num_rows == 80 and b.dense.shape == (80, 1) and b.context_dense.shape == (80,)
@@ -77,7 +78,7 @@ def test_ranking_request_stores_context_once():
 def test_the_column_form_of_a_request_gives_the_batch_of_its_row_form():
     """{"items": {"C1": [...], ...}} (orjson parses it straight into columns) and the same items as
     objects give identical bytes, missing values (absent or null) included."""
-    items = to_records(obd_candidates("data/obd/item_context.csv"), OBD)
+    items = to_records(stream.read("data/obd/item_context.csv", OBD), OBD)
     items[3].pop("item_feature_0", None)
     ctx = {"user_feature_0": "u0", "user-item_affinity_3": 0.5}
     columns = column_form(items, {s.column for s in OBD.slots if s.kind == "dense"})
@@ -85,7 +86,7 @@ def test_the_column_form_of_a_request_gives_the_batch_of_its_row_form():
     assert encode(transform(orjson.loads(orjson.dumps({"context": ctx, "items": columns})), OBD)) == encode(
         rows
     )
-    table = read_criteo("data/criteo/wide_resdnn_criteo_test.tsv", limit=200)
+    table = stream.read("data/criteo/wide_resdnn_criteo_test.tsv", CRITEO, limit=200)
     records = orjson.loads(orjson.dumps(to_records(table, CRITEO)))
     columns = column_form(records, {s.column for s in CRITEO.slots if s.kind == "dense"})
     assert encode(transform({"items": columns}, CRITEO)) == encode(transform({"items": records}, CRITEO))

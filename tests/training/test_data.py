@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from features import stream
 from features.codec import encode
-from features.readers import read_criteo
 from features.schema import load_schema
 from features.stream import ReadOptions
 from features.transform import Table, dense_matrix, transform
@@ -20,10 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = load_schema(ROOT / "data/schemas/criteo.yaml")
 TRAIN = ROOT / "data/criteo/wide_resdnn_criteo_train.tsv"
 SMALL = ReadOptions(block_size=16 << 10, numeric_dense=True)  # ~110 chunks of the 8k rows
+WHOLE = ReadOptions(block_size=64 << 20)  # the whole file in one chunk
 
 
 def test_streamed_batches_equal_the_whole_file_batches_without_shuffle():
-    whole = [encode(b) for b in data.batches(read_criteo(TRAIN), SCHEMA, 128)]
+    whole = [encode(b) for b in data.batches(stream.read(TRAIN, SCHEMA, WHOLE), SCHEMA, 128)]
     split = data.Split(TRAIN, SCHEMA, SMALL)
     streamed = [encode(b) for b in split.batches(128)]
     assert len(whole) == len(streamed) == 63 and whole == streamed
@@ -54,7 +55,7 @@ def test_the_shuffle_buffer_reorders_rows_within_a_bounded_window():
 
 
 def test_dense_statistics_from_one_streaming_pass_equal_the_whole_file_ones():
-    whole = read_criteo(TRAIN)
+    whole = stream.read(TRAIN, SCHEMA, WHOLE)
     x = dense_matrix(transform(whole, SCHEMA), SCHEMA).astype(np.float64)
     scan = data.Split(TRAIN, SCHEMA, SMALL).scan()
     assert scan.rows == 8000
@@ -69,12 +70,12 @@ def test_dense_statistics_from_one_streaming_pass_equal_the_whole_file_ones():
     np.testing.assert_allclose(merged.m2, scan.m2, rtol=1e-10)
 
 
-def test_read_split_takes_the_format_from_the_file_never_from_the_schema_name(tmp_path):
+def test_the_format_comes_from_the_file_never_from_the_schema_name(tmp_path):
     """Any file used to be read as Criteo TSV when the schema was named "criteo"."""
     (tmp_path / "x.csv").write_text(TRAIN.read_text().replace("\t", ","))  # headerless CSV
-    table = data.read_split(tmp_path / "x.csv", SCHEMA, limit=100)
+    table = stream.read(tmp_path / "x.csv", SCHEMA, limit=100)
     assert SCHEMA.name == "criteo" and table.num_rows == 100
-    want = read_criteo(TRAIN, limit=100)
+    want = stream.read(TRAIN, SCHEMA, limit=100)
     assert encode(transform(table, SCHEMA)) == encode(transform(want, SCHEMA))
 
 

@@ -21,6 +21,7 @@ import torch
 import yaml
 
 import model_store
+from features import stream
 from features.codec import decode, encode
 from features.schema import dump_schema, load_schema, schema_from_dict
 from features.stream import ReadOptions
@@ -71,7 +72,7 @@ def test_retrained_versions_share_the_schema_fingerprint_not_the_stats(versions)
     assert not np.allclose(c1["dense_std"], c2["dense_std"])
     # the stats are the moments of the first slice's transformed dense features
     schema = load_schema(SCHEMA)
-    x = dense_matrix(transform(data.read_split(TRAIN, schema, 1500), schema), schema).astype(np.float64)
+    x = dense_matrix(transform(stream.read(TRAIN, schema, limit=1500), schema), schema).astype(np.float64)
     np.testing.assert_allclose(c1["dense_mean"], x.mean(axis=0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(c1["dense_std"], x.std(axis=0), rtol=1e-5)
     # and the publish gate takes version 2 where version 1's schema is served
@@ -98,7 +99,7 @@ def test_a_compact_batch_from_the_shipped_schema_file_is_accepted(versions):
     from serving.worker.core import EmbeddingWorker, LocalShard
 
     shipped = load_schema(SCHEMA)
-    blob = encode(transform(data.read_split(TEST, shipped, 50), shipped))
+    blob = encode(transform(stream.read(TEST, shipped, limit=50), shipped))
     for v in versions:
         served = load_schema(v / "schema.yaml")
         assert decode(blob, schema_hash=served.hash64).num_rows == 50
@@ -137,7 +138,7 @@ def test_user_written_mean_std_apply_once_then_the_fitted_stats(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text("label,c,a,b\n" + "".join(f"1,x,{a},{b}\n" for a, b in zip(raw_a, raw_b, strict=True)))
 
-    transformed = dense_matrix(transform(data.read_split(path, schema), schema), schema)
+    transformed = dense_matrix(transform(stream.read(path, schema), schema), schema)
     a, b = (raw_a - 10.0) / 4.0, np.log1p(raw_b)  # the schema's transform, once
     np.testing.assert_allclose(transformed, np.stack([a, b], axis=1), rtol=1e-6)
 

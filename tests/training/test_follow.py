@@ -18,10 +18,10 @@ import pytest
 import torch
 
 import model_store as ms
+from features import stream
 from features.hashing import shard_of
 from features.schema import load_schema
 from features.transform import transform
-from training import data
 from training.config import FollowConfig, TrainConfig
 from training.follow import FollowTrainer, follow
 from training.train import train
@@ -96,7 +96,7 @@ def _serving_stores(store: Path, deltas: bool = True):
 def _file_signs(store: Path, path: Path) -> np.ndarray:
     vdir = ms.version_dir(store, NAME, ms.current(store, NAME))
     schema = load_schema(vdir / "schema.yaml")
-    return transform(data.read_split(path, schema), schema).signs
+    return transform(stream.read(path, schema), schema).signs
 
 
 @pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated")

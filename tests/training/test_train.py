@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import model_store
+from features import stream
 from features.schema import load_schema
 from training import data
 from training.config import TrainConfig
@@ -52,7 +53,7 @@ def test_hybrid_step_matches_in_process_torch_step(optimizer):
     from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
 
     schema = load_schema(SCHEMA)
-    batch = data.batches(data.take(data.read_split(TRAIN, schema, 64), slice(0, 64)), schema, 64)[0]
+    batch = data.batches(data.take(stream.read(TRAIN, schema, limit=64), slice(0, 64)), schema, 64)[0]
     lr = 0.1
     stores = [
         EmbeddingStore(
@@ -170,7 +171,7 @@ def test_the_ps_keeps_every_training_id_and_the_result_says_so(trained):
     version = Path(result.version_dir)
     schema = load_schema(version / "schema.yaml")
     signs = np.unique(
-        np.concatenate([b.signs for b in data.batches(data.read_split(TRAIN, schema), schema, 4096)])
+        np.concatenate([b.signs for b in data.batches(stream.read(TRAIN, schema), schema, 4096)])
     )
     exported = sum(json.loads(p.read_text())["rows"] for p in version.glob("embeddings/shard-*/meta.json"))
     assert result.ps["ps_rows"] == len(signs) == exported > 2 * 1024

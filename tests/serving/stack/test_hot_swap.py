@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 import model_store as ms
-from features.readers import read_criteo
+from features import stream
 from features.schema import load_schema
 from features.transform import transform
 from model_store.releases import publish, rollback
@@ -62,7 +62,7 @@ def test_delta_goes_live_and_changes_scores(live):
     assert versions["embedding"] == "1" and versions["dense"] == "1"
     writer = DeltaWriter(root, "criteo")
     schema = load_schema(ms.version_dir(root, "criteo", "1") / "schema.yaml")
-    signs = transform(read_criteo(TEST, limit=400), schema).signs  # the rows these requests use
+    signs = transform(stream.read(TEST, schema, limit=400), schema).signs  # the rows these requests use
     writer.assign(signs, writer.lookup(signs) * 3.0 + 0.05)
     seq, _, _ = writer.publish()
     after, versions = _wait(client, lambda v: v["delta_seq"] == seq)

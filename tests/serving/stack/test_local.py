@@ -13,8 +13,9 @@ import numpy as np
 import orjson
 import pytest
 
+from features import stream
 from features.codec import encode
-from features.readers import read_criteo, to_records
+from features.readers import to_records
 from features.schema import load_schema
 from features.transform import transform
 from serving.scoring.client import ScoringClient
@@ -105,7 +106,7 @@ def test_bad_requests_get_4xx_and_the_stack_keeps_scoring(client, body, ctype, s
     got, payload = client.post(body, ctype)
     assert got == status, payload
     assert message in orjson.loads(payload)["error"]
-    ok, _ = client.post(orjson.dumps(to_records(read_criteo(TEST, limit=5), SCHEMA)))
+    ok, _ = client.post(orjson.dumps(to_records(stream.read(TEST, SCHEMA, limit=5), SCHEMA)))
     assert ok == 200
 
 
@@ -118,7 +119,7 @@ def test_binary_batch_for_another_schema_is_refused(client):
 
 def test_worker_outage_is_a_503_not_a_hang_and_recovers(stack, client):
     pid = stack.state["pids"]["worker"]
-    body = orjson.dumps(to_records(read_criteo(TEST, limit=3), SCHEMA))
+    body = orjson.dumps(to_records(stream.read(TEST, SCHEMA, limit=3), SCHEMA))
     os.kill(pid, signal.SIGSTOP)
     try:
         t0 = time.monotonic()

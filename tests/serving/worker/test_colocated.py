@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 import model_store as ms
-from features.readers import read_criteo
+from features import stream
 from features.schema import load_schema
 from features.transform import transform
 from serving.ps.client import ShardError
@@ -66,7 +66,8 @@ def test_a_published_delta_goes_live_in_the_colocated_shards(store):
     try:
         before, versions = _scores(scorer)
         writer = DeltaWriter(store, "criteo")
-        signs = transform(read_criteo(TEST, limit=400), load_schema(vdir / "schema.yaml")).signs
+        schema = load_schema(vdir / "schema.yaml")
+        signs = transform(stream.read(TEST, schema, limit=400), schema).signs
         new = writer.lookup(signs) * 3.0 + 0.05
         writer.assign(signs, new)
         seq, _, _ = writer.publish()
