@@ -1,9 +1,9 @@
-"""``recserve ps``: one embedding PS shard over gRPC (flags from ``serving.ps.server.ServerConfig``
+"""``recserve ps``: one embedding PS shard over gRPC (flags from ``serving.ps.config.ServerConfig``
 with its ``store`` and the store's ``optimizer`` flattened: --shard, --dim, --optimizer, --lr, ...)."""
 
 from __future__ import annotations
 
-from serving.ps.server import ServerConfig as CONFIG
+from serving.ps.config import ServerConfig as CONFIG
 
 
 def run(cfg: CONFIG) -> int:

@@ -1,10 +1,17 @@
 """The ``EmbeddingPS`` gRPC service: one process per shard (``recserve ps``).
 
-The servicer is thin: it checks and converts protobuf payloads, calls the ``EmbeddingStore`` and
-converts back. Store calls run inline on the event loop (uvloop): a lookup is tens of
-microseconds of numba, far less than a thread hop, and running every store call on one thread
-makes each of them (a delta application included) atomic with respect to lookups. Only file I/O
-(reading and writing dumps) goes to a worker thread; the install/cut steps around it are inline.
+``serve`` starts a shard in named steps: ``open_store`` (a training ``EmbeddingStore``, or a
+serving ``MappedStore`` with ``--follow``), ``start_following`` (a serving shard's ``Follower``,
+polled once so it serves the published version from the start), the gRPC server with ``Health``
+kept true to what is served, and the ``Background`` loops (TTL expiry; follow polls).
+
+The servicer is thin: it checks and converts protobuf payloads, calls the store and converts
+back. Store calls run inline on the event loop (uvloop): a lookup is tens of microseconds (numba
+kernels in training, numpy over mapped arrays when serving), far less than a thread hop, and
+running every training-store call on one thread makes each of them (a delta application
+included) atomic with respect to lookups. What is slow runs on a worker thread: reading and
+writing dumps (the install/cut steps around it are inline), and a serving shard's follow polls
+(reads, checksums and overlay builds at low priority; the snapshot flip is one reference).
 
 Never serve nothing: a shard following the model store (``--follow``) says NOT_SERVING on gRPC
 health until it serves a version, and answers a Lookup then with UNAVAILABLE naming the shard and
@@ -23,12 +30,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from model_store import shards
-from model_store.layout import default_root
-from serving.ps.config import StoreConfig
+from serving.ps.config import ServerConfig
 from serving.ps.follow import lower_thread_priority, not_serving_reason
 from serving.ps.metrics import PSMetrics
 from serving.rpc import convert
@@ -38,77 +43,6 @@ from serving.rpc.errors import NotServing, rpc
 log = logging.getLogger("recserve.ps")
 
 SERVICE = "recserve.v1.EmbeddingPS"
-
-
-@dataclass
-class ServerConfig:
-    """One PS shard process."""
-
-    host: str = "127.0.0.1"
-    """Interface to bind; loopback unless told otherwise."""
-    port: int = 50061
-    """gRPC port (0: the OS picks one; it is logged)."""
-    metrics_port: int = 0
-    """Prometheus /metrics HTTP port (0: off)."""
-    load: str = ""
-    """Dump to load before serving: a shard directory or a directory of shard-<i>-of-<n>/."""
-    grace_s: float = 5.0
-    """On SIGTERM/SIGINT, in-flight calls get this long to finish."""
-    max_message_mb: int = 64
-    """Max gRPC send/receive message size."""
-    expire_every_s: float = 10.0
-    """How often TTL expiry runs (only when store.ttl_s > 0)."""
-    follow: str = ""
-    """Model directory (<model_store>/<model>) to follow: serve its CURRENT version, switch when
-    CURRENT changes, apply each new delta of the served version (serving/ps/follow.py)."""
-    pin: str = ""
-    """With --follow: serve this version (and its deltas) instead of the one CURRENT names."""
-    poll_s: float = 1.0
-    """How often the follower looks for a new version or delta."""
-    keep_previous_s: float = 30.0
-    """With --follow: after a switch, the replaced version keeps answering the lookups that name
-    it (scoring processes still on its dense model) until none has for this long."""
-    admin_token_file: str = ""
-    """Training shard: file holding the token that Update, Dump, Load and inserting lookups need
-    (created 0600 by whoever starts the shard; `recserve train` does). Without it they are refused."""
-    data_root: str = field(default_factory=default_root)
-    """Training shard: Dump and Load paths must lie under this directory (symlinks resolved;
-    relative paths are taken under it). Default: the model-store root ($RECSERVE_STORE or ./artifacts)."""
-    tls_cert: str = ""
-    """TLS: this server's certificate (PEM; with --tls-key). Without it the server speaks plaintext."""
-    tls_key: str = ""
-    """TLS: the certificate's private key (PEM, unencrypted, mode 0600)."""
-    tls_client_ca: str = ""
-    """mTLS: clients must present a certificate signed by this CA (PEM)."""
-    store: StoreConfig = field(default_factory=StoreConfig)
-    """The shard's store (shard, num_shards, dim, capacity, optimizer, ...)."""
-
-    def __post_init__(self) -> None:
-        self.tls()  # a missing file, or a key that is not the certificate's: say so now
-        if self.admin_token_file and self.follow:
-            raise ValueError(
-                "--admin-token-file is for a training PS: a serving PS (--follow) has no RPC that writes"
-            )
-        if self.admin_token_file:
-            read_token_file(self.admin_token_file)  # missing, empty or readable by others: say so now
-        if self.pin and not self.follow:
-            raise ValueError("--pin needs --follow")
-        if self.load and self.follow:
-            raise ValueError("--load and --follow exclude each other (--follow serves the model's versions)")
-        if self.follow and isinstance(self.store, StoreConfig):
-            check_serving_config(self.store)
-
-    def endpoint(self):
-        from serving.rpc.server import Endpoint
-
-        return Endpoint(
-            self.host, self.port, self.metrics_port, self.max_message_mb, self.grace_s, self.tls()
-        )
-
-    def tls(self):
-        from serving.rpc.tls import ServerTLS
-
-        return ServerTLS.of(self.tls_cert, self.tls_key, self.tls_client_ca)
 
 
 OPEN = frozenset({"Lookup", "Stats"})
@@ -242,17 +176,6 @@ class EmbeddingPSServicer:
         else:
             self.store.install(data)
         return self.pb.LoadResponse(rows=len(self.store), version=self._version())
-
-
-def check_serving_config(cfg: StoreConfig) -> None:
-    """A serving PS maps an immutable version: the training store's policies do not apply."""
-    given = [f"--{name}" for name, on in (("eviction", cfg.eviction != "none"), ("ttl-s", cfg.ttl_s > 0),
-             ("min-count", cfg.min_count > 1), ("max-memory-gb", cfg.max_memory_gb > 0)) if on]  # fmt: skip
-    if given:
-        raise ValueError(
-            f"{', '.join(given)}: not for a serving PS (--follow), which maps the version's files as "
-            "they are; eviction and TTL are training policies (recserve train --eviction/--ttl-s)"
-        )
 
 
 async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> None:

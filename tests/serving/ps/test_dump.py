@@ -2,18 +2,18 @@
 doubled the shard's memory -- keys, rows, optimizer state -- at every checkpoint). While it is
 written, every change waits and reads go on, so the dump is the shard at the moment it was asked
 for. A real gRPC PS on a thread of this process; only the file writer is slowed down (gated), to
-hold the dump open."""
+hold the dump open, and the servicer's wait for writes is watched, to know the change reached it."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from model_store import shards
+from serving.ps import server as ps_server
 from serving.ps.client import PSClient
 from serving.ps.config import StoreConfig
 from serving.rpc.auth import new_token_file
@@ -24,7 +24,7 @@ DIM = 4
 
 @contextlib.contextmanager
 def training_ps(tmp_path):
-    from serving.ps.server import ServerConfig
+    from serving.ps.config import ServerConfig
 
     token, root = new_token_file(tmp_path / "admin.token"), tmp_path / "root"
     root.mkdir()
@@ -44,6 +44,15 @@ def test_a_full_dump_pauses_changes_not_reads_and_holds_the_rows_asked_for(tmp_p
         return write_shard(path, data)
 
     monkeypatch.setattr(shards, "write_shard", gated_write)
+    paused = threading.Event()  # a change reached the wait for the dump
+    writable = ps_server.EmbeddingPSServicer.writable
+
+    async def watched_writable(self) -> None:
+        if writing.is_set():
+            paused.set()
+        await writable(self)
+
+    monkeypatch.setattr(ps_server.EmbeddingPSServicer, "writable", watched_writable)
     signs = np.array([11, 22, 33], dtype=np.uint64)
     with training_ps(tmp_path) as (client, root), ThreadPoolExecutor(2) as pool:
         client.lookup(signs, insert=True)
@@ -51,7 +60,7 @@ def test_a_full_dump_pauses_changes_not_reads_and_holds_the_rows_asked_for(tmp_p
         dump = pool.submit(client.dump, str(root / "full"))
         assert writing.wait(10)
         update = pool.submit(client.update, signs, np.ones((3, DIM), np.float32))
-        time.sleep(0.3)
+        assert paused.wait(10)
         assert not update.done()  # the change waits for the dump ...
         rows, _ = client.lookup(signs)  # ... a read does not
         np.testing.assert_array_equal(rows, before)

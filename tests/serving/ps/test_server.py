@@ -189,7 +189,7 @@ def test_sigterm_shuts_down_cleanly(training_ps):  # last in the module: it stop
 def test_cli_config_yaml_and_flags(tmp_path):
     from recserve import config
     from recserve.cli import build_parser
-    from serving.ps.server import ServerConfig
+    from serving.ps.config import ServerConfig
 
     cfg_file = tmp_path / "ps.yaml"
     cfg_file.write_text("port: 6000\nstore:\n  dim: 8\n  capacity: 500\n  optimizer: {name: ftrl, l1: 0.5}\n")

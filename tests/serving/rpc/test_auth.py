@@ -151,7 +151,8 @@ def test_undecodable_requests_are_bad_requests():
 def test_ps_and_worker_configs_refuse_a_token_they_cannot_use_or_trust(tmp_path):
     from recserve import config
     from recserve.cli import build_parser
-    from serving.ps.server import ServerConfig, ps_access
+    from serving.ps.config import ServerConfig
+    from serving.ps.server import ps_access
     from serving.worker.server import ServerConfig as WorkerServerConfig
 
     token = new_token_file(tmp_path / "admin.token")

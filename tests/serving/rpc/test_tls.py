@@ -20,7 +20,7 @@ from serving.ps.store import StoreConfig
 from serving.rpc.health import wait_serving
 from serving.rpc.tls import ClientTLS, ServerTLS, issue_cert, local_pki, make_ca
 from serving.worker.client import WorkerClient
-from tests.helpers import ps_in_thread
+from tests.helpers import ps_in_thread, wait_until
 from tests.serving.helpers import SCHEMA, ranking_batch
 
 DIM = 4
@@ -43,7 +43,7 @@ def pki(tmp_path_factory):
 @contextlib.contextmanager
 def ps_server(tls: ServerTLS | None):
     """A training PS shard (0 of 1) serving on a free loopback port on a thread of its own."""
-    from serving.ps.server import ServerConfig
+    from serving.ps.config import ServerConfig
 
     fields = tls.to_dict() if tls else {}
     cfg = ServerConfig(port=0, grace_s=0.1, store=StoreConfig(dim=DIM, capacity=1000),
@@ -118,10 +118,8 @@ def worker_server(ps: str, schema_path, **tls_flags):
     stop, ports, codes = threading.Event(), [], []
     thread = threading.Thread(target=lambda: codes.append(serve(cfg, stop, ports.append)), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 60
-    while not ports and not codes and time.monotonic() < deadline:
-        time.sleep(0.05)
     try:
+        wait_until(lambda: ports or codes, 60, "the worker listening (or exited)")
         assert ports, f"worker exited with {codes}"
         yield f"127.0.0.1:{ports[0]}"
     finally:
@@ -172,7 +170,7 @@ def test_local_pki_writes_private_keys_0600_and_no_ca_key(pki):
 
 
 def test_bad_tls_files_are_refused_at_configuration_naming_the_file(tmp_path, pki):
-    from serving.ps.server import ServerConfig
+    from serving.ps.config import ServerConfig
 
     server = pki["server"]
     with pytest.raises(ValueError, match=r"cannot read the TLS private key .*missing.key: No such file"):

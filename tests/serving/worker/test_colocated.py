@@ -119,8 +119,7 @@ def test_a_corrupt_version_is_refused_at_once_naming_why(store, tmp_path):
 
 
 def test_colocated_needs_every_shard_here_and_auto_reads_the_missing_one_remotely(store, tmp_path):
-    from serving.ps.config import StoreConfig
-    from serving.ps.server import ServerConfig
+    from serving.ps.config import ServerConfig, StoreConfig
 
     root = tmp_path / "store"
     vdir = ms.version_dir(root, "criteo", "1")
