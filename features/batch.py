@@ -20,9 +20,10 @@ A single-valued slot has exactly one value per stored row (``rows_s`` = 1 for a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 if TYPE_CHECKING:
     from features.schema import Schema
@@ -59,7 +60,7 @@ def check_fits(batch: CompactBatch, schema: Schema) -> None:
         )
 
 
-def index_dtype(max_count: int) -> np.dtype:
+def index_dtype(max_count: int) -> np.dtype[np.unsignedinteger[Any]]:
     """Narrowest unsigned type whose values index ``max_count`` signs."""
     if max_count <= 1 << 8:
         return np.dtype(np.uint8)
@@ -68,30 +69,30 @@ def index_dtype(max_count: int) -> np.dtype:
     return np.dtype(np.uint32)
 
 
-def _as_matrix(dense: np.ndarray, num_rows: int) -> np.ndarray:
+def _as_matrix(dense: ArrayLike, num_rows: int) -> NDArray[np.float32]:
     dense = np.ascontiguousarray(dense, dtype=np.float32)
     return dense if dense.ndim == 2 else dense.reshape(num_rows, -1)
 
 
 class SlotView(NamedTuple):
-    signs: np.ndarray  # uint64 sorted unique
-    values: np.ndarray  # indices into signs, one per value
-    offsets: np.ndarray | None  # multi-valued: rows_s + 1 offsets into values
+    signs: NDArray[np.uint64]  # sorted unique
+    values: NDArray[np.unsignedinteger[Any]]  # indices into signs, one per value
+    offsets: NDArray[np.uint32] | None  # multi-valued: rows_s + 1 offsets into values
     context: bool  # stored once for the whole batch
 
 
 @dataclass(eq=False)
 class CompactBatch:
     num_rows: int
-    flags: np.ndarray
-    sign_counts: np.ndarray
-    value_counts: np.ndarray
-    signs: np.ndarray
-    values: np.ndarray
-    offsets: np.ndarray
-    dense: np.ndarray
-    context_dense: np.ndarray
-    labels: np.ndarray | None = None
+    flags: NDArray[np.uint8]
+    sign_counts: NDArray[np.uint32]
+    value_counts: NDArray[np.uint32]
+    signs: NDArray[np.uint64]
+    values: NDArray[np.unsignedinteger[Any]]
+    offsets: NDArray[np.uint32]
+    dense: NDArray[np.float32]
+    context_dense: NDArray[np.float32]
+    labels: NDArray[np.float32] | None = None
     has_context: bool = False
     schema_hash: int = 0
 
@@ -100,9 +101,9 @@ class CompactBatch:
         cls,
         num_rows: int,
         slots: list[SlotView],
-        dense: np.ndarray,
-        context_dense: np.ndarray | None = None,
-        labels: np.ndarray | None = None,
+        dense: ArrayLike,
+        context_dense: ArrayLike | None = None,
+        labels: ArrayLike | None = None,
         has_context: bool = False,
         schema_hash: int = 0,
     ) -> CompactBatch:
@@ -136,11 +137,11 @@ class CompactBatch:
         return len(self.flags)
 
     @property
-    def sign_splits(self) -> np.ndarray:
+    def sign_splits(self) -> NDArray[np.int64]:
         return np.concatenate(([0], np.cumsum(self.sign_counts, dtype=np.int64)))
 
     @property
-    def value_splits(self) -> np.ndarray:
+    def value_splits(self) -> NDArray[np.int64]:
         return np.concatenate(([0], np.cumsum(self.value_counts, dtype=np.int64)))
 
     def rows_of(self, slot: int) -> int:
@@ -160,7 +161,7 @@ class CompactBatch:
             bool(self.flags[i] & FLAG_CONTEXT),
         )
 
-    def global_values(self) -> np.ndarray:
+    def global_values(self) -> NDArray[np.int64]:
         """Per value, its index into the whole ``signs`` array (int64)."""
         starts = self.sign_splits[:-1]
         return self.values.astype(np.int64) + np.repeat(starts, self.value_counts.astype(np.int64))
@@ -187,6 +188,11 @@ class CompactBatch:
         )
         same = same and all(np.array_equal(getattr(self, a), getattr(other, a)) for a in arrays)
         same = same and self.dense.shape == other.dense.shape
-        return bool(same and (self.labels is None or np.array_equal(self.labels, other.labels)))
+        return bool(
+            same
+            and (
+                self.labels is None or other.labels is not None and np.array_equal(self.labels, other.labels)
+            )
+        )
 
-    __hash__ = None  # mutable arrays inside
+    # __hash__ stays None (a class that defines __eq__ gets none): mutable arrays inside

@@ -33,11 +33,15 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Callable
+from typing import Any
 
 import numba
 import numpy as np
+from numpy.typing import DTypeLike, NDArray
 
 from features.batch import CompactBatch
+from features.xxh64 import Int
 from features.xxh64 import read64 as _u64
 from features.xxh64 import xxh64 as _xxh64
 
@@ -60,9 +64,17 @@ def _pad8(n: int) -> int:
     return (n + 7) & ~7
 
 
+# the compiled pass's integers: Python ints and int64 mixed, as numba unifies them
+I64 = np.int64
+Buf = NDArray[np.uint8]
+# (code, a, b, c, total_signs, total_values, total_offsets, values, offsets, ctx, dense, labels
+# section starts) less the first count, which is c: code 0 means valid
+_Result = tuple[int, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]
+
+
 # --- decode: one compiled validation pass -----------------------------------------------------
 @numba.njit(inline="always")
-def _u32(buf, i):
+def _u32(buf: Buf, i: Int) -> I64:
     return (
         np.int64(buf[i])
         | (np.int64(buf[i + 1]) << 8)
@@ -72,7 +84,7 @@ def _u32(buf, i):
 
 
 @numba.njit(inline="always")
-def _idx(buf, i, width):
+def _idx(buf: Buf, i: Int, width: Int) -> I64:
     if width == 1:
         return np.int64(buf[i])
     if width == 2:
@@ -81,7 +93,7 @@ def _idx(buf, i, width):
 
 
 @numba.njit(inline="always")
-def _finite(buf, start, count):
+def _finite(buf: Buf, start: Int, count: Int) -> int:
     for k in range(count):
         p = start + 4 * k
         if (buf[p + 3] & 0x7F) == 0x7F and (buf[p + 2] & 0x80) == 0x80:
@@ -90,13 +102,13 @@ def _finite(buf, start, count):
 
 
 @numba.njit(inline="always")
-def _err(code, a, b, c):
+def _err(code: int, a: Int, b: Int, c: Int) -> _Result:
     z = np.int64(0)
     return code, np.int64(a), np.int64(b), np.int64(c), z, z, z, z, z, z, z
 
 
 @numba.njit(cache=True)
-def _validate(buf):
+def _validate(buf: Buf) -> _Result:
     """Return (code, a, b, total_signs, total_values, total_offsets, section starts...);
     code 0 means valid."""
     n = len(buf)
@@ -220,8 +232,8 @@ _LIMIT_NAMES = ("num_slots", "num_rows", "dense columns")
 _LIMITS = (MAX_SLOTS, MAX_ROWS, MAX_DENSE)
 
 
-def _message(code: int, a: int, b: int, c: int) -> str:
-    return {
+def _message(code: int, a: Int, b: Int, c: Int) -> str:
+    messages: dict[int, Callable[[], str]] = {
         1: lambda: f"truncated: {a} bytes is shorter than the {HEADER_SIZE}-byte header",
         2: lambda: "bad magic: not a compact batch",
         3: lambda: f"unknown version {a} (this decoder reads version {VERSION})",
@@ -241,17 +253,26 @@ def _message(code: int, a: int, b: int, c: int) -> str:
         17: lambda: f"slot {a}: offsets not monotone from 0 to the value count (at {b})",
         18: lambda: f"non-finite float in {('context_dense', 'dense', 'labels')[a]} at element {b}",
         19: lambda: f"non-zero padding byte at offset {a}",
-    }[code]()
+    }
+    return messages[code]()
 
 
-_IDX_DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+_IDX_DTYPES: dict[int, np.dtype[np.unsignedinteger[Any]]] = {
+    1: np.dtype("<u1"),
+    2: np.dtype("<u2"),
+    4: np.dtype("<u4"),
+}
 
 
 class _DecodedBatch(CompactBatch):
     """A validated blob seen as a CompactBatch. Arrays are zero-copy views created on first
-    access (each costs ~0.4 us; a small request touches them only where it needs them)."""
+    access (each costs ~0.4 us; a small request touches them only where it needs them). mypy
+    takes a cached_property for a read-only one (hence ``ignore[override]``); it is writable,
+    like the dataclass field it stands for."""
 
-    def __init__(self, data, header: tuple, layout: tuple) -> None:
+    def __init__(
+        self, data: bytes | bytearray | memoryview, header: tuple[Any, ...], layout: tuple[I64, ...]
+    ) -> None:
         _, _, hflags, _, shash, self.num_rows, self._nslots, self._ndense, nctx, width = header
         self._data, self._layout, self._nctx, self._width = data, layout, nctx, width
         self.has_context = bool(hflags & FLAG_HAS_CONTEXT)
@@ -259,40 +280,40 @@ class _DecodedBatch(CompactBatch):
         self.schema_hash = shash
 
     @functools.cached_property
-    def sign_counts(self) -> np.ndarray:
+    def sign_counts(self) -> NDArray[Any]:  # type: ignore[override]
         return np.frombuffer(self._data, "<u4", self._nslots, HEADER_SIZE)
 
     @functools.cached_property
-    def value_counts(self) -> np.ndarray:
+    def value_counts(self) -> NDArray[Any]:  # type: ignore[override]
         return np.frombuffer(self._data, "<u4", self._nslots, HEADER_SIZE + 4 * self._nslots)
 
     @functools.cached_property
-    def flags(self) -> np.ndarray:
+    def flags(self) -> NDArray[Any]:  # type: ignore[override]
         return np.frombuffer(self._data, np.uint8, self._nslots, HEADER_SIZE + 8 * self._nslots)
 
     @functools.cached_property
-    def signs(self) -> np.ndarray:
+    def signs(self) -> NDArray[Any]:  # type: ignore[override]
         return np.frombuffer(self._data, "<u8", self._layout[0], HEADER_SIZE + _pad8(9 * self._nslots))
 
     @functools.cached_property
-    def values(self) -> np.ndarray:
+    def values(self) -> NDArray[Any]:  # type: ignore[override]
         return np.frombuffer(self._data, _IDX_DTYPES[self._width], self._layout[1], self._layout[3])
 
     @functools.cached_property
-    def offsets(self) -> np.ndarray:
+    def offsets(self) -> NDArray[Any]:  # type: ignore[override]
         return np.frombuffer(self._data, "<u4", self._layout[2], self._layout[4])
 
     @functools.cached_property
-    def context_dense(self) -> np.ndarray:
+    def context_dense(self) -> NDArray[Any]:  # type: ignore[override]
         return np.frombuffer(self._data, "<f4", self._nctx, self._layout[5])
 
     @functools.cached_property
-    def dense(self) -> np.ndarray:
+    def dense(self) -> NDArray[Any]:  # type: ignore[override]
         rows, nd = self.num_rows, self._ndense
         return np.frombuffer(self._data, "<f4", rows * nd, self._layout[6]).reshape(rows, nd)
 
     @functools.cached_property
-    def labels(self) -> np.ndarray | None:
+    def labels(self) -> NDArray[Any] | None:  # type: ignore[override]
         return np.frombuffer(self._data, "<f4", self.num_rows, self._layout[7]) if self._has_labels else None
 
 
@@ -335,7 +356,7 @@ def encode(batch: CompactBatch) -> bytes:
     rows, s = batch.num_rows, len(batch.flags)
     hflags = (FLAG_LABELS if batch.labels is not None else 0) | (FLAG_HAS_CONTEXT if batch.has_context else 0)
 
-    def padded(arr: np.ndarray, dtype: str) -> bytes:
+    def padded(arr: NDArray[Any], dtype: DTypeLike) -> bytes:
         raw = np.ascontiguousarray(arr, dtype=dtype).tobytes()
         return raw + b"\0" * (_pad8(len(raw)) - len(raw))
 

@@ -21,6 +21,7 @@ PS shard) does not load numba.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 SIGN_SEED = 0x7265637365727665  # b"recserve" as a big-endian integer
 SIGN_BITS = 48
@@ -29,7 +30,10 @@ MAX_SLOT_ID = (1 << SLOT_BITS) - 1
 SIGN_MASK = np.uint64((1 << SIGN_BITS) - 1)
 
 
-def _prefixes(slot_id, n: int) -> np.ndarray:
+SlotIds = int | NDArray[np.integer]  # one slot id for all values, or one per value
+
+
+def _prefixes(slot_id: SlotIds, n: int) -> NDArray[np.uint64]:
     ids = np.atleast_1d(np.asarray(slot_id, dtype=np.int64))
     if ids.size and (ids.min() < 1 or ids.max() > MAX_SLOT_ID):
         raise ValueError(f"slot ids must be in 1..{MAX_SLOT_ID}")
@@ -38,7 +42,7 @@ def _prefixes(slot_id, n: int) -> np.ndarray:
     return ids.astype(np.uint64) << np.uint64(SIGN_BITS)
 
 
-def hash_str_list(values: list[str], slot_id: int | np.ndarray) -> np.ndarray:
+def hash_str_list(values: list[str], slot_id: SlotIds) -> NDArray[np.uint64]:
     """``hash_values`` for a Python list of str: one join + one UTF-8 encode + one compiled pass
     (several times faster than building a numpy string array first)."""
     prefixes = _prefixes(slot_id, len(values))
@@ -57,7 +61,7 @@ def hash_str_list(values: list[str], slot_id: int | np.ndarray) -> np.ndarray:
     return hash_values(np.array(values, dtype=np.str_), slot_id)
 
 
-def xxh64_strings(values: np.ndarray, seed: int = SIGN_SEED) -> np.ndarray:
+def xxh64_strings(values: NDArray[np.str_], seed: int = SIGN_SEED) -> NDArray[np.uint64]:
     """Plain XXH64 (64 bits, no slot prefix) of each string of a numpy 'U' array."""
     from features.xxh64 import hash_codepoints
 
@@ -67,7 +71,7 @@ def xxh64_strings(values: np.ndarray, seed: int = SIGN_SEED) -> np.ndarray:
     )
 
 
-def hash_values(values: np.ndarray, slot_id: int | np.ndarray) -> np.ndarray:
+def hash_values(values: NDArray[np.str_], slot_id: SlotIds) -> NDArray[np.uint64]:
     """Signs (uint64) of string values, in one compiled pass. ``slot_id``: one id for all values,
     or one id per value (to hash several slots' columns in one call)."""
     u = _as_unicode(values)
@@ -82,7 +86,7 @@ def sign(slot_id: int, value: str) -> int:
     return int(hash_values(np.array([value]), slot_id)[0])
 
 
-def _as_unicode(values: np.ndarray) -> np.ndarray:
+def _as_unicode(values: NDArray[np.str_]) -> NDArray[np.str_]:
     u = np.asarray(values)
     if u.dtype.kind != "U":
         u = u.astype(np.str_)
@@ -91,7 +95,7 @@ def _as_unicode(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(u)
 
 
-def _codepoints(u: np.ndarray) -> np.ndarray:
+def _codepoints(u: NDArray[np.str_]) -> NDArray[np.uint32]:
     width = max(u.dtype.itemsize // 4, 1)
     if u.dtype.itemsize == 0:  # an array of empty strings has itemsize 0
         return np.zeros((len(u), 1), dtype=np.uint32)
@@ -106,7 +110,7 @@ unsalted ``mix64``, so within one shard its low bits follow the shard number; th
 placement uniform."""
 
 
-def mix64(x: np.ndarray) -> np.ndarray:
+def mix64(x: NDArray[np.uint64]) -> NDArray[np.uint64]:
     """splitmix64 finaliser, vectorised over a uint64 array (wrapping arithmetic)."""
     z = np.asarray(x, dtype=np.uint64)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -114,20 +118,20 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def cross_signs(a: np.ndarray, b: np.ndarray, slot_id: int) -> np.ndarray:
+def cross_signs(a: NDArray[np.uint64], b: NDArray[np.uint64], slot_id: int) -> NDArray[np.uint64]:
     """Signs of the cross of two sign columns (element-wise), in slot ``slot_id``."""
     h = mix64(mix64(a) ^ (b * np.uint64(0x9E3779B97F4A7C15)))
     return np.uint64(slot_id << SIGN_BITS) | (h & SIGN_MASK)
 
 
-def shard_of(signs: np.ndarray, num_shards: int) -> np.ndarray:
+def shard_of(signs: NDArray[np.uint64], num_shards: int) -> NDArray[np.int64]:
     """The shard (0..num_shards-1) that owns each sign. The one routing function of recserve."""
     if num_shards < 1:
         raise ValueError("num_shards must be >= 1")
     return (mix64(signs) % np.uint64(num_shards)).astype(np.int64)
 
 
-def unique_signs(signs: np.ndarray) -> np.ndarray:
+def unique_signs(signs: NDArray[np.uint64]) -> NDArray[np.uint64]:
     """The distinct signs, sorted: ``np.unique`` by one sort. (numpy 2.4's plain ``np.unique`` takes
     a hash-table path that is 25-60x slower on millions of uint64: 5.2 s vs 0.08 s for 5M.)"""
     s = np.sort(np.asarray(signs, dtype=np.uint64).reshape(-1))
@@ -139,6 +143,6 @@ def unique_signs(signs: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
-def has_duplicates(signs: np.ndarray) -> bool:
+def has_duplicates(signs: NDArray[np.uint64]) -> bool:
     s = np.sort(np.asarray(signs).reshape(-1))
     return bool(len(s) > 1 and (s[1:] == s[:-1]).any())

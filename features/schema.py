@@ -8,7 +8,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 
@@ -93,7 +93,7 @@ class Schema:
             return "context" if both == {"context"} else "item"
         return feature.scope
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @functools.cached_property
@@ -137,7 +137,7 @@ def _validate(schema: Schema) -> None:
             raise SchemaError(f"slot {s.name}: multi-valued slot needs a separator")
 
 
-def schema_from_dict(d: dict) -> Schema:
+def schema_from_dict(d: dict[str, Any]) -> Schema:
     """Build a schema from its YAML/JSON form, assigning slot ids in order where not given."""
     try:
         slots = []

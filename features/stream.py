@@ -32,12 +32,17 @@ import gzip
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
+from numpy.typing import NDArray
 
 from features.schema import Schema
 from features.transform import FeatureError, Table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 PIECE_ROWS = 1024  # rows per partition unit (rank r keeps pieces i with i % world == r)
 TEXT_SUFFIXES = {".tsv": "\t", ".txt": "\t", ".csv": ","}
@@ -154,7 +159,7 @@ def sniff(path: Path, schema: Schema, declared: str = "auto") -> FileFormat:
 
 # --- Arrow -> numpy --------------------------------------------------------------------------------
 @numba.njit(cache=True, nogil=True)
-def _ascii_ucs4(offsets, data, out) -> bool:
+def _ascii_ucs4(offsets: NDArray[np.int32], data: NDArray[np.uint8], out: NDArray[np.uint32]) -> bool:
     """Widen ASCII strings (Arrow offsets + bytes) into the rows of a zeroed (n, width) uint32
     matrix, i.e. a numpy 'U' array; False at the first non-ASCII byte."""
     for i in range(out.shape[0]):
@@ -167,7 +172,7 @@ def _ascii_ucs4(offsets, data, out) -> bool:
     return True
 
 
-def unicode_column(arr) -> np.ndarray:
+def unicode_column(arr: pa.Array) -> NDArray[np.str_]:
     """A pyarrow array as a numpy 'U' array, nulls as "" (one compiled pass for ASCII text)."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -184,10 +189,11 @@ def unicode_column(arr) -> np.ndarray:
     out = np.zeros((n, width), np.uint32)
     if _ascii_ucs4(offsets, np.frombuffer(arr.buffers()[2], np.uint8), out):
         return out.view(f"U{width}").reshape(n)
-    return arr.to_numpy(zero_copy_only=False).astype(np.str_)
+    text: NDArray[np.str_] = arr.to_numpy(zero_copy_only=False).astype(np.str_)
+    return text
 
 
-def float_column(arr, where: str = "") -> np.ndarray:
+def float_column(arr: pa.Array, where: str = "") -> NDArray[np.float64]:
     """A pyarrow array as float64, NaN where missing or empty (strings parsed by Arrow; where
     Arrow refuses a value, numpy's parser decides, as ``transform`` would)."""
     import pyarrow as pa
@@ -201,10 +207,11 @@ def float_column(arr, where: str = "") -> np.ndarray:
             return _numpy_floats(unicode_column(arr), where)
     elif not pa.types.is_floating(arr.type):
         arr = arr.cast(pa.float64())
-    return arr.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    floats: NDArray[np.float64] = arr.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    return floats
 
 
-def _numpy_floats(u: np.ndarray, where: str) -> np.ndarray:
+def _numpy_floats(u: NDArray[np.str_], where: str) -> NDArray[np.float64]:
     out = np.full(len(u), np.nan)
     present = u != ""
     try:
@@ -215,9 +222,9 @@ def _numpy_floats(u: np.ndarray, where: str) -> np.ndarray:
     return out
 
 
-def to_table(batch, numeric: frozenset[str] = frozenset(), where: str = "") -> Table:
+def to_table(batch: pa.RecordBatch, numeric: frozenset[str] = frozenset(), where: str = "") -> Table:
     """A pyarrow RecordBatch as a Table: strings, or float64 for the ``numeric`` columns."""
-    cols = {}
+    cols: dict[str, NDArray[Any]] = {}
     for name, arr in zip(batch.schema.names, batch.columns, strict=True):
         if name in numeric:
             cols[name] = float_column(arr, f"{where}, column {name!r}")
@@ -228,17 +235,21 @@ def to_table(batch, numeric: frozenset[str] = frozenset(), where: str = "") -> T
 
 # --- per-file record batches ---------------------------------------------------------------------
 def text_batches(
-    path: Path, delimiter: str, columns: tuple[str, ...] | None, block_size: int, include=None
-) -> Iterator:
+    path: Path,
+    delimiter: str,
+    columns: tuple[str, ...] | None,
+    block_size: int,
+    include: list[str] | None = None,
+) -> Iterator[pa.RecordBatch]:
     """Record batches (all strings) of a delimited text file; ``columns=None``: the first line is
     the header. A malformed line is a FeatureError naming the file and line."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
     names = columns or tuple(_first_line(path).decode("utf-8", "replace").split(delimiter))
-    bad: list = []
+    bad: list[Any] = []  # pyarrow.csv.InvalidRow
 
-    def invalid(row) -> str:
+    def invalid(row: Any) -> str:
         bad.append(row)
         return "error"
 
@@ -263,7 +274,9 @@ def text_batches(
         raise FeatureError(f"{path}: {e}") from None
 
 
-def parquet_batches(path: Path, batch_rows: int, include=None) -> Iterator:
+def parquet_batches(
+    path: Path, batch_rows: int, include: list[str] | None = None
+) -> Iterator[pa.RecordBatch]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -314,8 +327,8 @@ def stream(
         if fmt.kind == "parquet":
             batches = parquet_batches(path, options.batch_rows, include)
         else:
-            columns = None if fmt.header else fmt.columns
-            batches = text_batches(path, fmt.delimiter, columns, options.block_size, include)
+            names = None if fmt.header else fmt.columns
+            batches = text_batches(path, fmt.delimiter, names, options.block_size, include)
         file_start = seen
         for batch in batches:
             n = batch.num_rows if limit is None else min(batch.num_rows, limit - seen)
@@ -344,6 +357,8 @@ def concat(tables: list[Table]) -> Table:
     )
 
 
-def read(source: str | Path, schema: Schema, options: ReadOptions = ReadOptions(), limit=None) -> Table:
+def read(
+    source: str | Path, schema: Schema, options: ReadOptions = ReadOptions(), limit: int | None = None
+) -> Table:
     """The whole source as one Table (for files that fit in memory)."""
     return concat(list(stream(source, schema, options, limit)))

@@ -26,8 +26,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 CHUNK_ROWS = 1 << 16
 ZIPF_S = 1.1  # rank frequency ~ rank^-s
@@ -131,19 +136,22 @@ def zipf_ranks(rng: np.random.Generator, n: int, k: int, s: float = ZIPF_S) -> n
     u = rng.random(n)
     a = 1.0 - s
     x = (1.0 + u * ((k + 1.0) ** a - 1.0)) ** (1.0 / a)
-    return np.minimum(x.astype(np.int64) - 1, k - 1)
+    ranks: NDArray[np.int64] = np.minimum(x.astype(np.int64) - 1, k - 1)
+    return ranks
 
 
 def hex_ids(slot: int, ranks: np.ndarray) -> np.ndarray:
     """(n, 8) uint8: the 8 lowercase hex digits of each rank's ID in ``slot``."""
     big_endian = _permute32(ranks, slot).astype(">u4").view(np.uint8).reshape(-1, 4)
-    return _HEX_PAIRS[big_endian].view(np.uint8).reshape(-1, 8)
+    digits: NDArray[np.uint8] = _HEX_PAIRS[big_endian].view(np.uint8).reshape(-1, 8)
+    return digits
 
 
 def id_weights(slot: int, ranks: np.ndarray, scale: float, model_seed: int) -> np.ndarray:
     """The hidden model's weight of each ID: uniform with standard deviation ``scale``."""
     u = (_mix(ranks, (model_seed << 8) + slot) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
-    return (2.0 * u - 1.0) * (scale * np.sqrt(3.0))
+    weights: NDArray[np.float64] = (2.0 * u - 1.0) * (scale * np.sqrt(3.0))
+    return weights
 
 
 # --- one chunk ---------------------------------------------------------------------------------
@@ -184,26 +192,30 @@ def make_chunk(cfg: SynthConfig, index: int, n: int) -> Chunk:
     return Chunk(label, counts, counts_missing, ids, ids_missing, logit)
 
 
-def batches(cfg: SynthConfig, threads: int = 2) -> Iterator:
+def batches(cfg: SynthConfig, threads: int = 2) -> Iterator[pa.RecordBatch]:
     """The file's record batches in order; chunks are made ``threads`` at a time (numpy releases
     the GIL in its array loops) with at most ``2 * threads`` in memory."""
     import collections
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import Future, ThreadPoolExecutor
 
     starts = iter(enumerate(range(0, cfg.rows, CHUNK_ROWS)))
     with ThreadPoolExecutor(threads) as pool:
-        window: collections.deque = collections.deque()
+        window: collections.deque[Future[pa.RecordBatch]] = collections.deque()
         while True:
             while len(window) < 2 * threads and (nxt := next(starts, None)) is not None:
                 index, start = nxt
                 n = min(CHUNK_ROWS, cfg.rows - start)
-                window.append(pool.submit(lambda i=index, m=n: to_arrow(make_chunk(cfg, i, m))))
+                window.append(pool.submit(_arrow_chunk, cfg, index, n))
             if not window:
                 return
             yield window.popleft().result()
 
 
-def to_arrow(chunk: Chunk):
+def _arrow_chunk(cfg: SynthConfig, index: int, n: int) -> pa.RecordBatch:
+    return to_arrow(make_chunk(cfg, index, n))
+
+
+def to_arrow(chunk: Chunk) -> pa.RecordBatch:
     """The chunk as a pyarrow RecordBatch (nulls where missing); string columns share the numpy
     hex buffer (no per-value objects)."""
     import pyarrow as pa

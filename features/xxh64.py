@@ -9,8 +9,14 @@ memory per process (LLVM and the loaded kernels).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
+from numpy.typing import NDArray
+
+U64 = np.uint64
+Int = int | np.integer[Any]  # numba kernels take Python ints and numpy ints alike
 
 _P1 = np.uint64(0x9E3779B185EBCA87)
 _P2 = np.uint64(0xC2B2AE3D27D4EB4F)
@@ -20,25 +26,25 @@ _P5 = np.uint64(0x27D4EB2F165667C5)
 
 
 @numba.njit(inline="always")
-def _rotl(x, r):
+def _rotl(x: U64, r: int) -> U64:
     return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
 
 
 @numba.njit(inline="always")
-def _round(acc, lane):
+def _round(acc: U64, lane: U64) -> U64:
     acc = acc + lane * _P2
     acc = _rotl(acc, 31)
     return acc * _P1
 
 
 @numba.njit(inline="always")
-def _merge(acc, val):
+def _merge(acc: U64, val: U64) -> U64:
     acc = acc ^ _round(np.uint64(0), val)
     return acc * _P1 + _P4
 
 
 @numba.njit(inline="always")
-def _read_le(buf, i, width):
+def _read_le(buf: NDArray[np.uint8], i: Int, width: int) -> U64:
     """``width`` bytes of buf at i, little-endian, as uint64."""
     v = np.uint64(0)
     for k in range(width):
@@ -47,12 +53,12 @@ def _read_le(buf, i, width):
 
 
 @numba.njit(inline="always")
-def read64(buf, i):
+def read64(buf: NDArray[np.uint8], i: Int) -> U64:
     return _read_le(buf, i, 8)
 
 
 @numba.njit(cache=True)
-def xxh64(buf, n, seed):
+def xxh64(buf: NDArray[np.uint8], n: Int, seed: U64) -> U64:
     """XXH64 of buf[:n] (the reference algorithm, checked against the xxhash package)."""
     i = 0
     if n >= 32:
@@ -95,7 +101,9 @@ def xxh64(buf, n, seed):
 
 
 @numba.njit(cache=True)
-def hash_codepoints(cps, seed, prefixes, mask):
+def hash_codepoints(
+    cps: NDArray[np.uint32], seed: U64, prefixes: NDArray[np.uint64], mask: U64
+) -> NDArray[np.uint64]:
     """Signs of the rows of a (n, width) UTF-32 code-point matrix (a numpy 'U' array viewed as
     uint32): each row is UTF-8 encoded into a scratch buffer, hashed, masked and given the prefix
     of its row (``prefixes`` has one entry per row, or a single entry for all)."""
@@ -133,7 +141,9 @@ def hash_codepoints(cps, seed, prefixes, mask):
 
 
 @numba.njit(cache=True)
-def hash_joined(buf, n_values, seed, prefixes, mask):
+def hash_joined(
+    buf: NDArray[np.uint8], n_values: int, seed: U64, prefixes: NDArray[np.uint64], mask: U64
+) -> tuple[NDArray[np.uint64], bool]:
     """Signs of the NUL-separated UTF-8 values in ``buf``; returns (signs, ok). ``ok`` is False
     when the piece count differs from ``n_values`` (a value contained NUL itself)."""
     out = np.empty(n_values, dtype=np.uint64)

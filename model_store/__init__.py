@@ -1,14 +1,17 @@
 """The model store: the artifact format and its life cycle.
 
-- ``layout``: paths, version numbering, staging and sealing, deltas, CURRENT, atomic writes;
-- ``manifest``: MANIFEST.json write/read/verify (a checksum of every file: XXH3-128, or sha256);
+- ``layout``: paths, version numbering, staging, deltas, CURRENT, atomic writes, and the one
+  writer of ``_SUCCESS`` (``mark_done``);
+- ``manifest``: MANIFEST.json write/read/verify (a checksum of every file: XXH3-128, or sha256),
+  and ``seal`` (mark a staged version done, rename it into place);
 - ``errors``: typed errors (VersionNotFound, IncompleteVersion, CorruptVersion, IncompatibleVersion,
   SchemaMismatch, StoreError, CapacityError);
 - ``releases``: THE gate (``validate``), THE publish (CURRENT + HISTORY), rollback, retention;
 - ``shards``: the embedding shard dump format (full dumps and deltas), verified reads, re-sharding;
+  ``shardfile``: one file of a dump, written with its checksum and read back verified;
 - ``dense``: the dense-model loader serving uses.
 
-Artifacts live under a root directory outside the source tree (``recserve.config.default_store``:
+Artifacts live under a root directory outside the source tree (``default_root()``:
 ``$RECSERVE_STORE`` or ``./artifacts``). ``import model_store as ms`` gives the common API below.
 """
 

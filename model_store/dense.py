@@ -14,12 +14,18 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+if TYPE_CHECKING:
+    import torch
 
 OUTPUT_NAME = "logits"
 
-DenseFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+DenseFn = Callable[[NDArray[Any], NDArray[Any]], NDArray[np.float32]]
+"""(pooled (B, S, D), dense (B, F)) -> logits (B,), float32."""
 
 
 @contextmanager
@@ -32,14 +38,16 @@ def quiet_deprecations() -> Iterator[None]:
         yield
 
 
-def as_array(x) -> np.ndarray:
+def as_array(x: ArrayLike | torch.Tensor) -> NDArray[np.float32]:
     """float32, C-contiguous (a torch tensor is copied to the host first)."""
     if hasattr(x, "detach"):
         x = x.detach().cpu().numpy()
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def _check_inputs(pooled: np.ndarray, dense: np.ndarray, slots: int, dim: int, num_dense: int) -> None:
+def _check_inputs(
+    pooled: NDArray[np.float32], dense: NDArray[np.float32], slots: int, dim: int, num_dense: int
+) -> None:
     """Shape errors with a message naming the problem, instead of a deep runtime error."""
     if pooled.ndim != 3 or pooled.shape[1:] != (slots, dim):
         raise ValueError(f"pooled must be (B, {slots}, {dim}), got {pooled.shape}")
@@ -51,15 +59,16 @@ def _load_torchscript(path: Path) -> DenseFn:
     import torch
 
     with quiet_deprecations():
-        module = torch.jit.load(str(path), map_location="cpu")
+        module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]  # unannotated in torch
     module.eval()
     shape = (int(module.num_slots), int(module.dim), int(module.num_dense))
 
-    def predict(pooled: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    def predict(pooled: NDArray[Any], dense: NDArray[Any]) -> NDArray[np.float32]:
         p, d = as_array(pooled), as_array(dense)
         _check_inputs(p, d, *shape)
         with torch.inference_mode():
-            return module(torch.from_numpy(p), torch.from_numpy(d)).numpy()
+            logits: NDArray[np.float32] = module(torch.from_numpy(p), torch.from_numpy(d)).numpy()
+        return logits
 
     return predict
 
@@ -77,16 +86,17 @@ def _load_onnx(path: Path, num_threads: int | None) -> DenseFn:
     slots, dim = int(inputs["pooled"][1]), int(inputs["pooled"][2])
     num_dense = int(inputs["dense"][1]) if "dense" in inputs else 0
 
-    def predict(pooled: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    def predict(pooled: NDArray[Any], dense: NDArray[Any]) -> NDArray[np.float32]:
         p, d = as_array(pooled), as_array(dense)
         _check_inputs(p, d, slots, dim, num_dense)
         feed = {"pooled": p, "dense": d} if "dense" in inputs else {"pooled": p}
-        return session.run([OUTPUT_NAME], feed)[0]
+        logits: NDArray[np.float32] = session.run([OUTPUT_NAME], feed)[0]
+        return logits
 
     return predict
 
 
-def load_dense(path: str | os.PathLike, num_threads: int | None = None) -> DenseFn:
+def load_dense(path: str | os.PathLike[str], num_threads: int | None = None) -> DenseFn:
     """Load an exported dense model as `(pooled f32 (B,S,D), dense f32 (B,F)) -> logits f32 (B,)`.
 
     `.pt` is loaded with torch.jit.load, `.onnx` with an onnxruntime CPU session (`num_threads`

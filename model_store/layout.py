@@ -1,6 +1,6 @@
-"""The model store on disk: paths, versions, staging and sealing, deltas, CURRENT.
+"""The model store on disk: paths, versions, staging, deltas, the done marker, CURRENT.
 
-Layout (see DESIGN.md)::
+Layout::
 
     <root>/<model>/<version>/        version = "1", "2", ... (the next integer)
         MANIFEST.json                format, model, version, parent, created, schema_fingerprint,
@@ -19,7 +19,8 @@ A version is written under a hidden staging name (``.staging-<version>-<uuid>``)
 place after its ``_SUCCESS``, so a reader sees a complete version or none. ``model_store.manifest.read_manifest``
 refuses a version without ``_SUCCESS`` or whose files do not match their checksums. Files under
 ``deltas/`` that are not in the manifest are allowed: deltas cut after the version was sealed
-(``--follow``) carry their own per-shard manifests and ``_SUCCESS``.
+(continuous training, ``serving.ps.deltas.DeltaWriter``) carry their own per-shard manifests and
+``_SUCCESS``.
 """
 
 from __future__ import annotations
@@ -48,17 +49,17 @@ def default_root() -> str:
 
 
 # ---- paths and versions -------------------------------------------------------------------------
-def model_dir(root: str | os.PathLike, model: str) -> Path:
+def model_dir(root: str | os.PathLike[str], model: str) -> Path:
     if not model or "/" in model or model.startswith("."):
         raise ValueError(f"bad model name {model!r}")
     return Path(root) / model
 
 
-def version_dir(root: str | os.PathLike, model: str, version: str | int) -> Path:
+def version_dir(root: str | os.PathLike[str], model: str, version: str | int) -> Path:
     return model_dir(root, model) / str(version)
 
 
-def versions(root: str | os.PathLike, model: str, complete_only: bool = True) -> list[str]:
+def versions(root: str | os.PathLike[str], model: str, complete_only: bool = True) -> list[str]:
     """Version names of a model in numeric order (only those with ``_SUCCESS`` by default)."""
     d = model_dir(root, model)
     if not d.is_dir():
@@ -69,7 +70,7 @@ def versions(root: str | os.PathLike, model: str, complete_only: bool = True) ->
     return [p.name for p in sorted(found, key=lambda p: int(p.name))]
 
 
-def next_version(root: str | os.PathLike, model: str) -> str:
+def next_version(root: str | os.PathLike[str], model: str) -> str:
     """One more than the highest version present (complete or not, staged or not)."""
     d = model_dir(root, model)
     numbers = [0]
@@ -81,7 +82,7 @@ def next_version(root: str | os.PathLike, model: str) -> str:
     return str(max(numbers) + 1)
 
 
-def staging_dir(root: str | os.PathLike, model: str, version: str) -> Path:
+def staging_dir(root: str | os.PathLike[str], model: str, version: str) -> Path:
     """A fresh hidden directory to write ``version`` into before ``seal`` renames it."""
     d = model_dir(root, model) / f"{_STAGING}{version}-{uuid.uuid4().hex[:8]}"
     d.mkdir(parents=True)
@@ -89,11 +90,11 @@ def staging_dir(root: str | os.PathLike, model: str, version: str) -> Path:
 
 
 # ---- deltas ------------------------------------------------------------------------------------
-def delta_dir(version_path: str | os.PathLike, seq: int) -> Path:
+def delta_dir(version_path: str | os.PathLike[str], seq: int) -> Path:
     return Path(version_path) / DELTAS / str(seq)
 
 
-def list_deltas(version_path: str | os.PathLike) -> list[int]:
+def list_deltas(version_path: str | os.PathLike[str]) -> list[int]:
     """Sequence numbers of the complete deltas (with ``_SUCCESS``) of a version, ascending."""
     d = Path(version_path) / DELTAS
     if not d.is_dir():
@@ -108,7 +109,7 @@ def mark_done(directory: str | os.PathLike[str]) -> None:
 
 
 # ---- CURRENT -----------------------------------------------------------------------------------
-def current(root: str | os.PathLike, model: str) -> str | None:
+def current(root: str | os.PathLike[str], model: str) -> str | None:
     """The published version of ``model`` (None when nothing is published)."""
     try:
         return (model_dir(root, model) / CURRENT).read_text().strip() or None
@@ -116,7 +117,7 @@ def current(root: str | os.PathLike, model: str) -> str | None:
         return None
 
 
-def set_current(root: str | os.PathLike, model: str, version: str | int) -> Path:
+def set_current(root: str | os.PathLike[str], model: str, version: str | int) -> Path:
     """Point CURRENT at ``version`` atomically. No checks: call ``model_store.publish`` (the gate
     plus HISTORY), never this, to release a version."""
     path = model_dir(root, model) / CURRENT
@@ -124,12 +125,12 @@ def set_current(root: str | os.PathLike, model: str, version: str | int) -> Path
     return path
 
 
-def discard(path: str | os.PathLike) -> None:
+def discard(path: str | os.PathLike[str]) -> None:
     """Remove a staged (never sealed) version directory."""
     shutil.rmtree(path, ignore_errors=True)
 
 
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Write a file so that a reader sees the old content or the new, never a part (temp file,
     fsync, rename)."""
     path = Path(path)
@@ -141,7 +142,7 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make a rename in ``path`` durable."""
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -1,11 +1,13 @@
-"""Version manifests: write, read and verify (a checksum of every file), with typed errors.
+"""Version manifests: write, read and verify (a checksum of every file), with typed errors; and
+``seal``, which marks a staged version done and renames it into place.
 
 ``MANIFEST.json`` holds format, model, version, parent, created, schema_fingerprint, model_config,
 dim, num_shards, dense paths, metrics, and ``"files": {relpath: digest}`` for every file of the
 version but MANIFEST/_SUCCESS. A digest is ``xxh3_128:<hex>`` (XXH3-128: ~10 GB/s with the reads,
 so ``recserve publish`` checks a 4 GB version in well under a second instead of 2.7 s of a core
-next to the lookups it serves) or, in manifests written before it, a plain sha256 hex; both verify. Files under ``deltas/`` that are not listed are allowed: deltas cut
-after the version was sealed carry their own per-shard manifests and ``_SUCCESS``.
+next to the lookups it serves) or, in manifests written before it, a plain sha256 hex; both
+verify. Files under ``deltas/`` that are not listed are allowed: deltas cut after the version was
+sealed carry their own per-shard manifests and ``_SUCCESS``.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from model_store.errors import CorruptVersion, IncompleteVersion, ModelStoreError
 from model_store.layout import DELTAS, FORMAT, MANIFEST, SUCCESS, fsync_dir, mark_done, write_atomic
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     """The file's sha256, read in ``chunk``-byte pieces into one reused buffer (reading and
     hashing both release the GIL; ~1.5 GB/s on one core with SHA extensions)."""
     h = hashlib.sha256()
@@ -34,7 +37,7 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 XXH3_PREFIX = "xxh3_128:"
 
 
-def file_digest(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+def file_digest(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     """The manifest digest of a file: ``xxh3_128:<hex>``, read into one reused buffer."""
     import xxhash
 
@@ -46,14 +49,14 @@ def file_digest(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return XXH3_PREFIX + h.hexdigest()
 
 
-def digest_ok(path: str | os.PathLike, recorded: str) -> bool:
+def digest_ok(path: str | os.PathLike[str], recorded: str) -> bool:
     """Whether the file matches its manifest digest (XXH3-128, or sha256 in older manifests)."""
     if recorded.startswith(XXH3_PREFIX):
         return file_digest(path) == recorded
     return sha256_file(path) == recorded
 
 
-def file_checksums(directory: str | os.PathLike) -> dict[str, str]:
+def file_checksums(directory: str | os.PathLike[str]) -> dict[str, str]:
     """The digest of every file under ``directory`` (posix relpaths) except the top MANIFEST/_SUCCESS."""
     root = Path(directory)
     out = {}
@@ -64,7 +67,10 @@ def file_checksums(directory: str | os.PathLike) -> dict[str, str]:
     return out
 
 
-def write_manifest(directory: str | os.PathLike, manifest: dict) -> dict:
+Manifest = dict[str, Any]  # a version's MANIFEST.json (JSON values)
+
+
+def write_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> Manifest:
     """Write MANIFEST.json with ``format``, ``created`` and the checksums of every file now in
     ``directory`` filled in; returns the manifest written."""
     directory = Path(directory)
@@ -73,7 +79,7 @@ def write_manifest(directory: str | os.PathLike, manifest: dict) -> dict:
     return full
 
 
-def seal(staging: str | os.PathLike, final: str | os.PathLike) -> Path:
+def seal(staging: str | os.PathLike[str], final: str | os.PathLike[str]) -> Path:
     """Write ``_SUCCESS`` into a staged version and rename it to its final name."""
     staging, final = Path(staging), Path(final)
     if final.exists():
@@ -84,7 +90,7 @@ def seal(staging: str | os.PathLike, final: str | os.PathLike) -> Path:
     return final
 
 
-def read_manifest(directory: str | os.PathLike, verify: bool = True) -> dict:
+def read_manifest(directory: str | os.PathLike[str], verify: bool = True) -> Manifest:
     """The manifest of a complete version; raises IncompleteVersion where ``_SUCCESS`` is
     missing, CorruptVersion where the manifest is unreadable or (``verify``) a file is missing, unlisted or fails
     its checksum."""
@@ -92,7 +98,7 @@ def read_manifest(directory: str | os.PathLike, verify: bool = True) -> dict:
     if not (d / SUCCESS).is_file():
         raise IncompleteVersion(f"{d}: no {SUCCESS}: the version is incomplete, refusing it")
     try:
-        manifest = json.loads((d / MANIFEST).read_text())
+        manifest: Manifest = json.loads((d / MANIFEST).read_text())
     except (OSError, ValueError) as e:
         raise CorruptVersion(f"{d}: cannot read {MANIFEST}: {e}") from None
     if manifest.get("format") != FORMAT:
@@ -112,7 +118,7 @@ def read_manifest(directory: str | os.PathLike, verify: bool = True) -> dict:
     return manifest
 
 
-def verify_files(directory: str | os.PathLike, manifest: dict, names: list[str]) -> None:
+def verify_files(directory: str | os.PathLike[str], manifest: Manifest, names: list[str]) -> None:
     """Check the checksums of just the listed files a reader is about to use (a handler needs the
     dense model and schema, not every embedding shard; PS shard dumps carry their own checksums)."""
     d = Path(directory)

@@ -1,6 +1,7 @@
 """Release management over the model store: list, validate, publish, roll back, retain.
 
-Builds on ``model_store.layout`` (layout, manifests, the atomic CURRENT switch) and adds what
+Builds on ``model_store.layout`` (paths, the atomic CURRENT switch) and ``model_store.manifest``
+(reading and verifying a version) and adds what
 an operator needs: a publish history (``<model>/HISTORY``, one version per line, appended on every
 publish) so ``rollback`` returns to the previously published version; THE gate (``validate``):
 whether a version can replace the served one, run by publish, rollback and every serving
@@ -10,9 +11,12 @@ or that the running stack would refuse is ever published (unless a schema change
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from model_store import layout as ms
 from model_store.errors import (
@@ -22,9 +26,11 @@ from model_store.errors import (
     SchemaMismatch,
     VersionNotFound,
 )
-from model_store.manifest import read_manifest
+from model_store.manifest import Manifest, read_manifest
 
 HISTORY = "HISTORY"
+
+Root = str | os.PathLike[str]  # the store's root directory
 
 
 @dataclass
@@ -34,7 +40,7 @@ class VersionInfo:
     current: bool
     detail: str = ""
     created: float | None = None
-    metrics: dict | None = None
+    metrics: dict[str, Any] | None = None
     deltas: int = 0
 
 
@@ -49,7 +55,9 @@ CONTRACT: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 
 
-def validate(root, model: str, version: str, served: dict | None = None, verify: bool = True) -> dict:
+def validate(
+    root: Root, model: str, version: str, served: Manifest | None = None, verify: bool = True
+) -> Manifest:
     """THE gate: the manifest of ``version`` if it can replace the served version whose manifest is
     ``served`` (None: nothing served, only the version's own validity counts), else a typed
     ModelStoreError naming both sides.
@@ -71,7 +79,7 @@ def validate(root, model: str, version: str, served: dict | None = None, verify:
         mine, theirs = _get(manifest, key), _get(served, key)
         if mine is None or theirs is None or mine == theirs:
             continue
-        short = (lambda v: str(v)[:12]) if key == ("schema_fingerprint",) else str
+        short: Callable[[object], str] = (lambda v: str(v)[:12]) if key == ("schema_fingerprint",) else str
         error = SchemaMismatch if key == ("schema_fingerprint",) else IncompatibleVersion
         raise error(
             f"{model} version {version} cannot replace the served version {served.get('version', '?')}: "
@@ -82,7 +90,7 @@ def validate(root, model: str, version: str, served: dict | None = None, verify:
     return manifest
 
 
-def current_manifest(root, model: str) -> dict | None:
+def current_manifest(root: Root, model: str) -> Manifest | None:
     """The manifest of the version CURRENT names -- what a running stack serves or is switching to
     -- (unverified: it passed the gate when published), or None when nothing is published."""
     cur = ms.current(root, model)
@@ -97,13 +105,14 @@ def current_manifest(root, model: str) -> dict | None:
         ) from None
 
 
-def _get(manifest: dict, key: tuple[str, ...]):
+def _get(manifest: Manifest, key: tuple[str, ...]) -> object:
+    value: object = manifest
     for k in key:
-        manifest = manifest.get(k) if isinstance(manifest, dict) else None
-    return manifest
+        value = value.get(k) if isinstance(value, dict) else None
+    return value
 
 
-def list_versions(root, model: str) -> list[VersionInfo]:
+def list_versions(root: Root, model: str) -> list[VersionInfo]:
     """Every version directory (complete or not), oldest first, with its state."""
     cur = ms.current(root, model)
     out = []
@@ -119,7 +128,7 @@ def list_versions(root, model: str) -> list[VersionInfo]:
     return out
 
 
-def history(root, model: str) -> list[str]:
+def history(root: Root, model: str) -> list[str]:
     try:
         return [v for v in (ms.model_dir(root, model) / HISTORY).read_text().split() if v]
     except FileNotFoundError:
@@ -127,7 +136,7 @@ def history(root, model: str) -> list[str]:
         return [cur] if cur else []
 
 
-def publish(root, model: str, version: str, allow_schema_change: bool = False) -> str:
+def publish(root: Root, model: str, version: str, allow_schema_change: bool = False) -> str:
     """Make ``version`` CURRENT (atomic) if it passes the gate against CURRENT's version; record it
     in the history. ``allow_schema_change``: check only the version's own validity (a deliberate
     change of schema or shape, served by a new stack)."""
@@ -141,7 +150,7 @@ def publish(root, model: str, version: str, allow_schema_change: bool = False) -
     return version
 
 
-def rollback(root, model: str, allow_schema_change: bool = False) -> str:
+def rollback(root: Root, model: str, allow_schema_change: bool = False) -> str:
     """Re-publish the most recent earlier version that passes the gate against CURRENT's version
     (``allow_schema_change``: that is still valid); returns it."""
     hist = history(root, model)
@@ -165,7 +174,7 @@ def rollback(root, model: str, allow_schema_change: bool = False) -> str:
     )
 
 
-def retain(root, model: str, keep: int) -> list[str]:
+def retain(root: Root, model: str, keep: int) -> list[str]:
     """Delete all but the newest ``keep`` complete versions; never CURRENT or the rollback target.
     Incomplete versions older than the newest complete one and stale staging dirs go too."""
     if keep < 1:
