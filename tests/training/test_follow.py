@@ -322,7 +322,8 @@ def test_max_seconds_stops_without_a_delta_when_nothing_arrived(store, watch):
 def test_cli_once(store, watch):
     shutil.copy(SAMPLE, watch / SAMPLE.name)
     (watch / f"{SAMPLE.name}.done").write_text("")
-    args = ["--follow", str(store / NAME), "--once", "--watch", str(watch)]
+    # one delta, the final one, however slow the machine (the 2 s default interval could cut two)
+    args = ["--follow", str(store / NAME), "--once", "--watch", str(watch), "--delta-interval-s", "3600"]
     proc = subprocess.run(
         [sys.executable, "-m", "recserve", "train", *args],
         cwd=ROOT,
