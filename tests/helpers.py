@@ -67,6 +67,16 @@ def ps_in_thread(cfg):
         loop.close()
 
 
+def gone(pid: int) -> bool:
+    """Process ``pid`` has exited: there is no such process, or it is a zombie whose parent (maybe
+    this process) has not reaped it yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
 def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
     """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout_s``
     saying ``what`` was waited for and the last value seen."""
@@ -140,6 +150,7 @@ __all__ = [
     "free_port",
     "free_ports",
     "fuzz_payloads",
+    "gone",
     "port_free",
     "ps_in_thread",
     "raw_call",

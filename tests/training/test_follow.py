@@ -22,6 +22,7 @@ from features import stream
 from features.hashing import shard_of
 from features.schema import load_schema
 from features.transform import transform
+from tests.helpers import wait_until
 from training.config import FollowConfig, TrainConfig
 from training.follow import FollowTrainer, follow
 from training.train import train
@@ -164,7 +165,7 @@ def test_a_file_counts_once_complete(watch):
     (watch / ".c.csv").write_text("x")
     (watch / "d.csv.part").write_text("x")
     (watch / "notes.md").write_text("x")
-    assert w.ready() == [growing, marked] or w.ready() == [marked, growing]
+    assert sorted(w.ready()) == [growing, marked]  # in any order, from one poll
     w.entry("a.csv").update(rows=2, done=True)
     w.commit()
     assert WatchDir(watch, watch / ".ledger.json").ready() == [marked]  # the ledger persists
@@ -185,10 +186,11 @@ def test_follow_loop_cuts_deltas_and_reloads_on_a_new_current(store, watch):
             (watch / f"{name}.done").write_text("")
 
         def wait_delta(version: str, n: int) -> None:
-            deadline = time.monotonic() + 30
-            while len(ms.list_deltas(ms.version_dir(store, NAME, version))) < n:
-                assert time.monotonic() < deadline and thread.is_alive(), "no delta cut"
-                time.sleep(0.05)
+            def cut() -> bool:
+                assert thread.is_alive(), "the follow loop ended"  # fail now, not at the deadline
+                return len(ms.list_deltas(ms.version_dir(store, NAME, version))) >= n
+
+            wait_until(cut, 30, f"{n} deltas of version {version} cut")
 
         n1 = len(ms.list_deltas(ms.version_dir(store, NAME, v1)))
         drop("a.csv")
@@ -264,24 +266,23 @@ def test_a_publish_mid_follow_moves_the_next_deltas_to_the_new_version_only(stor
     trainer = FollowTrainer(_cfg(store, watch, delta_interval_s=3600, poll_s=0.05, max_seconds=60))
     thread = threading.Thread(target=lambda: box.update(result=trainer.run(stop)))
     thread.start()
+
+    def running() -> bool:
+        assert thread.is_alive(), "the follow trainer ended"  # fail now, not at the deadline
+        return True
+
     try:
 
         def train(name: str, rows: int) -> None:
             (watch / f".{name}").rename(watch / name)
             (watch / f"{name}.done").write_text("")
-            deadline = time.monotonic() + 60
-            while trainer.result.rows < rows:
-                assert time.monotonic() < deadline and thread.is_alive(), "not trained"
-                time.sleep(0.05)
+            wait_until(lambda: running() and trainer.result.rows >= rows, 60, f"{rows} rows trained")
 
         train("a.csv", 100)
         assert trainer.result.deltas == []  # a.csv's rows are pending
         v2 = _retrained(store, v1)
         assert ms.publish(store, NAME, v2) == v2  # same schema and shape: the gate passes
-        deadline = time.monotonic() + 60
-        while trainer.result.version != v2:
-            assert time.monotonic() < deadline and thread.is_alive(), "the trainer did not move to v2"
-            time.sleep(0.05)
+        wait_until(lambda: running() and trainer.result.version == v2, 60, "the trainer moved to v2")
         train("b.csv", 200)
     finally:
         stop.set()

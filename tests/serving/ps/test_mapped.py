@@ -56,13 +56,23 @@ def test_table_lookups_equal_a_dict_of_the_same_rows():
     assert (BucketTable.empty(DIM).find(query) == -1).all()
 
 
-def test_checksum_passes_take_turns_host_wide(tmp_path):
+def test_checksum_passes_take_turns_host_wide(tmp_path, monkeypatch):
     """With one slot a second pass waits until the first is done; with two, both run."""
+    import fcntl
     import threading
 
+    from serving.ps import table
     from serving.ps.table import checksum_slot
 
-    entered = threading.Event()
+    entered, waiting = threading.Event(), threading.Event()
+    flock = fcntl.flock
+
+    def watched_flock(fd, op):
+        if not op & fcntl.LOCK_NB:  # every slot taken: the pass waits for one
+            waiting.set()
+        return flock(fd, op)
+
+    monkeypatch.setattr(table.fcntl, "flock", watched_flock)
 
     def second(slots):
         with checksum_slot(slots, str(tmp_path)):
@@ -71,8 +81,9 @@ def test_checksum_passes_take_turns_host_wide(tmp_path):
     with checksum_slot(1, str(tmp_path)):
         waiter = threading.Thread(target=second, args=(1,))
         waiter.start()
-        assert not entered.wait(0.3)
-    assert entered.wait(5)
+        assert waiting.wait(10)
+        assert not entered.is_set()  # it waits while the first pass holds the slot
+    assert entered.wait(10)
     waiter.join()
     entered.clear()
     with checksum_slot(2, str(tmp_path)):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from serving.rpc.procs import free_ports, spawn, stop_children
 from serving.stack.config import StackConfig
 from serving.stack.controller import Controller
 from serving.stack.state import StackState, read_state, write_state
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_until
 from tests.serving.helpers import DIM, SCHEMA, SIGNS, make_rows_version, make_version
 
 
@@ -94,10 +93,7 @@ def test_recserve_versions_shows_what_each_component_serves_and_why_a_version_is
             trainer.lookup(SIGNS, insert=True)
             v2 = make_rows_version(root, trainer, fingerprint="another-schema")
             ms.layout.set_current(root, "m", v2)  # forced past publish's gate
-            deadline = time.monotonic() + 30
-            while not ps.stats()["refusal"]:
-                assert time.monotonic() < deadline, "the shard did not refuse the version"
-                time.sleep(0.1)
+            wait_until(lambda: ps.stats()["refusal"], 30, "the shard refusing the version")
             assert ps.stats()["version"] == v1
             assert ps.lookup(SIGNS[:3])[0].shape == (3, DIM)  # still serving v1
         run_dir = tmp_path / "run"

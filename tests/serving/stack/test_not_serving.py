@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from serving.ps.client import ShardError
 from serving.rpc.errors import NotServing
 from serving.rpc.health import check, wait_serving
 from serving.scoring.core import Scorer
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_until
 from tests.serving.helpers import DIM, SIGNS, make_version, ranking_batch, remote_scorer
 
 pytestmark = pytest.mark.slow
@@ -36,10 +35,7 @@ def _score(scorer: Scorer) -> tuple[int, dict]:
 
 def _wait_status(channel, want: str, timeout_s: float = 10.0) -> None:
     """Until health says ``want`` (the worker checks its shards every 0.1 s here)."""
-    deadline = time.monotonic() + timeout_s
-    while (status := check(channel)) != want:
-        assert time.monotonic() < deadline, f"health {status}, expected {want}"
-        time.sleep(0.05)
+    wait_until(lambda: check(channel) == want, timeout_s, f"health {want}")
 
 
 def test_before_any_version_nothing_serves_then_the_published_version_does(ps_and_worker):
@@ -81,9 +77,7 @@ def test_a_refused_version_is_not_served_and_every_layer_says_why(ps_and_worker)
     version = make_version(root, rows_dim=8)  # the shard is dim 4: refused
     publish(root, "m", version)
     reason = f"not switching to version {version}: "
-    deadline = time.monotonic() + 10  # the follower polls every 0.1 s
-    while not (st := ps.stats())["refusal"] and time.monotonic() < deadline:
-        time.sleep(0.05)
+    st = wait_until(lambda: (s := ps.stats())["refusal"] and s, 10, "a refusal")  # polls every 0.1 s
     assert st["refusal"].startswith(reason) and "dim 8 does not match the store's dim 4" in st["refusal"]
     assert st["version"] == "" and check(ps.channel) == "NOT_SERVING"
     with pytest.raises(ShardError, match="dim 8 does not match"):
@@ -129,10 +123,7 @@ def test_lookups_name_their_version_and_a_switch_keeps_the_old_one_for_them(ps_a
     assert status == 200 and before["versions"]["embedding"] == v1, before
     v2 = make_version(root, seed=1)  # other rows
     publish(root, "m", v2)
-    deadline = time.monotonic() + 10
-    while ps.stats()["version"] != v2:
-        assert time.monotonic() < deadline, ps.stats()
-        time.sleep(0.05)
+    wait_until(lambda: ps.stats()["version"] == v2, 10, f"the shard on version {v2}")
     assert ps.stats()["held"] == [(v2, -1), (v1, -1)]
     rows1, _ = ps.lookup(SIGNS[:5], version=v1)
     rows2, _ = ps.lookup(SIGNS[:5], version=v2)

@@ -22,6 +22,7 @@ from serving.worker.core import (
     UpdateError,
     WorkerConfig,
 )
+from tests.helpers import wait_until
 from tests.serving.helpers import DIM, SCHEMA, bags, ranking_batch, torch_pooled
 
 
@@ -180,7 +181,7 @@ class RecordingShard:
     def update(self, signs, grads):
         with self.lock:
             self.started += 1
-        time.sleep(self.delay_s)
+        time.sleep(self.delay_s)  # a slow shard: time itself is what the staleness bound is tested against
         self.gate.wait(10)
         if self.fail:
             raise ConnectionError("shard went away")
@@ -235,7 +236,7 @@ def test_background_failure_is_raised_by_the_next_call():
         w.flush()  # reported once
         res = w.forward(ranking_batch(), "train")
         w.backward(res.batch_id, np.ones_like(res.pooled))
-        time.sleep(0.05)
+        wait_until(lambda: w.in_flight == 0, 10, "the failed update done")  # its error is kept first
         with pytest.raises(UpdateError):
             w.forward(ranking_batch(), "train")
 
