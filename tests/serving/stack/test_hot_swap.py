@@ -4,7 +4,7 @@ earlier scores exactly."""
 
 from __future__ import annotations
 
-import time
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -17,7 +17,7 @@ from features.transform import transform
 from model_store.releases import publish, rollback
 from serving.ps.deltas import DeltaWriter
 from serving.scoring.client import ScoringClient, requests_from_file
-from tests.helpers import second_half, train_version
+from tests.helpers import second_half, train_version, wait_until
 from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 def live(trained, start_stack):
     root = trained[0]
     stack = start_stack(root, "criteo", disable_token_auth=True, poll_s=0.2)
-    client = ScoringClient(stack.state["endpoint"])
+    client = ScoringClient(stack.state.endpoint)
     yield root, stack, client
     client.close()
 
@@ -46,14 +46,26 @@ def _score(client, limit=400, every=False):
 
 
 def _wait(client, pred, timeout=20.0):
-    """Score until every reply of one round satisfies ``pred`` (the swap has fully landed)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        scores, versions = _score(client, every=True)
-        if all(pred(v) for v in versions):
-            return scores, versions[-1]
-        time.sleep(0.1)
-    raise AssertionError(f"not live after {timeout}s: {versions}")
+    """Score until every reply of one round satisfies ``pred`` (the swap has fully landed); that
+    round's scores and the versions of its last reply."""
+    rounds = []
+
+    def landed() -> bool:
+        rounds.append(_score(client, every=True))
+        return all(pred(v) for v in rounds[-1][1])
+
+    try:
+        wait_until(landed, timeout, "the swap landed in every reply of a round")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {rounds[-1][1]}") from None
+    scores, versions = rounds[-1]
+    return scores, versions[-1]
+
+
+def _dense(reply: tuple) -> str:
+    """The dense version a scoring loop's reply (k, status, payload) names ('' for a failure)."""
+    _, status, payload = reply
+    return orjson.loads(payload)["versions"]["dense"] if status == 200 else ""
 
 
 def test_delta_goes_live_and_changes_scores(live):
@@ -78,7 +90,9 @@ def test_corrupt_delta_is_refused_and_serving_continues(live):
     seq, ddir, _ = writer.publish()
     victim = next(ddir.rglob("rows.npy"))
     victim.write_bytes(victim.read_bytes()[:-4] + b"\xff\xff\xff\xff")
-    time.sleep(1.0)  # several polls
+    logs = sorted((Path(stack.run_dir) / "logs").glob("ps*.log"))
+    refused = f"delta {seq} of version 1 refused"  # by every shard: one part is corrupt, all refuse
+    wait_until(lambda: all(refused in log.read_text() for log in logs), 30, f"'{refused}' in {logs}")
     after, now = _score(client)
     assert now["delta_seq"] == versions["delta_seq"] < seq
     assert np.array_equal(after, before)
@@ -96,7 +110,7 @@ def test_full_version_switch_then_rollback_restores_scores(live):
     replies, stop = [], threading.Event()
 
     def loop():  # scores while the version switches under it (its own connection)
-        own = ScoringClient(stack.state["endpoint"])
+        own = ScoringClient(stack.state.endpoint)
         while not stop.is_set():
             for k, (body, ctype) in enumerate(bodies):
                 status, payload = own.post(body, ctype)
@@ -113,10 +127,10 @@ def test_full_version_switch_then_rollback_restores_scores(live):
     looping = threading.Thread(target=loop)
     looping.start()
     try:
-        time.sleep(0.5)
+        wait_until(lambda: replies, 60, "the loop's first reply (version 1)")
         publish(root, "criteo", v2)
         new, versions = _wait(client, lambda v: v["embedding"] == v2 and v["dense"] == v2, timeout=60)
-        time.sleep(0.5)
+        wait_until(lambda: _dense(replies[-1]) == v2, 60, f"the loop's replies of version {v2}")
     finally:
         stop.set()
         looping.join()
@@ -179,20 +193,17 @@ def test_a_version_bigger_than_the_old_capacity_is_served(live):
     ms.write_manifest(staging, dict(manifest, version=big))
     ms.seal(staging, ms.version_dir(root, "criteo", big))
     publish(root, "criteo", big)
-    rows = 0
-    deadline = time.monotonic() + 60
     from serving.ps.client import PSClient
 
-    while time.monotonic() < deadline:
+    def on_big() -> list[dict] | None:
         stats = []
-        for target in stack.state["ps"]:
+        for target in stack.state.ps:
             with PSClient(target) as ps:
                 stats.append(ps.stats())
-        if all(s["version"] == big for s in stats):
-            rows = sum(s["rows"] for s in stats)
-            break
-        time.sleep(0.2)
-    assert rows >= 1_200_000, stats
+        return stats if all(s["version"] == big for s in stats) else None
+
+    stats = wait_until(on_big, 60, f"every shard serving version {big}")
+    assert sum(s["rows"] for s in stats) >= 1_200_000, stats
     after, versions = _wait(client, lambda v: v["embedding"] == big and v["dense"] == big, timeout=60)
     offline = np.load(v1 / "eval" / "scores.npy")[: len(after)]
     assert np.abs(after - offline).max() <= 1e-5

@@ -20,7 +20,7 @@ from features.schema import load_schema
 from features.transform import transform
 from serving.scoring.client import ScoringClient
 from serving.stack.local import LocalStack, StackConfig, down
-from tests.helpers import ROOT
+from tests.helpers import ROOT, gone, wait_until
 from tests.serving.helpers import TEST, score_all
 
 pytestmark = pytest.mark.slow
@@ -34,24 +34,25 @@ def stack(trained, start_stack):
 
 @pytest.fixture
 def client(stack):
-    c = ScoringClient(stack.state["endpoint"], key_file=stack.state["key_file"])
+    c = ScoringClient(stack.state.endpoint, key_file=stack.state.key_file)
     yield c
     c.close()
 
 
 def test_everything_binds_loopback_and_token_auth_is_on_by_default(stack):
-    assert all(a.startswith("127.0.0.1:") for a in [*stack.state["ps"], stack.state["worker"]])
-    assert stack.state["endpoint"].startswith("http://127.0.0.1:")
-    assert stack.state["token_auth"]
-    status, payload = ScoringClient(stack.state["endpoint"]).post(b"[{}]")  # no token
+    assert all(a.startswith("127.0.0.1:") for a in [*stack.state.ps, stack.state.worker])
+    assert stack.state.endpoint.startswith("http://127.0.0.1:")
+    assert stack.state.token_auth
+    status, payload = ScoringClient(stack.state.endpoint).post(b"[{}]")  # no token
     assert status in (400, 401) and b"Token Authorization failed" in payload, payload  # TorchServe says 400
 
 
 def test_the_ps_shards_serve_mapped_versions(stack):
     from serving.ps.client import PSClient
 
-    logs = Path(stack.state["run_dir"]) / "logs"
-    for i, target in enumerate(stack.state["ps"]):
+    logs = Path(stack.state.run_dir) / "logs"
+    assert len(stack.state.ps) == 2  # the version's two shards: the checks below run for each
+    for i, target in enumerate(stack.state.ps):
         assert "serving mapped versions" in (logs / f"ps{i}.log").read_text()
         with PSClient(target) as ps:
             st = ps.stats()
@@ -81,7 +82,7 @@ def test_score_binary_with_no_schema_flag_against_the_stack(stack, trained):
     import sys
 
     argv = [sys.executable, "-m", "recserve", "score", TEST, "--binary", "--limit", "400",
-            "--url", stack.state["endpoint"], "--key-file", stack.state["key_file"]]  # fmt: skip
+            "--url", stack.state.endpoint, "--key-file", stack.state.key_file]  # fmt: skip
     run = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert run.stdout.count(" 200 scores ") == 2, run.stdout
@@ -118,7 +119,7 @@ def test_binary_batch_for_another_schema_is_refused(client):
 
 
 def test_worker_outage_is_a_503_not_a_hang_and_recovers(stack, client):
-    pid = stack.state["pids"]["worker"]
+    pid = stack.state.pids["worker"]
     body = orjson.dumps(to_records(stream.read(TEST, SCHEMA, limit=3), SCHEMA))
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -129,12 +130,7 @@ def test_worker_outage_is_a_503_not_a_hang_and_recovers(stack, client):
         assert time.monotonic() - t0 < 10
     finally:
         os.kill(pid, signal.SIGCONT)
-    for _ in range(50):  # back to scoring once the worker runs again
-        status, _ = client.post(body)
-        if status == 200:
-            break
-        time.sleep(0.1)
-    assert status == 200
+    wait_until(lambda: client.post(body)[0] == 200, 30, "scoring again once the worker runs")
 
 
 def test_down_stops_exactly_what_up_started(trained, tmp_path):
@@ -143,16 +139,11 @@ def test_down_stops_exactly_what_up_started(trained, tmp_path):
                       http_port=0, management_port=0, metrics_port=0, disable_token_auth=True)  # fmt: skip
     s = LocalStack(cfg).start()
     try:
-        pids = dict(s.state["pids"])
+        pids = dict(s.state.pids)
         assert set(pids) == {"ps0", "ps1", "worker", "torchserve", "controller", "supervisor"}
         stopped = down(tmp_path / "run")  # as `recserve down` does, from the state file alone
         assert sorted(stopped) == sorted(pids)
-        time.sleep(0.5)
-        for pid in pids.values():  # gone, or a zombie waiting for us (its parent) to reap it
-            assert (
-                not os.path.exists(f"/proc/{pid}")
-                or "Z" in open(f"/proc/{pid}/stat").read().split(")")[-1][:3]
-            )
+        wait_until(lambda: all(gone(pid) for pid in pids.values()), 10, f"{sorted(pids)} gone")
     finally:
         s.stop()  # whatever `down` left (nothing when the test passes); reaps our children
 
@@ -167,15 +158,24 @@ def test_every_metric_the_dashboard_charts_exists_on_the_live_stack(stack, clien
     targets = json.loads((Path(stack.run_dir) / "prometheus-targets.json").read_text())
     components = {g["labels"]["component"] for g in targets}
     assert components == {"ps", "worker", "controller", "torchserve"}, targets
-    assert len([g for g in targets if g["labels"]["component"] == "ps"]) == len(stack.state["ps"])
+    assert len([g for g in targets if g["labels"]["component"] == "ps"]) == len(stack.state.ps)
     score_all(client, 400)
     assert client.post(b"{not json", "application/json")[0] == 400
-    time.sleep(0.5)
-    text = "".join(
-        urllib.request.urlopen(f"http://{t}/metrics", timeout=10).read().decode()
-        for g in targets
-        for t in g["targets"]
-    )
+    version = stack.state.version
+    ok = rf'recserve_scoring_requests_total{{[^}}]*status="200",dense_version="{version}",embedding_version="{version}"'
+    bad = r'recserve_scoring_requests_total{[^}]*status="400"'
+    text = ""
+
+    def counted() -> bool:  # the handler's counters reach TorchServe's /metrics after the replies
+        nonlocal text
+        text = "".join(
+            urllib.request.urlopen(f"http://{t}/metrics", timeout=10).read().decode()
+            for g in targets
+            for t in g["targets"]
+        )
+        return bool(re.search(ok, text) and re.search(bad, text))
+
+    wait_until(counted, 30, "the 200s and the 400 just sent counted on /metrics")
     dashboard = json.loads((ROOT / "serving/stack/grafana-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"\b((?:recserve|ts)_[a-z0-9_]+)", e)}
@@ -187,7 +187,3 @@ def test_every_metric_the_dashboard_charts_exists_on_the_live_stack(stack, clien
 
     missing = sorted(m for m in used if not exported(m))
     assert not missing, f"the dashboard charts metrics no process exports: {missing}"
-    version = stack.state["version"]
-    ok = rf'recserve_scoring_requests_total{{[^}}]*status="200",dense_version="{version}",embedding_version="{version}"'
-    assert re.search(ok, text), [x for x in text.splitlines() if "recserve_scoring_requests_total" in x]
-    assert re.search(r'recserve_scoring_requests_total{[^}]*status="400"', text)

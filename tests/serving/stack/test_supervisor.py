@@ -12,17 +12,16 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import orjson
 import pytest
 
 from model_store.releases import publish
 from serving.ps.client import PSClient, ShardError
-from serving.rpc.procs import alive
 from serving.scoring.client import ScoringClient
 from serving.stack.local import down
 from serving.stack.state import read_state
+from tests.helpers import gone, wait_until
 from tests.serving.helpers import make_version
 
 pytestmark = pytest.mark.slow
@@ -40,7 +39,7 @@ def stack(tmp_path_factory, start_stack):
 
 @pytest.fixture
 def client(stack):
-    c = ScoringClient(stack[1].state["endpoint"])
+    c = ScoringClient(stack[1].state.endpoint)
     yield c
     c.close()
 
@@ -54,14 +53,6 @@ def _ps_state(address: str) -> tuple[str, int] | None:
     return st["version"], st["delta_seq"]
 
 
-def _wait(pred, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not (got := pred()):
-        assert time.monotonic() < deadline, f"{what}: not after {timeout_s}s"
-        time.sleep(0.1)
-    return got
-
-
 def _publish_delta(root) -> int:
     from serving.ps.deltas import DeltaWriter
 
@@ -73,10 +64,10 @@ def _publish_delta(root) -> int:
 
 def test_the_stack_runs_two_replicas_per_shard_and_the_worker_gets_them_grouped(stack):
     _, s = stack
-    assert [len(r) for r in s.state["ps_shards"]] == [2, 2]
-    assert {"ps0.0", "ps0.1", "ps1.0", "ps1.1", "worker", "controller", "supervisor"} <= set(s.state["pids"])
-    worker_args = s.state["commands"]["worker"]["args"]
-    assert worker_args[worker_args.index("--ps") + 1] == ",".join("|".join(r) for r in s.state["ps_shards"])
+    assert [len(r) for r in s.state.ps_shards] == [2, 2]
+    assert {"ps0.0", "ps0.1", "ps1.0", "ps1.1", "worker", "controller", "supervisor"} <= set(s.state.pids)
+    worker_args = s.state.commands["worker"].args
+    assert worker_args[worker_args.index("--ps") + 1] == ",".join("|".join(r) for r in s.state.ps_shards)
 
 
 def test_killing_a_replica_while_scoring_fails_no_request(stack, client):
@@ -94,11 +85,12 @@ def test_killing_a_replica_while_scoring_fails_no_request(stack, client):
     th = threading.Thread(target=loop)
     th.start()
     try:
-        time.sleep(1.0)
-        before = len(results)
-        os.kill(read_state(s.run_dir)["pids"]["ps0.0"], signal.SIGKILL)
-        time.sleep(3.0)
-        assert len(results) > before + 5  # it kept scoring through the kill
+        wait_until(lambda: len(results) >= 5, 60, "scoring before the kill")
+        old = read_state(s.run_dir).pids["ps0.0"]
+        os.kill(old, signal.SIGKILL)
+        wait_until(lambda: read_state(s.run_dir).pids["ps0.0"] != old, 30, "ps0.0 restarted")
+        restarted = len(results)
+        wait_until(lambda: len(results) >= restarted + 5, 60, "scoring after the restart")  # through it all
     finally:
         stop.set()
         th.join()
@@ -108,17 +100,17 @@ def test_killing_a_replica_while_scoring_fails_no_request(stack, client):
 def test_a_killed_replica_is_restarted_with_the_same_version_and_delta_and_used_again(stack, client):
     root, s = stack
     seq = _publish_delta(root)
-    addresses = s.state["ps_shards"][1]
-    served = _wait(lambda: [_ps_state(a) for a in addresses] if all(
+    addresses = s.state.ps_shards[1]
+    served = wait_until(lambda: [_ps_state(a) for a in addresses] if all(
         (st := _ps_state(a)) and st[1] == seq for a in addresses) else None, 30, f"delta {seq} live")  # fmt: skip
     state = read_state(s.run_dir)
-    old = state["pids"]["ps1.1"]
-    restarts = state.get("restarts", {}).get("ps1.1", 0)
+    old = state.pids["ps1.1"]
+    restarts = state.restarts.get("ps1.1", 0)
     os.kill(old, signal.SIGKILL)
-    _wait(lambda: read_state(s.run_dir)["pids"]["ps1.1"] != old, 30, "ps1.1 restarted")
-    assert read_state(s.run_dir)["restarts"]["ps1.1"] == restarts + 1
-    assert read_state(s.run_dir)["last_death"]["ps1.1"]["how"]
-    _wait(lambda: _ps_state(addresses[1]), 60, "the replacement answers")
+    wait_until(lambda: read_state(s.run_dir).pids["ps1.1"] != old, 30, "ps1.1 restarted")
+    assert read_state(s.run_dir).restarts["ps1.1"] == restarts + 1
+    assert read_state(s.run_dir).last_death["ps1.1"].how
+    wait_until(lambda: _ps_state(addresses[1]), 60, "the replacement answers")
     assert _ps_state(addresses[1]) == served[0]  # the version and delta seq its twin serves
     from serving.rpc.health import wait_serving
 
@@ -126,20 +118,20 @@ def test_a_killed_replica_is_restarted_with_the_same_version_and_delta_and_used_
     with PSClient(addresses[1]) as ps:
         looked_up = lambda: (st := ps.stats())["hits"] + st["misses"]  # noqa: E731
         before = looked_up()
-        for _ in range(40):  # the worker puts it back into its rotation once it is SERVING
+
+        def looked_up_again() -> bool:  # the worker puts it back into its rotation once it is SERVING
             assert client.post(BODY)[0] == 200
-            if looked_up() > before:
-                break
-            time.sleep(0.1)
-        assert looked_up() > before
+            return looked_up() > before
+
+        wait_until(looked_up_again, 30, "lookups sent to the replacement")
 
 
 def test_a_killed_worker_is_restarted_and_scoring_resumes(stack, client):
     _, s = stack
-    old = read_state(s.run_dir)["pids"]["worker"]
+    old = read_state(s.run_dir).pids["worker"]
     os.kill(old, signal.SIGKILL)
-    _wait(lambda: read_state(s.run_dir)["pids"]["worker"] != old, 30, "worker restarted")
-    _wait(lambda: client.post(BODY)[0] == 200, 60, "scoring again")
+    wait_until(lambda: read_state(s.run_dir).pids["worker"] != old, 30, "worker restarted")
+    wait_until(lambda: client.post(BODY)[0] == 200, 60, "scoring again")
     status, payload = client.post(BODY)
     assert status == 200 and len(orjson.loads(payload)["scores"]) == 200
 
@@ -150,12 +142,12 @@ def test_a_killed_torchserve_is_restarted_with_the_served_version_on_the_same_en
     _, s = stack
     status, before = client.post(BODY)
     assert status == 200
-    old = read_state(s.run_dir)["pids"]["torchserve"]
+    old = read_state(s.run_dir).pids["torchserve"]
     os.kill(old, signal.SIGKILL)
-    _wait(lambda: read_state(s.run_dir)["pids"]["torchserve"] != old, 120, "torchserve restarted")
+    wait_until(lambda: read_state(s.run_dir).pids["torchserve"] != old, 120, "torchserve restarted")
     state = read_state(s.run_dir)
-    assert state["restarts"]["torchserve"] == 1 and "unknown" in state["last_death"]["torchserve"]["how"]
-    _wait(lambda: _post_or_none(client) == 200, 60, "scoring again")
+    assert state.restarts["torchserve"] == 1 and "unknown" in state.last_death["torchserve"].how
+    wait_until(lambda: _post_or_none(client) == 200, 60, "scoring again")
     status, after = client.post(BODY)
     assert status == 200
     assert orjson.loads(after)["scores"] == orjson.loads(before)["scores"]
@@ -172,11 +164,8 @@ def _post_or_none(client) -> int | None:
 
 def test_down_stops_the_supervisor_first_and_every_process_replacements_included(stack):
     _, s = stack
-    pids = read_state(s.run_dir)["pids"]
+    pids = read_state(s.run_dir).pids
     stopped = down(s.run_dir)
     assert stopped[0] == "supervisor" and sorted(stopped) == sorted(pids)
-    time.sleep(0.5)
-    for name, pid in pids.items():  # gone, or a zombie its parent has not reaped yet
-        gone = not alive(pid) or "Z" in open(f"/proc/{pid}/stat").read().split(")")[-1][:3]
-        assert gone, name
+    wait_until(lambda: all(gone(pid) for pid in pids.values()), 10, f"{sorted(pids)} gone")
     assert not (s.run_dir / "stack.json").exists()
