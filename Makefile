@@ -28,9 +28,11 @@ $(GEN): $(PROTOS)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
 	touch recserve/__init__.py recserve/v1/__init__.py $@
 
+# ruff and mypy over everything but the generated recserve/v1/ (pyproject.toml says what is strict).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # Unit tests first (fast), then the integration tests that start real processes.
 test: $(STAMP) $(GEN) lint
@@ -81,4 +83,4 @@ bench-scale-train: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_scale_train
 
 clean:
-	rm -rf $(VENV) recserve/v1 .pytest_cache .ruff_cache
+	rm -rf $(VENV) recserve/v1 .pytest_cache .ruff_cache .mypy_cache

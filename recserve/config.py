@@ -24,12 +24,16 @@ import os
 import textwrap
 import types
 import typing
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import yaml
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def store_field(**metadata: Any):
@@ -47,7 +51,7 @@ def field_docs(cls: type) -> dict[str, str]:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):
         return {}
-    body = tree.body[0].body
+    body = cast(ast.ClassDef, tree.body[0]).body  # the source of a class is its class statement
     docs = {}
     for node, nxt in zip(body, body[1:], strict=False):
         if (
@@ -97,7 +101,11 @@ def _list_of(kind):
 
 
 def add_arguments(
-    parser: argparse.ArgumentParser, cls: type, *, yaml_flag: bool = True, skip: set[str] = frozenset()
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    *,
+    yaml_flag: bool = True,
+    skip: Collection[str] = frozenset(),
 ) -> None:
     """One flag per field of ``cls`` (nested configs flattened), each defaulting to "not given"
     so that YAML and dataclass defaults show through; ``--config FILE.yaml`` when ``yaml_flag``;

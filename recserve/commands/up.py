@@ -31,7 +31,9 @@ def run_up(cfg: StackConfig) -> int:
         print(f"  ps shard {shard.shard} ({shard.address}): version {shard.version}, "
               f"delta {shard.delta_seq}, {shard.rows} rows")  # fmt: skip
     print(f"endpoint: POST {s.endpoint}")
-    metrics = ", ".join(f"{name} http://{address}/metrics" for name, address in sorted(s.metrics_endpoints.items()))
+    metrics = ", ".join(
+        f"{name} http://{address}/metrics" for name, address in sorted(s.metrics_endpoints.items())
+    )
     print(f"metrics: {metrics}\n  (Prometheus targets: {stack.run_dir / 'prometheus-targets.json'})")
     if s.token_auth:
         print(f"token auth is ON: send 'Authorization: Bearer <inference key>' from {s.key_file}")

@@ -32,8 +32,12 @@ import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from serving.rpc.errors import PermissionDenied, Unauthenticated
+
+if TYPE_CHECKING:
+    from serving.rpc.errors import Context, Metadata
 
 TOKEN_HEADER = "authorization"
 """gRPC metadata key of the admin token (lower case, as gRPC requires)."""
@@ -81,7 +85,7 @@ def token_metadata(token: str) -> tuple[tuple[str, str], ...]:
     return ((TOKEN_HEADER, SCHEME + token),) if token else ()
 
 
-def check_token(metadata, token: str, what: str) -> None:
+def check_token(metadata: Metadata | None, token: str, what: str) -> None:
     """The one token check: ``metadata`` (a call's invocation metadata) must carry ``token``.
     No token is ``Unauthenticated``, another one ``PermissionDenied``; ``what`` names the call."""
     sent = [v for k, v in (metadata or ()) if k == TOKEN_HEADER]
@@ -126,7 +130,7 @@ class Access:
     root: Path | None = None
     """Directory request paths must stay under (None: requests name no paths)."""
 
-    def check(self, method: str, context) -> None:
+    def check(self, method: str, context: Context) -> None:
         """Whether ``method`` may run for the caller of ``context`` (raises when not)."""
         if method in self.open:
             return
@@ -137,7 +141,7 @@ class Access:
             f"{method} is not served by a {self.role}: it answers {', '.join(sorted(self.open))}"
         )
 
-    def require(self, what: str, context) -> None:
+    def require(self, what: str, context: Context) -> None:
         """The admin token, for ``what`` (a guarded RPC, or a writing variant of an open one)."""
         if not self.token:
             raise PermissionDenied(

@@ -4,18 +4,21 @@ before it builds a view (a ``BadRequest`` naming the problem)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from serving.rpc.errors import BadRequest
 
 FLOAT32, FLOAT16 = 1, 2  # recserve.v1.DType (0 = unspecified = float32)
 
 
-def signs_to_bytes(signs) -> bytes:
+def signs_to_bytes(signs: ArrayLike) -> bytes:
     return np.ascontiguousarray(signs, dtype="<u8").tobytes()
 
 
-def signs_from_bytes(payload: bytes) -> np.ndarray:
+def signs_from_bytes(payload: bytes) -> NDArray[np.uint64]:
     if not payload:
         raise BadRequest("empty request: no signs")
     if len(payload) % 8:
@@ -38,11 +41,11 @@ def wire_dtype(name: str) -> int:
     return FLOAT16 if name == "float16" else FLOAT32
 
 
-def rows_to_bytes(rows: np.ndarray, fp16: bool) -> bytes:
+def rows_to_bytes(rows: NDArray[np.floating[Any]], fp16: bool) -> bytes:
     return (rows.astype(np.float16) if fp16 else np.ascontiguousarray(rows, dtype="<f4")).tobytes()
 
 
-def rows_from_bytes(payload: bytes, dtype: int, shape: tuple[int, ...]) -> np.ndarray:
+def rows_from_bytes(payload: bytes, dtype: int, shape: tuple[int, ...]) -> NDArray[np.float32]:
     """float32 rows of ``shape`` (a read-only view of the payload when it was sent as float32)."""
     itemsize = 2 if dtype == FLOAT16 else 4
     want = int(np.prod(shape)) * itemsize
@@ -52,7 +55,7 @@ def rows_from_bytes(payload: bytes, dtype: int, shape: tuple[int, ...]) -> np.nd
     return rows.astype(np.float32) if dtype == FLOAT16 else rows
 
 
-def matrix_from_bytes(payload: bytes, n: int, dim: int, what: str = "grads") -> np.ndarray:
+def matrix_from_bytes(payload: bytes, n: int, dim: int, what: str = "grads") -> NDArray[np.float32]:
     """A float32 (n, dim) matrix sent row-major; the size is checked first."""
     want = n * dim * 4
     if len(payload) != want:

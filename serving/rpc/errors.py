@@ -22,10 +22,23 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from model_store.errors import StoreError
 
+if TYPE_CHECKING:
+    import grpc
+    from google.protobuf.message import Message
+
+    Context = grpc.ServicerContext | grpc.aio.ServicerContext[Any, Any]
+    """A call's server-side context, thread-pool or grpc.aio."""
+    Metadata = Iterable[tuple[str, str | bytes]]
+    """A call's metadata: (key, value) pairs."""
+
 log = logging.getLogger("recserve.rpc")
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 NOT_SERVING_KEY = "recserve-not-serving"
@@ -62,11 +75,11 @@ class Undecoded:
 
     __slots__ = ("data", "message")
 
-    def __init__(self, message: type, data: bytes):
+    def __init__(self, message: type[Message], data: bytes):
         self.message = message
         self.data = data
 
-    def parse(self, method: str):
+    def parse(self, method: str) -> Message:
         from google.protobuf.message import DecodeError
 
         try:
@@ -78,18 +91,18 @@ class Undecoded:
             ) from None
 
 
-def not_serving(rpc_error) -> bool:
+def not_serving(rpc_error: grpc.RpcError) -> bool:
     """Whether a ``grpc.RpcError`` is an UNAVAILABLE marked as "serves no version" by the peer."""
     trailing = getattr(rpc_error, "trailing_metadata", None)
     metadata = (trailing() if callable(trailing) else None) or ()
     return any(key == NOT_SERVING_KEY for key, _ in metadata)
 
 
-def _metadata(e: BaseException) -> tuple:
+def _metadata(e: BaseException) -> tuple[tuple[str, str], ...]:
     return ((NOT_SERVING_KEY, "1"),) if getattr(e, "not_serving", False) else ()
 
 
-def status_of(e: BaseException, method: str = "call"):
+def status_of(e: BaseException, method: str = "call") -> tuple[grpc.StatusCode, str]:
     """``(grpc.StatusCode, message)`` for an exception an RPC raised."""
     import grpc
 
@@ -108,12 +121,12 @@ def status_of(e: BaseException, method: str = "call"):
     return grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(e).__name__}: {e}"
 
 
-def _deadline_passed(context) -> bool:
+def _deadline_passed(context: Context) -> bool:
     remaining = context.time_remaining()
     return remaining is not None and remaining <= 0
 
 
-def _admit(servicer, name: str, request, context):
+def _admit(servicer: object, name: str, request: Message | Undecoded, context: Context) -> Message:
     """The checks before a method runs: its server's ``Access``, then the request parsed."""
     access = getattr(servicer, "access", None)
     if access is not None:
@@ -121,14 +134,14 @@ def _admit(servicer, name: str, request, context):
     return request.parse(name) if isinstance(request, Undecoded) else request
 
 
-def _count(servicer, code) -> None:
+def _count(servicer: object, code: grpc.StatusCode) -> None:
     metrics = getattr(servicer, "metrics", None)
     errors = getattr(metrics, "errors", None)
     if errors is not None:
         errors.labels(code.name).inc()
 
 
-def rpc(method):
+def rpc(method: _Method) -> _Method:
     """The error boundary of an RPC method: a call whose deadline already passed is not started;
     the server's access policy and the request's parsing come next (``_admit``); exceptions become
     the status of ``status_of`` (counted in ``self.metrics.errors`` by code)."""
@@ -138,14 +151,17 @@ def rpc(method):
     if inspect.iscoroutinefunction(method):
 
         @functools.wraps(method)
-        async def async_wrapper(self, request, context):
+        async def async_wrapper(
+            self: object, request: Message | Undecoded, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> Message:
             if _deadline_passed(context):
                 _count(self, grpc.StatusCode.DEADLINE_EXCEEDED)
                 await context.abort(
                     grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before the call started"
                 )
             try:
-                return await method(self, _admit(self, name, request, context), context)
+                response: Message = await method(self, _admit(self, name, request, context), context)
+                return response
             except Exception as e:
                 if type(e).__name__ == "AbortError":  # context.abort() inside the method
                     raise
@@ -153,15 +169,16 @@ def rpc(method):
                 _count(self, code)
                 await context.abort(code, message, _metadata(e))
 
-        return async_wrapper
+        return cast(_Method, async_wrapper)  # the same method to gRPC, with the boundary around it
 
     @functools.wraps(method)
-    def wrapper(self, request, context):
+    def wrapper(self: object, request: Message | Undecoded, context: grpc.ServicerContext) -> Message:
         if _deadline_passed(context):
             _count(self, grpc.StatusCode.DEADLINE_EXCEEDED)
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed before the call started")
         try:
-            return method(self, _admit(self, name, request, context), context)
+            response: Message = method(self, _admit(self, name, request, context), context)
+            return response
         except Exception as e:
             code, message = status_of(e, name)
             _count(self, code)
@@ -169,4 +186,4 @@ def rpc(method):
                 context.set_trailing_metadata(metadata)
             context.abort(code, message)
 
-    return wrapper
+    return cast(_Method, wrapper)

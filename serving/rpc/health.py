@@ -4,26 +4,34 @@ loop that keeps a service's own health equal to that of the services it depends 
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import grpc
+
+    from serving.rpc.tls import ClientTLS
 
 log = logging.getLogger("recserve.rpc")
 
 
-def check(channel, service: str = "", timeout_s: float = 1.0) -> str:
+def check(channel: grpc.Channel, service: str = "", timeout_s: float = 1.0) -> str:
     """The health status of ``service`` on a blocking ``channel``: "SERVING", "NOT_SERVING", ...,
     or the gRPC status code name when the check itself fails ("UNAVAILABLE": not reachable)."""
     return _check(channel, service, timeout_s)[0]
 
 
-def _check(channel, service: str, timeout_s: float) -> tuple[str, str]:
+def _check(channel: grpc.Channel, service: str, timeout_s: float) -> tuple[str, str]:
     """(``check``'s answer, gRPC's reason when the check itself failed, else "")."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     try:
-        resp = health_pb2_grpc.HealthStub(channel).Check(
+        resp = health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]  # stubs lack it
             health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
         )
     except grpc.RpcError as e:
@@ -32,7 +40,12 @@ def _check(channel, service: str, timeout_s: float) -> tuple[str, str]:
 
 
 def wait_serving(
-    channel, timeout_s: float = 30.0, service: str = "", proc=None, log_path=None, tls=None
+    channel: grpc.Channel | str,
+    timeout_s: float = 30.0,
+    service: str = "",
+    proc: subprocess.Popen[bytes] | None = None,
+    log_path: Path | None = None,
+    tls: ClientTLS | None = None,
 ) -> None:
     """Poll grpc.health.v1 on a blocking ``channel`` until SERVING (TimeoutError after
     ``timeout_s``; RuntimeError with the log's tail when ``proc`` exits first). The one health wait.
@@ -60,7 +73,7 @@ def wait_serving(
 
 def mirror(
     probes: dict[str, Callable[[], str]], set_serving: Callable[[bool], None], interval_s: float = 0.5
-):
+) -> threading.Event:
     """Keep a service SERVING exactly while every service it depends on says SERVING: a daemon
     thread calls each of ``probes`` (name -> a function returning a health status, e.g. a
     ``PSClient``'s ``health``) every ``interval_s`` and calls ``set_serving`` when the answer
@@ -68,7 +81,7 @@ def mirror(
     stop = threading.Event()
 
     def loop() -> None:
-        last = None
+        last: dict[str, str] | None = None
         while True:
             down = {name: status for name, probe in probes.items() if (status := probe()) != "SERVING"}
             if down != last:

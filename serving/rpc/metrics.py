@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry, Counter
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +36,7 @@ LATENCY_BUCKETS = (
 )
 
 
-def start_metrics_server(port: int, host: str, registry) -> Callable[[], None]:
+def start_metrics_server(port: int, host: str, registry: CollectorRegistry) -> Callable[[], None]:
     """Serve ``registry`` at http://host:port/metrics in a daemon thread; returns a stop function
     (a no-op when ``port`` is 0)."""
     if not port:
@@ -50,7 +54,7 @@ def start_metrics_server(port: int, host: str, registry) -> Callable[[], None]:
     return stop
 
 
-def version_refusals(registry, component: str = ""):
+def version_refusals(registry: CollectorRegistry, component: str = "") -> Counter:
     """``recserve_version_refusals_total{component, kind}``: versions (kind="version") and deltas
     (kind="delta") a serving component (component="ps", "controller") refused -- the gate
     (``model_store.validate``) or its store said no -- so an alert can fire where a log line
@@ -75,7 +79,7 @@ ERROR_CODES = ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND", "RESOURCE
                "DEADLINE_EXCEEDED", "UNAUTHENTICATED", "PERMISSION_DENIED", "INTERNAL")  # fmt: skip
 
 
-def rpc_errors(name: str, registry):
+def rpc_errors(name: str, registry: CollectorRegistry) -> Counter:
     """``<name>{code}``: RPCs a server answered with an error, by status code (one series per
     code from the start). The ``rpc`` decorator counts into it (``servicer.metrics.errors``)."""
     from prometheus_client import Counter

@@ -10,6 +10,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from serving.rpc.tls import ClientTLS
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -24,7 +28,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def spawn(role_args: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
+def spawn(role_args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Run ``recserve <role_args>`` as a child in its own session, output to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
@@ -39,8 +43,12 @@ def spawn(role_args: list[str], log_path: Path, env: dict | None = None) -> subp
 
 
 def wait_grpc_healthy(
-    address: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None, tls=None
-):
+    address: str,
+    timeout_s: float,
+    proc: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+    tls: ClientTLS | None = None,
+) -> None:
     """Block until the grpc.health.v1 service at ``address`` answers SERVING (the child ``proc``
     exiting first is a RuntimeError with its log's tail); ``tls``: a ``serving.rpc.tls.ClientTLS``."""
     from serving.rpc.health import wait_serving
@@ -117,7 +125,7 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def stop_children(procs: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
+def stop_children(procs: list[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
     """Stop child processes this process spawned (each with its process group) and reap them."""
     for p in procs:
         if p.poll() is None:

@@ -18,10 +18,19 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from serving.rpc.tls import ServerTLS
 
+if TYPE_CHECKING:
+    import grpc
+    from grpc_health.v1 import health as grpc_health
+    from prometheus_client import CollectorRegistry
+
 log = logging.getLogger("recserve.rpc")
+
+ServerT = TypeVar("ServerT", "grpc.Server", "grpc.aio.Server")
+HealthT = TypeVar("HealthT", "grpc_health.HealthServicer", "grpc_health.aio.HealthServicer")
 
 
 def grpc_options(max_message_mb: int) -> list[tuple[str, int]]:
@@ -43,17 +52,22 @@ class Endpoint:
 
 
 @dataclass
-class Running:
-    """A started server: the gRPC server, its health servicer, the bound port, a metrics stopper."""
+class Running(Generic[ServerT, HealthT]):
+    """A started server: the gRPC server, its health servicer, the bound port, a metrics stopper
+    (thread-pool: ``SyncRunning``; grpc.aio: ``AioRunning``)."""
 
-    server: object
-    health: object
+    server: ServerT
+    health: HealthT
     port: int
     service: str
     stop_metrics: Callable[[], None]
 
 
-def add_service(server, servicer, service: str) -> None:
+SyncRunning = Running["grpc.Server", "grpc_health.HealthServicer"]
+AioRunning = Running["grpc.aio.Server", "grpc_health.aio.HealthServicer"]
+
+
+def add_service(server: grpc.Server | grpc.aio.Server, servicer: object, service: str) -> None:
     """Register every method of ``service`` (its full proto name, e.g. ``recserve.v1.EmbeddingPS``;
     its ``*_pb2`` module imported) on ``server``: ``servicer.<Method>`` gets the request as
     ``errors.Undecoded`` bytes, which its ``rpc`` boundary parses."""
@@ -79,7 +93,14 @@ def add_service(server, servicer, service: str) -> None:
     server.add_registered_method_handlers(service, handlers)
 
 
-def _bind(server, endpoint: Endpoint, servicer, health, service: str, registry) -> tuple[int, Callable]:
+def _bind(
+    server: ServerT,
+    endpoint: Endpoint,
+    servicer: object,
+    health: grpc_health.HealthServicer | grpc_health.aio.HealthServicer,
+    service: str,
+    registry: CollectorRegistry,
+) -> tuple[int, Callable[[], None]]:
     from grpc_health.v1 import health as health_mod
     from grpc_health.v1 import health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
@@ -100,14 +121,16 @@ def _bind(server, endpoint: Endpoint, servicer, health, service: str, registry) 
     return port, start_metrics_server(endpoint.metrics_port, endpoint.host, registry)
 
 
-def _status(serving: bool):
+def _status(serving: bool) -> int:
     from grpc_health.v1 import health_pb2
 
     return health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 # ---- thread-pool servers (the worker) ----------------------------------------------------------
-def start_sync(endpoint: Endpoint, service: str, servicer, registry, threads: int) -> Running:
+def start_sync(
+    endpoint: Endpoint, service: str, servicer: object, registry: CollectorRegistry, threads: int
+) -> SyncRunning:
     """Start a thread-pool gRPC server with health (NOT_SERVING until ``set_serving``)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -125,7 +148,7 @@ def start_sync(endpoint: Endpoint, service: str, servicer, registry, threads: in
     return Running(server, health_servicer, port, service, stop_metrics)
 
 
-def set_serving_sync(running: Running, serving: bool) -> None:
+def set_serving_sync(running: SyncRunning, serving: bool) -> None:
     for name in ("", running.service):
         running.health.set(name, _status(serving))
 
@@ -140,7 +163,7 @@ def wait_for_stop(stop: threading.Event | None = None) -> threading.Event:
     return stop
 
 
-def stop_sync(running: Running, grace_s: float) -> None:
+def stop_sync(running: SyncRunning, grace_s: float) -> None:
     log.info("shutting down (grace %.1fs)", grace_s)
     running.health.enter_graceful_shutdown()
     running.server.stop(grace_s).wait()
@@ -148,7 +171,9 @@ def stop_sync(running: Running, grace_s: float) -> None:
 
 
 # ---- asyncio servers (the PS) ------------------------------------------------------------------
-async def start_aio(endpoint: Endpoint, service: str, servicer, registry) -> Running:
+async def start_aio(
+    endpoint: Endpoint, service: str, servicer: object, registry: CollectorRegistry
+) -> AioRunning:
     """Start a grpc.aio server with health (NOT_SERVING until ``set_serving_aio``)."""
     import grpc
     from grpc_health.v1 import health
@@ -162,7 +187,7 @@ async def start_aio(endpoint: Endpoint, service: str, servicer, registry) -> Run
     return Running(server, health_servicer, port, service, stop_metrics)
 
 
-async def set_serving_aio(running: Running, serving: bool) -> None:
+async def set_serving_aio(running: AioRunning, serving: bool) -> None:
     for name in ("", running.service):
         await running.health.set(name, _status(serving))
 
@@ -179,7 +204,7 @@ def stop_event_on_signals() -> asyncio.Event:
     return stop
 
 
-async def stop_aio(running: Running, grace_s: float) -> None:
+async def stop_aio(running: AioRunning, grace_s: float) -> None:
     log.info("shutting down (grace %.1fs)", grace_s)
     await running.health.enter_graceful_shutdown()
     await running.server.stop(grace_s)

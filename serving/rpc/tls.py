@@ -22,10 +22,24 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from serving.rpc.auth import read_secret
+
+if TYPE_CHECKING:
+    import grpc
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric.types import (
+        CertificateIssuerPrivateKeyTypes,
+        CertificatePublicKeyTypes,
+        PrivateKeyTypes,
+    )
+
+ChannelOptions = Sequence[tuple[str, int | str]]  # gRPC channel arguments, e.g. ``grpc_options``
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 """The names a certificate from ``local_pki`` is always valid for."""
@@ -41,7 +55,7 @@ def _read_pem(path: str, what: str) -> bytes:
     return data
 
 
-def _load_cert(path: str, what: str):
+def _load_cert(path: str, what: str) -> tuple[bytes, x509.Certificate]:
     from cryptography import x509
 
     data = _read_pem(path, what)
@@ -51,7 +65,7 @@ def _load_cert(path: str, what: str):
         raise ValueError(f"{what} {path} is not a PEM certificate: {e}") from None
 
 
-def _load_key(path: str, what: str):
+def _load_key(path: str, what: str) -> tuple[bytes, PrivateKeyTypes]:
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
     data = read_secret(path, what)
@@ -96,7 +110,7 @@ class ServerTLS:
             raise ValueError("TLS needs both --tls-cert and --tls-key (--tls-client-ca adds mTLS to them)")
         return cls(cert, key, client_ca)
 
-    def credentials(self):
+    def credentials(self) -> grpc.ServerCredentials:
         """The one place server credentials are built."""
         import grpc
 
@@ -115,10 +129,10 @@ class ServerTLS:
         return out + (["--tls-client-ca", self.client_ca] if self.client_ca else [])
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> ServerTLS | None:
+    def from_dict(cls, d: dict[str, str] | None) -> ServerTLS | None:
         return cls(**d) if d else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, str]:
         return asdict(self)
 
 
@@ -145,10 +159,10 @@ class ClientTLS:
         return cls(ca, cert, key) if (ca or cert or key) else None
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> ClientTLS | None:
+    def from_dict(cls, d: dict[str, str] | None) -> ClientTLS | None:
         return cls(**d) if d else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, str]:
         return asdict(self)
 
     def flags(self, prefix: str = "--ps-tls-") -> list[str]:
@@ -156,7 +170,7 @@ class ClientTLS:
         out = [f"{prefix}ca", self.ca] if self.ca else []
         return out + ([f"{prefix}cert", self.cert, f"{prefix}key", self.key] if self.cert else [])
 
-    def credentials(self):
+    def credentials(self) -> grpc.ChannelCredentials:
         """The one place channel credentials are built."""
         import grpc
 
@@ -177,7 +191,7 @@ def describe(tls: ClientTLS | None) -> str:
     return tls.describe() if tls else "plaintext"
 
 
-def channel(target: str, options=(), tls: ClientTLS | None = None):
+def channel(target: str, options: ChannelOptions = (), tls: ClientTLS | None = None) -> grpc.Channel:
     """The one way a recserve client opens a blocking gRPC channel: TLS when ``tls`` is given."""
     import grpc
 
@@ -205,13 +219,13 @@ class Issued:
         return cert_path, key_path
 
 
-def _new_key():
+def _new_key() -> ec.EllipticCurvePrivateKey:
     from cryptography.hazmat.primitives.asymmetric import ec
 
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _key_pem(key) -> bytes:
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
     return key.private_bytes(
@@ -219,7 +233,9 @@ def _key_pem(key) -> bytes:
     )
 
 
-def _builder(subject: str, issuer, public_key, days: float):
+def _builder(
+    subject: str, issuer: x509.Name, public_key: CertificatePublicKeyTypes, days: float
+) -> x509.CertificateBuilder:
     from cryptography import x509
     from cryptography.x509.oid import NameOID
 
@@ -268,7 +284,8 @@ def issue_cert(
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
     ca_cert = x509.load_pem_x509_certificate(ca.cert)
-    ca_key = load_pem_private_key(ca.key, password=None)
+    # a CA's key is one that signs certificates (make_ca's: EC P-256)
+    ca_key = cast("CertificateIssuerPrivateKeyTypes", load_pem_private_key(ca.key, password=None))
     key = _new_key()
     usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
     builder = (
@@ -280,7 +297,7 @@ def issue_cert(
         )
     )
     if hosts:
-        names = []
+        names: list[x509.GeneralName] = []
         for h in dict.fromkeys(hosts):
             try:
                 names.append(x509.IPAddress(ipaddress.ip_address(h)))

@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from serving.torchserve.api import InferenceClient, ManagementClient, TorchServeError
 from serving.torchserve.archive import _ts_home
@@ -34,7 +35,7 @@ class TorchServe:
         # TorchServe writes key_file.json to the JVM's working directory, which we set to run_dir.
         self.key_file = self.run_dir / "key_file.json"
         self._proc: subprocess.Popen | None = None
-        self._stdout = None
+        self._stdout: BinaryIO | None = None
         # Python workers listen on <java.io.tmpdir>/.ts.sock.<port>: an AF_UNIX path, at most 107
         # bytes. A deep run dir (a long store path) gets a short private dir under /tmp instead,
         # or every worker dies at bind and TorchServe only says UNLOADING.
