@@ -97,11 +97,11 @@ def serve_step(result) -> None:
     with LocalStack(cfg) as stack:
         s = stack.state
         print(
-            f"   up in {time.time() - t0:.1f} s: PS {', '.join(s['ps'])}; worker {s['worker']}; POST {s['endpoint']}"
+            f"   up in {time.time() - t0:.1f} s: PS {', '.join(s.ps)}; worker {s.worker}; POST {s.endpoint}"
         )
 
         step("5. score the test split through HTTP in 200-row requests")
-        client = ScoringClient(s["endpoint"])
+        client = ScoringClient(s.endpoint)
         scores, latency, versions = [], [], None
         for body, ctype in requests_from_file(str(TEST), str(SCHEMA), rows=200):
             t = time.perf_counter()

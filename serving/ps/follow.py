@@ -12,7 +12,7 @@ its deltas, never a mix. Then every complete delta of the served version with a 
 applied in seq order, each atomically (a new overlay, flipped; gaps are refused; deltas carry
 values, so re-applying one is a no-op). Every shard checks every shard's part of a delta first,
 so a delta corrupt anywhere is refused everywhere. A version or delta that fails validation is
-logged once, counted (``recserve_version_refusals_total{component="ps"}``) and skipped; the
+logged once, counted (``recserve_version_refusals_total{component="ps"}``: ``serving.versions``) and skipped; the
 shard keeps serving what it has, and ``refusal`` says why it does not serve the version CURRENT
 names.
 
@@ -31,6 +31,7 @@ from pathlib import Path
 import model_store as ms
 from model_store import ModelStoreError, shards
 from model_store.shards import StoreError
+from serving.versions import VersionTarget
 
 log = logging.getLogger("recserve.ps.follow")
 
@@ -38,20 +39,21 @@ log = logging.getLogger("recserve.ps.follow")
 class Follower:
     def __init__(self, store, model_dir: str | os.PathLike, registry=None, clock=time.time, pin: str = ""):
         self.store = store
-        self.pin = pin  # serve this version instead of CURRENT
         self.model_dir = Path(model_dir)
         self.root, self.model = self.model_dir.parent, self.model_dir.name
+        self.versions = VersionTarget(self.root, self.model, "ps", pin, registry)
+        """What to serve (the pin, or CURRENT) and what was refused: shared with the controller and
+        the lean frontend (serving/versions.py)."""
         self.served_manifest: dict | None = None  # of the version served: the gate compares with it
         self.clock = clock
-        self._refused: dict[tuple[str, int], str] = {}  # (version, seq) reported -> why; seq -1 = version
         self.refusal = ""
-        """Why the version CURRENT names is not served ('' when it is, or none was refused)."""
-        self.freshness = self.refusals = None
+        """Why the target version (CURRENT's, or the pin) is not served ('' when it is, or it was
+        not refused)."""
+        self.target: str | None = None  # as of the last poll
+        self.freshness = None
         self.switch_s = 0.0  # how long the last version switch took (read, verify, deltas, flip)
         if registry is not None:
             from prometheus_client import Histogram
-
-            from serving.rpc.metrics import version_refusals
 
             self.freshness = Histogram(
                 "recserve_ps_delta_freshness_seconds",
@@ -59,18 +61,21 @@ class Follower:
                 buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60),
                 registry=registry,
             )
-            self.refusals = version_refusals(registry, "ps")
+
+    @property
+    def pin(self) -> str:
+        return self.versions.pin
 
     def poll(self) -> list[str]:
         """One pass: switch to a new CURRENT version, then apply new deltas. Returns what it did."""
         events: list[str] = []
-        target = self.pin or ms.current(self.root, self.model)
-        if target and target != self.store.version and (target, -1) not in self._refused:
+        self.target = target = self.versions.target()
+        if self.versions.wanted(target, self.store.version):
             try:
                 events.append(self._switch(target))
             except (ModelStoreError, StoreError, OSError) as e:
-                self._refuse(target, -1, f"not switching to version {target}: {e}")
-        self.refusal = self._refused.get((target, -1), "") if target != self.store.version else ""
+                self.versions.refuse(target, f"not switching to version {target}: {e}")
+        self.refusal = self.versions.refusal(target, self.store.version)
         if self.store.version:
             events.extend(self._apply_deltas(self.store.version, self.store))
         return events
@@ -101,7 +106,7 @@ class Follower:
         events = []
         vdir = ms.version_dir(self.root, self.model, version)
         for seq in ms.list_deltas(vdir):
-            if seq <= store.delta_seq or (version, seq) in self._refused:
+            if seq <= store.delta_seq or self.versions.is_refused(version, seq):
                 continue
             ddir = ms.delta_dir(vdir, seq)
             try:
@@ -111,7 +116,7 @@ class Follower:
                     raise StoreError(f"delta directory {seq} holds delta seq {data.meta.get('delta_seq')}")
                 n = store.apply_delta_data(data)
             except (StoreError, OSError, ValueError) as e:
-                self._refuse(version, seq, f"delta {seq} of version {version} refused: {e}")
+                self.versions.refuse(version, f"delta {seq} of version {version} refused: {e}", seq)
                 break  # later deltas build on this one
             lag = self.clock() - (ddir / ms.SUCCESS).stat().st_mtime
             if self.freshness is not None and observe:
@@ -120,13 +125,6 @@ class Follower:
                 f"delta {seq}: {n} rows, {len(data.deleted)} deleted, visible {lag:.2f}s after _SUCCESS"
             )
         return events
-
-    def _refuse(self, version: str, seq: int, message: str) -> None:
-        if (version, seq) not in self._refused:
-            log.error(message)
-            self._refused[(version, seq)] = message
-            if self.refusals is not None:
-                self.refusals.labels("ps", "version" if seq == -1 else "delta").inc()
 
 
 def _verify_other_parts(ddir: Path, config) -> None:
@@ -145,13 +143,7 @@ def not_serving_reason(store, follower) -> str:
     if follower is None or store.version:
         return ""
     cfg = store.config
-    current = follower.pin or ms.current(follower.root, follower.model)
-    if follower.refusal:
-        why = follower.refusal
-    elif current:
-        why = f"version {current} of model {follower.model} not loaded yet"
-    else:
-        why = f"no version published yet for model {follower.model} in {follower.root}"
+    why = follower.versions.not_serving(follower.versions.target())
     return f"embedding shard {cfg.shard} of {cfg.num_shards} serves no version: {why}"
 
 

@@ -37,6 +37,7 @@ import orjson
 
 import model_store as ms
 from serving.scoring.core import Reply, Scorer, ScoringConfig, error_body, loading_priority, server_timing
+from serving.versions import VersionTarget
 
 log = logging.getLogger("recserve.serve")
 
@@ -115,11 +116,10 @@ class Frontend:
     def __init__(self, config: ServeConfig):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-        from serving.rpc.metrics import LATENCY_BUCKETS, version_refusals
+        from serving.rpc.metrics import LATENCY_BUCKETS
 
         self.config = config
         self.scorer: Scorer | None = None
-        self.refused: dict[str, str] = {}  # version -> why (final: the gate or the load said no)
         self.failure = ""  # why the last load of the target version failed (retried)
         self.token = "" if config.disable_token_auth else inference_key(config.key_path())
         self.registry = r = CollectorRegistry()
@@ -132,19 +132,16 @@ class Frontend:
         )
         self.modes = Gauge("recserve_scoring_lookup_mode", "Where each embedding shard's rows are read (1 = this mode)",
                            ["shard", "mode"], registry=r)  # fmt: skip
-        self.refusals = version_refusals(r, "scorer")
+        self.versions = VersionTarget(config.store, config.model, "scorer", config.version, r)
         self._closed = False
 
     # ---- following the store ---------------------------------------------------------------------
-    def target(self) -> str | None:
-        return self.config.version or ms.current(self.config.store, self.config.model)
-
     def step(self) -> str | None:
         """One poll (blocking: run it off the event loop): load the target version if it is new and
         passes, then serve it. Returns the version switched to, or None."""
         cfg = self.config
-        target, old = self.target(), self.scorer
-        if not target or (old is not None and old.dense_version == target) or target in self.refused:
+        target, old = self.versions.target(), self.scorer
+        if not self.versions.wanted(target, old.dense_version if old else None):
             return None
         try:
             ms.validate(cfg.store, cfg.model, target, old.manifest if old else None, verify=False)
@@ -152,9 +149,7 @@ class Frontend:
             with loading_priority():
                 new = Scorer(replace(cfg.scoring, version_dir=str(vdir)))
         except (ms.ModelStoreError, ValueError) as e:  # final: this version will not load as it is
-            self.refused[target] = f"version {target} refused: {e}"
-            self.refusals.labels("scorer", "version").inc()
-            log.error("%s", self.refused[target])
+            self.versions.refuse(target, f"version {target} refused: {e}")
             return None
         except Exception as e:  # a remote shard not holding it yet, ...: tried again at the next poll
             self.failure = f"version {target} not loaded: {e}"
@@ -181,14 +176,7 @@ class Frontend:
                 self.modes.labels(str(i), m).set(int(m == mode))
 
     def not_serving_reason(self) -> str:
-        target = self.target()
-        if target in self.refused:
-            return self.refused[target]
-        if self.failure:
-            return self.failure
-        if not target:
-            return f"no version published yet for model {self.config.model} in {self.config.store}"
-        return f"version {target} of model {self.config.model} not loaded yet"
+        return self.versions.not_serving(self.versions.target(), self.failure)
 
     async def follow(self) -> None:
         from concurrent.futures import ThreadPoolExecutor

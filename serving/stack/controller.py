@@ -1,7 +1,7 @@
 """``recserve controller``: keeps TorchServe's dense model on the model store's CURRENT version.
 
-Started by ``recserve up`` next to the stack. Every ``--poll-s`` it reads ``<model>/CURRENT``; on a
-change it runs the one gate (``model_store.validate``: manifest, checksums, ``_SUCCESS``, same
+Started by ``recserve up`` next to the stack. Every ``--poll-s`` it reads ``<model>/CURRENT`` (a
+stack pinned by ``up --version`` keeps its version: ``serving.versions``); on a change it runs the one gate (``model_store.validate``: manifest, checksums, ``_SUCCESS``, same
 feature schema and shape as the served dense version), waits until every PS shard serves the new
 version's embeddings, then registers the new dense model in TorchServe through the management API,
 makes it the default, lets the old version drain, then unregisters it. A version the gate refuses,
@@ -51,15 +51,15 @@ class Controller:
     def __init__(self, run_dir: Path, drain_s: float = 2.0, shards_timeout_s: float = 900.0, registry=None):
         from prometheus_client import CollectorRegistry
 
-        from serving.rpc.metrics import version_refusals
         from serving.stack.local import LocalStack
+        from serving.versions import VersionTarget
 
         self.stack = LocalStack.attach(run_dir)
         self.drain_s = drain_s
         self.shards_timeout_s = shards_timeout_s
-        self.refused: set[str] = set()
         self.registry = registry or CollectorRegistry()
-        self.refusals = version_refusals(self.registry, "controller")
+        state = self.stack.state  # a pinned stack (up --version, not CURRENT) keeps its dense model
+        self.versions = VersionTarget(self.stack.root, state.model, "controller", state.pin, self.registry)
 
     @property
     def served(self) -> str:
@@ -72,8 +72,8 @@ class Controller:
         from model_store.releases import validate
 
         cfg = self.stack.config
-        target = model_store.current(self.stack.root, cfg.model)
-        if not target or target == self.served or target in self.refused:
+        target = self.versions.target()
+        if not self.versions.wanted(target, self.served):
             return None
         served_manifest = model_store.read_manifest(
             model_store.version_dir(self.stack.root, cfg.model, self.served), verify=False
@@ -81,14 +81,14 @@ class Controller:
         try:
             validate(self.stack.root, cfg.model, target, served_manifest)
         except ModelStoreError as e:
-            log.error("not swapping to %s: %s", target, e)
             self._refuse(target, str(e))
             return None
         why, final = self.wait_shards(target)
         if why:
-            log.error("not swapping the dense model to %s: %s", target, why)
             if final:  # a refusal stays one; a timeout is tried again at the next poll
                 self._refuse(target, why)
+            else:
+                log.error("not swapping the dense model to %s yet: %s", target, why)
             return None
         old = self.served
         t0 = time.monotonic()
@@ -106,8 +106,7 @@ class Controller:
 
     def _refuse(self, version: str, why: str) -> None:
         """Skip ``version`` from now on, count it, and record why in stack.json for `recserve versions`."""
-        self.refused.add(version)
-        self.refusals.labels("controller", "version").inc()
+        self.versions.refuse(version, f"not swapping the dense model to {version}: {why}")
         self.stack.state.refused[version] = why
         self.stack.save_state("refused")
 

@@ -71,7 +71,7 @@ class LocalStack:
             raise RuntimeError(f"a stack is already running from {self.run_dir}; run `recserve down` first")
         current = model_store.current(self.root, cfg.model)
         version = cfg.version or current
-        self._follows = version == current
+        pin = "" if version == current else version  # a --version that is not CURRENT is never switched
         if version is None:
             raise RuntimeError(f"{self.root}/{cfg.model}: no CURRENT version; train and publish one first")
         vdir = model_store.version_dir(self.root, cfg.model, version)
@@ -85,7 +85,9 @@ class LocalStack:
         worker_port = cfg.worker_port or free_ports(1, cfg.host)[0]
         self.run_dir.mkdir(parents=True, exist_ok=True)
         logs = self.run_dir / "logs"
-        self.state = StackState(model=cfg.model, version=version, run_dir=str(self.run_dir), config=cfg)
+        self.state = StackState(
+            model=cfg.model, version=version, run_dir=str(self.run_dir), config=cfg, pin=pin
+        )
         if cfg.tls:
             self.state.tls = stack_tls.create(self.run_dir / "tls", cfg.host, cfg.tls_client_auth)
         try:
@@ -134,7 +136,7 @@ class LocalStack:
                 # following the model: serve CURRENT, switch with it, apply its deltas; a pinned
                 # --version that is not CURRENT is served with its deltas and never switched
                 source = ["--follow", str(vdir.parent), "--poll-s", str(cfg.poll_s)]
-                if not self._follows:
+                if self.state.pin:
                     source += ["--pin", vdir.name]
                 name, label = (
                     (f"ps{i}", f"ps shard {i}") if r == 1 else (f"ps{i}.{k}", f"ps shard {i} replica {k}")
@@ -197,7 +199,7 @@ class LocalStack:
             return None, f"not answering yet ({e.code or e})", False
         if st["refusal"]:
             return None, st["refusal"], True
-        if self._follows and st["version"] != version:
+        if not self.state.pin and st["version"] != version:
             return None, f"serves version {st['version'] or '(none yet)'}", False
         return (
             ServedShard(client.target, st["shard"], st["version"] or version, st["delta_seq"], st["rows"]),

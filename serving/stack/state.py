@@ -72,6 +72,9 @@ class StackState:
     config: StackConfig
     """What ``up`` was asked for (``LocalStack.attach`` rebuilds the stack from it)."""
     format: int = FORMAT
+    pin: str = ""
+    """The version every part serves for good ('' follows CURRENT): ``up --version`` naming a
+    version that is not CURRENT."""
     started: float = 0.0
     """When ``up`` finished (time.time())."""
     pids: dict[str, int] = field(default_factory=dict)
