@@ -64,12 +64,9 @@ def _pad8(n: int) -> int:
     return (n + 7) & ~7
 
 
-# the compiled pass's integers: Python ints and int64 mixed, as numba unifies them
 I64 = np.int64
 Buf = NDArray[np.uint8]
-# (code, a, b, c, total_signs, total_values, total_offsets, values, offsets, ctx, dense, labels
-# section starts) less the first count, which is c: code 0 means valid
-_Result = tuple[int, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]
+_Result = tuple[int, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]  # what _validate returns
 
 
 # --- decode: one compiled validation pass -----------------------------------------------------
