@@ -9,8 +9,9 @@ as in torchrec's ``EmbeddingBagConfig``); nested dataclasses (a PS server's ``st
 be read without being defined.
 
 Field metadata tunes a flag: ``flag`` (its name without ``--``; default the field name with
-dashes), ``positional`` (a positional argument), ``choices``, ``help`` (a short help line instead
-of the docstring), ``cli=False`` (YAML only).
+dashes), ``positional`` (a positional argument), ``choices``, ``metavar`` (what its value is
+called in ``--help``), ``help`` (a short help line instead of the docstring), ``cli=False`` (YAML
+only).
 """
 
 from __future__ import annotations
@@ -132,6 +133,8 @@ def add_arguments(
         kw: dict[str, Any] = {"help": help_text.replace("%", "%%")}
         if "choices" in f.metadata:
             kw["choices"] = f.metadata["choices"]
+        if "metavar" in f.metadata:
+            kw["metavar"] = f.metadata["metavar"]
         origin = typing.get_origin(tp)
         if tp is bool and name.startswith("no-"):  # already a negative: argparse would read
             kw["action"] = "store_true"  # --no-x as "x off" under BooleanOptionalAction, i.e. False

@@ -159,7 +159,7 @@ class FollowConfig:
     data files and cut deltas into it (training/follow.py). The dense model stays the served one,
     frozen."""
 
-    follow: str = ""
+    follow: str = field(default="", metadata={"metavar": "MODEL_DIR"})
     """Model directory (<store>/<model>, e.g. artifacts/criteo) whose CURRENT version is trained
     and receives the deltas: the directory `recserve ps --follow` serves from."""
     watch: str = ""

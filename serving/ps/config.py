@@ -122,7 +122,7 @@ class ServerConfig:
     """Max gRPC send/receive message size."""
     expire_every_s: float = 10.0
     """How often TTL expiry runs (only when store.ttl_s > 0)."""
-    follow: str = ""
+    follow: str = field(default="", metadata={"metavar": "MODEL_DIR"})
     """Model directory (<model_store>/<model>) to follow: serve its CURRENT version, switch when
     CURRENT changes, apply each new delta of the served version (serving/ps/follow.py)."""
     pin: str = ""
