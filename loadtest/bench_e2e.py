@@ -182,7 +182,9 @@ def _per_request(before: dict, after: dict, locust_cpu: float, n: int) -> dict:
 def read_latencies(path: Path) -> tuple[np.ndarray, np.ndarray, dict]:
     """Latencies (ms), failed flags, and the p50 of each Server-Timing stage plus of what lies
     outside the handler (client + HTTP + TorchServe frontend and backend loop) per request."""
-    ms, failed, stages = [], [], {}
+    ms: list[float] = []
+    failed: list[bool] = []
+    stages: dict[str, list[float]] = {}
     for line in path.read_text().splitlines():
         lat, fail, timing = (line.split("\t") + [""])[:3]
         ms.append(float(lat))
@@ -219,7 +221,8 @@ def median_ms(fn, args: list, min_runs: int = 100, min_seconds: float = 1.0) -> 
     """Median wall time of ``fn(a)`` in ms, cycling through ``args`` (after one pass of warm-up)."""
     for a in args:
         fn(a)
-    times, start, i = [], time.perf_counter(), 0
+    times: list[float] = []
+    start, i = time.perf_counter(), 0
     while len(times) < min_runs or time.perf_counter() - start < min_seconds:
         a = args[i % len(args)]
         t0 = time.perf_counter_ns()
@@ -353,6 +356,7 @@ def run_one(args, frontend: str, lookups: str, store: Path, rates: list[float], 
                 lean_frontend(store, args.model, lookups, stack.state if stack else None, work, args.runtime)
             )
         else:
+            assert stack is not None  # not lean: TorchServe, started above
             endpoint, procs = stack.state.endpoint, stack_processes(stack.state)
         n = warm_up(endpoint, None, bodies, args.warmup_s)
         print(f"{frontend} + {lookups}: {endpoint}; warm-up {n} requests in {args.warmup_s:g} s", flush=True)
@@ -427,7 +431,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"training a model into {store} ...", flush=True)
             train_model(store)
             print(f"  trained in {time.perf_counter() - t0:.0f} s", flush=True)
-        vdir = model_store.version_dir(store, args.model, model_store.current(store, args.model))
+        current = model_store.current(store, args.model)
+        if current is None:
+            raise RuntimeError(f"{store}: no published version of {args.model}")
+        vdir = model_store.version_dir(store, args.model, current)
         bodies = request_bodies(args.columns)
         inprocess = inprocess_p50_ms(vdir, bodies)
         print(f"in one process: p50 {inprocess} ms", flush=True)

@@ -51,6 +51,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -131,6 +132,14 @@ def p99(values) -> float:
     return float(np.percentile(values, 99)) if len(values) else float("nan")
 
 
+class _Switch(TypedDict):
+    to: str
+    steady: tuple[float, float]
+    switch: tuple[float, float]
+    switch_s: float
+    released: float
+
+
 def _in(calls, a: float, b: float, ok_only: bool = False) -> list[float]:
     return [d for t, d, ok, *_ in calls if a <= t <= b and (ok or not ok_only)]
 
@@ -180,7 +189,7 @@ def run(args) -> dict:
                            base / f"ps{i}.log"))  # fmt: skip
     pids = [p.pid for p in procs]
     clients = [PSClient(f"127.0.0.1:{p}", timeout_s=5) for p in ports]
-    switches: list[dict] = []
+    switches: list[_Switch] = []
     try:
         t_loaded = wait_version(clients, v1)
         load_s = t_loaded - t_spawn

@@ -60,6 +60,8 @@ def train_versions(root: Path) -> list[str]:
         result = train(TrainConfig(store=str(root), model="criteo", data=str(data), epochs=2, inprocess_ps=True,
                                    publish=publish, progress=False, seed=seed,
                                    curve=str(root.parent / f"curve-{seed}.png")))  # fmt: skip
+        if result.version_dir is None:
+            raise RuntimeError(f"training on {data} exported no version")
         fingerprints.append(ms.read_manifest(Path(result.version_dir), verify=False)["schema_fingerprint"])
     return fingerprints
 

@@ -23,6 +23,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from training.config import TrainConfig
 from training.train import train
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train.json"
-VARIANTS = {
+VARIANTS: dict[str, dict[str, Any]] = {
     "inprocess": {"embeddings": "inprocess"},
     "sync": {"staleness": 0},
     "hybrid": {"staleness": 4},
@@ -48,7 +49,7 @@ def run_variant(name: str, seed: int, args: argparse.Namespace, **extra) -> dict
 
 
 def summarise(runs: list[dict]) -> dict:
-    out = {}
+    out: dict[str, Any] = {}
     for key in ("auc", "logloss", "samples_per_s"):
         values = [r[key] for r in runs]
         out[key] = float(np.mean(values))

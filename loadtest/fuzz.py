@@ -29,18 +29,24 @@ import struct
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import grpc
+    from google.protobuf.message import Message
+
+    from recserve.v1 import common_pb2, worker_pb2
     from serving.stack.state import StackState
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST = ROOT / "data" / "criteo" / "wide_resdnn_criteo_test.tsv"
 SCHEMA = ROOT / "data" / "schemas" / "criteo.yaml"
 TARGETS = ("http_json", "http_binary", "ps_grpc", "worker_grpc")
-WEIRD = [None, True, False, -1, 0, 2**63, 2**64 + 5, -(2**70), 1e308, -1e308, float("nan"), float("inf"), "",
+WEIRD: list[Any] = [None, True, False, -1, 0, 2**63, 2**64 + 5, -(2**70), 1e308, -1e308, float("nan"), float("inf"), "",
          "NaN", "x" * 10_000, "\u0000", "日本語", "../../etc/passwd", [], {}, [1, "a"], {"a": {"b": []}}]  # fmt: skip
 HEADER_FIELDS = [(4, "<H"), (6, "<H"), (16, "<Q"), (24, "<I"), (28, "<I"), (32, "<I"), (36, "<I"), (40, "<B")]
 BOUNDARY = [
@@ -106,7 +112,8 @@ def _mutate_bytes(rng: np.random.Generator, data: bytes, start: int = 0) -> byte
 def json_case(rng: np.random.Generator, corpus: Corpus) -> bytes:
     if rng.random() < 0.25:
         return _mutate_bytes(rng, corpus.json[int(rng.integers(len(corpus.json)))])
-    records = [dict(r) for r in corpus.records[int(rng.integers(len(corpus.records)))]]
+    # records, then whatever a mutation put in their place
+    records: list[Any] = [dict(r) for r in corpus.records[int(rng.integers(len(corpus.records)))]]
     for _ in range(int(rng.integers(1, 4))):
         r = records[int(rng.integers(len(records)))] if records else {}
         r = r if isinstance(r, dict) else {}  # replaced by a non-record already
@@ -163,10 +170,13 @@ def ps_case(rng: np.random.Generator, corpus: Corpus, version: str) -> tuple[str
     method = ["Lookup", "Lookup", "Lookup", "Stats", "Update", "Dump", "Load"][int(rng.integers(7))]
     if rng.random() < 0.25:
         return method, rng.bytes(int(rng.integers(0, 200)))
+    msg: Message
     if method == "Lookup":
         n = int(rng.integers(0, 4000)) * 8 + (int(rng.integers(1, 8)) if rng.random() < 0.2 else 0)
         versions = ["", version, "v999999", "../x", "é" * 300, version + "\u0000"]
-        msg = ps_pb2.LookupRequest(signs=rng.bytes(n), dtype=int(rng.integers(-2, 6)), insert=rng.random() < 0.1,
+        # any int for the enum, unknown values included: protobuf takes them, the server must refuse them
+        dtype = cast("common_pb2.DType", int(rng.integers(-2, 6)))
+        msg = ps_pb2.LookupRequest(signs=rng.bytes(n), dtype=dtype, insert=rng.random() < 0.1,
                                    version=versions[int(rng.integers(len(versions)))])  # fmt: skip
     elif method == "Update":
         msg = ps_pb2.UpdateRequest(signs=rng.bytes(80), grads=rng.bytes(int(rng.integers(0, 800))), step=7)
@@ -186,6 +196,7 @@ def worker_case(rng: np.random.Generator, corpus: Corpus, version: str) -> tuple
     method = ["Forward", "Forward", "Forward", "Backward", "Flush", "Stats"][int(rng.integers(6))]
     if rng.random() < 0.2:
         return method, rng.bytes(int(rng.integers(0, 200)))
+    msg: Message
     if method == "Forward":
         blob = (
             binary_case(rng, corpus)
@@ -193,7 +204,10 @@ def worker_case(rng: np.random.Generator, corpus: Corpus, version: str) -> tuple
             else corpus.blobs[int(rng.integers(len(corpus.blobs)))]
         )
         versions = ["", version, "v999999", "x" * 2000]
-        msg = worker_pb2.ForwardRequest(batch=blob, mode=int(rng.integers(-1, 4)), dtype=int(rng.integers(-1, 4)),
+        # any int for the enums, unknown values included (as in ps_case)
+        mode = cast("worker_pb2.Mode", int(rng.integers(-1, 4)))
+        dtype = cast("common_pb2.DType", int(rng.integers(-1, 4)))
+        msg = worker_pb2.ForwardRequest(batch=blob, mode=mode, dtype=dtype,
                                         version=versions[int(rng.integers(len(versions)))])  # fmt: skip
     elif method == "Backward":
         msg = worker_pb2.BackwardRequest(
@@ -233,7 +247,7 @@ class _Grpc:
         self.grpc = grpc
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 64 << 20)])
         self.service = service
-        self.calls: dict[str, object] = {}
+        self.calls: dict[str, grpc.UnaryUnaryMultiCallable[bytes, bytes]] = {}
 
     def send(self, case: tuple[str, bytes]) -> tuple[str, bool, str]:
         method, data = case
@@ -260,6 +274,8 @@ def _fuzz_target(target: str, state: StackState, cases: int, seed: int, threads:
 
     def work(k: int) -> None:
         rng = np.random.default_rng([seed, TARGETS.index(target), k])
+        sender: _Http | _Grpc
+        make: Callable[[], Any]  # bytes for _Http, (method, bytes) for _Grpc
         if target.startswith("http"):
             sender = _Http(state, binary=target == "http_binary")
             make = (
@@ -276,7 +292,7 @@ def _fuzz_target(target: str, state: StackState, cases: int, seed: int, threads:
         mine: Counter = Counter()
         try:
             for _ in range(cases // threads + (k < cases % threads)):
-                case = make()
+                case: Any = make()  # matches sender: see make
                 status, server_error, message = sender.send(case)
                 mine[status] += 1
                 if server_error:

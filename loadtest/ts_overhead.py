@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,11 @@ RESULTS = ROOT / "loadtest" / "results" / "ts_overhead.json"
 # TorchServe's own out-of-the-box logging/metrics, to show what our TorchServeConfig defaults change.
 STOCK = {"log_level": "DEBUG", "async_logging": False, "metrics_mode": "log", "disable_system_metrics": False}
 # Server-level variants (each gets its own TorchServe): name -> TorchServeConfig overrides.
-SERVERS = {"default": {}, "netty1": {"netty_threads": 1, "netty_client_threads": 1}, "stock": STOCK}
+SERVERS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "netty1": {"netty_threads": 1, "netty_client_threads": 1},
+    "stock": STOCK,
+}
 # name -> (server, workers, batch_size, max_batch_delay_ms)
 SETTINGS = {
     "bs1_w1": ("default", 1, 1, 1),
@@ -51,7 +56,7 @@ SETTINGS = {
 
 def make_body(i: int, target_bytes: int = 20_000) -> bytes:
     """A ranking-request-shaped JSON body of about ``target_bytes``."""
-    items = []
+    items: list[dict[str, Any]] = []
     body = b""
     while len(body) < target_bytes:
         n = len(items)
@@ -68,9 +73,8 @@ def config_for(store: Path, run_dir: Path, **overrides) -> TorchServeConfig:
         "grpc_inference_port",
         "grpc_management_port",
     )
-    return TorchServeConfig(
-        model_store=store, run_dir=run_dir, **dict(zip(names, free_ports(5), strict=True)), **overrides
-    )
+    ports: dict[str, Any] = dict(zip(names, free_ports(5), strict=True))
+    return TorchServeConfig(model_store=store, run_dir=run_dir, **ports, **overrides)
 
 
 class Client:
