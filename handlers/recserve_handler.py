@@ -13,14 +13,20 @@ so request bodies arrive as bytes and are parsed once, by orjson, in the core.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from serving.scoring.core import Scorer
+    from serving.torchserve.metrics import ScoringMetrics
 
 
 class RecserveHandler:
     def __init__(self) -> None:
-        self.scorer = None
-        self._metrics = None
-        self._server_timing = None
+        self.scorer: Scorer | None = None
+        self._metrics: ScoringMetrics | None = None
+        self._server_timing: Callable[[dict], str] | None = None
         self.initialized = False
 
     def initialize(self, context) -> None:
@@ -37,22 +43,25 @@ class RecserveHandler:
     # decode -> predict -> encode, one request at a time; each request gets its own status and a
     # Server-Timing header with the core's stage times (the load test's latency breakdown)
     def handle(self, data: list[dict], context) -> list[bytes]:
+        scorer, server_timing = self.scorer, self._server_timing
+        if scorer is None or server_timing is None:
+            raise RuntimeError("handle called before initialize")
         out = []
         for idx, request in enumerate(data):
             body = request.get("body") or request.get("data") or b""
             if isinstance(body, str):
                 body = body.encode()
-            reply = self.scorer.reply(bytes(body), _content_type(context, idx))
+            reply = scorer.reply(bytes(body), _content_type(context, idx))
             context.set_response_status(reply.status, "", idx)
             context.set_response_content_type(idx, "application/json")
-            context.set_response_header(idx, "Server-Timing", self._server_timing(reply.timings))
+            context.set_response_header(idx, "Server-Timing", server_timing(reply.timings))
             if self._metrics is not None:
                 self._metrics.record(reply)
             out.append(reply.payload)
         return out
 
 
-def _metrics(context, dense_version: str):
+def _metrics(context, dense_version: str) -> ScoringMetrics | None:
     """The scoring metrics (serving/torchserve/metrics.py), or None when this TorchServe was not
     started with their config (a stack not started by recserve): scoring does not depend on them."""
     from serving.torchserve.metrics import ScoringMetrics

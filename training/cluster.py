@@ -25,11 +25,15 @@ import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from features.schema import Schema
 from serving.rpc.auth import new_token_file
+
+if TYPE_CHECKING:
+    from serving.worker.core import EmbeddingWorker
 
 log = logging.getLogger("recserve.train")
 
@@ -61,7 +65,7 @@ class ShardSpec:
 class Cluster:
     """A worker over its shards, and what is needed to dump and stop them."""
 
-    worker: object
+    worker: EmbeddingWorker | None
     num_shards: int
     stores: list = field(default_factory=list)  # in-process stores (inprocess mode)
     addresses: list[str] = field(default_factory=list)  # gRPC shards

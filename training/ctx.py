@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -30,6 +30,15 @@ from torch import Tensor, nn
 from features.batch import CompactBatch
 from features.schema import Schema
 from features.transform import dense_matrix
+
+
+class DenseOptimizer(Protocol):
+    """What TrainCtx uses of its dense optimizer (a ``torch.optim.Optimizer``, or a no-op one for a
+    frozen network)."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+    def step(self) -> object: ...
 
 
 class Prediction(NamedTuple):
@@ -60,7 +69,7 @@ class TrainCtx:
         self,
         worker,
         dense_model: nn.Module,
-        dense_optimizer: torch.optim.Optimizer,
+        dense_optimizer: DenseOptimizer,
         schema: Schema,
         prefetch: bool = False,
     ):
@@ -117,6 +126,8 @@ class TrainCtx:
         self._pending = None
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if pooled.grad is None:
+            raise RuntimeError("the loss does not depend on the pooled embeddings of the last forward")
         # sparse first: the worker applies them while the dense optimizer steps
         self.worker.backward(batch_id, pooled.grad.detach().cpu().numpy())
         self.optimizer.step()

@@ -40,9 +40,14 @@ def evaluate(ctx, batches: Iterable[CompactBatch], keep: int = 8192) -> EvalResu
     """Score every batch with ``ctx.predict`` (no inserts, eval mode) in one pass over them and
     compute the metrics. The dense-network inputs are kept for the first ``keep`` rows only (they
     verify the export; a streamed test split may be any size)."""
-    logits, labels, pooled, dense = [], [], [], []
+    logits: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
+    pooled: list[np.ndarray] = []
+    dense: list[np.ndarray] = []
     kept = 0
     for b in batches:
+        if b.labels is None:
+            raise ValueError("an evaluation batch has no labels")
         p = ctx.predict(b)
         logits.append(p.logits)
         labels.append(b.labels)
@@ -51,9 +56,9 @@ def evaluate(ctx, batches: Iterable[CompactBatch], keep: int = 8192) -> EvalResu
             dense.append(p.dense[: keep - kept])
             kept += len(pooled[-1])
     scores = sigmoid(np.concatenate(logits))
-    labels = np.concatenate(labels)
-    auc, logloss = auc_logloss(labels, scores)
-    return EvalResult(auc, logloss, scores, labels, np.concatenate(pooled), np.concatenate(dense))
+    all_labels = np.concatenate(labels)
+    auc, logloss = auc_logloss(all_labels, scores)
+    return EvalResult(auc, logloss, scores, all_labels, np.concatenate(pooled), np.concatenate(dense))
 
 
 @dataclass

@@ -177,6 +177,8 @@ class FollowTrainer:
         """Train on ``path`` from its first untrained row, streamed; False when stopped before its
         end. A file that cannot be read (from the chunk where it cannot) is recorded as failed."""
         lv, entry = self.loaded, self.watch.entry(path.name)
+        if lv is None:
+            raise RuntimeError("train_file called before a version was loaded")
         log.info("training on %s from row %d into version %s", path, entry["rows"], lv.version)
         tables = _rows_after(_readable(path, lv.schema), int(entry["rows"]))
         batches = (transform(t, lv.schema) for t in data.rebatch(tables, self.cfg.batch_size))

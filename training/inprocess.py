@@ -59,7 +59,10 @@ class SignTable(nn.Module):
             vals = rows[vsplit[s] : vsplit[s + 1]]
             flags = int(batch.flags[s])
             if flags & FLAG_MULTI:
-                off = batch.slot(s).offsets.astype(np.int64)
+                offsets = batch.slot(s).offsets
+                if offsets is None:
+                    raise ValueError(f"slot {s} is flagged multi-valued but has no offsets")
+                off = offsets.astype(np.int64)
                 lens = np.diff(off)
             else:
                 lens = np.ones(len(vals), np.int64)

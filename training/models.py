@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -125,6 +125,10 @@ class _Base(nn.Module):
     proper, written by each subclass) scores. A model used inside another (DeepFM's FM) is called
     through `logits`, so the dense features are standardised once."""
 
+    if TYPE_CHECKING:  # buffers (register_buffer); not class annotations, which TorchScript reads
+        dense_mean: Tensor
+        dense_std: Tensor
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_slots = cfg.num_slots
@@ -217,6 +221,9 @@ class DLRM(_Base):
     so the runtime graph is bmm + one gather, with no Python loop. With F == 0 there is no bottom
     MLP: the fields are the slots alone and the top MLP sees only the interactions.
     """
+
+    if TYPE_CHECKING:  # a buffer (register_buffer); not a class annotation, which TorchScript reads
+        pair_index: Tensor
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)

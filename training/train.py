@@ -121,6 +121,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
     with contextlib.ExitStack() as stack:
         # ---- embeddings: PS shards + worker, or the in-process baseline --------------------
         cluster: Cluster | None = None
+        ctx: InProcessCtx | TrainCtx
         if cfg.embeddings == "inprocess":
             if world > 1:
                 raise ValueError("embeddings=inprocess is a single-process baseline")
@@ -199,6 +200,8 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
         result.dense_state = {k: v.detach().cpu().clone() for k, v in unwrap(model).state_dict().items()}
         if rank == 0:
             ev = result.evaluation
+            if ev is None:
+                raise RuntimeError("rank 0 finished training without an evaluation (no epoch ran)")
             result.auc, result.logloss = ev.auc, ev.logloss
 
             # ---- training curve and export ----------------------------------------------------
@@ -272,16 +275,32 @@ def _open_cluster(cfg: TrainConfig, schema, rank: int, world: int) -> Cluster:
     # a prefetched lookup is one batch staler than the worker knows: it counts as one of the K
     staleness = cfg.staleness - 1 if _prefetch(cfg) else cfg.staleness
     worker_cfg = WorkerConfig(staleness=staleness, update_threads=cfg.update_threads)
-    shards = {"token_file": cfg.ps_token_file, "data_root": cfg.store}
     if world == 1:
-        return open_cluster(schema, spec, cfg.num_shards, worker_cfg, cfg.ps, cfg.inprocess_ps, **shards)
+        return open_cluster(
+            schema, spec, cfg.num_shards, worker_cfg, cfg.ps, cfg.inprocess_ps,
+            token_file=cfg.ps_token_file, data_root=cfg.store,
+        )  # fmt: skip
     if cfg.inprocess_ps:
         raise ValueError("--inprocess-ps cannot be shared by several ranks; use PS processes")
-    cluster = open_cluster(schema, spec, cfg.num_shards, worker_cfg, cfg.ps, **shards) if rank == 0 else None
+    cluster = (
+        open_cluster(
+            schema,
+            spec,
+            cfg.num_shards,
+            worker_cfg,
+            cfg.ps,
+            token_file=cfg.ps_token_file,
+            data_root=cfg.store,
+        )
+        if rank == 0
+        else None
+    )
     # the ranks run on this machine: the token file's path is enough (its 0600 file, our user)
     shared = [(cluster.addresses, cluster.token_file) if cluster is not None else None]
     dist.broadcast_object_list(shared, src=0)
-    if rank == 0:
+    if rank == 0 and cluster is not None:
         return cluster
+    if shared[0] is None:
+        raise RuntimeError("rank 0 broadcast no shard addresses: it opened no cluster")
     addresses, token_file = shared[0]
     return open_cluster(schema, spec, len(addresses), worker_cfg, addresses, token_file=token_file)

@@ -16,6 +16,8 @@ class ScoringClient:
 
     def __init__(self, url: str, key_file: str | None = None, timeout_s: float = 10.0):
         u = urllib.parse.urlsplit(url)
+        if u.hostname is None:
+            raise ValueError(f"scoring URL {url!r} names no host")
         self.host, self.port, self.path = u.hostname, u.port or 80, u.path
         self.timeout_s = timeout_s
         self.headers = {}

@@ -379,6 +379,8 @@ def _lookup_backend(config: ScoringConfig, schema: Schema, manifest: dict) -> tu
             if here:
                 backends.append(ColocatedShard(config.version_dir, i, n, dim, config.poll_s))
             else:  # spec is set: each PS call gets the request's deadline
+                if spec is None:
+                    raise ValueError(f"embedding shard {i} is not on this host and no --ps is given")
                 backends.append(connect_shard(spec[i], i, n, timeout_s=config.worker_timeout_s, tls=tls))
         worker = EmbeddingWorker(backends, schema)
     except BaseException:

@@ -141,7 +141,7 @@ class Frontend:
         passes, then serve it. Returns the version switched to, or None."""
         cfg = self.config
         target, old = self.versions.target(), self.scorer
-        if not self.versions.wanted(target, old.dense_version if old else None):
+        if target is None or not self.versions.wanted(target, old.dense_version if old else None):
             return None
         try:
             ms.validate(cfg.store, cfg.model, target, old.manifest if old else None, verify=False)
@@ -266,8 +266,8 @@ def app(frontend: Frontend):
         if path == "/ping" and method == "GET":
             scorer = frontend.scorer
             if scorer is None:
-                body = orjson.dumps({"status": "Unhealthy", "error": frontend.not_serving_reason()})
-                return await send_reply(send, 503, body)
+                unhealthy = orjson.dumps({"status": "Unhealthy", "error": frontend.not_serving_reason()})
+                return await send_reply(send, 503, unhealthy)
             return await send_reply(send, 200, orjson.dumps({"status": "Healthy", "version": scorer.dense_version,
                                                              "lookups": scorer.lookup_modes}))  # fmt: skip
         if path == "/metrics" and method == "GET":
@@ -328,7 +328,9 @@ def serve(config: ServeConfig) -> int:
              config.port, PREDICTIONS, config.model, auth, config.scoring.lookups)  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(
         app(frontend), host=config.host, port=config.port, loop="uvloop", http="httptools", lifespan="on",
-        access_log=False, log_level="warning", timeout_graceful_shutdown=max(config.drain_s, 1.0),
+        access_log=False, log_level="warning",
+        # uvicorn hints int but waits with asyncio (a float timeout is what it gets and honours)
+        timeout_graceful_shutdown=max(config.drain_s, 1.0),  # type: ignore[arg-type]
         ssl_certfile=config.https_cert or None, ssl_keyfile=config.https_key or None,
     ))  # fmt: skip
     # uvicorn drains on SIGTERM, then raises the signal again for the handler it found: a no-op

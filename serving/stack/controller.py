@@ -73,7 +73,7 @@ class Controller:
 
         cfg = self.stack.config
         target = self.versions.target()
-        if not self.versions.wanted(target, self.served):
+        if target is None or not self.versions.wanted(target, self.served):
             return None
         served_manifest = model_store.read_manifest(
             model_store.version_dir(self.stack.root, cfg.model, self.served), verify=False

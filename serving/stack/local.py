@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import model_store
 from serving.rpc.procs import free_ports, spawn, start_time, stop_pid, wait_grpc_healthy
@@ -45,6 +46,9 @@ from serving.stack.state import (
     write_state,
 )
 
+if TYPE_CHECKING:
+    from serving.torchserve import TorchServe
+
 __all__ = ["LocalStack", "StackConfig", "default_run_dir", "down", "serving_view"]
 
 
@@ -58,7 +62,7 @@ class LocalStack:
         self.run_dir = Path(config.run_dir or default_run_dir(config.store, config.model)).resolve()
         self.state = StackState(model=config.model, version="", run_dir=str(self.run_dir), config=config)
         self._procs: dict = {}
-        self._ts = None
+        self._ts: TorchServe | None = None
 
     @property
     def dense(self) -> DenseSwitch:
@@ -71,9 +75,9 @@ class LocalStack:
             raise RuntimeError(f"a stack is already running from {self.run_dir}; run `recserve down` first")
         current = model_store.current(self.root, cfg.model)
         version = cfg.version or current
-        pin = "" if version == current else version  # a --version that is not CURRENT is never switched
         if version is None:
             raise RuntimeError(f"{self.root}/{cfg.model}: no CURRENT version; train and publish one first")
+        pin = "" if version == current else version  # a --version that is not CURRENT is never switched
         vdir = model_store.version_dir(self.root, cfg.model, version)
         manifest = model_store.read_manifest(vdir)  # refuses incomplete or corrupt versions
         n = cfg.ps_shards or int(manifest["num_shards"])  # PS shards re-shard the dump by the routing hash
@@ -166,8 +170,11 @@ class LocalStack:
             while True:
                 states = [self._shard_state(c, version, logs) for c in clients]
                 missing = {i: why for i, (_, why, _) in enumerate(states) if why}
-                if not missing:
-                    return [served for served, _, _ in states]
+                if not missing:  # no reason given: every shard serves
+                    served = [s for s, _, _ in states if s is not None]
+                    if len(served) != len(states):
+                        raise AssertionError("a PS shard gave no reason yet no served state")
+                    return served
                 fatal = all(final for _, why, final in states if why)  # each shard has decided
                 if fatal or time.monotonic() > deadline:
                     label = lambda c: self._ps_names[c.target][1]  # noqa: E731
@@ -236,6 +243,8 @@ class LocalStack:
         s.torchserve_ports = ports  # a restart (the supervisor) takes the same ones
         ts_cfg = torchserve_config(cfg, s, self.run_dir)
         self._ts = TorchServe(ts_cfg).start()
+        if self._ts.pid is None:
+            raise RuntimeError("TorchServe started but has no process id")
         s.pids["torchserve"] = self._ts.pid
         self._ts.wait_healthy(cfg.startup_timeout_s)
         s.endpoint = f"http://{cfg.host}:{ports[0]}/predictions/{cfg.model}"

@@ -35,7 +35,12 @@ def server_flags(state: StackState, worker: bool = False) -> list[str]:
     server = ServerTLS.from_dict((state.tls or {}).get("server"))
     if server is None:
         return []
-    return server.flags() + (client(state).flags("--ps-tls-") if worker else [])
+    if not worker:
+        return server.flags()
+    tls = client(state)
+    if tls is None:
+        raise ValueError("the stack's TLS has a server side but no client side (the worker's --ps-tls-*)")
+    return server.flags() + tls.flags("--ps-tls-")
 
 
 def scoring_fields(state: StackState) -> dict[str, str]:

@@ -185,8 +185,9 @@ class EmbeddingWorker:
         self._updates.shutdown(wait=True)
         self._fanout.shutdown(wait=True)
         for shard in self.shards:
-            if callable(getattr(shard, "close", None)):
-                shard.close()
+            close = getattr(shard, "close", None)
+            if callable(close):
+                close()
         if self._error is not None:
             log.error("closed with a failed background update: %s", self._error)
 
@@ -209,8 +210,8 @@ class EmbeddingWorker:
 
     def version(self) -> tuple[str, int]:
         """(embedding version, min delta seq) over the shards; ("", -1) when a shard's is unknown."""
-        versions = [getattr(s, "version", None) for s in self.shards]
-        if any(v is None for v in versions):
+        versions = [v for s in self.shards if (v := getattr(s, "version", None)) is not None]
+        if len(versions) != len(self.shards):
             return "", -1
         names = {v[0] for v in versions}
         return (names.pop() if len(names) == 1 else ""), min(int(v[1]) for v in versions)
@@ -243,7 +244,7 @@ class EmbeddingWorker:
                 log.warning("forgot train batch %d: no backward among the last %d", old, len(self._pending))
         return batch_id
 
-    def _fan_out(self, calls: list[Callable[[], object]], here: Sequence[bool] = ()) -> list:
+    def _fan_out(self, calls: Sequence[Callable[[], object]], here: Sequence[bool] = ()) -> list:
         """Run the calls and return their results in order; raises the first failure after every
         call has finished. Calls marked in ``here`` (in-process gathers: co-located shards) run on
         this thread while the others (RPCs) run concurrently in the pool, the last of them on this
@@ -286,6 +287,8 @@ class EmbeddingWorker:
             return self._checked(results[0][0], len(signs)), read
         table = np.empty((len(signs), self.dim), np.float32)
         for (_, _, p), (rows, _) in zip(work, results, strict=True):
+            if p is None:
+                raise AssertionError("the router split signs over several shards but left one part whole")
             table[p] = self._checked(rows, len(p))
         return table, read
 
@@ -300,7 +303,7 @@ class EmbeddingWorker:
             idx, sign_grads = unpool(pending.plan, grads)
             signs = pending.signs[idx]
             parts = self.router.split(signs)
-            calls = []
+            calls: list[Callable[..., object]] = []  # lambdas binding the loop values as defaults
             for shard, p in zip(self.shards, parts, strict=True):
                 if p is None:
                     calls.append(lambda s=shard: s.update(signs, sign_grads))

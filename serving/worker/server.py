@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -238,6 +239,7 @@ def serve(
     from serving.rpc import health
     from serving.rpc import server as rpc_server
     from serving.worker.core import ShardError, WorkerConfig, connect
+    from serving.worker.shards import RemoteShard
 
     if not config.ps:
         log.error("no PS shards given (--ps HOST:PORT,...)")
@@ -263,7 +265,8 @@ def serve(
         raise
     # SERVING exactly while every shard is (a shard without its version is NOT_SERVING; a
     # replicated one is SERVING while one of its replicas is)
-    shards = {f"shard {i} ({s.target})": s.health for i, s in enumerate(worker.shards)}
+    remote = cast("list[RemoteShard]", worker.shards)  # connect() gives PSClients and ReplicaSets
+    shards = {f"shard {i} ({s.target})": s.health for i, s in enumerate(remote)}
     mirror = health.mirror(shards, lambda ok: rpc_server.set_serving_sync(running, ok), config.health_poll_s)
     log.info(
         "worker for %s listening on %s:%d over %d PS shards (dim %d, staleness %d)",

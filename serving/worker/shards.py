@@ -17,12 +17,15 @@ import numpy as np
 from features.hashing import shard_of
 from serving.ps.client import PSClient, ShardError
 
-__all__ = ["HashRouter", "LocalShard", "PSClient", "ShardBackend", "ShardError"]
+__all__ = ["HashRouter", "LocalShard", "PSClient", "RemoteShard", "ShardBackend", "ShardError"]
 
 
 @runtime_checkable
 class ShardBackend(Protocol):
-    dim: int
+    @property
+    def dim(self) -> int:
+        """The embedding dim (an attribute or a read-only property)."""
+        ...
 
     def rows(
         self, signs: np.ndarray, insert: bool, version: str = "", timeout_s: float | None = None
@@ -32,9 +35,21 @@ class ShardBackend(Protocol):
         caller's deadline (None: the backend's own)."""
         ...
 
-    def update(self, signs: np.ndarray, grads: np.ndarray) -> None:
-        """Apply float32 (n, dim) gradients with the shard's sparse optimizer."""
+    def update(self, signs: np.ndarray, grads: np.ndarray) -> object:
+        """Apply float32 (n, dim) gradients with the shard's sparse optimizer (what it returns,
+        e.g. ``PSClient``'s step, is not used)."""
         ...
+
+
+class RemoteShard(ShardBackend, Protocol):
+    """A shard in other processes (``PSClient``, ``ReplicaSet``): named by ``target``, with a gRPC
+    health and a connection to close."""
+
+    target: str
+
+    def health(self) -> str: ...
+
+    def close(self) -> None: ...
 
 
 class HashRouter:
@@ -52,7 +67,8 @@ class HashRouter:
         owner = shard_of(signs, self.num_shards)
         order = np.argsort(owner, kind="stable")
         counts = np.bincount(owner, minlength=self.num_shards)
-        return np.split(order, np.cumsum(counts)[:-1])
+        parts: list[np.ndarray | None] = [*np.split(order, np.cumsum(counts)[:-1])]
+        return parts
 
 
 class LocalShard:
