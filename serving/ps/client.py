@@ -22,6 +22,8 @@ several shards at once.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import numpy as np
 
 from serving.rpc import convert
@@ -30,6 +32,9 @@ from serving.rpc.errors import not_serving
 from serving.rpc.health import wait_serving
 from serving.rpc.server import grpc_options
 from serving.rpc.tls import ClientTLS, channel, describe
+
+if TYPE_CHECKING:
+    from recserve.v1.common_pb2 import DType
 
 _UNAVAILABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 _PASSED_ON = ("RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "UNAUTHENTICATED")
@@ -123,7 +128,7 @@ class PSClient:
 
     def _lookup(self, signs, insert: bool, dtype: str, timeout_s: float | None, version: str):
         request = self._pb.LookupRequest(
-            signs=convert.signs_to_bytes(signs), dtype=convert.wire_dtype(dtype), insert=insert,
+            signs=convert.signs_to_bytes(signs), dtype=cast("DType", convert.wire_dtype(dtype)), insert=insert,
             version=version,
         )  # fmt: skip
         resp = self._call(self.stub.Lookup, request, timeout_s)

@@ -70,7 +70,7 @@ class Follower:
         """One pass: switch to a new CURRENT version, then apply new deltas. Returns what it did."""
         events: list[str] = []
         self.target = target = self.versions.target()
-        if self.versions.wanted(target, self.store.version):
+        if target and self.versions.wanted(target, self.store.version):  # wanted() is False without one
             try:
                 events.append(self._switch(target))
             except (ModelStoreError, StoreError, OSError) as e:

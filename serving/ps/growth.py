@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import numpy as np
 
 from model_store.errors import CapacityError
 from serving.ps import index
 from serving.ps.config import MAX_ROWS
+from serving.ps.fields import StoreFields
 
 __all__ = ["GIB", "StoreMemory", "sketch_width", "zeros"]
 
@@ -45,10 +47,10 @@ def sketch_width(cap: int) -> int:
     return 1 << max(10, (cap - 1).bit_length())
 
 
-class StoreMemory:
+class StoreMemory(StoreFields):
     """Allocation, growth and memory accounting of ``EmbeddingStore``."""
 
-    def _allocate(self, cap: int) -> dict[str, object]:
+    def _allocate(self, cap: int) -> dict[str, Any]:
         """Fresh arrays for ``cap`` rows (zeroed lazily by the OS: pages are committed as rows
         arrive), the index empty."""
         cfg = self.config
@@ -64,7 +66,7 @@ class StoreMemory:
             "_dirty": np.zeros(cap, dtype=np.bool_),
         }
 
-    def _install_arrays(self, arrays: dict[str, object]) -> None:
+    def _install_arrays(self, arrays: dict[str, Any]) -> None:
         for name, value in arrays.items():
             setattr(self, name, value)
         self.capacity = len(self._keys)
@@ -140,7 +142,7 @@ class StoreMemory:
     @property
     def memory_bytes(self) -> int:
         """Bytes of every array the store holds (index, keys, rows, state, metadata, sketch)."""
-        arrays = [
+        arrays: list[np.ndarray] = [
             self._table,
             self._keys,
             self._rows,

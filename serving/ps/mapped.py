@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import NoReturn, cast
 
 import numpy as np
 
@@ -145,7 +146,7 @@ class MappedStore:
         if kept is None:
             check_holds(self.config, version, [v for v, _ in self.held()])
         self._named[version] = self.clock()
-        return kept
+        return cast(Served, kept)  # not None: check_holds raised for a version neither served nor kept
 
     def lookup(self, signs, insert: bool = False, version: str = "") -> tuple[np.ndarray, int]:
         """Rows (float32, request order) of ``version`` ("" = the newest) and how many signs had
@@ -314,7 +315,7 @@ class MappedStore:
         return 0
 
     # ---- what a serving PS does not do ------------------------------------------------------
-    def _read_only(self, what: str):
+    def _read_only(self, what: str) -> NoReturn:
         raise StoreError(
             f"{what}: this PS serves a read-only version from the model store (--follow); "
             "updates and dumps go to a PS started for training"

@@ -14,11 +14,12 @@ from features.hashing import has_duplicates, unique_signs
 from model_store import shards
 from model_store.shards import ShardData, StoreError
 from serving.ps import index
+from serving.ps.fields import StoreFields
 
 __all__ = ["ShardPersistence"]
 
 
-class ShardPersistence:
+class ShardPersistence(StoreFields):
     """Dump/load/delta methods of ``EmbeddingStore``."""
 
     def _meta(self, kind: str) -> dict:

@@ -62,7 +62,7 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         self._install_arrays(self._allocate(self.capacity))
         if config.min_count > 1:
             self._sketch = np.zeros((4, sketch_width(self.capacity)), dtype=np.uint16)
-        self._deleted: list[np.ndarray] = []
+        self._deleted = []
         self._lock = threading.RLock()
         self.rows = 0
         self.version = ""

@@ -94,7 +94,7 @@ class BucketTable:
         if meta.get("kind") != "full" or "bucket_bits" not in meta:
             raise StoreError(f"{path}: not a bucket-ordered full dump")
         n, dim, bits = int(meta["rows"]), int(meta["dim"]), int(meta["bucket_bits"])
-        expect = {
+        expect: dict[str, tuple[tuple[int, ...], np.dtype]] = {
             "signs.npy": ((n,), np.dtype(np.uint64)),
             "rows.npy": ((n, dim), np.dtype(meta["dtype"])),
             "buckets.npy": (((1 << bits) + 1,), np.dtype(np.uint32)),
