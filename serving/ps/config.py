@@ -4,6 +4,7 @@ No numba and no gRPC here: ``recserve ps --help`` stays quick."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import numpy as np
 
@@ -86,12 +87,17 @@ def check_holds(config: StoreConfig, version: str, holds: list[str]) -> None:
     serves) is answered only from it; otherwise ``NotServing`` (UNAVAILABLE through gRPC, a 503
     at scoring) naming the shard and what it holds -- never rows of another version."""
     if version and version not in holds:
-        from serving.rpc.errors import NotServing
+        not_held(config, version, holds)
 
-        raise NotServing(
-            f"embedding shard {config.shard} of {config.num_shards} does not hold version {version} "
-            f"(it holds {', '.join(holds) or 'none'})"
-        )
+
+def not_held(config: StoreConfig, version: str, holds: list[str]) -> NoReturn:
+    """Refuse a lookup naming ``version``, which the shard does not hold (``check_holds``)."""
+    from serving.rpc.errors import NotServing
+
+    raise NotServing(
+        f"embedding shard {config.shard} of {config.num_shards} does not hold version {version} "
+        f"(it holds {', '.join(holds) or 'none'})"
+    )
 
 
 def as_signs(signs) -> np.ndarray:

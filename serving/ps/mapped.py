@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import NoReturn, cast
+from typing import NoReturn
 
 import numpy as np
 
 from features.hashing import has_duplicates
 from model_store import shards
 from model_store.shards import ShardData, StoreError
-from serving.ps.config import StoreConfig, as_signs, check_holds
+from serving.ps.config import StoreConfig, as_signs, not_held
 from serving.ps.table import BucketTable
 
 __all__ = ["MappedStore", "Served"]
@@ -144,9 +144,13 @@ class MappedStore:
             return s
         kept = self.kept.get(version)
         if kept is None:
-            check_holds(self.config, version, [v for v, _ in self.held()])
+            now = self.served
+            if version == now.version:  # a switch to it landed since ``s`` was read
+                return now
+            holds = [now.version] * bool(now.version) + [v for v in self.kept if v != version]
+            not_held(self.config, version, holds)
         self._named[version] = self.clock()
-        return cast(Served, kept)  # not None: check_holds raised for a version neither served nor kept
+        return kept
 
     def lookup(self, signs, insert: bool = False, version: str = "") -> tuple[np.ndarray, int]:
         """Rows (float32, request order) of ``version`` ("" = the newest) and how many signs had

@@ -358,3 +358,27 @@ def test_a_released_table_drops_its_pages_and_a_late_lookup_still_reads_the_same
         assert resident_kb() < 100
     table.gather(signs, out)
     np.testing.assert_array_equal(out, before)
+
+
+def test_a_lookup_naming_the_version_a_switch_lands_on_meanwhile_reads_it(tmp_path):
+    """``snapshot_for`` reads the served snapshot, then the kept ones: a switch to the named version
+    landing between the two reads is answered from the new snapshot, never with no snapshot."""
+    v1, signs = _trainer(2_000, seed=1)
+    v1.version = "1"
+    v1.dump(tmp_path / "v1")
+    v1.version = "2"
+    v1.dump(tmp_path / "v2")
+    served = MappedStore(StoreConfig(dim=DIM))
+    served.open(tmp_path / "v1")
+    staging = served.staging()
+    staging.open(tmp_path / "v2")
+
+    class SwitchOnRead(dict):  # the switch lands while the lookup looks among the kept versions
+        def get(self, key, default=None):
+            served.adopt(staging)
+            return super().get(key, default)
+
+    served.kept = SwitchOnRead()
+    rows, _, answered = served.rows_of(signs, version="2")
+    assert answered == ("2", -1)
+    np.testing.assert_array_equal(rows, v1.lookup(signs)[0])
