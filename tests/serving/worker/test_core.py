@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -157,19 +156,25 @@ def test_bad_batches_and_modes(worker):
 
 # ---- backward -------------------------------------------------------------------------------------
 class RecordingShard:
-    """A shard that records updates (and can be slowed down or made to fail)."""
+    """A shard that records updates (and can be held back or made to fail).
 
-    def __init__(self, dim=DIM, delay_s=0.0, fail=False):
+    ``hold=K``: a slow shard without a clock -- update ``i`` is applied only once the trainer has
+    started ``i + K`` backwards (``backwards``, counted by the test under ``cond``) or the test
+    drains (``draining``), so the trainer runs exactly as far ahead as the staleness bound allows."""
+
+    def __init__(self, dim=DIM, hold=None, fail=False):
         self.dim = dim
         self.gate = threading.Event()
         self.gate.set()
-        self.delay_s = delay_s
+        self.hold = hold
+        self.draining = False
         self.fail = fail
         self.updates: list[tuple[np.ndarray, np.ndarray]] = []
         self.started = self.applied = 0
         self.lookups: list[int] = []  # in-flight batches seen by each training lookup
         self.backwards = 0
         self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
 
     def rows(self, signs, insert, version="", timeout_s=None):
         if insert:
@@ -179,9 +184,11 @@ class RecordingShard:
         return rng.standard_normal((len(signs), self.dim)).astype(np.float32), ("", -1)
 
     def update(self, signs, grads):
-        with self.lock:
+        with self.cond:
             self.started += 1
-        time.sleep(self.delay_s)  # a slow shard: time itself is what the staleness bound is tested against
+            i = self.started
+            if self.hold is not None:
+                self.cond.wait_for(lambda: self.backwards >= i + self.hold or self.draining, timeout=10)
         self.gate.wait(10)
         if self.fail:
             raise ConnectionError("shard went away")
@@ -256,14 +263,18 @@ def test_backward_returns_before_the_update_is_applied():
 
 @pytest.mark.parametrize("staleness", [0, 2])
 def test_staleness_bound(staleness):
-    shard = RecordingShard(delay_s=0.02)
+    shard = RecordingShard(hold=staleness)
     config = WorkerConfig(staleness=staleness, update_threads=1)
     with EmbeddingWorker([shard], SCHEMA, config) as w:
         for _ in range(8):
             res = w.forward(ranking_batch(), "train")
-            with shard.lock:
+            with shard.cond:
                 shard.backwards += 1
+                shard.cond.notify_all()
             w.backward(res.batch_id, np.ones_like(res.pooled))
+        with shard.cond:
+            shard.draining = True
+            shard.cond.notify_all()
         w.flush()
         assert shard.applied == 8 and w.in_flight == 0
     assert max(shard.lookups) == staleness  # never more than K in flight at a train forward
