@@ -6,13 +6,12 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from features.schema import dump_schema
 from serving.ps.client import PSClient
-from serving.rpc.procs import free_ports, spawn, stop_children
+from serving.rpc.procs import stop_children
 from serving.scoring.core import Scorer
 from serving.worker.client import WorkerClient
 from tests.helpers import train_version
-from tests.serving.helpers import DIM, SCHEMA
+from tests.serving.helpers import spawn_ps_and_worker
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +29,7 @@ def ps_and_worker(tmp_path, monkeypatch):
     Scorer's warm-up is skipped here: it would wait for a served version."""
     root = tmp_path / "store"
     root.mkdir()
-    schema = tmp_path / "schema.yaml"
-    schema.write_text(dump_schema(SCHEMA))
-    ps_port, worker_port = free_ports(2)
-    procs = [
-        spawn(["ps", "--shard", "0", "--num-shards", "1", "--port", str(ps_port), "--dim", str(DIM),
-               "--follow", str(root / "m"), "--poll-s", "0.1"], tmp_path / "ps.log"),
-        spawn(["worker", "--ps", f"127.0.0.1:{ps_port}", "--schema", str(schema), "--port", str(worker_port),
-               "--health-poll-s", "0.1"], tmp_path / "worker.log"),
-    ]  # fmt: skip
+    procs, ps_port, worker_port = spawn_ps_and_worker(root, tmp_path)
     ps = PSClient(f"127.0.0.1:{ps_port}", timeout_s=5.0)
     ps.pid = procs[0].pid
     worker = WorkerClient(f"127.0.0.1:{worker_port}", timeout_s=5.0)

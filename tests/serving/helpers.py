@@ -136,3 +136,21 @@ def score_all(client, limit=2000, binary=False, schema="data/schemas/criteo.yaml
         assert set(reply["versions"]) == {"embedding", "delta_seq", "dense", "shards"}
         out.extend(reply["scores"])
     return np.array(out)
+
+
+def spawn_ps_and_worker(root: Path, tmp_path: Path) -> tuple[list, int, int]:
+    """(processes, PS port, worker port): a `recserve ps --follow <root>/m` and a `recserve worker`
+    over it on free loopback ports, both checking every 0.1 s (logs in ``tmp_path``). The caller
+    stops the processes (``stop_children``)."""
+    from serving.rpc.procs import free_ports, spawn
+
+    schema = tmp_path / "schema.yaml"
+    schema.write_text(dump_schema(SCHEMA))
+    ps_port, worker_port = free_ports(2)
+    procs = [
+        spawn(["ps", "--shard", "0", "--num-shards", "1", "--port", str(ps_port), "--dim", str(DIM),
+               "--follow", str(root / "m"), "--poll-s", "0.1"], tmp_path / "ps.log"),
+        spawn(["worker", "--ps", f"127.0.0.1:{ps_port}", "--schema", str(schema), "--port", str(worker_port),
+               "--health-poll-s", "0.1"], tmp_path / "worker.log"),
+    ]  # fmt: skip
+    return procs, ps_port, worker_port

@@ -12,18 +12,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import model_store as ms
-from features.schema import dump_schema
 from model_store.releases import publish, validate
 from serving.ps.client import PSClient
 from serving.ps.follow import Follower
 from serving.ps.mapped import MappedStore
 from serving.ps.store import EmbeddingStore, StoreConfig
-from serving.rpc.procs import free_ports, spawn, stop_children
+from serving.rpc.procs import stop_children
 from serving.stack.config import StackConfig
 from serving.stack.controller import Controller
 from serving.stack.state import StackState, read_state, write_state
 from tests.helpers import ROOT, wait_until
-from tests.serving.helpers import DIM, SCHEMA, SIGNS, make_rows_version, make_version
+from tests.serving.helpers import DIM, SIGNS, make_rows_version, make_version, spawn_ps_and_worker
 
 
 def _stack_json(run_dir: Path, root: Path, dense_version: str, **fields) -> None:
@@ -77,15 +76,7 @@ def test_recserve_versions_shows_what_each_component_serves_and_why_a_version_is
     root.mkdir()
     v1 = make_version(root)
     publish(root, "m", v1)
-    schema = tmp_path / "schema.yaml"
-    schema.write_text(dump_schema(SCHEMA))
-    ps_port, worker_port = free_ports(2)
-    procs = [
-        spawn(["ps", "--shard", "0", "--num-shards", "1", "--port", str(ps_port), "--dim", str(DIM),
-               "--follow", str(root / "m"), "--poll-s", "0.1"], tmp_path / "ps.log"),
-        spawn(["worker", "--ps", f"127.0.0.1:{ps_port}", "--schema", str(schema), "--port", str(worker_port)],
-              tmp_path / "worker.log"),
-    ]  # fmt: skip
+    procs, ps_port, worker_port = spawn_ps_and_worker(root, tmp_path)
     try:
         with PSClient(f"127.0.0.1:{ps_port}", timeout_s=5.0) as ps:
             ps.wait_ready(60)
