@@ -1,0 +1,111 @@
+"""deploy/kubernetes: every manifest validates offline against the Kubernetes schemas
+(kubernetes-validate), the overlay's patches apply to the base and the result validates too, and
+nothing runs as root."""
+
+from __future__ import annotations
+
+import copy
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.helpers import ROOT
+
+KUBE = ROOT / "deploy" / "kubernetes"
+VERSION = "1.30"  # the oldest Kubernetes these manifests use features of (the preStop sleep action)
+
+
+def documents(kustomization_dir):
+    """Every object the ``resources`` of a kustomization name (recursively), in order."""
+    kust = yaml.safe_load((kustomization_dir / "kustomization.yaml").read_text())
+    out = []
+    for entry in kust.get("resources", []):
+        path = (kustomization_dir / entry).resolve()
+        if path.is_dir():
+            out += documents(path)
+        else:
+            out += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return out
+
+
+def build_overlay(overlay):
+    """The overlay's objects: its base with ``replicas`` and JSON6902 ``patches`` applied (the
+    parts of kustomize the overlay uses; anything else in it fails here)."""
+    kust = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    known = {"apiVersion", "kind", "resources", "secretGenerator", "replicas", "patches"}
+    assert set(kust) <= known, f"kustomize fields this test does not apply: {set(kust) - known}"
+    objs = copy.deepcopy(documents(overlay))
+    by_name = {(o["kind"], o["metadata"]["name"]): o for o in objs}
+    for r in kust.get("replicas", []):
+        targets = [o for (kind, name), o in by_name.items() if name == r["name"] and "replicas" in o["spec"]]
+        assert len(targets) == 1, f"replicas: {r['name']} names {len(targets)} workloads"
+        targets[0]["spec"]["replicas"] = r["count"]
+    for p in kust.get("patches", []):
+        target = by_name[(p["target"]["kind"], p["target"]["name"])]
+        patched = jsonpatch.JsonPatch(yaml.safe_load(p["patch"])).apply(target)
+        target.clear()
+        target.update(patched)
+    return objs
+
+
+def workloads(objs):
+    return [o for o in objs if o["kind"] in ("Deployment", "StatefulSet", "Job")]
+
+
+def test_every_base_manifest_validates_against_the_kubernetes_schemas():
+    objs = documents(KUBE / "base")
+    kinds = {o["kind"] for o in objs}
+    assert {"StatefulSet", "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
+            "PersistentVolumeClaim", "ConfigMap"} <= kinds  # fmt: skip
+    for obj in objs:
+        kubernetes_validate.validate(obj, VERSION, strict=True)
+
+
+def test_the_small_overlay_applies_and_validates():
+    objs = build_overlay(KUBE / "overlays" / "small")
+    for obj in objs:
+        kubernetes_validate.validate(obj, VERSION, strict=True)
+    replicas = {o["metadata"]["name"]: o["spec"].get("replicas") for o in workloads(objs)}
+    assert replicas["ps-r1"] == 0 and replicas["worker"] == 1
+    topology = next(o for o in objs if o["kind"] == "ConfigMap")
+    assert "|" not in topology["data"]["ps"]
+
+
+def test_a_manifest_error_is_caught():
+    """The validation can fail: a misspelt field in a copy of the PS StatefulSet is refused."""
+    sts = copy.deepcopy(next(o for o in documents(KUBE / "base") if o["kind"] == "StatefulSet"))
+    sts["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy "] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(sts, VERSION, strict=True)
+
+
+def test_no_container_runs_as_root_or_unbounded():
+    for obj in workloads(documents(KUBE / "base")):
+        pod = obj["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, obj["metadata"]["name"]
+        assert pod["securityContext"]["runAsUser"] != 0
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False, c["name"]
+            assert c["securityContext"]["capabilities"]["drop"] == ["ALL"], c["name"]
+            assert c["resources"]["requests"] and c["resources"]["limits"]["memory"], c["name"]
+
+
+def test_the_worker_topology_names_every_ps_pod():
+    """The workers' --ps lists pod <statefulset>-<shard>.ps for every shard of every PS StatefulSet,
+    shards in order, and --num-shards matches the StatefulSets' replicas."""
+    from serving.worker.replicas import parse_ps_spec
+
+    objs = documents(KUBE / "base")
+    stss = [o for o in objs if o["kind"] == "StatefulSet" and o["spec"]["serviceName"] == "ps"]
+    topology = next(
+        o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "recserve-topology"
+    )
+    shards = parse_ps_spec(topology["data"]["ps"])
+    for sts in stss:
+        args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+        num_shards = int(args[args.index("--num-shards") + 1])
+        assert sts["spec"]["replicas"] == num_shards == len(shards)
+        for i, replicas in enumerate(shards):
+            assert f"{sts['metadata']['name']}-{i}.ps:50061" in replicas
