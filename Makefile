@@ -36,6 +36,7 @@ lint: $(STAMP)
 
 # Unit tests first (fast), then the integration tests that start real processes.
 test: $(STAMP) $(GEN) lint
+	command -v prometheus >/dev/null || (apt-get update && apt-get install -y prometheus)
 	$(PY) -m pytest -q -m "not slow"
 	$(PY) -m pytest -q -m slow
 

@@ -247,7 +247,7 @@ def down(run_dir: Path) -> list[str]:
 
 def write_prometheus_targets(run_dir: str | Path, state: StackState) -> Path:
     """``<run_dir>/prometheus-targets.json``: every /metrics endpoint of the stack in Prometheus'
-    file service discovery format (serving/stack/prometheus.yml reads it), labelled by component
+    file service discovery format (deploy/prometheus/prometheus.yml reads it), labelled by component
     (``ps0.1`` -> ``ps``)."""
     from model_store import write_atomic
 

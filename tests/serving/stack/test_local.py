@@ -148,42 +148,96 @@ def test_down_stops_exactly_what_up_started(trained, tmp_path):
         s.stop()  # whatever `down` left (nothing when the test passes); reaps our children
 
 
-def test_every_metric_the_dashboard_charts_exists_on_the_live_stack(stack, client):
-    """Scrape every endpoint `up` lists in prometheus-targets.json: each metric a dashboard query
-    uses is exported there, and the scoring metrics count what was just sent."""
+def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
+    trained, stack, client, prometheus, tmp_path
+):
+    """A real Prometheus scrapes every endpoint `up` lists in prometheus-targets.json and a
+    `recserve serve` over the stack's worker, with deploy/prometheus/alerts.yml loaded: after its
+    scrapes, every query of deploy/grafana/recserve.json and every alert's signal returns series,
+    every alert expression evaluates, every rule is healthy."""
     import json
     import re
     import urllib.request
+
+    from serving.rpc.procs import spawn, stop_children
+    from tests.helpers import free_port
 
     targets = json.loads((Path(stack.run_dir) / "prometheus-targets.json").read_text())
     components = {g["labels"]["component"] for g in targets}
     assert components == {"ps", "worker", "controller", "torchserve"}, targets
     assert len([g for g in targets if g["labels"]["component"] == "ps"]) == len(stack.state.ps)
-    score_all(client, 400)
-    assert client.post(b"{not json", "application/json")[0] == 400
-    version = stack.state.version
-    ok = rf'recserve_scoring_requests_total{{[^}}]*status="200",dense_version="{version}",embedding_version="{version}"'
-    bad = r'recserve_scoring_requests_total{[^}]*status="400"'
-    text = ""
-
-    def counted() -> bool:  # the handler's counters reach TorchServe's /metrics after the replies
-        nonlocal text
-        text = "".join(
-            urllib.request.urlopen(f"http://{t}/metrics", timeout=10).read().decode()
-            for g in targets
-            for t in g["targets"]
+    port = free_port()
+    serve = spawn(["serve", "--store", str(trained[0]), "--model", "criteo",
+                   "--port", str(port), "--lookups", "remote", "--worker", stack.state.worker, "--no-token-auth"],
+                  tmp_path / "serve.log")  # fmt: skip
+    try:
+        lean = ScoringClient(f"http://127.0.0.1:{port}/predictions/criteo")
+        wait_until(lambda: _ping(port), 60, f"recserve serve answering /ping (log: {tmp_path / 'serve.log'})")
+        alerts = ROOT / "deploy" / "prometheus" / "alerts.yml"
+        prom = prometheus({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(alerts)],
+            "scrape_configs": [
+                {"job_name": "recserve", "file_sd_configs": [{"files": [str(Path(stack.run_dir) / "prometheus-targets.json")], "refresh_interval": "1s"}]},
+                {"job_name": "serve", "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": {"component": "serve", "instance_name": "serve"}}]},
+            ],
+        })  # fmt: skip
+        score_all(client, 400)
+        score_all(lean, 400)
+        assert client.post(b"{not json", "application/json")[0] == 400
+        assert lean.post(b"{not json", "application/json")[0] == 400
+        expected = sum(len(g["targets"]) for g in targets) + 1
+        wait_until(lambda: len(prom.query("up == 1")) == expected, 60, f"{expected} targets up in prometheus")
+        wait_until(
+            lambda: prom.query('recserve_scoring_requests_total{status="400"}'), 60, "the 400s scraped"
         )
-        return bool(re.search(ok, text) and re.search(bad, text))
+        wait_until(
+            lambda: prom.query("min(count_over_time(up[1m])) >= 3"), 60, "three scrapes of every target"
+        )
 
-    wait_until(counted, 30, "the 200s and the 400 just sent counted on /metrics")
-    dashboard = json.loads((ROOT / "serving/stack/grafana-dashboard.json").read_text())
-    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    used = {m for e in exprs for m in re.findall(r"\b((?:recserve|ts)_[a-z0-9_]+)", e)}
-    assert len(used) >= 10, used
+        dashboard = json.loads((ROOT / "deploy" / "grafana" / "recserve.json").read_text())
+        exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+        assert len(exprs) >= 15, exprs
+        empty = [e for e in exprs if not prom.query(e)]
+        assert not empty, f"dashboard queries with no series on a live stack: {empty}"
+        served = {
+            r["metric"]["version"]
+            for r in prom.query("recserve_ps_version == 1 or recserve_scoring_version == 1")
+        }
+        assert served == {stack.state.version}, served
 
-    def exported(name: str) -> bool:
-        base = re.sub(r"_(bucket|sum|count|total)$", "", name)
-        return re.search(rf"^{name}[{{ ]", text, re.M) is not None or f"# TYPE {base} " in text
+        import yaml
 
-    missing = sorted(m for m in used if not exported(m))
-    assert not missing, f"the dashboard charts metrics no process exports: {missing}"
+        rules = [r for g in yaml.safe_load(alerts.read_text())["groups"] for r in g["rules"]]
+        assert {r["alert"] for r in rules} >= {
+            "RecservePSShardDown",
+            "RecserveVersionSkew",
+            "RecserveScoringP99High",
+            "RecserveDeltaLagHigh",
+        }
+        for rule in rules:
+            signal = re.fullmatch(r"(.+?)\s*(==|!=|>=|<=|>|<)\s*[0-9.]+", rule["expr"])
+            assert signal, f"{rule['alert']}: not `<signal> <comparison> <threshold>`: {rule['expr']}"
+            prom.query(rule["expr"])  # evaluates (an error fails here)
+            assert prom.query(signal.group(1)), f"{rule['alert']}: its signal {signal.group(1)} has no series"
+        assert not prom.query('ALERTS{alertname="RecservePSShardDown"}'), (
+            "a healthy stack's shard marked down"
+        )
+
+        def healthy():
+            body = json.loads(urllib.request.urlopen(f"{prom.url}/api/v1/rules", timeout=10).read())
+            found = [r for g in body["data"]["groups"] for r in g["rules"]]
+            return len(found) == len(rules) and all(r["health"] == "ok" for r in found) and found
+
+        wait_until(healthy, 30, "every alert rule loaded and evaluated without error")
+    finally:
+        stop_children([serve])
+
+
+def _ping(port: int) -> bool:
+    import urllib.request
+
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2).status == 200
+    except OSError:
+        return False
