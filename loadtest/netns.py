@@ -10,6 +10,10 @@ host too. Nothing is routed anywhere else: a host reaches only its peers, the ca
         net.cut(net.hosts[0])      # its link drops every packet (no reset, no error): a host lost
         net.restore(net.hosts[0])
 
+``hostnames`` may give a host several names (space-separated, as in /etc/hosts), but never give
+one name to two hosts: gRPC's resolver (c-ares) merges /etc/hosts lines that share a name, so every
+name of both lines would resolve to the first line's address.
+
 Everything is deleted on exit, on error too, and a later ``Network`` deletes what a killed run
 left (names carry the creating pid). Needs root (CAP_SYS_ADMIN + CAP_NET_ADMIN) and ``ip``
 (iproute2): ``unavailable()`` says why not, for a test to skip with.

@@ -1,0 +1,177 @@
+"""The manifests' commands run: every pod of the small overlay is started in its own network
+namespace with exactly the command, args and environment its container spec gives -- $(VAR)
+expanded from the container's env as the kubelet does, the pod-index label and ConfigMap keys
+resolved, each volume bound at its mountPath in the process's own mount namespace, the image's
+WORKDIR /app being this checkout -- and Service and pod names resolved through
+/etc/netns/<ns>/hosts. A request scored through the frontend then equals the trainer's own scores.
+A flag renamed in the code and not in the manifests fails here: its role exits, and the wait names
+its log."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+import model_store as ms
+from serving.scoring.client import ScoringClient, requests_from_file
+from tests.deploy.helpers import KUBE, build_overlay
+from tests.helpers import ROOT, train_version, wait_until
+from tests.serving.helpers import TEST
+
+pytestmark = pytest.mark.slow
+SCHEMA = "data/schemas/criteo.yaml"
+IMAGE_WORKDIR = "/app"  # the image's WORKDIR: this checkout stands for it
+
+
+def pods(objs: list[dict]) -> list[dict]:
+    """One entry per pod the workloads make: name, the DNS names it answers to, its pod spec and
+    its pod-index (StatefulSet ordinal)."""
+    services = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Service"}
+    named: set[str] = set()  # a Service name goes to its first pod only: gRPC's resolver (c-ares)
+    out = []  # merges /etc/hosts lines that share a name, and would send ps-1.ps to ps-0
+    for w in (o for o in objs if o["kind"] in ("StatefulSet", "Deployment")):
+        labels = w["spec"]["template"]["metadata"]["labels"]
+        behind = [n for n, s in services.items() if s["spec"]["selector"].items() <= labels.items()]
+        for i in range(w["spec"]["replicas"]):
+            name = f"{w['metadata']['name']}-{i}"
+            names = [name, *(n for n in behind if n not in named)]
+            named.update(behind)
+            if w["kind"] == "StatefulSet":
+                names.append(f"{name}.{w['spec']['serviceName']}")
+            out.append({"name": name, "names": names, "spec": w["spec"]["template"]["spec"], "index": i})
+    return out
+
+
+def container_env(container: dict, pod: dict, config_maps: dict) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for e in container.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif "fieldRef" in e["valueFrom"]:
+            path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            assert path == "metadata.labels['apps.kubernetes.io/pod-index']", path
+            env[e["name"]] = str(pod["index"])
+        else:
+            ref = e["valueFrom"]["configMapKeyRef"]
+            env[e["name"]] = config_maps[ref["name"]]["data"][ref["key"]]
+    return env
+
+
+def expand(arg: str, env: dict[str, str]) -> str:
+    """The kubelet's $(VAR) expansion: a defined variable is replaced, $$ escapes, others stay."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), arg)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(store root, training result): Criteo trained on its bundled split, version 1 published."""
+    root = tmp_path_factory.mktemp("store")
+    return root, train_version(root, seed=0, publish=True)
+
+
+@pytest.fixture(scope="module")
+def mount_points():
+    """The container paths the volumes are bound at must exist as directories on this machine:
+    made for the test where missing, removed after."""
+    made = []
+    yield made
+    for path in reversed(made):
+        os.rmdir(path)
+
+
+def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(
+    trained, network, mount_points, tmp_path
+):
+    objs = build_overlay(KUBE / "overlays" / "small")
+    config_maps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
+    secret = tmp_path / "secret"  # the overlay's secretGenerator files
+    secret.mkdir()
+    key = "k8s-test-key"
+    (secret / "key_file.json").write_text(json.dumps({"inference": {"key": key}}))
+    (secret / "admin.token").write_text("t" * 32)
+    all_pods = pods(objs)
+    assert {p["name"] for p in all_pods} >= {"ps-0", "ps-1", "worker-0", "scoring-0"}, all_pods
+    net = network(len(all_pods), [" ".join(p["names"]) for p in all_pods])
+    store = Path(trained[0])
+    path = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"  # `recserve` on PATH, as in the image
+
+    def volume_dir(pod: dict, volume: dict) -> Path:
+        if "persistentVolumeClaim" in volume:
+            assert volume["persistentVolumeClaim"]["claimName"] == "model-store"
+            return store
+        if "secret" in volume:
+            for f in secret.iterdir():
+                f.chmod(volume["secret"].get("defaultMode", 0o644))
+            return secret
+        d = tmp_path / pod["name"] / volume["name"]  # emptyDir
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def run(pod: dict, host, container: dict, wait: bool):
+        volumes = {v["name"]: volume_dir(pod, v) for v in pod["spec"].get("volumes", [])}
+        binds = [(str(volumes[m["name"]]), m["mountPath"]) for m in container.get("volumeMounts", [])]
+        binds.append((str(ROOT), IMAGE_WORKDIR))
+        for _, target in binds:
+            if not os.path.isdir(target):
+                os.makedirs(target)
+                mount_points.append(target)
+        env = container_env(container, pod, config_maps)
+        argv = [expand(a, env) for a in container["command"] + container.get("args", [])]
+        script = "".join(f"mount --bind {shlex.quote(s)} {shlex.quote(t)} && " for s, t in binds)
+        script += f"cd {IMAGE_WORKDIR} && exec {shlex.join(argv)}"
+        full = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+        log = tmp_path / f"{pod['name']}-{container['name']}.log"
+        proc_env = {**os.environ, "PATH": path, **env}
+        if wait:
+            done = host.run(full, env=proc_env, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, f"{pod['name']} init {container['name']}: {done.stderr}"
+            return None
+        return host.popen(full, log, env=proc_env), log
+
+    started = {}
+    for pod, host in zip(all_pods, net.hosts, strict=True):
+        for init in pod["spec"].get("initContainers", []):
+            run(pod, host, init, wait=True)
+        for container in pod["spec"]["containers"]:
+            started[pod["name"]] = (host, *run(pod, host, container, wait=False))
+
+    frontends = [(n, s) for n, s in started.items() if n.startswith("scoring-")]
+    for name, (host, proc, log) in frontends:
+
+        def ready(host=host, proc=proc, log=log, name=name) -> bool:
+            for other, (_, p, lg) in started.items():
+                if p.poll() is not None:
+                    raise AssertionError(f"pod {other} exited {p.returncode}: {lg.read_text()[-3000:]}")
+            try:
+                return urllib.request.urlopen(f"http://{host.address}:8080/ping", timeout=2).status == 200
+            except OSError:
+                return False
+
+        wait_until(ready, 120, f"{name} /ping 200 across the namespaces")
+
+    host = frontends[0][1][0]
+    client = ScoringClient(
+        f"http://{host.address}:8080/predictions/criteo", key_file=str(secret / "key_file.json")
+    )
+    scores, versions = [], set()
+    for body, ctype in requests_from_file(TEST, SCHEMA, 200, 400):
+        status, payload = client.post(body, ctype)
+        assert status == 200, payload
+        reply = orjson.loads(payload)
+        scores.extend(reply["scores"])
+        versions.add((reply["versions"]["dense"], reply["versions"]["embedding"]))
+    current = ms.current(store, "criteo")
+    offline = np.load(ms.version_dir(store, "criteo", current) / "eval" / "scores.npy")[: len(scores)]
+    assert np.abs(np.array(scores) - offline).max() <= 1e-6
+    assert versions == {(current, current)}
+    assert client.post(b"{not json", "application/json")[0] == 400
+    assert ScoringClient(f"http://{host.address}:8080/predictions/criteo").post(b"[{}]")[0] == 401
