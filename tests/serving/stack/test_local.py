@@ -198,7 +198,9 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
         dashboard = json.loads((ROOT / "deploy" / "grafana" / "recserve.json").read_text())
         exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
         assert len(exprs) >= 15, exprs
-        empty = [e for e in exprs if not prom.query(e)]
+        counts = {e: len(prom.query(e)) for e in exprs}
+        print("\n".join(f"{n:3d} series  {e}" for e, n in counts.items()))  # for `pytest -s`
+        empty = [e for e, n in counts.items() if not n]
         assert not empty, f"dashboard queries with no series on a live stack: {empty}"
         served = {
             r["metric"]["version"]
