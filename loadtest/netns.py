@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -62,36 +63,63 @@ class Host:
     veth: str  # the caller-side end of its link (cut() takes it down)
     procs: list[subprocess.Popen] = field(default_factory=list)
 
-    def argv(self, argv: list[str]) -> list[str]:
-        """``argv`` run inside this host."""
-        return ["ip", "netns", "exec", self.name, *argv]
+    made: list[str] = field(default_factory=list)  # mount points made for binds (removed at close)
 
-    def popen(self, argv: list[str], log: str | Path, env: dict | None = None, **kw) -> subprocess.Popen:
+    def argv(self, argv: list[str], binds: dict[str, str] | None = None) -> list[str]:
+        """``argv`` run inside this host; ``binds`` {directory: path} are bind-mounted in a mount
+        namespace of its own first (a volume at its mount path, the store where every host mounts
+        it), the mount points made where missing; a working directory (``cwd=``) under a bind is
+        entered after the mounts."""
+        if not binds:
+            return ["ip", "netns", "exec", self.name, *argv]
+        for target in binds.values():
+            if not os.path.isdir(target):
+                os.makedirs(target)
+                self.made.append(target)
+        script = "".join(f"mount --bind {shlex.quote(s)} {shlex.quote(t)} && " for s, t in binds.items())
+        return ["ip", "netns", "exec", self.name, "unshare", "--mount", "--propagation", "private",
+                "sh", "-c", script + 'cd "$PWD" && exec "$@"', "sh", *argv]  # fmt: skip
+
+    def popen(
+        self,
+        argv: list[str],
+        log: str | Path,
+        env: dict | None = None,
+        binds: dict[str, str] | None = None,
+        **kw,
+    ) -> subprocess.Popen:
         """Start ``argv`` on this host, stdout and stderr to ``log``; stopped with the network."""
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                self.argv(argv), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, **kw
+                self.argv(argv, binds),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                **kw,
             )
         self.procs.append(proc)
         return proc
 
-    def run(self, argv: list[str], **kw) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], binds: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
         """Run ``argv`` on this host to completion (``subprocess.run`` keywords)."""
-        return subprocess.run(self.argv(argv), **kw)
+        return subprocess.run(self.argv(argv, binds), **kw)
 
 
 class Network:
     """``n`` hosts on one bridge, subnet 198.18.<k>.0/24 (k from the pid, so concurrent runs do not
-    collide). Use as a context manager; ``close()`` stops every process started on a host (SIGTERM,
+    collide; ``subnet="198.18.0"`` fixes it, for lines printed with their addresses). Use as a context manager; ``close()`` stops every process started on a host (SIGTERM,
     then SIGKILL) and deletes the namespaces, links and bridge."""
 
-    def __init__(self, n: int, hostnames: list[str] | None = None):
+    def __init__(self, n: int, hostnames: list[str] | None = None, subnet: str = ""):
         if not 1 <= n <= 200:
             raise ValueError(f"1..200 hosts, not {n}")
         if hostnames is not None and len(hostnames) != n:
             raise ValueError(f"{n} hosts but {len(hostnames)} hostnames")
+        if subnet and not re.fullmatch(r"198\.1[89]\.(25[0-5]|2[0-4]\d|1?\d?\d)", subnet):
+            raise ValueError(f"subnet {subnet!r}: give the first three octets of a /24 in 198.18.0.0/15")
         self.tag = f"{PREFIX}{os.getpid()}"  # <= 15 characters with its suffixes
-        self.subnet = f"198.18.{os.getpid() % 250}"
+        self.subnet = subnet or f"198.18.{os.getpid() % 250}"  # hosts are .1, .2, ...
         self.bridge = f"{self.tag}br"
         self.gateway = f"{self.subnet}.254"  # the caller's address on the bridge
         self.hosts: list[Host] = []
@@ -137,6 +165,11 @@ class Network:
             _stop(host.procs)
             _kill_namespace_pids(host.name)
         for host in self.hosts:
+            for target in reversed(host.made):
+                try:
+                    os.rmdir(target)
+                except OSError:  # in use or not empty: left as it is
+                    pass
             _ip("link", "del", host.veth, check=False)
             _ip("netns", "del", host.name, check=False)
             shutil.rmtree(NETNS_ETC / host.name, ignore_errors=True)

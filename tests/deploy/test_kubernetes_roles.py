@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import urllib.request
 from pathlib import Path
 
@@ -78,19 +77,7 @@ def trained(tmp_path_factory):
     return root, train_version(root, seed=0, publish=True)
 
 
-@pytest.fixture(scope="module")
-def mount_points():
-    """The container paths the volumes are bound at must exist as directories on this machine:
-    made for the test where missing, removed after."""
-    made = []
-    yield made
-    for path in reversed(made):
-        os.rmdir(path)
-
-
-def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(
-    trained, network, mount_points, tmp_path
-):
+def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(trained, network, tmp_path):
     objs = build_overlay(KUBE / "overlays" / "small")
     config_maps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
     secret = tmp_path / "secret"  # the overlay's secretGenerator files
@@ -118,24 +105,19 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(
 
     def run(pod: dict, host, container: dict, wait: bool):
         volumes = {v["name"]: volume_dir(pod, v) for v in pod["spec"].get("volumes", [])}
-        binds = [(str(volumes[m["name"]]), m["mountPath"]) for m in container.get("volumeMounts", [])]
-        binds.append((str(ROOT), IMAGE_WORKDIR))
-        for _, target in binds:
-            if not os.path.isdir(target):
-                os.makedirs(target)
-                mount_points.append(target)
+        binds = {str(volumes[m["name"]]): m["mountPath"] for m in container.get("volumeMounts", [])}
+        binds[str(ROOT)] = IMAGE_WORKDIR
         env = container_env(container, pod, config_maps)
         argv = [expand(a, env) for a in container["command"] + container.get("args", [])]
-        script = "".join(f"mount --bind {shlex.quote(s)} {shlex.quote(t)} && " for s, t in binds)
-        script += f"cd {IMAGE_WORKDIR} && exec {shlex.join(argv)}"
-        full = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
-        log = tmp_path / f"{pod['name']}-{container['name']}.log"
         proc_env = {**os.environ, "PATH": path, **env}
         if wait:
-            done = host.run(full, env=proc_env, capture_output=True, text=True, timeout=60)
+            done = host.run(
+                argv, binds, env=proc_env, cwd=IMAGE_WORKDIR, capture_output=True, text=True, timeout=60
+            )
             assert done.returncode == 0, f"{pod['name']} init {container['name']}: {done.stderr}"
             return None
-        return host.popen(full, log, env=proc_env), log
+        log = tmp_path / f"{pod['name']}-{container['name']}.log"
+        return host.popen(argv, log, env=proc_env, binds=binds, cwd=IMAGE_WORKDIR), log
 
     started = {}
     for pod, host in zip(all_pods, net.hosts, strict=True):
