@@ -66,18 +66,21 @@ class Host:
     made: list[str] = field(default_factory=list)  # mount points made for binds (removed at close)
 
     def argv(self, argv: list[str], binds: dict[str, str] | None = None) -> list[str]:
-        """``argv`` run inside this host; ``binds`` {directory: path} are bind-mounted in a mount
-        namespace of its own first (a volume at its mount path, the store where every host mounts
-        it), the mount points made where missing; a working directory (``cwd=``) under a bind is
+        """``argv`` run inside this host: its network namespace, a UTS namespace of its own with
+        the host's first name as hostname (as a real host has: torchrun's rendezvous, for one,
+        finds itself by its hostname), and with ``binds`` {directory: path} bind-mounted in a mount
+        namespace of its own (a volume at its mount path, the store where every host mounts it),
+        the mount points made where missing; a working directory (``cwd=``) under a bind is
         entered after the mounts."""
-        if not binds:
-            return ["ip", "netns", "exec", self.name, *argv]
+        binds = binds or {}
         for target in binds.values():
             if not os.path.isdir(target):
                 os.makedirs(target)
                 self.made.append(target)
-        script = "".join(f"mount --bind {shlex.quote(s)} {shlex.quote(t)} && " for s, t in binds.items())
-        return ["ip", "netns", "exec", self.name, "unshare", "--mount", "--propagation", "private",
+        script = f"hostname {shlex.quote(self.hostname.split()[0])} && "
+        script += "".join(f"mount --bind {shlex.quote(s)} {shlex.quote(t)} && " for s, t in binds.items())
+        mounts = ["--mount", "--propagation", "private"] if binds else []
+        return ["ip", "netns", "exec", self.name, "unshare", "--uts", *mounts,
                 "sh", "-c", script + 'cd "$PWD" && exec "$@"', "sh", *argv]  # fmt: skip
 
     def popen(

@@ -5,9 +5,13 @@ The PS shards refuse a write from another host."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -23,18 +27,34 @@ pytestmark = pytest.mark.slow
 MOUNT = "/mnt/recserve"
 
 
-def serving_lines() -> list[tuple[str, str]]:
-    """(line, host comment) of the README's `### Serving` block under "Running on several hosts"."""
+def block_lines(heading: str, n: int) -> list[tuple[str, str]]:
+    """(line, host comment) of the README's ``heading`` block under "Running on several hosts"."""
     text = (ROOT / "README.md").read_text()
-    block = re.search(r"## Running on several hosts\n.*?### Serving\n.*?```bash\n(.*?)```", text, re.S).group(
-        1
-    )
+    pattern = rf"## Running on several hosts\n.*?### {heading}\n.*?```bash\n(.*?)```"
     out = []
-    for raw in block.splitlines():
-        line, _, comment = raw.partition("  #")
+    for raw in re.search(pattern, text, re.S).group(1).splitlines():
+        line, _, comment = raw.partition("   #")
         out.append((line.strip(), comment.strip()))
-    assert len(out) == 5 and all(c for _, c in out), out
+    assert len(out) == n and all(c for _, c in out), out
     return out
+
+
+def _ping(address: str) -> bool:
+    try:
+        return urllib.request.urlopen(f"http://{address}:8080/ping", timeout=2).status == 200
+    except OSError:
+        return False
+
+
+def _scores(address: str, store) -> np.ndarray:
+    client = ScoringClient(f"http://{address}:8080/predictions/criteo",
+                           key_file=str(store / ".run" / "criteo" / "serve-key_file.json"))  # fmt: skip
+    scores = []
+    for body, ctype in requests_from_file(TEST, "data/schemas/criteo.yaml", 200, 400):
+        status, payload = client.post(body, ctype)
+        assert status == 200, payload
+        scores.extend(orjson.loads(payload)["scores"])
+    return np.array(scores)
 
 
 def test_the_serving_lines_run_as_printed_across_three_hosts(network, tmp_path):
@@ -43,7 +63,7 @@ def test_the_serving_lines_run_as_printed_across_three_hosts(network, tmp_path):
     net = network(3, ["host-a", "host-b", "host-c"], subnet="198.18.0")
     hosts = {"host A": net.hosts[0], "host B": net.hosts[1], "host C": net.hosts[2], "any host": net.hosts[0]}
     binds = {str(store): MOUNT}
-    *servers, score = serving_lines()
+    *servers, score = block_lines("Serving", 5)
     procs = []
     for i, (line, where) in enumerate(servers):
         host = hosts[where]
@@ -52,13 +72,8 @@ def test_the_serving_lines_run_as_printed_across_three_hosts(network, tmp_path):
         procs.append((host.popen(recserve_argv(line), log, binds=binds, cwd=ROOT), log))
 
     def up() -> bool:
-        for proc, log in procs:
-            if proc.poll() is not None:
-                raise AssertionError(f"{log.name} exited {proc.returncode}: {log.read_text()[-3000:]}")
-        try:
-            return urllib.request.urlopen("http://198.18.0.3:8080/ping", timeout=2).status == 200
-        except OSError:
-            return False
+        _alive(procs)
+        return _ping("198.18.0.3")
 
     wait_until(up, 120, "recserve serve on host C answering /ping 200")
     line, where = score
@@ -70,13 +85,7 @@ def test_the_serving_lines_run_as_printed_across_three_hosts(network, tmp_path):
     assert '"dense": "1"' in done.stdout, done.stdout
 
     # from another address (this process, on the bridge): the trainer's own scores
-    client = ScoringClient("http://198.18.0.3:8080/predictions/criteo",
-                           key_file=str(store / ".run" / "criteo" / "serve-key_file.json"))  # fmt: skip
-    scores = []
-    for body, ctype in requests_from_file(TEST, "data/schemas/criteo.yaml", 200, 400):
-        status, payload = client.post(body, ctype)
-        assert status == 200, payload
-        scores.extend(orjson.loads(payload)["scores"])
+    scores = _scores("198.18.0.3", store)
     offline = np.load(ms.version_dir(store, "criteo", "1") / "eval" / "scores.npy")[: len(scores)]
     assert np.abs(np.array(scores) - offline).max() <= 1e-6
 
@@ -85,3 +94,53 @@ def test_the_serving_lines_run_as_printed_across_three_hosts(network, tmp_path):
         with pytest.raises(ShardError) as refused:
             ps.update(np.array([1], dtype=np.uint64), np.zeros((1, 16), dtype=np.float32))
     assert refused.value.code == "PERMISSION_DENIED", refused.value
+
+
+def _alive(procs) -> None:
+    for proc, log in procs:
+        if proc.poll() is not None:
+            raise AssertionError(f"{log.name} exited {proc.returncode}: {log.read_text()[-3000:]}")
+
+
+def test_two_nodes_train_on_torchrun_against_ps_on_two_hosts_and_a_fifth_serves_it(network, tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    net = network(5, ["host-a", "host-b", "host-c", "host-d", "host-e"], subnet="198.18.0")
+    hosts = {f"host {c}": h for c, h in zip("ABCDE", net.hosts, strict=True)} | {
+        "once, any host": net.hosts[0]
+    }
+    binds = {str(store): MOUNT}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    token, ps_a, ps_b, node0, node1, serve = block_lines("Training on several nodes", 6)
+    done = hosts[token[1]].run(
+        ["sh", "-c", token[0]], binds=binds, cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and (store / "admin.token").stat().st_mode & 0o077 == 0, done.stderr
+    shards = [(hosts[w].popen(recserve_argv(x), tmp_path / f"ps{i}.log", env=env, binds=binds, cwd=ROOT),
+               tmp_path / f"ps{i}.log") for i, (x, w) in enumerate([ps_a, ps_b])]  # fmt: skip
+    for address in ("198.18.0.1:50061", "198.18.0.2:50061"):
+        with PSClient(address, timeout_s=10) as ps:
+            ps.wait_connected(60)
+    nodes = [(hosts[w].popen(shlex.split(x), tmp_path / f"node{i}.log", env=env, binds=binds, cwd=ROOT),
+              tmp_path / f"node{i}.log") for i, (x, w) in enumerate([node0, node1])]  # fmt: skip
+    for proc, log in nodes:
+        try:
+            rc = proc.wait(600)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{log.name} still running after 600 s: {log.read_text()[-3000:]}") from None
+        assert rc == 0, f"{log.name} exited {rc}: {log.read_text()[-3000:]}"
+    _alive(shards)
+    assert ms.current(store, "criteo") == "1"
+    manifest = ms.read_manifest(ms.version_dir(store, "criteo", "1"))
+    assert manifest["train"]["world_size"] == 2, manifest["train"]
+    frontend = [(hosts[serve[1]].popen(recserve_argv(serve[0]), tmp_path / "serve.log", env=env, binds=binds,
+                                       cwd=ROOT), tmp_path / "serve.log")]  # fmt: skip
+
+    def up() -> bool:
+        _alive(frontend)
+        return _ping("198.18.0.5")
+
+    wait_until(up, 120, "recserve serve on host E answering /ping 200")
+    scores = _scores("198.18.0.5", store)
+    offline = np.load(ms.version_dir(store, "criteo", "1") / "eval" / "scores.npy")[: len(scores)]
+    assert np.abs(scores - offline).max() <= 1e-6
