@@ -40,7 +40,9 @@ class PSMetrics:
                 ):
                     yield GaugeMetricFamily(f"recserve_ps_{name}", help_text, value=st[name])
                 if st.get("version"):  # a serving shard: the version it answers from
-                    served = GaugeMetricFamily("recserve_ps_version", "1 for the version served", labels=["version"])
+                    served = GaugeMetricFamily(
+                        "recserve_ps_version", "1 for the version served", labels=["version"]
+                    )
                     served.add_metric([str(st["version"])], 1)
                     yield served
                 for name, help_text in (
