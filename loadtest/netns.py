@@ -78,7 +78,7 @@ class Host:
                 os.makedirs(target)
                 self.made.append(target)
         script = f"hostname {shlex.quote(self.hostname.split()[0])} && "
-        script += "".join(f"mount --bind {shlex.quote(s)} {shlex.quote(t)} && " for s, t in binds.items())
+        script += "".join(f"mount --bind {shlex.quote(s)} {shlex.quote(t)} && " for s, t in mount_order(binds))
         mounts = ["--mount", "--propagation", "private"] if binds else []
         return ["ip", "netns", "exec", self.name, "unshare", "--uts", *mounts,
                 "sh", "-c", script + 'cd "$PWD" && exec "$@"', "sh", *argv]  # fmt: skip
@@ -107,6 +107,18 @@ class Host:
     def run(self, argv: list[str], binds: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
         """Run ``argv`` on this host to completion (``subprocess.run`` keywords)."""
         return subprocess.run(self.argv(argv, binds), **kw)
+
+
+def mount_order(binds: dict[str, str]) -> list[tuple[str, str]]:
+    """``binds`` in an order where no mount hides a directory a later one binds from: a volume
+    mounted at /tmp would otherwise hide a checkout or a store under /tmp before it is bound. Binds
+    whose target holds another bind's source go last, shallower targets before deeper ones."""
+    sources = [Path(s) for s in binds]
+
+    def hides(target: str) -> bool:
+        return any(s == Path(target) or Path(target) in s.parents for s in sources)
+
+    return sorted(binds.items(), key=lambda st: (hides(st[1]), len(Path(st[1]).parts)))
 
 
 class Network:

@@ -54,6 +54,23 @@ def _try(address: str) -> bytes | None:
         return None
 
 
+def test_a_volume_over_tmp_does_not_hide_a_directory_bound_from_under_tmp(network, tmp_path):
+    """A pod mounts an emptyDir at /tmp and the checkout (here under /tmp) at its WORKDIR: the
+    checkout is bound before /tmp is covered, whatever order the binds are given in."""
+    (host,) = network(1).hosts
+    volume, app = tmp_path / "volume", tmp_path / "app"
+    volume.mkdir()
+    app.mkdir()
+    (app / "code").write_text("app")
+    (volume / "scratch").write_text("volume")
+    assert str(app).startswith("/tmp/")
+    target = f"/rs-test-app-{tmp_path.name}"
+    out = host.run(["sh", "-c", f"cat {target}/code /tmp/scratch"], {str(volume): "/tmp", str(app): target},
+                   capture_output=True, text=True)  # fmt: skip
+    assert (out.returncode, out.stdout) == (0, "appvolume"), out.stderr
+    assert netns.mount_order({"/tmp/a": "/tmp", "/tmp/b": "/app"})[0] == ("/tmp/b", "/app")
+
+
 def test_everything_is_deleted_on_exit_also_on_error():
     if reason := netns.unavailable():
         pytest.skip(reason)
