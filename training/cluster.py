@@ -86,6 +86,19 @@ class Cluster:
                 with PSClient(address, token_file=self.token_file) as client:
                     client.dump(str(directory), delta=delta)
 
+    def load(self, directory: str | Path) -> int:
+        """Replace every shard's rows and optimizer state with a full dump written by ``dump``
+        (re-sharded if it has another shard count); returns the rows loaded over all shards."""
+        directory = Path(directory).resolve()
+        rows = sum(store.load(directory) for store in self.stores)
+        if self.addresses:
+            from serving.ps.client import PSClient
+
+            for address in self.addresses:
+                with PSClient(address, token_file=self.token_file) as client:
+                    rows += int(client.load(str(directory)).rows)
+        return rows
+
     def stats(self) -> dict:
         """What the shards hold and what they dropped, summed over the shards: ``ps_rows``,
         ``evictions`` (the eviction policy), ``expired`` (the TTL) and ``grows``."""
@@ -179,7 +192,7 @@ def start_shards(
             cfg.write_text(yaml.safe_dump(server))
             port = address.rsplit(":", 1)[1]
             args = ["ps", "--config", str(cfg), "--port", port, "--log-level", "WARNING"]
-            procs.append(spawn(args, log_dir / f"ps-{i}.log", env=_child_env()))
+            procs.append(spawn(args, log_dir / f"ps-{i}.log", env=_child_env(), die_with_parent=True))
         for i, address in enumerate(addresses):  # the one health wait (a child's early exit shows its log)
             wait_grpc_healthy(address, timeout_s, procs[i], log_dir / f"ps-{i}.log")
         return procs, addresses

@@ -116,6 +116,18 @@ class TrainConfig:
     """Cut an embedding delta into the version every this many seconds (0: off)."""
     delta_rows: int = 0
     """Cut an embedding delta every this many training rows (summed over ranks; 0: off)."""
+    checkpoint_every: str = ""
+    """Write a checkpoint every this many steps (500) or this long (300s, 10m, 1h); '' : never.
+    Dense weights and optimizer state, every PS shard's rows and optimizer state, every rank's data
+    position and RNG state, in <store>/<model>/checkpoints (training/checkpoint.py)."""
+    checkpoint_keep: int = 2
+    """Complete checkpoints kept (the newest)."""
+    checkpoint_dir: str = ""
+    """Where checkpoints go ('' : <store>/<model>/checkpoints); PS shards dump into it, so it must
+    lie under their data root."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint (none yet: start at step 0, as torchrun's
+    --max-restarts needs); the shards' rows, the dense network and the data position go back to it."""
     curve: str = ""
     """Training-curve PNG path ('' : eval/curve.png in the version, or none without export)."""
     progress: bool = True
@@ -145,6 +157,12 @@ class TrainConfig:
             raise ValueError(f"eviction must be none, lru or lfu, got {self.eviction!r}")
         if self.max_memory_gb < 0 or self.ttl_s < 0 or self.min_count < 1:
             raise ValueError("max_memory_gb and ttl_s must be >= 0, min_count >= 1")
+        from training.checkpoint import parse_every
+
+        if (parse_every(self.checkpoint_every).enabled or self.resume) and self.embeddings == "inprocess":
+            raise ValueError("checkpoints need --embeddings ps (the in-process baseline has none)")
+        if self.checkpoint_keep < 1:
+            raise ValueError("checkpoint_keep must be >= 1")
         from features.stream import ReadOptions
 
         ReadOptions(format=self.data_format, block_size=self.block_size)  # raises ValueError if bad

@@ -160,16 +160,20 @@ class Split:
         shuffle_buffer: int = 0,
         rng: np.random.Generator | None = None,
         steps: int | None = None,
+        skip: int = 0,
     ) -> Iterator[CompactBatch]:
         """One pass as transformed mini-batches of ``batch_size`` rows, at most ``steps`` of them;
-        rows mixed by a buffer of ``shuffle_buffer`` rows when it is > 1 and an rng is given."""
+        rows mixed by a buffer of ``shuffle_buffer`` rows when it is > 1 and an rng is given. The
+        first ``skip`` batches are read but not transformed nor yielded (a resumed run's position:
+        the same rng gives the same order)."""
         tables = self.tables()
         if shuffle_buffer > 1 and rng is not None:
             tables = shuffled(tables, shuffle_buffer, rng)
         for i, t in enumerate(rebatch(tables, batch_size)):
             if steps is not None and i >= steps:
                 return
-            yield transform(t, self.schema)
+            if i >= skip:
+                yield transform(t, self.schema)
 
 
 def in_background(items: Iterable, depth: int = 4) -> Iterator:

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from features.schema import load_schema
 from features.stream import ReadOptions
 from training import data
+from training.checkpoint import Checkpointer, checkpoint_dir, latest, parse_every
 from training.cluster import Cluster, ShardSpec, open_cluster
 from training.config import TrainConfig
 from training.ctx import TrainCtx, unwrap
@@ -145,28 +146,66 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
             stack.callback(lambda: writer.abort() if writer.staging.exists() else None)
         deltas = DeltaTrigger(cfg.delta_interval_s, cfg.delta_rows)
 
-        # ---- training loop ---------------------------------------------------------------------
+        # ---- checkpoints: where a restart continues (training/checkpoint.py) --------------------
         result = TrainResult()
         history = result.history
+        step, rows, train_time, start_epoch, skip = 0, 0, 0.0, 0, 0
+        ckpt_dir = checkpoint_dir(cfg.store, cfg.model, cfg.checkpoint_dir)
+        checkpoints = Checkpointer(
+            ckpt_dir, parse_every(cfg.checkpoint_every), cfg.checkpoint_keep, rank, world,
+            sync=lambda: dist.barrier() if world > 1 else None, agree=functools.partial(_agree, world),
+        )  # fmt: skip
+        if cfg.resume:
+            resumed = latest(ckpt_dir)
+            if resumed is None:
+                log.warning("--resume: no complete checkpoint in %s yet: starting at step 0", ckpt_dir)
+            else:
+                resumed.check(world, cfg.to_dict())
+                if rank == 0 and cluster is not None:
+                    loaded = cluster.load(resumed.path / "ps")
+                    log.info("resumed the PS shards from %s: %d rows", resumed.path, loaded)
+                saved = resumed.dense_state()
+                unwrap(model).load_state_dict(saved["model"])
+                dense_opt.load_state_dict(saved["optimizer"])
+                torch.set_rng_state(resumed.rank_state(rank)["torch_rng"])
+                step, rows, train_time = resumed.step, saved["rows"], saved["train_time"]
+                history.__dict__.update(saved["history"])
+                start_epoch, skip = resumed.meta["epoch"], resumed.meta["in_epoch"]
+                log.info("rank %d resumes at step %d (epoch %d, batch %d)", rank, step, start_epoch + 1, skip)
+                if world > 1:
+                    dist.barrier()  # every rank has read the checkpoint before a new one replaces it
+
+        # ---- training loop ---------------------------------------------------------------------
         loss_fn = nn.BCEWithLogitsLoss()
         total = cfg.epochs * steps_per_epoch
-        bar = tqdm(total=total, disable=not cfg.progress or rank != 0, unit="batch", dynamic_ncols=True)
-        step, rows, train_time = 0, 0, 0.0
-        for epoch in range(cfg.epochs):
+        bar = tqdm(total=total, initial=step, disable=not cfg.progress or rank != 0, unit="batch", dynamic_ncols=True)
+        for epoch in range(start_epoch, cfg.epochs):
             model.train()
             t0 = time.perf_counter()
             rng = np.random.default_rng([cfg.seed, epoch, rank])
-            epoch_batches = train_split.batches(cfg.batch_size, cfg.shuffle_buffer, rng, steps_per_epoch)
+            in_epoch = skip if epoch == start_epoch else 0
+            epoch_batches = train_split.batches(
+                cfg.batch_size, cfg.shuffle_buffer, rng, steps_per_epoch, skip=in_epoch
+            )
             for batch in ctx.steps(data.in_background(epoch_batches)):
                 logits = ctx.forward(batch)
                 loss = loss_fn(logits, torch.from_numpy(batch.labels).to(logits.device))
                 ctx.backward(loss)
                 step += 1
+                in_epoch += 1
                 rows += batch.num_rows
                 history.steps.append(step)
                 history.loss.append(loss.item())  # note: a sync point on GPU, cheap on CPU
                 if writer is not None and deltas.enabled and deltas.due(batch.num_rows * world):
                     writer.cut_delta(cluster)
+                if checkpoints.every.enabled and checkpoints.due(step):
+                    ctx.flush()  # every rank's sparse updates are on the shards before they dump
+                    checkpoints.save(
+                        step, epoch, in_epoch, cluster, unwrap(model), dense_opt,
+                        extra={"rows": rows, "history": history.to_dict(),
+                               "train_time": train_time + time.perf_counter() - t0},
+                        config=cfg.to_dict(),
+                    )  # fmt: skip
                 bar.update()
                 bar.set_postfix(epoch=epoch + 1, loss=f"{history.loss[-1]:.4f}", refresh=False)
             ctx.flush()  # every sparse update applied before evaluating
@@ -237,7 +276,13 @@ def _init_distributed() -> tuple[int, int]:
         return 0, 1
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend)
+        # torchrun's restarted ranks reuse its store, where the last attempt's keys (every rank's
+        # gloo address among them) are still set: a new rank reading a dead rank's address fails
+        # to connect. Each attempt's process group gets keys of its own.
+        store, rank, world = next(dist.rendezvous("env://"))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"recserve/attempt-{attempt}", store),
+                                rank=rank, world_size=world)  # fmt: skip
     if torch.cuda.is_available():
         torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
     return dist.get_rank(), dist.get_world_size()
@@ -250,6 +295,15 @@ def _all_ranks(scan: data.Scan, world: int) -> list[data.Scan]:
     scans: list = [None] * world
     dist.all_gather_object(scans, scan)
     return scans
+
+
+def _agree(world: int, flag: bool) -> bool:
+    """Rank 0's ``flag`` on every rank (one tiny broadcast)."""
+    if world == 1:
+        return flag
+    t = torch.tensor([int(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.broadcast(t, src=0)
+    return bool(t.item())
 
 
 def _prefetch(cfg: TrainConfig) -> bool:

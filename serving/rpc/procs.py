@@ -28,8 +28,13 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def spawn(role_args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Run ``recserve <role_args>`` as a child in its own session, output to ``log_path``."""
+def spawn(
+    role_args: list[str], log_path: Path, env: dict[str, str] | None = None, die_with_parent: bool = False
+) -> subprocess.Popen[bytes]:
+    """Run ``recserve <role_args>`` as a child in its own session, output to ``log_path``.
+    ``die_with_parent``: the kernel sends it SIGTERM when the thread that started it ends, also
+    when that process is SIGKILLed (Linux ``PR_SET_PDEATHSIG``): a trainer killed mid-run (and
+    restarted by torchrun) leaves no PS shard behind."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         return subprocess.Popen(
@@ -39,7 +44,17 @@ def spawn(role_args: list[str], log_path: Path, env: dict[str, str] | None = Non
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: a terminal's Ctrl-C does not reach it
             env={**os.environ, **(env or {})},
+            preexec_fn=_term_with_parent() if die_with_parent and sys.platform == "linux" else None,
         )
+
+
+def _term_with_parent():
+    """What the child runs before exec: prctl(PR_SET_PDEATHSIG, SIGTERM), resolved here in the
+    parent (the child only calls it: no import after fork)."""
+    import ctypes
+    import functools
+
+    return functools.partial(ctypes.CDLL(None, use_errno=True).prctl, 1, int(signal.SIGTERM))
 
 
 def wait_grpc_healthy(
