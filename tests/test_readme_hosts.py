@@ -133,6 +133,7 @@ def test_two_nodes_train_on_torchrun_against_ps_on_two_hosts_and_a_fifth_serves_
     assert ms.current(store, "criteo") == "1"
     manifest = ms.read_manifest(ms.version_dir(store, "criteo", "1"))
     assert manifest["train"]["world_size"] == 2, manifest["train"]
+    assert (store / "criteo" / "checkpoints" / "step-20" / "ps" / "shard-1-of-2" / ms.SUCCESS).is_file()
     frontend = [(hosts[serve[1]].popen(recserve_argv(serve[0]), tmp_path / "serve.log", env=env, binds=binds,
                                        cwd=ROOT), tmp_path / "serve.log")]  # fmt: skip
 

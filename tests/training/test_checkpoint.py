@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,9 +19,19 @@ import torch
 from model_store.layout import SUCCESS
 from training.checkpoint import Checkpointer, Every, latest, parse_every
 from training.config import TrainConfig
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT, recserve_argv, wait_until
 
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+
+def readme_lines() -> list[str]:
+    """The README's "Checkpoints and restarts" block: a first run, its resume, a torchrun job."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"### Checkpoints and restarts\n.*?```bash\n(.*?)```", text, re.S).group(1)
+    lines = block.splitlines()
+    assert len(lines) == 3 and lines[2].startswith("torchrun "), lines
+    return lines
+
+
+FIRST, RESUME, TORCHRUN_LINE = readme_lines()
 
 
 @pytest.mark.parametrize(
@@ -92,29 +104,36 @@ def _result(out: str) -> dict:
     return json.loads([line for line in out.splitlines() if line.startswith('{"auc"')][-1])
 
 
-def _train(argv: list[str], store: Path, timeout_s: float = 300) -> dict:
-    done = subprocess.run(argv + ["--store", str(store), "--no-progress"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout_s)  # fmt: skip
+def _env(store: Path) -> dict:
+    """The README's conditions: $RECSERVE_STORE is the store, torchrun and recserve on PATH."""
+    return {**os.environ, "RECSERVE_STORE": str(store),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+
+
+def _argv(line: str) -> list[str]:
+    return recserve_argv(line) if line.startswith("recserve ") else shlex.split(line)
+
+
+def _train(line: str, store: Path, timeout_s: float = 300) -> dict:
+    done = subprocess.run(_argv(line), cwd=ROOT, env=_env(store), capture_output=True, text=True,
+                          timeout=timeout_s)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return _result(done.stdout) | {"log": done.stderr}
 
 
-RECSERVE_TRAIN = [sys.executable, "-m", "recserve", "train", "--checkpoint-every", "20"]
-
-
 @pytest.mark.slow
 def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path):
-    whole = _train(RECSERVE_TRAIN, tmp_path)
+    whole = _train(FIRST, tmp_path)
     ckpts = tmp_path / "criteo" / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-100", "step-120"]  # 126 steps, keep 2
-    resumed = _train(RECSERVE_TRAIN + ["--resume"], tmp_path)
+    resumed = _train(RESUME, tmp_path)
     assert "resumes at step 120 (epoch 2, batch 57)" in resumed["log"]
     assert resumed["steps"] == whole["steps"] == 126
     assert abs(resumed["auc"] - whole["auc"]) <= 1e-3, (resumed["auc"], whole["auc"])
 
 
-def _pids(store: Path) -> dict[int, tuple[int, list[bytes], list[bytes]]]:
-    """{pid: (ppid, argv, environ)} of the processes of the run whose --store is ``store``."""
+def _pids() -> dict[int, tuple[int, list[bytes], list[bytes]]]:
+    """{pid: (ppid, argv, environ)} of every process."""
     out = {}
     for proc in Path("/proc").iterdir():
         try:
@@ -129,34 +148,30 @@ def _pids(store: Path) -> dict[int, tuple[int, list[bytes], list[bytes]]]:
 
 
 def _rank_process(store: Path, rank: int) -> tuple[int, list[int]] | None:
-    """(pid, its PS shard children) of the training process of ``rank`` whose --store is ``store``."""
-    procs = _pids(store)
+    """(pid, its PS shard children) of the training process of ``rank`` whose store is ``store``."""
+    procs = _pids()
     for pid, (_, argv, env) in procs.items():
-        if b"train" in argv and str(store).encode() in argv and f"RANK={rank}".encode() in env:
+        if b"train" in argv and f"RECSERVE_STORE={store}".encode() in env and f"RANK={rank}".encode() in env:
             return pid, [c for c, (ppid, a, _) in procs.items() if ppid == pid and b"ps" in a]
     return None
 
 
-TORCHRUN_ARGV = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-                 "-m", "recserve", "train", "--checkpoint-every", "10", "--resume"]  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict:
-    return _train(TORCHRUN_ARGV, tmp_path_factory.mktemp("whole"))
+    return _train(TORCHRUN_LINE, tmp_path_factory.mktemp("whole"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_torchrun_restarts_every_rank_from_the_checkpoint_after_one_is_killed(rank, uninterrupted, tmp_path):
-    """A rank is SIGKILLed mid-epoch (rank 0 with the PS shards the job started: they die with it,
-    by the kernel's parent-death signal); torchrun (--max-restarts 1) restarts both ranks, which
+    """The README's torchrun line; a rank is SIGKILLed mid-epoch (rank 0 with the PS shards the job
+    started: they die with it, by the kernel's parent-death signal); torchrun restarts both ranks, which
     resume from the newest checkpoint (new shards loaded with its rows) and end within 0.005 AUC
     of an uninterrupted run."""
     store = tmp_path / "store"
     log = tmp_path / "job.log"
     with open(log, "w") as out:
-        job = subprocess.Popen(TORCHRUN_ARGV + ["--store", str(store), "--no-progress"], cwd=ROOT, stdout=out,
+        job = subprocess.Popen(_argv(TORCHRUN_LINE), cwd=ROOT, env=_env(store), stdout=out,
                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         wait_until(lambda: (store / "criteo" / "checkpoints" / "step-20").is_dir() or job.poll() is not None,
