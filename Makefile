@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PROTOS := $(wildcard proto/recserve/v1/*.proto)
 GEN    := recserve/v1/.generated
-BENCHES := codec ps train e2e swap faults
+BENCHES := codec ps train e2e swap faults multihost
 
 .PHONY: venv proto lint test test-fast demo bench $(addprefix bench-,$(BENCHES)) clean
 
@@ -69,6 +69,12 @@ bench-swap: $(STAMP) $(GEN)
 # `up --replicas 2` under load while deltas are published; then 100,000 fuzzed requests.
 bench-faults: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_faults
+
+# Several hosts (issue 24): network namespaces on this machine (root); PS replicas and workers on
+# different hosts losing their links under load, a version switch across hosts, a torchrun job
+# killed and resumed from its checkpoint.
+bench-multihost: $(STAMP) $(GEN)
+	$(PY) -m loadtest.bench_multihost
 
 # Training at scale (issue 11): synth files of N and 10N rows streamed through `recserve train`;
 # Huge tables (issue 11): two 50M-row versions (dim 16, 2 shards) served by `recserve ps --follow`

@@ -18,15 +18,15 @@ RESULTS = ROOT / "loadtest" / "results"
 
 
 def start_locust_timeline(
-    host: str, rate: int, duration_s: int, timeline: Path, model: str = "criteo"
+    host: str, rate: int, duration_s: int, timeline: Path, model: str = "criteo", key_file: str = ""
 ) -> subprocess.Popen:
     """Locust (``loadtest/locust_timeline.py``: 200-item JSON requests, one timeline line per
     request) against ``host`` at ``rate`` requests/s for ``duration_s``, headless, in a child
-    process; ``communicate()`` it, then read ``timeline``."""
+    process; ``communicate()`` it, then read ``timeline``. ``key_file``: the frontend's token file."""
     cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtest" / "locust_timeline.py"), "--headless",
            "--host", host, "-u", str(max(1, rate // 4)), "-r", "100", "-t", f"{duration_s}s", "--stop-timeout",
            "5", "--only-summary", "--loglevel", "WARNING", "--total-rate", str(rate), "--model", model,
-           "--timeline-out", str(timeline)]  # fmt: skip
+           "--timeline-out", str(timeline), *(["--key-file", key_file] if key_file else [])]  # fmt: skip
     return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
 

@@ -78,7 +78,9 @@ class Host:
                 os.makedirs(target)
                 self.made.append(target)
         script = f"hostname {shlex.quote(self.hostname.split()[0])} && "
-        script += "".join(f"mount --bind {shlex.quote(s)} {shlex.quote(t)} && " for s, t in mount_order(binds))
+        script += "".join(
+            f"mount --bind {shlex.quote(s)} {shlex.quote(t)} && " for s, t in mount_order(binds)
+        )
         mounts = ["--mount", "--propagation", "private"] if binds else []
         return ["ip", "netns", "exec", self.name, "unshare", "--uts", *mounts,
                 "sh", "-c", script + 'cd "$PWD" && exec "$@"', "sh", *argv]  # fmt: skip

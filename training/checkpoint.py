@@ -89,9 +89,13 @@ class Checkpoint:
                 "data position belongs to its part of the data; resume with the same number of ranks"
             )
         saved = self.meta["config"]
-        differ = [f"{k}: {saved.get(k)!r} -> {config.get(k)!r}" for k in MUST_MATCH if saved.get(k) != config.get(k)]
+        differ = [
+            f"{k}: {saved.get(k)!r} -> {config.get(k)!r}" for k in MUST_MATCH if saved.get(k) != config.get(k)
+        ]
         if differ:
-            raise ValueError(f"{self.path}: the run resumed differs from the one checkpointed ({'; '.join(differ)})")
+            raise ValueError(
+                f"{self.path}: the run resumed differs from the one checkpointed ({'; '.join(differ)})"
+            )
 
     def rank_state(self, rank: int) -> dict:
         return torch.load(self.path / f"rank-{rank}.pt", weights_only=False)
@@ -122,7 +126,17 @@ class Checkpointer:
     every rank: ``sync`` is a barrier across ranks, ``agree`` makes every rank's decision rank
     0's). ``cluster`` dumps the shards; ``keep``: how many complete checkpoints stay."""
 
-    def __init__(self, directory: Path, every: Every, keep: int, rank: int, world: int, sync, agree, clock=time.monotonic):
+    def __init__(
+        self,
+        directory: Path,
+        every: Every,
+        keep: int,
+        rank: int,
+        world: int,
+        sync,
+        agree,
+        clock=time.monotonic,
+    ):
         if keep < 1:
             raise ValueError("--checkpoint-keep must be >= 1")
         self.directory, self.every, self.keep = Path(directory), every, keep
@@ -137,7 +151,9 @@ class Checkpointer:
             return self.agree(self.clock() - self._last >= self.every.seconds)
         return False
 
-    def save(self, step: int, epoch: int, in_epoch: int, cluster, model, optimizer, extra: dict, config: dict) -> Path | None:
+    def save(
+        self, step: int, epoch: int, in_epoch: int, cluster, model, optimizer, extra: dict, config: dict
+    ) -> Path | None:
         """Write checkpoint ``step`` (every rank calls this after flushing its sparse updates)."""
         t0 = time.perf_counter()
         staging = self.directory / f".step-{step}.tmp"
@@ -150,7 +166,10 @@ class Checkpointer:
         if self.rank == 0:
             if cluster is not None:
                 cluster.dump(staging / "ps")
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), **extra}, staging / "dense.pt")
+            torch.save(
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **extra},
+                staging / "dense.pt",
+            )
         self.sync()  # every rank's part is on disk
         path = None
         if self.rank == 0:

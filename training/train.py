@@ -178,7 +178,9 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
         # ---- training loop ---------------------------------------------------------------------
         loss_fn = nn.BCEWithLogitsLoss()
         total = cfg.epochs * steps_per_epoch
-        bar = tqdm(total=total, initial=step, disable=not cfg.progress or rank != 0, unit="batch", dynamic_ncols=True)
+        bar = tqdm(
+            total=total, initial=step, disable=not cfg.progress or rank != 0, unit="batch", dynamic_ncols=True
+        )
         for epoch in range(start_epoch, cfg.epochs):
             model.train()
             t0 = time.perf_counter()

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,7 +49,7 @@ def spawn(
         )
 
 
-def _term_with_parent():
+def _term_with_parent() -> Callable[[], object]:
     """What the child runs before exec: prctl(PR_SET_PDEATHSIG, SIGTERM), resolved here in the
     parent (the child only calls it: no import after fork)."""
     import ctypes

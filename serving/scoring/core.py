@@ -54,7 +54,8 @@ class ScoringConfig:
     some are missing and --ps is not given), colocated (every shard mapped here: its files must be
     on this host) or remote (through --worker, or the PS shards of --ps)."""
     worker: str = "127.0.0.1:50060"
-    """Embedding worker address (HOST:PORT) for remote lookups."""
+    """Embedding worker address (HOST:PORT) for remote lookups; several workers joined by | (a:1|b:1):
+    each lookup goes to one of them and fails over to the next within its deadline."""
     ps: list[str] | None = None
     """PS shard addresses, shard i at entry i, a shard's replicas joined by | (a:1|a:2,b:1): the
     worker then runs as a library in this process over them (one process hop fewer than --worker)."""
@@ -366,9 +367,9 @@ def _lookup_backend(config: ScoringConfig, schema: Schema, manifest: dict) -> tu
             log.warning("lookups auto: shards %s are not on this host and no --ps is given: all remote",
                         [i for i, here in enumerate(local) if not here])  # fmt: skip
         if spec is None:
-            from serving.worker.client import WorkerClient
+            from serving.worker.client import connect_workers
 
-            return WorkerClient(config.worker, timeout_s=config.worker_timeout_s, tls=tls), ["remote"] * n
+            return connect_workers(config.worker, timeout_s=config.worker_timeout_s, tls=tls), ["remote"] * n
         local = [False] * n
     from serving.worker.core import EmbeddingWorker
 

@@ -18,6 +18,7 @@ import numpy as np
 from features.batch import CompactBatch
 from serving.rpc.auth import read_token_file, token_metadata
 from serving.rpc.errors import NotServing, not_serving
+from serving.rpc.failover import Attempt, FailedOver, Failover
 from serving.rpc.tls import ClientTLS, channel, describe
 from serving.worker.core import ForwardResult
 
@@ -121,6 +122,12 @@ class WorkerClient:
             "version": (r.version.version, int(r.version.delta_seq)),
         }
 
+    def health(self) -> str:
+        """The worker's gRPC health: "SERVING", "NOT_SERVING", or why the check failed."""
+        from serving.rpc.health import check
+
+        return check(self.channel)
+
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Block until the worker's health service says SERVING (raises TimeoutError)."""
         from serving.rpc.health import wait_serving
@@ -138,3 +145,72 @@ class WorkerClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class WorkerSet(Failover[WorkerClient]):
+    """Several embedding workers behind one frontend (``--worker a:1|b:1``), each able to answer
+    every lookup: ``forward`` goes round robin to the SERVING ones and fails over to the next one
+    within the call's deadline when a worker is unreachable, too slow (its host's link down) or
+    serves no version (``serving.rpc.failover``). When none answers, the error keeps the class a
+    single worker's would have: ``NotServing`` when every worker said so, else ``ConnectionError``."""
+
+    def __init__(self, clients: list[WorkerClient], health_poll_s: float = 0.5):
+        super().__init__(clients, "embedding workers", health_poll_s)
+        self.timeout_s = max(c.timeout_s for c in self.replicas)
+        self.tls = clients[0].tls
+
+    def forward(
+        self,
+        batch: bytes | CompactBatch,
+        mode: str = "infer",
+        dtype: str = "float32",
+        timeout_s: float | None = None,
+        version: str = "",
+    ) -> ForwardResult:
+        """``WorkerClient.forward`` on one worker, failing over to the others (INFER only: a
+        TRAIN batch's gradients must reach the worker that looked it up)."""
+        if mode != "infer":
+            raise ValueError("several workers serve INFER lookups; a trainer uses one worker")
+        if isinstance(batch, CompactBatch):
+            from features.codec import encode
+
+            batch = encode(batch)
+        try:
+            result, _ = self.call(
+                lambda w, left: w.forward(batch, mode, dtype, timeout_s=left, version=version),
+                self.timeout_s if timeout_s is None else timeout_s,
+                _classify,
+            )
+        except FailedOver as e:
+            if e.errors and all(isinstance(x, NotServing) for x in e.errors):
+                raise NotServing(str(e)) from e.errors[-1]
+            raise ConnectionError(str(e)) from (e.errors[-1] if e.errors else None)
+        return result
+
+    def start(self) -> WorkerSet:
+        """One health pass now (a worker that is down leaves the rotation before the first
+        request), then a pass every ``health_poll_s`` in a daemon thread."""
+        self.check()
+        self.start_polling()
+        return self
+
+
+def _classify(e: BaseException) -> Attempt | None:
+    if isinstance(e, ConnectionError):  # unreachable or too slow: out of the rotation until SERVING
+        return Attempt(retry=True, down=True, status="UNAVAILABLE")
+    if isinstance(e, NotServing):  # its shards serve no (or not the pinned) version: try another
+        return Attempt(retry=True)
+    return None
+
+
+def connect_workers(spec: str, timeout_s: float = 5.0, token_file: str = "", tls: ClientTLS | None = None):
+    """A ``WorkerClient`` for ``host:port``, a started ``WorkerSet`` for ``a:1|b:1``."""
+    addresses = [a.strip() for a in spec.split("|")]
+    for a in addresses:
+        host, _, port = a.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"--worker {spec!r}: {a!r} is not HOST:PORT (several workers: a:1|b:1)")
+    if len(set(addresses)) != len(addresses):
+        raise ValueError(f"--worker {spec!r}: an address is given twice")
+    clients = [WorkerClient(a, timeout_s=timeout_s, token_file=token_file, tls=tls) for a in addresses]
+    return clients[0] if len(clients) == 1 else WorkerSet(clients).start()

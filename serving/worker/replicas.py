@@ -25,15 +25,14 @@ Replicated shards are for serving: ``update`` is refused (training shards are no
 
 from __future__ import annotations
 
-import itertools
 import logging
-import threading
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
 from serving.ps.client import PSClient, ShardError
+from serving.rpc.failover import Attempt, FailedOver, Failover
 from serving.rpc.tls import ClientTLS
 
 log = logging.getLogger("recserve.worker")
@@ -74,76 +73,41 @@ def format_ps_spec(shards: Sequence[Sequence[str]]) -> str:
     return ",".join("|".join(replicas) for replicas in shards)
 
 
-class ReplicaSet:
-    """Shard ``shard`` of ``num_shards``, served by the PS replicas ``clients`` (see the module doc)."""
+class ReplicaSet(Failover[PSClient]):
+    """Shard ``shard`` of ``num_shards``, served by the PS replicas ``clients`` (see the module doc;
+    the routing is ``serving.rpc.failover.Failover``)."""
 
     def __init__(self, clients: Sequence[PSClient], shard: int, num_shards: int, health_poll_s: float = 0.5):
         if len(clients) < 2:
             raise ValueError("a ReplicaSet needs at least two replicas (one is a plain PSClient)")
-        self.replicas = list(clients)
+        super().__init__(clients, f"PS shard {shard}", health_poll_s)
         self.shard, self.num_shards = shard, num_shards
-        self.target = "|".join(c.target for c in self.replicas)
         self.timeout_s = max(c.timeout_s for c in self.replicas)
-        self._status = ["UNKNOWN"] * len(self.replicas)  # health as last seen (or a failed call)
         self._checked = [False] * len(self.replicas)  # identity checked since it last turned SERVING
-        self._lock = threading.Lock()
-        self._turn = itertools.count()
         self._dim: int | None = None
         self.version: tuple[str, int] | None = None
         """(version, delta seq) of the last answer from any replica (None before the first)."""
-        self.failovers = 0
-        """Lookups answered by another replica after one failed."""
-        self._stop = threading.Event()
-        self._poll_s = health_poll_s
-        self._thread: threading.Thread | None = None
 
     # ---- routing -------------------------------------------------------------------------------
-    def serving(self) -> list[int]:
-        """Indexes of the replicas that get traffic now."""
-        with self._lock:
-            return [i for i, s in enumerate(self._status) if s == "SERVING"]
-
-    def _order(self) -> list[int]:
-        """Replicas to try, in order: the SERVING ones round robin (or every one, when none is)."""
-        up = self.serving() or list(range(len(self.replicas)))
-        k = next(self._turn) % len(up)
-        return up[k:] + up[:k]
-
     def rows(
         self, signs: np.ndarray, insert: bool, version: str = "", timeout_s: float | None = None
     ) -> tuple[np.ndarray, tuple[str, int]]:
         if insert:
             raise ValueError("a replicated (serving) shard does not insert rows")
-        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-        order = self._order()
-        errors: list[ShardError] = []
-        for n, i in enumerate(order):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                rows, answered = self.replicas[i].rows(
-                    signs, insert, version, timeout_s=left / (len(order) - n)
-                )
-            except ShardError as e:
-                if not e.unavailable:  # not the replica's state: every replica would say the same
-                    raise
-                errors.append(e)
-                if not e.not_serving:  # unreachable or too slow: out of the rotation until SERVING
-                    self._set_status(i, e.code or "UNAVAILABLE")
-                continue
-            if errors:
-                self.failovers += 1
-                log.info("shard %d: answered by %s after %s", self.shard, self.replicas[i].target, errors[-1])
-            self.version = answered
-            return rows, answered
-        raise self._failed(errors, deadline)
+        try:
+            (rows, answered), _ = self.call(
+                lambda client, left: client.rows(signs, insert, version, timeout_s=left),
+                self.timeout_s if timeout_s is None else timeout_s,
+                _classify,
+            )
+        except FailedOver as e:
+            raise self._failed(e.errors) from None
+        self.version = answered
+        return rows, answered
 
-    def _failed(self, errors: list[ShardError], deadline: float) -> ShardError:
-        if len(errors) == 1 and len(self.replicas) == 1:
-            return errors[0]
+    def _failed(self, errors: list) -> ShardError:
         why = "; ".join(str(e) for e in errors) or "no replica was tried"
-        if time.monotonic() >= deadline and len(errors) < len(self.replicas):
+        if len(errors) < len(self.replicas):
             why += f" (deadline reached after {len(errors)} of {len(self.replicas)} replicas)"
         not_serving = bool(errors) and all(e.not_serving for e in errors)
         code = errors[-1].code if errors else "DEADLINE_EXCEEDED"
@@ -156,31 +120,18 @@ class ReplicaSet:
         )
 
     # ---- health --------------------------------------------------------------------------------
-    def health(self) -> str:
-        """SERVING while some replica is; else NOT_SERVING."""
-        return "SERVING" if self.serving() else "NOT_SERVING"
+    def status_changed(self, i: int, old: str, new: str) -> None:
+        if new != "SERVING":
+            self._checked[i] = False
+        level = logging.WARNING if old == "SERVING" or new == "WRONG_SHARD" else logging.INFO
+        log.log(level, "shard %d replica %s: %s -> %s", self.shard, self.replicas[i].target, old, new)
 
-    def describe(self) -> str:
-        with self._lock:
-            return ", ".join(f"{c.target} {s}" for c, s in zip(self.replicas, self._status, strict=True))
-
-    def _set_status(self, i: int, status: str) -> None:
-        with self._lock:
-            old, self._status[i] = self._status[i], status
-            if status != "SERVING":
-                self._checked[i] = False
-        if old != status:  # leaving SERVING is the news; coming (back) to it is routine
-            level = logging.WARNING if old == "SERVING" or status == "WRONG_SHARD" else logging.INFO
-            log.log(level, "shard %d replica %s: %s -> %s", self.shard, self.replicas[i].target, old, status)
-
-    def check(self) -> None:
-        """One health pass over the replicas (the poller's; also callable directly)."""
-        for i, client in enumerate(self.replicas):
-            status = client.health()
-            if status == "SERVING" and not self._checked[i]:
-                status = self._identity(client)
-                self._checked[i] = status == "SERVING"
-            self._set_status(i, status)
+    def admit(self, i: int, client: PSClient, status: str) -> str:
+        """A replica that turns SERVING is asked its Stats once: used only if it is this shard."""
+        if status == "SERVING" and not self._checked[i]:
+            status = self._identity(client)
+            self._checked[i] = status == "SERVING"
+        return status
 
     def _identity(self, client: PSClient) -> str:
         """SERVING when ``client`` is shard ``shard`` of ``num_shards``; else why not (logged)."""
@@ -203,14 +154,15 @@ class ReplicaSet:
         deadline = time.monotonic() + wait_s
         while True:
             self.check()
-            wrong = [c.target for c, s in zip(self.replicas, self._status, strict=True) if s == "WRONG_SHARD"]
+            status = self.statuses()
+            wrong = [c.target for c, s in zip(self.replicas, status, strict=True) if s == "WRONG_SHARD"]
             if wrong:
                 raise ValueError(
                     f"PS replica(s) {', '.join(wrong)} are not shard {self.shard} of {self.num_shards}"
                 )
             if self.serving():
                 break
-            answering = [c for c, s in zip(self.replicas, self._status, strict=True) if s == "NOT_SERVING"]
+            answering = [c for c, s in zip(self.replicas, status, strict=True) if s == "NOT_SERVING"]
             if answering:  # up but serving no version yet: the worker starts NOT_SERVING, as with one
                 if self._identity(answering[0]) == "WRONG_SHARD":
                     raise ValueError(
@@ -221,16 +173,8 @@ class ReplicaSet:
                 raise ShardError(f"PS shard {self.shard}: no replica reachable after {wait_s}s ({self.describe()})",
                                  True, "UNAVAILABLE")  # fmt: skip
             time.sleep(0.1)
-        self._thread = threading.Thread(target=self._poll, name=f"replicas-{self.shard}", daemon=True)
-        self._thread.start()
+        self.start_polling()
         return self
-
-    def _poll(self) -> None:
-        while not self._stop.wait(self._poll_s):
-            try:
-                self.check()
-            except Exception:  # keep polling: the next pass may succeed
-                log.exception("shard %d: replica health check failed", self.shard)
 
     @property
     def dim(self) -> int:
@@ -240,10 +184,13 @@ class ReplicaSet:
             )
         return self._dim
 
-    def close(self) -> None:
-        self._stop.set()
-        for c in self.replicas:
-            c.close()
+
+def _classify(e: BaseException) -> Attempt | None:
+    """A replica's failure: unreachable or too slow -> the next one, this one out of the rotation;
+    serving no (or not the pinned) version -> the next one; anything else is raised."""
+    if not isinstance(e, ShardError) or not e.unavailable:
+        return None
+    return Attempt(retry=True, down=not e.not_serving, status=e.code or "UNAVAILABLE")
 
 
 def connect_shards(

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from model_store.layout import SUCCESS
+from tests.helpers import ROOT, recserve_argv, wait_until
 from training.checkpoint import Checkpointer, Every, latest, parse_every
 from training.config import TrainConfig
-from tests.helpers import ROOT, recserve_argv, wait_until
 
 
 def readme_lines() -> list[str]:
