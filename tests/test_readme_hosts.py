@@ -27,12 +27,13 @@ pytestmark = pytest.mark.slow
 MOUNT = "/mnt/recserve"
 
 
-def block_lines(heading: str, n: int) -> list[tuple[str, str]]:
-    """(line, host comment) of the README's ``heading`` block under "Running on several hosts"."""
+def block_lines(heading: str, n: int, block: int = 0) -> list[tuple[str, str]]:
+    """(line, host comment) of the README's ``block``-th bash block under ``heading`` in "Running on
+    several hosts"."""
     text = (ROOT / "README.md").read_text()
-    pattern = rf"## Running on several hosts\n.*?### {heading}\n.*?```bash\n(.*?)```"
+    section = re.search(rf"## Running on several hosts\n.*?### {heading}\n(.*?)\n###? ", text, re.S).group(1)
     out = []
-    for raw in re.search(pattern, text, re.S).group(1).splitlines():
+    for raw in re.findall(r"```bash\n(.*?)```", section, re.S)[block].splitlines():
         line, _, comment = raw.partition("   #")
         out.append((line.strip(), comment.strip()))
     assert len(out) == n and all(c for _, c in out), out
@@ -145,3 +146,35 @@ def test_two_nodes_train_on_torchrun_against_ps_on_two_hosts_and_a_fifth_serves_
     scores = _scores("198.18.0.5", store)
     offline = np.load(ms.version_dir(store, "criteo", "1") / "eval" / "scores.npy")[: len(scores)]
     assert np.abs(scores - offline).max() <= 1e-6
+
+
+def test_a_job_without_ps_starts_its_shards_on_every_node_bound_to_the_node(network, tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    net = network(4, ["host-a", "host-b", "host-c", "host-d"], subnet="198.18.0")
+    hosts = {"host C": net.hosts[2], "host D": net.hosts[3]}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    lines = block_lines("Training on several nodes", 2, block=1)
+    nodes = [(hosts[w].popen(shlex.split(x), tmp_path / f"node{i}.log", env=env, binds={str(store): MOUNT},
+                             cwd=ROOT), tmp_path / f"node{i}.log") for i, (x, w) in enumerate(lines)]  # fmt: skip
+    for proc, log in nodes:
+        try:
+            rc = proc.wait(600)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{log.name} still running after 600 s: {log.read_text()[-3000:]}") from None
+        assert rc == 0, f"{log.name} exited {rc}: {log.read_text()[-3000:]}"
+    # shards 0 and 2 on C, 1 and 3 on D, each bound to its node's address
+    for (_, log), node, shards, address in [
+        (nodes[0], 0, "[0, 2]", "198.18.0.3"),
+        (nodes[1], 1, "[1, 3]", "198.18.0.4"),
+    ]:
+        started = re.search(rf"node {node} started PS shards {re.escape(shards)} at (.*)", log.read_text())
+        assert started, log.read_text()[-3000:]
+        assert [a.rsplit(":", 1)[0] for a in started.group(1).split(", ")] == [address, address], (
+            started.group(0)
+        )
+    manifest = ms.read_manifest(ms.version_dir(store, "job-shards", "1"))
+    assert manifest["train"]["world_size"] == 2 and manifest["train"]["config"]["num_shards"] == 4
+    assert {p.name for p in (ms.version_dir(store, "job-shards", "1") / "embeddings").iterdir()} >= {
+        f"shard-{i}-of-4" for i in range(4)
+    }

@@ -14,7 +14,9 @@ Three ways to get shards (``open_cluster``):
 The worker is always an in-process ``EmbeddingWorker`` library object in the trainer (over
 ``PSClient``s or ``LocalShard``s), not a ``recserve worker`` process: the trainer is its only
 client, and the library saves one network hop (pooled embeddings and their gradients) per step.
-With torchrun, every rank has its own worker and all ranks share rank 0's shards.
+With torchrun, every rank has its own worker over the same shards: given ones, or the job's own,
+shard i started by the local rank 0 of node i mod N and bound to that node's address
+(``training.train._job_shards``).
 """
 
 from __future__ import annotations
@@ -173,17 +175,19 @@ def open_cluster(
 # ---- PS processes -------------------------------------------------------------------------------
 def start_shards(
     spec: ShardSpec, num_shards: int, log_dir: Path, token_file: str, data_root: str | Path = "",
-    timeout_s: float = 60.0,
+    timeout_s: float = 60.0, shards: list[int] | None = None, host: str = "127.0.0.1",
 ) -> tuple[list[subprocess.Popen], list[str]]:  # fmt: skip
-    """Start ``recserve ps`` processes for shards 0..n-1 on loopback and wait until all serve;
-    their writes need the token in ``token_file``, their dumps must lie under ``data_root``."""
+    """Start ``recserve ps`` processes for ``shards`` (default all, 0..n-1) of ``num_shards``,
+    bound to ``host`` (loopback by default), and wait until all serve; their writes need the token
+    in ``token_file``, their dumps must lie under ``data_root``. Each dies with the thread that
+    started it. Returns the processes and their addresses, in the order of ``shards``."""
     from serving.rpc.procs import free_ports, spawn, wait_grpc_healthy
 
+    shards = list(range(num_shards)) if shards is None else shards
     procs: list[subprocess.Popen] = []
-
-    addresses = [f"127.0.0.1:{p}" for p in free_ports(num_shards)]
+    addresses = [f"{host}:{p}" for p in free_ports(len(shards), host)]
     try:
-        for i, address in enumerate(addresses):
+        for i, address in zip(shards, addresses, strict=True):
             cfg = log_dir / f"ps-{i}.yaml"
             store = asdict(spec) | {"shard": i, "num_shards": num_shards}
             server = {"grace_s": 0.5, "admin_token_file": str(token_file), "store": store}
@@ -191,10 +195,12 @@ def start_shards(
                 server["data_root"] = str(Path(data_root).resolve())
             cfg.write_text(yaml.safe_dump(server))
             port = address.rsplit(":", 1)[1]
-            args = ["ps", "--config", str(cfg), "--port", port, "--log-level", "WARNING"]
+            args = ["ps", "--config", str(cfg), "--host", host, "--port", port, "--log-level", "WARNING"]
             procs.append(spawn(args, log_dir / f"ps-{i}.log", env=_child_env(), die_with_parent=True))
-        for i, address in enumerate(addresses):  # the one health wait (a child's early exit shows its log)
-            wait_grpc_healthy(address, timeout_s, procs[i], log_dir / f"ps-{i}.log")
+        for i, address, proc in zip(
+            shards, addresses, procs, strict=True
+        ):  # one wait; an early exit shows its log
+            wait_grpc_healthy(address, timeout_s, proc, log_dir / f"ps-{i}.log")
         return procs, addresses
     except BaseException:
         stop_processes(procs)

@@ -72,7 +72,11 @@ class TrainConfig:
     """ps: rows on the embedding PS via the worker; inprocess: torch EmbeddingBag tables in the
     trainer (a baseline for benchmarks; nothing servable is exported)."""
     ps: list[str] = field(default_factory=list)
-    """Addresses of running PS shards, in shard order; empty: start our own."""
+    """Addresses of running PS shards, in shard order; empty: start our own (under torchrun on
+    several nodes: shard i on node i mod N, bound to that node's address, see --ps-host)."""
+    ps_host: str = ""
+    """Without --ps, on several nodes: the address this node's shards bind to; "" = the address
+    this node reaches the rendezvous from (one node: loopback)."""
     ps_token_file: str = ""
     """With --ps: the shards' admin token file (mode 0600), needed for updates and dumps. Shards
     we start get a fresh token of their own."""

@@ -19,8 +19,11 @@ import contextlib
 import functools
 import logging
 import os
+import socket
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,9 +33,11 @@ from tqdm import tqdm
 
 from features.schema import load_schema
 from features.stream import ReadOptions
+from serving.rpc.auth import new_token_file
 from training import data
+from training.attempt import attempt_store
 from training.checkpoint import Checkpointer, checkpoint_dir, latest, parse_every
-from training.cluster import Cluster, ShardSpec, open_cluster
+from training.cluster import Cluster, ShardSpec, open_cluster, start_shards, stop_processes
 from training.config import TrainConfig
 from training.ctx import TrainCtx, unwrap
 from training.evaluate import EvalResult, History, evaluate, plot_curve
@@ -278,13 +283,10 @@ def _init_distributed() -> tuple[int, int]:
         return 0, 1
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not dist.is_initialized():
-        # torchrun's restarted ranks reuse its store, where the last attempt's keys (every rank's
-        # gloo address among them) are still set: a new rank reading a dead rank's address fails
-        # to connect. Each attempt's process group gets keys of its own.
+        # torchrun's restarted ranks reuse its store, where the last start's keys (every rank's
+        # gloo address among them) are still set: each start's process group gets keys of its own
         store, rank, world = next(dist.rendezvous("env://"))
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(backend, store=dist.PrefixStore(f"recserve/attempt-{attempt}", store),
-                                rank=rank, world_size=world)  # fmt: skip
+        dist.init_process_group(backend, store=attempt_store(store, rank, world), rank=rank, world_size=world)
     if torch.cuda.is_available():
         torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
     return dist.get_rank(), dist.get_world_size()
@@ -338,25 +340,59 @@ def _open_cluster(cfg: TrainConfig, schema, rank: int, world: int) -> Cluster:
         )  # fmt: skip
     if cfg.inprocess_ps:
         raise ValueError("--inprocess-ps cannot be shared by several ranks; use PS processes")
-    cluster = (
-        open_cluster(
-            schema,
-            spec,
-            cfg.num_shards,
-            worker_cfg,
-            cfg.ps,
-            token_file=cfg.ps_token_file,
-            data_root=cfg.store,
-        )
-        if rank == 0
-        else None
-    )
-    # the ranks run on this machine: the token file's path is enough (its 0600 file, our user)
-    shared = [(cluster.addresses, cluster.token_file) if cluster is not None else None]
-    dist.broadcast_object_list(shared, src=0)
-    if rank == 0 and cluster is not None:
-        return cluster
-    if shared[0] is None:
-        raise RuntimeError("rank 0 broadcast no shard addresses: it opened no cluster")
-    addresses, token_file = shared[0]
-    return open_cluster(schema, spec, len(addresses), worker_cfg, addresses, token_file=token_file)
+    if cfg.ps:  # standalone shards: every rank connects to them with the token file on its host
+        return open_cluster(schema, spec, len(cfg.ps), worker_cfg, cfg.ps, token_file=cfg.ps_token_file)
+    return _job_shards(cfg, schema, spec, worker_cfg, rank, world)
+
+
+def _job_shards(cfg: TrainConfig, schema, spec: ShardSpec, worker_cfg, rank: int, world: int) -> Cluster:
+    """The job's own shards under torchrun: shard i runs on node i mod N (N nodes, torchrun's
+    GROUP_RANK), started by that node's local rank 0 and bound to the node's address (loopback
+    when the job has one node); every rank learns every address through the process group, and
+    one admin token (rank 0's, sent to every rank) guards their writes."""
+    node, local_rank = int(os.environ.get("GROUP_RANK", "0")), int(os.environ.get("LOCAL_RANK", str(rank)))
+    placement: list = [None] * world
+    dist.all_gather_object(placement, (node, local_rank))
+    nodes = sorted({n for n, _ in placement})
+    if sorted(n for n, lr in placement if lr == 0) != nodes:
+        raise RuntimeError(f"every node needs one local rank 0 to start its PS shards: {placement}")
+    log_dir = tempfile.TemporaryDirectory(prefix="recserve-ps-")  # mode 0700
+    procs: list = []
+    try:
+        token_path = Path(log_dir.name) / "admin.token"
+        token = [new_token_file(token_path).read_text().strip() if rank == 0 else None]
+        dist.broadcast_object_list(token, src=0)
+        if rank != 0:
+            new_token_file(token_path, str(token[0]))
+        mine = [i for i in range(cfg.num_shards) if nodes[i % len(nodes)] == node] if local_rank == 0 else []
+        started: tuple[dict, str] = ({}, "")
+        if mine:
+            host = cfg.ps_host or (_node_address() if len(nodes) > 1 else "127.0.0.1")
+            try:
+                procs, addresses = start_shards(spec, cfg.num_shards, Path(log_dir.name), str(token_path),
+                                                cfg.store, shards=mine, host=host)  # fmt: skip
+                started = (dict(zip(mine, addresses, strict=True)), "")
+                log.info("node %d started PS shards %s at %s", node, mine, ", ".join(addresses))
+            except Exception as e:  # the other ranks wait for our addresses: tell them why not
+                started = ({}, f"node {node} ({socket.gethostname()}): {e}")
+        everyone: list = [None] * world
+        dist.all_gather_object(everyone, started)
+        if errors := [err for _, err in everyone if err]:
+            raise RuntimeError("the job's PS shards did not start: " + "; ".join(errors))
+        where = {i: a for addresses, _ in everyone for i, a in addresses.items()}
+        cluster = open_cluster(schema, spec, cfg.num_shards, worker_cfg,
+                               [where[i] for i in range(cfg.num_shards)], token_file=str(token_path))  # fmt: skip
+    except BaseException:
+        stop_processes(procs)
+        log_dir.cleanup()
+        raise
+    cluster.procs, cluster.log_dir = procs, log_dir  # stopped and removed with the cluster
+    return cluster
+
+
+def _node_address() -> str:
+    """This node's address toward the rendezvous host (torchrun's MASTER_ADDR): the interface the
+    other nodes reach it on. A UDP connect sends nothing; it only picks the route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((os.environ["MASTER_ADDR"], int(os.environ.get("MASTER_PORT", "29500"))))
+        return s.getsockname()[0]

@@ -44,12 +44,13 @@ TOKEN_HEADER = "authorization"
 SCHEME = "Bearer "
 
 
-def new_token_file(path: str | Path) -> Path:
-    """Create ``path`` (mode 0600, never over an existing file) holding a fresh random token."""
+def new_token_file(path: str | Path, token: str = "") -> Path:
+    """Create ``path`` (mode 0600, never over an existing file) holding ``token`` (default: a fresh
+    random one)."""
     path = Path(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_urlsafe(32) + "\n")
+        f.write((token or secrets.token_urlsafe(32)) + "\n")
     return path
 
 
