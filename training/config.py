@@ -132,6 +132,11 @@ class TrainConfig:
     resume: bool = False
     """Continue from the newest complete checkpoint (none yet: start at step 0, as torchrun's
     --max-restarts needs); the shards' rows, the dense network and the data position go back to it."""
+    metrics_port: int = 0
+    """Serve Prometheus /metrics (samples, steps, loss, checkpoints, AUC) on this port (0: off);
+    under torchrun, the rank with LOCAL_RANK r on a node serves on this port + r."""
+    metrics_host: str = "127.0.0.1"
+    """Address the metrics port binds to (0.0.0.0 in a pod, for Prometheus to scrape)."""
     curve: str = ""
     """Training-curve PNG path ('' : eval/curve.png in the version, or none without export)."""
     progress: bool = True

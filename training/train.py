@@ -43,6 +43,7 @@ from training.ctx import TrainCtx, unwrap
 from training.evaluate import EvalResult, History, evaluate, plot_curve
 from training.export import DeltaTrigger, VersionWriter
 from training.inprocess import InProcessCtx, SignTable, sparse_optimizer
+from training.metrics import TrainMetrics
 from training.models import ModelConfig, build_model
 
 log = logging.getLogger("recserve.train")
@@ -125,6 +126,8 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
     dense_opt = torch.optim.Adam(model.parameters(), lr=cfg.dense_lr, foreach=True)
 
     with contextlib.ExitStack() as stack:
+        metrics = TrainMetrics(cfg.metrics_port, cfg.metrics_host, rank)
+        stack.callback(metrics.close)
         # ---- embeddings: PS shards + worker, or the in-process baseline --------------------
         cluster: Cluster | None = None
         ctx: InProcessCtx | TrainCtx
@@ -191,6 +194,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
             t0 = time.perf_counter()
             rng = np.random.default_rng([cfg.seed, epoch, rank])
             in_epoch = skip if epoch == start_epoch else 0
+            metrics.epoch.set(epoch + 1)
             epoch_batches = train_split.batches(
                 cfg.batch_size, cfg.shuffle_buffer, rng, steps_per_epoch, skip=in_epoch
             )
@@ -203,16 +207,22 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
                 rows += batch.num_rows
                 history.steps.append(step)
                 history.loss.append(loss.item())  # note: a sync point on GPU, cheap on CPU
+                metrics.samples.inc(batch.num_rows)
+                metrics.steps.inc()
+                metrics.loss.set(history.loss[-1])
                 if writer is not None and deltas.enabled and deltas.due(batch.num_rows * world):
                     writer.cut_delta(cluster)
                 if checkpoints.every.enabled and checkpoints.due(step):
                     ctx.flush()  # every rank's sparse updates are on the shards before they dump
+                    t_ckpt = time.perf_counter()
                     checkpoints.save(
                         step, epoch, in_epoch, cluster, unwrap(model), dense_opt,
                         extra={"rows": rows, "history": history.to_dict(),
                                "train_time": train_time + time.perf_counter() - t0},
                         config=cfg.to_dict(),
                     )  # fmt: skip
+                    metrics.checkpoint_seconds.observe(time.perf_counter() - t_ckpt)
+                    metrics.checkpoint_step.set(step)
                 bar.update()
                 bar.set_postfix(epoch=epoch + 1, loss=f"{history.loss[-1]:.4f}", refresh=False)
             ctx.flush()  # every sparse update applied before evaluating
@@ -233,6 +243,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
                 history.eval_steps.append(step)
                 history.auc.append(result.evaluation.auc)
                 history.logloss.append(result.evaluation.logloss)
+                metrics.auc.set(result.evaluation.auc)
                 bar.write(
                     f"epoch {epoch + 1}/{cfg.epochs}: test AUC {result.evaluation.auc:.4f} "
                     f"logloss {result.evaluation.logloss:.4f}"

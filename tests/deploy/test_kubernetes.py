@@ -16,7 +16,7 @@ def test_every_base_manifest_validates_against_the_kubernetes_schemas():
     objs = documents(KUBE / "base")
     kinds = {o["kind"] for o in objs}
     assert {"StatefulSet", "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
-            "PersistentVolumeClaim", "ConfigMap"} <= kinds  # fmt: skip
+            "PersistentVolumeClaim", "ConfigMap", "Job"} <= kinds  # fmt: skip
     for obj in objs:
         kubernetes_validate.validate(obj, VERSION, strict=True)
 
@@ -67,3 +67,21 @@ def test_the_worker_topology_names_every_ps_pod():
         assert sts["spec"]["replicas"] == num_shards == len(shards)
         for i, replicas in enumerate(shards):
             assert f"{sts['metadata']['name']}-{i}.ps:50061" in replicas
+
+
+def test_the_training_job_matches_its_nodes_and_the_serving_shards():
+    """The Indexed Job runs one torchrun node per pod (--nnodes = completions = parallelism), its
+    rendezvous is pod 0 in its subdomain, and it trains as many shards as the PS StatefulSets serve."""
+    objs = documents(KUBE / "base")
+    job = next(o for o in objs if o["kind"] == "Job")
+    pod = job["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert pod["containers"][0]["command"] == ["torchrun"]
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert int(args[args.index("--nnodes") + 1]) == job["spec"]["completions"] == job["spec"]["parallelism"]
+    assert args[args.index("--rdzv-endpoint") + 1] == f"{job['metadata']['name']}-0.{pod['subdomain']}:29400"
+    assert any(o["kind"] == "Service" and o["metadata"]["name"] == pod["subdomain"] for o in objs)
+    ps = next(o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "ps")
+    ps_args = ps["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--num-shards") + 1] == ps_args[ps_args.index("--num-shards") + 1]
+    assert "--resume" in args and "--checkpoint-every" in args and "--max-restarts" in args

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import pytest
 import model_store as ms
 from serving.scoring.client import ScoringClient, requests_from_file
 from tests.deploy.helpers import KUBE, build_overlay
-from tests.helpers import ROOT, train_version, wait_until
+from tests.helpers import ROOT, wait_until
 from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow
@@ -31,21 +32,31 @@ IMAGE_WORKDIR = "/app"  # the image's WORKDIR: this checkout stands for it
 
 
 def pods(objs: list[dict]) -> list[dict]:
-    """One entry per pod the workloads make: name, the DNS names it answers to, its pod spec and
-    its pod-index (StatefulSet ordinal)."""
+    """One entry per pod the workloads make: name, the DNS names it answers to, its pod spec, its
+    pod-index (StatefulSet ordinal, Job completion index) and whether a Job runs it."""
     services = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Service"}
     named: set[str] = set()  # a Service name goes to its first pod only: gRPC's resolver (c-ares)
     out = []  # merges /etc/hosts lines that share a name, and would send ps-1.ps to ps-0
-    for w in (o for o in objs if o["kind"] in ("StatefulSet", "Deployment")):
+    for w in (o for o in objs if o["kind"] in ("StatefulSet", "Deployment", "Job")):
         labels = w["spec"]["template"]["metadata"]["labels"]
         behind = [n for n, s in services.items() if s["spec"]["selector"].items() <= labels.items()]
-        for i in range(w["spec"]["replicas"]):
+        job = w["kind"] == "Job"
+        if job:  # an Indexed Job: pod i's hostname is <job>-<i>, in its subdomain
+            assert (
+                w["spec"]["completionMode"] == "Indexed"
+                and w["spec"]["parallelism"] == w["spec"]["completions"]
+            )
+        for i in range(w["spec"]["completions"] if job else w["spec"]["replicas"]):
             name = f"{w['metadata']['name']}-{i}"
             names = [name, *(n for n in behind if n not in named)]
             named.update(behind)
             if w["kind"] == "StatefulSet":
                 names.append(f"{name}.{w['spec']['serviceName']}")
-            out.append({"name": name, "names": names, "spec": w["spec"]["template"]["spec"], "index": i})
+            if job:
+                names.append(f"{name}.{w['spec']['template']['spec']['subdomain']}")
+            out.append(
+                {"name": name, "names": names, "spec": w["spec"]["template"]["spec"], "index": i, "job": job}
+            )
     return out
 
 
@@ -70,14 +81,9 @@ def expand(arg: str, env: dict[str, str]) -> str:
                   lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), arg)  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """(store root, training result): Criteo trained on its bundled split, version 1 published."""
-    root = tmp_path_factory.mktemp("store")
-    return root, train_version(root, seed=0, publish=True)
-
-
-def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(trained, network, tmp_path):
+def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(network, tmp_path):
+    """The training Job's pods first, to completion (two torchrun nodes, the job's own PS shards):
+    the version they publish is the one the serving pods then follow and score with."""
     objs = build_overlay(KUBE / "overlays" / "small")
     config_maps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
     secret = tmp_path / "secret"  # the overlay's secretGenerator files
@@ -86,9 +92,10 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(tra
     (secret / "key_file.json").write_text(json.dumps({"inference": {"key": key}}))
     (secret / "admin.token").write_text("t" * 32)
     all_pods = pods(objs)
-    assert {p["name"] for p in all_pods} >= {"ps-0", "ps-1", "worker-0", "scoring-0"}, all_pods
+    assert {p["name"] for p in all_pods} >= {"train-0", "train-1", "ps-0", "ps-1", "worker-0", "scoring-0"}
     net = network(len(all_pods), [" ".join(p["names"]) for p in all_pods])
-    store = Path(trained[0])
+    store = tmp_path / "store"
+    store.mkdir()
     path = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"  # `recserve` on PATH, as in the image
 
     def volume_dir(pod: dict, volume: dict) -> Path:
@@ -119,12 +126,23 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(tra
         log = tmp_path / f"{pod['name']}-{container['name']}.log"
         return host.popen(argv, log, env=proc_env, binds=binds, cwd=IMAGE_WORKDIR), log
 
-    started = {}
-    for pod, host in zip(all_pods, net.hosts, strict=True):
+    def start(pod: dict, host) -> tuple:
         for init in pod["spec"].get("initContainers", []):
             run(pod, host, init, wait=True)
-        for container in pod["spec"]["containers"]:
-            started[pod["name"]] = (host, *run(pod, host, container, wait=False))
+        (container,) = pod["spec"]["containers"]
+        return (host, *run(pod, host, container, wait=False))
+
+    placed = list(zip(all_pods, net.hosts, strict=True))
+    jobs = {pod["name"]: start(pod, host) for pod, host in placed if pod["job"]}
+    for name, (_, proc, log) in jobs.items():
+        try:
+            rc = proc.wait(600)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"pod {name} still running after 600 s: {log.read_text()[-3000:]}") from None
+        assert rc == 0, f"pod {name} exited {rc}: {log.read_text()[-3000:]}"
+    assert ms.current(store, "criteo") == "1", "the training Job published no version"
+    assert ms.read_manifest(ms.version_dir(store, "criteo", "1"))["train"]["world_size"] == 2
+    started = {pod["name"]: start(pod, host) for pod, host in placed if not pod["job"]}
 
     frontends = [(n, s) for n, s in started.items() if n.startswith("scoring-")]
     for name, (host, proc, log) in frontends:

@@ -166,7 +166,11 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
     components = {g["labels"]["component"] for g in targets}
     assert components == {"ps", "worker", "controller", "torchserve"}, targets
     assert len([g for g in targets if g["labels"]["component"] == "ps"]) == len(stack.state.ps)
-    port = free_port()
+    port, train_port = free_port(), free_port()
+    # a trainer with its metrics on, running all through the test (stopped at its end)
+    trainer = spawn(["train", "--store", str(tmp_path / "train-store"), "--model", "metrics", "--inprocess-ps",
+                     "--limit", "1024", "--epochs", "1000", "--checkpoint-every", "4", "--threads", "1",
+                     "--no-export", "--no-progress", "--metrics-port", str(train_port)], tmp_path / "train.log")  # fmt: skip
     serve = spawn(["serve", "--store", str(trained[0]), "--model", "criteo",
                    "--port", str(port), "--lookups", "remote", "--worker", stack.state.worker, "--no-token-auth"],
                   tmp_path / "serve.log")  # fmt: skip
@@ -180,13 +184,14 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
             "scrape_configs": [
                 {"job_name": "recserve", "file_sd_configs": [{"files": [str(Path(stack.run_dir) / "prometheus-targets.json")], "refresh_interval": "1s"}]},
                 {"job_name": "serve", "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": {"component": "serve", "instance_name": "serve"}}]},
+                {"job_name": "train", "static_configs": [{"targets": [f"127.0.0.1:{train_port}"], "labels": {"component": "train"}}]},
             ],
         })  # fmt: skip
         score_all(client, 400)
         score_all(lean, 400)
         assert client.post(b"{not json", "application/json")[0] == 400
         assert lean.post(b"{not json", "application/json")[0] == 400
-        expected = sum(len(g["targets"]) for g in targets) + 1
+        expected = sum(len(g["targets"]) for g in targets) + 2  # + serve and the trainer
         wait_until(lambda: len(prom.query("up == 1")) == expected, 60, f"{expected} targets up in prometheus")
         wait_until(
             lambda: prom.query('recserve_scoring_requests_total{status="400"}'), 60, "the 400s scraped"
@@ -194,6 +199,8 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
         wait_until(
             lambda: prom.query("min(count_over_time(up[1m])) >= 3"), 60, "three scrapes of every target"
         )
+        wait_until(lambda: prom.query("max(recserve_train_auc) > 0 and max(recserve_train_checkpoint_step) > 0"),
+                   120, f"the trainer's first evaluation and checkpoint scraped (log: {tmp_path / 'train.log'})")  # fmt: skip
 
         dashboard = json.loads((ROOT / "deploy" / "grafana" / "recserve.json").read_text())
         exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
@@ -233,7 +240,7 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
 
         wait_until(healthy, 30, "every alert rule loaded and evaluated without error")
     finally:
-        stop_children([serve])
+        stop_children([serve, trainer])
 
 
 def _ping(port: int) -> bool:
