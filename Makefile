@@ -7,7 +7,7 @@ PROTOS := $(wildcard proto/recserve/v1/*.proto)
 GEN    := recserve/v1/.generated
 BENCHES := codec ps train e2e swap faults multihost
 
-.PHONY: venv proto lint test test-fast demo bench $(addprefix bench-,$(BENCHES)) clean
+.PHONY: venv proto lint test test-fast demo bench $(addprefix bench-,$(BENCHES)) clean image test-image
 
 venv: $(STAMP)
 
@@ -75,6 +75,16 @@ bench-faults: $(STAMP) $(GEN)
 # killed and resumed from its checkpoint.
 bench-multihost: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_multihost
+
+# The OCI image (root; buildah and debootstrap, installed here when missing; minutes, so not part
+# of `make test`): a Debian base from its packages, recserve from wheels, uid 10001.
+image: $(STAMP) $(GEN)
+	command -v buildah >/dev/null && command -v debootstrap >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap)
+	bash deploy/image/build.sh
+
+test-image: image
+	bash deploy/image/test.sh
 
 # Training at scale (issue 11): synth files of N and 10N rows streamed through `recserve train`;
 # Huge tables (issue 11): two 50M-row versions (dim 16, 2 shards) served by `recserve ps --follow`

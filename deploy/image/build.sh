@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# `make image`: the recserve OCI image, built with buildah from Debian's packages (nothing is pulled
+# from a container registry): a bookworm base made by debootstrap (python3, Java 17 for TorchServe),
+# then deploy/image/Containerfile installs recserve and its dependencies from wheels built here by
+# pip (torch pinned to the CPU wheel). Tags recserve:latest in buildah's vfs storage.
+#   deploy/image/build.sh [--rebuild-base]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+B=(buildah --storage-driver vfs)
+BASE=localhost/recserve-base:bookworm
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+PY=${PY:-.venv/bin/python}
+
+for tool in buildah debootstrap; do
+  command -v "$tool" >/dev/null || { echo "make image needs $tool: apt-get install buildah debootstrap" >&2; exit 2; }
+done
+[ "$(id -u)" = 0 ] || { echo "make image needs root (debootstrap, buildah's vfs storage)" >&2; exit 2; }
+
+if [ "${1:-}" = --rebuild-base ] || ! "${B[@]}" inspect --type image "$BASE" >/dev/null 2>&1; then
+  echo "== base: debootstrap bookworm (python3, Java 17) from $MIRROR"
+  ctr=$("${B[@]}" from scratch)
+  trap '"${B[@]}" rm "$ctr" >/dev/null 2>&1 || true' EXIT
+  mnt=$("${B[@]}" mount "$ctr")
+  debootstrap --variant=minbase --include=python3,python3-venv,openjdk-17-jre-headless,ca-certificates \
+    bookworm "$mnt" "$MIRROR" >build/debootstrap.log 2>&1 || { tail -20 build/debootstrap.log >&2; exit 1; }
+  rm -rf "$mnt"/var/lib/apt/lists/* "$mnt"/var/cache/apt/archives/*.deb "$mnt"/var/log/*.log
+  "${B[@]}" unmount "$ctr"
+  "${B[@]}" commit --rm "$ctr" "$BASE"
+  trap - EXIT
+fi
+
+echo "== wheels: recserve[serve] and its dependencies"
+rm -rf build/image/wheels
+"$PY" -m pip wheel -q --wheel-dir build/image/wheels '.[serve]'
+
+echo "== image: recserve:latest"
+"${B[@]}" bud --isolation chroot --layers=false -f deploy/image/Containerfile -t recserve:latest .
+"${B[@]}" images --format '{{.Name}}:{{.Tag}} {{.Size}}' recserve:latest

@@ -1,0 +1,47 @@
+"""deploy/image: what the manifests assume of the image is what the Containerfile builds (uid,
+WORKDIR, the commands on PATH), and the build scripts parse. `make test-image` builds and runs it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from tests.deploy.helpers import KUBE, documents, workloads
+from tests.helpers import ROOT
+
+IMAGE = ROOT / "deploy" / "image"
+
+
+def instructions() -> dict[str, list[str]]:
+    text = (IMAGE / "Containerfile").read_text().replace("\\\n", " ")
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            word, _, rest = line.strip().partition(" ")
+            out.setdefault(word, []).append(rest.strip())
+    return out
+
+
+def test_the_image_runs_as_the_manifests_user_in_their_workdir():
+    ins = instructions()
+    assert ins["USER"] == ["10001:10001"] and ins["WORKDIR"] == ["/app"]
+    for obj in workloads(documents(KUBE / "base")):
+        ctx = obj["spec"]["template"]["spec"]["securityContext"]
+        assert (ctx["runAsUser"], ctx["runAsGroup"]) == (10001, 10001), obj["metadata"]["name"]
+        for c in obj["spec"]["template"]["spec"]["containers"]:
+            assert c["image"] == "recserve:latest" and c["command"][0] in ("recserve", "torchrun"), c["name"]
+
+
+def test_the_image_installs_from_bind_mounted_wheels_without_a_cache():
+    (run,) = instructions()["RUN"]
+    assert "--mount=type=bind,source=build/image/wheels" in run
+    assert "--no-cache-dir" in run and "--no-index" in run
+    assert re.search(r"'recserve\[serve\]'", run)
+    ignore = (ROOT / ".containerignore").read_text().split()
+    assert {"*", "!data", "!build/image/wheels"} <= set(ignore)
+
+
+def test_the_build_scripts_parse():
+    for script in ("build.sh", "test.sh"):
+        done = subprocess.run(["bash", "-n", str(IMAGE / script)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
