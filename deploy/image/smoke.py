@@ -36,7 +36,9 @@ def main() -> None:
         deadline = time.monotonic() + 120
         while True:
             if serve.poll() is not None:
-                sys.exit(f"recserve serve exited {serve.returncode}: {(store / 'serve.log').read_text()[-3000:]}")
+                sys.exit(
+                    f"recserve serve exited {serve.returncode}: {(store / 'serve.log').read_text()[-3000:]}"
+                )
             try:
                 if urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2).status == 200:
                     break
