@@ -65,8 +65,9 @@ def test_a_volume_over_tmp_does_not_hide_a_directory_bound_from_under_tmp(networ
     (volume / "scratch").write_text("volume")
     assert str(app).startswith("/tmp/")
     target = f"/rs-test-app-{tmp_path.name}"
+    # cwd "/": this test's own working directory may lie under /tmp, which the volume covers
     out = host.run(["sh", "-c", f"cat {target}/code /tmp/scratch"], {str(volume): "/tmp", str(app): target},
-                   capture_output=True, text=True)  # fmt: skip
+                   cwd="/", capture_output=True, text=True)  # fmt: skip
     assert (out.returncode, out.stdout) == (0, "appvolume"), out.stderr
     assert netns.mount_order({"/tmp/a": "/tmp", "/tmp/b": "/app"})[0] == ("/tmp/b", "/app")
 
