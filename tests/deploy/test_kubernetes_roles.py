@@ -29,6 +29,7 @@ from tests.serving.helpers import TEST
 pytestmark = pytest.mark.slow
 SCHEMA = "data/schemas/criteo.yaml"
 IMAGE_WORKDIR = "/app"  # the image's WORKDIR: this checkout stands for it
+IMAGE_VENV = "/opt/recserve"  # the image's venv: this checkout's .venv stands for it
 
 
 def pods(objs: list[dict]) -> list[dict]:
@@ -75,6 +76,18 @@ def container_env(container: dict, pod: dict, config_maps: dict) -> dict[str, st
     return env
 
 
+def image_commands(directory: Path) -> Path:
+    """The image's commands over this checkout's venv bound at IMAGE_VENV. The venv's own scripts
+    name their interpreter by its path here, which a pod's /tmp volume hides when the checkout
+    lies under /tmp (as CI's fresh clone does); these run the bound venv's python instead, which
+    imports recserve from the WORKDIR."""
+    directory.mkdir()
+    for name, module in (("recserve", "recserve"), ("torchrun", "torch.distributed.run")):
+        (directory / name).write_text(f'#!/bin/sh\nexec {IMAGE_VENV}/bin/python -m {module} "$@"\n')
+        (directory / name).chmod(0o755)
+    return directory
+
+
 def expand(arg: str, env: dict[str, str]) -> str:
     """The kubelet's $(VAR) expansion: a defined variable is replaced, $$ escapes, others stay."""
     return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
@@ -96,7 +109,8 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
     net = network(len(all_pods), [" ".join(p["names"]) for p in all_pods])
     store = tmp_path / "store"
     store.mkdir()
-    path = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"  # `recserve` on PATH, as in the image
+    commands = image_commands(tmp_path / "image-bin")
+    path = f"{IMAGE_VENV}-commands{os.pathsep}{os.environ['PATH']}"  # `recserve`, `torchrun` on PATH, as in the image
 
     def volume_dir(pod: dict, volume: dict) -> Path:
         if "persistentVolumeClaim" in volume:
@@ -113,7 +127,11 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
     def run(pod: dict, host, container: dict, wait: bool):
         volumes = {v["name"]: volume_dir(pod, v) for v in pod["spec"].get("volumes", [])}
         binds = {str(volumes[m["name"]]): m["mountPath"] for m in container.get("volumeMounts", [])}
-        binds[str(ROOT)] = IMAGE_WORKDIR
+        binds |= {
+            str(ROOT): IMAGE_WORKDIR,
+            str(ROOT / ".venv"): IMAGE_VENV,
+            str(commands): f"{IMAGE_VENV}-commands",
+        }
         env = container_env(container, pod, config_maps)
         argv = [expand(a, env) for a in container["command"] + container.get("args", [])]
         proc_env = {**os.environ, "PATH": path, **env}
