@@ -90,6 +90,21 @@ def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
         time.sleep(poll_s)  # the poll interval of this deadline-bound wait on a fact (no assert follows it)
 
 
+def exit_ok(procs, timeout_s: float = 600) -> None:
+    """Wait for every ``(name, Popen, log path)`` to exit; one that fails or outlives ``timeout_s``
+    is an AssertionError with its log's tail."""
+    import subprocess
+
+    for name, proc, log in procs:
+        try:
+            rc = proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"{name} still running after {timeout_s:.0f} s: {log.read_text()[-3000:]}"
+            ) from None
+        assert rc == 0, f"{name} exited {rc}: {log.read_text()[-3000:]}"
+
+
 def train_version(
     root, seed: int = 0, publish: bool = True, data: str = "data/criteo/wide_resdnn_criteo_train.tsv"
 ):

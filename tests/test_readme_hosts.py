@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 import model_store as ms
 from serving.ps.client import PSClient, ShardError
 from serving.scoring.client import ScoringClient, requests_from_file
-from tests.helpers import ROOT, recserve_argv, train_version, wait_until
+from tests.helpers import ROOT, exit_ok, recserve_argv, train_version, wait_until
 from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow
@@ -124,12 +123,7 @@ def test_two_nodes_train_on_torchrun_against_ps_on_two_hosts_and_a_fifth_serves_
             ps.wait_connected(60)
     nodes = [(hosts[w].popen(shlex.split(x), tmp_path / f"node{i}.log", env=env, binds=binds, cwd=ROOT),
               tmp_path / f"node{i}.log") for i, (x, w) in enumerate([node0, node1])]  # fmt: skip
-    for proc, log in nodes:
-        try:
-            rc = proc.wait(600)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{log.name} still running after 600 s: {log.read_text()[-3000:]}") from None
-        assert rc == 0, f"{log.name} exited {rc}: {log.read_text()[-3000:]}"
+    exit_ok([(log.name, proc, log) for proc, log in nodes])
     _alive(shards)
     assert ms.current(store, "criteo") == "1"
     manifest = ms.read_manifest(ms.version_dir(store, "criteo", "1"))
@@ -157,12 +151,7 @@ def test_a_job_without_ps_starts_its_shards_on_every_node_bound_to_the_node(netw
     lines = block_lines("Training on several nodes", 2, block=1)
     nodes = [(hosts[w].popen(shlex.split(x), tmp_path / f"node{i}.log", env=env, binds={str(store): MOUNT},
                              cwd=ROOT), tmp_path / f"node{i}.log") for i, (x, w) in enumerate(lines)]  # fmt: skip
-    for proc, log in nodes:
-        try:
-            rc = proc.wait(600)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{log.name} still running after 600 s: {log.read_text()[-3000:]}") from None
-        assert rc == 0, f"{log.name} exited {rc}: {log.read_text()[-3000:]}"
+    exit_ok([(log.name, proc, log) for proc, log in nodes])
     # shards 0 and 2 on C, 1 and 3 on D, each bound to its node's address
     for (_, log), node, shards, address in [
         (nodes[0], 0, "[0, 2]", "198.18.0.3"),

@@ -28,7 +28,7 @@ log = logging.getLogger("recserve.failover")
 C = TypeVar("C")
 R = TypeVar("R")
 
-__all__ = ["Attempt", "Failover"]
+__all__ = ["Attempt", "Failover", "is_host_port"]
 
 
 class Attempt:
@@ -173,3 +173,9 @@ class FailedOver(Exception):
     def __init__(self, message: str, errors: list[BaseException]):
         super().__init__(message)
         self.errors = errors
+
+
+def is_host_port(address: str) -> bool:
+    """``address`` is HOST:PORT with a port in 1..65535 (the form every server list here takes)."""
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536

@@ -85,6 +85,9 @@ class ScoringConfig:
             self.ps = None
         if self.lookups not in LOOKUPS:
             raise ValueError(f"unknown lookups {self.lookups!r}; choose one of {', '.join(LOOKUPS)}")
+        from serving.worker.client import parse_workers
+
+        parse_workers(self.worker)  # a malformed --worker is refused at start, not at the first version
 
     @classmethod
     def from_dict(cls, d: dict) -> ScoringConfig:

@@ -18,7 +18,7 @@ import numpy as np
 from features.batch import CompactBatch
 from serving.rpc.auth import read_token_file, token_metadata
 from serving.rpc.errors import NotServing, not_serving
-from serving.rpc.failover import Attempt, FailedOver, Failover
+from serving.rpc.failover import Attempt, FailedOver, Failover, is_host_port
 from serving.rpc.tls import ClientTLS, channel, describe
 from serving.worker.core import ForwardResult
 
@@ -203,14 +203,21 @@ def _classify(e: BaseException) -> Attempt | None:
     return None
 
 
-def connect_workers(spec: str, timeout_s: float = 5.0, token_file: str = "", tls: ClientTLS | None = None):
-    """A ``WorkerClient`` for ``host:port``, a started ``WorkerSet`` for ``a:1|b:1``."""
+def parse_workers(spec: str) -> list[str]:
+    """``"a:1|b:1"`` -> ``["a:1", "b:1"]``; a ValueError naming the problem for an address that is
+    not HOST:PORT or one given twice."""
     addresses = [a.strip() for a in spec.split("|")]
     for a in addresses:
-        host, _, port = a.rpartition(":")
-        if not host or not port.isdigit():
+        if not is_host_port(a):
             raise ValueError(f"--worker {spec!r}: {a!r} is not HOST:PORT (several workers: a:1|b:1)")
     if len(set(addresses)) != len(addresses):
         raise ValueError(f"--worker {spec!r}: an address is given twice")
-    clients = [WorkerClient(a, timeout_s=timeout_s, token_file=token_file, tls=tls) for a in addresses]
+    return addresses
+
+
+def connect_workers(spec: str, timeout_s: float = 5.0, token_file: str = "", tls: ClientTLS | None = None):
+    """A ``WorkerClient`` for ``host:port``, a started ``WorkerSet`` for ``a:1|b:1``."""
+    clients = [
+        WorkerClient(a, timeout_s=timeout_s, token_file=token_file, tls=tls) for a in parse_workers(spec)
+    ]
     return clients[0] if len(clients) == 1 else WorkerSet(clients).start()

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from serving.ps.client import PSClient, ShardError
-from serving.rpc.failover import Attempt, FailedOver, Failover
+from serving.rpc.failover import Attempt, FailedOver, Failover, is_host_port
 from serving.rpc.tls import ClientTLS
 
 log = logging.getLogger("recserve.worker")
@@ -56,8 +56,7 @@ def parse_ps_spec(shards: Sequence[str] | str) -> list[list[str]]:
                 "and a shard's replicas separated by '|' (a:1|a:2,b:1|b:2)"
             )
         for address in replicas:
-            host, _, port = address.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            if not is_host_port(address):
                 raise ValueError(f"--ps shard {i}: {address!r} is not HOST:PORT")
             if address in seen:
                 raise ValueError(f"--ps: {address} is given twice (shard {seen[address]} and shard {i})")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pytest
 import model_store as ms
 from serving.scoring.client import ScoringClient, requests_from_file
 from tests.deploy.helpers import KUBE, build_overlay
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT, exit_ok, wait_until
 from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow
@@ -152,12 +151,7 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
 
     placed = list(zip(all_pods, net.hosts, strict=True))
     jobs = {pod["name"]: start(pod, host) for pod, host in placed if pod["job"]}
-    for name, (_, proc, log) in jobs.items():
-        try:
-            rc = proc.wait(600)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"pod {name} still running after 600 s: {log.read_text()[-3000:]}") from None
-        assert rc == 0, f"pod {name} exited {rc}: {log.read_text()[-3000:]}"
+    exit_ok([(f"pod {name}", proc, log) for name, (_, proc, log) in jobs.items()])
     assert ms.current(store, "criteo") == "1", "the training Job published no version"
     assert ms.read_manifest(ms.version_dir(store, "criteo", "1"))["train"]["world_size"] == 2
     started = {pod["name"]: start(pod, host) for pod, host in placed if not pod["job"]}
