@@ -17,6 +17,25 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "loadtest" / "results"
 
 
+def venv_env() -> dict:
+    """This process's environment with the checkout's venv first on PATH (``recserve``,
+    ``torchrun``), for roles started on a namespace host."""
+    return {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, procs=()) -> None:
+    """``predicate`` true within ``timeout_s`` (a TimeoutError naming ``what``); one of ``procs``
+    (name, Popen, log path) exiting first is a RuntimeError with its log's tail."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        for name, proc, log in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited {proc.returncode}: {Path(log).read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not {what} after {timeout_s}s")
+        time.sleep(0.1)
+
+
 def start_locust_timeline(
     host: str, rate: int, duration_s: int, timeline: Path, model: str = "criteo", key_file: str = ""
 ) -> subprocess.Popen:

@@ -16,7 +16,6 @@ runs a short window of the same.
 
 from __future__ import annotations
 
-import os
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from loadtest import netns
-from loadtest.common import ROOT, start_locust_timeline
+from loadtest.common import ROOT, start_locust_timeline, venv_env, wait_for
 
 MOUNT = "/mnt/recserve"  # where every host mounts the store
 PS_PORTS = (50061, 50062)  # shard 0, shard 1 on each PS host
@@ -76,7 +75,7 @@ class Roles:
         return str(self.store / ".run" / "criteo" / "serve-key_file.json")
 
     def start(self, timeout_s: float = 180.0) -> Roles:
-        env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+        env = venv_env()
         for host, name, argv in self.argv():
             if name == "serve":  # the workers and shards first: serve warms up through them
                 self.wait(lambda: all(_health(f"{h.address}:{p}") == "SERVING" for h, _, p in self.ps), timeout_s,
@@ -90,14 +89,7 @@ class Roles:
 
     def wait(self, predicate, timeout_s: float, what: str) -> None:
         """``predicate`` true within ``timeout_s``; a role that exits first fails with its log."""
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            for name, proc, log in self.procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited {proc.returncode}: {log.read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not {what} after {timeout_s}s")
-            time.sleep(0.1)
+        wait_for(predicate, timeout_s, what, self.procs)
 
     def rejoined(self, host: netns.Host) -> bool:
         """Every PS replica and worker on ``host`` answers SERVING to its health check again."""

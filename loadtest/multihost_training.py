@@ -16,30 +16,14 @@ import os
 import secrets
 import signal
 import tempfile
-import time
 from pathlib import Path
 
 from loadtest import netns
-from loadtest.common import ROOT
+from loadtest.common import ROOT, venv_env, wait_for
 
 MOUNT = "/mnt/recserve"
 PS_PORT = 50061
 RDZV_PORT = 29400
-
-
-def _env() -> dict:
-    return {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
-
-
-def _wait(predicate, timeout_s: float, what: str, procs=()) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        for name, proc, log in procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited {proc.returncode}: {Path(log).read_text()[-3000:]}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not {what} after {timeout_s}s")
-        time.sleep(0.1)
 
 
 def _rank_pid(rank: int) -> int | None:
@@ -76,7 +60,7 @@ def run(net: netns.Network, work: Path, nodes: int = 2, epochs: int = 2, every: 
                     "--num-shards", "2", "--lr", "0.005", "--admin-token-file", f"{MOUNT}/admin.token",
                     "--data-root", MOUNT]  # fmt: skip
             log = work / f"{store.name}-ps{i}.log"
-            procs.append((f"ps{i}", host.popen(argv, log, env=_env(), binds=binds, cwd=ROOT), log))
+            procs.append((f"ps{i}", host.popen(argv, log, env=venv_env(), binds=binds, cwd=ROOT), log))
         from serving.ps.client import PSClient
 
         for host in (a, b):
@@ -91,11 +75,13 @@ def run(net: netns.Network, work: Path, nodes: int = 2, epochs: int = 2, every: 
                     f"{MOUNT}/admin.token", "--checkpoint-every", str(every), "--resume", "--no-progress",
                     *(["--data", data] if data else [])]  # fmt: skip
             log = work / f"{store.name}-node{rank}.log"
-            trainers.append((f"node{rank}", host.popen(argv, log, env=_env(), binds=binds, cwd=ROOT), log))
+            trainers.append(
+                (f"node{rank}", host.popen(argv, log, env=venv_env(), binds=binds, cwd=ROOT), log)
+            )
         restarted = False
         if kill_after:
             target = store / "criteo" / "checkpoints" / f"step-{kill_after}"
-            _wait(target.exists, timeout_s, f"checkpoint {target.name}", procs + trainers)
+            wait_for(target.exists, timeout_s, f"checkpoint {target.name}", procs + trainers)
             pid = _rank_pid(1)
             if pid is None:
                 raise RuntimeError("rank 1's training process not found")
