@@ -254,8 +254,7 @@ class Health:
         reason = not_serving_reason(self.store, self.follower)
         if reason == self.reason:
             return
-        if self.reason is None or bool(reason) != bool(self.reason):
-            await rpc_server.set_serving_aio(self.running, not reason)
+        await rpc_server.set_serving_aio(self.running, not reason, reason)
         self.reason = reason
         if reason:
             log.warning("NOT_SERVING: %s", reason)

@@ -72,12 +72,12 @@ def wait_serving(
 
 
 def mirror(
-    probes: dict[str, Callable[[], str]], set_serving: Callable[[bool], None], interval_s: float = 0.5
+    probes: dict[str, Callable[[], str]], set_serving: Callable[[bool, str], None], interval_s: float = 0.5
 ) -> threading.Event:
     """Keep a service SERVING exactly while every service it depends on says SERVING: a daemon
     thread calls each of ``probes`` (name -> a function returning a health status, e.g. a
-    ``PSClient``'s ``health``) every ``interval_s`` and calls ``set_serving`` when the answer
-    changes (logging which are not serving). Returns the ``threading.Event`` that stops it."""
+    ``PSClient``'s ``health``) every ``interval_s`` and calls ``set_serving(serving, why)`` when the
+    answer changes (``why`` names those not serving; it is logged too). Returns the ``threading.Event`` that stops it."""
     stop = threading.Event()
 
     def loop() -> None:
@@ -85,10 +85,10 @@ def mirror(
         while True:
             down = {name: status for name, probe in probes.items() if (status := probe()) != "SERVING"}
             if down != last:
-                if last is None or bool(down) != bool(last):
-                    set_serving(not down)
+                why = ", ".join(f"{n} is {s}" for n, s in down.items())
+                set_serving(not down, why)
                 if down:
-                    log.warning("NOT_SERVING: %s", ", ".join(f"{n} is {s}" for n, s in down.items()))
+                    log.warning("NOT_SERVING: %s", why)
                 else:
                     log.info("SERVING: %s", ", ".join(probes))
                 last = down

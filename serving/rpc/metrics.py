@@ -1,7 +1,12 @@
-"""Prometheus ``/metrics`` on its own HTTP port, one registry per process role.
+"""Prometheus ``/metrics`` on its own HTTP port, one registry per process role, and a gRPC
+server's readiness as ``GET /ready`` on the same port.
 
 Each service builds its own ``CollectorRegistry`` (so tests can run several in one process) and
-calls ``start_metrics_server``; port 0 means metrics are off.
+calls ``start_metrics_server``; port 0 means metrics (and /ready) are off.
+
+``/ready`` answers 200 ``SERVING`` exactly while the server's gRPC health says SERVING, and 503
+``NOT_SERVING: <why>`` otherwise. It is there for probes that cannot speak the server's gRPC:
+Kubernetes' gRPC probe has no TLS, so a PS or worker serving TLS is probed over HTTP here.
 """
 
 from __future__ import annotations
@@ -11,6 +16,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+
     from prometheus_client import CollectorRegistry, Counter
 
 log = logging.getLogger(__name__)
@@ -36,15 +44,47 @@ LATENCY_BUCKETS = (
 )
 
 
-def start_metrics_server(port: int, host: str, registry: CollectorRegistry) -> Callable[[], None]:
-    """Serve ``registry`` at http://host:port/metrics in a daemon thread; returns a stop function
-    (a no-op when ``port`` is 0)."""
+class Readiness:
+    """A server's readiness as ``/ready`` tells it: not ready until ``set`` says so, with why."""
+
+    def __init__(self, why: str = "starting") -> None:
+        self.ready, self.why = False, why
+
+    def set(self, ready: bool, why: str = "") -> None:
+        self.ready, self.why = ready, "" if ready else why or "not serving"
+
+    def app(self, metrics_app: WSGIApplication) -> WSGIApplication:
+        """A WSGI app answering ``/ready`` itself and everything else with ``metrics_app``."""
+
+        def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+            if environ.get("PATH_INFO") != "/ready":
+                return metrics_app(environ, start_response)
+            ready, why = self.ready, self.why  # one reading: set() may run meanwhile
+            body = b"SERVING\n" if ready else f"NOT_SERVING: {why}\n".encode()
+            status = "200 OK" if ready else "503 Service Unavailable"
+            start_response(
+                status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))]
+            )
+            return [body]
+
+        return app
+
+
+def start_metrics_server(
+    port: int, host: str, registry: CollectorRegistry, readiness: Readiness | None = None
+) -> Callable[[], None]:
+    """Serve ``registry`` at http://host:port/metrics (and ``readiness`` at /ready) in a daemon
+    thread; returns a stop function (a no-op when ``port`` is 0)."""
     if not port:
         return lambda: None
     from prometheus_client import start_http_server
 
     httpd, thread = start_http_server(port, addr=host, registry=registry)
-    log.info("metrics on http://%s:%d/metrics", host, port)
+    if readiness is not None:
+        metrics_app = httpd.get_app()
+        assert metrics_app is not None  # start_http_server gave it one
+        httpd.set_app(readiness.app(metrics_app))
+    log.info("metrics on http://%s:%d/metrics%s", host, port, " (and /ready)" if readiness else "")
 
     def stop() -> None:
         httpd.shutdown()

@@ -1,6 +1,6 @@
 """One gRPC server bootstrap for every recserve service (the PS on grpc.aio, the worker on a
 thread pool): message-size options, TLS (``Endpoint.tls``, ``serving.rpc.tls``), health and
-reflection, Prometheus /metrics on its own port, SIGTERM/SIGINT, and a graceful stop (health
+reflection, Prometheus /metrics on its own port with the health as ``GET /ready`` beside it, SIGTERM/SIGINT, and a graceful stop (health
 NOT_SERVING first, then in-flight calls get ``grace_s``).
 
 A service is registered by ``add_service`` from its proto descriptor, not by the generated
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from serving.rpc.metrics import Readiness
 from serving.rpc.tls import ServerTLS
 
 if TYPE_CHECKING:
@@ -61,6 +62,8 @@ class Running(Generic[ServerT, HealthT]):
     port: int
     service: str
     stop_metrics: Callable[[], None]
+    readiness: Readiness
+    """The health as ``GET /ready`` on the metrics port tells it (``serving.rpc.metrics``)."""
 
 
 SyncRunning = Running["grpc.Server", "grpc_health.HealthServicer"]
@@ -100,6 +103,7 @@ def _bind(
     health: grpc_health.HealthServicer | grpc_health.aio.HealthServicer,
     service: str,
     registry: CollectorRegistry,
+    readiness: Readiness,
 ) -> tuple[int, Callable[[], None]]:
     from grpc_health.v1 import health as health_mod
     from grpc_health.v1 import health_pb2_grpc
@@ -118,7 +122,7 @@ def _bind(
         log.info("%s speaks %s", service, endpoint.tls.describe())
     if not port:
         raise OSError(f"cannot bind {address}")
-    return port, start_metrics_server(endpoint.metrics_port, endpoint.host, registry)
+    return port, start_metrics_server(endpoint.metrics_port, endpoint.host, registry, readiness)
 
 
 def _status(serving: bool) -> int:
@@ -143,14 +147,17 @@ def start_sync(
     health_servicer = health.HealthServicer()
     for name in ("", service):  # grpc's servicer starts with "" SERVING
         health_servicer.set(name, _status(False))
-    port, stop_metrics = _bind(server, endpoint, servicer, health_servicer, service, registry)
+    readiness = Readiness()
+    port, stop_metrics = _bind(server, endpoint, servicer, health_servicer, service, registry, readiness)
     server.start()
-    return Running(server, health_servicer, port, service, stop_metrics)
+    return Running(server, health_servicer, port, service, stop_metrics, readiness)
 
 
-def set_serving_sync(running: SyncRunning, serving: bool) -> None:
+def set_serving_sync(running: SyncRunning, serving: bool, why: str = "") -> None:
+    """gRPC health SERVING or NOT_SERVING, and /ready with it (``why``: the reason it is not)."""
     for name in ("", running.service):
         running.health.set(name, _status(serving))
+    running.readiness.set(serving, why)
 
 
 def wait_for_stop(stop: threading.Event | None = None) -> threading.Event:
@@ -165,6 +172,7 @@ def wait_for_stop(stop: threading.Event | None = None) -> threading.Event:
 
 def stop_sync(running: SyncRunning, grace_s: float) -> None:
     log.info("shutting down (grace %.1fs)", grace_s)
+    running.readiness.set(False, "shutting down")
     running.health.enter_graceful_shutdown()
     running.server.stop(grace_s).wait()
     running.stop_metrics()
@@ -182,14 +190,17 @@ async def start_aio(
     health_servicer = health.aio.HealthServicer()
     for name in ("", service):  # grpc's servicer starts with "" SERVING
         await health_servicer.set(name, _status(False))
-    port, stop_metrics = _bind(server, endpoint, servicer, health_servicer, service, registry)
+    readiness = Readiness()
+    port, stop_metrics = _bind(server, endpoint, servicer, health_servicer, service, registry, readiness)
     await server.start()
-    return Running(server, health_servicer, port, service, stop_metrics)
+    return Running(server, health_servicer, port, service, stop_metrics, readiness)
 
 
-async def set_serving_aio(running: AioRunning, serving: bool) -> None:
+async def set_serving_aio(running: AioRunning, serving: bool, why: str = "") -> None:
+    """gRPC health SERVING or NOT_SERVING, and /ready with it (``why``: the reason it is not)."""
     for name in ("", running.service):
         await running.health.set(name, _status(serving))
+    running.readiness.set(serving, why)
 
 
 def stop_event_on_signals() -> asyncio.Event:
@@ -206,6 +217,7 @@ def stop_event_on_signals() -> asyncio.Event:
 
 async def stop_aio(running: AioRunning, grace_s: float) -> None:
     log.info("shutting down (grace %.1fs)", grace_s)
+    running.readiness.set(False, "shutting down")
     await running.health.enter_graceful_shutdown()
     await running.server.stop(grace_s)
     running.stop_metrics()

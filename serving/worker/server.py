@@ -267,7 +267,9 @@ def serve(
     # replicated one is SERVING while one of its replicas is)
     remote = cast("list[RemoteShard]", worker.shards)  # connect() gives PSClients and ReplicaSets
     shards = {f"shard {i} ({s.target})": s.health for i, s in enumerate(remote)}
-    mirror = health.mirror(shards, lambda ok: rpc_server.set_serving_sync(running, ok), config.health_poll_s)
+    mirror = health.mirror(
+        shards, lambda ok, why: rpc_server.set_serving_sync(running, ok, why), config.health_poll_s
+    )
     log.info(
         "worker for %s listening on %s:%d over %d PS shards (dim %d, staleness %d)",
         schema.name, config.host, running.port, len(config.ps), worker.dim, config.staleness,
