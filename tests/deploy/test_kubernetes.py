@@ -85,3 +85,41 @@ def test_the_training_job_matches_its_nodes_and_the_serving_shards():
     ps_args = ps["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--num-shards") + 1] == ps_args[ps_args.index("--num-shards") + 1]
     assert "--resume" in args and "--checkpoint-every" in args and "--max-restarts" in args
+
+
+def test_the_readmes_certificate_names_every_address_a_client_dials_and_pods_get_their_files():
+    """The README's `recserve certs` line names every PS pod of the base topology and every worker
+    address a frontend dials; each file a container's --tls-*/--ps-tls-* flag names is one its
+    init container copies from the Secret, and one the overlay's Secret holds."""
+    import re
+    import shlex
+
+    import yaml
+
+    from serving.worker.replicas import parse_ps_spec
+    from tests.helpers import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    (line,) = re.findall(r"^recserve certs deploy/kubernetes/.*$", readme, re.M)
+    argv = shlex.split(line)
+    names = set(argv[argv.index("--hosts") + 1].split(","))
+    objs = documents(KUBE / "base")
+    topology = next(
+        o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "recserve-topology"
+    )
+    dialed = {a.rsplit(":", 1)[0] for replicas in parse_ps_spec(topology["data"]["ps"]) for a in replicas}
+    kust = yaml.safe_load((KUBE / "overlays" / "small" / "kustomization.yaml").read_text())
+    in_secret = {f.rsplit("/", 1)[-1] for f in kust["secretGenerator"][0]["files"]}
+    for obj in workloads(objs):
+        pod = obj["spec"]["template"]["spec"]
+        args = pod["containers"][0].get("args", [])
+        if "--worker" in args:
+            dialed |= {a.rsplit(":", 1)[0] for a in args[args.index("--worker") + 1].split("|")}
+        flagged = {
+            args[i + 1] for i, a in enumerate(args[:-1]) if re.fullmatch(r"--(ps-)?tls-[a-z-]+|--key-file", a)
+        }
+        copied = {f"/secrets/{a.rsplit('/', 1)[-1]}" for c in pod.get("initContainers", []) for a in c["command"]
+                  if a.startswith("/secret-src/")}  # fmt: skip
+        assert flagged <= copied, (obj["metadata"]["name"], flagged - copied)
+        assert {f.rsplit("/", 1)[-1] for f in copied} <= in_secret, obj["metadata"]["name"]
+    assert dialed and dialed <= names, dialed - names

@@ -1,25 +1,30 @@
-"""The manifests' commands run: every pod of the small overlay is started in its own network
-namespace with exactly the command, args and environment its container spec gives -- $(VAR)
-expanded from the container's env as the kubelet does, the pod-index label and ConfigMap keys
-resolved, each volume bound at its mountPath in the process's own mount namespace, the image's
-WORKDIR /app being this checkout -- and Service and pod names resolved through
-/etc/netns/<ns>/hosts. A request scored through the frontend then equals the trainer's own scores.
-A flag renamed in the code and not in the manifests fails here: its role exits, and the wait names
-its log."""
+"""The manifests' commands run: the Secret's files are made by the README's lines, then every pod
+of the small overlay is started in its own network namespace with exactly the commands, args and
+environment its container specs give (init containers first) -- $(VAR) expanded from the
+container's env as the kubelet does, the pod-index label and ConfigMap keys resolved, each volume
+bound at its mountPath in the process's own mount namespace, the image's WORKDIR /app being this
+checkout -- and Service and pod names resolved through /etc/netns/<ns>/hosts. Every pod's
+readiness probe must pass as the kubelet calls it, and a request scored through the frontend then
+equals the trainer's own scores. A flag renamed in the code and not in the manifests fails here:
+its role exits, and the wait names its log; so does a certificate missing a name a client dials."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import subprocess
+import urllib.error
 import urllib.request
 from pathlib import Path
 
+import grpc
 import numpy as np
 import orjson
 import pytest
+import yaml
 
 import model_store as ms
+from serving.rpc.health import check
 from serving.scoring.client import ScoringClient, requests_from_file
 from tests.deploy.helpers import KUBE, build_overlay
 from tests.helpers import ROOT, exit_ok, wait_until
@@ -87,6 +92,47 @@ def image_commands(directory: Path) -> Path:
     return directory
 
 
+def secret_files(directory: Path) -> Path:
+    """The overlay's Secret as a directory of its secretGenerator's files, made by the README's
+    lines (run by bash in ``directory``, as a user runs them at the checkout's root)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Deploy on Kubernetes") :]
+    block = re.search(r"The Secret's files.*?```bash\n(.*?)```", section, re.S).group(1)
+    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    for line in block.splitlines():
+        done = subprocess.run(["bash", "-c", line], cwd=directory, env=env, capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        assert done.returncode == 0, f"{line}\n{done.stderr}"
+    overlay = directory / "deploy" / "kubernetes" / "overlays" / "small"
+    kust = yaml.safe_load((KUBE / "overlays" / "small" / "kustomization.yaml").read_text())
+    (generator,) = kust["secretGenerator"]
+    secret = directory / "secret"
+    secret.mkdir()
+    for name in generator["files"]:  # kustomize keys a file by its base name
+        (secret / Path(name).name).write_bytes((overlay / name).read_bytes())
+    return secret
+
+
+def probe(container: dict, address: str) -> tuple[bool, str]:
+    """The container's readinessProbe as the kubelet calls it: HTTP GET (2xx/3xx passes) or gRPC
+    health in plaintext (the kubelet's gRPC probe has no TLS); (passed, what it answered)."""
+    spec = container["readinessProbe"]
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    if "httpGet" in spec:
+        port = ports.get(spec["httpGet"]["port"], spec["httpGet"]["port"])
+        try:
+            with urllib.request.urlopen(f"http://{address}:{port}{spec['httpGet']['path']}", timeout=2) as r:
+                return 200 <= r.status < 400, f"{r.status} {r.read().decode().strip()}"
+        except urllib.error.HTTPError as e:
+            return False, f"{e.code} {e.read().decode().strip()}"
+        except OSError as e:
+            return False, str(e)
+    assert set(spec) & {"grpc"}, f"a readiness probe this test does not call: {spec}"
+    with grpc.insecure_channel(f"{address}:{spec['grpc']['port']}") as channel:
+        status = check(channel, spec["grpc"].get("service", ""), timeout_s=2)
+    return status == "SERVING", status
+
+
 def expand(arg: str, env: dict[str, str]) -> str:
     """The kubelet's $(VAR) expansion: a defined variable is replaced, $$ escapes, others stay."""
     return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
@@ -98,11 +144,7 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
     the version they publish is the one the serving pods then follow and score with."""
     objs = build_overlay(KUBE / "overlays" / "small")
     config_maps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
-    secret = tmp_path / "secret"  # the overlay's secretGenerator files
-    secret.mkdir()
-    key = "k8s-test-key"
-    (secret / "key_file.json").write_text(json.dumps({"inference": {"key": key}}))
-    (secret / "admin.token").write_text("t" * 32)
+    secret = secret_files(tmp_path)  # the overlay's secretGenerator files, made as the README says
     all_pods = pods(objs)
     assert {p["name"] for p in all_pods} >= {"train-0", "train-1", "ps-0", "ps-1", "worker-0", "scoring-0"}
     net = network(len(all_pods), [" ".join(p["names"]) for p in all_pods])
@@ -156,20 +198,25 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
     assert ms.read_manifest(ms.version_dir(store, "criteo", "1"))["train"]["world_size"] == 2
     started = {pod["name"]: start(pod, host) for pod, host in placed if not pod["job"]}
 
-    frontends = [(n, s) for n, s in started.items() if n.startswith("scoring-")]
-    for name, (host, proc, log) in frontends:
+    containers = {pod["name"]: pod["spec"]["containers"][0] for pod in all_pods}
+    answers: dict[str, str] = {}
 
-        def ready(host=host, proc=proc, log=log, name=name) -> bool:
-            for other, (_, p, lg) in started.items():
-                if p.poll() is not None:
-                    raise AssertionError(f"pod {other} exited {p.returncode}: {lg.read_text()[-3000:]}")
-            try:
-                return urllib.request.urlopen(f"http://{host.address}:8080/ping", timeout=2).status == 200
-            except OSError:
+    def all_ready() -> bool:
+        for name, (host, proc, log) in started.items():
+            if proc.poll() is not None:
+                raise AssertionError(f"pod {name} exited {proc.returncode}: {log.read_text()[-3000:]}")
+            passed, answers[name] = probe(containers[name], host.address)
+            if not passed:
                 return False
+        return True
 
-        wait_until(ready, 120, f"{name} /ping 200 across the namespaces")
-
+    try:
+        wait_until(all_ready, 120, "every serving pod's readiness probe to pass across the namespaces")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the probes answered {answers}") from None
+    with grpc.insecure_channel(f"{started['ps-0'][0].address}:50061") as channel:
+        assert check(channel, timeout_s=2) == "UNAVAILABLE"  # mTLS: a plaintext client gets nothing
+    frontends = [(n, s) for n, s in started.items() if n.startswith("scoring-")]
     host = frontends[0][1][0]
     client = ScoringClient(
         f"http://{host.address}:8080/predictions/criteo", key_file=str(secret / "key_file.json")
