@@ -94,6 +94,8 @@ class ScoreConfig:
     """TorchServe key_file.json when token auth is on."""
     binary: bool = False
     """Send compact batches instead of JSON."""
+    ca: str = ""
+    """For an https:// URL: the CA that signed the endpoint's certificate (PEM; default: the system's CAs)."""
 
     def __post_init__(self) -> None:
         if not self.file:
@@ -105,10 +107,18 @@ def run_score(cfg: ScoreConfig) -> int:
 
     from serving.scoring.client import ScoringClient, requests_from_file
 
-    client = ScoringClient(cfg.url, key_file=cfg.key_file or None)
+    try:
+        client = ScoringClient(cfg.url, key_file=cfg.key_file or None, ca=cfg.ca)
+    except (ValueError, OSError) as e:  # not http(s), a CA or key file that cannot be read
+        print(f"recserve score: {e}", file=sys.stderr)
+        return 2
     n = 0
     for body, ctype in requests_from_file(cfg.file, cfg.schema, cfg.rows, cfg.limit, cfg.binary):
-        status, payload = client.post(body, ctype)
+        try:
+            status, payload = client.post(body, ctype)
+        except OSError as e:  # refused, timed out, a certificate the CA did not sign
+            print(f"recserve score: {cfg.url}: {e}", file=sys.stderr)
+            return 1
         reply = orjson.loads(payload)
         if status != 200:
             print(f"request {n}: HTTP {status}: {reply.get('error')}", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import ssl
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,13 +13,17 @@ import orjson
 
 
 class ScoringClient:
-    """POSTs scoring requests over one keep-alive connection."""
+    """POSTs scoring requests over one keep-alive connection (HTTPS for an https:// URL, the
+    server's certificate checked against ``ca``, or the system's CAs without it)."""
 
-    def __init__(self, url: str, key_file: str | None = None, timeout_s: float = 10.0):
+    def __init__(self, url: str, key_file: str | None = None, timeout_s: float = 10.0, ca: str = ""):
         u = urllib.parse.urlsplit(url)
-        if u.hostname is None:
-            raise ValueError(f"scoring URL {url!r} names no host")
-        self.host, self.port, self.path = u.hostname, u.port or 80, u.path
+        if u.hostname is None or u.scheme not in ("http", "https"):
+            raise ValueError(f"scoring URL {url!r} is not http(s)://HOST[:PORT]/PATH")
+        if ca and u.scheme != "https":
+            raise ValueError(f"a CA ({ca}) is for an https:// URL, not {url}")
+        self.host, self.port, self.path = u.hostname, u.port or (443 if u.scheme == "https" else 80), u.path
+        self.ssl = ssl.create_default_context(cafile=ca or None) if u.scheme == "https" else None
         self.timeout_s = timeout_s
         self.headers = {}
         if key_file:
@@ -29,7 +34,13 @@ class ScoringClient:
     def post(self, body: bytes, content_type: str = "application/json") -> tuple[int, bytes]:
         for attempt in range(2):  # one retry on a connection the server closed
             if self._conn is None:
-                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+                self._conn = (
+                    http.client.HTTPSConnection(
+                        self.host, self.port, timeout=self.timeout_s, context=self.ssl
+                    )
+                    if self.ssl
+                    else http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+                )
             try:
                 self._conn.request("POST", self.path, body, {**self.headers, "Content-Type": content_type})
                 resp = self._conn.getresponse()

@@ -76,6 +76,10 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if bool(self.https_cert) != bool(self.https_key):
             raise ValueError("--https-cert and --https-key go together")
+        if self.https_cert:  # the files, the key's mode and the pair: checked as for gRPC's TLS
+            from serving.rpc.tls import ServerTLS
+
+            ServerTLS(self.https_cert, self.https_key)
 
     def key_path(self) -> Path:
         return (
@@ -315,11 +319,6 @@ def app(frontend: Frontend):
 def serve(config: ServeConfig) -> int:
     """Run the lean frontend until SIGTERM (drain, then exit 0) or SIGINT (drain, then stop)."""
     import uvicorn
-
-    from serving.rpc.auth import read_secret
-
-    if config.https_key:
-        read_secret(config.https_key, "HTTPS private key")  # others must not read it (chmod 600)
 
     frontend = Frontend(config)
     auth = "off (--no-token-auth)" if config.disable_token_auth else f"on, key file {config.key_path()}"

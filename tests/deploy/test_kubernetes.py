@@ -88,8 +88,8 @@ def test_the_training_job_matches_its_nodes_and_the_serving_shards():
 
 
 def test_the_readmes_certificate_names_every_address_a_client_dials_and_pods_get_their_files():
-    """The README's `recserve certs` line names every PS pod of the base topology and every worker
-    address a frontend dials; each file a container's --tls-*/--ps-tls-* flag names is one its
+    """The README's `recserve certs` line names every PS pod of the base topology, every worker
+    address a frontend dials and the Service of every HTTPS frontend; each file a container's --tls-*/--ps-tls-* flag names is one its
     init container copies from the Secret, and one the overlay's Secret holds."""
     import re
     import shlex
@@ -115,8 +115,13 @@ def test_the_readmes_certificate_names_every_address_a_client_dials_and_pods_get
         args = pod["containers"][0].get("args", [])
         if "--worker" in args:
             dialed |= {a.rsplit(":", 1)[0] for a in args[args.index("--worker") + 1].split("|")}
+        if "--https-cert" in args:  # its clients dial its Service
+            dialed |= {s["metadata"]["name"] for s in objs if s["kind"] == "Service"
+                       and s["spec"]["selector"].items() <= obj["spec"]["template"]["metadata"]["labels"].items()}  # fmt: skip
         flagged = {
-            args[i + 1] for i, a in enumerate(args[:-1]) if re.fullmatch(r"--(ps-)?tls-[a-z-]+|--key-file", a)
+            args[i + 1]
+            for i, a in enumerate(args[:-1])
+            if re.fullmatch(r"--(ps-)?tls-[a-z-]+|--https-[a-z]+|--key-file", a)
         }
         copied = {f"/secrets/{a.rsplit('/', 1)[-1]}" for c in pod.get("initContainers", []) for a in c["command"]
                   if a.startswith("/secret-src/")}  # fmt: skip

@@ -10,25 +10,26 @@ its role exits, and the wait names its log; so does a certificate missing a name
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import ssl
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import grpc
 import numpy as np
-import orjson
 import pytest
 import yaml
 
 import model_store as ms
 from serving.rpc.health import check
-from serving.scoring.client import ScoringClient, requests_from_file
+from serving.scoring.client import ScoringClient
 from tests.deploy.helpers import KUBE, build_overlay
 from tests.helpers import ROOT, exit_ok, wait_until
-from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow
 SCHEMA = "data/schemas/criteo.yaml"
@@ -115,13 +116,18 @@ def secret_files(directory: Path) -> Path:
 
 def probe(container: dict, address: str) -> tuple[bool, str]:
     """The container's readinessProbe as the kubelet calls it: HTTP GET (2xx/3xx passes) or gRPC
-    health in plaintext (the kubelet's gRPC probe has no TLS); (passed, what it answered)."""
+    health in plaintext (the kubelet's gRPC probe has no TLS); (passed, what it answered). HTTPS unverified, as the
+    kubelet does it."""
     spec = container["readinessProbe"]
     ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
     if "httpGet" in spec:
-        port = ports.get(spec["httpGet"]["port"], spec["httpGet"]["port"])
+        get = spec["httpGet"]
+        port, scheme = ports.get(get["port"], get["port"]), get.get("scheme", "HTTP").lower()
+        unverified = ssl._create_unverified_context()  # the kubelet does not check a probe's certificate
         try:
-            with urllib.request.urlopen(f"http://{address}:{port}{spec['httpGet']['path']}", timeout=2) as r:
+            with urllib.request.urlopen(
+                f"{scheme}://{address}:{port}{get['path']}", timeout=2, context=unverified
+            ) as r:
                 return 200 <= r.status < 400, f"{r.status} {r.read().decode().strip()}"
         except urllib.error.HTTPError as e:
             return False, f"{e.code} {e.read().decode().strip()}"
@@ -218,19 +224,21 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
         assert check(channel, timeout_s=2) == "UNAVAILABLE"  # mTLS: a plaintext client gets nothing
     frontends = [(n, s) for n, s in started.items() if n.startswith("scoring-")]
     host = frontends[0][1][0]
-    client = ScoringClient(
-        f"http://{host.address}:8080/predictions/criteo", key_file=str(secret / "key_file.json")
-    )
-    scores, versions = [], set()
-    for body, ctype in requests_from_file(TEST, SCHEMA, 200, 400):
-        status, payload = client.post(body, ctype)
-        assert status == 200, payload
-        reply = orjson.loads(payload)
-        scores.extend(reply["scores"])
-        versions.add((reply["versions"]["dense"], reply["versions"]["embedding"]))
+    url = "https://scoring:8080/predictions/criteo"  # the Service's name, which the certificate names
+    with pytest.raises(ssl.SSLCertVerificationError):  # HTTPS: a client that does not trust the CA
+        ScoringClient(url.replace("scoring", host.address)).post(b"[{}]")
+    done = host.run(  # from a pod's namespace, where `scoring` resolves as in the cluster
+        [sys.executable, "-m", "tests.deploy.score", url, str(secret / "key_file.json"), str(secret / "ca.pem")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    *replies, (bad_status, _) = out["replies"]
+    assert all(status == 200 for status, _ in replies), replies
+    scores = [x for _, reply in replies for x in reply["scores"]]
+    versions = {(reply["versions"]["dense"], reply["versions"]["embedding"]) for _, reply in replies}
     current = ms.current(store, "criteo")
     offline = np.load(ms.version_dir(store, "criteo", current) / "eval" / "scores.npy")[: len(scores)]
-    assert np.abs(np.array(scores) - offline).max() <= 1e-6
+    assert len(scores) == 400 and np.abs(np.array(scores) - offline).max() <= 1e-6
     assert versions == {(current, current)}
-    assert client.post(b"{not json", "application/json")[0] == 400
-    assert ScoringClient(f"http://{host.address}:8080/predictions/criteo").post(b"[{}]")[0] == 401
+    assert (bad_status, out["no_token"]) == (400, 401)
