@@ -50,4 +50,7 @@ def test_quick_tour_runs_as_printed(tmp_path):
     assert len(heads) >= 2 and all(0.0 < x < 1.0 for x in heads), outputs["score"]
     assert '"embedding": "1"' in outputs["score"] and '"dense": "1"' in outputs["score"]
     assert re.search(r"^\*\s+1\s+ok", outputs["versions"], re.M)
+    assert "lookups      shard 0 remote, shard 1 remote (TorchServe's handler)" in outputs["versions"], (
+        outputs["versions"]
+    )
     assert "stopped" in outputs["down"]

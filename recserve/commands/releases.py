@@ -90,11 +90,21 @@ def run_versions(cfg: VersionsConfig) -> int:
             print(f"               refuses: {shard['refusal']}")
     if view["worker"]:
         print(f"  worker       {view['worker']['address']}  " + _served(view["worker"]))
+    if view.get("lookups") is not None:
+        print("  lookups      " + _lookups(view["lookups"]) + " (TorchServe's handler)")
     for version, why in view["refused"].items():
         print(f"  controller   refused version {version}: {why}")
     if view.get("restarts"):
         print("  restarted    " + ", ".join(f"{name} {n}x" for name, n in sorted(view["restarts"].items())))
     return 0
+
+
+def _lookups(lookups: dict) -> str:
+    if "error" in lookups:
+        return f"not answering: {lookups['error']}"
+    if not lookups["shards"]:
+        return "not reported yet"
+    return ", ".join(f"shard {shard} {'|'.join(modes)}" for shard, modes in lookups["shards"].items())
 
 
 def _served(part: dict) -> str:

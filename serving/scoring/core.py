@@ -37,6 +37,9 @@ from features.transform import FeatureError, dense_matrix, transform
 log = logging.getLogger("recserve.scoring")
 
 LOOKUPS = ("remote", "colocated", "auto")
+LOOKUP_MODES = ("local", "remote")
+"""Where one shard's rows are read (what LOOKUPS chose for it): mapped in this process, or
+through the worker / PS shards."""
 JSON = "application/json"
 BINARY = "application/octet-stream"
 

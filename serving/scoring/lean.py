@@ -36,7 +36,15 @@ from pathlib import Path
 import orjson
 
 import model_store as ms
-from serving.scoring.core import Reply, Scorer, ScoringConfig, error_body, loading_priority, server_timing
+from serving.scoring.core import (
+    LOOKUP_MODES,
+    Reply,
+    Scorer,
+    ScoringConfig,
+    error_body,
+    loading_priority,
+    server_timing,
+)
 from serving.versions import VersionTarget
 
 log = logging.getLogger("recserve.serve")
@@ -176,7 +184,7 @@ class Frontend:
         self.served.labels(self.config.model, scorer.dense_version).set(1)
         self.modes.clear()
         for i, mode in enumerate(scorer.lookup_modes):
-            for m in ("local", "remote"):
+            for m in LOOKUP_MODES:
                 self.modes.labels(str(i), m).set(int(m == mode))
 
     def not_serving_reason(self) -> str:

@@ -186,8 +186,9 @@ def serving_view(run_dir: str | Path, timeout_s: float = 2.0) -> dict | None:
     """What the stack running from ``run_dir`` actually serves, asked of its processes: each PS
     shard's ``version``, ``delta_seq`` and ``refusal`` (why it does not serve CURRENT's version;
     Stats), the worker's version (Stats), the dense version TorchServe serves by default and the
-    versions the controller refused with why (stack.json). A process that does not answer has
-    ``error`` instead. None when no stack runs from ``run_dir``."""
+    versions the controller refused with why (stack.json), and where TorchServe's handler reads each
+    shard's rows (``lookups``, from its /metrics). A process that does not answer has ``error``
+    instead. None when no stack runs from ``run_dir``."""
     try:
         state = read_state(run_dir)
     except FileNotFoundError:
@@ -213,8 +214,33 @@ def serving_view(run_dir: str | Path, timeout_s: float = 2.0) -> dict | None:
                 worker["version"], worker["delta_seq"] = client.stats()["version"]
         except (ConnectionError, RuntimeError) as e:
             worker["error"] = str(e)
+    scoring = state.metrics_endpoints.get("torchserve")
     return {"run_dir": str(run_dir), "ps": shards, "worker": worker, "dense_version": state.dense_version or None,
-            "refused": state.refused, "restarts": state.restarts}  # fmt: skip
+            "refused": state.refused, "restarts": state.restarts,
+            "lookups": lookup_modes(scoring, timeout_s) if scoring else None}  # fmt: skip
+
+
+def lookup_modes(metrics_address: str, timeout_s: float = 2.0) -> dict:
+    """Where the scoring processes behind ``metrics_address`` (HOST:PORT of a /metrics) read each
+    shard's rows, as they report it (``recserve_scoring_lookup_mode == 1``): ``{"shards": {shard:
+    [modes]}}`` (several modes while versions that chose differently are loaded side by side), or
+    ``{"error": why}`` when the endpoint does not answer."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=timeout_s) as r:
+            text = r.read().decode()
+    except OSError as e:
+        return {"error": str(e)}
+    modes: dict[int, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "recserve_scoring_lookup_mode":
+            for sample in family.samples:
+                if sample.value == 1:
+                    modes.setdefault(int(sample.labels["shard"]), set()).add(sample.labels["mode"])
+    return {"shards": {shard: sorted(m) for shard, m in sorted(modes.items())}}
 
 
 def any_alive(state: StackState) -> bool:

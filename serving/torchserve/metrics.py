@@ -11,7 +11,10 @@ config plus ``SCORING``; ``ScoringMetrics`` records one reply of the scoring cor
   status, the worker's dense version and the embedding version read ("none" when not scored:
   TorchServe drops a metric line with an empty dimension);
 - ``recserve_scoring_stage_seconds{stage}``: histogram of each stage's time (decode, worker,
-  dense, encode, total).
+  dense, encode, total);
+- ``recserve_scoring_lookup_mode{shard, mode}``: where each embedding shard's rows are read (1 for
+  the mode in use, ``local`` or ``remote``, 0 for the other), set when the handler starts: the
+  name and labels ``recserve serve`` exports.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ import yaml
 
 REQUESTS = "recserve_scoring_requests_total"
 STAGES = "recserve_scoring_stage_seconds"
+LOOKUP_MODE = "recserve_scoring_lookup_mode"
 _DIMS = ["ModelName", "Level"]  # what TorchServe adds to every model metric
 SCORING = {
     "counter": [{"name": REQUESTS, "unit": "Count",
                  "dimensions": [*_DIMS, "status", "dense_version", "embedding_version"]}],
     "histogram": [{"name": STAGES, "unit": "Seconds", "dimensions": [*_DIMS, "stage"]}],
+    "gauge": [{"name": LOOKUP_MODE, "unit": "Count", "dimensions": [*_DIMS, "shard", "mode"]}],
 }  # fmt: skip
 
 
@@ -48,7 +53,7 @@ def write_metrics_config(path: Path) -> Path:
 class ScoringMetrics:
     """Records replies of the scoring core (``serving.scoring.core.Reply``) as TorchServe metrics."""
 
-    def __init__(self, context, dense_version: str):
+    def __init__(self, context, dense_version: str, lookup_modes: list[str] | tuple[str, ...] = ()):
         from ts.metrics.metric_type_enum import MetricTypes
 
         cache = context.metrics
@@ -56,6 +61,12 @@ class ScoringMetrics:
         self.dense_version = dense_version
         self.requests = cache.get_metric(REQUESTS, MetricTypes.COUNTER)
         self.stages = cache.get_metric(STAGES, MetricTypes.HISTOGRAM)
+        from serving.scoring.core import LOOKUP_MODES
+
+        modes = cache.get_metric(LOOKUP_MODE, MetricTypes.GAUGE)
+        for shard, mode in enumerate(lookup_modes):
+            for m in LOOKUP_MODES:
+                modes.add_or_update(int(m == mode), [self.model, "Model", str(shard), m])
 
     def record(self, reply) -> None:
         v = reply.versions

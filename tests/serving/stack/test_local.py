@@ -214,6 +214,11 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
             for r in prom.query("recserve_ps_version == 1 or recserve_scoring_version == 1")
         }
         assert served == {stack.state.version}, served
+        modes = {(r["metric"]["component"], r["metric"]["shard"], r["metric"]["mode"])
+                 for r in prom.query("recserve_scoring_lookup_mode == 1")}  # fmt: skip
+        assert modes == {
+            (c, str(i), "remote") for c in ("torchserve", "serve") for i in range(len(stack.state.ps))
+        }, modes
 
         import yaml
 

@@ -61,3 +61,26 @@ def test_a_state_of_another_format_is_refused_naming_the_file(tmp_path, change, 
     with pytest.raises(ValueError, match="stack.json") as e:
         read_state(tmp_path)
     assert message in str(e.value)
+
+
+def test_lookup_modes_reads_what_a_scoring_process_reports_and_says_when_it_does_not_answer():
+    """``recserve versions``' lookups line: the modes a /metrics reports as 1, per shard; several
+    while versions that chose differently are loaded; the error when nothing answers there."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from serving.rpc.metrics import start_metrics_server
+    from serving.rpc.procs import free_ports
+    from serving.stack.state import lookup_modes
+
+    registry = CollectorRegistry()
+    modes = Gauge("recserve_scoring_lookup_mode", "mode", ["shard", "mode"], registry=registry)
+    for shard, local, remote in ((0, 1, 0), (1, 1, 1)):
+        modes.labels(str(shard), "local").set(local)
+        modes.labels(str(shard), "remote").set(remote)
+    port, closed = free_ports(2)
+    stop = start_metrics_server(port, "127.0.0.1", registry)
+    try:
+        assert lookup_modes(f"127.0.0.1:{port}") == {"shards": {0: ["local"], 1: ["local", "remote"]}}
+    finally:
+        stop()
+    assert "refused" in lookup_modes(f"127.0.0.1:{closed}")["error"]
