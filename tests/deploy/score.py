@@ -1,6 +1,6 @@
 """Score the test file through a scoring URL from inside a pod's network namespace, where Service
 names resolve as in the cluster (``host.run``): ``python -m tests.deploy.score URL KEY_FILE CA``
-prints ``{"replies": [[status, reply], ...], "no_token": status}`` as JSON."""
+prints ``{"replies": [[status, reply], ...], "bad_json": status, "no_token": status}`` as JSON."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ def main(url: str, key_file: str, ca: str) -> None:
     for body, ctype in requests_from_file(TEST, "data/schemas/criteo.yaml", 200, 400):
         status, payload = client.post(body, ctype)
         replies.append([status, orjson.loads(payload)])
-    replies.append([client.post(b"{not json", "application/json")[0], None])
+    bad_json = client.post(b"{not json", "application/json")[0]
     no_token = ScoringClient(url, ca=ca).post(b"[{}]")[0]
-    print(json.dumps({"replies": replies, "no_token": no_token}))
+    print(json.dumps({"replies": replies, "bad_json": bad_json, "no_token": no_token}))
 
 
 if __name__ == "__main__":
