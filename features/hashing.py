@@ -48,17 +48,40 @@ def hash_str_list(values: list[str], slot_id: SlotIds) -> NDArray[np.uint64]:
     prefixes = _prefixes(slot_id, len(values))
     if values:
         try:
-            buf = "\0".join(values).encode("utf-8", "surrogatepass")
+            text = "\0".join(values)
         except TypeError:  # not all str
             raise ValueError("hash_str_list needs a list of str") from None
-        from features.xxh64 import hash_joined
-
-        out, ok = hash_joined(
-            np.frombuffer(buf, np.uint8), len(values), np.uint64(SIGN_SEED), prefixes, SIGN_MASK
-        )
-        if ok:
+        out = _hash_text(text, len(values), prefixes, 1 if len(prefixes) > 1 else len(values))
+        if out is not None:
             return out
     return hash_values(np.array(values, dtype=np.str_), slot_id)
+
+
+def hash_str_columns(columns: list[list[str]], slot_ids: list[int]) -> NDArray[np.uint64]:
+    """``hash_str_list`` of equal-length columns of str, column j in slot ``slot_ids[j]``: the
+    signs column after column. ValueError when a value is not a str, or contains NUL."""
+    m = len(columns[0]) if columns else 0
+    if len(columns) != len(slot_ids) or any(len(c) != m for c in columns):
+        raise ValueError("hash_str_columns needs one slot id per column and columns of one length")
+    if not m:
+        return np.empty(0, np.uint64)
+    try:
+        text = "\0".join(map("\0".join, columns))
+    except TypeError:
+        raise ValueError("hash_str_columns needs columns of str") from None
+    out = _hash_text(text, m * len(columns), _prefixes(np.asarray(slot_ids, np.int64), len(slot_ids)), m)
+    if out is None:
+        raise ValueError("a value contains NUL")
+    return out
+
+
+def _hash_text(text: str, n: int, prefixes: NDArray[np.uint64], per: int) -> NDArray[np.uint64] | None:
+    """Signs of the n NUL-joined values of ``text``; None when a value held a NUL of its own."""
+    from features.xxh64 import hash_joined
+
+    buf = np.frombuffer(text.encode("utf-8", "surrogatepass"), np.uint8)
+    out, ok = hash_joined(buf, n, np.uint64(SIGN_SEED), prefixes, per, SIGN_MASK)
+    return out if ok else None
 
 
 def xxh64_strings(values: NDArray[np.str_], seed: int = SIGN_SEED) -> NDArray[np.uint64]:

@@ -142,19 +142,25 @@ def hash_codepoints(
 
 @numba.njit(cache=True)
 def hash_joined(
-    buf: NDArray[np.uint8], n_values: int, seed: U64, prefixes: NDArray[np.uint64], mask: U64
+    buf: NDArray[np.uint8], n_values: int, seed: U64, prefixes: NDArray[np.uint64], per: int, mask: U64
 ) -> tuple[NDArray[np.uint64], bool]:
-    """Signs of the NUL-separated UTF-8 values in ``buf``; returns (signs, ok). ``ok`` is False
+    """Signs of the NUL-separated UTF-8 values in ``buf``, value k with prefix ``prefixes[k // per]``
+    (``per`` values share a prefix: one column of a slot); returns (signs, ok). ``ok`` is False
     when the piece count differs from ``n_values`` (a value contained NUL itself)."""
     out = np.empty(n_values, dtype=np.uint64)
-    one = len(prefixes) == 1
     start = 0
     k = 0
+    group = 0
+    left = per  # values left under prefixes[group]
     for i in range(len(buf) + 1):
         if i == len(buf) or buf[i] == 0:
             if k >= n_values:
                 return out, False
-            out[k] = prefixes[0 if one else k] | (xxh64(buf[start:i], i - start, seed) & mask)
+            if left == 0:
+                group += 1
+                left = per
+            out[k] = prefixes[group] | (xxh64(buf[start:i], i - start, seed) & mask)
+            left -= 1
             k += 1
             start = i + 1
     return out, k == n_values

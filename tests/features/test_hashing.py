@@ -81,3 +81,15 @@ def test_joined_fast_path_equals_array_path():
     assert hash_str_list([], 4).tolist() == []
     with pytest.raises(ValueError):
         hash_str_list(["a", 1], 4)
+
+
+def test_columns_fast_path_equals_array_path():
+    from features.hashing import hash_str_columns
+
+    cols = [["05db9164", "", "é€𝄞"], ["x" * 50, "a", "b"]]
+    want = hash_values(np.array(cols[0] + cols[1]), np.repeat([3, 9], 3))
+    assert hash_str_columns(cols, [3, 9]).tolist() == want.tolist()
+    for bad in ([["a", 1], ["b", "c"]], [["a\x00b"], ["c"]], [["a", "b"], ["c"]]):
+        with pytest.raises(ValueError):
+            hash_str_columns(bad, [3, 9])
+    assert hash_str_columns([[], []], [3, 9]).tolist() == []

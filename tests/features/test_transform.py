@@ -197,3 +197,33 @@ def test_log1p_of_negative_needs_clip():
     s = schema_from_dict({"slots": [{"name": "x", "kind": "dense", "transform": {"log1p": True}}]})
     with pytest.raises(FeatureError, match="log1p"):
         transform([{"x": -3}], s)
+
+
+@pytest.mark.parametrize("ids", [(2, 7, 30), (30, 7, 2), (7, 30, 2)])
+def test_each_slot_holds_its_own_sorted_signs_whatever_the_order_of_slot_ids(ids):
+    from features.hashing import sign
+
+    s = schema_from_dict(
+        {
+            "slots": [{"name": n, "id": i} for n, i in zip("abc", ids, strict=True)]
+            + [{"name": "x", "kind": "dense"}]
+        }
+    )
+    rows = [{"a": str(r % 3), "b": str(r % 5), "c": "same", "x": r} for r in range(40)]
+    batch = transform(rows, s)
+    assert batch.sign_counts.tolist() == [3, 5, 1]
+    for j, (name, slot_id) in enumerate(zip("abc", ids, strict=True)):
+        got = batch.slot(j)
+        assert got.signs.tolist() == sorted(got.signs.tolist())
+        assert got.signs[got.values].tolist() == [sign(slot_id, r[name]) for r in rows]
+
+
+def test_infinite_dense_values_are_refused_in_every_form():
+    from features.transform import Table
+
+    with pytest.raises(FeatureError, match="'I1'.*not finite"):
+        transform(Table({"I1": np.array(["1", "inf"])}, 2), CRITEO)
+    with pytest.raises(FeatureError, match="'I1'.*not finite"):
+        transform([{"I1": 1}, {"I1": float("-inf")}], CRITEO)
+    with pytest.raises(FeatureError, match="'I1'.*not finite"):
+        transform({"items": {"I1": [1.0, 1e999]}}, CRITEO)

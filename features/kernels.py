@@ -1,0 +1,146 @@
+"""Compiled kernels of ``features.transform``: the per-value work of a batch in one pass each.
+
+- ``dedup_slots``: the distinct signs of a batch, sorted, each value's index among its slot's
+  and the count per slot (``np.unique(..., return_inverse=True)`` and a bincount by a scratch
+  hash table and one sort of the distinct signs only: 4x faster on a 200-item request, about
+  even with numpy on a million values);
+- ``dense_columns``: missing -> default, clip, log1p, standardise, transpose to float32 rows.
+
+numba, like ``features.xxh64``, and imported on first use for the same reason: a process that
+only routes signs (a serving PS shard) never loads LLVM.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numpy.typing import NDArray
+
+from features.hashing import SIGN_BITS
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_SLOT_SHIFT = np.uint64(SIGN_BITS)
+
+NOT_FINITE = 1
+LOG1P_DOMAIN = 2
+"""``dense_columns``'s verdicts on a bad value (0: none)."""
+
+
+def dedup_slots(
+    signs: NDArray[np.uint64], value_counts: NDArray[np.int64], rank: NDArray[np.int64]
+) -> tuple[NDArray[np.uint64], NDArray[np.int64], NDArray[np.int64]]:
+    """The sparse part of a compact batch from its values' signs, slot after slot
+    (``value_counts[j]`` values in batch slot j, whose signs carry a slot id s with
+    ``rank[s] == j`` in their top 16 bits; slot ids must ascend with j): (the distinct signs
+    ascending -- so sorted within each slot, slots in order --, each value's index among its
+    slot's distinct signs, the distinct sign count per slot). ``np.unique(...,
+    return_inverse=True)`` and a bincount, by a scratch hash table that finds the distinct signs
+    and one numpy sort of those only (numba's argsort is 4x slower)."""
+    distinct, first, table = _distinct(signs)
+    ordered = np.sort(distinct)
+    local, sign_counts = _local(table, distinct, ordered, first, value_counts, rank)
+    return ordered, local, sign_counts
+
+
+@numba.njit(inline="always")
+def _entry(table, distinct, s, shift, size):  # type: ignore[no-untyped-def]
+    """Where sign s is in the table (open addressing, Fibonacci hashing: signs from crosses and
+    from xxh64 alike spread over the product's high bits), or the empty entry it would take."""
+    pos = np.int64((s * _GOLDEN) >> shift)
+    while True:
+        j = table[pos]
+        if j < 0 or distinct[j] == s:
+            return pos
+        pos = (pos + 1) & (size - 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _distinct(
+    signs: NDArray[np.uint64],
+) -> tuple[NDArray[np.uint64], NDArray[np.int64], NDArray[np.int64]]:
+    """(distinct signs in first-seen order, each value's index among them, the table)."""
+    n = len(signs)
+    bits = 4
+    while (1 << bits) < 2 * n:  # at most half full
+        bits += 1
+    size = 1 << bits
+    shift = np.uint64(64 - bits)
+    table = np.full(size, -1, np.int64)
+    distinct = np.empty(n, np.uint64)
+    first = np.empty(n, np.int64)
+    k = 0
+    for i in range(n):
+        s = signs[i]
+        pos = _entry(table, distinct, s, shift, size)
+        j = table[pos]
+        if j < 0:
+            table[pos] = k
+            distinct[k] = s
+            j = k
+            k += 1
+        first[i] = j
+    return distinct[:k], first, table
+
+
+@numba.njit(cache=True, nogil=True)
+def _local(
+    table: NDArray[np.int64],
+    distinct: NDArray[np.uint64],
+    ordered: NDArray[np.uint64],
+    first: NDArray[np.int64],
+    value_counts: NDArray[np.int64],
+    rank: NDArray[np.int64],
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    size = len(table)
+    bits = 0
+    while (1 << bits) < size:
+        bits += 1
+    shift = np.uint64(64 - bits)
+    n_slots = len(value_counts)
+    position = np.empty(len(distinct), np.int64)  # first-seen index -> index in ordered
+    sign_counts = np.zeros(n_slots, np.int64)
+    for r in range(len(ordered)):
+        position[table[_entry(table, distinct, ordered[r], shift, size)]] = r
+        sign_counts[rank[np.int64(ordered[r] >> _SLOT_SHIFT)]] += 1
+    local = np.empty(len(first), np.int64)
+    i = 0
+    start = 0
+    for j in range(n_slots):
+        for _ in range(value_counts[j]):
+            local[i] = position[first[i]] - start
+            i += 1
+        start += sign_counts[j]
+    return local, sign_counts
+
+
+@numba.njit(cache=True, nogil=True)
+def dense_columns(
+    raw: NDArray[np.float64],
+    default: NDArray[np.float64],
+    lo: NDArray[np.float64],
+    hi: NDArray[np.float64],
+    log1p: NDArray[np.bool_],
+    mean: NDArray[np.float64],
+    std: NDArray[np.float64],
+) -> tuple[NDArray[np.float32], int, int]:
+    """(rows, k) float32 features from (k, rows) raw values (NaN: missing), each column j:
+    missing -> default[j], clipped to [lo[j], hi[j]], log1p'd where log1p[j], minus mean[j],
+    over std[j]. Returns (out, column, verdict): verdict 0, or NOT_FINITE / LOG1P_DOMAIN for the
+    first bad value's column (out is then incomplete)."""
+    k, rows = raw.shape
+    out = np.empty((rows, k), np.float32)
+    for j in range(k):
+        d, a, b, lg, m, s = default[j], lo[j], hi[j], log1p[j], mean[j], std[j]
+        for r in range(rows):
+            x = raw[j, r]
+            if np.isnan(x):
+                x = d
+            elif not np.isfinite(x):
+                return out, j, NOT_FINITE
+            x = min(max(x, a), b)
+            if lg:
+                if x <= -1.0:
+                    return out, j, LOG1P_DOMAIN
+                x = np.log1p(x)
+            out[r, j] = (x - m) / s
+    return out, -1, 0
