@@ -37,7 +37,7 @@ class RecserveHandler:
         config = ScoringConfig.from_dict(json.loads((model_dir / "scoring.json").read_text()))
         with loading_priority():  # a version loading beside a serving one yields the CPU to it
             self.scorer = Scorer(config)
-        self._metrics = _metrics(context, self.scorer.dense_version, self.scorer.lookup_modes)
+        self._metrics = _metrics(context, self.scorer)
         self.initialized = True
 
     # decode -> predict -> encode, one request at a time; each request gets its own status and a
@@ -61,13 +61,13 @@ class RecserveHandler:
         return out
 
 
-def _metrics(context, dense_version: str, lookup_modes: list[str]) -> ScoringMetrics | None:
+def _metrics(context, scorer: Scorer) -> ScoringMetrics | None:
     """The scoring metrics (serving/torchserve/metrics.py), or None when this TorchServe was not
     started with their config (a stack not started by recserve): scoring does not depend on them."""
     from serving.torchserve.metrics import ScoringMetrics
 
     try:
-        return ScoringMetrics(context, dense_version, lookup_modes)
+        return ScoringMetrics(context, scorer.dense_version, scorer.lookup_modes, scorer.runtime)
     except Exception as e:  # noqa: BLE001 - MetricsCacheKeyError: not declared in this TorchServe
         import logging
 

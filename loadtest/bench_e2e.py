@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", default="10,50,100,200", help="requests/s, comma-separated")
     p.add_argument("--duration", type=float, default=30.0, help="seconds per rate")
     p.add_argument("--warmup-s", type=float, default=5.0, help="sequential warm-up before measuring")
-    p.add_argument("--runtime", default="torchscript", choices=["torchscript", "onnx"])
+    p.add_argument("--runtime", default="auto", choices=["auto", "torchscript", "onnx"])
     p.add_argument("--ts-workers", type=int, default=2, help="TorchServe handler processes (default 2)")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--max-batch-delay-ms", type=int, default=1)

@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     import torch
 
 OUTPUT_NAME = "logits"
+RUNTIMES = ("torchscript", "onnx")
+"""The dense runtimes a version ships (the manifest's ``dense`` names each one's file)."""
+AUTO = "auto"
+TIMED_ROWS = 200
+"""Rows of the batch the export times each runtime on: a ranking request's candidates."""
 
 DenseFn = Callable[[NDArray[Any], NDArray[Any]], NDArray[np.float32]]
 """(pooled (B, S, D), dense (B, F)) -> logits (B,), float32."""
@@ -94,6 +99,55 @@ def _load_onnx(path: Path, num_threads: int | None) -> DenseFn:
         return logits
 
     return predict
+
+
+def runtime_of(manifest: dict[str, Any], requested: str = AUTO) -> str:
+    """The dense runtime to serve a version with: ``requested``, or for ``auto`` the one its export
+    measured faster (the manifest's ``dense_runtime.default``; torchscript for versions exported
+    before it was measured). ValueError for a runtime the version does not ship."""
+    if requested == AUTO:
+        requested = (manifest.get("dense_runtime") or {}).get("default", "torchscript")
+    if requested not in RUNTIMES:
+        raise ValueError(
+            f"unknown dense runtime {requested!r}; choose {AUTO} or one of {', '.join(RUNTIMES)}"
+        )
+    if requested not in manifest.get("dense", {}):
+        raise ValueError(
+            f"this version ships no {requested} dense model (it has {sorted(manifest.get('dense', {}))})"
+        )
+    return requested
+
+
+def time_runtimes(
+    paths: dict[str, Path],
+    pooled: NDArray[Any],
+    dense: NDArray[Any],
+    num_threads: int = 1,
+    seconds: float = 0.3,
+) -> dict[str, float]:
+    """Median ms of one call of each runtime's model on (pooled, dense), measured in turns (so a
+    busy moment of the machine hits both alike) for about ``seconds`` after a warm-up."""
+    import time
+
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        fns = {name: load_dense(path, num_threads=num_threads) for name, path in paths.items()}
+        for fn in fns.values():
+            for _ in range(5):
+                fn(pooled, dense)
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline or min(map(len, times.values())) < 20:
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                fn(pooled, dense)
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    finally:
+        torch.set_num_threads(before)
+    return {name: round(float(np.median(t)), 4) for name, t in times.items()}
 
 
 def load_dense(path: str | os.PathLike[str], num_threads: int | None = None) -> DenseFn:

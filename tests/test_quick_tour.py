@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+import model_store
 from tests.helpers import ROOT, port_free, recserve_argv
 
 
@@ -53,4 +54,8 @@ def test_quick_tour_runs_as_printed(tmp_path):
     assert "lookups      shard 0 remote, shard 1 remote (TorchServe's handler)" in outputs["versions"], (
         outputs["versions"]
     )
+    runtime = model_store.read_manifest(tmp_path / "store" / "criteo" / "1")["dense_runtime"]["default"]
+    assert f"dense model  version 1 (TorchServe's default), runtime {runtime}" in outputs["versions"], (
+        outputs["versions"]
+    )  # the handler serves the runtime the export measured faster, and says so
     assert "stopped" in outputs["down"]

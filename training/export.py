@@ -29,6 +29,21 @@ SCORES = "eval/scores.npy"
 ONNX_ATOL, ONNX_RTOL = 1e-4, 1e-4
 
 
+def choose_runtime(vdir: Path, pooled: np.ndarray, dense: np.ndarray) -> dict:
+    """Time the version's dense runtimes on a request-sized batch of the test rows (one intra-op
+    thread: a scoring process's default) and name the faster one: what ``--runtime auto``
+    serves. The manifest keeps the figures beside the choice."""
+    from model_store.dense import TIMED_ROWS, time_runtimes
+
+    reps = -(-TIMED_ROWS // len(pooled))
+    p, x = (np.concatenate([a] * reps)[:TIMED_ROWS] for a in (pooled, dense))
+    p50 = time_runtimes({name: vdir / rel for name, rel in DENSE.items()}, p, x, num_threads=1)
+    default = min(p50, key=p50.__getitem__)
+    log.info("dense runtime %s (p50 on %d rows, 1 thread: %s)", default, len(p),
+             ", ".join(f"{k} {v:.3f} ms" for k, v in p50.items()))  # fmt: skip
+    return {"default": default, "p50_ms": p50, "rows": len(p), "threads": 1}
+
+
 class DeltaTrigger:
     """Says when to cut a delta: every ``interval_s`` seconds and/or every ``rows`` training rows."""
 
@@ -87,6 +102,7 @@ class VersionWriter:
         diff = verify_onnx(
             d / DENSE["onnx"], model, evaluation.pooled, evaluation.dense, atol=ONNX_ATOL, rtol=ONNX_RTOL
         )
+        runtime = choose_runtime(d, evaluation.pooled, evaluation.dense)
         (d / SCORES).parent.mkdir(parents=True, exist_ok=True)
         np.save(d / SCORES, evaluation.scores.astype(np.float32))
         parent = model_store.versions(self.root, self.model)
@@ -99,6 +115,7 @@ class VersionWriter:
             "dim": model_config["dim"],
             "num_shards": cluster.num_shards,
             "dense": dict(DENSE),
+            "dense_runtime": runtime,
             "metrics": {**evaluation.metrics(), "onnx_max_abs_diff": diff},
             "deltas": self.deltas,
             **(extra or {}),

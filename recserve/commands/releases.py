@@ -83,7 +83,9 @@ def run_versions(cfg: VersionsConfig) -> int:
         print(f"serving: no stack running from {run_dir}")
         return 0
     print(f"serving (stack in {view['run_dir']}):")
-    print(f"  dense model  version {view['dense_version']} (TorchServe's default)")
+    runtimes = (view.get("lookups") or {}).get("runtimes")
+    runtime = f", runtime {'|'.join(runtimes)}" if runtimes else ""
+    print(f"  dense model  version {view['dense_version']} (TorchServe's default){runtime}")
     for i, shard in enumerate(view["ps"]):
         print(f"  ps shard {shard.get('shard', i)}   {shard['address']}  " + _served(shard))
         if shard.get("refusal"):

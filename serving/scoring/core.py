@@ -33,6 +33,7 @@ from features.batch import BatchError, CompactBatch, check_fits
 from features.codec import CodecError, decode, encode
 from features.schema import Schema, load_schema
 from features.transform import FeatureError, dense_matrix, transform
+from model_store.dense import AUTO, RUNTIMES, runtime_of
 
 log = logging.getLogger("recserve.scoring")
 
@@ -40,6 +41,8 @@ LOOKUPS = ("remote", "colocated", "auto")
 LOOKUP_MODES = ("local", "remote")
 """Where one shard's rows are read (what LOOKUPS chose for it): mapped in this process, or
 through the worker / PS shards."""
+DENSE_RUNTIME = "recserve_scoring_dense_runtime"
+"""The gauge both frontends export: 1 for the dense runtime in use ({runtime}), 0 for the other."""
 JSON = "application/json"
 BINARY = "application/octet-stream"
 
@@ -64,8 +67,9 @@ class ScoringConfig:
     worker then runs as a library in this process over them (one process hop fewer than --worker)."""
     poll_s: float = 1.0
     """How often to look for new deltas of the served version (co-located shards) and new versions."""
-    runtime: str = field(default="torchscript", metadata={"choices": ["torchscript", "onnx"]})
-    """Dense runtime."""
+    runtime: str = field(default="auto", metadata={"choices": ["auto", "torchscript", "onnx"]})
+    """Dense runtime: auto serves the one the version's export measured faster (its manifest's
+    dense_runtime; torchscript for versions exported before that)."""
     max_items: int = 1000
     """Items per scoring request (more: 413)."""
     max_body_bytes: int = 4 << 20
@@ -86,6 +90,10 @@ class ScoringConfig:
     def __post_init__(self) -> None:
         if self.ps == []:
             self.ps = None
+        if self.runtime not in (AUTO, *RUNTIMES):
+            raise ValueError(
+                f"unknown runtime {self.runtime!r}; choose {AUTO} or one of {', '.join(RUNTIMES)}"
+            )
         if self.lookups not in LOOKUPS:
             raise ValueError(f"unknown lookups {self.lookups!r}; choose one of {', '.join(LOOKUPS)}")
         from serving.worker.client import parse_workers
@@ -133,7 +141,9 @@ class Scorer:
         self.schema: Schema = load_schema(vdir / "schema.yaml")
         self.model = self.manifest.get("model", vdir.parent.name)
         self.dense_version = str(self.manifest.get("version", vdir.name))
-        rel = self.manifest["dense"]["onnx" if config.runtime == "onnx" else "torchscript"]
+        self.runtime = runtime_of(self.manifest, config.runtime)
+        """The dense runtime this scorer runs (``ScoringConfig.runtime`` resolved)."""
+        rel = self.manifest["dense"][self.runtime]
         if config.verify:  # the files this process reads; the embedding shards are the PS's to check
             model_store.verify_files(vdir, self.manifest, [rel, "schema.yaml"])
         self.dense = _load_dense(vdir / rel, config.threads)

@@ -37,7 +37,9 @@ import orjson
 
 import model_store as ms
 from serving.scoring.core import (
+    DENSE_RUNTIME,
     LOOKUP_MODES,
+    RUNTIMES,
     Reply,
     Scorer,
     ScoringConfig,
@@ -144,6 +146,8 @@ class Frontend:
         )
         self.modes = Gauge("recserve_scoring_lookup_mode", "Where each embedding shard's rows are read (1 = this mode)",
                            ["shard", "mode"], registry=r)  # fmt: skip
+        self.runtime = Gauge(DENSE_RUNTIME, "The dense runtime that scores (1 = this runtime)", ["runtime"],
+                             registry=r)  # fmt: skip
         self.versions = VersionTarget(config.store, config.model, "scorer", config.version, r)
         self._closed = False
 
@@ -186,6 +190,8 @@ class Frontend:
         for i, mode in enumerate(scorer.lookup_modes):
             for m in LOOKUP_MODES:
                 self.modes.labels(str(i), m).set(int(m == mode))
+        for rt in RUNTIMES:
+            self.runtime.labels(rt).set(int(rt == scorer.runtime))
 
     def not_serving_reason(self) -> str:
         return self.versions.not_serving(self.versions.target(), self.failure)

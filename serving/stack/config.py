@@ -41,8 +41,8 @@ class StackConfig:
     dtype: str = field(default="float32", metadata={"choices": ["float32", "float16"]})
     """Row storage of the PS shards: float32 maps the version's rows as they are; float16 halves
     row memory (an fp32 version's rows converted into memory at load)."""
-    runtime: str = field(default="torchscript", metadata={"choices": ["torchscript", "onnx"]})
-    """Dense runtime in the handler."""
+    runtime: str = field(default="auto", metadata={"choices": ["auto", "torchscript", "onnx"]})
+    """Dense runtime in the handler (auto: the one the version's export measured faster)."""
     disable_token_auth: bool = field(default=False, metadata={"flag": "no-token-auth"})
     """Turn TorchServe token auth OFF (it is on by default; `up` says which)."""
     ts_workers: int = 1

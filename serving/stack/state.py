@@ -221,10 +221,11 @@ def serving_view(run_dir: str | Path, timeout_s: float = 2.0) -> dict | None:
 
 
 def lookup_modes(metrics_address: str, timeout_s: float = 2.0) -> dict:
-    """Where the scoring processes behind ``metrics_address`` (HOST:PORT of a /metrics) read each
-    shard's rows, as they report it (``recserve_scoring_lookup_mode == 1``): ``{"shards": {shard:
-    [modes]}}`` (several modes while versions that chose differently are loaded side by side), or
-    ``{"error": why}`` when the endpoint does not answer."""
+    """What the scoring processes behind ``metrics_address`` (HOST:PORT of a /metrics) report of
+    how they score: where they read each shard's rows (``recserve_scoring_lookup_mode == 1``) and
+    their dense runtime (``recserve_scoring_dense_runtime == 1``): ``{"shards": {shard: [modes]},
+    "runtimes": [runtimes]}`` (several while versions that chose differently are loaded side by
+    side), or ``{"error": why}`` when the endpoint does not answer."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -235,12 +236,15 @@ def lookup_modes(metrics_address: str, timeout_s: float = 2.0) -> dict:
     except OSError as e:
         return {"error": str(e)}
     modes: dict[int, set[str]] = {}
+    runtimes: set[str] = set()
     for family in text_string_to_metric_families(text):
         if family.name == "recserve_scoring_lookup_mode":
             for sample in family.samples:
                 if sample.value == 1:
                     modes.setdefault(int(sample.labels["shard"]), set()).add(sample.labels["mode"])
-    return {"shards": {shard: sorted(m) for shard, m in sorted(modes.items())}}
+        elif family.name == "recserve_scoring_dense_runtime":
+            runtimes |= {sample.labels["runtime"] for sample in family.samples if sample.value == 1}
+    return {"shards": {shard: sorted(m) for shard, m in sorted(modes.items())}, "runtimes": sorted(runtimes)}
 
 
 def any_alive(state: StackState) -> bool:

@@ -14,7 +14,9 @@ config plus ``SCORING``; ``ScoringMetrics`` records one reply of the scoring cor
   dense, encode, total);
 - ``recserve_scoring_lookup_mode{shard, mode}``: where each embedding shard's rows are read (1 for
   the mode in use, ``local`` or ``remote``, 0 for the other), set when the handler starts: the
-  name and labels ``recserve serve`` exports.
+  name and labels ``recserve serve`` exports;
+- ``recserve_scoring_dense_runtime{runtime}``: 1 for the dense runtime in use (torchscript or
+  onnx), 0 for the other, set when the handler starts, as ``recserve serve`` exports it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+
+from serving.scoring.core import DENSE_RUNTIME
 
 REQUESTS = "recserve_scoring_requests_total"
 STAGES = "recserve_scoring_stage_seconds"
@@ -31,7 +35,8 @@ SCORING = {
     "counter": [{"name": REQUESTS, "unit": "Count",
                  "dimensions": [*_DIMS, "status", "dense_version", "embedding_version"]}],
     "histogram": [{"name": STAGES, "unit": "Seconds", "dimensions": [*_DIMS, "stage"]}],
-    "gauge": [{"name": LOOKUP_MODE, "unit": "Count", "dimensions": [*_DIMS, "shard", "mode"]}],
+    "gauge": [{"name": LOOKUP_MODE, "unit": "Count", "dimensions": [*_DIMS, "shard", "mode"]},
+              {"name": DENSE_RUNTIME, "unit": "Count", "dimensions": [*_DIMS, "runtime"]}],
 }  # fmt: skip
 
 
@@ -53,7 +58,9 @@ def write_metrics_config(path: Path) -> Path:
 class ScoringMetrics:
     """Records replies of the scoring core (``serving.scoring.core.Reply``) as TorchServe metrics."""
 
-    def __init__(self, context, dense_version: str, lookup_modes: list[str] | tuple[str, ...] = ()):
+    def __init__(
+        self, context, dense_version: str, lookup_modes: list[str] | tuple[str, ...] = (), runtime: str = ""
+    ):
         from ts.metrics.metric_type_enum import MetricTypes
 
         cache = context.metrics
@@ -67,6 +74,12 @@ class ScoringMetrics:
         for shard, mode in enumerate(lookup_modes):
             for m in LOOKUP_MODES:
                 modes.add_or_update(int(m == mode), [self.model, "Model", str(shard), m])
+        if runtime:
+            from model_store.dense import RUNTIMES
+
+            runtimes = cache.get_metric(DENSE_RUNTIME, MetricTypes.GAUGE)
+            for rt in RUNTIMES:
+                runtimes.add_or_update(int(rt == runtime), [self.model, "Model", rt])
 
     def record(self, reply) -> None:
         v = reply.versions

@@ -154,6 +154,13 @@ def test_export_writes_a_complete_verified_version(trained):
     assert manifest["num_shards"] == 2 and manifest["dim"] == 16
     assert manifest["model_config"]["kind"] == "dlrm"
     assert abs(manifest["metrics"]["auc"] - result.auc) < 1e-12
+    # both runtimes timed on a request-sized batch; the faster is what --runtime auto serves
+    runtime = manifest["dense_runtime"]
+    assert set(runtime["p50_ms"]) == {"torchscript", "onnx"} and all(
+        v > 0 for v in runtime["p50_ms"].values()
+    )
+    assert runtime["default"] == min(runtime["p50_ms"], key=runtime["p50_ms"].get)
+    assert (runtime["rows"], runtime["threads"]) == (200, 1)
     assert {
         "embeddings/shard-0-of-2/rows.npy",
         "dense/model.pt",

@@ -64,8 +64,9 @@ def test_a_state_of_another_format_is_refused_naming_the_file(tmp_path, change, 
 
 
 def test_lookup_modes_reads_what_a_scoring_process_reports_and_says_when_it_does_not_answer():
-    """``recserve versions``' lookups line: the modes a /metrics reports as 1, per shard; several
-    while versions that chose differently are loaded; the error when nothing answers there."""
+    """``recserve versions``' lookups line and dense runtime: the modes a /metrics reports as 1,
+    per shard; several while versions that chose differently are loaded; the runtime reported as
+    1; the error when nothing answers there."""
     from prometheus_client import CollectorRegistry, Gauge
 
     from serving.rpc.metrics import start_metrics_server
@@ -77,10 +78,16 @@ def test_lookup_modes_reads_what_a_scoring_process_reports_and_says_when_it_does
     for shard, local, remote in ((0, 1, 0), (1, 1, 1)):
         modes.labels(str(shard), "local").set(local)
         modes.labels(str(shard), "remote").set(remote)
+    runtime = Gauge("recserve_scoring_dense_runtime", "runtime", ["runtime"], registry=registry)
+    runtime.labels("torchscript").set(0)
+    runtime.labels("onnx").set(1)
     port, closed = free_ports(2)
     stop = start_metrics_server(port, "127.0.0.1", registry)
     try:
-        assert lookup_modes(f"127.0.0.1:{port}") == {"shards": {0: ["local"], 1: ["local", "remote"]}}
+        assert lookup_modes(f"127.0.0.1:{port}") == {
+            "shards": {0: ["local"], 1: ["local", "remote"]},
+            "runtimes": ["onnx"],
+        }
     finally:
         stop()
     assert "refused" in lookup_modes(f"127.0.0.1:{closed}")["error"]

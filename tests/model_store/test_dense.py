@@ -1,0 +1,22 @@
+import pytest
+
+from model_store.dense import runtime_of
+
+BOTH = {"torchscript": "dense/model.pt", "onnx": "dense/model.onnx"}
+
+
+def test_auto_serves_the_runtime_the_export_measured_faster():
+    measured = {
+        "dense": BOTH,
+        "dense_runtime": {"default": "onnx", "p50_ms": {"torchscript": 0.9, "onnx": 0.4}},
+    }
+    assert runtime_of(measured) == "onnx"
+    assert runtime_of(measured, "torchscript") == "torchscript"  # asked for: served as asked
+    assert runtime_of({"dense": BOTH}) == "torchscript"  # exported before runtimes were measured
+
+
+def test_a_runtime_the_version_does_not_ship_is_refused():
+    with pytest.raises(ValueError, match="ships no onnx"):
+        runtime_of({"dense": {"torchscript": "dense/model.pt"}}, "onnx")
+    with pytest.raises(ValueError, match="unknown dense runtime 'tensorrt'"):
+        runtime_of({"dense": BOTH}, "tensorrt")
