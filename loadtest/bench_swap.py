@@ -1,6 +1,7 @@
 """``make bench-swap``: hot swaps under load.
 
     python -m loadtest.bench_swap [--duration 90] [--rate 50] [--deltas 10] [--delta-rows 10000]
+                                  [--lookups remote,colocated]
 
 Trains two versions into a temporary model store from the same schema file but on *different
 data* (v1 on the first half of the training split, v2 on the second, so their fitted dense
@@ -14,12 +15,20 @@ from its publish until it is live: a delta until every PS shard reports its seq,
 until every shard serves v2, the dense switch until TorchServe's default is v2; the whole full
 switch is publish -> dense default.
 
-Every response's ``versions`` are recorded: a response is *mixed* when the embedding version it
-read (any shard) differs from its dense model's version.
+The whole schedule runs once per lookup mode of the handler (``--lookups``, each on a fresh
+copy of the two trained versions): ``remote`` (rows through the worker and the PS shards) and
+``colocated`` (the handler maps the version's shard files and applies its deltas itself; the PS
+shards still run, and their Stats still time the PS side).
 
-Writes loadtest/results/swap.json (``failures``, ``mixed_responses``, ``p99_steady_ms``,
-``p99_during_swap_ms``, ``full_switch_window_s``, ``full_switch_p99_ms``, ``delta_visible_p50_s``,
-``delta_visible_p99_s``, per-window figures) and swap.png (latency over time with every event
+Every response's ``versions`` are recorded: a response is *mixed* when the embedding version it
+read (any shard) differs from its dense model's version. A delta is *visible* when the first
+response that read it (its shards' lowest delta seq reaches the delta's) ends: what a client
+sees, in either mode.
+
+Writes loadtest/results/swap.json (``runs``, one per mode: ``failures``, ``mixed_responses``,
+``p99_steady_ms``, ``p99_during_swap_ms``, ``full_switch_window_s``, ``full_switch_p99_ms``,
+``delta_visible_p50_s``, ``delta_visible_p99_s`` (the first response), ``delta_ps_live_p99_s``
+(every PS shard), per-window figures) and swap-<mode>.png (latency over time with every event
 marked).
 """
 
@@ -126,47 +135,59 @@ def swap_schedule(root: Path, stack, args, events: list[dict]) -> None:
     time.sleep(args.after_s)  # the old dense version drains; responses after the switch count too
 
 
-def run(args) -> dict:
-    from serving.stack.local import LocalStack, StackConfig
-
+def run(args) -> list[dict]:
     work = Path(tempfile.mkdtemp(prefix="bench-swap-"))
-    root = work / "store"
+    trained = work / "trained"
     try:
         print("training two versions on different halves of the data ...", flush=True)
-        fingerprints = train_versions(root)
+        fingerprints = train_versions(trained)
         if len(set(fingerprints)) != 1:
             raise RuntimeError(f"the two versions' schema fingerprints differ: {fingerprints}")
-        cfg = StackConfig(store=str(root), model="criteo", http_port=0, management_port=0, metrics_port=0,
-                          disable_token_auth=True, poll_s=args.poll_s)  # fmt: skip
-        print("starting the stack (token auth disabled for this local benchmark) ...", flush=True)
-        with LocalStack(cfg) as stack:
-            timeline = work / "timeline.txt"
-            events: list[dict] = []
-            t_start = time.time()
-            locust = start_locust_timeline(stack.state.inference, args.rate, args.duration, timeline)
-            errors: list[BaseException] = []
-
-            def swaps():
-                try:
-                    swap_schedule(root, stack, args, events)
-                except BaseException as e:  # reported after the run
-                    errors.append(e)
-
-            th = threading.Thread(target=swaps)
-            th.start()
-            th.join()
-            _, stderr = locust.communicate(timeout=args.duration + 120)
-            if errors:
-                raise errors[0]
-            if not timeline.exists():
-                raise RuntimeError(f"locust wrote no timeline:\n{stderr[-3000:]}")
-        return analyse(np.loadtxt(timeline, ndmin=2), events, t_start, args)
+        runs = []
+        for lookups in args.lookups.split(","):
+            root = work / lookups / "store"
+            shutil.copytree(trained, root)  # the deltas and the publish change the store: a fresh copy
+            runs.append(run_mode(root, lookups, args))
+        return runs
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def analyse(tl: np.ndarray, events: list[dict], t_start: float, args) -> dict:
+def run_mode(root: Path, lookups: str, args) -> dict:
+    from serving.stack.local import LocalStack, StackConfig
+
+    work = root.parent
+    cfg = StackConfig(store=str(root), model="criteo", http_port=0, management_port=0, metrics_port=0,
+                      disable_token_auth=True, poll_s=args.poll_s, lookups=lookups)  # fmt: skip
+    print(f"starting the stack, lookups {lookups} (token auth disabled for this local benchmark) ...",
+          flush=True)  # fmt: skip
+    with LocalStack(cfg) as stack:
+        timeline = work / "timeline.txt"
+        events: list[dict] = []
+        t_start = time.time()
+        locust = start_locust_timeline(stack.state.inference, args.rate, args.duration, timeline)
+        errors: list[BaseException] = []
+
+        def swaps():
+            try:
+                swap_schedule(root, stack, args, events)
+            except BaseException as e:  # reported after the run
+                errors.append(e)
+
+        th = threading.Thread(target=swaps)
+        th.start()
+        th.join()
+        _, stderr = locust.communicate(timeout=args.duration + 120)
+        if errors:
+            raise errors[0]
+        if not timeline.exists():
+            raise RuntimeError(f"locust wrote no timeline:\n{stderr[-3000:]}")
+    return {"lookups": lookups, **analyse(np.loadtxt(timeline, ndmin=2), events, t_start, args, lookups)}
+
+
+def analyse(tl: np.ndarray, events: list[dict], t_start: float, args, lookups: str) -> dict:
     end, ms, failed, mixed, dense = tl[:, 0], tl[:, 1], tl[:, 2].astype(bool), tl[:, 3].astype(bool), tl[:, 4]
+    seq = tl[:, 5]
     start = end - ms / 1e3  # when each request was sent
     first_event = min(e["start"] for e in events)
     steady = (start >= t_start + 3.0) & (end < first_event)  # after a short ramp-up
@@ -176,7 +197,14 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float, args) -> dict:
         window = (end >= e["start"]) & (start <= e["live"])
         in_swap |= window
         per_kind.setdefault(e["kind"], []).append(window)
-    visible = np.array([e["live"] - e["start"] for e in events if e["kind"] == "delta"])
+    ps_live = np.array([e["live"] - e["start"] for e in events if e["kind"] == "delta"])
+    first_v = [e for e in events if e["kind"] == "full version switch"][0]["start"]
+    visible = []  # publish -> the first response that read the delta (its shards' lowest seq reached it)
+    for e in (e for e in events if e["kind"] == "delta"):
+        seen = end[(end >= e["start"]) & (seq >= e["seq"]) & (start < first_v)]
+        if not len(seen):
+            raise RuntimeError(f"no response read delta {e['seq']} ({lookups} lookups)")
+        visible.append(seen.min() - e["start"])
     full = [e for e in events if e["kind"] == "full version switch"][0]
     dense_live = [e for e in events if e["kind"] == "dense version switch"][0]["live"]
     in_full = (end >= full["start"]) & (start <= dense_live)
@@ -201,8 +229,9 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float, args) -> dict:
         "full_switch_window_s": round(dense_live - full["start"], 3),
         "full_switch_p99_ms": p99(in_full),
         "full_switch_requests": int(in_full.sum()),
-        "delta_visible_p50_s": float(np.percentile(visible, 50)),
-        "delta_visible_p99_s": float(np.percentile(visible, 99)),
+        "delta_visible_p50_s": round(float(np.percentile(visible, 50)), 3),
+        "delta_visible_p99_s": round(float(np.percentile(visible, 99)), 3),
+        "delta_ps_live_p99_s": round(float(np.percentile(ps_live, 99)), 3),
         "windows": windows,
         "events": [
             {**e, "start": round(e["start"] - t_start, 3), "live": round(e["live"] - t_start, 3)}
@@ -215,11 +244,11 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float, args) -> dict:
             "loadavg": os.getloadavg(),
         },  # fmt: skip
     }
-    plot(start - t_start, ms, failed, result["events"], RESULTS / "swap.png")
+    plot(start - t_start, ms, failed, result["events"], RESULTS / f"swap-{lookups}.png", lookups)
     return result
 
 
-def plot(t, ms, failed, events, path: Path) -> None:
+def plot(t, ms, failed, events, path: Path, lookups: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -246,7 +275,8 @@ def plot(t, ms, failed, events, path: Path) -> None:
     ax.set_ylabel("latency (ms)")
     ax.set_yscale("log")
     ax.set_title(
-        "recserve: scoring latency at 50 req/s while deltas, a full version and a dense model are swapped in"
+        f"recserve ({lookups} lookups): scoring latency at 50 req/s while deltas, a full version and a dense "
+        "model are swapped in"
     )
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
@@ -265,22 +295,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steady-s", type=float, default=15.0)
     p.add_argument("--poll-s", type=float, default=0.2)
     p.add_argument("--after-s", type=float, default=5.0, help="load kept on after the dense switch")
+    p.add_argument("--lookups", default="remote,colocated", help="the handler's lookup modes, one run each")
     args = p.parse_args(argv)
-    result = run(args)
-    print_table("hot swap under load", [result], ["rate", "requests", "failures", "mixed_responses", "p50_steady_ms",
-                "p99_steady_ms", "p99_during_swap_ms", "full_switch_window_s", "full_switch_p99_ms",
-                "delta_visible_p50_s", "delta_visible_p99_s"])  # fmt: skip
-    print_table("windows (publish -> live)", [{"kind": k, **v} for k, v in result["windows"].items()],
-                ["kind", "requests", "p99_ms", "window_s"])  # fmt: skip
-    checks = {
-        "0 failures": result["failures"] == 0,
-        "0 mixed responses": result["mixed_responses"] == 0,
-        "p99_during_swap <= 1.5x p99_steady": (result["p99_during_swap_ms"] or 0)
-        <= 1.5 * (result["p99_steady_ms"] or 0),
-        "delta_visible_p99 <= 1 s": result["delta_visible_p99_s"] <= 1,
-    }
+    runs = run(args)
+    cols = ["lookups", "rate", "requests", "failures", "mixed_responses", "p50_steady_ms", "p99_steady_ms",
+            "p99_during_swap_ms", "full_switch_window_s", "full_switch_p99_ms", "delta_visible_p50_s",
+            "delta_visible_p99_s", "delta_ps_live_p99_s"]  # fmt: skip
+    print_table("hot swap under load", runs, cols)
+    print_table("windows (publish -> live)", [{"lookups": r["lookups"], "kind": k, **v} for r in runs
+                                               for k, v in r["windows"].items()],
+                ["lookups", "kind", "requests", "p99_ms", "window_s"])  # fmt: skip
+    checks: dict[str, bool] = {}
+    for r in runs:
+        m = r["lookups"]
+        checks |= {
+            f"{m}: 0 failures": r["failures"] == 0,
+            f"{m}: 0 mixed responses": r["mixed_responses"] == 0,
+            f"{m}: p99_during_swap <= 1.5x p99_steady": (r["p99_during_swap_ms"] or 0)
+            <= 1.5 * (r["p99_steady_ms"] or 0),
+            f"{m}: delta_visible_p99 <= 1 s": r["delta_visible_p99_s"] <= 1,
+        }
+    result = {"runs": runs}
     report_targets(result, checks)
-    print(f"\nwrote {write_results('swap', result)} and {RESULTS / 'swap.png'}")
+    print(f"\nwrote {write_results('swap', result)} and swap-<mode>.png in {RESULTS}")
     return 0
 
 

@@ -2,9 +2,10 @@
 end time, latency, outcome and the versions that answered, written to ``--timeline-out`` when the
 run stops. ``loadtest/bench_swap.py`` plots latency over time with the swap events on it.
 
-One line per request: ``end_time ms failed mixed dense_version``; ``mixed`` is 1 when the
-response's embedding version (or any shard's) differs from its dense version; ``dense_version``
-is -1 when the response named none (a failure)."""
+One line per request: ``end_time ms failed mixed dense_version delta_seq``; ``mixed`` is 1 when
+the response's embedding version (or any shard's) differs from its dense version;
+``dense_version`` is -1 when the response named none (a failure); ``delta_seq`` is the lowest delta
+seq among the shards the response read (-1: none, or not named)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from locust import events
 
 from loadtest.locustfile import ScoringUser  # noqa: F401 - the user class locust runs
 
-_timeline: list[tuple[float, float, int, int, str]] = []
+_timeline: list[tuple[float, float, int, int, str, int]] = []
 
 
 @events.init_command_line_parser.add_listener
@@ -25,21 +26,22 @@ def _args(parser) -> None:
     )
 
 
-def _versions(response) -> tuple[int, str]:
-    """(mixed, dense version) of a scoring response."""
+def _versions(response) -> tuple[int, str, int]:
+    """(mixed, dense version, lowest delta seq read) of a scoring response."""
     try:
         v = orjson.loads(response.content)["versions"]
     except (AttributeError, TypeError, KeyError, orjson.JSONDecodeError):
-        return 0, "-1"
+        return 0, "-1", -1
     dense = str(v.get("dense", ""))
     read = {str(v.get("embedding", ""))} | {str(s) for s, _ in v.get("shards", []) if s}
-    return int(read != {dense}), dense if dense.isdigit() else "-1"
+    seqs = [int(q) for _, q in v.get("shards", [])]
+    return int(read != {dense}), dense if dense.isdigit() else "-1", min(seqs, default=-1)
 
 
 @events.request.add_listener
 def _record(response_time, exception, response=None, **_) -> None:
-    mixed, dense = _versions(response) if not exception else (0, "-1")
-    _timeline.append((time.time(), float(response_time), 1 if exception else 0, mixed, dense))
+    mixed, dense, seq = _versions(response) if not exception else (0, "-1", -1)
+    _timeline.append((time.time(), float(response_time), 1 if exception else 0, mixed, dense, seq))
 
 
 @events.quitting.add_listener
@@ -48,5 +50,6 @@ def _dump(environment, **_) -> None:
     if out:
         with open(out, "w") as f:
             f.writelines(
-                f"{t:.6f} {ms:.4f} {failed} {mixed} {dense}\n" for t, ms, failed, mixed, dense in _timeline
+                f"{t:.6f} {ms:.4f} {failed} {mixed} {dense} {seq}\n"
+                for t, ms, failed, mixed, dense, seq in _timeline
             )

@@ -93,6 +93,22 @@ def _find(table, keys, s, h, pos, bits):
 
 
 @numba.njit(cache=True, nogil=True)
+def bucket_find(keys, buckets, signs, bits):
+    """``serving.ps.table.BucketTable.find`` compiled: each sign's slot in a full dump's keys, or
+    -1. Sign s lives in bucket ``table_hash(s) >> (64 - bits)``, keys[buckets[b]:buckets[b + 1]]."""
+    out = np.full(len(signs), -1, dtype=np.int64)
+    shift = np.uint64(64 - bits)
+    for i in range(len(signs)):
+        s = signs[i]
+        b = np.int64(_hash(s) >> shift)
+        for k in range(np.int64(buckets[b]), np.int64(buckets[b + 1])):
+            if keys[k] == s:
+                out[i] = k
+                break
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
 def find_slots(table, keys, signs, bits):
     """Slot of each sign, -1 where absent."""
     size = len(table)

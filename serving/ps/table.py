@@ -28,6 +28,7 @@ import fcntl
 import functools
 import mmap
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -149,7 +150,17 @@ class BucketTable:
 
     def find(self, signs: np.ndarray) -> np.ndarray:
         """Each sign's slot or -1 (tombstoned signs included), vectorised: every key of every
-        sign's bucket (4-8 on average, adjacent in ``keys``) is compared in one pass."""
+        sign's bucket (4-8 on average, adjacent in ``keys``) is compared in one pass. In a process
+        that has numba loaded already (a co-located scorer, a training PS) the compiled twin
+        ``serving.ps.index.bucket_find`` does it, 5x faster on a request's signs; a serving PS
+        shard stays numpy-only (no LLVM in its memory)."""
+        if "numba" in sys.modules and len(signs) and len(self.keys):
+            from serving.ps.index import bucket_find
+
+            return bucket_find(self.keys, self.buckets, np.asarray(signs, np.uint64), self.bits)
+        return self._find_numpy(signs)
+
+    def _find_numpy(self, signs: np.ndarray) -> np.ndarray:
         n = len(signs)
         slots = np.full(n, -1, dtype=np.int64)
         if n == 0 or len(self.keys) == 0:

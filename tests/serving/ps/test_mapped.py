@@ -54,6 +54,9 @@ def test_table_lookups_equal_a_dict_of_the_same_rows():
         else:
             np.testing.assert_array_equal(got, ref[q])
     assert (BucketTable.empty(DIM).find(query) == -1).all()
+    # the compiled find (this process has numba) and the serving PS's numpy one answer alike
+    assert table.find(query).tolist() == table._find_numpy(query).tolist()
+    assert table.find(query[:0]).tolist() == [] and (table.find(query) >= 0).sum() == 3_000
 
 
 def test_checksum_passes_take_turns_host_wide(tmp_path, monkeypatch):
