@@ -37,7 +37,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loadtest.common import ROOT, print_table, report_targets, start_locust_timeline, write_results
+from loadtest.common import (
+    ROOT,
+    print_table,
+    read_timeline,
+    report_targets,
+    start_locust_timeline,
+    write_results,
+)
 
 if TYPE_CHECKING:
     from serving.stack.state import StackState
@@ -224,7 +231,7 @@ def run(args) -> dict:
                 print(f"fuzzing the stack with {args.fuzz_cases} cases ...", flush=True)
                 fuzz = fuzz_stack(stack.state, args.fuzz_cases)
             after = score_test_split(stack.state.endpoint)
-            result = analyse(np.loadtxt(timeline, ndmin=2), events, t_start, args)
+            result = analyse(read_timeline(timeline), events, t_start, args)
             result.update(lost_deltas=lost, deltas_published=len(deltas.published), recovered_delta_seq=seq,
                           last_delta_seq=last, scores_unchanged_by_fuzz=bool(np.array_equal(before, after)),
                           restarts=stack_restarts(stack.run_dir), **fuzz)  # fmt: skip

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtest.common import print_table, report_targets, start_locust_timeline, write_results
+from loadtest.common import print_table, read_timeline, report_targets, start_locust_timeline, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "loadtest" / "results"
@@ -182,7 +182,7 @@ def run_mode(root: Path, lookups: str, args) -> dict:
             raise errors[0]
         if not timeline.exists():
             raise RuntimeError(f"locust wrote no timeline:\n{stderr[-3000:]}")
-    return {"lookups": lookups, **analyse(np.loadtxt(timeline, ndmin=2), events, t_start, args, lookups)}
+    return {"lookups": lookups, **analyse(read_timeline(timeline), events, t_start, args, lookups)}
 
 
 def analyse(tl: np.ndarray, events: list[dict], t_start: float, args, lookups: str) -> dict:

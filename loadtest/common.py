@@ -50,6 +50,18 @@ def start_locust_timeline(
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
+TIMELINE_COLUMNS = ("end_time", "ms", "failed", "mixed", "dense_version", "delta_seq")
+"""One line per request of ``loadtest/locust_timeline.py``'s ``--timeline-out``."""
+
+
+def read_timeline(path: Path) -> np.ndarray:
+    """A locust timeline as a (requests, len(TIMELINE_COLUMNS)) float array (0 rows when empty)."""
+    rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
+    return np.array([[float(x) for x in r] for r in rows], dtype=np.float64).reshape(
+        -1, len(TIMELINE_COLUMNS)
+    )
+
+
 def median_us(fn: Callable[[], object], min_runs: int = 200, min_seconds: float = 0.3) -> float:
     """Median wall time of ``fn`` in microseconds over many runs (after one warm-up call)."""
     fn()

@@ -5,7 +5,8 @@ run stops. ``loadtest/bench_swap.py`` plots latency over time with the swap even
 One line per request: ``end_time ms failed mixed dense_version delta_seq``; ``mixed`` is 1 when
 the response's embedding version (or any shard's) differs from its dense version;
 ``dense_version`` is -1 when the response named none (a failure); ``delta_seq`` is the lowest delta
-seq among the shards the response read (-1: none, or not named)."""
+seq among the shards the response read (-1: none, or not named). ``loadtest.common.read_timeline``
+reads it (``TIMELINE_COLUMNS``)."""
 
 from __future__ import annotations
 

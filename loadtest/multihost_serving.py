@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from loadtest import netns
-from loadtest.common import ROOT, start_locust_timeline, venv_env, wait_for
+from loadtest.common import ROOT, read_timeline, start_locust_timeline, venv_env, wait_for
 
 MOUNT = "/mnt/recserve"  # where every host mounts the store
 PS_PORTS = (50061, 50062)  # shard 0, shard 1 on each PS host
@@ -119,12 +119,6 @@ def _ping(url: str) -> bool:
         return False
 
 
-def timeline(path: Path) -> np.ndarray:
-    """Locust's timeline: rows of (end time, ms, failed, mixed, dense version)."""
-    rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
-    return np.array([[float(x) for x in r] for r in rows]).reshape(-1, 5)
-
-
 def under_load(roles: Roles, rate: int, duration_s: int, out: Path, events: list, at_s: list[float]) -> dict:
     """Locust at ``rate`` for ``duration_s`` while ``events[i]()`` runs at ``at_s[i]`` s into
     it; returns the window's figures: requests, failures (and those after the first event),
@@ -137,7 +131,7 @@ def under_load(roles: Roles, rate: int, duration_s: int, out: Path, events: list
         marks.append(time.time())
         fn()
     _, err = proc.communicate(timeout=duration_s + 120)
-    tl = timeline(out)
+    tl = read_timeline(out)
     if not len(tl):
         raise RuntimeError(f"locust recorded no request: {err[-2000:]}")
     end, ms, failed, mixed = tl[:, 0], tl[:, 1], tl[:, 2].astype(bool), tl[:, 3].astype(bool)
