@@ -28,6 +28,8 @@ SIGN_BITS = 48
 SLOT_BITS = 16
 MAX_SLOT_ID = (1 << SLOT_BITS) - 1
 SIGN_MASK = np.uint64((1 << SIGN_BITS) - 1)
+SLOT_SHIFT = np.uint64(SIGN_BITS)
+"""``sign >> SLOT_SHIFT`` is the sign's slot id."""
 
 
 SlotIds = int | NDArray[np.integer]  # one slot id for all values, or one per value

@@ -16,10 +16,9 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
-from features.hashing import SIGN_BITS
+from features.hashing import SLOT_SHIFT
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_SLOT_SHIFT = np.uint64(SIGN_BITS)
 
 NOT_FINITE = 1
 LOG1P_DOMAIN = 2
@@ -36,9 +35,10 @@ def dedup_slots(
     slot's distinct signs, the distinct sign count per slot). ``np.unique(...,
     return_inverse=True)`` and a bincount, by a scratch hash table that finds the distinct signs
     and one numpy sort of those only (numba's argsort is 4x slower)."""
-    distinct, first, table = _distinct(signs)
+    bits = max(4, (2 * len(signs) - 1).bit_length())  # a table at most half full
+    distinct, first, table = _distinct(signs, bits)
     ordered = np.sort(distinct)
-    local, sign_counts = _local(table, distinct, ordered, first, value_counts, rank)
+    local, sign_counts = _local(table, bits, distinct, ordered, first, value_counts, rank)
     return ordered, local, sign_counts
 
 
@@ -56,13 +56,11 @@ def _entry(table, distinct, s, shift, size):  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True, nogil=True)
 def _distinct(
-    signs: NDArray[np.uint64],
+    signs: NDArray[np.uint64], bits: int
 ) -> tuple[NDArray[np.uint64], NDArray[np.int64], NDArray[np.int64]]:
-    """(distinct signs in first-seen order, each value's index among them, the table)."""
+    """(distinct signs in first-seen order, each value's index among them, the table of
+    2**bits entries)."""
     n = len(signs)
-    bits = 4
-    while (1 << bits) < 2 * n:  # at most half full
-        bits += 1
     size = 1 << bits
     shift = np.uint64(64 - bits)
     table = np.full(size, -1, np.int64)
@@ -85,6 +83,7 @@ def _distinct(
 @numba.njit(cache=True, nogil=True)
 def _local(
     table: NDArray[np.int64],
+    bits: int,
     distinct: NDArray[np.uint64],
     ordered: NDArray[np.uint64],
     first: NDArray[np.int64],
@@ -92,16 +91,13 @@ def _local(
     rank: NDArray[np.int64],
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     size = len(table)
-    bits = 0
-    while (1 << bits) < size:
-        bits += 1
     shift = np.uint64(64 - bits)
     n_slots = len(value_counts)
     position = np.empty(len(distinct), np.int64)  # first-seen index -> index in ordered
     sign_counts = np.zeros(n_slots, np.int64)
     for r in range(len(ordered)):
         position[table[_entry(table, distinct, ordered[r], shift, size)]] = r
-        sign_counts[rank[np.int64(ordered[r] >> _SLOT_SHIFT)]] += 1
+        sign_counts[rank[np.int64(ordered[r] >> SLOT_SHIFT)]] += 1
     local = np.empty(len(first), np.int64)
     i = 0
     start = 0

@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from features.batch import FLAG_CONTEXT, FLAG_MULTI, CompactBatch, index_dtype
-from features.hashing import SIGN_BITS, SIGN_MASK, cross_signs, hash_str_columns, hash_values
+from features.hashing import SIGN_MASK, SLOT_SHIFT, cross_signs, hash_str_columns, hash_values
 from features.inputs import Column, FeatureError, Input, Record, Table, normalise
 from features.schema import Cross, Schema, Slot
 
@@ -31,7 +31,6 @@ Records = Table | list[Record] | Mapping[str, Any]
 """A Table, a list of records, or a ranking request (``features.inputs`` says what each holds)."""
 
 _NONE = type(None)
-_SLOT_SHIFT = np.uint64(SIGN_BITS)
 
 
 # --- column groups -> arrays --------------------------------------------------------------------
@@ -178,6 +177,7 @@ class _Plan:
     multi: tuple[Slot, ...]
     crosses: tuple[Cross, ...]
     position: dict[str, int]  # sparse feature name -> batch slot index
+    slot_ids: NDArray[np.uint64]  # batch slot index -> slot id
     rank: NDArray[np.int64]  # slot id -> batch slot index
     ids_ascending: bool  # batch slots in ascending slot id: sorted signs are in batch slot order
     layouts: tuple[_Layout, _Layout]  # (plain rows, a request with a context)
@@ -220,6 +220,7 @@ def _plan(schema: Schema) -> _Plan:
         multi=tuple(s for s in schema.slots if s.kind == "multi"),
         crosses=schema.crosses,
         position=position,
+        slot_ids=slot_ids.astype(np.uint64),
         rank=rank,
         ids_ascending=bool((np.diff(slot_ids) > 0).all()),
         layouts=(_layout(schema, position, False), _layout(schema, position, True)),
@@ -286,7 +287,7 @@ def transform(records: Records, schema: Schema) -> CompactBatch:
         per_slot[i] = cross_signs(np.broadcast_to(a, n), np.broadcast_to(b, n), c.id)
         once[i] = inp.stored_once(schema.scope_of(c))
 
-    signs, values, sign_counts, value_counts = _dedup(per_slot, plan, schema)
+    signs, values, sign_counts, value_counts = _dedup(per_slot, plan)
     return CompactBatch(
         num_rows=inp.num_rows,
         flags=(once * FLAG_CONTEXT | np.array([o is not None for o in offsets], bool) * FLAG_MULTI).astype(
@@ -308,7 +309,7 @@ def transform(records: Records, schema: Schema) -> CompactBatch:
 
 
 def _dedup(
-    per_slot: list[NDArray[np.uint64]], plan: _Plan, schema: Schema
+    per_slot: list[NDArray[np.uint64]], plan: _Plan
 ) -> tuple[NDArray[np.uint64], NDArray[np.unsignedinteger[Any]], NDArray[np.uint32], NDArray[np.uint32]]:
     """One compiled dedup for all slots: signs sorted within each slot, slots in schema order."""
     from features.kernels import dedup_slots
@@ -319,12 +320,11 @@ def _dedup(
         uniq, local, sign_counts = dedup_slots(all_signs, value_counts, plan.rank)
     else:  # sort by batch slot, then sign: the slot's rank in the top bits while deduplicating
         ranks = np.arange(len(per_slot), dtype=np.int64)
-        keys = (plan.rank[(all_signs >> _SLOT_SHIFT).astype(np.int64)].astype(np.uint64) << _SLOT_SHIFT) | (
+        keys = (plan.rank[(all_signs >> SLOT_SHIFT).astype(np.int64)].astype(np.uint64) << SLOT_SHIFT) | (
             all_signs & SIGN_MASK
         )
         uniq, local, sign_counts = dedup_slots(keys, value_counts, ranks)
-        ids = np.array([f.id for f in schema.sparse], dtype=np.uint64)
-        uniq = (ids[(uniq >> _SLOT_SHIFT).astype(np.int64)] << _SLOT_SHIFT) | (uniq & SIGN_MASK)
+        uniq = (plan.slot_ids[(uniq >> SLOT_SHIFT).astype(np.int64)] << SLOT_SHIFT) | (uniq & SIGN_MASK)
     index = local.astype(index_dtype(int(sign_counts.max(initial=0))))
     return uniq, index, sign_counts.astype(np.uint32), value_counts.astype(np.uint32)
 

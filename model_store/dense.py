@@ -101,16 +101,22 @@ def _load_onnx(path: Path, num_threads: int | None) -> DenseFn:
     return predict
 
 
+def check_runtime(requested: str) -> None:
+    """ValueError naming the choices unless ``requested`` is ``auto`` or one of RUNTIMES."""
+    if requested != AUTO and requested not in RUNTIMES:
+        raise ValueError(
+            f"unknown dense runtime {requested!r}; choose {AUTO} or one of {', '.join(RUNTIMES)}"
+        )
+
+
 def runtime_of(manifest: dict[str, Any], requested: str = AUTO) -> str:
     """The dense runtime to serve a version with: ``requested``, or for ``auto`` the one its export
     measured faster (the manifest's ``dense_runtime.default``; torchscript for versions exported
     before it was measured). ValueError for a runtime the version does not ship."""
+    check_runtime(requested)
     if requested == AUTO:
         requested = (manifest.get("dense_runtime") or {}).get("default", "torchscript")
-    if requested not in RUNTIMES:
-        raise ValueError(
-            f"unknown dense runtime {requested!r}; choose {AUTO} or one of {', '.join(RUNTIMES)}"
-        )
+        check_runtime(requested)  # a manifest naming a runtime this release does not know
     if requested not in manifest.get("dense", {}):
         raise ValueError(
             f"this version ships no {requested} dense model (it has {sorted(manifest.get('dense', {}))})"

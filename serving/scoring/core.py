@@ -33,16 +33,11 @@ from features.batch import BatchError, CompactBatch, check_fits
 from features.codec import CodecError, decode, encode
 from features.schema import Schema, load_schema
 from features.transform import FeatureError, dense_matrix, transform
-from model_store.dense import AUTO, RUNTIMES, runtime_of
+from model_store.dense import check_runtime, runtime_of
 
 log = logging.getLogger("recserve.scoring")
 
 LOOKUPS = ("remote", "colocated", "auto")
-LOOKUP_MODES = ("local", "remote")
-"""Where one shard's rows are read (what LOOKUPS chose for it): mapped in this process, or
-through the worker / PS shards."""
-DENSE_RUNTIME = "recserve_scoring_dense_runtime"
-"""The gauge both frontends export: 1 for the dense runtime in use ({runtime}), 0 for the other."""
 JSON = "application/json"
 BINARY = "application/octet-stream"
 
@@ -90,10 +85,7 @@ class ScoringConfig:
     def __post_init__(self) -> None:
         if self.ps == []:
             self.ps = None
-        if self.runtime not in (AUTO, *RUNTIMES):
-            raise ValueError(
-                f"unknown runtime {self.runtime!r}; choose {AUTO} or one of {', '.join(RUNTIMES)}"
-            )
+        check_runtime(self.runtime)
         if self.lookups not in LOOKUPS:
             raise ValueError(f"unknown lookups {self.lookups!r}; choose one of {', '.join(LOOKUPS)}")
         from serving.worker.client import parse_workers

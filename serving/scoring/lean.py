@@ -36,10 +36,8 @@ from pathlib import Path
 import orjson
 
 import model_store as ms
+from model_store.dense import RUNTIMES
 from serving.scoring.core import (
-    DENSE_RUNTIME,
-    LOOKUP_MODES,
-    RUNTIMES,
     Reply,
     Scorer,
     ScoringConfig,
@@ -47,6 +45,7 @@ from serving.scoring.core import (
     loading_priority,
     server_timing,
 )
+from serving.scoring.names import DENSE_RUNTIME, LOOKUP_MODE, LOOKUP_MODES
 from serving.versions import VersionTarget
 
 log = logging.getLogger("recserve.serve")
@@ -144,7 +143,7 @@ class Frontend:
         self.served = Gauge(
             "recserve_scoring_version", "1 for the dense version served", ["model", "version"], registry=r
         )
-        self.modes = Gauge("recserve_scoring_lookup_mode", "Where each embedding shard's rows are read (1 = this mode)",
+        self.modes = Gauge(LOOKUP_MODE, "Where each embedding shard's rows are read (1 = this mode)",
                            ["shard", "mode"], registry=r)  # fmt: skip
         self.runtime = Gauge(DENSE_RUNTIME, "The dense runtime that scores (1 = this runtime)", ["runtime"],
                              registry=r)  # fmt: skip

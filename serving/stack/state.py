@@ -230,6 +230,8 @@ def lookup_modes(metrics_address: str, timeout_s: float = 2.0) -> dict:
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    from serving.scoring.names import DENSE_RUNTIME, LOOKUP_MODE
+
     try:
         with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=timeout_s) as r:
             text = r.read().decode()
@@ -238,11 +240,11 @@ def lookup_modes(metrics_address: str, timeout_s: float = 2.0) -> dict:
     modes: dict[int, set[str]] = {}
     runtimes: set[str] = set()
     for family in text_string_to_metric_families(text):
-        if family.name == "recserve_scoring_lookup_mode":
+        if family.name == LOOKUP_MODE:
             for sample in family.samples:
                 if sample.value == 1:
                     modes.setdefault(int(sample.labels["shard"]), set()).add(sample.labels["mode"])
-        elif family.name == "recserve_scoring_dense_runtime":
+        elif family.name == DENSE_RUNTIME:
             runtimes |= {sample.labels["runtime"] for sample in family.samples if sample.value == 1}
     return {"shards": {shard: sorted(m) for shard, m in sorted(modes.items())}, "runtimes": sorted(runtimes)}
 

@@ -25,11 +25,10 @@ from pathlib import Path
 
 import yaml
 
-from serving.scoring.core import DENSE_RUNTIME
+from serving.scoring.names import DENSE_RUNTIME, LOOKUP_MODE, LOOKUP_MODES
 
 REQUESTS = "recserve_scoring_requests_total"
 STAGES = "recserve_scoring_stage_seconds"
-LOOKUP_MODE = "recserve_scoring_lookup_mode"
 _DIMS = ["ModelName", "Level"]  # what TorchServe adds to every model metric
 SCORING = {
     "counter": [{"name": REQUESTS, "unit": "Count",
@@ -68,8 +67,6 @@ class ScoringMetrics:
         self.dense_version = dense_version
         self.requests = cache.get_metric(REQUESTS, MetricTypes.COUNTER)
         self.stages = cache.get_metric(STAGES, MetricTypes.HISTOGRAM)
-        from serving.scoring.core import LOOKUP_MODES
-
         modes = cache.get_metric(LOOKUP_MODE, MetricTypes.GAUGE)
         for shard, mode in enumerate(lookup_modes):
             for m in LOOKUP_MODES:

@@ -1,0 +1,11 @@
+"""The names both scoring frontends report under, and that ``recserve versions`` reads back:
+light (no numpy, no torch), so the TorchServe metrics config and the stack's status read them
+without loading the scoring core."""
+
+LOOKUP_MODES = ("local", "remote")
+"""Where one shard's rows are read (what ``ScoringConfig.lookups`` chose for it): mapped in this
+process, or through the worker / PS shards."""
+LOOKUP_MODE = "recserve_scoring_lookup_mode"
+"""Gauge {shard, mode}: 1 for the mode a shard's rows are read in, 0 for the other."""
+DENSE_RUNTIME = "recserve_scoring_dense_runtime"
+"""Gauge {runtime}: 1 for the dense runtime in use, 0 for the other."""
