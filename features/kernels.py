@@ -140,3 +140,22 @@ def dense_columns(
                 x = np.log1p(x)
             out[r, j] = (x - m) / s
     return out, -1, 0
+
+
+@numba.njit(cache=True, nogil=True)
+def scatter_cells(
+    value_sign: NDArray[np.int64], value_cell: NDArray[np.int64], cells: NDArray[np.float32], n: int
+) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
+    """The adjoint of pooling's gather: ``out[value_sign[i]] += cells[value_cell[i]]`` (``cells[i]``
+    when ``value_cell`` is empty) over ``n`` signs, and which signs got a value. No GIL held."""
+    dim = cells.shape[1]
+    out = np.zeros((n, dim), dtype=np.float32)
+    used = np.zeros(n, dtype=np.bool_)
+    direct = len(value_cell) == 0
+    for i in range(len(value_sign)):
+        s = value_sign[i]
+        c = i if direct else value_cell[i]
+        used[s] = True
+        for j in range(dim):
+            out[s, j] += cells[c, j]
+    return out, used

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import yaml
 
 from features.schema import Schema
@@ -36,6 +37,7 @@ from serving.rpc.auth import new_token_file
 
 if TYPE_CHECKING:
     from serving.worker.core import EmbeddingWorker
+    from training.replicated import Replicated
 
 log = logging.getLogger("recserve.train")
 
@@ -54,6 +56,23 @@ class ShardSpec:
     max_memory_gb: float = 0.0
     ttl_s: float = 0.0
     min_count: int = 1
+
+    @classmethod
+    def of(cls, cfg, schema: Schema) -> ShardSpec:
+        """The one place the shards' configuration (the job's own shards, and the replicated
+        tables' store) is read from a ``TrainConfig``."""
+        return cls(
+            dim=cfg.dim,
+            capacity=cfg.capacity,
+            optimizer={"name": cfg.sparse_optimizer, "lr": cfg.lr},
+            init_scale=cfg.init_scale,
+            seed=cfg.seed,
+            schema_hash=schema.fingerprint,
+            eviction=cfg.eviction,
+            max_memory_gb=cfg.max_memory_gb,
+            ttl_s=cfg.ttl_s,
+            min_count=cfg.min_count,
+        )
 
     def store_config(self, shard: int, num_shards: int):
         from serving.ps.store import OptimizerConfig, StoreConfig
@@ -74,11 +93,18 @@ class Cluster:
     procs: list[subprocess.Popen] = field(default_factory=list)  # shards we started
     log_dir: tempfile.TemporaryDirectory | None = None
     token_file: str = ""  # the gRPC shards' admin token file
+    replicated: Replicated | None = None
+    """The trainer's replicated tables (the sharding plan's): written into the shards before
+    every dump, so a dump holds every table whatever the plan."""
+
+    ASSIGN_ROWS = 1 << 15  # rows per Assign call: (8 + 4 dim (1 + state)) bytes each, ~4 MiB at dim 16
 
     def dump(self, directory: str | Path, delta: bool = False) -> None:
         """Write every shard's full dump (or delta) as ``directory/shard-<i>-of-<n>/``."""
         directory = Path(directory).resolve()  # a PS process has its own working directory
         directory.mkdir(parents=True, exist_ok=True)
+        if self.replicated is not None:
+            self.replicated.push(self)
         for store in self.stores:
             store.dump_delta(directory) if delta else store.dump(directory)
         if self.addresses:
@@ -87,6 +113,33 @@ class Cluster:
             for address in self.addresses:
                 with PSClient(address, token_file=self.token_file) as client:
                     client.dump(str(directory), delta=delta)
+
+    def assign(self, signs: np.ndarray, rows: np.ndarray, state: dict[str, np.ndarray]) -> int:
+        """Set rows and their optimizer state on the shards that own the signs (distinct), in
+        chunks of ``ASSIGN_ROWS``; returns the rows written."""
+        from serving.worker.shards import HashRouter
+
+        parts = HashRouter(self.num_shards).split(signs)
+        written = 0
+        clients = []
+        try:
+            if self.addresses:
+                from serving.ps.client import PSClient
+
+                clients = [PSClient(a, token_file=self.token_file) for a in self.addresses]
+            for i, p in enumerate(parts):
+                idx = np.arange(len(signs)) if p is None else p
+                for lo in range(0, len(idx), self.ASSIGN_ROWS):
+                    chunk = idx[lo : lo + self.ASSIGN_ROWS]
+                    st = {k: v[chunk] for k, v in state.items()}  # the optimizer's state order
+                    if clients:
+                        written += clients[i].assign(signs[chunk], rows[chunk], list(st.values()))
+                    else:
+                        written += self.stores[i].assign(signs[chunk], rows[chunk], st)
+        finally:
+            for c in clients:
+                c.close()
+        return written
 
     def load(self, directory: str | Path) -> int:
         """Replace every shard's rows and optimizer state with a full dump written by ``dump``
@@ -103,7 +156,8 @@ class Cluster:
 
     def stats(self) -> dict:
         """What the shards hold and what they dropped, summed over the shards: ``ps_rows``,
-        ``evictions`` (the eviction policy), ``expired`` (the TTL) and ``grows``."""
+        ``evictions`` (the eviction policy), ``expired`` (the TTL) and ``grows``; and
+        ``replicated_rows``, the trainer's replicated tables' (in the shards after a dump)."""
         per_shard = [store.stats() for store in self.stores]
         if self.addresses:
             from serving.ps.client import PSClient
@@ -112,7 +166,9 @@ class Cluster:
                 with PSClient(address) as client:
                     per_shard.append(client.stats())
         keys = {"ps_rows": "rows", "evictions": "evictions", "expired": "expired", "grows": "grows"}
-        return {name: sum(int(st[key]) for st in per_shard) for name, key in keys.items()}
+        out = {name: sum(int(st[key]) for st in per_shard) for name, key in keys.items()}
+        out["replicated_rows"] = len(self.replicated) if self.replicated is not None else 0
+        return out
 
     def expire(self) -> int:
         """Run the TTL on in-process stores (a PS process runs its own every expire_every_s)."""

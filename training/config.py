@@ -67,10 +67,24 @@ class TrainConfig:
     seed: int = 0
     """Seeds the dense init, the row shuffle and the PS row init."""
 
-    # ---- embeddings: PS and worker
+    # ---- embeddings: the sharding plan, PS and worker
     embeddings: str = "ps"
-    """ps: rows on the embedding PS via the worker; inprocess: torch EmbeddingBag tables in the
-    trainer (a baseline for benchmarks; nothing servable is exported)."""
+    """ps: every table exported as PS shards, trained where the sharding plan puts it;
+    inprocess: torch EmbeddingBag tables in the trainer (a baseline for benchmarks; nothing
+    servable is exported)."""
+    sharding: str = field(default="auto", metadata={"choices": ["auto", "ps", "replicated"]})
+    """Where each embedding table trains (training/plan.py): auto (the planner, from a sample of
+    the data and --memory-gb), ps (every table on the PS shards, updated asynchronously) or
+    replicated (every table in the trainer, updated synchronously). The export is the same."""
+    plan: str = ""
+    """A sharding plan YAML (`recserve plan`) to train with instead of --sharding."""
+    memory_gb: float = 0.0
+    """--sharding auto: memory per node for replicated tables, every rank on a node holding a
+    copy (0: half the memory available at start)."""
+    plan_sample_rows: int = 100_000
+    """--sharding auto: rows of the training data the planner samples."""
+    profile: bool = False
+    """Log where a training step's time goes (pull, local, pool, dense, push; ms per step)."""
     ps: list[str] = field(default_factory=list)
     """Addresses of running PS shards, in shard order; empty: start our own (under torchrun on
     several nodes: shard i on node i mod N, bound to that node's address, see --ps-host)."""
@@ -151,6 +165,10 @@ class TrainConfig:
             self.ps = [a for a in self.ps.split(",") if a]
         if self.embeddings not in ("ps", "inprocess"):
             raise ValueError(f"embeddings must be ps or inprocess, got {self.embeddings!r}")
+        if self.sharding not in ("auto", "ps", "replicated"):
+            raise ValueError(f"sharding must be auto, ps or replicated, got {self.sharding!r}")
+        if self.memory_gb < 0 or self.plan_sample_rows < 1:
+            raise ValueError("memory_gb must be >= 0 and plan_sample_rows >= 1")
         sparse = optim.get(self.sparse_optimizer)  # raises ValueError naming the known ones
         if self.embeddings == "inprocess" and sparse.torch is None:
             raise ValueError(f"--embeddings inprocess: torch has no sparse {sparse.name!r} optimizer")

@@ -1,27 +1,29 @@
 """The hybrid training step behind two verbs (PERSIA's ``persia/ctx.py``):
 
-    logits = ctx.forward(batch)        # embedding worker lookup + dense forward
-    ctx.backward(loss)                 # dense backward + step (DDP all-reduce), sparse grads -> worker
+    logits = ctx.forward(batch)        # rows of the batch's signs, pooled + dense forward
+    ctx.backward(loss)                 # dense backward + step (DDP all-reduce), sparse grads out
 
-The embedding worker owns the sparse half: ``forward(mode="train")`` pools rows (inserting unseen
-signs) and remembers the batch; ``backward(batch_id, pooled_grads)`` returns at once and the
-worker scatters the gradients to the PS shards in the background, with at most K batches'
-updates in flight (the staleness bound). The dense half is plain torch: the pooled embeddings
-enter the network as a leaf tensor, so after ``loss.backward()`` its ``.grad`` is exactly the
-gradient the worker needs.
+Each embedding table (a sparse slot) lives where the sharding plan (``training.plan``) put it:
+``ps`` tables on the PS shards, looked up through the embedding worker (``lookup``, inserting
+unseen signs) and updated in the background (``push`` returns at once; at most K updates in
+flight, the staleness bound); ``replicated`` tables in the trainer (``training.replicated``),
+updated synchronously. The step pools the rows itself (the worker's ``pool`` and its compiled
+adjoint ``unpool_signs``). The dense half is plain torch: the pooled embeddings enter the network
+as a leaf tensor, so after ``loss.backward()`` its ``.grad`` gives every sign's gradient.
 
 Prefetch (``prefetch=True``, only meaningful with K >= 1): iterate the epoch through
-``ctx.steps(batches)`` and each ``forward`` starts the next batch's lookup on a background thread,
-so it overlaps this step's dense forward/backward. That lookup runs before this step's sparse
-update is sent, i.e. it is one batch staler; give the worker staleness K-1 to keep the bound K
-(``train.py`` does).
+``ctx.steps(batches)`` and each ``forward`` starts the next batch's PS lookup on a background
+thread, so it overlaps this step's dense forward/backward. That lookup runs before this step's
+sparse update is sent, i.e. it is one batch staler; give the worker staleness K-1 to keep the
+bound K (``train.py`` does).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -30,6 +32,10 @@ from torch import Tensor, nn
 from features.batch import CompactBatch
 from features.schema import Schema
 from features.transform import dense_matrix
+from serving.worker.pooling import PoolingPlan, make_plan, pool, unpool_signs
+
+if TYPE_CHECKING:
+    from training.replicated import Replicated
 
 
 class DenseOptimizer(Protocol):
@@ -50,6 +56,16 @@ class Prediction(NamedTuple):
     dense: np.ndarray  # (B, F) float32
 
 
+class _Step(NamedTuple):
+    """What ``backward`` needs of its ``forward``."""
+
+    signs: np.ndarray
+    on_local: np.ndarray | None  # bool per sign: replicated table (None: none is)
+    plan: PoolingPlan
+    pooled: Tensor  # the leaf whose .grad the loss fills
+    dense_from: float  # perf_counter when the dense forward began (--profile)
+
+
 def _tensor(a: np.ndarray, device: torch.device) -> Tensor:
     # arrays decoded from a gRPC payload are read-only views; torch wants writable memory
     if not a.flags.writeable:
@@ -62,8 +78,34 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
+class Profile:
+    """Seconds per phase of the training step, summed (``--profile``): ``pull`` the PS rows (a
+    prefetched lookup's wait; the staleness wait is in it), ``local`` the replicated tables'
+    lookup and update, ``pool`` the pooling and its adjoint, ``dense`` forward, backward and
+    optimizer, ``push`` queueing the PS updates."""
+
+    PHASES = ("pull", "local", "pool", "dense", "push")
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(self.PHASES, 0.0)
+        self.steps = 0
+
+    def add(self, phase: str, t0: float) -> float:
+        now = time.perf_counter()
+        self.seconds[phase] += now - t0
+        return now
+
+    def table(self) -> str:
+        n = max(self.steps, 1)
+        total = sum(self.seconds.values())
+        cells = "  ".join(f"{k} {v / n * 1e3:.3f}" for k, v in self.seconds.items())
+        return f"step profile, ms per step over {self.steps} steps: {cells}  (sum {total / n * 1e3:.3f})"
+
+
 class TrainCtx:
-    """One hybrid step: sparse rows through an EmbeddingWorker, dense network in torch."""
+    """One hybrid step: each table's rows in the trainer (``replicated``, the sharding plan's
+    ``local`` slots, updated synchronously) or on the PS through an EmbeddingWorker (updated
+    asynchronously, at most K updates in flight); the dense network in torch."""
 
     def __init__(
         self,
@@ -72,13 +114,21 @@ class TrainCtx:
         dense_optimizer: DenseOptimizer,
         schema: Schema,
         prefetch: bool = False,
+        replicated: Replicated | None = None,
+        local: np.ndarray | None = None,
+        profile: Profile | None = None,
     ):
         self.worker = worker
         self.model = dense_model  # possibly DDP-wrapped: its backward all-reduces dense grads
         self.optimizer = dense_optimizer
         self.schema = schema
         self.device = next(unwrap(dense_model).parameters()).device
-        self._pending: tuple[int, Tensor] | None = None
+        self.local = np.zeros(len(schema.sparse), bool) if local is None else np.asarray(local, bool)
+        if self.local.any() and replicated is None:
+            raise ValueError("the plan replicates tables but no replicated store was given")
+        self.replicated = replicated if self.local.any() else None
+        self.profile = profile
+        self._pending: _Step | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
         self._upcoming: CompactBatch | None = None  # the batch after the current one (steps())
         self._prefetched: tuple[CompactBatch, Future] | None = None
@@ -95,42 +145,103 @@ class TrainCtx:
         finally:
             self._upcoming = None
 
-    def _lookup(self, batch: CompactBatch):
+    def _on_local(self, batch: CompactBatch) -> np.ndarray:
+        """bool per sign of the batch: its table is replicated."""
+        return np.repeat(self.local, np.asarray(batch.sign_counts, np.int64))
+
+    def _pull(self, batch: CompactBatch, remote: np.ndarray | None) -> np.ndarray | None:
+        signs = batch.signs if remote is None else batch.signs[remote]
+        return self.worker.lookup(signs, True)[0] if len(signs) else None
+
+    def _remote_rows(self, batch: CompactBatch, remote: np.ndarray | None) -> np.ndarray | None:
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None and prefetched[0] is batch:
-            result = prefetched[1].result()
+            rows = prefetched[1].result()
         else:
             if prefetched is not None:  # not the batch we guessed: let that lookup finish, unused
                 prefetched[1].result()
-            result = self.worker.forward(batch, mode="train")
+            rows = self._pull(batch, remote)
         if self._prefetcher is not None and self._upcoming is not None:
             upcoming = self._upcoming
-            self._prefetched = (upcoming, self._prefetcher.submit(self.worker.forward, upcoming, "train"))
-        return result
+            mask = ~self._on_local(upcoming) if self.replicated is not None else None
+            self._prefetched = (upcoming, self._prefetcher.submit(self._pull, upcoming, mask))
+        return rows
+
+    def _table(self, batch: CompactBatch, on_local: np.ndarray | None, train: bool) -> np.ndarray:
+        """Rows of the batch's signs in ``batch.signs`` order, each from where its table lives."""
+        prof, t0 = self.profile, time.perf_counter()
+        if on_local is None:  # every table on the PS
+            rows = self._remote_rows(batch, None) if train else self.worker.lookup(batch.signs, False)[0]
+            if prof is not None:
+                prof.add("pull", t0)
+            return rows if rows is not None else np.empty((0, self.worker.dim), np.float32)
+        table = np.empty((len(batch.signs), self.worker.dim), np.float32)
+        remote = ~on_local
+        if train:
+            rows = self._remote_rows(batch, remote)
+        else:
+            rows = self.worker.lookup(batch.signs[remote], False)[0] if remote.any() else None
+        if rows is not None:
+            table[remote] = rows
+        if prof is not None:
+            t0 = prof.add("pull", t0)
+        assert self.replicated is not None
+        table[on_local] = self.replicated.rows(batch.signs[on_local], train)
+        if prof is not None:
+            prof.add("local", t0)
+        return table
 
     def forward(self, batch: CompactBatch) -> Tensor:
         """Logits (B,) of a training batch; the next call must be ``backward``."""
         if self._pending is not None:
             raise RuntimeError("forward called twice without backward")
-        result = self._lookup(batch)
-        pooled = _tensor(result.pooled, self.device).requires_grad_()
+        prof, t0 = self.profile, time.perf_counter()
+        plan = make_plan(batch, self.schema)
+        on_local = self._on_local(batch) if self.replicated is not None else None
+        if prof is not None:
+            prof.add("pool", t0)
+        table = self._table(batch, on_local, train=True)
+        t0 = time.perf_counter()
+        pooled_np = pool(plan, table)
+        if prof is not None:
+            t0 = prof.add("pool", t0)
+        pooled = _tensor(pooled_np, self.device).requires_grad_()
         dense = _tensor(dense_matrix(batch, self.schema), self.device)
-        self._pending = (result.batch_id, pooled)
+        self._pending = _Step(batch.signs, on_local, plan, pooled, t0)
         return self.model(pooled, dense)
 
     def backward(self, loss: Tensor) -> None:
-        """Gradients of ``loss``: sparse ones to the worker (async), dense ones applied here."""
+        """Gradients of ``loss``: the PS tables' to the worker (async), the replicated tables' and
+        the dense network's applied here."""
         if self._pending is None:
             raise RuntimeError("backward called without a forward")
-        batch_id, pooled = self._pending
-        self._pending = None
+        step, self._pending = self._pending, None
+        prof = self.profile
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if pooled.grad is None:
+        grad = step.pooled.grad
+        if grad is None:
             raise RuntimeError("the loss does not depend on the pooled embeddings of the last forward")
-        # sparse first: the worker applies them while the dense optimizer steps
-        self.worker.backward(batch_id, pooled.grad.detach().cpu().numpy())
+        t0 = time.perf_counter()
+        sign_grads, used = unpool_signs(step.plan, grad.detach().cpu().numpy(), len(step.signs))
+        if prof is not None:
+            prof.seconds["dense"] += t0 - step.dense_from
+            t0 = prof.add("pool", t0)
+        # the PS's first: the worker applies them while this thread does the rest
+        remote = used if step.on_local is None else used & ~step.on_local
+        if remote.any():
+            self.worker.push(step.signs[remote], sign_grads[remote])
+        if prof is not None:
+            t0 = prof.add("push", t0)
+        if self.replicated is not None and step.on_local is not None:
+            mine = used & step.on_local
+            self.replicated.update(step.signs[mine], sign_grads[mine])
+            if prof is not None:
+                t0 = prof.add("local", t0)
         self.optimizer.step()
+        if prof is not None:
+            prof.add("dense", t0)
+            prof.steps += 1
 
     @torch.inference_mode()
     def predict(self, batch: CompactBatch) -> Prediction:
@@ -139,7 +250,9 @@ class TrainCtx:
         was_training = model.training
         model.eval()
         try:
-            pooled = np.ascontiguousarray(self.worker.forward(batch, mode="infer").pooled, np.float32)
+            on_local = self._on_local(batch) if self.replicated is not None else None
+            table = self._table(batch, on_local, train=False)
+            pooled = np.ascontiguousarray(pool(make_plan(batch, self.schema), table), np.float32)
             dense = dense_matrix(batch, self.schema)
             logits = model(_tensor(pooled, self.device), _tensor(dense, self.device)).cpu().numpy()
         finally:

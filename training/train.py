@@ -35,16 +35,19 @@ from features.schema import load_schema
 from features.stream import ReadOptions
 from serving.rpc.auth import new_token_file
 from training import data
+from training import plan as sharding
 from training.attempt import attempt_store
 from training.checkpoint import Checkpointer, checkpoint_dir, latest, parse_every
 from training.cluster import Cluster, ShardSpec, open_cluster, start_shards, stop_processes
 from training.config import TrainConfig
-from training.ctx import TrainCtx, unwrap
+from training.ctx import Profile, TrainCtx, unwrap
 from training.evaluate import EvalResult, History, evaluate, plot_curve
 from training.export import DeltaTrigger, VersionWriter
 from training.inprocess import InProcessCtx, SignTable, sparse_optimizer
 from training.metrics import TrainMetrics
 from training.models import ModelConfig, build_model
+from training.plan import ShardingPlan
+from training.replicated import Replicated
 
 log = logging.getLogger("recserve.train")
 
@@ -130,6 +133,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
         stack.callback(metrics.close)
         # ---- embeddings: PS shards + worker, or the in-process baseline --------------------
         cluster: Cluster | None = None
+        plan: ShardingPlan | None = None
         ctx: InProcessCtx | TrainCtx
         if cfg.embeddings == "inprocess":
             if world > 1:
@@ -144,9 +148,21 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
                 schema,
             )
         else:
-            cluster = stack.enter_context(_open_cluster(cfg, schema, rank, world))
-            ctx = TrainCtx(cluster.worker, model, dense_opt, schema, prefetch=_prefetch(cfg))
+            plan = sharding.for_training(cfg, schema, read, sum(s.rows for s in scans), world)
+            local = plan.local_mask(schema)
+            spec = ShardSpec.of(cfg, schema)
+            cluster = stack.enter_context(_open_cluster(cfg, schema, spec, rank, world))
+            if local.any():
+                cluster.replicated = Replicated(
+                    spec, plan.replicated_rows(cfg.capacity), world, plan.rank_budget_gb
+                )
+            profile = Profile() if cfg.profile else None
+            ctx = TrainCtx(cluster.worker, model, dense_opt, schema, _prefetch(cfg), cluster.replicated,
+                           local, profile)  # fmt: skip
             stack.callback(ctx.close)
+            if cfg.staleness > 0 and (~local).any():
+                log.info("asynchronous sparse updates (staleness %d): runs are not bit-reproducible; "
+                         "--staleness 0 with a seed is", cfg.staleness)  # fmt: skip
 
         writer = None
         if rank == 0 and cfg.export and cluster is not None:
@@ -172,6 +188,10 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
                 if rank == 0 and cluster is not None:
                     loaded = cluster.load(resumed.path / "ps")
                     log.info("resumed the PS shards from %s: %d rows", resumed.path, loaded)
+                if cluster is not None and cluster.replicated is not None:  # every rank's copy
+                    ids = np.zeros(1 << 16, bool)
+                    ids[[s.id for s, mine in zip(schema.sparse, local, strict=True) if mine]] = True
+                    cluster.replicated.load(resumed.path / "ps", ids)
                 saved = resumed.dense_state()
                 unwrap(model).load_state_dict(saved["model"])
                 dense_opt.load_state_dict(saved["optimizer"])
@@ -231,8 +251,9 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
                 cluster.expire()
                 result.ps = cluster.stats()
                 log.info(
-                    "epoch %d: the PS holds %d rows; %d evicted, %d expired, grew %d times",
-                    epoch + 1, *(result.ps[k] for k in ("ps_rows", "evictions", "expired", "grows")),
+                    "epoch %d: the PS holds %d rows, the replicated tables %d; %d evicted, %d expired, "
+                    "grew %d times", epoch + 1,
+                    *(result.ps[k] for k in ("ps_rows", "replicated_rows", "evictions", "expired", "grows")),
                 )  # fmt: skip
 
             # ---- evaluation (rank 0; the others wait at the barrier) ---------------------------
@@ -251,6 +272,8 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
             if world > 1:
                 dist.barrier()
         bar.close()
+        if cluster is not None and ctx.profile is not None:  # type: ignore[union-attr]
+            log.info("rank %d %s", rank, ctx.profile.table())  # type: ignore[union-attr]
 
         result.steps, result.train_seconds = step, train_time
         result.samples_per_s = rows * world / train_time if train_time else 0.0
@@ -272,9 +295,17 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
                     model_cfg.to_dict(),
                     schema,
                     ev,
-                    extra={"train": {"config": cfg.to_dict(), "world_size": world, "steps": step}},
+                    extra={
+                        "train": {
+                            "config": cfg.to_dict(),
+                            "world_size": world,
+                            "steps": step,
+                            "plan": plan.to_dict() if plan is not None else None,
+                        }
+                    },  # fmt: skip
                 )
                 result.version_dir = str(version)
+                result.ps = cluster.stats()  # the shards now hold the replicated tables too
                 if not cfg.curve:
                     result.curve = str(version / "eval" / "curve.png")
                 if cfg.publish:
@@ -325,22 +356,10 @@ def _prefetch(cfg: TrainConfig) -> bool:
     return cfg.prefetch and cfg.staleness >= 1
 
 
-def _open_cluster(cfg: TrainConfig, schema, rank: int, world: int) -> Cluster:
+def _open_cluster(cfg: TrainConfig, schema, spec: ShardSpec, rank: int, world: int) -> Cluster:
     """Rank 0 starts (or connects to) the shards; the other ranks connect to the same addresses."""
     from serving.worker.core import WorkerConfig
 
-    spec = ShardSpec(
-        dim=cfg.dim,
-        capacity=cfg.capacity,
-        optimizer={"name": cfg.sparse_optimizer, "lr": cfg.lr},
-        init_scale=cfg.init_scale,
-        seed=cfg.seed,
-        schema_hash=schema.fingerprint,
-        eviction=cfg.eviction,
-        max_memory_gb=cfg.max_memory_gb,
-        ttl_s=cfg.ttl_s,
-        min_count=cfg.min_count,
-    )
     # a prefetched lookup is one batch staler than the worker knows: it counts as one of the K
     staleness = cfg.staleness - 1 if _prefetch(cfg) else cfg.staleness
     worker_cfg = WorkerConfig(staleness=staleness, update_threads=cfg.update_threads)

@@ -149,6 +149,15 @@ class PSClient:
         )
         return self._call(self.stub.Update, request, timeout_s).applied
 
+    def assign(self, signs, rows, state=(), timeout_s: float | None = None) -> int:
+        """Set float32 rows (n, dim) and their optimizer state (one (n, dim) matrix per state slot,
+        in the shard's order; none: kept) for distinct signs; returns the rows written."""
+        f32 = lambda a: np.ascontiguousarray(a, dtype="<f4").tobytes()  # noqa: E731
+        request = self._pb.AssignRequest(
+            signs=convert.signs_to_bytes(signs), rows=f32(rows), state=[f32(s) for s in state]
+        )
+        return self._call(self.stub.Assign, request, timeout_s).assigned
+
     # ---- state ---------------------------------------------------------------------------------
     @property
     def dim(self) -> int:

@@ -20,7 +20,7 @@ import numpy as np
 
 from model_store.errors import CapacityError
 from serving.ps import index
-from serving.ps.config import MAX_ROWS
+from serving.ps.config import MAX_ROWS, StoreConfig
 from serving.ps.fields import StoreFields
 
 __all__ = ["GIB", "StoreMemory", "sketch_width", "zeros"]
@@ -40,6 +40,15 @@ def zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     buf = np.zeros(nbytes + 64, dtype=np.uint8)
     offset = -buf.ctypes.data % 64
     return buf[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
+def store_bytes(cfg: StoreConfig, cap: int) -> int:
+    """The memory of a store of configuration ``cfg`` at capacity ``cap``: per row the 8-byte key,
+    the row, the optimizer state, stamp, count and dirty byte, plus the index and the admission
+    sketch (the planner sizes in-process tables with it too)."""
+    per_row = 8 + cfg.dim * (np.dtype(cfg.dtype).itemsize + 4 * len(cfg.optimizer.state_names)) + 9
+    sketch = 4 * 2 * sketch_width(cap) if cfg.min_count > 1 else 0
+    return index.table_size(cap) * 4 + cap * per_row + sketch
 
 
 def sketch_width(cap: int) -> int:
@@ -74,10 +83,7 @@ class StoreMemory(StoreFields):
 
     def bytes_for(self, cap: int) -> int:
         """``memory_bytes`` of this store at capacity ``cap``."""
-        cfg = self.config
-        per_row = 8 + cfg.dim * (np.dtype(cfg.dtype).itemsize + 4 * len(cfg.optimizer.state_names)) + 9
-        sketch = 4 * 2 * sketch_width(cap) if cfg.min_count > 1 else 0
-        return index.table_size(cap) * 4 + cap * per_row + sketch
+        return store_bytes(self.config, cap)
 
     def _limit_bytes(self) -> int:
         return int(self.config.max_memory_gb * GIB)

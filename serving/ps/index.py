@@ -320,3 +320,56 @@ def segment_sum(inverse, values, k):
         for j in range(values.shape[1]):
             out[r, j] += values[i, j]
     return out
+
+
+FUSED = {"sgd": 0, "adagrad": 1}
+"""Optimizers ``update_rows`` applies (the rest go through ``serving.ps.optim`` in numpy)."""
+
+
+@numba.njit(cache=True, nogil=True)
+def update_rows(table, keys, bits, rows, state, signs, grads, kind, lr, eps, stamp, now, dirty):
+    """Fused find + sparse update of float32 rows for distinct ``signs``, one pass touching each
+    row and its state once: kind 0 SGD, 1 Adagrad (``state``: the ``sum`` matrix), the same
+    float32 expressions in the same order as ``optim._sgd`` / ``optim._adagrad`` (so torch's).
+    Absent signs are skipped; returns the rows updated."""
+    size = len(table)
+    dim = rows.shape[1]
+    nlr = np.float32(-lr)
+    feps = np.float32(eps)
+    done = 0
+    for i in range(len(signs)):
+        h = _hash(signs[i])
+        slot = _find(table, keys, signs[i], h, _home(h, size), bits)
+        if slot < 0:
+            continue
+        for j in range(dim):
+            g = grads[i, j]
+            if kind == 1:
+                s = state[slot, j] + g * g
+                state[slot, j] = s
+                std = np.sqrt(s) + feps
+                rows[slot, j] = rows[slot, j] + nlr * g / std
+            else:
+                rows[slot, j] = rows[slot, j] + nlr * g
+        stamp[slot] = now
+        dirty[slot] = True
+        done += 1
+    return done
+
+
+@numba.njit(cache=True, nogil=True)
+def touch_gather(slots, rows, stamp, count, now, out):
+    """A training lookup's second half by slot: out[i] = rows[slots[i]] (zeros where -1), each
+    found row's stamp set to ``now`` and its count raised (saturating). Returns the misses."""
+    misses = 0
+    for i in range(len(slots)):
+        s = slots[i]
+        if s < 0:
+            out[i, :] = 0.0
+            misses += 1
+            continue
+        out[i, :] = rows[s, :]
+        stamp[s] = now
+        if count[s] < np.uint32(0xFFFFFFFF):
+            count[s] += np.uint32(1)
+    return misses

@@ -47,7 +47,7 @@ SERVICE = "recserve.v1.EmbeddingPS"
 
 OPEN = frozenset({"Lookup", "Stats"})
 """What every shard answers to anyone: reads."""
-WRITES = frozenset({"Update", "Dump", "Load"})
+WRITES = frozenset({"Update", "Assign", "Dump", "Load"})
 """What only a training shard answers, to callers holding its admin token."""
 
 
@@ -122,6 +122,19 @@ class EmbeddingPSServicer:
         if self.metrics is not None:
             self.metrics.update_seconds.observe(time.perf_counter() - t0)
         return self.pb.UpdateResponse(applied=applied)
+
+    @rpc
+    async def Assign(self, request, context):
+        signs = convert.signs_from_bytes(request.signs)
+        dim, names = self.store.config.dim, self.store.config.optimizer.state_names
+        rows = convert.matrix_from_bytes(request.rows, len(signs), dim)
+        if request.state and len(request.state) != len(names):
+            raise ValueError(f"{len(request.state)} state matrices for optimizer state {list(names)}")
+        given = zip(names, request.state, strict=False)  # none given: the state stays
+        state = {n: convert.matrix_from_bytes(b, len(signs), dim) for n, b in given}
+        await self.writable()
+        assigned = self.store.assign(signs, rows, state or None)  # ValueError: INVALID_ARGUMENT
+        return self.pb.AssignResponse(assigned=assigned)
 
     @rpc
     async def Stats(self, request, context):

@@ -91,6 +91,12 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         signs = as_signs(signs)
         with self._lock:
             check_holds(self.config, version, [self.version] if self.version else [])
+            if insert and self._rows.dtype == np.float32:  # admit, touch and gather by slot
+                slots = self._admit(signs, touch=False)
+                out = np.empty((len(signs), self.config.dim), dtype=np.float32)
+                misses = int(index.touch_gather(slots, self._rows, self._stamp, self._count,
+                                                np.uint32(self.clock()), out))  # fmt: skip
+                return out, misses, (self.version, self.delta_seq)
             if insert:
                 self._admit(signs)
             if self._rows.dtype == np.float32:
@@ -107,7 +113,9 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
                 self.misses += misses
             return out, misses, (self.version, self.delta_seq)
 
-    def _admit(self, signs: np.ndarray) -> None:
+    def _admit(self, signs: np.ndarray, touch: bool = True) -> np.ndarray:
+        """Insert the unseen ``signs`` admission lets in; their slots (-1: not admitted). With
+        ``touch`` the found rows' stamp and count are refreshed here (else by the caller)."""
         slots = index.find_slots(self._table, self._keys, signs, self._bits)
         found = slots >= 0
         n_found = int(found.sum())
@@ -123,9 +131,11 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
                 self._insert(new, protect=hit_slots)
                 slots = index.find_slots(self._table, self._keys, signs, self._bits)
                 hit_slots = slots[slots >= 0]
-        self._stamp[hit_slots] = np.uint32(self.clock())
-        c = self._count[hit_slots]
-        self._count[hit_slots] = c + (c < np.uint32(0xFFFFFFFF))
+        if touch:
+            self._stamp[hit_slots] = np.uint32(self.clock())
+            c = self._count[hit_slots]
+            self._count[hit_slots] = c + (c < np.uint32(0xFFFFFFFF))
+        return slots
 
     def _insert(self, new: np.ndarray, protect: np.ndarray) -> None:
         """Give the distinct absent ``new`` signs rows: grow (eviction none) or evict first if
@@ -201,13 +211,22 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         self.rows -= len(victims)
 
     # ---- training ------------------------------------------------------------------------
-    def assign(self, signs, rows) -> int:
+    def assign(self, signs, rows, state: dict[str, np.ndarray] | None = None) -> int:
         """Set rows to given values (inserting absent signs, bypassing admission) and mark them for
-        the next delta: for rows computed elsewhere (imports, tools, tests). Returns rows written."""
+        the next delta: for rows computed elsewhere (a trainer's replicated tables, imports,
+        tests). ``state``: their optimizer state by name (this store's optimizer's; None: left as
+        it is, a new row's initial). Returns rows written."""
         signs = as_signs(signs)
         rows = np.asarray(rows, dtype=np.float32)
-        if rows.shape != (len(signs), self.config.dim) or not np.isfinite(rows).all():
-            raise ValueError(f"rows must be finite float32 of shape ({len(signs)}, {self.config.dim})")
+        want = (len(signs), self.config.dim)
+        if rows.shape != want or not np.isfinite(rows).all():
+            raise ValueError(f"rows must be finite float32 of shape {want}")
+        state = {k: np.asarray(v, np.float32) for k, v in (state or {}).items()}
+        if set(state) - set(self._state) or any(v.shape != want for v in state.values()):
+            raise ValueError(
+                f"state must be float32 {want} per name among {sorted(self._state)}; got "
+                f"{ {k: v.shape for k, v in state.items()} }"
+            )
         if has_duplicates(signs):
             raise ValueError("assign needs distinct signs")
         with self._lock:
@@ -218,13 +237,16 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
                 slots = index.find_slots(self._table, self._keys, signs, self._bits)
             ok = slots >= 0
             self._rows[slots[ok]] = rows[ok]
+            for name, values in state.items():
+                self._state[name][slots[ok]] = values[ok]
             self._dirty[slots[ok]] = True
             return int(ok.sum())
 
-    def apply_gradients(self, signs, grads, step: int = 0) -> int:
+    def apply_gradients(self, signs, grads, step: int = 0, distinct: bool = False) -> int:
         """Apply gradients (float32, (n, dim)) with the store's optimizer; duplicate signs are
-        summed first; signs without a row (never admitted, or evicted) are skipped. ``step`` is
-        the optimizer step for Adam (0: count locally). Returns the distinct signs updated."""
+        summed first (``distinct``: the caller knows there are none); signs without a row (never
+        admitted, or evicted) are skipped. ``step`` is the optimizer step for Adam (0: count
+        locally). Returns the distinct signs updated."""
         signs = as_signs(signs)
         grads = np.asarray(grads, dtype=np.float32)
         if grads.ndim == 1 and len(signs):
@@ -235,6 +257,17 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
             raise ValueError("grads contain NaN or Inf")
         if not len(signs):
             return 0
+        cfg = self.config.optimizer
+        if distinct and cfg.name in index.FUSED and self._rows.dtype == np.float32:
+            eps = (1e-10 if cfg.eps is None else cfg.eps) if cfg.name == "adagrad" else 0.0
+            with self._lock:  # find + update in one compiled pass
+                self.step = step if step else self.step + 1
+                acc = self._state.get("sum", self._rows)  # SGD has no state: any (cap, dim) array
+                return int(index.update_rows(
+                    self._table, self._keys, self._bits, self._rows, acc, signs,
+                    np.ascontiguousarray(grads), index.FUSED[cfg.name], cfg.lr, eps, self._stamp,
+                    np.uint32(self.clock()), self._dirty,
+                ))  # fmt: skip
         uniq, inverse = np.unique(signs, return_inverse=True)
         summed = index.segment_sum(inverse.reshape(-1), grads, len(uniq)) if len(uniq) < len(signs) else None
         if summed is None:

@@ -5,7 +5,7 @@ token the writing ones need, and the one directory that request paths must stay 
 the request is even parsed, so a refused call touches nothing. An RPC is either
 
 - open: anyone may call it (a PS's ``Lookup`` and ``Stats``, the worker's INFER ``Forward``);
-- guarded: it needs the admin token (a training PS's ``Update``, ``Dump``, ``Load``; the worker's
+- guarded: it needs the admin token (a training PS's ``Update``, ``Assign``, ``Dump``, ``Load``; the worker's
   ``Backward``), and is refused outright when the server was started without a token file;
 - anything else: refused with PERMISSION_DENIED naming the server's role (a serving PS answers
   ``Update``, ``Dump`` and ``Load`` so, whatever the caller sends). Refusing rather than leaving

@@ -131,13 +131,7 @@ class EmbeddingWorker:
         self._check_open()
         train = mode == "train"
         plan = make_plan(batch, self.schema)
-        if train:
-            self._wait_in_flight(self.config.staleness)
-        else:
-            self._raise_error()
-        table, read = self._lookup(
-            np.asarray(batch.signs), insert=train, version=version, timeout_s=timeout_s
-        )
+        table, read = self.lookup(np.asarray(batch.signs), train, version, timeout_s)
         pooled = pool(plan, table)
         batch_id = self._remember(np.array(batch.signs, dtype=np.uint64), plan) if train else 0
         return ForwardResult(batch_id, pooled, _summary(read), read)
@@ -166,9 +160,37 @@ class EmbeddingWorker:
         with self._lock:
             if self._pending.pop(batch_id, None) is None:  # a concurrent backward took it
                 raise KeyError(f"unknown batch id {batch_id}: already backwarded")
+        self._submit(self._apply, pending, grads)
+
+    def lookup(
+        self, signs: np.ndarray, train: bool, version: str = "", timeout_s: float | None = None
+    ) -> tuple[np.ndarray, list[tuple[str, int]]]:
+        """Rows (float32 (n, dim), ``signs`` order) of distinct ``signs`` from their shards, and
+        per shard the (version, delta seq) it answered from: ``forward`` without the pooling, for
+        a caller that pools itself (the trainer's planned step). ``train`` inserts unseen signs
+        and first waits while more than K updates are in flight (the staleness bound)."""
+        self._check_open()
+        if train:
+            self._wait_in_flight(self.config.staleness)
+        else:
+            self._raise_error()
+        return self._lookup(signs, insert=train, version=version, timeout_s=timeout_s)
+
+    def push(self, signs: np.ndarray, grads: np.ndarray) -> None:
+        """Queue per-sign gradients (float32 (n, dim), distinct signs) for their shards; returns
+        at once and counts as one update in flight: ``backward`` without the unpooling."""
+        self._check_open()
+        self._raise_error()
+        grads = np.array(grads, dtype=np.float32, order="C")  # a copy
+        if grads.shape != (len(signs), self.dim) or not np.isfinite(grads).all():
+            raise ValueError(f"push needs finite float32 grads of shape ({len(signs)}, {self.dim})")
+        self._submit(self._send, np.array(signs, dtype=np.uint64), grads)
+
+    def _submit(self, fn: Callable[..., None], *args) -> None:
+        with self._lock:
             self._in_flight += 1
         try:
-            self._updates.submit(self._apply, pending, grads)
+            self._updates.submit(self._background, fn, *args)
         except BaseException:
             self._finish()
             raise
@@ -297,26 +319,32 @@ class EmbeddingWorker:
             raise ShardError(f"a shard answered rows of shape {rows.shape} for {n} signs (dim {self.dim})")
         return rows
 
-    def _apply(self, pending: _Pending, grads: np.ndarray) -> None:
-        """Background: per-sign gradients of one batch, sent to every shard that owns some."""
+    def _background(self, fn: Callable[..., None], *args) -> None:
+        """One queued update on an update thread; a failure is kept for the next call to raise."""
         try:
-            idx, sign_grads = unpool(pending.plan, grads)
-            signs = pending.signs[idx]
-            parts = self.router.split(signs)
-            calls: list[Callable[..., object]] = []  # lambdas binding the loop values as defaults
-            for shard, p in zip(self.shards, parts, strict=True):
-                if p is None:
-                    calls.append(lambda s=shard: s.update(signs, sign_grads))
-                elif len(p):
-                    calls.append(lambda s=shard, p=p: s.update(signs[p], sign_grads[p]))
-            if calls:
-                self._fan_out(calls)
+            fn(*args)
         except BaseException as e:
             log.error("background embedding update failed: %s", e)
             with self._lock:
                 self._error = self._error or e
         finally:
             self._finish()
+
+    def _apply(self, pending: _Pending, grads: np.ndarray) -> None:
+        """Per-sign gradients of one batch, sent to every shard that owns some."""
+        idx, sign_grads = unpool(pending.plan, grads)
+        self._send(pending.signs[idx], sign_grads)
+
+    def _send(self, signs: np.ndarray, sign_grads: np.ndarray) -> None:
+        parts = self.router.split(signs)
+        calls: list[Callable[..., object]] = []  # lambdas binding the loop values as defaults
+        for shard, p in zip(self.shards, parts, strict=True):
+            if p is None:
+                calls.append(lambda s=shard: s.update(signs, sign_grads))
+            elif len(p):
+                calls.append(lambda s=shard, p=p: s.update(signs[p], sign_grads[p]))
+        if calls:
+            self._fan_out(calls)
 
     def _finish(self) -> None:
         with self._done:

@@ -19,7 +19,7 @@ import numpy as np
 from features.batch import FLAG_CONTEXT, FLAG_MULTI, BatchError, CompactBatch, check_fits
 from features.schema import Schema
 
-__all__ = ["BatchError", "PoolingPlan", "make_plan", "pool", "unpool"]
+__all__ = ["BatchError", "PoolingPlan", "make_plan", "pool", "unpool", "unpool_signs"]
 
 
 @dataclass
@@ -137,11 +137,13 @@ def pool(plan: PoolingPlan, table: np.ndarray) -> np.ndarray:
     return out
 
 
-def unpool(plan: PoolingPlan, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The adjoint of ``pool``: per-sign gradients from pooled gradients (num_rows, num_slots, dim).
+def unpool_signs(plan: PoolingPlan, grads: np.ndarray, num_signs: int) -> tuple[np.ndarray, np.ndarray]:
+    """The adjoint of ``pool`` over all ``num_signs`` signs of the batch: (float32 (num_signs, dim)
+    summed gradients in ``batch.signs`` order, bool (num_signs,) which signs the batch uses).
+    Context cells receive the sum over rows; mean cells divide by length. One compiled pass
+    (``features.kernels.scatter_cells``, imported here: serving never calls it)."""
+    from features.kernels import scatter_cells
 
-    Returns (sign indices into ``batch.signs``, float32 (k, dim) summed gradients), one entry per
-    sign the batch uses. Context cells receive the sum over rows; mean cells divide by length."""
     R, S, dim = grads.shape
     if plan.item.all():
         cell_grads = grads.reshape(R * S, dim)
@@ -151,11 +153,26 @@ def unpool(plan: PoolingPlan, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray
         )
     if plan.divisor is not None:
         cell_grads = cell_grads / plan.divisor[:, None]
+    cells = np.ascontiguousarray(cell_grads, np.float32)
+    value_cell = _NO_CELLS if plan.value_cell is None else plan.value_cell
+    return scatter_cells(plan.value_sign, value_cell, cells, num_signs)
+
+
+_NO_CELLS = np.empty(0, np.int64)
+
+
+def unpool(plan: PoolingPlan, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The adjoint of ``pool``: per-sign gradients from pooled gradients (num_rows, num_slots, dim).
+
+    Returns (sign indices into ``batch.signs``, float32 (k, dim) summed gradients), one entry per
+    sign the batch uses, ascending. Context cells receive the sum over rows; mean cells divide by
+    length."""
+    dim = grads.shape[2]
     if not len(plan.value_sign):
         return np.empty(0, np.int64), np.empty((0, dim), np.float32)
-    order = np.argsort(plan.value_sign, kind="stable")
-    sign_sorted = plan.value_sign[order]
-    starts = np.flatnonzero(np.concatenate(([True], sign_sorted[1:] != sign_sorted[:-1])))
-    src = order if plan.value_cell is None else plan.value_cell[order]
-    summed = np.add.reduceat(cell_grads[src], starts, axis=0)
-    return sign_sorted[starts], summed
+    n = int(plan.value_sign.max()) + 1
+    summed, used = unpool_signs(plan, grads, n)
+    if used.all():
+        return np.arange(n, dtype=np.int64), summed
+    idx = np.flatnonzero(used)
+    return idx, summed[idx]

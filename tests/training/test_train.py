@@ -118,7 +118,9 @@ def test_hybrid_step_matches_in_process_torch_step(optimizer):
 
 
 def test_ctx_verbs_must_alternate():
-    ctx = TrainCtx(worker=None, dense_model=torch.nn.Linear(1, 1), dense_optimizer=None, schema=None)
+    ctx = TrainCtx(
+        worker=None, dense_model=torch.nn.Linear(1, 1), dense_optimizer=None, schema=load_schema(SCHEMA)
+    )
     with pytest.raises(RuntimeError, match="without a forward"):
         ctx.backward(torch.zeros(()))
 
@@ -190,6 +192,7 @@ def test_a_shard_out_of_memory_stops_training_loudly(tmp_path, caplog):
 
     argv = ["--schema", str(SCHEMA), "--data", str(TRAIN), "--test", str(TEST), "--store", str(tmp_path)]
     argv += ["--inprocess-ps", "--capacity", "64", "--max-memory-gb", "0.00002", "--no-progress"]
+    argv += ["--sharding", "ps"]  # the shards' limit (the replicated tables have the plan's budget)
     with caplog.at_level("ERROR", logger="recserve.train"):
         assert main(argv) == 1
     message = caplog.records[-1].getMessage()
@@ -271,7 +274,7 @@ def test_recserve_train_stops_with_the_shards_resource_exhausted_message(tmp_pat
     with the message (~10 s: it stops at the first batch)."""
     cmd = [sys.executable, "-m", "recserve", "train", "--store", str(tmp_path), "--schema", str(SCHEMA)]
     cmd += ["--data", str(TRAIN), "--test", str(TEST), "--no-progress", "--capacity", "64"]
-    cmd += ["--max-memory-gb", "0.00002"]
+    cmd += ["--max-memory-gb", "0.00002", "--sharding", "ps"]  # the shards fill at the first batch
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert run.returncode == 1, run.stderr[-3000:]
     last = run.stderr.strip().splitlines()[-1]

@@ -1,5 +1,5 @@
 """Least privilege on real `recserve ps` processes over loopback gRPC: a serving PS (--follow)
-refuses Update, Dump and Load whatever the caller sends; a training PS answers them only with its
+refuses Update, Assign, Dump and Load whatever the caller sends; a training PS answers them only with its
 admin token (none: UNAUTHENTICATED, another: PERMISSION_DENIED) and only for paths under its data
 root; a training PS started without a token file refuses every write. Fuzzed payloads to Lookup
 and Stats are INVALID_ARGUMENT (never UNKNOWN or INTERNAL) and the shard keeps answering."""
@@ -28,6 +28,7 @@ def writes(where) -> dict:
     """A well-formed request of every writing RPC (paths under ``where``)."""
     return {
         "Update": ps_pb2.UpdateRequest(signs=SIGNS.tobytes(), grads=np.ones((3, DIM), "<f4").tobytes()),
+        "Assign": ps_pb2.AssignRequest(signs=SIGNS.tobytes(), rows=np.ones((3, DIM), "<f4").tobytes()),
         "Dump": ps_pb2.DumpRequest(path=str(where / "dumped")),
         "Load": ps_pb2.LoadRequest(path=str(where / "dumped")),
     }

@@ -1,0 +1,391 @@
+"""The sharding plan: where each embedding table (one per sparse slot) lives while training.
+
+- ``replicated``: rows inside every trainer rank (``training.replicated``), updated synchronously,
+  every rank's gradients applied on every rank;
+- ``ps``: rows on the PS shards, looked up through the embedding worker and updated
+  asynchronously with bounded staleness (``--staleness``).
+
+Whatever the plan, the exported version is the same: every table becomes PS shards.
+
+The planner (``plan_tables``) chooses per table from what a sample of the training data shows
+(``table_stats``: distinct IDs, extrapolated to the whole data; distinct IDs per step), the
+bytes a row costs in a store (row, optimizer state, key, index: ``serving.ps.growth.store_bytes``,
+the PS's own formula), the memory budget per node for replicated tables, and per-ID costs
+(``Costs``: in-process lookup + update, the same over gRPC, one RPC round trip, all-gather across
+nodes). ``measure_costs`` times the first three on this machine with a real store and a real PS
+process. A table is replicated when that saves time, the hottest per byte first, while the
+replicated tables fit the budget on every rank of a node; the rest go to the PS.
+
+    recserve plan --schema data/schemas/criteo.yaml --data train.tsv --nodes 1 --memory-gb 8
+    recserve train --plan plan.yaml
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from features.schema import Schema
+
+STRATEGIES = ("replicated", "ps")
+SHARDINGS = ("auto", "ps", "replicated")
+"""``--sharding``: plan from the data (auto), every table on the PS, every table in process."""
+GIB = 1 << 30
+
+
+@dataclass
+class Costs:
+    """Per-step cost figures of the two placements (microseconds; GB/s)."""
+
+    local_us_per_id: float = 0.35
+    """In-process lookup (inserting) + sparse update of one row in an EmbeddingStore."""
+    rpc_us_per_id: float = 0.9
+    """The same through a PS process over gRPC (encode, send, store, answer), per ID."""
+    rpc_us_per_call: float = 250.0
+    """One RPC round trip (lookup or update) whatever its size."""
+    allgather_gbps: float = 1.0
+    """Bytes per second (1e9) between nodes for the replicated tables' gradient all-gather."""
+    source: str = "defaults (measured on the 2-vCPU dev VM)"
+    """Where the figures come from: measured here, or the defaults."""
+
+
+@dataclass
+class TableStats:
+    """One table as a sample of the data shows it."""
+
+    name: str
+    slot_id: int
+    rows: int
+    """Distinct IDs over the whole data (extrapolated from the sample; exact when it is all)."""
+    ids_per_step: float
+    """Mean distinct IDs per batch: the rows a step looks up and updates."""
+    sample_distinct: int
+
+
+@dataclass
+class TableChoice:
+    strategy: str
+    rows: int
+    bytes: int
+    """Memory of the table in a store (rows, optimizer state, key, index)."""
+    ids_per_step: float
+    us_per_step: float
+    """Estimated lookup + update time per step where it is placed."""
+    reason: str = ""
+
+
+@dataclass
+class ShardingPlan:
+    """Per table, where it lives; plus what the planner estimated."""
+
+    tables: dict[str, TableChoice]
+    nodes: int = 1
+    ranks_per_node: int = 1
+    memory_gb: float = 0.0
+    """Budget per node for replicated tables (every rank on the node holds them)."""
+    costs: Costs = field(default_factory=Costs)
+    schema: str = ""
+    batch_size: int = 128
+    dim: int = 16
+
+    # ---- what the trainer reads ----------------------------------------------------------------
+    def local_mask(self, schema: Schema) -> np.ndarray:
+        """bool per sparse slot (schema order): True where the table is replicated."""
+        self.check(schema)
+        return np.array([self.tables[s.name].strategy == "replicated" for s in schema.sparse], bool)
+
+    def check(self, schema: Schema) -> None:
+        names = [s.name for s in schema.sparse]
+        missing = [n for n in names if n not in self.tables]
+        extra = [n for n in self.tables if n not in names]
+        if missing or extra:
+            raise ValueError(
+                f"the sharding plan does not match schema {schema.name!r}: "
+                + "; ".join(x for x in (f"missing tables {missing}" * bool(missing),
+                                        f"unknown tables {extra}" * bool(extra)) if x)
+            )  # fmt: skip
+        bad = {n: t.strategy for n, t in self.tables.items() if t.strategy not in STRATEGIES}
+        if bad:
+            raise ValueError(f"unknown strategies {bad}; use one of {STRATEGIES}")
+
+    def replicated_rows(self, default: int) -> int:
+        """Rows the replicated tables are expected to hold (none estimated: ``default``)."""
+        rows = sum(t.rows for t in self.tables.values() if t.strategy == "replicated")
+        return rows or default
+
+    @property
+    def rank_budget_gb(self) -> float:
+        """Memory a rank's replicated tables may take (0: no budget was planned)."""
+        return self.memory_gb / self.ranks_per_node if self.memory_gb else 0.0
+
+    @property
+    def replicated_bytes(self) -> int:
+        return sum(t.bytes for t in self.tables.values() if t.strategy == "replicated")
+
+    @property
+    def ps_bytes(self) -> int:
+        return sum(t.bytes for t in self.tables.values() if t.strategy == "ps")
+
+    def summary(self) -> dict:
+        """Per-node memory, bytes over the network and embedding time per step (estimates)."""
+        rep = [t for t in self.tables.values() if t.strategy == "replicated"]
+        ps = [t for t in self.tables.values() if t.strategy == "ps"]
+        world = self.nodes * self.ranks_per_node
+        dim_bytes = 8 + 4 * self.dim
+        rpc_calls = (2 * self.costs.rpc_us_per_call) if ps else 0.0
+        return {
+            "replicated_tables": len(rep),
+            "ps_tables": len(ps),
+            "node_memory_gb": round(
+                (self.replicated_bytes * self.ranks_per_node + self.ps_bytes / self.nodes) / GIB, 3
+            ),
+            "replicated_gb_per_rank": round(self.replicated_bytes / GIB, 3),
+            "ps_gb": round(self.ps_bytes / GIB, 3),
+            "rpc_bytes_per_step": int(sum(2 * t.ids_per_step * dim_bytes for t in ps)),
+            "allgather_bytes_per_step": int(sum(t.ids_per_step * dim_bytes for t in rep) * (world - 1)),
+            "embedding_us_per_step": round(sum(t.us_per_step for t in self.tables.values()) + rpc_calls, 1),
+        }
+
+    # ---- text and YAML -------------------------------------------------------------------------
+    def table(self) -> str:
+        head = f"{'table':10s} {'strategy':10s} {'rows':>12s} {'MiB':>9s} {'ids/step':>9s} {'us/step':>8s}  reason"
+        lines = [head, "-" * len(head)]
+        for name, t in self.tables.items():
+            lines.append(
+                f"{name:10s} {t.strategy:10s} {t.rows:12,d} {t.bytes / (1 << 20):9.1f} "
+                f"{t.ids_per_step:9.1f} {t.us_per_step:8.1f}  {t.reason}"
+            )
+        s = self.summary()
+        lines.append(
+            f"{s['replicated_tables']} replicated ({s['replicated_gb_per_rank']} GiB per rank), "
+            f"{s['ps_tables']} on the PS ({s['ps_gb']} GiB); per node {s['node_memory_gb']} GiB of "
+            f"{self.memory_gb:g} budgeted; per step {s['rpc_bytes_per_step']:,} B over RPC, "
+            f"{s['allgather_bytes_per_step']:,} B all-gathered, ~{s['embedding_us_per_step']} us of "
+            f"embedding work; costs: {self.costs.source}"
+        )
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": self.schema,
+            "nodes": self.nodes,
+            "ranks_per_node": self.ranks_per_node,
+            "memory_gb": self.memory_gb,
+            "batch_size": self.batch_size,
+            "dim": self.dim,
+            "costs": dataclasses.asdict(self.costs),
+            "summary": self.summary(),
+            "tables": {n: dataclasses.asdict(t) for n, t in self.tables.items()},
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = "# recserve sharding plan (`recserve plan`): edit a table's strategy to override it\n"
+        path.write_text(text + yaml.safe_dump(self.to_dict(), sort_keys=False))
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ShardingPlan:
+        if not isinstance(d, dict) or not isinstance(d.get("tables"), dict):
+            raise ValueError("a sharding plan is a mapping with a 'tables' mapping")
+        tables = {}
+        for name, t in d["tables"].items():
+            t = {"strategy": t} if isinstance(t, str) else dict(t)  # `C1: ps` is enough by hand
+            tables[str(name)] = TableChoice(
+                strategy=str(t.get("strategy", "")), rows=int(t.get("rows", 0)), bytes=int(t.get("bytes", 0)),
+                ids_per_step=float(t.get("ids_per_step", 0.0)), us_per_step=float(t.get("us_per_step", 0.0)),
+                reason=str(t.get("reason", "")),
+            )  # fmt: skip
+        costs = Costs(**d["costs"]) if isinstance(d.get("costs"), dict) else Costs()
+        return cls(
+            tables, int(d.get("nodes", 1)), int(d.get("ranks_per_node", 1)), float(d.get("memory_gb", 0.0)),
+            costs, str(d.get("schema", "")), int(d.get("batch_size", 128)), int(d.get("dim", 16)),
+        )  # fmt: skip
+
+    @classmethod
+    def load(cls, path: str | Path) -> ShardingPlan:
+        try:
+            return cls.from_dict(yaml.safe_load(Path(path).read_text()))
+        except (OSError, yaml.YAMLError, TypeError) as e:
+            raise ValueError(f"{path}: not a sharding plan: {e}") from e
+
+
+def uniform(schema: Schema, strategy: str) -> ShardingPlan:
+    """Every table ``strategy`` (``--sharding ps`` / ``replicated``)."""
+    reason = f"--sharding {strategy}"
+    return ShardingPlan({s.name: TableChoice(strategy, 0, 0, 0.0, 0.0, reason) for s in schema.sparse},
+                        schema=schema.name)  # fmt: skip
+
+
+# ---- the sample ---------------------------------------------------------------------------------
+def table_stats(batches, schema: Schema, total_rows: int) -> list[TableStats]:
+    """Per table, distinct IDs and distinct IDs per batch over the sampled ``batches``
+    (CompactBatches), the distinct IDs extrapolated to ``total_rows`` rows: a power law fitted
+    to the distinct count at half the sample and at all of it (exact when the sample is all)."""
+    per_slot: list[list[np.ndarray]] = [[] for _ in schema.sparse]
+    per_batch = []
+    half_at, rows = None, 0
+    batches = list(batches)
+    sample_rows = sum(b.num_rows for b in batches)
+    for b in batches:
+        splits = b.sign_splits
+        for s in range(len(schema.sparse)):
+            per_slot[s].append(b.signs[splits[s] : splits[s + 1]])
+        per_batch.append(np.asarray(b.sign_counts, np.float64))
+        rows += b.num_rows
+        if half_at is None and rows >= sample_rows / 2:
+            half_at = (len(per_batch), rows)
+    out = []
+    for s, slot in enumerate(schema.sparse):
+        full = len(np.unique(np.concatenate(per_slot[s]))) if per_slot[s] else 0
+        n_half, r_half = half_at or (0, 0)
+        half = len(np.unique(np.concatenate(per_slot[s][:n_half]))) if n_half else 0
+        est = full
+        if total_rows > sample_rows and half and r_half < sample_rows:
+            a = min(1.0, max(0.0, math.log(full / half) / math.log(sample_rows / r_half)))
+            est = int(full * (total_rows / sample_rows) ** a)
+        ids = float(np.mean([c[s] for c in per_batch])) if per_batch else 0.0
+        out.append(TableStats(slot.name, int(slot.id), est, ids, full))
+    return out
+
+
+def sample(source, schema: Schema, read, batch_size: int, rows: int) -> list:
+    """The first ``rows`` rows of ``source`` as CompactBatches of ``batch_size``."""
+    from training import data
+
+    return list(data.Split(source, schema, read, rows).batches(batch_size))
+
+
+# ---- costs --------------------------------------------------------------------------------------
+def measure_costs(spec, ids: int = 4096, reps: int = 20) -> Costs:
+    """Time lookup + update of ``ids`` random signs in an in-process store and through a PS
+    process started here (``spec``: the shards' ShardSpec), and one-sign round trips."""
+    import tempfile
+
+    from serving.ps.client import PSClient
+    from serving.ps.store import EmbeddingStore
+    from serving.rpc.auth import new_token_file
+    from training.cluster import start_shards, stop_processes
+
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(1, 1 << 62, ids, dtype=np.uint64) for _ in range(reps)]
+    grads = rng.standard_normal((ids, spec.dim)).astype(np.float32) * 1e-3
+    store = EmbeddingStore(spec.store_config(0, 1))
+
+    def per_id(lookup, update) -> float:
+        lookup(batches[0]), update(batches[0])  # warm
+        t0 = time.perf_counter()
+        for signs in batches:
+            lookup(signs)
+            update(signs)
+        return (time.perf_counter() - t0) / (reps * ids) * 1e6
+
+    local = per_id(lambda s: store.rows_of(s, True), lambda s: store.apply_gradients(s, grads))
+    with tempfile.TemporaryDirectory(prefix="recserve-plan-") as tmp:
+        token = str(new_token_file(Path(tmp) / "admin.token"))
+        procs, (address,) = start_shards(spec, 1, Path(tmp), token, tmp)
+        try:
+            with PSClient(address, token_file=token) as client:
+                client.wait_ready()
+                rpc = per_id(lambda s: client.lookup(s, insert=True), lambda s: client.update(s, grads))
+                one = batches[0][:1]
+                client.lookup(one)
+                t0 = time.perf_counter()
+                for _ in range(reps * 5):
+                    client.lookup(one)
+                call = (time.perf_counter() - t0) / (reps * 5) * 1e6
+        finally:
+            stop_processes(procs)
+    return Costs(round(local, 3), round(max(rpc - 2 * call / ids, 0.0), 3), round(call, 1),
+                 source=f"measured on {os.uname().nodename} ({os.cpu_count()} CPUs)")  # fmt: skip
+
+
+def default_memory_gb() -> float:
+    """Half the memory available now (the trainer, its data pipeline and the PS need the rest)."""
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        available = 8 * GIB
+    return round(available / 2 / GIB, 1)
+
+
+# ---- the planner --------------------------------------------------------------------------------
+def plan_tables(
+    stats: list[TableStats], store_config, costs: Costs, memory_gb: float, nodes: int = 1,
+    ranks_per_node: int = 1, schema: str = "", batch_size: int = 128,
+) -> ShardingPlan:  # fmt: skip
+    """Replicate the tables that save the most time per byte while they fit ``memory_gb`` per
+    node (every rank on a node holds them); the rest on the PS."""
+    from serving.ps.growth import store_bytes
+
+    world = nodes * ranks_per_node
+    row_bytes = 8 + 4 * store_config.dim
+    budget = memory_gb * GIB / ranks_per_node
+    choices: dict[str, TableChoice] = {}
+    gains = []
+    for t in stats:
+        nbytes = store_bytes(store_config, max(t.rows, 1))
+        ps_us = t.ids_per_step * costs.rpc_us_per_id
+        rep_us = t.ids_per_step * world * costs.local_us_per_id
+        if world > 1:
+            rep_us += t.ids_per_step * row_bytes * (world - 1) / (costs.allgather_gbps * 1e3)
+        choices[t.name] = TableChoice("ps", t.rows, nbytes, round(t.ids_per_step, 2), round(ps_us, 1))
+        gains.append((ps_us - rep_us, nbytes, t.name, rep_us))
+    used = 0
+    for gain, nbytes, name, rep_us in sorted(gains, key=lambda g: -g[0] / max(g[1], 1)):
+        c = choices[name]
+        if gain <= 0:
+            c.reason = f"the PS is cheaper ({c.us_per_step:.1f} vs {rep_us:.1f} us/step replicated)"
+        elif used + nbytes > budget:
+            c.reason = f"over the budget ({(used + nbytes) / GIB:.2f} GiB per rank > {budget / GIB:.2f})"
+        else:
+            used += nbytes
+            c.strategy, c.us_per_step = "replicated", round(rep_us, 1)
+            c.reason = f"saves {gain:.1f} us/step; fits ({used / GIB:.2f} of {budget / GIB:.2f} GiB per rank)"
+    return ShardingPlan(
+        choices, nodes, ranks_per_node, memory_gb, costs, schema, batch_size, store_config.dim
+    )
+
+
+def for_training(cfg, schema: Schema, read, total_rows: int, world: int) -> ShardingPlan:
+    """The plan a run trains with (``cfg``: its TrainConfig): ``--plan``'s file, every table on
+    one side (``--sharding ps|replicated``), or the planner's from a sample of the training data
+    (rank 0 samples and plans, every rank gets its plan). Rank 0 logs it as a table."""
+    import logging
+
+    import torch.distributed as dist
+
+    from training.cluster import ShardSpec
+
+    rank = dist.get_rank() if world > 1 else 0
+    if cfg.plan:
+        plan = ShardingPlan.load(cfg.plan)
+        plan.check(schema)
+    elif cfg.sharding != "auto":
+        plan = uniform(schema, cfg.sharding)
+    else:
+        box: list = [None]
+        if rank == 0:
+            stats = table_stats(sample(cfg.data, schema, read, cfg.batch_size, cfg.plan_sample_rows), schema,
+                                total_rows)  # fmt: skip
+            per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            box[0] = plan_tables(
+                stats, ShardSpec.of(cfg, schema).store_config(0, 1), Costs(),
+                cfg.memory_gb or default_memory_gb(), max(1, world // per_node), per_node, schema.name,
+                cfg.batch_size,
+            )  # fmt: skip
+        if world > 1:
+            dist.broadcast_object_list(box, src=0)
+        plan = box[0]
+    if rank == 0:
+        where = cfg.plan or f"--sharding {cfg.sharding}"
+        logging.getLogger("recserve.train").info("sharding plan (%s):\n%s", where, plan.table())
+    return plan
