@@ -19,6 +19,7 @@ from recserve import config
 COMMANDS: dict[str, str] = {
     "transform": "read a data file, transform it and write compact batches",
     "synth": "write Criteo-shaped synthetic click logs of any size (TSV or Parquet)",
+    "plan": "choose where each embedding table trains (replicated or PS) and write the plan",
     "train": "train a model (PS-backed embeddings, DDP dense) and export it",
     "ps": "serve one embedding parameter-server shard over gRPC",
     "worker": "serve the embedding worker (route, pool, update) over gRPC",

@@ -44,15 +44,15 @@ GIB = 1 << 30
 class Costs:
     """Per-step cost figures of the two placements (microseconds; GB/s)."""
 
-    local_us_per_id: float = 0.35
+    local_us_per_id: float = 0.59
     """In-process lookup (inserting) + sparse update of one row in an EmbeddingStore."""
-    rpc_us_per_id: float = 0.9
+    rpc_us_per_id: float = 2.38
     """The same through a PS process over gRPC (encode, send, store, answer), per ID."""
-    rpc_us_per_call: float = 250.0
+    rpc_us_per_call: float = 870.0
     """One RPC round trip (lookup or update) whatever its size."""
     allgather_gbps: float = 1.0
     """Bytes per second (1e9) between nodes for the replicated tables' gradient all-gather."""
-    source: str = "defaults (measured on the 2-vCPU dev VM)"
+    source: str = "defaults (`recserve plan` on the 2-vCPU dev VM)"
     """Where the figures come from: measured here, or the defaults."""
 
 
@@ -164,9 +164,10 @@ class ShardingPlan:
             )
         s = self.summary()
         lines.append(
-            f"{s['replicated_tables']} replicated ({s['replicated_gb_per_rank']} GiB per rank), "
-            f"{s['ps_tables']} on the PS ({s['ps_gb']} GiB); per node {s['node_memory_gb']} GiB of "
-            f"{self.memory_gb:g} budgeted; per step {s['rpc_bytes_per_step']:,} B over RPC, "
+            f"{s['replicated_tables']} replicated ({_size(self.replicated_bytes)} per rank), "
+            f"{s['ps_tables']} on the PS ({_size(self.ps_bytes)}); per node "
+            f"{_size(self.replicated_bytes * self.ranks_per_node)} replicated of {self.memory_gb:g} GiB "
+            f"budgeted, {s['node_memory_gb']} GiB with its PS shards; per step {s['rpc_bytes_per_step']:,} B over RPC, "
             f"{s['allgather_bytes_per_step']:,} B all-gathered, ~{s['embedding_us_per_step']} us of "
             f"embedding work; costs: {self.costs.source}"
         )
@@ -216,6 +217,10 @@ class ShardingPlan:
             return cls.from_dict(yaml.safe_load(Path(path).read_text()))
         except (OSError, yaml.YAMLError, TypeError) as e:
             raise ValueError(f"{path}: not a sharding plan: {e}") from e
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / (1 << 20):.1f} MiB"
 
 
 def uniform(schema: Schema, strategy: str) -> ShardingPlan:
@@ -345,11 +350,11 @@ def plan_tables(
         if gain <= 0:
             c.reason = f"the PS is cheaper ({c.us_per_step:.1f} vs {rep_us:.1f} us/step replicated)"
         elif used + nbytes > budget:
-            c.reason = f"over the budget ({(used + nbytes) / GIB:.2f} GiB per rank > {budget / GIB:.2f})"
+            c.reason = f"over the budget ({_size(used + nbytes)} per rank > {_size(budget)})"
         else:
             used += nbytes
             c.strategy, c.us_per_step = "replicated", round(rep_us, 1)
-            c.reason = f"saves {gain:.1f} us/step; fits ({used / GIB:.2f} of {budget / GIB:.2f} GiB per rank)"
+            c.reason = f"saves {gain:.1f} us/step; fits ({_size(used)} of {_size(budget)} per rank)"
     return ShardingPlan(
         choices, nodes, ranks_per_node, memory_gb, costs, schema, batch_size, store_config.dim
     )

@@ -305,7 +305,8 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
                     },  # fmt: skip
                 )
                 result.version_dir = str(version)
-                result.ps = cluster.stats()  # the shards now hold the replicated tables too
+                if cluster is not None:  # the shards now hold the replicated tables too
+                    result.ps = cluster.stats()
                 if not cfg.curve:
                     result.curve = str(version / "eval" / "curve.png")
                 if cfg.publish:

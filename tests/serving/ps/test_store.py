@@ -333,3 +333,46 @@ def test_optimizer_state_is_per_row():
     after, _ = s.lookup(u64(1, 2))
     np.testing.assert_allclose(after[0], before[0] - 1.0 / np.sqrt(1.5), rtol=1e-6)
     np.testing.assert_array_equal(after[1], before[1])
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+def test_fused_update_of_distinct_signs_is_bit_identical_to_the_numpy_path(name):
+    """``apply_gradients(distinct=True)`` runs the compiled find + update (``index.update_rows``):
+    the same float32 expressions in the same order, so the rows and the state are equal bit for
+    bit; stamps and dirty marks as the numpy path sets them; absent signs are skipped."""
+    clock = FakeClock()
+    a, b = (make(clock, dim=8, capacity=600, optimizer=OptimizerConfig(name, lr=0.05)) for _ in range(2))
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        signs = np.unique(rng.integers(1, 500, 100).astype(np.uint64))
+        rng.shuffle(signs)
+        grads = rng.standard_normal((len(signs), 8)).astype(np.float32)
+        a.lookup(signs, insert=True)
+        b.lookup(signs, insert=True)
+        clock.t += 1
+        assert a.apply_gradients(signs, grads) == b.apply_gradients(signs, grads, distinct=True)
+    assert b.apply_gradients(u64(10_000), np.ones((1, 8), np.float32), distinct=True) == 0  # absent
+    every = np.arange(1, 500, dtype=np.uint64)
+    np.testing.assert_array_equal(a.lookup(every)[0], b.lookup(every)[0])
+    for k in a._state:
+        np.testing.assert_array_equal(a._state[k][: a.rows], b._state[k][: b.rows])
+    np.testing.assert_array_equal(a._stamp[: a.rows], b._stamp[: b.rows])
+    np.testing.assert_array_equal(a._dirty[: a.rows], b._dirty[: b.rows])
+
+
+def test_assign_sets_rows_and_optimizer_state_and_marks_them_for_the_delta():
+    s = make(optimizer=OptimizerConfig("adagrad", lr=0.1))
+    s.lookup(u64(1), insert=True)
+    s.cut_delta()
+    rows = np.arange(8, dtype=np.float32).reshape(2, 4)
+    assert s.assign(u64(1, 2), rows, {"sum": rows + 1}) == 2  # 2 is inserted
+    np.testing.assert_array_equal(s.lookup(u64(1, 2))[0], rows)
+    delta = s.cut_delta()
+    assert sorted(delta.signs.tolist()) == [1, 2]
+    np.testing.assert_array_equal(delta.state["sum"][np.argsort(delta.signs)], rows + 1)
+    s.assign(u64(1), rows[:1] * 0)  # no state given: it stays
+    assert s.snapshot().state["sum"][0].tolist() == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="state must be float32"):
+        s.assign(u64(3), rows[:1], {"exp_avg": rows[:1]})
+    with pytest.raises(ValueError, match="finite"):
+        s.assign(u64(3), np.full((1, 4), np.nan))

@@ -1,0 +1,99 @@
+"""``recserve plan``: choose where each embedding table trains, print the plan, write it as YAML.
+
+Samples the training data (distinct IDs per table, extrapolated to all its rows; distinct IDs per
+step), sizes every table as a store holds it (row, optimizer state, key, index), times an
+in-process store and a PS process on this machine (``--no-measure``: the default figures), and
+replicates the tables that save the most time per byte within ``--memory-gb`` per node; the rest
+stay on the PS (training/plan.py). ``recserve train --plan plan.yaml`` trains with exactly this
+plan; ``recserve train`` (``--sharding auto``) plans the same way by itself.
+
+    recserve plan --schema data/schemas/criteo.yaml --data train.tsv --nodes 2 --memory-gb 4
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from serving.ps import optim
+
+
+@dataclass
+class PlanConfig:
+    """``recserve plan``."""
+
+    schema: str = "data/schemas/criteo.yaml"
+    """Feature schema YAML: one table per sparse slot."""
+    data: str = "data/criteo/wide_resdnn_criteo_train.tsv"
+    """Training data (any form `recserve train` reads)."""
+    data_format: str = "auto"
+    """Format of the data, as `recserve train --data-format`."""
+    limit: int | None = None
+    """Plan for the first this many rows (None: all of them, counted in one pass)."""
+    nodes: int = 1
+    """Nodes the job trains on."""
+    ranks_per_node: int = 1
+    """Trainer processes per node (each holds the replicated tables)."""
+    memory_gb: float = 0.0
+    """Memory per node for replicated tables (0: half of this machine's available memory)."""
+    batch_size: int = 128
+    """Rows per step on each rank (as `recserve train --batch-size`)."""
+    dim: int = 16
+    """Embedding dimension."""
+    sparse_optimizer: str = field(default="adagrad", metadata={"choices": optim.OPTIMIZERS.keys()})
+    """Sparse optimizer (its state is part of a row's bytes)."""
+    sample_rows: int = 100_000
+    """Rows of the data to sample."""
+    measure: bool = True
+    """Time an in-process store and a PS process here (--no-measure: the default figures)."""
+    allgather_gbps: float = 1.0
+    """Bandwidth between nodes (GB/s) for the replicated tables' gradient all-gather (assumed:
+    it cannot be measured from one host)."""
+    out: str = "plan.yaml"
+    """Where to write the plan ('' : only print it)."""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.ranks_per_node < 1 or self.batch_size < 1 or self.sample_rows < 1:
+            raise ValueError("nodes, ranks_per_node, batch_size and sample_rows must be >= 1")
+        if self.memory_gb < 0 or self.allgather_gbps <= 0:
+            raise ValueError("memory_gb must be >= 0 and allgather_gbps > 0")
+        optim.get(self.sparse_optimizer)
+
+
+CONFIG = PlanConfig
+
+
+def run(cfg: PlanConfig) -> int:
+    import dataclasses
+
+    from features.schema import load_schema
+    from features.stream import ReadOptions
+    from training import data
+    from training import plan as sharding
+    from training.cluster import ShardSpec
+    from training.config import TrainConfig
+
+    t0 = time.perf_counter()
+    schema = load_schema(cfg.schema)
+    read = ReadOptions(format=cfg.data_format, numeric_dense=True)
+    train_cfg = TrainConfig(dim=cfg.dim, sparse_optimizer=cfg.sparse_optimizer, batch_size=cfg.batch_size)
+    spec = ShardSpec.of(train_cfg, schema)
+    rows = data.Split(cfg.data, schema, read, cfg.limit).scan().rows
+    if not rows:
+        print(f"recserve plan: {cfg.data}: no rows")
+        return 1
+    batches = sharding.sample(cfg.data, schema, read, cfg.batch_size, min(cfg.sample_rows, rows))
+    stats = sharding.table_stats(batches, schema, rows)
+    costs = sharding.measure_costs(spec) if cfg.measure else sharding.Costs()
+    costs = dataclasses.replace(costs, allgather_gbps=cfg.allgather_gbps)
+    plan = sharding.plan_tables(
+        stats, spec.store_config(0, 1), costs, cfg.memory_gb or sharding.default_memory_gb(), cfg.nodes,
+        cfg.ranks_per_node, schema.name, cfg.batch_size,
+    )  # fmt: skip
+    print(
+        f"sharding plan for {schema.name!r}: {rows:,} rows, {cfg.nodes} node(s) x {cfg.ranks_per_node} rank(s)"
+    )
+    print(plan.table())
+    if cfg.out:
+        print(f"wrote {plan.save(cfg.out)} ({time.perf_counter() - t0:.1f} s)")
+    return 0

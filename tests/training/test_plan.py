@@ -1,0 +1,134 @@
+"""The sharding planner (training/plan.py) and the plan file: choices under a budget, the sample's
+statistics, YAML round trips, refusals; ``recserve plan`` end to end on the Criteo split."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from features.schema import load_schema
+from features.stream import ReadOptions
+from serving.ps.store import OptimizerConfig, StoreConfig
+from training import plan as sharding
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = ROOT / "data/schemas/criteo.yaml"
+TRAIN = ROOT / "data/criteo/wide_resdnn_criteo_train.tsv"
+STORE = StoreConfig(dim=16, optimizer=OptimizerConfig("adagrad"))
+MIB = 1 << 20
+
+
+def stats(*tables: tuple[str, int, float]) -> list[sharding.TableStats]:
+    return [sharding.TableStats(n, i + 1, rows, ids, rows) for i, (n, rows, ids) in enumerate(tables)]
+
+
+def test_every_table_replicated_when_all_fit():
+    plan = sharding.plan_tables(stats(("a", 1000, 50.0), ("b", 10**6, 100.0)), STORE, sharding.Costs(), 8.0)
+    assert {n: t.strategy for n, t in plan.tables.items()} == {"a": "replicated", "b": "replicated"}
+    assert all("fits" in t.reason for t in plan.tables.values())
+    assert plan.summary()["rpc_bytes_per_step"] == 0
+
+
+def test_a_budget_keeps_the_most_time_per_byte_in_process():
+    """Three tables of 1M rows (~76 MiB each): a budget of two keeps the two with the most IDs
+    per step; the third goes to the PS, saying why; the estimates add up."""
+    tables = stats(("cold", 10**6, 10.0), ("hot", 10**6, 100.0), ("warm", 10**6, 60.0), ("tiny", 100, 5.0))
+    per_table = sharding.plan_tables(tables, STORE, sharding.Costs(), 100.0).tables["hot"].bytes
+    plan = sharding.plan_tables(tables, STORE, sharding.Costs(), (2 * per_table + MIB) / (1 << 30))
+    chosen = {n: t.strategy for n, t in plan.tables.items()}
+    assert chosen == {"cold": "ps", "hot": "replicated", "warm": "replicated", "tiny": "replicated"}
+    assert "over the budget" in plan.tables["cold"].reason
+    s = plan.summary()
+    assert s["ps_tables"] == 1 and s["rpc_bytes_per_step"] == int(2 * 10.0 * (8 + 4 * 16))
+    assert plan.replicated_bytes + plan.ps_bytes == sum(t.bytes for t in plan.tables.values())
+
+
+def test_across_nodes_a_slow_link_sends_tables_to_the_ps():
+    costs = sharding.Costs(allgather_gbps=0.001)  # 1 MB/s between nodes: all-gathering loses
+    plan = sharding.plan_tables(stats(("a", 1000, 50.0)), STORE, costs, 8.0, nodes=4)
+    assert plan.tables["a"].strategy == "ps" and "the PS is cheaper" in plan.tables["a"].reason
+
+
+def test_table_stats_are_exact_when_the_sample_is_all_the_data():
+    schema = load_schema(SCHEMA)
+    batches = sharding.sample(TRAIN, schema, ReadOptions(numeric_dense=True), 128, 10**6)
+    got = {t.name: t for t in sharding.table_stats(batches, schema, 8000)}
+    signs = np.concatenate([b.signs for b in batches])
+    for slot in schema.sparse:
+        mine = signs[(signs >> np.uint64(48)) == slot.id]
+        assert got[slot.name].rows == len(np.unique(mine)), slot.name
+    assert all(0 < t.ids_per_step <= 128 for t in got.values())
+    half = sharding.table_stats(batches[:32], schema, 8000)  # extrapolated from half the rows
+    assert all(h.sample_distinct <= h.rows <= 2 * h.sample_distinct + 1 for h in half)
+
+
+def test_a_plan_file_round_trips_and_a_wrong_one_is_refused(tmp_path):
+    schema = load_schema(SCHEMA)
+    plan = sharding.uniform(schema, "replicated")
+    plan.tables["C3"].strategy = "ps"
+    loaded = sharding.ShardingPlan.load(plan.save(tmp_path / "plan.yaml"))
+    mask = loaded.local_mask(schema)
+    assert mask.sum() == 25 and not mask[[s.name for s in schema.sparse].index("C3")]
+    (tmp_path / "short.yaml").write_text("tables: {C1: ps}\n")
+    with pytest.raises(ValueError, match="missing tables"):
+        sharding.ShardingPlan.load(tmp_path / "short.yaml").check(schema)
+    loaded.tables["C1"].strategy = "gpu"
+    with pytest.raises(ValueError, match="unknown strategies"):
+        loaded.check(schema)
+    (tmp_path / "junk.yaml").write_text("- 1\n")
+    with pytest.raises(ValueError, match="not a sharding plan|a mapping"):
+        sharding.ShardingPlan.load(tmp_path / "junk.yaml")
+
+
+def test_recserve_plan_prints_and_writes_the_plan(tmp_path):
+    out = tmp_path / "plan.yaml"
+    cmd = [
+        sys.executable,
+        "-m",
+        "recserve",
+        "plan",
+        "--memory-gb",
+        "0.0005",
+        "--no-measure",
+        "--out",
+        str(out),
+    ]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "C3" in run.stdout and "replicated" in run.stdout and "wrote" in run.stdout
+    plan = sharding.ShardingPlan.load(out)
+    chosen = {t.strategy for t in plan.tables.values()}
+    assert chosen == {"replicated", "ps"}  # half a MiB: the small tables fit, the large do not
+    assert plan.replicated_bytes <= 0.0005 * (1 << 30)
+
+
+@pytest.mark.slow
+def test_the_readme_plan_lines_run_as_printed_and_the_plan_printed_is_the_plan_trained(tmp_path):
+    import json
+    import os
+    import re
+
+    import model_store
+    from tests.helpers import recserve_argv
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## Sharding plans.*?```bash\n(.*?)```", text, re.S).group(1)
+    plan_line, train_line = (x.strip() for x in block.splitlines() if x.strip())
+    env = {**os.environ, "RECSERVE_STORE": str(tmp_path)}
+    planned = subprocess.run(recserve_argv(plan_line), cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=300)  # fmt: skip
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    path = Path(re.search(r"--out (\S+)", plan_line).group(1))
+    plan = sharding.ShardingPlan.load(path)
+    trained = subprocess.run(recserve_argv(train_line), cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=600)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert plan.table() in trained.stderr  # the trainer logs the very table `recserve plan` printed
+    assert plan.table().splitlines()[2] in planned.stdout
+    version = json.loads(trained.stdout.strip().splitlines()[-1])["version_dir"]
+    recorded = model_store.read_manifest(version)["train"]["plan"]["tables"]
+    assert {n: t["strategy"] for n, t in recorded.items()} == {n: t.strategy for n, t in plan.tables.items()}
