@@ -62,7 +62,7 @@ def test_staleness_0_with_a_seed_gives_the_same_model_twice(tmp_path, sharding_,
     runs = []
     for i in range(2):
         with caplog.at_level(logging.INFO, logger="recserve.train"):
-            r = train(_config(tmp_path / str(i), staleness=0, seed=7, sharding=sharding_))
+            r = train(_config(tmp_path / str(i), staleness=0, seed=7, sharding=sharding_, limit=2048))
         runs.append((r.auc, _exported(r.version_dir)))
     (auc_a, (signs_a, rows_a, state_a)), (auc_b, (signs_b, rows_b, state_b)) = runs
     assert abs(auc_a - auc_b) <= 1e-6
