@@ -193,6 +193,11 @@ class TrainConfig:
         from features.stream import ReadOptions
 
         ReadOptions(format=self.data_format, block_size=self.block_size)  # raises ValueError if bad
+        if self.plan:  # a plan that does not fit the schema is a configuration error, not a crash
+            from features.schema import load_schema
+            from training.plan import ShardingPlan
+
+            ShardingPlan.load(self.plan).check(load_schema(self.schema))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -371,9 +371,8 @@ def for_training(cfg, schema: Schema, read, total_rows: int, world: int) -> Shar
     from training.cluster import ShardSpec
 
     rank = dist.get_rank() if world > 1 else 0
-    if cfg.plan:
+    if cfg.plan:  # TrainConfig checked it against the schema
         plan = ShardingPlan.load(cfg.plan)
-        plan.check(schema)
     elif cfg.sharding != "auto":
         plan = uniform(schema, cfg.sharding)
     else:

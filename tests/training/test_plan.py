@@ -132,3 +132,21 @@ def test_the_readme_plan_lines_run_as_printed_and_the_plan_printed_is_the_plan_t
     version = json.loads(trained.stdout.strip().splitlines()[-1])["version_dir"]
     recorded = model_store.read_manifest(version)["train"]["plan"]["tables"]
     assert {n: t["strategy"] for n, t in recorded.items()} == {n: t.strategy for n, t in plan.tables.items()}
+
+
+def test_recserve_train_refuses_a_plan_that_does_not_fit_the_schema(tmp_path):
+    (tmp_path / "plan.yaml").write_text("tables: {C1: replicated, user_id: ps}\n")
+    cmd = [
+        sys.executable,
+        "-m",
+        "recserve",
+        "train",
+        "--plan",
+        str(tmp_path / "plan.yaml"),
+        "--store",
+        str(tmp_path),
+    ]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "bad configuration" in run.stderr and "missing tables" in run.stderr and "user_id" in run.stderr
+    assert "Traceback" not in run.stderr

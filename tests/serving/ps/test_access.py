@@ -166,3 +166,32 @@ def test_fuzzed_lookup_and_stats_are_invalid_argument_and_the_shard_keeps_answer
     assert codes["Lookup", "INVALID_ARGUMENT"] > 100 and codes["Stats", "INVALID_ARGUMENT"] > 50, codes
     rows, _ = c.lookup(SIGNS)
     assert rows.shape == (3, DIM) and training_ps["proc"].poll() is None
+
+
+def test_assign_sets_rows_and_refuses_bad_input_as_invalid_argument(training_ps):
+    """Assign (the trainer writing its replicated tables into the shards): rows and state land;
+    a wrong state count, a wrong size, non-finite rows or duplicate signs are INVALID_ARGUMENT
+    naming the problem, nothing is written, and the shard keeps answering."""
+    c = training_ps["client"]
+    signs = np.array([901, 902], np.uint64)
+    rows = np.arange(2 * DIM, dtype=np.float32).reshape(2, DIM)
+    assert c.assign(signs, rows) == 2
+    np.testing.assert_array_equal(c.lookup(signs)[0], rows)
+    bad = {
+        "state matrices": ps_pb2.AssignRequest(
+            signs=signs.tobytes(), rows=rows.tobytes(), state=[rows.tobytes()] * 5
+        ),  # fmt: skip
+        "": ps_pb2.AssignRequest(signs=signs.tobytes(), rows=rows[:1].tobytes()),
+        "finite": ps_pb2.AssignRequest(
+            signs=np.array([903, 904], np.uint64).tobytes(), rows=np.full((2, DIM), np.nan, "<f4").tobytes()
+        ),  # fmt: skip
+        "distinct": ps_pb2.AssignRequest(
+            signs=np.array([905, 905], np.uint64).tobytes(), rows=rows.tobytes()
+        ),
+    }
+    for words, request in bad.items():
+        code, details = _code(c, "Assign", request.SerializeToString(), c.metadata)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and words in details, (words, details)
+    assert c.lookup(np.array([903, 905], np.uint64))[1] == 2  # none of them was written
+    np.testing.assert_array_equal(c.lookup(signs)[0], rows)
+    assert training_ps["proc"].poll() is None
