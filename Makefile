@@ -34,11 +34,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# Unit tests first (fast), then the integration tests that start real processes.
+# Unit tests first (fast), then the integration tests that start real processes; each on
+# TEST_WORKERS pytest-xdist workers, a module's tests on one worker (its fixtures built once).
+TEST_WORKERS ?= 2
 test: $(STAMP) $(GEN) lint
 	command -v prometheus >/dev/null || (apt-get update && apt-get install -y prometheus)
-	$(PY) -m pytest -q -m "not slow"
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadscope
+	$(PY) -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadscope
 
 test-fast: $(STAMP) $(GEN)
 	$(PY) -m pytest -q -m "not slow" -x

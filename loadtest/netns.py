@@ -136,7 +136,7 @@ class Network:
         if subnet and not re.fullmatch(r"198\.1[89]\.(25[0-5]|2[0-4]\d|1?\d?\d)", subnet):
             raise ValueError(f"subnet {subnet!r}: give the first three octets of a /24 in 198.18.0.0/15")
         self.tag = f"{PREFIX}{os.getpid()}"  # <= 15 characters with its suffixes
-        self.subnet = subnet or f"198.18.{os.getpid() % 250}"  # hosts are .1, .2, ...
+        self.subnet = subnet or f"198.18.{1 + os.getpid() % 249}"  # hosts .1, .2, ...; 198.18.0: tests' own
         self.bridge = f"{self.tag}br"
         self.gateway = f"{self.subnet}.254"  # the caller's address on the bridge
         self.hosts: list[Host] = []

@@ -1,8 +1,12 @@
-"""Fixtures every test package may use: ``network``, hosts made of Linux network namespaces."""
+"""Fixtures every test package may use: ``network``, hosts made of Linux network namespaces;
+``readme_ports``, the README's fixed ports held by one test at a time."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -23,3 +27,24 @@ def network():
             return stack.enter_context(netns.Network(n, hostnames, subnet))
 
         yield make
+
+
+@contextlib.contextmanager
+def exclusive(name: str):
+    """Held by one test at a time across every pytest process on this machine (the pytest-xdist
+    workers of ``make test`` among them): an flock on a file in the temp directory; the others
+    block until it is released."""
+    with open(Path(tempfile.gettempdir()) / f"recserve-tests-{name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def readme_ports():
+    """The README's fixed ports (8080-8082 and 50061-50071) for this test alone: tests that run its
+    lines as printed take them in turn (``exclusive``)."""
+    with exclusive("readme-ports"):
+        yield

@@ -20,7 +20,7 @@ def tour_lines() -> list[str]:
 
 
 @pytest.mark.slow
-def test_quick_tour_runs_as_printed(tmp_path):
+def test_quick_tour_runs_as_printed(tmp_path, readme_ports):
     if not all(port_free(p) for p in (8080, 8081, 8082)):
         pytest.skip("the tour's default ports 8080-8082 are taken on this machine")
     env = {**os.environ, "RECSERVE_STORE": str(tmp_path / "store")}

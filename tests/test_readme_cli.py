@@ -26,7 +26,7 @@ def line(prefix: str) -> str:
 
 
 @pytest.mark.slow
-def test_tls_replicas_worker_and_publish_lines_run_as_printed(tmp_path):
+def test_tls_replicas_worker_and_publish_lines_run_as_printed(tmp_path, readme_ports):
     ports = (8080, 8081, 8082, 50061, 50062, 50063, 50064, 50071)
     if not all(port_free(p) for p in ports):
         pytest.skip("the README's default ports are taken on this machine")
@@ -87,7 +87,7 @@ def _worker_over_replicas(store, env) -> None:
 
 
 @pytest.mark.slow
-def test_serve_and_colocated_up_lines_run_as_printed(tmp_path):
+def test_serve_and_colocated_up_lines_run_as_printed(tmp_path, readme_ports):
     """`recserve serve --model criteo` and `recserve up ... --lookups colocated` as printed: each
     scores the README's score line's requests like the trainer's offline scores."""
     import json

@@ -110,28 +110,45 @@ def start_time(pid: int) -> int | None:
 
 
 def stop_pid(pid: int, must_contain: str, timeout_s: float = 15.0, started: int | None = None) -> bool:
-    """SIGTERM the process group led by ``pid`` -- only if it is still the process we started: its
-    start time equals ``started`` (when recorded) or its command contains ``must_contain``; a
-    recycled pid is left alone. SIGKILL after ``timeout_s``."""
-    if not alive(pid):
-        return False
-    same = (started is not None and start_time(pid) == started) or must_contain in cmdline(pid)
-    if not same:
-        return False
+    """SIGTERM the process group led by ``pid`` (``pid`` alone when it leads none) -- only if it is
+    still the process we started: its start time equals ``started`` (when recorded) or its command
+    contains ``must_contain``; a recycled pid is left alone. SIGKILL after ``timeout_s``."""
+    return bool(stop_pids([(pid, must_contain, started)], timeout_s))
+
+
+def _signal(pid: int, sig: int) -> bool:
+    """``sig`` to the process group ``pid`` leads, or to ``pid`` itself when it leads none."""
     try:
-        os.killpg(pid, signal.SIGTERM)
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
     except ProcessLookupError:
         return False
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not alive(pid) or _zombie(pid):
-            break
-        time.sleep(0.05)
-    try:
-        os.killpg(pid, signal.SIGKILL)  # stragglers of the group (e.g. TorchServe's Python workers)
-    except ProcessLookupError:
-        pass
     return True
+
+
+def stop_pids(targets: list[tuple[int, str, int | None]], timeout_s: float = 15.0) -> list[int]:
+    """``stop_pid`` for many (pid, must_contain, started) at once: SIGTERM every target that is still the process we started, all at once, wait for them
+    together, then SIGKILL what is left of each (a group's stragglers, e.g. TorchServe's Python
+    workers); returns the pids signalled."""
+    signalled = []
+    for pid, must_contain, started in targets:
+        if not alive(pid):
+            continue
+        if not ((started is not None and start_time(pid) == started) or must_contain in cmdline(pid)):
+            continue
+        if _signal(pid, signal.SIGTERM):
+            signalled.append(pid)
+    deadline = time.monotonic() + timeout_s
+    waiting = list(signalled)
+    while waiting and time.monotonic() < deadline:
+        waiting = [pid for pid in waiting if alive(pid) and not _zombie(pid)]
+        if waiting:
+            time.sleep(0.05)
+    for pid in signalled:
+        _signal(pid, signal.SIGKILL)
+    return signalled
 
 
 def _zombie(pid: int) -> bool:
@@ -142,10 +159,9 @@ def _zombie(pid: int) -> bool:
 
 
 def stop_children(procs: list[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
-    """Stop child processes this process spawned (each with its process group) and reap them."""
-    for p in procs:
-        if p.poll() is None:
-            stop_pid(p.pid, "recserve", timeout_s, started=start_time(p.pid))
+    """Stop child processes this process spawned (each with its process group, all at once) and
+    reap them."""
+    stop_pids([(p.pid, "recserve", start_time(p.pid)) for p in procs if p.poll() is None], timeout_s)
     for p in procs:
         try:
             p.wait(timeout=timeout_s)

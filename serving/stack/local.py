@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import model_store
-from serving.rpc.procs import free_ports, spawn, start_time, stop_pid, wait_grpc_healthy
+from serving.rpc.procs import free_ports, spawn, start_time, stop_children, stop_pid, wait_grpc_healthy
 from serving.stack import state as stack_state
 from serving.stack import tls as stack_tls
 from serving.stack.config import StackConfig
@@ -293,10 +293,8 @@ class LocalStack:
         if self._ts is not None:
             self._ts.stop()
             self._ts = None
-        for name, proc in list(self._procs.items()):
-            stop_pid(proc.pid, "recserve")
-            proc.wait(10)
-            self._procs.pop(name)
+        stop_children(list(self._procs.values()))
+        self._procs.clear()
         remove_state(self.run_dir)
 
     def _write_state(self) -> None:

@@ -260,19 +260,21 @@ def down(run_dir: Path) -> list[str]:
     """Stop the processes a previous ``up`` recorded in ``run_dir/stack.json``; returns their names.
     The supervisor first (it would restart what is stopped), then the controller, then the rest as
     stack.json names them once the supervisor is gone (its last replacements included)."""
-    from serving.rpc.procs import stop_pid
+    from serving.rpc.procs import stop_pids
 
     if not state_exists(run_dir):
         return []
     stopped: list[str] = []
-    for group in (("supervisor",), ("controller",), None):
+    for group in (("supervisor",), ("controller",), None):  # None: the rest, all at once
         state = read_state(run_dir)
-        for name, pid in state.pids.items():
-            if name in stopped or (name not in group if group else name in ("supervisor", "controller")):
-                continue
-            marker = "org.pytorch.serve.ModelServer" if name == "torchserve" else "recserve"
-            if stop_pid(int(pid), marker, started=state.started_at.get(name)):
-                stopped.append(name)
+        names = {
+            int(pid): name
+            for name, pid in state.pids.items()
+            if name not in stopped and (name in group if group else name not in ("supervisor", "controller"))
+        }
+        marker = lambda name: "org.pytorch.serve.ModelServer" if name == "torchserve" else "recserve"  # noqa: E731
+        targets = [(pid, marker(name), state.started_at.get(name)) for pid, name in names.items()]
+        stopped += [names[pid] for pid in stop_pids(targets)]
     remove_state(run_dir)
     return stopped
 
