@@ -301,14 +301,24 @@ RUNS = ("lean:colocated", "lean:remote", "torchserve:colocated", "torchserve:rem
 
 
 @contextlib.contextmanager
-def lean_frontend(store: Path, model: str, lookups: str, state: StackState | None, work: Path, runtime: str):
-    """``recserve serve`` (the command a user runs) on a free port; remote lookups go to the
-    stack's worker process. Yields (endpoint, {role: pids})."""
+def lean_frontend(
+    store: Path,
+    model: str,
+    lookups: str,
+    state: StackState | None,
+    work: Path,
+    runtime: str,
+    batch_wait_ms: float,
+):
+    """``recserve serve`` (the command a user runs) on a free port, micro-batching its dense stage
+    with ``--batch-wait-ms`` (0: off); remote lookups go to the stack's worker process. Yields
+    (endpoint, {role: pids})."""
     from serving.rpc.procs import free_ports
 
     port = free_ports(1)[0]
     argv = [sys.executable, "-m", "recserve", "serve", "--store", str(store), "--model", model, "--port",
-            str(port), "--lookups", lookups, "--no-token-auth", "--runtime", runtime]  # fmt: skip
+            str(port), "--lookups", lookups, "--no-token-auth", "--runtime", runtime,
+            "--batch-wait-ms", f"{batch_wait_ms:g}"]  # fmt: skip
     if state is not None:
         argv += ["--worker", state.worker]
     log = open(work / f"serve-{lookups}.log", "w")
@@ -337,7 +347,16 @@ def lean_frontend(store: Path, model: str, lookups: str, state: StackState | Non
         log.close()
 
 
-def run_one(args, frontend: str, lookups: str, store: Path, rates: list[float], bodies, work: Path) -> dict:
+def run_one(
+    args,
+    frontend: str,
+    lookups: str,
+    store: Path,
+    rates: list[float],
+    bodies,
+    work: Path,
+    batch_wait_ms: float,
+) -> dict:
     """Start what ``frontend`` x ``lookups`` needs, warm it up, load it at every rate, stop it."""
     from serving.stack.local import LocalStack, StackConfig
 
@@ -353,13 +372,24 @@ def run_one(args, frontend: str, lookups: str, store: Path, rates: list[float], 
             es.callback(stack.stop)
         if frontend == "lean":
             endpoint, procs = es.enter_context(
-                lean_frontend(store, args.model, lookups, stack.state if stack else None, work, args.runtime)
+                lean_frontend(
+                    store,
+                    args.model,
+                    lookups,
+                    stack.state if stack else None,
+                    work,
+                    args.runtime,
+                    batch_wait_ms,
+                )  # fmt: skip
             )
         else:
             assert stack is not None  # not lean: TorchServe, started above
             endpoint, procs = stack.state.endpoint, stack_processes(stack.state)
         n = warm_up(endpoint, None, bodies, args.warmup_s)
-        print(f"{frontend} + {lookups}: {endpoint}; warm-up {n} requests in {args.warmup_s:g} s", flush=True)
+        label = f"{frontend} + {lookups}" + (
+            f" (batch wait {batch_wait_ms:g} ms)" if frontend == "lean" else ""
+        )
+        print(f"{label}: {endpoint}; warm-up {n} requests in {args.warmup_s:g} s", flush=True)
         host = endpoint.split("/predictions/")[0]
         results = {}
         for rate in rates:
@@ -377,6 +407,7 @@ def run_one(args, frontend: str, lookups: str, store: Path, rates: list[float], 
         if r["p99_ms"] is not None and r["p99_ms"] <= 10.0 and not r["failures"]
     ]
     return {"frontend": frontend, "lookups": lookups, "rates": results,
+            "batch_wait_ms": batch_wait_ms if frontend == "lean" else None,
             "max_rps_p99_le_10ms": max(ok) if ok else 0.0, "stages_ms": stage_ms}  # fmt: skip
 
 
@@ -399,6 +430,11 @@ def inprocess_p50_ms(vdir: Path, bodies: list[bytes]) -> float:
         scorer.close()
 
 
+def _name(run: dict) -> str:
+    wait = run.get("batch_wait_ms")
+    return f"{run['frontend']}+{run['lookups']}" + (f"+wait{wait:g}" if wait is not None else "")
+
+
 # ---- main ---------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -413,13 +449,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch-delay-ms", type=int, default=1)
     p.add_argument("--ps-shards", type=int, default=0, help="PS processes (default: as trained, 2)")
     p.add_argument(
-        "--runs", default=",".join(RUNS), help=f"frontend:lookups pairs (default {','.join(RUNS)})"
+        "--runs",
+        default=",".join(RUNS),
+        help=f"frontend:lookups pairs (default {','.join(RUNS)}); a lean "
+        "run may add :<ms>, its --batch-wait-ms (lean:colocated:0 runs without micro-batching)",
+    )
+    p.add_argument(
+        "--batch-wait-ms", type=float, default=1.0, help="the lean runs' micro-batching wait (0: off)"
     )
     p.add_argument("--columns", action="store_true", help="send ranking requests in column form")
     p.add_argument("--out", default="e2e", help="results name: loadtest/results/<out>.json")
     args = p.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
-    pairs = [tuple(r.split(":")) for r in args.runs.split(",")]
+    pairs = [(*r.split(":")[:2], float(r.split(":")[2]) if r.count(":") == 2 else args.batch_wait_ms)
+             for r in args.runs.split(",")]  # fmt: skip
 
     import model_store
 
@@ -439,12 +482,12 @@ def main(argv: list[str] | None = None) -> int:
         inprocess = inprocess_p50_ms(vdir, bodies)
         print(f"in one process: p50 {inprocess} ms", flush=True)
         load_before = os.getloadavg()
-        runs = [run_one(args, f, lk, store, rates, bodies, work) for f, lk in pairs]
+        runs = [run_one(args, f, lk, store, rates, bodies, work, wait) for f, lk, wait in pairs]
         load_after = os.getloadavg()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    def run(frontend: str, lookups: str) -> dict | None:
+    def run(frontend: str, lookups: str) -> dict | None:  # the first such run (the default batch wait)
         return next((r for r in runs if (r["frontend"], r["lookups"]) == (frontend, lookups)), None)
 
     checks = {"no_failures": all(r["failures"] == 0 for x in runs for r in x["rates"].values())}
@@ -486,22 +529,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nin one process (features + tables in memory + dense): p50 {inprocess} ms")
     print_table(
         f"end to end: locust FastHttpUser, 200-item JSON requests, {args.duration:g} s per rate, token auth off",
-        [
-            {"run": f"{x['frontend']}+{x['lookups']}", "rate": k, **v}
-            for x in runs
-            for k, v in x["rates"].items()
-        ],
+        [{"run": _name(x), "rate": k, **v} for x in runs for k, v in x["rates"].items()],
         ["run", "rate", "p50_ms", "p99_ms", "max_ms", "requests", "failures", "achieved_rps"],
     )
     print_table(
         "CPU ms per request, by process",
-        [{"run": f"{x['frontend']}+{x['lookups']}", "rate": k, **v["cpu_ms_per_request"]}
+        [{"run": _name(x), "rate": k, **v["cpu_ms_per_request"]}
          for x in runs for k, v in x["rates"].items()],
         ["run", "rate", "locust", "lean", "torchserve_frontend", "handler", "worker", "ps", "total"],
     )  # fmt: skip
     print_table(
         "Server-Timing p50 under load (ms) and the rest of each request",
-        [{"run": f"{x['frontend']}+{x['lookups']}", "rate": k, **v["server_timing_p50_ms"]}
+        [{"run": _name(x), "rate": k, **v["server_timing_p50_ms"]}
          for x in runs for k, v in x["rates"].items()],
         ["run", "rate", "decode", "worker", "dense", "encode", "total", "outside_handler", "outside_handler_p99"],
     )  # fmt: skip
@@ -510,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
             print_table("stages (sequential medians, ms)", [{"stage": k, "ms": v} for k, v in x["stages_ms"].items()],
                         ["stage", "ms"])  # fmt: skip
     print("\nmax rate with p99 <= 10 ms and no failures: "
-          + ", ".join(f"{x['frontend']}+{x['lookups']} {x['max_rps_p99_le_10ms']:g}" for x in runs))  # fmt: skip
+          + ", ".join(f"{_name(x)} {x['max_rps_p99_le_10ms']:g}" for x in runs))  # fmt: skip
     print("targets:")
     report_targets(out, checks)
     path = write_results(args.out, out)

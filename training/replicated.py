@@ -63,6 +63,34 @@ class Replicated:
         self.store.rows_of(np.unique(signs), True)  # rows other ranks inserted: the same init
         self.store.apply_gradients(signs, grads)  # the ranks' gradients of one sign summed
 
+    def digest(self) -> str:
+        """A hash of every row and its optimizer state, by sign (the order rows were inserted in,
+        and their last-access stamps, differ between ranks; the rows must not)."""
+        import xxhash
+
+        data = self.store.snapshot(copy=False)
+        order = np.argsort(data.signs, kind="stable")
+        h = xxhash.xxh3_64()
+        for a in (data.signs, data.rows, *(data.state[k] for k in sorted(data.state))):
+            h.update(np.ascontiguousarray(a[order]).tobytes())
+        return f"{len(order)}:{h.hexdigest()}"
+
+    def check_equal(self) -> str:
+        """Every rank's copy is the same (``digest`` all-gathered): a RuntimeError naming the
+        ranks that differ otherwise, never a silent divergence. Returns the digest."""
+        mine = self.digest()
+        if self.world == 1:
+            return mine
+        import torch.distributed as dist
+
+        every: list = [None] * self.world
+        dist.all_gather_object(every, mine)
+        if len(set(every)) > 1:
+            raise RuntimeError(
+                "the replicated tables differ between ranks (rows:digest per rank): " + ", ".join(every)
+            )
+        return mine
+
     def push(self, cluster: Cluster) -> int:
         """Write the rows changed since the last push into the PS shards; returns rows written."""
         data = self.store.cut_delta()

@@ -67,6 +67,7 @@ class TrainResult:
     evaluation: EvalResult | None = None
     dense_state: dict | None = None  # the dense network's final weights (rank-local copy)
     ps: dict = field(default_factory=dict)  # rank 0: ps_rows, evictions, expired, grows (Cluster.stats)
+    replicated_digest: str = ""  # under torchrun: "rows:hash" of the replicated tables, equal on every rank
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -247,6 +248,10 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
                 bar.set_postfix(epoch=epoch + 1, loss=f"{history.loss[-1]:.4f}", refresh=False)
             ctx.flush()  # every sparse update applied before evaluating
             train_time += time.perf_counter() - t0
+            if cluster is not None and cluster.replicated is not None and world > 1:
+                result.replicated_digest = cluster.replicated.check_equal()
+                log.info("epoch %d: the replicated tables are equal on all %d ranks (rows:digest %s)",
+                         epoch + 1, world, result.replicated_digest)  # fmt: skip
             if rank == 0 and cluster is not None:
                 cluster.expire()
                 result.ps = cluster.stats()

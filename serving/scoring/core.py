@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -116,6 +117,27 @@ class Scored:
     timings_ms: dict = field(default_factory=dict)  # per stage, for the latency breakdown
 
 
+class Inputs(NamedTuple):
+    """The dense model's inputs of one request and what produced them."""
+
+    pooled: np.ndarray  # (items, slots, dim) float32
+    dense: np.ndarray  # (items, dense features) float32
+    versions: dict  # embedding version, delta seq, dense version, per shard (version, seq)
+    worker_ms: float  # the lookup's wall time
+
+
+class Started(NamedTuple):
+    """A request decoded and looked up, waiting for its dense stage (``Scorer.prepare``)."""
+
+    t0: float  # perf_counter when it began
+    decode_ms: float
+    inputs: Inputs | None  # None: it failed before its lookup
+
+
+def _probabilities(logits: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(logits, np.float64)))
+
+
 class Reply(NamedTuple):
     status: int  # HTTP status
     payload: bytes  # JSON body
@@ -209,24 +231,39 @@ class Scorer:
         except FeatureError as e:
             raise ScoringError(400, str(e)) from None
 
-    def predict(self, batch: CompactBatch, body: bytes | None = None) -> Scored:
+    def lookup(self, batch: CompactBatch, body: bytes | None = None) -> Inputs:
+        """The dense model's inputs of a decoded request: its pooled rows (read from the embedding
+        version this dense model was exported with, never another) and its dense matrix."""
         t0 = time.perf_counter()
         # a worker process gets bytes (the client's own binary body when there is one); an
         # in-process EmbeddingWorker takes the batch itself
         payload = batch if self._inprocess else (body if body is not None else encode(batch))
         try:
-            # pinned: the embedding version this dense model was exported with, never another
             fwd = self.worker.forward(payload, mode="infer", version=self.dense_version)
         except Exception as e:
             raise ScoringError(*forward_status(e)) from None
-        t1 = time.perf_counter()
-        logits = self.dense(fwd.pooled, dense_matrix(batch, self.schema))
-        scores = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
-        t2 = time.perf_counter()
         emb_version, delta_seq = fwd.version
         versions = {"embedding": emb_version, "delta_seq": int(delta_seq), "dense": self.dense_version,
                     "shards": [[v, q] for v, q in fwd.shards]}  # exactly what this request read  # fmt: skip
-        return Scored(scores, versions, {"worker_ms": (t1 - t0) * 1e3, "dense_ms": (t2 - t1) * 1e3})
+        return Inputs(
+            fwd.pooled, dense_matrix(batch, self.schema), versions, (time.perf_counter() - t0) * 1e3
+        )
+
+    def logits(self, inputs: Sequence[Inputs]) -> list[np.ndarray]:
+        """The dense model run once over several requests' inputs (a micro-batch: rows
+        concatenated in order); each request's logits, in its item order."""
+        if len(inputs) == 1:
+            return [np.asarray(self.dense(inputs[0].pooled, inputs[0].dense))]
+        out = np.asarray(self.dense(np.concatenate([i.pooled for i in inputs]),
+                                    np.concatenate([i.dense for i in inputs])))  # fmt: skip
+        return np.split(out, np.cumsum([len(i.pooled) for i in inputs])[:-1])
+
+    def predict(self, batch: CompactBatch, body: bytes | None = None) -> Scored:
+        inputs = self.lookup(batch, body)
+        t1 = time.perf_counter()
+        scores = _probabilities(self.logits([inputs])[0])
+        dense_ms = (time.perf_counter() - t1) * 1e3
+        return Scored(scores, inputs.versions, {"worker_ms": inputs.worker_ms, "dense_ms": dense_ms})
 
     def encode(self, scored: Scored) -> bytes:
         return orjson.dumps(
@@ -249,27 +286,53 @@ class Scorer:
     def reply(self, body: bytes, content_type: str | None = JSON) -> Reply:
         """Everything about one request: status, body, stage times in ms and the versions that
         answered (empty unless scored) -- what the handler reports as metrics."""
+        started = self.prepare(body, content_type)
+        if isinstance(started, Reply):
+            return started
+        assert started.inputs is not None  # prepare's Reply when there are none
         t0 = time.perf_counter()
-        timings: dict = {}
-        versions: dict = {}
+        try:
+            logits = self.logits([started.inputs])[0]
+        except Exception as e:
+            return self.failed(started, e)
+        return self.finish(started, logits, (time.perf_counter() - t0) * 1e3)
+
+    # --- one request in stages, for a frontend that batches the dense model (``reply`` is the
+    # three in a row) -----------------------------------------------------------------------------
+    def prepare(self, body: bytes, content_type: str | None = JSON) -> Started | Reply:
+        """Decode and look up one request: what its dense stage needs, or the Reply refusing it."""
+        t0 = time.perf_counter()
         try:
             batch = self.decode(body, content_type)
             t1 = time.perf_counter()
             binary = (content_type or "").startswith(BINARY)
-            scored = self.predict(batch, body if binary else None)
+            return Started(t0, (t1 - t0) * 1e3, self.lookup(batch, body if binary else None))
+        except Exception as e:
+            return self.failed(Started(t0, 0.0, None), e)
+
+    def finish(self, started: Started, logits: np.ndarray, dense_ms: float) -> Reply:
+        """The Reply of a request whose dense stage (``dense_ms``, its micro-batch's) gave ``logits``."""
+        assert started.inputs is not None
+        try:
             t2 = time.perf_counter()
+            scored = Scored(_probabilities(logits), started.inputs.versions)
             payload = self.encode(scored)
-            versions = scored.versions
             t3 = time.perf_counter()
-            timings = {"decode": (t1 - t0) * 1e3, "worker": scored.timings_ms["worker_ms"],
-                       "dense": scored.timings_ms["dense_ms"], "encode": (t3 - t2) * 1e3}  # fmt: skip
-            status = 200
-        except ScoringError as e:
+        except Exception as e:
+            return self.failed(started, e)
+        timings = {"decode": started.decode_ms, "worker": started.inputs.worker_ms, "dense": dense_ms,
+                   "encode": (t3 - t2) * 1e3}  # fmt: skip
+        timings["total"] = (t3 - started.t0) * 1e3
+        return Reply(200, payload, timings, scored.versions)
+
+    def failed(self, started: Started, e: Exception) -> Reply:
+        """The Reply of a request that failed at any stage: the ScoringError's status and message;
+        anything else is a 500 naming it (a bug, not the client's fault) and serving goes on."""
+        if isinstance(e, ScoringError):
             status, payload = e.status, error_body(e.message)
-        except Exception as e:  # a bug, not the client's fault: say so, keep serving
+        else:
             status, payload = 500, error_body(f"internal error: {_short(e)}")
-        timings["total"] = (time.perf_counter() - t0) * 1e3
-        return Reply(status, payload, timings, versions)
+        return Reply(status, payload, {"total": (time.perf_counter() - started.t0) * 1e3}, {})
 
     def _check_rows(self, n: int) -> None:
         if n > self.config.max_items:

@@ -41,6 +41,7 @@ from serving.scoring.core import (
     Reply,
     Scorer,
     ScoringConfig,
+    Started,
     error_body,
     loading_priority,
     server_timing,
@@ -76,6 +77,12 @@ class ServeConfig:
     """Serve HTTPS with this certificate (PEM); needs --https-key."""
     https_key: str = ""
     """The HTTPS private key (PEM, mode 600)."""
+    batch_wait_ms: float = 1.0
+    """Micro-batching of the dense stage: when requests queue, those whose lookups are done run the
+    dense model together, waiting at most this long for the others in progress (a request alone
+    never waits); 0 turns it off (each request runs the dense model by itself)."""
+    batch_max_items: int = 2048
+    """A micro-batch runs as soon as it holds this many items."""
     drain_s: float = 2.0
     """After a version switch, how long the replaced scorer keeps its resources for requests in
     flight; on SIGTERM, how long requests in flight may take to finish."""
@@ -83,6 +90,8 @@ class ServeConfig:
     """The scoring core (its version_dir is set to the version loaded)."""
 
     def __post_init__(self) -> None:
+        if self.batch_wait_ms < 0 or self.batch_max_items < 1:
+            raise ValueError("--batch-wait-ms must be >= 0 and --batch-max-items >= 1")
         if bool(self.https_cert) != bool(self.https_key):
             raise ValueError("--https-cert and --https-key go together")
         if self.https_cert:  # the files, the key's mode and the pair: checked as for gRPC's TLS
@@ -123,6 +132,77 @@ def inference_key(path: Path) -> str:
     return key
 
 
+class DenseBatcher:
+    """Micro-batches of the dense stage, on the event loop (``ServeConfig.batch_wait_ms``).
+
+    A prediction request counts as in progress from its start (``begin``) until its lookups are
+    done and it joins the pending run (``dense``) or it leaves without one (``end``: refused,
+    failed). The pending run starts at once when no other request is in progress -- a request
+    alone never waits -- or when it holds ``max_items`` items, else ``wait_s`` after its first
+    request joined. Requests of different scorers (versions) run apart; each gets its own logits,
+    in its item order, and its reply as ``reply`` would give it."""
+
+    def __init__(self, frontend: Frontend, wait_s: float, max_items: int):
+        self.frontend = frontend
+        self.wait_s = wait_s
+        self.max_items = max_items
+        self.in_progress = 0
+        self._pending: list[tuple[Scorer, Started, asyncio.Future]] = []
+        self._items = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def begin(self) -> None:
+        self.in_progress += 1
+
+    def end(self) -> None:
+        self.in_progress -= 1
+        self._maybe_run()
+
+    async def dense(self, scorer: Scorer, started: Started) -> Reply:
+        """The reply of a looked-up request, after its micro-batch's dense run."""
+        assert started.inputs is not None
+        future = asyncio.get_running_loop().create_future()
+        self.in_progress -= 1
+        self._pending.append((scorer, started, future))
+        self._items += len(started.inputs.pooled)
+        self._maybe_run()
+        return await future
+
+    def _maybe_run(self) -> None:
+        if not self._pending:
+            return
+        if self.in_progress <= 0 or self._items >= self.max_items:
+            self._run()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.wait_s, self._run)
+
+    def _run(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self._pending, self._items = self._pending, [], 0
+        groups: dict[int, list[tuple[Scorer, Started, asyncio.Future]]] = {}
+        for entry in pending:
+            groups.setdefault(id(entry[0]), []).append(entry)
+        for group in groups.values():
+            scorer = group[0][0]
+            t0 = time.perf_counter()
+            try:
+                logits = scorer.logits([started.inputs for _, started, _ in group])  # type: ignore[misc]
+            except Exception as e:  # every request of the run gets the failure's reply
+                replies = [scorer.failed(started, e) for _, started, _ in group]
+            else:
+                dense_ms = (time.perf_counter() - t0) * 1e3
+                replies = [
+                    scorer.finish(started, lg, dense_ms)
+                    for (_, started, _), lg in zip(group, logits, strict=True)
+                ]
+            self.frontend.batched.observe(len(group))
+            for (_, _, future), reply in zip(group, replies, strict=True):
+                if not future.done():  # its client may have gone
+                    future.set_result(self.frontend.record(scorer, reply))
+
+
 class Frontend:
     """The served ``Scorer`` (None until a version loads), swapped whole, and its metrics."""
 
@@ -147,6 +227,8 @@ class Frontend:
                            ["shard", "mode"], registry=r)  # fmt: skip
         self.runtime = Gauge(DENSE_RUNTIME, "The dense runtime that scores (1 = this runtime)", ["runtime"],
                              registry=r)  # fmt: skip
+        self.batched = Histogram("recserve_scoring_dense_batch_requests", "Requests per run of the dense model "
+                                 "(micro-batching)", buckets=(1, 2, 3, 4, 6, 8, 16, 32), registry=r)  # fmt: skip
         self.versions = VersionTarget(config.store, config.model, "scorer", config.version, r)
         self._closed = False
 
@@ -217,8 +299,14 @@ class Frontend:
         """Score with ``scorer``: the caller's one read of ``self.scorer``, so that a request is
         scored by one version from start to end."""
         if scorer is None:
-            return Reply(503, error_body(self.not_serving_reason()), {"total": 0.0}, {})
-        reply = scorer.reply(body, content_type)
+            return self.not_serving()
+        return self.record(scorer, scorer.reply(body, content_type))
+
+    def not_serving(self) -> Reply:
+        return Reply(503, error_body(self.not_serving_reason()), {"total": 0.0}, {})
+
+    def record(self, scorer: Scorer, reply: Reply) -> Reply:
+        """Count a reply ``scorer`` gave and observe its stage times."""
         v = reply.versions
         self.requests.labels(self.config.model, str(reply.status), v.get("dense") or scorer.dense_version,
                              v.get("embedding") or "none").inc()  # fmt: skip
@@ -241,6 +329,10 @@ def app(frontend: Frontend):
     max_body = frontend.config.scoring.max_body_bytes
     expected_auth = b"Bearer " + frontend.token.encode()
     follower: list[asyncio.Task] = []
+    too_big = error_body(f"request body exceeds the limit of {max_body} bytes")
+    wait_s = frontend.config.batch_wait_ms / 1e3
+    batcher = DenseBatcher(frontend, wait_s, frontend.config.batch_max_items) if wait_s > 0 else None
+    loop = asyncio.get_running_loop
 
     async def send_reply(
         send, status: int, body: bytes, ctype: bytes = b"application/json", extra=()
@@ -306,25 +398,51 @@ def app(frontend: Frontend):
         ):
             return await send_reply(send, 401, error_body("token authorization failed: send the inference key "
                                                           "of the key file as 'Authorization: Bearer <key>'"))  # fmt: skip
-        body = await read_body(receive, max_body)
-        if body is None:
-            return await send_reply(
-                send, 413, error_body(f"request body exceeds the limit of {max_body} bytes")
-            )
-        ctype = headers.get(b"content-type", b"").decode("latin-1") or None
-        scorer = frontend.scorer
-        if scorer is not None and "remote" in scorer.lookup_modes:  # blocking RPCs: off the event loop
-            reply = await asyncio.get_running_loop().run_in_executor(
-                None, frontend.score, scorer, body, ctype
-            )
-        else:  # in-process work only (or a 503): a thread hop would cost more than it frees
-            reply = frontend.score(scorer, body, ctype)
+        if batcher is None:
+            maybe = await unbatched(receive, headers)
+            if maybe is None:
+                return await send_reply(send, 413, too_big)
+            reply = maybe
+        else:
+            batcher.begin()
+            joined = False
+            try:
+                body = await read_body(receive, max_body)
+                if body is None:
+                    return await send_reply(send, 413, too_big)
+                scorer = frontend.scorer
+                if scorer is None:
+                    reply = frontend.not_serving()
+                else:
+                    ctype = headers.get(b"content-type", b"").decode("latin-1") or None
+                    if "remote" in scorer.lookup_modes:  # blocking RPCs: off the event loop
+                        started = await loop().run_in_executor(None, scorer.prepare, body, ctype)
+                    else:  # in-process work only: a thread hop would cost more than it frees
+                        started = scorer.prepare(body, ctype)
+                    if isinstance(started, Reply):
+                        reply = frontend.record(scorer, started)
+                    else:
+                        joined = True
+                        reply = await batcher.dense(scorer, started)
+            finally:
+                if not joined:
+                    batcher.end()
         await send_reply(
             send,
             reply.status,
             reply.payload,
             extra=[(b"server-timing", server_timing(reply.timings).encode())],
         )
+
+    async def unbatched(receive, headers) -> Reply | None:
+        body = await read_body(receive, max_body)
+        if body is None:
+            return None
+        ctype = headers.get(b"content-type", b"").decode("latin-1") or None
+        scorer = frontend.scorer
+        if scorer is not None and "remote" in scorer.lookup_modes:  # blocking RPCs: off the event loop
+            return await loop().run_in_executor(None, frontend.score, scorer, body, ctype)
+        return frontend.score(scorer, body, ctype)  # in-process work only (or a 503)
 
     return application
 

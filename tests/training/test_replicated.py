@@ -76,3 +76,21 @@ def test_an_asynchronous_run_says_it_is_not_reproducible(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="recserve.train"):
         train(_config(tmp_path, staleness=2, sharding="ps", export=False, limit=1024))
     assert "not bit-reproducible" in caplog.text
+
+
+def test_the_digest_is_the_rows_by_sign_whatever_order_they_were_inserted_in():
+    from training.cluster import ShardSpec
+    from training.replicated import Replicated
+
+    spec = ShardSpec.of(TrainConfig(), load_schema("data/schemas/criteo.yaml"))
+    signs = (np.arange(1, 3001, dtype=np.uint64) | (np.uint64(3) << np.uint64(SLOT_SHIFT))).astype(np.uint64)
+    grads = np.random.default_rng(0).standard_normal((len(signs), spec.dim)).astype(np.float32)
+    a, b = Replicated(spec, 4096), Replicated(spec, 4096)
+    a.rows(signs, True)
+    b.rows(signs[::-1].copy(), True)  # another insertion order: other slots in the store
+    a.update(signs, grads)
+    b.update(signs[::-1].copy(), grads[::-1].copy())
+    assert a.digest() == b.digest() == a.check_equal()  # one rank: nothing to compare with
+    assert a.digest().startswith("3000:")
+    b.update(signs[:1], grads[:1])  # one row more trained on one copy
+    assert a.digest() != b.digest()

@@ -283,26 +283,38 @@ def test_recserve_train_stops_with_the_shards_resource_exhausted_message(tmp_pat
     assert run.stdout.strip() == ""  # no summary: nothing was trained
 
 
-def _ddp_rank(rank: int, port: int, tmp: str) -> None:
+def _ddp_rank(rank: int, port: int, tmp: str, sharding: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     os.environ["LOCAL_RANK"] = str(rank)
     torch.set_num_threads(1)
-    cfg = _config(Path(tmp), epochs=1, limit=2048, export=False, num_shards=1, batch_size=128)
+    cfg = _config(
+        Path(tmp), epochs=1, limit=2048, export=False, num_shards=1, batch_size=128, sharding=sharding
+    )
     result = train(cfg)
     torch.save(
-        {"state": result.dense_state, "steps": result.steps, "auc": result.auc}, f"{tmp}/rank{rank}.pt"
-    )
+        {"state": result.dense_state, "steps": result.steps, "auc": result.auc,
+         "replicated": result.replicated_digest}, f"{tmp}/rank{rank}.pt",
+    )  # fmt: skip
 
 
 @pytest.mark.slow
-def test_two_rank_ddp_ends_with_identical_dense_weights(tmp_path):
+@pytest.mark.parametrize("sharding", ["ps", "replicated"])
+def test_two_rank_ddp_ends_with_identical_dense_weights(tmp_path, sharding):
+    """Both sides of the sharding plan under two ranks: the dense weights end equal, and so do
+    the replicated tables (each rank's copy, every step's gradients of both ranks applied)."""
     import torch.multiprocessing as mp
 
     from serving.rpc.procs import free_ports
 
-    mp.start_processes(_ddp_rank, args=(free_ports(1)[0], str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(
+        _ddp_rank, args=(free_ports(1)[0], str(tmp_path), sharding), nprocs=2, start_method="spawn"
+    )
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert r0["steps"] == r1["steps"] == 8  # 1024 rows per rank, batch 128
     assert np.isfinite(r0["auc"]) and np.isnan(r1["auc"])  # rank 0 evaluates
     for name, w in r0["state"].items():
         assert torch.equal(w, r1["state"][name]), name
+    if sharding == "replicated":  # checked by the trainer at every epoch end, and here
+        assert r0["replicated"] == r1["replicated"] and int(r0["replicated"].split(":")[0]) > 0
+    else:
+        assert r0["replicated"] == r1["replicated"] == ""
