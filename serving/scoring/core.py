@@ -163,7 +163,9 @@ class Scorer:
         self.dense = _load_dense(vdir / rel, config.threads)
         owned = worker is None  # built here: closed here if the warm-up fails
         if worker is None:
-            worker, modes = _lookup_backend(config, self.schema, self.manifest)
+            from serving.scoring.lookups import lookup_backend
+
+            worker, modes = lookup_backend(config, self.schema, self.manifest)
         else:
             modes = [
                 "local" if getattr(s, "local", False) else "remote"
@@ -412,51 +414,3 @@ def _load_dense(path: Path, threads: int):
 
     torch.set_num_threads(threads)
     return load_dense(path, num_threads=threads)
-
-
-def _lookup_backend(config: ScoringConfig, schema: Schema, manifest: dict) -> tuple[object, list[str]]:
-    """The embedding worker this scorer calls (a client of the worker process, or the worker
-    library over its shards) and, per shard, "local" or "remote" (``ScoringConfig.lookups``)."""
-    from serving.rpc.tls import ClientTLS
-    from serving.worker.colocated import ColocatedShard, has_local_files
-    from serving.worker.replicas import connect_shard, parse_ps_spec
-
-    tls = ClientTLS.of(config.tls_ca, config.tls_cert, config.tls_key)
-    spec = parse_ps_spec(config.ps) if config.ps else None
-    n = len(spec) if spec else int(manifest.get("num_shards", 1))
-    local = (
-        [has_local_files(config.version_dir, i, n) for i in range(n)] if config.lookups != "remote" else []
-    )
-    if config.lookups == "colocated" and not all(local):
-        missing = ", ".join(str(i) for i, here in enumerate(local) if not here)
-        raise ValueError(
-            f"--lookups colocated: embedding shard(s) {missing} of {n} of {config.version_dir} have no "
-            "complete files on this host; serve them remotely (--lookups auto with --ps, or remote)"
-        )
-    if not any(local) or (not all(local) and spec is None):  # everything through the worker or the PS
-        if config.lookups == "auto" and any(local):
-            log.warning("lookups auto: shards %s are not on this host and no --ps is given: all remote",
-                        [i for i, here in enumerate(local) if not here])  # fmt: skip
-        if spec is None:
-            from serving.worker.client import connect_workers
-
-            return connect_workers(config.worker, timeout_s=config.worker_timeout_s, tls=tls), ["remote"] * n
-        local = [False] * n
-    from serving.worker.core import EmbeddingWorker
-
-    dim = int(manifest["dim"])
-    backends: list = []
-    try:
-        for i, here in enumerate(local):
-            if here:
-                backends.append(ColocatedShard(config.version_dir, i, n, dim, config.poll_s))
-            else:  # spec is set: each PS call gets the request's deadline
-                if spec is None:
-                    raise ValueError(f"embedding shard {i} is not on this host and no --ps is given")
-                backends.append(connect_shard(spec[i], i, n, timeout_s=config.worker_timeout_s, tls=tls))
-        worker = EmbeddingWorker(backends, schema)
-    except BaseException:
-        for b in backends:
-            b.close()
-        raise
-    return worker, ["local" if here else "remote" for here in local]

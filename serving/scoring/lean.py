@@ -37,11 +37,11 @@ import orjson
 
 import model_store as ms
 from model_store.dense import RUNTIMES
+from serving.scoring.batching import DenseBatcher
 from serving.scoring.core import (
     Reply,
     Scorer,
     ScoringConfig,
-    Started,
     error_body,
     loading_priority,
     server_timing,
@@ -130,77 +130,6 @@ def inference_key(path: Path) -> str:
     if not isinstance(key, str) or not key:  # an empty key must not turn token auth off
         raise ValueError(f'key file {path} has no inference key ({{"inference": {{"key": "..."}}}})')
     return key
-
-
-class DenseBatcher:
-    """Micro-batches of the dense stage, on the event loop (``ServeConfig.batch_wait_ms``).
-
-    A prediction request counts as in progress from its start (``begin``) until its lookups are
-    done and it joins the pending run (``dense``) or it leaves without one (``end``: refused,
-    failed). The pending run starts at once when no other request is in progress -- a request
-    alone never waits -- or when it holds ``max_items`` items, else ``wait_s`` after its first
-    request joined. Requests of different scorers (versions) run apart; each gets its own logits,
-    in its item order, and its reply as ``reply`` would give it."""
-
-    def __init__(self, frontend: Frontend, wait_s: float, max_items: int):
-        self.frontend = frontend
-        self.wait_s = wait_s
-        self.max_items = max_items
-        self.in_progress = 0
-        self._pending: list[tuple[Scorer, Started, asyncio.Future]] = []
-        self._items = 0
-        self._timer: asyncio.TimerHandle | None = None
-
-    def begin(self) -> None:
-        self.in_progress += 1
-
-    def end(self) -> None:
-        self.in_progress -= 1
-        self._maybe_run()
-
-    async def dense(self, scorer: Scorer, started: Started) -> Reply:
-        """The reply of a looked-up request, after its micro-batch's dense run."""
-        assert started.inputs is not None
-        future = asyncio.get_running_loop().create_future()
-        self.in_progress -= 1
-        self._pending.append((scorer, started, future))
-        self._items += len(started.inputs.pooled)
-        self._maybe_run()
-        return await future
-
-    def _maybe_run(self) -> None:
-        if not self._pending:
-            return
-        if self.in_progress <= 0 or self._items >= self.max_items:
-            self._run()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.wait_s, self._run)
-
-    def _run(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        pending, self._pending, self._items = self._pending, [], 0
-        groups: dict[int, list[tuple[Scorer, Started, asyncio.Future]]] = {}
-        for entry in pending:
-            groups.setdefault(id(entry[0]), []).append(entry)
-        for group in groups.values():
-            scorer = group[0][0]
-            t0 = time.perf_counter()
-            try:
-                logits = scorer.logits([started.inputs for _, started, _ in group])  # type: ignore[misc]
-            except Exception as e:  # every request of the run gets the failure's reply
-                replies = [scorer.failed(started, e) for _, started, _ in group]
-            else:
-                dense_ms = (time.perf_counter() - t0) * 1e3
-                replies = [
-                    scorer.finish(started, lg, dense_ms)
-                    for (_, started, _), lg in zip(group, logits, strict=True)
-                ]
-            self.frontend.batched.observe(len(group))
-            for (_, _, future), reply in zip(group, replies, strict=True):
-                if not future.done():  # its client may have gone
-                    future.set_result(self.frontend.record(scorer, reply))
 
 
 class Frontend:
@@ -331,7 +260,11 @@ def app(frontend: Frontend):
     follower: list[asyncio.Task] = []
     too_big = error_body(f"request body exceeds the limit of {max_body} bytes")
     wait_s = frontend.config.batch_wait_ms / 1e3
-    batcher = DenseBatcher(frontend, wait_s, frontend.config.batch_max_items) if wait_s > 0 else None
+    batcher = (
+        DenseBatcher(wait_s, frontend.config.batch_max_items, frontend.record, frontend.batched.observe)
+        if wait_s > 0
+        else None
+    )
     loop = asyncio.get_running_loop
 
     async def send_reply(

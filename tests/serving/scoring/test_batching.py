@@ -1,4 +1,4 @@
-"""Micro-batching of the dense stage (serving/scoring/lean.py ``DenseBatcher``) over a real Scorer
+"""Micro-batching of the dense stage (serving/scoring/batching.py ``DenseBatcher``) over a real Scorer
 of a trained version (co-located lookups): requests that queue run the dense model together and
 each gets exactly the reply it gets alone; a request alone never waits; a run waits at most
 ``wait_s`` for a request still in progress; requests of two versions never share a run."""
@@ -12,9 +12,10 @@ import numpy as np
 import orjson
 import pytest
 
+from serving.scoring.batching import DenseBatcher
 from serving.scoring.client import requests_from_file
 from serving.scoring.core import Reply, Scorer, ScoringConfig
-from serving.scoring.lean import DenseBatcher, Frontend, ServeConfig
+from serving.scoring.lean import Frontend, ServeConfig
 from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow
@@ -56,7 +57,7 @@ def test_queued_requests_share_one_dense_run_and_each_gets_its_own_reply(scorer,
     alone = [_scores(scorer.reply(b, c)) for b, c in bodies]
 
     async def main() -> list[Reply]:
-        batcher = DenseBatcher(frontend, wait_s=30.0, max_items=10_000)
+        batcher = DenseBatcher(30.0, 10_000, frontend.record, frontend.batched.observe)
         for _ in bodies:  # every request has begun before the first one's lookups are done
             batcher.begin()
         joined = [asyncio.ensure_future(batcher.dense(scorer, scorer.prepare(b, c))) for b, c in bodies]
@@ -74,14 +75,14 @@ def test_a_request_alone_never_waits_and_a_run_waits_at_most_wait_s(scorer, bodi
     (b0, c0), (b1, c1) = bodies[:2]
 
     async def alone() -> Reply:
-        batcher = DenseBatcher(frontend, wait_s=30.0, max_items=10_000)
+        batcher = DenseBatcher(30.0, 10_000, frontend.record, frontend.batched.observe)
         batcher.begin()
         return await asyncio.wait_for(batcher.dense(scorer, scorer.prepare(b0, c0)), 5)  # not 30 s
 
     assert _scores(asyncio.run(alone())) == pytest.approx(_scores(scorer.reply(b0, c0)), abs=1e-6)
 
     async def one_never_joins() -> float:
-        batcher = DenseBatcher(frontend, wait_s=0.05, max_items=10_000)
+        batcher = DenseBatcher(0.05, 10_000, frontend.record, frontend.batched.observe)
         batcher.begin()
         batcher.begin()  # in progress, and it never joins: the first runs after wait_s
         loop = asyncio.get_running_loop()
@@ -92,7 +93,7 @@ def test_a_request_alone_never_waits_and_a_run_waits_at_most_wait_s(scorer, bodi
     assert 0.05 <= asyncio.run(one_never_joins()) < 5
 
     async def the_other_leaves() -> Reply:
-        batcher = DenseBatcher(frontend, wait_s=30.0, max_items=10_000)
+        batcher = DenseBatcher(30.0, 10_000, frontend.record, frontend.batched.observe)
         batcher.begin()
         batcher.begin()
         joined = asyncio.ensure_future(batcher.dense(scorer, scorer.prepare(b0, c0)))
@@ -113,7 +114,7 @@ def test_two_versions_never_share_a_run_and_a_failed_run_fails_its_requests_only
         (b0, c0), (b1, c1) = bodies[:2]
 
         async def main() -> list[Reply]:
-            batcher = DenseBatcher(frontend, wait_s=30.0, max_items=10_000)
+            batcher = DenseBatcher(30.0, 10_000, frontend.record, frontend.batched.observe)
             batcher.begin()
             batcher.begin()
             first = asyncio.ensure_future(batcher.dense(scorer, scorer.prepare(b0, c0)))
@@ -130,7 +131,7 @@ def test_two_versions_never_share_a_run_and_a_failed_run_fails_its_requests_only
         other.dense = broken
 
         async def failing() -> list[Reply]:
-            batcher = DenseBatcher(frontend, wait_s=30.0, max_items=10_000)
+            batcher = DenseBatcher(30.0, 10_000, frontend.record, frontend.batched.observe)
             batcher.begin()
             batcher.begin()
             ok = asyncio.ensure_future(batcher.dense(scorer, scorer.prepare(b0, c0)))
