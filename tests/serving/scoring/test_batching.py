@@ -113,7 +113,7 @@ def test_two_versions_never_share_a_run_and_a_failed_run_fails_its_requests_only
     try:
         (b0, c0), (b1, c1) = bodies[:2]
 
-        async def main() -> list[Reply]:
+        async def both() -> list[Reply]:  # queued together: one of each scorer
             batcher = DenseBatcher(30.0, 10_000, frontend.record, frontend.batched.observe)
             batcher.begin()
             batcher.begin()
@@ -121,7 +121,7 @@ def test_two_versions_never_share_a_run_and_a_failed_run_fails_its_requests_only
             second = asyncio.ensure_future(batcher.dense(other, other.prepare(b1, c1)))
             return list(await asyncio.wait_for(asyncio.gather(first, second), 10))
 
-        replies = asyncio.run(main())
+        replies = asyncio.run(both())
         assert [r.status for r in replies] == [200, 200]
         assert _batched_runs(frontend) == [2, 2]  # two runs of one
 
@@ -129,16 +129,7 @@ def test_two_versions_never_share_a_run_and_a_failed_run_fails_its_requests_only
             raise RuntimeError("dense runtime crashed")
 
         other.dense = broken
-
-        async def failing() -> list[Reply]:
-            batcher = DenseBatcher(30.0, 10_000, frontend.record, frontend.batched.observe)
-            batcher.begin()
-            batcher.begin()
-            ok = asyncio.ensure_future(batcher.dense(scorer, scorer.prepare(b0, c0)))
-            bad = asyncio.ensure_future(batcher.dense(other, other.prepare(b1, c1)))
-            return list(await asyncio.wait_for(asyncio.gather(ok, bad), 10))
-
-        ok, bad = asyncio.run(failing())
+        ok, bad = asyncio.run(both())
         assert ok.status == 200
         assert bad.status == 500 and b"dense runtime crashed" in bad.payload
     finally:
