@@ -5,12 +5,14 @@ import argparse
 import dataclasses
 import re
 import shlex
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from recserve import config
 from recserve.cli import COMMANDS, build_parser, module_of
-from tests.helpers import ROOT
+from tests.helpers import ROOT, recserve_argv
 
 
 def readme_command_lines() -> list[str]:
@@ -27,6 +29,8 @@ def readme_command_lines() -> list[str]:
 
 
 LINES = readme_command_lines()
+# files a README line writes (``--out PATH``) that a later line reads, by path
+WRITTEN = {m.group(1): line for line in LINES if (m := re.search(r"--out (\S+)", line))}
 
 
 def test_the_readme_shows_every_command():
@@ -36,7 +40,14 @@ def test_the_readme_shows_every_command():
 
 
 @pytest.mark.parametrize("line", LINES)
-def test_readme_line_parses_and_builds_its_config(line):
+def test_readme_line_parses_and_builds_its_config(line, tmp_path):
+    for path, writer in WRITTEN.items():  # a file an earlier line writes: made here by that line
+        if path in line and writer != line:
+            made = str(tmp_path / Path(path).name)
+            wrote = subprocess.run(recserve_argv(writer.replace(path, made)), cwd=ROOT, capture_output=True,
+                                   text=True, timeout=300)  # fmt: skip
+            assert wrote.returncode == 0, wrote.stderr[-2000:]
+            line = line.replace(path, made)
     argv = shlex.split(line)[1:]
     args = build_parser(only=argv[0]).parse_args(argv)
     mod = module_of(argv[0])
