@@ -67,6 +67,12 @@ bench-e2e: $(STAMP) $(GEN)
 bench-swap: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_swap
 
+# TorchServe's own share of a request (an echo handler): batching, workers, netty threads, logging
+# and the JVM's collector, each setting measured round-robin. Not part of `make bench`.
+.PHONY: bench-ts-overhead
+bench-ts-overhead: $(STAMP) $(GEN)
+	$(PY) -m loadtest.ts_overhead
+
 # Replicas and supervision (issue 13): kill -9 a PS replica, the worker and the controller of
 # `up --replicas 2` under load while deltas are published; then 100,000 fuzzed requests.
 bench-faults: $(STAMP) $(GEN)

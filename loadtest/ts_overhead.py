@@ -2,7 +2,7 @@
 
     python -m loadtest.ts_overhead [--rate 50] [--duration 15] [--rounds 2] [--settings bs1_w1,...]
 
-The echo handler (tests/fixtures/echo_handler.py) parses the ~20 KB JSON body and answers ~100
+The echo handler (tests/serving/torchserve/echo_handler.py) parses the ~20 KB JSON body and answers ~100
 bytes, so what is measured is TorchServe (HTTP in, queue, batching, the frontend<->worker hop, the
 Python worker loop) plus this stdlib client. Each batching/worker setting is its own model; server
 level variants get their own TorchServe. Settings are measured round-robin and the median of the
@@ -31,7 +31,7 @@ from serving.torchserve import TorchServe, TorchServeConfig, archive
 from tests.helpers import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
-HANDLER = ROOT / "tests" / "fixtures" / "echo_handler.py"
+HANDLER = ROOT / "tests" / "serving" / "torchserve" / "echo_handler.py"
 RESULTS = ROOT / "loadtest" / "results" / "ts_overhead.json"
 
 # TorchServe's own out-of-the-box logging/metrics, to show what our TorchServeConfig defaults change.
@@ -41,6 +41,9 @@ SERVERS: dict[str, dict[str, Any]] = {
     "default": {},
     "netty1": {"netty_threads": 1, "netty_client_threads": 1},
     "stock": STOCK,
+    # the JVM's collector (G1 is the JVM's choice on 2 cores): the frontend's p99 is what it may move
+    "serialgc": {"jvm_options": ("-XX:+UseSerialGC",)},
+    "parallelgc": {"jvm_options": ("-XX:+UseParallelGC",)},
 }
 # name -> (server, workers, batch_size, max_batch_delay_ms)
 SETTINGS = {
@@ -51,6 +54,8 @@ SETTINGS = {
     "bs8_d2_w2": ("default", 2, 8, 2),
     "bs1_w1_netty1": ("netty1", 1, 1, 1),
     "bs1_w1_stock_logging": ("stock", 1, 1, 1),
+    "bs1_w1_serialgc": ("serialgc", 1, 1, 1),
+    "bs1_w1_parallelgc": ("parallelgc", 1, 1, 1),
 }
 
 
