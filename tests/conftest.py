@@ -1,5 +1,6 @@
 """Fixtures every test package may use: ``network``, hosts made of Linux network namespaces;
-``readme_ports``, the README's fixed ports held by one test at a time."""
+``readme_ports``, the README's fixed ports held by one test at a time; ``trained``, a store with a
+trained, published Criteo version."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from loadtest import netns
+from tests.helpers import train_version
 
 
 @pytest.fixture
@@ -48,3 +50,11 @@ def readme_ports():
     lines as printed take them in turn (``exclusive``)."""
     with exclusive("readme-ports"):
         yield
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(store root, training result): the Criteo model trained on its bundled split (in-process
+    PS, one epoch, seed 0), version 1 exported and published. One per test module."""
+    root = tmp_path_factory.mktemp("store")
+    return root, train_version(root, seed=0, publish=True)

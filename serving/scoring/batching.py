@@ -5,7 +5,6 @@ getting the reply it gets alone."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 from serving.scoring.core import Reply, Scorer, Started
@@ -73,17 +72,7 @@ class DenseBatcher:
             groups.setdefault(id(entry[0]), []).append(entry)
         for group in groups.values():
             scorer = group[0][0]
-            t0 = time.perf_counter()
-            try:
-                logits = scorer.logits([started.inputs for _, started, _ in group])  # type: ignore[misc]
-            except Exception as e:  # every request of the run gets the failure's reply
-                replies = [scorer.failed(started, e) for _, started, _ in group]
-            else:
-                dense_ms = (time.perf_counter() - t0) * 1e3
-                replies = [
-                    scorer.finish(started, lg, dense_ms)
-                    for (_, started, _), lg in zip(group, logits, strict=True)
-                ]
+            replies = scorer.replies([started for _, started, _ in group])
             self.observe(len(group))
             for (_, _, future), reply in zip(group, replies, strict=True):
                 if not future.done():  # its client may have gone

@@ -289,18 +289,24 @@ class Scorer:
         """Everything about one request: status, body, stage times in ms and the versions that
         answered (empty unless scored) -- what the handler reports as metrics."""
         started = self.prepare(body, content_type)
-        if isinstance(started, Reply):
-            return started
-        assert started.inputs is not None  # prepare's Reply when there are none
+        return started if isinstance(started, Reply) else self.replies([started])[0]
+
+    # --- one request in stages, for a frontend that batches the dense model (``reply`` is
+    # prepare, then replies of one) --------------------------------------------------------------
+    def replies(self, run: Sequence[Started]) -> list[Reply]:
+        """The Replies of looked-up requests (``prepare``'s Started, all of this scorer) after ONE
+        dense call over them all, in order; each Reply is the one ``reply`` gives that request
+        alone. A failure of the dense call is every request's reply."""
+        if not run:
+            return []
         t0 = time.perf_counter()
         try:
-            logits = self.logits([started.inputs])[0]
+            logits = self.logits([started.inputs for started in run])  # type: ignore[misc]
         except Exception as e:
-            return self.failed(started, e)
-        return self.finish(started, logits, (time.perf_counter() - t0) * 1e3)
+            return [self.failed(started, e) for started in run]
+        dense_ms = (time.perf_counter() - t0) * 1e3
+        return [self.finish(started, lg, dense_ms) for started, lg in zip(run, logits, strict=True)]
 
-    # --- one request in stages, for a frontend that batches the dense model (``reply`` is the
-    # three in a row) -----------------------------------------------------------------------------
     def prepare(self, body: bytes, content_type: str | None = JSON) -> Started | Reply:
         """Decode and look up one request: what its dense stage needs, or the Reply refusing it."""
         t0 = time.perf_counter()

@@ -1,5 +1,5 @@
-"""Fixtures the serving tests share: a store with a trained, published Criteo version, and a PS
-following model m with a worker over it (real processes on free loopback ports)."""
+"""Fixtures the serving tests share: a PS following model m with a worker over it (real processes
+on free loopback ports); ``trained`` is in tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -10,16 +10,7 @@ from serving.ps.client import PSClient
 from serving.rpc.procs import stop_children
 from serving.scoring.core import Scorer
 from serving.worker.client import WorkerClient
-from tests.helpers import train_version
 from tests.serving.helpers import spawn_ps_and_worker
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """(store root, training result): the Criteo model trained on its bundled split (in-process
-    PS, one epoch, seed 0), version 1 exported and published. One per test module."""
-    root = tmp_path_factory.mktemp("store")
-    return root, train_version(root, seed=0, publish=True)
 
 
 @pytest.fixture

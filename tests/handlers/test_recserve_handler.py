@@ -1,0 +1,74 @@
+"""The TorchServe handler (handlers/recserve_handler.py) over a real Scorer of a trained version
+(co-located lookups) and TorchServe's own request Context: a batch TorchServe hands it (a model
+registered with ``batch_size`` > 1) runs the dense model once over the requests that were looked
+up, and each request gets the reply it gets alone; a bad request in the batch gets its own 400
+and costs the others nothing."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+import pytest
+from ts.context import Context, RequestProcessor
+
+from handlers.recserve_handler import RecserveHandler
+from serving.scoring.client import requests_from_file
+from tests.serving.helpers import TEST
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def handler(trained, tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("mar")
+    scoring = {"version_dir": str(trained[1].version_dir), "lookups": "colocated"}
+    (model_dir / "scoring.json").write_text(json.dumps(scoring))
+    h = RecserveHandler()
+    h.initialize(Context("criteo", str(model_dir), {}, 8, None, "0"))
+    yield h
+    assert h.scorer is not None
+    h.scorer.close()
+
+
+def _context(n: int) -> Context:
+    context = Context("criteo", "", {}, n, None, "0")
+    context.request_processor = [RequestProcessor({"Content-Type": "application/json"}) for _ in range(n)]
+    return context
+
+
+def _handle(handler: RecserveHandler, bodies: list[bytes]) -> tuple[list[int], list[dict], list[str]]:
+    """(statuses, JSON bodies, Server-Timing headers) of one batch, as TorchServe would send them."""
+    context = _context(len(bodies))
+    payloads = handler.handle([{"body": b} for b in bodies], context)
+    statuses = [context.get_response_status(i)[0] for i in range(len(bodies))]
+    timing = [context.get_response_headers(i)["Server-Timing"] for i in range(len(bodies))]
+    return statuses, [orjson.loads(p) for p in payloads], timing
+
+
+def test_a_batch_runs_the_dense_model_once_and_each_request_gets_its_own_reply(handler, monkeypatch):
+    bodies = [b for b, _ in requests_from_file(TEST, "data/schemas/criteo.yaml", 50, 150)]  # 3 x 50 items
+    alone = [_handle(handler, [b])[1][0]["scores"] for b in bodies]
+    scorer, runs = handler.scorer, []
+    logits = scorer.logits
+    monkeypatch.setattr(scorer, "logits", lambda inputs: runs.append(len(inputs)) or logits(inputs))
+    statuses, replies, timing = _handle(handler, bodies)
+    assert runs == [3]  # one dense call over the three requests
+    assert statuses == [200, 200, 200]
+    assert [r["scores"] for r in replies] == [pytest.approx(a, abs=1e-6) for a in alone]
+    assert all("dense;dur=" in t for t in timing)
+
+
+def test_a_bad_request_in_a_batch_gets_its_400_and_the_others_are_scored(handler):
+    good = [b for b, _ in requests_from_file(TEST, "data/schemas/criteo.yaml", 20, 40)]
+    alone = [_handle(handler, [b])[1][0]["scores"] for b in good]
+    statuses, replies, _ = _handle(handler, [good[0], b'{"items": [{"C1": ', good[1]])
+    assert statuses == [200, 400, 200]
+    assert "malformed JSON" in replies[1]["error"]
+    assert [replies[0]["scores"], replies[2]["scores"]] == [pytest.approx(a, abs=1e-6) for a in alone]
+
+
+def test_a_batch_of_refused_requests_only(handler):
+    statuses, replies, _ = _handle(handler, [b"", b"[]"])
+    assert statuses == [400, 400]
+    assert all(r["error"] for r in replies)
