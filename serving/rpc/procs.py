@@ -116,39 +116,56 @@ def stop_pid(pid: int, must_contain: str, timeout_s: float = 15.0, started: int 
     return bool(stop_pids([(pid, must_contain, started)], timeout_s))
 
 
-def _signal(pid: int, sig: int) -> bool:
-    """``sig`` to the process group ``pid`` leads, or to ``pid`` itself when it leads none."""
+def _terminate(pid: int) -> tuple[int, bool, int | None] | None:
+    """SIGTERM the process group ``pid`` leads, or ``pid`` alone when it leads none; (pid, whether
+    it led its group, its start time), or None when it was gone."""
     try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, sig)
+        started = start_time(pid)
+        leads = os.getpgid(pid) == pid
+        if leads:
+            os.killpg(pid, signal.SIGTERM)
         else:
-            os.kill(pid, sig)
+            os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
-        return False
-    return True
+        return None
+    return pid, leads, started
+
+
+def _kill(pid: int, leads: bool, started: int | None) -> None:
+    """SIGKILL what is left after SIGTERM: the whole group of a leader -- its members too when the
+    leader itself is gone (the group id is not reused while any member lives) -- or a process that
+    leads none, only while it is still the process signalled (a recycled pid is left alone)."""
+    try:
+        if leads:
+            os.killpg(pid, signal.SIGKILL)
+        elif started is not None and start_time(pid) == started:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def stop_pids(targets: list[tuple[int, str, int | None]], timeout_s: float = 15.0) -> list[int]:
-    """``stop_pid`` for many (pid, must_contain, started) at once: SIGTERM every target that is still the process we started, all at once, wait for them
-    together, then SIGKILL what is left of each (a group's stragglers, e.g. TorchServe's Python
-    workers); returns the pids signalled."""
+    """``stop_pid`` for many (pid, must_contain, started) at once: SIGTERM every target that is
+    still the process we started, all at once, wait for them together, then SIGKILL what is left of
+    each (a group's stragglers, e.g. TorchServe's Python workers); returns the pids signalled."""
     signalled = []
     for pid, must_contain, started in targets:
         if not alive(pid):
             continue
         if not ((started is not None and start_time(pid) == started) or must_contain in cmdline(pid)):
             continue
-        if _signal(pid, signal.SIGTERM):
-            signalled.append(pid)
+        term = _terminate(pid)
+        if term:
+            signalled.append(term)
     deadline = time.monotonic() + timeout_s
-    waiting = list(signalled)
+    waiting = [pid for pid, _, _ in signalled]
     while waiting and time.monotonic() < deadline:
         waiting = [pid for pid in waiting if alive(pid) and not _zombie(pid)]
         if waiting:
             time.sleep(0.05)
-    for pid in signalled:
-        _signal(pid, signal.SIGKILL)
-    return signalled
+    for pid, leads, started in signalled:
+        _kill(pid, leads, started)
+    return [pid for pid, _, _ in signalled]
 
 
 def _zombie(pid: int) -> bool:

@@ -17,7 +17,7 @@ class DenseBatcher:
     done and it joins the pending run (``dense``) or it leaves without one (``end``: refused,
     failed). The pending run starts at once when no other request is in progress -- a request
     alone never waits -- or when it holds ``max_items`` items, else ``wait_s`` after its first
-    request joined. Requests of different scorers (versions) run apart; each gets its own logits,
+    request joined; a request that would take it past ``max_items`` goes into the next run. Requests of different scorers (versions) run apart; each gets its own logits,
     in its item order, and its reply as ``reply`` would give it."""
 
     def __init__(
@@ -49,6 +49,8 @@ class DenseBatcher:
         assert started.inputs is not None
         future = asyncio.get_running_loop().create_future()
         self.in_progress -= 1
+        if self._pending and self._items + len(started.inputs.pooled) > self.max_items:
+            self._run()  # the run so far, before this request would take it past max_items
         self._pending.append((scorer, started, future))
         self._items += len(started.inputs.pooled)
         self._maybe_run()
@@ -72,8 +74,15 @@ class DenseBatcher:
             groups.setdefault(id(entry[0]), []).append(entry)
         for group in groups.values():
             scorer = group[0][0]
-            replies = scorer.replies([started for _, started, _ in group])
-            self.observe(len(group))
-            for (_, _, future), reply in zip(group, replies, strict=True):
-                if not future.done():  # its client may have gone
-                    future.set_result(self.record(scorer, reply))
+            try:
+                replies = scorer.replies([started for _, started, _ in group])
+                self.observe(len(group))
+                for (_, _, future), reply in zip(group, replies, strict=True):
+                    if not future.done():  # its client may have gone
+                        future.set_result(self.record(scorer, reply))
+            except BaseException as e:  # no request of the run is left without an answer
+                for _, _, future in group:
+                    if not future.done():
+                        future.set_exception(e)
+                if not isinstance(e, Exception):
+                    raise

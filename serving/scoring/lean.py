@@ -82,7 +82,8 @@ class ServeConfig:
     dense model together, waiting at most this long for the others in progress (a request alone
     never waits); 0 turns it off (each request runs the dense model by itself)."""
     batch_max_items: int = 2048
-    """A micro-batch runs as soon as it holds this many items."""
+    """Most items in one micro-batch: it runs as soon as it holds this many, and a request that
+    would take it past them goes into the next."""
     drain_s: float = 2.0
     """After a version switch, how long the replaced scorer keeps its resources for requests in
     flight; on SIGTERM, how long requests in flight may take to finish."""

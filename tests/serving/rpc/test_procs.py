@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 from serving.rpc.procs import running, stop_children, stop_pid
+from tests.helpers import wait_until
 
 # a child that ignores nothing: SIGTERM ends it at once
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)  # recserve test child"]
@@ -33,3 +37,36 @@ def test_stop_pid_stops_a_group_leader_and_leaves_a_process_it_did_not_start():
         other.wait()
         leader.kill()
         leader.wait()
+
+
+def test_a_group_member_that_ignores_sigterm_is_killed_after_its_leader_was_reaped(tmp_path):
+    """What `recserve down` meets: the leader (e.g. TorchServe's JVM) exits on SIGTERM and init
+    reaps it at once; a member ignoring SIGTERM (a busy Python worker) is still in the group and
+    gets the SIGKILL through the group, not lost with the leader's pid."""
+    child_pid = tmp_path / "child.pid"
+    leader_code = (
+        "import signal, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+        f"open({str(child_pid)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(600)  # recserve test leader\n"
+    )
+    leader = subprocess.Popen([sys.executable, "-c", leader_code], start_new_session=True)
+    reaper = threading.Thread(target=leader.wait)  # reaps the leader as soon as it exits, as init would
+    reaper.start()
+    try:
+        child = int(wait_until(lambda: child_pid.exists() and child_pid.read_text(), 30, "the child's pid"))
+        wait_until(lambda: _ignores_sigterm(child), 30, "the child ignoring SIGTERM")
+        assert stop_pid(leader.pid, "recserve test leader", timeout_s=2)
+        reaper.join(10)
+        wait_until(lambda: not running(child), 10, "the member that ignored SIGTERM killed")
+    finally:
+        leader.kill()
+        reaper.join(10)
+
+
+def _ignores_sigterm(pid: int) -> bool:
+    """SIGTERM is in the process's ignored-signals mask (/proc/<pid>/status SigIgn)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+    return bool(mask >> (signal.SIGTERM - 1) & 1)

@@ -136,6 +136,37 @@ def test_two_versions_never_share_a_run_and_a_failed_run_fails_its_requests_only
         other.close()
 
 
+def test_a_run_never_holds_more_than_max_items(scorer, bodies):
+    alone = [_scores(scorer.reply(b, c)) for b, c in bodies]
+    runs: list[int] = []  # requests per run
+
+    async def main() -> list[Reply]:  # four requests of 50 items, at most 120 items a run
+        batcher = DenseBatcher(30.0, 120, observe=runs.append)
+        for _ in bodies:
+            batcher.begin()
+        joined = [asyncio.ensure_future(batcher.dense(scorer, scorer.prepare(b, c))) for b, c in bodies]
+        return list(await asyncio.wait_for(asyncio.gather(*joined), 10))
+
+    replies = asyncio.run(main())
+    assert [_scores(r) for r in replies] == [pytest.approx(a, abs=1e-6) for a in alone]
+    assert runs == [2, 2]  # 100 + 100 items, never 150
+
+
+def test_a_run_whose_replies_cannot_be_recorded_answers_every_request(scorer, bodies):
+    def record(_, reply):
+        raise RuntimeError("metrics broke")
+
+    async def main() -> list:
+        batcher = DenseBatcher(30.0, 10_000, record)
+        for _ in bodies:
+            batcher.begin()
+        joined = [asyncio.ensure_future(batcher.dense(scorer, scorer.prepare(b, c))) for b, c in bodies]
+        return list(await asyncio.wait_for(asyncio.gather(*joined, return_exceptions=True), 10))
+
+    answers = asyncio.run(main())  # none left waiting: wait_for would time out
+    assert [str(a) for a in answers] == ["metrics broke"] * len(bodies)
+
+
 def test_micro_batch_scores_equal_the_dense_model_on_each_request(scorer, bodies):
     inputs = [scorer.prepare(b, c).inputs for b, c in bodies]
     together = scorer.logits(inputs)
