@@ -17,8 +17,9 @@ class DenseBatcher:
     done and it joins the pending run (``dense``) or it leaves without one (``end``: refused,
     failed). The pending run starts at once when no other request is in progress -- a request
     alone never waits -- or when it holds ``max_items`` items, else ``wait_s`` after its first
-    request joined; a request that would take it past ``max_items`` goes into the next run. Requests of different scorers (versions) run apart; each gets its own logits,
-    in its item order, and its reply as ``reply`` would give it."""
+    request joined; a request that would take it past ``max_items`` goes into the next run.
+    Requests of different scorers (versions) run apart; each gets its own logits, in its item
+    order, and its reply as ``reply`` would give it."""
 
     def __init__(
         self,

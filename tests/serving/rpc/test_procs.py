@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -44,12 +46,12 @@ def test_a_group_member_that_ignores_sigterm_is_killed_after_its_leader_was_reap
     reaps it at once; a member ignoring SIGTERM (a busy Python worker) is still in the group and
     gets the SIGKILL through the group, not lost with the leader's pid."""
     child_pid = tmp_path / "child.pid"
-    leader_code = (
-        "import signal, subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+    leader_code = (  # both wait for a signal (signal.pause): the child ignores SIGTERM, the leader not
+        "import signal, subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import signal; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.pause()'])\n"
         f"open({str(child_pid)!r}, 'w').write(str(child.pid))\n"
-        "time.sleep(600)  # recserve test leader\n"
+        "signal.pause()  # recserve test leader\n"
     )
     leader = subprocess.Popen([sys.executable, "-c", leader_code], start_new_session=True)
     reaper = threading.Thread(target=leader.wait)  # reaps the leader as soon as it exits, as init would
@@ -63,6 +65,9 @@ def test_a_group_member_that_ignores_sigterm_is_killed_after_its_leader_was_reap
     finally:
         leader.kill()
         reaper.join(10)
+        if child_pid.exists() and child_pid.read_text():  # the member too, whatever the test saw
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(child_pid.read_text()), signal.SIGKILL)
 
 
 def _ignores_sigterm(pid: int) -> bool:
