@@ -160,6 +160,16 @@ class TrainConfig:
     and prefetch threads need the rest; torch's own default of all CPUs oversubscribes them and
     was 10x slower on 2 cores)."""
 
+    @property
+    def prefetches(self) -> bool:
+        """The next batch's PS lookup runs while this one trains (``--prefetch`` and K >= 1)."""
+        return self.prefetch and self.staleness >= 1
+
+    @property
+    def shard_count(self) -> int:
+        """The PS shards a step talks to: ``--ps``'s, or the ``--num-shards`` we start."""
+        return len(self.ps) if self.ps else self.num_shards
+
     def __post_init__(self) -> None:
         if isinstance(self.ps, str):
             self.ps = [a for a in self.ps.split(",") if a]

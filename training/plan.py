@@ -13,8 +13,17 @@ bytes a row costs in a store (row, optimizer state, key, index: ``serving.ps.gro
 the PS's own formula), the memory budget per node for replicated tables, and per-ID costs
 (``Costs``: in-process lookup + update, the same over gRPC, one RPC round trip, all-gather across
 nodes). ``measure_costs`` times the first three on this machine with a real store and a real PS
-process. A table is replicated when that saves time, the hottest per byte first, while the
-replicated tables fit the budget on every rank of a node; the rest go to the PS.
+process.
+
+The estimate knows what overlaps. A replicated table's lookup and update run on the training
+thread, on the step's path. A PS table's lookup for the next batch is prefetched while the dense
+step runs and its update is pushed without waiting (``--staleness`` >= 1), so a step waits for
+only a share of its per-ID time (``Costs.rpc_exposed``); but every PS shard costs a step its two
+round trips (a lookup and an update) as long as any table is on the PS. So with prefetch, moving
+*some* tables in process rarely pays -- the PS's per-ID work is mostly hidden -- while moving
+*every* table in process removes the round trips. The planner orders the tables by time saved
+per byte and estimates the step for every prefix of that order that fits the budget, all on the
+PS to every table that fits, and keeps the cheapest.
 
     recserve plan --schema data/schemas/criteo.yaml --data train.tsv --nodes 1 --memory-gb 8
     recserve train --plan plan.yaml
@@ -44,15 +53,21 @@ GIB = 1 << 30
 class Costs:
     """Per-step cost figures of the two placements (microseconds; GB/s)."""
 
-    local_us_per_id: float = 0.59
+    local_us_per_id: float = 0.40
     """In-process lookup (inserting) + sparse update of one row in an EmbeddingStore."""
-    rpc_us_per_id: float = 2.38
+    rpc_us_per_id: float = 1.36
     """The same through a PS process over gRPC (encode, send, store, answer), per ID."""
-    rpc_us_per_call: float = 870.0
+    rpc_us_per_call: float = 906.0
     """One RPC round trip (lookup or update) whatever its size."""
     allgather_gbps: float = 1.0
     """Bytes per second (1e9) between nodes for the replicated tables' gradient all-gather."""
-    source: str = "defaults (`recserve plan` on the 2-vCPU dev VM)"
+    rpc_exposed: float = 0.27
+    """Share of a PS table's per-ID time a step still waits for when the next batch's lookup is
+    prefetched during the dense step and updates are pushed without waiting (``--staleness`` >= 1;
+    without prefetch the step waits for all of it). Fitted to ``--profile`` runs on the 2-vCPU dev
+    VM (300k synth rows, 1 and 2 shards: all on the PS vs all replicated vs half): the PS runs
+    gave 0.36 us per ID over the replicated run's step, of 1.36 measured per ID."""
+    source: str = "defaults (the median of 5 `recserve plan` measurements on the 2-vCPU dev VM)"
     """Where the figures come from: measured here, or the defaults."""
 
 
@@ -94,6 +109,13 @@ class ShardingPlan:
     schema: str = ""
     batch_size: int = 128
     dim: int = 16
+    num_shards: int = 1
+    """PS shards a step talks to (each costs it a lookup and an update round trip)."""
+    prefetch: bool = True
+    """PS lookups prefetched during the dense step (``--staleness`` >= 1)."""
+    compared: dict[str, float | None] = field(default_factory=dict)
+    """The estimated embedding time per step (us) of the plans weighed against this one:
+    ``all_ps``, ``all_replicated`` (None: it does not fit the budget)."""
 
     # ---- what the trainer reads ----------------------------------------------------------------
     def local_mask(self, schema: Schema) -> np.ndarray:
@@ -139,7 +161,7 @@ class ShardingPlan:
         ps = [t for t in self.tables.values() if t.strategy == "ps"]
         world = self.nodes * self.ranks_per_node
         dim_bytes = 8 + 4 * self.dim
-        rpc_calls = (2 * self.costs.rpc_us_per_call) if ps else 0.0
+        rpc_calls = round_trips_us(self.costs, self.num_shards) if ps else 0.0
         return {
             "replicated_tables": len(rep),
             "ps_tables": len(ps),
@@ -169,9 +191,18 @@ class ShardingPlan:
             f"{_size(self.replicated_bytes * self.ranks_per_node)} replicated of {self.memory_gb:g} GiB "
             f"budgeted, {s['node_memory_gb']} GiB with its PS shards; per step {s['rpc_bytes_per_step']:,} B over RPC, "
             f"{s['allgather_bytes_per_step']:,} B all-gathered, ~{s['embedding_us_per_step']} us of "
-            f"embedding work; costs: {self.costs.source}"
+            f"embedding work on a step's path{self._compared()}; costs: {self.costs.source}"
         )
         return "\n".join(lines)
+
+    def _compared(self) -> str:
+        names = {"all_ps": "all on the PS", "all_replicated": "all replicated"}
+        parts = [
+            f"{names[k]} {'does not fit' if v is None else f'~{v} us'}"
+            for k, v in self.compared.items()
+            if k in names
+        ]
+        return f" (vs {', '.join(parts)})" if parts else ""
 
     def to_dict(self) -> dict:
         return {
@@ -181,6 +212,9 @@ class ShardingPlan:
             "memory_gb": self.memory_gb,
             "batch_size": self.batch_size,
             "dim": self.dim,
+            "num_shards": self.num_shards,
+            "prefetch": self.prefetch,
+            "compared": dict(self.compared),
             "costs": dataclasses.asdict(self.costs),
             "summary": self.summary(),
             "tables": {n: dataclasses.asdict(t) for n, t in self.tables.items()},
@@ -206,9 +240,13 @@ class ShardingPlan:
                 reason=str(t.get("reason", "")),
             )  # fmt: skip
         costs = Costs(**d["costs"]) if isinstance(d.get("costs"), dict) else Costs()
+        compared = d.get("compared")
+        compared = compared if isinstance(compared, dict) else {}
         return cls(
             tables, int(d.get("nodes", 1)), int(d.get("ranks_per_node", 1)), float(d.get("memory_gb", 0.0)),
             costs, str(d.get("schema", "")), int(d.get("batch_size", 128)), int(d.get("dim", 16)),
+            int(d.get("num_shards", 1)), bool(d.get("prefetch", True)),
+            {str(k): None if v is None else float(v) for k, v in compared.items()},
         )  # fmt: skip
 
     @classmethod
@@ -323,41 +361,79 @@ def default_memory_gb() -> float:
 
 
 # ---- the planner --------------------------------------------------------------------------------
+def round_trips_us(costs: Costs, num_shards: int) -> float:
+    """What a step pays for talking to the PS at all: a lookup and an update round trip per shard."""
+    return 2 * num_shards * costs.rpc_us_per_call
+
+
 def plan_tables(
     stats: list[TableStats], store_config, costs: Costs, memory_gb: float, nodes: int = 1,
-    ranks_per_node: int = 1, schema: str = "", batch_size: int = 128,
+    ranks_per_node: int = 1, schema: str = "", batch_size: int = 128, num_shards: int = 1,
+    prefetch: bool = True,
 ) -> ShardingPlan:  # fmt: skip
-    """Replicate the tables that save the most time per byte while they fit ``memory_gb`` per
-    node (every rank on a node holds them); the rest on the PS."""
+    """The plan with the least estimated embedding time on a step's path whose replicated tables
+    fit ``memory_gb`` per node (every rank on a node holds them): tables taken in order of time
+    saved per byte while they fit, every prefix of that order weighed -- all on the PS, each table
+    in turn, every table that fits -- and the cheapest kept (the module docstring says why)."""
     from serving.ps.growth import store_bytes
 
     world = nodes * ranks_per_node
     row_bytes = 8 + 4 * store_config.dim
     budget = memory_gb * GIB / ranks_per_node
+    exposed = costs.rpc_exposed if prefetch else 1.0
+    trips = round_trips_us(costs, num_shards)
     choices: dict[str, TableChoice] = {}
-    gains = []
+    rep_us: dict[str, float] = {}
     for t in stats:
-        nbytes = store_bytes(store_config, max(t.rows, 1))
-        ps_us = t.ids_per_step * costs.rpc_us_per_id
-        rep_us = t.ids_per_step * world * costs.local_us_per_id
+        ps_us = t.ids_per_step * costs.rpc_us_per_id * exposed
+        rep = t.ids_per_step * world * costs.local_us_per_id
         if world > 1:
-            rep_us += t.ids_per_step * row_bytes * (world - 1) / (costs.allgather_gbps * 1e3)
+            rep += t.ids_per_step * row_bytes * (world - 1) / (costs.allgather_gbps * 1e3)
+        rep_us[t.name] = round(rep, 1)
+        nbytes = store_bytes(store_config, max(t.rows, 1))
         choices[t.name] = TableChoice("ps", t.rows, nbytes, round(t.ids_per_step, 2), round(ps_us, 1))
-        gains.append((ps_us - rep_us, nbytes, t.name, rep_us))
-    used = 0
-    for gain, nbytes, name, rep_us in sorted(gains, key=lambda g: -g[0] / max(g[1], 1)):
-        c = choices[name]
-        if gain <= 0:
-            c.reason = f"the PS is cheaper ({c.us_per_step:.1f} vs {rep_us:.1f} us/step replicated)"
-        elif used + nbytes > budget:
-            c.reason = f"over the budget ({_size(used + nbytes)} per rank > {_size(budget)})"
+    order = sorted(choices, key=lambda n: -(choices[n].us_per_step - rep_us[n]) / max(choices[n].bytes, 1))
+    fits, used, over = [], 0, {}
+    for name in order:  # the tables that fit, in that order (one over the budget is passed over)
+        if used + choices[name].bytes <= budget:
+            fits.append(name)
+            used += choices[name].bytes
         else:
-            used += nbytes
-            c.strategy, c.us_per_step = "replicated", round(rep_us, 1)
-            c.reason = f"saves {gain:.1f} us/step; fits ({_size(used)} of {_size(budget)} per rank)"
+            over[name] = used + choices[name].bytes
+    # estimated step time of each prefix of `fits` replicated: k = 0 is every table on the PS
+    estimate = [sum(c.us_per_step for c in choices.values()) + (trips if choices else 0.0)]
+    for k, name in enumerate(fits, 1):
+        saved = choices[name].us_per_step - rep_us[name] + (trips if k == len(choices) else 0.0)
+        estimate.append(estimate[-1] - saved)
+    best = min(range(len(estimate)), key=lambda k: (round(estimate[k], 1), k))  # a tie: less memory
+    chosen = set(fits[:best])
+    kept = sum(choices[n].bytes for n in chosen)
+    for name, c in choices.items():
+        gain = c.us_per_step - rep_us[name]
+        if name in chosen:
+            c.strategy, c.us_per_step = "replicated", round(rep_us[name], 1)
+            why = f"saves {gain:.1f} us/step" if gain > 0 else "with every table in process no PS round trips"
+            c.reason = f"{why}; fits ({_size(kept)} of {_size(budget)} per rank)"
+        elif name not in fits:
+            c.reason = f"over the budget ({_size(over[name])} per rank > {_size(budget)})"
+        elif gain <= 0:
+            overlap = " (its lookups overlap the dense step)" if prefetch else ""
+            c.reason = (
+                f"the PS is cheaper{overlap}: {c.us_per_step:.1f} vs {rep_us[name]:.1f} us/step replicated"
+            )
+        else:
+            c.reason = (
+                f"replicated it would save {gain:.1f} us/step, but the PS round trips stay "
+                f"({trips:.0f} us/step) while any table is on the PS"
+            )
+    compared = {
+        "all_ps": round(estimate[0], 1),
+        "all_replicated": round(estimate[-1], 1) if len(fits) == len(choices) else None,
+    }
     return ShardingPlan(
-        choices, nodes, ranks_per_node, memory_gb, costs, schema, batch_size, store_config.dim
-    )
+        choices, nodes, ranks_per_node, memory_gb, costs, schema, batch_size, store_config.dim,
+        num_shards, prefetch, compared,
+    )  # fmt: skip
 
 
 def for_training(cfg, schema: Schema, read, total_rows: int, world: int) -> ShardingPlan:
@@ -384,7 +460,7 @@ def for_training(cfg, schema: Schema, read, total_rows: int, world: int) -> Shar
             box[0] = plan_tables(
                 stats, ShardSpec.of(cfg, schema).store_config(0, 1), Costs(),
                 cfg.memory_gb or default_memory_gb(), max(1, world // per_node), per_node, schema.name,
-                cfg.batch_size,
+                cfg.batch_size, cfg.shard_count, cfg.prefetches,
             )  # fmt: skip
         if world > 1:
             dist.broadcast_object_list(box, src=0)

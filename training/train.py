@@ -158,7 +158,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
                     spec, plan.replicated_rows(cfg.capacity), world, plan.rank_budget_gb
                 )
             profile = Profile() if cfg.profile else None
-            ctx = TrainCtx(cluster.worker, model, dense_opt, schema, _prefetch(cfg), cluster.replicated,
+            ctx = TrainCtx(cluster.worker, model, dense_opt, schema, cfg.prefetches, cluster.replicated,
                            local, profile)  # fmt: skip
             stack.callback(ctx.close)
             if cfg.staleness > 0 and (~local).any():
@@ -358,16 +358,12 @@ def _agree(world: int, flag: bool) -> bool:
     return bool(t.item())
 
 
-def _prefetch(cfg: TrainConfig) -> bool:
-    return cfg.prefetch and cfg.staleness >= 1
-
-
 def _open_cluster(cfg: TrainConfig, schema, spec: ShardSpec, rank: int, world: int) -> Cluster:
     """Rank 0 starts (or connects to) the shards; the other ranks connect to the same addresses."""
     from serving.worker.core import WorkerConfig
 
     # a prefetched lookup is one batch staler than the worker knows: it counts as one of the K
-    staleness = cfg.staleness - 1 if _prefetch(cfg) else cfg.staleness
+    staleness = cfg.staleness - 1 if cfg.prefetches else cfg.staleness
     worker_cfg = WorkerConfig(staleness=staleness, update_threads=cfg.update_threads)
     if world == 1:
         return open_cluster(

@@ -3,8 +3,9 @@
 Samples the training data (distinct IDs per table, extrapolated to all its rows; distinct IDs per
 step), sizes every table as a store holds it (row, optimizer state, key, index), times an
 in-process store and a PS process on this machine (``--no-measure``: the default figures), and
-replicates the tables that save the most time per byte within ``--memory-gb`` per node; the rest
-stay on the PS (training/plan.py). ``recserve train --plan plan.yaml`` trains with exactly this
+keeps the placement with the least estimated embedding time on a step's path whose replicated
+tables fit ``--memory-gb`` per node: the tables that save the most time per byte in process first,
+weighed against all on the PS (training/plan.py says what overlaps). ``recserve train --plan plan.yaml`` trains with exactly this
 plan; ``recserve train`` (``--sharding auto``) plans the same way by itself.
 
     recserve plan --schema data/schemas/criteo.yaml --data train.tsv --nodes 2 --memory-gb 4
@@ -42,6 +43,12 @@ class PlanConfig:
     """Embedding dimension."""
     sparse_optimizer: str = field(default="adagrad", metadata={"choices": optim.OPTIMIZERS.keys()})
     """Sparse optimizer (its state is part of a row's bytes)."""
+    num_shards: int = 2
+    """PS shards the job trains with (as `recserve train --num-shards`): while any table is on the
+    PS, each costs a step a lookup and an update round trip."""
+    staleness: int = 4
+    """As `recserve train --staleness`: K >= 1 prefetches the next batch's PS lookup during the
+    dense step (a step waits for a share of it); 0 puts every PS lookup on the step's path."""
     sample_rows: int = 100_000
     """Rows of the data to sample."""
     measure: bool = True
@@ -53,8 +60,10 @@ class PlanConfig:
     """Where to write the plan ('' : only print it)."""
 
     def __post_init__(self) -> None:
-        if self.nodes < 1 or self.ranks_per_node < 1 or self.batch_size < 1 or self.sample_rows < 1:
-            raise ValueError("nodes, ranks_per_node, batch_size and sample_rows must be >= 1")
+        if min(self.nodes, self.ranks_per_node, self.batch_size, self.sample_rows, self.num_shards) < 1:
+            raise ValueError("nodes, ranks_per_node, batch_size, sample_rows and num_shards must be >= 1")
+        if self.staleness < 0:
+            raise ValueError("staleness must be >= 0")
         if self.memory_gb < 0 or self.allgather_gbps <= 0:
             raise ValueError("memory_gb must be >= 0 and allgather_gbps > 0")
         optim.get(self.sparse_optimizer)
@@ -76,7 +85,8 @@ def run(cfg: PlanConfig) -> int:
     t0 = time.perf_counter()
     schema = load_schema(cfg.schema)
     read = ReadOptions(format=cfg.data_format, numeric_dense=True)
-    train_cfg = TrainConfig(dim=cfg.dim, sparse_optimizer=cfg.sparse_optimizer, batch_size=cfg.batch_size)
+    train_cfg = TrainConfig(dim=cfg.dim, sparse_optimizer=cfg.sparse_optimizer, batch_size=cfg.batch_size,
+                            num_shards=cfg.num_shards, staleness=cfg.staleness)  # fmt: skip
     spec = ShardSpec.of(train_cfg, schema)
     rows = data.Split(cfg.data, schema, read, cfg.limit).scan().rows
     if not rows:
@@ -88,7 +98,7 @@ def run(cfg: PlanConfig) -> int:
     costs = dataclasses.replace(costs, allgather_gbps=cfg.allgather_gbps)
     plan = sharding.plan_tables(
         stats, spec.store_config(0, 1), costs, cfg.memory_gb or sharding.default_memory_gb(), cfg.nodes,
-        cfg.ranks_per_node, schema.name, cfg.batch_size,
+        cfg.ranks_per_node, schema.name, cfg.batch_size, train_cfg.shard_count, train_cfg.prefetches,
     )  # fmt: skip
     print(
         f"sharding plan for {schema.name!r}: {rows:,} rows, {cfg.nodes} node(s) x {cfg.ranks_per_node} rank(s)"

@@ -33,18 +33,46 @@ def test_every_table_replicated_when_all_fit():
     assert plan.summary()["rpc_bytes_per_step"] == 0
 
 
-def test_a_budget_keeps_the_most_time_per_byte_in_process():
-    """Three tables of 1M rows (~76 MiB each): a budget of two keeps the two with the most IDs
-    per step; the third goes to the PS, saying why; the estimates add up."""
+def test_a_budget_keeps_the_most_time_per_byte_in_process_when_the_step_waits_for_the_ps():
+    """Without prefetch (``--staleness 0``) a step waits for all of a PS table's time. Three
+    tables of 1M rows (~76 MiB each): a budget of two keeps the two with the most IDs per step;
+    the third goes to the PS, saying why; the estimates add up."""
     tables = stats(("cold", 10**6, 10.0), ("hot", 10**6, 100.0), ("warm", 10**6, 60.0), ("tiny", 100, 5.0))
     per_table = sharding.plan_tables(tables, STORE, sharding.Costs(), 100.0).tables["hot"].bytes
-    plan = sharding.plan_tables(tables, STORE, sharding.Costs(), (2 * per_table + MIB) / (1 << 30))
+    budget = (2 * per_table + MIB) / (1 << 30)
+    plan = sharding.plan_tables(tables, STORE, sharding.Costs(), budget, prefetch=False)
     chosen = {n: t.strategy for n, t in plan.tables.items()}
     assert chosen == {"cold": "ps", "hot": "replicated", "warm": "replicated", "tiny": "replicated"}
     assert "over the budget" in plan.tables["cold"].reason
     s = plan.summary()
     assert s["ps_tables"] == 1 and s["rpc_bytes_per_step"] == int(2 * 10.0 * (8 + 4 * 16))
     assert plan.replicated_bytes + plan.ps_bytes == sum(t.bytes for t in plan.tables.values())
+    assert s["embedding_us_per_step"] < plan.compared["all_ps"] and plan.compared["all_replicated"] is None
+
+
+def test_with_prefetch_some_tables_in_process_do_not_pay_but_all_of_them_do():
+    """With prefetch a step waits for a share of a PS table's per-ID time (less than the same
+    IDs in process), but pays every shard's round trips while any table is on the PS: a budget
+    that holds all but one table leaves every table on the PS; one that holds them all moves
+    them all in process. The round trips count once per shard."""
+    costs = sharding.Costs()
+    assert costs.rpc_us_per_id * costs.rpc_exposed < costs.local_us_per_id  # the premise, measured
+    tables = stats(("cold", 10**6, 10.0), ("hot", 10**6, 100.0), ("tiny", 100, 5.0))
+    per_table = sharding.plan_tables(tables, STORE, costs, 100.0).tables["hot"].bytes
+    short = sharding.plan_tables(tables, STORE, costs, (per_table + MIB) / (1 << 30), num_shards=2)
+    assert {t.strategy for t in short.tables.values()} == {"ps"}
+    assert "overlap the dense step" in short.tables["tiny"].reason
+    assert short.summary()["embedding_us_per_step"] == pytest.approx(short.compared["all_ps"], abs=0.2)
+    assert short.compared["all_replicated"] is None
+    ample = sharding.plan_tables(tables, STORE, costs, 100.0, num_shards=2)
+    assert {t.strategy for t in ample.tables.values()} == {"replicated"}
+    assert "no PS round trips" in ample.tables["cold"].reason
+    assert ample.compared["all_replicated"] < ample.compared["all_ps"] == short.compared["all_ps"]
+    one = sharding.plan_tables(tables, STORE, costs, 100.0, num_shards=1)
+    trips = sharding.round_trips_us(costs, 1)
+    assert one.compared["all_ps"] == pytest.approx(ample.compared["all_ps"] - trips, abs=0.2)
+    loaded = sharding.ShardingPlan.from_dict(ample.to_dict())  # the estimates travel with the plan
+    assert loaded.table() == ample.table() and (loaded.num_shards, loaded.prefetch) == (2, True)
 
 
 def test_across_nodes_a_slow_link_sends_tables_to_the_ps():
@@ -84,7 +112,15 @@ def test_a_plan_file_round_trips_and_a_wrong_one_is_refused(tmp_path):
         sharding.ShardingPlan.load(tmp_path / "junk.yaml")
 
 
-def test_recserve_plan_prints_and_writes_the_plan(tmp_path):
+@pytest.mark.parametrize(
+    ("flags", "chosen"),
+    [
+        ([], {"ps"}),  # half a MiB holds the small tables only: with prefetch they are no cheaper in process
+        (["--staleness", "0"], {"replicated", "ps"}),  # no prefetch: the small tables fit and save time
+        (["--memory-gb", "1"], {"replicated"}),  # every table fits: no PS round trips at all
+    ],
+)
+def test_recserve_plan_prints_and_writes_the_plan(tmp_path, flags, chosen):
     out = tmp_path / "plan.yaml"
     cmd = [
         sys.executable,
@@ -97,13 +133,13 @@ def test_recserve_plan_prints_and_writes_the_plan(tmp_path):
         "--out",
         str(out),
     ]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(cmd + flags, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "C3" in run.stdout and "replicated" in run.stdout and "wrote" in run.stdout
+    assert "C3" in run.stdout and "wrote" in run.stdout and "vs all on the PS" in run.stdout
     plan = sharding.ShardingPlan.load(out)
-    chosen = {t.strategy for t in plan.tables.values()}
-    assert chosen == {"replicated", "ps"}  # half a MiB: the small tables fit, the large do not
-    assert plan.replicated_bytes <= 0.0005 * (1 << 30)
+    assert {t.strategy for t in plan.tables.values()} == chosen
+    assert plan.replicated_bytes <= plan.memory_gb * (1 << 30)
+    assert plan.num_shards == 2 and plan.prefetch == ("--staleness" not in flags)
 
 
 @pytest.mark.slow
