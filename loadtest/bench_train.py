@@ -171,6 +171,7 @@ def synth_data(rows: int, where: Path) -> tuple[Path, Path]:
 def synth_section(args: argparse.Namespace) -> dict:
     """1M synth rows, one epoch: the peer and every recserve variant, each a process of its own."""
     from training import plan as sharding
+    from training.costs import Costs
 
     train_file, test_file = synth_data(args.synth_rows, Path(args.synth_dir))
     t0 = time.time()
@@ -183,7 +184,7 @@ def synth_section(args: argparse.Namespace) -> dict:
                 sharding.sample(train_file, schema, ReadOptions(numeric_dense=True), 128, 100_000),
                 schema, args.synth_rows,
             ),
-            ShardSpec.of(TrainConfig(), schema).store_config(0, 1), sharding.Costs(), 0.0,
+            ShardSpec.of(TrainConfig(), schema).store_config(0, 1), Costs(), 0.0,
         ).tables.values()
     )  # fmt: skip
     half_gb = total / 2 / (1 << 30)

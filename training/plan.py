@@ -12,7 +12,7 @@ The planner (``plan_tables``) chooses per table from what a sample of the traini
 bytes a row costs in a store (row, optimizer state, key, index: ``serving.ps.growth.store_bytes``,
 the PS's own formula), the memory budget per node for replicated tables, and per-ID costs
 (``Costs``: in-process lookup + update, the same over gRPC, one RPC round trip, all-gather across
-nodes). ``measure_costs`` times the first three on this machine with a real store and a real PS
+nodes). ``training.costs.measure_costs`` times the first three on this machine with a real store and a real PS
 process.
 
 The estimate knows what overlaps. A replicated table's lookup and update run on the training
@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,33 +41,12 @@ import numpy as np
 import yaml
 
 from features.schema import Schema
+from training.costs import Costs, round_trips_us
 
 STRATEGIES = ("replicated", "ps")
 SHARDINGS = ("auto", "ps", "replicated")
 """``--sharding``: plan from the data (auto), every table on the PS, every table in process."""
 GIB = 1 << 30
-
-
-@dataclass
-class Costs:
-    """Per-step cost figures of the two placements (microseconds; GB/s)."""
-
-    local_us_per_id: float = 0.40
-    """In-process lookup (inserting) + sparse update of one row in an EmbeddingStore."""
-    rpc_us_per_id: float = 1.36
-    """The same through a PS process over gRPC (encode, send, store, answer), per ID."""
-    rpc_us_per_call: float = 906.0
-    """One RPC round trip (lookup or update) whatever its size."""
-    allgather_gbps: float = 1.0
-    """Bytes per second (1e9) between nodes for the replicated tables' gradient all-gather."""
-    rpc_exposed: float = 0.27
-    """Share of a PS table's per-ID time a step still waits for when the next batch's lookup is
-    prefetched during the dense step and updates are pushed without waiting (``--staleness`` >= 1;
-    without prefetch the step waits for all of it). Fitted to ``--profile`` runs on the 2-vCPU dev
-    VM (300k synth rows, 1 and 2 shards: all on the PS vs all replicated vs half): the PS runs
-    gave 0.36 us per ID over the replicated run's step, of 1.36 measured per ID."""
-    source: str = "defaults (the median of 5 `recserve plan` measurements on the 2-vCPU dev VM)"
-    """Where the figures come from: measured here, or the defaults."""
 
 
 @dataclass
@@ -307,50 +285,6 @@ def sample(source, schema: Schema, read, batch_size: int, rows: int) -> list:
     return list(data.Split(source, schema, read, rows).batches(batch_size))
 
 
-# ---- costs --------------------------------------------------------------------------------------
-def measure_costs(spec, ids: int = 4096, reps: int = 20) -> Costs:
-    """Time lookup + update of ``ids`` random signs in an in-process store and through a PS
-    process started here (``spec``: the shards' ShardSpec), and one-sign round trips."""
-    import tempfile
-
-    from serving.ps.client import PSClient
-    from serving.ps.store import EmbeddingStore
-    from serving.rpc.auth import new_token_file
-    from training.cluster import start_shards, stop_processes
-
-    rng = np.random.default_rng(0)
-    batches = [rng.integers(1, 1 << 62, ids, dtype=np.uint64) for _ in range(reps)]
-    grads = rng.standard_normal((ids, spec.dim)).astype(np.float32) * 1e-3
-    store = EmbeddingStore(spec.store_config(0, 1))
-
-    def per_id(lookup, update) -> float:
-        lookup(batches[0]), update(batches[0])  # warm
-        t0 = time.perf_counter()
-        for signs in batches:
-            lookup(signs)
-            update(signs)
-        return (time.perf_counter() - t0) / (reps * ids) * 1e6
-
-    local = per_id(lambda s: store.rows_of(s, True), lambda s: store.apply_gradients(s, grads))
-    with tempfile.TemporaryDirectory(prefix="recserve-plan-") as tmp:
-        token = str(new_token_file(Path(tmp) / "admin.token"))
-        procs, (address,) = start_shards(spec, 1, Path(tmp), token, tmp)
-        try:
-            with PSClient(address, token_file=token) as client:
-                client.wait_ready()
-                rpc = per_id(lambda s: client.lookup(s, insert=True), lambda s: client.update(s, grads))
-                one = batches[0][:1]
-                client.lookup(one)
-                t0 = time.perf_counter()
-                for _ in range(reps * 5):
-                    client.lookup(one)
-                call = (time.perf_counter() - t0) / (reps * 5) * 1e6
-        finally:
-            stop_processes(procs)
-    return Costs(round(local, 3), round(max(rpc - 2 * call / ids, 0.0), 3), round(call, 1),
-                 source=f"measured on {os.uname().nodename} ({os.cpu_count()} CPUs)")  # fmt: skip
-
-
 def default_memory_gb() -> float:
     """Half the memory available now (the trainer, its data pipeline and the PS need the rest)."""
     try:
@@ -361,11 +295,6 @@ def default_memory_gb() -> float:
 
 
 # ---- the planner --------------------------------------------------------------------------------
-def round_trips_us(costs: Costs, num_shards: int) -> float:
-    """What a step pays for talking to the PS at all: a lookup and an update round trip per shard."""
-    return 2 * num_shards * costs.rpc_us_per_call
-
-
 def plan_tables(
     stats: list[TableStats], store_config, costs: Costs, memory_gb: float, nodes: int = 1,
     ranks_per_node: int = 1, schema: str = "", batch_size: int = 128, num_shards: int = 1,

@@ -81,6 +81,7 @@ def run(cfg: PlanConfig) -> int:
     from training import plan as sharding
     from training.cluster import ShardSpec
     from training.config import TrainConfig
+    from training.costs import Costs, measure_costs
 
     t0 = time.perf_counter()
     schema = load_schema(cfg.schema)
@@ -94,7 +95,7 @@ def run(cfg: PlanConfig) -> int:
         return 1
     batches = sharding.sample(cfg.data, schema, read, cfg.batch_size, min(cfg.sample_rows, rows))
     stats = sharding.table_stats(batches, schema, rows)
-    costs = sharding.measure_costs(spec) if cfg.measure else sharding.Costs()
+    costs = measure_costs(spec) if cfg.measure else Costs()
     costs = dataclasses.replace(costs, allgather_gbps=cfg.allgather_gbps)
     plan = sharding.plan_tables(
         stats, spec.store_config(0, 1), costs, cfg.memory_gb or sharding.default_memory_gb(), cfg.nodes,

@@ -105,8 +105,12 @@ def _result(out: str) -> dict:
 
 
 def _env(store: Path) -> dict:
-    """The README's conditions: $RECSERVE_STORE is the store, torchrun and recserve on PATH."""
-    return {**os.environ, "RECSERVE_STORE": str(store),
+    """The README's conditions: $RECSERVE_STORE is the store, torchrun and recserve on PATH; the
+    runs' temporary files (a rank's PS logs and admin token) beside the store, where the test's
+    own cleanup takes them even from a rank that was SIGKILLed."""
+    tmp = store.parent / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "RECSERVE_STORE": str(store), "TMPDIR": str(tmp),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
 
 

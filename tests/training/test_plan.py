@@ -14,6 +14,7 @@ from features.schema import load_schema
 from features.stream import ReadOptions
 from serving.ps.store import OptimizerConfig, StoreConfig
 from training import plan as sharding
+from training.costs import Costs, round_trips_us
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "data/schemas/criteo.yaml"
@@ -27,7 +28,7 @@ def stats(*tables: tuple[str, int, float]) -> list[sharding.TableStats]:
 
 
 def test_every_table_replicated_when_all_fit():
-    plan = sharding.plan_tables(stats(("a", 1000, 50.0), ("b", 10**6, 100.0)), STORE, sharding.Costs(), 8.0)
+    plan = sharding.plan_tables(stats(("a", 1000, 50.0), ("b", 10**6, 100.0)), STORE, Costs(), 8.0)
     assert {n: t.strategy for n, t in plan.tables.items()} == {"a": "replicated", "b": "replicated"}
     assert all("fits" in t.reason for t in plan.tables.values())
     assert plan.summary()["rpc_bytes_per_step"] == 0
@@ -38,9 +39,9 @@ def test_a_budget_keeps_the_most_time_per_byte_in_process_when_the_step_waits_fo
     tables of 1M rows (~76 MiB each): a budget of two keeps the two with the most IDs per step;
     the third goes to the PS, saying why; the estimates add up."""
     tables = stats(("cold", 10**6, 10.0), ("hot", 10**6, 100.0), ("warm", 10**6, 60.0), ("tiny", 100, 5.0))
-    per_table = sharding.plan_tables(tables, STORE, sharding.Costs(), 100.0).tables["hot"].bytes
+    per_table = sharding.plan_tables(tables, STORE, Costs(), 100.0).tables["hot"].bytes
     budget = (2 * per_table + MIB) / (1 << 30)
-    plan = sharding.plan_tables(tables, STORE, sharding.Costs(), budget, prefetch=False)
+    plan = sharding.plan_tables(tables, STORE, Costs(), budget, prefetch=False)
     chosen = {n: t.strategy for n, t in plan.tables.items()}
     assert chosen == {"cold": "ps", "hot": "replicated", "warm": "replicated", "tiny": "replicated"}
     assert "over the budget" in plan.tables["cold"].reason
@@ -55,7 +56,7 @@ def test_with_prefetch_some_tables_in_process_do_not_pay_but_all_of_them_do():
     IDs in process), but pays every shard's round trips while any table is on the PS: a budget
     that holds all but one table leaves every table on the PS; one that holds them all moves
     them all in process. The round trips count once per shard."""
-    costs = sharding.Costs()
+    costs = Costs()
     assert costs.rpc_us_per_id * costs.rpc_exposed < costs.local_us_per_id  # the premise, measured
     tables = stats(("cold", 10**6, 10.0), ("hot", 10**6, 100.0), ("tiny", 100, 5.0))
     per_table = sharding.plan_tables(tables, STORE, costs, 100.0).tables["hot"].bytes
@@ -69,14 +70,14 @@ def test_with_prefetch_some_tables_in_process_do_not_pay_but_all_of_them_do():
     assert "no PS round trips" in ample.tables["cold"].reason
     assert ample.compared["all_replicated"] < ample.compared["all_ps"] == short.compared["all_ps"]
     one = sharding.plan_tables(tables, STORE, costs, 100.0, num_shards=1)
-    trips = sharding.round_trips_us(costs, 1)
+    trips = round_trips_us(costs, 1)
     assert one.compared["all_ps"] == pytest.approx(ample.compared["all_ps"] - trips, abs=0.2)
     loaded = sharding.ShardingPlan.from_dict(ample.to_dict())  # the estimates travel with the plan
     assert loaded.table() == ample.table() and (loaded.num_shards, loaded.prefetch) == (2, True)
 
 
 def test_across_nodes_a_slow_link_sends_tables_to_the_ps():
-    costs = sharding.Costs(allgather_gbps=0.001)  # 1 MB/s between nodes: all-gathering loses
+    costs = Costs(allgather_gbps=0.001)  # 1 MB/s between nodes: all-gathering loses
     plan = sharding.plan_tables(stats(("a", 1000, 50.0)), STORE, costs, 8.0, nodes=4)
     assert plan.tables["a"].strategy == "ps" and "the PS is cheaper" in plan.tables["a"].reason
 
