@@ -236,7 +236,9 @@ class ShardingPlan:
 
 
 def _size(nbytes: float) -> str:
-    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / (1 << 20):.1f} MiB"
+    if nbytes >= GIB:
+        return f"{nbytes / GIB:.2f} GiB"
+    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= 1 << 20 else f"{nbytes / 1024:.0f} KiB"
 
 
 def uniform(schema: Schema, strategy: str) -> ShardingPlan:
@@ -343,13 +345,13 @@ def plan_tables(
             c.strategy, c.us_per_step = "replicated", round(rep_us[name], 1)
             why = f"saves {gain:.1f} us/step" if gain > 0 else "with every table in process no PS round trips"
             c.reason = f"{why}; fits ({_size(kept)} of {_size(budget)} per rank)"
-        elif name not in fits:
-            c.reason = f"over the budget ({_size(over[name])} per rank > {_size(budget)})"
         elif gain <= 0:
             overlap = " (its lookups overlap the dense step)" if prefetch else ""
             c.reason = (
                 f"the PS is cheaper{overlap}: {c.us_per_step:.1f} vs {rep_us[name]:.1f} us/step replicated"
             )
+        elif name not in fits:
+            c.reason = f"over the budget ({_size(over[name])} per rank > {_size(budget)})"
         else:
             c.reason = (
                 f"replicated it would save {gain:.1f} us/step, but the PS round trips stay "

@@ -166,6 +166,9 @@ def test_the_readme_plan_lines_run_as_printed_and_the_plan_printed_is_the_plan_t
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert plan.table() in trained.stderr  # the trainer logs the very table `recserve plan` printed
     assert plan.table().splitlines()[2] in planned.stdout
+    shown = re.search(r"## Sharding plans.*?```text\n(.*?)```", text, re.S).group(1)
+    printed = [x for x in planned.stdout.splitlines() if not x.startswith("wrote ")]
+    assert shown.splitlines() == printed  # the README shows what the line prints today
     version = json.loads(trained.stdout.strip().splitlines()[-1])["version_dir"]
     recorded = model_store.read_manifest(version)["train"]["plan"]["tables"]
     assert {n: t["strategy"] for n, t in recorded.items()} == {n: t.strategy for n, t in plan.tables.items()}
