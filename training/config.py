@@ -166,8 +166,11 @@ class TrainConfig:
         return self.prefetch and self.staleness >= 1
 
     @property
-    def shard_count(self) -> int:
-        """The PS shards a step talks to: ``--ps``'s, or the ``--num-shards`` we start."""
+    def rpc_shards(self) -> int:
+        """The PS shards a step talks to over RPC: ``--ps``'s, or the ``--num-shards`` we start
+        (none with ``--inprocess-ps``: those are stores in this process)."""
+        if self.inprocess_ps:
+            return 0
         return len(self.ps) if self.ps else self.num_shards
 
     def __post_init__(self) -> None:

@@ -24,12 +24,18 @@ class Costs:
     """One RPC round trip (lookup or update) whatever its size."""
     allgather_gbps: float = 1.0
     """Bytes per second (1e9) between nodes for the replicated tables' gradient all-gather."""
+    local_path: float = 1.95
+    """The trainer's replicated path per ID over the store's own time (``local_us_per_id``):
+    the all-replicated ``--profile`` run spent 0.78 us per ID in its ``local`` phase (1.23 ms for
+    1,574 IDs; masks, the table's assembly and the data reader's thread beside it) against 0.40
+    timed on the store alone. Fitted on the 2-vCPU dev VM, like ``rpc_exposed``."""
     rpc_exposed: float = 0.27
     """Share of a PS table's per-ID time a step still waits for when the next batch's lookup is
     prefetched during the dense step and updates are pushed without waiting (``--staleness`` >= 1;
     without prefetch the step waits for all of it). Fitted to ``--profile`` runs on the 2-vCPU dev
-    VM (300k synth rows, 1 and 2 shards: all on the PS vs all replicated vs half): the PS runs
-    gave 0.36 us per ID over the replicated run's step, of 1.36 measured per ID."""
+    VM (300k synth rows, 1 and 2 shards: all on the PS vs all replicated vs half): beyond the
+    round trips (1.56 ms per shard, from the 1- and 2-shard runs), the PS runs' steps cost 0.36
+    us per ID over the replicated run's pool and dense, of 1.36 measured per ID."""
     source: str = "defaults (the median of 5 `recserve plan` measurements on the 2-vCPU dev VM)"
     """Where the figures come from: measured here, or the defaults."""
 

@@ -174,11 +174,13 @@ class ShardingPlan:
         return "\n".join(lines)
 
     def _compared(self) -> str:
+        strategies = {t.strategy for t in self.tables.values()}
         names = {"all_ps": "all on the PS", "all_replicated": "all replicated"}
+        this = {"all_ps": strategies == {"ps"}, "all_replicated": strategies == {"replicated"}}
         parts = [
             f"{names[k]} {'does not fit' if v is None else f'~{v} us'}"
             for k, v in self.compared.items()
-            if k in names
+            if k in names and not this[k]  # not the plan itself
         ]
         return f" (vs {', '.join(parts)})" if parts else ""
 
@@ -241,11 +243,11 @@ def _size(nbytes: float) -> str:
     return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= 1 << 20 else f"{nbytes / 1024:.0f} KiB"
 
 
-def uniform(schema: Schema, strategy: str) -> ShardingPlan:
-    """Every table ``strategy`` (``--sharding ps`` / ``replicated``)."""
+def uniform(schema: Schema, strategy: str, num_shards: int = 1, prefetch: bool = True) -> ShardingPlan:
+    """Every table ``strategy`` (``--sharding ps`` / ``replicated``), for a job on ``num_shards``."""
     reason = f"--sharding {strategy}"
     return ShardingPlan({s.name: TableChoice(strategy, 0, 0, 0.0, 0.0, reason) for s in schema.sparse},
-                        schema=schema.name)  # fmt: skip
+                        schema=schema.name, num_shards=num_shards, prefetch=prefetch)  # fmt: skip
 
 
 # ---- the sample ---------------------------------------------------------------------------------
@@ -315,9 +317,13 @@ def plan_tables(
     trips = round_trips_us(costs, num_shards)
     choices: dict[str, TableChoice] = {}
     rep_us: dict[str, float] = {}
+
+    def t_full(name: str) -> float:  # a PS table's per-ID time without overlap
+        return choices[name].ids_per_step * costs.rpc_us_per_id
+
     for t in stats:
         ps_us = t.ids_per_step * costs.rpc_us_per_id * exposed
-        rep = t.ids_per_step * world * costs.local_us_per_id
+        rep = t.ids_per_step * world * costs.local_us_per_id * costs.local_path
         if world > 1:
             rep += t.ids_per_step * row_bytes * (world - 1) / (costs.allgather_gbps * 1e3)
         rep_us[t.name] = round(rep, 1)
@@ -346,17 +352,16 @@ def plan_tables(
             why = f"saves {gain:.1f} us/step" if gain > 0 else "with every table in process no PS round trips"
             c.reason = f"{why}; fits ({_size(kept)} of {_size(budget)} per rank)"
         elif gain <= 0:
-            overlap = " (its lookups overlap the dense step)" if prefetch else ""
+            hidden = prefetch and t_full(name) > rep_us[name]  # cheaper only because it overlaps
+            overlap = " (its lookups overlap the dense step)" if hidden else ""
+            cheaper = "as cheap" if round(gain, 1) == 0 else "cheaper"
             c.reason = (
-                f"the PS is cheaper{overlap}: {c.us_per_step:.1f} vs {rep_us[name]:.1f} us/step replicated"
+                f"the PS is {cheaper}{overlap}: {c.us_per_step:.1f} vs {rep_us[name]:.1f} us/step replicated"
             )
         elif name not in fits:
             c.reason = f"over the budget ({_size(over[name])} per rank > {_size(budget)})"
-        else:
-            c.reason = (
-                f"replicated it would save {gain:.1f} us/step, but the PS round trips stay "
-                f"({trips:.0f} us/step) while any table is on the PS"
-            )
+        else:  # a tie with the plan without it, after rounding
+            c.reason = f"saves only {gain:.2f} us/step replicated: not worth its memory"
     compared = {
         "all_ps": round(estimate[0], 1),
         "all_replicated": round(estimate[-1], 1) if len(fits) == len(choices) else None,
@@ -380,8 +385,14 @@ def for_training(cfg, schema: Schema, read, total_rows: int, world: int) -> Shar
     rank = dist.get_rank() if world > 1 else 0
     if cfg.plan:  # TrainConfig checked it against the schema
         plan = ShardingPlan.load(cfg.plan)
+        if rank == 0 and (plan.num_shards, plan.prefetch) != (cfg.rpc_shards, cfg.prefetches):
+            logging.getLogger("recserve.train").warning(
+                "the plan %s was estimated for %d PS shard(s) with prefetch %s; this run has %d with "
+                "prefetch %s: its placement is used as it is, its estimates do not hold",
+                cfg.plan, plan.num_shards, plan.prefetch, cfg.rpc_shards, cfg.prefetches,
+            )  # fmt: skip
     elif cfg.sharding != "auto":
-        plan = uniform(schema, cfg.sharding)
+        plan = uniform(schema, cfg.sharding, cfg.rpc_shards, cfg.prefetches)
     else:
         box: list = [None]
         if rank == 0:
@@ -391,7 +402,7 @@ def for_training(cfg, schema: Schema, read, total_rows: int, world: int) -> Shar
             box[0] = plan_tables(
                 stats, ShardSpec.of(cfg, schema).store_config(0, 1), Costs(),
                 cfg.memory_gb or default_memory_gb(), max(1, world // per_node), per_node, schema.name,
-                cfg.batch_size, cfg.shard_count, cfg.prefetches,
+                cfg.batch_size, cfg.rpc_shards, cfg.prefetches,
             )  # fmt: skip
         if world > 1:
             dist.broadcast_object_list(box, src=0)

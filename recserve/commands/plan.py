@@ -4,9 +4,10 @@ Samples the training data (distinct IDs per table, extrapolated to all its rows;
 step), sizes every table as a store holds it (row, optimizer state, key, index), times an
 in-process store and a PS process on this machine (``--no-measure``: the default figures), and
 keeps the placement with the least estimated embedding time on a step's path whose replicated
-tables fit ``--memory-gb`` per node: the tables that save the most time per byte in process first,
-weighed against all on the PS (training/plan.py says what overlaps). ``recserve train --plan plan.yaml`` trains with exactly this
-plan; ``recserve train`` (``--sharding auto``) plans the same way by itself.
+tables fit ``--memory-gb`` per node: the tables that save the most time per byte in process
+first, weighed against all on the PS (training/plan.py says what overlaps). ``recserve train
+--plan plan.yaml`` trains with exactly this plan; ``recserve train`` (``--sharding auto``) plans
+the same way by itself.
 
     recserve plan --schema data/schemas/criteo.yaml --data train.tsv --nodes 2 --memory-gb 4
 """
@@ -49,6 +50,9 @@ class PlanConfig:
     staleness: int = 4
     """As `recserve train --staleness`: K >= 1 prefetches the next batch's PS lookup during the
     dense step (a step waits for a share of it); 0 puts every PS lookup on the step's path."""
+    prefetch: bool = True
+    """As `recserve train --prefetch`: with K >= 1, the next batch's PS lookup runs during this
+    step's dense work (--no-prefetch: on the step's path)."""
     sample_rows: int = 100_000
     """Rows of the data to sample."""
     measure: bool = True
@@ -87,7 +91,7 @@ def run(cfg: PlanConfig) -> int:
     schema = load_schema(cfg.schema)
     read = ReadOptions(format=cfg.data_format, numeric_dense=True)
     train_cfg = TrainConfig(dim=cfg.dim, sparse_optimizer=cfg.sparse_optimizer, batch_size=cfg.batch_size,
-                            num_shards=cfg.num_shards, staleness=cfg.staleness)  # fmt: skip
+                            num_shards=cfg.num_shards, staleness=cfg.staleness, prefetch=cfg.prefetch)  # fmt: skip
     spec = ShardSpec.of(train_cfg, schema)
     rows = data.Split(cfg.data, schema, read, cfg.limit).scan().rows
     if not rows:
@@ -99,7 +103,7 @@ def run(cfg: PlanConfig) -> int:
     costs = dataclasses.replace(costs, allgather_gbps=cfg.allgather_gbps)
     plan = sharding.plan_tables(
         stats, spec.store_config(0, 1), costs, cfg.memory_gb or sharding.default_memory_gb(), cfg.nodes,
-        cfg.ranks_per_node, schema.name, cfg.batch_size, train_cfg.shard_count, train_cfg.prefetches,
+        cfg.ranks_per_node, schema.name, cfg.batch_size, train_cfg.rpc_shards, train_cfg.prefetches,
     )  # fmt: skip
     print(
         f"sharding plan for {schema.name!r}: {rows:,} rows, {cfg.nodes} node(s) x {cfg.ranks_per_node} rank(s)"

@@ -104,11 +104,10 @@ def _result(out: str) -> dict:
     return json.loads([line for line in out.splitlines() if line.startswith('{"auc"')][-1])
 
 
-def _env(store: Path) -> dict:
+def _env(store: Path, tmp: Path) -> dict:
     """The README's conditions: $RECSERVE_STORE is the store, torchrun and recserve on PATH; the
-    runs' temporary files (a rank's PS logs and admin token) beside the store, where the test's
-    own cleanup takes them even from a rank that was SIGKILLed."""
-    tmp = store.parent / "tmp"
+    runs' temporary files (a rank's PS logs and admin token) in ``tmp``, a directory of the test's
+    own, whose cleanup takes them even from a rank that was SIGKILLed."""
     tmp.mkdir(parents=True, exist_ok=True)
     return {**os.environ, "RECSERVE_STORE": str(store), "TMPDIR": str(tmp),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
@@ -118,8 +117,10 @@ def _argv(line: str) -> list[str]:
     return recserve_argv(line) if line.startswith("recserve ") else shlex.split(line)
 
 
-def _train(line: str, store: Path, timeout_s: float = 300) -> dict:
-    done = subprocess.run(_argv(line), cwd=ROOT, env=_env(store), capture_output=True, text=True,
+def _train(line: str, where: Path, timeout_s: float = 300) -> dict:
+    """Run ``line`` with the store ``where/store`` and temporary files in ``where/tmp``."""
+    env = _env(where / "store", where / "tmp")
+    done = subprocess.run(_argv(line), cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout_s)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return _result(done.stdout) | {"log": done.stderr}
@@ -128,7 +129,7 @@ def _train(line: str, store: Path, timeout_s: float = 300) -> dict:
 @pytest.mark.slow
 def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path):
     whole = _train(FIRST, tmp_path)
-    ckpts = tmp_path / "criteo" / "checkpoints"
+    ckpts = tmp_path / "store" / "criteo" / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-100", "step-120"]  # 126 steps, keep 2
     resumed = _train(RESUME, tmp_path)
     assert "resumes at step 120 (epoch 2, batch 57)" in resumed["log"]
@@ -175,7 +176,7 @@ def test_torchrun_restarts_every_rank_from_the_checkpoint_after_one_is_killed(ra
     store = tmp_path / "store"
     log = tmp_path / "job.log"
     with open(log, "w") as out:
-        job = subprocess.Popen(_argv(TORCHRUN_LINE), cwd=ROOT, env=_env(store), stdout=out,
+        job = subprocess.Popen(_argv(TORCHRUN_LINE), cwd=ROOT, env=_env(store, tmp_path / "tmp"), stdout=out,
                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         wait_until(lambda: (store / "criteo" / "checkpoints" / "step-20").is_dir() or job.poll() is not None,

@@ -57,7 +57,7 @@ def test_with_prefetch_some_tables_in_process_do_not_pay_but_all_of_them_do():
     that holds all but one table leaves every table on the PS; one that holds them all moves
     them all in process. The round trips count once per shard."""
     costs = Costs()
-    assert costs.rpc_us_per_id * costs.rpc_exposed < costs.local_us_per_id  # the premise, measured
+    assert costs.rpc_us_per_id * costs.rpc_exposed < costs.local_us_per_id * costs.local_path  # the premise
     tables = stats(("cold", 10**6, 10.0), ("hot", 10**6, 100.0), ("tiny", 100, 5.0))
     per_table = sharding.plan_tables(tables, STORE, costs, 100.0).tables["hot"].bytes
     short = sharding.plan_tables(tables, STORE, costs, (per_table + MIB) / (1 << 30), num_shards=2)
@@ -74,6 +74,21 @@ def test_with_prefetch_some_tables_in_process_do_not_pay_but_all_of_them_do():
     assert one.compared["all_ps"] == pytest.approx(ample.compared["all_ps"] - trips, abs=0.2)
     loaded = sharding.ShardingPlan.from_dict(ample.to_dict())  # the estimates travel with the plan
     assert loaded.table() == ample.table() and (loaded.num_shards, loaded.prefetch) == (2, True)
+
+
+def test_a_plan_file_from_before_the_overlap_estimate_still_loads():
+    """Written before plans recorded shards, prefetch and the compared estimates, and before the
+    costs had rpc_exposed and local_path: it loads with one shard and the default shares."""
+    old = {
+        "schema": "criteo", "nodes": 1, "ranks_per_node": 1, "memory_gb": 8.0, "batch_size": 128, "dim": 16,
+        "costs": {"local_us_per_id": 0.59, "rpc_us_per_id": 2.38, "rpc_us_per_call": 870.0,
+                  "allgather_gbps": 1.0, "source": "defaults"},
+        "tables": {"C1": {"strategy": "ps", "ids_per_step": 10.0, "us_per_step": 23.8}, "C2": "replicated"},
+    }  # fmt: skip
+    plan = sharding.ShardingPlan.from_dict(old)
+    assert (plan.num_shards, plan.prefetch, plan.compared) == (1, True, {})
+    assert plan.costs.rpc_exposed == Costs().rpc_exposed and plan.costs.local_path == Costs().local_path
+    assert plan.summary()["embedding_us_per_step"] == round(23.8 + 2 * 870.0, 1)  # as before
 
 
 def test_across_nodes_a_slow_link_sends_tables_to_the_ps():
@@ -136,7 +151,7 @@ def test_recserve_plan_prints_and_writes_the_plan(tmp_path, flags, chosen):
     ]
     run = subprocess.run(cmd + flags, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "C3" in run.stdout and "wrote" in run.stdout and "vs all on the PS" in run.stdout
+    assert "C3" in run.stdout and "wrote" in run.stdout and "(vs all " in run.stdout
     plan = sharding.ShardingPlan.load(out)
     assert {t.strategy for t in plan.tables.values()} == chosen
     assert plan.replicated_bytes <= plan.memory_gb * (1 << 30)
@@ -190,3 +205,23 @@ def test_recserve_train_refuses_a_plan_that_does_not_fit_the_schema(tmp_path):
     assert run.returncode == 2, run.stderr[-2000:]
     assert "bad configuration" in run.stderr and "missing tables" in run.stderr and "user_id" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_plan_made_for_other_shards_trains_as_placed_and_says_its_estimates_do_not_hold(tmp_path, caplog):
+    import logging
+
+    from training.config import TrainConfig
+
+    schema = load_schema(SCHEMA)
+    path = sharding.uniform(schema, "ps", num_shards=1).save(tmp_path / "plan.yaml")
+    cfg = TrainConfig(data=str(TRAIN), plan=str(path), num_shards=2)
+    with caplog.at_level(logging.WARNING, logger="recserve.train"):
+        plan = sharding.for_training(cfg, schema, ReadOptions(numeric_dense=True), 8000, world=1)
+    assert {t.strategy for t in plan.tables.values()} == {"ps"}
+    assert "estimated for 1 PS shard(s)" in caplog.text and "this run has 2" in caplog.text
+    ps = sharding.for_training(
+        TrainConfig(data=str(TRAIN), sharding="ps", num_shards=2), schema, None, 8000, 1
+    )
+    assert ps.num_shards == 2 and ps.summary()["embedding_us_per_step"] == round_trips_us(Costs(), 2)
+    inprocess = TrainConfig(data=str(TRAIN), sharding="ps", inprocess_ps=True)
+    assert inprocess.rpc_shards == 0  # stores in this process: no round trips to estimate
