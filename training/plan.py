@@ -317,10 +317,6 @@ def plan_tables(
     trips = round_trips_us(costs, num_shards)
     choices: dict[str, TableChoice] = {}
     rep_us: dict[str, float] = {}
-
-    def t_full(name: str) -> float:  # a PS table's per-ID time without overlap
-        return choices[name].ids_per_step * costs.rpc_us_per_id
-
     for t in stats:
         ps_us = t.ids_per_step * costs.rpc_us_per_id * exposed
         rep = t.ids_per_step * world * costs.local_us_per_id * costs.local_path
@@ -329,7 +325,8 @@ def plan_tables(
         rep_us[t.name] = round(rep, 1)
         nbytes = store_bytes(store_config, max(t.rows, 1))
         choices[t.name] = TableChoice("ps", t.rows, nbytes, round(t.ids_per_step, 2), round(ps_us, 1))
-    order = sorted(choices, key=lambda n: -(choices[n].us_per_step - rep_us[n]) / max(choices[n].bytes, 1))
+    gain = {n: c.us_per_step - rep_us[n] for n, c in choices.items()}  # us/step saved replicated
+    order = sorted(choices, key=lambda n: -gain[n] / max(choices[n].bytes, 1))
     fits, used, over = [], 0, {}
     for name in order:  # the tables that fit, in that order (one over the budget is passed over)
         if used + choices[name].bytes <= budget:
@@ -340,28 +337,27 @@ def plan_tables(
     # estimated step time of each prefix of `fits` replicated: k = 0 is every table on the PS
     estimate = [sum(c.us_per_step for c in choices.values()) + (trips if choices else 0.0)]
     for k, name in enumerate(fits, 1):
-        saved = choices[name].us_per_step - rep_us[name] + (trips if k == len(choices) else 0.0)
-        estimate.append(estimate[-1] - saved)
+        estimate.append(estimate[-1] - gain[name] - (trips if k == len(choices) else 0.0))
     best = min(range(len(estimate)), key=lambda k: (round(estimate[k], 1), k))  # a tie: less memory
     chosen = set(fits[:best])
     kept = sum(choices[n].bytes for n in chosen)
     for name, c in choices.items():
-        gain = c.us_per_step - rep_us[name]
+        g = gain[name]
         if name in chosen:
-            c.strategy, c.us_per_step = "replicated", round(rep_us[name], 1)
-            why = f"saves {gain:.1f} us/step" if gain > 0 else "with every table in process no PS round trips"
+            c.strategy, c.us_per_step = "replicated", rep_us[name]
+            why = f"saves {g:.1f} us/step" if g > 0 else "with every table in process no PS round trips"
             c.reason = f"{why}; fits ({_size(kept)} of {_size(budget)} per rank)"
-        elif gain <= 0:
-            hidden = prefetch and t_full(name) > rep_us[name]  # cheaper only because it overlaps
+        elif g <= 0:
+            hidden = prefetch and c.ids_per_step * costs.rpc_us_per_id > rep_us[name]  # cheaper by overlap
             overlap = " (its lookups overlap the dense step)" if hidden else ""
-            cheaper = "as cheap" if round(gain, 1) == 0 else "cheaper"
+            cheaper = "as cheap" if round(g, 1) == 0 else "cheaper"
             c.reason = (
                 f"the PS is {cheaper}{overlap}: {c.us_per_step:.1f} vs {rep_us[name]:.1f} us/step replicated"
             )
         elif name not in fits:
             c.reason = f"over the budget ({_size(over[name])} per rank > {_size(budget)})"
         else:  # a tie with the plan without it, after rounding
-            c.reason = f"saves only {gain:.2f} us/step replicated: not worth its memory"
+            c.reason = f"saves only {g:.2f} us/step replicated: not worth its memory"
     compared = {
         "all_ps": round(estimate[0], 1),
         "all_replicated": round(estimate[-1], 1) if len(fits) == len(choices) else None,

@@ -189,6 +189,16 @@ def test_the_readme_plan_lines_run_as_printed_and_the_plan_printed_is_the_plan_t
     assert {n: t["strategy"] for n, t in recorded.items()} == {n: t.strategy for n, t in plan.tables.items()}
 
 
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [(["--num-shards", "0"], "num_shards must be >= 1"), (["--staleness", "-1"], "staleness must be >= 0")],
+)
+def test_recserve_plan_refuses_a_bad_setting_naming_it(flags, why):
+    cmd = [sys.executable, "-m", "recserve", "plan", "--no-measure", "--out", "", *flags]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and why in run.stderr + run.stdout, (run.returncode, run.stderr[-2000:])
+
+
 def test_recserve_train_refuses_a_plan_that_does_not_fit_the_schema(tmp_path):
     (tmp_path / "plan.yaml").write_text("tables: {C1: replicated, user_id: ps}\n")
     cmd = [
