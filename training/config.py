@@ -112,10 +112,12 @@ class TrainConfig:
     min_count: int = 1
     """Admission: a sign gets a row once seen this many times (until then the zero row)."""
     staleness: int = 4
-    """K: sparse updates that may be in flight while the next batch is looked up (0 = sync)."""
+    """K: the most sparse updates a batch's PS rows may miss (0 = sync: each update is applied
+    before the next lookup)."""
     prefetch: bool = True
-    """With K >= 1, look the next batch up while this one trains (one of the K: the worker then
-    runs with K-1)."""
+    """With K >= 1, send each step's sparse gradients with the lookup of the batch after next: one
+    round trip per PS shard per step, its rows arriving while the next step trains. They miss that
+    next step's update (one of the K: the worker runs with K-1)."""
     update_threads: int = 2
     """Worker threads applying sparse updates."""
 
@@ -162,7 +164,7 @@ class TrainConfig:
 
     @property
     def prefetches(self) -> bool:
-        """The next batch's PS lookup runs while this one trains (``--prefetch`` and K >= 1)."""
+        """PS lookups run ahead of the step, with the updates (``--prefetch`` and K >= 1)."""
         return self.prefetch and self.staleness >= 1
 
     @property

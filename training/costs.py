@@ -21,7 +21,7 @@ class Costs:
     rpc_us_per_id: float = 1.36
     """The same through a PS process over gRPC (encode, send, store, answer), per ID."""
     rpc_us_per_call: float = 906.0
-    """One RPC round trip (lookup or update) whatever its size."""
+    """One RPC round trip (a lookup, an update, or both in one ``UpdateLookup``) whatever its size."""
     allgather_gbps: float = 1.0
     """Bytes per second (1e9) between nodes for the replicated tables' gradient all-gather."""
     local_path: float = 1.95
@@ -40,9 +40,11 @@ class Costs:
     """Where the figures come from: measured here, or the defaults."""
 
 
-def round_trips_us(costs: Costs, num_shards: int) -> float:
-    """What a step pays for talking to the PS at all: a lookup and an update round trip per shard."""
-    return 2 * num_shards * costs.rpc_us_per_call
+def round_trips_us(costs: Costs, num_shards: int, prefetch: bool = True) -> float:
+    """What a step pays for talking to the PS at all, per shard: one round trip with prefetch (a
+    step's update goes with the lookup of the batch after next, ``UpdateLookup``), a lookup and
+    an update without."""
+    return (1 if prefetch else 2) * num_shards * costs.rpc_us_per_call
 
 
 def measure_costs(spec, ids: int = 4096, reps: int = 20) -> Costs:

@@ -12,14 +12,18 @@ adjoint ``unpool_signs``). The dense half is plain torch: the pooled embeddings 
 as a leaf tensor, so after ``loss.backward()`` its ``.grad`` gives every sign's gradient.
 
 Prefetch (``prefetch=True``, only meaningful with K >= 1): iterate the epoch through
-``ctx.steps(batches)`` and each ``forward`` starts the next batch's PS lookup on a background
-thread, so it overlaps this step's dense forward/backward. That lookup runs before this step's
-sparse update is sent, i.e. it is one batch staler; give the worker staleness K-1 to keep the
-bound K (``train.py`` does).
+``ctx.steps(batches)``, which tells the step the two batches after the current one. Each
+``backward`` sends its PS gradients together with the lookup of the batch after next, one
+``UpdateLookup`` round trip per shard per step (``EmbeddingWorker.push_lookup``); the rows arrive
+while the next step runs, so the PS's work overlaps the dense network's. The first step of an
+epoch looks up its own batch and the next one (on a background thread). Rows so read miss the
+update of the step in between, i.e. they are one batch staler than the worker counts; give the
+worker staleness K-1 to keep the bound K (``train.py`` does).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -130,41 +134,52 @@ class TrainCtx:
         self.profile = profile
         self._pending: _Step | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
-        self._upcoming: CompactBatch | None = None  # the batch after the current one (steps())
-        self._prefetched: tuple[CompactBatch, Future] | None = None
+        self._upcoming: tuple[CompactBatch | None, CompactBatch | None] = (None, None)
+        """The two batches after the current one (``steps``)."""
+        self._ahead: list[tuple[CompactBatch, Future]] = []  # PS rows on their way, oldest first
 
     def steps(self, batches: Iterable[CompactBatch]) -> Iterator[CompactBatch]:
-        """The batches in order, telling ``forward`` which one comes next (for prefetch)."""
+        """The batches in order, telling the step the two that come next (for prefetch)."""
         it = iter(batches)
-        current = next(it, None)
+        window = list(itertools.islice(it, 3))
         try:
-            while current is not None:
-                self._upcoming = next(it, None)
-                yield current
-                current = self._upcoming
+            while window:
+                self._upcoming = (
+                    window[1] if len(window) > 1 else None,
+                    window[2] if len(window) > 2 else None,
+                )
+                yield window[0]
+                window = window[1:] + list(itertools.islice(it, 1))
         finally:
-            self._upcoming = None
+            self._upcoming = (None, None)
 
     def _on_local(self, batch: CompactBatch) -> np.ndarray:
         """bool per sign of the batch: its table is replicated."""
         return np.repeat(self.local, np.asarray(batch.sign_counts, np.int64))
 
-    def _pull(self, batch: CompactBatch, remote: np.ndarray | None) -> np.ndarray | None:
-        signs = batch.signs if remote is None else batch.signs[remote]
+    def _remote_signs(self, batch: CompactBatch) -> np.ndarray:
+        """The batch's signs whose tables are on the PS."""
+        return batch.signs if self.replicated is None else batch.signs[~self._on_local(batch)]
+
+    def _pull(self, signs: np.ndarray) -> np.ndarray | None:
         return self.worker.lookup(signs, True)[0] if len(signs) else None
 
     def _remote_rows(self, batch: CompactBatch, remote: np.ndarray | None) -> np.ndarray | None:
-        prefetched, self._prefetched = self._prefetched, None
-        if prefetched is not None and prefetched[0] is batch:
-            rows = prefetched[1].result()
+        ahead, self._ahead = self._ahead, []
+        if ahead and ahead[0][0] is batch:
+            rows, self._ahead = ahead[0][1].result(), ahead[1:]
         else:
-            if prefetched is not None:  # not the batch we guessed: let that lookup finish, unused
-                prefetched[1].result()
-            rows = self._pull(batch, remote)
-        if self._prefetcher is not None and self._upcoming is not None:
-            upcoming = self._upcoming
-            mask = ~self._on_local(upcoming) if self.replicated is not None else None
-            self._prefetched = (upcoming, self._prefetcher.submit(self._pull, upcoming, mask))
+            for _, rows_coming in ahead:  # not the batches we were told: let those calls finish, unused
+                rows_coming.result()
+            rows = self._pull(batch.signs if remote is None else batch.signs[remote])
+        upcoming = self._upcoming[0]
+        if (
+            self._prefetcher is not None
+            and upcoming is not None
+            and all(b is not upcoming for b, _ in self._ahead)
+        ):
+            # the next batch's rows are not on their way (an epoch's first step): fetch them now
+            self._ahead.append((upcoming, self._prefetcher.submit(self._pull, self._remote_signs(upcoming))))
         return rows
 
     def _table(self, batch: CompactBatch, on_local: np.ndarray | None, train: bool) -> np.ndarray:
@@ -229,7 +244,13 @@ class TrainCtx:
             t0 = prof.add("pool", t0)
         # the PS's first: the worker applies them while this thread does the rest
         remote = used if step.on_local is None else used & ~step.on_local
-        if remote.any():
+        after_next = self._upcoming[1] if self._prefetcher is not None else None
+        lookup = self._remote_signs(after_next) if after_next is not None else None
+        if after_next is not None and lookup is not None and len(lookup):
+            # with the lookup of the batch after next: one round trip per shard
+            rows = self.worker.push_lookup(step.signs[remote], sign_grads[remote], lookup)
+            self._ahead.append((after_next, rows))
+        elif remote.any():
             self.worker.push(step.signs[remote], sign_grads[remote])
         if prof is not None:
             t0 = prof.add("push", t0)
@@ -261,9 +282,9 @@ class TrainCtx:
 
     def flush(self) -> None:
         """Wait until every sparse update sent so far is applied on the PS."""
-        if self._prefetched is not None:  # an epoch ended early: that lookup is never trained
-            self._prefetched[1].result()
-            self._prefetched = None
+        ahead, self._ahead = self._ahead, []
+        for _, rows in ahead:  # looked up ahead; the next steps look their rows up again
+            rows.result()
         self.worker.flush()
 
     def close(self) -> None:

@@ -16,10 +16,10 @@ nodes). ``training.costs.measure_costs`` times the first three on this machine w
 process.
 
 The estimate knows what overlaps. A replicated table's lookup and update run on the training
-thread, on the step's path. A PS table's lookup for the next batch is prefetched while the dense
-step runs and its update is pushed without waiting (``--staleness`` >= 1), so a step waits for
-only a share of its per-ID time (``Costs.rpc_exposed``); but every PS shard costs a step its two
-round trips (a lookup and an update) as long as any table is on the PS. So with prefetch, moving
+thread, on the step's path. With ``--staleness`` >= 1 a PS table's update goes with the lookup of
+the batch after next, and its rows arrive while the dense step runs, so a step waits for only a
+share of its per-ID time (``Costs.rpc_exposed``); but every PS shard costs a step a round trip
+(two without prefetch: a lookup and an update) as long as any table is on the PS. So with prefetch, moving
 *some* tables in process rarely pays -- the PS's per-ID work is mostly hidden -- while moving
 *every* table in process removes the round trips. The planner orders the tables by time saved
 per byte and estimates the step for every prefix of that order that fits the budget, all on the
@@ -139,7 +139,7 @@ class ShardingPlan:
         ps = [t for t in self.tables.values() if t.strategy == "ps"]
         world = self.nodes * self.ranks_per_node
         dim_bytes = 8 + 4 * self.dim
-        rpc_calls = round_trips_us(self.costs, self.num_shards) if ps else 0.0
+        rpc_calls = round_trips_us(self.costs, self.num_shards, self.prefetch) if ps else 0.0
         return {
             "replicated_tables": len(rep),
             "ps_tables": len(ps),
@@ -314,7 +314,7 @@ def plan_tables(
     row_bytes = 8 + 4 * store_config.dim
     budget = memory_gb * GIB / ranks_per_node
     exposed = costs.rpc_exposed if prefetch else 1.0
-    trips = round_trips_us(costs, num_shards)
+    trips = round_trips_us(costs, num_shards, prefetch)
     choices: dict[str, TableChoice] = {}
     rep_us: dict[str, float] = {}
     for t in stats:

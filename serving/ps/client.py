@@ -132,13 +132,17 @@ class PSClient:
             version=version,
         )  # fmt: skip
         resp = self._call(self.stub.Lookup, request, timeout_s)
+        rows, answered = self._rows(resp, len(signs))
+        return rows, resp.misses, answered
+
+    def _rows(self, resp, n: int) -> tuple[np.ndarray, tuple[str, int]]:
+        """The rows of a LookupResponse for ``n`` signs, and the (version, delta seq) they are."""
         answered = (resp.version.version, int(resp.version.delta_seq))
         self.version = answered
         try:
-            rows = convert.rows_from_bytes(resp.rows, resp.dtype, (len(signs), resp.dim))
+            return convert.rows_from_bytes(resp.rows, resp.dtype, (n, resp.dim)), answered
         except ValueError as e:
             raise ShardError(f"PS shard {self.target} answered a bad payload: {e}") from None
-        return rows, resp.misses, answered
 
     def update(self, signs, grads, step: int = 0, timeout_s: float | None = None) -> int:
         """Apply float32 gradients (n, dim) with the shard's optimizer; returns the signs updated."""
@@ -148,6 +152,21 @@ class PSClient:
             step=step,
         )
         return self._call(self.stub.Update, request, timeout_s).applied
+
+    def update_lookup(
+        self, signs: np.ndarray, grads: np.ndarray, lookup: np.ndarray, timeout_s: float | None = None
+    ) -> tuple[np.ndarray, tuple[str, int]]:
+        """One round trip: apply float32 gradients (n, dim) of ``signs``, then the rows (inserting)
+        of ``lookup`` read after them, as ``rows`` answers them. Either may be empty."""
+        update = self._pb.UpdateRequest(
+            signs=convert.signs_to_bytes(signs), grads=np.ascontiguousarray(grads, dtype="<f4").tobytes()
+        )
+        wanted = self._pb.LookupRequest(signs=convert.signs_to_bytes(lookup), insert=True)
+        resp = self._call(self.stub.UpdateLookup, self._pb.UpdateLookupRequest(update=update, lookup=wanted),
+                          timeout_s)  # fmt: skip
+        if not len(lookup):
+            return np.empty((0, self.dim), np.float32), self.version or ("", -1)
+        return self._rows(resp.lookup, len(lookup))
 
     def assign(self, signs, rows, state=(), timeout_s: float | None = None) -> int:
         """Set float32 rows (n, dim) and their optimizer state (one (n, dim) matrix per state slot,

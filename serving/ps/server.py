@@ -38,7 +38,7 @@ from serving.ps.follow import lower_thread_priority, not_serving_reason
 from serving.ps.metrics import PSMetrics
 from serving.rpc import convert
 from serving.rpc.auth import Access, read_token_file
-from serving.rpc.errors import NotServing, rpc
+from serving.rpc.errors import BadRequest, NotServing, rpc
 
 log = logging.getLogger("recserve.ps")
 
@@ -47,7 +47,7 @@ SERVICE = "recserve.v1.EmbeddingPS"
 
 OPEN = frozenset({"Lookup", "Stats"})
 """What every shard answers to anyone: reads."""
-WRITES = frozenset({"Update", "Assign", "Dump", "Load"})
+WRITES = frozenset({"Update", "UpdateLookup", "Assign", "Dump", "Load"})
 """What only a training shard answers, to callers holding its admin token."""
 
 
@@ -90,14 +90,46 @@ class EmbeddingPSServicer:
 
     @rpc
     async def Lookup(self, request, context):
+        signs, fp16 = self._lookup_args(request)
+        if request.insert:
+            await self._may_insert(context)
+        return self._lookup(request, signs, fp16)
+
+    @rpc
+    async def Update(self, request, context):
+        signs, grads = self._update_args(request)
+        await self.writable()
+        return self._update(request, signs, grads)
+
+    @rpc
+    async def UpdateLookup(self, request, context):
+        """Update, then Lookup, with both parts checked before either runs and no await between
+        them: the rows answered hold this update and no half of another write."""
+        has_update, has_lookup = bool(request.update.signs), bool(request.lookup.signs)
+        if not (has_update or has_lookup):
+            raise BadRequest("empty request: neither update nor lookup signs")
+        update = self._update_args(request.update) if has_update else None
+        lookup = self._lookup_args(request.lookup) if has_lookup else None
+        if has_lookup and request.lookup.insert:
+            await self._may_insert(context)
+        await self.writable()
+        return self.pb.UpdateLookupResponse(
+            update=self._update(request.update, *update) if update is not None else None,
+            lookup=self._lookup(request.lookup, *lookup) if lookup is not None else None,
+        )
+
+    def _lookup_args(self, request):
         if self.follower is not None and not self.store.version:  # never default rows for no version
             raise NotServing(not_serving_reason(self.store, self.follower))
-        signs = convert.signs_from_bytes(request.signs)
-        fp16 = convert.wants_fp16(request.dtype)
-        t0 = time.perf_counter()
-        if request.insert and not getattr(self.store, "read_only", False):  # a new row is a write
+        return convert.signs_from_bytes(request.signs), convert.wants_fp16(request.dtype)
+
+    async def _may_insert(self, context) -> None:
+        if not getattr(self.store, "read_only", False):  # a new row is a write
             self.access.require("Lookup with insert", context)
             await self.writable()
+
+    def _lookup(self, request, signs, fp16: bool):
+        t0 = time.perf_counter()
         # answered from the version named, or refused (serving/ps/config.py check_holds)
         rows, misses, (version, seq) = self.store.rows_of(signs, request.insert, request.version)
         payload = convert.rows_to_bytes(rows, fp16)
@@ -112,11 +144,11 @@ class EmbeddingPSServicer:
             version=self.common.ModelVersion(version=version, delta_seq=seq),  # what these rows are
         )
 
-    @rpc
-    async def Update(self, request, context):
+    def _update_args(self, request):
         signs = convert.signs_from_bytes(request.signs)
-        grads = convert.matrix_from_bytes(request.grads, len(signs), self.store.config.dim)
-        await self.writable()
+        return signs, convert.matrix_from_bytes(request.grads, len(signs), self.store.config.dim)
+
+    def _update(self, request, signs, grads):
         t0 = time.perf_counter()
         applied = self.store.apply_gradients(signs, grads, step=request.step)
         if self.metrics is not None:

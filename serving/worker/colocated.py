@@ -88,7 +88,13 @@ class ColocatedShard:
         return rows, answered
 
     def update(self, signs: np.ndarray, grads: np.ndarray) -> None:
-        raise ValueError(f"co-located shard {self.shard} serves a published version: it is not trained")
+        raise self._not_trained()
+
+    def update_lookup(self, signs, grads, lookup, timeout_s=None) -> tuple[np.ndarray, tuple[str, int]]:
+        raise self._not_trained()
+
+    def _not_trained(self) -> ValueError:
+        return ValueError(f"co-located shard {self.shard} serves a published version: it is not trained")
 
     @property
     def version(self) -> tuple[str, int]:

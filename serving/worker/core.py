@@ -6,8 +6,10 @@ remembers the batch under an id; ``backward(id, pooled_grads)`` scatters the gra
 per-sign gradients and sends them to the shards from background threads, returning at once.
 
 Staleness bound K: a training forward waits while more than K batches' updates are in flight, so
-K=0 is fully synchronous (every update is applied before the next lookup). A background update
-that fails is re-raised (as ``UpdateError``) by the next forward, backward or flush.
+K=0 is fully synchronous (every update is applied before the next lookup). ``push_lookup`` sends
+a step's gradients with a later batch's lookup, one call per shard (the trainer's step). A
+background update that fails is re-raised (as ``UpdateError``) by the next forward, backward or
+flush.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -108,11 +110,14 @@ class EmbeddingWorker:
         self.router = HashRouter(len(self.shards))
         self._fanout = ThreadPoolExecutor(self.config.fanout_threads, thread_name_prefix="worker-fanout")
         self._updates = ThreadPoolExecutor(self.config.update_threads, thread_name_prefix="worker-update")
+        # update_lookup calls, one at a time in the order queued (each reads after the last)
+        self._exchange = ThreadPoolExecutor(1, thread_name_prefix="worker-exchange")
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)  # notified when an in-flight update finishes
         self._pending: OrderedDict[int, _Pending] = OrderedDict()
         self._next_id = 1
-        self._in_flight = 0
+        self._running: set[int] = set()  # sequence numbers of the updates in flight
+        self._next_seq = 0
         self._error: BaseException | None = None
         self._closed = False
         self.forgotten = 0
@@ -160,7 +165,7 @@ class EmbeddingWorker:
         with self._lock:
             if self._pending.pop(batch_id, None) is None:  # a concurrent backward took it
                 raise KeyError(f"unknown batch id {batch_id}: already backwarded")
-        self._submit(self._apply, pending, grads)
+        self._submit(lambda _: self._apply(pending, grads))
 
     def lookup(
         self, signs: np.ndarray, train: bool, version: str = "", timeout_s: float | None = None
@@ -181,18 +186,41 @@ class EmbeddingWorker:
         at once and counts as one update in flight: ``backward`` without the unpooling."""
         self._check_open()
         self._raise_error()
+        grads = self._checked_grads(signs, grads)
+        signs = np.array(signs, dtype=np.uint64)
+        self._submit(lambda _: self._send(signs, grads))
+
+    def push_lookup(self, signs: np.ndarray, grads: np.ndarray, lookup: np.ndarray) -> Future:
+        """``push``, and in the same call to each shard (one round trip: the PS's UpdateLookup)
+        the rows of distinct ``lookup`` signs, inserting, read after the update: a Future of float32
+        (len(lookup), dim) in ``lookup`` order, failing with the call. These calls run one at a
+        time in the order queued, each once at most K older updates are in flight, so the rows
+        miss the updates pushed after this one and at most K others. The trainer sends a step's
+        gradients with the batch after next's signs."""
+        self._check_open()
+        self._raise_error()
+        grads = self._checked_grads(signs, grads)
+        signs, lookup = np.array(signs, dtype=np.uint64), np.array(lookup, dtype=np.uint64)
+        rows: Future = Future()
+        self._submit(lambda seq: self._send_lookup(seq, signs, grads, lookup, rows), self._exchange)
+        return rows
+
+    def _checked_grads(self, signs: np.ndarray, grads: np.ndarray) -> np.ndarray:
         grads = np.array(grads, dtype=np.float32, order="C")  # a copy
         if grads.shape != (len(signs), self.dim) or not np.isfinite(grads).all():
             raise ValueError(f"push needs finite float32 grads of shape ({len(signs)}, {self.dim})")
-        self._submit(self._send, np.array(signs, dtype=np.uint64), grads)
+        return grads
 
-    def _submit(self, fn: Callable[..., None], *args) -> None:
+    def _submit(self, job: Callable[[int], None], pool: ThreadPoolExecutor | None = None) -> None:
+        """Run ``job(seq)`` on an update thread (``pool``: another one), counted in flight."""
         with self._lock:
-            self._in_flight += 1
+            seq = self._next_seq
+            self._next_seq += 1
+            self._running.add(seq)
         try:
-            self._updates.submit(self._background, fn, *args)
+            (pool or self._updates).submit(self._background, seq, job)
         except BaseException:
-            self._finish()
+            self._finish(seq)
             raise
 
     def flush(self) -> None:
@@ -204,6 +232,7 @@ class EmbeddingWorker:
         if self._closed:
             return
         self._closed = True
+        self._exchange.shutdown(wait=True)
         self._updates.shutdown(wait=True)
         self._fanout.shutdown(wait=True)
         for shard in self.shards:
@@ -223,7 +252,7 @@ class EmbeddingWorker:
     @property
     def in_flight(self) -> int:
         """Batches whose updates are queued or being applied."""
-        return self._in_flight
+        return len(self._running)
 
     @property
     def pending_batches(self) -> int:
@@ -252,8 +281,13 @@ class EmbeddingWorker:
 
     def _wait_in_flight(self, limit: int) -> None:
         with self._done:
-            self._done.wait_for(lambda: self._in_flight <= limit)
+            self._done.wait_for(lambda: len(self._running) <= limit)
         self._raise_error()
+
+    def _wait_older(self, seq: int, limit: int) -> None:
+        """Wait while more than ``limit`` updates queued before ``seq`` are in flight."""
+        with self._done:
+            self._done.wait_for(lambda: sum(s < seq for s in self._running) <= limit)
 
     def _remember(self, signs: np.ndarray, plan: PoolingPlan) -> int:
         with self._lock:
@@ -305,30 +339,34 @@ class EmbeddingWorker:
         results = self._fan_out(calls, [getattr(s, "local", False) for _, s, _ in work])
         for (i, _, _), (_, answered) in zip(work, results, strict=True):
             read[i] = (str(answered[0]), int(answered[1]))
-        if parts[0] is None:
-            return self._checked(results[0][0], len(signs)), read
-        table = np.empty((len(signs), self.dim), np.float32)
-        for (_, _, p), (rows, _) in zip(work, results, strict=True):
+        return self._table(len(signs), [p for _, _, p in work], [rows for rows, _ in results]), read
+
+    def _table(self, n: int, parts: Sequence[np.ndarray | None], rows: Sequence[np.ndarray]) -> np.ndarray:
+        """The (n, dim) rows in request order from each shard's rows of its ``parts``."""
+        if len(parts) == 1 and parts[0] is None:
+            return self._checked(rows[0], n)
+        table = np.empty((n, self.dim), np.float32)
+        for p, r in zip(parts, rows, strict=True):
             if p is None:
                 raise AssertionError("the router split signs over several shards but left one part whole")
-            table[p] = self._checked(rows, len(p))
-        return table, read
+            table[p] = self._checked(r, len(p))
+        return table
 
     def _checked(self, rows: np.ndarray, n: int) -> np.ndarray:
         if rows.shape != (n, self.dim):
             raise ShardError(f"a shard answered rows of shape {rows.shape} for {n} signs (dim {self.dim})")
         return rows
 
-    def _background(self, fn: Callable[..., None], *args) -> None:
+    def _background(self, seq: int, job: Callable[[int], None]) -> None:
         """One queued update on an update thread; a failure is kept for the next call to raise."""
         try:
-            fn(*args)
+            job(seq)
         except BaseException as e:
             log.error("background embedding update failed: %s", e)
             with self._lock:
                 self._error = self._error or e
         finally:
-            self._finish()
+            self._finish(seq)
 
     def _apply(self, pending: _Pending, grads: np.ndarray) -> None:
         """Per-sign gradients of one batch, sent to every shard that owns some."""
@@ -346,9 +384,32 @@ class EmbeddingWorker:
         if calls:
             self._fan_out(calls)
 
-    def _finish(self) -> None:
+    def _send_lookup(
+        self, seq: int, signs: np.ndarray, grads: np.ndarray, lookup: np.ndarray, out: Future
+    ) -> None:
+        """``push_lookup``'s job: one ``update_lookup`` per shard owning some of either."""
+        try:
+            self._wait_older(seq, self.config.staleness)
+            whole = lambda p, a: a if p is None else a[p]  # noqa: E731
+            work = [
+                (shard, u, lk)
+                for shard, u, lk in zip(self.shards, self.router.split(signs), self.router.split(lookup), strict=True)
+                if len(whole(u, signs)) or len(whole(lk, lookup))
+            ]  # fmt: skip
+            calls = [
+                lambda s=s, u=u, lk=lk: s.update_lookup(whole(u, signs), whole(u, grads), whole(lk, lookup))
+                for s, u, lk in work
+            ]
+            results = self._fan_out(calls)
+            table = self._table(len(lookup), [lk for _, _, lk in work], [rows for rows, _ in results])
+        except BaseException as e:
+            out.set_exception(e)
+            raise
+        out.set_result(table)
+
+    def _finish(self, seq: int) -> None:
         with self._done:
-            self._in_flight -= 1
+            self._running.discard(seq)
             self._done.notify_all()
 
 

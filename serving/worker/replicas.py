@@ -114,7 +114,13 @@ class ReplicaSet(Failover[PSClient]):
                           unavailable=True, code=code, not_serving=not_serving)  # fmt: skip
 
     def update(self, signs: np.ndarray, grads: np.ndarray) -> None:
-        raise ValueError(
+        raise self._not_trained()
+
+    def update_lookup(self, signs, grads, lookup, timeout_s=None) -> tuple[np.ndarray, tuple[str, int]]:
+        raise self._not_trained()
+
+    def _not_trained(self) -> ValueError:
+        return ValueError(
             f"PS shard {self.shard} is replicated ({self.target}): replicas serve, they are not trained"
         )
 

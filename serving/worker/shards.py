@@ -1,6 +1,7 @@
 """The worker's view of the PS shards: one backend per shard, and the router that splits signs.
 
-``ShardBackend`` is the whole interface the worker needs (``dim``, ``rows``, ``update``), so a
+``ShardBackend`` is the whole interface the worker needs (``dim``, ``rows``, ``update``,
+``update_lookup``), so a
 shard can be an in-process store (``LocalShard``, tests and single-process training) or a PS
 process over gRPC (``serving.ps.client.PSClient``, the one PS client), or several replica processes
 of one shard (``serving.worker.replicas.ReplicaSet``). ``rows`` names the version
@@ -38,6 +39,13 @@ class ShardBackend(Protocol):
     def update(self, signs: np.ndarray, grads: np.ndarray) -> object:
         """Apply float32 (n, dim) gradients with the shard's sparse optimizer (what it returns,
         e.g. ``PSClient``'s step, is not used)."""
+        ...
+
+    def update_lookup(
+        self, signs: np.ndarray, grads: np.ndarray, lookup: np.ndarray, timeout_s: float | None = None
+    ) -> tuple[np.ndarray, tuple[str, int]]:
+        """``update`` then ``rows(lookup, insert=True)`` read after it, in one call (a PS: one
+        round trip, the training step's); either may be empty."""
         ...
 
 
@@ -86,6 +94,13 @@ class LocalShard:
 
     def update(self, signs: np.ndarray, grads: np.ndarray) -> None:
         self.store.apply_gradients(signs, grads)
+
+    def update_lookup(
+        self, signs: np.ndarray, grads: np.ndarray, lookup: np.ndarray, timeout_s: float | None = None
+    ) -> tuple[np.ndarray, tuple[str, int]]:
+        if len(signs):
+            self.update(signs, grads)
+        return self.rows(lookup, True)
 
     @property
     def version(self) -> tuple[str, int]:

@@ -88,7 +88,8 @@ def test_a_plan_file_from_before_the_overlap_estimate_still_loads():
     plan = sharding.ShardingPlan.from_dict(old)
     assert (plan.num_shards, plan.prefetch, plan.compared) == (1, True, {})
     assert plan.costs.rpc_exposed == Costs().rpc_exposed and plan.costs.local_path == Costs().local_path
-    assert plan.summary()["embedding_us_per_step"] == round(23.8 + 2 * 870.0, 1)  # as before
+    # its own costs, and today's step: one UpdateLookup round trip per shard with prefetch
+    assert plan.summary()["embedding_us_per_step"] == round(23.8 + 870.0, 1)
 
 
 def test_across_nodes_a_slow_link_sends_tables_to_the_ps():
@@ -233,5 +234,14 @@ def test_a_plan_made_for_other_shards_trains_as_placed_and_says_its_estimates_do
         TrainConfig(data=str(TRAIN), sharding="ps", num_shards=2), schema, None, 8000, 1
     )
     assert ps.num_shards == 2 and ps.summary()["embedding_us_per_step"] == round_trips_us(Costs(), 2)
+    sync = sharding.for_training(
+        TrainConfig(data=str(TRAIN), sharding="ps", num_shards=2, staleness=0), schema, None, 8000, 1
+    )
+    # a step's UpdateLookup per shard with prefetch; a lookup and an update without
+    assert (
+        sync.summary()["embedding_us_per_step"]
+        == 2 * round_trips_us(Costs(), 2)
+        == 4 * Costs().rpc_us_per_call
+    )
     inprocess = TrainConfig(data=str(TRAIN), sharding="ps", inprocess_ps=True)
     assert inprocess.rpc_shards == 0  # stores in this process: no round trips to estimate

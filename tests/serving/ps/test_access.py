@@ -1,5 +1,5 @@
 """Least privilege on real `recserve ps` processes over loopback gRPC: a serving PS (--follow)
-refuses Update, Assign, Dump and Load whatever the caller sends; a training PS answers them only with its
+refuses Update, UpdateLookup, Assign, Dump and Load whatever the caller sends; a training PS answers them only with its
 admin token (none: UNAUTHENTICATED, another: PERMISSION_DENIED) and only for paths under its data
 root; a training PS started without a token file refuses every write. Fuzzed payloads to Lookup
 and Stats are INVALID_ARGUMENT (never UNKNOWN or INTERNAL) and the shard keeps answering."""
@@ -28,6 +28,9 @@ def writes(where) -> dict:
     """A well-formed request of every writing RPC (paths under ``where``)."""
     return {
         "Update": ps_pb2.UpdateRequest(signs=SIGNS.tobytes(), grads=np.ones((3, DIM), "<f4").tobytes()),
+        "UpdateLookup": ps_pb2.UpdateLookupRequest(
+            update=ps_pb2.UpdateRequest(signs=SIGNS.tobytes(), grads=np.ones((3, DIM), "<f4").tobytes())
+        ),
         "Assign": ps_pb2.AssignRequest(signs=SIGNS.tobytes(), rows=np.ones((3, DIM), "<f4").tobytes()),
         "Dump": ps_pb2.DumpRequest(path=str(where / "dumped")),
         "Load": ps_pb2.LoadRequest(path=str(where / "dumped")),
@@ -84,6 +87,7 @@ def test_training_writes_need_the_token(training_ps, tmp_path):
     root = training_ps["root"]
     writes = {
         "update": lambda c: c.update(SIGNS, np.ones((3, DIM), np.float32)),
+        "update with lookup": lambda c: c.update_lookup(SIGNS, np.ones((3, DIM), np.float32), SIGNS + 100),
         "inserting lookup": lambda c: c.lookup(SIGNS + 100, insert=True),
         "dump": lambda c: c.dump(str(root / "by-anyone")),
         "load": lambda c: c.load(str(root / "by-anyone")),

@@ -41,6 +41,47 @@ def test_lookup_update_stats(training_ps):
     assert st["memory_bytes"] > 0 and st["misses"] >= 3 and st["hits"] >= 3 and st["delta_seq"] == -1
 
 
+def test_update_lookup_answers_rows_that_hold_its_update(training_ps):
+    """One round trip: the rows answered are read after the gradients are applied (SGD at lr 0.5:
+    the row moves by -0.5 per unit of gradient), unseen signs are inserted, and a call with only
+    one of the two parts does that part."""
+    c = training_ps["client"]
+    before, _ = c.lookup(signs(20, 21), insert=True)
+    rows, (version, seq) = c.update_lookup(signs(20), np.ones((1, DIM), np.float32), signs(21, 20, 22))
+    assert rows.shape == (3, DIM) and (version, seq) == ("", -1)
+    np.testing.assert_allclose(rows[1], before[0] - 0.5, rtol=1e-6)  # the update, then the read
+    np.testing.assert_array_equal(rows[0], before[1])
+    assert c.lookup(signs(22))[1] == 0  # inserted
+    np.testing.assert_array_equal(c.lookup(signs(21, 20, 22))[0], rows)
+    only_update, _ = c.update_lookup(signs(21), np.ones((1, DIM), np.float32), signs())
+    assert only_update.shape == (0, DIM)
+    np.testing.assert_allclose(c.lookup(signs(21))[0][0], before[1] - 0.5, rtol=1e-6)
+    only_lookup, _ = c.update_lookup(signs(), np.empty((0, DIM), np.float32), signs(21))
+    np.testing.assert_array_equal(only_lookup, c.lookup(signs(21))[0])
+
+
+def test_a_bad_half_of_update_lookup_applies_neither(training_ps):
+    """Both parts are checked before either runs: NaN gradients or signs that are not whole
+    uint64s are INVALID_ARGUMENT, the rows are as they were and nothing was inserted."""
+    c = training_ps["client"]
+    before, _ = c.lookup(signs(30), insert=True)
+    good = ps_pb2.UpdateRequest(signs=signs(30).tobytes(), grads=np.ones((1, DIM), "<f4").tobytes())
+    bad_lookup = ps_pb2.LookupRequest(signs=b"\x01" * 12, insert=True)
+    nan = ps_pb2.UpdateRequest(signs=signs(30).tobytes(), grads=np.full((1, DIM), np.nan, "<f4").tobytes())
+    fresh = ps_pb2.LookupRequest(signs=signs(31).tobytes(), insert=True)
+    cases = {
+        "multiple of 8": ps_pb2.UpdateLookupRequest(update=good, lookup=bad_lookup),
+        "NaN or Inf": ps_pb2.UpdateLookupRequest(update=nan, lookup=fresh),
+        "neither update nor lookup": ps_pb2.UpdateLookupRequest(),
+    }
+    for message, request in cases.items():
+        with pytest.raises(grpc.RpcError) as e:
+            c.stub.UpdateLookup(request, timeout=5, metadata=c.metadata)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in e.value.details(), message
+    np.testing.assert_array_equal(c.lookup(signs(30))[0], before)
+    assert c.lookup(signs(31))[1] == 1  # still unseen
+
+
 def test_dump_and_load_over_grpc(training_ps):
     c, root = training_ps["client"], training_ps["root"]
     c.lookup(signs(1, 2, 3), insert=True)

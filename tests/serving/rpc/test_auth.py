@@ -170,6 +170,7 @@ def test_ps_and_worker_configs_refuse_a_token_they_cannot_use_or_trust(tmp_path)
     )
     access = ps_access(config.from_args(ServerConfig, args))
     assert access.token == read_token_file(token) and access.root == tmp_path.resolve()
-    assert access.guarded == {"Update", "Assign", "Dump", "Load"} and access.open == {"Lookup", "Stats"}
+    assert access.guarded == {"Update", "UpdateLookup", "Assign", "Dump", "Load"}
+    assert access.open == {"Lookup", "Stats"}
     serving = ps_access(ServerConfig(follow=str(tmp_path / "m")))
     assert serving.guarded == frozenset() and serving.token == "" and serving.root is None

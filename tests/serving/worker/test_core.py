@@ -172,6 +172,7 @@ class RecordingShard:
         self.updates: list[tuple[np.ndarray, np.ndarray]] = []
         self.started = self.applied = 0
         self.lookups: list[int] = []  # in-flight batches seen by each training lookup
+        self.applied_at_lookup: list[int] = []  # updates applied when each training lookup read
         self.backwards = 0
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
@@ -180,6 +181,7 @@ class RecordingShard:
         if insert:
             with self.lock:
                 self.lookups.append(self.backwards - self.applied)
+                self.applied_at_lookup.append(self.applied)
         rng = np.random.default_rng(int(signs[0]) % 2**32 if len(signs) else 0)
         return rng.standard_normal((len(signs), self.dim)).astype(np.float32), ("", -1)
 
@@ -195,6 +197,11 @@ class RecordingShard:
         with self.lock:
             self.updates.append((np.array(signs), np.array(grads)))
             self.applied += 1
+
+    def update_lookup(self, signs, grads, lookup, timeout_s=None):
+        if len(signs):
+            self.update(signs, grads)
+        return self.rows(lookup, True)
 
 
 @pytest.mark.parametrize("make", [ranking_batch, flat_batch], ids=["context", "flat"])
@@ -279,6 +286,54 @@ def test_staleness_bound(staleness):
         assert shard.applied == 8 and w.in_flight == 0
     assert max(shard.lookups) == staleness  # never more than K in flight at a train forward
     assert shard.lookups[0] == 0
+
+
+# ---- an update with the next lookup: one call per shard ----------------------------------------------
+def test_push_lookup_reads_rows_after_its_update(worker):
+    """The rows come from each owning shard after the update landed there (SGD, lr 0.1); new
+    signs are inserted; the call counts in flight until done."""
+    signs = np.array([5, 6, 7, 8], np.uint64)
+    before = rows_of(worker.stores, signs, insert=True)
+    lookup = np.array([8, 6, 99], np.uint64)
+    rows = worker.push_lookup(signs[:2], np.ones((2, DIM), np.float32), lookup).result(10)
+    worker.flush()
+    assert worker.in_flight == 0
+    np.testing.assert_allclose(
+        rows_of(worker.stores, signs), before - 0.1 * (np.arange(4) < 2)[:, None], rtol=1e-6
+    )
+    np.testing.assert_array_equal(rows, rows_of(worker.stores, lookup))
+    assert rows_of(worker.stores, lookup[2:]).any()  # 99 was inserted (a random row)
+
+
+def test_push_lookup_reads_after_older_updates_within_the_bound():
+    """Staleness 0: the lookup waits for an older plain push still held by the shard; its own
+    (empty) update does not let it jump the queue."""
+    shard = RecordingShard()
+    shard.gate.clear()
+    with EmbeddingWorker([shard], SCHEMA, WorkerConfig(staleness=0)) as w:
+        w.push(np.array([1], np.uint64), np.ones((1, DIM), np.float32))
+        rows = w.push_lookup(np.empty(0, np.uint64), np.empty((0, DIM), np.float32), np.array([3], np.uint64))
+        assert w.in_flight == 2
+        shard.gate.set()
+        assert rows.result(10).shape == (1, DIM)
+        w.flush()
+    assert shard.applied_at_lookup == [1]
+
+
+def test_push_lookup_failure_fails_its_rows_and_the_next_call():
+    shard = RecordingShard(fail=True)
+    with EmbeddingWorker([shard], SCHEMA, WorkerConfig(staleness=2)) as w:
+        rows = w.push_lookup(
+            np.array([1], np.uint64), np.ones((1, DIM), np.float32), np.array([2], np.uint64)
+        )
+        with pytest.raises(ConnectionError, match="shard went away"):
+            rows.result(10)
+        with pytest.raises(UpdateError, match="shard went away"):
+            w.flush()
+        with pytest.raises(ValueError, match="finite float32 grads"):
+            w.push_lookup(
+                np.array([1], np.uint64), np.full((1, DIM), np.nan, np.float32), np.array([2], np.uint64)
+            )
 
 
 # ---- one training step against torch ----------------------------------------------------------------

@@ -1,0 +1,116 @@
+"""The training step's PS traffic with prefetch: after an epoch's first step, one UpdateLookup
+per shard per step, carrying that step's gradients and the batch after next's signs; the rows a
+step trains on hold every update but the previous step's (the staleness the worker is told)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from features import stream
+from features.hashing import shard_of
+from features.schema import load_schema
+from serving.ps.store import EmbeddingStore, OptimizerConfig, StoreConfig
+from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
+from training import data
+from training.ctx import TrainCtx
+from training.models import ModelConfig, build_model
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = ROOT / "data/schemas/criteo.yaml"
+TRAIN = ROOT / "data/criteo/wide_resdnn_criteo_train.tsv"
+DIM = 8
+
+
+class CountingShard(LocalShard):
+    """A real in-process store as a shard that records each call: its kind, the signs it read
+    and how many updates the shard had applied before it read them."""
+
+    def __init__(self, store: EmbeddingStore):
+        super().__init__(store)
+        self.calls: list[tuple[str, np.ndarray, int]] = []
+        self.applied = 0
+        self.lock = threading.Lock()
+
+    def _record(self, kind: str, signs: np.ndarray) -> None:
+        with self.lock:
+            self.calls.append((kind, np.array(signs), self.applied))
+
+    def _apply(self, signs: np.ndarray, grads: np.ndarray) -> None:
+        if len(signs):
+            self.store.apply_gradients(signs, grads)
+            with self.lock:
+                self.applied += 1
+
+    def rows(self, signs, insert, version="", timeout_s=None):
+        self._record("rows", signs)
+        return super().rows(signs, insert, version, timeout_s)
+
+    def update(self, signs, grads):
+        self._record("update", signs)
+        self._apply(signs, grads)
+
+    def update_lookup(self, signs, grads, lookup, timeout_s=None):
+        self._apply(signs, grads)
+        self._record("update_lookup", lookup)
+        return super().rows(lookup, True)
+
+
+@pytest.mark.parametrize("flush_after", [None, 2], ids=["epoch", "flush-mid-epoch"])
+def test_prefetch_sends_one_update_lookup_per_shard_per_step(flush_after):
+    """Six batches, two shards, K = 1 (the worker is told 0). Each shard gets the first two
+    batches' lookups, then one update_lookup per step whose lookup is the batch after next's signs
+    it owns, read after every earlier step's update and its own; the last two steps only update.
+    A flush in the middle (a checkpoint) drops the rows on their way: the next step looks its
+    batch and the one after up again and the pipeline starts over."""
+    schema = load_schema(SCHEMA)
+    batches = data.batches(data.take(stream.read(TRAIN, schema, limit=192), slice(0, 192)), schema, 32)
+    assert len(batches) == 6
+    opt = OptimizerConfig("adagrad", lr=0.05)
+    shards = [
+        CountingShard(
+            EmbeddingStore(StoreConfig(dim=DIM, capacity=10_000, optimizer=opt, shard=i, num_shards=2))
+        )
+        for i in range(2)
+    ]
+    worker = EmbeddingWorker(shards, schema, WorkerConfig(staleness=0))
+    cfg = ModelConfig(kind="dlrm", num_slots=len(schema.sparse), dim=DIM, num_dense=len(schema.dense),
+                      bottom_mlp=[16, DIM])  # fmt: skip
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    ctx = TrainCtx(worker, model, torch.optim.Adam(model.parameters(), lr=1e-3), schema, prefetch=True)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    try:
+        for step, batch in enumerate(ctx.steps(batches)):
+            logits = ctx.forward(batch)
+            ctx.backward(loss_fn(logits, torch.from_numpy(batch.labels)))
+            if step == flush_after:
+                ctx.flush()
+        ctx.flush()
+    finally:
+        ctx.close()
+        worker.close()
+
+    looked_up_again = [] if flush_after is None else [flush_after + 1, flush_after + 2]
+    for i, shard in enumerate(shards):
+        mine = [b.signs[shard_of(b.signs, 2) == i] for b in batches]
+        kinds = [kind for kind, _, _ in shard.calls]
+        assert kinds.count("rows") == 2 + len(looked_up_again), kinds
+        assert kinds.count("update_lookup") == 4 and kinds.count("update") == 2, kinds
+        assert shard.applied == 6
+        read = [
+            t
+            for kind, signs, _ in shard.calls
+            if kind == "rows"
+            for t, m in enumerate(mine)
+            if np.array_equal(signs, m)
+        ]
+        assert sorted(read) == [0, 1, *looked_up_again]
+        exchanges = [(signs, applied) for kind, signs, applied in shard.calls if kind == "update_lookup"]
+        for t, (signs, applied) in enumerate(exchanges):
+            np.testing.assert_array_equal(signs, mine[t + 2])  # step t's call looks up batch t + 2
+            assert applied == t + 1  # after steps 0..t's updates, its own the last
