@@ -247,7 +247,8 @@ class FollowConfig:
     lr: float | None = None
     """Sparse learning rate (None: the one the version was trained with, from its shard dumps)."""
     staleness: int = 4
-    """K: sparse updates in flight (the next batch's lookup is prefetched and counts as one)."""
+    """K: the most sparse updates a batch's rows may miss (a step's update goes with the lookup of
+    the batch after next, which misses the update between them: one of the K)."""
     update_threads: int = 2
     """Worker threads applying sparse updates."""
     capacity: int = 1_000_000

@@ -35,7 +35,10 @@ class Costs:
     without prefetch the step waits for all of it). Fitted to ``--profile`` runs on the 2-vCPU dev
     VM (300k synth rows, 1 and 2 shards: all on the PS vs all replicated vs half): beyond the
     round trips (1.56 ms per shard, from the 1- and 2-shard runs), the PS runs' steps cost 0.36
-    us per ID over the replicated run's pool and dense, of 1.36 measured per ID."""
+    us per ID over the replicated run's pool and dense, of 1.36 measured per ID. Checked again
+    once a step's lookup and update became one ``UpdateLookup``: estimated 1.48 / 2.39 ms per
+    step (every table on the PS, 1 / 2 shards) against 1.24 / 2.70 measured over the replicated
+    run's pool and dense; 21 small tables replicated, 1.93 / 2.84 against 1.85 / 2.81."""
     source: str = "defaults (the median of 5 `recserve plan` measurements on the 2-vCPU dev VM)"
     """Where the figures come from: measured here, or the defaults."""
 

@@ -139,19 +139,33 @@ class TrainCtx:
         self._ahead: list[tuple[CompactBatch, Future]] = []  # PS rows on their way, oldest first
 
     def steps(self, batches: Iterable[CompactBatch]) -> Iterator[CompactBatch]:
-        """The batches in order, telling the step the two that come next (for prefetch)."""
+        """The batches in order, telling the step the two that come next (for prefetch). Reading
+        ahead moves no error: one the batches raise comes after the batches read before it."""
         it = iter(batches)
-        window = list(itertools.islice(it, 3))
+        window: list[CompactBatch] = []
+        failed: Exception | None = None
+
+        def read(n: int) -> None:
+            nonlocal failed
+            if failed is None:
+                try:
+                    window.extend(itertools.islice(it, n))
+                except Exception as e:
+                    failed = e
+
+        read(3)
         try:
             while window:
                 self._upcoming = (
                     window[1] if len(window) > 1 else None,
                     window[2] if len(window) > 2 else None,
                 )
-                yield window[0]
-                window = window[1:] + list(itertools.islice(it, 1))
+                yield window.pop(0)
+                read(1)
         finally:
             self._upcoming = (None, None)
+        if failed is not None:
+            raise failed
 
     def _on_local(self, batch: CompactBatch) -> np.ndarray:
         """bool per sign of the batch: its table is replicated."""
@@ -164,14 +178,15 @@ class TrainCtx:
     def _pull(self, signs: np.ndarray) -> np.ndarray | None:
         return self.worker.lookup(signs, True)[0] if len(signs) else None
 
-    def _remote_rows(self, batch: CompactBatch, remote: np.ndarray | None) -> np.ndarray | None:
+    def _remote_rows(self, batch: CompactBatch) -> np.ndarray | None:
+        """Training rows of the batch's PS tables: looked up ahead, or now."""
         ahead, self._ahead = self._ahead, []
         if ahead and ahead[0][0] is batch:
             rows, self._ahead = ahead[0][1].result(), ahead[1:]
         else:
             for _, rows_coming in ahead:  # not the batches we were told: let those calls finish, unused
                 rows_coming.result()
-            rows = self._pull(batch.signs if remote is None else batch.signs[remote])
+            rows = self._pull(self._remote_signs(batch))
         upcoming = self._upcoming[0]
         if (
             self._prefetcher is not None
@@ -186,14 +201,14 @@ class TrainCtx:
         """Rows of the batch's signs in ``batch.signs`` order, each from where its table lives."""
         prof, t0 = self.profile, time.perf_counter()
         if on_local is None:  # every table on the PS
-            rows = self._remote_rows(batch, None) if train else self.worker.lookup(batch.signs, False)[0]
+            rows = self._remote_rows(batch) if train else self.worker.lookup(batch.signs, False)[0]
             if prof is not None:
                 prof.add("pull", t0)
             return rows if rows is not None else np.empty((0, self.worker.dim), np.float32)
         table = np.empty((len(batch.signs), self.worker.dim), np.float32)
         remote = ~on_local
         if train:
-            rows = self._remote_rows(batch, remote)
+            rows = self._remote_rows(batch)
         else:
             rows = self.worker.lookup(batch.signs[remote], False)[0] if remote.any() else None
         if rows is not None:
@@ -245,8 +260,8 @@ class TrainCtx:
         # the PS's first: the worker applies them while this thread does the rest
         remote = used if step.on_local is None else used & ~step.on_local
         after_next = self._upcoming[1] if self._prefetcher is not None else None
-        lookup = self._remote_signs(after_next) if after_next is not None else None
-        if after_next is not None and lookup is not None and len(lookup):
+        lookup = self._remote_signs(after_next) if after_next is not None else ()
+        if after_next is not None and len(lookup):
             # with the lookup of the batch after next: one round trip per shard
             rows = self.worker.push_lookup(step.signs[remote], sign_grads[remote], lookup)
             self._ahead.append((after_next, rows))
@@ -281,10 +296,10 @@ class TrainCtx:
         return Prediction(logits, pooled, dense)
 
     def flush(self) -> None:
-        """Wait until every sparse update sent so far is applied on the PS."""
-        ahead, self._ahead = self._ahead, []
-        for _, rows in ahead:  # looked up ahead; the next steps look their rows up again
-            rows.result()
+        """Wait until every sparse update sent so far is applied on the PS. Rows looked up ahead
+        are kept for their steps (they miss no more updates than when they were read)."""
+        for _, rows in self._ahead:  # their calls carry updates too
+            rows.exception()  # waits; a failure is raised by the worker's flush
         self.worker.flush()
 
     def close(self) -> None:

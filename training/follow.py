@@ -267,7 +267,7 @@ class FollowTrainer:
         applied = _apply_existing_deltas(vdir, stores)
 
         dense = _load_frozen_dense(vdir / manifest["dense"]["torchscript"])
-        # a prefetched lookup is one batch staler than the worker knows: it counts as one of the K
+        # rows looked up ahead miss the update between: one batch staler than the worker knows
         staleness, prefetch = max(0, self.cfg.staleness - 1), self.cfg.staleness >= 1
         worker = EmbeddingWorker(
             [LocalShard(s) for s in stores],

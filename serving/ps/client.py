@@ -2,14 +2,16 @@
 ``update``, ``dim``, ``version``), so training, serving and benchmarks talk to a PS one way.
 
 It speaks numpy: ``lookup(signs) -> (rows float32 (n, dim), misses)``, ``rows(signs, insert)``,
-``update(signs, grads)``, ``stats() -> dict``, ``dump``/``load``. Every call carries a deadline
+``update(signs, grads)``, ``update_lookup(signs, grads, lookup)`` (both in one round trip: a
+training step's), ``assign``, ``stats() -> dict``, ``dump``/``load``. Every call carries a deadline
 (``timeout_s``). Every failure is a ``ShardError`` naming the shard, with the gRPC status name in
 ``code`` and ``unavailable`` set when the shard could not be reached in time (the one client error
 convention; the worker's servers map it to UNAVAILABLE / INTERNAL). A shard that is up but serves
 no version says so (``not_serving``), and its message -- naming the shard and why -- is kept as is.
 
 Given the admin token file of a training shard (``token_file``), every call carries the token
-(``serving.rpc.auth``): ``update``, ``dump``, ``load`` and inserting lookups need it; plain lookups
+(``serving.rpc.auth``): ``update``, ``update_lookup``, ``assign``, ``dump``, ``load`` and
+inserting lookups need it; plain lookups
 and ``stats`` do not, and sending it there costs one header.
 
 With ``tls`` (``serving.rpc.tls.ClientTLS``) the channel speaks TLS, or mTLS when it holds a client
@@ -146,24 +148,23 @@ class PSClient:
 
     def update(self, signs, grads, step: int = 0, timeout_s: float | None = None) -> int:
         """Apply float32 gradients (n, dim) with the shard's optimizer; returns the signs updated."""
-        request = self._pb.UpdateRequest(
+        return self._call(self.stub.Update, self._update_request(signs, grads, step), timeout_s).applied
+
+    def _update_request(self, signs, grads, step: int = 0):
+        return self._pb.UpdateRequest(
             signs=convert.signs_to_bytes(signs),
             grads=np.ascontiguousarray(grads, dtype="<f4").tobytes(),
             step=step,
         )
-        return self._call(self.stub.Update, request, timeout_s).applied
 
     def update_lookup(
         self, signs: np.ndarray, grads: np.ndarray, lookup: np.ndarray, timeout_s: float | None = None
     ) -> tuple[np.ndarray, tuple[str, int]]:
         """One round trip: apply float32 gradients (n, dim) of ``signs``, then the rows (inserting)
         of ``lookup`` read after them, as ``rows`` answers them. Either may be empty."""
-        update = self._pb.UpdateRequest(
-            signs=convert.signs_to_bytes(signs), grads=np.ascontiguousarray(grads, dtype="<f4").tobytes()
-        )
         wanted = self._pb.LookupRequest(signs=convert.signs_to_bytes(lookup), insert=True)
-        resp = self._call(self.stub.UpdateLookup, self._pb.UpdateLookupRequest(update=update, lookup=wanted),
-                          timeout_s)  # fmt: skip
+        request = self._pb.UpdateLookupRequest(update=self._update_request(signs, grads), lookup=wanted)
+        resp = self._call(self.stub.UpdateLookup, request, timeout_s)
         if not len(lookup):
             return np.empty((0, self.dim), np.float32), self.version or ("", -1)
         return self._rows(resp.lookup, len(lookup))

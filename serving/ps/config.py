@@ -139,8 +139,9 @@ class ServerConfig:
     """With --follow: after a switch, the replaced version keeps answering the lookups that name
     it (scoring processes still on its dense model) until none has for this long."""
     admin_token_file: str = ""
-    """Training shard: file holding the token that Update, Dump, Load and inserting lookups need
-    (created 0600 by whoever starts the shard; `recserve train` does). Without it they are refused."""
+    """Training shard: file holding the token that Update, UpdateLookup, Assign, Dump, Load and
+    inserting lookups need (created 0600 by whoever starts the shard; `recserve train` does).
+    Without it they are refused."""
     data_root: str = field(default_factory=default_root)
     """Training shard: Dump and Load paths must lie under this directory (symlinks resolved;
     relative paths are taken under it). Default: the model-store root ($RECSERVE_STORE or ./artifacts)."""

@@ -18,8 +18,8 @@ health until it serves a version, and answers a Lookup then with UNAVAILABLE nam
 why (no version published yet, or the follower's refusal); ``Stats`` carries the refusal.
 
 Least privilege (``ps_access``, checked by the one ``rpc`` boundary): a serving shard (``--follow``)
-answers ``Lookup`` and ``Stats`` (and health, reflection) only; ``Update``, ``Dump`` and ``Load`` are
-PERMISSION_DENIED whatever the caller sends. A training shard answers them, and inserting lookups,
+answers ``Lookup`` and ``Stats`` (and health, reflection) only; ``Update``, ``UpdateLookup``,
+``Assign``, ``Dump`` and ``Load`` are PERMISSION_DENIED whatever the caller sends. A training shard answers them, and inserting lookups,
 to callers holding the admin token (``--admin-token-file``; without one they are refused), and
 ``Dump``/``Load`` paths must stay under ``--data-root``. Plain lookups and ``Stats`` stay open on a
 training shard: they change nothing, and benchmarks and tools read shards without the token.
@@ -91,8 +91,8 @@ class EmbeddingPSServicer:
     @rpc
     async def Lookup(self, request, context):
         signs, fp16 = self._lookup_args(request)
-        if request.insert:
-            await self._may_insert(context)
+        if request.insert and self._inserts(context):
+            await self.writable()
         return self._lookup(request, signs, fp16)
 
     @rpc
@@ -103,15 +103,18 @@ class EmbeddingPSServicer:
 
     @rpc
     async def UpdateLookup(self, request, context):
-        """Update, then Lookup, with both parts checked before either runs and no await between
-        them: the rows answered hold this update and no half of another write."""
-        has_update, has_lookup = bool(request.update.signs), bool(request.lookup.signs)
+        """Update, then Lookup, both parts parsed and checked before either runs, with no await
+        between them: the rows answered hold this update and no part of another write. A lookup
+        that then fails (a shard out of memory for the rows it would insert) leaves the update
+        applied, as an Update followed by that Lookup would."""
+        has_update = bool(request.update.signs or request.update.grads)
+        has_lookup = bool(request.lookup.signs)
         if not (has_update or has_lookup):
             raise BadRequest("empty request: neither update nor lookup signs")
         update = self._update_args(request.update) if has_update else None
         lookup = self._lookup_args(request.lookup) if has_lookup else None
         if has_lookup and request.lookup.insert:
-            await self._may_insert(context)
+            self._inserts(context)
         await self.writable()
         return self.pb.UpdateLookupResponse(
             update=self._update(request.update, *update) if update is not None else None,
@@ -123,10 +126,12 @@ class EmbeddingPSServicer:
             raise NotServing(not_serving_reason(self.store, self.follower))
         return convert.signs_from_bytes(request.signs), convert.wants_fp16(request.dtype)
 
-    async def _may_insert(self, context) -> None:
-        if not getattr(self.store, "read_only", False):  # a new row is a write
-            self.access.require("Lookup with insert", context)
-            await self.writable()
+    def _inserts(self, context) -> bool:
+        """An inserting lookup writes (a new row) where the store can: it needs the token then."""
+        if getattr(self.store, "read_only", False):
+            return False
+        self.access.require("Lookup with insert", context)
+        return True
 
     def _lookup(self, request, signs, fp16: bool):
         t0 = time.perf_counter()

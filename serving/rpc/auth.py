@@ -5,12 +5,14 @@ token the writing ones need, and the one directory that request paths must stay 
 the request is even parsed, so a refused call touches nothing. An RPC is either
 
 - open: anyone may call it (a PS's ``Lookup`` and ``Stats``, the worker's INFER ``Forward``);
-- guarded: it needs the admin token (a training PS's ``Update``, ``Assign``, ``Dump``, ``Load``; the worker's
-  ``Backward``), and is refused outright when the server was started without a token file;
+- guarded: it needs the admin token (a training PS's ``Update``, ``UpdateLookup``, ``Assign``,
+  ``Dump``, ``Load``; the worker's ``Backward``), and is refused outright when the server was
+  started without a token file;
 - anything else: refused with PERMISSION_DENIED naming the server's role (a serving PS answers
-  ``Update``, ``Dump`` and ``Load`` so, whatever the caller sends). Refusing rather than leaving
-  them unregistered gives the caller a reason instead of an UNIMPLEMENTED that reads like a
-  version mismatch; reflection lists the proto's methods either way.
+  ``Update``, ``UpdateLookup``, ``Assign``, ``Dump`` and ``Load`` so, whatever the caller sends).
+  Refusing rather than leaving them unregistered gives the caller a reason instead of an
+  UNIMPLEMENTED that reads like a version mismatch; reflection lists the proto's methods either
+  way.
 
 The token travels as gRPC metadata ``authorization: Bearer <token>`` and is compared in constant
 time (``hmac.compare_digest``): no header is UNAUTHENTICATED, a wrong token PERMISSION_DENIED. It

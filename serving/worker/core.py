@@ -212,16 +212,14 @@ class EmbeddingWorker:
         return grads
 
     def _submit(self, job: Callable[[int], None], pool: ThreadPoolExecutor | None = None) -> None:
-        """Run ``job(seq)`` on an update thread (``pool``: another one), counted in flight."""
-        with self._lock:
+        """Run ``job(seq)`` on an update thread (``pool``: another one), counted in flight. The
+        sequence number and the queue position are taken together, so a pool's jobs run in
+        sequence order (an exchange job waits only on older ones: never on one queued behind it)."""
+        with self._lock:  # the job cannot finish before it is counted: _finish needs this lock
             seq = self._next_seq
+            (pool or self._updates).submit(self._background, seq, job)
             self._next_seq += 1
             self._running.add(seq)
-        try:
-            (pool or self._updates).submit(self._background, seq, job)
-        except BaseException:
-            self._finish(seq)
-            raise
 
     def flush(self) -> None:
         """Wait until every queued update has been applied (re-raises a failed one)."""
@@ -333,8 +331,7 @@ class EmbeddingWorker:
             (i, s, p) for i, (s, p) in enumerate(zip(self.shards, parts, strict=True)) if p is None or len(p)
         ]
         calls = [
-            lambda s=s, p=p: s.rows(signs if p is None else signs[p], insert, version, timeout_s=timeout_s)
-            for _, s, p in work
+            lambda s=s, p=p: s.rows(_part(signs, p), insert, version, timeout_s=timeout_s) for _, s, p in work
         ]
         results = self._fan_out(calls, [getattr(s, "local", False) for _, s, _ in work])
         for (i, _, _), (_, answered) in zip(work, results, strict=True):
@@ -387,23 +384,26 @@ class EmbeddingWorker:
     def _send_lookup(
         self, seq: int, signs: np.ndarray, grads: np.ndarray, lookup: np.ndarray, out: Future
     ) -> None:
-        """``push_lookup``'s job: one ``update_lookup`` per shard owning some of either."""
+        """``push_lookup``'s job: one ``update_lookup`` per shard owning some of either. Its
+        Future fails with the ``UpdateError`` the next call would raise."""
+        out.set_running_or_notify_cancel()  # not cancellable from here on
         try:
             self._wait_older(seq, self.config.staleness)
-            whole = lambda p, a: a if p is None else a[p]  # noqa: E731
             work = [
                 (shard, u, lk)
                 for shard, u, lk in zip(self.shards, self.router.split(signs), self.router.split(lookup), strict=True)
-                if len(whole(u, signs)) or len(whole(lk, lookup))
+                if len(_part(signs, u)) or len(_part(lookup, lk))
             ]  # fmt: skip
             calls = [
-                lambda s=s, u=u, lk=lk: s.update_lookup(whole(u, signs), whole(u, grads), whole(lk, lookup))
+                lambda s=s, u=u, lk=lk: s.update_lookup(_part(signs, u), _part(grads, u), _part(lookup, lk))
                 for s, u, lk in work
             ]
             results = self._fan_out(calls)
             table = self._table(len(lookup), [lk for _, _, lk in work], [rows for rows, _ in results])
         except BaseException as e:
-            out.set_exception(e)
+            failed = UpdateError(f"a background embedding update failed: {e}")
+            failed.__cause__ = e
+            out.set_exception(failed)
             raise
         out.set_result(table)
 
@@ -432,6 +432,11 @@ def connect(
         for shard in shards:
             shard.close()
         raise
+
+
+def _part(a: np.ndarray, positions: np.ndarray | None) -> np.ndarray:
+    """A shard's part of ``a`` (``HashRouter.split``'s positions; None: all of it)."""
+    return a if positions is None else a[positions]
 
 
 def _summary(read: list[tuple[str, int]]) -> tuple[str, int]:

@@ -73,6 +73,7 @@ def test_a_bad_half_of_update_lookup_applies_neither(training_ps):
         "multiple of 8": ps_pb2.UpdateLookupRequest(update=good, lookup=bad_lookup),
         "NaN or Inf": ps_pb2.UpdateLookupRequest(update=nan, lookup=fresh),
         "neither update nor lookup": ps_pb2.UpdateLookupRequest(),
+        "no signs": ps_pb2.UpdateLookupRequest(update=ps_pb2.UpdateRequest(grads=good.grads), lookup=fresh),
     }
     for message, request in cases.items():
         with pytest.raises(grpc.RpcError) as e:

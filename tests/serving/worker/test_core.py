@@ -326,8 +326,9 @@ def test_push_lookup_failure_fails_its_rows_and_the_next_call():
         rows = w.push_lookup(
             np.array([1], np.uint64), np.ones((1, DIM), np.float32), np.array([2], np.uint64)
         )
-        with pytest.raises(ConnectionError, match="shard went away"):
+        with pytest.raises(UpdateError, match="shard went away") as e:
             rows.result(10)
+        assert isinstance(e.value.__cause__, ConnectionError)
         with pytest.raises(UpdateError, match="shard went away"):
             w.flush()
         with pytest.raises(ValueError, match="finite float32 grads"):
