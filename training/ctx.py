@@ -131,6 +131,7 @@ class TrainCtx:
         if self.local.any() and replicated is None:
             raise ValueError("the plan replicates tables but no replicated store was given")
         self.replicated = replicated if self.local.any() else None
+        self.all_local = bool(self.local.all())  # every table replicated: the PS is never asked
         self.profile = profile
         self._pending: _Step | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
@@ -205,6 +206,12 @@ class TrainCtx:
             if prof is not None:
                 prof.add("pull", t0)
             return rows if rows is not None else np.empty((0, self.worker.dim), np.float32)
+        assert self.replicated is not None
+        if self.all_local:  # no PS rows to merge: the store's answer is the table
+            table = self.replicated.rows(batch.signs, train)
+            if prof is not None:
+                prof.add("local", t0)
+            return table
         table = np.empty((len(batch.signs), self.worker.dim), np.float32)
         remote = ~on_local
         if train:
@@ -215,7 +222,6 @@ class TrainCtx:
             table[remote] = rows
         if prof is not None:
             t0 = prof.add("pull", t0)
-        assert self.replicated is not None
         table[on_local] = self.replicated.rows(batch.signs[on_local], train)
         if prof is not None:
             prof.add("local", t0)
@@ -259,7 +265,7 @@ class TrainCtx:
             t0 = prof.add("pool", t0)
         # the PS's first: the worker applies them while this thread does the rest
         remote = used if step.on_local is None else used & ~step.on_local
-        after_next = self._upcoming[1] if self._prefetcher is not None else None
+        after_next = self._upcoming[1] if self._prefetcher is not None and not self.all_local else None
         lookup = self._remote_signs(after_next) if after_next is not None else ()
         if after_next is not None and len(lookup):
             # with the lookup of the batch after next: one round trip per shard
@@ -270,7 +276,7 @@ class TrainCtx:
         if prof is not None:
             t0 = prof.add("push", t0)
         if self.replicated is not None and step.on_local is not None:
-            mine = used & step.on_local
+            mine = used if self.all_local else used & step.on_local
             self.replicated.update(step.signs[mine], sign_grads[mine])
             if prof is not None:
                 t0 = prof.add("local", t0)

@@ -114,6 +114,37 @@ def test_prefetch_sends_one_update_lookup_per_shard_per_step(flush_after):
             assert applied == t + 1  # after steps 0..t's updates, its own the last
 
 
+def test_a_plan_that_replicates_every_table_never_asks_the_ps():
+    """Every table replicated: the step trains from the trainer's own store and sends the PS no
+    lookup and no update (what the planner's estimate of that plan assumes: no round trips)."""
+    from training.cluster import ShardSpec
+    from training.config import TrainConfig
+    from training.replicated import Replicated
+
+    schema = load_schema(SCHEMA)
+    batches = data.batches(data.take(stream.read(TRAIN, schema, limit=128), slice(0, 128)), schema, 32)
+    opt = OptimizerConfig("adagrad", lr=0.05)
+    shard = CountingShard(EmbeddingStore(StoreConfig(dim=16, capacity=1000, optimizer=opt)))
+    worker = EmbeddingWorker([shard], schema, WorkerConfig(staleness=0))
+    replicated = Replicated(ShardSpec.of(TrainConfig(), schema), 4096)
+    cfg = ModelConfig(kind="dlrm", num_slots=len(schema.sparse), dim=16, num_dense=len(schema.dense),
+                      bottom_mlp=[16, 16])  # fmt: skip
+    model = build_model(cfg)
+    local = np.ones(len(schema.sparse), bool)
+    ctx = TrainCtx(worker, model, torch.optim.Adam(model.parameters()), schema, True, replicated, local)
+    try:
+        for batch in ctx.steps(batches):
+            logits = ctx.forward(batch)
+            ctx.backward(torch.nn.BCEWithLogitsLoss()(logits, torch.from_numpy(batch.labels)))
+        ctx.flush()
+    finally:
+        ctx.close()
+        worker.close()
+    assert shard.calls == [] and shard.applied == 0
+    signs = np.unique(np.concatenate([b.signs for b in batches]))
+    assert len(replicated) == len(signs)  # every sign trained in process
+
+
 def test_reading_ahead_raises_a_data_error_after_the_batches_before_it():
     """``steps`` reads two batches ahead, yet a reader's error comes where it happened: after
     every batch read before it has been handed out (a caller counting batches loses none)."""
