@@ -11,8 +11,8 @@ no version says so (``not_serving``), and its message -- naming the shard and wh
 
 Given the admin token file of a training shard (``token_file``), every call carries the token
 (``serving.rpc.auth``): ``update``, ``update_lookup``, ``assign``, ``dump``, ``load`` and
-inserting lookups need it; plain lookups
-and ``stats`` do not, and sending it there costs one header.
+inserting lookups need it; plain lookups and ``stats`` do not, and sending it there costs one
+header.
 
 With ``tls`` (``serving.rpc.tls.ClientTLS``) the channel speaks TLS, or mTLS when it holds a client
 certificate; an unreachable shard's error says what this client spoke, since a plaintext client

@@ -17,12 +17,13 @@ Never serve nothing: a shard following the model store (``--follow``) says NOT_S
 health until it serves a version, and answers a Lookup then with UNAVAILABLE naming the shard and
 why (no version published yet, or the follower's refusal); ``Stats`` carries the refusal.
 
-Least privilege (``ps_access``, checked by the one ``rpc`` boundary): a serving shard (``--follow``)
-answers ``Lookup`` and ``Stats`` (and health, reflection) only; ``Update``, ``UpdateLookup``,
-``Assign``, ``Dump`` and ``Load`` are PERMISSION_DENIED whatever the caller sends. A training shard answers them, and inserting lookups,
-to callers holding the admin token (``--admin-token-file``; without one they are refused), and
-``Dump``/``Load`` paths must stay under ``--data-root``. Plain lookups and ``Stats`` stay open on a
-training shard: they change nothing, and benchmarks and tools read shards without the token.
+Least privilege (``ps_access``, checked by the one ``rpc`` boundary): a serving shard
+(``--follow``) answers ``Lookup`` and ``Stats`` (and health, reflection) only; ``Update``,
+``UpdateLookup``, ``Assign``, ``Dump`` and ``Load`` are PERMISSION_DENIED whatever the caller
+sends. A training shard answers them, and inserting lookups, to callers holding the admin token
+(``--admin-token-file``; without one they are refused), and ``Dump``/``Load`` paths must stay under
+``--data-root``. Plain lookups and ``Stats`` stay open on a training shard: they change nothing,
+and benchmarks and tools read shards without the token.
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ class EmbeddingPSServicer:
         )
 
     def _lookup_args(self, request):
+        """A LookupRequest's signs and wire type, checked; a shard serving no version refuses."""
         if self.follower is not None and not self.store.version:  # never default rows for no version
             raise NotServing(not_serving_reason(self.store, self.follower))
         return convert.signs_from_bytes(request.signs), convert.wants_fp16(request.dtype)

@@ -371,13 +371,11 @@ class EmbeddingWorker:
         self._send(pending.signs[idx], sign_grads)
 
     def _send(self, signs: np.ndarray, sign_grads: np.ndarray) -> None:
-        parts = self.router.split(signs)
-        calls: list[Callable[..., object]] = []  # lambdas binding the loop values as defaults
-        for shard, p in zip(self.shards, parts, strict=True):
-            if p is None:
-                calls.append(lambda s=shard: s.update(signs, sign_grads))
-            elif len(p):
-                calls.append(lambda s=shard, p=p: s.update(signs[p], sign_grads[p]))
+        calls = [
+            lambda s=s, p=p: s.update(_part(signs, p), _part(sign_grads, p))
+            for s, p in zip(self.shards, self.router.split(signs), strict=True)
+            if len(_part(signs, p))
+        ]
         if calls:
             self._fan_out(calls)
 

@@ -1,10 +1,9 @@
 """The worker's view of the PS shards: one backend per shard, and the router that splits signs.
 
 ``ShardBackend`` is the whole interface the worker needs (``dim``, ``rows``, ``update``,
-``update_lookup``), so a
-shard can be an in-process store (``LocalShard``, tests and single-process training) or a PS
-process over gRPC (``serving.ps.client.PSClient``, the one PS client), or several replica processes
-of one shard (``serving.worker.replicas.ReplicaSet``). ``rows`` names the version
+``update_lookup``), so a shard can be an in-process store (``LocalShard``, tests and single-process
+training) or a PS process over gRPC (``serving.ps.client.PSClient``, the one PS client), or several
+replica processes of one shard (``serving.worker.replicas.ReplicaSet``). ``rows`` names the version
 to read ("" = the newest) and says which (version, delta seq) it read, per call. Backends may also
 expose ``version`` ((version, delta_seq) of the last answer, for Stats) and ``close()``.
 """
