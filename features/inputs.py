@@ -7,7 +7,7 @@
 - the same request in column form, ``{"context": {...}, "items": {"C1": [v, ...], "I1": [...]}}``:
   each item field's values as one array (missing: absent, or null). orjson parses it straight into
   the columns ``transform`` works on, with no pass over the items in Python: the fast form for
-  clients.
+  clients. ``features.jsonscan`` reads that form straight from its bytes (``Scanned``) when it can.
 
 Unknown fields, a field sent in the wrong part of a request, a missing required value and
 columns of unequal length are refused here, with a ``FeatureError`` naming the field.
@@ -41,13 +41,24 @@ class Table:
     num_rows: int
 
 
+@dataclass(frozen=True)
+class Scanned:
+    """A column-form request's item columns as ``features.jsonscan`` read them from its bytes: the
+    signs of the item-scoped categorical slots and the raw values of the item-scoped dense slots
+    (NaN: missing), each (slots, rows) in ``transform``'s slot order."""
+
+    num_rows: int
+    signs: NDArray[np.uint64]
+    values: NDArray[np.float64]
+
+
 @dataclass
 class Input:
     """Checked records, whatever form they came in."""
 
     num_rows: int
     has_context: bool
-    items: list[Record] | dict[str, list[Any]] | Table  # per-row records, columns, or a Table
+    items: list[Record] | dict[str, list[Any]] | Table | Scanned  # records, columns, a Table, or scanned
     context: Record = field(default_factory=dict)  # a request's context (empty for rows)
 
     def stored_once(self, scope: str) -> bool:
@@ -57,6 +68,8 @@ class Input:
         """One list/array per slot: its values for every stored row (1 row if ``once``)."""
         if once:
             return [[self.context.get(s.column, missing)] for s in slots]
+        if isinstance(self.items, Scanned):  # transform takes its arrays as they are
+            raise TypeError("a scanned request's item columns are its signs and values")
         if isinstance(self.items, Table):
             blank = np.full(self.num_rows, "", np.str_)
             return [self.items.columns.get(s.column, blank) for s in slots]
@@ -78,20 +91,15 @@ def normalise(records: object, schema: Schema) -> Input:
         if set(records) - {"context", "items"} or "items" not in records:
             raise FeatureError('a request is {"context": {...}, "items": [{...}, ...]} or a list of records')
         items, context = records["items"], records.get("context", {})
-        context = {} if context is None else context
-        if not isinstance(context, dict):
-            raise FeatureError('"context" must be an object')
         if isinstance(items, dict):  # the column form: {"C1": [v, ...], "I1": [...], ...}
             n = _check_columns(items, schema)
-            _check_fields([context], schema, "context", allow_label=False)
-            return Input(n, True, items, context)
+            return Input(n, True, items, check_context(context, schema))
         if not isinstance(items, list) or not items:
             raise FeatureError(
                 '"items" must be a non-empty list of objects, or an object of equal-length arrays'
             )
         _check_fields(items, schema, "item", allow_label=False)
-        _check_fields([context], schema, "context", allow_label=False)
-        return Input(len(items), True, items, context)
+        return Input(len(items), True, items, check_context(context, schema))
     if isinstance(records, list):
         if not records:
             raise FeatureError("no records")
@@ -100,6 +108,15 @@ def normalise(records: object, schema: Schema) -> Input:
     raise FeatureError(
         f"records must be a request object, a list of records or a Table, not {type(records).__name__}"
     )
+
+
+def check_context(context: object, schema: Schema) -> Record:
+    """A request's context as sent (null: none), checked: an object of known context fields."""
+    context = {} if context is None else context
+    if not isinstance(context, dict):
+        raise FeatureError('"context" must be an object')
+    _check_fields([context], schema, "context", allow_label=False)
+    return context
 
 
 def _check_columns(items: dict[str, Any], schema: Schema) -> int:

@@ -121,8 +121,9 @@ def dense_columns(
 ) -> tuple[NDArray[np.float32], int, int]:
     """(rows, k) float32 features from (k, rows) raw values (NaN: missing), each column j:
     missing -> default[j], clipped to [lo[j], hi[j]], log1p'd where log1p[j], minus mean[j],
-    over std[j]. Returns (out, column, verdict): verdict 0, or NOT_FINITE / LOG1P_DOMAIN for the
-    first bad value's column (out is then incomplete)."""
+    over std[j]. Returns (out, column, verdict): verdict 0, or NOT_FINITE (a raw value, or a
+    feature beyond float32) / LOG1P_DOMAIN for the first bad value's column (out is then
+    incomplete)."""
     k, rows = raw.shape
     out = np.empty((rows, k), np.float32)
     for j in range(k):
@@ -138,7 +139,10 @@ def dense_columns(
                 if x <= -1.0:
                     return out, j, LOG1P_DOMAIN
                 x = np.log1p(x)
-            out[r, j] = (x - m) / s
+            y = np.float32((x - m) / s)
+            if not np.isfinite(y):  # beyond float32 (1e300 unclipped): the model would get inf
+                return out, j, NOT_FINITE
+            out[r, j] = y
     return out, -1, 0
 
 

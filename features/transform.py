@@ -8,6 +8,10 @@ Work is per group of columns: the columns are pulled out of the records with C-l
 converted to one 2-D numpy array, hashed in one compiled call, deduplicated with one ``np.unique``
 for all slots at once (signs carry the slot id in their top bits), and dense columns are parsed
 and transformed as one matrix. There is no Python loop per value or per row.
+
+``from_json`` is the scoring path's way in for JSON: a column-form request is read from its bytes
+by one compiled pass (``features.jsonscan``: signs and dense values, no Python object per value)
+and joins the pipeline below at the same point; any other body is ``transform(orjson.loads(body))``.
 """
 
 from __future__ import annotations
@@ -15,17 +19,21 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import orjson
 from numpy.typing import NDArray
 
 from features.batch import FLAG_CONTEXT, FLAG_MULTI, CompactBatch, index_dtype
 from features.hashing import SIGN_MASK, SLOT_SHIFT, cross_signs, hash_str_columns, hash_values
-from features.inputs import Column, FeatureError, Input, Record, Table, normalise
+from features.inputs import Column, FeatureError, Input, Record, Scanned, Table, check_context, normalise
 from features.schema import Cross, Schema, Slot
 
-__all__ = ["FeatureError", "Records", "Table", "dense_matrix", "transform"]
+if TYPE_CHECKING:
+    from features.jsonscan import ScanTable
+
+__all__ = ["FeatureError", "Records", "Table", "dense_matrix", "from_json", "transform"]
 
 Records = Table | list[Record] | Mapping[str, Any]
 """A Table, a list of records, or a ranking request (``features.inputs`` says what each holds)."""
@@ -77,7 +85,7 @@ def _numbers(cols: list[Column], slots: tuple[Slot, ...]) -> NDArray[np.float64]
         try:
             out[present] = arr[present].astype(np.float64)
         except ValueError:
-            raise FeatureError(f"{_first_bad(cols, slots)}: not a number") from None
+            raise FeatureError(f"{_first_bad(cols, slots) or 'a dense field'}: not a number") from None
         return out
     m = len(cols[0]) if cols else 0
     if all(isinstance(c, list) and len(c) == m for c in cols):
@@ -88,14 +96,14 @@ def _numbers(cols: list[Column], slots: tuple[Slot, ...]) -> NDArray[np.float64]
     try:
         out = np.array(cols, dtype=np.float64)  # None -> nan
     except (ValueError, TypeError):
-        raise FeatureError(f"{_first_bad(cols, slots)}: expected a number") from None
+        raise FeatureError(f"{_first_bad(cols, slots) or 'a dense field'}: expected a number") from None
     if out.ndim != 2:  # a list or object where a number belongs
-        raise FeatureError(f"{_first_bad(cols, slots)}: expected a number")
+        raise FeatureError(f"{_first_bad(cols, slots) or 'a dense field'}: expected a number")
     return out
 
 
-def _first_bad(cols: list[Column], slots: tuple[Slot, ...] | list[Slot]) -> str:
-    """Error path only: name the first field whose values are not numbers."""
+def _first_bad(cols: list[Column], slots: tuple[Slot, ...] | list[Slot]) -> str | None:
+    """Error path only: name the first field whose values are not finite numbers (None: none)."""
     for s, c in zip(slots, cols, strict=True):
         for v in c:
             if v is None or v == "" or type(v) in (int, float) and np.isfinite(v):
@@ -106,7 +114,7 @@ def _first_bad(cols: list[Column], slots: tuple[Slot, ...] | list[Slot]) -> str:
             except ValueError:
                 pass
             return f"field {s.column!r} value {str(v)[:40]!r}"
-    return "a dense field"
+    return None
 
 
 def _multi(vals: Column, slot: Slot) -> tuple[NDArray[np.str_], NDArray[np.int64]]:
@@ -170,6 +178,7 @@ class _Layout:
     single_at: tuple[NDArray[np.int64], NDArray[np.int64]]  # their batch slot indices
     single_ids: tuple[list[int], list[int]]  # their slot ids
     dense: tuple[_Dense, _Dense]  # (per row, once)
+    scan: ScanTable | None  # the item columns a JSON body's compiled scan fills (None: not scanned)
 
 
 @dataclass(frozen=True)
@@ -187,8 +196,15 @@ def _layout(schema: Schema, position: dict[str, int], has_context: bool) -> _Lay
     def once(s: Slot) -> bool:
         return has_context and s.scope == "context"
 
+    from features.jsonscan import ScanTable
+
     single = [s for s in schema.slots if s.kind == "categorical"]
     groups = tuple(tuple(s for s in single if once(s) == o) for o in (False, True))
+    dense = (
+        _Dense.of([s for s in schema.dense if not once(s)]),
+        _Dense.of([s for s in schema.dense if once(s)]),
+    )
+    scanned = has_context and not any(s.kind == "multi" and s.scope == "item" for s in schema.slots)
     return _Layout(
         single=(groups[0], groups[1]),
         single_at=(
@@ -196,10 +212,8 @@ def _layout(schema: Schema, position: dict[str, int], has_context: bool) -> _Lay
             np.array([position[s.name] for s in groups[1]], np.int64),
         ),
         single_ids=([s.id for s in groups[0]], [s.id for s in groups[1]]),
-        dense=(
-            _Dense.of([s for s in schema.dense if not once(s)]),
-            _Dense.of([s for s in schema.dense if once(s)]),
-        ),
+        dense=dense,
+        scan=ScanTable.of(groups[0], dense[0].slots) if scanned else None,
     )
 
 
@@ -238,21 +252,50 @@ def _dense(inp: Input, d: _Dense, once: bool) -> NDArray[np.float32]:
         return np.zeros((rows, 0), np.float32)
     from features.kernels import LOG1P_DOMAIN, dense_columns
 
-    cols = inp.columns(list(d.slots), once, None)
-    out, bad, why = dense_columns(_numbers(cols, d.slots), d.default, d.lo, d.hi, d.log1p, d.mean, d.std)
+    scanned = not once and isinstance(inp.items, Scanned)
+    cols = [] if scanned else inp.columns(list(d.slots), once, None)
+    raw = inp.items.values if isinstance(inp.items, Scanned) and scanned else _numbers(cols, d.slots)
+    out, bad, why = dense_columns(raw, d.default, d.lo, d.hi, d.log1p, d.mean, d.std)
     if why == LOG1P_DOMAIN:
         raise FeatureError(
             f"field {d.slots[bad].column!r}: log1p of a value <= -1 (add clip_min to the schema)"
         )
-    if why:
-        raise FeatureError(f"{_first_bad(cols, d.slots)}: value is not finite")
+    if why:  # a raw value that is not finite (named), or one whose feature is beyond float32
+        where = None if scanned else _first_bad(cols, d.slots)
+        if where is None:
+            raise FeatureError(f"field {d.slots[bad].column!r}: a value beyond float32 once transformed")
+        raise FeatureError(f"{where}: value is not finite")
     return out
 
 
 # --- the pipeline --------------------------------------------------------------------------------
 def transform(records: Records, schema: Schema) -> CompactBatch:
     """Records (Table, list of records or a ranking request) -> CompactBatch."""
-    inp = normalise(records, schema)
+    return _batch(normalise(records, schema), schema)
+
+
+def from_json(body: bytes, schema: Schema) -> CompactBatch | None:
+    """The batch of a column-form request read straight from its bytes (``features.jsonscan``),
+    equal to ``transform(orjson.loads(body), schema)``; None for a body outside the scan's form or
+    one that is a mistake: the caller then parses it, and orjson and ``transform`` name the error."""
+    table = _plan(schema).layouts[True].scan
+    if table is None:
+        return None
+    from features.jsonscan import scan
+
+    scanned = scan(body, table)
+    if scanned is None:
+        return None
+    items, context_json = scanned
+    try:
+        context = None if context_json is None else orjson.loads(context_json)
+        context = check_context(context, schema)
+        return _batch(Input(items.num_rows, True, items, context), schema)
+    except (orjson.JSONDecodeError, FeatureError):
+        return None
+
+
+def _batch(inp: Input, schema: Schema) -> CompactBatch:
     plan = _plan(schema)
     layout = plan.layouts[inp.has_context]
     n_sparse = len(plan.position)
@@ -265,9 +308,12 @@ def transform(records: Records, schema: Schema) -> CompactBatch:
         group = layout.single[stored_once]
         if not group:
             continue
-        cols = inp.columns(list(group), stored_once, "")
         m = 1 if stored_once else inp.num_rows
-        signs = _hash_group(cols, list(group), layout.single_ids[stored_once]).reshape(len(group), m)
+        if isinstance(inp.items, Scanned) and not stored_once:
+            signs = inp.items.signs
+        else:
+            cols = inp.columns(list(group), stored_once, "")
+            signs = _hash_group(cols, list(group), layout.single_ids[stored_once]).reshape(len(group), m)
         once[layout.single_at[stored_once]] = stored_once
         for i, row in zip(layout.single_at[stored_once].tolist(), signs, strict=True):
             per_slot[i] = row
@@ -330,7 +376,7 @@ def _dedup(
 
 
 def _labels(inp: Input, schema: Schema) -> NDArray[np.float32] | None:
-    if inp.has_context or not schema.label or isinstance(inp.items, dict):  # a dict: a request's columns
+    if inp.has_context or not schema.label or isinstance(inp.items, dict | Scanned):  # a request's columns
         return None
     col: Column | None
     if isinstance(inp.items, Table):

@@ -57,16 +57,18 @@ def read64(buf: NDArray[np.uint8], i: Int) -> U64:
     return _read_le(buf, i, 8)
 
 
-@numba.njit(cache=True)
-def xxh64(buf: NDArray[np.uint8], n: Int, seed: U64) -> U64:
-    """XXH64 of buf[:n] (the reference algorithm, checked against the xxhash package)."""
-    i = 0
+@numba.njit(inline="always")
+def xxh64_at(buf: NDArray[np.uint8], start: Int, n: Int, seed: U64) -> U64:
+    """XXH64 of buf[start:start + n] (the reference algorithm, checked against the xxhash
+    package), inlined where it is called: no slice, no call per value."""
+    i = start
+    end = start + n
     if n >= 32:
         v1 = seed + _P1 + _P2
         v2 = seed + _P2
         v3 = seed
         v4 = seed - _P1
-        while i + 32 <= n:
+        while i + 32 <= end:
             v1 = _round(v1, read64(buf, i))
             v2 = _round(v2, read64(buf, i + 8))
             v3 = _round(v3, read64(buf, i + 16))
@@ -80,15 +82,15 @@ def xxh64(buf: NDArray[np.uint8], n: Int, seed: U64) -> U64:
     else:
         h = seed + _P5
     h = h + np.uint64(n)
-    while i + 8 <= n:
+    while i + 8 <= end:
         h = h ^ _round(np.uint64(0), read64(buf, i))
         h = _rotl(h, 27) * _P1 + _P4
         i += 8
-    if i + 4 <= n:
+    if i + 4 <= end:
         h = h ^ (_read_le(buf, i, 4) * _P1)
         h = _rotl(h, 23) * _P2 + _P3
         i += 4
-    while i < n:
+    while i < end:
         h = h ^ (np.uint64(buf[i]) * _P5)
         h = _rotl(h, 11) * _P1
         i += 1
@@ -98,6 +100,12 @@ def xxh64(buf: NDArray[np.uint8], n: Int, seed: U64) -> U64:
     h = h * _P3
     h = h ^ (h >> np.uint64(32))
     return h
+
+
+@numba.njit(cache=True)
+def xxh64(buf: NDArray[np.uint8], n: Int, seed: U64) -> U64:
+    """XXH64 of buf[:n] (the reference algorithm, checked against the xxhash package)."""
+    return xxh64_at(buf, 0, n, seed)
 
 
 @numba.njit(cache=True)

@@ -1,6 +1,7 @@
 """The scoring core: request bytes -> scores, with no TorchServe in sight.
 
-Verbs (LitServe style): ``decode`` (JSON via orjson, or a binary compact batch) -> ``predict``
+Verbs (LitServe style): ``decode`` (a column-form JSON request read from its bytes by
+``features.transform.from_json``, any other JSON via orjson, or a binary compact batch) -> ``predict``
 (``features.transform`` — the training code, unchanged — then the embedding worker's
 ``Forward(mode=infer)``, then the dense model) -> ``encode`` (scores in item order + the versions
 that produced them). ``score`` runs the three and maps every failure to an HTTP status with a
@@ -33,7 +34,7 @@ import model_store
 from features.batch import BatchError, CompactBatch, check_fits
 from features.codec import CodecError, decode, encode
 from features.schema import Schema, load_schema
-from features.transform import FeatureError, dense_matrix, transform
+from features.transform import FeatureError, dense_matrix, from_json, transform
 from model_store.dense import check_runtime, runtime_of
 
 log = logging.getLogger("recserve.scoring")
@@ -185,14 +186,18 @@ class Scorer:
             raise
 
     def warmup(self, rounds: int = 3, patience_s: float = 60.0) -> None:
-        """Run a synthetic one-row request through every stage, so compiled kernels, channels and
-        the dense runtime are hot before the first real request (scores are discarded). A worker
-        that is still cold may miss the deadline at first: retry for ``patience_s``, then fail."""
-        record = {s.column: ("0" if s.kind != "dense" else 0.0) for s in self.schema.slots}
-        body = orjson.dumps([record])
+        """Run synthetic one-row requests (a list of records, and a ranking request in column form)
+        through every stage, so compiled kernels, channels and the dense runtime are hot before the
+        first real request (scores are discarded). A worker that is still cold may miss the
+        deadline at first: retry for ``patience_s``, then fail."""
+        slots = self.schema.slots
+        value = {s.column: ("0" if s.kind != "dense" else 0.0) for s in slots}
+        context = {s.column: value[s.column] for s in slots if s.scope == "context"}
+        items = {s.column: [value[s.column]] for s in slots if s.scope == "item"}
+        bodies = [orjson.dumps([value]), orjson.dumps({"context": context, "items": items})]
         deadline, done = time.monotonic() + patience_s, 0
-        while done < rounds:
-            status, payload = self.score(body, JSON)
+        while done < rounds * len(bodies):
+            status, payload = self.score(bodies[done % len(bodies)], JSON)
             if status == 200:
                 done += 1
             elif status != 503 or time.monotonic() > deadline:
@@ -219,7 +224,11 @@ class Scorer:
             return batch
         if ctype not in (JSON, "text/json", ""):
             raise ScoringError(415, f"unsupported content type {ctype!r}: send {JSON} or {BINARY}")
-        try:
+        scanned = from_json(body, self.schema)  # a column-form request, read from its bytes
+        if scanned is not None:
+            self._check_rows(scanned.num_rows)
+            return scanned
+        try:  # any other body, or a mistake (named by orjson and transform)
             request = orjson.loads(body)
         except orjson.JSONDecodeError as e:
             raise ScoringError(400, f"malformed JSON: {e}") from None

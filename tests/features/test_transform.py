@@ -6,7 +6,7 @@ from features import stream
 from features.codec import decode, encode
 from features.readers import read_obd, to_records
 from features.schema import SchemaError, load_schema, schema_from_dict
-from features.transform import FeatureError, dense_matrix, transform
+from features.transform import FeatureError, dense_matrix, from_json, transform
 from serving.scoring.client import column_form
 
 CRITEO = load_schema("data/schemas/criteo.yaml")
@@ -227,3 +227,14 @@ def test_infinite_dense_values_are_refused_in_every_form():
         transform([{"I1": 1}, {"I1": float("-inf")}], CRITEO)
     with pytest.raises(FeatureError, match="'I1'.*not finite"):
         transform({"items": {"I1": [1.0, 1e999]}}, CRITEO)
+
+
+def test_a_feature_beyond_float32_is_refused_not_served_as_inf():
+    """1e300 is a finite double, but as a float32 model input it would be inf (scores NaN)."""
+    for body in ({"items": {"I1": [1.0, 1e300]}}, {"items": [{"I1": 1.0}, {"I1": 1e300}]}):
+        assert transform(body, CRITEO).dense.max() < 700  # log1p keeps Criteo's counts small
+    unclipped = schema_from_dict({"slots": [{"name": "a"}, {"name": "x", "kind": "dense"}]})
+    for body in ({"items": {"a": ["1", "2"], "x": [1.0, 1e300]}}, [{"a": "1", "x": 1e300}]):
+        with pytest.raises(FeatureError, match="'x'.*beyond float32"):
+            transform(body, unclipped)
+    assert from_json(orjson.dumps({"items": {"a": ["1"], "x": [1e300]}}), unclipped) is None
