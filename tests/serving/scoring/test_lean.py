@@ -117,6 +117,7 @@ def test_scores_like_offline_with_the_core_statuses_and_its_token(lean):
             400,
             "same non-zero",
         ),
+        (js, "POST", "/predictions/criteo", b'{"items": {"C1": ["a"], "I1": ["x"]}}', 400, "'I1'"),
         (
             {**key, "Content-Type": "text/plain"},
             "POST",
