@@ -35,7 +35,8 @@ SLOT_SHIFT = np.uint64(SIGN_BITS)
 SlotIds = int | NDArray[np.integer]  # one slot id for all values, or one per value
 
 
-def _prefixes(slot_id: SlotIds, n: int) -> NDArray[np.uint64]:
+def slot_prefixes(slot_id: SlotIds, n: int) -> NDArray[np.uint64]:
+    """``slot_id << SIGN_BITS`` for one slot id, or for each of n (checked): a sign's top bits."""
     ids = np.atleast_1d(np.asarray(slot_id, dtype=np.int64))
     if ids.size and (ids.min() < 1 or ids.max() > MAX_SLOT_ID):
         raise ValueError(f"slot ids must be in 1..{MAX_SLOT_ID}")
@@ -47,7 +48,7 @@ def _prefixes(slot_id: SlotIds, n: int) -> NDArray[np.uint64]:
 def hash_str_list(values: list[str], slot_id: SlotIds) -> NDArray[np.uint64]:
     """``hash_values`` for a Python list of str: one join + one UTF-8 encode + one compiled pass
     (several times faster than building a numpy string array first)."""
-    prefixes = _prefixes(slot_id, len(values))
+    prefixes = slot_prefixes(slot_id, len(values))
     if values:
         try:
             text = "\0".join(values)
@@ -71,7 +72,7 @@ def hash_str_columns(columns: list[list[str]], slot_ids: list[int]) -> NDArray[n
         text = "\0".join(map("\0".join, columns))
     except TypeError:
         raise ValueError("hash_str_columns needs columns of str") from None
-    out = _hash_text(text, m * len(columns), _prefixes(np.asarray(slot_ids, np.int64), len(slot_ids)), m)
+    out = _hash_text(text, m * len(columns), slot_prefixes(np.asarray(slot_ids, np.int64), len(slot_ids)), m)
     if out is None:
         raise ValueError("a value contains NUL")
     return out
@@ -100,7 +101,7 @@ def hash_values(values: NDArray[np.str_], slot_id: SlotIds) -> NDArray[np.uint64
     """Signs (uint64) of string values, in one compiled pass. ``slot_id``: one id for all values,
     or one id per value (to hash several slots' columns in one call)."""
     u = _as_unicode(values)
-    prefixes = _prefixes(slot_id, len(u))
+    prefixes = slot_prefixes(slot_id, len(u))
     from features.xxh64 import hash_codepoints
 
     return hash_codepoints(_codepoints(u), np.uint64(SIGN_SEED), prefixes, SIGN_MASK)

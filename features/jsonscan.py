@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from features.floats import to_float
-from features.hashing import SIGN_MASK, SIGN_SEED, SLOT_SHIFT
+from features.hashing import SIGN_MASK, SIGN_SEED, slot_prefixes
 from features.inputs import Scanned
 from features.schema import Slot
 from features.xxh64 import xxh64_at
@@ -71,7 +71,12 @@ class ScanTable:
             name_off=np.cumsum([0] + [len(e) for e in encoded]).astype(np.int64),
             kind=np.array([CATEGORICAL] * len(categorical) + [DENSE] * len(dense), np.int8),
             row=np.array(list(range(len(categorical))) + list(range(len(dense))), np.int64),
-            prefix=np.array([s.id << int(SLOT_SHIFT) for s in categorical] + [0] * len(dense), np.uint64),
+            prefix=np.concatenate(
+                [
+                    slot_prefixes(np.array([s.id for s in categorical], np.int64), len(categorical)),
+                    np.zeros(len(dense), np.uint64),
+                ]
+            ),  # fmt: skip
             required=np.array([s.required for s in slots], bool),
         )
 
