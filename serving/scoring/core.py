@@ -151,6 +151,7 @@ class Scorer:
 
     def __init__(self, config: ScoringConfig, worker=None):
         self.config = config
+        self._said_parsed = False  # a column-form request missed the compiled scan (logged once)
         vdir = Path(config.version_dir)
         self.manifest = model_store.read_manifest(vdir, verify=False)  # _SUCCESS and a readable manifest
         self.schema: Schema = load_schema(vdir / "schema.yaml")
@@ -238,9 +239,16 @@ class Scorer:
         elif isinstance(items, dict):  # the column form: the longest column counts
             self._check_rows(max((len(v) for v in items.values() if isinstance(v, list)), default=0))
         try:
-            return transform(request, self.schema)
+            batch = transform(request, self.schema)
         except FeatureError as e:
             raise ScoringError(400, str(e)) from None
+        if isinstance(items, dict) and not self._said_parsed:  # a slower path a client can leave
+            self._said_parsed = True
+            log.warning("a column-form request was parsed by orjson: the compiled scan (features/jsonscan.py) "
+                        "takes item strings of printable ASCII without escapes, numbers of at most 18 "
+                        "significant digits and no item-scoped multi-valued slot; its decode takes about "
+                        "half the time (said once per process)")  # fmt: skip
+        return batch
 
     def lookup(self, batch: CompactBatch, body: bytes | None = None) -> Inputs:
         """The dense model's inputs of a decoded request: its pooled rows (read from the embedding

@@ -7,6 +7,11 @@ frontend serves them on its Prometheus port (``metrics_mode=prometheus``) beside
 metrics declared in its metrics config, so ``write_metrics_config`` writes TorchServe's default
 config plus ``SCORING``; ``ScoringMetrics`` records one reply of the scoring core.
 
+Each observation is a log line the worker writes and the frontend parses, six per request; a
+thread writes them within ``flush_s`` of the reply, off the request path. On the 2-vCPU VM,
+TorchServe + co-located, two interleaved pairs: p99 at 50 rps 9.2 / 9.8 ms against 11.7 / 9.4
+written inline, at 100 rps 8.4 / 8.7 against 11.6 / 9.9 (with no metrics at all: 8.7 / 9.2 at 50).
+
 - ``recserve_scoring_requests_total{status, dense_version, embedding_version}``: requests by HTTP
   status, the worker's dense version and the embedding version read ("none" when not scored:
   TorchServe drops a metric line with an empty dimension);
@@ -21,6 +26,8 @@ config plus ``SCORING``; ``ScoringMetrics`` records one reply of the scoring cor
 
 from __future__ import annotations
 
+import collections
+import threading
 from pathlib import Path
 
 import yaml
@@ -58,7 +65,12 @@ class ScoringMetrics:
     """Records replies of the scoring core (``serving.scoring.core.Reply``) as TorchServe metrics."""
 
     def __init__(
-        self, context, dense_version: str, lookup_modes: list[str] | tuple[str, ...] = (), runtime: str = ""
+        self,
+        context,
+        dense_version: str,
+        lookup_modes: list[str] | tuple[str, ...] = (),
+        runtime: str = "",
+        flush_s: float = 0.2,
     ):
         from ts.metrics.metric_type_enum import MetricTypes
 
@@ -78,10 +90,34 @@ class ScoringMetrics:
             for rt in RUNTIMES:
                 runtimes.add_or_update(int(rt == runtime), [self.model, "Model", rt])
 
+        self._pending: collections.deque = collections.deque()  # replies not yet written
+        self._stop = threading.Event()
+        self._flusher = threading.Thread(
+            target=self._flush_every, args=(flush_s,), name="recserve-metrics", daemon=True
+        )
+        self._flusher.start()
+
     def record(self, reply) -> None:
-        v = reply.versions
+        """Queues the reply's observations; the flusher thread writes them (``flush``)."""
+        self._pending.append(reply)
+
+    def flush(self) -> None:
+        """Writes every queued reply's observations: its request count and its stage times."""
         dims = [self.model, "Model"]
-        dense, embedding = v.get("dense") or self.dense_version, v.get("embedding") or "none"
-        self.requests.add_or_update(1, [*dims, str(reply.status), str(dense), str(embedding)])
-        for stage, ms in reply.timings.items():
-            self.stages.add_or_update(ms / 1e3, [*dims, stage])
+        while self._pending:
+            reply = self._pending.popleft()
+            v = reply.versions
+            dense, embedding = v.get("dense") or self.dense_version, v.get("embedding") or "none"
+            self.requests.add_or_update(1, [*dims, str(reply.status), str(dense), str(embedding)])
+            for stage, ms in reply.timings.items():
+                self.stages.add_or_update(ms / 1e3, [*dims, stage])
+
+    def close(self) -> None:
+        """Stops the flusher, then writes what is still queued."""
+        self._stop.set()
+        self._flusher.join()
+        self.flush()
+
+    def _flush_every(self, seconds: float) -> None:
+        while not self._stop.wait(seconds):
+            self.flush()

@@ -77,7 +77,7 @@ def test_nothing_published_is_a_503_naming_why_then_the_published_version_serves
 
 
 def test_scores_like_offline_with_the_core_statuses_and_its_token(lean):
-    root, port, _, key_file, _ = lean
+    root, port, _, key_file, log = lean
     wait_until(lambda: _get(port, "/ping")[0] == 200, 60, "serving")
     assert os.stat(key_file).st_mode & 0o077 == 0  # the key is the user's alone
     client = ScoringClient(f"http://127.0.0.1:{port}/predictions/criteo", key_file=str(key_file))
@@ -153,6 +153,13 @@ def test_scores_like_offline_with_the_core_statuses_and_its_token(lean):
     assert (
         'status="413"} 2.0' in metrics
         and 'recserve_scoring_version{model="criteo",version="1"} 1.0' in metrics
+    )
+    # a column form the compiled scan leaves to orjson (an escape) scores, and the log says so once
+    assert not any("parsed by orjson" in line for line in log)
+    status, _ = _get(port, "/predictions/criteo", js, "POST", b'{"items": {"C1": ["\\u0061"], "I1": [1]}}')
+    assert status == 200
+    wait_until(
+        lambda: any("parsed by orjson" in line for line in log), 10, "the note that the scan was missed"
     )
 
 
