@@ -81,13 +81,14 @@ class ScanTable:
         )
 
 
-def scan(body: bytes, table: ScanTable) -> tuple[Scanned, bytes | None] | None:
+def scan(body: bytes, table: ScanTable, max_rows: int) -> tuple[Scanned, bytes | None] | None:
     """``body`` read by the compiled pass: its item columns, and its context's JSON bytes (None when
-    it has no context member); None when the body is not in the form above."""
+    it has no context member); None when the body is not in the form above, or holds more than
+    ``max_rows`` items (counted before anything is allocated: the caller's limit answers it)."""
     buf = np.frombuffer(body, np.uint8)
     n, signs, values, c0, c1 = _scan(
         buf, table.names, table.name_off, table.kind, table.row, table.prefix, table.required,
-        np.uint64(SIGN_SEED), SIGN_MASK,
+        np.uint64(SIGN_SEED), SIGN_MASK, max_rows,
     )  # fmt: skip
     if n <= 0:
         return None
@@ -337,9 +338,10 @@ def _numbers(buf, i, out, required):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def _scan(buf, names, off, kind, row, prefix, required, seed, mask):  # type: ignore[no-untyped-def]
+def _scan(buf, names, off, kind, row, prefix, required, seed, mask, max_rows):  # type: ignore[no-untyped-def]
     """(rows, signs, values, context start, context end); rows -1 when the body is not the fast
-    form (the context bounds are -1 when there is no context member)."""
+    form or has more than ``max_rows`` items (the context bounds are -1 when there is no context
+    member)."""
     kc = 0
     for j in range(len(kind)):
         kc += kind[j] == CATEGORICAL
@@ -400,7 +402,7 @@ def _scan(buf, names, off, kind, row, prefix, required, seed, mask):  # type: ig
                     return no
                 if rows < 0:
                     rows = _count(buf, i)
-                    if rows <= 0:
+                    if rows <= 0 or rows > max_rows:
                         return no
                     signs = np.empty((kc, rows), np.uint64)
                     values = np.empty((kd, rows), np.float64)

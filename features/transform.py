@@ -43,16 +43,18 @@ _NONE = type(None)
 
 # --- column groups -> arrays --------------------------------------------------------------------
 def _strings(cols: list[Column], slots: list[Slot]) -> NDArray[np.str_]:
-    """(k, m) unicode array of k categorical columns; missing (None) becomes ""."""
-    try:
-        arr = np.array(cols)
-    except ValueError:
-        raise FeatureError("records have inconsistent columns") from None
-    if arr.dtype.kind == "U" and arr.ndim == 2:
-        return arr
-    if arr.ndim != 2:  # lists where single values belong
-        arr = np.empty((len(cols), len(cols[0])), dtype=object)
-        arr[:] = [list(c) for c in cols]
+    """(k, m) unicode array of k categorical columns (a Table's arrays, or values as sent: strings,
+    integers or None); missing (None) becomes ""."""
+    if all(isinstance(c, np.ndarray) and c.dtype.kind == "U" for c in cols):  # a Table's columns
+        return np.array(cols)
+    # values as sent keep their Python types (np.array would turn [5, 1.5] into floats and
+    # [1.5, ""] into strings); one C-level pass per column
+    m = len(cols[0])
+    if any(len(c) != m for c in cols):
+        raise FeatureError("records have inconsistent columns")
+    arr = np.empty((len(cols), m), dtype=object)
+    for j, c in enumerate(cols):
+        arr[j] = np.fromiter(c, object, m)
     flat = arr.reshape(-1)
     bad = set(map(type, flat)) - {str, int, _NONE}
     if bad:
@@ -274,16 +276,17 @@ def transform(records: Records, schema: Schema) -> CompactBatch:
     return _batch(normalise(records, schema), schema)
 
 
-def from_json(body: bytes, schema: Schema) -> CompactBatch | None:
+def from_json(body: bytes, schema: Schema, max_rows: int = 1 << 62) -> CompactBatch | None:
     """The batch of a column-form request read straight from its bytes (``features.jsonscan``),
-    equal to ``transform(orjson.loads(body), schema)``; None for a body outside the scan's form or
-    one that is a mistake: the caller then parses it, and orjson and ``transform`` name the error."""
+    equal to ``transform(orjson.loads(body), schema)``; None for a body outside the scan's form, of
+    more than ``max_rows`` items, or one that is a mistake: the caller then parses it, and orjson,
+    its limit and ``transform`` name the error."""
     table = _plan(schema).layouts[True].scan
     if table is None:
         return None
     from features.jsonscan import scan
 
-    scanned = scan(body, table)
+    scanned = scan(body, table, max_rows)
     if scanned is None:
         return None
     items, context_json = scanned

@@ -225,9 +225,8 @@ class Scorer:
             return batch
         if ctype not in (JSON, "text/json", ""):
             raise ScoringError(415, f"unsupported content type {ctype!r}: send {JSON} or {BINARY}")
-        scanned = from_json(body, self.schema)  # a column-form request, read from its bytes
+        scanned = from_json(body, self.schema, self.config.max_items)  # the column form, from its bytes
         if scanned is not None:
-            self._check_rows(scanned.num_rows)
             return scanned
         try:  # any other body, or a mistake (named by orjson and transform)
             request = orjson.loads(body)

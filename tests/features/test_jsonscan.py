@@ -74,6 +74,12 @@ def test_a_request_with_a_context_scans_and_stores_it_once():
     assert scanned(body) == reference(body) is not None  # the context is orjson's: escapes and all
 
 
+def test_a_request_over_the_row_limit_is_left_to_the_caller_before_any_work():
+    body = b'{"items": {"item": ["a", "b", "c"], "z": [1, 2, 3]}}'
+    assert from_json(body, SMALL, max_rows=2) is None  # the caller's parse then answers its 413
+    assert scanned(body) == encode(from_json(body, SMALL, max_rows=3)) == reference(body)
+
+
 def test_absent_and_null_values_are_missing_as_in_the_parsed_form():
     body = b'{"items": {"item": ["a", "b"], "cat": [null, ""], "x": [null, 2], "z": [1, 2.5]}}'
     assert scanned(body) == reference(body) is not None
@@ -189,7 +195,12 @@ def requests(draw):
     request = {"items": items}
     if draw(st.booleans()):
         request["context"] = draw(
-            st.one_of(st.none(), st.fixed_dictionaries({}, optional={"user": any_text, "age": numbers}))
+            st.one_of(
+                st.none(),
+                st.fixed_dictionaries(
+                    {}, optional={"user": st.one_of(any_text, numbers, st.booleans()), "age": numbers}
+                ),
+            )
         )
     body = orjson.dumps(request)
     if draw(st.booleans()):  # the same request spelled with whitespace between its tokens

@@ -238,3 +238,21 @@ def test_a_feature_beyond_float32_is_refused_not_served_as_inf():
         with pytest.raises(FeatureError, match="'x'.*beyond float32"):
             transform(body, unclipped)
     assert from_json(orjson.dumps({"items": {"a": ["1"], "x": [1e300]}}), unclipped) is None
+
+
+def test_numbers_sent_for_a_categorical_field_are_named_or_hashed_as_text():
+    """An int is hashed as its text wherever it comes (a context, a column, a record); a float or
+    a bool is a FeatureError naming the field, never a crash, never hashed silently."""
+    request = {"context": {"user_feature_0": 5}, "items": {"item_id": ["1"]}}
+    as_text = {"context": {"user_feature_0": "5"}, "items": {"item_id": ["1"]}}
+    assert encode(transform(request, OBD)) == encode(transform(as_text, OBD))
+    bad = [
+        {"context": {"user_feature_0": 1.5}, "items": {"item_id": ["1"]}},
+        {"context": {"user_feature_0": True, "user_feature_1": 2}, "items": {"item_id": ["1"]}},
+        {"items": {"item_id": ["1", "2"], "item_feature_1": [1.5, ""]}},
+        [{"C1": 1.5}, {"C1": "x"}],
+    ]
+    for records in bad:
+        schema = CRITEO if isinstance(records, list) else OBD
+        with pytest.raises(FeatureError, match="expected a string or integer"):
+            transform(records, schema)
