@@ -220,6 +220,15 @@ def _number(buf: Any, i: int) -> tuple[float, int]:
     return (v, i) if ok else (0.0, -1)
 
 
+@numba.njit(inline="always")
+def _string_end(buf: Any, i: int) -> int:
+    """i just after an opening quote: the index of its closing quote, escapes skipped (len(buf)
+    or beyond when there is none)."""
+    while i < len(buf) and buf[i] != _QUOTE:
+        i += 2 if buf[i] == _BACKSLASH else 1
+    return i
+
+
 @numba.njit(cache=True, nogil=True)
 def _skip_object(buf: Any, i: int) -> int:
     """i at '{': the index after its matching '}' by bracket depth (strings skipped with their
@@ -228,9 +237,7 @@ def _skip_object(buf: Any, i: int) -> int:
     while i < len(buf):
         c = buf[i]
         if c == _QUOTE:
-            i += 1
-            while i < len(buf) and buf[i] != _QUOTE:
-                i += 2 if buf[i] == _BACKSLASH else 1
+            i = _string_end(buf, i + 1)
         elif c == _LBRACE or c == _LBRACKET:
             depth += 1
         elif c == _RBRACE or c == _RBRACKET:
@@ -252,9 +259,7 @@ def _count(buf: Any, i: int) -> int:
     while i < len(buf):
         c = buf[i]
         if c == _QUOTE:
-            i += 1
-            while i < len(buf) and buf[i] != _QUOTE:
-                i += 2 if buf[i] == _BACKSLASH else 1
+            i = _string_end(buf, i + 1)
         elif c == _COMMA:
             n += 1
         elif c == _RBRACKET:
@@ -281,15 +286,15 @@ def _column(buf: Any, name_start: int, name_end: int, names: Any, off: Any) -> i
 
 
 @numba.njit(inline="always")
-def _next(buf: Any, i: int) -> int:
-    """i after an array's value: the next value's index (after a comma), 0 at the closing
-    bracket, or -1."""
-    if _at(buf, i, _COMMA):  # the usual case first
+def _next(buf: Any, i: int, last: bool) -> int:
+    """i after an array's value: the next value's index (after a comma) when more are due, the
+    closing bracket's index after the ``last`` one; -1 otherwise (too few, too many, not JSON)."""
+    if not last and _at(buf, i, _COMMA):  # the usual case, first (2x faster than _ws first)
         return _ws(buf, i + 1)
     i = _ws(buf, i)
-    if _at(buf, i, _COMMA):
-        return _ws(buf, i + 1)
-    return 0 if _at(buf, i, _RBRACKET) else -1
+    if last:
+        return i if _at(buf, i, _RBRACKET) else -1
+    return _ws(buf, i + 1) if _at(buf, i, _COMMA) else -1
 
 
 @numba.njit(inline="always")
@@ -309,11 +314,10 @@ def _strings(buf, i, out, prefix, empty, required, seed, mask):  # type: ignore[
             i += 4
         else:
             return -1
-        end = i
-        i = _next(buf, i)
-        if i <= 0:
-            return -1 if i < 0 or r + 1 < len(out) else _ws(buf, end)
-    return -1
+        i = _next(buf, i, r + 1 == len(out))
+        if i < 0:
+            return -1
+    return i
 
 
 @numba.njit(inline="always")
@@ -330,11 +334,10 @@ def _numbers(buf, i, out, required):  # type: ignore[no-untyped-def]
             if i < 0:
                 return -1
             out[r] = v
-        end = i
-        i = _next(buf, i)
-        if i <= 0:
-            return -1 if i < 0 or r + 1 < len(out) else _ws(buf, end)
-    return -1
+        i = _next(buf, i, r + 1 == len(out))
+        if i < 0:
+            return -1
+    return i
 
 
 @numba.njit(cache=True, nogil=True)

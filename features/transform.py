@@ -254,16 +254,19 @@ def _dense(inp: Input, d: _Dense, once: bool) -> NDArray[np.float32]:
         return np.zeros((rows, 0), np.float32)
     from features.kernels import LOG1P_DOMAIN, dense_columns
 
-    scanned = not once and isinstance(inp.items, Scanned)
-    cols = [] if scanned else inp.columns(list(d.slots), once, None)
-    raw = inp.items.values if isinstance(inp.items, Scanned) and scanned else _numbers(cols, d.slots)
+    cols: list[Column] | None = None  # None: the scan's values, already numbers
+    if not once and isinstance(inp.items, Scanned):
+        raw = inp.items.values
+    else:
+        cols = inp.columns(list(d.slots), once, None)
+        raw = _numbers(cols, d.slots)
     out, bad, why = dense_columns(raw, d.default, d.lo, d.hi, d.log1p, d.mean, d.std)
     if why == LOG1P_DOMAIN:
         raise FeatureError(
             f"field {d.slots[bad].column!r}: log1p of a value <= -1 (add clip_min to the schema)"
         )
     if why:  # a raw value that is not finite (named), or one whose feature is beyond float32
-        where = None if scanned else _first_bad(cols, d.slots)
+        where = None if cols is None else _first_bad(cols, d.slots)
         if where is None:
             raise FeatureError(f"field {d.slots[bad].column!r}: a value beyond float32 once transformed")
         raise FeatureError(f"{where}: value is not finite")
