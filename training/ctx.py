@@ -16,9 +16,9 @@ Prefetch (``prefetch=True``, only meaningful with K >= 1): iterate the epoch thr
 ``backward`` sends its PS gradients together with the lookup of the batch after next, one
 ``UpdateLookup`` round trip per shard per step (``EmbeddingWorker.push_lookup``); the rows arrive
 while the next step runs, so the PS's work overlaps the dense network's. The first step of an
-epoch looks up its own batch and the next one (on a background thread). Rows so read miss the
-update of the step in between, i.e. they are one batch staler than the worker counts; give the
-worker staleness K-1 to keep the bound K (``train.py`` does).
+epoch looks up its own batch and the next one (on a background thread). Rows so read may miss the
+update of the step in between, i.e. they are up to one batch staler than the worker counts; give
+the worker staleness K-1 to keep the bound K (``train.py`` does).
 """
 
 from __future__ import annotations

@@ -195,8 +195,9 @@ class EmbeddingWorker:
         the rows of distinct ``lookup`` signs, inserting, read after the update: a Future of float32
         (len(lookup), dim) in ``lookup`` order, failing with the call. These calls run one at a
         time in the order queued, each once at most K older updates are in flight, so the rows
-        miss the updates pushed after this one and at most K others. The trainer sends a step's
-        gradients with the batch after next's signs."""
+        miss at most K updates queued before this one. A ``push`` queued after it runs on an update
+        thread, unordered with it, so the rows may hold it too (fresher, never staler). The trainer
+        sends a step's gradients with the batch after next's signs."""
         self._check_open()
         self._raise_error()
         grads = self._checked_grads(signs, grads)

@@ -64,7 +64,8 @@ class CountingShard(LocalShard):
 def test_prefetch_sends_one_update_lookup_per_shard_per_step(flush_after):
     """Six batches, two shards, K = 1 (the worker is told 0). Each shard gets the first two
     batches' lookups, then one update_lookup per step whose lookup is the batch after next's signs
-    it owns, read after every earlier step's update and its own; the last two steps only update.
+    it owns, read after every earlier step's update and its own (the last one perhaps after step 4's
+    too, pushed while it was on its way); the last two steps only update.
     A flush in the middle (a checkpoint) waits for the rows on their way and keeps them."""
     schema = load_schema(SCHEMA)
     batches = data.batches(data.take(stream.read(TRAIN, schema, limit=192), slice(0, 192)), schema, 32)
@@ -111,7 +112,11 @@ def test_prefetch_sends_one_update_lookup_per_shard_per_step(flush_after):
         exchanges = [(signs, applied) for kind, signs, applied in shard.calls if kind == "update_lookup"]
         for t, (signs, applied) in enumerate(exchanges):
             np.testing.assert_array_equal(signs, mine[t + 2])  # step t's call looks up batch t + 2
-            assert applied == t + 1  # after steps 0..t's updates, its own the last
+            # after steps 0..t's updates, its own the last. The last exchange may also see step 4's
+            # plain update: a push runs on an update thread, beside an exchange still on its way
+            # (fresher rows, never staler); earlier ones cannot, step 4 needs step 2's rows first
+            late = {t + 1, t + 2} if t == len(exchanges) - 1 else {t + 1}
+            assert applied in late, (t, applied)
 
 
 def test_a_plan_that_replicates_every_table_never_asks_the_ps():
