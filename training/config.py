@@ -9,6 +9,9 @@ from pathlib import Path
 from model_store.layout import default_root
 from serving.ps import optim
 
+DEVICES = ("auto", "cpu", "cuda")
+"""Where the dense network can train (``--device``; ``training.ranks.choose_device``)."""
+
 
 @dataclass
 class TrainConfig:
@@ -157,6 +160,9 @@ class TrainConfig:
     """Training-curve PNG path ('' : eval/curve.png in the version, or none without export)."""
     progress: bool = True
     """Show a progress bar."""
+    device: str = field(default="auto", metadata={"choices": list(DEVICES)})
+    """Where the dense network trains: auto (a GPU where torch sees one, else the CPU), cpu or
+    cuda. On GPUs, torchrun's local rank r takes GPU r: a host needs a GPU per rank."""
     threads: int = 0
     """torch intra-op threads (0: half the CPUs, at least 1: the PS shards, the worker's update
     and prefetch threads need the rest; torch's own default of all CPUs oversubscribes them and
@@ -191,6 +197,8 @@ class TrainConfig:
             raise ValueError("epochs and batch_size must be >= 1")
         if self.staleness < 0:
             raise ValueError("staleness must be >= 0")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.ps and self.inprocess_ps:
             raise ValueError("--ps and --inprocess-ps exclude each other")
         if self.shuffle_buffer < 0:

@@ -79,7 +79,8 @@ class SignTable(nn.Module):
         return torch.from_numpy(np.concatenate(idx).astype(np.int64)), torch.from_numpy(offsets), w
 
     def forward(self, batch: CompactBatch) -> Tensor:
-        idx, offsets, w = self.bags(batch)
+        device = self.bag.weight.device  # the dense network's: the table moves with it
+        idx, offsets, w = (t.to(device) if t is not None else None for t in self.bags(batch))
         pooled = self.bag(idx, offsets, per_sample_weights=w)  # (S * B, D), slot-major
         return pooled.view(batch.num_slots, batch.num_rows, -1).transpose(0, 1)
 
@@ -93,9 +94,13 @@ def sparse_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
 
 
 class InProcessCtx:
-    """``TrainCtx``'s verbs over a ``SignTable`` in the trainer (no PS, no worker)."""
+    """``TrainCtx``'s verbs over a ``SignTable`` in the trainer (no PS, no worker), on the dense
+    network's device (where the table must be too)."""
 
     def __init__(self, table: SignTable, dense_model: nn.Module, dense_optimizer, sparse_opt, schema: Schema):
+        self.device = next(unwrap(dense_model).parameters()).device
+        if table.bag.weight.device != self.device:
+            raise ValueError(f"the table is on {table.bag.weight.device}, the dense network on {self.device}")
         self.table = table
         self.model = dense_model
         self.optimizer = dense_optimizer
@@ -103,7 +108,7 @@ class InProcessCtx:
         self.schema = schema
 
     def forward(self, batch: CompactBatch) -> Tensor:
-        dense = torch.from_numpy(dense_matrix(batch, self.schema))
+        dense = torch.from_numpy(dense_matrix(batch, self.schema)).to(self.device)
         return self.model(self.table(batch), dense)
 
     def backward(self, loss: Tensor) -> None:
@@ -121,10 +126,10 @@ class InProcessCtx:
         try:
             pooled = self.table(batch)
             dense = torch.from_numpy(dense_matrix(batch, self.schema))
-            logits = model(pooled, dense)
+            logits = model(pooled, dense.to(self.device))
         finally:
             model.train(was_training)
-        return Prediction(logits.numpy(), pooled.contiguous().numpy(), dense.numpy())
+        return Prediction(logits.cpu().numpy(), pooled.contiguous().cpu().numpy(), dense.numpy())
 
     def steps(self, batches: Iterable[CompactBatch]) -> Iterable[CompactBatch]:
         return batches

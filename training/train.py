@@ -4,7 +4,7 @@ Reads top to bottom: config -> data -> embeddings (PS shards + worker) -> dense 
 (with evaluation, progress and delta cuts) -> export to the model store. One process, or one per
 rank under torchrun (``WORLD_SIZE`` > 1): the data streams from disk every epoch (training/data.py)
 and every rank reads its own pieces of the training rows, rank 0 starts the PS shards and hands
-their addresses to the others, dense gradients are all-reduced by DDP (gloo on CPU, NCCL on GPU),
+their addresses to the others, dense gradients are all-reduced by DDP (gloo on CPU, NCCL on GPU: ``training/ranks.py``),
 sparse updates go straight from each rank's worker to the shards. Rank 0 evaluates and exports.
 Everything started here is stopped at the end, on error too.
 
@@ -34,9 +34,8 @@ from tqdm import tqdm
 from features.schema import load_schema
 from features.stream import ReadOptions
 from serving.rpc.auth import new_token_file
-from training import data
+from training import data, ranks
 from training import plan as sharding
-from training.attempt import attempt_store
 from training.checkpoint import Checkpointer, checkpoint_dir, latest, parse_every
 from training.cluster import Cluster, ShardSpec, open_cluster, start_shards, stop_processes
 from training.config import TrainConfig
@@ -72,18 +71,18 @@ class TrainResult:
 
 def train(cfg: TrainConfig) -> TrainResult:
     # ---- distributed setup ---------------------------------------------------------------------
-    rank, world = _init_distributed()
+    device = ranks.choose_device(cfg.device)
+    rank, world = ranks.join(device)
     try:
-        return _train(cfg, rank, world)
+        return _train(cfg, rank, world, device)
     finally:
         if world > 1:
             dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
+def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> TrainResult:
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 2) // 2))
     torch.manual_seed(cfg.seed)  # identical dense init on every rank (DDP also broadcasts it)
-    device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu")
 
     # ---- data: streamed every epoch; one pass first counts every rank's rows and dense moments --
     # the schema stays the file as loaded (the feature contract, fingerprinted); the statistics
@@ -91,7 +90,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
     schema = load_schema(cfg.schema)
     read = ReadOptions(format=cfg.data_format, block_size=cfg.block_size, numeric_dense=True)
     train_split = data.Split(cfg.data, schema, read, cfg.limit, part=(rank, world))
-    scans = _all_ranks(train_split.scan(), world)
+    scans = ranks.all_ranks(train_split.scan(), world)
     dense_mean = dense_std = None
     if cfg.dense_stats and schema.dense:  # over all ranks' rows, so every rank gets the same ones
         stats = functools.reduce(data.Scan.merge, scans).stats(schema)
@@ -140,7 +139,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
             if world > 1:
                 raise ValueError("embeddings=inprocess is a single-process baseline")
             vocab = train_split.batches(cfg.batch_size)  # one extra pass for the vocabulary
-            table = SignTable.from_batches(vocab, schema, cfg.dim, cfg.init_scale, cfg.seed)
+            table = SignTable.from_batches(vocab, schema, cfg.dim, cfg.init_scale, cfg.seed).to(device)
             ctx = InProcessCtx(
                 table,
                 model,
@@ -178,7 +177,7 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
         ckpt_dir = checkpoint_dir(cfg.store, cfg.model, cfg.checkpoint_dir)
         checkpoints = Checkpointer(
             ckpt_dir, parse_every(cfg.checkpoint_every), cfg.checkpoint_keep, rank, world,
-            sync=lambda: dist.barrier() if world > 1 else None, agree=functools.partial(_agree, world),
+            sync=lambda: dist.barrier() if world > 1 else None, agree=functools.partial(ranks.agree, world),
         )  # fmt: skip
         if cfg.resume:
             resumed = latest(ckpt_dir)
@@ -322,40 +321,6 @@ def _train(cfg: TrainConfig, rank: int, world: int) -> TrainResult:
         if world > 1:
             dist.barrier()  # the other ranks keep rank 0's shards up until the export is done
         return result
-
-
-def _init_distributed() -> tuple[int, int]:
-    """(rank, world size); joins the torchrun process group when WORLD_SIZE > 1."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if not dist.is_initialized():
-        # torchrun's restarted ranks reuse its store, where the last start's keys (every rank's
-        # gloo address among them) are still set: each start's process group gets keys of its own
-        store, rank, world = next(dist.rendezvous("env://"))
-        dist.init_process_group(backend, store=attempt_store(store, rank, world), rank=rank, world_size=world)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
-    return dist.get_rank(), dist.get_world_size()
-
-
-def _all_ranks(scan: data.Scan, world: int) -> list[data.Scan]:
-    """Every rank's scan, in rank order, on every rank."""
-    if world == 1:
-        return [scan]
-    scans: list = [None] * world
-    dist.all_gather_object(scans, scan)
-    return scans
-
-
-def _agree(world: int, flag: bool) -> bool:
-    """Rank 0's ``flag`` on every rank (one tiny broadcast)."""
-    if world == 1:
-        return flag
-    t = torch.tensor([int(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
-    dist.broadcast(t, src=0)
-    return bool(t.item())
 
 
 def _open_cluster(cfg: TrainConfig, schema, spec: ShardSpec, rank: int, world: int) -> Cluster:

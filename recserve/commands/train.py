@@ -57,6 +57,7 @@ def run_args(args: argparse.Namespace) -> int:
         logging.getLogger("recserve.train").error("bad configuration: %s", e)
         return 2
     from model_store import IncompatibleVersion
+    from training.ranks import DeviceError
     from training.train import train
 
     t0 = time.perf_counter()
@@ -69,6 +70,9 @@ def run_args(args: argparse.Namespace) -> int:
             e,
         )
         return 1
+    except DeviceError as e:
+        logging.getLogger("recserve.train").error("cannot train here: %s", e)
+        return 2
     except Exception as e:
         if not out_of_room(e):
             raise

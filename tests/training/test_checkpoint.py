@@ -107,9 +107,10 @@ def _result(out: str) -> dict:
 def _env(store: Path, tmp: Path) -> dict:
     """The README's conditions: $RECSERVE_STORE is the store, torchrun and recserve on PATH; the
     runs' temporary files (a rank's PS logs and admin token) in ``tmp``, a directory of the test's
-    own, whose cleanup takes them even from a rank that was SIGKILLed."""
+    own, whose cleanup takes them even from a rank that was SIGKILLed. A CPU host: a GPU host with
+    fewer GPUs than the line's two ranks refuses it (tests/training/test_cuda.py)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    return {**os.environ, "RECSERVE_STORE": str(store), "TMPDIR": str(tmp),
+    return {**os.environ, "RECSERVE_STORE": str(store), "TMPDIR": str(tmp), "CUDA_VISIBLE_DEVICES": "",
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
 
 

@@ -288,7 +288,14 @@ def _ddp_rank(rank: int, port: int, tmp: str, sharding: str) -> None:
     os.environ["LOCAL_RANK"] = str(rank)
     torch.set_num_threads(1)
     cfg = _config(
-        Path(tmp), epochs=1, limit=2048, export=False, num_shards=1, batch_size=128, sharding=sharding
+        Path(tmp),
+        epochs=1,
+        limit=2048,
+        export=False,
+        num_shards=1,
+        batch_size=128,
+        sharding=sharding,
+        device="cpu",  # gloo; two ranks on one GPU are refused (tests/training/test_cuda.py)
     )
     result = train(cfg)
     torch.save(
