@@ -131,8 +131,12 @@ class FollowTrainer:
                     break
         else:
             while not stop.is_set() and self.clock() < deadline:
+                ready = self.watch.ready()
+                # CURRENT after the listing: a file dropped once a version was published trains
+                # into that version (read the other way round, a publish and a drop in between
+                # sent the file to the old one)
                 self._follow_current()
-                for path in self.watch.ready():
+                for path in ready:
                     if not self.train_file(path, stop, deadline):
                         break
                 self._maybe_cut()

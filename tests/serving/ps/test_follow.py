@@ -12,6 +12,7 @@ from model_store.releases import publish, rollback
 from serving.ps.follow import Follower
 from serving.ps.mapped import MappedStore
 from serving.ps.store import EmbeddingStore, StoreConfig
+from tests.helpers import wait_until
 from tests.serving.helpers import DIM, SIGNS, make_rows_version
 
 
@@ -133,6 +134,7 @@ def test_no_lookup_mixes_old_and_new_rows(tmp_path):
     threads = [threading.Thread(target=look) for _ in range(2)]
     for t in threads:
         t.start()
+    wait_until(lambda: len(answers) >= 2, 30, "lookups running before the delta is applied")
     follower.poll()
     stop.set()
     for t in threads:

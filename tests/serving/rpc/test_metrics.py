@@ -86,6 +86,6 @@ def test_a_ps_and_its_worker_say_ready_exactly_when_their_health_says_serving(tm
         wait_until(lambda: answers(ps_ready, 200) and answers(worker_ready, 200), 30, "both /ready 200")
         for port in (ps_port, worker_port):
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-                assert check(channel) == "SERVING"
+                assert check(channel, timeout_s=10) == "SERVING"
     finally:
         stop_children(procs)

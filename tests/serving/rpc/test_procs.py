@@ -14,8 +14,10 @@ from pathlib import Path
 from serving.rpc.procs import running, stop_children, stop_pid
 from tests.helpers import wait_until
 
-# a child that ignores nothing: SIGTERM ends it at once
-SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)  # recserve test child"]
+# a child that ignores nothing: SIGTERM ends it at once; MARK tells it from other processes (not
+# "recserve" alone: a checkout in a folder named recserve puts that in every interpreter's path)
+MARK = "# recserve test child"
+SLEEPER = [sys.executable, "-c", f"import time; time.sleep(600)  {MARK}"]
 
 
 def test_stop_children_stops_children_that_lead_no_process_group_at_once():
@@ -30,9 +32,9 @@ def test_stop_pid_stops_a_group_leader_and_leaves_a_process_it_did_not_start():
     leader = subprocess.Popen(SLEEPER, start_new_session=True)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
-        assert not stop_pid(other.pid, "recserve", timeout_s=1)  # not ours by its command line
+        assert not stop_pid(other.pid, MARK, timeout_s=1)  # not ours by its command line
         assert running(other.pid)
-        assert stop_pid(leader.pid, "recserve", timeout_s=10)
+        assert stop_pid(leader.pid, MARK, timeout_s=10)
         assert leader.wait(10) is not None
     finally:
         other.kill()

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -21,6 +22,7 @@ from serving.rpc.procs import stop_children
 from serving.stack.config import StackConfig
 from serving.stack.controller import Controller
 from serving.stack.state import StackState, read_state, write_state
+from serving.worker.client import WorkerClient
 from tests.helpers import ROOT, wait_until
 from tests.serving.helpers import DIM, SIGNS, make_rows_version, make_version, spawn_ps_and_worker
 
@@ -90,6 +92,8 @@ def test_recserve_versions_shows_what_each_component_serves_and_why_a_version_is
         run_dir = tmp_path / "run"
         _stack_json(run_dir, root, v1, ps=[f"127.0.0.1:{ps_port}"], worker=f"127.0.0.1:{worker_port}")
         Controller(run_dir).step()  # the controller refuses it too, into stack.json
+        with WorkerClient(f"127.0.0.1:{worker_port}", timeout_s=5.0) as worker:  # up before it is asked
+            grpc.channel_ready_future(worker.channel).result(timeout=60)
         proc = subprocess.run(
             [sys.executable, "-m", "recserve", "versions", "--store", str(root), "--model", "m",
              "--run-dir", str(run_dir)],

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def live(trained, start_stack):
     root = trained[0]
-    stack = start_stack(root, "criteo", disable_token_auth=True, poll_s=0.2)
+    # statuses, not latency: every reply across a switch must be a 200, and the handler's 1 s
+    # default deadline on the worker can expire on a busy 2-core CI box while a version maps
+    stack = start_stack(root, "criteo", disable_token_auth=True, poll_s=0.2, worker_timeout_s=10.0)
     client = ScoringClient(stack.state.endpoint)
     yield root, stack, client
     client.close()

@@ -40,7 +40,7 @@ def _wait_status(channel, want: str, timeout_s: float = 10.0) -> None:
 
 def test_before_any_version_nothing_serves_then_the_published_version_does(ps_and_worker):
     root, ps, worker = ps_and_worker
-    assert check(ps.channel) == "NOT_SERVING"
+    assert check(ps.channel, timeout_s=10) == "NOT_SERVING"  # an answer, however busy the box
     with pytest.raises(ShardError) as err:
         ps.lookup(SIGNS[:3])
     assert err.value.not_serving and err.value.code == "UNAVAILABLE"
@@ -79,7 +79,7 @@ def test_a_refused_version_is_not_served_and_every_layer_says_why(ps_and_worker)
     reason = f"not switching to version {version}: "
     st = wait_until(lambda: (s := ps.stats())["refusal"] and s, 10, "a refusal")  # polls every 0.1 s
     assert st["refusal"].startswith(reason) and "dim 8 does not match the store's dim 4" in st["refusal"]
-    assert st["version"] == "" and check(ps.channel) == "NOT_SERVING"
+    assert st["version"] == "" and check(ps.channel, timeout_s=10) == "NOT_SERVING"
     with pytest.raises(ShardError, match="dim 8 does not match"):
         ps.lookup(SIGNS[:3])
     _wait_status(worker.channel, "NOT_SERVING")

@@ -34,7 +34,10 @@ BODY = orjson.dumps(
 def stack(tmp_path_factory, start_stack):
     root = tmp_path_factory.mktemp("store")
     publish(root, "m", make_version(root))
-    return root, start_stack(root, "m", ps_shards=2, replicas=2, disable_token_auth=True, poll_s=0.2)
+    # statuses, not latency: no request may fail while a replica is killed and restarted, and the
+    # handler's 1 s default deadline on the worker can expire on a busy 2-core CI box meanwhile
+    config = dict(ps_shards=2, replicas=2, disable_token_auth=True, poll_s=0.2, worker_timeout_s=10.0)
+    return root, start_stack(root, "m", **config)
 
 
 @pytest.fixture
