@@ -5,11 +5,13 @@ thread, each reply's request count and stage times."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from types import SimpleNamespace
 
 from serving.scoring.core import Reply
 from serving.torchserve.metrics import REQUESTS, STAGES, ScoringMetrics, write_metrics_config
-from tests.helpers import wait_until
+from tests.helpers import ROOT, wait_until
 
 REPLY = Reply(200, b"{}", {"decode": 0.4, "worker": 0.9, "dense": 0.9, "encode": 0.1, "total": 2.3},
               {"dense": "3", "embedding": "3"})  # fmt: skip
@@ -56,3 +58,25 @@ def test_the_flusher_writes_within_its_period_and_close_writes_the_rest(tmp_path
     m.record(REPLY)
     m.close()
     assert len(lines(caplog, REQUESTS)) == 2
+
+
+def test_what_is_queued_when_the_worker_exits_is_written(tmp_path):
+    """TorchServe never calls a handler's close: its worker ends with sys.exit once the frontend
+    closes the socket. The replies still queued then are written at the interpreter's exit."""
+    code = f"""
+import logging, sys
+from types import SimpleNamespace
+from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+from serving.scoring.core import Reply
+from serving.torchserve.metrics import ScoringMetrics, write_metrics_config
+logging.basicConfig(stream=sys.stdout, format="%(message)s", level=logging.INFO)  # as the worker logs
+cache = MetricsCacheYamlImpl(str(write_metrics_config(__import__("pathlib").Path({str(tmp_path)!r}) / "m.yaml")))
+cache.initialize_cache()
+m = ScoringMetrics(SimpleNamespace(metrics=cache, model_name="criteo"), "3", ["local"], "onnx", 3600)
+m.record(Reply(200, b"{{}}", {{"total": 2.3}}, {{"dense": "3", "embedding": "3"}}))
+sys.exit(1)  # what TorchServe's worker does when its socket closes
+"""
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr[-3000:]
+    written = [line for line in run.stdout.splitlines() if line.startswith(f"[METRICS]{REQUESTS}.")]
+    assert len(written) == 1 and "status:200,dense_version:3,embedding_version:3" in written[0], run.stdout
