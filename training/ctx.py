@@ -70,11 +70,17 @@ class _Step(NamedTuple):
     dense_from: float  # perf_counter when the dense forward began (--profile)
 
 
-def _tensor(a: np.ndarray, device: torch.device) -> Tensor:
+def on_device(a: np.ndarray, device: torch.device) -> Tensor:
+    """``a`` as a tensor on ``device``."""
     # arrays decoded from a gRPC payload are read-only views; torch wants writable memory
     if not a.flags.writeable:
         a = a.copy()
     return torch.from_numpy(a).to(device)
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """Where the (possibly DDP-wrapped) network's parameters are: its inputs go there too."""
+    return next(unwrap(model).parameters()).device
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -126,7 +132,7 @@ class TrainCtx:
         self.model = dense_model  # possibly DDP-wrapped: its backward all-reduces dense grads
         self.optimizer = dense_optimizer
         self.schema = schema
-        self.device = next(unwrap(dense_model).parameters()).device
+        self.device = device_of(dense_model)
         self.local = np.zeros(len(schema.sparse), bool) if local is None else np.asarray(local, bool)
         if self.local.any() and replicated is None:
             raise ValueError("the plan replicates tables but no replicated store was given")
@@ -241,8 +247,8 @@ class TrainCtx:
         pooled_np = pool(plan, table)
         if prof is not None:
             t0 = prof.add("pool", t0)
-        pooled = _tensor(pooled_np, self.device).requires_grad_()
-        dense = _tensor(dense_matrix(batch, self.schema), self.device)
+        pooled = on_device(pooled_np, self.device).requires_grad_()
+        dense = on_device(dense_matrix(batch, self.schema), self.device)
         self._pending = _Step(batch.signs, on_local, plan, pooled, t0)
         return self.model(pooled, dense)
 
@@ -296,7 +302,7 @@ class TrainCtx:
             table = self._table(batch, on_local, train=False)
             pooled = np.ascontiguousarray(pool(make_plan(batch, self.schema), table), np.float32)
             dense = dense_matrix(batch, self.schema)
-            logits = model(_tensor(pooled, self.device), _tensor(dense, self.device)).cpu().numpy()
+            logits = model(on_device(pooled, self.device), on_device(dense, self.device)).cpu().numpy()
         finally:
             model.train(was_training)
         return Prediction(logits, pooled, dense)

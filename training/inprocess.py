@@ -22,7 +22,7 @@ from features.hashing import unique_signs
 from features.schema import Schema
 from features.transform import dense_matrix
 from serving.ps import optim
-from training.ctx import Prediction, unwrap
+from training.ctx import Prediction, device_of, on_device, unwrap
 
 
 class SignTable(nn.Module):
@@ -98,7 +98,7 @@ class InProcessCtx:
     network's device (where the table must be too)."""
 
     def __init__(self, table: SignTable, dense_model: nn.Module, dense_optimizer, sparse_opt, schema: Schema):
-        self.device = next(unwrap(dense_model).parameters()).device
+        self.device = device_of(dense_model)
         if table.bag.weight.device != self.device:
             raise ValueError(f"the table is on {table.bag.weight.device}, the dense network on {self.device}")
         self.table = table
@@ -108,8 +108,7 @@ class InProcessCtx:
         self.schema = schema
 
     def forward(self, batch: CompactBatch) -> Tensor:
-        dense = torch.from_numpy(dense_matrix(batch, self.schema)).to(self.device)
-        return self.model(self.table(batch), dense)
+        return self.model(self.table(batch), on_device(dense_matrix(batch, self.schema), self.device))
 
     def backward(self, loss: Tensor) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -125,11 +124,11 @@ class InProcessCtx:
         model.eval()
         try:
             pooled = self.table(batch)
-            dense = torch.from_numpy(dense_matrix(batch, self.schema))
-            logits = model(pooled, dense.to(self.device))
+            dense = dense_matrix(batch, self.schema)
+            logits = model(pooled, on_device(dense, self.device))
         finally:
             model.train(was_training)
-        return Prediction(logits.cpu().numpy(), pooled.contiguous().cpu().numpy(), dense.numpy())
+        return Prediction(logits.cpu().numpy(), pooled.contiguous().cpu().numpy(), dense)
 
     def steps(self, batches: Iterable[CompactBatch]) -> Iterable[CompactBatch]:
         return batches

@@ -4,9 +4,9 @@ Reads top to bottom: config -> data -> embeddings (PS shards + worker) -> dense 
 (with evaluation, progress and delta cuts) -> export to the model store. One process, or one per
 rank under torchrun (``WORLD_SIZE`` > 1): the data streams from disk every epoch (training/data.py)
 and every rank reads its own pieces of the training rows, rank 0 starts the PS shards and hands
-their addresses to the others, dense gradients are all-reduced by DDP (gloo on CPU, NCCL on GPU: ``training/ranks.py``),
-sparse updates go straight from each rank's worker to the shards. Rank 0 evaluates and exports.
-Everything started here is stopped at the end, on error too.
+their addresses to the others, dense gradients are all-reduced by DDP (gloo on CPU, NCCL on GPU:
+``training/ranks.py``), sparse updates go straight from each rank's worker to the shards. Rank 0
+evaluates and exports. Everything started here is stopped at the end, on error too.
 
     recserve train --arch dlrm --epochs 3 --store artifacts --model criteo
     recserve train --data 'logs/day-*.tsv.gz' --test logs/test.parquet --epochs 1

@@ -14,10 +14,11 @@ from pathlib import Path
 from serving.rpc.procs import running, stop_children, stop_pid
 from tests.helpers import wait_until
 
-# a child that ignores nothing: SIGTERM ends it at once; MARK tells it from other processes (not
-# "recserve" alone: a checkout in a folder named recserve puts that in every interpreter's path)
+# a child that waits for a signal and ignores none: SIGTERM ends it at once. MARK tells it from
+# other processes (not "recserve" alone: a checkout in a folder named recserve puts that in every
+# interpreter's path)
 MARK = "# recserve test child"
-SLEEPER = [sys.executable, "-c", f"import time; time.sleep(600)  {MARK}"]
+SLEEPER = [sys.executable, "-c", f"import signal; signal.pause()  {MARK}"]
 
 
 def test_stop_children_stops_children_that_lead_no_process_group_at_once():
@@ -30,7 +31,7 @@ def test_stop_children_stops_children_that_lead_no_process_group_at_once():
 
 def test_stop_pid_stops_a_group_leader_and_leaves_a_process_it_did_not_start():
     leader = subprocess.Popen(SLEEPER, start_new_session=True)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    other = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
     try:
         assert not stop_pid(other.pid, MARK, timeout_s=1)  # not ours by its command line
         assert running(other.pid)
