@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from loadtest.common import print_table, report_targets, write_results
+from model_store.dense import AUTO, CHOICES
 
 if TYPE_CHECKING:
     from serving.stack.state import StackState
@@ -448,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=30.0,
                    help="sequential warm-up before measuring (TorchServe's JVM compiles its request path "
                         "over ~7,000 requests: its p50 at 50 rps was 0.3-0.5 ms lower after 30 s than 5)")  # fmt: skip
-    p.add_argument("--runtime", default="auto", choices=["auto", "torchscript", "onnx"])
+    p.add_argument("--runtime", default=AUTO, choices=CHOICES)
     p.add_argument("--ts-workers", type=int, default=2, help="TorchServe handler processes (default 2)")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--max-batch-delay-ms", type=int, default=1)

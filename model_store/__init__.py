@@ -9,7 +9,8 @@
 - ``releases``: THE gate (``validate``), THE publish (CURRENT + HISTORY), rollback, retention;
 - ``shards``: the embedding shard dump format (full dumps and deltas), verified reads, re-sharding;
   ``shardfile``: one file of a dump, written with its checksum and read back verified;
-- ``dense``: the dense-model loader serving uses.
+- ``runtimes``: the dense runtimes (TorchScript, ONNX), one module each, and their registry;
+  ``dense``: which runtime serves a version, its timing, and the loader serving uses.
 
 Artifacts live under a root directory outside the source tree (``default_root()``:
 ``$RECSERVE_STORE`` or ``./artifacts``). ``import model_store as ms`` gives the common API below.

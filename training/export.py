@@ -2,9 +2,9 @@
 
 ``VersionWriter`` stages ``<root>/<model>/.staging-<v>-<id>/`` when training starts, so the deltas
 cut while training (``DeltaTrigger``) land in the version being written; ``finish`` adds the full
-embedding dumps, the schema, the dense model (TorchScript + ONNX verified with onnxruntime on the
-test rows), the trainer's own test scores and the manifest, then seals the version (``_SUCCESS``
-last, atomic rename). ``abort`` removes a version that never finished.
+embedding dumps, the schema, the dense model (every registered runtime, each verified on the test
+rows and timed: ``training.export_dense``), the trainer's own test scores and the manifest, then
+seals the version (``_SUCCESS`` last, atomic rename). ``abort`` removes a version that never finished.
 """
 
 from __future__ import annotations
@@ -18,30 +18,11 @@ from torch import nn
 
 import model_store
 from features.schema import Schema, dump_schema
-from training.export_dense import export_onnx, export_torchscript, verify_onnx
+from training.export_dense import export_dense
 
 log = logging.getLogger("recserve.train")
 
-DENSE = {"torchscript": "dense/model.pt", "onnx": "dense/model.onnx"}
 SCORES = "eval/scores.npy"
-# onnxruntime and torch sum in different orders: ~1e-6 apart at ordinary logits, more at |logit|
-# >> 1 (FM/DeepFM), hence a relative term too
-ONNX_ATOL, ONNX_RTOL = 1e-4, 1e-4
-
-
-def choose_runtime(vdir: Path, pooled: np.ndarray, dense: np.ndarray) -> dict:
-    """Time the version's dense runtimes on a request-sized batch of the test rows (one intra-op
-    thread: a scoring process's default) and name the faster one: what ``--runtime auto``
-    serves. The manifest keeps the figures beside the choice."""
-    from model_store.dense import TIMED_ROWS, time_runtimes
-
-    reps = -(-TIMED_ROWS // len(pooled))
-    p, x = (np.concatenate([a] * reps)[:TIMED_ROWS] for a in (pooled, dense))
-    p50 = time_runtimes({name: vdir / rel for name, rel in DENSE.items()}, p, x, num_threads=1)
-    default = min(p50, key=p50.__getitem__)
-    log.info("dense runtime %s (p50 on %d rows, 1 thread: %s)", default, len(p),
-             ", ".join(f"{k} {v:.3f} ms" for k, v in p50.items()))  # fmt: skip
-    return {"default": default, "p50_ms": p50, "rows": len(p), "threads": 1}
 
 
 class DeltaTrigger:
@@ -97,12 +78,7 @@ class VersionWriter:
         d = self.staging
         cluster.dump(d / "embeddings")
         (d / "schema.yaml").write_text(dump_schema(schema))
-        export_torchscript(model, d / DENSE["torchscript"])
-        export_onnx(model, d / DENSE["onnx"], evaluation.pooled[:2], evaluation.dense[:2])
-        diff = verify_onnx(
-            d / DENSE["onnx"], model, evaluation.pooled, evaluation.dense, atol=ONNX_ATOL, rtol=ONNX_RTOL
-        )
-        runtime = choose_runtime(d, evaluation.pooled, evaluation.dense)
+        exported = export_dense(model, d, evaluation.pooled, evaluation.dense)
         (d / SCORES).parent.mkdir(parents=True, exist_ok=True)
         np.save(d / SCORES, evaluation.scores.astype(np.float32))
         parent = model_store.versions(self.root, self.model)
@@ -114,9 +90,10 @@ class VersionWriter:
             "model_config": model_config,
             "dim": model_config["dim"],
             "num_shards": cluster.num_shards,
-            "dense": dict(DENSE),
-            "dense_runtime": runtime,
-            "metrics": {**evaluation.metrics(), "onnx_max_abs_diff": diff},
+            "dense": exported.files,
+            "dense_runtime": exported.timing,
+            "metrics": evaluation.metrics()
+            | {f"{k}_max_abs_diff": v for k, v in exported.max_abs_diff.items()},
             "deltas": self.deltas,
             **(extra or {}),
         }

@@ -339,11 +339,9 @@ def _apply_existing_deltas(vdir: Path, stores: list) -> int:
 def _load_frozen_dense(path: Path) -> nn.Module:
     """The served TorchScript dense network in eval mode with no trainable parameters: gradients
     still flow through it to the pooled embeddings (its inputs)."""
-    from model_store.dense import quiet_deprecations
+    from model_store.runtimes.torchscript import load_module
 
-    with quiet_deprecations():
-        module = torch.jit.load(str(path), map_location="cpu")
-    module.eval()
+    module = load_module(path)
     for p in module.parameters():
         p.requires_grad_(False)
     return module

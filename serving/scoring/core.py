@@ -35,7 +35,7 @@ from features.batch import BatchError, CompactBatch, check_fits
 from features.codec import CodecError, decode, encode
 from features.schema import Schema, load_schema
 from features.transform import FeatureError, dense_matrix, from_json, transform
-from model_store.dense import check_runtime, runtime_of
+from model_store.dense import AUTO, CHOICES, check_runtime, runtime_of
 
 log = logging.getLogger("recserve.scoring")
 
@@ -64,7 +64,7 @@ class ScoringConfig:
     worker then runs as a library in this process over them (one process hop fewer than --worker)."""
     poll_s: float = 1.0
     """How often to look for new deltas of the served version (co-located shards) and new versions."""
-    runtime: str = field(default="auto", metadata={"choices": ["auto", "torchscript", "onnx"]})
+    runtime: str = field(default=AUTO, metadata={"choices": CHOICES})
     """Dense runtime: auto serves the one the version's export measured faster (its manifest's
     dense_runtime; torchscript for versions exported before that)."""
     max_items: int = 1000

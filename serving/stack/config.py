@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import model_store
+from model_store.dense import AUTO, CHOICES
 
 
 @dataclass
@@ -41,7 +42,7 @@ class StackConfig:
     dtype: str = field(default="float32", metadata={"choices": ["float32", "float16"]})
     """Row storage of the PS shards: float32 maps the version's rows as they are; float16 halves
     row memory (an fp32 version's rows converted into memory at load)."""
-    runtime: str = field(default="auto", metadata={"choices": ["auto", "torchscript", "onnx"]})
+    runtime: str = field(default=AUTO, metadata={"choices": CHOICES})
     """Dense runtime in the handler (auto: the one the version's export measured faster)."""
     disable_token_auth: bool = field(default=False, metadata={"flag": "no-token-auth"})
     """Turn TorchServe token auth OFF (it is on by default; `up` says which)."""

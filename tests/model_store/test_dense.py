@@ -1,6 +1,7 @@
 import pytest
 
-from model_store.dense import runtime_of
+from model_store import runtimes
+from model_store.dense import CHOICES, check_runtime, runtime_of
 
 BOTH = {"torchscript": "dense/model.pt", "onnx": "dense/model.onnx"}
 
@@ -20,3 +21,10 @@ def test_a_runtime_the_version_does_not_ship_is_refused():
         runtime_of({"dense": {"torchscript": "dense/model.pt"}}, "onnx")
     with pytest.raises(ValueError, match="unknown dense runtime 'tensorrt'"):
         runtime_of({"dense": BOTH}, "tensorrt")
+
+
+def test_the_runtime_choices_are_auto_and_the_registered_runtimes():
+    assert CHOICES == ("auto", *runtimes.RUNTIMES)
+    check_runtime("onnx")
+    with pytest.raises(ValueError, match="unknown dense runtime 'tensorrt'; choose auto or one of"):
+        check_runtime("tensorrt")

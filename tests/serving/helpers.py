@@ -92,7 +92,7 @@ def make_rows_version(root, trainer: EmbeddingStore, fingerprint: str = "fp") ->
 def make_version(root: Path, rows_dim: int = DIM, seed: int = 0) -> str:
     """A complete version of model m: rows of ``rows_dim`` (its manifest says DIM, so another
     ``rows_dim`` is refused by every shard), SCHEMA and a small dense network."""
-    from training.export_dense import export_torchscript
+    from model_store.runtimes import torchscript
     from training.models import ModelConfig, build_model
 
     trainer = EmbeddingStore(StoreConfig(dim=rows_dim, capacity=10_000, seed=seed))
@@ -103,7 +103,13 @@ def make_version(root: Path, rows_dim: int = DIM, seed: int = 0) -> str:
     (staging / "schema.yaml").write_text(dump_schema(SCHEMA))
     torch.manual_seed(0)
     model_cfg = ModelConfig(kind="lr", num_slots=len(SCHEMA.sparse), dim=DIM, num_dense=len(SCHEMA.dense))
-    export_torchscript(build_model(model_cfg), staging / "dense" / "model.pt")
+    pooled = np.zeros((2, model_cfg.num_slots, DIM), np.float32)
+    torchscript.RUNTIME.write(
+        build_model(model_cfg),
+        staging / "dense" / "model.pt",
+        pooled,
+        np.zeros((2, model_cfg.num_dense), np.float32),
+    )
     ms.write_manifest(staging, {"model": "m", "version": version, "schema_fingerprint": SCHEMA.fingerprint,
                                 "dim": DIM, "num_shards": 1, "dense": {"torchscript": "dense/model.pt"}})  # fmt: skip
     ms.seal(staging, ms.version_dir(root, "m", version))

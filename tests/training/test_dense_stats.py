@@ -26,10 +26,9 @@ from features.codec import decode, encode
 from features.schema import dump_schema, load_schema, schema_from_dict
 from features.stream import ReadOptions
 from features.transform import dense_matrix, transform
+from model_store import runtimes
 from training import data, offline
 from training.config import TrainConfig
-from training.export import DENSE
-from training.export_dense import export_onnx, export_torchscript
 from training.models import ModelConfig, build_model
 from training.train import train
 
@@ -84,11 +83,11 @@ def test_each_version_carries_its_stats_in_both_exports(versions):
     for v in versions:
         config = _manifest(v)["model_config"]
         want = np.load(v / "eval/scores.npy")
-        for fmt in ("torchscript", "onnx"):
+        for fmt in runtimes.RUNTIMES:
             got = offline.score(v, TEST, dense_format=fmt)
             assert got.shape == want.shape == (2000,)
             assert np.abs(got - want).max() <= 1e-5, fmt
-        buffers = torch.jit.load(str(v / DENSE["torchscript"])).state_dict()
+        buffers = torch.jit.load(str(v / runtimes.get("torchscript").file)).state_dict()
         np.testing.assert_allclose(buffers["dense_mean"].numpy(), config["dense_mean"], rtol=1e-6)
         np.testing.assert_allclose(buffers["dense_std"].numpy(), config["dense_std"], rtol=1e-6)
 
@@ -178,14 +177,14 @@ def test_a_version_written_before_still_loads_and_scores_the_same(versions, tmp_
 
     old_config = {k: v for k, v in config.items() if k not in ("dense_mean", "dense_std")}
     net = build_model(ModelConfig.from_dict(old_config))
-    weights = torch.jit.load(str(new / DENSE["torchscript"])).state_dict()
+    weights = torch.jit.load(str(new / runtimes.get("torchscript").file)).state_dict()
     net.load_state_dict(
         {k: v for k, v in weights.items() if k not in ("dense_mean", "dense_std")}, strict=False
     )
     assert net.dense_std.eq(1).all()
     pooled = np.zeros((2, net.num_slots, net.dim), np.float32)
-    export_torchscript(net, old / DENSE["torchscript"])
-    export_onnx(net, old / DENSE["onnx"], pooled, np.zeros((2, net.num_dense), np.float32))
+    for runtime in runtimes.RUNTIMES.values():
+        runtime.write(net, old / runtime.file, pooled, np.zeros((2, net.num_dense), np.float32))
 
     kept = {k: v for k, v in manifest.items() if k not in ("format", "created", "files")}
     model_store.write_manifest(
@@ -194,7 +193,7 @@ def test_a_version_written_before_still_loads_and_scores_the_same(versions, tmp_
     assert "dense_mean" not in json.loads((old / "MANIFEST.json").read_text())["model_config"]
 
     want = np.load(new / "eval/scores.npy")
-    for fmt in ("torchscript", "onnx"):
+    for fmt in runtimes.RUNTIMES:
         assert np.abs(offline.score(old, TEST, dense_format=fmt) - want).max() <= 1e-5, fmt
 
 

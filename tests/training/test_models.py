@@ -1,4 +1,5 @@
-"""Dense model zoo: shapes, F == 0, gradients, TorchScript and ONNX round trips, DLRM interaction."""
+"""Dense model zoo: shapes, F == 0, gradients, DLRM interaction, fitted statistics in every
+registered runtime's export (the runtimes themselves: tests/model_store/runtimes/)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.export_dense import (
-    ExportVerificationError,
-    build_tensorrt_engine,
-    export_onnx,
-    export_torchscript,
-    load_dense,
-    verify_onnx,
-)
+from model_store import runtimes
 from training.models import DLRM, MODEL_KINDS, ModelConfig, build_model
 
 S, D, F = 5, 8, 3
@@ -59,64 +53,6 @@ def test_deterministic_init(kind: str) -> None:
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
-
-
-@pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated:DeprecationWarning")
-@pytest.mark.parametrize("num_dense", [F, 0])
-@pytest.mark.parametrize("kind", MODEL_KINDS)
-def test_torchscript_round_trip_exact(kind: str, num_dense: int, tmp_path) -> None:
-    model = make(kind, num_dense, dropout=0.2).train()  # export must switch dropout off
-    path = export_torchscript(model, tmp_path / "dense.pt")
-    assert model.training  # the trainer's model is handed back in its original mode
-    model.eval()
-    pooled, dense = inputs(6, num_dense)
-    loaded = torch.jit.load(str(path))
-    with torch.no_grad():
-        expected = model(pooled, dense)
-        for _ in range(3):  # the profiling executor re-optimises after warm-up runs
-            assert torch.equal(loaded(pooled, dense), expected)
-    served = load_dense(path)(pooled.numpy(), dense.numpy())
-    assert served.dtype == np.float32
-    np.testing.assert_array_equal(served, model(pooled, dense).detach().numpy())
-
-
-@pytest.mark.parametrize("num_dense", [F, 0])
-@pytest.mark.parametrize("kind", MODEL_KINDS)
-def test_onnx_matches_torch_on_other_batch_size(kind: str, num_dense: int, tmp_path) -> None:
-    model = make(kind, num_dense, dropout=0.2)
-    path = export_onnx(model, tmp_path / "dense.onnx", *inputs(4, num_dense))
-    pooled, dense = inputs(33, num_dense, seed=7)
-    diff = verify_onnx(path, model, pooled, dense, atol=1e-5)
-    assert diff <= 1e-5
-    served = load_dense(path, num_threads=1)(pooled.numpy(), dense.numpy())
-    assert served.shape == (33,) and served.dtype == np.float32
-
-
-def test_verify_onnx_rejects_a_different_model(tmp_path) -> None:
-    path = export_onnx(make("dlrm"), tmp_path / "dense.onnx", *inputs(2))
-    with pytest.raises(ExportVerificationError, match="differ from torch"):
-        verify_onnx(path, make("dlrm", seed=9), *inputs(5))
-    # a relative bound admits what float32 rounding would, not a different model
-    with pytest.raises(ExportVerificationError):
-        verify_onnx(path, make("dlrm", seed=9), *inputs(5), atol=0.0, rtol=1e-3)
-
-
-@pytest.mark.parametrize("suffix", [".pt", ".onnx"])
-def test_load_dense_rejects_wrong_shapes(suffix: str, tmp_path) -> None:
-    model = make("fm")
-    path = tmp_path / f"dense{suffix}"
-    if suffix == ".pt":
-        export_torchscript(model, path)
-    else:
-        export_onnx(model, path, *inputs(2))
-    predict = load_dense(path)
-    pooled, dense = inputs(3)
-    with pytest.raises(ValueError, match=r"pooled must be \(B, 5, 8\)"):
-        predict(pooled.numpy()[:, :4], dense.numpy())
-    with pytest.raises(ValueError, match=r"dense must be \(3, 3\)"):
-        predict(pooled.numpy(), dense.numpy()[:2])
-    with pytest.raises(ValueError, match="unknown dense model format"):
-        load_dense(tmp_path / "dense.bin")
 
 
 @pytest.mark.parametrize("num_dense", [F, 0])
@@ -211,21 +147,9 @@ def test_fitted_stats_standardise_dense_once_and_travel_in_the_exports(kind: str
         torch.testing.assert_close(model(pooled, dense), expected, rtol=0, atol=1e-6)
         assert not torch.allclose(plain(pooled, dense), expected)  # the stats change the scores
     torch.testing.assert_close(model.standardise(dense), (dense - mean) / std)
-    ts = load_dense(export_torchscript(model, tmp_path / "dense.pt"))(pooled.numpy(), dense.numpy())
-    onnx_path = export_onnx(model, tmp_path / "dense.onnx", *inputs(2))
-    onnx = load_dense(onnx_path)(pooled.numpy(), dense.numpy())
-    np.testing.assert_allclose(ts, expected.numpy(), rtol=0, atol=1e-6)
-    np.testing.assert_allclose(onnx, expected.numpy(), rtol=0, atol=1e-5)
-    assert verify_onnx(onnx_path, model, pooled, dense, atol=1e-5) <= 1e-5
-    saved = torch.jit.load(str(tmp_path / "dense.pt")).state_dict()
+    for runtime in runtimes.RUNTIMES.values():  # the stats are part of the network each one runs
+        path = runtime.write(model, tmp_path / runtime.file, *inputs(2))
+        got = runtime.load(path, None)(pooled.numpy(), dense.numpy())
+        np.testing.assert_allclose(got, expected.numpy(), rtol=0, atol=1e-5, err_msg=runtime.name)
+    saved = torch.jit.load(str(tmp_path / runtimes.get("torchscript").file)).state_dict()
     torch.testing.assert_close(saved["dense_std"], std)
-
-
-def test_tensorrt_path_fails_cleanly_without_tensorrt(tmp_path) -> None:
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError:
-        with pytest.raises(RuntimeError, match="TensorRT not available"):
-            build_tensorrt_engine(tmp_path / "x.onnx", tmp_path / "x.engine")
-    else:
-        pytest.skip("tensorrt is installed; the CPU-only failure path does not apply")

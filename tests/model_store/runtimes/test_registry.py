@@ -1,0 +1,77 @@
+"""The contract every registered dense runtime keeps, checked for each one the registry holds (a
+new runtime's file is tested here without a line of its own): export in eval mode and hand the
+model back as it was, load, score as torch does on every model kind and on a batch size other than
+the export's, refuse inputs of the wrong shape by name. And the registry refuses what it does not
+know."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from model_store import runtimes
+from model_store.dense import load_dense
+from model_store.runtimes import DenseRuntime
+from training.models import MODEL_KINDS, ModelConfig, build_model
+
+S, D, F = 5, 8, 3
+NAMES = list(runtimes.RUNTIMES)
+
+
+def make(kind: str, num_dense: int = F, dropout: float = 0.0, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(kind=kind, num_slots=S, dim=D, num_dense=num_dense, bottom_mlp=[16, D], top_mlp=[16, 8],
+                      dropout=dropout)  # fmt: skip
+    return build_model(cfg)
+
+
+def inputs(batch: int, num_dense: int = F, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, S, D, generator=g).numpy(), torch.randn(batch, num_dense, generator=g).numpy()
+
+
+def test_the_cpu_runtimes_are_registered() -> None:
+    assert {"torchscript", "onnx"} <= set(NAMES)
+    assert all(r.name == name and r.file.startswith("dense/") for name, r in runtimes.RUNTIMES.items())
+
+
+@pytest.mark.parametrize("num_dense", [F, 0])
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+@pytest.mark.parametrize("name", NAMES)
+def test_export_load_score_as_torch(name: str, kind: str, num_dense: int, tmp_path) -> None:
+    runtime = runtimes.get(name)
+    model = make(kind, num_dense, dropout=0.2).train()  # the export must switch dropout off
+    path = runtime.write(model, tmp_path / runtime.file, *inputs(4, num_dense))
+    assert path == tmp_path / runtime.file and model.training  # handed back in its original mode
+    pooled, dense = inputs(33, num_dense, seed=7)
+    with torch.no_grad():
+        expected = model.eval()(torch.from_numpy(pooled), torch.from_numpy(dense)).numpy()
+    for predict in (runtime.load(path, 1), load_dense(path)):  # by name, and by the file's suffix
+        got = predict(pooled, dense)
+        assert got.shape == (33,) and got.dtype == np.float32
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_inputs_of_the_wrong_shape_are_refused_by_name(name: str, tmp_path) -> None:
+    runtime = runtimes.get(name)
+    predict = runtime.load(runtime.write(make("fm"), tmp_path / runtime.file, *inputs(2)), None)
+    pooled, dense = inputs(3)
+    with pytest.raises(ValueError, match=r"pooled must be \(B, 5, 8\)"):
+        predict(pooled[:, :4], dense)
+    with pytest.raises(ValueError, match=r"dense must be \(3, 3\)"):
+        predict(pooled, dense[:2])
+
+
+def test_the_registry_refuses_what_it_does_not_know(tmp_path) -> None:
+    with pytest.raises(ValueError, match="unknown dense runtime 'tensorrt'; known runtimes: .*onnx"):
+        runtimes.get("tensorrt")
+    with pytest.raises(ValueError, match=r"unknown dense model format '\.bin'; expected one of .*\.pt"):
+        load_dense(tmp_path / "dense.bin")
+    onnx = runtimes.get("onnx")
+    with pytest.raises(ValueError, match="'onnx' registered twice"):
+        runtimes.register(onnx)
+    with pytest.raises(ValueError, match="has the suffix of onnx's"):
+        runtimes.register(DenseRuntime("other", "dense/other.onnx", onnx.export, onnx.load))
+    assert "other" not in runtimes.RUNTIMES

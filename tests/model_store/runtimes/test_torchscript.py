@@ -1,0 +1,28 @@
+"""TorchScript: the scripted module reproduces torch bit for bit and loads without recserve code."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model_store.runtimes import torchscript
+from tests.model_store.runtimes.test_registry import F, inputs, make
+from training.models import MODEL_KINDS
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("num_dense", [F, 0])
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_round_trip_exact(kind: str, num_dense: int, tmp_path) -> None:
+    model = make(kind, num_dense).eval()
+    path = torchscript.RUNTIME.write(model, tmp_path / "dense.pt", *inputs(2, num_dense))
+    pooled, dense = (torch.from_numpy(x) for x in inputs(6, num_dense))
+    loaded = torch.jit.load(str(path))  # plain torch: what TorchServe does
+    with torch.no_grad():
+        expected = model(pooled, dense)
+        for _ in range(3):  # the profiling executor re-optimises after warm-up runs
+            assert torch.equal(loaded(pooled, dense), expected)
+    served = torchscript.load(path, None)(pooled.numpy(), dense.numpy())
+    assert torch.equal(torch.from_numpy(served), expected)
+    frozen = torchscript.load_module(path)  # what the follower trains through
+    assert not frozen.training and torch.equal(frozen(pooled, dense), expected)
