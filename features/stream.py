@@ -314,6 +314,20 @@ def stream(
     """The rows of ``source`` (the first ``limit`` of them) as Tables of the columns the schema
     uses (or of ``columns`` only), in file order; with ``part=(rank, world)`` only that rank's
     pieces."""
+    for _, _, table in located(source, schema, options, limit, part, columns):
+        yield table
+
+
+def located(
+    source: str | Path,
+    schema: Schema,
+    options: ReadOptions = ReadOptions(),
+    limit: int | None = None,
+    part: tuple[int, int] = (0, 1),
+    columns: list[str] | None = None,
+) -> Iterator[tuple[Path, int, Table]]:
+    """``stream``'s Tables, each with where it lies: its file and the file's row (0-based) its
+    first row is."""
     rank, world = part
     include = list(schema_columns(schema)) if columns is None else list(columns)
     numeric = (
@@ -334,7 +348,8 @@ def stream(
             n = batch.num_rows if limit is None else min(batch.num_rows, limit - seen)
             for a, b in owned(seen, seen + n, rank, world):
                 where = f"{path}: rows {a - file_start + 1}..{b - file_start}"
-                yield _fill_missing(to_table(batch.slice(a - seen, b - a), numeric, where), numeric)
+                table = _fill_missing(to_table(batch.slice(a - seen, b - a), numeric, where), numeric)
+                yield path, a - file_start, table
             seen += n
             if limit is not None and seen >= limit:
                 return

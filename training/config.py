@@ -22,7 +22,7 @@ class TrainConfig:
     """Feature schema YAML."""
     data: str = "data/criteo/wide_resdnn_criteo_train.tsv"
     """Training data: a file, a directory or a glob (TSV/CSV with or without a header, Parquet,
-    gzip), streamed from disk every epoch."""
+    gzip), or a bounded data source <kind>://... (training/sources/), streamed every epoch."""
     test: str = "data/criteo/wide_resdnn_criteo_test.tsv"
     """Test data (the same forms): AUC/logloss, ONNX verification and the exported eval scores."""
     data_format: str = "auto"
@@ -236,9 +236,10 @@ class FollowConfig:
     """Model directory (<store>/<model>, e.g. artifacts/criteo) whose CURRENT version is trained
     and receives the deltas: the directory `recserve ps --follow` serves from."""
     watch: str = ""
-    """Directory of arriving data files (Criteo .tsv/.txt, or .csv with a header). A file is taken
-    once complete: its name does not start with '.' (x.csv.tmp, x.csv.part are not data), and either a
-    `<name>.done` marker exists or its size and mtime did not change between two polls."""
+    """Where the rows come from: a data source <kind>://... (training/sources/), or a directory of
+    arriving data files (Criteo .tsv/.txt, or .csv with a header). A file is taken once complete: its
+    name does not start with '.' (x.csv.tmp, x.csv.part are not data), and either a `<name>.done`
+    marker exists or its size and mtime did not change between two polls."""
     delta_interval_s: float = 2.0
     """Cut a delta every this many seconds when rows changed (and always at the end)."""
     poll_s: float = 1.0
@@ -249,7 +250,7 @@ class FollowConfig:
     """Stop (after a final delta) after this many seconds (0: run until SIGTERM/Ctrl-C)."""
     state: str = ""
     """Ledger of the files trained so far (rows done per file), rewritten after every delta;
-    '' : <watch>/.recserve-follow-<model>.json."""
+    '' : <watch>/.recserve-follow-<model>.json (<follow>/... for a source that is no directory)."""
     batch_size: int = 128
     """Rows per step."""
     lr: float | None = None

@@ -1,7 +1,8 @@
 """Training data, streamed: files -> chunks -> (shuffle buffer) -> mini-batches -> CompactBatches.
 
-Nothing holds a whole file. Every epoch re-reads the source (``features.stream``: TSV/CSV with
-or without a header, Parquet, gzip, directories and globs) chunk by chunk; a bounded shuffle
+Nothing holds a whole file. Every epoch re-reads the source (a registered data source,
+``training.sources``; without a scheme, files: TSV/CSV with or without a header, Parquet, gzip,
+directories and globs) chunk by chunk; a bounded shuffle
 buffer mixes rows; each mini-batch is transformed on its own (``features.transform``,
 vectorised), on a background thread so reading overlaps the training step. Under DDP each rank
 reads its own pieces of the rows (``part=(rank, world)``).
@@ -27,6 +28,8 @@ from features.batch import CompactBatch
 from features.schema import Schema
 from features.stream import ReadOptions
 from features.transform import Table, dense_matrix, transform
+from training import sources
+from training.sources import Reading
 
 
 def take(table: Table, rows: np.ndarray | slice) -> Table:
@@ -78,7 +81,8 @@ def scan(
     dense_only = dataclasses.replace(schema, slots=schema.dense, crosses=(), label=None)
     columns = [s.column for s in schema.dense]
     total = Scan(0, np.zeros(len(columns)), np.zeros(len(columns)))
-    for table in stream.stream(source, schema, options, limit, part, columns=columns):
+    reading = Reading(schema, options, limit, part, columns)
+    for table in sources.rows(sources.open_source(str(source), reading, default="files")):
         x = dense_matrix(transform(table, dense_only), dense_only).astype(np.float64)
         mean = x.mean(axis=0) if len(x) else np.zeros(len(columns))
         total = total.merge(Scan(len(x), mean, ((x - mean) ** 2).sum(axis=0)))
@@ -140,16 +144,17 @@ def batches(table: Table, schema: Schema, batch_size: int) -> list[CompactBatch]
 
 @dataclass(frozen=True)
 class Split:
-    """A data source as the trainer streams it: this rank's part of its first ``limit`` rows."""
+    """A bounded data source as the trainer streams it: this rank's part of its first ``limit`` rows."""
 
-    source: str | Path  # a file, directory or glob
+    source: str | Path  # a source spec (training.sources): a file, directory or glob, or <kind>://...
     schema: Schema
     options: ReadOptions
     limit: int | None = None
     part: tuple[int, int] = (0, 1)  # (rank, world size)
 
     def tables(self) -> Iterator[Table]:
-        return stream.stream(self.source, self.schema, self.options, self.limit, self.part)
+        reading = Reading(self.schema, self.options, self.limit, self.part)
+        return sources.rows(sources.open_source(str(self.source), reading, default="files"))
 
     def scan(self) -> Scan:
         return scan(self.source, self.schema, self.options, self.limit, self.part)

@@ -5,10 +5,12 @@
 Reads top to bottom like train.py: resolve ``<model>/CURRENT`` -> load that version (embedding
 shards with their optimizer state, plus every delta already cut into it, so training continues
 from exactly what serving holds; its ``schema.yaml``; its dense ``dense/model.pt``, FROZEN) ->
-loop: new complete files in ``--watch`` are trained on once, in file order (same TrainCtx and
-worker path as ``recserve train``, mode train), and every ``--delta-interval-s`` seconds, when
-rows changed, the changed rows are cut as the version's next ``deltas/<seq>/`` (every shard's
-delta, then ``_SUCCESS``), which the serving PS shards apply within their poll interval.
+loop: the rows of the ``--watch`` source (a registered data source, ``training.sources``; without
+a scheme, a watched directory whose new complete files are trained on once, in file order) go
+through the same TrainCtx and worker path as ``recserve train`` (mode train), and every
+``--delta-interval-s`` seconds, when rows changed, the changed rows are cut as the version's next
+``deltas/<seq>/`` (every shard's delta, then ``_SUCCESS``), which the serving PS shards apply
+within their poll interval. Nothing here assumes the source ends.
 
 Why the dense model is frozen: the deltas go into the version being served, and serving keeps
 scoring with that version's dense network; rows trained against a moving dense network would
@@ -19,11 +21,12 @@ same hash as the PS) behind an in-process worker: the follower is the only write
 is a dump of those stores. Only one delta writer per version at a time (a foreign delta with
 our next seq is refused, not overwritten).
 
-Which files count and the ledger of the rows trained from each: ``training/watch.py``. The ledger
-is committed only after a delta's ``_SUCCESS``, so it never claims rows that no published delta
-holds: after a crash the rows since the last delta are trained again (at least once), after
-SIGTERM/Ctrl-C/``--max-seconds`` a final delta is cut and a file interrupted midway resumes at its
-next row. A file that cannot be read is recorded as failed and skipped.
+Which files count: ``training/sources/watch.py``; the ledger of the rows trained from each unit
+(file): ``training/sources/ledger.py``. The ledger is committed only after a delta's ``_SUCCESS``,
+so it never claims rows that no published delta holds: after a crash the rows since the last
+delta are trained again (at least once), after SIGTERM/Ctrl-C/``--max-seconds`` a final delta is
+cut and a file interrupted midway resumes at its next row. A file that cannot be read (or trained
+on) is recorded as failed from there and skipped.
 
 If CURRENT moves to another version while following (``recserve publish``), the pending rows are
 cut into the old version, and the trainer reloads from the new one and cuts its next deltas into
@@ -39,7 +42,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -47,14 +49,14 @@ import torch
 from torch import nn
 
 import model_store as ms
-from features import stream
 from features.schema import Schema, load_schema
-from features.transform import FeatureError, Table, transform
-from training import data
+from features.transform import FeatureError, transform
+from training import data, sources
 from training.cluster import Cluster
 from training.config import FollowConfig
 from training.ctx import TrainCtx
-from training.watch import WatchDir
+from training.sources import TICK, Chunk, Reading
+from training.sources.ledger import Ledger
 
 log = logging.getLogger("recserve.train.follow")
 
@@ -65,7 +67,7 @@ class FollowResult:
 
     version: str = ""  # the version followed last
     deltas: list[tuple[str, int]] = field(default_factory=list)  # (version, seq) cut
-    files: list[str] = field(default_factory=list)  # files trained on (completely or partly)
+    files: list[str] = field(default_factory=list)  # units (files) trained on (completely or partly)
     rows: int = 0  # training rows
     steps: int = 0
     reloads: int = 0  # CURRENT changes followed
@@ -108,7 +110,7 @@ class FollowTrainer:
     def __init__(self, cfg: FollowConfig, clock=time.monotonic):
         self.cfg = cfg
         self.clock = clock
-        self.watch = WatchDir(cfg.watch, cfg.state or Path(cfg.watch) / f".recserve-follow-{cfg.model}.json")
+        self.ledger = Ledger(_ledger_path(cfg))
         self.loaded: _Loaded | None = None
         self.result = FollowResult()
         self._changed = False  # rows trained since the last delta
@@ -121,26 +123,22 @@ class FollowTrainer:
         t0 = self.clock()
         deadline = t0 + self.cfg.max_seconds if self.cfg.max_seconds else float("inf")
         self._follow_current()
-        if self.cfg.once:
-            files = self.watch.ready()
-            if self.watch.pending:  # files without a marker need a second look to count as complete
-                stop.wait(self.cfg.poll_s)
-                files = self.watch.ready()
-            for path in files:
-                if not self.train_file(path, stop, deadline):
-                    break
-        else:
-            while not stop.is_set() and self.clock() < deadline:
-                ready = self.watch.ready()
-                # CURRENT after the listing: a file dropped once a version was published trains
-                # into that version (read the other way round, a publish and a drop in between
-                # sent the file to the old one)
+        lv = self.loaded
+        assert lv is not None  # _follow_current loads one or raises
+        reading = Reading(lv.schema, poll_s=self.cfg.poll_s, once=self.cfg.once,
+                          wait=lambda s: stop.wait(max(0.0, min(s, deadline - self.clock()))))  # fmt: skip
+        source = sources.open_source(self.cfg.watch, reading, default="watch", ledger=self.ledger)
+        for chunk in source.chunks():
+            if stop.is_set() or self.clock() >= deadline:
+                break
+            if chunk is TICK:
+                # CURRENT after the source looked: a file dropped once a version was published
+                # trains into that version (read the other way round, a publish and a drop in
+                # between sent the file to the old one)
                 self._follow_current()
-                for path in ready:
-                    if not self.train_file(path, stop, deadline):
-                        break
                 self._maybe_cut()
-                stop.wait(max(0.0, min(self.cfg.poll_s, deadline - self.clock())))
+            elif not self.train_chunk(chunk, stop, deadline):
+                break
         self.cut()
         self.result.seconds = self.clock() - t0
         return self.result
@@ -177,35 +175,36 @@ class FollowTrainer:
         self.result.version = version
         self.result.reloads += 1
 
-    def train_file(self, path: Path, stop: threading.Event, deadline: float) -> bool:
-        """Train on ``path`` from its first untrained row, streamed; False when stopped before its
-        end. A file that cannot be read (from the chunk where it cannot) is recorded as failed."""
-        lv, entry = self.loaded, self.watch.entry(path.name)
+    def train_chunk(self, chunk: Chunk, stop: threading.Event, deadline: float) -> bool:
+        """Train on the rows of ``chunk`` and count them in the ledger; False when stopped before
+        its end. A chunk that cannot be trained on fails its unit in the ledger (the source skips
+        the rest of it)."""
+        lv, unit = self.loaded, chunk.start.unit
         if lv is None:
-            raise RuntimeError("train_file called before a version was loaded")
-        log.info("training on %s from row %d into version %s", path, entry["rows"], lv.version)
-        tables = _rows_after(_readable(path, lv.schema), int(entry["rows"]))
-        batches = (transform(t, lv.schema) for t in data.rebatch(tables, self.cfg.batch_size))
+            raise RuntimeError("train_chunk called before a version was loaded")
+        if chunk.table.num_rows and unit not in self.result.files:
+            log.info("training on %s from row %d into version %s", unit, chunk.start.row, lv.version)
+        batches = (transform(t, lv.schema) for t in data.rebatch([chunk.table], self.cfg.batch_size))
         try:
             for batch in lv.ctx.steps(batches):
-                if path.name not in self.result.files:
-                    self.result.files.append(path.name)
+                if unit not in self.result.files:
+                    self.result.files.append(unit)
                 if stop.is_set() or self.clock() >= deadline:
                     return False
                 if batch.labels is None:
                     raise FeatureError("no label column: nothing to train on")
                 logits = lv.ctx.forward(batch)
                 lv.ctx.backward(self._loss(logits, torch.from_numpy(batch.labels)))
-                entry["rows"] += batch.num_rows
+                self.ledger.advance(unit, batch.num_rows)
                 self.result.rows += batch.num_rows
                 self.result.steps += 1
                 self._changed = True
                 self._maybe_cut()
         except FeatureError as e:
-            log.error("%s: skipping the rest of it: %s", path, e)
-            entry.update(done=True, error=str(e))
+            log.error("%s: skipping the rest of it: %s", unit, e)
+            self.ledger.fail(unit, str(e))
             return True
-        entry["done"] = True
+        self.ledger.finish(chunk)
         return True
 
     def _maybe_cut(self) -> None:
@@ -221,7 +220,7 @@ class FollowTrainer:
             return None
         lv.ctx.flush()  # every sparse update applied before the dump
         if not self._changed:
-            self.watch.commit()  # e.g. unreadable files: nothing to publish, but remember them
+            self.ledger.commit()  # e.g. unreadable files: nothing to publish, but remember them
             return None
         seq = lv.cluster.stores[0].delta_seq + 1
         ddir = ms.delta_dir(lv.vdir, seq)
@@ -231,7 +230,7 @@ class FollowTrainer:
             raise ms.ModelStoreError(f"{ddir} was written by someone else: one delta writer per version")
         lv.cluster.dump(ddir, delta=True)
         ms.mark_done(ddir)
-        self.watch.commit()
+        self.ledger.commit()
         self._changed = False
         self.result.deltas.append((lv.version, seq))
         log.info("delta %s/%d cut: %s", lv.version, seq, ddir)
@@ -303,24 +302,14 @@ class FollowTrainer:
         self.close()
 
 
-def _readable(path: Path, schema: Schema) -> Iterator[Table]:
-    """The rows of ``path`` streamed (``features.stream``); any failure to read is a FeatureError."""
-    try:
-        yield from stream.stream(path, schema)
-    except FeatureError:
-        raise
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise FeatureError(f"cannot read it: {e}") from e
-
-
-def _rows_after(tables: Iterable[Table], skip: int) -> Iterator[Table]:
-    """The rows of ``tables`` after the first ``skip`` (those the ledger says are trained)."""
-    for t in tables:
-        if skip >= t.num_rows:
-            skip -= t.num_rows
-            continue
-        yield data.take(t, slice(skip, None)) if skip else t
-        skip = 0
+def _ledger_path(cfg: FollowConfig) -> Path:
+    """--state, else beside the rows: in the watched directory, or the model's directory for a
+    source that is not one."""
+    if cfg.state:
+        return Path(cfg.state)
+    kind, where = sources.parse(cfg.watch, default="watch")
+    home = Path(where) if kind.name == "watch" else Path(cfg.follow)
+    return home / f".recserve-follow-{cfg.model}.json"
 
 
 def _apply_existing_deltas(vdir: Path, stores: list) -> int:

@@ -26,7 +26,6 @@ from tests.helpers import wait_until
 from training.config import FollowConfig, TrainConfig
 from training.follow import FollowTrainer, follow
 from training.train import train
-from training.watch import WatchDir
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "data/criteo/deepctr_criteo_sample.csv"
@@ -148,27 +147,6 @@ def test_once_cuts_a_delta_that_serving_applies(store, watch):
         assert again.run(threading.Event()).deltas == []
         np.testing.assert_array_equal(_lookup(again.loaded.cluster.stores, signs), trained_rows)
     assert ms.list_deltas(vdir) == [*before, seq]
-
-
-def test_a_file_counts_once_complete(watch):
-    w = WatchDir(watch, watch / ".ledger.json")
-    growing = watch / "a.csv"
-    growing.write_text("label,I1\n0,1\n")
-    assert w.ready() == [] and w.pending == 1  # first sighting
-    with growing.open("a") as f:
-        f.write("1,2\n")
-    assert w.ready() == []  # still growing
-    assert w.ready() == [growing]  # same size and mtime for two polls
-    marked = watch / "b.tsv"
-    marked.write_text("x")
-    (watch / "b.tsv.done").write_text("")
-    (watch / ".c.csv").write_text("x")
-    (watch / "d.csv.part").write_text("x")
-    (watch / "notes.md").write_text("x")
-    assert sorted(w.ready()) == [growing, marked]  # in any order, from one poll
-    w.entry("a.csv").update(rows=2, done=True)
-    w.commit()
-    assert WatchDir(watch, watch / ".ledger.json").ready() == [marked]  # the ledger persists
 
 
 def test_follow_loop_cuts_deltas_and_reloads_on_a_new_current(store, watch):

@@ -1,0 +1,77 @@
+"""The ledger of a followed source: the rows consumed from each of its units (a file, a stream's
+partition), whether the unit is done, and why it failed where it did.
+
+Progress is kept apart until ``commit``, which the trainer calls after a delta's ``_SUCCESS``
+(training/follow.py), so the ledger never claims rows that no published delta holds. The file
+(JSON, replaced atomically) keeps the format of the first follow ledgers:
+``{"files": {unit: {"rows", "done"[, "error"]}}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+from training.sources import Chunk
+
+
+class Ledger:
+    """Rows consumed per unit; changes since the last ``commit`` are not on disk yet."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self.units: dict[str, dict] = self._read()  # unit -> {"rows", "done"[, "error"]}
+        self.progress: dict[str, dict] = {}  # entries changed since the last commit
+
+    def row(self, unit: str) -> int:
+        """Rows of ``unit`` consumed: where reading it resumes."""
+        return int(self._current(unit).get("rows", 0))
+
+    def done(self, unit: str) -> bool:
+        """``unit`` was read to its end, or failed."""
+        return bool(self._current(unit).get("done"))
+
+    def error(self, unit: str) -> str | None:
+        return self._current(unit).get("error")
+
+    def advance(self, unit: str, rows: int) -> None:
+        """``rows`` more rows of ``unit`` consumed."""
+        self._entry(unit)["rows"] += rows
+
+    def finish(self, chunk: Chunk) -> None:
+        """Mark the unit of a ``last`` chunk done once its rows are consumed."""
+        if chunk.last:
+            self._entry(chunk.start.unit)["done"] = True
+
+    def fail(self, unit: str, error: str) -> None:
+        """Skip the rest of ``unit``: it cannot be read (or trained on) from where it stands."""
+        self._entry(unit).update(done=True, error=error)
+
+    def commit(self) -> None:
+        """Move the progress into the ledger file (atomically): call after a delta's _SUCCESS."""
+        if not self.progress:
+            return
+        self.units.update(self.progress)
+        self.progress = {}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        tmp.write_text(json.dumps({"files": self.units}, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
+
+    def _current(self, unit: str) -> dict:
+        return self.progress.get(unit) or self.units.get(unit) or {}
+
+    def _entry(self, unit: str) -> dict:
+        if unit not in self.progress:
+            self.progress[unit] = dict(self.units.get(unit, {"rows": 0, "done": False}))
+        return self.progress[unit]
+
+    def _read(self) -> dict[str, dict]:
+        try:
+            return dict(json.loads(self.path.read_text())["files"])
+        except FileNotFoundError:
+            return {}
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{self.path}: unreadable follow ledger ({e}); move it away") from e
