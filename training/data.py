@@ -82,7 +82,7 @@ def scan(
     columns = [s.column for s in schema.dense]
     total = Scan(0, np.zeros(len(columns)), np.zeros(len(columns)))
     reading = Reading(schema, options, limit, part, columns)
-    for table in sources.rows(sources.open_source(str(source), reading, default="files")):
+    for table in sources.tables(str(source), reading):
         x = dense_matrix(transform(table, dense_only), dense_only).astype(np.float64)
         mean = x.mean(axis=0) if len(x) else np.zeros(len(columns))
         total = total.merge(Scan(len(x), mean, ((x - mean) ** 2).sum(axis=0)))
@@ -154,7 +154,7 @@ class Split:
 
     def tables(self) -> Iterator[Table]:
         reading = Reading(self.schema, self.options, self.limit, self.part)
-        return sources.rows(sources.open_source(str(self.source), reading, default="files"))
+        return sources.tables(str(self.source), reading)
 
     def scan(self) -> Scan:
         return scan(self.source, self.schema, self.options, self.limit, self.part)

@@ -133,10 +133,15 @@ def open_source(spec: str, reading: Reading, default: str, ledger: Ledger | None
     return kind.open(where, reading, ledger)
 
 
-def rows(source: Source) -> Iterator[Table]:
-    """The non-empty Tables of a bounded source; a ValueError naming the way out for another."""
+def tables(spec: str, reading: Reading, default: str = "files") -> Iterator[Table]:
+    """The non-empty Tables of the bounded source ``spec`` names (what an epoch reads); a
+    ValueError naming the way out for an unbounded one."""
+    kind, where = parse(spec, default)
+    source = kind.open(where, reading, None)
     if not source.bounded:
-        raise ValueError(f"{source}: an unbounded source cannot be read in epochs; follow it (--follow)")
+        raise ValueError(
+            f"{spec}: {kind.name} is an unbounded source and cannot be read in epochs; follow it (--follow)"
+        )
     for chunk in source.chunks():
         if chunk.table.num_rows:
             yield chunk.table
