@@ -16,7 +16,7 @@ The worker is always an in-process ``EmbeddingWorker`` library object in the tra
 client, and the library saves one network hop (pooled embeddings and their gradients) per step.
 With torchrun, every rank has its own worker over the same shards: given ones, or the job's own,
 shard i started by the local rank 0 of node i mod N and bound to that node's address
-(``training.train._job_shards``).
+(``training.job_shards``).
 """
 
 from __future__ import annotations
