@@ -170,7 +170,7 @@ def synth_data(rows: int, where: Path) -> tuple[Path, Path]:
 
 def synth_section(args: argparse.Namespace) -> dict:
     """1M synth rows, one epoch: the peer and every recserve variant, each a process of its own."""
-    from training import plan as sharding
+    from training import planner
     from training.costs import Costs
 
     train_file, test_file = synth_data(args.synth_rows, Path(args.synth_dir))
@@ -179,9 +179,9 @@ def synth_section(args: argparse.Namespace) -> dict:
     schema = load_schema("data/schemas/criteo.yaml")
     total = sum(  # what every table takes in a store: the planner's own sizes
         t.bytes
-        for t in sharding.plan_tables(
-            sharding.table_stats(
-                sharding.sample(train_file, schema, ReadOptions(numeric_dense=True), 128, 100_000),
+        for t in planner.plan_tables(
+            planner.table_stats(
+                planner.sample(train_file, schema, ReadOptions(numeric_dense=True), 128, 100_000),
                 schema, args.synth_rows,
             ),
             ShardSpec.of(TrainConfig(), schema).store_config(0, 1), Costs(), 0.0,

@@ -76,7 +76,7 @@ class TrainConfig:
     inprocess: torch EmbeddingBag tables in the trainer (a baseline for benchmarks; nothing
     servable is exported)."""
     sharding: str = field(default="auto", metadata={"choices": ["auto", "ps", "replicated"]})
-    """Where each embedding table trains (training/plan.py): auto (the planner, from a sample of
+    """Where each embedding table trains (training/plan.py): auto (training/planner.py, from a sample of
     the data and --memory-gb), ps (every table on the PS shards, updated asynchronously) or
     replicated (every table in the trainer, updated synchronously). The export is the same."""
     plan: str = ""

@@ -1,4 +1,4 @@
-"""What the sharding planner (``training.plan``) weighs: per-ID and per-call costs of a table
+"""What the sharding planner (``training.planner``) weighs: per-ID and per-call costs of a table
 in process and on the PS (``Costs``), measured here by ``measure_costs`` or the dev VM's
 defaults, and what talking to the PS at all costs a step (``round_trips_us``)."""
 

@@ -31,8 +31,7 @@ from tqdm import tqdm
 import model_store
 from features.schema import Schema, load_schema
 from features.stream import ReadOptions
-from training import data, ranks
-from training import plan as sharding
+from training import data, planner, ranks
 from training.checkpoint import Checkpointer, checkpoint_dir, latest, parse_every
 from training.cluster import Cluster, ShardSpec
 from training.config import TrainConfig
@@ -207,7 +206,7 @@ class _Job:
             self.ctx = InProcessCtx(table, self.model, self.dense_opt, optimizer, schema)
             return
         rows = sum(s.rows for s in self.data.scans)
-        plan = self.plan = sharding.for_training(cfg, schema, self.data.read, rows, world)
+        plan = self.plan = planner.for_training(cfg, schema, self.data.read, rows, world)
         local = self.local = plan.local_mask(schema)
         spec = ShardSpec.of(cfg, schema)
         cluster = self.cluster = stack.enter_context(open_job_cluster(cfg, schema, spec, self.rank, world))

@@ -5,7 +5,7 @@ step), sizes every table as a store holds it (row, optimizer state, key, index),
 in-process store and a PS process on this machine (``--no-measure``: the default figures), and
 keeps the placement with the least estimated embedding time on a step's path whose replicated
 tables fit ``--memory-gb`` per node: the tables that save the most time per byte in process
-first, weighed against all on the PS (training/plan.py says what overlaps). ``recserve train
+first, weighed against all on the PS (training/planner.py says what overlaps). ``recserve train
 --plan plan.yaml`` trains with exactly this plan; ``recserve train`` (``--sharding auto``) plans
 the same way by itself.
 
@@ -81,8 +81,7 @@ def run(cfg: PlanConfig) -> int:
 
     from features.schema import load_schema
     from features.stream import ReadOptions
-    from training import data
-    from training import plan as sharding
+    from training import data, planner
     from training.cluster import ShardSpec
     from training.config import TrainConfig
     from training.costs import Costs, measure_costs
@@ -97,12 +96,12 @@ def run(cfg: PlanConfig) -> int:
     if not rows:
         print(f"recserve plan: {cfg.data}: no rows")
         return 1
-    batches = sharding.sample(cfg.data, schema, read, cfg.batch_size, min(cfg.sample_rows, rows))
-    stats = sharding.table_stats(batches, schema, rows)
+    batches = planner.sample(cfg.data, schema, read, cfg.batch_size, min(cfg.sample_rows, rows))
+    stats = planner.table_stats(batches, schema, rows)
     costs = measure_costs(spec) if cfg.measure else Costs()
     costs = dataclasses.replace(costs, allgather_gbps=cfg.allgather_gbps)
-    plan = sharding.plan_tables(
-        stats, spec.store_config(0, 1), costs, cfg.memory_gb or sharding.default_memory_gb(), cfg.nodes,
+    plan = planner.plan_tables(
+        stats, spec.store_config(0, 1), costs, cfg.memory_gb or planner.default_memory_gb(), cfg.nodes,
         cfg.ranks_per_node, schema.name, cfg.batch_size, train_cfg.rpc_shards, train_cfg.prefetches,
     )  # fmt: skip
     print(
