@@ -216,6 +216,10 @@ class TrainConfig:
         from features.stream import ReadOptions
 
         ReadOptions(format=self.data_format, block_size=self.block_size)  # raises ValueError if bad
+        from training import sources
+
+        for spec in (self.data, self.test):
+            sources.parse(spec, "files")  # an unknown <kind>:// is a configuration error
         if self.plan:  # a plan that does not fit the schema is a configuration error, not a crash
             from features.schema import load_schema
             from training.plan import ShardingPlan
@@ -273,6 +277,9 @@ class FollowConfig:
     def __post_init__(self) -> None:
         if not self.follow or not self.watch:
             raise ValueError("continuous training needs --follow MODEL_DIR and --watch DIR")
+        from training import sources
+
+        sources.parse(self.watch, "watch")  # an unknown <kind>:// is a configuration error
         if self.delta_interval_s <= 0 or self.poll_s <= 0:
             raise ValueError("delta_interval_s and poll_s must be > 0")
         if self.batch_size < 1 or self.staleness < 0 or self.max_seconds < 0:

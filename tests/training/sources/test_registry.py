@@ -11,6 +11,7 @@ import pytest
 from features import stream
 from features.schema import load_schema
 from training import data, sources
+from training.config import FollowConfig, TrainConfig
 from training.sources import Reading
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,6 +27,12 @@ def test_the_scheme_picks_the_kind() -> None:
         sources.parse("kafka://broker/topic", default="files")
     with pytest.raises(ValueError, match="'files' registered twice"):
         sources.register(sources.get("files"))
+    for config in (
+        lambda: TrainConfig(data="kafka://b/t"),
+        lambda: FollowConfig(follow="m", watch="kafka://b/t"),
+    ):
+        with pytest.raises(ValueError, match="unknown data source 'kafka'"):  # at start, as a bad setting
+            config()
 
 
 def test_files_name_the_file_and_row_of_every_chunk(tmp_path) -> None:
