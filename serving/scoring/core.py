@@ -257,7 +257,7 @@ class Scorer:
         # in-process EmbeddingWorker takes the batch itself
         payload = batch if self._inprocess else (body if body is not None else encode(batch))
         try:
-            fwd = self.worker.forward(payload, mode="infer", version=self.dense_version)
+            fwd = self.worker.forward(payload, version=self.dense_version)
         except Exception as e:
             raise ScoringError(*forward_status(e)) from None
         emb_version, delta_seq = fwd.version
