@@ -258,14 +258,15 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         if not len(signs):
             return 0
         cfg = self.config.optimizer
-        if distinct and cfg.name in index.FUSED and self._rows.dtype == np.float32:
-            eps = (1e-10 if cfg.eps is None else cfg.eps) if cfg.name == "adagrad" else 0.0
-            with self._lock:  # find + update in one compiled pass
+        opt = optim.get(cfg.name)
+        kernel = opt.kernel() if distinct and self._rows.dtype == np.float32 else None
+        if kernel is not None:
+            with self._lock:  # find + update in one compiled pass (the optimizer's fast path)
                 self.step = step if step else self.step + 1
-                acc = self._state.get("sum", self._rows)  # SGD has no state: any (cap, dim) array
-                return int(index.update_rows(
-                    self._table, self._keys, self._bits, self._rows, acc, signs,
-                    np.ascontiguousarray(grads), index.FUSED[cfg.name], cfg.lr, eps, self._stamp,
+                return int(kernel(
+                    self._table, self._keys, self._bits, self._rows,
+                    tuple(self._state[name] for name in opt.state), signs, np.ascontiguousarray(grads),
+                    np.array(opt.hyper(cfg, self.step), np.float64), self._stamp,
                     np.uint32(self.clock()), self._dirty,
                 ))  # fmt: skip
         uniq, inverse = np.unique(signs, return_inverse=True)
