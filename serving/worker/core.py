@@ -4,7 +4,7 @@
 queries all shards at once, and pools the rows per (row, slot) (``pooling``); it never inserts
 (serving). The trainer (``training.ctx``) pools itself: ``lookup(signs, train=True)`` inserts
 unseen signs, and ``push`` / ``push_lookup`` send per-sign gradients to the shards from
-background threads, returning at once.
+background threads (``updates.UpdateQueue``), returning at once.
 
 Staleness bound K: a training lookup waits while more than K updates are in flight, so K=0 is
 fully synchronous (every update is applied before the next lookup). ``push_lookup`` sends a
@@ -15,8 +15,6 @@ flush.
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,6 +25,7 @@ from features.batch import CompactBatch
 from features.schema import Schema
 from serving.worker.pooling import BatchError, make_plan, pool
 from serving.worker.shards import HashRouter, LocalShard, PSClient, ShardBackend, ShardError
+from serving.worker.updates import UpdateError, UpdateQueue
 
 __all__ = [
     "BatchError",
@@ -40,16 +39,6 @@ __all__ = [
     "WorkerConfig",
     "connect",
 ]
-
-log = logging.getLogger("recserve.worker")
-
-
-class UpdateError(RuntimeError):
-    """A background update failed; raised by the next forward/push/flush (cause attached)."""
-
-    @property
-    def grpc_status(self) -> str:
-        return getattr(self.__cause__, "grpc_status", None) or "INTERNAL"
 
 
 @dataclass
@@ -97,14 +86,7 @@ class EmbeddingWorker:
         self.dim = dims.pop()
         self.router = HashRouter(len(self.shards))
         self._fanout = ThreadPoolExecutor(self.config.fanout_threads, thread_name_prefix="worker-fanout")
-        self._updates = ThreadPoolExecutor(self.config.update_threads, thread_name_prefix="worker-update")
-        # update_lookup calls, one at a time in the order queued (each reads after the last)
-        self._exchange = ThreadPoolExecutor(1, thread_name_prefix="worker-exchange")
-        self._lock = threading.Lock()
-        self._done = threading.Condition(self._lock)  # notified when an in-flight update finishes
-        self._running: set[int] = set()  # sequence numbers of the updates in flight
-        self._next_seq = 0
-        self._error: BaseException | None = None
+        self._updates = UpdateQueue(self.config.update_threads)
         self._closed = False
 
     # ---- public API ----------------------------------------------------------------------------
@@ -127,19 +109,19 @@ class EmbeddingWorker:
         waits while more than K updates are in flight (the staleness bound)."""
         self._check_open()
         if train:
-            self._wait_in_flight(self.config.staleness)
+            self._updates.wait(self.config.staleness)
         else:
-            self._raise_error()
+            self._updates.raise_error()
         return self._lookup(signs, insert=train, version=version, timeout_s=timeout_s)
 
     def push(self, signs: np.ndarray, grads: np.ndarray) -> None:
         """Queue per-sign gradients (float32 (n, dim), distinct signs) for their shards; returns
         at once and counts as one update in flight."""
         self._check_open()
-        self._raise_error()
+        self._updates.raise_error()
         grads = self._checked_grads(signs, grads)
         signs = np.array(signs, dtype=np.uint64)
-        self._submit(lambda _: self._send(signs, grads))
+        self._updates.submit(lambda _: self._send(signs, grads))
 
     def push_lookup(self, signs: np.ndarray, grads: np.ndarray, lookup: np.ndarray) -> Future:
         """``push``, and in the same call to each shard (one round trip: the PS's UpdateLookup)
@@ -150,11 +132,11 @@ class EmbeddingWorker:
         thread, unordered with it, so the rows may hold it too (fresher, never staler). The trainer
         sends a step's gradients with the batch after next's signs."""
         self._check_open()
-        self._raise_error()
+        self._updates.raise_error()
         grads = self._checked_grads(signs, grads)
         signs, lookup = np.array(signs, dtype=np.uint64), np.array(lookup, dtype=np.uint64)
         rows: Future = Future()
-        self._submit(lambda seq: self._send_lookup(seq, signs, grads, lookup, rows), self._exchange)
+        self._updates.submit(lambda seq: self._send_lookup(seq, signs, grads, lookup, rows), ordered=True)
         return rows
 
     def _checked_grads(self, signs: np.ndarray, grads: np.ndarray) -> np.ndarray:
@@ -163,34 +145,21 @@ class EmbeddingWorker:
             raise ValueError(f"push needs finite float32 grads of shape ({len(signs)}, {self.dim})")
         return grads
 
-    def _submit(self, job: Callable[[int], None], pool: ThreadPoolExecutor | None = None) -> None:
-        """Run ``job(seq)`` on an update thread (``pool``: another one), counted in flight. The
-        sequence number and the queue position are taken together, so a pool's jobs run in
-        sequence order (an exchange job waits only on older ones: never on one queued behind it)."""
-        with self._lock:  # the job cannot finish before it is counted: _finish needs this lock
-            seq = self._next_seq
-            (pool or self._updates).submit(self._background, seq, job)
-            self._next_seq += 1
-            self._running.add(seq)
-
     def flush(self) -> None:
         """Wait until every queued update has been applied (re-raises a failed one)."""
-        self._wait_in_flight(0)
+        self._updates.wait(0)
 
     def close(self) -> None:
         """Apply queued updates, stop the threads and close the shards' connections."""
         if self._closed:
             return
         self._closed = True
-        self._exchange.shutdown(wait=True)
-        self._updates.shutdown(wait=True)
+        self._updates.close()
         self._fanout.shutdown(wait=True)
         for shard in self.shards:
             close = getattr(shard, "close", None)
             if callable(close):
                 close()
-        if self._error is not None:
-            log.error("closed with a failed background update: %s", self._error)
 
     def __enter__(self) -> EmbeddingWorker:
         return self
@@ -202,7 +171,7 @@ class EmbeddingWorker:
     @property
     def in_flight(self) -> int:
         """Updates queued or being applied."""
-        return len(self._running)
+        return self._updates.in_flight
 
     def version(self) -> tuple[str, int]:
         """(embedding version, min delta seq) over the shards; ("", -1) when a shard's is unknown."""
@@ -216,23 +185,6 @@ class EmbeddingWorker:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("embedding worker is closed")
-
-    def _raise_error(self) -> None:
-        if self._error is not None:
-            with self._lock:
-                err, self._error = self._error, None
-            if err is not None:
-                raise UpdateError(f"a background embedding update failed: {err}") from err
-
-    def _wait_in_flight(self, limit: int) -> None:
-        with self._done:
-            self._done.wait_for(lambda: len(self._running) <= limit)
-        self._raise_error()
-
-    def _wait_older(self, seq: int, limit: int) -> None:
-        """Wait while more than ``limit`` updates queued before ``seq`` are in flight."""
-        with self._done:
-            self._done.wait_for(lambda: sum(s < seq for s in self._running) <= limit)
 
     def _fan_out(self, calls: Sequence[Callable[[], object]], here: Sequence[bool] = ()) -> list:
         """Run the calls and return their results in order; raises the first failure after every
@@ -290,17 +242,6 @@ class EmbeddingWorker:
             raise ShardError(f"a shard answered rows of shape {rows.shape} for {n} signs (dim {self.dim})")
         return rows
 
-    def _background(self, seq: int, job: Callable[[int], None]) -> None:
-        """One queued update on an update thread; a failure is kept for the next call to raise."""
-        try:
-            job(seq)
-        except BaseException as e:
-            log.error("background embedding update failed: %s", e)
-            with self._lock:
-                self._error = self._error or e
-        finally:
-            self._finish(seq)
-
     def _send(self, signs: np.ndarray, sign_grads: np.ndarray) -> None:
         calls = [
             lambda s=s, p=p: s.update(_part(signs, p), _part(sign_grads, p))
@@ -317,7 +258,7 @@ class EmbeddingWorker:
         Future fails with the ``UpdateError`` the next call would raise."""
         out.set_running_or_notify_cancel()  # not cancellable from here on
         try:
-            self._wait_older(seq, self.config.staleness)
+            self._updates.wait_older(seq, self.config.staleness)
             work = [
                 (shard, u, lk)
                 for shard, u, lk in zip(self.shards, self.router.split(signs), self.router.split(lookup), strict=True)
@@ -335,11 +276,6 @@ class EmbeddingWorker:
             out.set_exception(failed)
             raise
         out.set_result(table)
-
-    def _finish(self, seq: int) -> None:
-        with self._done:
-            self._running.discard(seq)
-            self._done.notify_all()
 
 
 def connect(
