@@ -96,7 +96,7 @@ class EmbeddingStore:
         signs = as_signs(signs)
         with self._lock:
             check_holds(self.config, version, [self.version] if self.version else [])
-            if insert and self.config.dtype == "float32":  # admit, then touch and gather by slot
+            if insert and self._arrays.values.dtype == np.float32:  # admit, touch and gather by slot
                 slots = self._admit(signs, touch=False)
                 out, misses = self._arrays.touch_gather(slots, np.uint32(self.clock()))
                 return out, misses, (self.version, self.delta_seq)
@@ -204,7 +204,7 @@ class EmbeddingStore:
             return 0
         cfg = self.config.optimizer
         opt = optim.get(cfg.name)
-        kernel = opt.kernel() if distinct and self.config.dtype == "float32" else None
+        kernel = opt.kernel() if distinct and self._arrays.values.dtype == np.float32 else None
         if kernel is not None:
             with self._lock:  # find + update in one compiled pass (the optimizer's fast path)
                 self.step = step if step else self.step + 1
