@@ -287,10 +287,10 @@ def stages(
             "decode": median_ms(lambda b: inproc.decode(b, JSON), bodies),  # what the scoring core runs
             "orjson_transform": median_ms(lambda b: transform(orjson.loads(b), schema), bodies),  # baseline
             "codec_encode": median_ms(encode, batches),
-            "worker_forward_rpc": median_ms(lambda blob: client.forward(blob, mode="infer"), blobs),
-            "worker_core_over_ps": median_ms(lambda b: ps.forward(b, "infer"), batches),
+            "worker_forward_rpc": median_ms(lambda blob: client.forward(blob), blobs),
+            "worker_core_over_ps": median_ms(lambda b: ps.forward(b), batches),
             "ps_lookup_fanout": median_ms(lambda s: ps._lookup(s, insert=False), signs),
-            "worker_core_inprocess_tables": median_ms(lambda b: local.forward(b, "infer"), batches),
+            "worker_core_inprocess_tables": median_ms(lambda b: local.forward(b), batches),
             "dense": median_ms(lambda pd: inproc.dense(*pd), pooled),
             "encode_response": median_ms(inproc.encode, scored),
         }

@@ -14,8 +14,8 @@ ones):
   structural checks are reached -- and random bytes after the magic;
 - ``ps_grpc``: every ``EmbeddingPS`` method with random bytes, and Lookups with sign buffers of any
   length, unknown dtypes, inserts, versions the shard does not hold, paths; byte-mutated messages;
-- ``worker_grpc``: every ``EmbeddingWorker`` method: Forwards of mutated batches with any mode,
-  dtype and version, Backwards of random grads, random bytes.
+- ``worker_grpc``: every ``EmbeddingWorker`` method: Forwards of mutated batches with any dtype
+  and version, random bytes.
 
 A *server error* is an HTTP status >= 500, or a gRPC UNKNOWN or INTERNAL: a mistake of the client
 must get a 4xx / INVALID_ARGUMENT (or a refusal), and nothing may crash a server. Every status seen
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import grpc
     from google.protobuf.message import Message
 
-    from recserve.v1 import common_pb2, worker_pb2
+    from recserve.v1 import common_pb2
     from serving.stack.state import StackState
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,7 +193,7 @@ def ps_case(rng: np.random.Generator, corpus: Corpus, version: str) -> tuple[str
 def worker_case(rng: np.random.Generator, corpus: Corpus, version: str) -> tuple[str, bytes]:
     from recserve.v1 import worker_pb2
 
-    method = ["Forward", "Forward", "Forward", "Backward", "Flush", "Stats"][int(rng.integers(6))]
+    method = ["Forward", "Forward", "Forward", "Stats"][int(rng.integers(4))]
     if rng.random() < 0.2:
         return method, rng.bytes(int(rng.integers(0, 200)))
     msg: Message
@@ -204,17 +204,10 @@ def worker_case(rng: np.random.Generator, corpus: Corpus, version: str) -> tuple
             else corpus.blobs[int(rng.integers(len(corpus.blobs)))]
         )
         versions = ["", version, "v999999", "x" * 2000]
-        # any int for the enums, unknown values included (as in ps_case)
-        mode = cast("worker_pb2.Mode", int(rng.integers(-1, 4)))
+        # any int for the enum, unknown values included (as in ps_case)
         dtype = cast("common_pb2.DType", int(rng.integers(-1, 4)))
-        msg = worker_pb2.ForwardRequest(batch=blob, mode=mode, dtype=dtype,
+        msg = worker_pb2.ForwardRequest(batch=blob, dtype=dtype,
                                         version=versions[int(rng.integers(len(versions)))])  # fmt: skip
-    elif method == "Backward":
-        msg = worker_pb2.BackwardRequest(
-            batch_id=int(rng.integers(0, 2**63)), grads=rng.bytes(int(rng.integers(0, 999)))
-        )
-    elif method == "Flush":
-        msg = worker_pb2.FlushRequest()
     else:
         msg = worker_pb2.WorkerStatsRequest()
     data = msg.SerializeToString()

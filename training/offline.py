@@ -62,7 +62,7 @@ def score(version: str | Path, data: str | Path, batch_size: int = 2048, dense_f
     worker = EmbeddingWorker([LocalShard(s) for s in load_stores(version, manifest)], schema)
     try:
         logits = [
-            dense(worker.forward(b, mode="infer").pooled, dense_matrix(b, schema))
+            dense(worker.forward(b).pooled, dense_matrix(b, schema))
             for b in Split(data, schema, ReadOptions()).batches(batch_size)
         ]
     finally:

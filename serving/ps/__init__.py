@@ -1,6 +1,7 @@
 """The embedding parameter server. Training store: ``store`` (``EmbeddingStore``, with its
-``persistence``, ``growth`` and ``optim`` parts and the compiled kernels of ``index``); serving
-store: ``mapped`` (``MappedStore`` over ``table``'s ``BucketTable``), kept current by ``follow``;
+collaborators in ``arrays``, ``growth``, ``admission``, ``eviction`` and ``persistence``, the
+optimizers of ``optim`` with their fast paths in ``fused``, the compiled kernels of ``index``);
+serving store: ``mapped`` (``MappedStore`` over ``table``'s ``BucketTable``), kept current by ``follow``;
 ``deltas`` writes deltas from outside a run; gRPC service: ``server`` (``metrics``), client:
 ``client``.
 

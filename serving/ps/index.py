@@ -322,39 +322,12 @@ def segment_sum(inverse, values, k):
     return out
 
 
-FUSED = {"sgd": 0, "adagrad": 1}
-"""Optimizers ``update_rows`` applies (the rest go through ``serving.ps.optim`` in numpy)."""
-
-
-@numba.njit(cache=True, nogil=True)
-def update_rows(table, keys, bits, rows, state, signs, grads, kind, lr, eps, stamp, now, dirty):
-    """Fused find + sparse update of float32 rows for distinct ``signs``, one pass touching each
-    row and its state once: kind 0 SGD, 1 Adagrad (``state``: the ``sum`` matrix), the same
-    float32 expressions in the same order as ``optim._sgd`` / ``optim._adagrad`` (so torch's).
-    Absent signs are skipped; returns the rows updated."""
-    size = len(table)
-    dim = rows.shape[1]
-    nlr = np.float32(-lr)
-    feps = np.float32(eps)
-    done = 0
-    for i in range(len(signs)):
-        h = _hash(signs[i])
-        slot = _find(table, keys, signs[i], h, _home(h, size), bits)
-        if slot < 0:
-            continue
-        for j in range(dim):
-            g = grads[i, j]
-            if kind == 1:
-                s = state[slot, j] + g * g
-                state[slot, j] = s
-                std = np.sqrt(s) + feps
-                rows[slot, j] = rows[slot, j] + nlr * g / std
-            else:
-                rows[slot, j] = rows[slot, j] + nlr * g
-        stamp[slot] = now
-        dirty[slot] = True
-        done += 1
-    return done
+@numba.njit(inline="always")
+def find_one(table, keys, sign, bits):
+    """The slot of one sign, -1 where absent: for kernels that fuse the find with their work on
+    the row (``serving.ps.fused``)."""
+    h = _hash(sign)
+    return _find(table, keys, sign, h, _home(h, len(table)), bits)
 
 
 @numba.njit(cache=True, nogil=True)

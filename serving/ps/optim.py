@@ -8,15 +8,18 @@ models; Adam is lazy Adam as ``torch.optim.SparseAdam`` (moments and the paramet
 on rows with a gradient; the bias correction uses the shard's step count); FTRL is
 FTRL-Proximal, per coordinate, as in McMahan et al. 2013 ("Ad Click Prediction"), Algorithm 1.
 
-``OPTIMIZERS`` is the one list of optimizer names: the PS update, the state slots a shard
-allocates and dumps, the ``--optimizer`` / ``--sparse-optimizer`` choices and the in-process
-trainer's torch counterpart all come from it, and ``get`` refuses a name it does not hold. A new
-optimizer is one ``@register`` function here (plus a field of ``OptimizerConfig`` if it has a
-hyper-parameter of its own).
+``OPTIMIZERS`` is the one list of optimizer names: the PS update, its optional compiled fast
+path, the state slots a shard allocates and dumps, the ``--optimizer`` / ``--sparse-optimizer``
+choices and the in-process trainer's torch counterpart all come from it, and ``get`` refuses a
+name it does not hold. A new optimizer is one ``@register`` function here (plus a field of
+``OptimizerConfig`` if it has a hyper-parameter of its own), optionally with a fused kernel
+(``serving.ps.fused`` says its contract) named by its entry.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 Update = Callable[["OptimizerConfig", np.ndarray, dict[str, np.ndarray], np.ndarray, int], None]
+Hyper = Callable[["OptimizerConfig", int], tuple[float, ...]]
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,22 @@ class SparseOptimizer:
     torch: str | None
     """The ``torch.optim`` class that is its counterpart on sparse gradients (the in-process
     baseline trains with it), or None when torch has none."""
+    fused: str | None = None
+    """Its fast path: "module:function" of a compiled kernel that finds each distinct sign's row
+    and applies ``update`` to it in one pass, to the same bits (``serving.ps.fused``); imported
+    on first use, so naming it loads no compiler. None: the store gathers, updates, scatters."""
+    hyper: Hyper = lambda cfg, step: ()
+    """``hyper(cfg, step)``: the fused kernel's hyper-parameters, in its order."""
+
+    def kernel(self) -> Callable[..., int] | None:
+        """The fused kernel ``fused`` names (None without one)."""
+        return None if self.fused is None else _resolve(self.fused)
+
+
+@functools.cache
+def _resolve(ref: str) -> Callable[..., int]:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 OPTIMIZERS: dict[str, SparseOptimizer] = {}
@@ -50,13 +70,16 @@ def register(
     state: tuple[str, ...] = (),
     torch: str | None = None,
     initial: Callable[[OptimizerConfig, str], float] = lambda cfg, slot: 0.0,
+    fused: str | None = None,
+    hyper: Hyper = lambda cfg, step: (),
 ) -> Callable[[Update], Update]:
-    """Decorator: register ``update`` as the sparse optimizer ``name``."""
+    """Decorator: register ``update`` as the sparse optimizer ``name`` (``fused``, ``hyper``: its
+    optional fast path, see ``SparseOptimizer``)."""
 
     def add(update: Update) -> Update:
         if name in OPTIMIZERS:
             raise ValueError(f"optimizer {name!r} registered twice")
-        OPTIMIZERS[name] = SparseOptimizer(name, tuple(state), update, initial, torch)
+        OPTIMIZERS[name] = SparseOptimizer(name, tuple(state), update, initial, torch, fused, hyper)
         return update
 
     return add
@@ -114,18 +137,25 @@ def apply(
     get(cfg.name).update(cfg, params, state, grads, step)
 
 
-@register("sgd", torch="SGD")
+def _eps(cfg: OptimizerConfig, default: float) -> float:
+    return default if cfg.eps is None else cfg.eps
+
+
+@register("sgd", torch="SGD", fused="serving.ps.fused:sgd", hyper=lambda cfg, step: (cfg.lr,))
 def _sgd(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
     # torch: param.add_(grad, alpha=-lr)
     params += np.float32(-cfg.lr) * grads
 
 
-@register("adagrad", state=("sum",), torch="Adagrad", initial=lambda cfg, slot: cfg.initial_accumulator_value)
+@register(
+    "adagrad", state=("sum",), torch="Adagrad", initial=lambda cfg, slot: cfg.initial_accumulator_value,
+    fused="serving.ps.fused:adagrad", hyper=lambda cfg, step: (cfg.lr, _eps(cfg, 1e-10)),
+)  # fmt: skip
 def _adagrad(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
     # torch: state_sum.addcmul_(grad, grad, value=1); std = state_sum.sqrt().add_(eps);
     #        param.addcdiv_(grad, std, value=-clr)
     f32 = np.float32
-    eps = f32(1e-10 if cfg.eps is None else cfg.eps)
+    eps = f32(_eps(cfg, 1e-10))
     s = state["sum"]
     s += grads * grads
     std = np.sqrt(s)
@@ -137,7 +167,7 @@ def _adagrad(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
 def _sparse_adam(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
     # torch.optim.SparseAdam, on the rows present in the gradient
     f32 = np.float32
-    eps = f32(1e-8 if cfg.eps is None else cfg.eps)
+    eps = f32(_eps(cfg, 1e-8))
     m, v = state["exp_avg"], state["exp_avg_sq"]
     m_update = (grads - m) * f32(1 - cfg.beta1)
     v_update = (grads * grads - v) * f32(1 - cfg.beta2)

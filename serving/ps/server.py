@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from model_store import shards
-from serving.ps.config import ServerConfig
+from serving.ps.config import ServerConfig, StoreConfig
 from serving.ps.follow import lower_thread_priority, not_serving_reason
 from serving.ps.metrics import PSMetrics
 from serving.rpc import convert
@@ -269,15 +269,34 @@ def open_store(config: ServerConfig):
         from serving.ps.mapped import MappedStore
 
         return MappedStore(config.store, keep_s=config.keep_previous_s)
-    from serving.ps.store import EmbeddingStore, warm_up
+    from serving.ps.store import EmbeddingStore
 
     store = EmbeddingStore(config.store)
-    warm_up(config.store)
+    _warm_up(config.store)
     if config.load:
         t0 = time.perf_counter()
         store.load(config.load)
         log.info("loaded %d rows from %s in %.2fs", len(store), config.load, time.perf_counter() - t0)
     return store
+
+
+def _warm_up(cfg: StoreConfig) -> None:
+    """A training shard: load every compiled kernel the RPCs use (from numba's cache) for the
+    read-only arrays that protobuf payloads give, so the first real call is not the slow one. A
+    serving shard has nothing to warm up: its lookups are numpy."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from serving.ps.store import EmbeddingStore
+
+    signs = np.frombuffer(np.array([1, 2, 2, 3], dtype="<u8").tobytes(), dtype="<u8")
+    scratch = EmbeddingStore(replace(cfg, capacity=16, min_count=1, shard=0, num_shards=1, max_memory_gb=0.0))
+    grads = np.frombuffer(np.zeros((4, cfg.dim), dtype="<f4").tobytes(), dtype="<f4").reshape(4, cfg.dim)
+    scratch.lookup(signs, insert=True)
+    scratch.lookup(signs)
+    scratch.apply_gradients(signs, grads)
+    scratch.apply_gradients(signs[:1], grads[:1])
 
 
 def start_following(config: ServerConfig, store, registry):

@@ -1,17 +1,14 @@
-"""The embedding store of one PS shard: a plain class, no network.
+"""The embedding store of one PS shard: a plain class, no network, and its collaborators.
 
-Memory is allocated for ``capacity`` rows and kept dense: slots 0..rows-1 are occupied, so a
-dump is a slice of each array. Per row: the 8-byte sign (``keys``), the row (float32 or float16),
-the optimizer state (float32), a uint32 last-touch time, a uint32 touch count and a dirty byte;
-plus the index, 4 bytes per table entry at load <= 0.6. There are no per-ID Python objects; the
-batch paths are numba kernels (``index.py``) and whole-array numpy.
-
-A full store never drops a row unless an eviction policy is configured. With ``eviction="none"``
-(the default) it grows (``growth.py``): every array is reallocated at about twice the capacity (or
-what the batch needs), the occupied prefix copied and the index rebuilt for the new size, all
-under the lock, so inserts cost amortised O(1). Growth that would pass ``max_memory_gb`` or the
-int32 slot limit, or that the machine cannot allocate, raises ``CapacityError`` and leaves the
-store as it was. With ``lru``/``lfu`` the capacity is a bound; evictions are counted and logged.
+Rows are kept dense in arrays allocated for ``capacity`` (slots 0..rows-1 occupied, so a dump is a
+slice): the index of signs (``arrays.SignIndex``) and per row the values, optimizer state, stamp,
+count and dirty flag (``arrays.RowArrays``), no per-ID Python objects. The store owns the lock,
+the row count, the version and the lookup counters; each collaborator owns its state:
+``growth.Growth`` (memory limit, grows), ``admission.Admission`` (the sketch of unseen signs),
+``eviction.Eviction`` (its counts) and ``persistence.ShardPersistence`` (snapshots, delta cuts,
+the deletions since the last one, verified reads). Without an eviction policy a full store
+grows (amortised O(1) inserts) or raises ``CapacityError``, unchanged; with ``lru``/``lfu`` the
+capacity is a bound.
 
 All public methods take one lock, so a lookup sees a delta entirely or not at all, whether the
 store is called in-process from several threads or from the gRPC server's event loop.
@@ -19,50 +16,42 @@ store is called in-process from several threads or from the gRPC server's event 
 
 from __future__ import annotations
 
-import logging
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
-from features.hashing import has_duplicates, unique_signs
+from model_store import shards
 from model_store.errors import CapacityError
-from model_store.shards import StoreError
-from serving.ps import index, optim
+from model_store.shards import ShardData, StoreError
+from serving.ps import optim
+from serving.ps.admission import Admission
+from serving.ps.arrays import RowArrays, SignIndex, checked_assign, checked_grads, coalesce
 from serving.ps.config import StoreConfig, as_signs, check_holds
-from serving.ps.growth import GIB, StoreMemory, sketch_width
+from serving.ps.eviction import Eviction
+from serving.ps.growth import Growth
 from serving.ps.optim import OptimizerConfig
 from serving.ps.persistence import ShardPersistence
 
 __all__ = ["CapacityError", "EmbeddingStore", "OptimizerConfig", "StoreConfig", "StoreError"]
 
-log = logging.getLogger("recserve.ps.store")
 
-LOG_EVERY_S = 10.0  # eviction log lines: at most one per this many seconds, with running totals
-
-
-class EmbeddingStore(StoreMemory, ShardPersistence):
+class EmbeddingStore:
     """Rows and optimizer state of one shard, addressed by uint64 sign."""
 
     def __init__(self, config: StoreConfig, clock: Callable[[], float] = time.time):
         self.config = config
         self.clock = clock
-        self.capacity = config.capacity
-        """Rows the arrays hold now (``config.capacity`` at first; growth raises it)."""
-        self._sketch = None
-        limit = self._limit_bytes()
-        if limit and self.bytes_for(self.capacity) > limit:
-            raise CapacityError(
-                f"shard {config.shard}: capacity {self.capacity:,} rows needs "
-                f"{self.bytes_for(self.capacity) / GIB:.3g} GiB, more than max_memory_gb="
-                f"{config.max_memory_gb:g}; lower --capacity or raise --max-memory-gb"
-            )
-        self._install_arrays(self._allocate(self.capacity))
-        if config.min_count > 1:
-            self._sketch = np.zeros((4, sketch_width(self.capacity)), dtype=np.uint16)
-        self._deleted = []
+        self._growth = Growth(config)
+        self._growth.check(config.capacity)
+        self._index = SignIndex.empty(config.capacity)
+        self._arrays = RowArrays.allocate(config, config.capacity)
+        self._admission = Admission(config.min_count, config.capacity) if config.min_count > 1 else None
+        self._eviction = Eviction(config)
+        self._persistence = ShardPersistence(config)
         self._lock = threading.RLock()
         self.rows = 0
         self.version = ""
@@ -71,8 +60,24 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         """Sequence number of the last delta cut (training) or applied (serving); -1: none."""
         self.step = 0
         """Optimizer step count (Adam bias correction)."""
-        self.hits = self.misses = self.evictions = self.expired = self.inserts = self.grows = 0
-        self._evictions_logged = (-np.inf, 0)  # (monotonic time, evictions) of the last log line
+        self.hits = self.misses = self.inserts = 0
+
+    @property
+    def capacity(self) -> int:
+        """Rows the arrays hold now (``config.capacity`` at first; growth raises it)."""
+        return self._index.capacity
+
+    @property
+    def evictions(self) -> int:
+        return self._eviction.evictions
+
+    @property
+    def expired(self) -> int:
+        return self._eviction.expired
+
+    @property
+    def grows(self) -> int:
+        return self._growth.grows
 
     # ---- lookups -------------------------------------------------------------------------
     def lookup(self, signs, insert: bool = False, version: str = "") -> tuple[np.ndarray, int]:
@@ -91,23 +96,13 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         signs = as_signs(signs)
         with self._lock:
             check_holds(self.config, version, [self.version] if self.version else [])
-            if insert and self._rows.dtype == np.float32:  # admit, touch and gather by slot
+            if insert and self._arrays.values.dtype == np.float32:  # admit, touch and gather by slot
                 slots = self._admit(signs, touch=False)
-                out = np.empty((len(signs), self.config.dim), dtype=np.float32)
-                misses = int(index.touch_gather(slots, self._rows, self._stamp, self._count,
-                                                np.uint32(self.clock()), out))  # fmt: skip
+                out, misses = self._arrays.touch_gather(slots, np.uint32(self.clock()))
                 return out, misses, (self.version, self.delta_seq)
             if insert:
                 self._admit(signs)
-            if self._rows.dtype == np.float32:
-                out = np.empty((len(signs), self.config.dim), dtype=np.float32)
-                misses = int(index.gather_rows(self._table, self._keys, self._rows, signs, self._bits, out))
-            else:
-                slots = index.find_slots(self._table, self._keys, signs, self._bits)
-                missing = slots < 0
-                out = self._rows.take(np.where(missing, 0, slots), axis=0).astype(np.float32)
-                out[missing] = 0.0
-                misses = int(missing.sum())
+            out, misses = self._index.gather(self._arrays.values, signs)
             if not insert:
                 self.hits += len(signs) - misses
                 self.misses += misses
@@ -116,7 +111,7 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
     def _admit(self, signs: np.ndarray, touch: bool = True) -> np.ndarray:
         """Insert the unseen ``signs`` admission lets in; their slots (-1: not admitted). With
         ``touch`` the found rows' stamp and count are refreshed here (else by the caller)."""
-        slots = index.find_slots(self._table, self._keys, signs, self._bits)
+        slots = self._index.find(signs)
         found = slots >= 0
         n_found = int(found.sum())
         self.hits += n_found
@@ -124,17 +119,14 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         hit_slots = slots[found]
         if n_found < len(signs):
             new, counts = np.unique(signs[~found], return_counts=True)
-            if self._sketch is not None:
-                seen = index.sketch_add(self._sketch, new, counts.astype(np.int64))
-                new = new[seen >= self.config.min_count]
+            if self._admission is not None:
+                new = self._admission.admit(new, counts)
             if len(new):
                 self._insert(new, protect=hit_slots)
-                slots = index.find_slots(self._table, self._keys, signs, self._bits)
+                slots = self._index.find(signs)
                 hit_slots = slots[slots >= 0]
         if touch:
-            self._stamp[hit_slots] = np.uint32(self.clock())
-            c = self._count[hit_slots]
-            self._count[hit_slots] = c + (c < np.uint32(0xFFFFFFFF))
+            self._arrays.touch(hit_slots, np.uint32(self.clock()))
         return slots
 
     def _insert(self, new: np.ndarray, protect: np.ndarray) -> None:
@@ -147,67 +139,42 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
             else:
                 self._evict(max(len(new) - free, int(self.capacity * self.config.evict_fraction)), protect)
                 new = new[: self.capacity - self.rows]  # a batch larger than the free space: the rest waits
-        start, k = self.rows, len(new)
-        index.insert_new(self._table, self._keys, new, start, self._bits)
-        end = start + k
-        cfg = self.config
-        self._rows[start:end] = index.init_rows(new, cfg.dim, np.uint64(cfg.seed), cfg.init_scale)
-        for name, arr in self._state.items():
-            arr[start:end] = cfg.optimizer.initial_state(name)
-        self._stamp[start:end] = np.uint32(self.clock())
-        self._count[start:end] = 0
-        self._dirty[start:end] = True  # the serving side must get the initial row too
-        self.rows = end
-        self.inserts += k
+        self._index.add(new, self.rows)
+        self._arrays.fresh(self.rows, new, self.config, np.uint32(self.clock()))
+        self.rows += len(new)
+        self.inserts += len(new)
+
+    def _grow(self, need: int, keep: int, double: bool = True) -> None:
+        """``Growth.grow``: room for ``need`` rows keeping slots 0..keep-1 (CapacityError, the
+        store unchanged, when it cannot be had)."""
+        self._index, self._arrays = self._growth.grow(
+            self._index, self._arrays, self._admission, need, keep, held=self.rows, double=double
+        )
 
     # ---- eviction ------------------------------------------------------------------------
     def _evict(self, k: int, protect: np.ndarray) -> None:
-        n = self.rows
-        stamp = self._stamp[:n].astype(np.uint64)
-        count = self._count[:n].astype(np.uint64)
-        if self.config.eviction == "lru":
-            key = (stamp << np.uint64(32)) | count
-        else:
-            key = (count << np.uint64(32)) | stamp
-        key[protect] = np.iinfo(np.uint64).max
-        k = min(k, n - len(unique_signs(protect)))
-        if k <= 0:
-            return
-        victims = np.argpartition(key, k - 1)[:k] if k < n else np.arange(n)
-        self._remove(np.sort(victims))
-        self.evictions += k
-        now, (last, _) = time.monotonic(), self._evictions_logged
-        if now - last >= LOG_EVERY_S:
-            cfg = self.config
-            since = self.evictions - self._evictions_logged[1]
-            self._evictions_logged = (now, self.evictions)
-            log.info(
-                "shard %d: %d rows evicted (%s at capacity %d), %d since the last report, %d held",
-                cfg.shard, self.evictions, cfg.eviction, self.capacity, since, self.rows,
-            )  # fmt: skip
+        victims = self._eviction.victims(self._arrays, self.rows, k, protect)
+        if len(victims):
+            self._remove(victims)
+            self._eviction.evicted(len(victims), self.capacity, self.rows)
 
     def expire(self, now: float | None = None) -> int:
         """Remove rows untouched for ``ttl_s`` seconds; returns how many."""
         if self.config.ttl_s <= 0:
             return 0
         with self._lock:
-            now = self.clock() if now is None else now
-            cutoff = now - self.config.ttl_s
-            victims = np.flatnonzero(self._stamp[: self.rows] < cutoff)
+            victims = self._eviction.stale(self._arrays, self.rows, self.clock() if now is None else now)
             if len(victims):
                 self._remove(victims)
-                self.expired += len(victims)
+                self._eviction.expired += len(victims)
             return len(victims)
 
     def _remove(self, victims: np.ndarray) -> None:
         """Delete the rows at sorted distinct slots, record their signs for the next delta and
         refill the holes from the tail so rows stay dense."""
-        self._deleted.append(self._keys[victims].copy())
-        src, dst = index.remove_compact(
-            self._table, self._keys, victims.astype(np.int64), self.rows, self._bits
-        )
-        for arr in (self._rows, self._stamp, self._count, self._dirty, *self._state.values()):
-            arr[dst] = arr[src]
+        self._persistence.deleted.append(self._index.keys[victims].copy())
+        src, dst = self._index.remove(victims.astype(np.int64), self.rows)
+        self._arrays.move(src, dst)
         self.rows -= len(victims)
 
     # ---- training ------------------------------------------------------------------------
@@ -216,30 +183,15 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         the next delta: for rows computed elsewhere (a trainer's replicated tables, imports,
         tests). ``state``: their optimizer state by name (this store's optimizer's; None: left as
         it is, a new row's initial). Returns rows written."""
-        signs = as_signs(signs)
-        rows = np.asarray(rows, dtype=np.float32)
-        want = (len(signs), self.config.dim)
-        if rows.shape != want or not np.isfinite(rows).all():
-            raise ValueError(f"rows must be finite float32 of shape {want}")
-        state = {k: np.asarray(v, np.float32) for k, v in (state or {}).items()}
-        if set(state) - set(self._state) or any(v.shape != want for v in state.values()):
-            raise ValueError(
-                f"state must be float32 {want} per name among {sorted(self._state)}; got "
-                f"{ {k: v.shape for k, v in state.items()} }"
-            )
-        if has_duplicates(signs):
-            raise ValueError("assign needs distinct signs")
+        signs, rows, state = checked_assign(signs, rows, state, self.config)
         with self._lock:
-            slots = index.find_slots(self._table, self._keys, signs, self._bits)
+            slots = self._index.find(signs)
             absent = slots < 0
             if absent.any():
                 self._insert(signs[absent], protect=slots[~absent])
-                slots = index.find_slots(self._table, self._keys, signs, self._bits)
+                slots = self._index.find(signs)
             ok = slots >= 0
-            self._rows[slots[ok]] = rows[ok]
-            for name, values in state.items():
-                self._state[name][slots[ok]] = values[ok]
-            self._dirty[slots[ok]] = True
+            self._arrays.assign(slots[ok], rows[ok], {name: values[ok] for name, values in state.items()})
             return int(ok.sum())
 
     def apply_gradients(self, signs, grads, step: int = 0, distinct: bool = False) -> int:
@@ -247,77 +199,196 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
         summed first (``distinct``: the caller knows there are none); signs without a row (never
         admitted, or evicted) are skipped. ``step`` is the optimizer step for Adam (0: count
         locally). Returns the distinct signs updated."""
-        signs = as_signs(signs)
-        grads = np.asarray(grads, dtype=np.float32)
-        if grads.ndim == 1 and len(signs):
-            grads = grads.reshape(len(signs), -1)
-        if grads.shape != (len(signs), self.config.dim):
-            raise ValueError(f"grads shape {grads.shape} != ({len(signs)}, {self.config.dim})")
-        if not np.isfinite(grads).all():
-            raise ValueError("grads contain NaN or Inf")
+        signs, grads = checked_grads(signs, grads, self.config.dim)
         if not len(signs):
             return 0
         cfg = self.config.optimizer
-        if distinct and cfg.name in index.FUSED and self._rows.dtype == np.float32:
-            eps = (1e-10 if cfg.eps is None else cfg.eps) if cfg.name == "adagrad" else 0.0
-            with self._lock:  # find + update in one compiled pass
+        opt = optim.get(cfg.name)
+        kernel = opt.kernel() if distinct and self._arrays.values.dtype == np.float32 else None
+        if kernel is not None:
+            with self._lock:  # find + update in one compiled pass (the optimizer's fast path)
                 self.step = step if step else self.step + 1
-                acc = self._state.get("sum", self._rows)  # SGD has no state: any (cap, dim) array
-                return int(index.update_rows(
-                    self._table, self._keys, self._bits, self._rows, acc, signs,
-                    np.ascontiguousarray(grads), index.FUSED[cfg.name], cfg.lr, eps, self._stamp,
-                    np.uint32(self.clock()), self._dirty,
+                ix, arrays = self._index, self._arrays
+                return int(kernel(
+                    ix.table, ix.keys, ix.bits, arrays.values, tuple(arrays.state[n] for n in opt.state),
+                    signs, np.ascontiguousarray(grads), np.array(opt.hyper(cfg, self.step), np.float64),
+                    arrays.stamp, np.uint32(self.clock()), arrays.dirty,
                 ))  # fmt: skip
-        uniq, inverse = np.unique(signs, return_inverse=True)
-        summed = index.segment_sum(inverse.reshape(-1), grads, len(uniq)) if len(uniq) < len(signs) else None
-        if summed is None:
-            summed = grads[np.argsort(signs, kind="stable")]
+        uniq, summed = coalesce(signs, grads)
         with self._lock:
             self.step = step if step else self.step + 1
-            slots = index.find_slots(self._table, self._keys, uniq, self._bits)
+            slots = self._index.find(uniq)
             ok = slots >= 0
-            slots, g = slots[ok], summed[ok]
-            params = self._rows[slots].astype(np.float32)
-            state = {name: arr[slots] for name, arr in self._state.items()}
-            optim.apply(self.config.optimizer, params, state, g, self.step)
-            self._rows[slots] = params
-            for name, arr in self._state.items():
-                arr[slots] = state[name]
-            self._stamp[slots] = np.uint32(self.clock())
-            self._dirty[slots] = True
+            self._arrays.update(slots[ok], summed[ok], cfg, self.step, np.uint32(self.clock()))
+            return int(ok.sum())
+
+    # ---- persistence (``ShardPersistence``; files: ``model_store.shards``) -------------------
+    def _meta(self, kind: str) -> dict:
+        return self._persistence.meta(kind, self.version, self.delta_seq, self.step)
+
+    def snapshot(self, copy: bool = True) -> ShardData:
+        """The shard's rows as ShardData (copies unless ``copy=False``: then views that later
+        updates change, only safe while nothing changes the store -- the caller holds
+        ``self._lock``, or, in the PS server, every change waits until the dump is written)."""
+        with self._lock:
+            return self._persistence.snapshot(self._index, self._arrays, self.rows, self._meta("full"), copy)
+
+    def dump(self, directory) -> Path:
+        """Write a full dump as ``directory/shard-<i>-of-<n>/``; returns its path."""
+        with self._lock:  # writes from views: no copy, lookups wait until it is written
+            return shards.write_shard(directory, self.snapshot(copy=False))
+
+    def cut_delta(self) -> ShardData:
+        """Take the rows changed and signs deleted since the last cut (a new delta seq), and
+        reset the dirty tracking. ``restore_delta`` undoes a cut whose write failed."""
+        with self._lock:
+            self.delta_seq += 1
+            meta = self._meta("delta") | {"base_version": self.version}
+            return self._persistence.cut(self._index, self._arrays, self.rows, meta)
+
+    def restore_delta(self, data: ShardData) -> None:
+        """Mark a cut delta's rows and deletions pending again (its write failed)."""
+        with self._lock:
+            self._persistence.restore(self._index, self._arrays, data)
+            if self.delta_seq == data.meta["delta_seq"]:
+                self.delta_seq -= 1
+
+    def dump_delta(self, directory) -> Path:
+        """Write the rows changed and signs deleted since the last cut as
+        ``directory/shard-<i>-of-<n>/`` (meta ``delta_seq`` = the new seq); returns its path."""
+        data = self.cut_delta()
+        try:
+            return shards.write_shard(directory, data)
+        except BaseException:
+            self.restore_delta(data)
+            raise
+
+    def read(self, paths, delta: bool = False) -> ShardData:
+        """``ShardPersistence.read``: this shard's part of a dump or delta, verified; touches no
+        store state (the server runs it off the loop)."""
+        return self._persistence.read(paths, delta)
+
+    def load(self, paths, shard: int | None = None, num_shards: int | None = None) -> int:
+        """Replace the contents with a full dump: a shard directory, a directory of
+        ``shard-*-of-*`` directories, or a list of shard directories. ``shard``/``num_shards``
+        (default: the config's) pick this shard's rows by the routing hash. Returns rows."""
+        if shard is not None or num_shards is not None:
+            with self._lock:
+                self.config.num_shards = num_shards if num_shards is not None else self.config.num_shards
+                self.config.shard = shard if shard is not None else self.config.shard
+        return self.install(self.read(paths))
+
+    # the Follower's protocol (serving/ps/follow.py), shared with MappedStore
+    def staging(self) -> EmbeddingStore:
+        """An empty store of the same configuration, to build the next version in."""
+        return type(self)(dataclasses.replace(self.config))
+
+    def open(self, paths, version: str | None = None) -> int:
+        """Replace the contents with a full dump (``load``), named ``version`` if given."""
+        n = self.install(self.read(paths))
+        if version is not None:
+            self.version = version
+        return n
+
+    def adopt(self, other: EmbeddingStore) -> int:
+        """Take over what ``other`` (a staging store) holds, in one step under the lock."""
+        return self.install(other.snapshot(copy=False))
+
+    def install(self, data: ShardData) -> int:
+        """Replace the contents with a full dump already read (``read``). A dump with more rows
+        than the capacity gets room for all of them (``CapacityError`` past the memory limit, the
+        contents unchanged): a version is never refused for the configured capacity, nor cut."""
+        n = len(data.signs)
+        with self._lock:
+            if n > self.capacity:
+                self._grow(n, keep=0, double=False)
+            self._index.fill(data.signs)  # read() refuses dumps with duplicate signs
+            self._arrays.fill(n, data, self.config.optimizer)
+            self._persistence.deleted = []
+            self.rows = n
+            if not self.config.schema_hash:
+                self.config.schema_hash = data.meta.get("schema_hash", "")
+            self.version = data.meta.get("version", "")
+            self.delta_seq = int(data.meta.get("delta_seq", -1))
+            self.step = int(data.meta.get("step", 0))
+            return n
+
+    def apply_delta(self, paths) -> int:
+        """Apply a delta directory (deletions, then row values); returns rows written. A delta
+        whose seq was already applied is skipped; a gap in the sequence is refused."""
+        return self.apply_delta_data(self.read(paths, delta=True))
+
+    def apply_delta_data(self, data: ShardData) -> int:
+        seq = int(data.meta["delta_seq"])
+        base = data.meta.get("base_version", "")
+        with self._lock:
+            if base and self.version and base != self.version:
+                raise StoreError(
+                    f"delta {seq} belongs to version {base!r}, this shard serves {self.version!r}"
+                )
+            if seq <= self.delta_seq:
+                return 0
+            if seq != self.delta_seq + 1:
+                raise StoreError(f"delta {seq} does not follow the last applied delta {self.delta_seq}")
+            if self.config.eviction == "none":  # room first: a delta past the limit changes nothing
+                new = int((self._index.find(data.signs) < 0).sum())
+                if self.rows + new > self.capacity:
+                    self._grow(self.rows + new, keep=self.rows)
+            if len(data.deleted):
+                slots = self._index.find(data.deleted)
+                slots = np.sort(slots[slots >= 0])
+                if len(slots):
+                    self._remove(slots)
+                    self._persistence.deleted.pop()  # applied deletions are not ours to publish again
+            slots = self._index.find(data.signs)
+            absent = slots < 0
+            if absent.any():
+                self._insert(data.signs[absent], protect=slots[~absent])
+                slots = self._index.find(data.signs)
+            ok = slots >= 0
+            slots = slots[ok]
+            self._arrays.put(slots, data, ok, self.config.optimizer)
+            self.delta_seq = seq
+            self.step = max(self.step, int(data.meta.get("step", 0)))
             return len(slots)
 
-    # ---- persistence ---------------------------------------------------------------------
     # ---- introspection -------------------------------------------------------------------
+    def bytes_for(self, cap: int) -> int:
+        """``memory_bytes`` of this store at capacity ``cap``."""
+        return self._growth.bytes_for(cap)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of every array the store holds (index, keys, rows, state, metadata, sketch)."""
+        sketch = self._admission.nbytes if self._admission is not None else 0
+        return self._index.nbytes + self._arrays.nbytes + sketch
+
     @property
     def raw_bytes_per_row(self) -> int:
         """8-byte key + row + optimizer state: the floor any layout must pay per row."""
         cfg = self.config
-        return 8 + cfg.dim * (np.dtype(cfg.dtype).itemsize + 4 * len(self._state))
+        return 8 + cfg.dim * (np.dtype(cfg.dtype).itemsize + 4 * len(self._arrays.state))
 
     def stats(self) -> dict:
         with self._lock:
             cfg = self.config
+            mine = (
+                "rows",
+                "capacity",
+                "memory_bytes",
+                "hits",
+                "misses",
+                "inserts",
+                "evictions",
+                "expired",
+                "grows",
+            )
             return {
-                "shard": cfg.shard,
-                "num_shards": cfg.num_shards,
-                "dim": cfg.dim,
-                "dtype": cfg.dtype,
-                "rows": self.rows,
-                "capacity": self.capacity,
-                "memory_bytes": self.memory_bytes,
-                "hits": self.hits,
-                "misses": self.misses,
-                "inserts": self.inserts,
-                "evictions": self.evictions,
-                "expired": self.expired,
-                "grows": self.grows,
-                "eviction": cfg.eviction,
-                "optimizer": cfg.optimizer.name,
-                "step": self.step,
-                "version": self.version,
-                "delta_seq": self.delta_seq,
-            }
+                "shard": cfg.shard, "num_shards": cfg.num_shards, "dim": cfg.dim, "dtype": cfg.dtype,
+                **{name: getattr(self, name) for name in mine},
+                "eviction": cfg.eviction, "optimizer": cfg.optimizer.name, "step": self.step,
+                "version": self.version, "delta_seq": self.delta_seq,
+            }  # fmt: skip
 
     def __len__(self) -> int:
         return self.rows
@@ -325,17 +396,4 @@ class EmbeddingStore(StoreMemory, ShardPersistence):
     def __contains__(self, sign) -> bool:
         s = as_signs([sign])
         with self._lock:
-            return bool(index.find_slots(self._table, self._keys, s, self._bits)[0] >= 0)
-
-
-def warm_up(cfg: StoreConfig) -> None:
-    """A training shard: load every compiled kernel the RPCs use (from numba's cache) for the
-    read-only arrays that protobuf payloads give, so the first real call is not the slow one. A
-    serving shard has nothing to warm up: its lookups are numpy."""
-    signs = np.frombuffer(np.array([1, 2, 2, 3], dtype="<u8").tobytes(), dtype="<u8")
-    scratch = EmbeddingStore(replace(cfg, capacity=16, min_count=1, shard=0, num_shards=1, max_memory_gb=0.0))
-    grads = np.frombuffer(np.zeros((4, cfg.dim), dtype="<f4").tobytes(), dtype="<f4").reshape(4, cfg.dim)
-    scratch.lookup(signs, insert=True)
-    scratch.lookup(signs)
-    scratch.apply_gradients(signs, grads)
-    scratch.apply_gradients(signs[:1], grads[:1])
+            return bool(self._index.find(s)[0] >= 0)

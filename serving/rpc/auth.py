@@ -4,10 +4,10 @@ token the writing ones need, and the one directory that request paths must stay 
 ``Access`` is a server's policy, checked by the ``rpc`` decorator (``serving.rpc.errors``) before
 the request is even parsed, so a refused call touches nothing. An RPC is either
 
-- open: anyone may call it (a PS's ``Lookup`` and ``Stats``, the worker's INFER ``Forward``);
+- open: anyone may call it (a PS's ``Lookup`` and ``Stats``, the worker's ``Forward`` and
+  ``Stats``);
 - guarded: it needs the admin token (a training PS's ``Update``, ``UpdateLookup``, ``Assign``,
-  ``Dump``, ``Load``; the worker's ``Backward``), and is refused outright when the server was
-  started without a token file;
+  ``Dump``, ``Load``), and is refused outright when the server was started without a token file;
 - anything else: refused with PERMISSION_DENIED naming the server's role (a serving PS answers
   ``Update``, ``UpdateLookup``, ``Assign``, ``Dump`` and ``Load`` so, whatever the caller sends).
   Refusing rather than leaving them unregistered gives the caller a reason instead of an

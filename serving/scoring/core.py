@@ -3,7 +3,7 @@
 Verbs (LitServe style): ``decode`` (a column-form JSON request read from its bytes by
 ``features.transform.from_json``, any other JSON via orjson, or a binary compact batch) -> ``predict``
 (``features.transform`` — the training code, unchanged — then the embedding worker's
-``Forward(mode=infer)``, then the dense model) -> ``encode`` (scores in item order + the versions
+``Forward``, then the dense model) -> ``encode`` (scores in item order + the versions
 that produced them). ``score`` runs the three and maps every failure to an HTTP status with a
 JSON body ``{"error": "..."}`` naming the problem: 400/413/415 for the client's mistakes, 503 when
 the worker or PS cannot answer in time, or when an embedding shard serves no version (the body
@@ -257,7 +257,7 @@ class Scorer:
         # in-process EmbeddingWorker takes the batch itself
         payload = batch if self._inprocess else (body if body is not None else encode(batch))
         try:
-            fwd = self.worker.forward(payload, mode="infer", version=self.dense_version)
+            fwd = self.worker.forward(payload, version=self.dense_version)
         except Exception as e:
             raise ScoringError(*forward_status(e)) from None
         emb_version, delta_seq = fwd.version

@@ -1,12 +1,11 @@
 """Blocking client of an ``EmbeddingWorker`` process, with the core's verbs.
 
-``WorkerClient`` has the same ``forward`` / ``backward`` / ``flush`` as ``core.EmbeddingWorker``,
-so the trainer and the scoring core can use either. One channel per client, reused by every call
+``WorkerClient`` has the same ``forward`` as ``core.EmbeddingWorker``, so the scoring core can use
+either. One channel per client, reused by every call
 (thread-safe); each call carries a deadline. Errors come back as the core raises them:
 INVALID_ARGUMENT -> ValueError, NOT_FOUND -> KeyError, a shard that serves no version ->
 ``NotServing`` with the shard's own message, UNAVAILABLE / DEADLINE_EXCEEDED -> ConnectionError,
-anything else -> RuntimeError (the ``grpc.RpcError`` is the ``__cause__``). ``token_file``: the
-worker's admin token file, sent on every call (TRAIN Forward and Backward need it). ``tls``: the
+anything else -> RuntimeError (the ``grpc.RpcError`` is the ``__cause__``). ``tls``: the
 worker's TLS settings (``serving.rpc.tls.ClientTLS``; None: plaintext); an unreachable worker's
 error says what this client spoke.
 """
@@ -16,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 
 from features.batch import CompactBatch
-from serving.rpc.auth import read_token_file, token_metadata
 from serving.rpc.errors import NotServing, not_serving
 from serving.rpc.failover import Attempt, FailedOver, Failover, is_host_port
 from serving.rpc.tls import ClientTLS, channel, describe
@@ -28,17 +26,13 @@ _MAX_MESSAGE = 256 * 1024 * 1024
 class WorkerClient:
     """Client of the worker at ``address`` ("host:port")."""
 
-    def __init__(
-        self, address: str, timeout_s: float = 5.0, token_file: str = "", tls: ClientTLS | None = None
-    ):
+    def __init__(self, address: str, timeout_s: float = 5.0, tls: ClientTLS | None = None):
         import grpc
 
         from recserve.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
         self.address = address
         self.tls = tls
-        self.metadata = token_metadata(read_token_file(token_file)) if token_file else ()
-        """Metadata of every call (the admin token, when given), also for raw stub calls."""
         self.timeout_s = timeout_s
         self._grpc = grpc
         self._pb = worker_pb2
@@ -52,12 +46,11 @@ class WorkerClient:
         ]
         self.channel = channel(address, opts, tls)
         self.stub = worker_pb2_grpc.EmbeddingWorkerStub(self.channel)
-        self._modes = {"train": worker_pb2.TRAIN, "infer": worker_pb2.INFER}
         self._dtypes = {"float32": common_pb2.FLOAT32, "float16": common_pb2.FLOAT16}
 
     def _call(self, method, request, timeout_s: float | None):
         try:
-            return method(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
+            return method(request, timeout=timeout_s or self.timeout_s)
         except self._grpc.RpcError as e:
             code, details = e.code(), e.details()
             if not_serving(e):  # says which shard serves no version, and why
@@ -74,7 +67,6 @@ class WorkerClient:
     def forward(
         self,
         batch: bytes | CompactBatch,
-        mode: str = "infer",
         dtype: str = "float32",
         timeout_s: float | None = None,
         version: str = "",
@@ -86,37 +78,21 @@ class WorkerClient:
             from features.codec import encode
 
             batch = encode(batch)
-        if mode not in self._modes or dtype not in self._dtypes:
-            raise ValueError(f"mode must be train|infer and dtype float32|float16, got {mode!r}, {dtype!r}")
-        request = self._pb.ForwardRequest(
-            batch=batch, mode=self._modes[mode], dtype=self._dtypes[dtype], version=version
-        )
+        if dtype not in self._dtypes:
+            raise ValueError(f"dtype must be float32|float16, got {dtype!r}")
+        request = self._pb.ForwardRequest(batch=batch, dtype=self._dtypes[dtype], version=version)
         resp = self._call(self.stub.Forward, request, timeout_s)
         wire = "<f2" if resp.dtype == self._common.FLOAT16 else "<f4"
         shape = (resp.num_rows, resp.num_slots, resp.dim)
         pooled = np.frombuffer(resp.pooled, dtype=wire).reshape(shape).astype(np.float32)  # a writable copy
         shards = [(v.version, int(v.delta_seq)) for v in resp.shards]
-        return ForwardResult(
-            resp.batch_id, pooled, (resp.version.version, int(resp.version.delta_seq)), shards
-        )
-
-    def backward(self, batch_id: int, grads: np.ndarray, timeout_s: float | None = None) -> None:
-        """Send float32 gradients (rows, slots, dim) of a TRAIN batch's pooled embeddings."""
-        payload = np.ascontiguousarray(grads, dtype="<f4").tobytes()
-        self._call(self.stub.Backward, self._pb.BackwardRequest(batch_id=batch_id, grads=payload), timeout_s)
-
-    def flush(self, timeout_s: float = 300.0) -> None:
-        """Wait until the worker has applied every queued update."""
-        self._call(self.stub.Flush, self._pb.FlushRequest(), timeout_s)
+        return ForwardResult(pooled, (resp.version.version, int(resp.version.delta_seq)), shards)
 
     def stats(self, timeout_s: float | None = None) -> dict:
         r = self._call(self.stub.Stats, self._pb.WorkerStatsRequest(), timeout_s)
         return {
             "num_shards": r.num_shards,
             "dim": r.dim,
-            "staleness": r.staleness,
-            "in_flight": r.in_flight,
-            "pending_batches": r.pending_batches,
             "schema": r.schema,
             "schema_hash": r.schema_hash,
             "version": (r.version.version, int(r.version.delta_seq)),
@@ -162,22 +138,18 @@ class WorkerSet(Failover[WorkerClient]):
     def forward(
         self,
         batch: bytes | CompactBatch,
-        mode: str = "infer",
         dtype: str = "float32",
         timeout_s: float | None = None,
         version: str = "",
     ) -> ForwardResult:
-        """``WorkerClient.forward`` on one worker, failing over to the others (INFER only: a
-        TRAIN batch's gradients must reach the worker that looked it up)."""
-        if mode != "infer":
-            raise ValueError("several workers serve INFER lookups; a trainer uses one worker")
+        """``WorkerClient.forward`` on one worker, failing over to the others."""
         if isinstance(batch, CompactBatch):
             from features.codec import encode
 
             batch = encode(batch)
         try:
             result, _ = self.call(
-                lambda w, left: w.forward(batch, mode, dtype, timeout_s=left, version=version),
+                lambda w, left: w.forward(batch, dtype, timeout_s=left, version=version),
                 self.timeout_s if timeout_s is None else timeout_s,
                 _classify,
             )
@@ -215,9 +187,7 @@ def parse_workers(spec: str) -> list[str]:
     return addresses
 
 
-def connect_workers(spec: str, timeout_s: float = 5.0, token_file: str = "", tls: ClientTLS | None = None):
+def connect_workers(spec: str, timeout_s: float = 5.0, tls: ClientTLS | None = None):
     """A ``WorkerClient`` for ``host:port``, a started ``WorkerSet`` for ``a:1|b:1``."""
-    clients = [
-        WorkerClient(a, timeout_s=timeout_s, token_file=token_file, tls=tls) for a in parse_workers(spec)
-    ]
+    clients = [WorkerClient(a, timeout_s=timeout_s, tls=tls) for a in parse_workers(spec)]
     return clients[0] if len(clients) == 1 else WorkerSet(clients).start()

@@ -1,22 +1,20 @@
-"""The embedding worker as a library: route signs to PS shards, pool, and apply gradients back.
+"""The embedding worker as a library: route signs to PS shards, pool, and send gradients back.
 
 ``forward(batch)`` routes the batch's unique signs to their shards (``features.hashing.shard_of``),
-queries all shards at once, and pools the rows per (row, slot) (``pooling``). In training mode it
-remembers the batch under an id; ``backward(id, pooled_grads)`` scatters the gradients back to
-per-sign gradients and sends them to the shards from background threads, returning at once.
+queries all shards at once, and pools the rows per (row, slot) (``pooling``); it never inserts
+(serving). The trainer (``training.ctx``) pools itself: ``lookup(signs, train=True)`` inserts
+unseen signs, and ``push`` / ``push_lookup`` send per-sign gradients to the shards from
+background threads (``updates.UpdateQueue``), returning at once.
 
-Staleness bound K: a training forward waits while more than K batches' updates are in flight, so
-K=0 is fully synchronous (every update is applied before the next lookup). ``push_lookup`` sends
-a step's gradients with a later batch's lookup, one call per shard (the trainer's step). A
-background update that fails is re-raised (as ``UpdateError``) by the next forward, backward or
+Staleness bound K: a training lookup waits while more than K updates are in flight, so K=0 is
+fully synchronous (every update is applied before the next lookup). ``push_lookup`` sends a
+step's gradients with a later batch's lookup, one call per shard (the trainer's step). A
+background update that fails is re-raised (as ``UpdateError``) by the next forward, push or
 flush.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,8 +23,9 @@ import numpy as np
 
 from features.batch import CompactBatch
 from features.schema import Schema
-from serving.worker.pooling import BatchError, PoolingPlan, make_plan, pool, unpool
+from serving.worker.pooling import BatchError, make_plan, pool
 from serving.worker.shards import HashRouter, LocalShard, PSClient, ShardBackend, ShardError
+from serving.worker.updates import UpdateError, UpdateQueue
 
 __all__ = [
     "BatchError",
@@ -41,43 +40,27 @@ __all__ = [
     "connect",
 ]
 
-log = logging.getLogger("recserve.worker")
-
-MODES = ("train", "infer")
-
-
-class UpdateError(RuntimeError):
-    """A background update failed; raised by the next forward/backward/flush (cause attached)."""
-
-    @property
-    def grpc_status(self) -> str:
-        return getattr(self.__cause__, "grpc_status", None) or "INTERNAL"
-
 
 @dataclass
 class WorkerConfig:
     """Embedding worker settings."""
 
     staleness: int = 0
-    """K: a TRAIN forward waits while more than K batches' updates are in flight; 0 = synchronous."""
+    """K: a training lookup waits while more than K updates are in flight; 0 = synchronous."""
     update_threads: int = 2
-    """Background threads applying updates (scatter + send)."""
+    """Background threads sending updates."""
     fanout_threads: int = 4
     """Threads for concurrent shard calls (one call per shard runs on the caller's thread)."""
-    max_pending_batches: int = 4096
-    """TRAIN batches remembered for Backward; beyond this the oldest are forgotten (logged)."""
 
     def __post_init__(self) -> None:
         if self.staleness < 0:
             raise ValueError("staleness must be >= 0")
-        if self.update_threads < 1 or self.fanout_threads < 1 or self.max_pending_batches < 1:
-            raise ValueError("update_threads, fanout_threads and max_pending_batches must be >= 1")
+        if self.update_threads < 1 or self.fanout_threads < 1:
+            raise ValueError("update_threads and fanout_threads must be >= 1")
 
 
 @dataclass
 class ForwardResult:
-    batch_id: int
-    """Id to pass to ``backward`` (TRAIN); 0 for INFER."""
     pooled: np.ndarray
     """float32 (num_rows, num_slots, dim), C-contiguous."""
     version: tuple[str, int]
@@ -88,14 +71,8 @@ class ForwardResult:
     """Per shard, the (version, delta seq) this batch read; ("", -1) for a shard not asked."""
 
 
-@dataclass
-class _Pending:
-    signs: np.ndarray  # uint64, the batch's signs (copied)
-    plan: PoolingPlan
-
-
 class EmbeddingWorker:
-    """Forward/backward over a fixed list of shards (shard i owns ``shard_of(sign, n) == i``)."""
+    """Lookups and updates over a fixed list of shards (shard i owns ``shard_of(sign, n) == i``)."""
 
     def __init__(self, shards: Sequence[ShardBackend], schema: Schema, config: WorkerConfig | None = None):
         if not shards:
@@ -109,86 +86,42 @@ class EmbeddingWorker:
         self.dim = dims.pop()
         self.router = HashRouter(len(self.shards))
         self._fanout = ThreadPoolExecutor(self.config.fanout_threads, thread_name_prefix="worker-fanout")
-        self._updates = ThreadPoolExecutor(self.config.update_threads, thread_name_prefix="worker-update")
-        # update_lookup calls, one at a time in the order queued (each reads after the last)
-        self._exchange = ThreadPoolExecutor(1, thread_name_prefix="worker-exchange")
-        self._lock = threading.Lock()
-        self._done = threading.Condition(self._lock)  # notified when an in-flight update finishes
-        self._pending: OrderedDict[int, _Pending] = OrderedDict()
-        self._next_id = 1
-        self._running: set[int] = set()  # sequence numbers of the updates in flight
-        self._next_seq = 0
-        self._error: BaseException | None = None
+        self._updates = UpdateQueue(self.config.update_threads)
         self._closed = False
-        self.forgotten = 0
-        """TRAIN batches dropped from memory without a backward (max_pending_batches)."""
 
     # ---- public API ----------------------------------------------------------------------------
     def forward(
-        self, batch: CompactBatch, mode: str = "infer", version: str = "", timeout_s: float | None = None
+        self, batch: CompactBatch, version: str = "", timeout_s: float | None = None
     ) -> ForwardResult:
-        """Pooled embeddings of ``batch``; ``mode="train"`` inserts unseen signs and returns a
-        batch id for ``backward``, ``"infer"`` never inserts. ``version`` pins the embedding version
+        """Pooled embeddings of ``batch``; never inserts. ``version`` pins the embedding version
         every shard reads ("" = each shard's newest). ``timeout_s``: the caller's deadline, which
         bounds the shard calls (a replicated shard retries another replica within it)."""
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; use 'train' or 'infer'")
-        self._check_open()
-        train = mode == "train"
         plan = make_plan(batch, self.schema)
-        table, read = self.lookup(np.asarray(batch.signs), train, version, timeout_s)
-        pooled = pool(plan, table)
-        batch_id = self._remember(np.array(batch.signs, dtype=np.uint64), plan) if train else 0
-        return ForwardResult(batch_id, pooled, _summary(read), read)
-
-    def backward(self, batch_id: int, pooled_grads: np.ndarray) -> None:
-        """Queue the gradients of a TRAIN batch's pooled embeddings; returns at once. The
-        gradients are copied, so the caller may reuse its buffer."""
-        self._check_open()
-        self._raise_error()
-        with self._lock:
-            pending = self._pending.get(batch_id)
-        if pending is None:
-            raise KeyError(
-                f"unknown batch id {batch_id}: not returned by a train forward of this worker, "
-                "already backwarded, or forgotten"
-            )
-        grads = np.array(pooled_grads, dtype=np.float32, order="C")  # a copy
-        plan = pending.plan
-        want = (plan.num_rows, plan.num_slots, self.dim)
-        if grads.shape != want:
-            if grads.size != np.prod(want):
-                raise ValueError(f"pooled grads have shape {grads.shape}; expected {want} (rows, slots, dim)")
-            grads = grads.reshape(want)
-        if not np.isfinite(grads).all():
-            raise ValueError("pooled grads contain NaN or Inf")
-        with self._lock:
-            if self._pending.pop(batch_id, None) is None:  # a concurrent backward took it
-                raise KeyError(f"unknown batch id {batch_id}: already backwarded")
-        self._submit(lambda _: self._apply(pending, grads))
+        table, read = self.lookup(np.asarray(batch.signs), False, version, timeout_s)
+        return ForwardResult(pool(plan, table), _summary(read), read)
 
     def lookup(
         self, signs: np.ndarray, train: bool, version: str = "", timeout_s: float | None = None
     ) -> tuple[np.ndarray, list[tuple[str, int]]]:
         """Rows (float32 (n, dim), ``signs`` order) of distinct ``signs`` from their shards, and
         per shard the (version, delta seq) it answered from: ``forward`` without the pooling, for
-        a caller that pools itself (the trainer's planned step). ``train`` inserts unseen signs
-        and first waits while more than K updates are in flight (the staleness bound)."""
+        a caller that pools itself (the trainer's step). ``train`` inserts unseen signs and first
+        waits while more than K updates are in flight (the staleness bound)."""
         self._check_open()
         if train:
-            self._wait_in_flight(self.config.staleness)
+            self._updates.wait(self.config.staleness)
         else:
-            self._raise_error()
+            self._updates.raise_error()
         return self._lookup(signs, insert=train, version=version, timeout_s=timeout_s)
 
     def push(self, signs: np.ndarray, grads: np.ndarray) -> None:
         """Queue per-sign gradients (float32 (n, dim), distinct signs) for their shards; returns
-        at once and counts as one update in flight: ``backward`` without the unpooling."""
+        at once and counts as one update in flight."""
         self._check_open()
-        self._raise_error()
+        self._updates.raise_error()
         grads = self._checked_grads(signs, grads)
         signs = np.array(signs, dtype=np.uint64)
-        self._submit(lambda _: self._send(signs, grads))
+        self._updates.submit(lambda _: self._send(signs, grads))
 
     def push_lookup(self, signs: np.ndarray, grads: np.ndarray, lookup: np.ndarray) -> Future:
         """``push``, and in the same call to each shard (one round trip: the PS's UpdateLookup)
@@ -199,11 +132,11 @@ class EmbeddingWorker:
         thread, unordered with it, so the rows may hold it too (fresher, never staler). The trainer
         sends a step's gradients with the batch after next's signs."""
         self._check_open()
-        self._raise_error()
+        self._updates.raise_error()
         grads = self._checked_grads(signs, grads)
         signs, lookup = np.array(signs, dtype=np.uint64), np.array(lookup, dtype=np.uint64)
         rows: Future = Future()
-        self._submit(lambda seq: self._send_lookup(seq, signs, grads, lookup, rows), self._exchange)
+        self._updates.submit(lambda seq: self._send_lookup(seq, signs, grads, lookup, rows), ordered=True)
         return rows
 
     def _checked_grads(self, signs: np.ndarray, grads: np.ndarray) -> np.ndarray:
@@ -212,34 +145,21 @@ class EmbeddingWorker:
             raise ValueError(f"push needs finite float32 grads of shape ({len(signs)}, {self.dim})")
         return grads
 
-    def _submit(self, job: Callable[[int], None], pool: ThreadPoolExecutor | None = None) -> None:
-        """Run ``job(seq)`` on an update thread (``pool``: another one), counted in flight. The
-        sequence number and the queue position are taken together, so a pool's jobs run in
-        sequence order (an exchange job waits only on older ones: never on one queued behind it)."""
-        with self._lock:  # the job cannot finish before it is counted: _finish needs this lock
-            seq = self._next_seq
-            (pool or self._updates).submit(self._background, seq, job)
-            self._next_seq += 1
-            self._running.add(seq)
-
     def flush(self) -> None:
         """Wait until every queued update has been applied (re-raises a failed one)."""
-        self._wait_in_flight(0)
+        self._updates.wait(0)
 
     def close(self) -> None:
         """Apply queued updates, stop the threads and close the shards' connections."""
         if self._closed:
             return
         self._closed = True
-        self._exchange.shutdown(wait=True)
-        self._updates.shutdown(wait=True)
+        self._updates.close()
         self._fanout.shutdown(wait=True)
         for shard in self.shards:
             close = getattr(shard, "close", None)
             if callable(close):
                 close()
-        if self._error is not None:
-            log.error("closed with a failed background update: %s", self._error)
 
     def __enter__(self) -> EmbeddingWorker:
         return self
@@ -250,13 +170,8 @@ class EmbeddingWorker:
     # ---- state ---------------------------------------------------------------------------------
     @property
     def in_flight(self) -> int:
-        """Batches whose updates are queued or being applied."""
-        return len(self._running)
-
-    @property
-    def pending_batches(self) -> int:
-        """TRAIN batches waiting for their backward."""
-        return len(self._pending)
+        """Updates queued or being applied."""
+        return self._updates.in_flight
 
     def version(self) -> tuple[str, int]:
         """(embedding version, min delta seq) over the shards; ("", -1) when a shard's is unknown."""
@@ -270,34 +185,6 @@ class EmbeddingWorker:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("embedding worker is closed")
-
-    def _raise_error(self) -> None:
-        if self._error is not None:
-            with self._lock:
-                err, self._error = self._error, None
-            if err is not None:
-                raise UpdateError(f"a background embedding update failed: {err}") from err
-
-    def _wait_in_flight(self, limit: int) -> None:
-        with self._done:
-            self._done.wait_for(lambda: len(self._running) <= limit)
-        self._raise_error()
-
-    def _wait_older(self, seq: int, limit: int) -> None:
-        """Wait while more than ``limit`` updates queued before ``seq`` are in flight."""
-        with self._done:
-            self._done.wait_for(lambda: sum(s < seq for s in self._running) <= limit)
-
-    def _remember(self, signs: np.ndarray, plan: PoolingPlan) -> int:
-        with self._lock:
-            batch_id = self._next_id
-            self._next_id += 1
-            self._pending[batch_id] = _Pending(signs, plan)
-            while len(self._pending) > self.config.max_pending_batches:
-                old, _ = self._pending.popitem(last=False)
-                self.forgotten += 1
-                log.warning("forgot train batch %d: no backward among the last %d", old, len(self._pending))
-        return batch_id
 
     def _fan_out(self, calls: Sequence[Callable[[], object]], here: Sequence[bool] = ()) -> list:
         """Run the calls and return their results in order; raises the first failure after every
@@ -355,22 +242,6 @@ class EmbeddingWorker:
             raise ShardError(f"a shard answered rows of shape {rows.shape} for {n} signs (dim {self.dim})")
         return rows
 
-    def _background(self, seq: int, job: Callable[[int], None]) -> None:
-        """One queued update on an update thread; a failure is kept for the next call to raise."""
-        try:
-            job(seq)
-        except BaseException as e:
-            log.error("background embedding update failed: %s", e)
-            with self._lock:
-                self._error = self._error or e
-        finally:
-            self._finish(seq)
-
-    def _apply(self, pending: _Pending, grads: np.ndarray) -> None:
-        """Per-sign gradients of one batch, sent to every shard that owns some."""
-        idx, sign_grads = unpool(pending.plan, grads)
-        self._send(pending.signs[idx], sign_grads)
-
     def _send(self, signs: np.ndarray, sign_grads: np.ndarray) -> None:
         calls = [
             lambda s=s, p=p: s.update(_part(signs, p), _part(sign_grads, p))
@@ -387,7 +258,7 @@ class EmbeddingWorker:
         Future fails with the ``UpdateError`` the next call would raise."""
         out.set_running_or_notify_cancel()  # not cancellable from here on
         try:
-            self._wait_older(seq, self.config.staleness)
+            self._updates.wait_older(seq, self.config.staleness)
             work = [
                 (shard, u, lk)
                 for shard, u, lk in zip(self.shards, self.router.split(signs), self.router.split(lookup), strict=True)
@@ -406,11 +277,6 @@ class EmbeddingWorker:
             raise
         out.set_result(table)
 
-    def _finish(self, seq: int) -> None:
-        with self._done:
-            self._running.discard(seq)
-            self._done.notify_all()
-
 
 def connect(
     ps_addresses: list[str], schema: Schema, config: WorkerConfig | None = None, timeout_s: float = 5.0,
@@ -419,9 +285,9 @@ def connect(
     """A worker over PS processes at ``ps_addresses``: shard i at entry i, a shard's replicas in
     one entry separated by "|" (``serving.worker.replicas.parse_ps_spec``). Waits up to
     ``timeout_s`` for each shard to answer (serving a version or not yet) and checks it is shard i
-    of len(ps_addresses). ``token_file``: the training shards' admin token file (TRAIN needs it);
-    ``tls``: the shards' ``serving.rpc.tls.ClientTLS`` (None: plaintext); ``health_poll_s``: how
-    often a replicated shard checks its replicas' health."""
+    of len(ps_addresses). ``token_file``: the training shards' admin token file (inserting
+    lookups and updates need it); ``tls``: the shards' ``serving.rpc.tls.ClientTLS`` (None:
+    plaintext); ``health_poll_s``: how often a replicated shard checks its replicas' health."""
     from serving.worker.replicas import connect_shards
 
     shards = connect_shards(ps_addresses, timeout_s, token_file, health_poll_s, tls)

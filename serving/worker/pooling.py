@@ -19,7 +19,7 @@ import numpy as np
 from features.batch import FLAG_CONTEXT, FLAG_MULTI, BatchError, CompactBatch, check_fits
 from features.schema import Schema
 
-__all__ = ["BatchError", "PoolingPlan", "make_plan", "pool", "unpool", "unpool_signs"]
+__all__ = ["BatchError", "PoolingPlan", "make_plan", "pool", "unpool_signs"]
 
 
 @dataclass
@@ -159,20 +159,3 @@ def unpool_signs(plan: PoolingPlan, grads: np.ndarray, num_signs: int) -> tuple[
 
 
 _NO_CELLS = np.empty(0, np.int64)
-
-
-def unpool(plan: PoolingPlan, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The adjoint of ``pool``: per-sign gradients from pooled gradients (num_rows, num_slots, dim).
-
-    Returns (sign indices into ``batch.signs``, float32 (k, dim) summed gradients), one entry per
-    sign the batch uses, ascending. Context cells receive the sum over rows; mean cells divide by
-    length."""
-    dim = grads.shape[2]
-    if not len(plan.value_sign):
-        return np.empty(0, np.int64), np.empty((0, dim), np.float32)
-    n = int(plan.value_sign.max()) + 1
-    summed, used = unpool_signs(plan, grads, n)
-    if used.all():
-        return np.arange(n, dtype=np.int64), summed
-    idx = np.flatnonzero(used)
-    return idx, summed[idx]

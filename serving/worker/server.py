@@ -9,11 +9,9 @@ and the gRPC client releases the GIL), so a handler thread calls it directly; un
 Forward would need a hop to a thread for the same work. Measured on loopback: an empty RPC costs
 ~0.4 ms here against ~0.6-0.8 ms for the grpc.aio PS's Stats.
 
-Least privilege (``worker_access``): INFER ``Forward``, ``Flush`` and ``Stats`` are open. TRAIN
-``Forward`` (it inserts rows) and ``Backward`` (it updates them) write to the PS shards with the
-worker's admin token, so the worker asks its own callers for the same token: otherwise anyone who
-can reach the worker could write through it. A worker started without ``--admin-token-file`` (the
-serving one ``recserve up`` starts) refuses them.
+``Forward`` and ``Stats`` are open (``worker_access``): the worker only reads, never inserting
+rows, so it holds no admin token and no caller can write through it. A trainer looks its rows up
+and pools itself (``training.ctx``).
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from typing import cast
 import numpy as np
 
 from serving.rpc import convert
-from serving.rpc.auth import Access, read_token_file
+from serving.rpc.auth import Access
 from serving.rpc.errors import BadRequest, rpc
 
 log = logging.getLogger("recserve.worker")
@@ -51,8 +49,6 @@ class ServerConfig:
     """gRPC port (0: the OS picks one; it is logged)."""
     metrics_port: int = 0
     """Prometheus /metrics HTTP port (0: off)."""
-    staleness: int = 0
-    """K: a TRAIN Forward waits while more than K batches' updates are in flight."""
     threads: int = 8
     """gRPC handler threads (concurrent calls)."""
     ps_timeout_s: float = 5.0
@@ -64,9 +60,6 @@ class ServerConfig:
     """On SIGTERM/SIGINT, in-flight calls get this long to finish."""
     max_message_mb: int = 256
     """Max gRPC send/receive message size."""
-    admin_token_file: str = ""
-    """Training: the PS shards' admin token file. Sent on this worker's PS calls, and required of
-    callers of TRAIN Forward and Backward; without it they are refused (INFER only)."""
     tls_cert: str = ""
     """TLS: this server's certificate (PEM; with --tls-key). Without it the server speaks plaintext."""
     tls_key: str = ""
@@ -87,8 +80,6 @@ class ServerConfig:
             from serving.worker.replicas import parse_ps_spec
 
             parse_ps_spec(self.ps)  # a malformed spec is a configuration error, said at once
-        if self.admin_token_file:
-            read_token_file(self.admin_token_file)  # missing, empty or readable by others: say so now
 
     def endpoint(self):
         from serving.rpc.server import Endpoint
@@ -109,8 +100,8 @@ class ServerConfig:
 
 
 class _Metrics:
-    def __init__(self, worker):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Histogram
 
         from serving.rpc.metrics import LATENCY_BUCKETS, rpc_errors
 
@@ -118,31 +109,17 @@ class _Metrics:
         self.forward_seconds = Histogram(
             "recserve_worker_forward_seconds",
             "Forward time in the server (decode, lookup, pool, encode)",
-            ["mode"],
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.batches = Counter("recserve_worker_batches", "Forward batches", ["mode"], registry=self.registry)
+        self.batches = Counter("recserve_worker_batches", "Forward batches", registry=self.registry)
         self.rows = Counter("recserve_worker_rows", "Rows pooled", registry=self.registry)
-        self.backwards = Counter(
-            "recserve_worker_backwards", "Backward calls accepted", registry=self.registry
-        )
         self.errors = rpc_errors("recserve_worker_errors", self.registry)
-        in_flight = Gauge(
-            "recserve_worker_in_flight", "Batches with updates in flight", registry=self.registry
-        )
-        in_flight.set_function(lambda: worker.in_flight)
-        pending = Gauge(
-            "recserve_worker_pending_batches", "TRAIN batches awaiting Backward", registry=self.registry
-        )
-        pending.set_function(lambda: worker.pending_batches)
 
 
-def worker_access(config: ServerConfig) -> Access:
-    """INFER for anyone; TRAIN Forward and Backward for holders of the admin token."""
-    token = read_token_file(config.admin_token_file) if config.admin_token_file else ""
-    return Access("embedding worker", open=frozenset({"Forward", "Flush", "Stats"}),
-                  guarded=frozenset({"Backward"}), token=token)  # fmt: skip
+def worker_access() -> Access:
+    """Forward and Stats for anyone: the worker only reads (it writes nothing to the shards)."""
+    return Access("embedding worker", open=frozenset({"Forward", "Stats"}))
 
 
 class EmbeddingWorkerServicer:
@@ -157,13 +134,6 @@ class EmbeddingWorkerServicer:
         self.pb = worker_pb2
         self.common = common_pb2
 
-    def _mode(self, value: int) -> str:
-        if value in (self.pb.MODE_UNSPECIFIED, self.pb.INFER):
-            return "infer"
-        if value == self.pb.TRAIN:
-            return "train"
-        raise BadRequest(f"unknown mode {value}; use TRAIN (1) or INFER (2)")
-
     @rpc
     def Forward(self, request, context):
         from features.codec import decode
@@ -171,11 +141,9 @@ class EmbeddingWorkerServicer:
         t0 = time.perf_counter()
         if not request.batch:
             raise BadRequest("empty request: no compact batch")
-        mode, fp16 = self._mode(request.mode), convert.wants_fp16(request.dtype)
-        if mode == "train":  # inserts rows on the shards
-            self.access.require("Forward in TRAIN mode", context)
+        fp16 = convert.wants_fp16(request.dtype)
         batch = decode(request.batch, schema_hash=self.worker.schema.hash64)
-        res = self.worker.forward(batch, mode, version=request.version, timeout_s=context.time_remaining())
+        res = self.worker.forward(batch, version=request.version, timeout_s=context.time_remaining())
         pooled = res.pooled.astype(np.float16) if fp16 else res.pooled
         reply = self.pb.ForwardResponse(
             pooled=pooled.tobytes(),
@@ -183,35 +151,13 @@ class EmbeddingWorkerServicer:
             num_slots=pooled.shape[1],
             dim=pooled.shape[2],
             dtype=self.common.FLOAT16 if fp16 else self.common.FLOAT32,
-            batch_id=res.batch_id,
             version=self.common.ModelVersion(version=res.version[0], delta_seq=res.version[1]),
             shards=[self.common.ModelVersion(version=v, delta_seq=q) for v, q in res.shards],
         )
-        self.metrics.forward_seconds.labels(mode).observe(time.perf_counter() - t0)
-        self.metrics.batches.labels(mode).inc()
+        self.metrics.forward_seconds.observe(time.perf_counter() - t0)
+        self.metrics.batches.inc()
         self.metrics.rows.inc(batch.num_rows)
         return reply
-
-    @rpc
-    def Backward(self, request, context):
-        if not request.grads:
-            raise BadRequest("empty request: no grads")
-        if not request.batch_id:
-            raise BadRequest("batch_id is 0: pass the batch_id a TRAIN Forward returned")
-        if len(request.grads) % 4:
-            raise BadRequest(f"grads is {len(request.grads)} bytes, not a multiple of 4 (float32)")
-        grads = np.frombuffer(request.grads, dtype="<f4")
-        try:
-            self.worker.backward(request.batch_id, grads)
-        except ValueError as e:
-            raise BadRequest(f"grads ({len(request.grads)} bytes): {e}") from None
-        self.metrics.backwards.inc()
-        return self.pb.BackwardResponse()
-
-    @rpc
-    def Flush(self, request, context):
-        self.worker.flush()
-        return self.pb.FlushResponse()
 
     @rpc
     def Stats(self, request, context):
@@ -220,9 +166,6 @@ class EmbeddingWorkerServicer:
         return self.pb.WorkerStatsResponse(
             num_shards=len(w.shards),
             dim=w.dim,
-            staleness=w.config.staleness,
-            in_flight=w.in_flight,
-            pending_batches=w.pending_batches,
             schema=w.schema.name,
             schema_hash=f"{w.schema.hash64:016x}",
             version=self.common.ModelVersion(version=version, delta_seq=seq),
@@ -238,7 +181,7 @@ def serve(
     from recserve.v1 import worker_pb2  # noqa: F401  (registers the service add_service looks up)
     from serving.rpc import health
     from serving.rpc import server as rpc_server
-    from serving.worker.core import ShardError, WorkerConfig, connect
+    from serving.worker.core import ShardError, connect
     from serving.worker.shards import RemoteShard
 
     if not config.ps:
@@ -246,16 +189,15 @@ def serve(
         return 2
     try:
         schema = load_schema(config.schema)
-        access = worker_access(config)
         worker = connect(
-            list(config.ps), schema, WorkerConfig(staleness=config.staleness), config.ps_timeout_s,
-            config.admin_token_file, config.ps_tls(), config.health_poll_s,
+            list(config.ps), schema, timeout_s=config.ps_timeout_s, tls=config.ps_tls(),
+            health_poll_s=config.health_poll_s,
         )  # fmt: skip
     except (ShardError, ValueError, OSError) as e:
         log.error("cannot start: %s", e)
         return 1
-    metrics = _Metrics(worker)
-    servicer = EmbeddingWorkerServicer(worker, access, metrics)
+    metrics = _Metrics()
+    servicer = EmbeddingWorkerServicer(worker, worker_access(), metrics)
     try:
         running = rpc_server.start_sync(
             config.endpoint(), SERVICE, servicer, metrics.registry, config.threads
@@ -271,13 +213,13 @@ def serve(
         shards, lambda ok, why: rpc_server.set_serving_sync(running, ok, why), config.health_poll_s
     )
     log.info(
-        "worker for %s listening on %s:%d over %d PS shards (dim %d, staleness %d)",
-        schema.name, config.host, running.port, len(config.ps), worker.dim, config.staleness,
+        "worker for %s listening on %s:%d over %d PS shards (dim %d)",
+        schema.name, config.host, running.port, len(config.ps), worker.dim,
     )  # fmt: skip
     if started is not None:
         started(running.port)
     rpc_server.wait_for_stop(stop)
     mirror.set()
     rpc_server.stop_sync(running, config.grace_s)
-    worker.close()  # applies the updates still queued
+    worker.close()
     return 0

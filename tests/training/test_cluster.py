@@ -33,8 +33,9 @@ def test_started_shards_need_the_clusters_token_and_dump_under_the_root(tmp_path
                     anonymous.lookup(signs, insert=True)
                 with pytest.raises(ShardError, match="UNAUTHENTICATED"):
                     anonymous.dump(str(root / "x"))
-        res = cluster.worker.forward(ranking_batch(), mode="train")  # the cluster's worker holds it
-        cluster.worker.backward(res.batch_id, np.ones_like(res.pooled))
+        batch_signs = np.asarray(ranking_batch().signs)
+        rows, _ = cluster.worker.lookup(batch_signs, True)  # the cluster's worker holds it
+        cluster.worker.push(batch_signs, np.ones_like(rows))
         cluster.worker.flush()
         cluster.dump(root / "m" / "embeddings")
         assert sorted(p.name for p in (root / "m" / "embeddings").iterdir()) == [

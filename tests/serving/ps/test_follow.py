@@ -68,9 +68,7 @@ def test_deltas_are_idempotent_and_carry_deletions(setup):
 
 
 def trainer_slot(store: EmbeddingStore, sign) -> int:
-    from serving.ps import index
-
-    return int(index.find_slots(store._table, store._keys, np.array([sign], np.uint64), store._bits)[0])
+    return int(store._index.find(np.array([sign], np.uint64))[0])
 
 
 def test_corrupt_delta_refused_and_serving_continues(setup):

@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 
-import serving.ps.growth as growth
+import serving.ps.arrays as arrays
 from model_store import CapacityError, StoreError
 from serving.ps import EmbeddingStore, OptimizerConfig, StoreConfig
 from serving.ps import index as ps_index
@@ -182,14 +182,14 @@ def test_a_memory_error_during_growth_is_the_same_loud_error(monkeypatch):
     s = EmbeddingStore(StoreConfig(dim=4, capacity=16))
     s.lookup(np.arange(1, 17, dtype=np.uint64), insert=True)
     before = contents(s)
-    real = growth.zeros
+    real = arrays.zeros
 
     def allocator_out_of_memory(shape, dtype):
         if shape[0] > 16 and len(shape) == 2:  # the grown rows
             raise MemoryError("Unable to allocate")
         return real(shape, dtype)
 
-    monkeypatch.setattr(growth, "zeros", allocator_out_of_memory)
+    monkeypatch.setattr(arrays, "zeros", allocator_out_of_memory)
     with pytest.raises(CapacityError, match="could not allocate"):
         s.lookup(np.arange(100, 120, dtype=np.uint64), insert=True)
     assert_same(contents(s), before)

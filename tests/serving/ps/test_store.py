@@ -335,31 +335,6 @@ def test_optimizer_state_is_per_row():
     np.testing.assert_array_equal(after[1], before[1])
 
 
-@pytest.mark.parametrize("name", ["sgd", "adagrad"])
-def test_fused_update_of_distinct_signs_is_bit_identical_to_the_numpy_path(name):
-    """``apply_gradients(distinct=True)`` runs the compiled find + update (``index.update_rows``):
-    the same float32 expressions in the same order, so the rows and the state are equal bit for
-    bit; stamps and dirty marks as the numpy path sets them; absent signs are skipped."""
-    clock = FakeClock()
-    a, b = (make(clock, dim=8, capacity=600, optimizer=OptimizerConfig(name, lr=0.05)) for _ in range(2))
-    rng = np.random.default_rng(0)
-    for _ in range(20):
-        signs = np.unique(rng.integers(1, 500, 100).astype(np.uint64))
-        rng.shuffle(signs)
-        grads = rng.standard_normal((len(signs), 8)).astype(np.float32)
-        a.lookup(signs, insert=True)
-        b.lookup(signs, insert=True)
-        clock.t += 1
-        assert a.apply_gradients(signs, grads) == b.apply_gradients(signs, grads, distinct=True)
-    assert b.apply_gradients(u64(10_000), np.ones((1, 8), np.float32), distinct=True) == 0  # absent
-    every = np.arange(1, 500, dtype=np.uint64)
-    np.testing.assert_array_equal(a.lookup(every)[0], b.lookup(every)[0])
-    for k in a._state:
-        np.testing.assert_array_equal(a._state[k][: a.rows], b._state[k][: b.rows])
-    np.testing.assert_array_equal(a._stamp[: a.rows], b._stamp[: b.rows])
-    np.testing.assert_array_equal(a._dirty[: a.rows], b._dirty[: b.rows])
-
-
 def test_assign_sets_rows_and_optimizer_state_and_marks_them_for_the_delta():
     s = make(optimizer=OptimizerConfig("adagrad", lr=0.1))
     s.lookup(u64(1), insert=True)

@@ -1,7 +1,7 @@
 """Least privilege, unit by unit (no network): the admin token file (0600, refused when others
 can read it), the one token check, path confinement (``..``, absolute paths, symlinks out), an
-``Access`` policy's verdicts, requests parsed at the boundary, and the PS/worker configurations
-that refuse a token they would not use or cannot trust."""
+``Access`` policy's verdicts, requests parsed at the boundary, and the PS configuration
+that refuses a token it would not use or cannot trust."""
 
 from __future__ import annotations
 
@@ -148,12 +148,11 @@ def test_undecodable_requests_are_bad_requests():
             Undecoded(ps_pb2.LookupRequest, junk).parse("Lookup")
 
 
-def test_ps_and_worker_configs_refuse_a_token_they_cannot_use_or_trust(tmp_path):
+def test_ps_config_refuses_a_token_it_cannot_use_or_trust(tmp_path):
     from recserve import config
     from recserve.cli import build_parser
     from serving.ps.config import ServerConfig
     from serving.ps.server import ps_access
-    from serving.worker.server import ServerConfig as WorkerServerConfig
 
     token = new_token_file(tmp_path / "admin.token")
     with pytest.raises(ValueError, match="a serving PS \\(--follow\\) has no RPC that writes"):
@@ -162,8 +161,6 @@ def test_ps_and_worker_configs_refuse_a_token_they_cannot_use_or_trust(tmp_path)
     args = build_parser("ps").parse_args(["ps", "--admin-token-file", str(token)])
     with pytest.raises(ValueError, match="mode 0640"):
         config.from_args(ServerConfig, args)
-    with pytest.raises(ValueError, match="mode 0640"):
-        WorkerServerConfig(ps=("127.0.0.1:1",), admin_token_file=str(token))
     token.chmod(0o600)
     args = build_parser("ps").parse_args(
         ["ps", "--admin-token-file", str(token), "--data-root", str(tmp_path)]

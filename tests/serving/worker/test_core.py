@@ -1,4 +1,5 @@
-"""Embedding worker core: pooling, its adjoint, one training step against torch, staleness."""
+"""Embedding worker core: pooling, its adjoint, training steps (lookup, pool, push) against torch,
+staleness."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from serving.worker.core import (
     UpdateError,
     WorkerConfig,
 )
+from serving.worker.pooling import make_plan, pool, unpool_signs
 from tests.helpers import wait_until
 from tests.serving.helpers import DIM, SCHEMA, bags, ranking_batch, torch_pooled
 
@@ -80,6 +82,25 @@ def numpy_pooled(batch, schema, table: np.ndarray) -> np.ndarray:
     return out
 
 
+def inserted(worker: EmbeddingWorker, batch):
+    """``forward`` after a training lookup gave the batch's unseen signs their rows."""
+    worker.lookup(np.asarray(batch.signs), True)
+    return worker.forward(batch)
+
+
+def train_step(worker: EmbeddingWorker, batch, pooled_grads: np.ndarray) -> None:
+    """The trainer's step without a dense model (``training.ctx``): push the per-sign gradients of
+    ``pooled_grads`` (the pooled embeddings' gradients of ``batch``)."""
+    plan = make_plan(batch, SCHEMA)
+    grads, used = unpool_signs(plan, np.asarray(pooled_grads, np.float32), len(batch.signs))
+    worker.push(np.asarray(batch.signs)[used], grads[used])
+
+
+def pooled_of(worker: EmbeddingWorker, batch) -> np.ndarray:
+    """The trainer's forward: an inserting lookup, pooled."""
+    return pool(make_plan(batch, SCHEMA), worker.lookup(np.asarray(batch.signs), True)[0])
+
+
 @pytest.fixture
 def worker():
     stores = make_stores()
@@ -93,18 +114,18 @@ def worker():
 @pytest.mark.parametrize("make", [ranking_batch, flat_batch], ids=["context", "flat"])
 def test_pooling_matches_numpy(worker, make):
     batch = make()
-    res = worker.forward(batch, "train")
+    res = inserted(worker, batch)
     table = rows_of(worker.stores, batch.signs)
     assert res.pooled.dtype == np.float32 and res.pooled.flags.c_contiguous
     assert res.pooled.shape == (batch.num_rows, batch.num_slots, DIM)
     np.testing.assert_allclose(res.pooled, numpy_pooled(batch, SCHEMA, table), rtol=1e-6, atol=1e-7)
-    assert res.batch_id > 0 and res.version == ("", -1)
+    assert res.version == ("", -1)
 
 
 def test_context_slots_broadcast_and_empty_lists_are_zero(worker):
     batch = ranking_batch()
     assert batch.flags[0] & FLAG_CONTEXT and batch.flags[4] & FLAG_MULTI
-    pooled = worker.forward(batch, "train").pooled
+    pooled = inserted(worker, batch).pooled
     for s in range(3):  # user, hist, recent: stored once, the same for every row
         assert (pooled[:, s] == pooled[0, s]).all()
     assert (pooled[:, 2] == 0).all()  # "recent" is an empty list
@@ -118,31 +139,32 @@ def test_single_valued_fast_path_matches_numpy():
     batch = transform(records, schema)
     stores = make_stores(3)
     with EmbeddingWorker([LocalShard(s) for s in stores], schema) as w:
-        pooled = w.forward(batch, "train").pooled
+        w.lookup(np.asarray(batch.signs), True)
+        pooled = w.forward(batch).pooled
         table = rows_of(stores, batch.signs)
         np.testing.assert_array_equal(pooled, numpy_pooled(batch, schema, table))
 
 
 def test_signs_are_routed_to_their_owner(worker):
     batch = flat_batch(20)
-    worker.forward(batch, "train")
+    inserted(worker, batch)
     owner = shard_of(batch.signs, 2)
     for k, store in enumerate(worker.stores):
         assert len(store) == int((owner == k).sum())
 
 
-def test_infer_never_inserts(worker):
+def test_forward_never_inserts(worker):
     batch = ranking_batch()
-    pooled = worker.forward(batch, "infer").pooled
+    pooled = worker.forward(batch).pooled
     assert [len(s) for s in worker.stores] == [0, 0] and (pooled == 0).all()
-    assert worker.forward(batch, "infer").batch_id == 0
-    worker.forward(batch, "train")
+    inserted(worker, batch)
     rows = [len(s) for s in worker.stores]
-    worker.forward(ranking_batch(user="someone-new"), "infer")
+    assert sum(rows) == len(batch.signs)
+    worker.forward(ranking_batch(user="someone-new"))
     assert [len(s) for s in worker.stores] == rows
 
 
-def test_bad_batches_and_modes(worker):
+def test_bad_batches(worker):
     other = schema_from_dict({"name": "other", "slots": [{"name": "a"}]})
     with pytest.raises(BatchError, match="sparse slots"):
         worker.forward(transform([{"a": "1"}], other))
@@ -150,17 +172,15 @@ def test_bad_batches_and_modes(worker):
     batch.schema_hash ^= 1
     with pytest.raises(BatchError, match="schema hash"):
         worker.forward(batch)
-    with pytest.raises(ValueError, match="unknown mode"):
-        worker.forward(ranking_batch(), "predict")
 
 
-# ---- backward -------------------------------------------------------------------------------------
+# ---- updates --------------------------------------------------------------------------------------
 class RecordingShard:
     """A shard that records updates (and can be held back or made to fail).
 
     ``hold=K``: a slow shard without a clock -- update ``i`` is applied only once the trainer has
-    started ``i + K`` backwards (``backwards``, counted by the test under ``cond``) or the test
-    drains (``draining``), so the trainer runs exactly as far ahead as the staleness bound allows."""
+    started ``i + K`` pushes (``pushes``, counted by the test under ``cond``) or the test drains
+    (``draining``), so the trainer runs exactly as far ahead as the staleness bound allows."""
 
     def __init__(self, dim=DIM, hold=None, fail=False):
         self.dim = dim
@@ -173,14 +193,14 @@ class RecordingShard:
         self.started = self.applied = 0
         self.lookups: list[int] = []  # in-flight batches seen by each training lookup
         self.applied_at_lookup: list[int] = []  # updates applied when each training lookup read
-        self.backwards = 0
+        self.pushes = 0
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
 
     def rows(self, signs, insert, version="", timeout_s=None):
         if insert:
             with self.lock:
-                self.lookups.append(self.backwards - self.applied)
+                self.lookups.append(self.pushes - self.applied)
                 self.applied_at_lookup.append(self.applied)
         rng = np.random.default_rng(int(signs[0]) % 2**32 if len(signs) else 0)
         return rng.standard_normal((len(signs), self.dim)).astype(np.float32), ("", -1)
@@ -190,7 +210,7 @@ class RecordingShard:
             self.started += 1
             i = self.started
             if self.hold is not None:
-                self.cond.wait_for(lambda: self.backwards >= i + self.hold or self.draining, timeout=10)
+                self.cond.wait_for(lambda: self.pushes >= i + self.hold or self.draining, timeout=10)
         self.gate.wait(10)
         if self.fail:
             raise ConnectionError("shard went away")
@@ -205,18 +225,18 @@ class RecordingShard:
 
 
 @pytest.mark.parametrize("make", [ranking_batch, flat_batch], ids=["context", "flat"])
-def test_backward_matches_torch_autograd(make):
+def test_pushed_gradients_match_torch_autograd(make):
     shard = RecordingShard()
     batch = make()
     with EmbeddingWorker([shard], SCHEMA) as w:
-        res = w.forward(batch, "train")
+        pooled = pooled_of(w, batch)
         table, _ = shard.rows(batch.signs, False)
         weight = torch.tensor(table, requires_grad=True)
         ref = torch_pooled(batch, SCHEMA, weight)
-        np.testing.assert_allclose(res.pooled, ref.detach().numpy(), rtol=1e-6, atol=1e-7)
-        grads = np.random.default_rng(1).standard_normal(res.pooled.shape).astype(np.float32)
+        np.testing.assert_allclose(pooled, ref.detach().numpy(), rtol=1e-6, atol=1e-7)
+        grads = np.random.default_rng(1).standard_normal(pooled.shape).astype(np.float32)
         (ref * torch.from_numpy(grads)).sum().backward()
-        w.backward(res.batch_id, grads)
+        train_step(w, batch, grads)
         w.flush()
     ((signs, sent),) = shard.updates
     expected = weight.grad.numpy()[np.searchsorted(batch.signs, signs)]
@@ -224,45 +244,40 @@ def test_backward_matches_torch_autograd(make):
     np.testing.assert_allclose(sent, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_backward_validates_input(worker):
-    res = worker.forward(ranking_batch(), "train")
-    with pytest.raises(KeyError, match="unknown batch id 999"):
-        worker.backward(999, res.pooled)
-    with pytest.raises(ValueError, match="expected"):
-        worker.backward(res.batch_id, res.pooled[:, :2])
-    bad = np.zeros_like(res.pooled)
-    bad[0, 0, 0] = np.nan
-    with pytest.raises(ValueError, match="NaN"):
-        worker.backward(res.batch_id, bad)
-    worker.backward(res.batch_id, np.zeros_like(res.pooled))  # still known after refused grads
-    with pytest.raises(KeyError, match="unknown batch id"):
-        worker.backward(res.batch_id, np.zeros_like(res.pooled))
+def test_push_validates_its_gradients(worker):
+    signs = np.array([1, 2], np.uint64)
+    with pytest.raises(ValueError, match="finite float32 grads"):
+        worker.push(signs, np.ones((2, DIM + 1), np.float32))
+    with pytest.raises(ValueError, match="finite float32 grads"):
+        worker.push(signs, np.full((2, DIM), np.nan, np.float32))
+    assert worker.in_flight == 0
+    worker.push(signs, np.zeros((2, DIM), np.float32))  # still accepted after the refusals
     worker.flush()
+    assert worker.in_flight == 0
 
 
 def test_background_failure_is_raised_by_the_next_call():
     shard = RecordingShard(fail=True)
+    signs, grads = np.array([1], np.uint64), np.ones((1, DIM), np.float32)
     with EmbeddingWorker([shard], SCHEMA, WorkerConfig(staleness=4)) as w:
-        res = w.forward(ranking_batch(), "train")
-        w.backward(res.batch_id, np.ones_like(res.pooled))
+        w.push(signs, grads)
         with pytest.raises(UpdateError, match="shard went away"):
             w.flush()
         w.flush()  # reported once
-        res = w.forward(ranking_batch(), "train")
-        w.backward(res.batch_id, np.ones_like(res.pooled))
+        w.push(signs, grads)
         wait_until(lambda: w.in_flight == 0, 10, "the failed update done")  # its error is kept first
         with pytest.raises(UpdateError):
-            w.forward(ranking_batch(), "train")
+            w.lookup(signs, True)
 
 
-def test_backward_returns_before_the_update_is_applied():
+def test_push_returns_before_the_update_is_applied():
     shard = RecordingShard()
     shard.gate.clear()
+    signs = np.asarray(ranking_batch().signs)
     with EmbeddingWorker([shard], SCHEMA, WorkerConfig(staleness=1)) as w:
-        res = w.forward(ranking_batch(), "train")
-        w.backward(res.batch_id, np.ones_like(res.pooled))  # returns although the shard is blocked
+        w.push(signs, np.ones((len(signs), DIM), np.float32))  # returns although the shard is blocked
         assert shard.applied == 0 and w.in_flight == 1
-        w.forward(ranking_batch(), "train")  # K=1: one batch in flight is allowed
+        w.lookup(signs, True)  # K=1: one update in flight is allowed
         shard.gate.set()
         w.flush()
         assert shard.applied == 1 and w.in_flight == 0
@@ -272,19 +287,20 @@ def test_backward_returns_before_the_update_is_applied():
 def test_staleness_bound(staleness):
     shard = RecordingShard(hold=staleness)
     config = WorkerConfig(staleness=staleness, update_threads=1)
+    batch = ranking_batch()
     with EmbeddingWorker([shard], SCHEMA, config) as w:
         for _ in range(8):
-            res = w.forward(ranking_batch(), "train")
+            pooled = pooled_of(w, batch)
             with shard.cond:
-                shard.backwards += 1
+                shard.pushes += 1
                 shard.cond.notify_all()
-            w.backward(res.batch_id, np.ones_like(res.pooled))
+            train_step(w, batch, np.ones_like(pooled))
         with shard.cond:
             shard.draining = True
             shard.cond.notify_all()
         w.flush()
         assert shard.applied == 8 and w.in_flight == 0
-    assert max(shard.lookups) == staleness  # never more than K in flight at a train forward
+    assert max(shard.lookups) == staleness  # never more than K in flight at a training lookup
     assert shard.lookups[0] == 0
 
 
@@ -357,16 +373,15 @@ def test_training_steps_match_torch(optimizer):
         opt_cls = torch.optim.SGD if optimizer == "sgd" else torch.optim.Adagrad
         opt = opt_cls(emb.parameters(), lr=0.05)
         for b in batches:
-            res = w.forward(b, "train")
-            pooled = torch.tensor(res.pooled, requires_grad=True)
+            pooled = torch.tensor(pooled_of(w, b), requires_grad=True)
             loss_of(pooled, b.labels).backward()
-            w.backward(res.batch_id, pooled.grad.numpy())
+            train_step(w, b, pooled.grad.numpy())
 
             # torch: the same model, embeddings in-process
             opt.zero_grad()
             local = torch.from_numpy(np.searchsorted(all_signs, b.signs))
             ref = torch_pooled(b, SCHEMA, emb.weight[local])
-            np.testing.assert_allclose(res.pooled, ref.detach().numpy(), atol=1e-6)
+            np.testing.assert_allclose(pooled.detach().numpy(), ref.detach().numpy(), atol=1e-6)
             loss_of(ref, b.labels).backward()
             opt.step()
         w.flush()

@@ -1,7 +1,7 @@
-"""Two real PS processes and a real `recserve worker` on free loopback ports: Forward/Backward over
-gRPC against the rows the PS holds, fp16 replies, health, reflection, metrics, every bad input
-answered with INVALID_ARGUMENT/NOT_FOUND while the worker keeps serving, UNAVAILABLE while a
-PS is down (and recovery once it is back), and a clean exit on SIGTERM."""
+"""Two real PS processes and a real `recserve worker` on free loopback ports: Forward over gRPC
+against the rows the PS holds, fp16 replies, health, reflection, metrics, every bad input
+answered with INVALID_ARGUMENT while the worker keeps serving, UNAVAILABLE while a PS is down
+(and recovery once it is back), and a clean exit on SIGTERM."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from features.schema import dump_schema, schema_from_dict
 from features.transform import transform
 from recserve.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from serving.ps.client import PSClient
-from serving.rpc.auth import new_token_file, token_metadata
+from serving.rpc.auth import new_token_file
 from serving.worker.client import WorkerClient
 from tests.helpers import free_ports, fuzz_payloads, raw_call, wait_until
 from tests.serving.helpers import SCHEMA, ranking_batch, torch_pooled
@@ -30,7 +30,6 @@ from tests.serving.helpers import SCHEMA, ranking_batch, torch_pooled
 pytestmark = pytest.mark.slow
 
 DIM = 4
-LR = 0.5
 
 
 def _spawn(args: list[str], log) -> subprocess.Popen:
@@ -46,10 +45,6 @@ def _ps_args(i: int, port: int, token) -> list[str]:
         str(token),
         "--capacity",
         "1000",
-        "--optimizer",
-        "sgd",
-        "--lr",
-        str(LR),
         "--init-scale",
         "0.1",
     ]
@@ -62,23 +57,16 @@ def stack(tmp_path_factory):
     schema_path.write_text(dump_schema(SCHEMA))
     ps_ports = free_ports(2)
     port, metrics_port = free_ports(2)
-    token = new_token_file(tmp / "admin.token")  # the training shards' and the worker's
+    token = new_token_file(tmp / "admin.token")  # the training shards': the test inserts rows
     procs = {f"ps{i}": _spawn(_ps_args(i, p, token), tmp / f"ps{i}.log") for i, p in enumerate(ps_ports)}
-    ps = [PSClient(f"127.0.0.1:{p}", timeout_s=5.0) for p in ps_ports]
-    client = WorkerClient(f"127.0.0.1:{port}", timeout_s=10.0, token_file=str(token))
+    ps = [PSClient(f"127.0.0.1:{p}", timeout_s=5.0, token_file=str(token)) for p in ps_ports]
+    client = WorkerClient(f"127.0.0.1:{port}", timeout_s=10.0)
     try:
         for c in ps:
             c.wait_ready(timeout_s=60)
         addresses = ",".join(f"127.0.0.1:{p}" for p in ps_ports)
         worker_args = ["worker", "--ps", addresses, "--schema", str(schema_path), "--port", str(port)]
-        worker_args += [
-            "--metrics-port",
-            str(metrics_port),
-            "--ps-timeout-s",
-            "2",
-            "--admin-token-file",
-            str(token),
-        ]
+        worker_args += ["--metrics-port", str(metrics_port), "--ps-timeout-s", "2"]
         procs["worker"] = _spawn(worker_args, tmp / "worker.log")
         client.wait_ready(timeout_s=60)
         stub = worker_pb2_grpc.EmbeddingWorkerStub(client.channel)
@@ -100,42 +88,34 @@ def metrics_url(stack):
     return f"http://127.0.0.1:{cmd[cmd.index('--metrics-port') + 1]}/metrics"
 
 
-def ps_rows(stack, signs: np.ndarray) -> np.ndarray:
+def ps_rows(stack, signs: np.ndarray, insert: bool = False) -> np.ndarray:
     owner = shard_of(signs, 2)
     out = np.zeros((len(signs), DIM), np.float32)
     for k, c in enumerate(stack["ps"]):
         if (owner == k).any():
-            out[owner == k] = c.lookup(signs[owner == k])[0]
+            out[owner == k] = c.lookup(signs[owner == k], insert=insert)[0]
     return out
 
 
-def test_forward_backward_through_real_processes(stack):
+def test_forward_pools_the_rows_the_shards_hold(stack):
     c = stack["client"]
     batch = ranking_batch()
-    res = c.forward(encode(batch), mode="train")
-    assert res.batch_id > 0 and res.pooled.shape == (batch.num_rows, batch.num_slots, DIM)
-    rows0 = ps_rows(stack, batch.signs)
-    assert np.abs(rows0).sum() > 0  # TRAIN inserted the rows
-    weight = torch.tensor(rows0, requires_grad=True)
-    ref = torch_pooled(batch, SCHEMA, weight)
-    np.testing.assert_allclose(res.pooled, ref.detach().numpy(), rtol=1e-6, atol=1e-7)
+    rows = ps_rows(stack, batch.signs, insert=True)  # as a trainer would
+    assert np.abs(rows).sum() > 0
+    res = c.forward(encode(batch))
+    assert res.pooled.shape == (batch.num_rows, batch.num_slots, DIM)
+    ref = torch_pooled(batch, SCHEMA, torch.from_numpy(rows))
+    np.testing.assert_allclose(res.pooled, ref.numpy(), rtol=1e-6, atol=1e-7)
 
-    half = c.forward(batch, mode="infer", dtype="float16")  # a CompactBatch is encoded by the client
-    assert half.batch_id == 0
+    half = c.forward(batch, dtype="float16")  # a CompactBatch is encoded by the client
     np.testing.assert_allclose(half.pooled, res.pooled, atol=1e-3)
-
-    grads = np.random.default_rng(0).standard_normal(res.pooled.shape).astype(np.float32)
-    (ref * torch.from_numpy(grads)).sum().backward()
-    c.backward(res.batch_id, grads)
-    c.flush()
-    np.testing.assert_allclose(ps_rows(stack, batch.signs), rows0 - LR * weight.grad.numpy(), atol=1e-5)
     st = c.stats()
-    assert st["num_shards"] == 2 and st["dim"] == DIM and st["in_flight"] == 0 and st["schema"] == SCHEMA.name
+    assert st["num_shards"] == 2 and st["dim"] == DIM and st["schema"] == SCHEMA.name
 
 
-def test_infer_does_not_insert(stack):
+def test_forward_does_not_insert(stack):
     before = [c.stats()["rows"] for c in stack["ps"]]
-    res = stack["client"].forward(ranking_batch(user="never-seen-before"), mode="infer")
+    res = stack["client"].forward(ranking_batch(user="never-seen-before"))
     assert [c.stats()["rows"] for c in stack["ps"]] == before
     assert (res.pooled[:, 0] == 0).all()  # the unseen user's row is the default zero row
 
@@ -154,20 +134,19 @@ def test_health_reflection_metrics(stack, metrics_url):
     answers = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
     names = {s.name for a in answers for s in a.list_services_response.service}
     assert "recserve.v1.EmbeddingWorker" in names
-    stack["client"].forward(ranking_batch(), mode="infer")
+    stack["client"].forward(ranking_batch())
     text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
-    assert 'recserve_worker_forward_seconds_count{mode="infer"}' in text
-    assert "recserve_worker_in_flight" in text
+    assert "recserve_worker_forward_seconds_count" in text and "recserve_worker_rows_total" in text
 
 
-def _code(call, request, metadata=()):
+def _code(call, request):
     with pytest.raises(grpc.RpcError) as e:
-        call(request, timeout=5, metadata=metadata)
+        call(request, timeout=5)
     return e.value.code(), e.value.details()
 
 
 def test_bad_input_is_answered_and_the_worker_keeps_serving(stack):
-    stub, pb, token = stack["stub"], worker_pb2, stack["client"].metadata
+    stub, pb = stack["stub"], worker_pb2
     good = encode(ranking_batch())
     other = schema_from_dict({"name": "other", "slots": [{"name": "a"}]})
     cases = [
@@ -175,92 +154,28 @@ def test_bad_input_is_answered_and_the_worker_keeps_serving(stack):
         (stub.Forward, pb.ForwardRequest(batch=b"not a batch at all"), "shorter than the 48-byte header"),
         (stub.Forward, pb.ForwardRequest(batch=good[:-8]), "size mismatch"),
         (stub.Forward, pb.ForwardRequest(batch=encode(transform([{"a": "1"}], other))), "schema"),
-        (stub.Forward, pb.ForwardRequest(batch=good, mode=7), "unknown mode"),
         (stub.Forward, pb.ForwardRequest(batch=good, dtype=9), "unknown dtype"),
-        (stub.Backward, pb.BackwardRequest(), "empty request"),
-        (stub.Backward, pb.BackwardRequest(batch_id=0, grads=b"\0" * 16), "batch_id is 0"),
     ]
     for call, request, words in cases:
-        code, details = _code(call, request, token)
+        code, details = _code(call, request)
         assert code == grpc.StatusCode.INVALID_ARGUMENT and words in details, (words, details)
-
-    res = stack["client"].forward(good, mode="train")
-    code, details = _code(
-        stub.Backward, pb.BackwardRequest(batch_id=res.batch_id + 10_000, grads=b"\0" * 16), token
-    )
-    assert code == grpc.StatusCode.NOT_FOUND and "unknown batch id" in details
-    short = np.zeros(res.pooled.size - 1, np.float32).tobytes()
-    code, details = _code(stub.Backward, pb.BackwardRequest(batch_id=res.batch_id, grads=short), token)
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "expected" in details
-    code, _ = _code(stub.Backward, pb.BackwardRequest(batch_id=res.batch_id, grads=b"\0" * 7), token)
-    assert code == grpc.StatusCode.INVALID_ARGUMENT
-    nan = np.full(res.pooled.shape, np.nan, np.float32).tobytes()
-    code, details = _code(stub.Backward, pb.BackwardRequest(batch_id=res.batch_id, grads=nan), token)
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "NaN" in details
-
-    stack["client"].backward(res.batch_id, np.zeros_like(res.pooled))  # still accepted after the refusals
-    stack["client"].flush()
-    resp = stub.Forward(pb.ForwardRequest(batch=good, mode=pb.INFER, dtype=common_pb2.FLOAT32), timeout=5)
+    resp = stub.Forward(pb.ForwardRequest(batch=good, dtype=common_pb2.FLOAT32), timeout=5)
     assert resp.num_rows == 4 and stack["procs"]["worker"].poll() is None
 
 
-def test_train_calls_need_the_workers_token(stack):
-    stub, pb = stack["stub"], worker_pb2
-    good = encode(ranking_batch())
-    train = pb.ForwardRequest(batch=good, mode=pb.TRAIN)
-    backward = pb.BackwardRequest(batch_id=1, grads=b"\0" * 16)
-    for call, request, what in (
-        (stub.Forward, train, "Forward in TRAIN mode"),
-        (stub.Backward, backward, "Backward"),
-    ):
-        code, details = _code(call, request)
-        assert code == grpc.StatusCode.UNAUTHENTICATED and f"{what} needs the admin token" in details
-        code, details = _code(call, request, token_metadata("guess"))
-        assert code == grpc.StatusCode.PERMISSION_DENIED and f"{what}: wrong admin token" in details
-    resp = stub.Forward(pb.ForwardRequest(batch=good, mode=pb.INFER), timeout=5)  # INFER is open
-    assert resp.num_rows == 4 and resp.batch_id == 0
-
-
-def test_a_worker_without_a_token_file_serves_infer_only(stack):
-    """The serving worker (`recserve up` starts it so): TRAIN would write through it."""
-    (port,) = free_ports(1)
-    addresses = ",".join(f"127.0.0.1:{p}" for p in stack["ps_ports"])
-    schema = stack["tmp"] / "schema.yaml"
-    proc = _spawn(
-        ["worker", "--ps", addresses, "--schema", str(schema), "--port", str(port)], stack["tmp"] / "w2.log"
-    )
-    try:
-        with WorkerClient(f"127.0.0.1:{port}", timeout_s=10.0, token_file=str(stack["token"])) as client:
-            client.wait_ready(timeout_s=60)
-            assert client.forward(ranking_batch(), mode="infer").pooled.shape == (4, len(SCHEMA.sparse), DIM)
-            for call in (
-                lambda: client.forward(ranking_batch(), mode="train"),
-                lambda: client.backward(1, np.zeros(4)),
-            ):
-                with pytest.raises(
-                    RuntimeError, match="PERMISSION_DENIED.*started without --admin-token-file"
-                ):
-                    call()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
 def test_fuzzed_forward_is_invalid_argument_and_the_worker_keeps_serving(stack):
-    valid = worker_pb2.ForwardRequest(
-        batch=encode(ranking_batch()), mode=worker_pb2.INFER
-    ).SerializeToString()
+    valid = worker_pb2.ForwardRequest(batch=encode(ranking_batch())).SerializeToString()
     call = raw_call(stack["client"].channel, "/recserve.v1.EmbeddingWorker/Forward")
     codes = collections.Counter()
     for payload in fuzz_payloads(valid, 300, seed=7):
         try:
-            call(payload, timeout=10, metadata=stack["client"].metadata)
+            call(payload, timeout=10)
             codes["OK"] += 1
         except grpc.RpcError as e:
             codes[e.code().name] += 1
             assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (payload, e.code(), e.details())
     assert codes["INVALID_ARGUMENT"] > 200, codes
-    assert stack["client"].forward(ranking_batch(), mode="infer").pooled.shape[0] == 4
+    assert stack["client"].forward(ranking_batch()).pooled.shape[0] == 4
     assert stack["procs"]["worker"].poll() is None
 
 
@@ -269,7 +184,7 @@ def test_ps_down_is_unavailable_then_recovers(stack):
     procs["ps1"].send_signal(signal.SIGTERM)
     procs["ps1"].wait(timeout=30)
     with pytest.raises(ConnectionError, match="UNAVAILABLE.*PS shard 127.0.0.1"):
-        c.forward(ranking_batch(), mode="infer")
+        c.forward(ranking_batch())
     assert c.stats()["num_shards"] == 2  # the worker itself keeps serving
     procs["ps1"] = _spawn(
         _ps_args(1, stack["ps_ports"][1], stack["token"]), stack["tmp"] / "ps1-restarted.log"
@@ -278,7 +193,7 @@ def test_ps_down_is_unavailable_then_recovers(stack):
 
     def answered() -> bool:
         try:
-            return c.forward(ranking_batch(), mode="infer").pooled.shape[0] == 4
+            return c.forward(ranking_batch()).pooled.shape[0] == 4
         except ConnectionError:
             return False
 

@@ -1,0 +1,64 @@
+"""The optimizers' fast paths: compiled kernels that find each distinct sign's row and update it
+and its state in one pass (``SparseOptimizer.fused`` names them; ``serving.ps.optim``).
+
+Contract of a kernel, called by ``EmbeddingStore.apply_gradients`` for distinct signs and float32
+rows, under the store's lock::
+
+    kernel(table, keys, bits, rows, state, signs, grads, hyper, stamp, now, dirty) -> rows updated
+
+``table``, ``keys``, ``bits``: the store's index (``index.find_one``); ``rows`` (capacity, dim)
+float32; ``state``: the optimizer's state matrices in its ``state`` order (a tuple); ``grads``
+(len(signs), dim) float32; ``hyper``: float64, the entry's ``hyper(cfg, step)``. A sign without a
+row is skipped; an updated row gets ``stamp[slot] = now`` and ``dirty[slot] = True``. The float32
+expressions are the numpy update's, in the same order, so both paths give the same bits
+(``tests/serving/ps/test_fused.py`` checks every registered kernel).
+
+Numba is imported here, not by ``optim``: a serving shard (numpy only) never loads it.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from serving.ps.index import find_one
+
+
+@numba.njit(cache=True, nogil=True)
+def sgd(table, keys, bits, rows, state, signs, grads, hyper, stamp, now, dirty):
+    """``optim._sgd`` fused with the find; ``hyper``: (lr,)."""
+    nlr = np.float32(-hyper[0])
+    done = 0
+    for i in range(len(signs)):
+        slot = find_one(table, keys, signs[i], bits)
+        if slot < 0:
+            continue
+        for j in range(rows.shape[1]):
+            rows[slot, j] = rows[slot, j] + nlr * grads[i, j]
+        stamp[slot] = now
+        dirty[slot] = True
+        done += 1
+    return done
+
+
+@numba.njit(cache=True, nogil=True)
+def adagrad(table, keys, bits, rows, state, signs, grads, hyper, stamp, now, dirty):
+    """``optim._adagrad`` fused with the find; ``state``: (sum,); ``hyper``: (lr, eps)."""
+    (acc,) = state
+    nlr = np.float32(-hyper[0])
+    eps = np.float32(hyper[1])
+    done = 0
+    for i in range(len(signs)):
+        slot = find_one(table, keys, signs[i], bits)
+        if slot < 0:
+            continue
+        for j in range(rows.shape[1]):
+            g = grads[i, j]
+            s = acc[slot, j] + g * g
+            acc[slot, j] = s
+            std = np.sqrt(s) + eps
+            rows[slot, j] = rows[slot, j] + nlr * g / std
+        stamp[slot] = now
+        dirty[slot] = True
+        done += 1
+    return done
