@@ -22,6 +22,8 @@ from numpy.typing import ArrayLike, NDArray
 if TYPE_CHECKING:
     import torch
 
+    from model_store.manifest import VersionManifest
+
 OUTPUT_NAME = "logits"
 RUNTIMES = ("torchscript", "onnx")
 """The dense runtimes a version ships (the manifest's ``dense`` names each one's file)."""
@@ -109,18 +111,16 @@ def check_runtime(requested: str) -> None:
         )
 
 
-def runtime_of(manifest: dict[str, Any], requested: str = AUTO) -> str:
+def runtime_of(manifest: VersionManifest, requested: str = AUTO) -> str:
     """The dense runtime to serve a version with: ``requested``, or for ``auto`` the one its export
     measured faster (the manifest's ``dense_runtime.default``; torchscript for versions exported
     before it was measured). ValueError for a runtime the version does not ship."""
     check_runtime(requested)
     if requested == AUTO:
-        requested = (manifest.get("dense_runtime") or {}).get("default", "torchscript")
+        requested = manifest.dense_runtime.default if manifest.dense_runtime else "torchscript"
         check_runtime(requested)  # a manifest naming a runtime this release does not know
-    if requested not in manifest.get("dense", {}):
-        raise ValueError(
-            f"this version ships no {requested} dense model (it has {sorted(manifest.get('dense', {}))})"
-        )
+    if requested not in manifest.dense:
+        raise ValueError(f"this version ships no {requested} dense model (it has {sorted(manifest.dense)})")
     return requested
 
 

@@ -29,7 +29,7 @@ SCORES = "eval/scores.npy"
 ONNX_ATOL, ONNX_RTOL = 1e-4, 1e-4
 
 
-def choose_runtime(vdir: Path, pooled: np.ndarray, dense: np.ndarray) -> dict:
+def choose_runtime(vdir: Path, pooled: np.ndarray, dense: np.ndarray) -> model_store.RuntimeChoice:
     """Time the version's dense runtimes on a request-sized batch of the test rows (one intra-op
     thread: a scoring process's default) and name the faster one: what ``--runtime auto``
     serves. The manifest keeps the figures beside the choice."""
@@ -41,7 +41,7 @@ def choose_runtime(vdir: Path, pooled: np.ndarray, dense: np.ndarray) -> dict:
     default = min(p50, key=p50.__getitem__)
     log.info("dense runtime %s (p50 on %d rows, 1 thread: %s)", default, len(p),
              ", ".join(f"{k} {v:.3f} ms" for k, v in p50.items()))  # fmt: skip
-    return {"default": default, "p50_ms": p50, "rows": len(p), "threads": 1}
+    return model_store.RuntimeChoice(default, p50, len(p), threads=1)
 
 
 class DeltaTrigger:
@@ -91,7 +91,7 @@ class VersionWriter:
         model_config: dict,
         schema: Schema,
         evaluation,
-        extra: dict | None = None,
+        train: model_store.TrainRecord | None = None,
     ) -> Path:
         """Write the full version from the current (flushed) PS state and seal it."""
         d = self.staging
@@ -106,20 +106,20 @@ class VersionWriter:
         (d / SCORES).parent.mkdir(parents=True, exist_ok=True)
         np.save(d / SCORES, evaluation.scores.astype(np.float32))
         parent = model_store.versions(self.root, self.model)
-        manifest = {
-            "model": self.model,
-            "version": self.version,
-            "parent": parent[-1] if parent else None,
-            "schema_fingerprint": schema.fingerprint,
-            "model_config": model_config,
-            "dim": model_config["dim"],
-            "num_shards": cluster.num_shards,
-            "dense": dict(DENSE),
-            "dense_runtime": runtime,
-            "metrics": {**evaluation.metrics(), "onnx_max_abs_diff": diff},
-            "deltas": self.deltas,
-            **(extra or {}),
-        }
+        manifest = model_store.VersionManifest(
+            model=self.model,
+            version=self.version,
+            parent=parent[-1] if parent else None,
+            schema_fingerprint=schema.fingerprint,
+            model_config=model_config,
+            dim=model_config["dim"],
+            num_shards=cluster.num_shards,
+            dense=dict(DENSE),
+            dense_runtime=runtime,
+            metrics={**evaluation.metrics(), "onnx_max_abs_diff": diff},
+            deltas=self.deltas,
+            train=train,
+        )
         model_store.write_manifest(d, manifest)
         final = model_store.seal(d, model_store.version_dir(self.root, self.model, self.version))
         log.info("exported %s (AUC %.4f)", final, evaluation.auc)

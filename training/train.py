@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
+import model_store
 from features.schema import load_schema
 from features.stream import ReadOptions
 from serving.rpc.auth import new_token_file
@@ -299,14 +300,12 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> Tra
                     model_cfg.to_dict(),
                     schema,
                     ev,
-                    extra={
-                        "train": {
-                            "config": cfg.to_dict(),
-                            "world_size": world,
-                            "steps": step,
-                            "plan": plan.to_dict() if plan is not None else None,
-                        }
-                    },  # fmt: skip
+                    train=model_store.TrainRecord(
+                        config=cfg.to_dict(),
+                        world_size=world,
+                        steps=step,
+                        plan=plan.to_dict() if plan is not None else None,
+                    ),
                 )
                 result.version_dir = str(version)
                 if cluster is not None:  # the shards now hold the replicated tables too
@@ -314,8 +313,6 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> Tra
                 if not cfg.curve:
                     result.curve = str(version / "eval" / "curve.png")
                 if cfg.publish:
-                    import model_store
-
                     model_store.publish(cfg.store, cfg.model, writer.version)
                     log.info("published %s/%s", cfg.model, writer.version)
         if world > 1:

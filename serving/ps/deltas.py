@@ -29,7 +29,7 @@ class DeltaWriter:
             raise ms.ModelStoreError(f"{model}: nothing published")
         self.vdir = ms.version_dir(root, model, self.version)
         manifest = ms.read_manifest(self.vdir, verify=False)
-        self.num_shards, self.dim = int(manifest["num_shards"]), int(manifest["dim"])
+        self.num_shards, self.dim = manifest.num_shards, manifest.dim
         self.stores = []
         for i in range(self.num_shards):
             store = EmbeddingStore(

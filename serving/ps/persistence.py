@@ -12,7 +12,7 @@ import numpy as np
 
 from features.hashing import has_duplicates, unique_signs
 from model_store import shards
-from model_store.shards import ShardData, StoreError
+from model_store.shards import ShardData, ShardMeta, StoreError
 from serving.ps import index
 from serving.ps.fields import StoreFields
 
@@ -22,24 +22,16 @@ __all__ = ["ShardPersistence"]
 class ShardPersistence(StoreFields):
     """Dump/load/delta methods of ``EmbeddingStore``."""
 
-    def _meta(self, kind: str) -> dict:
+    def _meta(self, kind: str, base_version: str = "") -> ShardMeta:
         cfg = self.config
-        return {
-            "kind": kind,
-            "shard": cfg.shard,
-            "num_shards": cfg.num_shards,
-            "dim": cfg.dim,
-            "dtype": cfg.dtype,
-            "optimizer": asdict(cfg.optimizer),
-            "state": list(cfg.optimizer.state_names),
-            "schema_hash": cfg.schema_hash,
-            "version": self.version,
-            "delta_seq": self.delta_seq,
-            "step": self.step,
-            "seed": cfg.seed,
-            "init_scale": cfg.init_scale,
-            "created": time.time(),
-        }
+        table = {k: getattr(cfg, k) for k in ("dim", "dtype", "capacity", "eviction", "evict_fraction",
+                 "max_memory_gb", "ttl_s", "min_count", "init_scale")} | {"optimizer": asdict(cfg.optimizer)}  # fmt: skip
+        return ShardMeta(
+            kind=kind, shard=cfg.shard, num_shards=cfg.num_shards, table=table,
+            state=list(cfg.optimizer.state_names), schema_hash=cfg.schema_hash, version=self.version,
+            delta_seq=self.delta_seq, base_version=base_version, step=self.step, seed=cfg.seed,
+            created=time.time(),
+        )  # fmt: skip
 
     def snapshot(self, copy: bool = True) -> ShardData:
         """The shard's rows as ShardData (copies unless ``copy=False``: then views that later
@@ -73,7 +65,7 @@ class ShardPersistence(StoreFields):
                 deleted = deleted[index.find_slots(self._table, self._keys, deleted, self._bits) < 0]
             self.delta_seq += 1
             data = ShardData(
-                meta=self._meta("delta") | {"base_version": self.version},
+                meta=self._meta("delta", base_version=self.version),
                 signs=signs,
                 rows=self._rows[slots],
                 state={k: v[slots] for k, v in self._state.items()},
@@ -91,7 +83,7 @@ class ShardPersistence(StoreFields):
             slots = index.find_slots(self._table, self._keys, data.signs, self._bits)
             self._dirty[slots[slots >= 0]] = True
             self._deleted.append(data.deleted)
-            if self.delta_seq == data.meta["delta_seq"]:
+            if self.delta_seq == data.meta.delta_seq:
                 self.delta_seq -= 1
 
     def dump_delta(self, directory) -> Path:
@@ -104,7 +96,7 @@ class ShardPersistence(StoreFields):
             self.restore_delta(data)
             raise
 
-    def _check(self, meta: dict, where: str) -> None:
+    def _check(self, meta: ShardMeta, where: str) -> None:
         cfg = self.config
         shards.check_compatible(meta, cfg.dim, cfg.dtype, cfg.schema_hash, where)
 
@@ -112,7 +104,7 @@ class ShardPersistence(StoreFields):
         """Read and verify the part of a dump (or delta) this shard owns, re-sharding if the dump
         has another shard count. Touches no store state (the server runs it off the loop)."""
         data = shards.read_for_shard(paths, self.config.shard, self.config.num_shards, check=self._check)
-        kind = data.meta.get("kind")
+        kind = data.meta.kind
         if kind != ("delta" if delta else "full"):
             raise StoreError(f"{paths}: is a {kind} dump, expected a {'delta' if delta else 'full'} one")
         if has_duplicates(data.signs):
@@ -159,7 +151,7 @@ class ShardPersistence(StoreFields):
             dups = index.rebuild(self._table, self._keys, n, self._bits)
             assert dups == 0, "read() refuses dumps with duplicate signs"
             self._rows[:n] = data.rows
-            same_optimizer = data.meta["optimizer"]["name"] == self.config.optimizer.name
+            same_optimizer = data.meta.optimizer == self.config.optimizer.name
             for name, arr in self._state.items():
                 arr[:n] = data.state[name] if same_optimizer else self.config.optimizer.initial_state(name)
             self._stamp[:n] = data.stamp
@@ -168,10 +160,10 @@ class ShardPersistence(StoreFields):
             self._deleted = []
             self.rows = n
             if not self.config.schema_hash:
-                self.config.schema_hash = data.meta.get("schema_hash", "")
-            self.version = data.meta.get("version", "")
-            self.delta_seq = int(data.meta.get("delta_seq", -1))
-            self.step = int(data.meta.get("step", 0))
+                self.config.schema_hash = data.meta.schema_hash
+            self.version = data.meta.version
+            self.delta_seq = data.meta.delta_seq
+            self.step = data.meta.step
             return n
 
     def apply_delta(self, paths) -> int:
@@ -180,8 +172,7 @@ class ShardPersistence(StoreFields):
         return self.apply_delta_data(self.read(paths, delta=True))
 
     def apply_delta_data(self, data: ShardData) -> int:
-        seq = int(data.meta["delta_seq"])
-        base = data.meta.get("base_version", "")
+        seq, base = data.meta.delta_seq, data.meta.base_version
         with self._lock:
             if base and self.version and base != self.version:
                 raise StoreError(
@@ -209,12 +200,12 @@ class ShardPersistence(StoreFields):
             ok = slots >= 0
             slots = slots[ok]
             self._rows[slots] = data.rows[ok]
-            if data.meta["optimizer"]["name"] == self.config.optimizer.name:
+            if data.meta.optimizer == self.config.optimizer.name:
                 for name, arr in self._state.items():
                     arr[slots] = data.state[name][ok]
             self._stamp[slots] = data.stamp[ok]
             self._count[slots] = data.count[ok]
             self._dirty[slots] = False
             self.delta_seq = seq
-            self.step = max(self.step, int(data.meta.get("step", 0)))
+            self.step = max(self.step, data.meta.step)
             return len(slots)

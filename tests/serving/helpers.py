@@ -81,10 +81,7 @@ def make_rows_version(root, trainer: EmbeddingStore, fingerprint: str = "fp") ->
     version = ms.next_version(root, "m")
     staging = ms.staging_dir(root, "m", version)
     trainer.dump(staging / "embeddings")
-    ms.write_manifest(
-        staging,
-        {"model": "m", "version": version, "schema_fingerprint": fingerprint, "dim": DIM, "num_shards": 1},
-    )
+    ms.write_manifest(staging, ms.VersionManifest("m", version, fingerprint, DIM, num_shards=1))
     ms.seal(staging, ms.version_dir(root, "m", version))
     return version
 
@@ -104,8 +101,8 @@ def make_version(root: Path, rows_dim: int = DIM, seed: int = 0) -> str:
     torch.manual_seed(0)
     model_cfg = ModelConfig(kind="lr", num_slots=len(SCHEMA.sparse), dim=DIM, num_dense=len(SCHEMA.dense))
     export_torchscript(build_model(model_cfg), staging / "dense" / "model.pt")
-    ms.write_manifest(staging, {"model": "m", "version": version, "schema_fingerprint": SCHEMA.fingerprint,
-                                "dim": DIM, "num_shards": 1, "dense": {"torchscript": "dense/model.pt"}})  # fmt: skip
+    ms.write_manifest(staging, ms.VersionManifest("m", version, SCHEMA.fingerprint, DIM, num_shards=1,
+                                                  dense={"torchscript": "dense/model.pt"}))  # fmt: skip
     ms.seal(staging, ms.version_dir(root, "m", version))
     return version
 

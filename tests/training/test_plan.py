@@ -186,7 +186,7 @@ def test_the_readme_plan_lines_run_as_printed_and_the_plan_printed_is_the_plan_t
     printed = [x for x in planned.stdout.splitlines() if not x.startswith("wrote ")]
     assert shown.splitlines() == printed  # the README shows what the line prints today
     version = json.loads(trained.stdout.strip().splitlines()[-1])["version_dir"]
-    recorded = model_store.read_manifest(version)["train"]["plan"]["tables"]
+    recorded = model_store.read_manifest(version).train.plan["tables"]  # type: ignore[union-attr,index]
     assert {n: t["strategy"] for n, t in recorded.items()} == {n: t.strategy for n, t in plan.tables.items()}
 
 

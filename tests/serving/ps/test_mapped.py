@@ -3,6 +3,7 @@ exactly like the training store given the same dump and deltas."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -147,7 +148,7 @@ def test_a_dump_of_another_shard_count_is_resharded_in_memory(tmp_path):
     owner = shard_of(data.signs, 2)
     for i in range(2):  # the same rows dumped as two shards
         part = data.select(owner == i)
-        part.meta = dict(part.meta, shard=i, num_shards=2)
+        part.meta = replace(part.meta, shard=i, num_shards=2)
         shards.write_shard(tmp_path / "two", part)
     served = MappedStore(StoreConfig(dim=DIM, shard=0, num_shards=1))
     served.open(tmp_path / "two")

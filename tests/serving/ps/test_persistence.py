@@ -3,8 +3,6 @@ of incomplete, corrupt or incompatible dumps."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -113,7 +111,7 @@ def test_full_dump_equals_base_plus_deltas(tmp_path):
         clock.t += 1
         train(train_store, rng, 4)
         path = train_store.dump_delta(tmp_path / "deltas" / str(seq))
-        assert json.loads((path / "meta.json").read_text())["delta_seq"] == seq
+        assert shards.read_meta(path).delta_seq == seq
     assert train_store.evictions > 0
     train_store.dump(tmp_path / "full")
 
@@ -253,7 +251,7 @@ def test_failed_write_leaves_nothing_and_keeps_the_delta_pending(tmp_path, monke
     assert s.delta_seq == -1
     monkeypatch.undo()
     delta = s.cut_delta()
-    assert len(delta.signs) == len(s) and delta.meta["delta_seq"] == 0
+    assert len(delta.signs) == len(s) and delta.meta.delta_seq == 0
 
 
 def test_optimizer_change_resets_state(dumped):

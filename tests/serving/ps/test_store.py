@@ -175,14 +175,14 @@ def test_delta_cut_holds_changed_rows_and_deletions():
     s = make(clock, capacity=4, evict_fraction=0.0, eviction="lru")
     s.lookup(u64(1, 2, 3), insert=True)
     first = s.cut_delta()
-    assert sorted(first.signs.tolist()) == [1, 2, 3] and first.meta["delta_seq"] == 0
+    assert sorted(first.signs.tolist()) == [1, 2, 3] and first.meta.delta_seq == 0
     s.apply_gradients(u64(2), np.ones((1, 4)))
     clock.t += 1
     s.lookup(u64(1, 2, 3, 4), insert=True)
     clock.t += 1
     s.lookup(u64(5), insert=True)  # 1..4 touched at the same time; 4 has the lowest count
     d = s.cut_delta()
-    assert d.meta["delta_seq"] == 1
+    assert d.meta.delta_seq == 1
     assert sorted(d.signs.tolist()) == [2, 5] and d.deleted.tolist() == [4]
     np.testing.assert_array_equal(d.rows[d.signs == 2], s.lookup(u64(2))[0])
     assert len(s.cut_delta().signs) == 0
