@@ -239,7 +239,8 @@ class FollowTrainer:
     # ---- loading a version -----------------------------------------------------------------------
     def _load(self, version: str) -> _Loaded:
         from model_store.shards import read_meta, shard_dirs
-        from serving.ps.store import EmbeddingStore, OptimizerConfig, StoreConfig
+        from serving.ps.spec import TableSpec
+        from serving.ps.store import EmbeddingStore, StoreConfig
         from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
 
         vdir = ms.version_dir(self.cfg.store, self.cfg.model, version)
@@ -250,20 +251,18 @@ class FollowTrainer:
         n = manifest.num_shards
         parts = shard_dirs(vdir / "embeddings")
         metas = [read_meta(part) for part in parts]
-        meta = metas[0]  # the optimizer (and its state) the rows were trained with
-        optimizer = OptimizerConfig(**meta.table["optimizer"])
-        store_cfg = StoreConfig(
-            dim=manifest.dim,
+        trained = TableSpec.from_meta(
+            metas[0], str(parts[0])
+        )  # the spec (and optimizer) the rows were trained with
+        table = replace(
+            trained,
             # hash routing spreads rows evenly: room for the version's rows and as many new ones
             capacity=max(self.cfg.capacity, 2 * sum(m.rows for m in metas) // n + 1024),
             eviction=self.cfg.eviction,
             max_memory_gb=self.cfg.max_memory_gb,
-            dtype=meta.dtype,
-            optimizer=replace(optimizer, lr=self.cfg.lr) if self.cfg.lr else optimizer,
-            init_scale=float(meta.table.get("init_scale", 0.01)),
-            seed=meta.seed,
-            schema_hash=schema.fingerprint,
+            optimizer=replace(trained.optimizer, lr=self.cfg.lr) if self.cfg.lr else trained.optimizer,
         )
+        store_cfg = StoreConfig(table, seed=metas[0].seed, schema_hash=schema.fingerprint)
         stores = [EmbeddingStore(replace(store_cfg, shard=i, num_shards=n)) for i in range(n)]
         for store in stores:
             store.load(vdir / "embeddings")

@@ -26,6 +26,7 @@ from training.evaluate import sigmoid
 def load_stores(version: Path, manifest: model_store.VersionManifest) -> list:
     """One EmbeddingStore per shard, filled from ``embeddings/shard-<i>-of-<n>/``."""
     from model_store.shards import read_meta, shard_dir_name
+    from serving.ps.spec import TableSpec
     from serving.ps.store import EmbeddingStore, StoreConfig
 
     n = manifest.num_shards
@@ -34,9 +35,7 @@ def load_stores(version: Path, manifest: model_store.VersionManifest) -> list:
         shard = version / "embeddings" / shard_dir_name(i, n)
         meta = read_meta(shard)
         cfg = StoreConfig(
-            dim=meta.dim,
-            capacity=max(1, meta.rows),
-            dtype=meta.dtype,
+            table=TableSpec(dim=meta.dim, capacity=max(1, meta.rows), dtype=meta.dtype),
             schema_hash=manifest.schema_fingerprint,
             shard=i,
             num_shards=n,

@@ -34,11 +34,12 @@ from tqdm import tqdm
 import model_store
 from features.schema import load_schema
 from features.stream import ReadOptions
+from serving.ps.config import StoreConfig
 from serving.rpc.auth import new_token_file
 from training import data, ranks
 from training import plan as sharding
 from training.checkpoint import Checkpointer, checkpoint_dir, latest, parse_every
-from training.cluster import Cluster, ShardSpec, open_cluster, start_shards, stop_processes
+from training.cluster import Cluster, open_cluster, start_shards, stop_processes
 from training.config import TrainConfig
 from training.ctx import Profile, TrainCtx, unwrap
 from training.evaluate import EvalResult, History, evaluate, plot_curve
@@ -112,9 +113,9 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> Tra
     model_cfg = ModelConfig(
         kind=cfg.arch,
         num_slots=len(schema.sparse),
-        dim=cfg.dim,
+        dim=cfg.table.dim,
         num_dense=len(schema.dense),
-        bottom_mlp=[*cfg.bottom_mlp[:-1], cfg.dim],  # DLRM: the bottom output is a dim-wide field
+        bottom_mlp=[*cfg.bottom_mlp[:-1], cfg.table.dim],  # DLRM: the bottom output is a dim-wide field
         top_mlp=cfg.top_mlp,
         dropout=cfg.dropout,
         dense_mean=dense_mean,
@@ -140,22 +141,21 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> Tra
             if world > 1:
                 raise ValueError("embeddings=inprocess is a single-process baseline")
             vocab = train_split.batches(cfg.batch_size)  # one extra pass for the vocabulary
-            table = SignTable.from_batches(vocab, schema, cfg.dim, cfg.init_scale, cfg.seed).to(device)
+            table = SignTable.from_batches(vocab, schema, cfg.table.dim, cfg.table.init_scale, cfg.seed).to(
+                device
+            )
+            opt = cfg.table.optimizer
             ctx = InProcessCtx(
-                table,
-                model,
-                dense_opt,
-                sparse_optimizer(cfg.sparse_optimizer, table.parameters(), cfg.lr),
-                schema,
+                table, model, dense_opt, sparse_optimizer(opt.name, table.parameters(), opt.lr), schema
             )
         else:
             plan = sharding.for_training(cfg, schema, read, sum(s.rows for s in scans), world)
             local = plan.local_mask(schema)
-            spec = ShardSpec.of(cfg, schema)
-            cluster = stack.enter_context(_open_cluster(cfg, schema, spec, rank, world))
+            store = cfg.store_config(schema.fingerprint)
+            cluster = stack.enter_context(_open_cluster(cfg, schema, store, rank, world))
             if local.any():
                 cluster.replicated = Replicated(
-                    spec, plan.replicated_rows(cfg.capacity), world, plan.rank_budget_gb
+                    store, plan.replicated_rows(cfg.table.capacity), world, plan.rank_budget_gb
                 )
             profile = Profile() if cfg.profile else None
             ctx = TrainCtx(cluster.worker, model, dense_opt, schema, cfg.prefetches, cluster.replicated,
@@ -320,7 +320,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> Tra
         return result
 
 
-def _open_cluster(cfg: TrainConfig, schema, spec: ShardSpec, rank: int, world: int) -> Cluster:
+def _open_cluster(cfg: TrainConfig, schema, store: StoreConfig, rank: int, world: int) -> Cluster:
     """Rank 0 starts (or connects to) the shards; the other ranks connect to the same addresses."""
     from serving.worker.core import WorkerConfig
 
@@ -329,17 +329,17 @@ def _open_cluster(cfg: TrainConfig, schema, spec: ShardSpec, rank: int, world: i
     worker_cfg = WorkerConfig(staleness=staleness, update_threads=cfg.update_threads)
     if world == 1:
         return open_cluster(
-            schema, spec, cfg.num_shards, worker_cfg, cfg.ps, cfg.inprocess_ps,
+            schema, store, cfg.num_shards, worker_cfg, cfg.ps, cfg.inprocess_ps,
             token_file=cfg.ps_token_file, data_root=cfg.store,
         )  # fmt: skip
     if cfg.inprocess_ps:
         raise ValueError("--inprocess-ps cannot be shared by several ranks; use PS processes")
     if cfg.ps:  # standalone shards: every rank connects to them with the token file on its host
-        return open_cluster(schema, spec, len(cfg.ps), worker_cfg, cfg.ps, token_file=cfg.ps_token_file)
-    return _job_shards(cfg, schema, spec, worker_cfg, rank, world)
+        return open_cluster(schema, store, len(cfg.ps), worker_cfg, cfg.ps, token_file=cfg.ps_token_file)
+    return _job_shards(cfg, schema, store, worker_cfg, rank, world)
 
 
-def _job_shards(cfg: TrainConfig, schema, spec: ShardSpec, worker_cfg, rank: int, world: int) -> Cluster:
+def _job_shards(cfg: TrainConfig, schema, store: StoreConfig, worker_cfg, rank: int, world: int) -> Cluster:
     """The job's own shards under torchrun: shard i runs on node i mod N (N nodes, torchrun's
     GROUP_RANK), started by that node's local rank 0 and bound to the node's address (loopback
     when the job has one node); every rank learns every address through the process group, and
@@ -363,7 +363,7 @@ def _job_shards(cfg: TrainConfig, schema, spec: ShardSpec, worker_cfg, rank: int
         if mine:
             host = cfg.ps_host or (_node_address() if len(nodes) > 1 else "127.0.0.1")
             try:
-                procs, addresses = start_shards(spec, cfg.num_shards, Path(log_dir.name), str(token_path),
+                procs, addresses = start_shards(store, cfg.num_shards, Path(log_dir.name), str(token_path),
                                                 cfg.store, shards=mine, host=host)  # fmt: skip
                 started = (dict(zip(mine, addresses, strict=True)), "")
                 log.info("node %d started PS shards %s at %s", node, mine, ", ".join(addresses))
@@ -374,7 +374,7 @@ def _job_shards(cfg: TrainConfig, schema, spec: ShardSpec, worker_cfg, rank: int
         if errors := [err for _, err in everyone if err]:
             raise RuntimeError("the job's PS shards did not start: " + "; ".join(errors))
         where = {i: a for addresses, _ in everyone for i, a in addresses.items()}
-        cluster = open_cluster(schema, spec, cfg.num_shards, worker_cfg,
+        cluster = open_cluster(schema, store, cfg.num_shards, worker_cfg,
                                [where[i] for i in range(cfg.num_shards)], token_file=str(token_path))  # fmt: skip
     except BaseException:
         stop_processes(procs)

@@ -9,9 +9,9 @@ store: ``mapped`` (``MappedStore`` over ``table``'s ``BucketTable``), kept curre
 
 from model_store.shards import StoreError
 from serving.ps.config import StoreConfig
-from serving.ps.optim import OptimizerConfig
+from serving.ps.optim import OptimizerSpec
 
-__all__ = ["EmbeddingStore", "OptimizerConfig", "StoreConfig", "StoreError"]
+__all__ = ["EmbeddingStore", "OptimizerSpec", "StoreConfig", "StoreError"]
 
 
 def __getattr__(name: str):

@@ -22,6 +22,7 @@ from features.hashing import shard_of
 
 class DeltaWriter:
     def __init__(self, root, model: str, version: str | None = None):
+        from serving.ps.spec import TableSpec
         from serving.ps.store import EmbeddingStore, StoreConfig
 
         self.version = version or ms.current(root, model)
@@ -33,7 +34,9 @@ class DeltaWriter:
         self.stores = []
         for i in range(self.num_shards):
             store = EmbeddingStore(
-                StoreConfig(dim=self.dim, capacity=4_000_000, shard=i, num_shards=self.num_shards)
+                StoreConfig(
+                    table=TableSpec(dim=self.dim, capacity=4_000_000), shard=i, num_shards=self.num_shards
+                )
             )
             store.load(self.vdir / "embeddings")
             store.version = self.version  # deltas name the version they belong to

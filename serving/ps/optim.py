@@ -9,10 +9,12 @@ on rows with a gradient; the bias correction uses the shard's step count); FTRL 
 FTRL-Proximal, per coordinate, as in McMahan et al. 2013 ("Ad Click Prediction"), Algorithm 1.
 
 ``OPTIMIZERS`` is the one list of optimizer names: the PS update, the state slots a shard
-allocates and dumps, the ``--optimizer`` / ``--sparse-optimizer`` choices and the in-process
-trainer's torch counterpart all come from it, and ``get`` refuses a name it does not hold. A new
-optimizer is one ``@register`` function here (plus a field of ``OptimizerConfig`` if it has a
-hyper-parameter of its own).
+allocates and dumps, the ``--optimizer`` choices and the in-process trainer's torch counterpart all
+come from it, and ``get`` refuses a name it does not hold. ``OptimizerSpec`` holds every
+hyper-parameter of every optimizer; it is nested in ``serving.ps.spec.TableSpec``, so each of its
+fields is a flag of ``recserve train`` and ``recserve ps`` and is written into every shard dump's
+meta. A new optimizer is one ``@register`` function here, plus a field of ``OptimizerSpec`` for a
+hyper-parameter of its own: nothing else changes.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-Update = Callable[["OptimizerConfig", np.ndarray, dict[str, np.ndarray], np.ndarray, int], None]
+Update = Callable[["OptimizerSpec", np.ndarray, dict[str, np.ndarray], np.ndarray, int], None]
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class SparseOptimizer:
     """Names of the per-row state matrices (each (rows, dim) float32), in dump order."""
     update: Update
     """``update(cfg, params, state, grads, step)``: see ``apply``."""
-    initial: Callable[[OptimizerConfig, str], float]
+    initial: Callable[[OptimizerSpec, str], float]
     """The value a new row's state slot starts at."""
     torch: str | None
     """The ``torch.optim`` class that is its counterpart on sparse gradients (the in-process
@@ -49,7 +51,7 @@ def register(
     name: str,
     state: tuple[str, ...] = (),
     torch: str | None = None,
-    initial: Callable[[OptimizerConfig, str], float] = lambda cfg, slot: 0.0,
+    initial: Callable[[OptimizerSpec, str], float] = lambda cfg, slot: 0.0,
 ) -> Callable[[Update], Update]:
     """Decorator: register ``update`` as the sparse optimizer ``name``."""
 
@@ -71,8 +73,9 @@ def get(name: str) -> SparseOptimizer:
 
 
 @dataclass
-class OptimizerConfig:
-    """A sparse optimizer and its hyper-parameters (fields an optimizer does not use are ignored)."""
+class OptimizerSpec:
+    """A sparse optimizer and its hyper-parameters (fields an optimizer does not use are ignored).
+    Nested in ``serving.ps.spec.TableSpec``: each field is a flag (``--optimizer``, ``--lr``, ...)."""
 
     name: str = field(default="adagrad", metadata={"flag": "optimizer", "choices": OPTIMIZERS.keys()})
     """Sparse optimizer (the names registered in serving/ps/optim.py)."""
@@ -107,7 +110,7 @@ class OptimizerConfig:
 
 
 def apply(
-    cfg: OptimizerConfig, params: np.ndarray, state: dict[str, np.ndarray], grads: np.ndarray, step: int
+    cfg: OptimizerSpec, params: np.ndarray, state: dict[str, np.ndarray], grads: np.ndarray, step: int
 ) -> None:
     """One update of the gathered rows ``params`` (k, dim) and their ``state`` in place, with the
     already coalesced ``grads`` (k, dim); ``step`` >= 1 is the optimizer step (Adam only)."""
@@ -115,13 +118,13 @@ def apply(
 
 
 @register("sgd", torch="SGD")
-def _sgd(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
+def _sgd(cfg: OptimizerSpec, params, state, grads, step: int) -> None:
     # torch: param.add_(grad, alpha=-lr)
     params += np.float32(-cfg.lr) * grads
 
 
 @register("adagrad", state=("sum",), torch="Adagrad", initial=lambda cfg, slot: cfg.initial_accumulator_value)
-def _adagrad(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
+def _adagrad(cfg: OptimizerSpec, params, state, grads, step: int) -> None:
     # torch: state_sum.addcmul_(grad, grad, value=1); std = state_sum.sqrt().add_(eps);
     #        param.addcdiv_(grad, std, value=-clr)
     f32 = np.float32
@@ -134,7 +137,7 @@ def _adagrad(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
 
 
 @register("adam", state=("exp_avg", "exp_avg_sq"), torch="SparseAdam")
-def _sparse_adam(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
+def _sparse_adam(cfg: OptimizerSpec, params, state, grads, step: int) -> None:
     # torch.optim.SparseAdam, on the rows present in the gradient
     f32 = np.float32
     eps = f32(1e-8 if cfg.eps is None else cfg.eps)
@@ -153,7 +156,7 @@ def _sparse_adam(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
 
 
 @register("ftrl", state=("z", "n"))
-def _ftrl(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
+def _ftrl(cfg: OptimizerSpec, params, state, grads, step: int) -> None:
     # McMahan et al. 2013, Algorithm 1 (per coordinate), with the current row as w_t
     f32 = np.float32
     z, n = state["z"], state["n"]

@@ -5,7 +5,6 @@ the index and the lock); the file format itself is ``model_store.shards``."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +23,8 @@ class ShardPersistence(StoreFields):
 
     def _meta(self, kind: str, base_version: str = "") -> ShardMeta:
         cfg = self.config
-        table = {k: getattr(cfg, k) for k in ("dim", "dtype", "capacity", "eviction", "evict_fraction",
-                 "max_memory_gb", "ttl_s", "min_count", "init_scale")} | {"optimizer": asdict(cfg.optimizer)}  # fmt: skip
         return ShardMeta(
-            kind=kind, shard=cfg.shard, num_shards=cfg.num_shards, table=table,
+            kind=kind, shard=cfg.shard, num_shards=cfg.num_shards, table=cfg.table.to_json(),
             state=list(cfg.optimizer.state_names), schema_hash=cfg.schema_hash, version=self.version,
             delta_seq=self.delta_seq, base_version=base_version, step=self.step, seed=cfg.seed,
             created=time.time(),

@@ -33,10 +33,10 @@ from model_store.shards import StoreError
 from serving.ps import index, optim
 from serving.ps.config import StoreConfig, as_signs, check_holds
 from serving.ps.growth import GIB, StoreMemory, sketch_width
-from serving.ps.optim import OptimizerConfig
+from serving.ps.optim import OptimizerSpec
 from serving.ps.persistence import ShardPersistence
 
-__all__ = ["CapacityError", "EmbeddingStore", "OptimizerConfig", "StoreConfig", "StoreError"]
+__all__ = ["CapacityError", "EmbeddingStore", "OptimizerSpec", "StoreConfig", "StoreError"]
 
 log = logging.getLogger("recserve.ps.store")
 
@@ -333,7 +333,9 @@ def warm_up(cfg: StoreConfig) -> None:
     read-only arrays that protobuf payloads give, so the first real call is not the slow one. A
     serving shard has nothing to warm up: its lookups are numpy."""
     signs = np.frombuffer(np.array([1, 2, 2, 3], dtype="<u8").tobytes(), dtype="<u8")
-    scratch = EmbeddingStore(replace(cfg, capacity=16, min_count=1, shard=0, num_shards=1, max_memory_gb=0.0))
+    scratch = EmbeddingStore(
+        replace(cfg.with_table(capacity=16, min_count=1, max_memory_gb=0.0), shard=0, num_shards=1)
+    )
     grads = np.frombuffer(np.zeros((4, cfg.dim), dtype="<f4").tobytes(), dtype="<f4").reshape(4, cfg.dim)
     scratch.lookup(signs, insert=True)
     scratch.lookup(signs)

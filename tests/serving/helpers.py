@@ -15,6 +15,7 @@ from features.batch import FLAG_CONTEXT
 from features.codec import decode, encode
 from features.schema import dump_schema, schema_from_dict
 from features.transform import transform
+from serving.ps.spec import TableSpec
 from serving.ps.store import EmbeddingStore, StoreConfig
 
 DIM = 4
@@ -92,7 +93,7 @@ def make_version(root: Path, rows_dim: int = DIM, seed: int = 0) -> str:
     from training.export_dense import export_torchscript
     from training.models import ModelConfig, build_model
 
-    trainer = EmbeddingStore(StoreConfig(dim=rows_dim, capacity=10_000, seed=seed))
+    trainer = EmbeddingStore(StoreConfig(table=TableSpec(dim=rows_dim, capacity=10_000), seed=seed))
     trainer.lookup(SIGNS, insert=True)
     version = ms.next_version(root, "m")
     staging = ms.staging_dir(root, "m", version)

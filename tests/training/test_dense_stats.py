@@ -28,7 +28,7 @@ from features.schema import dump_schema, load_schema, schema_from_dict
 from features.stream import ReadOptions
 from features.transform import dense_matrix, transform
 from training import data, offline
-from training.config import TrainConfig
+from training.config import TrainConfig, train_table
 from training.export import DENSE
 from training.export_dense import export_onnx, export_torchscript
 from training.models import ModelConfig, build_model
@@ -51,7 +51,7 @@ def versions(tmp_path_factory) -> tuple[Path, Path]:
         part = tmp / f"train-{i}.tsv"
         part.write_text("".join(rows))
         cfg = TrainConfig(schema=str(SCHEMA), data=str(part), test=str(TEST), store=str(tmp / "store"),
-                          model="criteo", epochs=1, inprocess_ps=True, num_shards=2, capacity=4096,
+                          model="criteo", epochs=1, inprocess_ps=True, num_shards=2, table=train_table(capacity=4096),
                           progress=False, curve=str(tmp / f"curve-{i}.png"))  # fmt: skip
         out.append(Path(train(cfg).version_dir))
     return out[0], out[1]

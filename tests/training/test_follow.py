@@ -82,12 +82,16 @@ def _lookup(stores, signs: np.ndarray) -> np.ndarray:
 def _serving_stores(store: Path, deltas: bool = True):
     """Serving-side shards: the version, plus its deltas through the PS's own Follower."""
     from serving.ps.follow import Follower
+    from serving.ps.spec import TableSpec
     from serving.ps.store import EmbeddingStore, StoreConfig
 
     version = ms.current(store, NAME)
     manifest = ms.read_manifest(ms.version_dir(store, NAME, version))
     n, dim = manifest.num_shards, manifest.dim
-    stores = [EmbeddingStore(StoreConfig(dim=dim, capacity=100_000, shard=i, num_shards=n)) for i in range(n)]
+    stores = [
+        EmbeddingStore(StoreConfig(table=TableSpec(dim=dim, capacity=100_000), shard=i, num_shards=n))
+        for i in range(n)
+    ]
     for s in stores:
         if deltas:
             Follower(s, ms.model_dir(store, NAME)).poll()

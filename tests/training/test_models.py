@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from training.config import ARCHS
 from training.export_dense import (
     ExportVerificationError,
     build_tensorrt_engine,
@@ -14,7 +15,7 @@ from training.export_dense import (
     load_dense,
     verify_onnx,
 )
-from training.models import DLRM, MODEL_KINDS, ModelConfig, build_model
+from training.models import DLRM, ModelConfig, build_model
 
 S, D, F = 5, 8, 3
 
@@ -39,7 +40,7 @@ def inputs(batch: int, num_dense: int = F, seed: int = 1) -> tuple[torch.Tensor,
 
 
 @pytest.mark.parametrize("num_dense", [F, 0])
-@pytest.mark.parametrize("kind", MODEL_KINDS)
+@pytest.mark.parametrize("kind", ARCHS)
 def test_shapes_and_grad_to_pooled(kind: str, num_dense: int) -> None:
     model = make(kind, num_dense).train()
     for batch in (1, 7):
@@ -53,7 +54,7 @@ def test_shapes_and_grad_to_pooled(kind: str, num_dense: int) -> None:
         assert pooled.grad.abs().sum() > 0  # the worker back-propagates this into the embeddings
 
 
-@pytest.mark.parametrize("kind", MODEL_KINDS)
+@pytest.mark.parametrize("kind", ARCHS)
 def test_deterministic_init(kind: str) -> None:
     a, b, c = make(kind, seed=3), make(kind, seed=3), make(kind, seed=4)
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
@@ -63,7 +64,7 @@ def test_deterministic_init(kind: str) -> None:
 
 @pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("num_dense", [F, 0])
-@pytest.mark.parametrize("kind", MODEL_KINDS)
+@pytest.mark.parametrize("kind", ARCHS)
 def test_torchscript_round_trip_exact(kind: str, num_dense: int, tmp_path) -> None:
     model = make(kind, num_dense, dropout=0.2).train()  # export must switch dropout off
     path = export_torchscript(model, tmp_path / "dense.pt")
@@ -81,7 +82,7 @@ def test_torchscript_round_trip_exact(kind: str, num_dense: int, tmp_path) -> No
 
 
 @pytest.mark.parametrize("num_dense", [F, 0])
-@pytest.mark.parametrize("kind", MODEL_KINDS)
+@pytest.mark.parametrize("kind", ARCHS)
 def test_onnx_matches_torch_on_other_batch_size(kind: str, num_dense: int, tmp_path) -> None:
     model = make(kind, num_dense, dropout=0.2)
     path = export_onnx(model, tmp_path / "dense.onnx", *inputs(4, num_dense))
@@ -201,7 +202,7 @@ def _with_stats(kind: str, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Mod
 
 
 @pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated:DeprecationWarning")
-@pytest.mark.parametrize("kind", MODEL_KINDS)
+@pytest.mark.parametrize("kind", ARCHS)
 def test_fitted_stats_standardise_dense_once_and_travel_in_the_exports(kind: str, tmp_path) -> None:
     model, plain, cfg = _with_stats(kind)
     pooled, dense = inputs(9)

@@ -22,7 +22,7 @@ from features import stream
 from features.schema import load_schema
 from model_store.shards import read_meta
 from training import data
-from training.config import TrainConfig
+from training.config import TrainConfig, train_table
 from training.ctx import TrainCtx
 from training.inprocess import InProcessCtx, SignTable, sparse_optimizer
 from training.models import ModelConfig, build_model
@@ -50,7 +50,8 @@ def _config(tmp_path: Path, **kw) -> TrainConfig:
 # ---- one hybrid step == the same step in torch ----------------------------------------------------
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_hybrid_step_matches_in_process_torch_step(optimizer):
-    from serving.ps.store import EmbeddingStore, OptimizerConfig, StoreConfig
+    from serving.ps.spec import TableSpec
+    from serving.ps.store import EmbeddingStore, OptimizerSpec, StoreConfig
     from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
 
     schema = load_schema(SCHEMA)
@@ -59,7 +60,9 @@ def test_hybrid_step_matches_in_process_torch_step(optimizer):
     stores = [
         EmbeddingStore(
             StoreConfig(
-                dim=8, capacity=10_000, optimizer=OptimizerConfig(optimizer, lr=lr), shard=i, num_shards=2
+                table=TableSpec(dim=8, capacity=10_000, optimizer=OptimizerSpec(optimizer, lr=lr)),
+                shard=i,
+                num_shards=2,
             )
         )
         for i in range(2)
@@ -132,7 +135,7 @@ def trained(tmp_path_factory):
     """Default hyper-parameters, in-process PS stores, exported + published (~5 s). The shards
     start at 1,024 rows: they must grow, without losing an ID, to hold the split's."""
     tmp = tmp_path_factory.mktemp("train")
-    cfg = _config(tmp, inprocess_ps=True, publish=True, delta_rows=5000, capacity=1024)
+    cfg = _config(tmp, inprocess_ps=True, publish=True, delta_rows=5000, table=train_table(capacity=1024))
     return cfg, train(cfg)
 
 

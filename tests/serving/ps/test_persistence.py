@@ -8,7 +8,8 @@ import pytest
 
 from features.hashing import shard_of
 from model_store import CapacityError, shards
-from serving.ps import EmbeddingStore, OptimizerConfig, StoreConfig, StoreError
+from serving.ps import EmbeddingStore, OptimizerSpec, StoreError
+from tests.serving.ps.helpers import store_config
 
 
 class FakeClock:
@@ -22,9 +23,9 @@ class FakeClock:
 def make(**kw) -> EmbeddingStore:
     kw.setdefault("dim", 4)
     kw.setdefault("capacity", 500)
-    kw.setdefault("optimizer", OptimizerConfig("adam", lr=0.01))
+    kw.setdefault("optimizer", OptimizerSpec("adam", lr=0.01))
     clock = kw.pop("clock", None) or FakeClock()
-    return EmbeddingStore(StoreConfig(**kw), clock=clock)
+    return EmbeddingStore(store_config(**kw), clock=clock)
 
 
 def train(store: EmbeddingStore, rng, steps: int, pool: int = 300, batch: int = 64) -> None:
@@ -255,7 +256,7 @@ def test_failed_write_leaves_nothing_and_keeps_the_delta_pending(tmp_path, monke
 
 
 def test_optimizer_change_resets_state(dumped):
-    s = make(optimizer=OptimizerConfig("adagrad", initial_accumulator_value=0.1))
+    s = make(optimizer=OptimizerSpec("adagrad", initial_accumulator_value=0.1))
     n = s.load(dumped)
     assert n > 0 and (s.snapshot().state["sum"] == np.float32(0.1)).all()
 
