@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import model_store
+from serving.ps.spec import DTYPES
 
 
 @dataclass
@@ -38,7 +39,7 @@ class StackConfig:
     lookups over its SERVING replicas and retries another when one fails."""
     supervise: bool = True
     """Start the supervisor: a process of the stack that dies is restarted (with backoff)."""
-    dtype: str = field(default="float32", metadata={"choices": ["float32", "float16"]})
+    dtype: str = field(default="float32", metadata={"choices": list(DTYPES)})
     """Row storage of the PS shards: float32 maps the version's rows as they are; float16 halves
     row memory (an fp32 version's rows converted into memory at load)."""
     runtime: str = field(default="auto", metadata={"choices": ["auto", "torchscript", "onnx"]})
