@@ -235,7 +235,9 @@ def test_cli_config_yaml_and_flags(tmp_path):
     from serving.ps.config import ServerConfig
 
     cfg_file = tmp_path / "ps.yaml"
-    cfg_file.write_text("port: 6000\nstore:\n  table: {dim: 8, capacity: 500, optimizer: {name: ftrl, l1: 0.5}}\n")
+    cfg_file.write_text(
+        "port: 6000\nstore:\n  table: {dim: 8, capacity: 500, optimizer: {name: ftrl, l1: 0.5}}\n"
+    )
     args = build_parser("ps").parse_args(
         [
             "ps",
