@@ -144,9 +144,8 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> Tra
             table = SignTable.from_batches(vocab, schema, cfg.table.dim, cfg.table.init_scale, cfg.seed).to(
                 device
             )
-            opt = cfg.table.optimizer
             ctx = InProcessCtx(
-                table, model, dense_opt, sparse_optimizer(opt.name, table.parameters(), opt.lr), schema
+                table, model, dense_opt, sparse_optimizer(cfg.table.optimizer, table.parameters()), schema
             )
         else:
             plan = sharding.for_training(cfg, schema, read, sum(s.rows for s in scans), world)

@@ -9,8 +9,8 @@ on rows with a gradient; the bias correction uses the shard's step count); FTRL 
 FTRL-Proximal, per coordinate, as in McMahan et al. 2013 ("Ad Click Prediction"), Algorithm 1.
 
 ``OPTIMIZERS`` is the one list of optimizer names: the PS update, the state slots a shard
-allocates and dumps, the ``--optimizer`` choices and the in-process trainer's torch counterpart all
-come from it, and ``get`` refuses a name it does not hold. ``OptimizerSpec`` holds every
+allocates and dumps, the ``--optimizer`` choices and the in-process trainer's torch counterpart
+(with its hyper-parameters, ``torch_args``) all come from it, and ``get`` refuses a name it does not hold. ``OptimizerSpec`` holds every
 hyper-parameter of every optimizer; it is nested in ``serving.ps.spec.TableSpec``, so each of its
 fields is a flag of ``recserve train`` and ``recserve ps`` and is written into every shard dump's
 meta. A new optimizer is one ``@register`` function here, plus a field of ``OptimizerSpec`` for a
@@ -42,6 +42,8 @@ class SparseOptimizer:
     torch: str | None
     """The ``torch.optim`` class that is its counterpart on sparse gradients (the in-process
     baseline trains with it), or None when torch has none."""
+    torch_args: Callable[[OptimizerSpec], dict[str, object]]
+    """The counterpart's keyword arguments for a spec (its hyper-parameters as torch names them)."""
 
 
 OPTIMIZERS: dict[str, SparseOptimizer] = {}
@@ -52,13 +54,14 @@ def register(
     state: tuple[str, ...] = (),
     torch: str | None = None,
     initial: Callable[[OptimizerSpec, str], float] = lambda cfg, slot: 0.0,
+    torch_args: Callable[[OptimizerSpec], dict[str, object]] = lambda cfg: {"lr": cfg.lr},
 ) -> Callable[[Update], Update]:
     """Decorator: register ``update`` as the sparse optimizer ``name``."""
 
     def add(update: Update) -> Update:
         if name in OPTIMIZERS:
             raise ValueError(f"optimizer {name!r} registered twice")
-        OPTIMIZERS[name] = SparseOptimizer(name, tuple(state), update, initial, torch)
+        OPTIMIZERS[name] = SparseOptimizer(name, tuple(state), update, initial, torch, torch_args)
         return update
 
     return add
@@ -123,7 +126,18 @@ def _sgd(cfg: OptimizerSpec, params, state, grads, step: int) -> None:
     params += np.float32(-cfg.lr) * grads
 
 
-@register("adagrad", state=("sum",), torch="Adagrad", initial=lambda cfg, slot: cfg.initial_accumulator_value)
+def _adagrad_args(cfg: OptimizerSpec) -> dict[str, object]:
+    eps = {} if cfg.eps is None else {"eps": cfg.eps}
+    return {"lr": cfg.lr, "initial_accumulator_value": cfg.initial_accumulator_value, **eps}
+
+
+def _adam_args(cfg: OptimizerSpec) -> dict[str, object]:
+    eps = {} if cfg.eps is None else {"eps": cfg.eps}
+    return {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), **eps}
+
+
+@register("adagrad", state=("sum",), torch="Adagrad", initial=lambda cfg, slot: cfg.initial_accumulator_value,
+          torch_args=_adagrad_args)  # fmt: skip
 def _adagrad(cfg: OptimizerSpec, params, state, grads, step: int) -> None:
     # torch: state_sum.addcmul_(grad, grad, value=1); std = state_sum.sqrt().add_(eps);
     #        param.addcdiv_(grad, std, value=-clr)
@@ -136,7 +150,7 @@ def _adagrad(cfg: OptimizerSpec, params, state, grads, step: int) -> None:
     params += f32(-cfg.lr) * grads / std
 
 
-@register("adam", state=("exp_avg", "exp_avg_sq"), torch="SparseAdam")
+@register("adam", state=("exp_avg", "exp_avg_sq"), torch="SparseAdam", torch_args=_adam_args)
 def _sparse_adam(cfg: OptimizerSpec, params, state, grads, step: int) -> None:
     # torch.optim.SparseAdam, on the rows present in the gradient
     f32 = np.float32

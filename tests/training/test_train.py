@@ -91,7 +91,7 @@ def test_hybrid_step_matches_in_process_torch_step(optimizer):
         table,
         model_ref,
         torch.optim.Adam(model_ref.parameters(), lr=1e-3),
-        sparse_optimizer(optimizer, table.parameters(), lr),
+        sparse_optimizer(OptimizerSpec(optimizer, lr=lr), table.parameters()),
         schema,
     )
     labels = torch.from_numpy(batch.labels)

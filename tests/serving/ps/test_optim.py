@@ -4,6 +4,8 @@ name it does not hold, at configuration time, naming the ones it knows."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -23,7 +25,7 @@ def test_an_unknown_optimizer_is_refused_naming_the_known_ones():
         lambda: OptimizerSpec(name="lamb"),
         lambda: StoreConfig.from_dict({"table": {"dim": 4, "optimizer": {"name": "lamb"}}}),
         lambda: TrainConfig(table=TableSpec(optimizer={"name": "lamb"})),
-        lambda: sparse_optimizer("lamb", [torch.zeros(2, requires_grad=True)], 0.1),
+        lambda: sparse_optimizer(SimpleNamespace(name="lamb"), [torch.zeros(2, requires_grad=True)]),
     ):
         with pytest.raises(ValueError, match=f"unknown optimizer 'lamb'; {KNOWN}$"):
             make()
@@ -99,8 +101,12 @@ def test_the_in_process_baseline_uses_the_torch_counterpart_or_refuses_at_config
     TrainConfig(embeddings="inprocess", table=train_table(optimizer=OptimizerSpec(name)))
     bag = torch.nn.EmbeddingBag(10, 4, mode="sum", sparse=True)
     before = bag.weight.detach().clone()
-    opt = sparse_optimizer(name, bag.parameters(), 0.1)
+    hyper = OptimizerSpec(name, lr=0.1, eps=1e-3, beta1=0.8, beta2=0.9, initial_accumulator_value=0.5)
+    opt = sparse_optimizer(hyper, bag.parameters())
     assert type(opt) is getattr(torch.optim, spec.torch)
+    given = {"lr": 0.1, "eps": 1e-3, "betas": (0.8, 0.9), "initial_accumulator_value": 0.5}
+    taken = {k: v for k, v in opt.defaults.items() if k in given}  # every hyper-parameter torch has
+    assert taken == {k: given[k] for k in taken} and "lr" in taken and (name == "sgd" or len(taken) > 1)
     bag(torch.tensor([1, 2]), torch.tensor([0, 1])).sum().backward()
     opt.step()
     changed = (bag.weight.detach() != before).any(dim=1)
