@@ -68,7 +68,7 @@ class TrainConfig:
     """Passes over the training data (the 8k Criteo split overfits from the third on)."""
     batch_size: int = 128
     """Rows per step on each rank."""
-    table: TableSpec = field(default_factory=lambda: train_table())
+    table: TableSpec = field(default_factory=train_table)
     """The embedding tables' spec (--dim, --capacity, --eviction, ..., --optimizer and every
     hyper-parameter of it: --lr, --l1, --beta1, ...), the same for every shard we start and
     written into every dump. Its learning rate here is 0.005: Adagrad 0.05 overfits 8k rows in one

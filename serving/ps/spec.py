@@ -50,7 +50,8 @@ class TableSpec:
     """Memory limit of each shard's arrays in GiB (0 = no limit): growth past it is refused with an
     error naming the rows and the limit (RESOURCE_EXHAUSTED over gRPC); rows are never dropped."""
     ttl_s: float = 0.0
-    """Rows untouched for this long are removed, and counted as expired (0 = never)."""
+    """Rows untouched for this long are removed, and counted as expired (0 = never); a PS process
+    checks every expire_every_s, training's in-process shards at each epoch end."""
     min_count: int = 1
     """Admission: a sign gets a row only once it has been seen this many times (count-min sketch);
     until then lookups answer the default (zero) row."""
