@@ -49,9 +49,12 @@ def pct(times_s: list[float], q: float) -> float:
 
 # ---- server side ------------------------------------------------------------------------------
 def build_store(rows: int, seed: int):
-    from serving.ps import EmbeddingStore, OptimizerConfig, StoreConfig
+    from serving.ps import EmbeddingStore, OptimizerSpec, StoreConfig
+    from serving.ps.spec import TableSpec
 
-    store = EmbeddingStore(StoreConfig(dim=DIM, capacity=rows, optimizer=OptimizerConfig("adagrad", lr=0.01)))
+    store = EmbeddingStore(
+        StoreConfig(table=TableSpec(dim=DIM, capacity=rows, optimizer=OptimizerSpec("adagrad", lr=0.01)))
+    )
     rng = np.random.default_rng(seed)
     signs = unique_signs(rng.integers(1, 2**63, int(rows * 1.01), dtype=np.uint64))[:rows]
     rng.shuffle(signs)

@@ -71,7 +71,7 @@ def train_versions(root: Path) -> list[str]:
                                    curve=str(root.parent / f"curve-{seed}.png")))  # fmt: skip
         if result.version_dir is None:
             raise RuntimeError(f"training on {data} exported no version")
-        fingerprints.append(ms.read_manifest(Path(result.version_dir), verify=False)["schema_fingerprint"])
+        fingerprints.append(ms.read_manifest(Path(result.version_dir), verify=False).schema_fingerprint)
     return fingerprints
 
 

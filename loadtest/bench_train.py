@@ -41,7 +41,6 @@ import numpy as np
 
 from features.schema import load_schema
 from features.stream import ReadOptions
-from training.cluster import ShardSpec
 from training.config import TrainConfig
 from training.train import train
 
@@ -106,10 +105,10 @@ def criteo_section(args: argparse.Namespace) -> dict:
     results["conditions"] = {
         "data": "Criteo split: 8000 train / 2000 test rows (data/criteo/wide_resdnn_*)",
         "arch": "dlrm",
-        "dim": cfg.dim,
+        "dim": cfg.table.dim,
         "epochs": args.epochs or cfg.epochs,
         "batch_size": cfg.batch_size,
-        "sparse": f"{cfg.sparse_optimizer} lr {cfg.lr}",
+        "sparse": f"{cfg.table.optimizer.name} lr {cfg.table.optimizer.lr}",
         "dense": f"adam lr {cfg.dense_lr}",
         "seeds": seeds,
         "shards": f"{args.num_shards} x {'recserve ps process (gRPC)' if args.shards == 'process' else 'in-process store'}",
@@ -184,7 +183,7 @@ def synth_section(args: argparse.Namespace) -> dict:
                 planner.sample(train_file, schema, ReadOptions(numeric_dense=True), 128, 100_000),
                 schema, args.synth_rows,
             ),
-            ShardSpec.of(TrainConfig(), schema).store_config(0, 1), Costs(), 0.0,
+            TrainConfig().store_config(schema.fingerprint), Costs(), 0.0,
         ).tables.values()
     )  # fmt: skip
     half_gb = total / 2 / (1 << 30)

@@ -127,7 +127,7 @@ def test_two_nodes_train_on_torchrun_against_ps_on_two_hosts_and_a_fifth_serves_
     _alive(shards)
     assert ms.current(store, "criteo") == "1"
     manifest = ms.read_manifest(ms.version_dir(store, "criteo", "1"))
-    assert manifest["train"]["world_size"] == 2, manifest["train"]
+    assert manifest.train is not None and manifest.train.world_size == 2, manifest.train
     assert (store / "criteo" / "checkpoints" / "step-20" / "ps" / "shard-1-of-2" / ms.SUCCESS).is_file()
     frontend = [(hosts[serve[1]].popen(recserve_argv(serve[0]), tmp_path / "serve.log", env=env, binds=binds,
                                        cwd=ROOT), tmp_path / "serve.log")]  # fmt: skip
@@ -163,7 +163,8 @@ def test_a_job_without_ps_starts_its_shards_on_every_node_bound_to_the_node(netw
             started.group(0)
         )
     manifest = ms.read_manifest(ms.version_dir(store, "job-shards", "1"))
-    assert manifest["train"]["world_size"] == 2 and manifest["train"]["config"]["num_shards"] == 4
+    assert manifest.train is not None and manifest.train.world_size == 2
+    assert manifest.train.config["num_shards"] == 4
     assert {p.name for p in (ms.version_dir(store, "job-shards", "1") / "embeddings").iterdir()} >= {
         f"shard-{i}-of-4" for i in range(4)
     }

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import model_store
 from model_store.dense import AUTO, CHOICES
+from serving.ps.spec import DTYPES
 
 
 @dataclass
@@ -39,7 +40,7 @@ class StackConfig:
     lookups over its SERVING replicas and retries another when one fails."""
     supervise: bool = True
     """Start the supervisor: a process of the stack that dies is restarted (with backoff)."""
-    dtype: str = field(default="float32", metadata={"choices": ["float32", "float16"]})
+    dtype: str = field(default="float32", metadata={"choices": list(DTYPES)})
     """Row storage of the PS shards: float32 maps the version's rows as they are; float16 halves
     row memory (an fp32 version's rows converted into memory at load)."""
     runtime: str = field(default=AUTO, metadata={"choices": CHOICES})

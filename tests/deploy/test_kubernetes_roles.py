@@ -201,7 +201,7 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
     jobs = {pod["name"]: start(pod, host) for pod, host in placed if pod["job"]}
     exit_ok([(f"pod {name}", proc, log) for name, (_, proc, log) in jobs.items()])
     assert ms.current(store, "criteo") == "1", "the training Job published no version"
-    assert ms.read_manifest(ms.version_dir(store, "criteo", "1"))["train"]["world_size"] == 2
+    assert ms.read_manifest(ms.version_dir(store, "criteo", "1")).train.world_size == 2  # type: ignore[union-attr]
     started = {pod["name"]: start(pod, host) for pod, host in placed if not pod["job"]}
 
     containers = {pod["name"]: pod["spec"]["containers"][0] for pod in all_pods}

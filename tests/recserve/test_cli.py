@@ -116,6 +116,39 @@ def test_defaults_then_yaml_then_flags(tmp_path):
         p.parse_args(["--optimizer", "ftrl"])
 
 
+@dataclasses.dataclass
+class Tuned:
+    inner: Inner = dataclasses.field(default_factory=lambda: Inner(lr=0.005, name="adam"))
+    """Nested, with defaults of its own."""
+
+
+@dataclasses.dataclass
+class Other:
+    lr: float | None = None
+    """Learning rate (None: keep)."""
+    steps: int = 1
+    """Steps."""
+
+
+def test_a_nested_config_keeps_its_parents_defaults_for_what_is_not_given(tmp_path):
+    p = argparse.ArgumentParser()
+    config.add_arguments(p, Tuned)
+    assert config.from_args(Tuned, p.parse_args(["--optimizer", "sgd"])).inner == Inner(lr=0.005, name="sgd")
+    assert config.from_args(Tuned, p.parse_args([])).inner == Inner(lr=0.005, name="adam")
+    (tmp_path / "c.yaml").write_text("inner: {lr: 0.5}\n")
+    assert config.load_yaml(Tuned, tmp_path / "c.yaml").inner == Inner(lr=0.5, name="adam")
+    assert "(default: 0.005)" in p.format_help() and "(default: adam)" in p.format_help()
+
+
+def test_two_configs_of_one_parser_share_a_flag_they_both_have():
+    p = argparse.ArgumentParser()
+    config.add_arguments(p, Outer)
+    config.add_arguments(p, Other, yaml_flag=False, skip=config.dests(Outer))
+    args = p.parse_args(["--lr", "0.3", "--steps", "4"])
+    assert config.from_args(Outer, args).inner.lr == 0.3 and config.from_args(Other, args) == Other(0.3, 4)
+    assert config.given(Other, args) == ["--lr", "--steps"] and config.given(Outer, args) == ["--lr"]
+
+
 def test_unknown_yaml_key_is_an_error_naming_it(tmp_path):
     (tmp_path / "c.yaml").write_text("prot: 5\n")
     p = argparse.ArgumentParser()

@@ -92,6 +92,11 @@ def test_resuming_with_other_ranks_or_other_data_is_refused(tmp_path):
         found.check(2, {"seed": 0, "batch_size": 128})
     with pytest.raises(ValueError, match="batch_size: 128 -> 256"):
         found.check(1, {"seed": 0, "batch_size": 256})
+    _save(_checkpointer(tmp_path / "t", steps=1), 1, {"table": {"dim": 16, "optimizer": {"lr": 0.1}}})
+    found = latest(tmp_path / "t")
+    found.check(1, {"table": {"dim": 16, "optimizer": {"lr": 0.2}}})  # the table's dim must match, not its lr
+    with pytest.raises(ValueError, match="table.dim: 16 -> 8"):
+        found.check(1, {"table": {"dim": 8, "optimizer": {"lr": 0.1}}})
 
 
 def test_the_in_process_baseline_has_no_checkpoints():

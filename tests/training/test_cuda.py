@@ -18,7 +18,8 @@ import model_store
 from features import stream
 from features.hashing import shard_of
 from features.schema import load_schema
-from serving.ps.store import EmbeddingStore, OptimizerConfig, StoreConfig
+from serving.ps.spec import TableSpec
+from serving.ps.store import EmbeddingStore, OptimizerSpec, StoreConfig
 from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
 from training import data
 from training.config import TrainConfig
@@ -46,9 +47,11 @@ def _step(device: str, batches: list) -> tuple[list[EmbeddingStore], dict]:
     step is linear in the gradient: summation order stays at float32's rounding): the shards'
     stores and the dense weights (on the CPU) they end with."""
     schema = load_schema(SCHEMA)
-    opt = OptimizerConfig("sgd", lr=0.05)
+    opt = OptimizerSpec("sgd", lr=0.05)
     stores = [
-        EmbeddingStore(StoreConfig(dim=DIM, capacity=10_000, optimizer=opt, shard=i, num_shards=2))
+        EmbeddingStore(
+            StoreConfig(table=TableSpec(dim=DIM, capacity=10_000, optimizer=opt), shard=i, num_shards=2)
+        )
         for i in range(2)
     ]
     worker = EmbeddingWorker([LocalShard(s) for s in stores], schema, WorkerConfig(staleness=0))

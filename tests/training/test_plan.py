@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 from features.schema import load_schema
-from serving.ps.store import OptimizerConfig, StoreConfig
+from serving.ps.spec import TableSpec
+from serving.ps.store import OptimizerSpec, StoreConfig
 from training import plan as sharding
 from training.costs import Costs
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "data/schemas/criteo.yaml"
 TRAIN = ROOT / "data/criteo/wide_resdnn_criteo_train.tsv"
-STORE = StoreConfig(dim=16, optimizer=OptimizerConfig("adagrad"))
+STORE = StoreConfig(table=TableSpec(dim=16, optimizer=OptimizerSpec("adagrad")))
 MIB = 1 << 20
 
 
@@ -116,7 +117,7 @@ def test_the_readme_plan_lines_run_as_printed_and_the_plan_printed_is_the_plan_t
     printed = [x for x in planned.stdout.splitlines() if not x.startswith("wrote ")]
     assert shown.splitlines() == printed  # the README shows what the line prints today
     version = json.loads(trained.stdout.strip().splitlines()[-1])["version_dir"]
-    recorded = model_store.read_manifest(version)["train"]["plan"]["tables"]
+    recorded = model_store.read_manifest(version).train.plan["tables"]  # type: ignore[union-attr,index]
     assert {n: t["strategy"] for n, t in recorded.items()} == {n: t.strategy for n, t in plan.tables.items()}
 
 
