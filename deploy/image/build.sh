@@ -15,6 +15,7 @@ for tool in buildah debootstrap; do
   command -v "$tool" >/dev/null || { echo "make image needs $tool: apt-get install buildah debootstrap" >&2; exit 2; }
 done
 [ "$(id -u)" = 0 ] || { echo "make image needs root (debootstrap, buildah's vfs storage)" >&2; exit 2; }
+mkdir -p build  # the logs and the wheels land here (gitignored: absent on a fresh clone)
 
 if [ "${1:-}" = --rebuild-base ] || ! "${B[@]}" inspect --type image "$BASE" >/dev/null 2>&1; then
   echo "== base: debootstrap bookworm (python3, Java 17) from $MIRROR"
