@@ -87,8 +87,8 @@ def test_the_training_job_matches_its_nodes_and_the_serving_shards():
     assert "--resume" in args and "--checkpoint-every" in args and "--max-restarts" in args
 
 
-def test_the_readmes_certificate_names_every_address_a_client_dials_and_pods_get_their_files():
-    """The README's `recserve certs` line names every PS pod of the base topology, every worker
+def test_the_documented_certificate_names_every_address_a_client_dials_and_pods_get_their_files():
+    """docs/kubernetes.md's `recserve certs` line names every PS pod of the base topology, every worker
     address a frontend dials and the Service of every HTTPS frontend; each file a container's --tls-*/--ps-tls-* flag names is one its
     init container copies from the Secret, and one the overlay's Secret holds."""
     import re
@@ -97,10 +97,9 @@ def test_the_readmes_certificate_names_every_address_a_client_dials_and_pods_get
     import yaml
 
     from serving.worker.replicas import parse_ps_spec
-    from tests.helpers import ROOT
+    from tests.helpers import doc_blocks
 
-    readme = (ROOT / "README.md").read_text()
-    (line,) = re.findall(r"^recserve certs deploy/kubernetes/.*$", readme, re.M)
+    (line, _key_file) = doc_blocks("docs/kubernetes.md", "The Secret's files")[0]
     argv = shlex.split(line)
     names = set(argv[argv.index("--hosts") + 1].split(","))
     objs = documents(KUBE / "base")
