@@ -99,3 +99,23 @@ def test_the_readme_is_a_front_door():
     assert len(lines) <= 250, len(lines)
     linked = set(re.findall(r"\]\((docs/[a-z]+\.md)", "\n".join(lines)))
     assert linked == set(doc_files()) - {"README.md"}, linked  # every guide linked from the README
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_documents_resolves():
+    broken = []
+    for doc in doc_files():
+        text = (ROOT / doc).read_text()
+        for target, fragment in re.findall(r"\]\(([^)#:\s]*)(?:#([^)\s]+))?\)", text):
+            path = (ROOT / doc).parent / target if target else ROOT / doc
+            if not path.exists():
+                broken.append(f"{doc}: {target}")
+            elif fragment and path.suffix == ".md":
+                headings = re.findall(r"^#+ (.*)$", path.read_text(), re.M)
+                if fragment not in {anchor(h) for h in headings}:
+                    broken.append(f"{doc}: {target}#{fragment}")
+    assert not broken, broken
