@@ -87,8 +87,8 @@ bench-multihost: $(STAMP) $(GEN)
 # The OCI image (root; buildah and debootstrap, installed here when missing; minutes, so not part
 # of `make test`): a Debian base from its packages, recserve from wheels, uid 10001.
 image: $(STAMP) $(GEN)
-	command -v buildah >/dev/null && command -v debootstrap >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap)
+	command -v buildah >/dev/null && command -v debootstrap >/dev/null && command -v strip >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap binutils)
 	bash deploy/image/build.sh
 
 test-image: image

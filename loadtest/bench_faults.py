@@ -198,7 +198,7 @@ def run(args) -> dict:
         print("training a model ...", flush=True)
         train(root)
         cfg = StackConfig(store=str(root), model="criteo", replicas=2, http_port=0, management_port=0,
-                          metrics_port=0, disable_token_auth=True, poll_s=args.poll_s)  # fmt: skip
+                          metrics_port=0, disable_token_auth=True, poll_s=args.poll_s, lookups="remote")  # fmt: skip
         print("starting the stack: 2 PS shards x 2 replicas (token auth off for this local benchmark) ...")
         with LocalStack(cfg) as stack:
             timeline = work / "timeline.txt"

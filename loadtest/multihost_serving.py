@@ -1,4 +1,4 @@
-"""Serving across hosts under load, with a host lost: the roles of README "Running on several
+"""Serving across hosts under load, with a host lost: the roles of docs/hosts.md "Running on several
 hosts" spread over network namespaces (``loadtest/netns.py``), each PS shard replicated on two
 hosts and the frontend given two workers on two others::
 

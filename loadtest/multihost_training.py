@@ -1,4 +1,4 @@
-"""Training across nodes with a node's rank killed: the lines of README "Training on several
+"""Training across nodes with a node's rank killed: the lines of docs/hosts.md "Training on several
 nodes" in network namespaces (``loadtest/netns.py``): standalone PS shards on hosts A and B (the
 admin token in the store every host mounts), ``torchrun --nnodes N --rdzv-backend c10d
 --max-restarts 3 ... recserve train --checkpoint-every K --resume`` on hosts C and D.

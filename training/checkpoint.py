@@ -13,7 +13,7 @@ It is written into ``.step-<N>.tmp`` and renamed when every rank and shard has w
 (``model_store.seal``), so a reader sees a whole checkpoint or none; the newest ``keep`` are kept.
 Taking one is collective: every rank flushes its sparse updates, rank 0 dumps the shards (their
 dumps must lie under the shards' data root: the store root for the shards a job starts, and the
-store the README mounts on every host for standalone ones).
+store docs/hosts.md mounts on every host for standalone ones).
 
 A restart replays: the shards and the dense network go back to the checkpoint, and every rank
 reads its part of the data again from the checkpoint's position (the same shuffle: the order is

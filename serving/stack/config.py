@@ -60,8 +60,10 @@ class StackConfig:
     worker_in_handler: bool = False
     """Run the embedding worker as a library inside the handler over the PS shards (one process
     hop and one 330 KB pooled reply fewer per request); the worker process still serves others."""
-    lookups: str = field(default="remote", metadata={"choices": ["remote", "colocated", "auto"]})
-    """Where the handler reads rows: remote (worker/PS), colocated or auto (ScoringConfig.lookups)."""
+    lookups: str = field(default="auto", metadata={"choices": ["auto", "colocated", "remote"]})
+    """Where the handler reads rows (ScoringConfig.lookups): auto maps every shard whose files are on
+    this host, as they are where `up` runs, and reads any other from the stack's PS shards;
+    colocated insists on mapping all; remote reads all through the worker process."""
     startup_timeout_s: float = 180.0
     """How long `up` waits for every part to be healthy (every PS shard serving the version)."""
     poll_s: float = 1.0

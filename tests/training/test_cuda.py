@@ -127,7 +127,7 @@ def test_the_in_process_baseline_trains_its_table_on_the_gpu(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="a host with a GPU per rank takes them")
 def test_two_ranks_on_one_gpu_are_refused_with_the_ways_out(tmp_path):
-    """The README's two-rank torchrun line where the host has one GPU: each rank exits 2 before
+    """docs/training.md's two-rank torchrun line where the host has one GPU: each rank exits 2 before
     joining (NCCL would fail at the first collective with 'Duplicate GPU detected')."""
     cmd = ["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "recserve", "train"]
     cmd += ["--store", str(tmp_path / "store"), "--no-progress"]
