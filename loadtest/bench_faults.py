@@ -138,8 +138,8 @@ def faults(run_dir: Path, state: StackState, args, events: list[dict]) -> None:
         with grpc.insecure_channel(state.worker) as ch:
             return check(ch) == "SERVING"
 
-    def controller_back(s) -> bool:
-        return running(s["pids"]["controller"], s["started_at"]["controller"])
+    def controller_back(s: StackState) -> bool:
+        return running(s.pids["controller"], s.started_at["controller"])
 
     time.sleep(args.steady_s)
     for name, back in ((KILLED_PS, ps_back), ("worker", worker_back), ("controller", controller_back)):
