@@ -1,31 +1,267 @@
-"""Shared bits of the benchmark programs: timing, tables, JSON results."""
+"""What every benchmark program shares: its flags, the one timer, the one process sampler, the one
+spawn-and-wait, a trained model, locust timelines, tables and JSON results.
+
+Processes are read through ``serving.rpc.procs`` (``proc_stat``: the product's one reader of
+``/proc/<pid>/stat``) and stopped with its ``stop_children``; recserve roles are started with its
+``spawn``. A bench's ``--quick`` runs it at tiny sizes (seconds): it checks the bench itself, its
+figures mean little (``tests/loadtest/test_benches.py`` runs every bench so in ``make test``).
+"""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
 import platform
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from serving.rpc.procs import proc_stat, spawn, stop_children
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "loadtest" / "results"
+CRITEO_TRAIN = ROOT / "data" / "criteo" / "wide_resdnn_criteo_train.tsv"
+CRITEO_TEST = ROOT / "data" / "criteo" / "wide_resdnn_criteo_test.tsv"
+CRITEO_SCHEMA = ROOT / "data" / "schemas" / "criteo.yaml"
 
 
-def venv_env() -> dict:
-    """This process's environment with the checkout's venv first on PATH (``recserve``,
-    ``torchrun``), for roles started on a namespace host."""
-    return {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+# ---- flags and results ---------------------------------------------------------------------------
+def parser(doc: str | None, **kw: Any) -> argparse.ArgumentParser:
+    """A bench's argument parser (its description: the docstring's first line) with the flags every
+    bench has: ``--quick`` and ``--results-dir``."""
+    p = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0], **kw)
+    p.add_argument(
+        "--quick", action="store_true", help="tiny sizes, seconds: checks the bench, not the system"
+    )
+    p.add_argument(
+        "--results-dir", type=Path, default=RESULTS, help=f"where the JSON goes (default {RESULTS})"
+    )
+    return p
 
 
-def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, procs=()) -> None:
-    """``predicate`` true within ``timeout_s`` (a TimeoutError naming ``what``); one of ``procs``
-    (name, Popen, log path) exiting first is a RuntimeError with its log's tail."""
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine()}
+
+
+def write_results(name: str, results: dict, results_dir: Path = RESULTS) -> Path:
+    """``<results_dir>/<name>.json``: ``results`` plus the machine they were measured on."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{name}.json"
+    path.write_text(json.dumps({**results, "machine": machine()}, indent=2) + "\n")
+    return path
+
+
+def report_targets(result: dict, checks: dict[str, bool]) -> None:
+    """Print each target as met / MISSED and record them in ``result["targets_met"]``."""
+    for text, ok in checks.items():
+        print(f"  [{'met' if ok else 'MISSED'}] {text}")
+    result["targets_met"] = dict(checks)
+
+
+def print_table(title: str, rows: list[dict], columns: list[str]) -> None:
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    print(f"\n{title}")
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths, strict=True)))
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
+    return "" if v is None else str(v)
+
+
+def percentiles_ms(seconds: Sequence[float] | np.ndarray) -> dict:
+    """p50, p99, max and mean in ms of durations given in seconds (None each when there are none)."""
+    ms = np.asarray(seconds, dtype=np.float64) * 1e3
+    if not len(ms):
+        return {"p50_ms": None, "p99_ms": None, "max_ms": None, "mean_ms": None}
+    return {
+        "p50_ms": round(float(np.percentile(ms, 50)), 3),
+        "p99_ms": round(float(np.percentile(ms, 99)), 3),
+        "max_ms": round(float(ms.max()), 3),
+        "mean_ms": round(float(ms.mean()), 3),
+    }
+
+
+# ---- the timer -----------------------------------------------------------------------------------
+class Stopwatch:
+    """Wall time of a block (``time.perf_counter``): ``with Stopwatch() as sw: ...`` then ``sw.s``;
+    inside the block ``sw.s`` is the time so far."""
+
+    def __enter__(self) -> Stopwatch:
+        self._t0, self._t1 = time.perf_counter(), 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._t1 = time.perf_counter()
+
+    @property
+    def s(self) -> float:
+        return (self._t1 or time.perf_counter()) - self._t0
+
+
+def call_times(
+    fn: Callable[..., object],
+    min_runs: int = 200,
+    min_seconds: float = 0.3,
+    args: Sequence[Any] | None = None,
+) -> np.ndarray:
+    """Wall time (s) of each of at least ``min_runs`` calls of ``fn`` over at least ``min_seconds``,
+    after one warm-up pass: ``fn()``, or ``fn(a)`` cycling through ``args``."""
+    cycle = list(args) if args is not None else None
+    for a in cycle or [None]:
+        fn(a) if cycle is not None else fn()
+    times: list[int] = []
+    with Stopwatch() as sw:
+        while len(times) < min_runs or sw.s < min_seconds:
+            a = cycle[len(times) % len(cycle)] if cycle is not None else None
+            t0 = time.perf_counter_ns()
+            fn(a) if cycle is not None else fn()
+            times.append(time.perf_counter_ns() - t0)
+    return np.asarray(times, dtype=np.float64) / 1e9
+
+
+def median_us(fn: Callable[[], object], min_runs: int = 200, min_seconds: float = 0.3) -> float:
+    """Median wall time of ``fn`` in microseconds (``call_times``)."""
+    return float(np.median(call_times(fn, min_runs, min_seconds))) * 1e6
+
+
+# ---- the process sampler -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Usage:
+    """What a set of processes uses, summed over those still there."""
+
+    cpu_s: float
+    """User + system CPU seconds so far."""
+    rss_bytes: int
+    """Resident memory now."""
+
+
+def usage(pids: Sequence[int]) -> Usage:
+    stats = [s for s in map(proc_stat, pids) if s is not None]
+    return Usage(sum(s.cpu_s for s in stats), sum(s.rss_bytes for s in stats))
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children, ...), found by their parent pids."""
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit() and (st := proc_stat(int(d))) is not None:
+            kids.setdefault(st.ppid, []).append(int(d))
+    out, todo = [], list(kids.get(pid, []))
+    while todo:
+        out.append(p := todo.pop())
+        todo += kids.get(p, [])
+    return out
+
+
+def tree(pid: int) -> Callable[[], list[int]]:
+    """``pid`` and its descendants as they are at each call (for ``Sampler``)."""
+    return lambda: [pid, *descendants(pid)]
+
+
+class Sampler(threading.Thread):
+    """Samples ``usage`` of the processes ``pids`` (a list, or a callable asked at each sample)
+    every ``interval_s`` from start until stop: ``samples`` holds (time.time(), Usage)."""
+
+    def __init__(self, pids: Sequence[int] | Callable[[], Sequence[int]], interval_s: float = 0.2):
+        super().__init__(name="sampler", daemon=True)
+        self.pids = pids if callable(pids) else (lambda: pids)
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, Usage]] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            self.samples.append((time.time(), usage(self.pids())))
+            if self._stop_event.wait(self.interval_s):
+                return
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+    def __enter__(self) -> Sampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def peak_rss(self, windows: Sequence[tuple[float, float]] = ((-np.inf, np.inf),)) -> int:
+        """The highest RSS sampled inside any of ``windows`` (time.time() pairs); 0 when none."""
+        return max((u.rss_bytes for t, u in self.samples if any(a <= t <= b for a, b in windows)), default=0)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A command run to its end by ``run_sampled``."""
+
+    stdout: str
+    wall_s: float
+    peak_rss: int
+    """The process and its descendants (PS shards a trainer started), sampled."""
+    own_peak_rss: int
+    """The process alone: the kernel's high-water mark (wait4's ru_maxrss), exact."""
+
+
+def run_sampled(cmd: list[str], timeout_s: float, interval_s: float = 0.2) -> Finished:
+    """Run ``cmd`` (from the checkout's root) to its end, sampling its process tree's memory; a
+    non-zero exit is a RuntimeError with its stderr's tail, running past ``timeout_s`` a
+    TimeoutError (the process group killed)."""
+    out: list[str] = []
+    err: list[str] = []
+    with Stopwatch() as sw:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
+        readers = [threading.Thread(target=lambda f=f, b=b: b.append(f.read())) for f, b in
+                   ((proc.stdout, out), (proc.stderr, err))]  # fmt: skip
+        for r in readers:
+            r.start()
+        late = threading.Event()
+
+        def stop() -> None:
+            late.set()
+            stop_children([proc], 5.0)  # type: ignore[list-item]  # (a text-mode Popen)
+
+        timer = threading.Timer(timeout_s, stop)
+        timer.start()
+        with Sampler(tree(proc.pid), interval_s) as sampled:
+            _, status, rusage = os.wait4(proc.pid, 0)
+        timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        for r in readers:
+            r.join()
+    if late.is_set():
+        raise TimeoutError(f"{' '.join(cmd)}: still running after {timeout_s} s")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{''.join(err)[-3000:]}")
+    return Finished("".join(out), sw.s, sampled.peak_rss(), rusage.ru_maxrss * 1024)  # KiB on Linux
+
+
+# ---- the spawn-and-wait --------------------------------------------------------------------------
+def wait_for(
+    predicate: Callable[[], object],
+    timeout_s: float,
+    what: str,
+    procs: Sequence[tuple[str, subprocess.Popen, Path]] = (),
+    poll_s: float = 0.1,
+) -> float:
+    """Poll ``predicate`` until it is true; returns when (time.time()). Not true within
+    ``timeout_s``: a TimeoutError naming ``what``; one of ``procs`` (name, Popen, log path) exiting
+    first: a RuntimeError with its log's tail."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         for name, proc, log in procs:
@@ -33,9 +269,85 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, procs
                 raise RuntimeError(f"{name} exited {proc.returncode}: {Path(log).read_text()[-3000:]}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"not {what} after {timeout_s}s")
-        time.sleep(0.1)
+        time.sleep(poll_s)
+    return time.time()
 
 
+@contextlib.contextmanager
+def running(
+    cmd: list[str],
+    log: Path,
+    ready: Callable[[], object],
+    what: str,
+    timeout_s: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> Iterator[subprocess.Popen]:
+    """Start ``cmd`` in its own process group, output to ``log`` (``recserve ...``: the product's
+    ``spawn``), wait until ``ready()`` (``wait_for``: its exit first is an error with the log's
+    tail), yield it; stop it and its group on the way out (``stop_children``), also on error."""
+    if cmd[0] == "recserve":
+        proc = spawn(cmd[1:], log, env)
+    else:
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, env={**os.environ, **(env or {})})  # fmt: skip
+    try:
+        wait_for(ready, timeout_s, what, [(cmd[0], proc, log)])
+        yield proc
+    finally:
+        stop_children([proc])
+
+
+def grpc_serving(address: str) -> Callable[[], bool]:
+    """A ``ready`` for ``running``: the grpc.health.v1 service at ``address`` answers SERVING."""
+
+    def ready() -> bool:
+        import grpc
+
+        from serving.rpc.health import check
+
+        with grpc.insecure_channel(address) as ch:
+            return check(ch) == "SERVING"
+
+    return ready
+
+
+def http_ok(url: str) -> Callable[[], bool]:
+    """A ``ready`` for ``running``: GET ``url`` answers 200."""
+
+    def ready() -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    return ready
+
+
+def venv_env() -> dict:
+    """This process's environment with its interpreter's bin directory (the venv: ``recserve``,
+    ``torchrun``) first on PATH, for roles started on a namespace host."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+# ---- a trained model -----------------------------------------------------------------------------
+def train_version(root: str | Path, seed: int = 0, publish: bool = True, data: str | Path = CRITEO_TRAIN,
+                  epochs: int = 1) -> Any:  # fmt: skip
+    """Train the Criteo model into the model store at ``root`` (in-process PS) and export a version
+    (published with ``publish``); returns the training result (``.version_dir``). The training
+    curve goes beside the versions (``root/curve-<seed>.png``): a sealed version stays as sealed."""
+    from training.config import TrainConfig
+    from training.train import train
+
+    cfg = TrainConfig(store=str(root), model="criteo", data=str(data), epochs=epochs, inprocess_ps=True,
+                      publish=publish, progress=False, seed=seed, curve=str(Path(root) / f"curve-{seed}.png"))  # fmt: skip
+    return train(cfg)
+
+
+# ---- locust timelines ----------------------------------------------------------------------------
 def start_locust_timeline(
     host: str, rate: int, duration_s: int, timeline: Path, model: str = "criteo", key_file: str = ""
 ) -> subprocess.Popen:
@@ -60,50 +372,3 @@ def read_timeline(path: Path) -> np.ndarray:
     return np.array([[float(x) for x in r] for r in rows], dtype=np.float64).reshape(
         -1, len(TIMELINE_COLUMNS)
     )
-
-
-def median_us(fn: Callable[[], object], min_runs: int = 200, min_seconds: float = 0.3) -> float:
-    """Median wall time of ``fn`` in microseconds over many runs (after one warm-up call)."""
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < min_runs or time.perf_counter() - start < min_seconds:
-        t0 = time.perf_counter_ns()
-        fn()
-        times.append((time.perf_counter_ns() - t0) / 1e3)
-    return float(np.median(times))
-
-
-def machine() -> dict:
-    import os
-
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine()}
-
-
-def write_results(name: str, results: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({**results, "machine": machine()}, indent=2) + "\n")
-    return path
-
-
-def report_targets(result: dict, checks: dict[str, bool]) -> None:
-    """Print each target as met / MISSED and record them in ``result["targets_met"]``."""
-    for text, ok in checks.items():
-        print(f"  [{'met' if ok else 'MISSED'}] {text}")
-    result["targets_met"] = dict(checks)
-
-
-def print_table(title: str, rows: list[dict], columns: list[str]) -> None:
-    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
-    print(f"\n{title}")
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths, strict=True)))
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
-    return "" if v is None else str(v)

@@ -10,7 +10,7 @@ A host is lost by cutting its link (``Network.cut``: every packet dropped, no re
 it time out within their share of the request's deadline and go to its twin
 (``serving.rpc.failover``), and it rejoins when its health answers again. Load is locust
 (``loadtest/locust_timeline.py``) from the root namespace; every request's outcome and versions
-are kept. ``loadtest/bench_multihost.py`` measures with it; ``tests/loadtest/test_multihost.py``
+are kept. ``loadtest/bench_multihost.py`` measures with it; ``tests/loadtest/test_multihost_serving.py``
 runs a short window of the same.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from loadtest import netns
-from loadtest.common import ROOT, read_timeline, start_locust_timeline, venv_env, wait_for
+from loadtest.common import ROOT, read_timeline, start_locust_timeline, train_version, venv_env, wait_for
 
 MOUNT = "/mnt/recserve"  # where every host mounts the store
 PS_PORTS = (50061, 50062)  # shard 0, shard 1 on each PS host
@@ -155,8 +155,6 @@ def measure(quick: bool = False) -> dict:
     """failures_host_down, failures_worker_down, mixed_responses (a retrained version switching in
     across the hosts under load), p99 across hosts against the same roles on one host."""
     import tempfile
-
-    from tests.helpers import train_version
 
     rate, window = 50, (30 if quick else 60)
     out: dict = {"rate": rate, "window_s": window}

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from serving.rpc.procs import free_ports
 from serving.torchserve import TorchServe, TorchServeConfig, archive
-from tests.helpers import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 HANDLER = ROOT / "tests" / "serving" / "torchserve" / "echo_handler.py"
