@@ -83,10 +83,10 @@ def measure(schema, request, quick: bool = False) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser(__doc__).parse_args(argv)
-    results = {
-        "criteo_200": measure(*criteo_request(), quick=args.quick),
-        "ranking_80": measure(*ranking_request(), quick=args.quick),
-    }
+    results = {}
+    for name, request in (("criteo_200", criteo_request), ("ranking_80", ranking_request)):
+        schema, body = request()
+        results[name] = measure(schema, body, args.quick)
     rows = []
     for name, r in results.items():
         r["compact/naive"] = r["compact_bytes"] / r["naive_bytes"]

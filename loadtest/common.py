@@ -48,6 +48,16 @@ def parser(doc: str | None, **kw: Any) -> argparse.ArgumentParser:
     return p
 
 
+def parse(p: argparse.ArgumentParser, argv: list[str] | None, quick: dict[str, Any]) -> argparse.Namespace:
+    """``p``'s arguments; with ``--quick``, ``quick`` (dest -> value) replaces the defaults (flags
+    given on the command line still win)."""
+    args = p.parse_args(argv)
+    if args.quick:
+        p.set_defaults(**quick)
+        args = p.parse_args(argv)
+    return args
+
+
 def machine() -> dict:
     return {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine()}
 

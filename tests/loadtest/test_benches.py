@@ -24,7 +24,9 @@ def run_bench(module: str, name: str, tmp_path: Path, *args: str, timeout_s: flo
     cmd = [sys.executable, "-m", f"loadtest.{module}", "--quick", "--results-dir", str(results), *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-    assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return json.loads((results / f"{name}.json").read_text())
 
 
@@ -39,3 +41,12 @@ def test_bench_codec(tmp_path):
         has(result[workload], "compact_bytes", "naive_bytes", "json_bytes", "encode_us", "decode_us",
             "transform_us", "compact/naive", "json_loads/decode")  # fmt: skip
     has(result, "targets_met", "machine")
+
+
+@pytest.mark.slow
+def test_bench_faults(tmp_path):
+    result = run_bench("bench_faults", "faults", tmp_path)
+    has(result, "failures_with_replicas", "failures_worker_kill", "failures_controller_kill", "ps_recovery_s",
+        "worker_recovery_s", "controller_recovery_s", "lost_deltas", "fuzz_cases", "fuzz_server_errors",
+        "scores_unchanged_by_fuzz", "restarts", "targets_met")  # fmt: skip
+    assert [e["name"] for e in result["events"]] == ["ps0.1", "worker", "controller"]
