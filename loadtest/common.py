@@ -4,7 +4,7 @@ spawn-and-wait, a trained model, locust timelines, tables and JSON results.
 Processes are read through ``serving.rpc.procs`` (``proc_stat``: the product's one reader of
 ``/proc/<pid>/stat``) and stopped with its ``stop_children``; recserve roles are started with its
 ``spawn``. A bench's ``--quick`` runs it at tiny sizes (seconds): it checks the bench itself, its
-figures mean little (``tests/loadtest/test_benches.py`` runs every bench so in ``make test``).
+figures mean little (``tests/loadtest/test_bench_*.py`` run every bench so in ``make test``).
 """
 
 from __future__ import annotations
