@@ -127,18 +127,22 @@ def call_times(
     min_runs: int = 200,
     min_seconds: float = 0.3,
     args: Sequence[Any] | None = None,
+    warmup: int | None = None,
 ) -> np.ndarray:
     """Wall time (s) of each of at least ``min_runs`` calls of ``fn`` over at least ``min_seconds``,
-    after one warm-up pass: ``fn()``, or ``fn(a)`` cycling through ``args``."""
+    after ``warmup`` calls (default: one pass over ``args``, or one call): ``fn()``, or ``fn(a)``
+    cycling through ``args`` (the timed calls go on from where the warm-up stopped)."""
     cycle = list(args) if args is not None else None
-    for a in cycle or [None]:
-        fn(a) if cycle is not None else fn()
+    warmup = (len(cycle) if cycle is not None else 1) if warmup is None else warmup
+    call = (lambda i: fn(cycle[i % len(cycle)])) if cycle is not None else (lambda i: fn())
+    for i in range(warmup):
+        call(i)
     times: list[int] = []
     with Stopwatch() as sw:
         while len(times) < min_runs or sw.s < min_seconds:
-            a = cycle[len(times) % len(cycle)] if cycle is not None else None
+            i = warmup + len(times)
             t0 = time.perf_counter_ns()
-            fn(a) if cycle is not None else fn()
+            call(i)
             times.append(time.perf_counter_ns() - t0)
     return np.asarray(times, dtype=np.float64) / 1e9
 

@@ -35,11 +35,14 @@ def test_a_timeline_reads_as_one_row_per_request_whatever_its_length(tmp_path):
 HOLDER = "import sys, time\nb = bytearray(100 << 20)\nb[::4096] = b'x' * len(b[::4096])\nprint('ready', flush=True)\n"
 
 
-def test_call_times_cycles_its_arguments_after_one_warm_up_pass_and_times_each_call():
+def test_call_times_cycles_its_arguments_after_a_warm_up_and_times_each_call():
     seen = []
     times = call_times(seen.append, min_runs=5, min_seconds=0.0, args=["a", "b", "c"])
     assert seen == ["a", "b", "c", "a", "b", "c", "a", "b"] and len(times) == 5
     assert (times > 0).all() and median_us(lambda: None, min_runs=3, min_seconds=0.0) > 0
+    seen.clear()
+    assert len(call_times(seen.append, min_runs=2, min_seconds=0.0, args=[1, 2, 3, 4], warmup=1)) == 2
+    assert seen == [1, 2, 3]  # the timed calls go on from where the warm-up stopped
     with Stopwatch() as sw:
         running_s = sw.s
     assert 0 < running_s <= sw.s
