@@ -107,11 +107,14 @@ def percentiles_ms(seconds: Sequence[float] | np.ndarray) -> dict:
 
 # ---- the timer -----------------------------------------------------------------------------------
 class Stopwatch:
-    """Wall time of a block (``time.perf_counter``): ``with Stopwatch() as sw: ...`` then ``sw.s``;
-    inside the block ``sw.s`` is the time so far."""
+    """Wall time (``time.perf_counter``) since it was made, or of a block: ``with Stopwatch() as
+    sw: ...`` then ``sw.s``; until the block ends ``sw.s`` is the time so far."""
+
+    def __init__(self) -> None:
+        self._t0, self._t1 = time.perf_counter(), 0.0
 
     def __enter__(self) -> Stopwatch:
-        self._t0, self._t1 = time.perf_counter(), 0.0
+        self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
