@@ -63,10 +63,13 @@ def machine() -> dict:
 
 
 def write_results(name: str, results: dict, results_dir: Path = RESULTS) -> Path:
-    """``<results_dir>/<name>.json``: ``results`` plus the machine they were measured on."""
+    """``<results_dir>/<name>.json``: ``results`` plus the machine they were measured on (merged
+    into what ``results["machine"]`` already says, e.g. load averages)."""
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.json"
-    path.write_text(json.dumps({**results, "machine": machine()}, indent=2) + "\n")
+    path.write_text(
+        json.dumps({**results, "machine": {**machine(), **results.get("machine", {})}}, indent=2) + "\n"
+    )
     return path
 
 
