@@ -318,8 +318,9 @@ def running(
         stop_children([proc])
 
 
-def grpc_serving(address: str) -> Callable[[], bool]:
-    """A ``ready`` for ``running``: the grpc.health.v1 service at ``address`` answers SERVING."""
+def grpc_serving(address: str, timeout_s: float = 1.0) -> Callable[[], bool]:
+    """A ``ready`` for ``running``: the grpc.health.v1 service at ``address`` answers SERVING
+    within ``timeout_s``."""
 
     def ready() -> bool:
         import grpc
@@ -327,7 +328,7 @@ def grpc_serving(address: str) -> Callable[[], bool]:
         from serving.rpc.health import check
 
         with grpc.insecure_channel(address) as ch:
-            return check(ch) == "SERVING"
+            return check(ch, timeout_s=timeout_s) == "SERVING"
 
     return ready
 
