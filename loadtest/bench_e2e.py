@@ -41,19 +41,15 @@ import numpy as np
 from loadtest.common import (
     ROOT,
     Stopwatch,
-    Usage,
     call_times,
-    descendants,
-    http_ok,
     parse,
     parser,
     print_table,
     report_targets,
-    running,
     train_version,
-    usage,
     write_results,
 )
+from loadtest.processes import Usage, descendants, http_ok, running, usage
 
 if TYPE_CHECKING:
     from serving.stack.state import StackState

@@ -48,9 +48,9 @@ from loadtest.common import (
     report_targets,
     start_locust_timeline,
     train_version,
-    wait_for,
     write_results,
 )
+from loadtest.processes import wait_for
 
 if TYPE_CHECKING:
     from serving.stack.state import StackState

@@ -33,16 +33,8 @@ from typing import Any, cast
 import numpy as np
 
 from features.hashing import unique_signs
-from loadtest.common import (
-    Stopwatch,
-    call_times,
-    grpc_serving,
-    parse,
-    parser,
-    percentiles_ms,
-    running,
-    write_results,
-)
+from loadtest.common import Stopwatch, call_times, parse, parser, percentiles_ms, write_results
+from loadtest.processes import grpc_serving, running
 from serving.rpc.procs import free_ports
 
 DIM = 16

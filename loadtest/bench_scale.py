@@ -54,18 +54,8 @@ from typing import TypedDict
 
 import numpy as np
 
-from loadtest.common import (
-    ROOT,
-    Sampler,
-    Stopwatch,
-    machine,
-    parse,
-    parser,
-    print_table,
-    report_targets,
-    usage,
-    wait_for,
-)
+from loadtest.common import ROOT, Stopwatch, machine, parse, parser, print_table, report_targets
+from loadtest.processes import Sampler, usage, wait_for
 from loadtest.scale_store import DIM, MODEL, SHARDS, build_version, reuse, write_delta
 
 IDS_PER_CALL = 4000

@@ -37,7 +37,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from loadtest.common import ROOT, Stopwatch, parse, parser, print_table, run_sampled, write_results
+from loadtest.common import ROOT, Stopwatch, parse, parser, print_table, write_results
+from loadtest.processes import run_sampled
 
 ISSUE_BASELINE = {"seconds": 17.5, "peak_rss_gb": 4.7, "rows": 1_000_000}
 

@@ -52,9 +52,9 @@ from loadtest.common import (
     report_targets,
     start_locust_timeline,
     train_version,
-    wait_for,
     write_results,
 )
+from loadtest.processes import wait_for
 
 
 def train_versions(root: Path) -> list[str]:

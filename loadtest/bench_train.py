@@ -42,7 +42,8 @@ import numpy as np
 
 from features.schema import load_schema
 from features.stream import ReadOptions
-from loadtest.common import Stopwatch, parse, parser, run_sampled
+from loadtest.common import Stopwatch, parse, parser
+from loadtest.processes import run_sampled
 from training.cluster import ShardSpec
 from training.config import TrainConfig
 from training.train import train

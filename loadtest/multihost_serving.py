@@ -23,16 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from loadtest import netns
-from loadtest.common import (
-    ROOT,
-    grpc_serving,
-    http_ok,
-    read_timeline,
-    start_locust_timeline,
-    train_version,
-    venv_env,
-    wait_for,
-)
+from loadtest.common import ROOT, read_timeline, start_locust_timeline, train_version
+from loadtest.processes import grpc_serving, http_ok, venv_env, wait_for
 
 MOUNT = "/mnt/recserve"  # where every host mounts the store
 PS_PORTS = (50061, 50062)  # shard 0, shard 1 on each PS host

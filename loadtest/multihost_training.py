@@ -19,7 +19,8 @@ import tempfile
 from pathlib import Path
 
 from loadtest import netns
-from loadtest.common import ROOT, descendants, venv_env, wait_for
+from loadtest.common import ROOT
+from loadtest.processes import descendants, venv_env, wait_for
 from serving.rpc.procs import cmdline
 
 MOUNT = "/mnt/recserve"
