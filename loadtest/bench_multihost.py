@@ -10,7 +10,7 @@ on 2 nodes against 1. Writes ``loadtest/results/multihost.json``.
 
     python -m loadtest.bench_multihost [--quick] [--only serving|training] [--results-dir DIR]
 
-``--quick``: 5 s load windows, one epoch of training.
+``--quick``: 5 s load windows, one epoch of training, no one-host or 1-node comparison.
 """
 
 from __future__ import annotations

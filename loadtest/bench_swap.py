@@ -29,7 +29,7 @@ Writes loadtest/results/swap.json (``runs``, one per mode: ``failures``, ``mixed
 ``p99_steady_ms``, ``p99_during_swap_ms``, ``full_switch_window_s``, ``full_switch_p99_ms``,
 ``delta_visible_p50_s``, ``delta_visible_p99_s`` (the first response), ``delta_ps_live_p99_s``
 (every PS shard), per-window figures) and swap-<mode>.png (latency over time with every event
-marked). ``--quick``: 2 deltas and the switch in 16 s of load, co-located lookups only.
+marked). ``--quick``: 2 deltas and the switch in 16 s of load, co-located lookups only, one epoch of training.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from loadtest.common import (
 from loadtest.processes import wait_for
 
 
-def train_versions(root: Path) -> list[str]:
+def train_versions(root: Path, epochs: int = 2) -> list[str]:
     """v1 on the first half of the training rows (published), v2 on the second half (held back):
     the same schema file, different fitted dense statistics. Returns the manifests' fingerprints."""
     import model_store as ms
@@ -68,7 +68,7 @@ def train_versions(root: Path) -> list[str]:
     for seed, (publish, rows) in enumerate(zip((True, False), halves, strict=True)):
         data = root.parent / f"train-{seed}.tsv"
         data.write_bytes(b"".join(rows))
-        result = train_version(root, seed, publish, data, epochs=2)
+        result = train_version(root, seed, publish, data, epochs)
         if result.version_dir is None:
             raise RuntimeError(f"training on {data} exported no version")
         fingerprints.append(ms.read_manifest(Path(result.version_dir), verify=False)["schema_fingerprint"])
@@ -140,7 +140,7 @@ def run(args) -> list[dict]:
     trained = work / "trained"
     try:
         print("training two versions on different halves of the data ...", flush=True)
-        fingerprints = train_versions(trained)
+        fingerprints = train_versions(trained, args.epochs)
         if len(set(fingerprints)) != 1:
             raise RuntimeError(f"the two versions' schema fingerprints differ: {fingerprints}")
         runs = []
@@ -294,10 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delta-every-s", type=float, default=4.0)
     p.add_argument("--steady-s", type=float, default=15.0)
     p.add_argument("--poll-s", type=float, default=0.2)
+    p.add_argument("--epochs", type=int, default=2, help="each version's training epochs")
     p.add_argument("--after-s", type=float, default=5.0, help="load kept on after the dense switch")
     p.add_argument("--lookups", default="remote,colocated", help="the handler's lookup modes, one run each")
     quick = {"duration": 16, "deltas": 2, "delta_rows": 1000, "delta_every_s": 1.0, "steady_s": 4.0,
-             "after_s": 1.0, "lookups": "colocated"}  # fmt: skip
+             "after_s": 1.0, "lookups": "colocated", "epochs": 1}  # fmt: skip
     args = parse(p, argv, quick)
     args.results_dir.mkdir(parents=True, exist_ok=True)
     runs = run(args)

@@ -22,7 +22,7 @@ process (reading, planning, PS start, evaluation); ``peak_rss_gb`` is the traine
     python -m loadtest.bench_train [--sections criteo,synth_1m] [--shards process|inprocess] [--quick]
                                    [--results-dir DIR]
 
-``--quick``: one seed on the first 2,048 Criteo rows, 5,000 synth rows.
+``--quick``: one seed on the first 2,048 Criteo rows and no warm-up runs, 2,000 synth rows.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def criteo_section(args: argparse.Namespace) -> dict:
     sw = Stopwatch()
     # warm-up, not recorded: the first run in a process pays one-off costs (imports, kernel and
     # thread-pool start-up) that would otherwise land on whichever variant runs first
-    for name in VARIANTS:
+    for name in VARIANTS if args.warmup else ():
         run_variant(name, 99, args, epochs=1, limit=2048)
     for seed in seeds:
         for name in VARIANTS:
@@ -242,9 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--epochs", type=int, default=0, help="criteo: 0 is the TrainConfig default")
     p.add_argument("--limit", type=int, default=0, help="criteo: training rows per run (0: all)")
+    p.add_argument(
+        "--no-warmup", dest="warmup", action="store_false", help="criteo: no unrecorded warm-up runs"
+    )
     p.add_argument("--synth-rows", type=int, default=1_000_000, help="synth_1m: training rows")
     p.add_argument("--synth-dir", default=str(Path(tempfile.gettempdir()) / "recserve-bench-synth"))
-    args = parse(p, argv, {"seeds": "0", "epochs": 1, "limit": 2048, "synth_rows": 5000})
+    args = parse(p, argv, {"seeds": "0", "epochs": 1, "limit": 2048, "warmup": False, "synth_rows": 2000})
     logging.basicConfig(level=logging.WARNING)
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - {"criteo", "synth_1m"}
