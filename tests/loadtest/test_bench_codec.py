@@ -1,4 +1,8 @@
+import pytest
+
 from tests.loadtest.conftest import has
+
+pytestmark = pytest.mark.slow  # a process of its own, as every bench's smoke run
 
 
 def test_bench_codec_runs_and_reports_each_workload(bench):
