@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+from loadtest.common import train_version  # noqa: F401  (the benches' own; tests share it)
 from serving.rpc.procs import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,21 +161,6 @@ def exit_ok(procs, timeout_s: float = 600) -> None:
                 f"{name} still running after {timeout_s:.0f} s: {log.read_text()[-3000:]}"
             ) from None
         assert rc == 0, f"{name} exited {rc}: {log.read_text()[-3000:]}"
-
-
-def train_version(
-    root, seed: int = 0, publish: bool = True, data: str = "data/criteo/wide_resdnn_criteo_train.tsv"
-):
-    """Train the Criteo model into the store at ``root`` (in-process PS, one epoch) and export a
-    version (published with ``publish``); returns the training result (``.version_dir``)."""
-    from pathlib import Path
-
-    from training.config import TrainConfig
-    from training.train import train
-
-    cfg = TrainConfig(store=str(root), model="criteo", data=data, epochs=1, inprocess_ps=True, publish=publish,
-                      progress=False, seed=seed, curve=str(Path(root) / f"curve-{seed}.png"))  # fmt: skip
-    return train(cfg)
 
 
 def second_half(directory) -> str:
