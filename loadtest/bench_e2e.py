@@ -243,6 +243,7 @@ def stages(
     from features.schema import load_schema
     from features.transform import dense_matrix, transform
     from serving.scoring.core import JSON, Scorer, ScoringConfig
+    from serving.scoring.loop import score
     from serving.worker.client import WorkerClient
     from serving.worker.core import EmbeddingWorker, LocalShard, PSClient
     from training.offline import load_stores
@@ -263,26 +264,27 @@ def stages(
         ps = EmbeddingWorker([PSClient(a) for a in state.ps], schema)  # this process -> PS shards
         es.callback(ps.close)
 
-        batches = [inproc.decode(b, JSON) for b in bodies]
+        batches = [inproc.decode(b, JSON).batch for b in bodies]
         blobs = [encode(b) for b in batches]
         signs = [np.asarray(b.signs) for b in batches]
         pooled = [(local.forward(b).pooled, dense_matrix(b, schema)) for b in batches]
-        scored = [inproc.predict(b) for b in batches]
+        looked_up = [inproc.lookup(inproc.decode(b, JSON)) for b in bodies]
+        scored = [(inproc.predict([i])[0], i.versions) for i in looked_up]
 
         def check(status_payload):
             if status_payload[0] != 200:
                 raise RuntimeError(f"scoring failed: {status_payload}")
 
-        inprocess_p50 = median_ms(lambda b: check(inproc.score(b, JSON)), bodies)
+        inprocess_p50 = median_ms(lambda b: check(score(inproc, b, JSON)), bodies)
         paced = []  # the same at 10 requests/s: caches go cold between requests, as at the 10 rps run
         for i in range(50):
             time.sleep(0.1)
             t0 = time.perf_counter()
-            check(inproc.score(bodies[i % len(bodies)], JSON))
+            check(score(inproc, bodies[i % len(bodies)], JSON))
             paced.append((time.perf_counter() - t0) * 1e3)
         out = {
             "inprocess_paced_10rps": round(float(np.median(paced)), 3),
-            "handler_score": median_ms(lambda b: check(remote.score(b, JSON)), bodies),
+            "handler_score": median_ms(lambda b: check(score(remote, b, JSON)), bodies),
             "decode": median_ms(lambda b: inproc.decode(b, JSON), bodies),  # what the scoring core runs
             "orjson_transform": median_ms(lambda b: transform(orjson.loads(b), schema), bodies),  # baseline
             "codec_encode": median_ms(encode, batches),
@@ -291,7 +293,7 @@ def stages(
             "ps_lookup_fanout": median_ms(lambda s: ps._lookup(s, insert=False), signs),
             "worker_core_inprocess_tables": median_ms(lambda b: local.forward(b, "infer"), batches),
             "dense": median_ms(lambda pd: inproc.dense(*pd), pooled),
-            "encode_response": median_ms(inproc.encode, scored),
+            "encode_response": median_ms(lambda sv: inproc.encode(*sv), scored),
         }
     # derived: the worker's gRPC hop (server + client + codec decode) and its own compute
     out["worker_rpc_hop"] = round(out["worker_forward_rpc"] - out["worker_core_over_ps"], 3)
@@ -419,6 +421,7 @@ def inprocess_p50_ms(vdir: Path, bodies: list[bytes]) -> float:
     import model_store
     from features.schema import load_schema
     from serving.scoring.core import JSON, Scorer, ScoringConfig
+    from serving.scoring.loop import score
     from serving.worker.core import EmbeddingWorker, LocalShard
     from training.offline import load_stores
 
@@ -428,7 +431,7 @@ def inprocess_p50_ms(vdir: Path, bodies: list[bytes]) -> float:
     )
     scorer = Scorer(ScoringConfig(str(vdir), lookups="remote"), worker=local)
     try:
-        return median_ms(lambda b: scorer.score(b, JSON), bodies)
+        return median_ms(lambda b: score(scorer, b, JSON), bodies)
     finally:
         scorer.close()
 
