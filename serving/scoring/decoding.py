@@ -3,9 +3,9 @@ served schema and the request limits.
 
 A binary compact batch is decoded and checked (``features.batch.check_fits``, the check the
 worker runs too: another slot count or dense width is refused before any hop) and keeps its bytes,
-which a worker process is then sent as they came. A JSON body in the form ``features.jsonscan``
-takes (the column form) is read straight from its bytes by ``features.transform.from_json``; any
-other JSON body goes through orjson and
+which a worker process is then sent as they came. A JSON body in the forms ``features.jsonscan``
+takes (a list of records, or a ranking request in rows or columns) is read straight from its bytes
+by ``features.transform.from_json``; any other JSON body goes through orjson and
 ``features.transform``, which decide it and name its mistakes. Errors are raised as found
 (``serving.scoring.errors`` maps them).
 """
@@ -45,7 +45,8 @@ class Decoder:
         self.schema = schema
         self.max_items = max_items
         self.max_body_bytes = max_body_bytes
-        self._said_parsed = False  # a column-form request missed the compiled scan (logged once)
+        # a valid request missed the compiled scan, which takes every form of this schema (logged once)
+        self._said_parsed = any(s.kind == "multi" for s in schema.slots)
 
     def decode(self, body: bytes, content_type: str | None) -> Request:
         if len(body) > self.max_body_bytes:
@@ -72,11 +73,11 @@ class Decoder:
         elif isinstance(items, dict):  # the column form: the longest column counts
             self._check_rows(max((len(v) for v in items.values() if isinstance(v, list)), default=0))
         batch = transform(request, self.schema)
-        if isinstance(items, dict) and not self._said_parsed:  # a slower path a client can leave
+        if not self._said_parsed:  # a slower path a client can leave
             self._said_parsed = True
-            log.warning("a column-form request was parsed by orjson: the compiled scan (features/jsonscan.py) "
-                        "takes item strings of printable ASCII without escapes, numbers of at most 18 "
-                        "significant digits and no item-scoped multi-valued slot; its decode takes about "
+            log.warning("a JSON request was parsed by orjson: the compiled scan (features/jsonscan.py) takes "
+                        "strings of printable ASCII without escapes, numbers of at most 18 significant "
+                        "digits, no label and no multi-valued slot stored per row; its decode takes about "
                         "half the time (said once per process)")  # fmt: skip
         return batch
 
