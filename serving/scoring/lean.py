@@ -18,6 +18,9 @@ one reference assignment. Each scorer pins its lookups to its own version, and a
 scorer from start to end, so no response mixes versions. The replaced scorer is closed after
 ``drain_s``. A version the gate or the load refuses is skipped (logged, counted, and named by
 ``/ping`` while nothing is served); serving stays on what it has.
+
+This module is the process (its config, its key, the served scorer and its metrics);
+``serving.scoring.asgi`` is its HTTP face (the routes, the error boundary, micro-batching).
 """
 
 from __future__ import annotations
