@@ -1,7 +1,8 @@
 """The lexical steps of ``features.jsonscan``'s compiled passes over JSON bytes: whitespace,
 plain strings, numbers (``features.floats``), null, and skipping or counting what a scan does not
-read value by value. Each takes the body (a uint8 array) and an index, and answers an index
-(-1: not the strict form the scans take; the caller then leaves the body to orjson).
+read value by value; field names (``name_end``). Each takes the body (a uint8 array) and an index,
+and answers an index (-1: not the strict form the scans take; the caller then leaves the body to
+orjson).
 
 numba inlines these into the scans and caches those keyed on their own files: after editing this
 file, ``features.floats`` or ``features.xxh64``, delete ``features/__pycache__/*.nb[ci]`` before
@@ -10,7 +11,8 @@ measuring.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numba
 import numpy as np
@@ -21,6 +23,15 @@ _SPACE, _TAB, _LF, _CR = 32, 9, 10, 13
 QUOTE, _BACKSLASH, COMMA, COLON = 34, 92, 44, 58
 LBRACE, RBRACE, LBRACKET, RBRACKET = 123, 125, 91, 93
 _MINUS, _PLUS, _DOT, _ZERO = 45, 43, 46, 48
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def uncounted(fn: _F) -> _F:
+    """``numba.njit`` (cached, without the GIL) compiled without reference counting, for a scan's
+    loops over arrays its caller owns: numba counts references to an array at every call and
+    inlined step that takes it, and in a loop those atomic counts cost more than the read itself
+    (a records scan took 8x as long). Such a function allocates nothing."""
+    return numba.njit(cache=True, nogil=True, _nrt=False)(fn)  # type: ignore[call-overload,no-any-return]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -217,3 +228,15 @@ def next_value(buf: Any, i: int, last: bool) -> int:
     if last:
         return i if at(buf, i, RBRACKET) else -1
     return ws(buf, i + 1) if at(buf, i, COMMA) else -1
+
+
+@numba.njit(inline="always")
+def name_end(buf: Any, start: int, names: Any, off: Any, j: int) -> int:
+    """The index of the closing quote when the string at ``start`` is column j's name, else -1."""
+    end: int = start + off[j + 1] - off[j]
+    if end >= len(buf) or buf[end] != QUOTE:
+        return -1
+    for k in range(end - start):
+        if names[off[j] + k] != buf[start + k]:
+            return -1
+    return end
