@@ -10,7 +10,7 @@ imported in ``initialize``.
 
 The archive carries ``scoring.json`` (a ``ScoringConfig``: which model-store version to serve,
 the worker address, the runtime, limits). TorchServe must run with TS_DECODE_INPUT_REQUEST=false
-so request bodies arrive as bytes and are parsed once, by orjson, in the core.
+so request bodies arrive as bytes and are read once, in the core (serving.scoring.decoding).
 """
 
 from __future__ import annotations
