@@ -10,7 +10,7 @@ stack (PS shards, embedding worker, TorchServe with the recserve handler); ``col
 scoring process maps the version's shard files itself; ``remote``: lookups go through the worker
 process and the PS shards -- warms it up, and runs locust headless (``loadtest/locustfile.py``:
 FastHttpUser, 200-item JSON requests cut from the 2,000 Criteo test rows) at each fixed rate for
-``--duration`` seconds, in each request form of ``--forms`` one after the other on the same server
+``--duration`` seconds, in each request form of ``--forms`` in turn at each rate on the same server
 (``records``: a list of flat records, what most clients send; ``columns``: a ranking request in
 column form). Every request's latency is recorded exactly (not locust's rounded buckets).
 
@@ -400,10 +400,9 @@ def run_one(
         )
         print(f"{label}: {endpoint}; warm-up {n} requests in {args.warmup_s:g} s", flush=True)
         host = endpoint.split("/predictions/")[0]
-        results: dict[str, dict] = {}
-        for form in bodies:
-            results[form] = {}
-            for rate in rates:
+        results: dict[str, dict] = {form: {} for form in bodies}
+        for rate in rates:  # the forms interleaved: a busy minute of the machine falls on both
+            for form in bodies:
                 r = run_locust(
                     host, args.model, rate, args.duration, None, work, procs, columns=form == "columns"
                 )
