@@ -139,6 +139,7 @@ def run_locust(
     users = max(1, math.ceil(rate / 4))  # 4 requests/s per user: the rate holds while latency < 250 ms; the
     # locustfile starts its schedule 1 s in (every user spawned by then), hence duration + 1 below
     out = work / f"latency-{rate:g}.txt"
+    out.unlink(missing_ok=True)  # another form's run at this rate wrote one
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", host,
            "-u", str(users), "-r", str(users), "-t", f"{duration + 1:g}s", "--stop-timeout", "5",
            "--only-summary", "--loglevel", "WARNING", "--total-rate", str(rate), "--model", model,
