@@ -96,6 +96,7 @@ def test_each_version_carries_its_stats_in_both_exports(versions):
 def test_a_compact_batch_from_the_shipped_schema_file_is_accepted(versions):
     from serving.scoring.client import requests_from_file
     from serving.scoring.core import BINARY, Scorer, ScoringConfig
+    from serving.scoring.loop import score
     from serving.worker.core import EmbeddingWorker, LocalShard
 
     shipped = load_schema(SCHEMA)
@@ -112,7 +113,7 @@ def test_a_compact_batch_from_the_shipped_schema_file_is_accepted(versions):
         scores = []
         for body, ctype in requests_from_file(str(TEST), str(SCHEMA), 200, 400, binary=True):
             assert ctype == BINARY
-            status, payload = scorer.score(body, ctype)
+            status, payload, *_ = score(scorer, body, ctype)
             assert status == 200, payload
             scores.extend(orjson.loads(payload)["scores"])
     finally:
