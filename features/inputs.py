@@ -7,7 +7,7 @@
 - the same request in column form, ``{"context": {...}, "items": {"C1": [v, ...], "I1": [...]}}``:
   each item field's values as one array (missing: absent, or null). orjson parses it straight into
   the columns ``transform`` works on, with no pass over the items in Python: the fast form for
-  clients. ``features.jsonscan`` reads that form straight from its bytes (``Scanned``) when it can.
+  clients. ``features.jsonscan`` reads these forms straight from their bytes (``Scanned``) when it can.
 
 Unknown fields, a field sent in the wrong part of a request, a missing required value and
 columns of unequal length are refused here, with a ``FeatureError`` naming the field.
@@ -43,9 +43,9 @@ class Table:
 
 @dataclass(frozen=True)
 class Scanned:
-    """A column-form request's item columns as ``features.jsonscan`` read them from its bytes: the
-    signs of the item-scoped categorical slots and the raw values of the item-scoped dense slots
-    (NaN: missing), each (slots, rows) in ``transform``'s slot order."""
+    """A JSON body's per-row fields as ``features.jsonscan`` read them from its bytes (a request's
+    items, or a list of records): the signs of the categorical slots and the raw values of the
+    dense slots stored per row (NaN: missing), each (slots, rows) in ``transform``'s slot order."""
 
     num_rows: int
     signs: NDArray[np.uint64]

@@ -5,13 +5,14 @@ checked and seen as one ``Input`` (``features.inputs``), so they go through the 
 below. A request's batch stores its context slots once.
 
 Work is per group of columns: the columns are pulled out of the records with C-level ``map``,
-converted to one 2-D numpy array, hashed in one compiled call, deduplicated with one ``np.unique``
+converted to one 2-D numpy array (``features.columns``), hashed in one compiled call, deduplicated with one ``np.unique``
 for all slots at once (signs carry the slot id in their top bits), and dense columns are parsed
 and transformed as one matrix. There is no Python loop per value or per row.
 
-``from_json`` is the scoring path's way in for JSON: a column-form request is read from its bytes
-by one compiled pass (``features.jsonscan``: signs and dense values, no Python object per value)
-and joins the pipeline below at the same point; any other body is ``transform(orjson.loads(body))``.
+``from_json`` is the scoring path's way in for JSON: a list of records or a ranking request (rows
+or columns) is read from its bytes by one compiled pass (``features.jsonscan``: signs and dense
+values, no Python object per value) and joins the pipeline below at the same point; any other body
+is ``transform(orjson.loads(body))``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import orjson
 from numpy.typing import NDArray
 
 from features.batch import FLAG_CONTEXT, FLAG_MULTI, CompactBatch, index_dtype
-from features.hashing import SIGN_MASK, SLOT_SHIFT, cross_signs, hash_str_columns, hash_values
+from features.columns import first_bad, hash_group, multi_values, numbers
+from features.hashing import SIGN_MASK, SLOT_SHIFT, cross_signs, hash_values
 from features.inputs import Column, FeatureError, Input, Record, Scanned, Table, check_context, normalise
 from features.schema import Cross, Schema, Slot
 
@@ -37,111 +39,6 @@ __all__ = ["FeatureError", "Records", "Table", "dense_matrix", "from_json", "tra
 
 Records = Table | list[Record] | Mapping[str, Any]
 """A Table, a list of records, or a ranking request (``features.inputs`` says what each holds)."""
-
-_NONE = type(None)
-
-
-# --- column groups -> arrays --------------------------------------------------------------------
-def _strings(cols: list[Column], slots: list[Slot]) -> NDArray[np.str_]:
-    """(k, m) unicode array of k categorical columns (a Table's arrays, or values as sent: strings,
-    integers or None); missing (None) becomes ""."""
-    if all(isinstance(c, np.ndarray) and c.dtype.kind == "U" for c in cols):  # a Table's columns
-        return np.array(cols)
-    # values as sent keep their Python types (np.array would turn [5, 1.5] into floats and
-    # [1.5, ""] into strings); one C-level pass per column
-    m = len(cols[0])
-    if any(len(c) != m for c in cols):
-        raise FeatureError("records have inconsistent columns")
-    arr = np.empty((len(cols), m), dtype=object)
-    for j, c in enumerate(cols):
-        arr[j] = np.fromiter(c, object, m)
-    flat = arr.reshape(-1)
-    bad = set(map(type, flat)) - {str, int, _NONE}
-    if bad:
-        col = next(s.column for s, c in zip(slots, cols, strict=True) if set(map(type, c)) & bad)
-        raise FeatureError(
-            f"field {col!r}: expected a string or integer, got {sorted(t.__name__ for t in bad)}"
-        )
-    flat[flat == None] = ""  # noqa: E711 (element-wise comparison)
-    return flat.astype(np.str_).reshape(arr.shape)
-
-
-def _hash_group(cols: list[Column], slots: list[Slot], ids: list[int]) -> NDArray[np.uint64]:
-    """Signs of k categorical columns (flattened, column after column)."""
-    if not isinstance(cols[0], np.ndarray):
-        try:
-            return hash_str_columns(cols, ids)  # type: ignore[arg-type]  # fast path: every value a str
-        except ValueError:
-            pass
-    m = len(cols[0])
-    return hash_values(_strings(cols, slots).reshape(-1), np.repeat(np.array(ids, np.int64), m))
-
-
-def _numbers(cols: list[Column], slots: tuple[Slot, ...]) -> NDArray[np.float64]:
-    """(k, m) float64 array of k dense columns, NaN where missing (None or ""). Finiteness is the
-    dense kernel's check."""
-    if cols and isinstance(cols[0], np.ndarray) and cols[0].dtype.kind == "U":  # a Table
-        arr = np.array(cols)
-        out = np.full(arr.shape, np.nan)
-        present = arr != ""
-        try:
-            out[present] = arr[present].astype(np.float64)
-        except ValueError:
-            raise FeatureError(f"{_first_bad(cols, slots) or 'a dense field'}: not a number") from None
-        return out
-    m = len(cols[0]) if cols else 0
-    if all(isinstance(c, list) and len(c) == m for c in cols):
-        try:  # numbers only (a request's usual case): one C-level pass, 1.6x np.array's time
-            return np.fromiter(itertools.chain.from_iterable(cols), np.float64, len(cols) * m).reshape(-1, m)
-        except (ValueError, TypeError):
-            pass  # None, "" or a mistake: the general path says which
-    try:
-        out = np.array(cols, dtype=np.float64)  # None -> nan
-    except (ValueError, TypeError):
-        raise FeatureError(f"{_first_bad(cols, slots) or 'a dense field'}: expected a number") from None
-    if out.ndim != 2:  # a list or object where a number belongs
-        raise FeatureError(f"{_first_bad(cols, slots) or 'a dense field'}: expected a number")
-    return out
-
-
-def _first_bad(cols: list[Column], slots: tuple[Slot, ...] | list[Slot]) -> str | None:
-    """Error path only: name the first field whose values are not finite numbers (None: none)."""
-    for s, c in zip(slots, cols, strict=True):
-        for v in c:
-            if v is None or v == "" or type(v) in (int, float) and np.isfinite(v):
-                continue
-            try:
-                if isinstance(v, str) and np.isfinite(float(v)):
-                    continue
-            except ValueError:
-                pass
-            return f"field {s.column!r} value {str(v)[:40]!r}"
-    return None
-
-
-def _multi(vals: Column, slot: Slot) -> tuple[NDArray[np.str_], NDArray[np.int64]]:
-    """Flat values and per-row lengths of a multi-valued column (lists or separator-joined)."""
-    if isinstance(vals, np.ndarray):
-        vals = vals.tolist()
-    types = set(map(type, vals))
-    if types <= {str, _NONE}:
-        arr = np.array(vals, dtype=object)
-        arr[arr == None] = ""  # noqa: E711
-        nonempty = arr != ""
-        lengths = np.zeros(len(arr), np.int64)
-        flat: list[str] = []
-        if nonempty.any():
-            joined = arr[nonempty].astype(np.str_)
-            lengths[nonempty] = np.char.count(joined, slot.separator) + 1
-            flat = slot.separator.join(joined.tolist()).split(slot.separator)
-        return np.array(flat, dtype=np.str_), lengths
-    if types <= {list, _NONE}:
-        vals = [v or [] for v in vals] if _NONE in types else vals
-        flat = list(itertools.chain.from_iterable(vals))
-        if not set(map(type, flat)) <= {str, int}:
-            raise FeatureError(f"field {slot.column!r}: list elements must be strings or integers")
-        return np.array(flat, dtype=np.str_), np.fromiter(map(len, vals), np.int64, len(vals))
-    raise FeatureError(f"field {slot.column!r}: expected a list or a {slot.separator!r}-joined string")
 
 
 # --- the plan: per-schema constants, computed once ------------------------------------------------
@@ -180,7 +77,7 @@ class _Layout:
     single_at: tuple[NDArray[np.int64], NDArray[np.int64]]  # their batch slot indices
     single_ids: tuple[list[int], list[int]]  # their slot ids
     dense: tuple[_Dense, _Dense]  # (per row, once)
-    scan: ScanTable | None  # the item columns a JSON body's compiled scan fills (None: not scanned)
+    scan: ScanTable | None  # the per-row fields a JSON body's compiled scan fills (None: not scanned)
 
 
 @dataclass(frozen=True)
@@ -206,7 +103,7 @@ def _layout(schema: Schema, position: dict[str, int], has_context: bool) -> _Lay
         _Dense.of([s for s in schema.dense if not once(s)]),
         _Dense.of([s for s in schema.dense if once(s)]),
     )
-    scanned = has_context and not any(s.kind == "multi" and s.scope == "item" for s in schema.slots)
+    scanned = not any(s.kind == "multi" and not once(s) for s in schema.slots)
     return _Layout(
         single=(groups[0], groups[1]),
         single_at=(
@@ -259,14 +156,14 @@ def _dense(inp: Input, d: _Dense, once: bool) -> NDArray[np.float32]:
         raw = inp.items.values
     else:
         cols = inp.columns(list(d.slots), once, None)
-        raw = _numbers(cols, d.slots)
+        raw = numbers(cols, d.slots)
     out, bad, why = dense_columns(raw, d.default, d.lo, d.hi, d.log1p, d.mean, d.std)
     if why == LOG1P_DOMAIN:
         raise FeatureError(
             f"field {d.slots[bad].column!r}: log1p of a value <= -1 (add clip_min to the schema)"
         )
     if why:  # a raw value that is not finite (named), or one whose feature is beyond float32
-        where = None if cols is None else _first_bad(cols, d.slots)
+        where = None if cols is None else first_bad(cols, d.slots)
         if where is None:
             raise FeatureError(f"field {d.slots[bad].column!r}: a value beyond float32 once transformed")
         raise FeatureError(f"{where}: value is not finite")
@@ -280,16 +177,22 @@ def transform(records: Records, schema: Schema) -> CompactBatch:
 
 
 def from_json(body: bytes, schema: Schema, max_rows: int = 1 << 62) -> CompactBatch | None:
-    """The batch of a column-form request read straight from its bytes (``features.jsonscan``),
-    equal to ``transform(orjson.loads(body), schema)``; None for a body outside the scan's form, of
-    more than ``max_rows`` items, or one that is a mistake: the caller then parses it, and orjson,
-    its limit and ``transform`` name the error."""
-    table = _plan(schema).layouts[True].scan
-    if table is None:
-        return None
-    from features.jsonscan import scan
+    """The batch of a list of records or a ranking request (rows or columns) read straight from
+    its bytes (``features.jsonscan``), equal to ``transform(orjson.loads(body), schema)``; None for
+    a body outside the scan's form, of more than ``max_rows`` items, or one that is a mistake: the
+    caller then parses it, and orjson, its limit and ``transform`` name the error."""
+    from features.jsonscan import scan, scan_records
 
-    scanned = scan(body, table, max_rows)
+    layouts = _plan(schema).layouts
+    if body[:1] == b"[" or (body[:1].isspace() and body.lstrip()[:1] == b"["):  # a list of records
+        table = layouts[False].scan
+        records = None if table is None else scan_records(body, table, max_rows)
+        try:
+            return None if records is None else _batch(Input(records.num_rows, False, records), schema)
+        except FeatureError:  # a value transform refuses: its parse names it
+            return None
+    table = layouts[True].scan
+    scanned = None if table is None else scan(body, table, max_rows)
     if scanned is None:
         return None
     items, context_json = scanned
@@ -319,7 +222,7 @@ def _batch(inp: Input, schema: Schema) -> CompactBatch:
             signs = inp.items.signs
         else:
             cols = inp.columns(list(group), stored_once, "")
-            signs = _hash_group(cols, list(group), layout.single_ids[stored_once]).reshape(len(group), m)
+            signs = hash_group(cols, list(group), layout.single_ids[stored_once]).reshape(len(group), m)
         once[layout.single_at[stored_once]] = stored_once
         for i, row in zip(layout.single_at[stored_once].tolist(), signs, strict=True):
             per_slot[i] = row
@@ -327,7 +230,7 @@ def _batch(inp: Input, schema: Schema) -> CompactBatch:
             row_signs.update(zip((s.name for s in group), signs, strict=True))
     for s in plan.multi:
         stored_once = inp.stored_once(s.scope)
-        flat, lengths = _multi(inp.columns([s], stored_once, None)[0], s)
+        flat, lengths = multi_values(inp.columns([s], stored_once, None)[0], s)
         i = plan.position[s.name]
         per_slot[i] = hash_values(flat, s.id)
         offsets[i] = np.concatenate(([0], np.cumsum(lengths))).astype(np.uint32)

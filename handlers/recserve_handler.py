@@ -1,13 +1,16 @@
 """TorchServe handler for recserve scoring: an adapter over ``serving.scoring.Scorer``.
 
 TorchServe calls ``initialize(context)`` once per worker process and ``handle(data, context)``
-per batch of requests (batching on). Everything else -- decoding, features, the embedding
-worker, the dense model, error statuses -- lives in the scoring core. No import-time side effects:
-the core is imported in ``initialize``.
+per batch of requests (batching on): TorchServe's batch runs through the scoring core's request
+loop (``serving.scoring.loop``: each request decoded and looked up, then ONE dense run), and this
+is its frontend's boundary, where each request's Outcome becomes its status by the one errors
+table (``serving.scoring.errors.reply_of``). Everything else -- decoding, features, the embedding
+worker, the dense model -- lives in the scoring core. No import-time side effects: the core is
+imported in ``initialize``.
 
 The archive carries ``scoring.json`` (a ``ScoringConfig``: which model-store version to serve,
 the worker address, the runtime, limits). TorchServe must run with TS_DECODE_INPUT_REQUEST=false
-so request bodies arrive as bytes and are parsed once, by orjson, in the core.
+so request bodies arrive as bytes and are read once, in the core (serving.scoring.decoding).
 """
 
 from __future__ import annotations
@@ -44,18 +47,19 @@ class RecserveHandler:
     # got that far (``batch_size`` > 1 at registration), then encode each; each request gets its
     # own status and a Server-Timing header with the core's stage times
     def handle(self, data: list[dict], context) -> list[bytes]:
-        from serving.scoring.core import Reply
+        from serving.scoring.errors import reply_of
+        from serving.scoring.loop import Pending, complete, prepare
 
         scorer, server_timing = self.scorer, self._server_timing
         if scorer is None or server_timing is None:
             raise RuntimeError("handle called before initialize")
-        prepared = [
-            scorer.prepare(_body(request), _content_type(context, idx)) for idx, request in enumerate(data)
+        started = [
+            prepare(scorer, _body(request), _content_type(context, idx)) for idx, request in enumerate(data)
         ]
-        scored = iter(scorer.replies([p for p in prepared if not isinstance(p, Reply)]))
+        scored = iter(complete([p for p in started if isinstance(p, Pending)]))
         out = []
-        for idx, p in enumerate(prepared):
-            reply = p if isinstance(p, Reply) else next(scored)
+        for idx, p in enumerate(started):
+            reply = reply_of(next(scored) if isinstance(p, Pending) else p)  # the boundary
             context.set_response_status(reply.status, "", idx)
             context.set_response_content_type(idx, "application/json")
             context.set_response_header(idx, "Server-Timing", server_timing(reply.timings))

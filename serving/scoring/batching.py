@@ -1,13 +1,13 @@
-"""Micro-batching of the scoring core's dense stage, on an asyncio event loop (the lean frontend,
-``recserve serve --batch-wait-ms``): requests that queue run the dense model together, each
-getting the reply it gets alone."""
+"""Micro-batching of the request loop's dense stage, on an asyncio event loop (the lean frontend,
+``recserve serve --batch-wait-ms``): requests that queue run the dense model together
+(``serving.scoring.loop.complete``), each getting the Outcome it gets alone."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
-from serving.scoring.core import Reply, Scorer, Started
+from serving.scoring.loop import Outcome, Pending, complete
 
 
 class DenseBatcher:
@@ -18,23 +18,16 @@ class DenseBatcher:
     failed). The pending run starts at once when no other request is in progress -- a request
     alone never waits -- or when it holds ``max_items`` items, else ``wait_s`` after its first
     request joined; a request that would take it past ``max_items`` goes into the next run.
-    Requests of different scorers (versions) run apart; each gets its own logits, in its item
-    order, and its reply as ``reply`` would give it."""
+    Requests of different scorers (versions) run apart; each gets its own scores, in its item
+    order, and the Outcome ``loop.run`` would give it."""
 
-    def __init__(
-        self,
-        wait_s: float,
-        max_items: int,
-        record: Callable[[Scorer, Reply], Reply] = lambda _, reply: reply,
-        observe: Callable[[int], object] = lambda _: None,
-    ):
-        """``record``: the frontend's count of each reply; ``observe``: of the requests per run."""
-        self.record = record
+    def __init__(self, wait_s: float, max_items: int, observe: Callable[[int], object] = lambda _: None):
+        """``observe``: of the requests per run (the frontend's histogram)."""
         self.observe = observe
         self.wait_s = wait_s
         self.max_items = max_items
         self.in_progress = 0
-        self._pending: list[tuple[Scorer, Started, asyncio.Future]] = []
+        self._pending: list[tuple[Pending, asyncio.Future[Outcome]]] = []
         self._items = 0
         self._timer: asyncio.TimerHandle | None = None
 
@@ -45,15 +38,14 @@ class DenseBatcher:
         self.in_progress -= 1
         self._maybe_run()
 
-    async def dense(self, scorer: Scorer, started: Started) -> Reply:
-        """The reply of a looked-up request, after its micro-batch's dense run."""
-        assert started.inputs is not None
-        future = asyncio.get_running_loop().create_future()
+    async def dense(self, pending: Pending) -> Outcome:
+        """The Outcome of a looked-up request, after its micro-batch's dense run."""
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self.in_progress -= 1
-        if self._pending and self._items + len(started.inputs.pooled) > self.max_items:
+        if self._pending and self._items + pending.items > self.max_items:
             self._run()  # the run so far, before this request would take it past max_items
-        self._pending.append((scorer, started, future))
-        self._items += len(started.inputs.pooled)
+        self._pending.append((pending, future))
+        self._items += pending.items
         self._maybe_run()
         return await future
 
@@ -70,19 +62,18 @@ class DenseBatcher:
             self._timer.cancel()
             self._timer = None
         pending, self._pending, self._items = self._pending, [], 0
-        groups: dict[int, list[tuple[Scorer, Started, asyncio.Future]]] = {}
+        groups: dict[int, list[tuple[Pending, asyncio.Future[Outcome]]]] = {}
         for entry in pending:
-            groups.setdefault(id(entry[0]), []).append(entry)
+            groups.setdefault(id(entry[0].scorer), []).append(entry)
         for group in groups.values():
-            scorer = group[0][0]
             try:
-                replies = scorer.replies([started for _, started, _ in group])
+                outcomes = complete([p for p, _ in group])
                 self.observe(len(group))
-                for (_, _, future), reply in zip(group, replies, strict=True):
+                for (_, future), outcome in zip(group, outcomes, strict=True):
                     if not future.done():  # its client may have gone
-                        future.set_result(self.record(scorer, reply))
+                        future.set_result(outcome)
             except BaseException as e:  # no request of the run is left without an answer
-                for _, _, future in group:
+                for _, future in group:
                     if not future.done():
                         future.set_exception(e)
                 if not isinstance(e, Exception):

@@ -8,6 +8,7 @@ import ssl
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -93,7 +94,9 @@ def requests_from_file(
             yield orjson.dumps(to_records(part, schema)), "application/json"
 
 
-def column_form(records: list[dict], dense: frozenset[str] | set[str] = frozenset()) -> dict[str, list]:
+def column_form(
+    records: list[dict[str, Any]], dense: frozenset[str] | set[str] = frozenset()
+) -> dict[str, list[Any]]:
     """Flat records -> the column form of a request's items: each field's values, where a record
     lacks one null for the ``dense`` fields and "" for the others (the form the scoring core parses
     without a pass over the items; "" rather than null keeps a categorical column on the one-call

@@ -18,12 +18,14 @@ one reference assignment. Each scorer pins its lookups to its own version, and a
 scorer from start to end, so no response mixes versions. The replaced scorer is closed after
 ``drain_s``. A version the gate or the load refuses is skipped (logged, counted, and named by
 ``/ping`` while nothing is served); serving stays on what it has.
+
+This module is the process (its config, its key, the served scorer and its metrics);
+``serving.scoring.asgi`` is its HTTP face (the routes, the error boundary, micro-batching).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import os
@@ -33,25 +35,15 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import orjson
-
 import model_store as ms
 from model_store.dense import RUNTIMES
-from serving.scoring.batching import DenseBatcher
-from serving.scoring.core import (
-    Reply,
-    Scorer,
-    ScoringConfig,
-    error_body,
-    loading_priority,
-    server_timing,
-)
+from serving.scoring.asgi import PREDICTIONS, App
+from serving.scoring.core import Scorer, ScoringConfig, loading_priority
+from serving.scoring.errors import Reply
 from serving.scoring.names import DENSE_RUNTIME, LOOKUP_MODE, LOOKUP_MODES
 from serving.versions import VersionTarget
 
 log = logging.getLogger("recserve.serve")
-
-PREDICTIONS = "/predictions/"
 
 
 @dataclass
@@ -225,16 +217,6 @@ class Frontend:
             loader.shutdown(wait=False)
 
     # ---- requests -------------------------------------------------------------------------------
-    def score(self, scorer: Scorer | None, body: bytes, content_type: str | None) -> Reply:
-        """Score with ``scorer``: the caller's one read of ``self.scorer``, so that a request is
-        scored by one version from start to end."""
-        if scorer is None:
-            return self.not_serving()
-        return self.record(scorer, scorer.reply(body, content_type))
-
-    def not_serving(self) -> Reply:
-        return Reply(503, error_body(self.not_serving_reason()), {"total": 0.0}, {})
-
     def record(self, scorer: Scorer, reply: Reply) -> Reply:
         """Count a reply ``scorer`` gave and observe its stage times."""
         v = reply.versions
@@ -251,136 +233,6 @@ class Frontend:
             self.scorer = None
 
 
-def app(frontend: Frontend):
-    """The ASGI application over ``frontend``."""
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-    model_path = PREDICTIONS + frontend.config.model
-    max_body = frontend.config.scoring.max_body_bytes
-    expected_auth = b"Bearer " + frontend.token.encode()
-    follower: list[asyncio.Task] = []
-    too_big = error_body(f"request body exceeds the limit of {max_body} bytes")
-    wait_s = frontend.config.batch_wait_ms / 1e3
-    batcher = (
-        DenseBatcher(wait_s, frontend.config.batch_max_items, frontend.record, frontend.batched.observe)
-        if wait_s > 0
-        else None
-    )
-    loop = asyncio.get_running_loop
-
-    async def send_reply(
-        send, status: int, body: bytes, ctype: bytes = b"application/json", extra=()
-    ) -> None:
-        headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode()), *extra]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    async def read_body(receive, limit: int) -> bytes | None:
-        chunks, size = [], 0
-        while True:
-            msg = await receive()
-            chunk = msg.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                return None
-            chunks.append(chunk)
-            if not msg.get("more_body"):
-                return b"".join(chunks)
-
-    async def lifespan(receive, send) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                follower.append(asyncio.create_task(frontend.follow()))
-                await send({"type": "lifespan.startup.complete"})
-            elif msg["type"] == "lifespan.shutdown":
-                for task in follower:
-                    task.cancel()
-                await asyncio.get_running_loop().run_in_executor(None, frontend.close)
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
-    async def application(scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            return await lifespan(receive, send)
-        if scope["type"] != "http":
-            return
-        path, method = scope["path"], scope["method"]
-        if path == "/ping" and method == "GET":
-            scorer = frontend.scorer
-            if scorer is None:
-                unhealthy = orjson.dumps({"status": "Unhealthy", "error": frontend.not_serving_reason()})
-                return await send_reply(send, 503, unhealthy)
-            return await send_reply(send, 200, orjson.dumps({"status": "Healthy", "version": scorer.dense_version,
-                                                             "lookups": scorer.lookup_modes}))  # fmt: skip
-        if path == "/metrics" and method == "GET":
-            return await send_reply(
-                send, 200, generate_latest(frontend.registry), CONTENT_TYPE_LATEST.encode()
-            )
-        if not path.startswith(PREDICTIONS):
-            return await send_reply(send, 404, error_body(f"no such path {path}: POST {model_path}"))
-        if path.rstrip("/") != model_path:
-            return await send_reply(send, 404, error_body(f"model {path[len(PREDICTIONS):]!r} is not served "
-                                                          f"here: POST {model_path}"))  # fmt: skip
-        if method != "POST":
-            return await send_reply(
-                send, 405, error_body(f"{method} {path}: use POST"), extra=[(b"allow", b"POST")]
-            )
-        headers = dict(scope["headers"])
-        if not frontend.config.disable_token_auth and not hmac.compare_digest(
-            headers.get(b"authorization", b""), expected_auth
-        ):
-            return await send_reply(send, 401, error_body("token authorization failed: send the inference key "
-                                                          "of the key file as 'Authorization: Bearer <key>'"))  # fmt: skip
-        if batcher is None:
-            maybe = await unbatched(receive, headers)
-            if maybe is None:
-                return await send_reply(send, 413, too_big)
-            reply = maybe
-        else:
-            batcher.begin()
-            joined = False
-            try:
-                body = await read_body(receive, max_body)
-                if body is None:
-                    return await send_reply(send, 413, too_big)
-                scorer = frontend.scorer
-                if scorer is None:
-                    reply = frontend.not_serving()
-                else:
-                    ctype = headers.get(b"content-type", b"").decode("latin-1") or None
-                    if "remote" in scorer.lookup_modes:  # blocking RPCs: off the event loop
-                        started = await loop().run_in_executor(None, scorer.prepare, body, ctype)
-                    else:  # in-process work only: a thread hop would cost more than it frees
-                        started = scorer.prepare(body, ctype)
-                    if isinstance(started, Reply):
-                        reply = frontend.record(scorer, started)
-                    else:
-                        joined = True
-                        reply = await batcher.dense(scorer, started)
-            finally:
-                if not joined:
-                    batcher.end()
-        await send_reply(
-            send,
-            reply.status,
-            reply.payload,
-            extra=[(b"server-timing", server_timing(reply.timings).encode())],
-        )
-
-    async def unbatched(receive, headers) -> Reply | None:
-        body = await read_body(receive, max_body)
-        if body is None:
-            return None
-        ctype = headers.get(b"content-type", b"").decode("latin-1") or None
-        scorer = frontend.scorer
-        if scorer is not None and "remote" in scorer.lookup_modes:  # blocking RPCs: off the event loop
-            return await loop().run_in_executor(None, frontend.score, scorer, body, ctype)
-        return frontend.score(scorer, body, ctype)  # in-process work only (or a 503)
-
-    return application
-
-
 def serve(config: ServeConfig) -> int:
     """Run the lean frontend until SIGTERM (drain, then exit 0) or SIGINT (drain, then stop)."""
     import uvicorn
@@ -391,7 +243,7 @@ def serve(config: ServeConfig) -> int:
     log.info("scoring %s at %s://%s:%d%s%s (token auth %s; lookups %s)", config.model, scheme, config.host,
              config.port, PREDICTIONS, config.model, auth, config.scoring.lookups)  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(
-        app(frontend), host=config.host, port=config.port, loop="uvloop", http="httptools", lifespan="on",
+        App(frontend), host=config.host, port=config.port, loop="uvloop", http="httptools", lifespan="on",
         access_log=False, log_level="warning",
         # uvicorn hints int but waits with asyncio (a float timeout is what it gets and honours)
         timeout_graceful_shutdown=max(config.drain_s, 1.0),  # type: ignore[arg-type]

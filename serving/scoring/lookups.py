@@ -1,17 +1,63 @@
-"""Where a scorer reads embedding rows: per shard, mapped in its process (co-located) or through
-the worker / the PS shards (remote), as ``ScoringConfig.lookups`` says."""
+"""The scoring core's ``lookup`` verb's collaborator: where a scorer reads embedding rows -- per
+shard, mapped in its process (co-located) or through the worker / the PS shards (remote), as
+``ScoringConfig.lookups`` says -- and the one call that reads them."""
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 from features.schema import Schema
-from serving.scoring.core import ScoringConfig
+from serving.scoring.errors import LookupFailed
+
+if TYPE_CHECKING:
+    from model_store.manifest import VersionManifest
+    from serving.scoring.core import ScoringConfig
+    from serving.scoring.decoding import Request
+    from serving.worker.core import ForwardResult
 
 log = logging.getLogger("recserve.scoring")
 
 
-def lookup_backend(config: ScoringConfig, schema: Schema, manifest: dict) -> tuple[object, list[str]]:
+class Lookups:
+    """The embedding worker of one scorer (a worker process's client, or the worker library over
+    its shards in this process) and where each shard's rows are read ("local" or "remote")."""
+
+    def __init__(self, worker: Any, modes: list[str]):
+        from serving.worker.core import EmbeddingWorker
+
+        self.worker = worker
+        self.modes = modes
+        self._inprocess = isinstance(worker, EmbeddingWorker)  # takes batches, not bytes
+
+    @classmethod
+    def of(cls, config: ScoringConfig, schema: Schema, manifest: VersionManifest) -> Lookups:
+        return cls(*lookup_backend(config, schema, manifest))
+
+    @classmethod
+    def over(cls, worker: Any) -> Lookups:
+        """Lookups through a worker built elsewhere (a test's, a benchmark's)."""
+        shards = getattr(worker, "shards", [worker])
+        return cls(worker, ["local" if getattr(s, "local", False) else "remote" for s in shards])
+
+    def forward(self, request: Request, version: str) -> ForwardResult:
+        """The pooled rows of ``request``, read from embedding ``version``; a ``LookupFailed``
+        carrying the worker's exception when they cannot be. A worker process is sent the
+        client's own bytes when it sent a binary batch (its client encodes any other)."""
+        wire = request.wire if request.wire is not None and not self._inprocess else request.batch
+        try:
+            result: ForwardResult = self.worker.forward(wire, version=version)
+        except Exception as e:
+            raise LookupFailed(e) from e
+        return result
+
+    def close(self) -> None:
+        close = getattr(self.worker, "close", None)
+        if close:
+            close()
+
+
+def lookup_backend(config: ScoringConfig, schema: Schema, manifest: VersionManifest) -> tuple[Any, list[str]]:
     """The embedding worker this scorer calls (a client of the worker process, or the worker
     library over its shards) and, per shard, "local" or "remote" (``ScoringConfig.lookups``)."""
     from serving.rpc.tls import ClientTLS
@@ -20,7 +66,7 @@ def lookup_backend(config: ScoringConfig, schema: Schema, manifest: dict) -> tup
 
     tls = ClientTLS.of(config.tls_ca, config.tls_cert, config.tls_key)
     spec = parse_ps_spec(config.ps) if config.ps else None
-    n = len(spec) if spec else int(manifest.get("num_shards", 1))
+    n = len(spec) if spec else manifest.num_shards
     local = (
         [has_local_files(config.version_dir, i, n) for i in range(n)] if config.lookups != "remote" else []
     )
@@ -41,8 +87,8 @@ def lookup_backend(config: ScoringConfig, schema: Schema, manifest: dict) -> tup
         local = [False] * n
     from serving.worker.core import EmbeddingWorker
 
-    dim = int(manifest["dim"])
-    backends: list = []
+    dim = manifest.dim
+    backends: list[Any] = []
     try:
         for i, here in enumerate(local):
             if here:

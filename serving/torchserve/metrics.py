@@ -65,7 +65,7 @@ def write_metrics_config(path: Path) -> Path:
 
 
 class ScoringMetrics:
-    """Records replies of the scoring core (``serving.scoring.core.Reply``) as TorchServe metrics."""
+    """Records replies of the scoring core (``serving.scoring.errors.Reply``) as TorchServe metrics."""
 
     def __init__(
         self,

@@ -1,5 +1,6 @@
-"""``from_json``: a column-form request read from its bytes gives exactly the batch orjson +
-``transform`` give, and any body outside the scan's form is left to them (None)."""
+"""``from_json``: a list of records or a ranking request (rows or columns) read from its bytes gives
+exactly the batch orjson + ``transform`` give, and any body outside the scan's form is left to them
+(None)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,46 @@ def test_criteo_requests_scan_to_the_parsed_batch():
         assert scanned(body, CRITEO) == reference(body, CRITEO) is not None
 
 
+def test_criteo_records_and_rows_scan_to_the_parsed_batch():
+    table = stream.read("data/criteo/wide_resdnn_criteo_test.tsv", CRITEO, limit=600)
+    records = to_records(table, CRITEO)
+    for start, n in ((0, 200), (200, 1), (201, 64), (265, 65), (330, 270)):  # across its growth steps
+        for body in (
+            orjson.dumps(records[start : start + n]),
+            orjson.dumps({"items": records[start : start + n]}),
+            orjson.dumps({"context": None, "items": records[start : start + n]}, option=orjson.OPT_INDENT_2),
+        ):
+            assert scanned(body, CRITEO) == reference(body, CRITEO) is not None
+
+
+def test_records_with_their_label_are_left_to_orjson_which_keeps_it():
+    table = stream.read("data/criteo/wide_resdnn_criteo_test.tsv", CRITEO, limit=3)
+    body = orjson.dumps(to_records(table, CRITEO, with_label=True))
+    assert from_json(body, CRITEO) is None
+    assert transform(orjson.loads(body), CRITEO).labels is not None
+
+
+def test_records_in_any_field_order_with_absent_and_null_values():
+    body = (
+        b'[{"item": "a", "z": 1, "user": "u", "cat": null, "x": null},'
+        b' {"z": 2.5, "y": 3, "item": "b"}, {"age": 4, "item": "c", "z": -0.0, "cat": ""}]'
+    )
+    assert scanned(body) == reference(body) is not None
+    body = b'{"items": [{"z": 2, "item": "b"}, {"item": "a", "z": 1, "x": null}], "context": {"user": "u"}}'
+    assert scanned(body) == reference(body) is not None
+    body = b' [ {\n "item" : "a" , "z" : 1 } ,\r\n{"item":"b","z":2}\t]\n'  # whitespace anywhere
+    assert scanned(body) == reference(body) is not None
+
+
+def test_records_over_the_row_limit_are_left_to_the_caller():
+    body = b'[{"item": "a", "z": 1}, {"item": "b", "z": 2}, {"item": "c", "z": 3}]'
+    assert from_json(body, SMALL, max_rows=2) is None
+    assert scanned(body) == encode(from_json(body, SMALL, max_rows=3)) == reference(body)
+    body = b'{"items": [{"item": "a", "z": 1}, {"item": "b", "z": 2}, {"item": "c", "z": 3}]}'
+    assert from_json(body, SMALL, max_rows=2) is None
+    assert scanned(body) == encode(from_json(body, SMALL, max_rows=3)) == reference(body)
+
+
 def test_a_request_with_a_context_scans_and_stores_it_once():
     items = to_records(stream.read("data/obd/item_context.csv", OBD), OBD)
     items[3].pop("item_feature_0", None)
@@ -100,7 +141,12 @@ def test_absent_and_null_values_are_missing_as_in_the_parsed_form():
         b'{"items": {"item": ["a"], "z": [true]}}',
         b'{"items": {"item": ["a"], "item": ["b"], "z": [1]}}',  # a duplicate: orjson keeps the last
         b'{"items": {"item": ["a"], "z": [1]}, "items": {"item": ["b"], "z": [2]}}',
-        b'{"items": [{"item": "a", "z": 1}]}',  # the row form
+        b'[{"item": "a", "z": 1, "item": "b"}]',  # a duplicate field
+        b'[{"item": "a\\u0062", "z": 1}]',
+        b'[{"item": 5, "z": 1}]',
+        b'[{"item": "a", "z": "1"}]',
+        b'{"items": [{"item": "a", "z": true}]}',
+        b'{"items": [{"item": "a", "z": 1}], "items": [{"item": "b", "z": 2}]}',
     ],
 )
 def test_bodies_outside_the_form_go_to_orjson(body):
@@ -138,6 +184,24 @@ def test_bodies_outside_the_form_go_to_orjson(body):
         b'{"context": {"user": "u"]}, "items": {"item": ["a"], "z": [1]}}',
         b'{"items": {"item": [["a"]], "z": [1]}}',
         b'{"items": {"item": ["a"], "z": [1]}, "other": 1}',
+        b"[]",
+        b"[{}]",  # required fields absent
+        b"[1]",
+        b'[{"item": "a", "z": 1}',
+        b'[{"item": "a", "z": 1},]',
+        b'[{"item": "a", "z": 1,}]',
+        b'[{"item": "a" "z": 1}]',
+        b'[{"item": "a", "z": 1}] x',
+        b'[{"item": null, "z": 1}]',
+        b'[{"item": "", "z": 1}]',
+        b'[{"item": "a"}]',
+        b'[{"item": "a", "z": 1, "bogus": 1}]',
+        b'[{"item": "a", "z": [1]}]',
+        b'[{"item": "a", "z": 1}, {"item": "b"}]',  # the second lacks a required field
+        b'{"items": []}',
+        b'{"items": [{"item": "a", "z": 1, "user": "u"}]}',  # a context field among the items
+        b'{"items": [{"item": "a", "z": 1}, 2]}',
+        b'{"items": [{"item": "a", "z": 1}]',
     ],
 )
 def test_mistakes_are_left_to_the_general_path_which_names_them(body):
@@ -192,16 +256,25 @@ def requests(draw):
     for name in draw(st.sets(st.sampled_from(["cat", "x", "y"]))):
         values = st.one_of(st.none(), numbers) if name in DENSE else cat
         items[name] = draw(st.lists(values, min_size=n, max_size=n))
-    request = {"items": items}
-    if draw(st.booleans()):
-        request["context"] = draw(
-            st.one_of(
-                st.none(),
-                st.fixed_dictionaries(
-                    {}, optional={"user": st.one_of(any_text, numbers, st.booleans()), "age": numbers}
-                ),
-            )
+    context = draw(
+        st.one_of(
+            st.none(),
+            st.fixed_dictionaries(
+                {}, optional={"user": st.one_of(any_text, numbers, st.booleans()), "age": numbers}
+            ),
         )
+    )
+    form = draw(st.sampled_from(["columns", "rows", "records"]))
+    request: object = {"items": items}
+    if form != "columns":  # one object per item, a field left out at random (missing, or a mistake)
+        rows = [{k: v[r] for k, v in items.items() if draw(st.integers(0, 9))} for r in range(n)]
+        rows = [dict(draw(st.permutations(list(row.items())))) for row in rows]  # any field order
+        if form == "records":  # context fields in every record
+            request = [{**(context or {}), **row} for row in rows]
+        else:
+            request = {"items": rows}
+    if form != "records" and draw(st.booleans()):
+        request["context"] = context  # type: ignore[index]
     body = orjson.dumps(request)
     if draw(st.booleans()):  # the same request spelled with whitespace between its tokens
         body = orjson.dumps(request, option=orjson.OPT_INDENT_2)

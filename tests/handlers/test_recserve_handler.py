@@ -50,8 +50,8 @@ def test_a_batch_runs_the_dense_model_once_and_each_request_gets_its_own_reply(h
     bodies = [b for b, _ in requests_from_file(TEST, "data/schemas/criteo.yaml", 50, 150)]  # 3 x 50 items
     alone = [_handle(handler, [b])[1][0]["scores"] for b in bodies]
     scorer, runs = handler.scorer, []
-    logits = scorer.logits
-    monkeypatch.setattr(scorer, "logits", lambda inputs: runs.append(len(inputs)) or logits(inputs))
+    predict = scorer.predict
+    monkeypatch.setattr(scorer, "predict", lambda inputs: runs.append(len(inputs)) or predict(inputs))
     statuses, replies, timing = _handle(handler, bodies)
     assert runs == [3]  # one dense call over the three requests
     assert statuses == [200, 200, 200]

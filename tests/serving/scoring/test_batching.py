@@ -14,8 +14,10 @@ import pytest
 
 from serving.scoring.batching import DenseBatcher
 from serving.scoring.client import requests_from_file
-from serving.scoring.core import Reply, Scorer, ScoringConfig
+from serving.scoring.core import Scorer, ScoringConfig
+from serving.scoring.errors import Reply, reply_of
 from serving.scoring.lean import Frontend, ServeConfig
+from serving.scoring.loop import Pending, prepare, score
 from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow
@@ -52,15 +54,29 @@ def _scores(reply: Reply) -> list[float]:
     return orjson.loads(reply.payload)["scores"]
 
 
+def _looked_up(scorer: Scorer, body: bytes, ctype: str | None) -> Pending:
+    pending = prepare(scorer, body, ctype)
+    assert isinstance(pending, Pending), pending
+    return pending
+
+
+async def _dense(batcher: DenseBatcher, frontend: Frontend | None, pending: Pending) -> Reply:
+    """What the lean frontend does with a run's Outcome: its reply, counted."""
+    reply = reply_of(await batcher.dense(pending))
+    return frontend.record(pending.scorer, reply) if frontend is not None else reply
+
+
 def test_queued_requests_share_one_dense_run_and_each_gets_its_own_reply(scorer, bodies, tmp_path):
     frontend = _frontend(tmp_path)
-    alone = [_scores(scorer.reply(b, c)) for b, c in bodies]
+    alone = [_scores(score(scorer, b, c)) for b, c in bodies]
 
     async def main() -> list[Reply]:
-        batcher = DenseBatcher(30.0, 10_000, frontend.record, frontend.batched.observe)
+        batcher = DenseBatcher(30.0, 10_000, frontend.batched.observe)
         for _ in bodies:  # every request has begun before the first one's lookups are done
             batcher.begin()
-        joined = [asyncio.ensure_future(batcher.dense(scorer, scorer.prepare(b, c))) for b, c in bodies]
+        joined = [
+            asyncio.ensure_future(_dense(batcher, frontend, _looked_up(scorer, b, c))) for b, c in bodies
+        ]
         return list(await asyncio.wait_for(asyncio.gather(*joined), 10))
 
     replies = asyncio.run(main())
@@ -75,28 +91,28 @@ def test_a_request_alone_never_waits_and_a_run_waits_at_most_wait_s(scorer, bodi
     (b0, c0), (b1, c1) = bodies[:2]
 
     async def alone() -> Reply:
-        batcher = DenseBatcher(30.0, 10_000, frontend.record, frontend.batched.observe)
+        batcher = DenseBatcher(30.0, 10_000, frontend.batched.observe)
         batcher.begin()
-        return await asyncio.wait_for(batcher.dense(scorer, scorer.prepare(b0, c0)), 5)  # not 30 s
+        return await asyncio.wait_for(_dense(batcher, frontend, _looked_up(scorer, b0, c0)), 5)  # not 30 s
 
-    assert _scores(asyncio.run(alone())) == pytest.approx(_scores(scorer.reply(b0, c0)), abs=1e-6)
+    assert _scores(asyncio.run(alone())) == pytest.approx(_scores(score(scorer, b0, c0)), abs=1e-6)
 
     async def one_never_joins() -> float:
-        batcher = DenseBatcher(0.05, 10_000, frontend.record, frontend.batched.observe)
+        batcher = DenseBatcher(0.05, 10_000, frontend.batched.observe)
         batcher.begin()
         batcher.begin()  # in progress, and it never joins: the first runs after wait_s
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        await asyncio.wait_for(batcher.dense(scorer, scorer.prepare(b1, c1)), 5)
+        await asyncio.wait_for(_dense(batcher, frontend, _looked_up(scorer, b1, c1)), 5)
         return loop.time() - t0
 
     assert 0.05 <= asyncio.run(one_never_joins()) < 5
 
     async def the_other_leaves() -> Reply:
-        batcher = DenseBatcher(30.0, 10_000, frontend.record, frontend.batched.observe)
+        batcher = DenseBatcher(30.0, 10_000, frontend.batched.observe)
         batcher.begin()
         batcher.begin()
-        joined = asyncio.ensure_future(batcher.dense(scorer, scorer.prepare(b0, c0)))
+        joined = asyncio.ensure_future(_dense(batcher, frontend, _looked_up(scorer, b0, c0)))
         await asyncio.sleep(0)  # it has joined and waits for the other
         assert not joined.done()
         batcher.end()  # the other was refused (say, a 400): nothing left to wait for
@@ -114,11 +130,11 @@ def test_two_versions_never_share_a_run_and_a_failed_run_fails_its_requests_only
         (b0, c0), (b1, c1) = bodies[:2]
 
         async def both() -> list[Reply]:  # queued together: one of each scorer
-            batcher = DenseBatcher(30.0, 10_000, frontend.record, frontend.batched.observe)
+            batcher = DenseBatcher(30.0, 10_000, frontend.batched.observe)
             batcher.begin()
             batcher.begin()
-            first = asyncio.ensure_future(batcher.dense(scorer, scorer.prepare(b0, c0)))
-            second = asyncio.ensure_future(batcher.dense(other, other.prepare(b1, c1)))
+            first = asyncio.ensure_future(_dense(batcher, frontend, _looked_up(scorer, b0, c0)))
+            second = asyncio.ensure_future(_dense(batcher, frontend, _looked_up(other, b1, c1)))
             return list(await asyncio.wait_for(asyncio.gather(first, second), 10))
 
         replies = asyncio.run(both())
@@ -137,14 +153,14 @@ def test_two_versions_never_share_a_run_and_a_failed_run_fails_its_requests_only
 
 
 def test_a_run_never_holds_more_than_max_items(scorer, bodies):
-    alone = [_scores(scorer.reply(b, c)) for b, c in bodies]
+    alone = [_scores(score(scorer, b, c)) for b, c in bodies]
     runs: list[int] = []  # requests per run
 
     async def main() -> list[Reply]:  # four requests of 50 items, at most 120 items a run
         batcher = DenseBatcher(30.0, 120, observe=runs.append)
         for _ in bodies:
             batcher.begin()
-        joined = [asyncio.ensure_future(batcher.dense(scorer, scorer.prepare(b, c))) for b, c in bodies]
+        joined = [asyncio.ensure_future(_dense(batcher, None, _looked_up(scorer, b, c))) for b, c in bodies]
         return list(await asyncio.wait_for(asyncio.gather(*joined), 10))
 
     replies = asyncio.run(main())
@@ -152,15 +168,15 @@ def test_a_run_never_holds_more_than_max_items(scorer, bodies):
     assert runs == [2, 2]  # 100 + 100 items, never 150
 
 
-def test_a_run_whose_replies_cannot_be_recorded_answers_every_request(scorer, bodies):
-    def record(_, reply):
+def test_a_run_whose_observer_fails_answers_every_request(scorer, bodies):
+    def observe(_):
         raise RuntimeError("metrics broke")
 
     async def main() -> list:
-        batcher = DenseBatcher(30.0, 10_000, record)
+        batcher = DenseBatcher(30.0, 10_000, observe)
         for _ in bodies:
             batcher.begin()
-        joined = [asyncio.ensure_future(batcher.dense(scorer, scorer.prepare(b, c))) for b, c in bodies]
+        joined = [asyncio.ensure_future(_dense(batcher, None, _looked_up(scorer, b, c))) for b, c in bodies]
         return list(await asyncio.wait_for(asyncio.gather(*joined, return_exceptions=True), 10))
 
     answers = asyncio.run(main())  # none left waiting: wait_for would time out
@@ -168,11 +184,11 @@ def test_a_run_whose_replies_cannot_be_recorded_answers_every_request(scorer, bo
 
 
 def test_micro_batch_scores_equal_the_dense_model_on_each_request(scorer, bodies):
-    inputs = [scorer.prepare(b, c).inputs for b, c in bodies]
-    together = scorer.logits(inputs)
-    for one, lg in zip(inputs, together, strict=True):
-        assert lg.shape == (len(one.pooled),)
-        np.testing.assert_allclose(lg, scorer.logits([one])[0], atol=1e-5)
+    inputs = [_looked_up(scorer, b, c).inputs for b, c in bodies]
+    together = scorer.predict(inputs)
+    for one, p in zip(inputs, together, strict=True):
+        assert p.shape == (len(one.pooled),)
+        np.testing.assert_allclose(p, scorer.predict([one])[0], atol=1e-6)
 
 
 def test_a_negative_wait_is_refused_at_start(tmp_path):

@@ -1,6 +1,6 @@
 """The scoring core in ONE process (the reference of ``make bench-e2e``): the Scorer over an
 in-process EmbeddingWorker on LocalShards scores like the trainer's offline scores, and
-``score_timed`` reports every stage (what the handler sends as ``Server-Timing``)."""
+the request loop reports every stage (what the handler sends as ``Server-Timing``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import model_store
 from features.schema import load_schema
 from serving.scoring.client import requests_from_file
 from serving.scoring.core import Scorer, ScoringConfig, server_timing
+from serving.scoring.loop import score
 from serving.worker.core import EmbeddingWorker, LocalShard
 from tests.serving.helpers import TEST
 
@@ -35,14 +36,14 @@ def test_inprocess_scorer_scores_like_offline_and_times_its_stages(version):
     )
     scores = []
     for body, ctype in requests_from_file(TEST, "data/schemas/criteo.yaml", 200, 400):
-        status, payload, timings = scorer.score_timed(body, ctype)
+        status, payload, timings, _ = score(scorer, body, ctype)
         assert status == 200, payload
         assert set(timings) == {"decode", "worker", "dense", "encode", "total"}
         assert timings["total"] >= timings["decode"] + timings["worker"] + timings["dense"]
         scores.extend(orjson.loads(payload)["scores"])
     offline = np.load(os.path.join(version, "eval", "scores.npy"))[:400]
     assert np.abs(np.array(scores) - offline).max() <= 1e-5
-    status, _, timings = scorer.score_timed(b"{not json", "application/json")
+    status, _, timings, _ = score(scorer, b"{not json", "application/json")
     assert status == 400 and set(timings) == {"total"}  # a refused request still says how long it took
 
 

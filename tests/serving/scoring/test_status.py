@@ -15,7 +15,10 @@ from features.schema import schema_from_dict
 from features.transform import transform
 from serving.ps.client import ShardError
 from serving.rpc.errors import NotServing
-from serving.scoring.core import BINARY, Scorer, ScoringConfig, ScoringError, forward_status
+from serving.scoring.core import BINARY, Scorer, ScoringConfig
+from serving.scoring.decoding import Request
+from serving.scoring.errors import LookupFailed, forward_status, status_of
+from serving.scoring.loop import score
 from serving.worker.core import EmbeddingWorker, LocalShard
 from tests.serving.helpers import DIM, ITEMS, SCHEMA, make_version, remote_scorer
 
@@ -60,12 +63,13 @@ BAD_BATCHES = {
 @pytest.fixture(scope="module")
 def scorer(tmp_path_factory):
     """A Scorer of a small version over an in-process worker on that version's rows."""
+    from serving.ps.spec import TableSpec
     from serving.ps.store import EmbeddingStore, StoreConfig
 
     root = tmp_path_factory.mktemp("store")
     version = make_version(root)
     vdir = ms.version_dir(root, "m", version)
-    store = EmbeddingStore(StoreConfig(dim=DIM, capacity=10_000))
+    store = EmbeddingStore(StoreConfig(table=TableSpec(dim=DIM, capacity=10_000)))
     store.open(vdir / "embeddings", version=version)
     s = Scorer(ScoringConfig(str(vdir)), worker=EmbeddingWorker([LocalShard(store)], SCHEMA))
     yield s
@@ -75,18 +79,19 @@ def scorer(tmp_path_factory):
 @pytest.mark.parametrize("name", list(BAD_BATCHES))
 def test_a_binary_batch_of_another_shape_is_a_400_naming_it(scorer, name):
     make, words = BAD_BATCHES[name]
-    status, body = scorer.score(make(), BINARY)
+    status, body, *_ = score(scorer, make(), BINARY)
     assert status == 400, body
     error = orjson.loads(body)["error"]
     assert error.startswith("invalid compact batch: ") and words in error, error
-    status, body = scorer.score(encode(transform(REQUEST, SCHEMA)), BINARY)  # and it keeps scoring
+    status, body, *_ = score(scorer, encode(transform(REQUEST, SCHEMA)), BINARY)  # and it keeps scoring
     assert status == 200 and len(orjson.loads(body)["scores"]) == len(ITEMS), body
 
 
 def test_the_in_process_workers_refusal_is_a_400(scorer):
-    with pytest.raises(ScoringError) as e:
-        scorer.predict(other_batch())
-    assert e.value.status == 400 and "sparse slots" in e.value.message
+    with pytest.raises(LookupFailed) as e:
+        scorer.lookup(Request(other_batch()))
+    status, message = status_of(e.value)
+    assert status == 400 and "sparse slots" in message
 
 
 def test_forward_failures_keep_their_class():
@@ -131,14 +136,16 @@ def test_over_a_worker_process_client_mistakes_are_400_with_the_workers_message(
     scorer = remote_scorer(root, version, worker)
     try:
         for name, (make, words) in BAD_BATCHES.items():
-            status, body = scorer.score(make(), BINARY)
+            status, body, *_ = score(scorer, make(), BINARY)
             assert status == 400 and words in orjson.loads(body)["error"], (name, body)
         # past the scoring core's own check: the worker's INVALID_ARGUMENT, its message as it is
-        with pytest.raises(ScoringError) as e:
-            scorer.predict(other_batch())
-        assert e.value.status == 400
-        assert e.value.message == f"batch has 1 sparse slots, schema {SCHEMA.name!r} has {len(SCHEMA.sparse)}"
-        status, body = scorer.score(encode(transform(REQUEST, SCHEMA)), BINARY)
+        with pytest.raises(LookupFailed) as e:
+            scorer.lookup(Request(other_batch()))
+        assert status_of(e.value) == (
+            400,
+            f"batch has 1 sparse slots, schema {SCHEMA.name!r} has {len(SCHEMA.sparse)}",
+        )
+        status, body, *_ = score(scorer, encode(transform(REQUEST, SCHEMA)), BINARY)
         assert status == 200, body
     finally:
         scorer.close()

@@ -19,7 +19,8 @@ from model_store.releases import publish
 from serving.ps.client import ShardError
 from serving.rpc.errors import NotServing
 from serving.rpc.health import check, wait_serving
-from serving.scoring.core import Scorer
+from serving.scoring.core import JSON, Scorer
+from serving.scoring.loop import score
 from tests.helpers import ROOT, wait_until
 from tests.serving.helpers import DIM, SIGNS, make_version, ranking_batch, remote_scorer
 
@@ -27,8 +28,8 @@ pytestmark = pytest.mark.slow
 
 
 def _score(scorer: Scorer) -> tuple[int, dict]:
-    status, payload = scorer.score(
-        orjson.dumps({"context": {"user": "u1"}, "items": [{"item": "i1", "x": 1.0}]})
+    status, payload, *_ = score(
+        scorer, orjson.dumps({"context": {"user": "u1"}, "items": [{"item": "i1", "x": 1.0}]}), JSON
     )
     return status, orjson.loads(payload)
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from serving.scoring.core import Reply
+from serving.scoring.errors import Reply
 from serving.torchserve.metrics import REQUESTS, STAGES, ScoringMetrics, write_metrics_config
 from tests.helpers import ROOT, wait_until
 
@@ -67,7 +67,7 @@ def test_what_is_queued_when_the_worker_exits_is_written(tmp_path):
 import logging, sys
 from types import SimpleNamespace
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
-from serving.scoring.core import Reply
+from serving.scoring.errors import Reply
 from serving.torchserve.metrics import ScoringMetrics, write_metrics_config
 logging.basicConfig(stream=sys.stdout, format="%(message)s", level=logging.INFO)  # as the worker logs
 cache = MetricsCacheYamlImpl(str(write_metrics_config(__import__("pathlib").Path({str(tmp_path)!r}) / "m.yaml")))

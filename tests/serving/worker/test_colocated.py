@@ -18,6 +18,7 @@ from serving.ps.client import ShardError
 from serving.ps.deltas import DeltaWriter
 from serving.scoring.client import requests_from_file
 from serving.scoring.core import Scorer, ScoringConfig
+from serving.scoring.loop import score
 from serving.worker.colocated import ColocatedShard, has_local_files
 from tests.helpers import ps_in_thread, wait_until
 from tests.serving.helpers import TEST
@@ -34,7 +35,7 @@ def store(trained):
 def _scores(scorer: Scorer, limit: int = 400) -> tuple[np.ndarray, list[dict]]:
     scores, versions = [], []
     for body, ctype in requests_from_file(TEST, SCHEMA, 200, limit):
-        status, payload = scorer.score(body, ctype)
+        status, payload, *_ = score(scorer, body, ctype)
         assert status == 200, payload
         reply = orjson.loads(payload)
         scores.extend(reply["scores"])
@@ -72,13 +73,17 @@ def test_a_published_delta_goes_live_in_the_colocated_shards(store):
         writer.assign(signs, new)
         seq, _, _ = writer.publish()
         wait_until(
-            lambda: all(s.version == ("1", seq) for s in scorer.worker.shards), 20, f"delta {seq} applied"
+            lambda: all(s.version == ("1", seq) for s in scorer.lookups.worker.shards),
+            20,
+            f"delta {seq} applied",
         )
         after, versions = _scores(scorer)
         assert {(v["embedding"], v["delta_seq"]) for v in versions} == {("1", seq)}
         assert np.abs(after - before).max() > 1e-3
-        own = scorer.worker.router.split(np.asarray(signs))[0][:50]  # shard 0's signs: the delta's rows
-        rows, answered = scorer.worker.shards[0].rows(np.asarray(signs)[own], False, "1")
+        own = scorer.lookups.worker.router.split(np.asarray(signs))[0][
+            :50
+        ]  # shard 0's signs: the delta's rows
+        rows, answered = scorer.lookups.worker.shards[0].rows(np.asarray(signs)[own], False, "1")
         assert answered == ("1", seq) and np.allclose(rows, new[own], atol=1e-6)
     finally:
         scorer.close()
@@ -120,6 +125,7 @@ def test_a_corrupt_version_is_refused_at_once_naming_why(store, tmp_path):
 
 def test_colocated_needs_every_shard_here_and_auto_reads_the_missing_one_remotely(store, tmp_path):
     from serving.ps.config import ServerConfig, StoreConfig
+    from serving.ps.spec import TableSpec
 
     root = tmp_path / "store"
     vdir = ms.version_dir(root, "criteo", "1")
@@ -130,7 +136,7 @@ def test_colocated_needs_every_shard_here_and_auto_reads_the_missing_one_remotel
         Scorer(ScoringConfig(str(vdir), lookups="colocated"))
     # shard 1 served by a PS process following the original store, where it is whole
     cfg = ServerConfig(port=0, grace_s=0.1, follow=str(ms.model_dir(store, "criteo")),
-                       store=StoreConfig(dim=16, shard=1, num_shards=2))  # fmt: skip
+                       store=StoreConfig(table=TableSpec(dim=16), shard=1, num_shards=2))  # fmt: skip
     with ps_in_thread(cfg) as address:
         scorer = Scorer(
             ScoringConfig(str(vdir), lookups="auto", ps=["127.0.0.1:1", address], worker_timeout_s=10)
