@@ -1,5 +1,7 @@
 """``make bench-join``: how fast ``recserve join`` replays a topic (samples/s), on the mock broker.
 
+    python -m loadtest.bench_join [--requests 1000] [--partitions 32] [--quick] [--results-dir DIR]
+
 Fills impressions (``--requests`` requests of 200 Criteo items, 40 ms apart in event time) and
 the click events of simulated users (``loadtest.stream_users``) into 4-partition topics, then
 times one joiner (the product's ``Joiner``, in this process) from its first record (after the
@@ -8,14 +10,13 @@ consumer group's first rebalance) until every sample is acknowledged by the brok
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import threading
 import time
 
 import numpy as np
 
-from loadtest.common import machine, write_results
+from loadtest.common import parse, parser, write_results
 from loadtest.stream_users import UserModel, impressions, produce, ranking_batch_bytes
 from serving.stream import mockbroker
 from serving.stream.config import JoinConfig
@@ -69,23 +70,19 @@ def replay(bootstrap: str, expected: int, window_s: float, timeout_s: float = 60
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench_join", description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--requests", type=int, default=1000, help="impressions of 200 items (default: 1000)")
-    p.add_argument(
-        "--partitions",
-        type=int,
-        default=32,
-        help="partitions per topic (default: 32; the mock keeps about 5 MB a partition)",
-    )
+    p.add_argument("--partitions", type=int, default=32,
+                   help="partitions per topic (default: 32; the mock keeps about 5 MB a partition)")  # fmt: skip
     p.add_argument("--window-s", type=float, default=10.0, help="join window, event time (default: 10)")
-    args = p.parse_args(argv)
+    args = parse(p, argv, {"requests": 20, "partitions": 4})
     with mockbroker.running() as broker:
         expected, events = fill(broker, args.requests, args.partitions)
         result = replay(broker.bootstrap, expected, args.window_s)
     result.update(requests=args.requests, items=ROWS, events=events, partitions=args.partitions,
-                  target_samples_per_s=TARGET, machine=machine())  # fmt: skip
+                  target_samples_per_s=TARGET)  # fmt: skip
     print(result)
-    write_results("join", result)
+    write_results("join", result, args.results_dir)
     return 0 if result["samples"] >= expected else 1
 
 

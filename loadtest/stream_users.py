@@ -2,7 +2,8 @@
 
     python -m loadtest.stream_users --brokers HOST:PORT [--ctr 0.05] [--score-weight 2] ...
 
-reads the impressions topic (its own consumer group) and writes click events to the events topic,
+reads the impressions topic (its own consumer group; ``--requests N`` writes N impressions there
+first) and writes click events to the events topic,
 keyed by request id, one ``{request_id, item, label: 1.0, ts}`` per click. The click model
 (``UserModel``): an item is clicked with probability ``sigmoid(logit(ctr) + score_weight * (score
 - mean score of its request))`` -- users like what the model ranks high, a little -- after an
@@ -20,6 +21,7 @@ import math
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +32,7 @@ from serving.stream.records import (
     Versions,
     decode_impression,
     encode_event,
+    encode_impression,
 )
 
 
@@ -140,7 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--score-weight", type=float, default=2.0, help="logit per unit of score (default: 2)")
     p.add_argument("--delay-s", type=float, default=5.0, help="mean click delay in seconds (default: 5)")
+    p.add_argument("--requests", type=int, default=0,
+                   help="first write this many impressions of 200 Criteo items, scored now (the demo's "
+                        "stand-in for the frontends' impression log)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.requests:
+        imps = impressions(args.requests, time.time(), 0.0, ranking_batch_bytes(200), 200)
+        produce(args.brokers, args.impressions, [(i.request_id, encode_impression(i)) for i in imps])
+        print(f"stream_users: {len(imps)} impressions written", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

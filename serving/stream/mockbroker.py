@@ -68,6 +68,8 @@ def _librdkafka() -> ctypes.CDLL:
     lib.rd_kafka_mock_cluster_bootstraps.restype = cp
     lib.rd_kafka_mock_cluster_bootstraps.argtypes = [vp]
     lib.rd_kafka_mock_topic_create.argtypes = [vp, cp, ctypes.c_int, ctypes.c_int]
+    lib.rd_kafka_mock_set_controller_id.argtypes = [vp, ctypes.c_int32]
+    lib.rd_kafka_mock_group_initial_rebalance_delay_ms.argtypes = [vp, ctypes.c_int32]
     return lib
 
 
@@ -90,6 +92,8 @@ class MockCluster:
         if not self._mc:
             raise RuntimeError("librdkafka could not create a mock cluster")
         self.bootstrap: str = lib.rd_kafka_mock_cluster_bootstraps(self._mc).decode()
+        lib.rd_kafka_mock_set_controller_id(self._mc, 1)  # admin clients wait for a controller
+        lib.rd_kafka_mock_group_initial_rebalance_delay_ms(self._mc, 100)  # the mock's default: 3 s
 
     def create_topic(self, topic: TopicSpec) -> None:
         code = self._lib.rd_kafka_mock_topic_create(self._mc, topic.name.encode(), topic.partitions, 1)
