@@ -73,8 +73,10 @@ def ranking_batch_bytes(rows: int = 200) -> bytes:
     from features.schema import load_schema
     from features.transform import transform
 
-    schema = load_schema("data/schemas/criteo.yaml")
-    table = stream.read("data/criteo/wide_resdnn_criteo_test.tsv", schema, limit=rows)
+    from loadtest.common import ROOT
+
+    schema = load_schema(ROOT / "data/schemas/criteo.yaml")
+    table = stream.read(str(ROOT / "data/criteo/wide_resdnn_criteo_test.tsv"), schema, limit=rows)
     return encode(transform(to_records(table, schema), schema))
 
 
