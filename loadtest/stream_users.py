@@ -72,7 +72,6 @@ def ranking_batch_bytes(rows: int = 200) -> bytes:
     from features.readers import to_records
     from features.schema import load_schema
     from features.transform import transform
-
     from loadtest.common import ROOT
 
     schema = load_schema(ROOT / "data/schemas/criteo.yaml")

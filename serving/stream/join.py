@@ -232,7 +232,9 @@ class PartitionJoin:
             self._release(*token)
             return
         rid = str(token)
-        req = self.requests[rid]
+        req = self.requests.get(rid)
+        if req is None:  # produced before this partition was lost and assigned again: re-read since
+            return
         req.unacked -= 1
         self._maybe_done(rid, req)
 

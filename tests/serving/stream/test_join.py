@@ -113,3 +113,9 @@ def test_the_watermark_waits_for_an_input_that_is_neither_read_nor_caught_up():
 def test_window_must_be_positive():
     with pytest.raises(ValueError, match="window_s must be > 0"):
         PartitionJoin(window_s=0, counts=JoinCounts())
+
+
+def test_an_ack_from_before_the_partition_was_assigned_again_is_ignored(join):
+    join.acked("a request this join never saw")
+    join.acked((IMPRESSIONS, 7))
+    assert join.committable() == (-1, -1) and join.counts.acked == 2
