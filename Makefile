@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PROTOS := $(wildcard proto/recserve/v1/*.proto)
 GEN    := recserve/v1/.generated
-BENCHES := codec ps train e2e swap faults multihost
+BENCHES := codec ps train e2e swap faults multihost join
 
 .PHONY: venv proto lint test test-fast demo bench $(addprefix bench-,$(BENCHES)) clean image test-image
 
@@ -59,6 +59,10 @@ bench: $(addprefix bench-,$(BENCHES))
 
 bench-codec: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_codec
+
+# How fast `recserve join` replays a topic (samples/s) on the mock Kafka cluster: loadtest/results/join.json.
+bench-join: $(STAMP) $(GEN)
+	$(PY) -m loadtest.bench_join
 
 # The PS bench compares against Redis 7, started on a free loopback port by the bench itself.
 bench-ps: $(STAMP) $(GEN)

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "train": "train a model (PS-backed embeddings, DDP dense) and export it",
     "ps": "serve one embedding parameter-server shard over gRPC",
     "worker": "serve the embedding worker (route, pool, update) over gRPC",
+    "join": "join impressions and events from Kafka into labelled samples (one per request and item)",
     "serve": "serve the scoring endpoint on uvicorn/uvloop (lean frontend; follows the store itself)",
     "up": "start the local serving stack (PS shards, worker, TorchServe, controller) for a model",
     "down": "stop exactly the processes a previous `recserve up` started",

@@ -1,0 +1,165 @@
+"""Simulated users for learning from the stream: given impressions, they click.
+
+    python -m loadtest.stream_users --brokers HOST:PORT [--ctr 0.05] [--score-weight 2] ...
+
+reads the impressions topic (its own consumer group; ``--requests N`` writes N impressions there
+first) and writes click events to the events topic,
+keyed by request id, one ``{request_id, item, label: 1.0, ts}`` per click. The click model
+(``UserModel``): an item is clicked with probability ``sigmoid(logit(ctr) + score_weight * (score
+- mean score of its request))`` -- users like what the model ranks high, a little -- after an
+exponential delay of mean ``delay_s`` (event time: the impression's ts plus the delay). Clicks of
+one request are drawn at once (numpy), no loop per item.
+
+``impressions(n, ...)`` makes impressions of a real ranking request (200 Criteo rows through the
+shipped schema) for benches and the demo while the frontends do not log them yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from serving.stream.records import (
+    Event,
+    Impression,
+    Versions,
+    decode_impression,
+    encode_event,
+    encode_impression,
+)
+
+
+@dataclass(frozen=True)
+class UserModel:
+    ctr: float = 0.05
+    """Mean click probability of an item of average score."""
+    score_weight: float = 2.0
+    """How much more users click what the model scores high (logit per unit of score)."""
+    delay_s: float = 5.0
+    """Mean delay from impression to click (exponential)."""
+    duplicate: float = 0.0
+    """Share of clicks sent twice (clients retry)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.ctr < 1 or self.delay_s < 0 or not 0 <= self.duplicate <= 1:
+            raise ValueError(f"need 0 < ctr < 1, delay_s >= 0, 0 <= duplicate <= 1: {self}")
+
+    def clicks(self, imp: Impression, rng: np.random.Generator) -> list[Event]:
+        scores = np.asarray(imp.scores, np.float64)
+        logit = math.log(self.ctr / (1 - self.ctr)) + self.score_weight * (scores - scores.mean())
+        items = np.flatnonzero(rng.random(len(scores)) < 1 / (1 + np.exp(-logit)))
+        ts = (
+            imp.ts + rng.exponential(self.delay_s, len(items))
+            if self.delay_s
+            else np.full(len(items), imp.ts)
+        )
+        again = rng.random(len(items)) < self.duplicate
+        items, ts = np.concatenate([items, items[again]]), np.concatenate([ts, ts[again]])
+        return [Event(imp.request_id, i, 1.0, t) for i, t in zip(items.tolist(), ts.tolist(), strict=True)]
+
+
+def ranking_batch_bytes(rows: int = 200) -> bytes:
+    """A ranking request of ``rows`` Criteo rows through the shipped schema, encoded."""
+    from features import stream
+    from features.codec import encode
+    from features.readers import to_records
+    from features.schema import load_schema
+    from features.transform import transform
+    from loadtest.common import ROOT
+
+    schema = load_schema(ROOT / "data/schemas/criteo.yaml")
+    table = stream.read(str(ROOT / "data/criteo/wide_resdnn_criteo_test.tsv"), schema, limit=rows)
+    return encode(transform(to_records(table, schema), schema))
+
+
+def impressions(
+    n: int, start_ts: float, every_s: float, batch: bytes, rows: int, seed: int = 0
+) -> list[Impression]:
+    """``n`` impressions of one batch, ``every_s`` apart from ``start_ts``, random scores."""
+    rng = np.random.default_rng(seed)
+    scores = rng.random((n, rows), dtype=np.float32)
+    return [Impression(f"req-{seed}-{i}", start_ts + i * every_s, Versions("v1", 0, "v1"), scores[i], batch)
+            for i in range(n)]  # fmt: skip
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[str, bytes]], settings: dict | None = None,
+            partition: int = -1) -> None:  # fmt: skip
+    """(key, value) records to ``topic`` (to ``partition``, else by key), all acknowledged (or a
+    RuntimeError)."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "queue.buffering.max.messages": 1_000_000,
+                  "enable.idempotence": True, **(settings or {})})  # fmt: skip
+    failed: list[str] = []
+
+    def done(err, _msg) -> None:
+        if err is not None:
+            failed.append(err.str())
+
+    for key, value in records:
+        while True:
+            try:
+                p.produce(topic, value, key.encode(), partition=partition, on_delivery=done)
+                break
+            except BufferError:
+                p.poll(0.05)
+    if p.flush(60) or failed:
+        raise RuntimeError(f"{topic}: {len(failed)} records not delivered: {failed[:3]}")
+
+
+def play(bootstrap: str, model: UserModel, stop: threading.Event, impressions_topic: str = "impressions",
+         events_topic: str = "events", group: str = "stream-users", seed: int = 0) -> int:  # fmt: skip
+    """Click on every impression read until ``stop``; returns how many events were sent."""
+    from confluent_kafka import Consumer
+
+    rng = np.random.default_rng(seed)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
+    c.subscribe([impressions_topic])
+    sent = 0
+    try:
+        while not stop.is_set():
+            batch = [m for m in c.consume(1000, timeout=0.2) if m.error() is None]
+            events = [e for m in batch for e in model.clicks(decode_impression(m.value() or b""), rng)]
+            produce(bootstrap, events_topic, [(e.request_id, encode_event(e)) for e in events])
+            sent += len(events)
+    finally:
+        c.close()
+    return sent
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.stream_users", description=__doc__.split("\n\n")[0])
+    p.add_argument("--brokers", required=True, help="Kafka bootstrap servers")
+    p.add_argument("--impressions", default="impressions", help="impressions topic (default: impressions)")
+    p.add_argument("--events", default="events", help="events topic (default: events)")
+    p.add_argument(
+        "--ctr", type=float, default=0.05, help="click probability of an average item (default: 0.05)"
+    )
+    p.add_argument("--score-weight", type=float, default=2.0, help="logit per unit of score (default: 2)")
+    p.add_argument("--delay-s", type=float, default=5.0, help="mean click delay in seconds (default: 5)")
+    p.add_argument("--requests", type=int, default=0,
+                   help="first write this many impressions of 200 Criteo items, scored now (the demo's "
+                        "stand-in for the frontends' impression log)")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.requests:
+        imps = impressions(args.requests, time.time(), 0.0, ranking_batch_bytes(200), 200)
+        produce(args.brokers, args.impressions, [(i.request_id, encode_impression(i)) for i in imps])
+        print(f"stream_users: {len(imps)} impressions written", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    model = UserModel(args.ctr, args.score_weight, args.delay_s)
+    sent = play(args.brokers, model, stop, args.impressions, args.events)
+    print(f"stream_users: {sent} events sent")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""``recserve join``: join impressions and events into labelled samples (flags from
+``serving.stream.config.JoinConfig``; see docs/streaming.md)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+from serving.stream.config import JoinConfig as CONFIG
+
+log = logging.getLogger("recserve.join")
+
+
+def run(cfg: CONFIG) -> int:
+    from prometheus_client import CollectorRegistry
+
+    from serving.rpc.metrics import start_metrics_server
+    from serving.stream.joiner import Joiner, JoinError
+
+    registry = CollectorRegistry()
+    joiner = Joiner(cfg, registry)
+    try:
+        partitions = joiner.check_topics()
+    except JoinError as e:
+        print(f"recserve join: {e}", file=sys.stderr)
+        return 2
+    stop_metrics = start_metrics_server(cfg.metrics_port, cfg.host, registry)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("join: %s + %s -> %s (%d partitions, window %gs, group %s)", cfg.impressions, cfg.events,
+             cfg.samples, partitions, cfg.window_s, cfg.group)  # fmt: skip
+    try:
+        joiner.run(stop)
+    except JoinError as e:
+        log.error("join: %s (stopping without committing: a restart re-reads it)", e)
+        return 1
+    finally:
+        stop_metrics()
+    log.info("join: stopped: %s", joiner.counts)
+    return 0

@@ -1,0 +1,64 @@
+"""``recserve join``'s configuration (flags generated from it by ``recserve.config``) and the
+librdkafka settings file every stream role reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def kafka_settings(path: str) -> dict[str, str]:
+    """librdkafka settings from a file, one ``KEY=VALUE`` a line (``#`` comments, blank lines):
+    ``security.protocol``, ``sasl.*``, ``ssl.*`` and any other client setting, kept out of the
+    command line (and so out of ``ps``) because they hold secrets. '' -> none."""
+    if not path:
+        return {}
+    settings = {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{path}:{n}: expected KEY=VALUE (a librdkafka setting), got {line!r}")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+@dataclass
+class JoinConfig:
+    """One joiner: a member of a consumer group joining impressions and events into samples."""
+
+    brokers: str = "127.0.0.1:9092"
+    """Kafka bootstrap servers, host:port,host:port."""
+    impressions: str = "impressions"
+    """Topic of impressions (keyed by request id; as many partitions as the events topic)."""
+    events: str = "events"
+    """Topic of events {request_id, item, label, ts} (keyed by request id)."""
+    samples: str = "samples"
+    """Topic the labelled samples go to (keyed by request id)."""
+    dead_letter: str = "join-dead-letter"
+    """Topic malformed input records go to, with headers naming the error and the source."""
+    group: str = "recserve-join"
+    """Consumer group: N joiners in one group split the partitions."""
+    window_s: float = 300.0
+    """An event counts for an impression up to this long (event time) after it was scored."""
+    kafka_config: str = ""
+    """File of librdkafka settings, KEY=VALUE a line (security.protocol, sasl.*, ssl.*, ...)."""
+    commit_every_s: float = 1.0
+    """How often the input offsets whose samples are all acknowledged are committed."""
+    batch: int = 5000
+    """Records consumed per poll."""
+    host: str = "127.0.0.1"
+    """Interface the /metrics port binds."""
+    metrics_port: int = 0
+    """Prometheus /metrics HTTP port (0: off)."""
+
+    def __post_init__(self) -> None:
+        if not self.window_s > 0:
+            raise ValueError(f"window_s must be > 0, got {self.window_s}")
+        if self.batch < 1 or self.commit_every_s <= 0:
+            raise ValueError("batch must be >= 1 and commit_every_s > 0")
+        names = [self.impressions, self.events, self.samples, self.dead_letter]
+        if len(set(names)) != len(names) or not all(names):
+            raise ValueError(f"the four topics must be named and distinct, got {names}")
