@@ -37,8 +37,11 @@ lint: $(STAMP)
 # Unit tests first (fast), then the integration tests that start real processes; each on
 # TEST_WORKERS pytest-xdist workers, a module's tests on one worker (its fixtures built once).
 TEST_WORKERS ?= 2
+# The slow suite runs every bench once with --quick (tests/loadtest/test_bench_*.py; bench-ps's needs
+# redis-server, bench-multihost's root).
 test: $(STAMP) $(GEN) lint
-	command -v prometheus >/dev/null || (apt-get update && apt-get install -y prometheus)
+	command -v prometheus >/dev/null && command -v redis-server >/dev/null || \
+	  (apt-get update && apt-get install -y prometheus redis-server)
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadscope
 	$(PY) -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadscope
 
@@ -48,6 +51,10 @@ test-fast: $(STAMP) $(GEN)
 demo: $(STAMP) $(GEN)
 	$(PY) -m recserve.demo
 
+# Every bench below (and bench-ts-overhead, bench-scale, bench-scale-train) is a program that prints
+# tables and writes loadtest/results/<name>.json; each takes --results-dir DIR (the JSON elsewhere)
+# and --quick (tiny sizes, seconds: it checks the bench itself, its figures mean little), e.g.
+#   .venv/bin/python -m loadtest.bench_faults --quick --results-dir /tmp/bench
 bench: $(addprefix bench-,$(BENCHES))
 
 bench-codec: $(STAMP) $(GEN)
@@ -87,8 +94,8 @@ bench-multihost: $(STAMP) $(GEN)
 # The OCI image (root; buildah and debootstrap, installed here when missing; minutes, so not part
 # of `make test`): a Debian base from its packages, recserve from wheels, uid 10001.
 image: $(STAMP) $(GEN)
-	command -v buildah >/dev/null && command -v debootstrap >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap)
+	command -v buildah >/dev/null && command -v debootstrap >/dev/null && command -v strip >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap binutils)
 	bash deploy/image/build.sh
 
 test-image: image

@@ -3,6 +3,8 @@
 Two workloads: ``criteo_200`` (200 consecutive rows of the Criteo test split, as flat records)
 and ``ranking_80`` (one Open Bandit user context + all 80 candidate items of item_context.csv).
 Writes loadtest/results/codec.json.
+
+    python -m loadtest.bench_codec [--quick] [--results-dir DIR]
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from features.codec import decode, encode
 from features.readers import read_obd, to_records
 from features.schema import load_schema
 from features.transform import transform
-from loadtest.common import median_us, print_table, report_targets, write_results
+from loadtest.common import median_us, parser, print_table, report_targets, write_results
 
 TARGETS = {
     "ranking_80": {"compact/naive": 0.10, "compact/json": 0.12},
@@ -44,7 +46,7 @@ def naive_bytes(batch, schema) -> int:
     return rows * (8 * len(schema.sparse) + 4 * len(schema.dense) + 4)
 
 
-def measure(schema, request) -> dict:
+def measure(schema, request, quick: bool = False) -> dict:
     js = orjson.dumps(request)
     parsed = orjson.loads(js)
     batch = transform(parsed, schema)
@@ -65,21 +67,26 @@ def measure(schema, request) -> dict:
         )
 
     assert decode(blob) == batch
+    runs, seconds = (5, 0.0) if quick else (200, 0.3)
     return {
         "rows": batch.num_rows,
         "compact_bytes": len(blob),
         "naive_bytes": naive_bytes(batch, schema),
         "json_bytes": len(js),
-        "encode_us": median_us(lambda: encode(batch)),
-        "decode_us": median_us(lambda: decode(blob)),
-        "decode_touch_all_us": median_us(decode_touch),
-        "json_loads_us": median_us(lambda: orjson.loads(js)),
-        "transform_us": median_us(lambda: transform(parsed, schema), min_runs=100),
+        "encode_us": median_us(lambda: encode(batch), runs, seconds),
+        "decode_us": median_us(lambda: decode(blob), runs, seconds),
+        "decode_touch_all_us": median_us(decode_touch, runs, seconds),
+        "json_loads_us": median_us(lambda: orjson.loads(js), runs, seconds),
+        "transform_us": median_us(lambda: transform(parsed, schema), min(runs, 100), seconds),
     }
 
 
-def main() -> int:
-    results = {"criteo_200": measure(*criteo_request()), "ranking_80": measure(*ranking_request())}
+def main(argv: list[str] | None = None) -> int:
+    args = parser(__doc__).parse_args(argv)
+    results = {}
+    for name, request in (("criteo_200", criteo_request), ("ranking_80", ranking_request)):
+        schema, body = request()
+        results[name] = measure(schema, body, args.quick)
     rows = []
     for name, r in results.items():
         r["compact/naive"] = r["compact_bytes"] / r["naive_bytes"]
@@ -101,7 +108,7 @@ def main() -> int:
     ]
     print()
     report_targets(results, dict(checks))
-    print(f"\nwrote {write_results('codec', results)}")
+    print(f"\nwrote {write_results('codec', results, args.results_dir)}")
     return 0
 
 

@@ -2,7 +2,7 @@
 
     python -m loadtest.bench_e2e [--store DIR --model NAME] [--duration 30] [--rates 10,50,100,200]
                                  [--runs lean:colocated,lean:remote,torchserve:colocated,torchserve:remote]
-                                 [--ts-workers 2] [--out e2e]
+                                 [--ts-workers 2] [--out e2e] [--quick] [--results-dir DIR]
 
 Trains a model into a temporary model store unless one is given, then for each run starts what it
 needs on this machine -- ``lean``: ``recserve serve`` (uvicorn/uvloop); ``torchserve``: the local
@@ -20,13 +20,12 @@ CPU time per request of each process (locust included), which a shared machine d
 wall time; per run ``max_rps_p99_le_10ms``. The torchserve + remote run also times each stage
 sequentially (``stages_ms``). Token auth is off (loopback only). Writes
 loadtest/results/<out>.json and prints tables; stops everything at the end, also on error.
+``--quick``: lean + co-located and TorchServe + remote at 10 requests/s for 2 s.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import http.client
 import math
 import os
 import shutil
@@ -39,13 +38,23 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loadtest.common import print_table, report_targets, write_results
+from loadtest.common import (
+    ROOT,
+    Stopwatch,
+    call_times,
+    parse,
+    parser,
+    print_table,
+    report_targets,
+    train_version,
+    write_results,
+)
+from loadtest.processes import Usage, descendants, http_ok, running, usage
 from model_store.dense import AUTO, CHOICES
 
 if TYPE_CHECKING:
     from serving.stack.state import StackState
 
-ROOT = Path(__file__).resolve().parent.parent
 TEST = ROOT / "data" / "criteo" / "wide_resdnn_criteo_test.tsv"
 SCHEMA = ROOT / "data" / "schemas" / "criteo.yaml"
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
@@ -56,15 +65,6 @@ TARGETS = {
     "lean_p50_at_10_over_inprocess": 1.5,
     "lean_max_rps_p99_le_10ms": 200,
 }
-
-
-def train_model(root: Path) -> None:
-    from training.config import TrainConfig
-    from training.train import train
-
-    # curve outside the version dir: the sealed version's checksums must stay valid
-    train(TrainConfig(store=str(root), model="criteo", epochs=1, inprocess_ps=True, publish=True,
-                      progress=False, curve=str(root / "curve.png")))  # fmt: skip
 
 
 def request_bodies(columns: bool = False) -> list[bytes]:
@@ -85,15 +85,6 @@ def percentiles(ms: np.ndarray) -> dict:
 
 
 # ---- CPU accounting (robust to a shared machine: CPU time, not wall time) ------------------------
-def children(pid: int) -> list[int]:
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                kids.append(int(stat.parent.name))
-    return kids
-
-
 def stack_processes(state: StackState) -> dict[str, list[int]]:
     """Role -> pids: the PS shards, the worker, TorchServe's JVM and its Python handler processes."""
     pids = state.pids
@@ -102,22 +93,13 @@ def stack_processes(state: StackState) -> dict[str, list[int]]:
         "ps": [int(p) for k, p in pids.items() if k.startswith("ps")],
         "worker": [int(pids["worker"])],
         "torchserve_frontend": [ts],
-        "handler": children(ts),
+        "handler": descendants(ts),
         "controller": [int(pids["controller"])],
     }
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
-
-
-def cpu_snapshot(procs: dict[str, list[int]]) -> dict[str, float]:
-    return {role: cpu_seconds(pids) for role, pids in procs.items()}
+def cpu_snapshot(procs: dict[str, list[int]]) -> dict[str, Usage]:
+    return {role: usage(pids) for role, pids in procs.items()}
 
 
 # ---- load ---------------------------------------------------------------------------------------
@@ -174,7 +156,7 @@ def _children_cpu() -> float:
 
 
 def _per_request(before: dict, after: dict, locust_cpu: float, n: int) -> dict:
-    out = {role: round((after[role] - before[role]) / max(n, 1) * 1e3, 3) for role in before}
+    out = {role: round((after[role].cpu_s - before[role].cpu_s) / max(n, 1) * 1e3, 3) for role in before}
     out["locust"] = round(locust_cpu / max(n, 1) * 1e3, 3)
     out["total"] = round(sum(out.values()), 3)
     return out
@@ -220,17 +202,7 @@ def warm_up(endpoint: str, key_file: str | None, bodies: list[bytes], seconds: f
 # ---- where the time goes ------------------------------------------------------------------------
 def median_ms(fn, args: list, min_runs: int = 100, min_seconds: float = 1.0) -> float:
     """Median wall time of ``fn(a)`` in ms, cycling through ``args`` (after one pass of warm-up)."""
-    for a in args:
-        fn(a)
-    times: list[float] = []
-    start, i = time.perf_counter(), 0
-    while len(times) < min_runs or time.perf_counter() - start < min_seconds:
-        a = args[i % len(args)]
-        t0 = time.perf_counter_ns()
-        fn(a)
-        times.append((time.perf_counter_ns() - t0) / 1e6)
-        i += 1
-    return round(float(np.median(times)), 3)
+    return round(float(np.median(call_times(fn, min_runs, min_seconds, args))) * 1e3, 3)
 
 
 def stages(
@@ -320,35 +292,17 @@ def lean_frontend(
     from serving.rpc.procs import free_ports
 
     port = free_ports(1)[0]
-    argv = [sys.executable, "-m", "recserve", "serve", "--store", str(store), "--model", model, "--port",
+    argv = ["recserve", "serve", "--store", str(store), "--model", model, "--port",
             str(port), "--lookups", lookups, "--no-token-auth", "--runtime", runtime,
             "--batch-wait-ms", f"{batch_wait_ms:g}"]  # fmt: skip
     if state is not None:
         argv += ["--worker", state.worker]
-    log = open(work / f"serve-{lookups}.log", "w")
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{port}/predictions/{model}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"recserve serve exited {proc.returncode}: see {log.name}")
-            with contextlib.suppress(OSError):
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                conn.request("GET", "/ping")
-                if conn.getresponse().status == 200:  # a version is loaded and warm
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("recserve serve did not start in 120 s")
-            time.sleep(0.2)
+    ping = http_ok(f"http://127.0.0.1:{port}/ping")  # 200 once a version is loaded and warm
+    with running(argv, work / f"serve-{lookups}.log", ping, "recserve serve answering /ping", 120) as proc:
         procs = {"lean": [proc.pid]}
         if state is not None:
             procs.update({k: v for k, v in stack_processes(state).items() if k in ("ps", "worker")})
-        yield endpoint, procs
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
+        yield f"http://127.0.0.1:{port}/predictions/{model}", procs
 
 
 def run_one(
@@ -441,7 +395,7 @@ def _name(run: dict) -> str:
 
 # ---- main ---------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--store", help="existing model store (default: train one into a temp dir)")
     p.add_argument("--model", default="criteo")
     p.add_argument("--rates", default="10,50,100,200", help="requests/s, comma-separated")
@@ -465,7 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--columns", action="store_true", help="send ranking requests in column form")
     p.add_argument("--out", default="e2e", help="results name: loadtest/results/<out>.json")
-    args = p.parse_args(argv)
+    args = parse(
+        p, argv, {"rates": "10", "duration": 2.0, "warmup_s": 1.0, "runs": "lean:colocated,torchserve:remote"}
+    )
     rates = [float(r) for r in args.rates.split(",")]
     pairs = [(*r.split(":")[:2], float(r.split(":")[2]) if r.count(":") == 2 else args.batch_wait_ms)
              for r in args.runs.split(",")]  # fmt: skip
@@ -476,10 +432,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         store = Path(args.store) if args.store else work / "store"
         if not args.store:
-            t0 = time.perf_counter()
             print(f"training a model into {store} ...", flush=True)
-            train_model(store)
-            print(f"  trained in {time.perf_counter() - t0:.0f} s", flush=True)
+            with Stopwatch() as sw:
+                train_version(store)
+            print(f"  trained in {sw.s:.0f} s", flush=True)
         current = model_store.current(store, args.model)
         if current is None:
             raise RuntimeError(f"{store}: no published version of {args.model}")
@@ -558,10 +514,10 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{_name(x)} {x['max_rps_p99_le_10ms']:g}" for x in runs))  # fmt: skip
     print("targets:")
     report_targets(out, checks)
-    path = write_results(args.out, out)
+    path = write_results(args.out, out, args.results_dir)
     print(f"load average before/after the load runs: {load_before[0]:.2f}/{load_after[0]:.2f} "
           f"on {os.cpu_count()} cpus")  # fmt: skip
-    print(f"wrote {path.relative_to(ROOT)}")
+    print(f"wrote {path}")
     return 0
 
 

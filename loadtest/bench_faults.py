@@ -1,7 +1,7 @@
 """``make bench-faults``: kill -9 under load, against ``recserve up --replicas 2``.
 
     python -m loadtest.bench_faults [--duration 80] [--rate 50] [--delta-every-s 2] [--delta-rows 2000]
-                                    [--fuzz-cases 100000]
+                                    [--fuzz-cases 100000] [--quick] [--results-dir DIR]
 
 Trains a model on the Criteo split into a temporary store, starts the local stack with 2 replicas
 per PS shard (supervised), and runs locust (200-item JSON requests, ``locust_timeline.py``) at
@@ -21,11 +21,12 @@ scored again: every request must succeed both times with the same scores.
 Writes loadtest/results/faults.json: ``failures_with_replicas``, ``failures_worker_kill``,
 ``failures_controller_kill``, ``ps_recovery_s``, ``worker_recovery_s``, ``controller_recovery_s``,
 ``lost_deltas``, ``fuzz_cases``, ``fuzz_server_errors``, ``scores_unchanged_by_fuzz``, and more.
+``--quick``: 20 s of load, a kill every 5 s, 400 fuzz cases.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -38,20 +39,22 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from loadtest.common import (
-    ROOT,
+    CRITEO_SCHEMA,
+    CRITEO_TEST,
+    parse,
+    parser,
     print_table,
     read_timeline,
     report_targets,
     start_locust_timeline,
+    train_version,
     write_results,
 )
+from loadtest.processes import wait_for
 
 if TYPE_CHECKING:
     from serving.stack.state import StackState
 
-TRAIN = ROOT / "data" / "criteo" / "wide_resdnn_criteo_train.tsv"
-TEST = ROOT / "data" / "criteo" / "wide_resdnn_criteo_test.tsv"
-SCHEMA = ROOT / "data" / "schemas" / "criteo.yaml"
 KILLED_PS = "ps0.1"  # its twin ps0.0 keeps serving shard 0
 
 
@@ -112,13 +115,13 @@ def kill_and_watch(run_dir: Path, name: str, back, timeout_s: float = 120.0) -> 
     old = read_state(run_dir).pids[name]
     t0 = time.time()
     os.kill(old, signal.SIGKILL)
-    while True:
+
+    def replaced() -> bool:
         state = read_state(run_dir)
-        if state.pids[name] != old and back(state):
-            return {"name": name, "kill": t0, "back": time.time(), "restarts": state.restarts[name]}
-        if time.time() - t0 > timeout_s:
-            raise TimeoutError(f"{name} not back {timeout_s}s after kill -9")
-        time.sleep(0.05)
+        return state.pids[name] != old and back(state)
+
+    at = wait_for(replaced, timeout_s, f"{name} back after kill -9", poll_s=0.05)
+    return {"name": name, "kill": t0, "back": at, "restarts": read_state(run_dir).restarts[name]}
 
 
 def faults(run_dir: Path, state: StackState, args, events: list[dict]) -> None:
@@ -138,8 +141,8 @@ def faults(run_dir: Path, state: StackState, args, events: list[dict]) -> None:
         with grpc.insecure_channel(state.worker) as ch:
             return check(ch) == "SERVING"
 
-    def controller_back(s) -> bool:
-        return running(s["pids"]["controller"], s["started_at"]["controller"])
+    def controller_back(s: StackState) -> bool:
+        return running(s.pids["controller"], s.started_at["controller"])
 
     time.sleep(args.steady_s)
     for name, back in ((KILLED_PS, ps_back), ("worker", worker_back), ("controller", controller_back)):
@@ -163,14 +166,6 @@ def lost_deltas(deltas: Deltas, address: str, shard: int, num_shards: int, versi
     return len(missing), served_seq
 
 
-def train(root: Path) -> None:
-    from training.config import TrainConfig
-    from training.train import train as run_training
-
-    run_training(TrainConfig(store=str(root), model="criteo", data=str(TRAIN), epochs=1, inprocess_ps=True,
-                             publish=True, progress=False, curve=str(root.parent / "curve.png")))  # fmt: skip
-
-
 def score_test_split(endpoint: str) -> np.ndarray:
     import orjson
 
@@ -179,7 +174,7 @@ def score_test_split(endpoint: str) -> np.ndarray:
     out = []
     client = ScoringClient(endpoint)
     try:
-        for body, ctype in requests_from_file(str(TEST), str(SCHEMA), 200, 2000, False):
+        for body, ctype in requests_from_file(str(CRITEO_TEST), str(CRITEO_SCHEMA), 200, 2000, False):
             status, payload = client.post(body, ctype)
             if status != 200:
                 raise RuntimeError(f"scoring the test split: HTTP {status}: {payload[:300]!r}")
@@ -196,9 +191,9 @@ def run(args) -> dict:
     root = work / "store"
     try:
         print("training a model ...", flush=True)
-        train(root)
+        train_version(root)
         cfg = StackConfig(store=str(root), model="criteo", replicas=2, http_port=0, management_port=0,
-                          metrics_port=0, disable_token_auth=True, poll_s=args.poll_s)  # fmt: skip
+                          metrics_port=0, disable_token_auth=True, poll_s=args.poll_s, lookups="remote")  # fmt: skip
         print("starting the stack: 2 PS shards x 2 replicas (token auth off for this local benchmark) ...")
         with LocalStack(cfg) as stack:
             timeline = work / "timeline.txt"
@@ -217,11 +212,10 @@ def run(args) -> dict:
                 raise RuntimeError(f"locust wrote no timeline:\n{stderr[-3000:]}")
             last = deltas.published[-1][0]
             address = stack.state.ps_shards[0][1]
-            deadline = time.time() + 60
-            while (view := _ps_view(address)) is None or view[2] < last:
-                if time.time() > deadline:
-                    break  # counted as lost below
-                time.sleep(0.1)
+            with contextlib.suppress(TimeoutError):  # what is not there by then counts as lost below
+                wait_for(
+                    lambda: (view := _ps_view(address)) is not None and view[2] >= last, 60, "the last delta"
+                )
             lost, seq = lost_deltas(deltas, address, 0, len(stack.state.ps_shards), stack.state.version)
             before = score_test_split(stack.state.endpoint)
             fuzz = {}
@@ -286,7 +280,7 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = parser(__doc__)
     p.add_argument("--duration", type=int, default=80)
     p.add_argument("--rate", type=int, default=50)
     p.add_argument("--delta-rows", type=int, default=2000)
@@ -295,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gap-s", type=float, default=20.0, help="from one kill to the next")
     p.add_argument("--poll-s", type=float, default=0.2)
     p.add_argument("--fuzz-cases", type=int, default=100_000, help="0: no fuzz")
-    args = p.parse_args(argv)
+    args = parse(p, argv, {"duration": 20, "steady_s": 3.0, "gap_s": 5.0, "fuzz_cases": 400})
     result = run(args)
     print_table("kill -9 under load (up --replicas 2, deltas publishing)", [result],
                 ["rate", "duration_s", "requests", "failures", "failures_with_replicas", "failures_worker_kill",
@@ -315,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         checks["fuzz_cases >= 100,000"] = result["fuzz_cases"] >= 100_000
         checks["0 fuzz server errors"] = result["fuzz_server_errors"] == 0
     report_targets(result, checks)
-    print(f"\nwrote {write_results('faults', result)}")
+    print(f"\nwrote {write_results('faults', result, args.results_dir)}")
     return 0
 
 

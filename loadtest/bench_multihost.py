@@ -8,23 +8,23 @@ Training (``loadtest/multihost_training.py``): a two-node torchrun job whose ran
 mid-epoch and restarted from its checkpoint against the uninterrupted run (AUC delta), samples/s
 on 2 nodes against 1. Writes ``loadtest/results/multihost.json``.
 
-    python -m loadtest.bench_multihost [--quick] [--only serving|training]
+    python -m loadtest.bench_multihost [--quick] [--only serving|training] [--results-dir DIR]
+
+``--quick``: 5 s load windows, one epoch of training, no one-host or 1-node comparison.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from loadtest import netns
-from loadtest.common import print_table, report_targets, write_results
+from loadtest.common import parser, print_table, report_targets, write_results
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter windows and smaller data")
-    parser.add_argument("--only", choices=["serving", "training"], help="run one half")
-    args = parser.parse_args(argv)
+    p = parser(__doc__)
+    p.add_argument("--only", choices=["serving", "training"], help="run one half")
+    args = p.parse_args(argv)
     if reason := netns.unavailable():
         print(f"bench-multihost needs network namespaces: {reason}", file=sys.stderr)
         return 2
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         if key in figures:
             checks[text] = bool(ok(figures[key]))
     report_targets(result, checks)
-    print(f"wrote {write_results('multihost', result)}")
+    print(f"wrote {write_results('multihost', result, args.results_dir)}")
     return 0 if all(checks.values()) else 1
 
 

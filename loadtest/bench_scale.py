@@ -7,7 +7,7 @@ Serving (this module):
    manifest's checksums; nothing is trained), sealed, and v1 published.
 2. One ``recserve ps --follow <store>/<model> --shard i --num-shards 2`` per shard, as ``recserve up``
    starts them. ``load_s``: spawn -> every shard serves v1 (its files mapped and verified);
-   ``load_gb_per_s``: the version's bytes / load_s. ``serving_bytes_per_row``: summed VmRSS of
+   ``load_gb_per_s``: the version's bytes / load_s. ``serving_bytes_per_row``: summed RSS of
    the PS processes / rows, against ``raw_bytes_per_row`` = 8 + 4 x dim.
 3. A client sends 4,000-ID ``Lookup`` calls (random signs of the version, one shard after the other)
    at ``--rate`` calls/s while ``--switches`` full switches run, to v2 and back to v1 in turn. Each
@@ -19,7 +19,7 @@ Serving (this module):
    later, outside both windows (``lookup_p99_during_release_ms``: +-1 s around it). Last, a busy
    loop at idle priority runs in another process for a window (``lookup_p99_idle_spinner_ms``):
    what any background work at all costs the lookups on this machine. ``peak_rss_during_switch_gb``
-   (VmRSS polled every 50 ms in the switch windows) against ``old_plus_new_gb`` (RSS on v1 alone +
+   (RSS sampled every 50 ms in the switch windows) against ``old_plus_new_gb`` (RSS on v1 alone +
    RSS on v2 alone, after v1's release).
 4. ``delta_rows_per_s``: a delta of ``--delta-rows`` rows per shard is written into the version
    served last; rows /
@@ -28,21 +28,20 @@ Serving (this module):
 Training: ``loadtest.bench_scale_train`` (synth files of N and 10N rows streamed through
 ``recserve train``) runs after, unless ``--no-train``; its keys are merged in.
 
-Writes ``loadtest/results/scale.json`` (``--out``) and ``scale.png`` beside it (lookup latency over
+Writes ``loadtest/results/scale.json`` (``--results-dir``) and ``scale.png`` beside it (lookup latency over
 time, the switches marked), and prints each target met or MISSED. Linux only (/proc). Needs
 ~2 x 4 GB of disk and ~10 GB of RAM at the default size (versions: ``loadtest/scale_store.py``).
 
     python -m loadtest.bench_scale [--rows 50000000] [--dir /tmp/scale [--keep] [--reuse]] [--no-train]
 
-A quick run at a small size (a few minutes; it checks the bench itself, its figures mean little):
+A quick run at a small size (``--quick``: 20,000 rows, 2 switches, no training part; seconds: it
+checks the bench itself, its figures mean little):
 
-    python -m loadtest.bench_scale --rows 200000 --switches 2 --window-s 1 --keep-previous-s 1 \
-        --delta-rows 5000 --rate 50 --no-train --out /tmp/scale.json
+    python -m loadtest.bench_scale --quick --results-dir /tmp/scale
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -55,51 +54,25 @@ from typing import TypedDict
 
 import numpy as np
 
-from loadtest.common import machine, print_table, report_targets
+from loadtest.common import ROOT, Stopwatch, machine, parse, parser, print_table, report_targets
+from loadtest.processes import Sampler, usage, wait_for
 from loadtest.scale_store import DIM, MODEL, SHARDS, build_version, reuse, write_delta
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "loadtest" / "results"
 IDS_PER_CALL = 4000
 
 
 # ---- processes --------------------------------------------------------------------------------
-def rss(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
-
-
-class Sampler(threading.Thread):
-    """Polls the PS processes' RSS every 50 ms."""
-
-    def __init__(self, pids):
-        super().__init__(daemon=True)
-        self.pids, self.samples, self.stop = pids, [], threading.Event()
-
-    def run(self):
-        while not self.stop.is_set():
-            self.samples.append((time.time(), rss(self.pids)))
-            time.sleep(0.05)
-
-
 def wait_version(clients, version: str, seq: int = -1, timeout_s: float = 600.0) -> float:
-    t0 = time.time()
-    while time.time() - t0 < timeout_s:
+    """When every shard serves ``version`` with at least delta ``seq`` (time.time())."""
+
+    def serving() -> bool:
         try:
             st = [c.stats(timeout_s=2) for c in clients]
-            if all(s["version"] == version and s["delta_seq"] >= seq for s in st):
-                return time.time()
-        except Exception:
-            pass
-        time.sleep(0.02)
-    raise TimeoutError(f"shards did not serve version {version} (seq {seq}) in {timeout_s}s")
+        except Exception:  # not answering yet
+            return False
+        return all(s["version"] == version and s["delta_seq"] >= seq for s in st)
+
+    return wait_for(serving, timeout_s, f"every shard serving version {version} (seq {seq})", poll_s=0.02)
 
 
 def lookup_loop(clients, sample, rate, stop, out):
@@ -160,15 +133,15 @@ def run(args) -> dict:
 
     base = Path(args.dir or tempfile.mkdtemp(prefix="recserve-scale-"))
     root = base / "store"
-    t0 = time.perf_counter()
-    if args.reuse and (reused := reuse(root, args.rows)):
-        v1, v2, sample = reused
-    else:
-        shutil.rmtree(root, ignore_errors=True)
-        v1, sample = build_version(root, args.rows, seed=1)
-        v2, _ = build_version(root, args.rows, seed=2)
-        np.save(base / "sample.npy", sample)
-    build_s = time.perf_counter() - t0
+    with Stopwatch() as built:
+        if args.reuse and (reused := reuse(root, args.rows)):
+            v1, v2, sample = reused
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+            v1, sample = build_version(root, args.rows, seed=1)
+            v2, _ = build_version(root, args.rows, seed=2)
+            np.save(base / "sample.npy", sample)
+    build_s = built.s
     set_current(root, MODEL, v1)
     version_bytes = sum(f.stat().st_size for f in (root / MODEL / v1 / "embeddings").rglob("*.npy"))
     rows = sum(
@@ -194,14 +167,14 @@ def run(args) -> dict:
         t_loaded = wait_version(clients, v1)
         load_s = t_loaded - t_spawn
         time.sleep(2)
-        rss_v1 = rss(pids)
+        rss_v1 = usage(pids).rss_bytes
         calls: list = []
         stop = threading.Event()
         looper = threading.Thread(
             target=lookup_loop, args=(clients, sample, args.rate, stop, calls), daemon=True
         )
         looper.start()
-        sampler = Sampler(pids)
+        sampler = Sampler(pids, interval_s=0.05)
         sampler.start()
         time.sleep(1)  # connections warm
         rss_new = 0
@@ -225,7 +198,7 @@ def run(args) -> dict:
             t_released = wait_released(clients)
             time.sleep(1)
             if k == 0:
-                rss_new = rss(pids)  # v2 alone
+                rss_new = usage(pids).rss_bytes  # v2 alone
             switches.append({"to": target, "steady": (t_steady, t_publish), "switch": (t_publish, t_end),
                              "switch_s": t_switched - t_publish, "released": t_released})  # fmt: skip
         t_spin = time.time()
@@ -234,7 +207,7 @@ def run(args) -> dict:
         time.sleep(0.5)
         stop.set()
         looper.join()
-        sampler.stop.set()
+        sampler.stop()
         ddir = write_delta(root, v2 if args.switches % 2 else v1, sample, args.delta_rows)
         t_delta = wait_version(clients, clients[0].stats()["version"], seq=0)
         delta_s = t_delta - (ddir / ms.SUCCESS).stat().st_mtime
@@ -252,7 +225,7 @@ def run(args) -> dict:
         per_switch.append({"to": sw["to"], "switch_s": round(sw["switch_s"], 2), "p99_steady_ms": round(s_ * 1e3, 2),
                            "p99_during_ms": round(d_ * 1e3, 2), "ratio": round(d_ / s_, 2)})  # fmt: skip
     windows = [sw["switch"] for sw in switches]
-    peak = max((r for t, r in sampler.samples if any(a <= t <= b for a, b in windows)), default=0)
+    peak = sampler.peak_rss(windows)
     result = {
         "serving_rows": rows,
         "dim": DIM,
@@ -284,7 +257,7 @@ def run(args) -> dict:
         "delta_visible_s": round(delta_s, 3),
         "delta_rows_per_s": round(args.delta_rows * SHARDS / max(delta_s, 1e-9)),
     }
-    plot(calls, windows, (t_spin, t_spin_end), Path(args.out).with_suffix(".png"))
+    plot(calls, windows, (t_spin, t_spin_end), args.results_dir / "scale.png")
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)
     return result
@@ -293,28 +266,25 @@ def run(args) -> dict:
 def wait_answered(calls, version: str, since: float, timeout_s: float = 600.0) -> float:
     """When every shard has answered a lookup from ``version`` (read from the lookups' own answers:
     polling Stats would add calls to the switch windows only)."""
-    t0 = time.time()
-    while time.time() - t0 < timeout_s:
-        first = {}
+    first: dict[int, float] = {}
+
+    def answered() -> bool:
+        first.clear()
         for t, _, ok, v, shard in calls[::-1]:
             if t < since:
                 break
             if ok and v and v[0] == version:
                 first[shard] = t
-        if len(first) == SHARDS:
-            return max(first.values())
-        time.sleep(0.05)
-    raise TimeoutError(f"shards did not answer from version {version} in {timeout_s}s")
+        return len(first) == SHARDS
+
+    wait_for(answered, timeout_s, f"every shard answering from version {version}", poll_s=0.05)
+    return max(first.values())
 
 
 def wait_released(clients, timeout_s: float = 600.0) -> float:
     """When every shard holds one version again (the replaced one released)."""
-    t0 = time.time()
-    while time.time() - t0 < timeout_s:
-        if all(len(c.stats(timeout_s=2)["held"]) <= 1 for c in clients):
-            return time.time()
-        time.sleep(0.25)
-    raise TimeoutError(f"the replaced version was not released in {timeout_s}s")
+    return wait_for(lambda: all(len(c.stats(timeout_s=2)["held"]) <= 1 for c in clients), timeout_s,
+                    "the replaced version released", poll_s=0.25)  # fmt: skip
 
 
 def plot(calls, windows, spin, path: Path) -> None:
@@ -358,7 +328,7 @@ def targets(r: dict) -> dict[str, bool]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = parser(__doc__)
     p.add_argument("--rows", type=int, default=50_000_000, help="rows per version (over 2 shards)")
     p.add_argument("--rate", type=float, default=200.0, help="lookup calls per second")
     p.add_argument("--switches", type=int, default=4, help="full switches, v2 and v1 in turn")
@@ -374,13 +344,13 @@ def main(argv=None) -> int:
     p.add_argument(
         "--reuse", action="store_true", help="with --dir: serve the versions an earlier --keep run built"
     )
-    p.add_argument(
-        "--out", default=str(RESULTS / "scale.json"), help="the JSON written (and the .png beside it)"
-    )
     p.add_argument("--no-train", action="store_true", help="skip the training part")
     p.add_argument("--train-args", default="", help="extra arguments for loadtest.bench_scale_train")
     p.add_argument("--train-json", default="", help="merge this scale_train.json instead of running it")
-    args = p.parse_args(argv)
+    quick = {"rows": 20_000, "switches": 2, "window_s": 1.0, "keep_previous_s": 1.0, "delta_rows": 1000,
+             "rate": 50.0, "no_train": True}  # fmt: skip
+    args = parse(p, argv, quick)
+    args.results_dir.mkdir(parents=True, exist_ok=True)
     result = {"machine": machine(), "serving": run(args)}
     serving = result["serving"]
     print_table("serving a memory-mapped version", [serving], [k for k in serving if k != "per_switch"])
@@ -392,17 +362,17 @@ def main(argv=None) -> int:
     if args.train_json:
         result["training"] = json.loads(Path(args.train_json).read_text())
     elif not args.no_train:
-        cmd = [sys.executable, "-m", "loadtest.bench_scale_train", *args.train_args.split()]
+        cmd = [sys.executable, "-m", "loadtest.bench_scale_train", "--results-dir", str(args.results_dir),
+               *args.train_args.split()]  # fmt: skip
         subprocess.run(cmd, cwd=ROOT, check=True)
-        result["training"] = json.loads((RESULTS / "scale_train.json").read_text())
+        result["training"] = json.loads((args.results_dir / "scale_train.json").read_text())
     flat = dict(serving)
     for k, v in result.get("training", {}).items():
         if not isinstance(v, dict):
             flat.setdefault(k, v)
     result.update(flat)
     report_targets(result, targets(result))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = args.results_dir / "scale.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0

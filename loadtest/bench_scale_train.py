@@ -4,7 +4,8 @@
    start of the large one) and a held-out test file (another seed, same hidden model).
 2. Each training file is streamed through ``recserve train --epochs 1`` in a subprocess, as a user
    types it; the peak RSS of its process tree (the trainer and the PS shard processes it starts)
-   is polled from /proc every 0.2 s. The shards get ``--capacity`` rows each, enough for every
+   is sampled every 0.2 s (``loadtest.common.run_sampled``; the trainer's own peak is the kernel's
+   high-water mark). The shards get ``--capacity`` rows each, enough for every
    ID of the 10N file, so they never grow during the run (a full shard grows; none evicts).
    The PS holds one row per distinct ID, and synth data keeps bringing new IDs, so the PS share
    of the memory grows with the data by design; the trainer's share must not.
@@ -19,7 +20,10 @@
 
 Writes ``loadtest/results/scale_train.json`` and prints a table. Linux only (/proc).
 
-    python -m loadtest.bench_scale_train [--rows 200000] [--scale 1.0] [--capacity 4000000]
+    python -m loadtest.bench_scale_train [--rows 200000] [--scale 1.0] [--capacity 4000000] [--quick]
+                                         [--results-dir DIR]
+
+``--quick``: 2,000 rows (20,000 for the reader baseline).
 """
 
 from __future__ import annotations
@@ -31,68 +35,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from loadtest.common import print_table, write_results
+from loadtest.common import ROOT, Stopwatch, parse, parser, print_table, write_results
+from loadtest.processes import run_sampled
 
-ROOT = Path(__file__).resolve().parents[1]
 ISSUE_BASELINE = {"seconds": 17.5, "peak_rss_gb": 4.7, "rows": 1_000_000}
-
-
-# ---- process-tree memory ------------------------------------------------------------------------
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            kids.setdefault(ppid, []).append(int(d))
-    return kids
-
-
-def tree_rss(root: int) -> tuple[int, int]:
-    """(RSS of ``root`` and all its descendants, RSS of ``root`` alone), bytes."""
-    kids, todo, total, own = _children(), [root], 0, 0
-    page = os.sysconf("SC_PAGE_SIZE")
-    while todo:
-        pid = todo.pop()
-        try:
-            rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
-        except (OSError, IndexError):
-            rss = 0
-        total += rss
-        own = rss if pid == root else own
-        todo += kids.get(pid, [])
-    return total, own
-
-
-def run_polled(cmd: list[str], timeout: float) -> dict:
-    """Run ``cmd``; its stdout, exit code, wall time and peak RSS (tree and own), polled."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = peak_own = 0
-    try:
-        while proc.poll() is None:
-            total, own = tree_rss(proc.pid)
-            peak, peak_own = max(peak, total), max(peak_own, own)
-            if time.perf_counter() - t0 > timeout:
-                proc.kill()
-                raise TimeoutError(f"{' '.join(cmd)}: still running after {timeout} s")
-            time.sleep(0.2)
-    finally:
-        out, err = proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{err[-3000:]}")
-    return {
-        "stdout": out,
-        "wall_s": time.perf_counter() - t0,
-        "peak_gb": peak / 1e9,
-        "own_peak_gb": peak_own / 1e9,
-    }
 
 
 # ---- the steps ----------------------------------------------------------------------------------
@@ -101,26 +49,26 @@ def recserve(*args: str) -> list[str]:
 
 
 def synth(path: Path, rows: int, seed: int, scale: float) -> float:
-    t0 = time.perf_counter()
     cmd = recserve(
         "synth", "--rows", str(rows), "--out", str(path), "--seed", str(seed), "--scale", str(scale)
     )
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-    return rows / (time.perf_counter() - t0)
+    with Stopwatch() as sw:
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    return rows / sw.s
 
 
 def train(data: Path, test: Path, store: Path, args: argparse.Namespace) -> dict:
     cmd = recserve("train", "--data", str(data), "--test", str(test), "--epochs", "1")
     cmd += ["--capacity", str(args.capacity), "--num-shards", str(args.num_shards)]
     cmd += ["--store", str(store), "--model", data.stem, "--no-progress", "--log-level", "WARNING"]
-    run = run_polled(cmd, timeout=args.timeout)
-    summary = json.loads(run["stdout"].strip().splitlines()[-1])
+    run = run_sampled(cmd, args.timeout)
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
     shard_rows = [
         json.loads(m.read_text())["rows"] for m in Path(summary["version_dir"]).glob("embeddings/*/meta.json")
     ]
     return {
-        "peak_rss_gb": run["peak_gb"],
-        "trainer_peak_rss_gb": run["own_peak_gb"],
+        "peak_rss_gb": run.peak_rss / 1e9,
+        "trainer_peak_rss_gb": run.own_peak_rss / 1e9,
         "ps_rows": sum(shard_rows),
         "samples_per_s": summary["samples_per_s"],
         "auc": summary["auc"],
@@ -146,9 +94,9 @@ def read_rate(path: Path, workers: int) -> dict:
 
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
         list(pool.map(abs, range(workers)))  # start the workers before the clock
-        t0 = time.perf_counter()
-        rows = sum(pool.map(_read_part, [path] * workers, range(workers), [workers] * workers))
-        return {"rows": rows, "rows_per_s": rows / (time.perf_counter() - t0)}
+        with Stopwatch() as sw:
+            rows = sum(pool.map(_read_part, [path] * workers, range(workers), [workers] * workers))
+        return {"rows": rows, "rows_per_s": rows / sw.s}
 
 
 def trainer_read(path: Path, limit: int) -> dict:
@@ -162,18 +110,18 @@ def trainer_read(path: Path, limit: int) -> dict:
     from features.stream import ReadOptions
     from training import data
 
-    t0 = time.perf_counter()
-    schema = load_schema(ROOT / "data/schemas/criteo.yaml")
-    split = data.Split(path, schema, ReadOptions(numeric_dense=True), limit)
-    split.scan().stats(schema)  # the trainer's statistics pass (they go to its dense network)
-    rows = sum(b.num_rows for b in split.batches(128, 65536, np.random.default_rng(0)))
-    seconds = time.perf_counter() - t0
+    with Stopwatch() as sw:
+        schema = load_schema(ROOT / "data/schemas/criteo.yaml")
+        split = data.Split(path, schema, ReadOptions(numeric_dense=True), limit)
+        split.scan().stats(schema)  # the trainer's statistics pass (they go to its dense network)
+        rows = sum(b.num_rows for b in split.batches(128, 65536, np.random.default_rng(0)))
+    seconds = sw.s
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
     return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds, "peak_rss_gb": peak}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--rows", type=int, default=200_000, help="N: rows of the small training file")
     p.add_argument("--test-rows", type=int, default=50_000, help="rows of the held-out test file")
     p.add_argument("--scale", type=float, default=1.0, help="synth cardinality scale (1: Kaggle's)")
@@ -182,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-rows", type=int, default=1_000_000, help="rows for the reader baseline")
     p.add_argument("--workdir", help="where the data goes (default: a temporary directory, removed)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per training run")
+    p.add_argument("--read-runs", type=int, default=2, help="read_rows_per_s: the best of this many")
     p.add_argument("--trainer-read", nargs=2, metavar=("FILE", "LIMIT"), help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    quick = {"rows": 2000, "test_rows": 500, "capacity": 100_000, "baseline_rows": 20_000, "read_runs": 1}
+    args = parse(p, argv, quick)
     if args.trainer_read:  # the child of step 4
         print(json.dumps(trainer_read(Path(args.trainer_read[0]), int(args.trainer_read[1]))))
         return 0
@@ -207,13 +157,16 @@ def main(argv: list[str] | None = None) -> int:
             runs[name] = train(path, test, work / "store", args)
         loads["read"] = round(os.getloadavg()[0], 2)
         # best of two: the machine may be shared, and a rate is a capability
-        read = max((read_rate(large, os.cpu_count() or 1) for _ in range(2)), key=lambda r: r["rows_per_s"])
+        read = max(
+            (read_rate(large, os.cpu_count() or 1) for _ in range(args.read_runs)),
+            key=lambda r: r["rows_per_s"],
+        )
         loads["reader_baseline"] = round(os.getloadavg()[0], 2)
-        child = run_polled(
+        child = run_sampled(
             [sys.executable, "-m", "loadtest.bench_scale_train", "--trainer-read", str(baseline_file), str(args.baseline_rows)],
-            timeout=args.timeout,
+            args.timeout,
         )  # fmt: skip
-        reader = json.loads(child["stdout"].strip().splitlines()[-1])
+        reader = json.loads(child.stdout.strip().splitlines()[-1])
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
@@ -235,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         "read_rows_per_s": round(read["rows_per_s"]),
         "read_rows_per_s_1proc": round(reader["rows_per_s"]),
         "reader_baseline_s": round(reader["seconds"], 2),
-        "reader_baseline_peak_rss_gb": round(child["peak_gb"], 3),
+        "reader_baseline_peak_rss_gb": round(child.peak_rss / 1e9, 3),
         "issue_baseline": ISSUE_BASELINE,
         "synth_rows_per_s": round(synth_rate),
         "targets": {"rss_ratio_10x": "<= 1.25", "read_rows_per_s": ">= 250000"},
@@ -272,12 +225,12 @@ def main(argv: list[str] | None = None) -> int:
             },
             {
                 "what": f"{args.baseline_rows:,} rows for training: seconds / peak RSS GB",
-                "rows_per_s": f"{reader['seconds']:.1f} s / {child['peak_gb']:.2f} GB (issue: 17.5 s / 4.7 GB)",
+                "rows_per_s": f"{reader['seconds']:.1f} s / {child.peak_rss / 1e9:.2f} GB (issue: 17.5 s / 4.7 GB)",
             },
         ],  # fmt: skip
         ["what", "rows_per_s"],
     )
-    print(f"\nwrote {write_results('scale_train', results)}")
+    print(f"\nwrote {write_results('scale_train', results, args.results_dir)}")
     return 0
 
 

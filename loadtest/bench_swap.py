@@ -1,7 +1,7 @@
 """``make bench-swap``: hot swaps under load.
 
     python -m loadtest.bench_swap [--duration 90] [--rate 50] [--deltas 10] [--delta-rows 10000]
-                                  [--lookups remote,colocated]
+                                  [--lookups remote,colocated] [--quick] [--results-dir DIR]
 
 Trains two versions into a temporary model store from the same schema file but on *different
 data* (v1 on the first half of the training split, v2 on the second, so their fitted dense
@@ -29,12 +29,11 @@ Writes loadtest/results/swap.json (``runs``, one per mode: ``failures``, ``mixed
 ``p99_steady_ms``, ``p99_during_swap_ms``, ``full_switch_window_s``, ``full_switch_p99_ms``,
 ``delta_visible_p50_s``, ``delta_visible_p99_s`` (the first response), ``delta_ps_live_p99_s``
 (every PS shard), per-window figures) and swap-<mode>.png (latency over time with every event
-marked).
+marked). ``--quick``: 2 deltas and the switch in 16 s of load, co-located lookups only, one epoch of training.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
@@ -44,34 +43,35 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtest.common import print_table, read_timeline, report_targets, start_locust_timeline, write_results
+from loadtest.common import (
+    CRITEO_TRAIN,
+    parse,
+    parser,
+    print_table,
+    read_timeline,
+    report_targets,
+    start_locust_timeline,
+    train_version,
+    write_results,
+)
+from loadtest.processes import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "loadtest" / "results"
 
-
-TRAIN = ROOT / "data" / "criteo" / "wide_resdnn_criteo_train.tsv"
-
-
-def train_versions(root: Path) -> list[str]:
+def train_versions(root: Path, epochs: int = 2) -> list[str]:
     """v1 on the first half of the training rows (published), v2 on the second half (held back):
     the same schema file, different fitted dense statistics. Returns the manifests' fingerprints."""
     import model_store as ms
-    from training.config import TrainConfig
-    from training.train import train
 
-    lines = TRAIN.read_bytes().splitlines(keepends=True)
+    lines = CRITEO_TRAIN.read_bytes().splitlines(keepends=True)
     halves = [lines[: len(lines) // 2], lines[len(lines) // 2 :]]
     fingerprints = []
     for seed, (publish, rows) in enumerate(zip((True, False), halves, strict=True)):
         data = root.parent / f"train-{seed}.tsv"
         data.write_bytes(b"".join(rows))
-        result = train(TrainConfig(store=str(root), model="criteo", data=str(data), epochs=2, inprocess_ps=True,
-                                   publish=publish, progress=False, seed=seed,
-                                   curve=str(root.parent / f"curve-{seed}.png")))  # fmt: skip
+        result = train_version(root, seed, publish, data, epochs)
         if result.version_dir is None:
             raise RuntimeError(f"training on {data} exported no version")
-        fingerprints.append(ms.read_manifest(Path(result.version_dir), verify=False)["schema_fingerprint"])
+        fingerprints.append(ms.read_manifest(Path(result.version_dir), verify=False).schema_fingerprint)
     return fingerprints
 
 
@@ -91,12 +91,13 @@ class Shards:
         return out
 
     def wait(self, pred, timeout_s: float = 30.0) -> float:
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            if all(pred(v, s) for v, s in self.serving()):
-                return time.time()
-            time.sleep(0.02)
-        raise TimeoutError(f"shards not live after {timeout_s}s: {self.serving()}")
+        """When every shard's (version, delta seq) satisfies ``pred`` (time.time())."""
+        try:
+            return wait_for(
+                lambda: all(pred(v, s) for v, s in self.serving()), timeout_s, "shards live", poll_s=0.02
+            )
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}: {self.serving()}") from None
 
 
 def swap_schedule(root: Path, stack, args, events: list[dict]) -> None:
@@ -127,11 +128,10 @@ def swap_schedule(root: Path, stack, args, events: list[dict]) -> None:
     events.append({"kind": "full version switch", "version": v2, "start": t0, "live": live})
     from serving.stack.state import read_state
 
-    while read_state(stack.run_dir).dense_version != v2:  # the controller's record: registered + default
-        if time.time() - t0 > 120:
-            raise TimeoutError("dense version switch not live after 120 s")
-        time.sleep(0.05)
-    events.append({"kind": "dense version switch", "version": v2, "start": live, "live": time.time()})
+    # the controller's record: registered + default
+    dense_live = wait_for(lambda: read_state(stack.run_dir).dense_version == v2, 120, "dense version switch live",
+                          poll_s=0.05)  # fmt: skip
+    events.append({"kind": "dense version switch", "version": v2, "start": live, "live": dense_live})
     time.sleep(args.after_s)  # the old dense version drains; responses after the switch count too
 
 
@@ -140,7 +140,7 @@ def run(args) -> list[dict]:
     trained = work / "trained"
     try:
         print("training two versions on different halves of the data ...", flush=True)
-        fingerprints = train_versions(trained)
+        fingerprints = train_versions(trained, args.epochs)
         if len(set(fingerprints)) != 1:
             raise RuntimeError(f"the two versions' schema fingerprints differ: {fingerprints}")
         runs = []
@@ -244,7 +244,7 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float, args, lookups: s
             "loadavg": os.getloadavg(),
         },  # fmt: skip
     }
-    plot(start - t_start, ms, failed, result["events"], RESULTS / f"swap-{lookups}.png", lookups)
+    plot(start - t_start, ms, failed, result["events"], args.results_dir / f"swap-{lookups}.png", lookups)
     return result
 
 
@@ -286,7 +286,7 @@ def plot(t, ms, failed, events, path: Path, lookups: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = parser(__doc__)
     p.add_argument("--duration", type=int, default=90)
     p.add_argument("--rate", type=int, default=50)
     p.add_argument("--deltas", type=int, default=10)
@@ -294,9 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delta-every-s", type=float, default=4.0)
     p.add_argument("--steady-s", type=float, default=15.0)
     p.add_argument("--poll-s", type=float, default=0.2)
+    p.add_argument("--epochs", type=int, default=2, help="each version's training epochs")
     p.add_argument("--after-s", type=float, default=5.0, help="load kept on after the dense switch")
     p.add_argument("--lookups", default="remote,colocated", help="the handler's lookup modes, one run each")
-    args = p.parse_args(argv)
+    quick = {"duration": 16, "deltas": 2, "delta_rows": 1000, "delta_every_s": 1.0, "steady_s": 4.0,
+             "after_s": 1.0, "lookups": "colocated", "epochs": 1}  # fmt: skip
+    args = parse(p, argv, quick)
+    args.results_dir.mkdir(parents=True, exist_ok=True)
     runs = run(args)
     cols = ["lookups", "rate", "requests", "failures", "mixed_responses", "p50_steady_ms", "p99_steady_ms",
             "p99_during_swap_ms", "full_switch_window_s", "full_switch_p99_ms", "delta_visible_p50_s",
@@ -317,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     result = {"runs": runs}
     report_targets(result, checks)
-    print(f"\nwrote {write_results('swap', result)} and swap-<mode>.png in {RESULTS}")
+    print(f"\nwrote {write_results('swap', result, args.results_dir)} and swap-<mode>.png beside it")
     return 0
 
 

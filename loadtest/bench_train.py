@@ -19,7 +19,10 @@ variant a ``recserve train`` process of its own, or the peer's, in the same invo
 process (reading, planning, PS start, evaluation); ``peak_rss_gb`` is the trainer process's
 (PS processes apart). Writes ``loadtest/results/train.json`` and prints tables.
 
-    python -m loadtest.bench_train [--sections criteo,synth_1m] [--shards process|inprocess]
+    python -m loadtest.bench_train [--sections criteo,synth_1m] [--shards process|inprocess] [--quick]
+                                   [--results-dir DIR]
+
+``--quick``: one seed on the first 2,048 Criteo rows and no warm-up runs, 2,000 synth rows.
 """
 
 from __future__ import annotations
@@ -32,8 +35,6 @@ import platform
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,11 @@ import numpy as np
 
 from features.schema import load_schema
 from features.stream import ReadOptions
-from training.cluster import ShardSpec
+from loadtest.common import Stopwatch, parse, parser
+from loadtest.processes import run_sampled
 from training.config import TrainConfig
 from training.train import train
 
-RESULTS = Path(__file__).resolve().parent / "results" / "train.json"
 VARIANTS: dict[str, dict[str, Any]] = {
     "inprocess": {"embeddings": "inprocess"},
     "sync": {"sharding": "ps", "staleness": 0},
@@ -66,6 +67,8 @@ def run_variant(name: str, seed: int, args: argparse.Namespace, **extra) -> dict
         kw |= {"inprocess_ps": args.shards == "inprocess", "num_shards": args.num_shards}
     if args.epochs:
         kw["epochs"] = args.epochs
+    if args.limit:
+        kw["limit"] = args.limit
     r = train(TrainConfig(**(kw | extra)))
     return {"auc": r.auc, "logloss": r.logloss, "samples_per_s": r.samples_per_s, "train_s": r.train_seconds}
 
@@ -85,10 +88,10 @@ def criteo_section(args: argparse.Namespace) -> dict:
     seeds = [int(s) for s in args.seeds.split(",")]
     runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     load_before = os.getloadavg()
-    t0 = time.time()
+    sw = Stopwatch()
     # warm-up, not recorded: the first run in a process pays one-off costs (imports, kernel and
     # thread-pool start-up) that would otherwise land on whichever variant runs first
-    for name in VARIANTS:
+    for name in VARIANTS if args.warmup else ():
         run_variant(name, 99, args, epochs=1, limit=2048)
     for seed in seeds:
         for name in VARIANTS:
@@ -106,10 +109,10 @@ def criteo_section(args: argparse.Namespace) -> dict:
     results["conditions"] = {
         "data": "Criteo split: 8000 train / 2000 test rows (data/criteo/wide_resdnn_*)",
         "arch": "dlrm",
-        "dim": cfg.dim,
+        "dim": cfg.table.dim,
         "epochs": args.epochs or cfg.epochs,
         "batch_size": cfg.batch_size,
-        "sparse": f"{cfg.sparse_optimizer} lr {cfg.lr}",
+        "sparse": f"{cfg.table.optimizer.name} lr {cfg.table.optimizer.lr}",
         "dense": f"adam lr {cfg.dense_lr}",
         "seeds": seeds,
         "shards": f"{args.num_shards} x {'recserve ps process (gRPC)' if args.shards == 'process' else 'in-process store'}",
@@ -117,7 +120,7 @@ def criteo_section(args: argparse.Namespace) -> dict:
         "cpus": os.cpu_count(),
         "machine": platform.processor() or platform.machine(),
         "loadavg_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
-        "wall_s": round(time.time() - t0, 1),
+        "wall_s": round(sw.s, 1),
     }
     results["targets"] = {
         "hybrid_auc_gt_0.70": hybrid["auc"] > 0.70,
@@ -135,23 +138,11 @@ def criteo_section(args: argparse.Namespace) -> dict:
 
 
 def _child(cmd: list[str]) -> dict:
-    """Run one variant as its own process: its JSON summary plus its peak RSS (wait4's, that
-    process's own)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out: list[str] = []
-    err: list[str] = []
-    readers = [threading.Thread(target=lambda f=f, b=b: b.append(f.read())) for f, b in
-               ((proc.stdout, out), (proc.stderr, err))]  # fmt: skip
-    for r in readers:
-        r.start()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    for r in readers:
-        r.join()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {''.join(err)[-2000:]}")
-    summary = json.loads("".join(out).strip().splitlines()[-1])
-    summary["peak_rss_gb"] = round(usage.ru_maxrss / (1 << 20), 3)  # KiB on Linux
+    """Run one variant as its own process: its JSON summary plus its peak RSS (the kernel's
+    high-water mark of that process alone)."""
+    done = run_sampled(cmd, timeout_s=7200)
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    summary["peak_rss_gb"] = round(done.own_peak_rss / (1 << 30), 3)
     return summary
 
 
@@ -174,7 +165,7 @@ def synth_section(args: argparse.Namespace) -> dict:
     from training.costs import Costs
 
     train_file, test_file = synth_data(args.synth_rows, Path(args.synth_dir))
-    t0 = time.time()
+    sw = Stopwatch()
     load_before = os.getloadavg()
     schema = load_schema("data/schemas/criteo.yaml")
     total = sum(  # what every table takes in a store: the planner's own sizes
@@ -184,7 +175,7 @@ def synth_section(args: argparse.Namespace) -> dict:
                 planner.sample(train_file, schema, ReadOptions(numeric_dense=True), 128, 100_000),
                 schema, args.synth_rows,
             ),
-            ShardSpec.of(TrainConfig(), schema).store_config(0, 1), Costs(), 0.0,
+            TrainConfig().store_config(schema.fingerprint), Costs(), 0.0,
         ).tables.values()
     )  # fmt: skip
     half_gb = total / 2 / (1 << 30)
@@ -210,7 +201,7 @@ def synth_section(args: argparse.Namespace) -> dict:
         "epochs": 1, "batch_size": 128, "dim": 16, "shards": f"{args.num_shards} x recserve ps process",
         "embedding_bytes": total, "planned_half_memory_gb": round(half_gb, 4), "cpus": os.cpu_count(),
         "loadavg_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
-        "wall_s": round(time.time() - t0, 1),
+        "wall_s": round(sw.s, 1),
     }  # fmt: skip
     results["targets"] = {
         "planned_over_peer": round(sps["planned"] / sps["peer"], 3),
@@ -234,7 +225,7 @@ def synth_section(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--sections", default="criteo,synth_1m", help="comma-separated: criteo, synth_1m")
     p.add_argument("--seeds", default="0,1,2", help="criteo: seeds per variant")
     p.add_argument(
@@ -249,16 +240,19 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=0, help="torch intra-op threads, all variants (0: TrainConfig's)"
     )
     p.add_argument("--epochs", type=int, default=0, help="criteo: 0 is the TrainConfig default")
+    p.add_argument("--limit", type=int, default=0, help="criteo: training rows per run (0: all)")
+    p.add_argument(
+        "--no-warmup", dest="warmup", action="store_false", help="criteo: no unrecorded warm-up runs"
+    )
     p.add_argument("--synth-rows", type=int, default=1_000_000, help="synth_1m: training rows")
     p.add_argument("--synth-dir", default=str(Path(tempfile.gettempdir()) / "recserve-bench-synth"))
-    p.add_argument("--out", default=str(RESULTS))
-    args = p.parse_args(argv)
+    args = parse(p, argv, {"seeds": "0", "epochs": 1, "limit": 2048, "warmup": False, "synth_rows": 2000})
     logging.basicConfig(level=logging.WARNING)
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - {"criteo", "synth_1m"}
     if unknown:
         p.error(f"unknown sections {sorted(unknown)}")
-    out = Path(args.out)
+    out = args.results_dir / "train.json"
     results = json.loads(out.read_text()) if out.exists() else {}
     results = {k: v for k, v in results.items() if k in ("criteo", "synth_1m")}  # an older layout goes
     if "criteo" in sections:

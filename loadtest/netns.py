@@ -30,6 +30,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serving.rpc.procs import alive, stop_children
+
 PREFIX = "rsn"  # every namespace, veth and bridge this module makes starts with it
 NETNS_ETC = Path("/etc/netns")
 
@@ -179,7 +181,7 @@ class Network:
 
     def close(self) -> None:
         for host in self.hosts:
-            _stop(host.procs)
+            stop_children(host.procs)
             _kill_namespace_pids(host.name)
         for host in self.hosts:
             for target in reversed(host.made):
@@ -204,18 +206,6 @@ class Network:
         _ip("link", "set", host.veth, "up")
 
 
-def _stop(procs: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def _kill_namespace_pids(ns: str) -> None:
     """SIGKILL whatever still runs in ``ns`` (a grandchild that left its session)."""
     pids = _ip("netns", "pids", ns, check=False).stdout.split()
@@ -232,7 +222,7 @@ def sweep_stale() -> None:
 
     def stale(name: str) -> bool:
         m = pattern.match(name)
-        return m is not None and not Path(f"/proc/{m.group(1)}").exists()
+        return m is not None and not alive(int(m.group(1)))
 
     for line in _ip("netns", "list", check=False).stdout.splitlines():
         name = line.split(" ")[0]

@@ -17,14 +17,13 @@ SHARDS = 2
 
 
 def _shard_data(kind: str, shard: int, version: str, signs: np.ndarray, rows: np.ndarray):
-    from model_store.shards import ShardData
+    from model_store.shards import ShardData, ShardMeta
 
     n = len(signs)
-    meta = {"kind": kind, "shard": shard, "num_shards": SHARDS, "dim": DIM, "dtype": "float32",
-            "optimizer": {"name": "adagrad"}, "state": [], "schema_hash": "", "version": version,
-            "delta_seq": 0 if kind == "delta" else -1, "step": 0}  # fmt: skip
-    if kind == "delta":
-        meta["base_version"] = version
+    meta = ShardMeta(kind=kind, shard=shard, num_shards=SHARDS, state=[], version=version,
+                     table={"dim": DIM, "dtype": "float32", "optimizer": {"name": "sgd"}},
+                     delta_seq=0 if kind == "delta" else -1,
+                     base_version=version if kind == "delta" else "")  # fmt: skip
     return ShardData(meta, signs, rows, {}, np.zeros(n, np.uint32), np.zeros(n, np.uint32))
 
 
@@ -58,8 +57,8 @@ def build_version(root: Path, rows: int, seed: int) -> tuple[str, np.ndarray]:
         ms.shards.write_shard(staging / "embeddings", data)
         sample.append(signs[rng.integers(0, n, 200_000)])
         del data, signs
-    ms.write_manifest(staging, {"model": MODEL, "version": version, "schema_fingerprint": "scale",
-                                "dim": DIM, "num_shards": SHARDS})  # fmt: skip
+    ms.write_manifest(staging, ms.VersionManifest(model=MODEL, version=version, schema_fingerprint="scale",
+                                                  dim=DIM, num_shards=SHARDS))  # fmt: skip
     ms.seal(staging, ms.version_dir(root, MODEL, version))
     return version, np.concatenate(sample)
 

@@ -1,18 +1,18 @@
 """TorchServe's own latency share: start-to-healthy, and echo-handler latency sequentially and at 50 rps.
 
-    python -m loadtest.ts_overhead [--rate 50] [--duration 15] [--rounds 2] [--settings bs1_w1,...]
+    python -m loadtest.ts_overhead [--rate 50] [--duration 15] [--rounds 2] [--settings bs1_w1,...] [--quick]
+                                   [--results-dir DIR]
 
 The echo handler (tests/serving/torchserve/echo_handler.py) parses the ~20 KB JSON body and answers ~100
 bytes, so what is measured is TorchServe (HTTP in, queue, batching, the frontend<->worker hop, the
 Python worker loop) plus this stdlib client. Each batching/worker setting is its own model; server
 level variants get their own TorchServe. Settings are measured round-robin and the median of the
 rounds is reported, because this 2-core machine is shared. Prints a table and writes
-loadtest/results/ts_overhead.json.
+loadtest/results/ts_overhead.json. ``--quick``: one setting, one round, 2 s at the rate.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import http.client
 import json
@@ -25,14 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from loadtest.common import ROOT, Stopwatch, call_times, parse, parser, percentiles_ms, write_results
+from serving.rpc.procs import free_ports
 from serving.torchserve import TorchServe, TorchServeConfig, archive
-from tests.helpers import free_ports
 
-ROOT = Path(__file__).resolve().parents[1]
 HANDLER = ROOT / "tests" / "serving" / "torchserve" / "echo_handler.py"
-RESULTS = ROOT / "loadtest" / "results" / "ts_overhead.json"
 
 # TorchServe's own out-of-the-box logging/metrics, to show what our TorchServeConfig defaults change.
 STOCK = {"log_level": "DEBUG", "async_logging": False, "metrics_mode": "log", "disable_system_metrics": False}
@@ -99,24 +96,11 @@ class Client:
         return resp.status
 
 
-def pct(values: list[float]) -> dict:
-    a = np.asarray(values) * 1000.0
-    return {
-        "p50_ms": round(float(np.percentile(a, 50)), 3),
-        "p99_ms": round(float(np.percentile(a, 99)), 3),
-        "max_ms": round(float(a.max()), 3),
-        "mean_ms": round(float(a.mean()), 3),
-    }
-
-
 def sequential(ts: TorchServe, path: str, bodies: list[bytes], n: int) -> dict:
     client = Client(ts)
-    lat, failures = [], 0
-    for i in range(n):
-        t0 = time.perf_counter()
-        failures += client.post(path, bodies[i % len(bodies)]) != 200
-        lat.append(time.perf_counter() - t0)
-    return {**pct(lat), "requests": n, "failures": failures}
+    statuses: list[int] = []
+    lat = call_times(lambda body: statuses.append(client.post(path, body)), n, 0.0, bodies, warmup=0)
+    return {**percentiles_ms(lat), "requests": n, "failures": sum(s != 200 for s in statuses)}
 
 
 def fixed_rate(
@@ -159,8 +143,8 @@ def fixed_rate(
         w.join()
     achieved = total / (time.perf_counter() - t0)
     return {
-        **pct(lat),
-        "service": pct(service),
+        **percentiles_ms(lat),
+        "service": percentiles_ms(service),
         "requests": total,
         "failures": failures[0],
         "achieved_rps": round(achieved, 1),
@@ -182,18 +166,18 @@ def time_starts(store: Path, work: Path, n: int) -> dict:
     starts = []
     for k in range(n):
         ts = TorchServe(config_for(store, work / f"start{k}"))
-        t0 = time.perf_counter()
+        sw = Stopwatch()
         ts.start()
         try:
             ts.wait_healthy(120)
-            starts.append(time.perf_counter() - t0)
+            starts.append(sw.s)
         finally:
             ts.stop()
     return {"median": round(statistics.median(starts), 3), "all": [round(s, 3) for s in starts]}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--rate", type=float, default=50.0)
     p.add_argument("--duration", type=float, default=15.0, help="seconds at --rate, per setting and round")
     p.add_argument("--sequential", type=int, default=500)
@@ -205,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--settings", default=",".join(SETTINGS), help="comma-separated subset of " + ",".join(SETTINGS)
     )
-    args = p.parse_args(argv)
+    quick = {"settings": "bs1_w1", "rounds": 1, "starts": 1, "duration": 2.0, "sequential": 20, "warmup": 20}
+    args = parse(p, argv, quick)
     chosen = args.settings.split(",")
 
     work = Path(tempfile.mkdtemp(prefix="ts_overhead-"))
@@ -275,9 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{q['max_ms']:>10.2f}{q['failures']:>6}{q['achieved_rps']:>7.1f}"
         )
     print(f"lowest p99 at {args.rate:g} rps: {out['best_p99_at_rate']}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    print(f"wrote {write_results('ts_overhead', out, args.results_dir)}")
     return 0
 
 

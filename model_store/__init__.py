@@ -2,10 +2,11 @@
 
 - ``layout``: paths, version numbering, staging, deltas, CURRENT, atomic writes, and the one
   writer of ``_SUCCESS`` (``mark_done``);
-- ``manifest``: MANIFEST.json write/read/verify (a checksum of every file: XXH3-128, or sha256),
+- ``manifest``: MANIFEST.json as a typed record (``VersionManifest``), write/read/verify (a checksum of every file: XXH3-128, or sha256),
   and ``seal`` (mark a staged version done, rename it into place);
 - ``errors``: typed errors (VersionNotFound, IncompleteVersion, CorruptVersion, IncompatibleVersion,
-  SchemaMismatch, StoreError, CapacityError);
+  SchemaMismatch, StoreError, CapacityError, RecordError, UnknownFormat);
+- ``records``: the one decoder of the typed, versioned JSON records (manifest, shard meta);
 - ``releases``: THE gate (``validate``), THE publish (CURRENT + HISTORY), rollback, retention;
 - ``shards``: the embedding shard dump format (full dumps and deltas), verified reads, re-sharding;
   ``shardfile``: one file of a dump, written with its checksum and read back verified;
@@ -22,8 +23,10 @@ from model_store.errors import (
     IncompatibleVersion,
     IncompleteVersion,
     ModelStoreError,
+    RecordError,
     SchemaMismatch,
     StoreError,
+    UnknownFormat,
     VersionNotFound,
 )
 from model_store.layout import (
@@ -45,7 +48,17 @@ from model_store.layout import (
     versions,
     write_atomic,
 )
-from model_store.manifest import file_digest, read_manifest, seal, sha256_file, verify_files, write_manifest
+from model_store.manifest import (
+    RuntimeChoice,
+    TrainRecord,
+    VersionManifest,
+    file_digest,
+    read_manifest,
+    seal,
+    sha256_file,
+    verify_files,
+    write_manifest,
+)
 from model_store.releases import (
     current_manifest,
     history,
@@ -59,7 +72,8 @@ from model_store.releases import (
 __all__ = [
     "CURRENT", "DELTAS", "MANIFEST", "SUCCESS", "CapacityError", "CorruptVersion", "IncompatibleVersion",
     "IncompleteVersion",
-    "ModelStoreError", "SchemaMismatch", "StoreError", "VersionNotFound", "current", "default_root",
+    "ModelStoreError", "RecordError", "RuntimeChoice", "SchemaMismatch", "StoreError", "TrainRecord",
+    "UnknownFormat", "VersionManifest", "VersionNotFound", "current", "default_root",
     "current_manifest", "delta_dir", "discard", "fsync_dir",
     "history", "list_deltas", "list_versions", "mark_done", "model_dir", "next_version", "publish",
     "read_manifest", "retain", "rollback", "seal", "file_digest", "sha256_file", "staging_dir", "validate",

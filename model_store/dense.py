@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from model_store import runtimes
 from model_store.runtimes import OUTPUT_NAME, DenseFn, as_array, quiet_deprecations
+
+if TYPE_CHECKING:
+    from model_store.manifest import VersionManifest
 
 __all__ = [
     "AUTO", "CHOICES", "OUTPUT_NAME", "RUNTIMES", "TIMED_ROWS", "DenseFn", "as_array", "check_runtime",
@@ -39,18 +42,16 @@ def check_runtime(requested: str) -> None:
         )
 
 
-def runtime_of(manifest: dict[str, Any], requested: str = AUTO) -> str:
+def runtime_of(manifest: VersionManifest, requested: str = AUTO) -> str:
     """The dense runtime to serve a version with: ``requested``, or for ``auto`` the one its export
     measured faster (the manifest's ``dense_runtime.default``; torchscript for versions exported
     before it was measured). ValueError for a runtime the version does not ship."""
     check_runtime(requested)
     if requested == AUTO:
-        requested = (manifest.get("dense_runtime") or {}).get("default", UNMEASURED)
+        requested = manifest.dense_runtime.default if manifest.dense_runtime else UNMEASURED
         check_runtime(requested)  # a manifest naming a runtime this release does not know
-    if requested not in manifest.get("dense", {}):
-        raise ValueError(
-            f"this version ships no {requested} dense model (it has {sorted(manifest.get('dense', {}))})"
-        )
+    if requested not in manifest.dense:
+        raise ValueError(f"this version ships no {requested} dense model (it has {sorted(manifest.dense)})")
     return requested
 
 

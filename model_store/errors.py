@@ -41,3 +41,14 @@ class CapacityError(StoreError):
     the rows, the limit and what to do; at the gRPC boundary it is RESOURCE_EXHAUSTED."""
 
     grpc_status = "RESOURCE_EXHAUSTED"
+
+
+class RecordError(CorruptVersion, StoreError):
+    """A version manifest or shard meta.json that is not a valid record: a required field missing,
+    an unknown field, or a value of the wrong type (``model_store.records.decode``). Both a
+    corrupt version and an unusable dump: callers of either catch it."""
+
+
+class UnknownFormat(RecordError):
+    """A record (version manifest, shard meta) of a format this release does not read; the
+    message names the record, the format found and the ones read."""

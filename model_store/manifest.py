@@ -1,13 +1,17 @@
-"""Version manifests: write, read and verify (a checksum of every file), with typed errors; and
-``seal``, which marks a staged version done and renames it into place.
+"""Version manifests: the typed record (``VersionManifest``), its one writer and one reader with
+verification (a checksum of every file), with typed errors; and ``seal``, which marks a staged
+version done and renames it into place.
 
-``MANIFEST.json`` holds format, model, version, parent, created, schema_fingerprint, model_config,
-dim, num_shards, dense paths, metrics, and ``"files": {relpath: digest}`` for every file of the
-version but MANIFEST/_SUCCESS. A digest is ``xxh3_128:<hex>`` (XXH3-128: ~10 GB/s with the reads,
-so ``recserve publish`` checks a 4 GB version in well under a second instead of 2.7 s of a core
-next to the lookups it serves) or, in manifests written before it, a plain sha256 hex; both
-verify. Files under ``deltas/`` that are not listed are allowed: deltas cut after the version was
-sealed carry their own per-shard manifests and ``_SUCCESS``.
+``MANIFEST.json`` is ``VersionManifest`` as JSON: format, model, version, parent, created,
+schema_fingerprint, model_config, dim, num_shards, dense paths, the measured dense runtime choice,
+metrics, deltas, how it was trained, and ``"files": {relpath: digest}`` for every file of the
+version but MANIFEST/_SUCCESS. A manifest of another ``format``, with a field missing, unknown or
+of the wrong type is refused (``UnknownFormat``, ``RecordError``: both ``CorruptVersion``). A
+digest is ``xxh3_128:<hex>`` (XXH3-128: ~10 GB/s with the reads, so ``recserve publish`` checks a
+4 GB version in well under a second instead of 2.7 s of a core next to the lookups it serves) or,
+in manifests written before it, a plain sha256 hex; both verify. Files under ``deltas/`` that are
+not listed are allowed: deltas cut after the version was sealed carry their own per-shard
+manifests and ``_SUCCESS``.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ import hashlib
 import json
 import os
 import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from model_store.errors import CorruptVersion, IncompleteVersion, ModelStoreError
 from model_store.layout import DELTAS, FORMAT, MANIFEST, SUCCESS, fsync_dir, mark_done, write_atomic
+from model_store.records import decode
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
@@ -67,15 +73,93 @@ def file_checksums(directory: str | os.PathLike[str]) -> dict[str, str]:
     return out
 
 
-Manifest = dict[str, Any]  # a version's MANIFEST.json (JSON values)
+@dataclass
+class RuntimeChoice:
+    """The dense runtime the export measured faster, and the figures it chose by."""
+
+    default: str
+    """What ``--runtime auto`` serves."""
+    p50_ms: dict[str, float] = field(default_factory=dict)
+    """Runtime -> p50 latency of one request-sized batch."""
+    rows: int = 0
+    """Rows of the timed batch."""
+    threads: int = 1
+    """Intra-op threads it was timed with."""
 
 
-def write_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> Manifest:
-    """Write MANIFEST.json with ``format``, ``created`` and the checksums of every file now in
-    ``directory`` filled in; returns the manifest written."""
+@dataclass
+class TrainRecord:
+    """How a version was trained (``recserve train``)."""
+
+    config: dict[str, Any]
+    """The trainer's configuration (``TrainConfig`` as a dict)."""
+    world_size: int = 1
+    steps: int = 0
+    plan: dict[str, Any] | None = None
+    """The sharding plan it trained with (``training.plan.ShardingPlan`` as a dict)."""
+
+
+@dataclass
+class VersionManifest:
+    """A version's ``MANIFEST.json``: what it is, what it holds, and every file's digest."""
+
+    model: str
+    version: str
+    schema_fingerprint: str
+    """The feature schema's fingerprint (``features.schema.Schema.fingerprint``)."""
+    dim: int
+    """Embedding dimension of every shard."""
+    num_shards: int
+    """Shards the embedding dumps were written as (any PS count re-shards them)."""
+    format: int = FORMAT
+    created: float = 0.0
+    """When it was written (time.time(); ``write_manifest`` sets it)."""
+    parent: str | None = None
+    """The newest version that existed when it was exported."""
+    model_config: dict[str, Any] = field(default_factory=dict)
+    """The dense network's configuration (``training.models.ModelConfig`` as a dict, with the fitted
+    dense statistics)."""
+    dense: dict[str, str] = field(default_factory=dict)
+    """Dense runtime -> its file, relative to the version."""
+    dense_runtime: RuntimeChoice | None = None
+    """The export's measured choice (None: exported before it was measured: torchscript)."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """The trainer's test metrics (auc, logloss, ...)."""
+    deltas: int = 0
+    """Deltas cut into it before it was sealed."""
+    train: TrainRecord | None = None
+    files: dict[str, str] = field(default_factory=dict)
+    """Relpath -> digest of every file but MANIFEST/_SUCCESS (``write_manifest`` fills it)."""
+
+    @property
+    def num_slots(self) -> int | None:
+        """Sparse slots the dense network takes (None: not recorded)."""
+        return self.model_config.get("num_slots")
+
+    @property
+    def num_dense(self) -> int | None:
+        """Dense inputs the dense network takes (None: not recorded)."""
+        return self.model_config.get("num_dense")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = MANIFEST) -> VersionManifest:
+        """The manifest in ``text``; RecordError (UnknownFormat for another format) naming ``where``."""
+        try:
+            raw = json.loads(text)
+        except ValueError as e:
+            raise CorruptVersion(f"{where}: cannot read {MANIFEST}: {e}") from None
+        return decode(cls, raw, "version manifest", where)
+
+
+def write_manifest(directory: str | os.PathLike[str], manifest: VersionManifest) -> VersionManifest:
+    """Write MANIFEST.json with ``created`` and the checksums of every file now in ``directory``
+    filled in; returns the manifest written."""
     directory = Path(directory)
-    full = {"format": FORMAT, "created": time.time(), **manifest, "files": file_checksums(directory)}
-    write_atomic(directory / MANIFEST, json.dumps(full, indent=2, sort_keys=True).encode())
+    full = replace(manifest, format=FORMAT, created=time.time(), files=file_checksums(directory))
+    write_atomic(directory / MANIFEST, full.to_json().encode())
     return full
 
 
@@ -90,21 +174,20 @@ def seal(staging: str | os.PathLike[str], final: str | os.PathLike[str]) -> Path
     return final
 
 
-def read_manifest(directory: str | os.PathLike[str], verify: bool = True) -> Manifest:
+def read_manifest(directory: str | os.PathLike[str], verify: bool = True) -> VersionManifest:
     """The manifest of a complete version; raises IncompleteVersion where ``_SUCCESS`` is
-    missing, CorruptVersion where the manifest is unreadable or (``verify``) a file is missing, unlisted or fails
-    its checksum."""
+    missing, CorruptVersion where the manifest is unreadable or not a valid record (RecordError,
+    UnknownFormat) or (``verify``) a file is missing, unlisted or fails its checksum."""
     d = Path(directory)
     if not (d / SUCCESS).is_file():
         raise IncompleteVersion(f"{d}: no {SUCCESS}: the version is incomplete, refusing it")
     try:
-        manifest: Manifest = json.loads((d / MANIFEST).read_text())
-    except (OSError, ValueError) as e:
+        text = (d / MANIFEST).read_text()
+    except OSError as e:
         raise CorruptVersion(f"{d}: cannot read {MANIFEST}: {e}") from None
-    if manifest.get("format") != FORMAT:
-        raise CorruptVersion(f"{d}: manifest format {manifest.get('format')!r}, expected {FORMAT}")
+    manifest = VersionManifest.from_json(text, str(d / MANIFEST))
     if verify:
-        listed = manifest.get("files", {})
+        listed = manifest.files
         present = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()} - {MANIFEST, SUCCESS}
         missing = sorted(set(listed) - present)
         if missing:
@@ -118,11 +201,11 @@ def read_manifest(directory: str | os.PathLike[str], verify: bool = True) -> Man
     return manifest
 
 
-def verify_files(directory: str | os.PathLike[str], manifest: Manifest, names: list[str]) -> None:
+def verify_files(directory: str | os.PathLike[str], manifest: VersionManifest, names: list[str]) -> None:
     """Check the checksums of just the listed files a reader is about to use (a handler needs the
     dense model and schema, not every embedding shard; PS shard dumps carry their own checksums)."""
     d = Path(directory)
-    listed = manifest.get("files", {})
+    listed = manifest.files
     for rel in names:
         if rel not in listed:
             raise CorruptVersion(f"{d}: {rel} is not in the manifest")

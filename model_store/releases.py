@@ -26,7 +26,7 @@ from model_store.errors import (
     SchemaMismatch,
     VersionNotFound,
 )
-from model_store.manifest import Manifest, read_manifest
+from model_store.manifest import VersionManifest, read_manifest
 
 HISTORY = "HISTORY"
 
@@ -44,20 +44,20 @@ class VersionInfo:
     deltas: int = 0
 
 
-# What a running stack cannot change under its processes, each as (manifest key path, what it
+# What a running stack cannot change under its processes, each as (manifest attribute, what it
 # is): the worker decodes batches with the feature schema it started with and every PS shard
 # refuses rows of another schema hash or dim; the dense network's inputs are slots x dim + dense.
-CONTRACT: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("schema_fingerprint",), "feature schema"),
-    (("dim",), "embedding dim"),
-    (("model_config", "num_slots"), "number of sparse slots"),
-    (("model_config", "num_dense"), "number of dense inputs"),
+CONTRACT: tuple[tuple[str, str], ...] = (
+    ("schema_fingerprint", "feature schema"),
+    ("dim", "embedding dim"),
+    ("num_slots", "number of sparse slots"),
+    ("num_dense", "number of dense inputs"),
 )
 
 
 def validate(
-    root: Root, model: str, version: str, served: Manifest | None = None, verify: bool = True
-) -> Manifest:
+    root: Root, model: str, version: str, served: VersionManifest | None = None, verify: bool = True
+) -> VersionManifest:
     """THE gate: the manifest of ``version`` if it can replace the served version whose manifest is
     ``served`` (None: nothing served, only the version's own validity counts), else a typed
     ModelStoreError naming both sides.
@@ -76,13 +76,13 @@ def validate(
     if served is None:
         return manifest
     for key, what in CONTRACT:
-        mine, theirs = _get(manifest, key), _get(served, key)
+        mine, theirs = getattr(manifest, key), getattr(served, key)
         if mine is None or theirs is None or mine == theirs:
             continue
-        short: Callable[[object], str] = (lambda v: str(v)[:12]) if key == ("schema_fingerprint",) else str
-        error = SchemaMismatch if key == ("schema_fingerprint",) else IncompatibleVersion
+        short: Callable[[object], str] = (lambda v: str(v)[:12]) if key == "schema_fingerprint" else str
+        error = SchemaMismatch if key == "schema_fingerprint" else IncompatibleVersion
         raise error(
-            f"{model} version {version} cannot replace the served version {served.get('version', '?')}: "
+            f"{model} version {version} cannot replace the served version {served.version}: "
             f"its {what} is {short(mine)}, the served version's is {short(theirs)} (serving refuses it; "
             "a new schema or shape needs a new stack: `recserve publish --allow-schema-change`, then "
             "restart the stack)"
@@ -90,7 +90,7 @@ def validate(
     return manifest
 
 
-def current_manifest(root: Root, model: str) -> Manifest | None:
+def current_manifest(root: Root, model: str) -> VersionManifest | None:
     """The manifest of the version CURRENT names -- what a running stack serves or is switching to
     -- (unverified: it passed the gate when published), or None when nothing is published."""
     cur = ms.current(root, model)
@@ -105,13 +105,6 @@ def current_manifest(root: Root, model: str) -> Manifest | None:
         ) from None
 
 
-def _get(manifest: Manifest, key: tuple[str, ...]) -> object:
-    value: object = manifest
-    for k in key:
-        value = value.get(k) if isinstance(value, dict) else None
-    return value
-
-
 def list_versions(root: Root, model: str) -> list[VersionInfo]:
     """Every version directory (complete or not), oldest first, with its state."""
     cur = ms.current(root, model)
@@ -119,7 +112,7 @@ def list_versions(root: Root, model: str) -> list[VersionInfo]:
     for v in ms.versions(root, model, complete_only=False):
         try:
             m = read_manifest(ms.version_dir(root, model, v), verify=True)
-            info = VersionInfo(v, "ok", v == cur, created=m.get("created"), metrics=m.get("metrics"))
+            info = VersionInfo(v, "ok", v == cur, created=m.created, metrics=m.metrics)
             info.deltas = len(ms.list_deltas(ms.version_dir(root, model, v)))
         except ModelStoreError as e:
             status = "incomplete" if isinstance(e, IncompleteVersion) else "corrupt"

@@ -9,8 +9,9 @@ A dump of shard i of n is one directory ``shard-<i>-of-<n>/``::
     stamp.npy, count.npy uint32 (rows,)            last-touch time (unix s) and touch count
     deleted.npy          uint64 (k,)               deltas only: signs deleted since the last cut
     buckets.npy          uint32 (2**bits + 1,)     full dumps only: the bucket directory (below)
-    meta.json            format, kind (full|delta), shard, num_shards, dim, dtype, optimizer,
-                         state names, schema_hash, rows, deleted, version, delta_seq, step, ...
+    meta.json            ``model_store.meta.ShardMeta``: format, kind (full|delta), shard,
+                         num_shards, the table's spec, state names, schema_hash, rows, deleted,
+                         version, delta_seq, step, ...
     MANIFEST.json        XXH3-128 (older dumps: sha256) and size of every file above
     _SUCCESS             written last (``model_store.layout.mark_done``)
 
@@ -34,7 +35,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from numpy.typing import NDArray
 from features.hashing import TABLE_SALT, mix64, shard_of, unique_signs
 from model_store.errors import StoreError
 from model_store.layout import MANIFEST, SUCCESS, fsync_dir, mark_done
+from model_store.meta import FORMAT, ShardMeta
 from model_store.shardfile import (
     VERIFY_DUTY,
     XXH3,
@@ -57,16 +59,15 @@ from model_store.shardfile import (
 from model_store.shardfile import HashingWriter as _HashingWriter  # its old name here, which tests patch
 
 __all__ = [
-    "FORMAT", "MANIFEST", "META", "SUCCESS", "VERIFY_DUTY", "XXH3", "ShardData", "StoreError", "bucket_bits",
+    "FORMAT", "MANIFEST", "META", "SUCCESS", "VERIFY_DUTY", "XXH3", "ShardData", "ShardMeta", "StoreError",
+    "bucket_bits",
     "bucket_layout", "check_compatible", "checksum_ok", "npy_header", "read_for_shard", "read_listing",
     "read_meta", "read_shard", "shard_dir_name", "shard_dirs", "table_hash", "write_shard", "_HashingWriter",
 ]  # fmt: skip
 
-FORMAT = "recserve-ps-shard/1"
 META = "meta.json"
 _SHARD_RE = re.compile(r"^shard-(\d+)-of-(\d+)$")
 
-Meta = dict[str, Any]  # a dump's meta.json (JSON values)
 PathLike = str | os.PathLike[str]
 
 
@@ -98,9 +99,9 @@ def bucket_layout(signs: NDArray[np.uint64]) -> tuple[NDArray[np.intp], NDArray[
 class ShardData:
     """The arrays of one shard (full dump or delta) and its metadata."""
 
-    meta: Meta
+    meta: ShardMeta
     signs: NDArray[np.uint64]
-    rows: NDArray[np.floating[Any]]  # float32 or float16 (meta["dtype"])
+    rows: NDArray[np.floating[Any]]  # float32 or float16 (meta.dtype)
     state: dict[str, NDArray[np.float32]]
     stamp: NDArray[np.uint32]
     count: NDArray[np.uint32]
@@ -126,10 +127,10 @@ def shard_dir_name(shard: int, num_shards: int) -> str:
 def write_shard(parent: PathLike, data: ShardData) -> Path:
     """Write ``data`` as ``parent/shard-<i>-of-<n>/`` (temporary name, fsync, rename); an
     existing dump of the same name is replaced. Returns the final path."""
-    meta = dict(data.meta)
+    meta = data.meta
     parent = Path(parent)
     parent.mkdir(parents=True, exist_ok=True)
-    final = parent / shard_dir_name(meta["shard"], meta["num_shards"])
+    final = parent / shard_dir_name(meta.shard, meta.num_shards)
     tmp = parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
@@ -141,15 +142,16 @@ def write_shard(parent: PathLike, data: ShardData) -> Path:
         }
         arrays.update({f"state.{k}.npy": v for k, v in data.state.items()})
         order = directory = None
-        if meta["kind"] == "delta":
+        bits = None
+        if meta.kind == "delta":
             arrays["deleted.npy"] = data.deleted
         else:
-            order, directory, meta["bucket_bits"] = bucket_layout(data.signs)
+            order, directory, bits = bucket_layout(data.signs)
         files = {name: write_file(tmp / name, npy_writer(arr, order)) for name, arr in arrays.items()}
         if directory is not None:
             files["buckets.npy"] = write_file(tmp / "buckets.npy", npy_writer(directory))
-        meta.update(format=FORMAT, rows=int(len(data.signs)), deleted=int(len(data.deleted)))
-        body = json.dumps(meta, indent=1, sort_keys=True).encode()
+        meta = replace(meta, format=FORMAT, rows=len(data.signs), deleted=len(data.deleted), bucket_bits=bits)
+        body = meta.to_json()
         files[META] = write_file(tmp / META, lambda f: f.write(body))
         manifest = json.dumps({"files": files}, indent=1, sort_keys=True).encode()
         write_file(tmp / MANIFEST, lambda f: f.write(manifest))
@@ -169,7 +171,7 @@ def write_shard(parent: PathLike, data: ShardData) -> Path:
     return final
 
 
-def read_listing(path: Path) -> tuple[dict[str, FileEntry], Meta]:
+def read_listing(path: Path) -> tuple[dict[str, FileEntry], ShardMeta]:
     """(manifest files, meta) of a complete shard directory, meta checked against its checksum."""
     if not (path / SUCCESS).is_file():
         raise StoreError(f"{path}: no {SUCCESS} marker: the dump is incomplete or still being written")
@@ -182,10 +184,7 @@ def read_listing(path: Path) -> tuple[dict[str, FileEntry], Meta]:
     body = (path / META).read_bytes()
     if not checksum_ok(body, files[META]):
         raise StoreError(f"{path / META}: checksum mismatch")
-    meta: Meta = json.loads(body)
-    if meta.get("format") != FORMAT:
-        raise StoreError(f"{path}: unknown dump format {meta.get('format')!r}, expected {FORMAT!r}")
-    return files, meta
+    return files, ShardMeta.from_json(body, str(path / META))
 
 
 def read_shard(path: PathLike) -> ShardData:
@@ -203,24 +202,24 @@ def read_shard(path: PathLike) -> ShardData:
         meta=meta,
         signs=arrays["signs.npy"],
         rows=arrays["rows.npy"],
-        state={n: arrays[f"state.{n}.npy"] for n in meta["state"]},
+        state={n: arrays[f"state.{n}.npy"] for n in meta.state},
         stamp=arrays["stamp.npy"],
         count=arrays["count.npy"],
         deleted=arrays["deleted.npy"],
     )
 
 
-def _validate(path: Path, meta: Meta, arrays: dict[str, NDArray[Any]]) -> None:
+def _validate(path: Path, meta: ShardMeta, arrays: dict[str, NDArray[Any]]) -> None:
     """Every array meta.json implies is there, with the shape and dtype it says."""
-    n, dim = meta["rows"], meta["dim"]
+    n, dim = meta.rows, meta.dim
     checks: list[tuple[str, tuple[int, ...], np.dtype[Any]]] = [
         ("signs", (n,), np.dtype(np.uint64)),
-        ("rows", (n, dim), np.dtype(meta["dtype"])),
+        ("rows", (n, dim), np.dtype(meta.dtype)),
         ("stamp", (n,), np.dtype(np.uint32)),
         ("count", (n,), np.dtype(np.uint32)),
-        ("deleted", (meta["deleted"],), np.dtype(np.uint64)),
+        ("deleted", (meta.deleted,), np.dtype(np.uint64)),
     ]
-    checks += [(f"state.{k}", (n, dim), np.dtype(np.float32)) for k in meta["state"]]
+    checks += [(f"state.{k}", (n, dim), np.dtype(np.float32)) for k in meta.state]
     for name, shape, dtype in checks:
         arr = arrays.get(f"{name}.npy")
         if arr is None:
@@ -229,16 +228,16 @@ def _validate(path: Path, meta: Meta, arrays: dict[str, NDArray[Any]]) -> None:
             raise StoreError(f"{path}: {name}.npy is {arr.dtype}{arr.shape}, meta.json says {dtype}{shape}")
 
 
-def check_compatible(meta: Meta, dim: int, dtype: str, schema_hash: str, where: str = "") -> None:
+def check_compatible(meta: ShardMeta, dim: int, dtype: str, schema_hash: str, where: str = "") -> None:
     """Refuse a dump whose dim, row dtype or feature-schema hash differs from the store's."""
-    where = where or f"shard {meta.get('shard')} of {meta.get('num_shards')}"
-    if meta["dim"] != dim:
-        raise StoreError(f"{where}: dim {meta['dim']} does not match the store's dim {dim}")
-    if meta["dtype"] != dtype:
-        raise StoreError(f"{where}: dtype {meta['dtype']} does not match the store's dtype {dtype}")
-    if schema_hash and meta.get("schema_hash", "") != schema_hash:
+    where = where or f"shard {meta.shard} of {meta.num_shards}"
+    if meta.dim != dim:
+        raise StoreError(f"{where}: dim {meta.dim} does not match the store's dim {dim}")
+    if meta.dtype != dtype:
+        raise StoreError(f"{where}: dtype {meta.dtype} does not match the store's dtype {dtype}")
+    if schema_hash and meta.schema_hash != schema_hash:
         raise StoreError(
-            f"{where}: schema hash {meta.get('schema_hash', '')!r} does not match the store's {schema_hash!r} "
+            f"{where}: schema hash {meta.schema_hash!r} does not match the store's {schema_hash!r} "
             "(the dump was trained with another feature schema)"
         )
 
@@ -266,20 +265,20 @@ def shard_dirs(paths: PathLike | Sequence[PathLike]) -> list[Path]:
     return [root / shard_dir_name(i, n) for i in range(n)]
 
 
-def read_meta(shard_dir: PathLike) -> Meta:
+def read_meta(shard_dir: PathLike) -> ShardMeta:
     """A shard directory's meta.json, unverified (to decide how to read it; readers verify)."""
     try:
-        meta: Meta = json.loads((Path(shard_dir) / META).read_text())
-    except (OSError, ValueError) as e:
+        body = (Path(shard_dir) / META).read_bytes()
+    except OSError as e:
         raise StoreError(f"{shard_dir}: unreadable {META}: {e}") from e
-    return meta
+    return ShardMeta.from_json(body, str(Path(shard_dir) / META))
 
 
 def read_for_shard(
     paths: PathLike | Sequence[PathLike],
     shard: int,
     num_shards: int,
-    check: Callable[[Meta, str], object] | None = None,
+    check: Callable[[ShardMeta, str], object] | None = None,
 ) -> ShardData:
     """The part of a dump (full or delta, any shard count) that shard ``shard`` of
     ``num_shards`` owns, by the routing hash. ``check(meta, where)`` vets each shard's metadata
@@ -289,15 +288,13 @@ def read_for_shard(
     if check is not None:
         for d, m in zip(dirs, metas, strict=True):
             check(m, str(d))
-    same = [
-        d for d, m in zip(dirs, metas, strict=True) if (m["shard"], m["num_shards"]) == (shard, num_shards)
-    ]
-    if same and all(m["num_shards"] == num_shards for m in metas) and len(dirs) == num_shards:
+    same = [d for d, m in zip(dirs, metas, strict=True) if (m.shard, m.num_shards) == (shard, num_shards)]
+    if same and all(m.num_shards == num_shards for m in metas) and len(dirs) == num_shards:
         return read_shard(same[0])  # same layout: read only our own shard
     parts = []
     for d in dirs:
         data = read_shard(d)
-        if data.meta["num_shards"] == num_shards and data.meta["shard"] == shard:
+        if data.meta.num_shards == num_shards and data.meta.shard == shard:
             parts.append(data)
         else:
             parts.append(data.select(shard_of(data.signs, num_shards) == shard))
@@ -307,14 +304,12 @@ def read_for_shard(
 def _concat(parts: list[ShardData]) -> ShardData:
     if len(parts) == 1:
         return parts[0]
-    meta = dict(parts[0].meta)
     for key in ("kind", "dim", "dtype", "optimizer", "delta_seq", "version"):
-        values = {str(p.meta.get(key)) for p in parts}
+        values = {str(getattr(p.meta, key)) for p in parts}
         if len(values) > 1:
             raise StoreError(f"shard dumps disagree on {key}: {sorted(values)}")
-    meta["step"] = max(int(p.meta.get("step", 0)) for p in parts)
     return ShardData(
-        meta=meta,
+        meta=replace(parts[0].meta, step=max(p.meta.step for p in parts)),
         signs=np.concatenate([p.signs for p in parts]),
         rows=np.concatenate([p.rows for p in parts]),
         state={k: np.concatenate([p.state[k] for p in parts]) for k in parts[0].state},

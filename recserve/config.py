@@ -3,7 +3,10 @@ from them.
 
 A config is a dataclass whose fields carry a docstring each (the string literal after the field,
 as in torchrec's ``EmbeddingBagConfig``); nested dataclasses (a PS server's ``store``, a store's
-``optimizer``) are flattened into the same flag namespace. Every subcommand builds its parser with
+``table`` spec and its ``optimizer``) are flattened into the same flag namespace, so a field added
+to a nested config is a flag of every command whose config nests it. A nested config's defaults
+are its parent's (``TrainConfig.table`` has a learning rate of its own): flags and YAML change the
+fields they name and keep the rest of the parent's default. Every subcommand builds its parser with
 ``add_arguments`` and its config with ``from_args``: defaults come from the dataclass, then the
 ``--config`` YAML file, then the flags the user typed. Nothing is copied by hand, so a flag cannot
 be read without being defined.
@@ -83,15 +86,19 @@ def _is_config(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
-def _leaf_fields(cls: type, path: tuple[str, ...] = ()):
-    """(dotted path, field, type) of every non-dataclass field, nested configs flattened."""
+def _leaf_fields(cls: type, path: tuple[str, ...] = (), base: Any = None):
+    """(dotted path, field, type, owner, default) of every non-dataclass field, nested configs
+    flattened; ``default`` is the value in the parent's default (``base``) where there is one."""
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
         tp = _unoptional(hints[f.name])
+        default = getattr(base, f.name) if base is not None else _default(f)
         if _is_config(tp):
-            yield from _leaf_fields(tp, (*path, f.name))
+            yield from _leaf_fields(
+                tp, (*path, f.name), default if dataclasses.is_dataclass(default) else None
+            )
         else:
-            yield (*path, f.name), f, tp, cls
+            yield (*path, f.name), f, tp, cls, default
 
 
 def _list_of(kind):
@@ -110,7 +117,8 @@ def add_arguments(
 ) -> None:
     """One flag per field of ``cls`` (nested configs flattened), each defaulting to "not given"
     so that YAML and dataclass defaults show through; ``--config FILE.yaml`` when ``yaml_flag``;
-    top-level fields named in ``skip`` get none (another config already defines them)."""
+    fields whose flag's dest (``dests``) is in ``skip`` get none (another config of the same
+    parser defines the flag: both read its value)."""
     if yaml_flag:
         parser.add_argument(
             "--config",
@@ -119,16 +127,14 @@ def add_arguments(
             help="YAML with these fields; flags override it",
         )
     seen: dict[str, str] = {}
-    for path, f, tp, owner in _leaf_fields(cls):
-        if f.metadata.get("cli", True) is False or path[0] in skip:
+    for path, f, tp, owner, default in _leaf_fields(cls):
+        name, dest = _flag(f), _dest(f)
+        if f.metadata.get("cli", True) is False or dest in skip:
             continue
-        name = f.metadata.get("flag", f.name.replace("_", "-"))
-        dest = ".".join(path)
         if name in seen:
-            raise TypeError(f"{cls.__name__}: flag --{name} for both {seen[name]} and {dest}")
-        seen[name] = dest
+            raise TypeError(f"{cls.__name__}: flag --{name} for both {seen[name]} and {'.'.join(path)}")
+        seen[name] = ".".join(path)
         doc = f.metadata.get("help") or field_docs(owner).get(f.name, "")
-        default = _default(f)
         help_text = f"{doc} (default: {default})" if default not in (None, "", [], ()) else doc
         kw: dict[str, Any] = {"help": help_text.replace("%", "%%")}
         if "choices" in f.metadata:
@@ -154,6 +160,22 @@ def add_arguments(
             parser.add_argument(f"--{name}", dest=dest, default=None, **kw)
 
 
+def _flag(f: dataclasses.Field) -> str:
+    """A field's flag name, without ``--``."""
+    return f.metadata.get("flag", f.name.replace("_", "-"))
+
+
+def _dest(f: dataclasses.Field) -> str:
+    """Where argparse puts a field's value: named after its flag, so that two configs of one
+    parser that share a flag (``TrainConfig.table.capacity``, ``FollowConfig.capacity``) share it."""
+    return _flag(f).replace("-", "_")
+
+
+def dests(cls: type) -> set[str]:
+    """The dests of ``cls``'s flags (``add_arguments``'s ``skip``)."""
+    return {_dest(f) for _path, f, *_ in _leaf_fields(cls)}
+
+
 def _default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
@@ -162,20 +184,25 @@ def _default(f: dataclasses.Field) -> Any:
     return None
 
 
-def from_dict(cls: type[T], d: dict | None, where: str = "") -> T:
-    """Build ``cls`` from a (nested) dict; unknown keys are an error naming them."""
+def from_dict(cls: type[T], d: dict | None, where: str = "", base: T | None = None) -> T:
+    """Build ``cls`` from a (nested) dict; unknown keys are an error naming them. Fields the dict
+    does not name come from ``base`` (a nested config: the parent field's default), else from
+    ``cls``'s defaults."""
     d = dict(d or {})
     hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - names)
+    fields = {f.name: f for f in dataclasses.fields(cast(Any, cls))}
+    unknown = sorted(set(d) - set(fields))
     if unknown:
         raise ValueError(f"unknown {cls.__name__} field(s) {unknown}{where}")
     for name, value in list(d.items()):
         tp = _unoptional(hints[name])
         if _is_config(tp) and isinstance(value, dict):
-            d[name] = from_dict(tp, value, where)
+            inner = getattr(base, name) if base is not None else _default(fields[name])
+            d[name] = from_dict(tp, value, where, inner if dataclasses.is_dataclass(inner) else None)
         elif typing.get_origin(tp) is tuple and isinstance(value, list):
             d[name] = tuple(value)
+    if base is not None:
+        d = {name: getattr(base, name) for name, f in fields.items() if f.init} | d
     return cls(**d)
 
 
@@ -191,8 +218,8 @@ def raw_from_args(cls: type, args: argparse.Namespace) -> dict:
     """The nested dict of the YAML file (if any) overlaid with the flags the user gave."""
     path = getattr(args, "_config_file", None)
     raw = (yaml.safe_load(Path(path).read_text()) or {}) if path else {}
-    for dotted, _f, _tp, _owner in _leaf_fields(cls):
-        value = getattr(args, ".".join(dotted), None)
+    for dotted, f, *_ in _leaf_fields(cls):
+        value = getattr(args, _dest(f), None)
         if value is None:
             continue
         node = raw
@@ -211,7 +238,7 @@ def from_args(cls: type[T], args: argparse.Namespace) -> T:
 def given(cls: type, args: argparse.Namespace) -> list[str]:
     """The flags of ``cls`` the user actually typed (``--a-b`` names)."""
     out = []
-    for dotted, f, _tp, _owner in _leaf_fields(cls):
-        if getattr(args, ".".join(dotted), None) is not None:
-            out.append("--" + f.metadata.get("flag", f.name.replace("_", "-")))
+    for _dotted, f, *_ in _leaf_fields(cls):
+        if getattr(args, _dest(f), None) is not None:
+            out.append("--" + _flag(f))
     return out

@@ -10,10 +10,68 @@ import threading
 import time
 from pathlib import Path
 
+from loadtest.common import train_version  # noqa: F401  (the benches' own; tests share it)
 from serving.rpc.procs import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository's root (where the README, the Makefile and data/ are)."""
+
+
+SHELL_FENCES = ("bash", "sh", "shell")
+"""The languages of a fenced block whose lines are commands (tests/test_docs.py: each one runs)."""
+
+
+def doc_files() -> list[str]:
+    """The documents whose command lines run in tests: README.md and docs/*.md, as paths under ROOT."""
+    return ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+
+
+def doc_blocks(doc: str, heading: str = "", lang: str = "bash") -> list[list[str]]:
+    """The fenced ``lang`` blocks of ``doc`` (a path under ROOT: "README.md", "docs/serving.md") in
+    the section titled ``heading`` (up to the next heading of its level or above; "": the whole
+    document), in order, each as its lines: backslash continuations joined, the fence's indent and
+    blank lines dropped. No such block is an error naming the document and the heading."""
+    blocks = [
+        list(b)
+        for titles, fence, b in doc_sections(doc)
+        if fence == lang and (not heading or heading in titles)
+    ]
+    assert blocks, f"{doc}: no {lang} block under a heading {heading!r}"
+    return blocks
+
+
+def doc_sections(doc: str) -> list[tuple[tuple[str, ...], str, tuple[str, ...]]]:
+    """Every fenced block of ``doc`` as (the titles of the headings it lies under, outermost first;
+    its fence's language; its lines as ``doc_blocks`` gives them)."""
+    import re
+
+    out: list[tuple[tuple[str, ...], str, tuple[str, ...]]] = []
+    path: list[tuple[int, str]] = []
+    fence: tuple[str, str] | None = None  # (indent, language) of the block being read
+    lines: list[str] = []
+    for raw in (ROOT / doc).read_text().replace("\\\n", " ").splitlines():
+        opening = re.match(r"^(\s*)```(\S*)\s*$", raw)
+        if fence is None and opening:
+            fence, lines = (opening.group(1), opening.group(2)), []
+        elif fence is not None and raw.strip() == "```":
+            out.append((tuple(title for _, title in path), fence[1], tuple(lines)))
+            fence = None
+        elif fence is not None:
+            if raw.strip():
+                lines.append(raw.removeprefix(fence[0]).rstrip())
+        elif heading := re.match(r"^(#+) (.*)$", raw):
+            level = len(heading.group(1))
+            path = [(n, title) for n, title in path if n < level] + [(level, heading.group(2).strip())]
+    assert fence is None, f"{doc}: a fenced block is not closed"
+    return out
+
+
+def split_comment(line: str) -> tuple[str, str]:
+    """(command, comment) of a documented line: the comment starts at a ``#`` after two spaces."""
+    import re
+
+    command, *comment = re.split(r"\s{2,}#\s*", line, maxsplit=1)
+    return command.strip(), "".join(comment).strip()
 
 
 def recserve_argv(line: str) -> list[str]:
@@ -103,21 +161,6 @@ def exit_ok(procs, timeout_s: float = 600) -> None:
                 f"{name} still running after {timeout_s:.0f} s: {log.read_text()[-3000:]}"
             ) from None
         assert rc == 0, f"{name} exited {rc}: {log.read_text()[-3000:]}"
-
-
-def train_version(
-    root, seed: int = 0, publish: bool = True, data: str = "data/criteo/wide_resdnn_criteo_train.tsv"
-):
-    """Train the Criteo model into the store at ``root`` (in-process PS, one epoch) and export a
-    version (published with ``publish``); returns the training result (``.version_dir``)."""
-    from pathlib import Path
-
-    from training.config import TrainConfig
-    from training.train import train
-
-    cfg = TrainConfig(store=str(root), model="criteo", data=data, epochs=1, inprocess_ps=True, publish=publish,
-                      progress=False, seed=seed, curve=str(Path(root) / f"curve-{seed}.png"))  # fmt: skip
-    return train(cfg)
 
 
 def second_half(directory) -> str:

@@ -1,4 +1,4 @@
-"""The README quick tour, run as a user types it: each line as a subprocess, exactly as printed
+"""The README's five-minute tour, run as a user types it: each line as a subprocess, exactly as printed
 (only ``<key_file>`` is filled in from what ``up`` printed), with the store in a temp dir via
 ``$RECSERVE_STORE``. Checks every exit code and the scores."""
 
@@ -10,13 +10,12 @@ import subprocess
 import pytest
 
 import model_store
-from tests.helpers import ROOT, port_free, recserve_argv
+from tests.helpers import ROOT, doc_blocks, port_free, recserve_argv
 
 
 def tour_lines() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    block = re.search(r"## Quick tour\n\n```bash\n(.*?)```", text, re.S).group(1)
-    return [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    (block,) = doc_blocks("README.md", "A five-minute tour")
+    return block
 
 
 @pytest.mark.slow
@@ -51,10 +50,10 @@ def test_quick_tour_runs_as_printed(tmp_path, readme_ports):
     assert len(heads) >= 2 and all(0.0 < x < 1.0 for x in heads), outputs["score"]
     assert '"embedding": "1"' in outputs["score"] and '"dense": "1"' in outputs["score"]
     assert re.search(r"^\*\s+1\s+ok", outputs["versions"], re.M)
-    assert "lookups      shard 0 remote, shard 1 remote (TorchServe's handler)" in outputs["versions"], (
-        outputs["versions"]
-    )
-    runtime = model_store.read_manifest(tmp_path / "store" / "criteo" / "1")["dense_runtime"]["default"]
+    assert "lookups      shard 0 local, shard 1 local (TorchServe's handler)" in outputs["versions"], outputs[
+        "versions"
+    ]  # `up` picks co-located lookups: the version's files are on this host
+    runtime = model_store.read_manifest(tmp_path / "store" / "criteo" / "1").dense_runtime.default  # type: ignore[union-attr]
     assert f"dense model  version 1 (TorchServe's default), runtime {runtime}" in outputs["versions"], (
         outputs["versions"]
     )  # the handler serves the runtime the export measured faster, and says so

@@ -1,4 +1,4 @@
-"""The README's CLI lines for TLS, replicas and releases, run as a user types them: each line a
+"""docs/cli.md's lines for TLS, replicas and releases, run as a user types them: each line a
 subprocess, exactly as printed, with the store in a temp dir via ``$RECSERVE_STORE`` (the quick tour
 does the same for its lines)."""
 
@@ -9,14 +9,13 @@ import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, port_free, recserve_argv
+from tests.helpers import ROOT, doc_blocks, port_free, recserve_argv, split_comment
 
 
 def cli_lines() -> dict[str, str]:
-    """The README's CLI block: each line (comment cut) keyed by the line itself."""
-    text = (ROOT / "README.md").read_text()
-    block = re.search(r"## CLI\n.*?```bash\n(.*?)```", text, re.S).group(1)
-    return {x: x for x in (line.split("  #")[0].strip() for line in block.splitlines()) if x}
+    """docs/cli.md's block: each line (comment cut) keyed by the line itself."""
+    (block,) = doc_blocks("docs/cli.md")
+    return {x: x for x in (split_comment(line)[0] for line in block)}
 
 
 def line(prefix: str) -> str:
@@ -29,7 +28,7 @@ def line(prefix: str) -> str:
 def test_tls_replicas_worker_and_publish_lines_run_as_printed(tmp_path, readme_ports):
     ports = (8080, 8081, 8082, 50061, 50062, 50063, 50064, 50071)
     if not all(port_free(p) for p in ports):
-        pytest.skip("the README's default ports are taken on this machine")
+        pytest.skip("the documented default ports are taken on this machine")
     store = tmp_path / "store"
     env = {**os.environ, "RECSERVE_STORE": str(store)}
 
@@ -89,7 +88,7 @@ def _worker_over_replicas(store, env) -> None:
 @pytest.mark.slow
 def test_serve_and_colocated_up_lines_run_as_printed(tmp_path, readme_ports):
     """`recserve serve --model criteo` and `recserve up ... --lookups colocated` as printed: each
-    scores the README's score line's requests like the trainer's offline scores."""
+    scores the requests of the documented score line like the trainer's offline scores."""
     import json
     import signal
 
@@ -98,7 +97,7 @@ def test_serve_and_colocated_up_lines_run_as_printed(tmp_path, readme_ports):
     from tests.helpers import wait_until
 
     if not all(port_free(p) for p in (8080, 8081, 8082)):
-        pytest.skip("the README's default ports 8080-8082 are taken on this machine")
+        pytest.skip("the documented default ports 8080-8082 are taken on this machine")
     store = tmp_path / "store"
     env = {**os.environ, "RECSERVE_STORE": str(store)}
     run = lambda argv: subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # noqa: E731

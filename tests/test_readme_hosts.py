@@ -1,4 +1,4 @@
-"""README "Running on several hosts": its serving lines run as printed, each on the host its comment
+"""docs/hosts.md, "Running on several hosts": its serving lines run as printed, each on the host its comment
 names -- three network namespaces with exactly the printed addresses (198.18.0.1-3), the model
 store bound at /mnt/recserve on each -- and a request from another address scores like the trainer.
 The PS shards refuse a write from another host."""
@@ -19,7 +19,7 @@ import pytest
 import model_store as ms
 from serving.ps.client import PSClient, ShardError
 from serving.scoring.client import ScoringClient, requests_from_file
-from tests.helpers import ROOT, exit_ok, recserve_argv, train_version, wait_until
+from tests.helpers import ROOT, doc_blocks, exit_ok, recserve_argv, split_comment, train_version, wait_until
 from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow
@@ -27,14 +27,8 @@ MOUNT = "/mnt/recserve"
 
 
 def block_lines(heading: str, n: int, block: int = 0) -> list[tuple[str, str]]:
-    """(line, host comment) of the README's ``block``-th bash block under ``heading`` in "Running on
-    several hosts"."""
-    text = (ROOT / "README.md").read_text()
-    section = re.search(rf"## Running on several hosts\n.*?### {heading}\n(.*?)\n###? ", text, re.S).group(1)
-    out = []
-    for raw in re.findall(r"```bash\n(.*?)```", section, re.S)[block].splitlines():
-        line, _, comment = raw.partition("   #")
-        out.append((line.strip(), comment.strip()))
+    """(line, host comment) of docs/hosts.md's ``block``-th bash block under ``heading``."""
+    out = [split_comment(line) for line in doc_blocks("docs/hosts.md", heading)[block]]
     assert len(out) == n and all(c for _, c in out), out
     return out
 
@@ -127,7 +121,7 @@ def test_two_nodes_train_on_torchrun_against_ps_on_two_hosts_and_a_fifth_serves_
     _alive(shards)
     assert ms.current(store, "criteo") == "1"
     manifest = ms.read_manifest(ms.version_dir(store, "criteo", "1"))
-    assert manifest["train"]["world_size"] == 2, manifest["train"]
+    assert manifest.train is not None and manifest.train.world_size == 2, manifest.train
     assert (store / "criteo" / "checkpoints" / "step-20" / "ps" / "shard-1-of-2" / ms.SUCCESS).is_file()
     frontend = [(hosts[serve[1]].popen(recserve_argv(serve[0]), tmp_path / "serve.log", env=env, binds=binds,
                                        cwd=ROOT), tmp_path / "serve.log")]  # fmt: skip
@@ -163,7 +157,8 @@ def test_a_job_without_ps_starts_its_shards_on_every_node_bound_to_the_node(netw
             started.group(0)
         )
     manifest = ms.read_manifest(ms.version_dir(store, "job-shards", "1"))
-    assert manifest["train"]["world_size"] == 2 and manifest["train"]["config"]["num_shards"] == 4
+    assert manifest.train is not None and manifest.train.world_size == 2
+    assert manifest.train.config["num_shards"] == 4
     assert {p.name for p in (ms.version_dir(store, "job-shards", "1") / "embeddings").iterdir()} >= {
         f"shard-{i}-of-4" for i in range(4)
     }

@@ -1,22 +1,20 @@
-"""The README's "Data at scale" commands, run as a user types them: each line a subprocess,
+"""docs/training.md's "Data at scale" commands, run as a user types them: each line a subprocess,
 exactly as printed (the model store in a temp dir via ``$RECSERVE_STORE``)."""
 
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, recserve_argv
+from tests.helpers import ROOT, doc_blocks, recserve_argv, split_comment
 
 
 def scale_lines() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    block = re.search(r"## Data at scale\n.*?```bash\n(.*?)```", text, re.S).group(1)
-    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    (block,) = doc_blocks("docs/training.md", "Data at scale")
+    return [split_comment(line)[0] for line in block]
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ It is written into ``.step-<N>.tmp`` and renamed when every rank and shard has w
 (``model_store.seal``), so a reader sees a whole checkpoint or none; the newest ``keep`` are kept.
 Taking one is collective: every rank flushes its sparse updates, rank 0 dumps the shards (their
 dumps must lie under the shards' data root: the store root for the shards a job starts, and the
-store the README mounts on every host for standalone ones).
+store docs/hosts.md mounts on every host for standalone ones).
 
 A restart replays: the shards and the dense network go back to the checkpoint, and every rank
 reads its part of the data again from the checkpoint's position (the same shuffle: the order is
@@ -42,7 +42,17 @@ __all__ = ["Checkpoint", "Checkpointer", "Every", "latest", "parse_every"]
 
 _NAME = re.compile(r"step-(\d+)")
 # what the data position means: a resumed run with another value would read other batches
-MUST_MATCH = ("data", "schema", "limit", "batch_size", "shuffle_buffer", "seed", "arch", "dim", "epochs")
+MUST_MATCH = (
+    "data",
+    "schema",
+    "limit",
+    "batch_size",
+    "shuffle_buffer",
+    "seed",
+    "arch",
+    "table.dim",
+    "epochs",
+)
 
 
 @dataclass(frozen=True)
@@ -90,7 +100,9 @@ class Checkpoint:
             )
         saved = self.meta["config"]
         differ = [
-            f"{k}: {saved.get(k)!r} -> {config.get(k)!r}" for k in MUST_MATCH if saved.get(k) != config.get(k)
+            f"{k}: {_at(saved, k)!r} -> {_at(config, k)!r}"
+            for k in MUST_MATCH
+            if _at(saved, k) != _at(config, k)
         ]
         if differ:
             raise ValueError(
@@ -102,6 +114,14 @@ class Checkpoint:
 
     def dense_state(self) -> dict:
         return torch.load(self.path / "dense.pt", weights_only=False)
+
+
+def _at(config: dict, dotted: str) -> object:
+    """``config``'s value at a dotted key (a nested config's field), None where there is none."""
+    value: object = config
+    for key in dotted.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 def checkpoint_dir(store: str | Path, model: str, override: str = "") -> Path:

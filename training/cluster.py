@@ -25,7 +25,7 @@ import logging
 import os
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,50 +36,11 @@ from features.schema import Schema
 from serving.rpc.auth import new_token_file
 
 if TYPE_CHECKING:
+    from serving.ps.config import StoreConfig
     from serving.worker.core import EmbeddingWorker
     from training.replicated import Replicated
 
 log = logging.getLogger("recserve.train")
-
-
-@dataclass
-class ShardSpec:
-    """What every shard we start is configured with (serving.ps.store.StoreConfig fields)."""
-
-    dim: int = 16
-    capacity: int = 1_000_000
-    optimizer: dict = field(default_factory=lambda: {"name": "adagrad", "lr": 0.05})
-    init_scale: float = 0.01
-    seed: int = 0
-    schema_hash: str = ""
-    eviction: str = "none"
-    max_memory_gb: float = 0.0
-    ttl_s: float = 0.0
-    min_count: int = 1
-
-    @classmethod
-    def of(cls, cfg, schema: Schema) -> ShardSpec:
-        """The one place the shards' configuration (the job's own shards, and the replicated
-        tables' store) is read from a ``TrainConfig``."""
-        return cls(
-            dim=cfg.dim,
-            capacity=cfg.capacity,
-            optimizer={"name": cfg.sparse_optimizer, "lr": cfg.lr},
-            init_scale=cfg.init_scale,
-            seed=cfg.seed,
-            schema_hash=schema.fingerprint,
-            eviction=cfg.eviction,
-            max_memory_gb=cfg.max_memory_gb,
-            ttl_s=cfg.ttl_s,
-            min_count=cfg.min_count,
-        )
-
-    def store_config(self, shard: int, num_shards: int):
-        from serving.ps.store import OptimizerConfig, StoreConfig
-
-        d = asdict(self) | {"shard": shard, "num_shards": num_shards}
-        d["optimizer"] = OptimizerConfig(**self.optimizer)
-        return StoreConfig(**d)
 
 
 @dataclass
@@ -193,7 +154,7 @@ class Cluster:
 
 def open_cluster(
     schema: Schema,
-    spec: ShardSpec,
+    store: StoreConfig,
     num_shards: int,
     worker_config,
     addresses: list[str] | None = None,
@@ -201,7 +162,8 @@ def open_cluster(
     token_file: str = "",
     data_root: str | Path = "",
 ) -> Cluster:
-    """Shards (started, given or in-process) and an EmbeddingWorker over them. ``token_file``:
+    """Shards (started, given or in-process) and an EmbeddingWorker over them; the shards we start
+    have ``store``'s config (its shard and num_shards replaced by theirs). ``token_file``:
     the admin token file of the given ``addresses``; ``data_root``: where the shards we start may
     write dumps (the model-store root; "" = the shards' default, the default model-store root)."""
     from serving.worker.core import EmbeddingWorker, LocalShard, connect
@@ -209,7 +171,7 @@ def open_cluster(
     if inprocess:
         from serving.ps.store import EmbeddingStore
 
-        stores = [EmbeddingStore(spec.store_config(i, num_shards)) for i in range(num_shards)]
+        stores = [EmbeddingStore(replace(store, shard=i, num_shards=num_shards)) for i in range(num_shards)]
         worker = EmbeddingWorker([LocalShard(s) for s in stores], schema, worker_config)
         return Cluster(worker, num_shards, stores=stores)
     cluster = Cluster(None, 0, token_file=token_file)
@@ -218,7 +180,7 @@ def open_cluster(
             cluster.log_dir = tempfile.TemporaryDirectory(prefix="recserve-ps-")  # mode 0700
             log_dir = Path(cluster.log_dir.name)
             cluster.token_file = str(new_token_file(log_dir / "admin.token"))
-            cluster.procs, addresses = start_shards(spec, num_shards, log_dir, cluster.token_file, data_root)
+            cluster.procs, addresses = start_shards(store, num_shards, log_dir, cluster.token_file, data_root)
         # connect() checks that shard i of len(addresses) answers at address i
         cluster.worker = connect(list(addresses), schema, worker_config, 30.0, cluster.token_file)
         cluster.addresses, cluster.num_shards = list(addresses), len(addresses)
@@ -230,10 +192,11 @@ def open_cluster(
 
 # ---- PS processes -------------------------------------------------------------------------------
 def start_shards(
-    spec: ShardSpec, num_shards: int, log_dir: Path, token_file: str, data_root: str | Path = "",
+    store: StoreConfig, num_shards: int, log_dir: Path, token_file: str, data_root: str | Path = "",
     timeout_s: float = 60.0, shards: list[int] | None = None, host: str = "127.0.0.1",
 ) -> tuple[list[subprocess.Popen], list[str]]:  # fmt: skip
-    """Start ``recserve ps`` processes for ``shards`` (default all, 0..n-1) of ``num_shards``,
+    """Start ``recserve ps`` processes for ``shards`` (default all, 0..n-1) of ``num_shards``, each
+    configured with ``store`` (its YAML: the same nested config, shard and num_shards replaced),
     bound to ``host`` (loopback by default), and wait until all serve; their writes need the token
     in ``token_file``, their dumps must lie under ``data_root``. Each dies with the thread that
     started it. Returns the processes and their addresses, in the order of ``shards``."""
@@ -245,8 +208,8 @@ def start_shards(
     try:
         for i, address in zip(shards, addresses, strict=True):
             cfg = log_dir / f"ps-{i}.yaml"
-            store = asdict(spec) | {"shard": i, "num_shards": num_shards}
-            server = {"grace_s": 0.5, "admin_token_file": str(token_file), "store": store}
+            mine = asdict(replace(store, shard=i, num_shards=num_shards))
+            server = {"grace_s": 0.5, "admin_token_file": str(token_file), "store": mine}
             if data_root:
                 server["data_root"] = str(Path(data_root).resolve())
             cfg.write_text(yaml.safe_dump(server))

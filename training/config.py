@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from model_store.layout import default_root
 from serving.ps import optim
+from serving.ps.config import StoreConfig
+from serving.ps.spec import EVICTIONS, TableSpec
+from training.plan import SHARDINGS
 
 DEVICES = ("auto", "cpu", "cuda")
 """Where the dense network can train (``--device``; ``training.ranks.choose_device``)."""
+ARCHS = ("lr", "fm", "deepfm", "dlrm")
+"""Dense network architectures (``--arch``; ``training.models.ModelConfig.kind``)."""
+EMBEDDINGS = ("ps", "inprocess")
+"""Where the embedding rows live while training (``--embeddings``)."""
+
+
+def train_table(**changes) -> TableSpec:
+    """The trainer's default table spec (``TableSpec``'s, with a sparse learning rate of 0.005),
+    with ``changes``."""
+    return replace(TableSpec(optimizer=optim.OptimizerSpec(lr=0.005)), **changes)
 
 
 @dataclass
@@ -41,10 +54,8 @@ class TrainConfig:
     the schema stays as written."""
 
     # ---- model
-    arch: str = field(default="dlrm", metadata={"choices": ["lr", "fm", "deepfm", "dlrm"]})
+    arch: str = field(default="dlrm", metadata={"choices": list(ARCHS)})
     """Network architecture: lr, fm, deepfm or dlrm (training.models)."""
-    dim: int = 16
-    """Embedding dimension."""
     bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
     """DLRM bottom MLP widths (the last must equal dim)."""
     top_mlp: list[int] = field(default_factory=lambda: [64, 32])
@@ -57,25 +68,23 @@ class TrainConfig:
     """Passes over the training data (the 8k Criteo split overfits from the third on)."""
     batch_size: int = 128
     """Rows per step on each rank."""
-    lr: float = 0.005
-    """Sparse (embedding) learning rate, applied on the PS (Adagrad 0.05 overfits 8k rows in
-    one epoch: test AUC peaks at ~0.70 then falls; 0.005 peaks at ~0.72 in epoch 2)."""
-    sparse_optimizer: str = field(default="adagrad", metadata={"choices": optim.OPTIMIZERS.keys()})
-    """Sparse optimizer on the PS (the names registered in serving/ps/optim.py); with
-    --embeddings inprocess, one with a torch counterpart."""
+    table: TableSpec = field(default_factory=train_table)
+    """The embedding tables' spec (--dim, --capacity, --eviction, ..., --optimizer and every
+    hyper-parameter of it: --lr, --l1, --beta1, ...), the same for every shard we start and
+    written into every dump. Its learning rate here is 0.005: Adagrad 0.05 overfits 8k rows in one
+    epoch (test AUC peaks at ~0.70 then falls; 0.005 peaks at ~0.72 in epoch 2). With --embeddings
+    inprocess, an optimizer with a torch counterpart."""
     dense_lr: float = 1e-3
     """Adam learning rate of the dense network."""
-    init_scale: float = 0.01
-    """New embedding rows are uniform(-init_scale, init_scale), deterministic per sign."""
     seed: int = 0
     """Seeds the dense init, the row shuffle and the PS row init."""
 
     # ---- embeddings: the sharding plan, PS and worker
-    embeddings: str = "ps"
+    embeddings: str = field(default="ps", metadata={"choices": list(EMBEDDINGS)})
     """ps: every table exported as PS shards, trained where the sharding plan puts it;
     inprocess: torch EmbeddingBag tables in the trainer (a baseline for benchmarks; nothing
     servable is exported)."""
-    sharding: str = field(default="auto", metadata={"choices": ["auto", "ps", "replicated"]})
+    sharding: str = field(default="auto", metadata={"choices": list(SHARDINGS)})
     """Where each embedding table trains (training/plan.py): auto (training/planner.py, from a sample of
     the data and --memory-gb), ps (every table on the PS shards, updated asynchronously) or
     replicated (every table in the trainer, updated synchronously). The export is the same."""
@@ -101,19 +110,6 @@ class TrainConfig:
     """Our own shards as in-process stores (LocalShard) instead of `recserve ps` processes."""
     num_shards: int = 2
     """Shards to start when `ps` is empty."""
-    capacity: int = 1_000_000
-    """Initial row capacity of each shard we start: a full shard grows (about 2x) unless an
-    eviction policy is set, so this sizes the first allocation, not the table."""
-    eviction: str = field(default="none", metadata={"choices": ["none", "lru", "lfu"]})
-    """What a full shard does: none (grow; past --max-memory-gb training stops with an error),
-    lru or lfu (evict rows at --capacity; counted in the logs and the summary)."""
-    max_memory_gb: float = 0.0
-    """Memory limit of each shard's store in GiB (0 = none): training stops with a clear error
-    rather than drop rows past it."""
-    ttl_s: float = 0.0
-    """Remove embedding rows untouched for this many seconds (0 = never); counted as expired."""
-    min_count: int = 1
-    """Admission: a sign gets a row once seen this many times (until then the zero row)."""
     staleness: int = 4
     """K: the most sparse updates a batch's PS rows may miss (0 = sync: each update is applied
     before the next lookup)."""
@@ -181,16 +177,25 @@ class TrainConfig:
             return 0
         return len(self.ps) if self.ps else self.num_shards
 
+    def store_config(self, schema_hash: str, shard: int = 0, num_shards: int = 1) -> StoreConfig:
+        """The store config of shard ``shard`` of ``num_shards`` (our own shards, the replicated
+        tables' store, the planner's measurements): the table spec, nested, not copied."""
+        return StoreConfig(self.table, self.seed, schema_hash, shard, num_shards)
+
     def __post_init__(self) -> None:
         if isinstance(self.ps, str):
             self.ps = [a for a in self.ps.split(",") if a]
-        if self.embeddings not in ("ps", "inprocess"):
-            raise ValueError(f"embeddings must be ps or inprocess, got {self.embeddings!r}")
-        if self.sharding not in ("auto", "ps", "replicated"):
-            raise ValueError(f"sharding must be auto, ps or replicated, got {self.sharding!r}")
+        if isinstance(self.table, dict):
+            self.table = TableSpec.from_json(self.table, "TrainConfig.table")
+        if self.embeddings not in EMBEDDINGS:
+            raise ValueError(f"embeddings must be {' or '.join(EMBEDDINGS)}, got {self.embeddings!r}")
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"sharding must be {', '.join(SHARDINGS)}, got {self.sharding!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be {', '.join(ARCHS)}, got {self.arch!r}")
         if self.memory_gb < 0 or self.plan_sample_rows < 1:
             raise ValueError("memory_gb must be >= 0 and plan_sample_rows >= 1")
-        sparse = optim.get(self.sparse_optimizer)  # raises ValueError naming the known ones
+        sparse = optim.get(self.table.optimizer.name)  # raises ValueError naming the known ones
         if self.embeddings == "inprocess" and sparse.torch is None:
             raise ValueError(f"--embeddings inprocess: torch has no sparse {sparse.name!r} optimizer")
         if self.epochs < 1 or self.batch_size < 1:
@@ -203,10 +208,6 @@ class TrainConfig:
             raise ValueError("--ps and --inprocess-ps exclude each other")
         if self.shuffle_buffer < 0:
             raise ValueError("shuffle_buffer must be >= 0")
-        if self.eviction not in ("none", "lru", "lfu"):
-            raise ValueError(f"eviction must be none, lru or lfu, got {self.eviction!r}")
-        if self.max_memory_gb < 0 or self.ttl_s < 0 or self.min_count < 1:
-            raise ValueError("max_memory_gb and ttl_s must be >= 0, min_count >= 1")
         from training.checkpoint import parse_every
 
         if (parse_every(self.checkpoint_every).enabled or self.resume) and self.embeddings == "inprocess":
@@ -258,7 +259,9 @@ class FollowConfig:
     batch_size: int = 128
     """Rows per step."""
     lr: float | None = None
-    """Sparse learning rate (None: the one the version was trained with, from its shard dumps)."""
+    """Sparse learning rate (None: the one the version was trained with). Everything else of the
+    table spec (dim, dtype, optimizer and its hyper-parameters, TTL, admission) is the version's,
+    read back from its shard dumps; capacity, eviction and max_memory_gb are the follower's."""
     staleness: int = 4
     """K: the most sparse updates a batch's rows may miss (a step's update goes with the lookup of
     the batch after next, which misses the update between them: one of the K)."""
@@ -267,7 +270,7 @@ class FollowConfig:
     capacity: int = 1_000_000
     """Initial row capacity of each in-process shard (at least twice the version's rows is used;
     a full shard grows unless --eviction is lru or lfu)."""
-    eviction: str = field(default="none", metadata={"choices": ["none", "lru", "lfu"]})
+    eviction: str = field(default="none", metadata={"choices": list(EVICTIONS)})
     """What a full shard does: none (grow up to --max-memory-gb), lru or lfu (evict, counted)."""
     max_memory_gb: float = 0.0
     """Memory limit of each shard's store in GiB (0 = none); past it training stops loudly."""

@@ -50,9 +50,9 @@ def round_trips_us(costs: Costs, num_shards: int, prefetch: bool = True) -> floa
     return (1 if prefetch else 2) * num_shards * costs.rpc_us_per_call
 
 
-def measure_costs(spec, ids: int = 4096, reps: int = 20) -> Costs:
+def measure_costs(store, ids: int = 4096, reps: int = 20) -> Costs:
     """Time lookup + update of ``ids`` random signs in an in-process store and through a PS
-    process started here (``spec``: the shards' ShardSpec), and one-sign round trips."""
+    process started here (``store``: the shards' StoreConfig), and one-sign round trips."""
     import tempfile
 
     from serving.ps.client import PSClient
@@ -62,8 +62,8 @@ def measure_costs(spec, ids: int = 4096, reps: int = 20) -> Costs:
 
     rng = np.random.default_rng(0)
     batches = [rng.integers(1, 1 << 62, ids, dtype=np.uint64) for _ in range(reps)]
-    grads = rng.standard_normal((ids, spec.dim)).astype(np.float32) * 1e-3
-    store = EmbeddingStore(spec.store_config(0, 1))
+    grads = rng.standard_normal((ids, store.dim)).astype(np.float32) * 1e-3
+    inproc = EmbeddingStore(store)
 
     def per_id(lookup, update) -> float:
         lookup(batches[0]), update(batches[0])  # warm
@@ -73,10 +73,10 @@ def measure_costs(spec, ids: int = 4096, reps: int = 20) -> Costs:
             update(signs)
         return (time.perf_counter() - t0) / (reps * ids) * 1e6
 
-    local = per_id(lambda s: store.rows_of(s, True), lambda s: store.apply_gradients(s, grads))
+    local = per_id(lambda s: inproc.rows_of(s, True), lambda s: inproc.apply_gradients(s, grads))
     with tempfile.TemporaryDirectory(prefix="recserve-plan-") as tmp:
         token = str(new_token_file(Path(tmp) / "admin.token"))
-        procs, (address,) = start_shards(spec, 1, Path(tmp), token, tmp)
+        procs, (address,) = start_shards(store, 1, Path(tmp), token, tmp)
         try:
             with PSClient(address, token_file=token) as client:
                 client.wait_ready()

@@ -72,7 +72,7 @@ class VersionWriter:
         model_config: dict,
         schema: Schema,
         evaluation,
-        extra: dict | None = None,
+        train: model_store.TrainRecord | None = None,
     ) -> Path:
         """Write the full version from the current (flushed) PS state and seal it."""
         d = self.staging
@@ -82,21 +82,20 @@ class VersionWriter:
         (d / SCORES).parent.mkdir(parents=True, exist_ok=True)
         np.save(d / SCORES, evaluation.scores.astype(np.float32))
         parent = model_store.versions(self.root, self.model)
-        manifest = {
-            "model": self.model,
-            "version": self.version,
-            "parent": parent[-1] if parent else None,
-            "schema_fingerprint": schema.fingerprint,
-            "model_config": model_config,
-            "dim": model_config["dim"],
-            "num_shards": cluster.num_shards,
-            "dense": exported.files,
-            "dense_runtime": exported.timing,
-            "metrics": evaluation.metrics()
-            | {f"{k}_max_abs_diff": v for k, v in exported.max_abs_diff.items()},
-            "deltas": self.deltas,
-            **(extra or {}),
-        }
+        manifest = model_store.VersionManifest(
+            model=self.model,
+            version=self.version,
+            parent=parent[-1] if parent else None,
+            schema_fingerprint=schema.fingerprint,
+            model_config=model_config,
+            dim=model_config["dim"],
+            num_shards=cluster.num_shards,
+            dense=exported.files,
+            dense_runtime=exported.timing,
+            metrics=evaluation.metrics() | {f"{k}_max_abs_diff": v for k, v in exported.max_abs_diff.items()},
+            deltas=self.deltas,
+            train=train,
+        )
         model_store.write_manifest(d, manifest)
         final = model_store.seal(d, model_store.version_dir(self.root, self.model, self.version))
         log.info("exported %s (AUC %.4f)", final, evaluation.auc)

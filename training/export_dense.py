@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from model_store import runtimes
 from model_store.dense import TIMED_ROWS, time_runtimes
+from model_store.manifest import RuntimeChoice
 from model_store.runtimes import DenseRuntime, as_array
 
 log = logging.getLogger("recserve.train")
@@ -41,7 +42,7 @@ class DenseExport:
     """Runtime name -> file relative to the version directory (the manifest's ``dense``)."""
     max_abs_diff: dict[str, float]
     """Runtime name -> max abs difference of its logits from torch's on the test rows."""
-    timing: dict[str, object]
+    timing: RuntimeChoice
     """The runtimes' p50 on a request-sized batch and the faster one (the manifest's
     ``dense_runtime``: what ``--runtime auto`` serves)."""
 
@@ -84,9 +85,7 @@ def verify(
     return diff
 
 
-def choose_runtime(
-    vdir: Path, files: dict[str, str], pooled: np.ndarray, dense: np.ndarray
-) -> dict[str, object]:
+def choose_runtime(vdir: Path, files: dict[str, str], pooled: np.ndarray, dense: np.ndarray) -> RuntimeChoice:
     """Time the version's dense runtimes on a request-sized batch of the test rows (one intra-op
     thread: a scoring process's default) and name the faster one: what ``--runtime auto``
     serves. The manifest keeps the figures beside the choice."""
@@ -96,7 +95,7 @@ def choose_runtime(
     default = min(p50, key=p50.__getitem__)
     log.info("dense runtime %s (p50 on %d rows, 1 thread: %s)", default, len(p),
              ", ".join(f"{k} {v:.3f} ms" for k, v in p50.items()))  # fmt: skip
-    return {"default": default, "p50_ms": p50, "rows": len(p), "threads": 1}
+    return RuntimeChoice(default, p50, len(p), threads=1)
 
 
 def export_dense(model: nn.Module, vdir: Path, pooled: np.ndarray, dense: np.ndarray) -> DenseExport:

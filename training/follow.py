@@ -37,7 +37,6 @@ is refused here too, so trainer and serving stay on the same version.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -103,7 +102,7 @@ class _Loaded:
     cluster: Cluster
     ctx: TrainCtx
     dense: nn.Module
-    manifest: dict
+    manifest: ms.VersionManifest
 
 
 class FollowTrainer:
@@ -238,38 +237,38 @@ class FollowTrainer:
 
     # ---- loading a version -----------------------------------------------------------------------
     def _load(self, version: str) -> _Loaded:
-        from model_store.shards import META, shard_dirs
+        from model_store.shards import read_meta, shard_dirs
+        from serving.ps.spec import TableSpec
         from serving.ps.store import EmbeddingStore, StoreConfig
         from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
 
         vdir = ms.version_dir(self.cfg.store, self.cfg.model, version)
         manifest = ms.read_manifest(vdir, verify=True)
         schema = load_schema(vdir / "schema.yaml")
-        if schema.fingerprint != manifest.get("schema_fingerprint"):
+        if schema.fingerprint != manifest.schema_fingerprint:
             raise ms.ModelStoreError(f"{vdir}: schema.yaml does not match the manifest's fingerprint")
-        n = int(manifest["num_shards"])
+        n = manifest.num_shards
         parts = shard_dirs(vdir / "embeddings")
-        metas = [json.loads((part / META).read_text()) for part in parts]
-        meta = metas[0]  # the optimizer (and its state) the rows were trained with
-        store_cfg = StoreConfig(
-            dim=int(manifest["dim"]),
+        metas = [read_meta(part) for part in parts]
+        trained = TableSpec.from_meta(
+            metas[0], str(parts[0])
+        )  # the spec (and optimizer) the rows were trained with
+        table = replace(
+            trained,
             # hash routing spreads rows evenly: room for the version's rows and as many new ones
-            capacity=max(self.cfg.capacity, 2 * sum(int(m["rows"]) for m in metas) // n + 1024),
+            capacity=max(self.cfg.capacity, 2 * sum(m.rows for m in metas) // n + 1024),
             eviction=self.cfg.eviction,
             max_memory_gb=self.cfg.max_memory_gb,
-            dtype=meta["dtype"],
-            optimizer=meta["optimizer"] | ({"lr": self.cfg.lr} if self.cfg.lr else {}),
-            init_scale=float(meta.get("init_scale", 0.01)),
-            seed=int(meta.get("seed", 0)),
-            schema_hash=schema.fingerprint,
+            optimizer=replace(trained.optimizer, lr=self.cfg.lr) if self.cfg.lr else trained.optimizer,
         )
+        store_cfg = StoreConfig(table, seed=metas[0].seed, schema_hash=schema.fingerprint)
         stores = [EmbeddingStore(replace(store_cfg, shard=i, num_shards=n)) for i in range(n)]
         for store in stores:
             store.load(vdir / "embeddings")
             store.version = version  # deltas carry base_version = the served version
         applied = _apply_existing_deltas(vdir, stores)
 
-        dense = _load_frozen_dense(vdir / manifest["dense"]["torchscript"])
+        dense = _load_frozen_dense(vdir / manifest.dense["torchscript"])
         # rows looked up ahead miss the update between: one batch staler than the worker knows
         staleness, prefetch = max(0, self.cfg.staleness - 1), self.cfg.staleness >= 1
         worker = EmbeddingWorker(

@@ -85,12 +85,13 @@ class SignTable(nn.Module):
         return pooled.view(batch.num_slots, batch.num_rows, -1).transpose(0, 1)
 
 
-def sparse_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
-    """The torch counterpart of the PS optimizer ``name`` (sparse gradients), from the registry."""
-    sparse = optim.get(name)
+def sparse_optimizer(spec: optim.OptimizerSpec, params) -> torch.optim.Optimizer:
+    """The torch counterpart of the PS optimizer ``spec`` (sparse gradients) with its
+    hyper-parameters, from the registry."""
+    sparse = optim.get(spec.name)
     if sparse.torch is None:
-        raise ValueError(f"the in-process baseline has no sparse {name!r} optimizer (torch has none)")
-    return getattr(torch.optim, sparse.torch)(params, lr=lr)
+        raise ValueError(f"the in-process baseline has no sparse {spec.name!r} optimizer (torch has none)")
+    return getattr(torch.optim, sparse.torch)(params, **sparse.torch_args(spec))
 
 
 class InProcessCtx:

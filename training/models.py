@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-MODEL_KINDS = ("lr", "fm", "deepfm", "dlrm")
+from training.config import ARCHS
 
 
 @dataclass(kw_only=True)
@@ -52,8 +52,8 @@ class ModelConfig:
     """Fitted per-feature std (F values, each finite and > 0) the network divides by."""
 
     def __post_init__(self) -> None:
-        if self.kind not in MODEL_KINDS:
-            raise ValueError(f"unknown model kind {self.kind!r}; expected one of {MODEL_KINDS}")
+        if self.kind not in ARCHS:
+            raise ValueError(f"unknown model kind {self.kind!r}; expected one of {ARCHS}")
         if self.num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {self.num_slots}")
         if self.dim < 1:

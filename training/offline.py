@@ -10,7 +10,6 @@ with the trainer's own ``eval/scores.npy``::
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -24,26 +23,26 @@ from training.data import Split
 from training.evaluate import sigmoid
 
 
-def load_stores(version: Path, manifest: dict) -> list:
+def load_stores(version: Path, manifest: model_store.VersionManifest) -> list:
     """One EmbeddingStore per shard, filled from ``embeddings/shard-<i>-of-<n>/``."""
+    from model_store.shards import read_meta, shard_dir_name
+    from serving.ps.spec import TableSpec
     from serving.ps.store import EmbeddingStore, StoreConfig
 
-    n = int(manifest["num_shards"])
+    n = manifest.num_shards
     stores = []
     for i in range(n):
-        shard = version / "embeddings" / f"shard-{i}-of-{n}"
-        meta = json.loads((shard / "meta.json").read_text())
+        shard = version / "embeddings" / shard_dir_name(i, n)
+        meta = read_meta(shard)
         cfg = StoreConfig(
-            dim=int(meta["dim"]),
-            capacity=max(1, int(meta["rows"])),
-            dtype=meta["dtype"],
-            schema_hash=manifest["schema_fingerprint"],
+            table=TableSpec(dim=meta.dim, capacity=max(1, meta.rows), dtype=meta.dtype),
+            schema_hash=manifest.schema_fingerprint,
             shard=i,
             num_shards=n,
         )
         store = EmbeddingStore(cfg)
         store.load(shard)
-        store.version = str(manifest.get("version", version.name))  # what pinned lookups name
+        store.version = manifest.version  # what pinned lookups name
         stores.append(store)
     return stores
 
@@ -56,9 +55,9 @@ def score(version: str | Path, data: str | Path, batch_size: int = 2048, dense_f
     version = Path(version)
     manifest = model_store.read_manifest(version)  # refuses incomplete or corrupt versions
     schema = load_schema(version / "schema.yaml")
-    if schema.fingerprint != manifest["schema_fingerprint"]:
+    if schema.fingerprint != manifest.schema_fingerprint:
         raise model_store.ModelStoreError(f"{version}: schema.yaml does not match the manifest fingerprint")
-    dense = load_dense(version / manifest["dense"][dense_format])
+    dense = load_dense(version / manifest.dense[dense_format])
     worker = EmbeddingWorker([LocalShard(s) for s in load_stores(version, manifest)], schema)
     try:
         logits = [

@@ -159,8 +159,6 @@ def for_training(cfg, schema: Schema, read, total_rows: int, world: int) -> Shar
 
     import torch.distributed as dist
 
-    from training.cluster import ShardSpec
-
     rank = dist.get_rank() if world > 1 else 0
     if cfg.plan:  # TrainConfig checked it against the schema
         plan = ShardingPlan.load(cfg.plan)
@@ -179,7 +177,7 @@ def for_training(cfg, schema: Schema, read, total_rows: int, world: int) -> Shar
                                 total_rows)  # fmt: skip
             per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             box[0] = plan_tables(
-                stats, ShardSpec.of(cfg, schema).store_config(0, 1), Costs(),
+                stats, cfg.store_config(schema.fingerprint), Costs(),
                 cfg.memory_gb or default_memory_gb(), max(1, world // per_node), per_node, schema.name,
                 cfg.batch_size, cfg.rpc_shards, cfg.prefetches,
             )  # fmt: skip

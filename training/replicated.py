@@ -25,24 +25,26 @@ from model_store.shards import ShardData
 from serving.ps.store import EmbeddingStore
 
 if TYPE_CHECKING:
-    from training.cluster import Cluster, ShardSpec
+    from serving.ps.config import StoreConfig
+    from training.cluster import Cluster
 
 
 class Replicated:
     """The replicated tables of one rank."""
 
-    def __init__(self, spec: ShardSpec, capacity: int, world: int = 1, max_memory_gb: float = 0.0):
-        """``capacity``: the rows expected (the plan's estimate); ``max_memory_gb``: the plan's
-        budget per rank (0: none), past which training stops loudly rather than outgrow it."""
+    def __init__(self, store: StoreConfig, capacity: int, world: int = 1, max_memory_gb: float = 0.0):
+        """``store``: the shards' config (the table spec); ``capacity``: the rows expected (the
+        plan's estimate); ``max_memory_gb``: the plan's budget per rank (0: none), past which
+        training stops loudly rather than outgrow it."""
         from serving.ps.growth import GIB, store_bytes
 
-        cfg = dataclasses.replace(
-            spec.store_config(0, 1), max_memory_gb=max_memory_gb, eviction="none", ttl_s=0.0
+        cfg = dataclasses.replace(store, shard=0, num_shards=1).with_table(
+            max_memory_gb=max_memory_gb, eviction="none", ttl_s=0.0
         )
         cap = max(1024, int(capacity * 1.25))  # a quarter to spare before the first growth
         if max_memory_gb and store_bytes(cfg, cap) > max_memory_gb * GIB:
             cap = max(1024, capacity)
-        self.store = EmbeddingStore(dataclasses.replace(cfg, capacity=cap))
+        self.store = EmbeddingStore(cfg.with_table(capacity=cap))
         self.world = world
 
     def rows(self, signs: np.ndarray, train: bool) -> np.ndarray:

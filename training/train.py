@@ -33,7 +33,7 @@ from features.schema import Schema, load_schema
 from features.stream import ReadOptions
 from training import data, planner, ranks
 from training.checkpoint import Checkpointer, checkpoint_dir, latest, parse_every
-from training.cluster import Cluster, ShardSpec
+from training.cluster import Cluster
 from training.config import TrainConfig
 from training.ctx import Profile, TrainCtx, unwrap
 from training.evaluate import EvalResult, History, evaluate, plot_curve
@@ -170,9 +170,9 @@ class _Job:
         self.model_cfg = ModelConfig(
             kind=cfg.arch,
             num_slots=len(schema.sparse),
-            dim=cfg.dim,
+            dim=cfg.table.dim,
             num_dense=len(schema.dense),
-            bottom_mlp=[*cfg.bottom_mlp[:-1], cfg.dim],  # DLRM: the bottom output is a dim-wide field
+            bottom_mlp=[*cfg.bottom_mlp[:-1], cfg.table.dim],  # DLRM: the bottom output is a dim-wide field
             top_mlp=cfg.top_mlp,
             dropout=cfg.dropout,
             dense_mean=dense_mean,
@@ -201,18 +201,19 @@ class _Job:
             if world > 1:
                 raise ValueError("embeddings=inprocess is a single-process baseline")
             vocab = self.data.train.batches(cfg.batch_size)  # one extra pass for the vocabulary
-            table = SignTable.from_batches(vocab, schema, cfg.dim, cfg.init_scale, cfg.seed).to(self.device)
-            optimizer = sparse_optimizer(cfg.sparse_optimizer, table.parameters(), cfg.lr)
+            table = SignTable.from_batches(vocab, schema, cfg.table.dim, cfg.table.init_scale, cfg.seed)
+            table = table.to(self.device)
+            optimizer = sparse_optimizer(cfg.table.optimizer, table.parameters())
             self.ctx = InProcessCtx(table, self.model, self.dense_opt, optimizer, schema)
             return
         rows = sum(s.rows for s in self.data.scans)
         plan = self.plan = planner.for_training(cfg, schema, self.data.read, rows, world)
         local = self.local = plan.local_mask(schema)
-        spec = ShardSpec.of(cfg, schema)
+        spec = cfg.store_config(schema.fingerprint)
         cluster = self.cluster = stack.enter_context(open_job_cluster(cfg, schema, spec, self.rank, world))
         if local.any():
             cluster.replicated = Replicated(
-                spec, plan.replicated_rows(cfg.capacity), world, plan.rank_budget_gb
+                spec, plan.replicated_rows(cfg.table.capacity), world, plan.rank_budget_gb
             )
         profile = Profile() if cfg.profile else None
         self.ctx = TrainCtx(cluster.worker, self.model, self.dense_opt, schema, cfg.prefetches,
@@ -385,10 +386,10 @@ class _Job:
 
     def _export(self, writer: VersionWriter, ev: EvalResult) -> None:
         cfg, result = self.cfg, self.result
-        train = {"config": cfg.to_dict(), "world_size": self.world, "steps": self.at.step,
-                 "plan": self.plan.to_dict() if self.plan is not None else None}  # fmt: skip
+        train = model_store.TrainRecord(config=cfg.to_dict(), world_size=self.world, steps=self.at.step,
+                                        plan=self.plan.to_dict() if self.plan is not None else None)  # fmt: skip
         version = writer.finish(self.cluster, unwrap(self.model).cpu(), self.model_cfg.to_dict(),
-                                self.data.schema, ev, extra={"train": train})  # fmt: skip
+                                self.data.schema, ev, train=train)  # fmt: skip
         result.version_dir = str(version)
         if self.cluster is not None:  # the shards now hold the replicated tables too
             result.ps = self.cluster.stats()

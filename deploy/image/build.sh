@@ -11,10 +11,11 @@ BASE=localhost/recserve-base:bookworm
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PY=${PY:-.venv/bin/python}
 
-for tool in buildah debootstrap; do
-  command -v "$tool" >/dev/null || { echo "make image needs $tool: apt-get install buildah debootstrap" >&2; exit 2; }
+for tool in buildah debootstrap strip readelf; do
+  command -v "$tool" >/dev/null || { echo "make image needs $tool: apt-get install buildah debootstrap binutils" >&2; exit 2; }
 done
 [ "$(id -u)" = 0 ] || { echo "make image needs root (debootstrap, buildah's vfs storage)" >&2; exit 2; }
+mkdir -p build  # the logs and the wheels land here (gitignored: absent on a fresh clone)
 
 if [ "${1:-}" = --rebuild-base ] || ! "${B[@]}" inspect --type image "$BASE" >/dev/null 2>&1; then
   echo "== base: debootstrap bookworm (python3, Java 17) from $MIRROR"
@@ -23,7 +24,8 @@ if [ "${1:-}" = --rebuild-base ] || ! "${B[@]}" inspect --type image "$BASE" >/d
   mnt=$("${B[@]}" mount "$ctr")
   debootstrap --variant=minbase --include=python3,python3-venv,openjdk-17-jre-headless,ca-certificates \
     bookworm "$mnt" "$MIRROR" >build/debootstrap.log 2>&1 || { tail -20 build/debootstrap.log >&2; exit 1; }
-  rm -rf "$mnt"/var/lib/apt/lists/* "$mnt"/var/cache/apt/archives/*.deb "$mnt"/var/log/*.log
+  rm -rf "$mnt"/var/lib/apt/lists/* "$mnt"/var/cache/apt/archives/*.deb "$mnt"/var/log/*.log \
+    "$mnt"/usr/share/doc/* "$mnt"/usr/share/man/* "$mnt"/usr/share/info/* "$mnt"/usr/share/locale/*
   "${B[@]}" unmount "$ctr"
   "${B[@]}" commit --rm "$ctr" "$BASE"
   trap - EXIT
@@ -35,4 +37,21 @@ rm -rf build/image/wheels
 
 echo "== image: recserve:latest"
 "${B[@]}" bud --isolation chroot --layers=false -f deploy/image/Containerfile -t recserve:latest .
+
+echo "== strip the shared libraries' symbol tables (this host's binutils: none of it goes in the image)"
+unstripped=$("${B[@]}" images -q recserve:latest)
+ctr=$("${B[@]}" from recserve:latest)
+trap '"${B[@]}" rm "$ctr" >/dev/null 2>&1 || true' EXIT
+mnt=$("${B[@]}" mount "$ctr")
+# Not the libraries auditwheel vendored (<pkg>.libs/) nor those it pointed at them (RPATH ...libs):
+# patchelf rewrote their headers, and stripping them leaves segments a loader refuses ("ELF load
+# command address/offset not page-aligned"). A file named like a library that is not ELF is left too.
+find "$mnt/opt/recserve" -type f -name '*.so*' -not -path '*.libs/*' -print0 |
+  while IFS= read -r -d '' lib; do
+    readelf -d "$lib" 2>/dev/null | grep -q 'R.*PATH.*\.libs' || strip --strip-unneeded "$lib" 2>/dev/null || true
+  done
+"${B[@]}" unmount "$ctr"
+"${B[@]}" commit --rm --squash "$ctr" recserve:latest
+trap - EXIT
+"${B[@]}" rmi "$unstripped" >/dev/null  # the image before stripping, untagged by the commit
 "${B[@]}" images --format '{{.Name}}:{{.Tag}} {{.Size}}' recserve:latest

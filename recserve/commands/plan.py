@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from serving.ps import optim
+from serving.ps.spec import TableSpec
 
 
 @dataclass
@@ -40,10 +40,9 @@ class PlanConfig:
     """Memory per node for replicated tables (0: half of this machine's available memory)."""
     batch_size: int = 128
     """Rows per step on each rank (as `recserve train --batch-size`)."""
-    dim: int = 16
-    """Embedding dimension."""
-    sparse_optimizer: str = field(default="adagrad", metadata={"choices": optim.OPTIMIZERS.keys()})
-    """Sparse optimizer (its state is part of a row's bytes)."""
+    table: TableSpec = field(default_factory=TableSpec)
+    """The tables' spec as `recserve train` takes it (--dim, --dtype, --optimizer, ...: a row's
+    bytes are its key, its values and its optimizer state)."""
     num_shards: int = 2
     """PS shards the job trains with (as `recserve train --num-shards`): while any table is on the
     PS, each costs a step a lookup and an update round trip."""
@@ -70,7 +69,6 @@ class PlanConfig:
             raise ValueError("staleness must be >= 0")
         if self.memory_gb < 0 or self.allgather_gbps <= 0:
             raise ValueError("memory_gb must be >= 0 and allgather_gbps > 0")
-        optim.get(self.sparse_optimizer)
 
 
 CONFIG = PlanConfig
@@ -82,26 +80,25 @@ def run(cfg: PlanConfig) -> int:
     from features.schema import load_schema
     from features.stream import ReadOptions
     from training import data, planner
-    from training.cluster import ShardSpec
     from training.config import TrainConfig
     from training.costs import Costs, measure_costs
 
     t0 = time.perf_counter()
     schema = load_schema(cfg.schema)
     read = ReadOptions(format=cfg.data_format, numeric_dense=True)
-    train_cfg = TrainConfig(dim=cfg.dim, sparse_optimizer=cfg.sparse_optimizer, batch_size=cfg.batch_size,
-                            num_shards=cfg.num_shards, staleness=cfg.staleness, prefetch=cfg.prefetch)  # fmt: skip
-    spec = ShardSpec.of(train_cfg, schema)
+    train_cfg = TrainConfig(table=cfg.table, batch_size=cfg.batch_size, num_shards=cfg.num_shards,
+                            staleness=cfg.staleness, prefetch=cfg.prefetch)  # fmt: skip
+    store = train_cfg.store_config(schema.fingerprint)
     rows = data.Split(cfg.data, schema, read, cfg.limit).scan().rows
     if not rows:
         print(f"recserve plan: {cfg.data}: no rows")
         return 1
     batches = planner.sample(cfg.data, schema, read, cfg.batch_size, min(cfg.sample_rows, rows))
     stats = planner.table_stats(batches, schema, rows)
-    costs = measure_costs(spec) if cfg.measure else Costs()
+    costs = measure_costs(store) if cfg.measure else Costs()
     costs = dataclasses.replace(costs, allgather_gbps=cfg.allgather_gbps)
     plan = planner.plan_tables(
-        stats, spec.store_config(0, 1), costs, cfg.memory_gb or planner.default_memory_gb(), cfg.nodes,
+        stats, store, costs, cfg.memory_gb or planner.default_memory_gb(), cfg.nodes,
         cfg.ranks_per_node, schema.name, cfg.batch_size, train_cfg.rpc_shards, train_cfg.prefetches,
     )  # fmt: skip
     print(

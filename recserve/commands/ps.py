@@ -1,5 +1,6 @@
 """``recserve ps``: one embedding PS shard over gRPC (flags from ``serving.ps.config.ServerConfig``
-with its ``store`` and the store's ``optimizer`` flattened: --shard, --dim, --optimizer, --lr, ...)."""
+with its ``store``, the store's ``table`` spec and its ``optimizer`` flattened: --shard, --dim,
+--optimizer, --lr, --l1, ...)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field (--arch, --batch-size, --no-export, ...), then the --follow
     mode's own flags (the FollowConfig fields TrainConfig does not have, --follow MODEL_DIR among
     them)."""
-    import dataclasses
 
     from recserve import config
     from training.config import FollowConfig, TrainConfig
@@ -37,9 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--staleness --update-threads --capacity --eviction --max-memory-gb --threads and "
         "--delta-interval-s (default 2 here) too.",
     )
-    config.add_arguments(
-        g, FollowConfig, yaml_flag=False, skip={f.name for f in dataclasses.fields(TrainConfig)}
-    )
+    config.add_arguments(g, FollowConfig, yaml_flag=False, skip=config.dests(TrainConfig))
 
 
 def run_args(args: argparse.Namespace) -> int:

@@ -10,9 +10,9 @@ serving store: ``mapped`` (``MappedStore`` over ``table``'s ``BucketTable``), ke
 
 from model_store.shards import StoreError
 from serving.ps.config import StoreConfig
-from serving.ps.optim import OptimizerConfig
+from serving.ps.optim import OptimizerSpec
 
-__all__ = ["EmbeddingStore", "OptimizerConfig", "StoreConfig", "StoreError"]
+__all__ = ["EmbeddingStore", "OptimizerSpec", "StoreConfig", "StoreError"]
 
 
 def __getattr__(name: str):

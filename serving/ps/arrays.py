@@ -166,9 +166,7 @@ class RowArrays:
         out = np.empty((len(slots), self.values.shape[1]), dtype=np.float32)
         return out, int(index.touch_gather(slots, self.values, self.stamp, self.count, now, out))
 
-    def update(
-        self, slots: np.ndarray, grads: np.ndarray, cfg: optim.OptimizerConfig, step: int, now
-    ) -> None:
+    def update(self, slots: np.ndarray, grads: np.ndarray, cfg: optim.OptimizerSpec, step: int, now) -> None:
         """One optimizer step of the rows at distinct ``slots`` with their (summed) ``grads``:
         gathered into float32, updated (``optim.apply``), scattered back, stamped and dirty."""
         params = self.values[slots].astype(np.float32)
@@ -180,24 +178,22 @@ class RowArrays:
         self.stamp[slots] = now
         self.dirty[slots] = True
 
-    def fill(self, n: int, data: ShardData, optimizer: optim.OptimizerConfig) -> None:
+    def fill(self, n: int, data: ShardData, optimizer: optim.OptimizerSpec) -> None:
         """Slots 0..n-1 from a full dump, none dirty; the dump's optimizer state where it was
         written by the same optimizer, else the initial state."""
         self.values[:n] = data.rows
-        same_optimizer = data.meta["optimizer"]["name"] == optimizer.name
+        same_optimizer = data.meta.optimizer == optimizer.name
         for name, arr in self.state.items():
             arr[:n] = data.state[name] if same_optimizer else optimizer.initial_state(name)
         self.stamp[:n] = data.stamp
         self.count[:n] = data.count
         self.dirty[:] = False
 
-    def put(
-        self, slots: np.ndarray, data: ShardData, ok: np.ndarray, optimizer: optim.OptimizerConfig
-    ) -> None:
+    def put(self, slots: np.ndarray, data: ShardData, ok: np.ndarray, optimizer: optim.OptimizerSpec) -> None:
         """A delta's rows ``ok`` at ``slots``, not dirty (they are published already); their state
         where the delta was written by the same optimizer."""
         self.values[slots] = data.rows[ok]
-        if data.meta["optimizer"]["name"] == optimizer.name:
+        if data.meta.optimizer == optimizer.name:
             for name, arr in self.state.items():
                 arr[slots] = data.state[name][ok]
         self.stamp[slots] = data.stamp[ok]

@@ -3,55 +3,27 @@ No numba and no gRPC here: ``recserve ps --help`` stays quick."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NoReturn
 
 import numpy as np
 
 from model_store.layout import default_root
-from serving.ps.optim import OptimizerConfig
+from serving.ps.spec import MAX_ROWS, TableSpec
 from serving.rpc.auth import read_token_file
 
-_DTYPES = ("float32", "float16")
-EVICTIONS = ("none", "lru", "lfu")
-MAX_ROWS = 2**31 - 2
-"""Rows one shard can index: slots are int32 entries of the index (add shards beyond it)."""
+__all__ = ["MAX_ROWS", "ServerConfig", "StoreConfig", "TableSpec", "check_holds", "not_held"]
 
 
 @dataclass
 class StoreConfig:
-    """Configuration of one PS shard's store."""
+    """Configuration of one PS shard's store: the table it holds a part of, and which part."""
 
-    dim: int = 16
-    """Embedding dimension (all slots of a shard share it)."""
-    capacity: int = 1_000_000
-    """Initial rows: memory for them is allocated up front. With eviction none a full store grows
-    (about 2x) up to max_memory_gb; with lru or lfu inserts beyond it evict. A loaded dump with
-    more rows gets room for all of them."""
-    dtype: str = "float32"
-    """Row storage type: float32, or float16 to halve row memory (state stays float32)."""
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    """Sparse optimizer applied by ``apply_gradients``."""
-    init_scale: float = 0.01
-    """New rows are uniform(-init_scale, init_scale), drawn deterministically from the sign."""
+    table: TableSpec = field(default_factory=TableSpec)
+    """The table's spec (dim, dtype, capacity, eviction, limits, optimizer): written into every dump's
+    meta."""
     seed: int = 0
     """Salt of the deterministic initialisation (same seed + sign = same row everywhere)."""
-    min_count: int = 1
-    """Admission: a sign gets a row only once it has been seen this many times (count-min
-    sketch); until then lookups answer the default (zero) row."""
-    eviction: str = field(default="none", metadata={"choices": list(EVICTIONS)})
-    """What a full store does: none (grow, never drop a row; past max_memory_gb fail loudly), lru
-    (evict the least recently touched rows) or lfu (the least often touched). Evictions are
-    counted (stats, metrics, logs)."""
-    evict_fraction: float = 0.01
-    """With lru/lfu: when full, evict at least this fraction of capacity at once (amortises the
-    scan)."""
-    max_memory_gb: float = 0.0
-    """Memory limit of the store's arrays in GiB (0 = no limit): growth past it is refused with
-    an error naming the rows and the limit (RESOURCE_EXHAUSTED over gRPC); rows are never dropped."""
-    ttl_s: float = 0.0
-    """Rows untouched for this long are removed, and counted as expired (0 = never); a PS
-    process checks every expire_every_s, training's in-process shards at each epoch end."""
     schema_hash: str = ""
     """Feature-schema hash written into dumps and required of loaded dumps ('' = not checked)."""
     shard: int = 0
@@ -60,22 +32,26 @@ class StoreConfig:
     """Number of shards the signs are routed over by ``features.hashing.shard_of``."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.optimizer, dict):
-            self.optimizer = OptimizerConfig(**self.optimizer)
-        if self.dim < 1 or self.capacity < 1:
-            raise ValueError(f"dim and capacity must be >= 1 (dim={self.dim}, capacity={self.capacity})")
-        if self.capacity > MAX_ROWS:
-            raise ValueError("capacity must be < 2**31 - 1 per shard (int32 slots); add shards")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"unknown dtype {self.dtype!r}; choose float32 or float16")
-        if self.eviction not in EVICTIONS:
-            raise ValueError(f"unknown eviction policy {self.eviction!r}; choose none, lru or lfu")
+        if isinstance(self.table, dict):
+            self.table = TableSpec(**self.table)
         if not 0 <= self.shard < self.num_shards:
             raise ValueError(f"shard {self.shard} outside 0..{self.num_shards - 1}")
-        if self.min_count < 1:
-            raise ValueError("min_count must be >= 1")
-        if self.max_memory_gb < 0 or self.ttl_s < 0:
-            raise ValueError("max_memory_gb and ttl_s must be >= 0 (0: no limit, no expiry)")
+
+    # the table's fields, read where the store reads its config (the spec is the one place they live)
+    dim = property(lambda self: self.table.dim)
+    dtype = property(lambda self: self.table.dtype)
+    capacity = property(lambda self: self.table.capacity)
+    eviction = property(lambda self: self.table.eviction)
+    evict_fraction = property(lambda self: self.table.evict_fraction)
+    max_memory_gb = property(lambda self: self.table.max_memory_gb)
+    ttl_s = property(lambda self: self.table.ttl_s)
+    min_count = property(lambda self: self.table.min_count)
+    init_scale = property(lambda self: self.table.init_scale)
+    optimizer = property(lambda self: self.table.optimizer)
+
+    def with_table(self, **changes) -> StoreConfig:
+        """This config with ``changes`` to its table spec."""
+        return replace(self, table=replace(self.table, **changes))
 
     @classmethod
     def from_dict(cls, d: dict) -> StoreConfig:
@@ -152,7 +128,7 @@ class ServerConfig:
     tls_client_ca: str = ""
     """mTLS: clients must present a certificate signed by this CA (PEM)."""
     store: StoreConfig = field(default_factory=StoreConfig)
-    """The shard's store (shard, num_shards, dim, capacity, optimizer, ...)."""
+    """The shard's store (its table spec, shard, num_shards, ...)."""
 
     def __post_init__(self) -> None:
         self.tls()  # a missing file, or a key that is not the certificate's: say so now

@@ -22,6 +22,7 @@ from features.hashing import shard_of
 
 class DeltaWriter:
     def __init__(self, root, model: str, version: str | None = None):
+        from serving.ps.spec import TableSpec
         from serving.ps.store import EmbeddingStore, StoreConfig
 
         self.version = version or ms.current(root, model)
@@ -29,11 +30,13 @@ class DeltaWriter:
             raise ms.ModelStoreError(f"{model}: nothing published")
         self.vdir = ms.version_dir(root, model, self.version)
         manifest = ms.read_manifest(self.vdir, verify=False)
-        self.num_shards, self.dim = int(manifest["num_shards"]), int(manifest["dim"])
+        self.num_shards, self.dim = manifest.num_shards, manifest.dim
         self.stores = []
         for i in range(self.num_shards):
             store = EmbeddingStore(
-                StoreConfig(dim=self.dim, capacity=4_000_000, shard=i, num_shards=self.num_shards)
+                StoreConfig(
+                    table=TableSpec(dim=self.dim, capacity=4_000_000), shard=i, num_shards=self.num_shards
+                )
             )
             store.load(self.vdir / "embeddings")
             store.version = self.version  # deltas name the version they belong to

@@ -44,7 +44,9 @@ class Follower:
         self.versions = VersionTarget(self.root, self.model, "ps", pin, registry)
         """What to serve (the pin, or CURRENT) and what was refused: shared with the controller and
         the lean frontend (serving/versions.py)."""
-        self.served_manifest: dict | None = None  # of the version served: the gate compares with it
+        self.served_manifest: ms.VersionManifest | None = (
+            None  # of the version served: the gate compares with it
+        )
         self.clock = clock
         self.refusal = ""
         """Why the target version (CURRENT's, or the pin) is not served ('' when it is, or it was
@@ -112,8 +114,8 @@ class Follower:
             try:
                 _verify_other_parts(ddir, store.config)  # corrupt in any shard: refused by every shard
                 data = store.read(ddir, delta=True)
-                if int(data.meta.get("delta_seq", seq)) != seq:
-                    raise StoreError(f"delta directory {seq} holds delta seq {data.meta.get('delta_seq')}")
+                if data.meta.delta_seq != seq:
+                    raise StoreError(f"delta directory {seq} holds delta seq {data.meta.delta_seq}")
                 n = store.apply_delta_data(data)
             except (StoreError, OSError, ValueError) as e:
                 self.versions.refuse(version, f"delta {seq} of version {version} refused: {e}", seq)

@@ -36,7 +36,7 @@ import numpy as np
 
 from features.hashing import has_duplicates
 from model_store import shards
-from model_store.shards import ShardData, StoreError
+from model_store.shards import ShardData, ShardMeta, StoreError
 from serving.ps.config import StoreConfig, as_signs, not_held
 from serving.ps.table import BucketTable
 
@@ -61,8 +61,7 @@ class Served:
     def with_delta(self, data: ShardData) -> Served:
         """This snapshot with a delta applied (a new overlay; self is unchanged). Deletions and
         rows of the same delta: the row wins, as in the training store."""
-        seq = int(data.meta["delta_seq"])
-        base_version = data.meta.get("base_version", "")
+        seq, base_version = data.meta.delta_seq, data.meta.base_version
         if base_version and self.version and base_version != self.version:
             raise StoreError(
                 f"delta {seq} belongs to version {base_version!r}, this shard serves {self.version!r}"
@@ -191,11 +190,10 @@ class MappedStore:
         before it serves. Returns rows."""
         t0 = time.perf_counter()
         base, meta = self._open_table(paths)
-        new = Served.of(base, meta.get("version", "") if version is None else version,
-                        int(meta.get("delta_seq", -1)))  # fmt: skip
+        new = Served.of(base, meta.version if version is None else version, meta.delta_seq)
         self._flip(new)
         if not self.config.schema_hash:
-            self.config.schema_hash = meta.get("schema_hash", "")
+            self.config.schema_hash = meta.schema_hash
         self.switch_s = time.perf_counter() - t0
         return len(base)
 
@@ -236,8 +234,8 @@ class MappedStore:
         if not delta:
             raise StoreError("a serving PS opens full dumps with open(), not read()")
         data = shards.read_for_shard(paths, self.config.shard, self.config.num_shards, check=self._check)
-        if data.meta.get("kind") != "delta":
-            raise StoreError(f"{paths}: is a {data.meta.get('kind')} dump, expected a delta")
+        if data.meta.kind != "delta":
+            raise StoreError(f"{paths}: is a {data.meta.kind} dump, expected a delta")
         if has_duplicates(data.signs):
             raise StoreError(f"{paths}: the delta holds duplicate signs; refusing it")
         return data
@@ -245,35 +243,35 @@ class MappedStore:
     def apply_delta_data(self, data: ShardData) -> int:
         served = self.served.with_delta(data)
         self.served = served
-        return len(data.signs) if served.delta_seq == int(data.meta["delta_seq"]) else 0
+        return len(data.signs) if served.delta_seq == data.meta.delta_seq else 0
 
     def apply_delta(self, paths) -> int:
         return self.apply_delta_data(self.read(paths, delta=True))
 
-    def _check(self, meta: dict, where: str) -> None:
+    def _check(self, meta: ShardMeta, where: str) -> None:
         """Refuse a dump of another dim or feature schema (any row dtype is served)."""
         cfg = self.config
-        shards.check_compatible(meta, cfg.dim, meta["dtype"], cfg.schema_hash, where)
+        shards.check_compatible(meta, cfg.dim, meta.dtype, cfg.schema_hash, where)
 
-    def _open_table(self, paths) -> tuple[BucketTable, dict]:
+    def _open_table(self, paths) -> tuple[BucketTable, ShardMeta]:
         cfg = self.config
         dirs = shards.shard_dirs(paths)
         own = shards.shard_dir_name(cfg.shard, cfg.num_shards)
         if len(dirs) == cfg.num_shards and any(d.name == own for d in dirs):
             d = next(d for d in dirs if d.name == own)
             try:
-                meta = shards.read_meta(d)
+                meta: ShardMeta | None = shards.read_meta(d)
             except StoreError:
-                meta = {}
-            if meta.get("bucket_bits") is not None and meta.get("num_shards") == cfg.num_shards:
+                meta = None  # read_for_shard below says what is wrong with it
+            if meta is not None and meta.bucket_bits is not None and meta.num_shards == cfg.num_shards:
                 self._check(meta, str(d))
                 table, meta = BucketTable.open(d, self.verify_duty)
                 if cfg.dtype == "float16" and table.rows.dtype != np.float16:
                     table = table.astype(np.float16)
                 return table, meta
         data = shards.read_for_shard(paths, cfg.shard, cfg.num_shards, check=self._check)
-        if data.meta.get("kind") != "full":
-            raise StoreError(f"{paths}: is a {data.meta.get('kind')} dump, expected a full one")
+        if data.meta.kind != "full":
+            raise StoreError(f"{paths}: is a {data.meta.kind} dump, expected a full one")
         if has_duplicates(data.signs):
             raise StoreError(f"{paths}: the dump holds duplicate signs; refusing it")
         rows = data.rows.astype(np.float16) if cfg.dtype == "float16" else data.rows

@@ -9,11 +9,13 @@ on rows with a gradient; the bias correction uses the shard's step count); FTRL 
 FTRL-Proximal, per coordinate, as in McMahan et al. 2013 ("Ad Click Prediction"), Algorithm 1.
 
 ``OPTIMIZERS`` is the one list of optimizer names: the PS update, its optional compiled fast
-path, the state slots a shard allocates and dumps, the ``--optimizer`` / ``--sparse-optimizer``
-choices and the in-process trainer's torch counterpart all come from it, and ``get`` refuses a
-name it does not hold. A new optimizer is one ``@register`` function here (plus a field of
-``OptimizerConfig`` if it has a hyper-parameter of its own), optionally with a fused kernel
-(``serving.ps.fused`` says its contract) named by its entry.
+path, the state slots a shard allocates and dumps, the ``--optimizer`` choices and the in-process
+trainer's torch counterpart (with its hyper-parameters, ``torch_args``) all come from it, and
+``get`` refuses a name it does not hold. ``OptimizerSpec`` holds every hyper-parameter of every
+optimizer; it is nested in ``serving.ps.spec.TableSpec``, so each of its fields is a flag of
+``recserve train`` and ``recserve ps`` and is written into every shard dump's meta. A new optimizer
+is one ``@register`` function here, plus a field of ``OptimizerSpec`` for a hyper-parameter of its
+own, optionally with a fused kernel (``serving.ps.fused`` says its contract) named by its entry.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-Update = Callable[["OptimizerConfig", np.ndarray, dict[str, np.ndarray], np.ndarray, int], None]
-Hyper = Callable[["OptimizerConfig", int], tuple[float, ...]]
+Update = Callable[["OptimizerSpec", np.ndarray, dict[str, np.ndarray], np.ndarray, int], None]
+Hyper = Callable[["OptimizerSpec", int], tuple[float, ...]]
 
 
 @dataclass(frozen=True)
@@ -39,11 +41,13 @@ class SparseOptimizer:
     """Names of the per-row state matrices (each (rows, dim) float32), in dump order."""
     update: Update
     """``update(cfg, params, state, grads, step)``: see ``apply``."""
-    initial: Callable[[OptimizerConfig, str], float]
+    initial: Callable[[OptimizerSpec, str], float]
     """The value a new row's state slot starts at."""
     torch: str | None
     """The ``torch.optim`` class that is its counterpart on sparse gradients (the in-process
     baseline trains with it), or None when torch has none."""
+    torch_args: Callable[[OptimizerSpec], dict[str, object]]
+    """The counterpart's keyword arguments for a spec (its hyper-parameters as torch names them)."""
     fused: str | None = None
     """Its fast path: "module:function" of a compiled kernel that finds each distinct sign's row
     and applies ``update`` to it in one pass, to the same bits (``serving.ps.fused``); imported
@@ -69,7 +73,8 @@ def register(
     name: str,
     state: tuple[str, ...] = (),
     torch: str | None = None,
-    initial: Callable[[OptimizerConfig, str], float] = lambda cfg, slot: 0.0,
+    initial: Callable[[OptimizerSpec, str], float] = lambda cfg, slot: 0.0,
+    torch_args: Callable[[OptimizerSpec], dict[str, object]] = lambda cfg: {"lr": cfg.lr},
     fused: str | None = None,
     hyper: Hyper = lambda cfg, step: (),
 ) -> Callable[[Update], Update]:
@@ -79,7 +84,9 @@ def register(
     def add(update: Update) -> Update:
         if name in OPTIMIZERS:
             raise ValueError(f"optimizer {name!r} registered twice")
-        OPTIMIZERS[name] = SparseOptimizer(name, tuple(state), update, initial, torch, fused, hyper)
+        OPTIMIZERS[name] = SparseOptimizer(
+            name, tuple(state), update, initial, torch, torch_args, fused, hyper
+        )
         return update
 
     return add
@@ -94,8 +101,9 @@ def get(name: str) -> SparseOptimizer:
 
 
 @dataclass
-class OptimizerConfig:
-    """A sparse optimizer and its hyper-parameters (fields an optimizer does not use are ignored)."""
+class OptimizerSpec:
+    """A sparse optimizer and its hyper-parameters (fields an optimizer does not use are ignored).
+    Nested in ``serving.ps.spec.TableSpec``: each field is a flag (``--optimizer``, ``--lr``, ...)."""
 
     name: str = field(default="adagrad", metadata={"flag": "optimizer", "choices": OPTIMIZERS.keys()})
     """Sparse optimizer (the names registered in serving/ps/optim.py)."""
@@ -130,28 +138,38 @@ class OptimizerConfig:
 
 
 def apply(
-    cfg: OptimizerConfig, params: np.ndarray, state: dict[str, np.ndarray], grads: np.ndarray, step: int
+    cfg: OptimizerSpec, params: np.ndarray, state: dict[str, np.ndarray], grads: np.ndarray, step: int
 ) -> None:
     """One update of the gathered rows ``params`` (k, dim) and their ``state`` in place, with the
     already coalesced ``grads`` (k, dim); ``step`` >= 1 is the optimizer step (Adam only)."""
     get(cfg.name).update(cfg, params, state, grads, step)
 
 
-def _eps(cfg: OptimizerConfig, default: float) -> float:
+def _eps(cfg: OptimizerSpec, default: float) -> float:
     return default if cfg.eps is None else cfg.eps
 
 
 @register("sgd", torch="SGD", fused="serving.ps.fused:sgd", hyper=lambda cfg, step: (cfg.lr,))
-def _sgd(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
+def _sgd(cfg: OptimizerSpec, params, state, grads, step: int) -> None:
     # torch: param.add_(grad, alpha=-lr)
     params += np.float32(-cfg.lr) * grads
 
 
+def _adagrad_args(cfg: OptimizerSpec) -> dict[str, object]:
+    eps = {} if cfg.eps is None else {"eps": cfg.eps}
+    return {"lr": cfg.lr, "initial_accumulator_value": cfg.initial_accumulator_value, **eps}
+
+
+def _adam_args(cfg: OptimizerSpec) -> dict[str, object]:
+    eps = {} if cfg.eps is None else {"eps": cfg.eps}
+    return {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), **eps}
+
+
 @register(
     "adagrad", state=("sum",), torch="Adagrad", initial=lambda cfg, slot: cfg.initial_accumulator_value,
-    fused="serving.ps.fused:adagrad", hyper=lambda cfg, step: (cfg.lr, _eps(cfg, 1e-10)),
+    torch_args=_adagrad_args, fused="serving.ps.fused:adagrad", hyper=lambda cfg, step: (cfg.lr, _eps(cfg, 1e-10)),
 )  # fmt: skip
-def _adagrad(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
+def _adagrad(cfg: OptimizerSpec, params, state, grads, step: int) -> None:
     # torch: state_sum.addcmul_(grad, grad, value=1); std = state_sum.sqrt().add_(eps);
     #        param.addcdiv_(grad, std, value=-clr)
     f32 = np.float32
@@ -163,8 +181,8 @@ def _adagrad(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
     params += f32(-cfg.lr) * grads / std
 
 
-@register("adam", state=("exp_avg", "exp_avg_sq"), torch="SparseAdam")
-def _sparse_adam(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
+@register("adam", state=("exp_avg", "exp_avg_sq"), torch="SparseAdam", torch_args=_adam_args)
+def _sparse_adam(cfg: OptimizerSpec, params, state, grads, step: int) -> None:
     # torch.optim.SparseAdam, on the rows present in the gradient
     f32 = np.float32
     eps = f32(_eps(cfg, 1e-8))
@@ -183,7 +201,7 @@ def _sparse_adam(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
 
 
 @register("ftrl", state=("z", "n"))
-def _ftrl(cfg: OptimizerConfig, params, state, grads, step: int) -> None:
+def _ftrl(cfg: OptimizerSpec, params, state, grads, step: int) -> None:
     # McMahan et al. 2013, Algorithm 1 (per coordinate), with the current row as w_t
     f32 = np.float32
     z, n = state["z"], state["n"]

@@ -5,14 +5,13 @@ and arrays it holds, under the store's lock. The file format itself is ``model_s
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 
 import numpy as np
 from numpy.typing import NDArray
 
 from features.hashing import has_duplicates, unique_signs
 from model_store import shards
-from model_store.shards import ShardData, StoreError
+from model_store.shards import ShardData, ShardMeta, StoreError
 from serving.ps.arrays import RowArrays, SignIndex
 from serving.ps.config import StoreConfig
 
@@ -27,26 +26,15 @@ class ShardPersistence:
         self.config = config
         self.deleted: list[NDArray[np.uint64]] = []
 
-    def meta(self, kind: str, version: str, delta_seq: int, step: int) -> dict:
+    def meta(self, kind: str, version: str, delta_seq: int, step: int, base_version: str = "") -> ShardMeta:
         cfg = self.config
-        return {
-            "kind": kind,
-            "shard": cfg.shard,
-            "num_shards": cfg.num_shards,
-            "dim": cfg.dim,
-            "dtype": cfg.dtype,
-            "optimizer": asdict(cfg.optimizer),
-            "state": list(cfg.optimizer.state_names),
-            "schema_hash": cfg.schema_hash,
-            "version": version,
-            "delta_seq": delta_seq,
-            "step": step,
-            "seed": cfg.seed,
-            "init_scale": cfg.init_scale,
-            "created": time.time(),
-        }
+        return ShardMeta(
+            kind=kind, shard=cfg.shard, num_shards=cfg.num_shards, table=cfg.table.to_json(),
+            state=list(cfg.optimizer.state_names), schema_hash=cfg.schema_hash, version=version,
+            delta_seq=delta_seq, base_version=base_version, step=step, seed=cfg.seed, created=time.time(),
+        )  # fmt: skip
 
-    def snapshot(self, signs: SignIndex, arrays: RowArrays, n: int, meta: dict, copy: bool) -> ShardData:
+    def snapshot(self, signs: SignIndex, arrays: RowArrays, n: int, meta: ShardMeta, copy: bool) -> ShardData:
         """The first ``n`` rows as ShardData (copies unless ``copy=False``: then views that later
         updates change)."""
         c = np.copy if copy else (lambda a: a)
@@ -59,7 +47,7 @@ class ShardPersistence:
             count=c(arrays.count[:n]),
         )
 
-    def cut(self, signs: SignIndex, arrays: RowArrays, n: int, meta: dict) -> ShardData:
+    def cut(self, signs: SignIndex, arrays: RowArrays, n: int, meta: ShardMeta) -> ShardData:
         """The rows changed (dirty) and signs deleted since the last cut, as a delta of ``meta``;
         the dirty marks and the deletions are reset (``restore`` undoes it)."""
         slots = np.flatnonzero(arrays.dirty[:n])
@@ -85,7 +73,7 @@ class ShardPersistence:
         arrays.dirty[slots[slots >= 0]] = True
         self.deleted.append(data.deleted)
 
-    def _check(self, meta: dict, where: str) -> None:
+    def _check(self, meta: ShardMeta, where: str) -> None:
         cfg = self.config
         shards.check_compatible(meta, cfg.dim, cfg.dtype, cfg.schema_hash, where)
 
@@ -93,7 +81,7 @@ class ShardPersistence:
         """Read and verify the part of a dump (or delta) this shard owns, re-sharding if the dump
         has another shard count. Touches no store state (the server runs it off the loop)."""
         data = shards.read_for_shard(paths, self.config.shard, self.config.num_shards, check=self._check)
-        kind = data.meta.get("kind")
+        kind = data.meta.kind
         if kind != ("delta" if delta else "full"):
             raise StoreError(f"{paths}: is a {kind} dump, expected a {'delta' if delta else 'full'} one")
         if has_duplicates(data.signs):

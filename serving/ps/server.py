@@ -291,7 +291,9 @@ def _warm_up(cfg: StoreConfig) -> None:
     from serving.ps.store import EmbeddingStore
 
     signs = np.frombuffer(np.array([1, 2, 2, 3], dtype="<u8").tobytes(), dtype="<u8")
-    scratch = EmbeddingStore(replace(cfg, capacity=16, min_count=1, shard=0, num_shards=1, max_memory_gb=0.0))
+    scratch = EmbeddingStore(
+        replace(cfg.with_table(capacity=16, min_count=1, max_memory_gb=0.0), shard=0, num_shards=1)
+    )
     grads = np.frombuffer(np.zeros((4, cfg.dim), dtype="<f4").tobytes(), dtype="<f4").reshape(4, cfg.dim)
     scratch.lookup(signs, insert=True)
     scratch.lookup(signs)

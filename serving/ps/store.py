@@ -26,17 +26,17 @@ import numpy as np
 
 from model_store import shards
 from model_store.errors import CapacityError
-from model_store.shards import ShardData, StoreError
+from model_store.shards import ShardData, ShardMeta, StoreError
 from serving.ps import optim
 from serving.ps.admission import Admission
 from serving.ps.arrays import RowArrays, SignIndex, checked_assign, checked_grads, coalesce
 from serving.ps.config import StoreConfig, as_signs, check_holds
 from serving.ps.eviction import Eviction
 from serving.ps.growth import Growth
-from serving.ps.optim import OptimizerConfig
+from serving.ps.optim import OptimizerSpec
 from serving.ps.persistence import ShardPersistence
 
-__all__ = ["CapacityError", "EmbeddingStore", "OptimizerConfig", "StoreConfig", "StoreError"]
+__all__ = ["CapacityError", "EmbeddingStore", "OptimizerSpec", "StoreConfig", "StoreError"]
 
 
 class EmbeddingStore:
@@ -223,8 +223,8 @@ class EmbeddingStore:
             return int(ok.sum())
 
     # ---- persistence (``ShardPersistence``; files: ``model_store.shards``) -------------------
-    def _meta(self, kind: str) -> dict:
-        return self._persistence.meta(kind, self.version, self.delta_seq, self.step)
+    def _meta(self, kind: str, base_version: str = "") -> ShardMeta:
+        return self._persistence.meta(kind, self.version, self.delta_seq, self.step, base_version)
 
     def snapshot(self, copy: bool = True) -> ShardData:
         """The shard's rows as ShardData (copies unless ``copy=False``: then views that later
@@ -243,14 +243,14 @@ class EmbeddingStore:
         reset the dirty tracking. ``restore_delta`` undoes a cut whose write failed."""
         with self._lock:
             self.delta_seq += 1
-            meta = self._meta("delta") | {"base_version": self.version}
+            meta = self._meta("delta", base_version=self.version)
             return self._persistence.cut(self._index, self._arrays, self.rows, meta)
 
     def restore_delta(self, data: ShardData) -> None:
         """Mark a cut delta's rows and deletions pending again (its write failed)."""
         with self._lock:
             self._persistence.restore(self._index, self._arrays, data)
-            if self.delta_seq == data.meta["delta_seq"]:
+            if self.delta_seq == data.meta.delta_seq:
                 self.delta_seq -= 1
 
     def dump_delta(self, directory) -> Path:
@@ -307,10 +307,10 @@ class EmbeddingStore:
             self._persistence.deleted = []
             self.rows = n
             if not self.config.schema_hash:
-                self.config.schema_hash = data.meta.get("schema_hash", "")
-            self.version = data.meta.get("version", "")
-            self.delta_seq = int(data.meta.get("delta_seq", -1))
-            self.step = int(data.meta.get("step", 0))
+                self.config.schema_hash = data.meta.schema_hash
+            self.version = data.meta.version
+            self.delta_seq = data.meta.delta_seq
+            self.step = data.meta.step
             return n
 
     def apply_delta(self, paths) -> int:
@@ -319,8 +319,7 @@ class EmbeddingStore:
         return self.apply_delta_data(self.read(paths, delta=True))
 
     def apply_delta_data(self, data: ShardData) -> int:
-        seq = int(data.meta["delta_seq"])
-        base = data.meta.get("base_version", "")
+        seq, base = data.meta.delta_seq, data.meta.base_version
         with self._lock:
             if base and self.version and base != self.version:
                 raise StoreError(
@@ -349,7 +348,7 @@ class EmbeddingStore:
             slots = slots[ok]
             self._arrays.put(slots, data, ok, self.config.optimizer)
             self.delta_seq = seq
-            self.step = max(self.step, int(data.meta.get("step", 0)))
+            self.step = max(self.step, data.meta.step)
             return len(slots)
 
     # ---- introspection -------------------------------------------------------------------

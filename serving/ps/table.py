@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from model_store import shards
-from model_store.shards import StoreError
+from model_store.shards import ShardMeta, StoreError
 
 
 @dataclass(frozen=True)
@@ -86,18 +86,18 @@ class BucketTable:
         return cls(np.ascontiguousarray(signs[order]), np.ascontiguousarray(rows[order]), directory, bits, d)
 
     @classmethod
-    def open(cls, shard_dir: str | Path, duty: float = 1.0) -> tuple[BucketTable, dict]:
+    def open(cls, shard_dir: str | Path, duty: float = 1.0) -> tuple[BucketTable, ShardMeta]:
         """Map a full dump's bucket-ordered files read-only, each verified against the manifest
         first, its checksum pass paced to ``duty``. Raises StoreError if the dump is incomplete,
         corrupt or not bucket-ordered."""
         path = Path(shard_dir)
         files, meta = shards.read_listing(path)
-        if meta.get("kind") != "full" or "bucket_bits" not in meta:
+        if meta.kind != "full" or meta.bucket_bits is None:
             raise StoreError(f"{path}: not a bucket-ordered full dump")
-        n, dim, bits = int(meta["rows"]), int(meta["dim"]), int(meta["bucket_bits"])
+        n, dim, bits = meta.rows, meta.dim, meta.bucket_bits
         expect: dict[str, tuple[tuple[int, ...], np.dtype]] = {
             "signs.npy": ((n,), np.dtype(np.uint64)),
-            "rows.npy": ((n, dim), np.dtype(meta["dtype"])),
+            "rows.npy": ((n, dim), np.dtype(meta.dtype)),
             "buckets.npy": (((1 << bits) + 1,), np.dtype(np.uint32)),
         }
         arrays, maps = {}, []

@@ -1,5 +1,6 @@
 """Starting and stopping the local stack's processes: free ports, spawn with logs, gRPC health
-waits, and stopping exactly the processes we started (by pid + process group, never by name)."""
+waits, and stopping exactly the processes we started (by pid + process group, never by name).
+``proc_stat`` is the one reader of ``/proc/<pid>/stat`` (identity, liveness, CPU time, RSS)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,13 +102,40 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def start_time(pid: int) -> int | None:
-    """The kernel's start time of ``pid`` (clock ticks since boot): with the pid, an identity that
-    a recycled pid cannot match."""
+@dataclass(frozen=True)
+class ProcStat:
+    """What recserve reads of a process's ``/proc/<pid>/stat`` (proc(5))."""
+
+    state: str
+    """R, S, D, Z (a zombie: exited, not yet reaped), ..."""
+    ppid: int
+    cpu_s: float
+    """User + system CPU time so far, in seconds."""
+    start_time: int
+    """The kernel's start time (clock ticks since boot): with the pid, an identity that a recycled
+    pid cannot match."""
+    rss_bytes: int
+    """Resident set size now (the same counter as VmRSS in /proc/<pid>/status)."""
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """``pid``'s stat, or None when there is no such process (Linux)."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        text = Path(f"/proc/{pid}/stat").read_text()
+        f = text.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
+        return ProcStat(f[0], int(f[1]), (int(f[11]) + int(f[12])) / _TICK, int(f[19]), int(f[21]) * _PAGE)
     except (OSError, IndexError, ValueError):
         return None
+
+
+def start_time(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (``ProcStat.start_time``), None when it is gone."""
+    st = proc_stat(pid)
+    return st.start_time if st else None
 
 
 def stop_pid(pid: int, must_contain: str, timeout_s: float = 15.0, started: int | None = None) -> bool:
@@ -169,10 +198,8 @@ def stop_pids(targets: list[tuple[int, str, int | None]], timeout_s: float = 15.
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
-    except OSError:
-        return True
+    st = proc_stat(pid)
+    return st is None or st.state == "Z"
 
 
 def stop_children(procs: list[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:

@@ -155,11 +155,11 @@ class Scorer:
         vdir = Path(config.version_dir)
         self.manifest = model_store.read_manifest(vdir, verify=False)  # _SUCCESS and a readable manifest
         self.schema: Schema = load_schema(vdir / "schema.yaml")
-        self.model = self.manifest.get("model", vdir.parent.name)
-        self.dense_version = str(self.manifest.get("version", vdir.name))
+        self.model = self.manifest.model
+        self.dense_version = self.manifest.version
         self.runtime = runtime_of(self.manifest, config.runtime)
         """The dense runtime this scorer runs (``ScoringConfig.runtime`` resolved)."""
-        rel = self.manifest["dense"][self.runtime]
+        rel = self.manifest.dense[self.runtime]
         if config.verify:  # the files this process reads; the embedding shards are the PS's to check
             model_store.verify_files(vdir, self.manifest, [rel, "schema.yaml"])
         self.dense = _load_dense(vdir / rel, config.threads)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import logging
 
 from features.schema import Schema
+from model_store.manifest import VersionManifest
 from serving.scoring.core import ScoringConfig
 
 log = logging.getLogger("recserve.scoring")
 
 
-def lookup_backend(config: ScoringConfig, schema: Schema, manifest: dict) -> tuple[object, list[str]]:
+def lookup_backend(
+    config: ScoringConfig, schema: Schema, manifest: VersionManifest
+) -> tuple[object, list[str]]:
     """The embedding worker this scorer calls (a client of the worker process, or the worker
     library over its shards) and, per shard, "local" or "remote" (``ScoringConfig.lookups``)."""
     from serving.rpc.tls import ClientTLS
@@ -20,7 +23,7 @@ def lookup_backend(config: ScoringConfig, schema: Schema, manifest: dict) -> tup
 
     tls = ClientTLS.of(config.tls_ca, config.tls_cert, config.tls_key)
     spec = parse_ps_spec(config.ps) if config.ps else None
-    n = len(spec) if spec else int(manifest.get("num_shards", 1))
+    n = len(spec) if spec else manifest.num_shards
     local = (
         [has_local_files(config.version_dir, i, n) for i in range(n)] if config.lookups != "remote" else []
     )
@@ -41,7 +44,7 @@ def lookup_backend(config: ScoringConfig, schema: Schema, manifest: dict) -> tup
         local = [False] * n
     from serving.worker.core import EmbeddingWorker
 
-    dim = int(manifest["dim"])
+    dim = manifest.dim
     backends: list = []
     try:
         for i, here in enumerate(local):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import model_store
 from model_store.dense import AUTO, CHOICES
+from serving.ps.spec import DTYPES
 
 
 @dataclass
@@ -39,7 +40,7 @@ class StackConfig:
     lookups over its SERVING replicas and retries another when one fails."""
     supervise: bool = True
     """Start the supervisor: a process of the stack that dies is restarted (with backoff)."""
-    dtype: str = field(default="float32", metadata={"choices": ["float32", "float16"]})
+    dtype: str = field(default="float32", metadata={"choices": list(DTYPES)})
     """Row storage of the PS shards: float32 maps the version's rows as they are; float16 halves
     row memory (an fp32 version's rows converted into memory at load)."""
     runtime: str = field(default=AUTO, metadata={"choices": CHOICES})
@@ -59,8 +60,10 @@ class StackConfig:
     worker_in_handler: bool = False
     """Run the embedding worker as a library inside the handler over the PS shards (one process
     hop and one 330 KB pooled reply fewer per request); the worker process still serves others."""
-    lookups: str = field(default="remote", metadata={"choices": ["remote", "colocated", "auto"]})
-    """Where the handler reads rows: remote (worker/PS), colocated or auto (ScoringConfig.lookups)."""
+    lookups: str = field(default="auto", metadata={"choices": ["auto", "colocated", "remote"]})
+    """Where the handler reads rows (ScoringConfig.lookups): auto maps every shard whose files are on
+    this host, as they are where `up` runs, and reads any other from the stack's PS shards;
+    colocated insists on mapping all; remote reads all through the worker process."""
     startup_timeout_s: float = 180.0
     """How long `up` waits for every part to be healthy (every PS shard serving the version)."""
     poll_s: float = 1.0

@@ -80,7 +80,7 @@ class LocalStack:
         pin = "" if version == current else version  # a --version that is not CURRENT is never switched
         vdir = model_store.version_dir(self.root, cfg.model, version)
         manifest = model_store.read_manifest(vdir)  # refuses incomplete or corrupt versions
-        n = cfg.ps_shards or int(manifest["num_shards"])  # PS shards re-shard the dump by the routing hash
+        n = cfg.ps_shards or manifest.num_shards  # PS shards re-shard the dump by the routing hash
         ps_ports = list(cfg.ps_ports) or free_ports(n * cfg.replicas, cfg.host)
         if len(ps_ports) != n * cfg.replicas:
             raise ValueError(
@@ -130,7 +130,9 @@ class LocalStack:
 
         update_state(self.run_dir, add)
 
-    def _start_ps(self, vdir: Path, manifest: dict, ports: list[int], logs: Path) -> None:
+    def _start_ps(
+        self, vdir: Path, manifest: model_store.VersionManifest, ports: list[int], logs: Path
+    ) -> None:
         cfg, r = self.config, self.config.replicas
         n = len(ports) // r
         shards = [[f"{cfg.host}:{p}" for p in ports[i * r : (i + 1) * r]] for i in range(n)]
@@ -146,7 +148,7 @@ class LocalStack:
                     (f"ps{i}", f"ps shard {i}") if r == 1 else (f"ps{i}.{k}", f"ps shard {i} replica {k}")
                 )
                 args = ["ps", "--shard", str(i), "--num-shards", str(n), "--host", cfg.host,
-                        "--port", address.rsplit(":", 1)[1], "--dim", str(manifest["dim"]), *source,
+                        "--port", address.rsplit(":", 1)[1], "--dim", str(manifest.dim), *source,
                         "--dtype", cfg.dtype, "--metrics-port", str(self._metrics_port(name)),
                         *stack_tls.server_flags(self.state)]  # fmt: skip
                 self._spawn(name, args, logs / f"{name}.log")

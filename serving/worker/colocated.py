@@ -35,6 +35,7 @@ from serving.ps.client import ShardError
 from serving.ps.config import StoreConfig
 from serving.ps.follow import Follower, lower_thread_priority, not_serving_reason
 from serving.ps.mapped import MappedStore
+from serving.ps.spec import TableSpec
 from serving.rpc.errors import NotServing
 
 log = logging.getLogger("recserve.worker.colocated")
@@ -61,7 +62,9 @@ class ColocatedShard:
         vdir = Path(version_dir)
         self.shard, self.num_shards, self.dim = shard, num_shards, dim
         self.target = f"local:{vdir / 'embeddings' / shards.shard_dir_name(shard, num_shards)}"
-        self.store = MappedStore(StoreConfig(dim=dim, dtype=dtype, shard=shard, num_shards=num_shards))
+        self.store = MappedStore(
+            StoreConfig(table=TableSpec(dim=dim, dtype=dtype), shard=shard, num_shards=num_shards)
+        )
         self.follower = Follower(self.store, vdir.parent, pin=vdir.name)
         self._poll_s = poll_s
         self._stop = threading.Event()

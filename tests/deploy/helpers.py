@@ -14,36 +14,80 @@ VERSION = "1.30"  # the oldest Kubernetes these manifests use features of (the p
 
 
 def documents(kustomization_dir):
-    """Every object the ``resources`` of a kustomization name (recursively), in order."""
-    kust = yaml.safe_load((kustomization_dir / "kustomization.yaml").read_text())
-    out = []
+    """The objects a kustomization builds, in order (``build``)."""
+    return build(kustomization_dir)
+
+
+def build(directory, objs: list | None = None) -> list:
+    """The objects the kustomization (or, given ``objs`` to act on, the component) in ``directory``
+    builds: its resources (files, or kustomizations built first), its components, then its patches
+    (JSON6902), ``replicas``, ``nameSuffix``, ``labels`` and ``replacements``, in kustomize's
+    order. These are the parts of kustomize the manifests use; any other field fails here. The
+    Secret a ``secretGenerator`` makes is left to the roles test (it makes the files)."""
+    kust = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    known = {"apiVersion", "kind", "resources", "components", "secretGenerator", "replicas", "patches",
+             "nameSuffix", "labels", "replacements"}  # fmt: skip
+    assert set(kust) <= known, f"{directory}: kustomize fields this test does not apply: {set(kust) - known}"
+    objs = [] if objs is None else objs
     for entry in kust.get("resources", []):
-        path = (kustomization_dir / entry).resolve()
-        if path.is_dir():
-            out += documents(path)
-        else:
-            out += [d for d in yaml.safe_load_all(path.read_text()) if d]
-    return out
-
-
-def build_overlay(overlay):
-    """The overlay's objects: its base with ``replicas`` and JSON6902 ``patches`` applied (the
-    parts of kustomize the overlay uses; anything else in it fails here)."""
-    kust = yaml.safe_load((overlay / "kustomization.yaml").read_text())
-    known = {"apiVersion", "kind", "resources", "secretGenerator", "replicas", "patches"}
-    assert set(kust) <= known, f"kustomize fields this test does not apply: {set(kust) - known}"
-    objs = copy.deepcopy(documents(overlay))
-    by_name = {(o["kind"], o["metadata"]["name"]): o for o in objs}
-    for r in kust.get("replicas", []):
-        targets = [o for (kind, name), o in by_name.items() if name == r["name"] and "replicas" in o["spec"]]
-        assert len(targets) == 1, f"replicas: {r['name']} names {len(targets)} workloads"
-        targets[0]["spec"]["replicas"] = r["count"]
+        path = (directory / entry).resolve()
+        objs += (
+            build(path)
+            if path.is_dir()
+            else [copy.deepcopy(d) for d in yaml.safe_load_all(path.read_text()) if d]
+        )
+    for entry in kust.get("components", []):
+        build((directory / entry).resolve(), objs)
     for p in kust.get("patches", []):
-        target = by_name[(p["target"]["kind"], p["target"]["name"])]
+        (target,) = [
+            o
+            for o in objs
+            if (o["kind"], o["metadata"]["name"]) == (p["target"]["kind"], p["target"]["name"])
+        ]
         patched = jsonpatch.JsonPatch(yaml.safe_load(p["patch"])).apply(target)
         target.clear()
         target.update(patched)
+    for r in kust.get("replicas", []):
+        targets = [o for o in objs if o["metadata"]["name"] == r["name"] and "replicas" in o.get("spec", {})]
+        assert len(targets) == 1, f"replicas: {r['name']} names {len(targets)} workloads"
+        targets[0]["spec"]["replicas"] = r["count"]
+    for o in objs if "nameSuffix" in kust else []:
+        o["metadata"]["name"] += kust["nameSuffix"]
+    for pairs in (entry["pairs"] for entry in kust.get("labels", [])):
+        for o in objs:
+            o["metadata"].setdefault("labels", {}).update(pairs)
+    for r in kust.get("replacements", []):
+        source = _one(objs, r["source"])
+        value = _path(source, r["source"]["fieldPath"])
+        for target in r["targets"]:
+            for o in (o for o in objs if _selects(o, target["select"])):
+                for field in target["fieldPaths"]:
+                    parent, key = _path(o, field.rsplit(".", 1)[0]), field.rsplit(".", 1)[1]
+                    parent[key] = type(parent[key])(value)  # kustomize keeps the target's type
     return objs
+
+
+def _selects(obj: dict, select: dict) -> bool:
+    return (
+        obj["kind"] == select["kind"]
+        and select.get("name", obj["metadata"]["name"]) == obj["metadata"]["name"]
+    )
+
+
+def _one(objs: list, select: dict) -> dict:
+    (found,) = [o for o in objs if _selects(o, select)]
+    return found
+
+
+def _path(obj: dict, dotted: str):
+    for key in dotted.split("."):
+        obj = obj[key]
+    return obj
+
+
+def build_overlay(overlay):
+    """The overlay's objects (``build``)."""
+    return build(overlay)
 
 
 def workloads(objs):

@@ -21,14 +21,53 @@ def test_every_base_manifest_validates_against_the_kubernetes_schemas():
         kubernetes_validate.validate(obj, VERSION, strict=True)
 
 
-def test_the_small_overlay_applies_and_validates():
-    objs = build_overlay(KUBE / "overlays" / "small")
+@pytest.mark.parametrize("overlay", ["small", "replicated"])
+def test_the_overlays_apply_and_validate(overlay):
+    objs = build_overlay(KUBE / "overlays" / overlay)
     for obj in objs:
         kubernetes_validate.validate(obj, VERSION, strict=True)
     replicas = {o["metadata"]["name"]: o["spec"].get("replicas") for o in workloads(objs)}
-    assert replicas["ps-r1"] == 0 and replicas["worker"] == 1
+    assert replicas["worker"] == 1 and replicas["ps"] == 2
     topology = next(o for o in objs if o["kind"] == "ConfigMap")
-    assert "|" not in topology["data"]["ps"]
+    if overlay == "small":  # one replica of every shard
+        assert "ps-r1" not in replicas and "|" not in topology["data"]["ps"]
+    else:  # components/ps-replica: the one PS template again, as ps-r1, in the workers' topology
+        assert replicas["ps-r1"] == 2 and topology["data"]["ps"].count("|") == 2
+        ps, r1 = (next(o for o in workloads(objs) if o["metadata"]["name"] == n) for n in ("ps", "ps-r1"))
+        assert r1["spec"]["template"]["spec"] == ps["spec"]["template"]["spec"]
+        assert r1["spec"]["template"]["metadata"]["labels"]["recserve/replica"] == "1"
+
+
+def test_a_component_and_replacements_build_as_kustomize_builds_them(tmp_path):
+    """tests/deploy/helpers.build against kustomize itself, where kubectl is installed: the same
+    objects for base/ and every overlay (the Secret aside: its files are made by the roles test)."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    from tests.deploy.helpers import build
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("no kubectl: helpers.build is checked against kustomize where it is installed")
+    shutil.copytree(KUBE, tmp_path / "kubernetes")
+    small = tmp_path / "kubernetes" / "overlays" / "small"
+    for name in (
+        "key_file.json",
+        "tls/ca.pem",
+        "tls/server.pem",
+        "tls/server.key",
+        "tls/client.pem",
+        "tls/client.key",
+    ):
+        (small / name).parent.mkdir(exist_ok=True)
+        (small / name).write_text("{}")
+    for directory in ("base", "overlays/small", "overlays/replicated"):
+        out = subprocess.run(["kubectl", "kustomize", str(tmp_path / "kubernetes" / directory)],
+                             capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
+        real = [o for o in yaml.safe_load_all(out) if o and o["kind"] != "Secret"]
+        key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
+        assert sorted(real, key=key) == sorted(build(KUBE / directory), key=key), directory
 
 
 def test_a_manifest_error_is_caught():
@@ -50,20 +89,31 @@ def test_no_container_runs_as_root_or_unbounded():
             assert c["resources"]["requests"] and c["resources"]["limits"]["memory"], c["name"]
 
 
-def test_the_worker_topology_names_every_ps_pod():
+def shard_count(container: dict, topology: dict) -> str:
+    """The --num-shards a container runs with: ``$(NUM_SHARDS)`` from recserve-topology's shards."""
+    args = container["args"]
+    assert args[args.index("--num-shards") + 1] == "$(NUM_SHARDS)", container["name"]
+    (env,) = [e for e in container["env"] if e["name"] == "NUM_SHARDS"]
+    assert env["valueFrom"]["configMapKeyRef"] == {"name": "recserve-topology", "key": "shards"}
+    return topology["data"]["shards"]
+
+
+@pytest.mark.parametrize("directory", ["base", "overlays/replicated"])
+def test_the_worker_topology_names_every_ps_pod(directory):
     """The workers' --ps lists pod <statefulset>-<shard>.ps for every shard of every PS StatefulSet,
-    shards in order, and --num-shards matches the StatefulSets' replicas."""
+    shards in order; the shard count is written once (recserve-topology's shards): every PS
+    StatefulSet has that many pods and runs with that --num-shards."""
     from serving.worker.replicas import parse_ps_spec
 
-    objs = documents(KUBE / "base")
+    objs = documents(KUBE / directory)
     stss = [o for o in objs if o["kind"] == "StatefulSet" and o["spec"]["serviceName"] == "ps"]
     topology = next(
         o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "recserve-topology"
     )
     shards = parse_ps_spec(topology["data"]["ps"])
+    assert stss and all(len(replicas) == len(stss) for replicas in shards)
     for sts in stss:
-        args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
-        num_shards = int(args[args.index("--num-shards") + 1])
+        num_shards = int(shard_count(sts["spec"]["template"]["spec"]["containers"][0], topology))
         assert sts["spec"]["replicas"] == num_shards == len(shards)
         for i, replicas in enumerate(shards):
             assert f"{sts['metadata']['name']}-{i}.ps:50061" in replicas
@@ -81,14 +131,15 @@ def test_the_training_job_matches_its_nodes_and_the_serving_shards():
     assert int(args[args.index("--nnodes") + 1]) == job["spec"]["completions"] == job["spec"]["parallelism"]
     assert args[args.index("--rdzv-endpoint") + 1] == f"{job['metadata']['name']}-0.{pod['subdomain']}:29400"
     assert any(o["kind"] == "Service" and o["metadata"]["name"] == pod["subdomain"] for o in objs)
+    topology = next(o for o in objs if o["kind"] == "ConfigMap")
     ps = next(o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "ps")
-    ps_args = ps["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[args.index("--num-shards") + 1] == ps_args[ps_args.index("--num-shards") + 1]
+    ps_container = ps["spec"]["template"]["spec"]["containers"][0]
+    assert shard_count(pod["containers"][0], topology) == shard_count(ps_container, topology)
     assert "--resume" in args and "--checkpoint-every" in args and "--max-restarts" in args
 
 
-def test_the_readmes_certificate_names_every_address_a_client_dials_and_pods_get_their_files():
-    """The README's `recserve certs` line names every PS pod of the base topology, every worker
+def test_the_documented_certificate_names_every_address_a_client_dials_and_pods_get_their_files():
+    """docs/kubernetes.md's `recserve certs` line names every PS pod of the replicated topology, every worker
     address a frontend dials and the Service of every HTTPS frontend; each file a container's --tls-*/--ps-tls-* flag names is one its
     init container copies from the Secret, and one the overlay's Secret holds."""
     import re
@@ -97,13 +148,12 @@ def test_the_readmes_certificate_names_every_address_a_client_dials_and_pods_get
     import yaml
 
     from serving.worker.replicas import parse_ps_spec
-    from tests.helpers import ROOT
+    from tests.helpers import doc_blocks
 
-    readme = (ROOT / "README.md").read_text()
-    (line,) = re.findall(r"^recserve certs deploy/kubernetes/.*$", readme, re.M)
+    (line, _key_file) = doc_blocks("docs/kubernetes.md", "The Secret's files")[0]
     argv = shlex.split(line)
     names = set(argv[argv.index("--hosts") + 1].split(","))
-    objs = documents(KUBE / "base")
+    objs = documents(KUBE / "overlays" / "replicated")  # every PS pod: both replicas of each shard
     topology = next(
         o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "recserve-topology"
     )

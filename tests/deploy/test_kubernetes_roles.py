@@ -1,4 +1,4 @@
-"""The manifests' commands run: the Secret's files are made by the README's lines, then every pod
+"""The manifests' commands run: the Secret's files are made by docs/kubernetes.md's lines, then every pod
 of the small overlay is started in its own network namespace with exactly the commands, args and
 environment its container specs give (init containers first) -- $(VAR) expanded from the
 container's env as the kubelet does, the pod-index label and ConfigMap keys resolved, each volume
@@ -29,7 +29,7 @@ import model_store as ms
 from serving.rpc.health import check
 from serving.scoring.client import ScoringClient
 from tests.deploy.helpers import KUBE, build_overlay
-from tests.helpers import ROOT, exit_ok, wait_until
+from tests.helpers import ROOT, doc_blocks, exit_ok, wait_until
 
 pytestmark = pytest.mark.slow
 SCHEMA = "data/schemas/criteo.yaml"
@@ -94,13 +94,11 @@ def image_commands(directory: Path) -> Path:
 
 
 def secret_files(directory: Path) -> Path:
-    """The overlay's Secret as a directory of its secretGenerator's files, made by the README's
+    """The overlay's Secret as a directory of its secretGenerator's files, made by docs/kubernetes.md's
     lines (run by bash in ``directory``, as a user runs them at the checkout's root)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Deploy on Kubernetes") :]
-    block = re.search(r"The Secret's files.*?```bash\n(.*?)```", section, re.S).group(1)
+    (block,) = doc_blocks("docs/kubernetes.md", "The Secret's files")
     env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
-    for line in block.splitlines():
+    for line in block:
         done = subprocess.run(["bash", "-c", line], cwd=directory, env=env, capture_output=True, text=True,
                               timeout=60)  # fmt: skip
         assert done.returncode == 0, f"{line}\n{done.stderr}"
@@ -150,7 +148,7 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
     the version they publish is the one the serving pods then follow and score with."""
     objs = build_overlay(KUBE / "overlays" / "small")
     config_maps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
-    secret = secret_files(tmp_path)  # the overlay's secretGenerator files, made as the README says
+    secret = secret_files(tmp_path)  # the overlay's secretGenerator files, made as docs/kubernetes.md says
     all_pods = pods(objs)
     assert {p["name"] for p in all_pods} >= {"train-0", "train-1", "ps-0", "ps-1", "worker-0", "scoring-0"}
     net = network(len(all_pods), [" ".join(p["names"]) for p in all_pods])
@@ -201,7 +199,7 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
     jobs = {pod["name"]: start(pod, host) for pod, host in placed if pod["job"]}
     exit_ok([(f"pod {name}", proc, log) for name, (_, proc, log) in jobs.items()])
     assert ms.current(store, "criteo") == "1", "the training Job published no version"
-    assert ms.read_manifest(ms.version_dir(store, "criteo", "1"))["train"]["world_size"] == 2
+    assert ms.read_manifest(ms.version_dir(store, "criteo", "1")).train.world_size == 2  # type: ignore[union-attr]
     started = {pod["name"]: start(pod, host) for pod, host in placed if not pod["job"]}
 
     containers = {pod["name"]: pod["spec"]["containers"][0] for pod in all_pods}

@@ -1,6 +1,6 @@
 import numpy as np
 
-from loadtest.common import TIMELINE_COLUMNS, read_timeline
+from loadtest.common import TIMELINE_COLUMNS, Stopwatch, call_times, median_us, read_timeline
 
 
 def test_a_timeline_reads_as_one_row_per_request_whatever_its_length(tmp_path):
@@ -11,3 +11,16 @@ def test_a_timeline_reads_as_one_row_per_request_whatever_its_length(tmp_path):
     np.testing.assert_array_equal(tl[:, TIMELINE_COLUMNS.index("delta_seq")], [3, -1])
     path.write_text("")
     assert read_timeline(path).shape == (0, len(TIMELINE_COLUMNS))
+
+
+def test_call_times_cycles_its_arguments_after_a_warm_up_and_times_each_call():
+    seen = []
+    times = call_times(seen.append, min_runs=5, min_seconds=0.0, args=["a", "b", "c"])
+    assert seen == ["a", "b", "c", "a", "b", "c", "a", "b"] and len(times) == 5
+    assert (times > 0).all() and median_us(lambda: None, min_runs=3, min_seconds=0.0) > 0
+    seen.clear()
+    assert len(call_times(seen.append, min_runs=2, min_seconds=0.0, args=[1, 2, 3, 4], warmup=1)) == 2
+    assert seen == [1, 2, 3]  # the timed calls go on from where the warm-up stopped
+    with Stopwatch() as sw:
+        running_s = sw.s
+    assert 0 < running_s <= sw.s

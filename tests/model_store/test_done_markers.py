@@ -14,7 +14,9 @@ from model_store import layout, shards
 
 def _shard(kind: str) -> shards.ShardData:
     signs = np.arange(1, 41, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    meta = {"kind": kind, "shard": 0, "num_shards": 1, "dim": 4, "dtype": "float32", "state": []}
+    meta = shards.ShardMeta(
+        kind, 0, 1, {"dim": 4, "dtype": "float32", "optimizer": {"name": "sgd"}}, state=[]
+    )
     rows = np.ones((40, 4), np.float32)
     return shards.ShardData(meta, signs, rows, {}, np.zeros(40, np.uint32), np.zeros(40, np.uint32))
 
@@ -43,7 +45,7 @@ def marked(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 def test_a_shard_dump_a_delta_and_a_sealed_version_are_marked_done_last_by_mark_done(tmp_path, marked):
     staging = ms.staging_dir(tmp_path, "m", "1")
     full = shards.write_shard(staging / "embeddings", _shard("full"))
-    ms.write_manifest(staging, {"model": "m", "version": "1"})
+    ms.write_manifest(staging, ms.VersionManifest("m", "1", "fp", dim=4, num_shards=1))
     version = ms.seal(staging, ms.version_dir(tmp_path, "m", "1"))
     delta = shards.write_shard(ms.delta_dir(version, 1), _shard("delta"))
     ms.mark_done(ms.delta_dir(version, 1))

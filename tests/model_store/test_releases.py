@@ -15,8 +15,7 @@ def _version(root, fingerprint="fp", complete=True, dim=8, num_dense=13) -> str:
     (staging / "payload.bin").write_bytes(b"x" * 100)
     config = {"kind": "dlrm", "dim": dim, "num_slots": 26, "num_dense": num_dense}
     ms.write_manifest(
-        staging,
-        {"model": "m", "version": v, "schema_fingerprint": fingerprint, "dim": dim, "model_config": config},
+        staging, ms.VersionManifest("m", v, fingerprint, dim, num_shards=1, model_config=config)
     )
     if complete:
         ms.seal(staging, ms.version_dir(root, "m", v))
@@ -65,7 +64,7 @@ def test_manifests_of_xxh3_and_of_older_sha256_digests_both_verify_and_catch_cor
         if old:  # as written before XXH3: plain sha256 hex
             manifest["files"] = {rel: ms.sha256_file(vdir / rel) for rel in manifest["files"]}
             (vdir / ms.MANIFEST).write_text(json.dumps(manifest))
-        assert validate(tmp_path, "m", v)["files"] == manifest["files"]
+        assert validate(tmp_path, "m", v).files == manifest["files"]
         (vdir / "payload.bin").write_bytes(b"y" + b"x" * 99)
         with pytest.raises(ModelStoreError, match="checksum mismatch for payload.bin"):
             validate(tmp_path, "m", v)
@@ -114,7 +113,7 @@ def test_the_gate_refuses_what_serving_refuses_naming_both_sides(tmp_path, kw, w
     served = ms.read_manifest(ms.version_dir(tmp_path, "m", v1))
     with pytest.raises(IncompatibleVersion, match=what):
         validate(tmp_path, "m", v2, served, verify=False)
-    assert validate(tmp_path, "m", v2)["version"] == v2  # on its own it is a valid version
+    assert validate(tmp_path, "m", v2).version == v2  # on its own it is a valid version
     publish(tmp_path, "m", v2, allow_schema_change=True)  # a deliberate change: a new stack
     assert ms.current(tmp_path, "m") == v2
 

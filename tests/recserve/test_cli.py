@@ -1,4 +1,4 @@
-"""Every ``recserve ...`` line in the README parses with the real parser and builds its config
+"""Every ``recserve ...`` line in the README and docs/ parses with the real parser and builds its config
 (no unknown flag, no crash), and the config mechanism does what the CLI relies on."""
 
 import argparse
@@ -12,35 +12,31 @@ import pytest
 
 from recserve import config
 from recserve.cli import COMMANDS, build_parser, module_of
-from tests.helpers import ROOT, recserve_argv
+from tests.helpers import ROOT, doc_files, doc_sections, recserve_argv, split_comment
 
 
-def readme_command_lines() -> list[str]:
-    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
-    # "Running on several hosts" names files on the store mounted at /mnt/recserve (an admin token
-    # a config reads as it is built): tests/test_readme_hosts.py runs those lines, whole, on hosts
-    # that mount it
-    hosts = re.search(r"\n## Running on several hosts\n.*?(?=\n## )", text, re.S)
-    assert hosts, "README: no section Running on several hosts"
-    text = text.replace(hosts.group(0), "")
-    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
-    lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+def documented_command_lines() -> list[str]:
+    # docs/hosts.md names files on the store mounted at /mnt/recserve (an admin token a config reads
+    # as it is built): tests/test_readme_hosts.py runs those lines, whole, on hosts that mount it
+    docs = [doc for doc in doc_files() if doc != "docs/hosts.md"]
+    blocks = [block for doc in docs for _, lang, block in doc_sections(doc) if lang == "bash"]
+    lines = [split_comment(line)[0] for block in blocks for line in block]
     return [line for line in lines if line.startswith("recserve ")]
 
 
-LINES = readme_command_lines()
-# files a README line writes (``--out PATH``) that a later line reads, by path
+LINES = documented_command_lines()
+# files a documented line writes (``--out PATH``) that a later line reads, by path
 WRITTEN = {m.group(1): line for line in LINES if (m := re.search(r"--out (\S+)", line))}
 
 
-def test_the_readme_shows_every_command():
+def test_the_docs_show_every_command():
     assert len(LINES) >= 15
     shown = {shlex.split(line)[1] for line in LINES}
     assert shown == set(COMMANDS), set(COMMANDS) ^ shown
 
 
 @pytest.mark.parametrize("line", LINES)
-def test_readme_line_parses_and_builds_its_config(line, tmp_path):
+def test_documented_line_parses_and_builds_its_config(line, tmp_path):
     for path, writer in WRITTEN.items():  # a file an earlier line writes: made here by that line
         if path in line and writer != line:
             made = str(tmp_path / Path(path).name)
@@ -114,6 +110,39 @@ def test_defaults_then_yaml_then_flags(tmp_path):
     assert "Learning rate." in p.format_help()
     with pytest.raises(SystemExit):
         p.parse_args(["--optimizer", "ftrl"])
+
+
+@dataclasses.dataclass
+class Tuned:
+    inner: Inner = dataclasses.field(default_factory=lambda: Inner(lr=0.005, name="adam"))
+    """Nested, with defaults of its own."""
+
+
+@dataclasses.dataclass
+class Other:
+    lr: float | None = None
+    """Learning rate (None: keep)."""
+    steps: int = 1
+    """Steps."""
+
+
+def test_a_nested_config_keeps_its_parents_defaults_for_what_is_not_given(tmp_path):
+    p = argparse.ArgumentParser()
+    config.add_arguments(p, Tuned)
+    assert config.from_args(Tuned, p.parse_args(["--optimizer", "sgd"])).inner == Inner(lr=0.005, name="sgd")
+    assert config.from_args(Tuned, p.parse_args([])).inner == Inner(lr=0.005, name="adam")
+    (tmp_path / "c.yaml").write_text("inner: {lr: 0.5}\n")
+    assert config.load_yaml(Tuned, tmp_path / "c.yaml").inner == Inner(lr=0.5, name="adam")
+    assert "(default: 0.005)" in p.format_help() and "(default: adam)" in p.format_help()
+
+
+def test_two_configs_of_one_parser_share_a_flag_they_both_have():
+    p = argparse.ArgumentParser()
+    config.add_arguments(p, Outer)
+    config.add_arguments(p, Other, yaml_flag=False, skip=config.dests(Outer))
+    args = p.parse_args(["--lr", "0.3", "--steps", "4"])
+    assert config.from_args(Outer, args).inner.lr == 0.3 and config.from_args(Other, args) == Other(0.3, 4)
+    assert config.given(Other, args) == ["--lr", "--steps"] and config.given(Outer, args) == ["--lr"]
 
 
 def test_unknown_yaml_key_is_an_error_naming_it(tmp_path):

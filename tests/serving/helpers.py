@@ -15,6 +15,7 @@ from features.batch import FLAG_CONTEXT
 from features.codec import decode, encode
 from features.schema import dump_schema, schema_from_dict
 from features.transform import transform
+from serving.ps.spec import TableSpec
 from serving.ps.store import EmbeddingStore, StoreConfig
 
 DIM = 4
@@ -81,10 +82,7 @@ def make_rows_version(root, trainer: EmbeddingStore, fingerprint: str = "fp") ->
     version = ms.next_version(root, "m")
     staging = ms.staging_dir(root, "m", version)
     trainer.dump(staging / "embeddings")
-    ms.write_manifest(
-        staging,
-        {"model": "m", "version": version, "schema_fingerprint": fingerprint, "dim": DIM, "num_shards": 1},
-    )
+    ms.write_manifest(staging, ms.VersionManifest("m", version, fingerprint, DIM, num_shards=1))
     ms.seal(staging, ms.version_dir(root, "m", version))
     return version
 
@@ -95,7 +93,7 @@ def make_version(root: Path, rows_dim: int = DIM, seed: int = 0) -> str:
     from model_store.runtimes import torchscript
     from training.models import ModelConfig, build_model
 
-    trainer = EmbeddingStore(StoreConfig(dim=rows_dim, capacity=10_000, seed=seed))
+    trainer = EmbeddingStore(StoreConfig(table=TableSpec(dim=rows_dim, capacity=10_000), seed=seed))
     trainer.lookup(SIGNS, insert=True)
     version = ms.next_version(root, "m")
     staging = ms.staging_dir(root, "m", version)
@@ -110,8 +108,8 @@ def make_version(root: Path, rows_dim: int = DIM, seed: int = 0) -> str:
         pooled,
         np.zeros((2, model_cfg.num_dense), np.float32),
     )
-    ms.write_manifest(staging, {"model": "m", "version": version, "schema_fingerprint": SCHEMA.fingerprint,
-                                "dim": DIM, "num_shards": 1, "dense": {"torchscript": "dense/model.pt"}})  # fmt: skip
+    ms.write_manifest(staging, ms.VersionManifest("m", version, SCHEMA.fingerprint, DIM, num_shards=1,
+                                                  dense={"torchscript": "dense/model.pt"}))  # fmt: skip
     ms.seal(staging, ms.version_dir(root, "m", version))
     return version
 

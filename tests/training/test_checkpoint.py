@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -17,16 +16,14 @@ import pytest
 import torch
 
 from model_store.layout import SUCCESS
-from tests.helpers import ROOT, recserve_argv, wait_until
+from tests.helpers import ROOT, doc_blocks, recserve_argv, wait_until
 from training.checkpoint import Checkpointer, Every, latest, parse_every
 from training.config import TrainConfig
 
 
 def readme_lines() -> list[str]:
-    """The README's "Checkpoints and restarts" block: a first run, its resume, a torchrun job."""
-    text = (ROOT / "README.md").read_text()
-    block = re.search(r"### Checkpoints and restarts\n.*?```bash\n(.*?)```", text, re.S).group(1)
-    lines = block.splitlines()
+    """docs/training.md's "Checkpoints and restarts" block: a first run, its resume, a torchrun job."""
+    (lines,) = doc_blocks("docs/training.md", "Checkpoints and restarts")
     assert len(lines) == 3 and lines[2].startswith("torchrun "), lines
     return lines
 
@@ -92,6 +89,11 @@ def test_resuming_with_other_ranks_or_other_data_is_refused(tmp_path):
         found.check(2, {"seed": 0, "batch_size": 128})
     with pytest.raises(ValueError, match="batch_size: 128 -> 256"):
         found.check(1, {"seed": 0, "batch_size": 256})
+    _save(_checkpointer(tmp_path / "t", steps=1), 1, {"table": {"dim": 16, "optimizer": {"lr": 0.1}}})
+    found = latest(tmp_path / "t")
+    found.check(1, {"table": {"dim": 16, "optimizer": {"lr": 0.2}}})  # the table's dim must match, not its lr
+    with pytest.raises(ValueError, match="table.dim: 16 -> 8"):
+        found.check(1, {"table": {"dim": 8, "optimizer": {"lr": 0.1}}})
 
 
 def test_the_in_process_baseline_has_no_checkpoints():
@@ -105,7 +107,7 @@ def _result(out: str) -> dict:
 
 
 def _env(store: Path, tmp: Path) -> dict:
-    """The README's conditions: $RECSERVE_STORE is the store, torchrun and recserve on PATH; the
+    """The documented conditions: $RECSERVE_STORE is the store, torchrun and recserve on PATH; the
     runs' temporary files (a rank's PS logs and admin token) in ``tmp``, a directory of the test's
     own, whose cleanup takes them even from a rank that was SIGKILLed. A CPU host: a GPU host with
     fewer GPUs than the line's two ranks refuses it (tests/training/test_cuda.py)."""
@@ -170,7 +172,7 @@ def uninterrupted(tmp_path_factory) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_torchrun_restarts_every_rank_from_the_checkpoint_after_one_is_killed(rank, uninterrupted, tmp_path):
-    """The README's torchrun line; a rank is SIGKILLed mid-epoch (rank 0 with the PS shards the job
+    """The documented torchrun line; a rank is SIGKILLed mid-epoch (rank 0 with the PS shards the job
     started: they die with it, by the kernel's parent-death signal); torchrun restarts both ranks, which
     resume from the newest checkpoint (new shards loaded with its rows) and end within 0.005 AUC
     of an uninterrupted run."""

@@ -14,7 +14,8 @@ import torch
 from features import stream
 from features.hashing import shard_of
 from features.schema import load_schema
-from serving.ps.store import EmbeddingStore, OptimizerConfig, StoreConfig
+from serving.ps.spec import TableSpec
+from serving.ps.store import EmbeddingStore, OptimizerSpec, StoreConfig
 from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
 from training import data
 from training.ctx import TrainCtx
@@ -70,10 +71,12 @@ def test_prefetch_sends_one_update_lookup_per_shard_per_step(flush_after):
     schema = load_schema(SCHEMA)
     batches = data.batches(data.take(stream.read(TRAIN, schema, limit=192), slice(0, 192)), schema, 32)
     assert len(batches) == 6
-    opt = OptimizerConfig("adagrad", lr=0.05)
+    opt = OptimizerSpec("adagrad", lr=0.05)
     shards = [
         CountingShard(
-            EmbeddingStore(StoreConfig(dim=DIM, capacity=10_000, optimizer=opt, shard=i, num_shards=2))
+            EmbeddingStore(
+                StoreConfig(table=TableSpec(dim=DIM, capacity=10_000, optimizer=opt), shard=i, num_shards=2)
+            )
         )
         for i in range(2)
     ]
@@ -122,16 +125,15 @@ def test_prefetch_sends_one_update_lookup_per_shard_per_step(flush_after):
 def test_a_plan_that_replicates_every_table_never_asks_the_ps():
     """Every table replicated: the step trains from the trainer's own store and sends the PS no
     lookup and no update (what the planner's estimate of that plan assumes: no round trips)."""
-    from training.cluster import ShardSpec
     from training.config import TrainConfig
     from training.replicated import Replicated
 
     schema = load_schema(SCHEMA)
     batches = data.batches(data.take(stream.read(TRAIN, schema, limit=128), slice(0, 128)), schema, 32)
-    opt = OptimizerConfig("adagrad", lr=0.05)
-    shard = CountingShard(EmbeddingStore(StoreConfig(dim=16, capacity=1000, optimizer=opt)))
+    opt = OptimizerSpec("adagrad", lr=0.05)
+    shard = CountingShard(EmbeddingStore(StoreConfig(table=TableSpec(dim=16, capacity=1000, optimizer=opt))))
     worker = EmbeddingWorker([shard], schema, WorkerConfig(staleness=0))
-    replicated = Replicated(ShardSpec.of(TrainConfig(), schema), 4096)
+    replicated = Replicated(TrainConfig().store_config(schema.fingerprint), 4096)
     cfg = ModelConfig(kind="dlrm", num_slots=len(schema.sparse), dim=16, num_dense=len(schema.dense),
                       bottom_mlp=[16, 16])  # fmt: skip
     model = build_model(cfg)

@@ -18,7 +18,8 @@ import model_store
 from features import stream
 from features.hashing import shard_of
 from features.schema import load_schema
-from serving.ps.store import EmbeddingStore, OptimizerConfig, StoreConfig
+from serving.ps.spec import TableSpec
+from serving.ps.store import EmbeddingStore, OptimizerSpec, StoreConfig
 from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
 from training import data
 from training.config import TrainConfig
@@ -46,9 +47,11 @@ def _step(device: str, batches: list) -> tuple[list[EmbeddingStore], dict]:
     step is linear in the gradient: summation order stays at float32's rounding): the shards'
     stores and the dense weights (on the CPU) they end with."""
     schema = load_schema(SCHEMA)
-    opt = OptimizerConfig("sgd", lr=0.05)
+    opt = OptimizerSpec("sgd", lr=0.05)
     stores = [
-        EmbeddingStore(StoreConfig(dim=DIM, capacity=10_000, optimizer=opt, shard=i, num_shards=2))
+        EmbeddingStore(
+            StoreConfig(table=TableSpec(dim=DIM, capacity=10_000, optimizer=opt), shard=i, num_shards=2)
+        )
         for i in range(2)
     ]
     worker = EmbeddingWorker([LocalShard(s) for s in stores], schema, WorkerConfig(staleness=0))
@@ -124,7 +127,7 @@ def test_the_in_process_baseline_trains_its_table_on_the_gpu(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="a host with a GPU per rank takes them")
 def test_two_ranks_on_one_gpu_are_refused_with_the_ways_out(tmp_path):
-    """The README's two-rank torchrun line where the host has one GPU: each rank exits 2 before
+    """docs/training.md's two-rank torchrun line where the host has one GPU: each rank exits 2 before
     joining (NCCL would fail at the first collective with 'Duplicate GPU detected')."""
     cmd = ["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "recserve", "train"]
     cmd += ["--store", str(tmp_path / "store"), "--no-progress"]

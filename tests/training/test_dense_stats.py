@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from features.stream import ReadOptions
 from features.transform import dense_matrix, transform
 from model_store import runtimes
 from training import data, offline
-from training.config import TrainConfig
+from training.config import TrainConfig, train_table
 from training.models import ModelConfig, build_model
 from training.train import train
 
@@ -49,23 +50,23 @@ def versions(tmp_path_factory) -> tuple[Path, Path]:
         part = tmp / f"train-{i}.tsv"
         part.write_text("".join(rows))
         cfg = TrainConfig(schema=str(SCHEMA), data=str(part), test=str(TEST), store=str(tmp / "store"),
-                          model="criteo", epochs=1, inprocess_ps=True, num_shards=2, capacity=4096,
+                          model="criteo", epochs=1, inprocess_ps=True, num_shards=2, table=train_table(capacity=4096),
                           progress=False, curve=str(tmp / f"curve-{i}.png"))  # fmt: skip
         out.append(Path(train(cfg).version_dir))
     return out[0], out[1]
 
 
-def _manifest(version: Path) -> dict:
+def _manifest(version: Path) -> model_store.VersionManifest:
     return model_store.read_manifest(version)
 
 
 def test_retrained_versions_share_the_schema_fingerprint_not_the_stats(versions):
     shipped = load_schema(SCHEMA)
     (m1, m2) = (_manifest(v) for v in versions)
-    assert m1["schema_fingerprint"] == m2["schema_fingerprint"] == shipped.fingerprint
+    assert m1.schema_fingerprint == m2.schema_fingerprint == shipped.fingerprint
     for v in versions:  # the version's schema is the file as written: no fitted values in it
         assert load_schema(v / "schema.yaml") == shipped
-    c1, c2 = m1["model_config"], m2["model_config"]
+    c1, c2 = m1.model_config, m2.model_config
     assert len(c1["dense_mean"]) == len(c1["dense_std"]) == len(shipped.dense) == 13
     assert not np.allclose(c1["dense_mean"], c2["dense_mean"])
     assert not np.allclose(c1["dense_std"], c2["dense_std"])
@@ -75,13 +76,13 @@ def test_retrained_versions_share_the_schema_fingerprint_not_the_stats(versions)
     np.testing.assert_allclose(c1["dense_mean"], x.mean(axis=0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(c1["dense_std"], x.std(axis=0), rtol=1e-5)
     # and the publish gate takes version 2 where version 1's schema is served
-    assert model_store.validate(versions[1].parent.parent, "criteo", "2", m1["schema_fingerprint"])
+    assert model_store.validate(versions[1].parent.parent, "criteo", "2", m1)
 
 
 @pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated:DeprecationWarning")
 def test_each_version_carries_its_stats_in_both_exports(versions):
     for v in versions:
-        config = _manifest(v)["model_config"]
+        config = _manifest(v).model_config
         want = np.load(v / "eval/scores.npy")
         for fmt in runtimes.RUNTIMES:
             got = offline.score(v, TEST, dense_format=fmt)
@@ -161,7 +162,7 @@ def test_a_version_written_before_still_loads_and_scores_the_same(versions, tmp_
     transforms, none in model_config or in the exported network (same weights otherwise)."""
     new = versions[0]
     manifest = _manifest(new)
-    config = manifest["model_config"]
+    config = manifest.model_config
     old = tmp_path / "criteo" / "1"
     shutil.copytree(new, old)
 
@@ -186,9 +187,8 @@ def test_a_version_written_before_still_loads_and_scores_the_same(versions, tmp_
     for runtime in runtimes.RUNTIMES.values():
         runtime.write(net, old / runtime.file, pooled, np.zeros((2, net.num_dense), np.float32))
 
-    kept = {k: v for k, v in manifest.items() if k not in ("format", "created", "files")}
     model_store.write_manifest(
-        old, kept | {"schema_fingerprint": old_schema.fingerprint, "model_config": old_config}
+        old, replace(manifest, schema_fingerprint=old_schema.fingerprint, model_config=old_config)
     )
     assert "dense_mean" not in json.loads((old / "MANIFEST.json").read_text())["model_config"]
 

@@ -17,9 +17,9 @@ def test_every_registered_runtime_is_written_verified_and_timed(tmp_path) -> Non
     assert all((tmp_path / f).is_file() for f in exported.files.values())
     assert set(exported.max_abs_diff) == set(runtimes.RUNTIMES)
     assert all(0 <= d <= 1e-4 for d in exported.max_abs_diff.values())
-    p50 = exported.timing["p50_ms"]
+    p50 = exported.timing.p50_ms
     assert isinstance(p50, dict) and set(p50) == set(runtimes.RUNTIMES) and all(v > 0 for v in p50.values())
-    assert exported.timing["default"] == min(p50, key=p50.get) and exported.timing["rows"] == 200
+    assert exported.timing.default == min(p50, key=p50.get) and exported.timing.rows == 200
 
 
 @pytest.mark.parametrize("name", list(runtimes.RUNTIMES))

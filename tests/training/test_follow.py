@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from features import stream
 from features.hashing import shard_of
 from features.schema import load_schema
 from features.transform import transform
+from model_store.shards import read_meta
 from tests.helpers import wait_until
 from training.config import FollowConfig, TrainConfig
 from training.follow import FollowTrainer, follow
@@ -79,12 +81,16 @@ def _lookup(stores, signs: np.ndarray) -> np.ndarray:
 def _serving_stores(store: Path, deltas: bool = True):
     """Serving-side shards: the version, plus its deltas through the PS's own Follower."""
     from serving.ps.follow import Follower
+    from serving.ps.spec import TableSpec
     from serving.ps.store import EmbeddingStore, StoreConfig
 
     version = ms.current(store, NAME)
     manifest = ms.read_manifest(ms.version_dir(store, NAME, version))
-    n, dim = int(manifest["num_shards"]), int(manifest["dim"])
-    stores = [EmbeddingStore(StoreConfig(dim=dim, capacity=100_000, shard=i, num_shards=n)) for i in range(n)]
+    n, dim = manifest.num_shards, manifest.dim
+    stores = [
+        EmbeddingStore(StoreConfig(table=TableSpec(dim=dim, capacity=100_000), shard=i, num_shards=n))
+        for i in range(n)
+    ]
     for s in stores:
         if deltas:
             Follower(s, ms.model_dir(store, NAME)).poll()
@@ -121,9 +127,9 @@ def test_once_cuts_a_delta_that_serving_applies(store, watch):
     assert result.deltas == [(version, seq)]
     ddir = ms.delta_dir(vdir, seq)
     assert (ddir / ms.SUCCESS).is_file() and ms.list_deltas(vdir) == [*before, seq]
-    metas = [json.loads(p.read_text()) for p in sorted(ddir.glob("shard-*/meta.json"))]
-    assert len(metas) == json.loads((vdir / ms.MANIFEST).read_text())["num_shards"]
-    assert {m["base_version"] for m in metas} == {version} and {m["delta_seq"] for m in metas} == {seq}
+    metas = [read_meta(p) for p in sorted(ddir.glob("shard-*"))]
+    assert len(metas) == ms.read_manifest(vdir, verify=False).num_shards
+    assert {m.base_version for m in metas} == {version} and {m.delta_seq for m in metas} == {seq}
 
     # serving applies it: the file's rows changed and equal the trainer's; the others did not
     base = _serving_stores(store, deltas=False)
@@ -195,10 +201,8 @@ def test_follow_loop_cuts_deltas_and_reloads_on_a_new_current(store, watch):
         seqs = [seq for v, seq in result.deltas if v == version]
         assert seqs == list(range(first, first + len(seqs))) and seqs, result.deltas
     assert result.deltas[-1][0] == v2
-    meta = json.loads(
-        next(ms.delta_dir(ms.version_dir(store, NAME, v2), 0).glob("shard-*/meta.json")).read_text()
-    )
-    assert meta["base_version"] == v2
+    meta = read_meta(next(ms.delta_dir(ms.version_dir(store, NAME, v2), 0).glob("shard-*")))
+    assert meta.base_version == v2
 
 
 def _retrained(store: Path, v1: str, **changes) -> str:
@@ -212,16 +216,15 @@ def _retrained(store: Path, v1: str, **changes) -> str:
     shutil.copytree(
         src, staging, dirs_exist_ok=True, ignore=lambda d, names: top & set(names) if Path(d) == src else []
     )
-    keep = {k: v for k, v in manifest.items() if k not in ("files", "created", "format")}
-    ms.write_manifest(staging, keep | {"version": v2, "parent": v1, "deltas": 0} | changes)
+    ms.write_manifest(staging, replace(manifest, version=v2, parent=v1, deltas=0, **changes))
     ms.seal(staging, ms.version_dir(store, NAME, v2))
     return v2
 
 
 def _delta_signs(store: Path, version: str, seq: int) -> set[int]:
     ddir = ms.delta_dir(ms.version_dir(store, NAME, version), seq)
-    metas = [json.loads(p.read_text()) for p in ddir.glob("shard-*/meta.json")]
-    assert metas and {m["base_version"] for m in metas} == {version}
+    metas = [read_meta(p) for p in ddir.glob("shard-*")]
+    assert metas and {m.base_version for m in metas} == {version}
     return {int(x) for part in ddir.glob("shard-*") for x in np.load(part / "signs.npy")}
 
 

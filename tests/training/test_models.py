@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from model_store import runtimes
-from training.models import DLRM, MODEL_KINDS, ModelConfig, build_model
+from training.config import ARCHS
+from training.models import DLRM, ModelConfig, build_model
 
 S, D, F = 5, 8, 3
 
@@ -33,7 +34,7 @@ def inputs(batch: int, num_dense: int = F, seed: int = 1) -> tuple[torch.Tensor,
 
 
 @pytest.mark.parametrize("num_dense", [F, 0])
-@pytest.mark.parametrize("kind", MODEL_KINDS)
+@pytest.mark.parametrize("kind", ARCHS)
 def test_shapes_and_grad_to_pooled(kind: str, num_dense: int) -> None:
     model = make(kind, num_dense).train()
     for batch in (1, 7):
@@ -47,7 +48,7 @@ def test_shapes_and_grad_to_pooled(kind: str, num_dense: int) -> None:
         assert pooled.grad.abs().sum() > 0  # the worker back-propagates this into the embeddings
 
 
-@pytest.mark.parametrize("kind", MODEL_KINDS)
+@pytest.mark.parametrize("kind", ARCHS)
 def test_deterministic_init(kind: str) -> None:
     a, b, c = make(kind, seed=3), make(kind, seed=3), make(kind, seed=4)
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
@@ -137,7 +138,7 @@ def _with_stats(kind: str, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Mod
 
 
 @pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated:DeprecationWarning")
-@pytest.mark.parametrize("kind", MODEL_KINDS)
+@pytest.mark.parametrize("kind", ARCHS)
 def test_fitted_stats_standardise_dense_once_and_travel_in_the_exports(kind: str, tmp_path) -> None:
     model, plain, cfg = _with_stats(kind)
     pooled, dense = inputs(9)

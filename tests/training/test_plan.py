@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 from features.schema import load_schema
-from serving.ps.store import OptimizerConfig, StoreConfig
+from serving.ps.spec import TableSpec
+from serving.ps.store import OptimizerSpec, StoreConfig
 from training import plan as sharding
 from training.costs import Costs
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "data/schemas/criteo.yaml"
 TRAIN = ROOT / "data/criteo/wide_resdnn_criteo_train.tsv"
-STORE = StoreConfig(dim=16, optimizer=OptimizerConfig("adagrad"))
+STORE = StoreConfig(table=TableSpec(dim=16, optimizer=OptimizerSpec("adagrad")))
 MIB = 1 << 20
 
 
@@ -90,17 +91,16 @@ def test_recserve_plan_prints_and_writes_the_plan(tmp_path, flags, chosen):
 
 
 @pytest.mark.slow
-def test_the_readme_plan_lines_run_as_printed_and_the_plan_printed_is_the_plan_trained(tmp_path):
+def test_the_documented_plan_lines_run_as_printed_and_the_plan_printed_is_the_plan_trained(tmp_path):
     import json
     import os
     import re
 
     import model_store
-    from tests.helpers import recserve_argv
+    from tests.helpers import doc_blocks, recserve_argv
 
-    text = (ROOT / "README.md").read_text()
-    block = re.search(r"## Sharding plans.*?```bash\n(.*?)```", text, re.S).group(1)
-    plan_line, train_line = (x.strip() for x in block.splitlines() if x.strip())
+    heading = "Sharding plans: where each table trains"  # in docs/training.md
+    ((plan_line, train_line),) = doc_blocks("docs/training.md", heading)
     env = {**os.environ, "RECSERVE_STORE": str(tmp_path)}
     planned = subprocess.run(recserve_argv(plan_line), cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=300)  # fmt: skip
@@ -112,11 +112,11 @@ def test_the_readme_plan_lines_run_as_printed_and_the_plan_printed_is_the_plan_t
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert plan.table() in trained.stderr  # the trainer logs the very table `recserve plan` printed
     assert plan.table().splitlines()[2] in planned.stdout
-    shown = re.search(r"## Sharding plans.*?```text\n(.*?)```", text, re.S).group(1)
+    ((*shown,),) = doc_blocks("docs/training.md", heading, lang="text")
     printed = [x for x in planned.stdout.splitlines() if not x.startswith("wrote ")]
-    assert shown.splitlines() == printed  # the README shows what the line prints today
+    assert shown == printed  # the doc shows what the line prints today
     version = json.loads(trained.stdout.strip().splitlines()[-1])["version_dir"]
-    recorded = model_store.read_manifest(version)["train"]["plan"]["tables"]
+    recorded = model_store.read_manifest(version).train.plan["tables"]  # type: ignore[union-attr,index]
     assert {n: t["strategy"] for n, t in recorded.items()} == {n: t.strategy for n, t in plan.tables.items()}
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from features.schema import load_schema
 from features.stream import ReadOptions
-from serving.ps.store import OptimizerConfig, StoreConfig
+from serving.ps.spec import TableSpec
+from serving.ps.store import OptimizerSpec, StoreConfig
 from training import plan as sharding
 from training import planner
 from training.costs import Costs, round_trips_us
@@ -18,7 +19,7 @@ from training.costs import Costs, round_trips_us
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "data/schemas/criteo.yaml"
 TRAIN = ROOT / "data/criteo/wide_resdnn_criteo_train.tsv"
-STORE = StoreConfig(dim=16, optimizer=OptimizerConfig("adagrad"))
+STORE = StoreConfig(table=TableSpec(dim=16, optimizer=OptimizerSpec("adagrad")))
 MIB = 1 << 20
 
 

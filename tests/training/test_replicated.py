@@ -79,10 +79,9 @@ def test_an_asynchronous_run_says_it_is_not_reproducible(tmp_path, caplog):
 
 
 def test_the_digest_is_the_rows_by_sign_whatever_order_they_were_inserted_in():
-    from training.cluster import ShardSpec
     from training.replicated import Replicated
 
-    spec = ShardSpec.of(TrainConfig(), load_schema("data/schemas/criteo.yaml"))
+    spec = TrainConfig().store_config(load_schema("data/schemas/criteo.yaml").fingerprint)
     signs = (np.arange(1, 3001, dtype=np.uint64) | (np.uint64(3) << np.uint64(SLOT_SHIFT))).astype(np.uint64)
     grads = np.random.default_rng(0).standard_normal((len(signs), spec.dim)).astype(np.float32)
     a, b = Replicated(spec, 4096), Replicated(spec, 4096)

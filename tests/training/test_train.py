@@ -20,8 +20,9 @@ import torch
 import model_store
 from features import stream
 from features.schema import load_schema
+from model_store.shards import read_meta
 from training import data
-from training.config import TrainConfig
+from training.config import TrainConfig, train_table
 from training.ctx import TrainCtx
 from training.inprocess import InProcessCtx, SignTable, sparse_optimizer
 from training.models import ModelConfig, build_model
@@ -49,7 +50,8 @@ def _config(tmp_path: Path, **kw) -> TrainConfig:
 # ---- one hybrid step == the same step in torch ----------------------------------------------------
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_hybrid_step_matches_in_process_torch_step(optimizer):
-    from serving.ps.store import EmbeddingStore, OptimizerConfig, StoreConfig
+    from serving.ps.spec import TableSpec
+    from serving.ps.store import EmbeddingStore, OptimizerSpec, StoreConfig
     from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
 
     schema = load_schema(SCHEMA)
@@ -58,7 +60,9 @@ def test_hybrid_step_matches_in_process_torch_step(optimizer):
     stores = [
         EmbeddingStore(
             StoreConfig(
-                dim=8, capacity=10_000, optimizer=OptimizerConfig(optimizer, lr=lr), shard=i, num_shards=2
+                table=TableSpec(dim=8, capacity=10_000, optimizer=OptimizerSpec(optimizer, lr=lr)),
+                shard=i,
+                num_shards=2,
             )
         )
         for i in range(2)
@@ -87,7 +91,7 @@ def test_hybrid_step_matches_in_process_torch_step(optimizer):
         table,
         model_ref,
         torch.optim.Adam(model_ref.parameters(), lr=1e-3),
-        sparse_optimizer(optimizer, table.parameters(), lr),
+        sparse_optimizer(OptimizerSpec(optimizer, lr=lr), table.parameters()),
         schema,
     )
     labels = torch.from_numpy(batch.labels)
@@ -131,7 +135,7 @@ def trained(tmp_path_factory):
     """Default hyper-parameters, in-process PS stores, exported + published (~5 s). The shards
     start at 1,024 rows: they must grow, without losing an ID, to hold the split's."""
     tmp = tmp_path_factory.mktemp("train")
-    cfg = _config(tmp, inprocess_ps=True, publish=True, delta_rows=5000, capacity=1024)
+    cfg = _config(tmp, inprocess_ps=True, publish=True, delta_rows=5000, table=train_table(capacity=1024))
     return cfg, train(cfg)
 
 
@@ -150,25 +154,24 @@ def test_export_writes_a_complete_verified_version(trained):
     assert model_store.current(cfg.store, "criteo") == "1"
     manifest = model_store.read_manifest(version)  # checks every sha256
     schema = load_schema(version / "schema.yaml")
-    assert manifest["schema_fingerprint"] == schema.fingerprint
+    assert manifest.schema_fingerprint == schema.fingerprint
     assert schema == load_schema(SCHEMA)  # the schema file as written: the feature contract
-    assert len(manifest["model_config"]["dense_std"]) == 13  # the fitted statistics: the model's
-    assert manifest["num_shards"] == 2 and manifest["dim"] == 16
-    assert manifest["model_config"]["kind"] == "dlrm"
-    assert abs(manifest["metrics"]["auc"] - result.auc) < 1e-12
+    assert len(manifest.model_config["dense_std"]) == 13  # the fitted statistics: the model's
+    assert manifest.num_shards == 2 and manifest.dim == 16
+    assert manifest.model_config["kind"] == "dlrm"
+    assert abs(manifest.metrics["auc"] - result.auc) < 1e-12
     # both runtimes timed on a request-sized batch; the faster is what --runtime auto serves
-    runtime = manifest["dense_runtime"]
-    assert set(runtime["p50_ms"]) == {"torchscript", "onnx"} and all(
-        v > 0 for v in runtime["p50_ms"].values()
-    )
-    assert runtime["default"] == min(runtime["p50_ms"], key=runtime["p50_ms"].get)
-    assert (runtime["rows"], runtime["threads"]) == (200, 1)
+    runtime = manifest.dense_runtime
+    assert runtime is not None
+    assert set(runtime.p50_ms) == {"torchscript", "onnx"} and all(v > 0 for v in runtime.p50_ms.values())
+    assert runtime.default == min(runtime.p50_ms, key=runtime.p50_ms.__getitem__)
+    assert (runtime.rows, runtime.threads) == (200, 1)
     assert {
         "embeddings/shard-0-of-2/rows.npy",
         "dense/model.pt",
         "dense/model.onnx",
         "eval/scores.npy",
-    } <= set(manifest["files"])
+    } <= set(manifest.files)
     np.testing.assert_array_equal(np.load(version / "eval/scores.npy"), result.evaluation.scores)
     # deltas were cut while training (every 5000 rows: 3 over 16k rows), each complete
     assert model_store.list_deltas(version) == [0, 1, 2]
@@ -182,7 +185,7 @@ def test_the_ps_keeps_every_training_id_and_the_result_says_so(trained):
     signs = np.unique(
         np.concatenate([b.signs for b in data.batches(stream.read(TRAIN, schema), schema, 4096)])
     )
-    exported = sum(json.loads(p.read_text())["rows"] for p in version.glob("embeddings/shard-*/meta.json"))
+    exported = sum(read_meta(p).rows for p in version.glob("embeddings/shard-*"))
     assert result.ps["ps_rows"] == len(signs) == exported > 2 * 1024
     assert result.ps["evictions"] == result.ps["expired"] == 0 and result.ps["grows"] >= 2
 
@@ -224,9 +227,9 @@ def test_versions_are_staged_then_sealed(tmp_path):
     (staged / "a.txt").write_text("a")
     assert model_store.next_version(tmp_path, "m") == "2"  # a staged version holds its number
     assert model_store.versions(tmp_path, "m") == []  # but is not a version yet
-    model_store.write_manifest(staged, {"model": "m", "version": "1"})
+    model_store.write_manifest(staged, model_store.VersionManifest("m", "1", "fp", dim=4, num_shards=1))
     final = model_store.seal(staged, model_store.version_dir(tmp_path, "m", "1"))
-    assert model_store.read_manifest(final)["files"] == {"a.txt": model_store.file_digest(final / "a.txt")}
+    assert model_store.read_manifest(final).files == {"a.txt": model_store.file_digest(final / "a.txt")}
     (final / "b.txt").write_text("b")
     with pytest.raises(model_store.ModelStoreError, match="not in the manifest"):
         model_store.read_manifest(final)
@@ -250,7 +253,7 @@ def test_recserve_train_exports_and_a_fresh_process_scores_the_same(tmp_path):
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     version = out / "criteo" / "1"
     assert summary["version_dir"] == str(version) and summary["auc"] > 0.68
-    exported = sum(json.loads(p.read_text())["rows"] for p in version.glob("embeddings/shard-*/meta.json"))
+    exported = sum(read_meta(p).rows for p in version.glob("embeddings/shard-*"))
     assert summary["ps_rows"] == exported > 2 * 1000 and summary["grows"] >= 2
     assert summary["evictions"] == summary["expired"] == 0
     assert model_store.current(out, "criteo") == "1"

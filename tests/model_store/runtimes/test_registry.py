@@ -13,7 +13,8 @@ import torch
 from model_store import runtimes
 from model_store.dense import load_dense
 from model_store.runtimes import DenseRuntime
-from training.models import MODEL_KINDS, ModelConfig, build_model
+from training.config import ARCHS
+from training.models import ModelConfig, build_model
 
 S, D, F = 5, 8, 3
 NAMES = list(runtimes.RUNTIMES)
@@ -37,7 +38,7 @@ def test_the_cpu_runtimes_are_registered() -> None:
 
 
 @pytest.mark.parametrize("num_dense", [F, 0])
-@pytest.mark.parametrize("kind", MODEL_KINDS)
+@pytest.mark.parametrize("kind", ARCHS)
 @pytest.mark.parametrize("name", NAMES)
 def test_export_load_score_as_torch(name: str, kind: str, num_dense: int, tmp_path) -> None:
     runtime = runtimes.get(name)

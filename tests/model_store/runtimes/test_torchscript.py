@@ -7,12 +7,12 @@ import torch
 
 from model_store.runtimes import torchscript
 from tests.model_store.runtimes.test_registry import F, inputs, make
-from training.models import MODEL_KINDS
+from training.models import ARCHS
 
 
 @pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("num_dense", [F, 0])
-@pytest.mark.parametrize("kind", MODEL_KINDS)
+@pytest.mark.parametrize("kind", ARCHS)
 def test_round_trip_exact(kind: str, num_dense: int, tmp_path) -> None:
     model = make(kind, num_dense).eval()
     path = torchscript.RUNTIME.write(model, tmp_path / "dense.pt", *inputs(2, num_dense))

@@ -11,13 +11,15 @@ import model_store as ms
 from model_store.releases import publish, rollback
 from serving.ps.follow import Follower
 from serving.ps.mapped import MappedStore
+from serving.ps.spec import TableSpec
 from serving.ps.store import EmbeddingStore, StoreConfig
 from tests.helpers import wait_until
 from tests.serving.helpers import DIM, SIGNS, make_rows_version
+from tests.serving.ps.helpers import store_config
 
 
 def _store(**kw) -> EmbeddingStore:
-    return EmbeddingStore(StoreConfig(dim=DIM, capacity=10_000, **kw))
+    return EmbeddingStore(store_config(dim=DIM, capacity=10_000, **kw))
 
 
 def cut_delta(root, version: str, trainer: EmbeddingStore) -> int:
@@ -34,7 +36,7 @@ def setup(tmp_path):
     trainer.lookup(SIGNS, insert=True)
     v1 = make_rows_version(tmp_path, trainer)
     publish(tmp_path, "m", v1)
-    served = MappedStore(StoreConfig(dim=DIM))  # what a serving PS (--follow) holds
+    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))  # what a serving PS (--follow) holds
     return tmp_path, trainer, v1, served, Follower(served, tmp_path / "m")
 
 
@@ -117,7 +119,7 @@ def test_no_lookup_mixes_old_and_new_rows(tmp_path):
     trainer.lookup(SIGNS, insert=True)
     v1 = make_rows_version(tmp_path, trainer)
     publish(tmp_path, "m", v1)
-    served = MappedStore(StoreConfig(dim=DIM))
+    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
     follower = Follower(served, tmp_path / "m")
     follower.poll()
     old = served.lookup(SIGNS)[0].copy()
@@ -167,7 +169,7 @@ def test_refusal_says_why_current_is_not_served_until_it_is(tmp_path):
     assert not_serving_reason(served, follower) == (
         f"embedding shard 0 of 1 serves no version: no version published yet for model m in {tmp_path}"
     )
-    wide = EmbeddingStore(StoreConfig(dim=8, capacity=100))
+    wide = EmbeddingStore(StoreConfig(table=TableSpec(dim=8, capacity=100)))
     wide.lookup(SIGNS[:10], insert=True)
     v1 = make_rows_version(tmp_path, wide)  # the manifest says dim 4, the rows are dim 8
     publish(tmp_path, "m", v1)

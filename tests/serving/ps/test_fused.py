@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.ps import EmbeddingStore, OptimizerConfig, StoreConfig, optim
+from serving.ps import EmbeddingStore, OptimizerSpec, optim
+from tests.serving.ps.helpers import store_config
 from tests.serving.ps.test_store import FakeClock
 
 FUSED = sorted(name for name, entry in optim.OPTIMIZERS.items() if entry.fused)
@@ -23,9 +24,7 @@ def test_sgd_and_adagrad_have_a_fast_path_and_the_rest_none():
 def test_the_fused_update_of_distinct_signs_is_bit_identical_to_the_numpy_path(name):
     clock = FakeClock()
     a, b = (
-        EmbeddingStore(
-            StoreConfig(dim=8, capacity=600, optimizer=OptimizerConfig(name, lr=0.05)), clock=clock
-        )
+        EmbeddingStore(store_config(dim=8, capacity=600, optimizer=OptimizerSpec(name, lr=0.05)), clock=clock)
         for _ in range(2)
     )
     rng = np.random.default_rng(0)

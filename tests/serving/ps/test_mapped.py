@@ -3,6 +3,7 @@ exactly like the training store given the same dump and deltas."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,10 @@ import model_store as ms
 from model_store import shards
 from model_store.shards import StoreError
 from serving.ps.mapped import MappedStore
+from serving.ps.spec import TableSpec
 from serving.ps.store import EmbeddingStore, StoreConfig
 from serving.ps.table import BucketTable
+from tests.serving.ps.helpers import store_config
 
 DIM = 8
 
@@ -96,7 +99,7 @@ def test_checksum_passes_take_turns_host_wide(tmp_path, monkeypatch):
 
 def _trainer(n: int, seed: int = 0, **kw) -> tuple[EmbeddingStore, np.ndarray]:
     rng = np.random.default_rng(seed)
-    store = EmbeddingStore(StoreConfig(dim=DIM, capacity=4 * n, eviction="lru", **kw))
+    store = EmbeddingStore(store_config(dim=DIM, capacity=4 * n, eviction="lru", **kw))
     signs = np.unique(rng.integers(1, 2**63, n, dtype=np.uint64))
     store.lookup(signs, insert=True)
     store.apply_gradients(signs, rng.standard_normal((len(signs), DIM)).astype(np.float32))
@@ -112,7 +115,7 @@ def test_a_mapped_version_plus_deltas_answers_like_the_training_store(tmp_path):
     trainer, signs = _trainer(30_000)
     trainer.version = "7"
     trainer.dump(tmp_path / "full")
-    served = MappedStore(StoreConfig(dim=DIM))
+    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
     assert served.open(tmp_path / "full") == len(signs)
     assert served.served.base.mapped and not served.served.base.rows.flags.writeable
     probe = _probe(signs)
@@ -147,13 +150,13 @@ def test_a_dump_of_another_shard_count_is_resharded_in_memory(tmp_path):
     owner = shard_of(data.signs, 2)
     for i in range(2):  # the same rows dumped as two shards
         part = data.select(owner == i)
-        part.meta = dict(part.meta, shard=i, num_shards=2)
+        part.meta = replace(part.meta, shard=i, num_shards=2)
         shards.write_shard(tmp_path / "two", part)
-    served = MappedStore(StoreConfig(dim=DIM, shard=0, num_shards=1))
+    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM), shard=0, num_shards=1))
     served.open(tmp_path / "two")
     assert not served.served.base.mapped and len(served) == len(signs)
     np.testing.assert_array_equal(served.lookup(signs)[0], trainer.lookup(signs)[0])
-    half = MappedStore(StoreConfig(dim=DIM, shard=1, num_shards=2))
+    half = MappedStore(StoreConfig(table=TableSpec(dim=DIM), shard=1, num_shards=2))
     half.open(tmp_path / "two")
     assert half.served.base.mapped and len(half) == int((owner == 1).sum())
 
@@ -161,9 +164,9 @@ def test_a_dump_of_another_shard_count_is_resharded_in_memory(tmp_path):
 def test_fp16_rows_are_within_half_precision_of_fp32(tmp_path):
     trainer, signs = _trainer(5_000)
     trainer.dump(tmp_path / "full")
-    fp32 = MappedStore(StoreConfig(dim=DIM))
+    fp32 = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
     fp32.open(tmp_path / "full")
-    fp16 = MappedStore(StoreConfig(dim=DIM, dtype="float16"))
+    fp16 = MappedStore(StoreConfig(table=TableSpec(dim=DIM, dtype="float16")))
     fp16.open(tmp_path / "full")
     assert fp16.served.base.rows.dtype == np.float16
     assert fp16.memory_bytes < fp32.memory_bytes
@@ -177,7 +180,7 @@ def test_a_corrupt_or_truncated_file_is_refused_and_the_served_version_stays(tmp
     trainer.dump(tmp_path / "v1")
     trainer.version = "2"
     trainer.dump(tmp_path / "v2")
-    served = MappedStore(StoreConfig(dim=DIM))
+    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
     served.open(tmp_path / "v1")
     before = served.lookup(signs)[0].copy()
     rows = tmp_path / "v2/shard-0-of-1/rows.npy"
@@ -236,7 +239,7 @@ def test_a_dump_written_before_xxh3_is_checked_by_its_sha256(tmp_path):
         del entry[shards.XXH3]
         entry["sha256"] = ms.sha256_file(shard / name)
     (shard / shards.MANIFEST).write_text(json.dumps(listing))
-    served = MappedStore(StoreConfig(dim=DIM))
+    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
     served.open(tmp_path / "v1")
     np.testing.assert_array_equal(served.lookup(signs)[0], trainer.lookup(signs)[0])
     raw = bytearray((shard / "signs.npy").read_bytes())
@@ -267,7 +270,7 @@ def test_a_paced_checksum_matches_one_pass_and_catches_a_flip_in_any_piece():
 
 
 def test_a_serving_store_refuses_writes(tmp_path):
-    served = MappedStore(StoreConfig(dim=DIM))
+    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
     with pytest.raises(ValueError, match="does not insert"):
         served.lookup(np.array([1], np.uint64), insert=True)
     with pytest.raises(StoreError, match="read-only"):
@@ -306,7 +309,7 @@ def test_a_switch_keeps_the_replaced_version_for_lookups_that_name_it(tmp_path):
     v2.version = "2"
     v2.dump(tmp_path / "v2")
     now = [0.0]
-    served = MappedStore(StoreConfig(dim=DIM), keep_s=30.0, clock=lambda: now[0])
+    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)), keep_s=30.0, clock=lambda: now[0])
     assert served.staging().verify_duty == 1.0  # nothing served yet: check at full speed
     served.open(tmp_path / "v1")
     staging = served.staging()
@@ -371,7 +374,7 @@ def test_a_lookup_naming_the_version_a_switch_lands_on_meanwhile_reads_it(tmp_pa
     v1.dump(tmp_path / "v1")
     v1.version = "2"
     v1.dump(tmp_path / "v2")
-    served = MappedStore(StoreConfig(dim=DIM))
+    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
     served.open(tmp_path / "v1")
     staging = served.staging()
     staging.open(tmp_path / "v2")

@@ -4,13 +4,16 @@ name it does not hold, at configuration time, naming the ones it knows."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
 from recserve.cli import build_parser, main
-from serving.ps import EmbeddingStore, OptimizerConfig, StoreConfig, optim
-from training.config import TrainConfig
+from serving.ps import EmbeddingStore, OptimizerSpec, StoreConfig, optim
+from serving.ps.spec import TableSpec
+from training.config import TrainConfig, train_table
 from training.inprocess import sparse_optimizer
 
 KNOWN = f"known optimizers: {', '.join(optim.OPTIMIZERS)}"
@@ -19,14 +22,14 @@ NAMES = sorted(optim.OPTIMIZERS)
 
 def test_an_unknown_optimizer_is_refused_naming_the_known_ones():
     for make in (
-        lambda: OptimizerConfig(name="lamb"),
-        lambda: StoreConfig.from_dict({"dim": 4, "optimizer": {"name": "lamb"}}),
-        lambda: TrainConfig(sparse_optimizer="lamb"),
-        lambda: sparse_optimizer("lamb", [torch.zeros(2, requires_grad=True)], 0.1),
+        lambda: OptimizerSpec(name="lamb"),
+        lambda: StoreConfig.from_dict({"table": {"dim": 4, "optimizer": {"name": "lamb"}}}),
+        lambda: TrainConfig(table=TableSpec(optimizer={"name": "lamb"})),
+        lambda: sparse_optimizer(SimpleNamespace(name="lamb"), [torch.zeros(2, requires_grad=True)]),
     ):
         with pytest.raises(ValueError, match=f"unknown optimizer 'lamb'; {KNOWN}$"):
             make()
-    cfg = OptimizerConfig("ftrl")
+    cfg = OptimizerSpec("ftrl")
     cfg.name = "lamb"  # renamed after validation: the update refuses too, it never falls back
     with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
         optim.apply(cfg, np.zeros((1, 2), np.float32), {}, np.ones((1, 2), np.float32), 1)
@@ -36,7 +39,8 @@ def test_an_unknown_optimizer_is_refused_naming_the_known_ones():
     ("argv", "flag"),
     [
         (["ps", "--optimizer", "lamb"], "--optimizer"),
-        (["train", "--sparse-optimizer", "lamb"], "--sparse-optimizer"),
+        (["train", "--optimizer", "lamb"], "--optimizer"),
+        (["plan", "--optimizer", "lamb"], "--optimizer"),
     ],
 )
 def test_the_cli_refuses_an_unknown_optimizer_before_starting_anything(argv, flag, capsys):
@@ -49,13 +53,13 @@ def test_the_cli_refuses_an_unknown_optimizer_before_starting_anything(argv, fla
 
 
 def test_a_yaml_config_with_an_unknown_optimizer_is_refused(tmp_path, capsys):
-    (tmp_path / "ps.yaml").write_text("store: {optimizer: {name: lamb}}\n")
+    (tmp_path / "ps.yaml").write_text("store: {table: {optimizer: {name: lamb}}}\n")
     assert main(["ps", "--config", str(tmp_path / "ps.yaml")]) == 2
     assert f"unknown optimizer 'lamb'; {KNOWN}" in capsys.readouterr().err
 
 
 def test_the_flag_choices_are_the_registry():
-    for command, flag in (("ps", "--optimizer"), ("train", "--sparse-optimizer")):
+    for command, flag in (("ps", "--optimizer"), ("train", "--optimizer"), ("plan", "--optimizer")):
         sub = build_parser(only=command)._subparsers._group_actions[0].choices[command]
         assert list(sub._option_string_actions[flag].choices) == list(optim.OPTIMIZERS)
 
@@ -65,7 +69,9 @@ def test_every_optimizer_allocates_dumps_and_reloads_its_state(name, tmp_path):
     """A shard holds exactly the registered state slots, and a dump reloaded continues the same."""
 
     def make() -> EmbeddingStore:
-        return EmbeddingStore(StoreConfig(dim=4, capacity=32, optimizer=OptimizerConfig(name, lr=0.05)))
+        return EmbeddingStore(
+            StoreConfig(table=TableSpec(dim=4, capacity=32, optimizer=OptimizerSpec(name, lr=0.05)))
+        )
 
     spec = optim.get(name)
     rng = np.random.default_rng(0)
@@ -90,13 +96,17 @@ def test_the_in_process_baseline_uses_the_torch_counterpart_or_refuses_at_config
     spec = optim.get(name)
     if spec.torch is None:
         with pytest.raises(ValueError, match=f"torch has no sparse '{name}' optimizer"):
-            TrainConfig(embeddings="inprocess", sparse_optimizer=name)
+            TrainConfig(embeddings="inprocess", table=train_table(optimizer=OptimizerSpec(name)))
         return
-    TrainConfig(embeddings="inprocess", sparse_optimizer=name)
+    TrainConfig(embeddings="inprocess", table=train_table(optimizer=OptimizerSpec(name)))
     bag = torch.nn.EmbeddingBag(10, 4, mode="sum", sparse=True)
     before = bag.weight.detach().clone()
-    opt = sparse_optimizer(name, bag.parameters(), 0.1)
+    hyper = OptimizerSpec(name, lr=0.1, eps=1e-3, beta1=0.8, beta2=0.9, initial_accumulator_value=0.5)
+    opt = sparse_optimizer(hyper, bag.parameters())
     assert type(opt) is getattr(torch.optim, spec.torch)
+    given = {"lr": 0.1, "eps": 1e-3, "betas": (0.8, 0.9), "initial_accumulator_value": 0.5}
+    taken = {k: v for k, v in opt.defaults.items() if k in given}  # every hyper-parameter torch has
+    assert taken == {k: given[k] for k in taken} and "lr" in taken and (name == "sgd" or len(taken) > 1)
     bag(torch.tensor([1, 2]), torch.tensor([0, 1])).sum().backward()
     opt.step()
     changed = (bag.weight.detach() != before).any(dim=1)

@@ -3,14 +3,13 @@ of incomplete, corrupt or incompatible dumps."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 from features.hashing import shard_of
 from model_store import CapacityError, shards
-from serving.ps import EmbeddingStore, OptimizerConfig, StoreConfig, StoreError
+from serving.ps import EmbeddingStore, OptimizerSpec, StoreError
+from tests.serving.ps.helpers import store_config
 
 
 class FakeClock:
@@ -24,9 +23,9 @@ class FakeClock:
 def make(**kw) -> EmbeddingStore:
     kw.setdefault("dim", 4)
     kw.setdefault("capacity", 500)
-    kw.setdefault("optimizer", OptimizerConfig("adam", lr=0.01))
+    kw.setdefault("optimizer", OptimizerSpec("adam", lr=0.01))
     clock = kw.pop("clock", None) or FakeClock()
-    return EmbeddingStore(StoreConfig(**kw), clock=clock)
+    return EmbeddingStore(store_config(**kw), clock=clock)
 
 
 def train(store: EmbeddingStore, rng, steps: int, pool: int = 300, batch: int = 64) -> None:
@@ -113,7 +112,7 @@ def test_full_dump_equals_base_plus_deltas(tmp_path):
         clock.t += 1
         train(train_store, rng, 4)
         path = train_store.dump_delta(tmp_path / "deltas" / str(seq))
-        assert json.loads((path / "meta.json").read_text())["delta_seq"] == seq
+        assert shards.read_meta(path).delta_seq == seq
     assert train_store.evictions > 0
     train_store.dump(tmp_path / "full")
 
@@ -253,11 +252,11 @@ def test_failed_write_leaves_nothing_and_keeps_the_delta_pending(tmp_path, monke
     assert s.delta_seq == -1
     monkeypatch.undo()
     delta = s.cut_delta()
-    assert len(delta.signs) == len(s) and delta.meta["delta_seq"] == 0
+    assert len(delta.signs) == len(s) and delta.meta.delta_seq == 0
 
 
 def test_optimizer_change_resets_state(dumped):
-    s = make(optimizer=OptimizerConfig("adagrad", initial_accumulator_value=0.1))
+    s = make(optimizer=OptimizerSpec("adagrad", initial_accumulator_value=0.1))
     n = s.load(dumped)
     assert n > 0 and (s.snapshot().state["sum"] == np.float32(0.1)).all()
 

@@ -172,10 +172,11 @@ def test_metrics_endpoint(training_ps):
 
 def test_a_shard_out_of_memory_answers_resource_exhausted_and_keeps_its_rows(start_ps):
     from serving.ps.growth import GIB
+    from serving.ps.spec import TableSpec
     from serving.ps.store import EmbeddingStore, StoreConfig
     from serving.worker.core import UpdateError
 
-    limit_gb = EmbeddingStore(StoreConfig(dim=DIM)).bytes_for(100) / GIB  # room for 100 rows
+    limit_gb = EmbeddingStore(StoreConfig(table=TableSpec(dim=DIM))).bytes_for(100) / GIB  # room for 100 rows
     with start_ps("--capacity", "16", "--max-memory-gb", repr(limit_gb)) as p:
         c = p["client"]
         c.lookup(np.arange(1, 61, dtype=np.uint64), insert=True)  # grows 16 -> 60
@@ -234,7 +235,9 @@ def test_cli_config_yaml_and_flags(tmp_path):
     from serving.ps.config import ServerConfig
 
     cfg_file = tmp_path / "ps.yaml"
-    cfg_file.write_text("port: 6000\nstore:\n  dim: 8\n  capacity: 500\n  optimizer: {name: ftrl, l1: 0.5}\n")
+    cfg_file.write_text(
+        "port: 6000\nstore:\n  table: {dim: 8, capacity: 500, optimizer: {name: ftrl, l1: 0.5}}\n"
+    )
     args = build_parser("ps").parse_args(
         [
             "ps",

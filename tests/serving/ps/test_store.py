@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.ps import EmbeddingStore, OptimizerConfig, StoreConfig
+from serving.ps import EmbeddingStore, OptimizerSpec, StoreConfig
 from serving.ps import index as ps_index
+from tests.serving.ps.helpers import store_config
 
 
 class FakeClock:
@@ -21,7 +22,7 @@ class FakeClock:
 def make(clock=None, **kw) -> EmbeddingStore:
     kw.setdefault("dim", 4)
     kw.setdefault("capacity", 64)
-    return EmbeddingStore(StoreConfig(**kw), clock=clock or FakeClock())
+    return EmbeddingStore(store_config(**kw), clock=clock or FakeClock())
 
 
 def u64(*xs) -> np.ndarray:
@@ -175,14 +176,14 @@ def test_delta_cut_holds_changed_rows_and_deletions():
     s = make(clock, capacity=4, evict_fraction=0.0, eviction="lru")
     s.lookup(u64(1, 2, 3), insert=True)
     first = s.cut_delta()
-    assert sorted(first.signs.tolist()) == [1, 2, 3] and first.meta["delta_seq"] == 0
+    assert sorted(first.signs.tolist()) == [1, 2, 3] and first.meta.delta_seq == 0
     s.apply_gradients(u64(2), np.ones((1, 4)))
     clock.t += 1
     s.lookup(u64(1, 2, 3, 4), insert=True)
     clock.t += 1
     s.lookup(u64(5), insert=True)  # 1..4 touched at the same time; 4 has the lowest count
     d = s.cut_delta()
-    assert d.meta["delta_seq"] == 1
+    assert d.meta.delta_seq == 1
     assert sorted(d.signs.tolist()) == [2, 5] and d.deleted.tolist() == [4]
     np.testing.assert_array_equal(d.rows[d.signs == 2], s.lookup(u64(2))[0])
     assert len(s.cut_delta().signs) == 0
@@ -205,16 +206,16 @@ def test_config_validation():
     for bad in ({"dtype": "int8"}, {"eviction": "fifo"}, {"dim": 0}, {"shard": 2, "num_shards": 2},
                 {"max_memory_gb": -1.0}, {"ttl_s": -1.0}):  # fmt: skip
         with pytest.raises(ValueError):
-            StoreConfig(**bad)
+            store_config(**bad)
     with pytest.raises(ValueError, match="unknown optimizer"):
-        OptimizerConfig(name="lamb")
-    cfg = StoreConfig.from_dict({"dim": 8, "optimizer": {"name": "ftrl", "lr": 0.1}})
+        OptimizerSpec(name="lamb")
+    cfg = StoreConfig.from_dict({"table": {"dim": 8, "optimizer": {"name": "ftrl", "lr": 0.1}}})
     assert cfg.optimizer.name == "ftrl"
 
 
 def test_memory_is_within_15_percent_of_raw():
     for cap in (1000, 65_536, 100_000):
-        s = make(dim=16, capacity=cap, optimizer=OptimizerConfig("adagrad"))
+        s = make(dim=16, capacity=cap, optimizer=OptimizerSpec("adagrad"))
         assert s.raw_bytes_per_row == 8 + 16 * 4 * 2
         assert s.memory_bytes / cap <= 1.15 * s.raw_bytes_per_row
 
@@ -255,10 +256,10 @@ def reference_step(name, cfg, p, st, g_by_sign, step):
 @pytest.mark.parametrize(
     "cfg",
     [
-        OptimizerConfig("sgd", lr=0.1),
-        OptimizerConfig("adagrad", lr=0.1),
-        OptimizerConfig("adam", lr=0.01),
-        OptimizerConfig("ftrl", lr=0.5, l1=0.01, l2=0.1, ftrl_beta=1.0),
+        OptimizerSpec("sgd", lr=0.1),
+        OptimizerSpec("adagrad", lr=0.1),
+        OptimizerSpec("adam", lr=0.01),
+        OptimizerSpec("ftrl", lr=0.5, l1=0.01, l2=0.1, ftrl_beta=1.0),
     ],
     ids=lambda c: c.name,
 )
@@ -287,7 +288,7 @@ def test_optimizer_matches_numpy_reference(cfg):
 
 
 def test_ftrl_l1_gives_exact_zeros():
-    s = make(optimizer=OptimizerConfig("ftrl", lr=0.1, l1=10.0), init_scale=0.0)
+    s = make(optimizer=OptimizerSpec("ftrl", lr=0.1, l1=10.0), init_scale=0.0)
     s.lookup(u64(1), insert=True)
     s.apply_gradients(u64(1), np.full((1, 4), 0.5))
     rows, _ = s.lookup(u64(1))
@@ -299,7 +300,7 @@ def test_optimizer_matches_torch(name):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(3)
     dim, vocab = 8, 16
-    cfg = OptimizerConfig(name, lr=0.05)
+    cfg = OptimizerSpec(name, lr=0.05)
     s = make(dim=dim, capacity=vocab, optimizer=cfg, init_scale=0.2)
     signs = np.arange(100, 100 + vocab, dtype=np.uint64)
     rows, _ = s.lookup(signs, insert=True)
@@ -326,7 +327,7 @@ def test_optimizer_matches_torch(name):
 
 
 def test_optimizer_state_is_per_row():
-    s = make(optimizer=OptimizerConfig("adagrad", lr=1.0, initial_accumulator_value=0.5))
+    s = make(optimizer=OptimizerSpec("adagrad", lr=1.0, initial_accumulator_value=0.5))
     s.lookup(u64(1, 2), insert=True)
     before, _ = s.lookup(u64(1, 2))
     s.apply_gradients(u64(1), np.ones((1, 4)))
@@ -336,7 +337,7 @@ def test_optimizer_state_is_per_row():
 
 
 def test_assign_sets_rows_and_optimizer_state_and_marks_them_for_the_delta():
-    s = make(optimizer=OptimizerConfig("adagrad", lr=0.1))
+    s = make(optimizer=OptimizerSpec("adagrad", lr=0.1))
     s.lookup(u64(1), insert=True)
     s.cut_delta()
     rows = np.arange(8, dtype=np.float32).reshape(2, 4)

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from serving.rpc.procs import running, stop_children, stop_pid
+from serving.rpc.procs import proc_stat, running, start_time, stop_children, stop_pid
 from tests.helpers import wait_until
 
 # a child that waits for a signal and ignores none: SIGTERM ends it at once. MARK tells it from
@@ -19,6 +19,29 @@ from tests.helpers import wait_until
 # interpreter's path)
 MARK = "# recserve test child"
 SLEEPER = [sys.executable, "-c", f"import signal; signal.pause()  {MARK}"]
+
+
+def test_proc_stat_reads_a_childs_parent_cpu_time_rss_and_state():
+    # the child holds 200 MB and spends 0.3 s of CPU (stat counts whole clock ticks: >= 0.25 below),
+    # then says so and waits for its stdin to close
+    code = ("import sys, time\nb = bytearray(200 << 20)\nb[::4096] = b'x' * len(b[::4096])\n"
+            "while time.process_time() < 0.3: pass\nprint('ready', flush=True)\nsys.stdin.read()")  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        st = proc_stat(child.pid)
+        assert st is not None and st.ppid == os.getpid() and st.state in "RS"
+        assert st.cpu_s >= 0.25 and st.rss_bytes >= 200 << 20, st
+        assert st.start_time == start_time(child.pid)
+        assert child.stdin is not None
+        child.stdin.close()
+        wait_until(
+            lambda: (z := proc_stat(child.pid)) is not None and z.state == "Z", 10, "the child a zombie"
+        )
+    finally:
+        child.kill()
+        child.wait()
+    assert proc_stat(child.pid) is None and start_time(child.pid) is None
 
 
 def test_stop_children_stops_children_that_lead_no_process_group_at_once():

@@ -16,6 +16,7 @@ import pytest
 
 from features.schema import dump_schema
 from serving.ps.client import PSClient, ShardError
+from serving.ps.spec import TableSpec
 from serving.ps.store import StoreConfig
 from serving.rpc.health import wait_serving
 from serving.rpc.tls import ClientTLS, ServerTLS, issue_cert, local_pki, make_ca
@@ -46,7 +47,7 @@ def ps_server(tls: ServerTLS | None):
     from serving.ps.config import ServerConfig
 
     fields = tls.to_dict() if tls else {}
-    cfg = ServerConfig(port=0, grace_s=0.1, store=StoreConfig(dim=DIM, capacity=1000),
+    cfg = ServerConfig(port=0, grace_s=0.1, store=StoreConfig(table=TableSpec(dim=DIM, capacity=1000)),
                        **{f"tls_{k}": v for k, v in fields.items()})  # fmt: skip
     with ps_in_thread(cfg) as address:
         yield address

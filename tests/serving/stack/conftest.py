@@ -10,13 +10,19 @@ from serving.stack.local import LocalStack, StackConfig
 @pytest.fixture(scope="module")
 def start_stack():
     """``start_stack(root, model, **config)``: a LocalStack over the store at ``root``, every port
-    picked free on loopback (``config``: more StackConfig fields), started; every stack started
-    so is stopped when the module is done."""
+    picked free on loopback (``config``: more StackConfig fields; lookups remote unless it says
+    otherwise: these tests are about the PS shards and the worker the handler calls), started;
+    every stack started so is stopped when the module is done."""
     started: list[LocalStack] = []
 
     def start(root, model: str, **config) -> LocalStack:
         cfg = StackConfig(
-            store=str(root), model=model, http_port=0, management_port=0, metrics_port=0, **config
+            store=str(root),
+            model=model,
+            http_port=0,
+            management_port=0,
+            metrics_port=0,
+            **{"lookups": "remote", **config},
         )
         started.append(LocalStack(cfg).start())
         return started[-1]

@@ -4,6 +4,7 @@ earlier scores exactly."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -124,8 +125,8 @@ def test_full_version_switch_then_rollback_restores_scores(live):
     )  # the daily retrain: same schema file
     v2 = ms.versions(root, "criteo")[-1]
     m1, m2 = (ms.read_manifest(ms.version_dir(root, "criteo", v), verify=False) for v in ("1", v2))
-    assert m1["schema_fingerprint"] == m2["schema_fingerprint"]
-    assert m1["model_config"]["dense_mean"] != m2["model_config"]["dense_mean"]
+    assert m1.schema_fingerprint == m2.schema_fingerprint
+    assert m1.model_config["dense_mean"] != m2.model_config["dense_mean"]
     looping = threading.Thread(target=loop)
     looping.start()
     try:
@@ -159,7 +160,6 @@ def test_a_version_bigger_than_the_old_capacity_is_served(live):
     """Version 1's rows plus 1.2M more (more than the 1M rows a serving shard used to hold at
     most): the PS shards map it and serve it, and it scores as version 1 did in evaluation (the
     requests do not use the added IDs; version 1's deltas are not part of the copy)."""
-    import json
     import shutil
 
     from model_store.shards import read_shard, write_shard
@@ -174,12 +174,12 @@ def test_a_version_bigger_than_the_old_capacity_is_served(live):
     rng = np.random.default_rng(5)
     for part in sorted((v1 / "embeddings").iterdir()):
         data = read_shard(part)
-        n = 1_200_000 // data.meta["num_shards"] + 1
+        n = 1_200_000 // data.meta.num_shards + 1
         from features.hashing import shard_of
 
         extra = rng.integers(2**62, 2**63, 3 * n, dtype=np.uint64)
-        extra = extra[shard_of(extra, data.meta["num_shards"]) == data.meta["shard"]][:n]
-        data.meta = dict(data.meta, version=big)
+        extra = extra[shard_of(extra, data.meta.num_shards) == data.meta.shard][:n]
+        data.meta = replace(data.meta, version=big)
         data.signs = np.concatenate([data.signs, extra])
         data.rows = np.concatenate(
             [data.rows, rng.standard_normal((n, data.rows.shape[1])).astype(data.rows.dtype)]
@@ -190,9 +190,7 @@ def test_a_version_bigger_than_the_old_capacity_is_served(live):
         data.stamp = np.concatenate([data.stamp, np.zeros(n, np.uint32)])
         data.count = np.concatenate([data.count, np.zeros(n, np.uint32)])
         write_shard(staging / "embeddings", data)
-    manifest = json.loads((v1 / "MANIFEST.json").read_text())
-    manifest.pop("files", None)
-    ms.write_manifest(staging, dict(manifest, version=big))
+    ms.write_manifest(staging, replace(ms.read_manifest(v1, verify=False), version=big))
     ms.seal(staging, ms.version_dir(root, "criteo", big))
     publish(root, "criteo", big)
     from serving.ps.client import PSClient

@@ -33,7 +33,7 @@ def test_up_tls_serves_scores_over_mtls_and_refuses_plaintext(trained, tmp_path)
     root, result = trained
     run_dir = tmp_path / "run"
     up = _recserve("up", "--store", str(root), "--model", "criteo", "--run-dir", str(run_dir), "--tls",
-                   "--http-port", "0", "--management-port", "0", "--metrics-port", "0")  # fmt: skip
+                   "--lookups", "remote", "--http-port", "0", "--management-port", "0", "--metrics-port", "0")  # fmt: skip
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         tls_dir = run_dir / "tls"

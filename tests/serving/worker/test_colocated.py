@@ -120,6 +120,7 @@ def test_a_corrupt_version_is_refused_at_once_naming_why(store, tmp_path):
 
 def test_colocated_needs_every_shard_here_and_auto_reads_the_missing_one_remotely(store, tmp_path):
     from serving.ps.config import ServerConfig, StoreConfig
+    from serving.ps.spec import TableSpec
 
     root = tmp_path / "store"
     vdir = ms.version_dir(root, "criteo", "1")
@@ -130,7 +131,7 @@ def test_colocated_needs_every_shard_here_and_auto_reads_the_missing_one_remotel
         Scorer(ScoringConfig(str(vdir), lookups="colocated"))
     # shard 1 served by a PS process following the original store, where it is whole
     cfg = ServerConfig(port=0, grace_s=0.1, follow=str(ms.model_dir(store, "criteo")),
-                       store=StoreConfig(dim=16, shard=1, num_shards=2))  # fmt: skip
+                       store=StoreConfig(table=TableSpec(dim=16), shard=1, num_shards=2))  # fmt: skip
     with ps_in_thread(cfg) as address:
         scorer = Scorer(
             ScoringConfig(str(vdir), lookups="auto", ps=["127.0.0.1:1", address], worker_timeout_s=10)

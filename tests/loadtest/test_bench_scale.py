@@ -1,0 +1,17 @@
+import pytest
+
+from tests.loadtest.conftest import has
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_scale_serves_switches_and_a_delta_from_mapped_versions(bench, tmp_path):
+    result = bench("bench_scale", "scale")
+    serving = result["serving"]
+    has(serving, "serving_rows", "serving_bytes_per_row", "load_s", "switch_s", "lookup_calls", "lookup_failures",
+        "lookup_p99_steady_ms", "lookup_p99_during_switch_ms", "lookup_p99_during_release_ms",
+        "lookup_p99_idle_spinner_ms", "peak_rss_during_switch_gb", "old_plus_new_gb", "delta_visible_s")  # fmt: skip
+    assert serving["serving_rows"] == 20_000 and len(serving["per_switch"]) == 2
+    assert serving["peak_rss_during_switch_gb"] > 0  # the sampler saw the PS processes
+    has(result, "targets_met", "machine")
+    assert (tmp_path / "results" / "scale.png").exists()
