@@ -1,6 +1,7 @@
 """Continuous training into the served version: ``recserve train --follow``.
 
     recserve train --follow artifacts/criteo --watch incoming/ [--once]
+    recserve train --follow artifacts/criteo --stream kafka://BROKERS/TOPIC
 
 Reads top to bottom like train.py: resolve ``<model>/CURRENT`` -> load that version (embedding
 shards with their optimizer state, plus every delta already cut into it, so training continues
@@ -28,6 +29,12 @@ delta are trained again (at least once), after SIGTERM/Ctrl-C/``--max-seconds`` 
 cut and a file interrupted midway resumes at its next row. A file that cannot be read (or trained
 on) is recorded as failed from there and skipped.
 
+``--stream kafka://...`` (samples, ``training.sources.kafka``) is exactly once in what is trained:
+each delta records the partitions' next offsets and the (request, item) keys trained over
+``--dedup-window-s`` (``model_store.deltas``) before its ``_SUCCESS``; a restart resumes from the
+last delta's record, and a sample whose key was trained already is dropped. Each batch is scored
+before it trains (progressive validation, ``training.progressive``).
+
 If CURRENT moves to another version while following (``recserve publish``), the pending rows are
 cut into the old version, and the trainer reloads from the new one and cuts its next deltas into
 it only (files keep their ledger entries: the new version does not see them again). A version the
@@ -44,18 +51,23 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
 import model_store as ms
 from features.schema import Schema, load_schema
 from features.transform import FeatureError, transform
+from model_store.deltas import DeltaManifest, last_record, read_keys, write_delta
 from training import data, sources
 from training.cluster import Cluster
 from training.config import FollowConfig
 from training.ctx import TrainCtx
+from training.evaluate import sigmoid
+from training.progressive import Progressive, Score
 from training.sources import TICK, Chunk, Reading
 from training.sources.ledger import Ledger
+from training.trained_keys import TrainedKeys
 
 log = logging.getLogger("recserve.train.follow")
 
@@ -68,6 +80,10 @@ class FollowResult:
     deltas: list[tuple[str, int]] = field(default_factory=list)  # (version, seq) cut
     files: list[str] = field(default_factory=list)  # units (files) trained on (completely or partly)
     rows: int = 0  # training rows
+    duplicates: int = 0  # samples dropped: their key was trained already
+    refused: int = 0  # malformed records (sent to the dead-letter topic)
+    progressive: list[Score] = field(default_factory=list)  # per delta: scored before training
+    progressive_total: Score | None = None
     steps: int = 0
     reloads: int = 0  # CURRENT changes followed
     seconds: float = 0.0
@@ -116,6 +132,9 @@ class FollowTrainer:
         self._last_cut = clock()
         self._loss = nn.BCEWithLogitsLoss()
         self._refused: set[str] = set()  # versions CURRENT named that could not be loaded
+        self.keys = TrainedKeys(cfg.dedup_window_s)  # --stream: samples trained
+        self.progressive = Progressive()
+        self._window = (0, 0)  # (rows, duplicates) at the last cut
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> FollowResult:
@@ -124,9 +143,10 @@ class FollowTrainer:
         self._follow_current()
         lv = self.loaded
         assert lv is not None  # _follow_current loads one or raises
-        reading = Reading(lv.schema, poll_s=self.cfg.poll_s, once=self.cfg.once,
+        reading = Reading(lv.schema, poll_s=self.cfg.poll_s, once=self.cfg.once, batch_rows=self.cfg.batch_size,
                           wait=lambda s: stop.wait(max(0.0, min(s, deadline - self.clock()))))  # fmt: skip
-        source = sources.open_source(self.cfg.watch, reading, default="watch", ledger=self.ledger)
+        spec, default = self.cfg.source
+        source = sources.open_source(spec, reading, default=default, ledger=self.ledger)
         for chunk in source.chunks():
             if stop.is_set() or self.clock() >= deadline:
                 break
@@ -140,6 +160,7 @@ class FollowTrainer:
                 break
         self.cut()
         self.result.seconds = self.clock() - t0
+        self.result.progressive_total = self.progressive.total()
         return self.result
 
     def _follow_current(self) -> None:
@@ -181,6 +202,9 @@ class FollowTrainer:
         lv, unit = self.loaded, chunk.start.unit
         if lv is None:
             raise RuntimeError("train_chunk called before a version was loaded")
+        if chunk.keyed is not None:
+            self.train_keyed(chunk)
+            return True
         if chunk.table.num_rows and unit not in self.result.files:
             log.info("training on %s from row %d into version %s", unit, chunk.start.row, lv.version)
         batches = (transform(t, lv.schema) for t in data.rebatch([chunk.table], self.cfg.batch_size))
@@ -206,6 +230,28 @@ class FollowTrainer:
         self.ledger.finish(chunk)
         return True
 
+    def train_keyed(self, chunk: Chunk) -> None:
+        """One step on a stream's samples whose key was not trained yet, scored first
+        (progressive validation); the unit's offset moves past the chunk either way."""
+        lv, keyed = self.loaded, chunk.keyed
+        assert lv is not None and keyed is not None
+        self.result.refused += chunk.refused
+        new = self.keys.new(keyed.keys)
+        self.result.duplicates += int((~new).sum())
+        if new.any():
+            batch = keyed.batch(None if new.all() else np.flatnonzero(new))
+            assert batch.labels is not None
+            logits = lv.ctx.forward(batch)
+            self.progressive.add(batch.labels, sigmoid(logits.detach().cpu().numpy()))
+            lv.ctx.backward(self._loss(logits, torch.from_numpy(batch.labels)))
+            self.keys.add(keyed.keys[new], keyed.ts[new])
+            self.result.files += [chunk.start.unit] * (chunk.start.unit not in self.result.files)
+            self.result.rows += batch.num_rows
+            self.result.steps += 1
+            self._changed = True
+        self.ledger.advance(chunk.start.unit, chunk.stop.row - self.ledger.row(chunk.start.unit))
+        self._maybe_cut()
+
     def _maybe_cut(self) -> None:
         if self._changed and self.clock() - self._last_cut >= self.cfg.delta_interval_s:
             self.cut()
@@ -228,7 +274,14 @@ class FollowTrainer:
         if (ddir / ms.SUCCESS).exists():
             raise ms.ModelStoreError(f"{ddir} was written by someone else: one delta writer per version")
         lv.cluster.dump(ddir, delta=True)
+        score = self.progressive.close_window()
+        rows, dups = self.result.rows - self._window[0], self.result.duplicates - self._window[1]
+        record = DeltaManifest(self.cfg.source[0], self.ledger.positions(), rows, dups, score.auc, score.logloss)  # fmt: skip
+        write_delta(ddir, record, self.keys.arrays() if self.cfg.stream else None)
         ms.mark_done(ddir)
+        self._window = (self.result.rows, self.result.duplicates)
+        if score.samples:
+            self.result.progressive.append(score)
         self.ledger.commit()
         self._changed = False
         self.result.deltas.append((lv.version, seq))
@@ -267,6 +320,8 @@ class FollowTrainer:
             store.load(vdir / "embeddings")
             store.version = version  # deltas carry base_version = the served version
         applied = _apply_existing_deltas(vdir, stores)
+        if self.cfg.stream:
+            self._resume(vdir)
 
         dense = _load_frozen_dense(vdir / manifest.dense["torchscript"])
         # rows looked up ahead miss the update between: one batch staler than the worker knows
@@ -282,6 +337,15 @@ class FollowTrainer:
         log.info("following %s/%s: %d rows in %d shards, %d existing deltas applied, next delta %d",
                  self.cfg.model, version, rows, n, applied, stores[0].delta_seq + 1)  # fmt: skip
         return _Loaded(version, vdir, schema, cluster, ctx, dense, manifest)
+
+    def _resume(self, vdir: Path) -> None:
+        """A stream resumes where the version's last delta says (offsets and keys trained), over
+        the ledger file, which a crash between a delta's _SUCCESS and its commit left behind."""
+        last = last_record(vdir)
+        if last is not None and last[0].source == self.cfg.stream:
+            self.ledger.resume(last[0].positions)
+            self.keys = TrainedKeys(self.cfg.dedup_window_s, *read_keys(last[1], last[0]))
+            log.info("resuming at %s, %d keys trained (%s)", last[0].positions, len(self.keys), last[1])
 
     def _unload(self) -> None:
         if self.loaded is not None:
@@ -306,7 +370,7 @@ def _ledger_path(cfg: FollowConfig) -> Path:
     source that is not one."""
     if cfg.state:
         return Path(cfg.state)
-    kind, where = sources.parse(cfg.watch, default="watch")
+    kind, where = sources.parse(*cfg.source)
     home = Path(where) if kind.name == "watch" else Path(cfg.follow)
     return home / f".recserve-follow-{cfg.model}.json"
 

@@ -1,0 +1,149 @@
+"""Continuous training from a stream of samples (``recserve train --follow --stream kafka://``)
+against the mock Kafka cluster: offsets and trained keys in every delta, exactly once across a
+SIGKILL and a re-emitting joiner, dead letters, progressive validation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import model_store as ms
+from features.schema import load_schema
+from model_store.deltas import DeltaManifest, read_delta, read_keys
+from tests.helpers import wait_until
+from tests.serving.stream.conftest import kafka  # noqa: F401  (the session's mock cluster)
+from tests.training.sources.samples import key, produce, records
+from tests.training.test_follow import NAME, _serving_stores, store, trained  # noqa: F401
+from training.config import FollowConfig
+from training.follow import follow
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated")
+
+
+def _topic(kafka, name: str, partitions: int = 2) -> str:  # noqa: F811
+    kafka.create_topic(name + ".dead", 1)
+    return kafka.create_topic(name, partitions)
+
+
+def _cfg(store: Path, spec: str, **kw) -> FollowConfig:  # noqa: F811
+    return FollowConfig(
+        **({"follow": str(store / NAME), "stream": spec, "poll_s": 0.2, "batch_size": 64} | kw)
+    )
+
+
+def _published(store: Path) -> list[tuple[Path, DeltaManifest]]:  # noqa: F811
+    """(delta directory, its DELTA.json record) of every published delta of the served version."""
+    vdir = ms.version_dir(store, NAME, ms.current(store, NAME))
+    out = []
+    for seq in ms.list_deltas(vdir):
+        record = read_delta(ms.delta_dir(vdir, seq))
+        if record is not None:
+            out.append((ms.delta_dir(vdir, seq), record))
+    return out
+
+
+def _schema(store: Path):  # noqa: F811
+    return load_schema(ms.version_dir(store, NAME, ms.current(store, NAME)) / "schema.yaml")
+
+
+def _dead_letters(bootstrap: str, topic: str, n: int) -> list:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "dead-reader", "auto.offset.reset": "earliest"})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got: list = []
+    try:
+        wait_until(lambda: got.extend(c.consume(10, 0.2)) or len(got) >= n, 30, f"{n} dead letters")
+    finally:
+        c.close()
+    return got
+
+
+def test_samples_train_into_a_delta_with_their_offsets(kafka, store):  # noqa: F811
+    topic = _topic(kafka, "samples-offsets")
+    recs = records(_schema(store), 200, per_request=20)
+    produce(kafka.bootstrap, topic, recs)
+    produce(kafka.bootstrap, topic, [("r-0", 0, 0.0, b"not a sample")])  # partition 0, after the rest
+
+    result = follow(_cfg(store, f"kafka://{kafka.bootstrap}/{topic}", once=True, delta_interval_s=3600))
+
+    assert result.rows == 200 and result.duplicates == 0 and result.refused == 1
+    (ddir, record), = _published(store)  # fmt: skip
+    in_p0 = sum(int(r[0].rpartition("-")[2]) % 2 == 0 for r in recs)
+    assert record.positions == {f"{topic}/0": in_p0 + 1, f"{topic}/1": 200 - in_p0}
+    assert record.samples == 200 and record.source == f"kafka://{kafka.bootstrap}/{topic}"
+    keys, _ = read_keys(ddir, record)
+    assert sorted(map(key, keys)) == sorted((r[0], r[1]) for r in recs)
+    # progressive validation: every sample scored before it trained, per delta and in all
+    assert result.progressive_total is not None and result.progressive_total.samples == 200
+    assert 0 <= result.progressive_total.auc <= 1 and result.progressive_total.logloss > 0
+    assert result.progressive == [result.progressive_total]
+    assert (record.auc, record.logloss) == (result.progressive_total.auc, result.progressive_total.logloss)
+    # the malformed record went to the dead-letter topic, as it was, with why
+    (dead,) = _dead_letters(kafka.bootstrap, topic + ".dead", 1)
+    assert dead.value() == b"not a sample" and dict(dead.headers())["reason"].startswith(
+        b"a sample too short"
+    )
+    # serving applies the delta
+    assert {s.delta_seq for s in _serving_stores(store)} == {int(ddir.name)}
+
+
+def test_a_re_emitted_sample_is_never_trained_twice(kafka, store):  # noqa: F811
+    topic = _topic(kafka, "samples-again")
+    spec = f"kafka://{kafka.bootstrap}/{topic}"
+    first = records(_schema(store), 100, per_request=20)
+    produce(kafka.bootstrap, topic, first)
+    assert follow(_cfg(store, spec, once=True)).rows == 100
+    # the joiner restarts and emits them again, with 40 new ones
+    more = records(_schema(store), 40, per_request=20, prefix="s", skip=100)
+    produce(kafka.bootstrap, topic, first + more)
+    again = follow(_cfg(store, spec, once=True))
+    assert (again.rows, again.duplicates) == (40, 100)
+    assert (
+        sum(record.samples for _, record in _published(store)) == 140
+        and sum(record.duplicates for _, record in _published(store)) == 100
+    )
+
+
+@pytest.mark.slow
+def test_a_trainer_killed_and_restarted_loses_and_repeats_nothing(kafka, store):  # noqa: F811
+    topic = _topic(kafka, "samples-kill")
+    spec = f"kafka://{kafka.bootstrap}/{topic}"
+    schema = _schema(store)
+    batches = [records(schema, 200, per_request=20, prefix=p) for p in ("a", "b", "c")]
+    produce(kafka.bootstrap, topic, batches[0])
+    args = [sys.executable, "-m", "recserve", "train", "--follow", str(store / NAME), "--stream", spec,
+            "--delta-interval-s", "0.3", "--batch-size", "16", "--poll-s", "0.2"]  # fmt: skip
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: _published(store), 120, "a delta cut from the stream")
+        produce(kafka.bootstrap, topic, batches[1])  # arriving while it trains
+        wait_until(
+            lambda: sum(r.samples for _, r in _published(store)) > 200, 60, "the second batch training"
+        )
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    # the joiner re-emits the first batch after its own restart; then the third batch
+    produce(kafka.bootstrap, topic, batches[0] + batches[2])
+    done = subprocess.run([*args, "--once"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["duplicates"] >= 200 and summary["progressive_total"]["samples"] == summary["rows"]
+
+    published = _published(store)
+    produced = {(r[0], r[1]) for b in batches for r in b}
+    samples = sum(record.samples for _, record in published)
+    ddir, last = published[-1]
+    keys = [key(k) for k in read_keys(ddir, last)[0]]
+    assert samples == len(produced), "a sample trained into two published deltas, or one never trained"
+    assert len(keys) == len(set(keys)) and set(keys) == produced
+    assert last.positions == {f"{topic}/0": 400, f"{topic}/1": 400}

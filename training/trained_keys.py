@@ -1,0 +1,50 @@
+"""The keys of the samples a streaming trainer has trained, over a bounded window: what makes a
+sample that the joiner emits twice (it is at least once) train once.
+
+A key is a sample's (request, item) as bytes (``serving.stream.sample_batch``). The set keeps the
+keys whose sample time is within ``window_s`` of the newest trained (the join window plus the
+longest replay a restarted joiner does), so it stays bounded by the rate times the window. Sorted
+numpy arrays: membership of a whole batch is one ``np.isin``, no loop per sample. It is saved
+with the offsets in every delta (``model_store.deltas``) and read back on restart.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+class TrainedKeys:
+    def __init__(self, window_s: float, keys: NDArray[np.bytes_] | None = None,
+                 ts: NDArray[np.float64] | None = None) -> None:  # fmt: skip
+        if window_s <= 0:
+            raise ValueError(f"the dedupe window must be > 0 s, got {window_s}")
+        self.window_s = window_s
+        self.keys: NDArray[np.bytes_] = np.zeros(0, "S1") if keys is None else keys
+        self.ts: NDArray[np.float64] = np.zeros(0, np.float64) if ts is None else ts
+        self.newest = float(self.ts.max(initial=-np.inf))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def new(self, keys: NDArray[np.bytes_]) -> NDArray[np.bool_]:
+        """Per key, whether it is neither in the set nor an earlier key of ``keys`` itself."""
+        fresh = ~np.isin(keys, self.keys)
+        _, first = np.unique(keys, return_index=True)
+        once = np.zeros(len(keys), bool)
+        once[first] = True
+        return fresh & once
+
+    def add(self, keys: NDArray[np.bytes_], ts: NDArray[np.float64]) -> None:
+        """Remember trained ``keys`` (new ones: see ``new``); forget those out of the window."""
+        if not len(keys):
+            return
+        self.newest = max(self.newest, float(ts.max()))
+        all_keys = np.concatenate([self.keys, keys])
+        all_ts = np.concatenate([self.ts, ts])
+        keep = all_ts >= self.newest - self.window_s
+        order = np.argsort(all_keys[keep], kind="stable")
+        self.keys, self.ts = all_keys[keep][order], all_ts[keep][order]
+
+    def arrays(self) -> tuple[NDArray[np.bytes_], NDArray[np.float64]]:
+        return self.keys, self.ts
