@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 import model_store as ms
 from features.schema import load_schema
 from model_store.deltas import DeltaManifest, read_delta, read_keys
-from tests.helpers import wait_until
+from tests.helpers import doc_blocks, wait_until
 from tests.serving.stream.conftest import kafka  # noqa: F401  (the session's mock cluster)
 from tests.training.sources.samples import key, produce, records
 from tests.training.test_follow import NAME, _serving_stores, store, trained  # noqa: F401
@@ -112,38 +113,57 @@ def test_a_re_emitted_sample_is_never_trained_twice(kafka, store):  # noqa: F811
     )
 
 
+def doc_lines() -> tuple[str, str, str]:
+    """docs/training.md's "Training from the stream": the broker, a follower, a --once catch-up."""
+    (lines,) = doc_blocks("docs/training.md", "Training from the stream")
+    assert len(lines) == 3 and lines[2].endswith("--once"), lines
+    broker, follower, once = lines
+    return broker, follower, once
+
+
+def _bash(line: str, cwd: Path, env: dict, **kw) -> subprocess.Popen:
+    return subprocess.Popen(["bash", "-c", line], cwd=cwd, env=env, start_new_session=True, **kw)
+
+
 @pytest.mark.slow
-def test_a_trainer_killed_and_restarted_loses_and_repeats_nothing(kafka, store):  # noqa: F811
-    topic = _topic(kafka, "samples-kill")
-    spec = f"kafka://{kafka.bootstrap}/{topic}"
-    schema = _schema(store)
-    batches = [records(schema, 200, per_request=20, prefix=p) for p in ("a", "b", "c")]
-    produce(kafka.bootstrap, topic, batches[0])
-    args = [sys.executable, "-m", "recserve", "train", "--follow", str(store / NAME), "--stream", spec,
-            "--delta-interval-s", "0.3", "--batch-size", "16", "--poll-s", "0.2"]  # fmt: skip
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def test_the_documented_lines_train_exactly_once_across_a_sigkill(trained, tmp_path):  # noqa: F811
+    broker_line, follower_line, once_line = doc_lines()
+    artifacts = tmp_path / "artifacts"  # the lines' model directory: artifacts/criteo
+    shutil.copytree(trained, artifacts)
+    env = os.environ | {"PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+    broker = _bash(broker_line, tmp_path, env, stdout=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: _published(store), 120, "a delta cut from the stream")
-        produce(kafka.bootstrap, topic, batches[1])  # arriving while it trains
-        wait_until(
-            lambda: sum(r.samples for _, r in _published(store)) > 200, 60, "the second batch training"
-        )
+        assert broker.stdout is not None
+        bootstrap = broker.stdout.readline().strip().removeprefix("BOOTSTRAP=")
+        env["KAFKA_BROKERS"] = bootstrap
+        batches = [records(_schema(artifacts), 200, per_request=20, prefix=p) for p in ("a", "b", "c")]
+        produce(bootstrap, "samples", batches[0])
+        proc = _bash(follower_line, tmp_path, env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_until(lambda: _published(artifacts), 120, "a delta cut from the stream")
+            produce(bootstrap, "samples", batches[1])  # arriving while it trains
+            wait_until(
+                lambda: sum(r.samples for _, r in _published(artifacts)) > 200, 60, "more samples trained"
+            )
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        # the joiner re-emits the first batch after its own restart; then a third batch
+        produce(bootstrap, "samples", batches[0] + batches[2])
+        done = _bash(once_line, tmp_path, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = done.communicate(timeout=180)
+        assert done.returncode == 0, err
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    # the joiner re-emits the first batch after its own restart; then the third batch
-    produce(kafka.bootstrap, topic, batches[0] + batches[2])
-    done = subprocess.run([*args, "--once"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
+        os.killpg(broker.pid, signal.SIGTERM)
+        broker.wait(timeout=30)
+    summary = json.loads(out.strip().splitlines()[-1])
     assert summary["duplicates"] >= 200 and summary["progressive_total"]["samples"] == summary["rows"]
 
-    published = _published(store)
+    published = _published(artifacts)
     produced = {(r[0], r[1]) for b in batches for r in b}
     samples = sum(record.samples for _, record in published)
     ddir, last = published[-1]
     keys = [key(k) for k in read_keys(ddir, last)[0]]
     assert samples == len(produced), "a sample trained into two published deltas, or one never trained"
     assert len(keys) == len(set(keys)) and set(keys) == produced
-    assert last.positions == {f"{topic}/0": 400, f"{topic}/1": 400}
+    assert last.positions == {"samples/0": 400, "samples/1": 400}
