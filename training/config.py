@@ -254,6 +254,11 @@ class FollowConfig:
     comes again; cover the joiner's window plus what a restarted joiner replays."""
     delta_interval_s: float = 2.0
     """Cut a delta every this many seconds when rows changed (and always at the end)."""
+    metrics_port: int = 0
+    """Serve Prometheus /metrics (samples, duplicates, refused, deltas, progressive AUC and log
+    loss, offsets: training/stream_book.py) on this port (0: off)."""
+    metrics_host: str = "127.0.0.1"
+    """Address the metrics port binds to."""
     poll_s: float = 1.0
     """How often to look for new files and a new CURRENT."""
     once: bool = False

@@ -51,23 +51,21 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 import model_store as ms
 from features.schema import Schema, load_schema
 from features.transform import FeatureError, transform
-from model_store.deltas import DeltaManifest, last_record, read_keys, write_delta
 from training import data, sources
 from training.cluster import Cluster
 from training.config import FollowConfig
 from training.ctx import TrainCtx
 from training.evaluate import sigmoid
-from training.progressive import Progressive, Score
+from training.progressive import Score
 from training.sources import TICK, Chunk, Reading
 from training.sources.ledger import Ledger
-from training.trained_keys import TrainedKeys
+from training.stream_book import StreamBook
 
 log = logging.getLogger("recserve.train.follow")
 
@@ -132,9 +130,9 @@ class FollowTrainer:
         self._last_cut = clock()
         self._loss = nn.BCEWithLogitsLoss()
         self._refused: set[str] = set()  # versions CURRENT named that could not be loaded
-        self.keys = TrainedKeys(cfg.dedup_window_s)  # --stream: samples trained
-        self.progressive = Progressive()
-        self._window = (0, 0)  # (rows, duplicates) at the last cut
+        self.book = StreamBook(cfg.source[0], bool(cfg.stream), cfg.dedup_window_s)  # keys, scores, counts
+        if cfg.metrics_port:
+            self.book.serve_metrics(cfg.metrics_port, cfg.metrics_host)
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> FollowResult:
@@ -160,7 +158,13 @@ class FollowTrainer:
                 break
         self.cut()
         self.result.seconds = self.clock() - t0
-        self.result.progressive_total = self.progressive.total()
+        b, r = self.book, self.result
+        r.duplicates, r.refused, r.progressive, r.progressive_total = (
+            b.total.duplicates,
+            b.total.refused,
+            b.windows,
+            b.progressive.total(),
+        )
         return self.result
 
     def _follow_current(self) -> None:
@@ -219,6 +223,7 @@ class FollowTrainer:
                 logits = lv.ctx.forward(batch)
                 lv.ctx.backward(self._loss(logits, torch.from_numpy(batch.labels)))
                 self.ledger.advance(unit, batch.num_rows)
+                self.book.rows(batch.num_rows)
                 self.result.rows += batch.num_rows
                 self.result.steps += 1
                 self._changed = True
@@ -235,16 +240,14 @@ class FollowTrainer:
         (progressive validation); the unit's offset moves past the chunk either way."""
         lv, keyed = self.loaded, chunk.keyed
         assert lv is not None and keyed is not None
-        self.result.refused += chunk.refused
-        new = self.keys.new(keyed.keys)
-        self.result.duplicates += int((~new).sum())
-        if new.any():
-            batch = keyed.batch(None if new.all() else np.flatnonzero(new))
+        rows = self.book.admit(chunk)
+        if rows is None or len(rows):
+            batch = keyed.batch(rows)
             assert batch.labels is not None
             logits = lv.ctx.forward(batch)
-            self.progressive.add(batch.labels, sigmoid(logits.detach().cpu().numpy()))
+            scores = sigmoid(logits.detach().cpu().numpy())
             lv.ctx.backward(self._loss(logits, torch.from_numpy(batch.labels)))
-            self.keys.add(keyed.keys[new], keyed.ts[new])
+            self.book.trained(chunk, rows, batch.labels, scores)
             self.result.files += [chunk.start.unit] * (chunk.start.unit not in self.result.files)
             self.result.rows += batch.num_rows
             self.result.steps += 1
@@ -274,14 +277,8 @@ class FollowTrainer:
         if (ddir / ms.SUCCESS).exists():
             raise ms.ModelStoreError(f"{ddir} was written by someone else: one delta writer per version")
         lv.cluster.dump(ddir, delta=True)
-        score = self.progressive.close_window()
-        rows, dups = self.result.rows - self._window[0], self.result.duplicates - self._window[1]
-        record = DeltaManifest(self.cfg.source[0], self.ledger.positions(), rows, dups, score.auc, score.logloss)  # fmt: skip
-        write_delta(ddir, record, self.keys.arrays() if self.cfg.stream else None)
+        self.book.write(ddir, self.ledger.positions())
         ms.mark_done(ddir)
-        self._window = (self.result.rows, self.result.duplicates)
-        if score.samples:
-            self.result.progressive.append(score)
         self.ledger.commit()
         self._changed = False
         self.result.deltas.append((lv.version, seq))
@@ -320,8 +317,7 @@ class FollowTrainer:
             store.load(vdir / "embeddings")
             store.version = version  # deltas carry base_version = the served version
         applied = _apply_existing_deltas(vdir, stores)
-        if self.cfg.stream:
-            self._resume(vdir)
+        self.book.resume(vdir, self.ledger)
 
         dense = _load_frozen_dense(vdir / manifest.dense["torchscript"])
         # rows looked up ahead miss the update between: one batch staler than the worker knows
@@ -338,15 +334,6 @@ class FollowTrainer:
                  self.cfg.model, version, rows, n, applied, stores[0].delta_seq + 1)  # fmt: skip
         return _Loaded(version, vdir, schema, cluster, ctx, dense, manifest)
 
-    def _resume(self, vdir: Path) -> None:
-        """A stream resumes where the version's last delta says (offsets and keys trained), over
-        the ledger file, which a crash between a delta's _SUCCESS and its commit left behind."""
-        last = last_record(vdir)
-        if last is not None and last[0].source == self.cfg.stream:
-            self.ledger.resume(last[0].positions)
-            self.keys = TrainedKeys(self.cfg.dedup_window_s, *read_keys(last[1], last[0]))
-            log.info("resuming at %s, %d keys trained (%s)", last[0].positions, len(self.keys), last[1])
-
     def _unload(self) -> None:
         if self.loaded is not None:
             lv, self.loaded = self.loaded, None
@@ -356,6 +343,7 @@ class FollowTrainer:
                 lv.cluster.close()
 
     def close(self) -> None:
+        self.book.close()
         self._unload()
 
     def __enter__(self) -> FollowTrainer:

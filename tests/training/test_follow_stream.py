@@ -10,6 +10,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,12 +19,12 @@ import pytest
 import model_store as ms
 from features.schema import load_schema
 from model_store.deltas import DeltaManifest, read_delta, read_keys
-from tests.helpers import doc_blocks, wait_until
+from tests.helpers import doc_blocks, free_port, wait_until
 from tests.serving.stream.conftest import kafka  # noqa: F401  (the session's mock cluster)
 from tests.training.sources.samples import key, produce, records
 from tests.training.test_follow import NAME, _serving_stores, store, trained  # noqa: F401
 from training.config import FollowConfig
-from training.follow import follow
+from training.follow import FollowTrainer, follow
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated")
@@ -73,7 +75,13 @@ def test_samples_train_into_a_delta_with_their_offsets(kafka, store):  # noqa: F
     produce(kafka.bootstrap, topic, recs)
     produce(kafka.bootstrap, topic, [("r-0", 0, 0.0, b"not a sample")])  # partition 0, after the rest
 
-    result = follow(_cfg(store, f"kafka://{kafka.bootstrap}/{topic}", once=True, delta_interval_s=3600))
+    port = free_port()
+    cfg = _cfg(
+        store, f"kafka://{kafka.bootstrap}/{topic}", once=True, delta_interval_s=3600, metrics_port=port
+    )
+    with FollowTrainer(cfg) as trainer:
+        result = trainer.run(threading.Event())
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
 
     assert result.rows == 200 and result.duplicates == 0 and result.refused == 1
     (ddir, record), = _published(store)  # fmt: skip
@@ -87,6 +95,14 @@ def test_samples_train_into_a_delta_with_their_offsets(kafka, store):  # noqa: F
     assert 0 <= result.progressive_total.auc <= 1 and result.progressive_total.logloss > 0
     assert result.progressive == [result.progressive_total]
     assert (record.auc, record.logloss) == (result.progressive_total.auc, result.progressive_total.logloss)
+    assert f"recserve_follow_progressive_auc {record.auc}" in metrics
+    for line in (
+        "recserve_follow_samples_total 200.0",
+        "recserve_follow_refused_total 1.0",
+        "recserve_follow_duplicates_total 0.0",
+        f'recserve_follow_offset{{unit="{topic}/1"}} {200 - in_p0}.0',
+    ):
+        assert line in metrics, line  # fmt: skip
     # the malformed record went to the dead-letter topic, as it was, with why
     (dead,) = _dead_letters(kafka.bootstrap, topic + ".dead", 1)
     assert dead.value() == b"not a sample" and dict(dead.headers())["reason"].startswith(
