@@ -26,3 +26,20 @@ def test_keys_out_of_the_window_are_forgotten():
     assert again.new(np.array([b"new"])).tolist() == [False]
     with pytest.raises(ValueError, match="window"):
         TrainedKeys(0)
+
+
+def test_many_batches_across_merges_and_longer_keys():
+    keys = TrainedKeys(window_s=1e9)
+    keys.MERGE_MIN = 8
+    seen: set[bytes] = set()
+    rng = np.random.default_rng(0)
+    for step in range(40):
+        batch = np.array([f"r-{int(i)}".encode() * (1 + step // 20) for i in rng.integers(0, 300, 16)])
+        expect = []
+        for k in batch.tolist():
+            expect.append(k not in seen)
+            seen.add(k)
+        new = keys.new(batch)
+        assert new.tolist() == expect, step
+        keys.add(batch[new], np.full(int(new.sum()), float(step)))
+    assert sorted(keys.arrays()[0].tolist()) == sorted(seen) and len(keys) == len(seen)
