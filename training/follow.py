@@ -241,7 +241,7 @@ class FollowTrainer:
         lv, keyed = self.loaded, chunk.keyed
         assert lv is not None and keyed is not None
         rows = self.book.admit(chunk)
-        if rows is None or len(rows):
+        if chunk.rows and (rows is None or len(rows)):
             batch = keyed.batch(rows)
             assert batch.labels is not None
             logits = lv.ctx.forward(batch)

@@ -125,10 +125,12 @@ def test_a_re_emitted_sample_is_never_trained_twice(kafka, store):  # noqa: F811
     produce(kafka.bootstrap, topic, first + more)
     again = follow(_cfg(store, spec, once=True))
     assert (again.rows, again.duplicates) == (40, 100)
-    assert (
-        sum(record.samples for _, record in _published(store)) == 140
-        and sum(record.duplicates for _, record in _published(store)) == 100
-    )
+    published = [record for _, record in _published(store)]
+    assert sum(r.samples for r in published) == 140 and sum(r.duplicates for r in published) == 100
+    # a consume of nothing but a malformed record: refused, nothing trained, the trainer goes on
+    produce(kafka.bootstrap, topic, [("r-1", 0, 0.0, b"RSSM broken")])
+    last = follow(_cfg(store, spec, once=True))
+    assert (last.rows, last.refused, last.duplicates) == (0, 1, 0)
 
 
 def test_a_crash_after_a_delta_retrains_only_what_no_published_delta_holds(kafka, store):  # noqa: F811
