@@ -6,7 +6,8 @@ over the whole batch, no Python loop per record.
 record, in input order) and, for each invalid one, its index and the reason (``decode_sample``'s
 ``RecordError`` message where it refuses it; a record it accepts but whose slot count differs
 from the batch's first valid record is refused here by name). ``Samples.keys`` are the
-(request, item) pairs as fixed-width bytes (the item as 4 big-endian bytes, then the request id):
+(request, item) pairs as fixed-width bytes (the item as 4 big-endian bytes, then the request id; names are not decoded as
+utf-8 here):
 equal keys are equal pairs, so a set of them dedupes with numpy.
 """
 
@@ -65,7 +66,7 @@ def _ragged(buf: NDArray[np.uint8], at: NDArray[np.int64], sizes: NDArray[np.int
     return buf[np.repeat(at - first, sizes) + np.arange(total)]
 
 
-def _reasons(values: list[bytes], bad: NDArray[np.int64], slots: int) -> list[tuple[int, str]]:
+def _reasons(values: list[bytes], bad: NDArray[np.int64], slots: int, dense: int) -> list[tuple[int, str]]:
     """Why each refused record is refused (the rare path: one record at a time)."""
     out = []
     for i in bad.tolist():
@@ -74,12 +75,14 @@ def _reasons(values: list[bytes], bad: NDArray[np.int64], slots: int) -> list[tu
         except RecordError as e:
             out.append((i, str(e)))
             continue
-        out.append((i, f"sample has {len(s.row.flags)} slots, the batch's samples have {slots}"))
+        shape = (len(s.row.flags), len(s.row.dense) + len(s.row.context_dense))
+        out.append((i, f"sample has (slots, dense values) {shape}, expected {(slots, dense)}"))
     return out
 
 
-def read_samples(values: list[bytes]) -> tuple[Samples, list[tuple[int, str]]]:
-    """The valid records of ``values`` and (index, reason) for each invalid one."""
+def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> tuple[Samples, list[tuple[int, str]]]:  # fmt: skip
+    """The valid records of ``values`` and (index, reason) for each invalid one. ``shape``: the
+    (slots, dense values) a record must have (None: those of the first valid record)."""
     n = len(values)
     sizes = np.fromiter(map(len, values), np.int64, n)
     buf = np.frombuffer(b"".join(values), np.uint8)
@@ -93,7 +96,7 @@ def read_samples(values: list[bytes]) -> tuple[Samples, list[tuple[int, str]]]:
     expected = HEAD.itemsize + strings + 5 * s + 8 * nsigns + 4 * (f_row + f_ctx)
     ok &= (head["magic"] == _SAM_MAGIC) & (head["version"] == 1) & (expected == sizes)
     ok &= np.isfinite(head["ts"]) & np.isfinite(head["label"])
-    slots = int(s[ok][0]) if ok.any() else 0
+    slots = shape[0] if shape is not None else int(s[ok][0]) if ok.any() else 0
     ok &= s == slots  # one (N, S) layout for the batch
     # the variable part, for the records whose header holds so far
     at = begin + HEAD.itemsize + strings  # flags, then lengths u32[S], signs, dense, context dense
@@ -103,7 +106,7 @@ def read_samples(values: list[bytes]) -> tuple[Samples, list[tuple[int, str]]]:
     fits = lengths.sum(axis=1) == nsigns[idx]
     width = f_row + f_ctx
     dense_ok: NDArray[np.bool_] = np.ones(len(idx), bool)
-    dense_w = int(width[idx][0]) if len(idx) else 0
+    dense_w = shape[1] if shape is not None else int(width[idx][0]) if len(idx) else 0
     same_w = width[idx] == dense_w
     dense = np.zeros((len(idx), dense_w), np.float32)
     if dense_w:
@@ -136,7 +139,7 @@ def read_samples(values: list[bytes]) -> tuple[Samples, list[tuple[int, str]]]:
         dense=dense,
         f_ctx=f_ctx[idx],
     )
-    return samples, _reasons(values, np.flatnonzero(~ok), slots)
+    return samples, _reasons(values, np.flatnonzero(~ok), slots, dense_w)
 
 
 def take(s: Samples, rows: NDArray[np.int64]) -> Samples:

@@ -122,8 +122,9 @@ class KafkaSamples:
         parts = np.fromiter((m.partition() for m in good), np.int64, len(good))
         offsets = np.fromiter((m.offset() for m in good), np.int64, len(good))
         values = [m.value() or b"" for m in good]
-        samples, bad = read_samples(values)
-        misfit = misfits(samples, self.reading.schema)
+        schema = self.reading.schema
+        samples, bad = read_samples(values, (len(schema.sparse), len(schema.dense)))
+        misfit = misfits(samples, schema)
         bad += [(int(samples.index[r]), why) for r, why in misfit]
         if misfit:
             fits = np.ones(samples.num_rows, bool)

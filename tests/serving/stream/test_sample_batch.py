@@ -42,3 +42,16 @@ def test_a_malformed_record_is_refused_with_its_reason_and_the_rest_kept():
     picked = take(read_samples(blobs)[0], np.array([2]))
     np.testing.assert_array_equal(picked.signs, s.signs)
     assert picked.keys.tolist() == s.keys.tolist()
+
+
+def test_a_record_of_another_shape_first_does_not_refuse_the_rest():
+    from features.schema import load_schema
+    from tests.training.sources.samples import ROOT, records
+
+    blobs = _blobs()
+    one = decode_sample(blobs[0]).row
+    shape = (len(one.flags), len(one.dense) + len(one.context_dense))
+    criteo = records(load_schema(ROOT / "data/schemas/criteo.yaml"), 1)[0][3]  # 26 slots, 13 dense values
+    s, bad = read_samples([criteo, *blobs], shape)
+    assert s.index.tolist() == list(range(1, len(blobs) + 1))
+    assert [i for i, _ in bad] == [0] and f"(26, 13), expected {shape}" in bad[0][1]
