@@ -245,8 +245,20 @@ class FollowConfig:
     arriving data files (Criteo .tsv/.txt, or .csv with a header). A file is taken once complete: its
     name does not start with '.' (x.csv.tmp, x.csv.part are not data), and either a `<name>.done`
     marker exists or its size and mtime did not change between two polls."""
+    stream: str = field(default="", metadata={"metavar": "kafka://BROKERS/TOPIC"})
+    """Instead of --watch: a stream of labelled samples (``recserve join``'s topic). Each delta
+    records the partitions' offsets and the sample keys trained; a restart resumes from the last
+    published delta's, and a sample whose key was trained already is dropped (exactly once)."""
+    dedup_window_s: float = 3600.0
+    """--stream: how long (in sample time) a trained sample's key is remembered to drop it if it
+    comes again; cover the joiner's window plus what a restarted joiner replays."""
     delta_interval_s: float = 2.0
     """Cut a delta every this many seconds when rows changed (and always at the end)."""
+    metrics_port: int = 0
+    """Serve Prometheus /metrics (samples, duplicates, refused, deltas, progressive AUC and log
+    loss, offsets: training/stream_book.py) on this port (0: off)."""
+    metrics_host: str = "127.0.0.1"
+    """Address the metrics port binds to."""
     poll_s: float = 1.0
     """How often to look for new files and a new CURRENT."""
     once: bool = False
@@ -278,17 +290,26 @@ class FollowConfig:
     """torch intra-op threads (0: half the CPUs, at least 1)."""
 
     def __post_init__(self) -> None:
-        if not self.follow or not self.watch:
-            raise ValueError("continuous training needs --follow MODEL_DIR and --watch DIR")
+        if not self.follow or bool(self.watch) == bool(self.stream):
+            raise ValueError(
+                "continuous training needs --follow MODEL_DIR and one of --watch DIR, --stream kafka://BROKERS/TOPIC"
+            )
         from training import sources
 
-        sources.parse(self.watch, "watch")  # an unknown <kind>:// is a configuration error
+        sources.parse(*self.source)  # an unknown <kind>:// is a configuration error
+        if self.dedup_window_s <= 0:
+            raise ValueError(f"dedup_window_s must be > 0, got {self.dedup_window_s}")
         if self.delta_interval_s <= 0 or self.poll_s <= 0:
             raise ValueError("delta_interval_s and poll_s must be > 0")
         if self.batch_size < 1 or self.staleness < 0 or self.max_seconds < 0:
             raise ValueError("batch_size must be >= 1, staleness and max_seconds >= 0")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+
+    @property
+    def source(self) -> tuple[str, str]:
+        """(spec, the kind a spec without a scheme names) of the rows followed."""
+        return (self.stream, "kafka") if self.stream else (self.watch, "watch")
 
     @property
     def store(self) -> str:

@@ -1,6 +1,7 @@
 """Continuous training into the served version: ``recserve train --follow``.
 
     recserve train --follow artifacts/criteo --watch incoming/ [--once]
+    recserve train --follow artifacts/criteo --stream kafka://BROKERS/TOPIC
 
 Reads top to bottom like train.py: resolve ``<model>/CURRENT`` -> load that version (embedding
 shards with their optimizer state, plus every delta already cut into it, so training continues
@@ -28,6 +29,12 @@ delta are trained again (at least once), after SIGTERM/Ctrl-C/``--max-seconds`` 
 cut and a file interrupted midway resumes at its next row. A file that cannot be read (or trained
 on) is recorded as failed from there and skipped.
 
+``--stream kafka://...`` (samples, ``training.sources.kafka``) is exactly once in what is trained:
+each delta records the partitions' next offsets and the (request, item) keys trained over
+``--dedup-window-s`` (``model_store.deltas``) before its ``_SUCCESS``; a restart resumes from the
+last delta's record, and a sample whose key was trained already is dropped. Each batch is scored
+before it trains (progressive validation, ``training.progressive``).
+
 If CURRENT moves to another version while following (``recserve publish``), the pending rows are
 cut into the old version, and the trainer reloads from the new one and cuts its next deltas into
 it only (files keep their ledger entries: the new version does not see them again). A version the
@@ -54,8 +61,11 @@ from training import data, sources
 from training.cluster import Cluster
 from training.config import FollowConfig
 from training.ctx import TrainCtx
+from training.evaluate import sigmoid
+from training.progressive import Score
 from training.sources import TICK, Chunk, Reading
 from training.sources.ledger import Ledger
+from training.stream_book import StreamBook
 
 log = logging.getLogger("recserve.train.follow")
 
@@ -68,6 +78,10 @@ class FollowResult:
     deltas: list[tuple[str, int]] = field(default_factory=list)  # (version, seq) cut
     files: list[str] = field(default_factory=list)  # units (files) trained on (completely or partly)
     rows: int = 0  # training rows
+    duplicates: int = 0  # samples dropped: their key was trained already
+    refused: int = 0  # malformed records (sent to the dead-letter topic)
+    progressive: list[Score] = field(default_factory=list)  # per delta: scored before training
+    progressive_total: Score | None = None
     steps: int = 0
     reloads: int = 0  # CURRENT changes followed
     seconds: float = 0.0
@@ -116,6 +130,9 @@ class FollowTrainer:
         self._last_cut = clock()
         self._loss = nn.BCEWithLogitsLoss()
         self._refused: set[str] = set()  # versions CURRENT named that could not be loaded
+        self.book = StreamBook(cfg.source[0], bool(cfg.stream), cfg.dedup_window_s)  # keys, scores, counts
+        if cfg.metrics_port:
+            self.book.serve_metrics(cfg.metrics_port, cfg.metrics_host)
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> FollowResult:
@@ -124,9 +141,10 @@ class FollowTrainer:
         self._follow_current()
         lv = self.loaded
         assert lv is not None  # _follow_current loads one or raises
-        reading = Reading(lv.schema, poll_s=self.cfg.poll_s, once=self.cfg.once,
+        reading = Reading(lv.schema, poll_s=self.cfg.poll_s, once=self.cfg.once, batch_rows=self.cfg.batch_size,
                           wait=lambda s: stop.wait(max(0.0, min(s, deadline - self.clock()))))  # fmt: skip
-        source = sources.open_source(self.cfg.watch, reading, default="watch", ledger=self.ledger)
+        spec, default = self.cfg.source
+        source = sources.open_source(spec, reading, default=default, ledger=self.ledger)
         for chunk in source.chunks():
             if stop.is_set() or self.clock() >= deadline:
                 break
@@ -140,6 +158,13 @@ class FollowTrainer:
                 break
         self.cut()
         self.result.seconds = self.clock() - t0
+        b, r = self.book, self.result
+        r.duplicates, r.refused, r.progressive, r.progressive_total = (
+            b.total.duplicates,
+            b.total.refused,
+            b.windows,
+            b.progressive.total(),
+        )
         return self.result
 
     def _follow_current(self) -> None:
@@ -181,6 +206,9 @@ class FollowTrainer:
         lv, unit = self.loaded, chunk.start.unit
         if lv is None:
             raise RuntimeError("train_chunk called before a version was loaded")
+        if chunk.keyed is not None:
+            self.train_keyed(chunk)
+            return True
         if chunk.table.num_rows and unit not in self.result.files:
             log.info("training on %s from row %d into version %s", unit, chunk.start.row, lv.version)
         batches = (transform(t, lv.schema) for t in data.rebatch([chunk.table], self.cfg.batch_size))
@@ -195,6 +223,7 @@ class FollowTrainer:
                 logits = lv.ctx.forward(batch)
                 lv.ctx.backward(self._loss(logits, torch.from_numpy(batch.labels)))
                 self.ledger.advance(unit, batch.num_rows)
+                self.book.rows(batch.num_rows)
                 self.result.rows += batch.num_rows
                 self.result.steps += 1
                 self._changed = True
@@ -205,6 +234,26 @@ class FollowTrainer:
             return True
         self.ledger.finish(chunk)
         return True
+
+    def train_keyed(self, chunk: Chunk) -> None:
+        """One step on a stream's samples whose key was not trained yet, scored first
+        (progressive validation); the unit's offset moves past the chunk either way."""
+        lv, keyed = self.loaded, chunk.keyed
+        assert lv is not None and keyed is not None
+        rows = self.book.admit(chunk)
+        if chunk.rows and (rows is None or len(rows)):
+            batch = keyed.batch(rows)
+            assert batch.labels is not None
+            logits = lv.ctx.forward(batch)
+            scores = sigmoid(logits.detach().cpu().numpy())
+            lv.ctx.backward(self._loss(logits, torch.from_numpy(batch.labels)))
+            self.book.trained(chunk, rows, batch.labels, scores)
+            self.result.files += [chunk.start.unit] * (chunk.start.unit not in self.result.files)
+            self.result.rows += batch.num_rows
+            self.result.steps += 1
+            self._changed = True
+        self.ledger.advance(chunk.start.unit, chunk.stop.row - self.ledger.row(chunk.start.unit))
+        self._maybe_cut()
 
     def _maybe_cut(self) -> None:
         if self._changed and self.clock() - self._last_cut >= self.cfg.delta_interval_s:
@@ -228,6 +277,7 @@ class FollowTrainer:
         if (ddir / ms.SUCCESS).exists():
             raise ms.ModelStoreError(f"{ddir} was written by someone else: one delta writer per version")
         lv.cluster.dump(ddir, delta=True)
+        self.book.write(ddir, self.ledger.positions())
         ms.mark_done(ddir)
         self.ledger.commit()
         self._changed = False
@@ -267,6 +317,7 @@ class FollowTrainer:
             store.load(vdir / "embeddings")
             store.version = version  # deltas carry base_version = the served version
         applied = _apply_existing_deltas(vdir, stores)
+        self.book.resume(vdir, self.ledger)
 
         dense = _load_frozen_dense(vdir / manifest.dense["torchscript"])
         # rows looked up ahead miss the update between: one batch staler than the worker knows
@@ -292,6 +343,7 @@ class FollowTrainer:
                 lv.cluster.close()
 
     def close(self) -> None:
+        self.book.close()
         self._unload()
 
     def __enter__(self) -> FollowTrainer:
@@ -306,7 +358,7 @@ def _ledger_path(cfg: FollowConfig) -> Path:
     source that is not one."""
     if cfg.state:
         return Path(cfg.state)
-    kind, where = sources.parse(cfg.watch, default="watch")
+    kind, where = sources.parse(*cfg.source)
     home = Path(where) if kind.name == "watch" else Path(cfg.follow)
     return home / f".recserve-follow-{cfg.model}.json"
 

@@ -3,7 +3,8 @@
 Also runnable under torchrun for multi-rank DDP:
 ``torchrun --nproc-per-node 2 -m recserve.commands.train ...``.
 
-``recserve train --follow MODEL_DIR --watch DIR``: continuous training into the version the model
+``recserve train --follow MODEL_DIR --watch DIR`` (or ``--stream kafka://BROKERS/TOPIC``, samples
+from ``recserve join``): continuous training into the version the model
 directory serves (its CURRENT; the same ``--follow MODEL_DIR`` as ``recserve ps``) instead (see
 training/follow.py): new files in DIR train the served embeddings (the served dense model is
 frozen) and deltas are cut into the version every --delta-interval-s seconds. SIGTERM or Ctrl-C
@@ -127,6 +128,8 @@ def run_follow(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as e:
         logging.getLogger("recserve.train").error("bad configuration: %s", e)
         return 2
+    from dataclasses import asdict
+
     from model_store import ModelStoreError
     from training.follow import follow
 
@@ -148,6 +151,10 @@ def run_follow(args: argparse.Namespace) -> int:
         "deltas": [f"{v}/{seq}" for v, seq in result.deltas],
         "files": result.files,
         "rows": result.rows,
+        "duplicates": result.duplicates,
+        "refused": result.refused,
+        "progressive": [asdict(s) for s in result.progressive],
+        "progressive_total": result.progressive_total and asdict(result.progressive_total),
         "steps": result.steps,
         "reloads": result.reloads,
         "wall_s": round(result.seconds, 2),

@@ -28,6 +28,11 @@ from features.stream import ReadOptions
 from features.transform import Table
 
 if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from features.batch import CompactBatch
+    from serving.stream.sample_batch import Samples
     from training.sources.ledger import Ledger
 
 
@@ -41,6 +46,32 @@ class Position:
 
 
 @dataclass(frozen=True)
+class Keyed:
+    """Rows that arrive as samples (a stream's), each with the key the trainer dedupes on."""
+
+    samples: Samples
+    """Decoded and checked against ``schema``."""
+    schema: Schema
+
+    @property
+    def keys(self) -> NDArray[np.bytes_]:
+        """Per row, its (request, item) key as bytes (equal keys: the same sample)."""
+        return self.samples.keys
+
+    @property
+    def ts(self) -> NDArray[np.float64]:
+        """Per row, when it was served (seconds since the epoch)."""
+        return self.samples.ts
+
+    def batch(self, rows: NDArray[np.int64] | None = None) -> CompactBatch:
+        """The trainer's batch (with labels) of the rows at ``rows`` (None: all)."""
+        from serving.stream.sample_batch import take
+        from training.sources._samples import to_batch
+
+        return to_batch(self.samples if rows is None else take(self.samples, rows), self.schema)
+
+
+@dataclass(frozen=True)
 class Chunk:
     """Rows of one unit of a source, in order."""
 
@@ -50,11 +81,24 @@ class Chunk:
     last: bool = False
     """The unit ends after these rows (the table may be empty: a file's end found after its last
     rows went out)."""
+    keyed: Keyed | None = None
+    """A stream's rows as a keyed batch (``table`` is then empty)."""
+    end: int | None = None
+    """Where the unit resumes after this chunk, where that is not ``start.row`` plus its rows (a
+    stream's offsets: records refused or skipped lie between)."""
+    refused: int = 0
+    """Records of the unit in this chunk that were malformed (sent to a dead-letter topic)."""
+
+    @property
+    def rows(self) -> int:
+        return self.keyed.samples.num_rows if self.keyed is not None else self.table.num_rows
 
     @property
     def stop(self) -> Position:
         """Where the row after its last lies."""
-        return Position(self.start.unit, self.start.row + self.table.num_rows)
+        return Position(
+            self.start.unit, self.start.row + self.table.num_rows if self.end is None else self.end
+        )
 
 
 TICK = Chunk(Table({}, 0), Position("", 0))
@@ -78,6 +122,8 @@ class Reading:
     """Unbounded sources: seconds between two looks for new rows."""
     once: bool = False
     """Unbounded sources: end once the rows there now are read."""
+    batch_rows: int = 1024
+    """Streams: records per chunk at most (the follower's batch size: a chunk is one step)."""
     wait: Callable[[float], object] = field(default=time.sleep, compare=False)
     """How to wait between two looks (an interruptible wait: ``threading.Event.wait``)."""
 

@@ -36,6 +36,17 @@ class Ledger:
     def error(self, unit: str) -> str | None:
         return self._current(unit).get("error")
 
+    def positions(self) -> dict[str, int]:
+        """Every unit's rows consumed, the progress since the last commit included."""
+        return {u: self.row(u) for u in sorted(set(self.units) | set(self.progress))}
+
+    def resume(self, positions: dict[str, int]) -> None:
+        """Take these units' rows as consumed and committed (what a published delta recorded:
+        it wins over a ledger file that a crash left behind it)."""
+        for unit, row in positions.items():
+            self.units[unit] = dict(self.units.get(unit, {"done": False})) | {"rows": int(row)}
+            self.progress.pop(unit, None)
+
     def advance(self, unit: str, rows: int) -> None:
         """``rows`` more rows of ``unit`` consumed."""
         self._entry(unit)["rows"] += rows

@@ -1,0 +1,68 @@
+"""The Kafka source of samples (``kafka://BROKERS/TOPIC``) against the mock cluster: chunks per
+partition at their offsets, from where the ledger says, a rank's share of the partitions, the
+training batch equal to the one the rows' features make, and malformed records refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from features import stream
+from features.schema import load_schema
+from features.transform import Table, transform
+from tests.serving.stream.conftest import kafka  # noqa: F401  (the session's mock cluster)
+from tests.training.sources.samples import ROOT, SAMPLE, key, produce, records
+from training import sources
+from training.sources import Reading
+from training.sources.ledger import Ledger
+
+SCHEMA = load_schema(ROOT / "data/schemas/criteo.yaml")
+
+
+def _read(spec: str, ledger: Ledger, **kw) -> list[sources.Chunk]:
+    reading = Reading(SCHEMA, poll_s=0.2, once=True, **kw)
+    return [c for c in sources.open_source(spec, reading, "kafka", ledger).chunks() if c.keyed]
+
+
+def test_chunks_lie_at_their_offsets_and_resume_where_the_ledger_says(kafka, tmp_path):  # noqa: F811
+    topic = kafka.create_topic("source-offsets", 2)
+    kafka.create_topic(topic + ".dead", 1)
+    recs = records(SCHEMA, 100, per_request=10)
+    produce(kafka.bootstrap, topic, recs)
+    spec = f"kafka://{kafka.bootstrap}/{topic}"
+    ledger = Ledger(tmp_path / "ledger.json")
+    chunks = _read(spec, ledger, batch_rows=16)
+    assert all(c.rows <= 16 and c.stop.row == c.start.row + c.rows for c in chunks)
+    for unit in (f"{topic}/0", f"{topic}/1"):
+        mine = [c for c in chunks if c.start.unit == unit]
+        assert [c.start.row for c in mine] == [0, *(c.stop.row for c in mine[:-1])]  # no gap, no overlap
+    got = sorted(key(k) for c in chunks for k in c.keyed.keys.tolist())
+    assert got == sorted((r[0], r[1]) for r in recs)
+    # the rows read back make the batch their features make
+    first = next(c for c in chunks if c.start == sources.Position(f"{topic}/0", 0))
+    rows = np.array(
+        [10 * int(rid.rpartition("-")[2]) + item for rid, item in map(key, first.keyed.keys.tolist())]
+    )
+    table = stream.read(SAMPLE, SCHEMA, limit=100)
+    assert first.keyed.batch() == transform(
+        Table({k: v[rows] for k, v in table.columns.items()}, len(rows)), SCHEMA
+    )
+
+    ledger.resume({f"{topic}/0": 30, f"{topic}/1": 50})
+    again = _read(spec, ledger)
+    assert {c.start.unit: c.start.row for c in again} == {f"{topic}/0": 30}  # partition 1 was read to its end
+
+
+def test_a_rank_reads_its_share_of_the_partitions(kafka, tmp_path):  # noqa: F811
+    topic = kafka.create_topic("source-ranks", 4)
+    produce(kafka.bootstrap, topic, records(SCHEMA, 80, per_request=10), partitions=4)
+    spec = f"kafka://{kafka.bootstrap}/{topic}"
+    units = [{c.start.unit for c in _read(spec, Ledger(tmp_path / f"{r}.json"), part=(r, 2))} for r in (0, 1)]
+    assert units == [{f"{topic}/0", f"{topic}/2"}, {f"{topic}/1", f"{topic}/3"}]
+
+
+def test_a_spec_without_a_topic_and_a_missing_topic_are_refused(kafka, tmp_path):  # noqa: F811
+    with pytest.raises(ValueError, match="expected kafka://BROKERS/TOPIC"):
+        _read("kafka://localhost:9092", Ledger(tmp_path / "l.json"))
+    with pytest.raises(ValueError, match="a stream is read with a ledger"):
+        sources.open_source(f"kafka://{kafka.bootstrap}/t", Reading(SCHEMA), "kafka")

@@ -1,0 +1,163 @@
+"""A Kafka topic of samples (``recserve join``'s), unbounded: ``kafka://BROKERS/TOPIC``, e.g.
+``kafka://localhost:9092,host2:9092/samples``.
+
+Every partition of the topic (this rank's share: partition % world == rank) is assigned at the
+offset the ledger says (0 or unknown: the earliest kept), with no consumer-group commits: where the
+trainer stands is what the last published delta recorded (``model_store.deltas``), so a restarted
+trainer reads on from exactly there. A chunk is one partition's records of one batch consume
+(``Reading.batch_rows`` at most); its unit is ``<topic>/<partition>``, its start the first
+record's offset and its ``end`` the offset after the last. Records are decoded together
+(``serving.stream.sample_batch``: no loop per record beyond the accessors confluent-kafka
+forces). A malformed record, or one that does not fit the followed schema, goes to the
+dead-letter topic ``<TOPIC>.dead`` (its value as it was, headers ``reason``, ``partition``,
+``offset``), counted in the chunk's ``refused``; the trainer goes on.
+
+Reading with ``once``: end when every partition is read up to its end as it was at the start.
+librdkafka settings come from ``RECSERVE_KAFKA_*`` variables (``RECSERVE_KAFKA_SECURITY_PROTOCOL=
+SASL_SSL`` sets ``security.protocol``): SASL/TLS for real brokers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from features.transform import Table
+from serving.stream.sample_batch import read_samples, take
+from training.sources import TICK, Chunk, Keyed, Position, Reading, SourceKind, register
+from training.sources._samples import misfits
+from training.sources.ledger import Ledger
+
+log = logging.getLogger("recserve.train.follow")
+
+DEAD_SUFFIX = ".dead"
+TIMEOUT_S = 10.0  # metadata, watermarks and dead-letter acknowledgements
+
+
+def settings(brokers: str) -> dict[str, str]:
+    """librdkafka's settings: the brokers, then every ``RECSERVE_KAFKA_<NAME>`` variable as
+    ``<name>`` (lower case, '_' -> '.')."""
+    out = {"bootstrap.servers": brokers}
+    for k, v in os.environ.items():
+        if k.startswith("RECSERVE_KAFKA_"):
+            out[k.removeprefix("RECSERVE_KAFKA_").lower().replace("_", ".")] = v
+    return out
+
+
+def parse(where: str) -> tuple[str, str]:
+    """(brokers, topic) of ``BROKERS/TOPIC``; a ValueError naming the form otherwise."""
+    brokers, sep, topic = where.rpartition("/")
+    if not sep or not brokers or not topic:
+        raise ValueError(f"kafka://{where}: expected kafka://BROKERS/TOPIC (host:port[,host:port...]/topic)")
+    return brokers, topic
+
+
+@dataclass
+class KafkaSamples:
+    brokers: str
+    topic: str
+    reading: Reading
+    ledger: Ledger
+    bounded = False
+
+    @property
+    def dead_topic(self) -> str:
+        return self.topic + DEAD_SUFFIX
+
+    def unit(self, partition: int) -> str:
+        return f"{self.topic}/{partition}"
+
+    def chunks(self) -> Iterator[Chunk]:
+        from confluent_kafka import Consumer, Producer
+
+        conf = settings(self.brokers)
+        consumer = Consumer(conf | {"group.id": f"recserve-train-{self.topic}", "enable.auto.commit": False,
+                                    "auto.offset.reset": "earliest", "enable.partition.eof": False})  # fmt: skip
+        producer = Producer(conf | {"acks": "all", "enable.idempotence": True})
+        try:
+            ends = self._assign(consumer)
+            at = {p: self.ledger.row(self.unit(p)) for p in ends}
+            while True:
+                yield TICK
+                if self.reading.once and all(at[p] >= ends[p] for p in ends):
+                    return
+                msgs = consumer.consume(num_messages=self.reading.batch_rows, timeout=self.reading.poll_s)
+                for chunk in self._chunks(msgs, producer):
+                    at[int(chunk.start.unit.rpartition("/")[2])] = int(chunk.stop.row)
+                    yield chunk
+        finally:
+            consumer.close()
+            left = producer.flush(TIMEOUT_S)
+            if left:
+                log.error("%d dead letters to %s not acknowledged at exit", left, self.dead_topic)
+
+    def _assign(self, consumer) -> dict[int, int]:
+        """Assign this rank's partitions at the ledger's offsets; their end offsets now."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        meta = consumer.list_topics(self.topic, timeout=TIMEOUT_S).topics.get(self.topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise ValueError(f"kafka://{self.brokers}/{self.topic}: no such topic ({meta and meta.error})")
+        rank, world = self.reading.part
+        mine = sorted(p for p in meta.partitions if p % world == rank)
+        starts = {p: self.ledger.row(self.unit(p)) for p in mine}
+        consumer.assign([TopicPartition(self.topic, p, starts[p] or OFFSET_BEGINNING) for p in mine])
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), TIMEOUT_S)[1] for p in mine}
+        log.info("reading %s partitions %s from offsets %s", self.topic, mine, starts)
+        return ends
+
+    def _chunks(self, msgs: list, producer) -> Iterator[Chunk]:
+        good = []
+        for m in msgs:  # the accessors confluent-kafka forces, one call each
+            if m.error() is not None:
+                log.error("%s: consume error: %s", self.topic, m.error())
+            else:
+                good.append(m)
+        if not good:
+            return
+        parts = np.fromiter((m.partition() for m in good), np.int64, len(good))
+        offsets = np.fromiter((m.offset() for m in good), np.int64, len(good))
+        values = [m.value() or b"" for m in good]
+        schema = self.reading.schema
+        samples, bad = read_samples(values, (len(schema.sparse), len(schema.dense)))
+        misfit = misfits(samples, schema)
+        bad += [(int(samples.index[r]), why) for r, why in misfit]
+        if misfit:
+            fits = np.ones(samples.num_rows, bool)
+            fits[[r for r, _ in misfit]] = False
+            samples = take(samples, np.flatnonzero(fits))
+        refused = np.zeros(len(good), bool)
+        for i, why in bad:  # malformed records: the rare path
+            refused[i] = True
+            producer.produce(self.dead_topic, values[i], good[i].key(), headers={
+                "reason": why.encode(), "partition": str(parts[i]).encode(), "offset": str(offsets[i]).encode()})  # fmt: skip
+            log.warning("%s/%d@%d to %s: %s", self.topic, parts[i], offsets[i], self.dead_topic, why)
+        if bad and producer.flush(TIMEOUT_S):  # acknowledged before the offsets past them count
+            raise RuntimeError(f"dead letters to {self.dead_topic} not acknowledged in {TIMEOUT_S} s")
+        row_part = parts[samples.index]
+        for p in np.unique(parts).tolist():
+            mine = parts == p
+            rows = np.flatnonzero(row_part == p)
+            keyed = Keyed(take(samples, rows), self.reading.schema)
+            first, last = int(offsets[mine].min()), int(offsets[mine].max())
+            yield Chunk(
+                Table({}, 0), Position(self.unit(p), first),
+                keyed=keyed, end=last + 1, refused=int(refused[mine].sum()),
+            )  # fmt: skip
+
+    def __str__(self) -> str:
+        return f"kafka://{self.brokers}/{self.topic}"
+
+
+def _open(where: str, reading: Reading, ledger: Ledger | None) -> KafkaSamples:
+    brokers, topic = parse(where)
+    if ledger is None:
+        raise ValueError(f"kafka://{where}: a stream is read with a ledger of the offsets consumed")
+    return KafkaSamples(brokers, topic, reading, ledger)
+
+
+KIND = register(SourceKind("kafka", _open))
