@@ -156,12 +156,12 @@ def train_version(root: str | Path, seed: int = 0, publish: bool = True, data: s
                   epochs: int = 1) -> Any:  # fmt: skip
     """Train the Criteo model into the model store at ``root`` (in-process PS) and export a version
     (published with ``publish``); returns the training result (``.version_dir``). The training
-    curve goes beside the versions (``root/curve-<seed>.png``): a sealed version stays as sealed."""
+    curve goes beside the versions (``root/curve-<seed>.svg``): a sealed version stays as sealed."""
     from training.config import TrainConfig
     from training.train import train
 
     cfg = TrainConfig(store=str(root), model="criteo", data=str(data), epochs=epochs, inprocess_ps=True,
-                      publish=publish, progress=False, seed=seed, curve=str(Path(root) / f"curve-{seed}.png"))  # fmt: skip
+                      publish=publish, progress=False, seed=seed, curve=str(Path(root) / f"curve-{seed}.svg"))  # fmt: skip
     return train(cfg)
 
 

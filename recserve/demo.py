@@ -130,11 +130,11 @@ def serve_step(result) -> None:
     import signal
 
     import orjson
-    from sklearn.metrics import roc_auc_score
 
     from features import stream
     from features.schema import load_schema
     from serving.scoring.client import ScoringClient, requests_from_file
+    from training.evaluate import auc
 
     step("3. recserve serve --lookups colocated: the lean frontend maps the version's shards itself")
     log = STORE / ".run" / "criteo" / "demo-serve.log"
@@ -163,7 +163,7 @@ def serve_step(result) -> None:
         print(
             f"   max |online - offline| = {diff:.2e} (must be <= 1e-5): {'OK' if diff <= 1e-5 else 'MISMATCH'}"
         )
-        print(f"   online AUC {roc_auc_score(labels, online):.4f}")
+        print(f"   online AUC {auc(labels, online):.4f}")
         if diff > 1e-5:
             raise SystemExit("online scores differ from offline scores")
         latency_step(client, bodies)

@@ -153,7 +153,7 @@ class TrainConfig:
     metrics_host: str = "127.0.0.1"
     """Address the metrics port binds to (0.0.0.0 in a pod, for Prometheus to scrape)."""
     curve: str = ""
-    """Training-curve PNG path ('' : eval/curve.png in the version, or none without export)."""
+    """Training-curve SVG path, *.svg ('' : eval/curve.svg in the version, or none without export)."""
     progress: bool = True
     """Show a progress bar."""
     device: str = field(default="auto", metadata={"choices": list(DEVICES)})
@@ -208,6 +208,8 @@ class TrainConfig:
             raise ValueError("--ps and --inprocess-ps exclude each other")
         if self.shuffle_buffer < 0:
             raise ValueError("shuffle_buffer must be >= 0")
+        if self.curve and not self.curve.endswith(".svg"):
+            raise ValueError(f"the training curve is an SVG: --curve must end in .svg, got {self.curve!r}")
         from training.checkpoint import parse_every
 
         if (parse_every(self.checkpoint_every).enabled or self.resume) and self.embeddings == "inprocess":

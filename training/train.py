@@ -375,7 +375,7 @@ class _Job:
                 raise RuntimeError("rank 0 finished training without an evaluation (no epoch ran)")
             result.auc, result.logloss = ev.auc, ev.logloss
             writer = self.writer
-            curve = cfg.curve or (str(writer.staging / "eval" / "curve.png") if writer is not None else "")
+            curve = cfg.curve or (str(writer.staging / "eval" / "curve.svg") if writer is not None else "")
             if curve:
                 result.curve = str(plot_curve(result.history, curve, title=f"{cfg.model}: {cfg.arch}"))
             if writer is not None:
@@ -394,7 +394,7 @@ class _Job:
         if self.cluster is not None:  # the shards now hold the replicated tables too
             result.ps = self.cluster.stats()
         if not cfg.curve:
-            result.curve = str(version / "eval" / "curve.png")
+            result.curve = str(version / "eval" / "curve.svg")
         if cfg.publish:
             model_store.publish(cfg.store, cfg.model, writer.version)
             log.info("published %s/%s", cfg.model, writer.version)

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # `make image`: the recserve OCI image, built with buildah from Debian's packages (nothing is pulled
-# from a container registry): a bookworm base made by debootstrap (python3, Java 17 for TorchServe),
-# then deploy/image/Containerfile installs recserve and its dependencies from wheels built here by
-# pip (torch pinned to the CPU wheel). Tags recserve:latest in buildah's vfs storage.
+# from a container registry): a bookworm base made by debootstrap (python3 only: the image's roles
+# are the Kubernetes manifests', none runs TorchServe, so neither it nor Java is in it), then
+# deploy/image/Containerfile installs recserve and its dependencies from wheels built here by pip
+# (torch pinned to the CPU wheel). Tags recserve:latest in buildah's vfs storage.
 #   deploy/image/build.sh [--rebuild-base]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=(buildah --storage-driver vfs)
-BASE=localhost/recserve-base:bookworm
+PACKAGES=python3,python3-venv,ca-certificates
+# The base's tag names its package list: a base made from another list is never reused.
+BASE=localhost/recserve-base:bookworm-$(printf %s "$PACKAGES" | sha256sum | cut -c1-12)
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PY=${PY:-.venv/bin/python}
 
@@ -18,11 +21,11 @@ done
 mkdir -p build  # the logs and the wheels land here (gitignored: absent on a fresh clone)
 
 if [ "${1:-}" = --rebuild-base ] || ! "${B[@]}" inspect --type image "$BASE" >/dev/null 2>&1; then
-  echo "== base: debootstrap bookworm (python3, Java 17) from $MIRROR"
+  echo "== base: debootstrap bookworm ($PACKAGES) from $MIRROR"
   ctr=$("${B[@]}" from scratch)
   trap '"${B[@]}" rm "$ctr" >/dev/null 2>&1 || true' EXIT
   mnt=$("${B[@]}" mount "$ctr")
-  debootstrap --variant=minbase --include=python3,python3-venv,openjdk-17-jre-headless,ca-certificates \
+  debootstrap --variant=minbase --include="$PACKAGES" \
     bookworm "$mnt" "$MIRROR" >build/debootstrap.log 2>&1 || { tail -20 build/debootstrap.log >&2; exit 1; }
   rm -rf "$mnt"/var/lib/apt/lists/* "$mnt"/var/cache/apt/archives/*.deb "$mnt"/var/log/*.log \
     "$mnt"/usr/share/doc/* "$mnt"/usr/share/man/* "$mnt"/usr/share/info/* "$mnt"/usr/share/locale/*
@@ -31,12 +34,12 @@ if [ "${1:-}" = --rebuild-base ] || ! "${B[@]}" inspect --type image "$BASE" >/d
   trap - EXIT
 fi
 
-echo "== wheels: recserve[serve] and its dependencies"
+echo "== wheels: recserve and its dependencies"
 rm -rf build/image/wheels
-"$PY" -m pip wheel -q --wheel-dir build/image/wheels '.[serve]'
+"$PY" -m pip wheel -q --wheel-dir build/image/wheels .
 
 echo "== image: recserve:latest"
-"${B[@]}" bud --isolation chroot --layers=false -f deploy/image/Containerfile -t recserve:latest .
+"${B[@]}" bud --isolation chroot --layers=false --build-arg BASE="$BASE" -f deploy/image/Containerfile -t recserve:latest .
 
 echo "== strip the shared libraries' symbol tables (this host's binutils: none of it goes in the image)"
 unstripped=$("${B[@]}" images -q recserve:latest)

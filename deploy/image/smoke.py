@@ -1,6 +1,6 @@
-"""`make test-image`, inside the image (``buildah run``): recserve --help, then train a version on
-the bundled Criteo split, serve it with the lean frontend (token auth on) and score 400 rows
-through it. Exits non-zero, with the failing step's output, when any step fails."""
+"""`make test-image`, inside the image (``buildah run``): recserve --help, a Parquet file written
+by ``recserve synth`` read back, then train a version on the bundled Criteo split, serve it with
+the lean frontend (token auth on) and score 400 rows through it. Exits non-zero, with the failing step's output, when any step fails."""
 
 from __future__ import annotations
 
@@ -22,9 +22,21 @@ def run(*argv: str) -> str:
     return done.stdout
 
 
+def parquet_roundtrip(path: Path) -> None:
+    """The image's pyarrow (Flight and S3 removed) still writes and reads Parquet."""
+    from features import stream
+    from features.schema import load_schema
+
+    run("recserve", "synth", "--rows", "1000", "--out", str(path))
+    rows = len(stream.read(path, load_schema("data/schemas/criteo.yaml")).columns["label"])
+    if rows != 1000:
+        sys.exit(f"{path}: read {rows} rows back, wrote 1000")
+
+
 def main() -> None:
     run("recserve", "--help")
     store = Path(tempfile.mkdtemp(prefix="recserve-smoke-"))
+    parquet_roundtrip(store / "synth.parquet")
     run("recserve", "train", "--store", str(store), "--epochs", "1", "--publish", "--no-progress")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

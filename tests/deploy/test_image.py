@@ -36,7 +36,7 @@ def test_the_image_installs_from_bind_mounted_wheels_without_a_cache():
     (run,) = instructions()["RUN"]
     assert "--mount=type=bind,source=build/image/wheels" in run
     assert "--no-cache-dir" in run and "--no-index" in run
-    assert re.search(r"'recserve\[serve\]'", run)
+    assert re.search(r"install .* 'recserve' ", run)  # no extras: TorchServe is not an image role
     ignore = (ROOT / ".containerignore").read_text().split()
     assert {"*", "!data", "!build/image/wheels"} <= set(ignore)
 

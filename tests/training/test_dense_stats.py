@@ -51,7 +51,7 @@ def versions(tmp_path_factory) -> tuple[Path, Path]:
         part.write_text("".join(rows))
         cfg = TrainConfig(schema=str(SCHEMA), data=str(part), test=str(TEST), store=str(tmp / "store"),
                           model="criteo", epochs=1, inprocess_ps=True, num_shards=2, table=train_table(capacity=4096),
-                          progress=False, curve=str(tmp / f"curve-{i}.png"))  # fmt: skip
+                          progress=False, curve=str(tmp / f"curve-{i}.svg"))  # fmt: skip
         out.append(Path(train(cfg).version_dir))
     return out[0], out[1]
 

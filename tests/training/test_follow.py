@@ -45,7 +45,7 @@ def trained(tmp_path_factory) -> Path:
         inprocess_ps=True,
         publish=True,
         progress=False,
-        curve=str(tmp / "c.png"),
+        curve=str(tmp / "c.svg"),
     )
     train(cfg)
     return tmp / "store"
