@@ -176,6 +176,15 @@ def dests(cls: type) -> set[str]:
     return {_dest(f) for _path, f, *_ in _leaf_fields(cls)}
 
 
+def flags(cls: type) -> set[str]:
+    """The flags of ``cls`` (``--a-b`` names; positionals and YAML-only fields have none)."""
+    return {
+        "--" + _flag(f)
+        for _path, f, *_ in _leaf_fields(cls)
+        if f.metadata.get("cli", True) is not False and not f.metadata.get("positional")
+    }
+
+
 def _default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default

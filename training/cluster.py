@@ -209,10 +209,10 @@ def start_shards(
         for i, address in zip(shards, addresses, strict=True):
             cfg = log_dir / f"ps-{i}.yaml"
             mine = asdict(replace(store, shard=i, num_shards=num_shards))
-            server = {"grace_s": 0.5, "admin_token_file": str(token_file), "store": mine}
+            shard = {"server": {"grace_s": 0.5}, "admin_token_file": str(token_file), "store": mine}
             if data_root:
-                server["data_root"] = str(Path(data_root).resolve())
-            cfg.write_text(yaml.safe_dump(server))
+                shard["data_root"] = str(Path(data_root).resolve())
+            cfg.write_text(yaml.safe_dump(shard))  # a TrainingShardConfig
             port = address.rsplit(":", 1)[1]
             args = ["ps", "--config", str(cfg), "--host", host, "--port", port, "--log-level", "WARNING"]
             procs.append(spawn(args, log_dir / f"ps-{i}.log", env=_child_env(), die_with_parent=True))

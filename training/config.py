@@ -239,7 +239,7 @@ class FollowConfig:
 
     follow: str = field(default="", metadata={"metavar": "MODEL_DIR"})
     """Model directory (<store>/<model>, e.g. artifacts/criteo) whose CURRENT version is trained
-    and receives the deltas: the directory `recserve ps --follow` serves from."""
+    and receives the deltas: the directory `recserve ps-serve` serves from."""
     watch: str = ""
     """Where the rows come from: a data source <kind>://... (training/sources/), or a directory of
     arriving data files (Criteo .tsv/.txt, or .csv with a header). A file is taken once complete: its

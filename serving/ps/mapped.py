@@ -319,8 +319,8 @@ class MappedStore:
     # ---- what a serving PS does not do ------------------------------------------------------
     def _read_only(self, what: str) -> NoReturn:
         raise StoreError(
-            f"{what}: this PS serves a read-only version from the model store (--follow); "
-            "updates and dumps go to a PS started for training"
+            f"{what}: this PS serves a read-only version from the model store (ps-serve); "
+            "updates and dumps go to a training PS (recserve ps)"
         )
 
     def apply_gradients(self, signs, grads, step: int = 0) -> int:

@@ -36,7 +36,7 @@ def setup(tmp_path):
     trainer.lookup(SIGNS, insert=True)
     v1 = make_rows_version(tmp_path, trainer)
     publish(tmp_path, "m", v1)
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))  # what a serving PS (--follow) holds
+    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))  # what a serving PS (ps-serve) holds
     return tmp_path, trainer, v1, served, Follower(served, tmp_path / "m")
 
 

@@ -287,14 +287,6 @@ def test_an_empty_table_and_a_tiny_one_answer_misses():
     assert one.find(np.array([42, 43], np.uint64)).tolist() == [0, -1]
 
 
-def test_a_serving_ps_refuses_training_policies():
-    from recserve.cli import main
-
-    assert main(["ps", "--follow", "/nonexistent/m", "--eviction", "lru"]) == 2
-    assert main(["ps", "--follow", "/nonexistent/m", "--ttl-s", "60", "--min-count", "2"]) == 2
-    assert main(["ps", "--pin", "3"]) == 2  # --pin without --follow
-
-
 def test_a_switch_keeps_the_replaced_version_for_lookups_that_name_it(tmp_path):
     """Version-pinned lookups: after a switch (checked by a paced pass) both versions answer, each
     from its own rows; the old one is released once no lookup has named it for keep_s; a version
