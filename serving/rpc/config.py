@@ -1,6 +1,6 @@
 """The listening part of every gRPC server's config (``ServerConfig``: interface, ports, message
 size, grace, TLS), nested -- not copied -- in each role's config: the training and the serving PS
-shard (``serving.ps.config``) and the embedding worker (``serving.worker.server.WorkerConfig``).
+shard (``serving.ps.config``) and the embedding worker (``serving.worker.server.WorkerServerConfig``).
 Its fields are flags of each of those commands (``--host``, ``--port``, ``--tls-cert``, ...); a
 role gives its own defaults (its port) as the nested field's default. No gRPC import here:
 ``--help`` stays quick."""

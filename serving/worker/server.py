@@ -40,7 +40,7 @@ def _worker_server() -> ServerConfig:
 
 
 @dataclass
-class WorkerConfig:
+class WorkerServerConfig:
     """One embedding-worker process."""
 
     ps: tuple[str, ...] = ()
@@ -152,7 +152,9 @@ class EmbeddingWorkerServicer:
 
 
 def serve(
-    config: WorkerConfig, stop: threading.Event | None = None, started: Callable[[int], None] | None = None
+    config: WorkerServerConfig,
+    stop: threading.Event | None = None,
+    started: Callable[[int], None] | None = None,
 ) -> int:
     """Run the worker until SIGTERM/SIGINT (or ``stop`` is set); returns the exit code.
     ``started(port)`` is called once it serves."""

@@ -113,12 +113,12 @@ def test_a_tls_client_against_a_plaintext_ps_fails_fast(pki):
 @contextlib.contextmanager
 def worker_server(ps: str, schema_path, **tls_flags):
     from serving.rpc.config import ServerConfig
-    from serving.worker.server import WorkerConfig, serve
+    from serving.worker.server import WorkerServerConfig, serve
 
     schema_path.write_text(dump_schema(SCHEMA))
     server = {k: v for k, v in tls_flags.items() if not k.startswith("ps_")}
     client = {k: v for k, v in tls_flags.items() if k.startswith("ps_")}
-    cfg = WorkerConfig(ps=(ps,), schema=str(schema_path), ps_timeout_s=5, health_poll_s=0.1,
+    cfg = WorkerServerConfig(ps=(ps,), schema=str(schema_path), ps_timeout_s=5, health_poll_s=0.1,
                        server=ServerConfig(grace_s=0.1, **server), **client)  # fmt: skip
     stop, ports, codes = threading.Event(), [], []
     thread = threading.Thread(target=lambda: codes.append(serve(cfg, stop, ports.append)), daemon=True)
@@ -201,9 +201,9 @@ def test_the_flags_the_stack_passes_are_the_configs_own(pki):
     """``ServerTLS.flags`` / ``ClientTLS.flags`` parse, with the real CLI, into the same settings."""
     from recserve import config
     from recserve.cli import build_parser
-    from serving.worker.server import WorkerConfig
+    from serving.worker.server import WorkerServerConfig
 
     server, client = pki["server"], pki["client"]
     argv = ["worker", "--ps", "127.0.0.1:1", *server.flags(), *client.flags("--ps-tls-")]
-    cfg = config.from_args(WorkerConfig, build_parser("worker").parse_args(argv))
+    cfg = config.from_args(WorkerServerConfig, build_parser("worker").parse_args(argv))
     assert cfg.server.tls() == server and cfg.ps_tls() == client
