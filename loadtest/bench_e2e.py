@@ -217,16 +217,16 @@ def stages(
     from features.transform import dense_matrix, transform
     from serving.scoring.core import JSON, Scorer, ScoringConfig
     from serving.worker.client import WorkerClient
-    from serving.worker.core import EmbeddingWorker, LocalShard, PSClient
+    from serving.worker.core import EmbeddingWorker, InProcessShard, PSClient
     from training.offline import load_stores
 
     manifest = model_store.read_manifest(vdir)
     schema = load_schema(vdir / "schema.yaml")
     cfg = ScoringConfig(str(vdir), lookups="remote", worker=state.worker, runtime=runtime)
     with contextlib.ExitStack() as es:
-        local = EmbeddingWorker([LocalShard(s) for s in load_stores(vdir, manifest)], schema)
-        es.callback(local.close)
-        inproc = Scorer(cfg, worker=local)
+        inproc_worker = EmbeddingWorker([InProcessShard(s) for s in load_stores(vdir, manifest)], schema)
+        es.callback(inproc_worker.close)
+        inproc = Scorer(cfg, worker=inproc_worker)
         # what the handler runs: the worker process over gRPC, or the worker library over the PS
         remote = Scorer(ScoringConfig(str(vdir), lookups="remote", worker=state.worker, runtime=runtime,
                                       ps=state.ps if worker_in_handler else None))  # fmt: skip
@@ -239,7 +239,7 @@ def stages(
         batches = [inproc.decode(b, JSON) for b in bodies]
         blobs = [encode(b) for b in batches]
         signs = [np.asarray(b.signs) for b in batches]
-        pooled = [(local.forward(b).pooled, dense_matrix(b, schema)) for b in batches]
+        pooled = [(inproc_worker.forward(b).pooled, dense_matrix(b, schema)) for b in batches]
         scored = [inproc.predict(b) for b in batches]
 
         def check(status_payload):
@@ -262,7 +262,7 @@ def stages(
             "worker_forward_rpc": median_ms(lambda blob: client.forward(blob), blobs),
             "worker_core_over_ps": median_ms(lambda b: ps.forward(b), batches),
             "ps_lookup_fanout": median_ms(lambda s: ps._lookup(s, insert=False), signs),
-            "worker_core_inprocess_tables": median_ms(lambda b: local.forward(b), batches),
+            "worker_core_inprocess_tables": median_ms(lambda b: inproc_worker.forward(b), batches),
             "dense": median_ms(lambda pd: inproc.dense(*pd), pooled),
             "encode_response": median_ms(inproc.encode, scored),
         }
@@ -374,14 +374,14 @@ def inprocess_p50_ms(vdir: Path, bodies: list[bytes]) -> float:
     import model_store
     from features.schema import load_schema
     from serving.scoring.core import JSON, Scorer, ScoringConfig
-    from serving.worker.core import EmbeddingWorker, LocalShard
+    from serving.worker.core import EmbeddingWorker, InProcessShard
     from training.offline import load_stores
 
     schema = load_schema(vdir / "schema.yaml")
-    local = EmbeddingWorker(
-        [LocalShard(s) for s in load_stores(vdir, model_store.read_manifest(vdir))], schema
+    inproc_worker = EmbeddingWorker(
+        [InProcessShard(s) for s in load_stores(vdir, model_store.read_manifest(vdir))], schema
     )
-    scorer = Scorer(ScoringConfig(str(vdir), lookups="remote"), worker=local)
+    scorer = Scorer(ScoringConfig(str(vdir), lookups="remote"), worker=inproc_worker)
     try:
         return median_ms(lambda b: scorer.score(b, JSON), bodies)
     finally:

@@ -15,7 +15,7 @@ import model_store
 from features.schema import load_schema
 from serving.scoring.client import requests_from_file
 from serving.scoring.core import Scorer, ScoringConfig, server_timing
-from serving.worker.core import EmbeddingWorker, LocalShard
+from serving.worker.core import EmbeddingWorker, InProcessShard
 from tests.serving.helpers import TEST
 
 
@@ -31,7 +31,7 @@ def test_inprocess_scorer_scores_like_offline_and_times_its_stages(version):
     schema = load_schema(version / "schema.yaml")
     stores = load_stores(version, model_store.read_manifest(version))
     scorer = Scorer(
-        ScoringConfig(str(version)), worker=EmbeddingWorker([LocalShard(s) for s in stores], schema)
+        ScoringConfig(str(version)), worker=EmbeddingWorker([InProcessShard(s) for s in stores], schema)
     )
     scores = []
     for body, ctype in requests_from_file(TEST, "data/schemas/criteo.yaml", 200, 400):
