@@ -147,7 +147,7 @@ class FollowTrainer:
         the serving PS refuses (the one gate, ``model_store.validate``, against the version
         followed) or that cannot be loaded is refused here too: both stay on the old version, so
         its deltas keep going there."""
-        from model_store.shards import StoreError
+        from model_store.errors import StoreError
 
         version = ms.current(self.cfg.store, self.cfg.model)
         if version is None:

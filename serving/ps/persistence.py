@@ -11,7 +11,8 @@ from numpy.typing import NDArray
 
 from features.hashing import has_duplicates, unique_signs
 from model_store import shards
-from model_store.shards import ShardData, ShardMeta, StoreError
+from model_store.errors import StoreError
+from model_store.shards import ShardData, ShardMeta
 from serving.ps.arrays import RowArrays, SignIndex
 from serving.ps.config import StoreConfig
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from model_store import shards
-from model_store.errors import CapacityError
-from model_store.shards import ShardData, ShardMeta, StoreError
+from model_store.errors import CapacityError, StoreError
+from model_store.shards import ShardData, ShardMeta
 from serving.ps import optim
 from serving.ps.admission import Admission
 from serving.ps.arrays import RowArrays, SignIndex, checked_assign, checked_grads, coalesce

@@ -11,7 +11,7 @@ import pytest
 
 import model_store as ms
 from model_store import shards
-from model_store.shards import StoreError
+from model_store.errors import StoreError
 from serving.ps.mapped import MappedStore
 from serving.ps.spec import TableSpec
 from serving.ps.store import EmbeddingStore, StoreConfig

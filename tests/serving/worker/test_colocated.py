@@ -102,7 +102,7 @@ def test_a_corrupt_version_is_refused_at_once_naming_why(store, tmp_path):
     than after the warm-up's patience."""
     import time
 
-    from model_store.shards import StoreError
+    from model_store.errors import StoreError
 
     root = tmp_path / "store"
     shutil.copytree(ms.version_dir(store, "criteo", "1"), ms.version_dir(root, "criteo", "1"))
