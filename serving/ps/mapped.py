@@ -37,7 +37,8 @@ import numpy as np
 from features.hashing import has_duplicates
 from model_store import shards
 from model_store.errors import StoreError
-from model_store.shards import ShardData, ShardMeta
+from model_store.meta import ShardMeta
+from model_store.shards import ShardData
 from serving.ps.config import StoreConfig, as_signs, not_held
 from serving.ps.table import BucketTable
 

@@ -12,7 +12,8 @@ from numpy.typing import NDArray
 from features.hashing import has_duplicates, unique_signs
 from model_store import shards
 from model_store.errors import StoreError
-from model_store.shards import ShardData, ShardMeta
+from model_store.meta import ShardMeta
+from model_store.shards import ShardData
 from serving.ps.arrays import RowArrays, SignIndex
 from serving.ps.config import StoreConfig
 

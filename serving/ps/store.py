@@ -26,7 +26,8 @@ import numpy as np
 
 from model_store import shards
 from model_store.errors import CapacityError, StoreError
-from model_store.shards import ShardData, ShardMeta
+from model_store.meta import ShardMeta
+from model_store.shards import ShardData
 from serving.ps import optim
 from serving.ps.admission import Admission
 from serving.ps.arrays import RowArrays, SignIndex, checked_assign, checked_grads, coalesce

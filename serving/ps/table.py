@@ -38,7 +38,7 @@ import numpy as np
 
 from model_store import shards
 from model_store.errors import StoreError
-from model_store.shards import ShardMeta
+from model_store.meta import ShardMeta
 
 
 @dataclass(frozen=True)
