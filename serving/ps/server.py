@@ -355,7 +355,7 @@ class Background:
     (serving), whose reads, checksums and overlay builds run on one low-priority thread."""
 
     def __init__(self, config: ShardConfig, servicer: EmbeddingPSServicer, health: Health):
-        self.config, self.servicer, self.health = config, servicer, health
+        self.servicer, self.health = servicer, health
         self.store, self.follower = servicer.store, servicer.follower
         self.pool = None
         self.tasks = []
