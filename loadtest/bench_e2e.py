@@ -13,7 +13,7 @@ FastHttpUser, 200-item JSON requests cut from the 2,000 Criteo test rows) at eac
 ``--duration`` seconds. Every request's latency is recorded exactly (not locust's rounded buckets).
 
 Reference: ``inprocess_p50_ms``, the same requests scored in ONE process (features, embedding
-tables in memory, dense model: the Scorer over an in-process EmbeddingWorker on LocalShards).
+tables in memory, dense model: the Scorer over an in-process EmbeddingWorker on InProcessShards).
 Per run and rate: p50/p99, failures, the scoring core's ``Server-Timing`` stages (decode, worker,
 dense, encode, total) and the rest of each request's latency (client + HTTP + frontend), and the
 CPU time per request of each process (locust included), which a shared machine disturbs less than

@@ -1,5 +1,5 @@
 """The scoring core in ONE process (the reference of ``make bench-e2e``): the Scorer over an
-in-process EmbeddingWorker on LocalShards scores like the trainer's offline scores, and
+in-process EmbeddingWorker on InProcessShards scores like the trainer's offline scores, and
 ``score_timed`` reports every stage (what the handler sends as ``Server-Timing``)."""
 
 from __future__ import annotations
