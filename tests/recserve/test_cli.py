@@ -88,6 +88,13 @@ def test_a_flag_of_the_other_role_is_refused_naming_the_role_it_belongs_to(capsy
     assert "needs MODEL_DIR" in capsys.readouterr().err
 
 
+def test_a_yaml_key_of_a_nested_config_given_at_the_top_says_where_it_goes(tmp_path, capsys):
+    (tmp_path / "ps.yaml").write_text("port: 6000\n")  # a PS config before `server:` nested it
+    assert main(["ps", "--config", str(tmp_path / "ps.yaml")]) == 2
+    assert "unknown TrainingShardConfig field(s) ['port']" in (err := capsys.readouterr().err)
+    assert "port goes under server:" in err
+
+
 @pytest.mark.parametrize("command", ["up", "serve"])
 def test_a_negative_flag_turns_its_field_on(command):
     """``--no-token-auth`` (field ``disable_token_auth``) must mean True: argparse's
