@@ -106,7 +106,7 @@ test-image: image
 	bash deploy/image/test.sh
 
 # Training at scale (issue 11): synth files of N and 10N rows streamed through `recserve train`;
-# Huge tables (issue 11): two 50M-row versions (dim 16, 2 shards) served by `recserve ps --follow`
+# Huge tables (issue 11): two 50M-row versions (dim 16, 2 shards) served by `recserve ps-serve`
 # from mapped files (load, bytes/row, lookups during a full switch, deltas), then bench-scale-train.
 # ~8 GB of temporary disk, ~10 GB of RAM, ~15 minutes. Not part of `make bench`.
 .PHONY: bench-scale

@@ -17,7 +17,7 @@ column form). Every request's latency is recorded exactly (not locust's rounded 
 
 Reference, per form: ``inprocess_p50_ms``, the same requests scored in ONE process (features,
 embedding tables in memory, dense model: the Scorer over an in-process EmbeddingWorker on
-LocalShards), and ``decode_p50_ms``, the scoring core's decode of them.
+InProcessShards), and ``decode_p50_ms``, the scoring core's decode of them.
 Per run and rate: p50/p99, failures, the scoring core's ``Server-Timing`` stages (decode, worker,
 dense, encode, total) and the rest of each request's latency (client + HTTP + frontend), and the
 CPU time per request of each process (locust included), which a shared machine disturbs less than
@@ -223,16 +223,16 @@ def stages(
     from serving.scoring.core import JSON, Scorer, ScoringConfig
     from serving.scoring.loop import score
     from serving.worker.client import WorkerClient
-    from serving.worker.core import EmbeddingWorker, LocalShard, PSClient
+    from serving.worker.core import EmbeddingWorker, InProcessShard, PSClient
     from training.offline import load_stores
 
     manifest = model_store.read_manifest(vdir)
     schema = load_schema(vdir / "schema.yaml")
     cfg = ScoringConfig(str(vdir), lookups="remote", worker=state.worker, runtime=runtime)
     with contextlib.ExitStack() as es:
-        local = EmbeddingWorker([LocalShard(s) for s in load_stores(vdir, manifest)], schema)
-        es.callback(local.close)
-        inproc = Scorer(cfg, worker=local)
+        inproc_worker = EmbeddingWorker([InProcessShard(s) for s in load_stores(vdir, manifest)], schema)
+        es.callback(inproc_worker.close)
+        inproc = Scorer(cfg, worker=inproc_worker)
         # what the handler runs: the worker process over gRPC, or the worker library over the PS
         remote = Scorer(ScoringConfig(str(vdir), lookups="remote", worker=state.worker, runtime=runtime,
                                       ps=state.ps if worker_in_handler else None))  # fmt: skip
@@ -245,7 +245,7 @@ def stages(
         batches = [inproc.decode(b, JSON).batch for b in bodies]
         blobs = [encode(b) for b in batches]
         signs = [np.asarray(b.signs) for b in batches]
-        pooled = [(local.forward(b).pooled, dense_matrix(b, schema)) for b in batches]
+        pooled = [(inproc_worker.forward(b).pooled, dense_matrix(b, schema)) for b in batches]
         looked_up = [inproc.lookup(inproc.decode(b, JSON)) for b in bodies]
         scored = [(inproc.predict([i])[0], i.versions) for i in looked_up]
 
@@ -269,7 +269,7 @@ def stages(
             "worker_forward_rpc": median_ms(lambda blob: client.forward(blob), blobs),
             "worker_core_over_ps": median_ms(lambda b: ps.forward(b), batches),
             "ps_lookup_fanout": median_ms(lambda s: ps._lookup(s, insert=False), signs),
-            "worker_core_inprocess_tables": median_ms(lambda b: local.forward(b), batches),
+            "worker_core_inprocess_tables": median_ms(lambda b: inproc_worker.forward(b), batches),
             "dense": median_ms(lambda pd: inproc.dense(*pd), pooled),
             "encode_response": median_ms(lambda sv: inproc.encode(*sv), scored),
         }
@@ -391,14 +391,14 @@ def inprocess_p50_ms(vdir: Path, bodies: list[bytes]) -> tuple[float, float]:
     from features.schema import load_schema
     from serving.scoring.core import JSON, Scorer, ScoringConfig
     from serving.scoring.loop import score
-    from serving.worker.core import EmbeddingWorker, LocalShard
+    from serving.worker.core import EmbeddingWorker, InProcessShard
     from training.offline import load_stores
 
     schema = load_schema(vdir / "schema.yaml")
-    local = EmbeddingWorker(
-        [LocalShard(s) for s in load_stores(vdir, model_store.read_manifest(vdir))], schema
+    inproc_worker = EmbeddingWorker(
+        [InProcessShard(s) for s in load_stores(vdir, model_store.read_manifest(vdir))], schema
     )
-    scorer = Scorer(ScoringConfig(str(vdir), lookups="remote"), worker=local)
+    scorer = Scorer(ScoringConfig(str(vdir), lookups="remote"), worker=inproc_worker)
     try:
         return median_ms(lambda b: score(scorer, b, JSON), bodies), median_ms(
             lambda b: scorer.decode(b, JSON), bodies

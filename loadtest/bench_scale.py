@@ -5,7 +5,7 @@ Serving (this module):
 1. Two versions of ``--rows`` rows (default 50M), dim 16, over 2 shards are written straight into a
    model store with random signs and rows (``model_store.shards.write_shard``: bucket order, the
    manifest's checksums; nothing is trained), sealed, and v1 published.
-2. One ``recserve ps --follow <store>/<model> --shard i --num-shards 2`` per shard, as ``recserve up``
+2. One ``recserve ps-serve <store>/<model> --shard i --num-shards 2`` per shard, as ``recserve up``
    starts them. ``load_s``: spawn -> every shard serves v1 (its files mapped and verified);
    ``load_gb_per_s``: the version's bytes / load_s. ``serving_bytes_per_row``: summed RSS of
    the PS processes / rows, against ``raw_bytes_per_row`` = 8 + 4 x dim.
@@ -156,7 +156,7 @@ def run(args) -> dict:
     procs = []
     t_spawn = time.time()
     for i, port in enumerate(ports):
-        procs.append(spawn(["ps", "--follow", str(root / MODEL), "--shard", str(i), "--num-shards",
+        procs.append(spawn(["ps-serve", str(root / MODEL), "--shard", str(i), "--num-shards",
                             str(SHARDS), "--dim", str(DIM), "--port", str(port), "--poll-s", "0.2",
                             "--keep-previous-s", str(args.keep_previous_s)],
                            base / f"ps{i}.log"))  # fmt: skip

@@ -2,7 +2,7 @@
 hosts" spread over network namespaces (``loadtest/netns.py``), each PS shard replicated on two
 hosts and the frontend given two workers on two others::
 
-    host A, host B   recserve ps --follow <store>/criteo   shards 0 and 1 on each (replicas)
+    host A, host B   recserve ps-serve <store>/criteo     shards 0 and 1 on each (replicas)
     host C, host D   recserve worker --ps A:0|B:0,A:1|B:1
     host E           recserve serve --lookups remote --worker C|D
 
@@ -55,8 +55,8 @@ class Roles:
         """(host, name, argv) of every role."""
         out = []
         for h, shard, port in self.ps:
-            out.append((h, f"ps{shard}-{h.hostname.split()[0]}-{port}", ["recserve", "ps", "--host", h.address, "--port", str(port),
-                        "--shard", str(shard), "--num-shards", "2", "--follow", f"{MOUNT}/criteo"]))  # fmt: skip
+            out.append((h, f"ps{shard}-{h.hostname.split()[0]}-{port}", ["recserve", "ps-serve", f"{MOUNT}/criteo", "--host", h.address,
+                        "--port", str(port), "--shard", str(shard), "--num-shards", "2"]))  # fmt: skip
         spec = ",".join("|".join(f"{h.address}:{p}" for h, s, p in self.ps if s == shard) for shard in (0, 1))
         for h, port in self.workers:
             out.append((h, f"worker-{h.hostname.split()[0]}-{port}", ["recserve", "worker", "--host", h.address, "--port", str(port),

@@ -17,7 +17,8 @@ SHARDS = 2
 
 
 def _shard_data(kind: str, shard: int, version: str, signs: np.ndarray, rows: np.ndarray):
-    from model_store.shards import ShardData, ShardMeta
+    from model_store.meta import ShardMeta
+    from model_store.shards import ShardData
 
     n = len(signs)
     meta = ShardMeta(kind=kind, shard=shard, num_shards=SHARDS, state=[], version=version,

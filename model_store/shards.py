@@ -59,7 +59,7 @@ from model_store.shardfile import (
 from model_store.shardfile import HashingWriter as _HashingWriter  # its old name here, which tests patch
 
 __all__ = [
-    "FORMAT", "MANIFEST", "META", "SUCCESS", "VERIFY_DUTY", "XXH3", "ShardData", "ShardMeta", "StoreError",
+    "FORMAT", "MANIFEST", "META", "SUCCESS", "VERIFY_DUTY", "XXH3", "ShardData",
     "bucket_bits",
     "bucket_layout", "check_compatible", "checksum_ok", "npy_header", "read_for_shard", "read_listing",
     "read_meta", "read_shard", "shard_dir_name", "shard_dirs", "table_hash", "write_shard", "_HashingWriter",

@@ -21,7 +21,8 @@ COMMANDS: dict[str, str] = {
     "synth": "write Criteo-shaped synthetic click logs of any size (TSV or Parquet)",
     "plan": "choose where each embedding table trains (replicated or PS) and write the plan",
     "train": "train a model (PS-backed embeddings, DDP dense) and export it",
-    "ps": "serve one embedding parameter-server shard over gRPC",
+    "ps": "run one training embedding parameter-server shard over gRPC (rows + optimizer state)",
+    "ps-serve": "serve one embedding parameter-server shard over gRPC, following a model's versions",
     "worker": "serve the embedding worker (route, pool, update) over gRPC",
     "join": "join impressions and events from Kafka into labelled samples (one per request and item)",
     "serve": "serve the scoring endpoint on uvicorn/uvloop (lean frontend; follows the store itself)",
@@ -36,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "supervisor": "(started by `up`) restart any process of the local stack that dies",
 }
 _MODULE = {"synth": "features.synth", "down": "recserve.commands.up", "score": "recserve.commands.up"}
+_MODULE["ps-serve"] = "recserve.commands.ps"
 _MODULE.update({name: "recserve.commands.releases" for name in ("versions", "publish", "rollback")})
 
 
@@ -78,10 +80,32 @@ def run_command(name: str, args: argparse.Namespace) -> int:
     return int(mod.run(cfg) or 0)
 
 
+def wrong_role(name: str, unknown: list[str]) -> str:
+    """Why flags ``unknown`` to ``recserve name`` are refused, where they are another role's: a
+    command declares its ``SIBLING`` (the other role of the same process kind, ``recserve ps`` and
+    ``ps-serve``) and the flags it had ``FORMERLY`` under its sibling's name; "" otherwise."""
+    mod = module_of(name)
+    sibling_name = getattr(mod, "SIBLING", "")
+    if not sibling_name:
+        return ""
+    sibling = module_of(sibling_name)
+    theirs = config.flags(sibling.CONFIG) | set(sibling.FORMERLY)
+    wrong = [a.split("=", 1)[0] for a in unknown if a.split("=", 1)[0] in theirs]
+    if not wrong:
+        return ""
+    return (
+        f"{', '.join(wrong)}: {'flags' if len(wrong) > 1 else 'a flag'} of `recserve {sibling_name}` "
+        f"({sibling.ROLE}), not of `recserve {name}` ({mod.ROLE})"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if a in COMMANDS), None)
-    args = build_parser(only=chosen).parse_args(argv)
+    parser = build_parser(only=chosen)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # exits 2, naming the role a flag belongs to where it is another role's
+        parser.error(wrong_role(args.command, unknown) or f"unrecognized arguments: {' '.join(unknown)}")
     return run_command(args.command, args)
 
 

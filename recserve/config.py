@@ -176,6 +176,15 @@ def dests(cls: type) -> set[str]:
     return {_dest(f) for _path, f, *_ in _leaf_fields(cls)}
 
 
+def flags(cls: type) -> set[str]:
+    """The flags of ``cls`` (``--a-b`` names; positionals and YAML-only fields have none)."""
+    return {
+        "--" + _flag(f)
+        for _path, f, *_ in _leaf_fields(cls)
+        if f.metadata.get("cli", True) is not False and not f.metadata.get("positional")
+    }
+
+
 def _default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
@@ -193,7 +202,7 @@ def from_dict(cls: type[T], d: dict | None, where: str = "", base: T | None = No
     fields = {f.name: f for f in dataclasses.fields(cast(Any, cls))}
     unknown = sorted(set(d) - set(fields))
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}{where}")
+        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}{where}{_nested_hint(cls, unknown)}")
     for name, value in list(d.items()):
         tp = _unoptional(hints[name])
         if _is_config(tp) and isinstance(value, dict):
@@ -204,6 +213,20 @@ def from_dict(cls: type[T], d: dict | None, where: str = "", base: T | None = No
     if base is not None:
         d = {name: getattr(base, name) for name, f in fields.items() if f.init} | d
     return cls(**d)
+
+
+def _nested_hint(cls: type, unknown: list[str]) -> str:
+    """Where unknown keys belong when they are fields of one of ``cls``'s nested configs (a PS
+    shard's ``port`` goes under ``server:``)."""
+    hints = _hints(cls)
+    homes = {
+        key: f.name
+        for f in dataclasses.fields(cast(Any, cls))
+        if _is_config(tp := _unoptional(hints[f.name]))
+        for key in unknown
+        if key in {g.name for g in dataclasses.fields(tp)}
+    }
+    return "".join(f"; {key} goes under {home}:" for key, home in homes.items())
 
 
 def to_dict(config: Any) -> dict:

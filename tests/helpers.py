@@ -96,7 +96,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @contextlib.contextmanager
 def ps_in_thread(cfg):
-    """A PS shard (``serving.ps.server.serve(cfg)``, ``cfg.port`` 0) on a thread of this process,
+    """A PS shard (``serving.ps.server.serve(cfg)``, ``cfg.server.port`` 0) on a thread of this process,
     on a free loopback port; yields its address and stops it after."""
     from serving.ps.server import serve
 

@@ -72,7 +72,7 @@ def _worker_over_replicas(store, env) -> None:
     try:
         for shard, replicas in enumerate(spec.split(",")):
             for address in replicas.split("|"):
-                argv = f"recserve ps --shard {shard} --num-shards 2 --port {address.split(':')[1]} --follow {store}/criteo"
+                argv = f"recserve ps-serve {store}/criteo --shard {shard} --num-shards 2 --port {address.split(':')[1]}"
                 procs.append(subprocess.Popen(recserve_argv(argv), cwd=ROOT, env=env,
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
         procs.append(subprocess.Popen(recserve_argv(text), cwd=ROOT, env=env,

@@ -9,10 +9,10 @@ Three ways to get shards (``open_cluster``):
   client here; their dumps must lie under ``data_root`` (the model-store root);
 - ``addresses``: connect to running shards given in shard order (their shard/num_shards are
   checked against that order), with their admin token file (``token_file``);
-- ``inprocess``: ``EmbeddingStore``s in this process behind ``LocalShard`` (tests, benchmarks).
+- ``inprocess``: ``EmbeddingStore``s in this process behind ``InProcessShard`` (tests, benchmarks).
 
 The worker is always an in-process ``EmbeddingWorker`` library object in the trainer (over
-``PSClient``s or ``LocalShard``s), not a ``recserve worker`` process: the trainer is its only
+``PSClient``s or ``InProcessShard``s), not a ``recserve worker`` process: the trainer is its only
 client, and the library saves one network hop (pooled embeddings and their gradients) per step.
 With torchrun, every rank has its own worker over the same shards: given ones, or the job's own,
 shard i started by the local rank 0 of node i mod N and bound to that node's address
@@ -166,13 +166,13 @@ def open_cluster(
     have ``store``'s config (its shard and num_shards replaced by theirs). ``token_file``:
     the admin token file of the given ``addresses``; ``data_root``: where the shards we start may
     write dumps (the model-store root; "" = the shards' default, the default model-store root)."""
-    from serving.worker.core import EmbeddingWorker, LocalShard, connect
+    from serving.worker.core import EmbeddingWorker, InProcessShard, connect
 
     if inprocess:
         from serving.ps.store import EmbeddingStore
 
         stores = [EmbeddingStore(replace(store, shard=i, num_shards=num_shards)) for i in range(num_shards)]
-        worker = EmbeddingWorker([LocalShard(s) for s in stores], schema, worker_config)
+        worker = EmbeddingWorker([InProcessShard(s) for s in stores], schema, worker_config)
         return Cluster(worker, num_shards, stores=stores)
     cluster = Cluster(None, 0, token_file=token_file)
     try:
@@ -209,10 +209,10 @@ def start_shards(
         for i, address in zip(shards, addresses, strict=True):
             cfg = log_dir / f"ps-{i}.yaml"
             mine = asdict(replace(store, shard=i, num_shards=num_shards))
-            server = {"grace_s": 0.5, "admin_token_file": str(token_file), "store": mine}
+            shard = {"server": {"grace_s": 0.5}, "admin_token_file": str(token_file), "store": mine}
             if data_root:
-                server["data_root"] = str(Path(data_root).resolve())
-            cfg.write_text(yaml.safe_dump(server))
+                shard["data_root"] = str(Path(data_root).resolve())
+            cfg.write_text(yaml.safe_dump(shard))  # a TrainingShardConfig
             port = address.rsplit(":", 1)[1]
             args = ["ps", "--config", str(cfg), "--host", host, "--port", port, "--log-level", "WARNING"]
             procs.append(spawn(args, log_dir / f"ps-{i}.log", env=_child_env(), die_with_parent=True))

@@ -96,7 +96,7 @@ class TrainConfig:
     plan_sample_rows: int = 100_000
     """--sharding auto: rows of the training data the planner samples."""
     profile: bool = False
-    """Log where a training step's time goes (pull, local, pool, dense, push; ms per step)."""
+    """Log where a training step's time goes (pull, replicated, pool, dense, push; ms per step)."""
     ps: list[str] = field(default_factory=list)
     """Addresses of running PS shards, in shard order; empty: start our own (under torchrun on
     several nodes: shard i on node i mod N, bound to that node's address, see --ps-host)."""
@@ -107,7 +107,7 @@ class TrainConfig:
     """With --ps: the shards' admin token file (mode 0600), needed for updates and dumps. Shards
     we start get a fresh token of their own."""
     inprocess_ps: bool = False
-    """Our own shards as in-process stores (LocalShard) instead of `recserve ps` processes."""
+    """Our own shards as in-process stores (InProcessShard) instead of `recserve ps` processes."""
     num_shards: int = 2
     """Shards to start when `ps` is empty."""
     staleness: int = 4
@@ -241,7 +241,7 @@ class FollowConfig:
 
     follow: str = field(default="", metadata={"metavar": "MODEL_DIR"})
     """Model directory (<store>/<model>, e.g. artifacts/criteo) whose CURRENT version is trained
-    and receives the deltas: the directory `recserve ps --follow` serves from."""
+    and receives the deltas: the directory `recserve ps-serve` serves from."""
     watch: str = ""
     """Where the rows come from: a data source <kind>://... (training/sources/), or a directory of
     arriving data files (Criteo .tsv/.txt, or .csv with a header). A file is taken once complete: its

@@ -26,7 +26,7 @@ class Costs:
     """Bytes per second (1e9) between nodes for the replicated tables' gradient all-gather."""
     local_path: float = 1.95
     """The trainer's replicated path per ID over the store's own time (``local_us_per_id``):
-    the all-replicated ``--profile`` run spent 0.78 us per ID in its ``local`` phase (1.23 ms for
+    the all-replicated ``--profile`` run spent 0.78 us per ID in its replicated phase (1.23 ms for
     1,574 IDs; masks, the table's assembly and the data reader's thread beside it) against 0.40
     timed on the store alone. Fitted on the 2-vCPU dev VM, like ``rpc_exposed``."""
     rpc_exposed: float = 0.27

@@ -64,7 +64,7 @@ class _Step(NamedTuple):
     """What ``backward`` needs of its ``forward``."""
 
     signs: np.ndarray
-    on_local: np.ndarray | None  # bool per sign: replicated table (None: none is)
+    on_replicated: np.ndarray | None  # bool per sign: replicated table (None: none is)
     plan: PoolingPlan
     pooled: Tensor  # the leaf whose .grad the loss fills
     dense_from: float  # perf_counter when the dense forward began (--profile)
@@ -90,11 +90,11 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 class Profile:
     """Seconds per phase of the training step, summed (``--profile``): ``pull`` the PS rows (a
-    prefetched lookup's wait; the staleness wait is in it), ``local`` the replicated tables'
+    prefetched lookup's wait; the staleness wait is in it), ``replicated`` the replicated tables'
     lookup and update, ``pool`` the pooling and its adjoint, ``dense`` forward, backward and
     optimizer, ``push`` queueing the PS updates."""
 
-    PHASES = ("pull", "local", "pool", "dense", "push")
+    PHASES = ("pull", "replicated", "pool", "dense", "push")
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(self.PHASES, 0.0)
@@ -114,7 +114,7 @@ class Profile:
 
 class TrainCtx:
     """One hybrid step: each table's rows in the trainer (``replicated``, the sharding plan's
-    ``local`` slots, updated synchronously) or on the PS through an EmbeddingWorker (updated
+    replicated slots, updated synchronously) or on the PS through an EmbeddingWorker (updated
     asynchronously, at most K updates in flight); the dense network in torch."""
 
     def __init__(
@@ -125,7 +125,7 @@ class TrainCtx:
         schema: Schema,
         prefetch: bool = False,
         replicated: Replicated | None = None,
-        local: np.ndarray | None = None,
+        replicated_mask: np.ndarray | None = None,
         profile: Profile | None = None,
     ):
         self.worker = worker
@@ -133,11 +133,17 @@ class TrainCtx:
         self.optimizer = dense_optimizer
         self.schema = schema
         self.device = device_of(dense_model)
-        self.local = np.zeros(len(schema.sparse), bool) if local is None else np.asarray(local, bool)
-        if self.local.any() and replicated is None:
+        self.replicated_mask = (
+            np.zeros(len(schema.sparse), bool)
+            if replicated_mask is None
+            else np.asarray(replicated_mask, bool)
+        )
+        if self.replicated_mask.any() and replicated is None:
             raise ValueError("the plan replicates tables but no replicated store was given")
-        self.replicated = replicated if self.local.any() else None
-        self.all_local = bool(self.local.all())  # every table replicated: the PS is never asked
+        self.replicated = replicated if self.replicated_mask.any() else None
+        self.all_replicated = bool(
+            self.replicated_mask.all()
+        )  # every table replicated: the PS is never asked
         self.profile = profile
         self._pending: _Step | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
@@ -174,13 +180,13 @@ class TrainCtx:
         if failed is not None:
             raise failed
 
-    def _on_local(self, batch: CompactBatch) -> np.ndarray:
+    def _on_replicated(self, batch: CompactBatch) -> np.ndarray:
         """bool per sign of the batch: its table is replicated."""
-        return np.repeat(self.local, np.asarray(batch.sign_counts, np.int64))
+        return np.repeat(self.replicated_mask, np.asarray(batch.sign_counts, np.int64))
 
     def _remote_signs(self, batch: CompactBatch) -> np.ndarray:
         """The batch's signs whose tables are on the PS."""
-        return batch.signs if self.replicated is None else batch.signs[~self._on_local(batch)]
+        return batch.signs if self.replicated is None else batch.signs[~self._on_replicated(batch)]
 
     def _pull(self, signs: np.ndarray) -> np.ndarray | None:
         return self.worker.lookup(signs, True)[0] if len(signs) else None
@@ -204,22 +210,22 @@ class TrainCtx:
             self._ahead.append((upcoming, self._prefetcher.submit(self._pull, self._remote_signs(upcoming))))
         return rows
 
-    def _table(self, batch: CompactBatch, on_local: np.ndarray | None, train: bool) -> np.ndarray:
+    def _table(self, batch: CompactBatch, on_replicated: np.ndarray | None, train: bool) -> np.ndarray:
         """Rows of the batch's signs in ``batch.signs`` order, each from where its table lives."""
         prof, t0 = self.profile, time.perf_counter()
-        if on_local is None:  # every table on the PS
+        if on_replicated is None:  # every table on the PS
             rows = self._remote_rows(batch) if train else self.worker.lookup(batch.signs, False)[0]
             if prof is not None:
                 prof.add("pull", t0)
             return rows if rows is not None else np.empty((0, self.worker.dim), np.float32)
         assert self.replicated is not None
-        if self.all_local:  # no PS rows to merge: the store's answer is the table
+        if self.all_replicated:  # no PS rows to merge: the store's answer is the table
             table = self.replicated.rows(batch.signs, train)
             if prof is not None:
-                prof.add("local", t0)
+                prof.add("replicated", t0)
             return table
         table = np.empty((len(batch.signs), self.worker.dim), np.float32)
-        remote = ~on_local
+        remote = ~on_replicated
         if train:
             rows = self._remote_rows(batch)
         else:
@@ -228,9 +234,9 @@ class TrainCtx:
             table[remote] = rows
         if prof is not None:
             t0 = prof.add("pull", t0)
-        table[on_local] = self.replicated.rows(batch.signs[on_local], train)
+        table[on_replicated] = self.replicated.rows(batch.signs[on_replicated], train)
         if prof is not None:
-            prof.add("local", t0)
+            prof.add("replicated", t0)
         return table
 
     def forward(self, batch: CompactBatch) -> Tensor:
@@ -239,17 +245,17 @@ class TrainCtx:
             raise RuntimeError("forward called twice without backward")
         prof, t0 = self.profile, time.perf_counter()
         plan = make_plan(batch, self.schema)
-        on_local = self._on_local(batch) if self.replicated is not None else None
+        on_replicated = self._on_replicated(batch) if self.replicated is not None else None
         if prof is not None:
             prof.add("pool", t0)
-        table = self._table(batch, on_local, train=True)
+        table = self._table(batch, on_replicated, train=True)
         t0 = time.perf_counter()
         pooled_np = pool(plan, table)
         if prof is not None:
             t0 = prof.add("pool", t0)
         pooled = on_device(pooled_np, self.device).requires_grad_()
         dense = on_device(dense_matrix(batch, self.schema), self.device)
-        self._pending = _Step(batch.signs, on_local, plan, pooled, t0)
+        self._pending = _Step(batch.signs, on_replicated, plan, pooled, t0)
         return self.model(pooled, dense)
 
     def backward(self, loss: Tensor) -> None:
@@ -270,8 +276,8 @@ class TrainCtx:
             prof.seconds["dense"] += t0 - step.dense_from
             t0 = prof.add("pool", t0)
         # the PS's first: the worker applies them while this thread does the rest
-        remote = used if step.on_local is None else used & ~step.on_local
-        after_next = self._upcoming[1] if self._prefetcher is not None and not self.all_local else None
+        remote = used if step.on_replicated is None else used & ~step.on_replicated
+        after_next = self._upcoming[1] if self._prefetcher is not None and not self.all_replicated else None
         lookup = self._remote_signs(after_next) if after_next is not None else ()
         if after_next is not None and len(lookup):
             # with the lookup of the batch after next: one round trip per shard
@@ -281,11 +287,11 @@ class TrainCtx:
             self.worker.push(step.signs[remote], sign_grads[remote])
         if prof is not None:
             t0 = prof.add("push", t0)
-        if self.replicated is not None and step.on_local is not None:
-            mine = used if self.all_local else used & step.on_local
+        if self.replicated is not None and step.on_replicated is not None:
+            mine = used if self.all_replicated else used & step.on_replicated
             self.replicated.update(step.signs[mine], sign_grads[mine])
             if prof is not None:
-                t0 = prof.add("local", t0)
+                t0 = prof.add("replicated", t0)
         self.optimizer.step()
         if prof is not None:
             prof.add("dense", t0)
@@ -298,8 +304,8 @@ class TrainCtx:
         was_training = model.training
         model.eval()
         try:
-            on_local = self._on_local(batch) if self.replicated is not None else None
-            table = self._table(batch, on_local, train=False)
+            on_replicated = self._on_replicated(batch) if self.replicated is not None else None
+            table = self._table(batch, on_replicated, train=False)
             pooled = np.ascontiguousarray(pool(make_plan(batch, self.schema), table), np.float32)
             dense = dense_matrix(batch, self.schema)
             logits = model(on_device(pooled, self.device), on_device(dense, self.device)).cpu().numpy()

@@ -172,7 +172,7 @@ class FollowTrainer:
         the serving PS refuses (the one gate, ``model_store.validate``, against the version
         followed) or that cannot be loaded is refused here too: both stay on the old version, so
         its deltas keep going there."""
-        from model_store.shards import StoreError
+        from model_store.errors import StoreError
 
         version = ms.current(self.cfg.store, self.cfg.model)
         if version is None:
@@ -290,7 +290,7 @@ class FollowTrainer:
         from model_store.shards import read_meta, shard_dirs
         from serving.ps.spec import TableSpec
         from serving.ps.store import EmbeddingStore, StoreConfig
-        from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
+        from serving.worker.core import EmbeddingWorker, InProcessShard, WorkerConfig
 
         vdir = ms.version_dir(self.cfg.store, self.cfg.model, version)
         manifest = ms.read_manifest(vdir, verify=True)
@@ -323,7 +323,7 @@ class FollowTrainer:
         # rows looked up ahead miss the update between: one batch staler than the worker knows
         staleness, prefetch = max(0, self.cfg.staleness - 1), self.cfg.staleness >= 1
         worker = EmbeddingWorker(
-            [LocalShard(s) for s in stores],
+            [InProcessShard(s) for s in stores],
             schema,
             WorkerConfig(staleness=staleness, update_threads=self.cfg.update_threads),
         )

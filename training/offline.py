@@ -50,7 +50,7 @@ def load_stores(version: Path, manifest: model_store.VersionManifest) -> list:
 def score(version: str | Path, data: str | Path, batch_size: int = 2048, dense_format: str = "torchscript"):
     """Probabilities for every row of ``data`` from the artifacts of ``version`` alone."""
     from model_store.dense import load_dense
-    from serving.worker.core import EmbeddingWorker, LocalShard
+    from serving.worker.core import EmbeddingWorker, InProcessShard
 
     version = Path(version)
     manifest = model_store.read_manifest(version)  # refuses incomplete or corrupt versions
@@ -58,7 +58,7 @@ def score(version: str | Path, data: str | Path, batch_size: int = 2048, dense_f
     if schema.fingerprint != manifest.schema_fingerprint:
         raise model_store.ModelStoreError(f"{version}: schema.yaml does not match the manifest fingerprint")
     dense = load_dense(version / manifest.dense[dense_format])
-    worker = EmbeddingWorker([LocalShard(s) for s in load_stores(version, manifest)], schema)
+    worker = EmbeddingWorker([InProcessShard(s) for s in load_stores(version, manifest)], schema)
     try:
         logits = [
             dense(worker.forward(b).pooled, dense_matrix(b, schema))

@@ -78,7 +78,7 @@ class ShardingPlan:
     ``all_ps``, ``all_replicated`` (None: it does not fit the budget)."""
 
     # ---- what the trainer reads ----------------------------------------------------------------
-    def local_mask(self, schema: Schema) -> np.ndarray:
+    def replicated_mask(self, schema: Schema) -> np.ndarray:
         """bool per sparse slot (schema order): True where the table is replicated."""
         self.check(schema)
         return np.array([self.tables[s.name].strategy == "replicated" for s in schema.sparse], bool)

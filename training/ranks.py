@@ -16,7 +16,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from training.attempt import attempt_store
+from training.attempt import attempt_rendezvous
 
 T = TypeVar("T")
 
@@ -56,11 +56,13 @@ def join(device: torch.device) -> tuple[int, int]:
     if world <= 1:
         return 0, 1
     if not dist.is_initialized():
-        # torchrun's restarted ranks reuse its store, where the last start's keys (every rank's
+        # torchrun's restarted ranks reuse its rendezvous, where the last start's keys (every rank's
         # gloo address among them) are still set: each start's process group gets keys of its own
-        store, rank, world = next(dist.rendezvous("env://"))
+        rendezvous, rank, world = next(dist.rendezvous("env://"))
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=attempt_store(store, rank, world), rank=rank, world_size=world)
+        dist.init_process_group(
+            backend, store=attempt_rendezvous(rendezvous, rank, world), rank=rank, world_size=world
+        )
     return dist.get_rank(), dist.get_world_size()
 
 

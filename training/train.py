@@ -145,7 +145,7 @@ class _Job:
         self.at = _At()
         self.cluster: Cluster | None = None
         self.plan: ShardingPlan | None = None
-        self.local: np.ndarray | None = None  # per sparse slot: its table is replicated
+        self.replicated_mask: np.ndarray | None = None  # per sparse slot: its table is replicated
         self.writer: VersionWriter | None = None
         # set by the steps, in order
         self.model_cfg: ModelConfig
@@ -208,18 +208,18 @@ class _Job:
             return
         rows = sum(s.rows for s in self.data.scans)
         plan = self.plan = planner.for_training(cfg, schema, self.data.read, rows, world)
-        local = self.local = plan.local_mask(schema)
+        replicated_mask = self.replicated_mask = plan.replicated_mask(schema)
         spec = cfg.store_config(schema.fingerprint)
         cluster = self.cluster = stack.enter_context(open_job_cluster(cfg, schema, spec, self.rank, world))
-        if local.any():
+        if replicated_mask.any():
             cluster.replicated = Replicated(
                 spec, plan.replicated_rows(cfg.table.capacity), world, plan.rank_budget_gb
             )
         profile = Profile() if cfg.profile else None
         self.ctx = TrainCtx(cluster.worker, self.model, self.dense_opt, schema, cfg.prefetches,
-                            cluster.replicated, local, profile)  # fmt: skip
+                            cluster.replicated, replicated_mask, profile)  # fmt: skip
         stack.callback(self.ctx.close)
-        if cfg.staleness > 0 and (~local).any():
+        if cfg.staleness > 0 and (~replicated_mask).any():
             log.info("asynchronous sparse updates (staleness %d): runs are not bit-reproducible; "
                      "--staleness 0 with a seed is", cfg.staleness)  # fmt: skip
 
@@ -253,10 +253,12 @@ class _Job:
             loaded = cluster.load(resumed.path / "ps")
             log.info("resumed the PS shards from %s: %d rows", resumed.path, loaded)
         if (
-            cluster is not None and cluster.replicated is not None and self.local is not None
+            cluster is not None and cluster.replicated is not None and self.replicated_mask is not None
         ):  # every rank's copy
             ids = np.zeros(1 << 16, bool)
-            ids[[s.id for s, mine in zip(self.data.schema.sparse, self.local, strict=True) if mine]] = True
+            ids[
+                [s.id for s, mine in zip(self.data.schema.sparse, self.replicated_mask, strict=True) if mine]
+            ] = True
             cluster.replicated.load(resumed.path / "ps", ids)
         saved = resumed.dense_state()
         unwrap(self.model).load_state_dict(saved["model"])

@@ -5,7 +5,7 @@ Also runnable under torchrun for multi-rank DDP:
 
 ``recserve train --follow MODEL_DIR --watch DIR`` (or ``--stream kafka://BROKERS/TOPIC``, samples
 from ``recserve join``): continuous training into the version the model
-directory serves (its CURRENT; the same ``--follow MODEL_DIR`` as ``recserve ps``) instead (see
+directory serves (its CURRENT; the same MODEL_DIR as ``recserve ps-serve``) instead (see
 training/follow.py): new files in DIR train the served embeddings (the served dense model is
 frozen) and deltas are cut into the version every --delta-interval-s seconds. SIGTERM or Ctrl-C
 cuts a final delta and exits 0.
@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "continuous training (--follow MODEL_DIR)",
         "keep training the embeddings of the version MODEL_DIR serves (<store>/<model>, as for "
-        "`recserve ps --follow`) on new files in --watch and cut deltas into it; the served dense "
+        "`recserve ps-serve`) on new files in --watch and cut deltas into it; the served dense "
         "model is loaded frozen so the deltas stay consistent with it. Uses --batch-size --lr "
         "--staleness --update-threads --capacity --eviction --max-memory-gb --threads and "
         "--delta-interval-s (default 2 here) too.",

@@ -1,8 +1,8 @@
-"""``recserve worker``: the embedding worker over gRPC (flags from ``serving.worker.server.ServerConfig``)."""
+"""``recserve worker``: the embedding worker over gRPC (flags from ``serving.worker.server.WorkerServerConfig``)."""
 
 from __future__ import annotations
 
-from serving.worker.server import ServerConfig as CONFIG
+from serving.worker.server import WorkerServerConfig as CONFIG
 
 
 def run(cfg: CONFIG) -> int:

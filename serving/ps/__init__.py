@@ -6,13 +6,12 @@ serving store: ``mapped`` (``MappedStore`` over ``table``'s ``BucketTable``), ke
 ``client``.
 
 ``EmbeddingStore`` (compiled kernels, numba) is imported on first use, so a serving shard --
-``recserve ps --follow``, numpy only -- never loads numba."""
+``recserve ps-serve``, numpy only -- never loads numba."""
 
-from model_store.shards import StoreError
 from serving.ps.config import StoreConfig
 from serving.ps.optim import OptimizerSpec
 
-__all__ = ["EmbeddingStore", "OptimizerSpec", "StoreConfig", "StoreError"]
+__all__ = ["EmbeddingStore", "OptimizerSpec", "StoreConfig"]
 
 
 def __getattr__(name: str):

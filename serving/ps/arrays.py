@@ -3,8 +3,8 @@ the rows with their per-row data (``RowArrays``), dense: positions 0..n-1 hold t
 
 Both are allocated for a capacity and replaced whole when the store grows (``growth``); the
 store's lock guards them. There are no per-ID Python objects: every batch operation is a numba
-kernel (``index``) or whole-array numpy. A row's position is its *slot*: ``keys[slot]`` is its
-sign, ``RowArrays.values[slot]`` its row, and the index's table entries point at slots.
+kernel (``index``) or whole-array numpy. A row's place in them is its *position* (``row_at``): ``keys[row_at]`` is its
+sign, ``RowArrays.values[row_at]`` its row, and the index's table entries point at positions.
 """
 
 from __future__ import annotations
@@ -37,20 +37,20 @@ def zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
 
 @dataclass(eq=False)
 class SignIndex:
-    """sign -> slot: ``index``'s open-addressing table of int32 entries over the signs in
-    ``keys`` (the sign of slot i is ``keys[i]``)."""
+    """sign -> row position: ``index``'s open-addressing table of int32 entries over the signs in
+    ``keys`` (the sign of position i is ``keys[i]``)."""
 
     table: NDArray[np.int32]
     keys: NDArray[np.uint64]
     bits: int
-    """Bits of an entry that hold the slot (``index.slot_bits``)."""
+    """Bits of an entry that hold the position (``index.position_bits``)."""
 
     @classmethod
     def empty(cls, capacity: int) -> SignIndex:
-        """An index of no signs, for ``capacity`` slots (zeroed lazily by the OS)."""
+        """An index of no signs, for ``capacity`` positions (zeroed lazily by the OS)."""
         table = zeros((index.table_size(capacity),), np.int32)
         table[:] = index.EMPTY
-        return cls(table, zeros((capacity,), np.uint64), index.slot_bits(capacity))
+        return cls(table, zeros((capacity,), np.uint64), index.position_bits(capacity))
 
     @property
     def capacity(self) -> int:
@@ -61,26 +61,26 @@ class SignIndex:
         return self.table.nbytes + self.keys.nbytes
 
     def find(self, signs: NDArray[np.uint64]) -> NDArray[np.int32]:
-        """The slot of each sign, -1 where absent."""
-        return index.find_slots(self.table, self.keys, signs, self.bits)
+        """The position of each sign, -1 where absent."""
+        return index.find_positions(self.table, self.keys, signs, self.bits)
 
     def add(self, signs: NDArray[np.uint64], start: int) -> None:
-        """Index distinct, absent ``signs`` at slots start, start+1, ... (their keys written)."""
+        """Index distinct, absent ``signs`` at positions start, start+1, ... (their keys written)."""
         index.insert_new(self.table, self.keys, signs, start, self.bits)
 
     def fill(self, signs: NDArray[np.uint64]) -> None:
-        """Index exactly ``signs`` (distinct), at slots 0, 1, ..."""
+        """Index exactly ``signs`` (distinct), at positions 0, 1, ..."""
         self.keys[: len(signs)] = signs
         self.rebuild(len(signs))
 
     def rebuild(self, n: int) -> None:
-        """Index ``keys[:n]`` afresh (slot = position); they must be distinct."""
+        """Index ``keys[:n]`` afresh (a sign's position = its place in keys); they must be distinct."""
         dups = index.rebuild(self.table, self.keys, n, self.bits)
         assert dups == 0, "the keys of a consistent store are distinct"
 
     def remove(self, victims: NDArray[np.int64], n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Drop the signs at the sorted distinct slots ``victims`` of the first ``n`` and refill
-        the holes from the tail: (src, dst) slots that every per-row array must move alike."""
+        """Drop the signs at the sorted distinct positions ``victims`` of the first ``n`` and refill
+        the holes from the tail: (src, dst) positions that every per-row array must move alike."""
         return index.remove_compact(self.table, self.keys, victims, n, self.bits)
 
     def gather(self, values: np.ndarray, signs: NDArray[np.uint64]) -> tuple[NDArray[np.float32], int]:
@@ -89,16 +89,16 @@ class SignIndex:
         if values.dtype == np.float32:
             out = np.empty((len(signs), values.shape[1]), dtype=np.float32)
             return out, int(index.gather_rows(self.table, self.keys, values, signs, self.bits, out))
-        slots = self.find(signs)
-        missing = slots < 0
-        out = values.take(np.where(missing, 0, slots), axis=0).astype(np.float32)
+        rows_at = self.find(signs)
+        missing = rows_at < 0
+        out = values.take(np.where(missing, 0, rows_at), axis=0).astype(np.float32)
         out[missing] = 0.0
         return out, int(missing.sum())
 
 
 @dataclass(eq=False)
 class RowArrays:
-    """Per slot: the row (``config.dtype``), the optimizer state (float32, one matrix per state
+    """Per position: the row (``config.dtype``), the optimizer state (float32, one matrix per state
     name), the last-touch time, the touch count and whether it changed since the last delta."""
 
     values: NDArray[np.floating[Any]]
@@ -119,7 +119,7 @@ class RowArrays:
         )
 
     def columns(self) -> list[np.ndarray]:
-        """Every per-slot array (what a move or a copy must touch)."""
+        """Every per-position array (what a move or a copy must touch)."""
         return [self.values, self.stamp, self.count, self.dirty, *self.state.values()]
 
     @property
@@ -137,7 +137,7 @@ class RowArrays:
             arr[dst] = arr[src]
 
     def fresh(self, start: int, signs: NDArray[np.uint64], cfg: StoreConfig, now: np.uint32) -> None:
-        """New rows for ``signs`` at slots start, start+1, ...: initial values and state, touched
+        """New rows for ``signs`` at positions start, start+1, ...: initial values and state, touched
         now, never counted, dirty (the serving side must get the initial row too)."""
         end = start + len(signs)
         self.values[start:end] = index.init_rows(signs, cfg.dim, np.uint64(cfg.seed), cfg.init_scale)
@@ -147,36 +147,38 @@ class RowArrays:
         self.count[start:end] = 0
         self.dirty[start:end] = True
 
-    def assign(self, slots: np.ndarray, values: np.ndarray, state: dict[str, np.ndarray]) -> None:
+    def assign(self, rows_at: np.ndarray, values: np.ndarray, state: dict[str, np.ndarray]) -> None:
         """Set rows (and the state named in ``state``) computed elsewhere; marked dirty."""
-        self.values[slots] = values
+        self.values[rows_at] = values
         for name, arr in state.items():
-            self.state[name][slots] = arr
-        self.dirty[slots] = True
+            self.state[name][rows_at] = arr
+        self.dirty[rows_at] = True
 
-    def touch(self, slots: np.ndarray, now: np.uint32) -> None:
+    def touch(self, rows_at: np.ndarray, now: np.uint32) -> None:
         """A lookup used these rows: stamp them now and count it (saturating)."""
-        self.stamp[slots] = now
-        c = self.count[slots]
-        self.count[slots] = c + (c < np.uint32(0xFFFFFFFF))
+        self.stamp[rows_at] = now
+        c = self.count[rows_at]
+        self.count[rows_at] = c + (c < np.uint32(0xFFFFFFFF))
 
-    def touch_gather(self, slots: np.ndarray, now: np.uint32) -> tuple[NDArray[np.float32], int]:
-        """(float32 rows at ``slots``, zeros where -1; the misses), touching the found ones
+    def touch_gather(self, rows_at: np.ndarray, now: np.uint32) -> tuple[NDArray[np.float32], int]:
+        """(float32 rows at ``rows_at``, zeros where -1; the misses), touching the found ones
         (``touch``), in one compiled pass; float32 values only."""
-        out = np.empty((len(slots), self.values.shape[1]), dtype=np.float32)
-        return out, int(index.touch_gather(slots, self.values, self.stamp, self.count, now, out))
+        out = np.empty((len(rows_at), self.values.shape[1]), dtype=np.float32)
+        return out, int(index.touch_gather(rows_at, self.values, self.stamp, self.count, now, out))
 
-    def update(self, slots: np.ndarray, grads: np.ndarray, cfg: optim.OptimizerSpec, step: int, now) -> None:
-        """One optimizer step of the rows at distinct ``slots`` with their (summed) ``grads``:
+    def update(
+        self, rows_at: np.ndarray, grads: np.ndarray, cfg: optim.OptimizerSpec, step: int, now
+    ) -> None:
+        """One optimizer step of the rows at distinct ``rows_at`` with their (summed) ``grads``:
         gathered into float32, updated (``optim.apply``), scattered back, stamped and dirty."""
-        params = self.values[slots].astype(np.float32)
-        state = {name: arr[slots] for name, arr in self.state.items()}
+        params = self.values[rows_at].astype(np.float32)
+        state = {name: arr[rows_at] for name, arr in self.state.items()}
         optim.apply(cfg, params, state, grads, step)
-        self.values[slots] = params
+        self.values[rows_at] = params
         for name, arr in self.state.items():
-            arr[slots] = state[name]
-        self.stamp[slots] = now
-        self.dirty[slots] = True
+            arr[rows_at] = state[name]
+        self.stamp[rows_at] = now
+        self.dirty[rows_at] = True
 
     def fill(self, n: int, data: ShardData, optimizer: optim.OptimizerSpec) -> None:
         """Slots 0..n-1 from a full dump, none dirty; the dump's optimizer state where it was
@@ -189,16 +191,18 @@ class RowArrays:
         self.count[:n] = data.count
         self.dirty[:] = False
 
-    def put(self, slots: np.ndarray, data: ShardData, ok: np.ndarray, optimizer: optim.OptimizerSpec) -> None:
-        """A delta's rows ``ok`` at ``slots``, not dirty (they are published already); their state
+    def put(
+        self, rows_at: np.ndarray, data: ShardData, ok: np.ndarray, optimizer: optim.OptimizerSpec
+    ) -> None:
+        """A delta's rows ``ok`` at ``rows_at``, not dirty (they are published already); their state
         where the delta was written by the same optimizer."""
-        self.values[slots] = data.rows[ok]
+        self.values[rows_at] = data.rows[ok]
         if data.meta.optimizer == optimizer.name:
             for name, arr in self.state.items():
-                arr[slots] = data.state[name][ok]
-        self.stamp[slots] = data.stamp[ok]
-        self.count[slots] = data.count[ok]
-        self.dirty[slots] = False
+                arr[rows_at] = data.state[name][ok]
+        self.stamp[rows_at] = data.stamp[ok]
+        self.count[rows_at] = data.count[ok]
+        self.dirty[rows_at] = False
 
 
 def checked_grads(signs, grads, dim: int) -> tuple[NDArray[np.uint64], NDArray[np.float32]]:

@@ -170,7 +170,7 @@ class PSClient:
         return self._rows(resp.lookup, len(lookup))
 
     def assign(self, signs, rows, state=(), timeout_s: float | None = None) -> int:
-        """Set float32 rows (n, dim) and their optimizer state (one (n, dim) matrix per state slot,
+        """Set float32 rows (n, dim) and their optimizer state (one (n, dim) matrix per state name,
         in the shard's order; none: kept) for distinct signs; returns the rows written."""
         f32 = lambda a: np.ascontiguousarray(a, dtype="<f4").tobytes()  # noqa: E731
         request = self._pb.AssignRequest(

@@ -1,5 +1,8 @@
-"""Configuration of one PS shard: its store (``StoreConfig``) and its process (``ServerConfig``).
-No numba and no gRPC here: ``recserve ps --help`` stays quick."""
+"""Configuration of one PS shard: its store (``StoreConfig``), and the process of each of its two
+roles, nesting where it listens (``serving.rpc.config.ServerConfig``): a training shard
+(``TrainingShardConfig``, ``recserve ps``) and a serving shard (``ServingShardConfig``,
+``recserve ps-serve``). Each role has only its own settings, so no setting of one can be given to
+the other. No numba and no gRPC here: ``recserve ps --help`` stays quick."""
 
 from __future__ import annotations
 
@@ -9,10 +12,19 @@ from typing import NoReturn
 import numpy as np
 
 from model_store.layout import default_root
-from serving.ps.spec import MAX_ROWS, TableSpec
+from serving.ps.spec import DTYPES, MAX_ROWS, TableSpec
 from serving.rpc.auth import read_token_file
+from serving.rpc.config import ServerConfig
 
-__all__ = ["MAX_ROWS", "ServerConfig", "StoreConfig", "TableSpec", "check_holds", "not_held"]
+__all__ = [
+    "MAX_ROWS",
+    "ServingShardConfig",
+    "StoreConfig",
+    "TableSpec",
+    "TrainingShardConfig",
+    "check_holds",
+    "not_held",
+]
 
 
 @dataclass
@@ -86,84 +98,76 @@ def as_signs(signs) -> np.ndarray:
     return np.ascontiguousarray(a.reshape(-1))
 
 
-@dataclass
-class ServerConfig:
-    """One PS shard process."""
+PS_PORT = 50061
+"""A shard's default gRPC port (the first of ``recserve up``'s)."""
 
-    host: str = "127.0.0.1"
-    """Interface to bind; loopback unless told otherwise."""
-    port: int = 50061
-    """gRPC port (0: the OS picks one; it is logged)."""
-    metrics_port: int = 0
-    """Prometheus /metrics HTTP port (0: off)."""
+
+def _ps_server() -> ServerConfig:
+    return ServerConfig(port=PS_PORT, max_message_mb=64)
+
+
+@dataclass
+class TrainingShardConfig:
+    """One training PS shard process (``recserve ps``): rows and optimizer state that the trainer
+    looks up, updates, dumps and loads (those calls need the admin token)."""
+
     load: str = ""
     """Dump to load before serving: a shard directory or a directory of shard-<i>-of-<n>/."""
-    grace_s: float = 5.0
-    """On SIGTERM/SIGINT, in-flight calls get this long to finish."""
-    max_message_mb: int = 64
-    """Max gRPC send/receive message size."""
     expire_every_s: float = 10.0
     """How often TTL expiry runs (only when store.ttl_s > 0)."""
-    follow: str = field(default="", metadata={"metavar": "MODEL_DIR"})
-    """Model directory (<model_store>/<model>) to follow: serve its CURRENT version, switch when
-    CURRENT changes, apply each new delta of the served version (serving/ps/follow.py)."""
-    pin: str = ""
-    """With --follow: serve this version (and its deltas) instead of the one CURRENT names."""
-    poll_s: float = 1.0
-    """How often the follower looks for a new version or delta."""
-    keep_previous_s: float = 30.0
-    """With --follow: after a switch, the replaced version keeps answering the lookups that name
-    it (scoring processes still on its dense model) until none has for this long."""
     admin_token_file: str = ""
-    """Training shard: file holding the token that Update, UpdateLookup, Assign, Dump, Load and
-    inserting lookups need (created 0600 by whoever starts the shard; `recserve train` does).
-    Without it they are refused."""
+    """File holding the token that Update, UpdateLookup, Assign, Dump, Load and inserting lookups
+    need (created 0600 by whoever starts the shard; `recserve train` does). Without it they are
+    refused."""
     data_root: str = field(default_factory=default_root)
-    """Training shard: Dump and Load paths must lie under this directory (symlinks resolved;
-    relative paths are taken under it). Default: the model-store root ($RECSERVE_STORE or ./artifacts)."""
-    tls_cert: str = ""
-    """TLS: this server's certificate (PEM; with --tls-key). Without it the server speaks plaintext."""
-    tls_key: str = ""
-    """TLS: the certificate's private key (PEM, unencrypted, mode 0600)."""
-    tls_client_ca: str = ""
-    """mTLS: clients must present a certificate signed by this CA (PEM)."""
+    """Dump and Load paths must lie under this directory (symlinks resolved; relative paths are
+    taken under it). Default: the model-store root ($RECSERVE_STORE or ./artifacts)."""
+    server: ServerConfig = field(default_factory=_ps_server)
+    """Where the shard listens (host, port, metrics port, TLS, ...)."""
     store: StoreConfig = field(default_factory=StoreConfig)
     """The shard's store (its table spec, shard, num_shards, ...)."""
 
     def __post_init__(self) -> None:
-        self.tls()  # a missing file, or a key that is not the certificate's: say so now
-        if self.admin_token_file and self.follow:
-            raise ValueError(
-                "--admin-token-file is for a training PS: a serving PS (--follow) has no RPC that writes"
-            )
         if self.admin_token_file:
             read_token_file(self.admin_token_file)  # missing, empty or readable by others: say so now
-        if self.pin and not self.follow:
-            raise ValueError("--pin needs --follow")
-        if self.load and self.follow:
-            raise ValueError("--load and --follow exclude each other (--follow serves the model's versions)")
-        if self.follow and isinstance(self.store, StoreConfig):
-            check_serving_config(self.store)
 
-    def endpoint(self):
-        from serving.rpc.server import Endpoint
-
-        return Endpoint(
-            self.host, self.port, self.metrics_port, self.max_message_mb, self.grace_s, self.tls()
-        )
-
-    def tls(self):
-        from serving.rpc.tls import ServerTLS
-
-        return ServerTLS.of(self.tls_cert, self.tls_key, self.tls_client_ca)
+    def store_config(self) -> StoreConfig:
+        return self.store
 
 
-def check_serving_config(cfg: StoreConfig) -> None:
-    """A serving PS maps an immutable version: the training store's policies do not apply."""
-    given = [f"--{name}" for name, on in (("eviction", cfg.eviction != "none"), ("ttl-s", cfg.ttl_s > 0),
-             ("min-count", cfg.min_count > 1), ("max-memory-gb", cfg.max_memory_gb > 0)) if on]  # fmt: skip
-    if given:
-        raise ValueError(
-            f"{', '.join(given)}: not for a serving PS (--follow), which maps the version's files as "
-            "they are; eviction and TTL are training policies (recserve train --eviction/--ttl-s)"
-        )
+@dataclass
+class ServingShardConfig:
+    """One serving PS shard process (``recserve ps-serve``): maps a model's published versions
+    read-only and follows the store (a new CURRENT, each new delta). It answers reads only: no
+    token, no table policies (eviction and TTL are training's: ``recserve train``)."""
+
+    model_dir: str = field(default="", metadata={"positional": True})
+    """Model directory (<model_store>/<model>) to follow: serve its CURRENT version, switch when
+    CURRENT changes, apply each new delta of the served version (serving/ps/follow.py)."""
+    shard: int = 0
+    """This shard's number: which part of each version's rows it serves."""
+    num_shards: int = 1
+    """Number of shards the signs are routed over by ``features.hashing.shard_of``."""
+    dim: int = 16
+    """Embedding dimension (a version of another dimension is refused)."""
+    dtype: str = field(default="float32", metadata={"choices": DTYPES})
+    """Rows served as float32, or float16 (half the memory; float32 files are converted on load)."""
+    pin: str = ""
+    """Serve this version (and its deltas) instead of the one CURRENT names."""
+    poll_s: float = 1.0
+    """How often the follower looks for a new version or delta."""
+    keep_previous_s: float = 30.0
+    """After a switch, the replaced version keeps answering the lookups that name it (scoring
+    processes still on its dense model) until none has for this long."""
+    server: ServerConfig = field(default_factory=_ps_server)
+    """Where the shard listens (host, port, metrics port, TLS, ...)."""
+
+    def __post_init__(self) -> None:
+        if not self.model_dir:
+            raise ValueError("a serving PS shard needs MODEL_DIR, the model directory it follows")
+        self.store_config()  # shard outside 0..num_shards-1, bad dim or dtype: say so now
+
+    def store_config(self) -> StoreConfig:
+        """The ``StoreConfig`` of the mapped store: the position and the served row shape."""
+        table = TableSpec(dim=self.dim, dtype=self.dtype)
+        return StoreConfig(table=table, shard=self.shard, num_shards=self.num_shards)

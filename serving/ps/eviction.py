@@ -29,7 +29,7 @@ class Eviction:
         self._logged = (-np.inf, 0)  # (monotonic time, evictions) of the last log line
 
     def victims(self, arrays: RowArrays, n: int, k: int, protect: np.ndarray) -> np.ndarray:
-        """Sorted slots of the ``k`` rows among the first ``n`` the policy drops first, never one
+        """Sorted positions of the ``k`` rows among the first ``n`` the policy drops first, never one
         in ``protect`` (fewer when too many are protected)."""
         stamp = arrays.stamp[:n].astype(np.uint64)
         count = arrays.count[:n].astype(np.uint64)

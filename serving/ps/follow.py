@@ -30,7 +30,7 @@ from pathlib import Path
 
 import model_store as ms
 from model_store import ModelStoreError, shards
-from model_store.shards import StoreError
+from model_store.errors import StoreError
 from serving.versions import VersionTarget
 
 log = logging.getLogger("recserve.ps.follow")

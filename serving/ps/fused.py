@@ -9,7 +9,7 @@ rows, under the store's lock::
 ``table``, ``keys``, ``bits``: the store's index (``index.find_one``); ``rows`` (capacity, dim)
 float32; ``state``: the optimizer's state matrices in its ``state`` order (a tuple); ``grads``
 (len(signs), dim) float32; ``hyper``: float64, the entry's ``hyper(cfg, step)``. A sign without a
-row is skipped; an updated row gets ``stamp[slot] = now`` and ``dirty[slot] = True``. The float32
+row is skipped; an updated row gets ``stamp[row_at] = now`` and ``dirty[row_at] = True``. The float32
 expressions are the numpy update's, in the same order, so both paths give the same bits
 (``tests/serving/ps/test_fused.py`` checks every registered kernel).
 
@@ -30,13 +30,13 @@ def sgd(table, keys, bits, rows, state, signs, grads, hyper, stamp, now, dirty):
     nlr = np.float32(-hyper[0])
     done = 0
     for i in range(len(signs)):
-        slot = find_one(table, keys, signs[i], bits)
-        if slot < 0:
+        row_at = find_one(table, keys, signs[i], bits)
+        if row_at < 0:
             continue
         for j in range(rows.shape[1]):
-            rows[slot, j] = rows[slot, j] + nlr * grads[i, j]
-        stamp[slot] = now
-        dirty[slot] = True
+            rows[row_at, j] = rows[row_at, j] + nlr * grads[i, j]
+        stamp[row_at] = now
+        dirty[row_at] = True
         done += 1
     return done
 
@@ -49,16 +49,16 @@ def adagrad(table, keys, bits, rows, state, signs, grads, hyper, stamp, now, dir
     eps = np.float32(hyper[1])
     done = 0
     for i in range(len(signs)):
-        slot = find_one(table, keys, signs[i], bits)
-        if slot < 0:
+        row_at = find_one(table, keys, signs[i], bits)
+        if row_at < 0:
             continue
         for j in range(rows.shape[1]):
             g = grads[i, j]
-            s = acc[slot, j] + g * g
-            acc[slot, j] = s
+            s = acc[row_at, j] + g * g
+            acc[row_at, j] = s
             std = np.sqrt(s) + eps
-            rows[slot, j] = rows[slot, j] + nlr * g / std
-        stamp[slot] = now
-        dirty[slot] = True
+            rows[row_at, j] = rows[row_at, j] + nlr * g / std
+        stamp[row_at] = now
+        dirty[row_at] = True
         done += 1
     return done

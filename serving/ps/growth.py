@@ -2,10 +2,10 @@
 
 A store without an eviction policy grows when full: fresh arrays of about twice the capacity (or
 what the batch needs; less than 2x where only that fits the memory limit), the occupied prefix of
-every per-row array copied, the index rebuilt for the new table size and slot bits, and the
+every per-row array copied, the index rebuilt for the new table size and position bits, and the
 admission sketch widened. The new arrays are zeroed lazily by the OS, so the peak is about the
 old arrays plus the copied rows and the new index, and growing from n rows costs O(n): amortised
-O(1) per insert. Anything that cannot be had -- past ``max_memory_gb``, past the int32 slots of one
+O(1) per insert. Anything that cannot be had -- past ``max_memory_gb``, past the int32 positions of one
 shard, or refused by the allocator -- raises ``CapacityError`` before the store changes.
 """
 
@@ -66,7 +66,7 @@ class Growth:
         self, signs: SignIndex, arrays: RowArrays, admission: Admission | None, need: int, keep: int,
         *, held: int, double: bool = True,
     ) -> tuple[SignIndex, RowArrays]:  # fmt: skip
-        """Room for ``need`` rows: a new index and arrays holding slots 0..keep-1 of these (0: the
+        """Room for ``need`` rows: a new index and arrays holding positions 0..keep-1 of these (0: the
         caller refills them), about 2x the capacity when ``double`` (amortised O(1) inserts),
         else exactly ``need``, less than 2x where only that fits the memory limit; the admission
         sketch is widened along. Raises CapacityError naming the ``held`` rows, nothing changed,
@@ -75,7 +75,11 @@ class Growth:
         memory = signs.nbytes + arrays.nbytes + (admission.nbytes if admission else 0)
         if need > MAX_ROWS:
             raise self._error(
-                need, held, cap, memory, f"more than the {MAX_ROWS:,} rows one shard can index (int32 slots)"
+                need,
+                held,
+                cap,
+                memory,
+                f"more than the {MAX_ROWS:,} rows one shard can index (int32 row positions)",
             )
         if limit and self.bytes_for(need) > limit:
             why = f"they need {self.bytes_for(need) / GIB:.3g} GiB, past max_memory_gb={cfg.max_memory_gb:g}"

@@ -1,15 +1,15 @@
-"""Compiled kernels of the PS store: the open-addressing sign -> slot index, deterministic row
+"""Compiled kernels of the PS store: the open-addressing sign -> row position index, deterministic row
 initialisation and the admission sketch.
 
 The index is a table of int32 entries (-1 = empty) with linear probing; the signs themselves
-live once, in the store's ``keys`` array (``keys[slot]``), so an entry costs 4 bytes of table
-plus nothing else. An entry holds the slot number in its low ``bits`` bits and a fingerprint of
+live once, in the store's ``keys`` array (``keys[row_at]``), so an entry costs 4 bytes of table
+plus nothing else. An entry holds the row position in its low ``bits`` bits and a fingerprint of
 the sign (other hash bits) in the remaining bits up to 31: probing past other signs' entries
 then almost never touches ``keys`` (a random cache miss each), only the one that matches. Deletion uses backward shifting, so there are no tombstones
 and probe lengths do not degrade under churn.
 
 The table size is exactly ceil(capacity / MAX_LOAD) (no rounding to a power of two, which would
-cost up to 2x index memory); the home position is the high 32 bits of a salted splitmix64 of the
+cost up to 2x index memory); a sign's home entry is the high 32 bits of a salted splitmix64 of the
 sign scaled to the size (multiply-shift). ``shard_of`` routes by ``mix64(sign) % num_shards``, so
 inside one shard the low bits of ``mix64`` are correlated with the shard number; the high bits of
 a differently salted mix keep the table uniform.
@@ -36,8 +36,8 @@ _S32 = np.uint64(32)
 _INV53 = 1.0 / 9007199254740992.0  # 2**-53
 
 
-def slot_bits(capacity: int) -> int:
-    """Bits of an entry that hold the slot number (the rest, up to 31, are fingerprint)."""
+def position_bits(capacity: int) -> int:
+    """Bits of an entry that hold the row position (the rest, up to 31, are fingerprint)."""
     return max(1, (capacity - 1).bit_length())
 
 
@@ -71,13 +71,13 @@ def _next(pos, size):
 
 @numba.njit(inline="always")
 def _masks(bits):
-    """(slot mask, fingerprint mask) for ``bits`` slot bits."""
+    """(row-position mask, fingerprint mask) for ``bits`` row-position bits."""
     return np.int64((1 << bits) - 1), np.uint64((1 << (31 - bits)) - 1)
 
 
 @numba.njit(inline="always")
 def _find(table, keys, s, h, pos, bits):
-    """Probe from ``pos`` for sign ``s`` (hash ``h``): its slot or -1."""
+    """Probe from entry ``pos`` for sign ``s`` (hash ``h``): its row position or -1."""
     size = len(table)
     smask, fmask = _masks(bits)
     fp = np.int64(h & fmask)
@@ -86,15 +86,15 @@ def _find(table, keys, s, h, pos, bits):
         if e < 0:
             return -1
         if (e >> bits) == fp:
-            slot = e & smask
-            if keys[slot] == s:
-                return slot
+            row_at = e & smask
+            if keys[row_at] == s:
+                return row_at
         pos = _next(pos, size)
 
 
 @numba.njit(cache=True, nogil=True)
 def bucket_find(keys, buckets, signs, bits):
-    """``serving.ps.table.BucketTable.find`` compiled: each sign's slot in a full dump's keys, or
+    """``serving.ps.table.BucketTable.find`` compiled: each sign's row position in a full dump's keys, or
     -1. Sign s lives in bucket ``table_hash(s) >> (64 - bits)``, keys[buckets[b]:buckets[b + 1]]."""
     out = np.full(len(signs), -1, dtype=np.int64)
     shift = np.uint64(64 - bits)
@@ -109,7 +109,7 @@ def bucket_find(keys, buckets, signs, bits):
 
 
 @numba.njit(cache=True, nogil=True)
-def find_slots(table, keys, signs, bits):
+def find_positions(table, keys, signs, bits):
     """Slot of each sign, -1 where absent."""
     size = len(table)
     out = np.empty(len(signs), dtype=np.int32)
@@ -121,7 +121,7 @@ def find_slots(table, keys, signs, bits):
 
 @numba.njit(cache=True, nogil=True)
 def gather_rows(table, keys, rows, signs, bits, out):
-    """Fused lookup + gather for float32 storage: out[i] = rows[slot(signs[i])] or zeros.
+    """Fused lookup + gather for float32 storage: out[i] = rows[position(signs[i])] or zeros.
     Returns the number of misses.
 
     Works in blocks of 32 signs and three passes (table by fingerprint, key check, row copy),
@@ -141,48 +141,48 @@ def gather_rows(table, keys, rows, signs, bits, out):
             h = _hash(signs[b0 + k])
             pos = _home(h, size)
             fp = np.int64(h & fmask)
-            slot = -1
+            row_at = -1
             while True:
                 e = np.int64(table[pos])
                 if e < 0:
                     break
                 if (e >> bits) == fp:
-                    slot = e & smask
+                    row_at = e & smask
                     break
                 pos = _next(pos, size)
-            cand[k] = slot
+            cand[k] = row_at
             where[k] = pos
         for k in range(m):  # pass 2: confirm the key; a fingerprint collision probes on
-            slot = cand[k]
+            row_at = cand[k]
             s = signs[b0 + k]
-            if slot >= 0 and keys[slot] != s:
+            if row_at >= 0 and keys[row_at] != s:
                 cand[k] = _find(table, keys, s, _hash(s), _next(where[k], size), bits)
         for k in range(m):  # pass 3: copy the rows
-            slot = cand[k]
+            row_at = cand[k]
             i = b0 + k
-            if slot < 0:
+            if row_at < 0:
                 misses += 1
                 for j in range(dim):
                     out[i, j] = 0.0
             else:
                 for j in range(dim):
-                    out[i, j] = rows[slot, j]
+                    out[i, j] = rows[row_at, j]
     return misses
 
 
 @numba.njit(inline="always")
-def _put(table, h, slot, bits):
+def _put(table, h, row_at, bits):
     size = len(table)
     _, fmask = _masks(bits)
     pos = _home(h, size)
     while table[pos] >= 0:
         pos = _next(pos, size)
-    table[pos] = np.int32((np.int64(h & fmask) << bits) | slot)
+    table[pos] = np.int32((np.int64(h & fmask) << bits) | row_at)
 
 
 @numba.njit(cache=True, nogil=True)
 def insert_new(table, keys, signs, start, bits):
-    """Insert distinct, absent ``signs`` at slots start, start+1, ... (keys written too)."""
+    """Insert distinct, absent ``signs`` at positions start, start+1, ... (keys written too)."""
     for i in range(len(signs)):
         keys[start + i] = signs[i]
         _put(table, _hash(signs[i]), start + i, bits)
@@ -190,17 +190,17 @@ def insert_new(table, keys, signs, start, bits):
 
 @numba.njit(cache=True, nogil=True)
 def rebuild(table, keys, n, bits):
-    """Index keys[:n] (slot = position). Returns the number of duplicate signs found (0 when
+    """Index keys[:n] (a sign's position = its place in keys). Returns the number of duplicate signs found (0 when
     the input is consistent); duplicates are not indexed."""
     size = len(table)
     table[:] = EMPTY
     dups = 0
-    for slot in range(n):
-        h = _hash(keys[slot])
-        if _find(table, keys, keys[slot], h, _home(h, size), bits) >= 0:
+    for row_at in range(n):
+        h = _hash(keys[row_at])
+        if _find(table, keys, keys[row_at], h, _home(h, size), bits) >= 0:
             dups += 1
         else:
-            _put(table, h, slot, bits)
+            _put(table, h, row_at, bits)
     return dups
 
 
@@ -229,23 +229,24 @@ def _delete_at(table, keys, pos, bits):
 
 
 @numba.njit(inline="always")
-def _position_of(table, keys, slot, bits):
+def _entry_of(table, keys, row_at, bits):
+    """The table entry that points at row position ``row_at``."""
     size = len(table)
     smask, _ = _masks(bits)
-    pos = _home(_hash(keys[slot]), size)
-    while table[pos] < 0 or (np.int64(table[pos]) & smask) != slot:
+    pos = _home(_hash(keys[row_at]), size)
+    while table[pos] < 0 or (np.int64(table[pos]) & smask) != row_at:
         pos = _next(pos, size)
     return pos
 
 
 @numba.njit(cache=True, nogil=True)
 def remove_compact(table, keys, victims, n, bits):
-    """Remove the rows at the sorted distinct slots ``victims`` (all < n) and keep rows dense:
+    """Remove the rows at the sorted distinct positions ``victims`` (all < n) and keep rows dense:
     the surviving rows at the tail fill the holes. Moves keys and the index; returns (src, dst)
     so the caller moves every other per-row array the same way (src >= new n > dst)."""
     smask, _ = _masks(bits)
     for v in victims:
-        _delete_at(table, keys, _position_of(table, keys, v, bits), bits)
+        _delete_at(table, keys, _entry_of(table, keys, v, bits), bits)
     m = len(victims)
     new_n = n - m
     gone = np.zeros(n - new_n, dtype=np.bool_)  # victims in the tail [new_n, n)
@@ -264,7 +265,7 @@ def remove_compact(table, keys, victims, n, bits):
             break
         while gone[j - new_n]:
             j += 1
-        pos = _position_of(table, keys, j, bits)
+        pos = _entry_of(table, keys, j, bits)
         table[pos] = np.int32((np.int64(table[pos]) & ~smask) | v)  # same key: keep its fingerprint
         keys[v] = keys[j]
         src[h] = j
@@ -324,19 +325,19 @@ def segment_sum(inverse, values, k):
 
 @numba.njit(inline="always")
 def find_one(table, keys, sign, bits):
-    """The slot of one sign, -1 where absent: for kernels that fuse the find with their work on
+    """The row position of one sign, -1 where absent: for kernels that fuse the find with their work on
     the row (``serving.ps.fused``)."""
     h = _hash(sign)
     return _find(table, keys, sign, h, _home(h, len(table)), bits)
 
 
 @numba.njit(cache=True, nogil=True)
-def touch_gather(slots, rows, stamp, count, now, out):
-    """A training lookup's second half by slot: out[i] = rows[slots[i]] (zeros where -1), each
+def touch_gather(rows_at, rows, stamp, count, now, out):
+    """A training lookup's second half by position: out[i] = rows[rows_at[i]] (zeros where -1), each
     found row's stamp set to ``now`` and its count raised (saturating). Returns the misses."""
     misses = 0
-    for i in range(len(slots)):
-        s = slots[i]
+    for i in range(len(rows_at)):
+        s = rows_at[i]
         if s < 0:
             out[i, :] = 0.0
             misses += 1

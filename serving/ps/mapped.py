@@ -36,7 +36,9 @@ import numpy as np
 
 from features.hashing import has_duplicates
 from model_store import shards
-from model_store.shards import ShardData, ShardMeta, StoreError
+from model_store.errors import StoreError
+from model_store.meta import ShardMeta
+from model_store.shards import ShardData
 from serving.ps.config import StoreConfig, as_signs, not_held
 from serving.ps.table import BucketTable
 
@@ -319,8 +321,8 @@ class MappedStore:
     # ---- what a serving PS does not do ------------------------------------------------------
     def _read_only(self, what: str) -> NoReturn:
         raise StoreError(
-            f"{what}: this PS serves a read-only version from the model store (--follow); "
-            "updates and dumps go to a PS started for training"
+            f"{what}: this PS serves a read-only version from the model store (ps-serve); "
+            "updates and dumps go to a training PS (recserve ps)"
         )
 
     def apply_gradients(self, signs, grads, step: int = 0) -> int:

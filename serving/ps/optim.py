@@ -9,7 +9,7 @@ on rows with a gradient; the bias correction uses the shard's step count); FTRL 
 FTRL-Proximal, per coordinate, as in McMahan et al. 2013 ("Ad Click Prediction"), Algorithm 1.
 
 ``OPTIMIZERS`` is the one list of optimizer names: the PS update, its optional compiled fast
-path, the state slots a shard allocates and dumps, the ``--optimizer`` choices and the in-process
+path, the state matrices a shard allocates and dumps, the ``--optimizer`` choices and the in-process
 trainer's torch counterpart (with its hyper-parameters, ``torch_args``) all come from it, and
 ``get`` refuses a name it does not hold. ``OptimizerSpec`` holds every hyper-parameter of every
 optimizer; it is nested in ``serving.ps.spec.TableSpec``, so each of its fields is a flag of
@@ -34,7 +34,7 @@ Hyper = Callable[["OptimizerSpec", int], tuple[float, ...]]
 
 @dataclass(frozen=True)
 class SparseOptimizer:
-    """One registered optimizer: its per-row state slots and its update."""
+    """One registered optimizer: its per-row state matrices and its update."""
 
     name: str
     state: tuple[str, ...]
@@ -42,7 +42,7 @@ class SparseOptimizer:
     update: Update
     """``update(cfg, params, state, grads, step)``: see ``apply``."""
     initial: Callable[[OptimizerSpec, str], float]
-    """The value a new row's state slot starts at."""
+    """The value a new row's state matrix (by name) starts at."""
     torch: str | None
     """The ``torch.optim`` class that is its counterpart on sparse gradients (the in-process
     baseline trains with it), or None when torch has none."""
@@ -73,7 +73,7 @@ def register(
     name: str,
     state: tuple[str, ...] = (),
     torch: str | None = None,
-    initial: Callable[[OptimizerSpec, str], float] = lambda cfg, slot: 0.0,
+    initial: Callable[[OptimizerSpec, str], float] = lambda cfg, name: 0.0,
     torch_args: Callable[[OptimizerSpec], dict[str, object]] = lambda cfg: {"lr": cfg.lr},
     fused: str | None = None,
     hyper: Hyper = lambda cfg, step: (),
@@ -166,7 +166,7 @@ def _adam_args(cfg: OptimizerSpec) -> dict[str, object]:
 
 
 @register(
-    "adagrad", state=("sum",), torch="Adagrad", initial=lambda cfg, slot: cfg.initial_accumulator_value,
+    "adagrad", state=("sum",), torch="Adagrad", initial=lambda cfg, name: cfg.initial_accumulator_value,
     torch_args=_adagrad_args, fused="serving.ps.fused:adagrad", hyper=lambda cfg, step: (cfg.lr, _eps(cfg, 1e-10)),
 )  # fmt: skip
 def _adagrad(cfg: OptimizerSpec, params, state, grads, step: int) -> None:

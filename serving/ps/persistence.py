@@ -11,7 +11,9 @@ from numpy.typing import NDArray
 
 from features.hashing import has_duplicates, unique_signs
 from model_store import shards
-from model_store.shards import ShardData, ShardMeta, StoreError
+from model_store.errors import StoreError
+from model_store.meta import ShardMeta
+from model_store.shards import ShardData
 from serving.ps.arrays import RowArrays, SignIndex
 from serving.ps.config import StoreConfig
 
@@ -50,17 +52,17 @@ class ShardPersistence:
     def cut(self, signs: SignIndex, arrays: RowArrays, n: int, meta: ShardMeta) -> ShardData:
         """The rows changed (dirty) and signs deleted since the last cut, as a delta of ``meta``;
         the dirty marks and the deletions are reset (``restore`` undoes it)."""
-        slots = np.flatnonzero(arrays.dirty[:n])
+        rows_at = np.flatnonzero(arrays.dirty[:n])
         deleted = unique_signs(np.concatenate([np.empty(0, np.uint64), *self.deleted]))
         if len(deleted):  # deleted, then inserted again: the row wins
             deleted = deleted[signs.find(deleted) < 0]
         data = ShardData(
             meta=meta,
-            signs=signs.keys[slots],
-            rows=arrays.values[slots],
-            state={k: v[slots] for k, v in arrays.state.items()},
-            stamp=arrays.stamp[slots],
-            count=arrays.count[slots],
+            signs=signs.keys[rows_at],
+            rows=arrays.values[rows_at],
+            state={k: v[rows_at] for k, v in arrays.state.items()},
+            stamp=arrays.stamp[rows_at],
+            count=arrays.count[rows_at],
             deleted=deleted,
         )
         arrays.dirty[:n] = False
@@ -69,8 +71,8 @@ class ShardPersistence:
 
     def restore(self, signs: SignIndex, arrays: RowArrays, data: ShardData) -> None:
         """Mark a cut delta's rows and deletions pending again (its write failed)."""
-        slots = signs.find(data.signs)
-        arrays.dirty[slots[slots >= 0]] = True
+        rows_at = signs.find(data.signs)
+        arrays.dirty[rows_at[rows_at >= 0]] = True
         self.deleted.append(data.deleted)
 
     def _check(self, meta: ShardMeta, where: str) -> None:

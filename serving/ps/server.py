@@ -1,7 +1,9 @@
-"""The ``EmbeddingPS`` gRPC service: one process per shard (``recserve ps``).
+"""The ``EmbeddingPS`` gRPC service: one process per shard, in one of two roles: a training shard
+(``recserve ps``, ``TrainingShardConfig``) or a serving shard (``recserve ps-serve``,
+``ServingShardConfig``).
 
 ``serve`` starts a shard in named steps: ``open_store`` (a training ``EmbeddingStore``, or a
-serving ``MappedStore`` with ``--follow``), ``start_following`` (a serving shard's ``Follower``,
+serving shard's ``MappedStore``), ``start_following`` (a serving shard's ``Follower``,
 polled once so it serves the published version from the start), the gRPC server with ``Health``
 kept true to what is served, and the ``Background`` loops (TTL expiry; follow polls).
 
@@ -13,12 +15,11 @@ included) atomic with respect to lookups. What is slow runs on a worker thread: 
 writing dumps (the install/cut steps around it are inline), and a serving shard's follow polls
 (reads, checksums and overlay builds at low priority; the snapshot flip is one reference).
 
-Never serve nothing: a shard following the model store (``--follow``) says NOT_SERVING on gRPC
+Never serve nothing: a serving shard, following the model store, says NOT_SERVING on gRPC
 health until it serves a version, and answers a Lookup then with UNAVAILABLE naming the shard and
 why (no version published yet, or the follower's refusal); ``Stats`` carries the refusal.
 
-Least privilege (``ps_access``, checked by the one ``rpc`` boundary): a serving shard
-(``--follow``) answers ``Lookup`` and ``Stats`` (and health, reflection) only; ``Update``,
+Least privilege (``ps_access``, checked by the one ``rpc`` boundary): a serving shard answers ``Lookup`` and ``Stats`` (and health, reflection) only; ``Update``,
 ``UpdateLookup``, ``Assign``, ``Dump`` and ``Load`` are PERMISSION_DENIED whatever the caller
 sends. A training shard answers them, and inserting lookups, to callers holding the admin token
 (``--admin-token-file``; without one they are refused), and ``Dump``/``Load`` paths must stay under
@@ -34,7 +35,7 @@ import time
 from pathlib import Path
 
 from model_store import shards
-from serving.ps.config import ServerConfig, StoreConfig
+from serving.ps.config import ServingShardConfig, StoreConfig, TrainingShardConfig
 from serving.ps.follow import lower_thread_priority, not_serving_reason
 from serving.ps.metrics import PSMetrics
 from serving.rpc import convert
@@ -45,6 +46,9 @@ log = logging.getLogger("recserve.ps")
 
 SERVICE = "recserve.v1.EmbeddingPS"
 
+ShardConfig = TrainingShardConfig | ServingShardConfig
+"""A shard process's config: its role is its type."""
+
 
 OPEN = frozenset({"Lookup", "Stats"})
 """What every shard answers to anyone: reads."""
@@ -52,10 +56,10 @@ WRITES = frozenset({"Update", "UpdateLookup", "Assign", "Dump", "Load"})
 """What only a training shard answers, to callers holding its admin token."""
 
 
-def ps_access(config: ServerConfig) -> Access:
+def ps_access(config: ShardConfig) -> Access:
     """The shard's policy: reads only when serving; reads plus token-guarded writes when training."""
-    if config.follow:
-        return Access("serving PS (--follow)", open=OPEN)
+    if isinstance(config, ServingShardConfig):
+        return Access("serving PS (recserve ps-serve)", open=OPEN)
     token = read_token_file(config.admin_token_file) if config.admin_token_file else ""
     return Access(
         "training PS", open=OPEN, guarded=WRITES, token=token, root=Path(config.data_root).resolve()
@@ -230,7 +234,7 @@ class EmbeddingPSServicer:
         return self.pb.LoadResponse(rows=len(self.store), version=self._version())
 
 
-async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> None:
+async def serve(config: ShardConfig, started: asyncio.Future | None = None) -> None:
     """Run one PS shard until SIGTERM/SIGINT (or until the task is cancelled): open its store,
     start following the model (serving shard), answer gRPC with health kept true to what it
     serves, run the background loops (TTL expiry, follow polls), then stop within the grace."""
@@ -238,11 +242,11 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
     from serving.rpc import server as rpc_server
 
     config.__post_init__()
-    store = open_store(config)
+    store = open_store(config, config.store_config())
     metrics = PSMetrics(store)
     follower = start_following(config, store, metrics.registry)
     servicer = EmbeddingPSServicer(store, ps_access(config), metrics, follower)
-    running = await rpc_server.start_aio(config.endpoint(), SERVICE, servicer, metrics.registry)
+    running = await rpc_server.start_aio(config.server.endpoint(), SERVICE, servicer, metrics.registry)
     health = Health(running, store, follower)
     await health.update()
     log_listening(config, store, running.port)
@@ -254,25 +258,25 @@ async def serve(config: ServerConfig, started: asyncio.Future | None = None) -> 
         await stop.wait()
     finally:
         loops.cancel()
-        await rpc_server.stop_aio(running, config.grace_s)
+        await rpc_server.stop_aio(running, config.server.grace_s)
         loops.shutdown()
         st = store.stats()
         log.info("ps shard %d: %d rows held; %d evicted, %d expired, grew %d times",
-                 config.store.shard, st["rows"], st["evictions"], st["expired"], st["grows"])  # fmt: skip
+                 store.config.shard, st["rows"], st["evictions"], st["expired"], st["grows"])  # fmt: skip
 
 
-def open_store(config: ServerConfig):
-    """The shard's store: a serving shard (``--follow``) maps versions' files read-only (deltas in
-    an overlay); a training one holds rows and optimizer state (compiled kernels: numba, warmed
-    up here), loaded from ``--load`` when given."""
-    if config.follow:
+def open_store(config: ShardConfig, cfg: StoreConfig):
+    """The shard's store (configured by ``cfg``): a serving shard maps versions' files read-only
+    (deltas in an overlay); a training one holds rows and optimizer state (compiled kernels:
+    numba, warmed up here), loaded from ``--load`` when given."""
+    if isinstance(config, ServingShardConfig):
         from serving.ps.mapped import MappedStore
 
-        return MappedStore(config.store, keep_s=config.keep_previous_s)
+        return MappedStore(cfg, keep_s=config.keep_previous_s)
     from serving.ps.store import EmbeddingStore
 
-    store = EmbeddingStore(config.store)
-    _warm_up(config.store)
+    store = EmbeddingStore(cfg)
+    _warm_up(cfg)
     if config.load:
         t0 = time.perf_counter()
         store.load(config.load)
@@ -301,14 +305,14 @@ def _warm_up(cfg: StoreConfig) -> None:
     scratch.apply_gradients(signs[:1], grads[:1])
 
 
-def start_following(config: ServerConfig, store, registry):
+def start_following(config: ShardConfig, store, registry):
     """A serving shard's ``Follower``, having polled once so the published version (and its
     deltas) is served from the start; None for a training shard."""
-    if not config.follow:
+    if not isinstance(config, ServingShardConfig):
         return None
     from serving.ps.follow import Follower
 
-    follower = Follower(store, config.follow, registry=registry, pin=config.pin)
+    follower = Follower(store, config.model_dir, registry=registry, pin=config.pin)
     for event in follower.poll():
         log.info("follow: %s", event)
     return follower
@@ -335,12 +339,12 @@ class Health:
             log.info("SERVING version %s (delta %d)", self.store.version, self.store.delta_seq)
 
 
-def log_listening(config: ServerConfig, store, port: int) -> None:
-    cfg = config.store
+def log_listening(config: ShardConfig, store, port: int) -> None:
+    cfg = store.config
     log.info(
         "ps shard %d/%d listening on %s:%d (dim %d, %s)",
-        cfg.shard, cfg.num_shards, config.host, port, cfg.dim,
-        "serving mapped versions" if config.follow else
+        cfg.shard, cfg.num_shards, config.server.host, port, cfg.dim,
+        "serving mapped versions" if isinstance(config, ServingShardConfig) else
         f"capacity {store.capacity}, eviction {cfg.eviction}, memory limit "
         + (f"{cfg.max_memory_gb:g} GiB" if cfg.max_memory_gb else "none"),
     )  # fmt: skip
@@ -350,30 +354,30 @@ class Background:
     """The shard's loops on the event loop: TTL expiry (training, ``ttl_s > 0``) and follow polls
     (serving), whose reads, checksums and overlay builds run on one low-priority thread."""
 
-    def __init__(self, config: ServerConfig, servicer: EmbeddingPSServicer, health: Health):
-        self.config, self.servicer, self.health = config, servicer, health
+    def __init__(self, config: ShardConfig, servicer: EmbeddingPSServicer, health: Health):
+        self.servicer, self.health = servicer, health
         self.store, self.follower = servicer.store, servicer.follower
         self.pool = None
         self.tasks = []
-        if config.store.ttl_s > 0:
-            self.tasks.append(asyncio.create_task(self.expire_loop()))
-        if self.follower is not None:
+        if isinstance(config, TrainingShardConfig) and config.store.ttl_s > 0:
+            self.tasks.append(asyncio.create_task(self.expire_loop(config.expire_every_s)))
+        if isinstance(config, ServingShardConfig) and self.follower is not None:
             from concurrent.futures import ThreadPoolExecutor
 
             self.pool = ThreadPoolExecutor(1, "follow", initializer=lower_thread_priority)
-            self.tasks.append(asyncio.create_task(self.follow_loop()))
+            self.tasks.append(asyncio.create_task(self.follow_loop(config.poll_s)))
 
-    async def expire_loop(self) -> None:
+    async def expire_loop(self, every_s: float) -> None:
         while True:
-            await asyncio.sleep(self.config.expire_every_s)
+            await asyncio.sleep(every_s)
             await self.servicer.writable()
             if n := self.store.expire():
                 log.info("expired %d rows (%d in all)", n, self.store.expired)
 
-    async def follow_loop(self) -> None:
+    async def follow_loop(self, poll_s: float) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.config.poll_s)
+            await asyncio.sleep(poll_s)
             try:  # flips are atomic on the loop's side
                 for event in await loop.run_in_executor(self.pool, self.follower.poll):
                     log.info("follow: %s", event)

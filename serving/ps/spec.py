@@ -25,7 +25,7 @@ DTYPES = ("float32", "float16")
 EVICTIONS = ("none", "lru", "lfu")
 """What a full table does (``TableSpec.eviction``)."""
 MAX_ROWS = 2**31 - 2
-"""Rows one shard can index: slots are int32 entries of the index (add shards beyond it)."""
+"""Rows one shard can index: row positions are int32 entries of the index (add shards beyond it)."""
 
 
 @dataclass
@@ -66,7 +66,7 @@ class TableSpec:
         if self.dim < 1 or self.capacity < 1:
             raise ValueError(f"dim and capacity must be >= 1 (dim={self.dim}, capacity={self.capacity})")
         if self.capacity > MAX_ROWS:
-            raise ValueError("capacity must be < 2**31 - 1 per shard (int32 slots); add shards")
+            raise ValueError("capacity must be < 2**31 - 1 per shard (int32 row positions); add shards")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose {' or '.join(DTYPES)}")
         if self.eviction not in EVICTIONS:

@@ -1,6 +1,6 @@
 """The embedding store of one PS shard: a plain class, no network, and its collaborators.
 
-Rows are kept dense in arrays allocated for ``capacity`` (slots 0..rows-1 occupied, so a dump is a
+Rows are kept dense in arrays allocated for ``capacity`` (positions 0..rows-1 occupied, so a dump is a
 slice): the index of signs (``arrays.SignIndex``) and per row the values, optimizer state, stamp,
 count and dirty flag (``arrays.RowArrays``), no per-ID Python objects. The store owns the lock,
 the row count, the version and the lookup counters; each collaborator owns its state:
@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from model_store import shards
-from model_store.errors import CapacityError
-from model_store.shards import ShardData, ShardMeta, StoreError
+from model_store.errors import CapacityError, StoreError
+from model_store.meta import ShardMeta
+from model_store.shards import ShardData
 from serving.ps import optim
 from serving.ps.admission import Admission
 from serving.ps.arrays import RowArrays, SignIndex, checked_assign, checked_grads, coalesce
@@ -96,9 +97,9 @@ class EmbeddingStore:
         signs = as_signs(signs)
         with self._lock:
             check_holds(self.config, version, [self.version] if self.version else [])
-            if insert and self._arrays.values.dtype == np.float32:  # admit, touch and gather by slot
-                slots = self._admit(signs, touch=False)
-                out, misses = self._arrays.touch_gather(slots, np.uint32(self.clock()))
+            if insert and self._arrays.values.dtype == np.float32:  # admit, touch and gather by position
+                rows_at = self._admit(signs, touch=False)
+                out, misses = self._arrays.touch_gather(rows_at, np.uint32(self.clock()))
                 return out, misses, (self.version, self.delta_seq)
             if insert:
                 self._admit(signs)
@@ -109,25 +110,25 @@ class EmbeddingStore:
             return out, misses, (self.version, self.delta_seq)
 
     def _admit(self, signs: np.ndarray, touch: bool = True) -> np.ndarray:
-        """Insert the unseen ``signs`` admission lets in; their slots (-1: not admitted). With
+        """Insert the unseen ``signs`` admission lets in; their positions (-1: not admitted). With
         ``touch`` the found rows' stamp and count are refreshed here (else by the caller)."""
-        slots = self._index.find(signs)
-        found = slots >= 0
+        rows_at = self._index.find(signs)
+        found = rows_at >= 0
         n_found = int(found.sum())
         self.hits += n_found
         self.misses += len(signs) - n_found
-        hit_slots = slots[found]
+        hit_rows_at = rows_at[found]
         if n_found < len(signs):
             new, counts = np.unique(signs[~found], return_counts=True)
             if self._admission is not None:
                 new = self._admission.admit(new, counts)
             if len(new):
-                self._insert(new, protect=hit_slots)
-                slots = self._index.find(signs)
-                hit_slots = slots[slots >= 0]
+                self._insert(new, protect=hit_rows_at)
+                rows_at = self._index.find(signs)
+                hit_rows_at = rows_at[rows_at >= 0]
         if touch:
-            self._arrays.touch(hit_slots, np.uint32(self.clock()))
-        return slots
+            self._arrays.touch(hit_rows_at, np.uint32(self.clock()))
+        return rows_at
 
     def _insert(self, new: np.ndarray, protect: np.ndarray) -> None:
         """Give the distinct absent ``new`` signs rows: grow (eviction none) or evict first if
@@ -145,7 +146,7 @@ class EmbeddingStore:
         self.inserts += len(new)
 
     def _grow(self, need: int, keep: int, double: bool = True) -> None:
-        """``Growth.grow``: room for ``need`` rows keeping slots 0..keep-1 (CapacityError, the
+        """``Growth.grow``: room for ``need`` rows keeping positions 0..keep-1 (CapacityError, the
         store unchanged, when it cannot be had)."""
         self._index, self._arrays = self._growth.grow(
             self._index, self._arrays, self._admission, need, keep, held=self.rows, double=double
@@ -170,7 +171,7 @@ class EmbeddingStore:
             return len(victims)
 
     def _remove(self, victims: np.ndarray) -> None:
-        """Delete the rows at sorted distinct slots, record their signs for the next delta and
+        """Delete the rows at sorted distinct positions, record their signs for the next delta and
         refill the holes from the tail so rows stay dense."""
         self._persistence.deleted.append(self._index.keys[victims].copy())
         src, dst = self._index.remove(victims.astype(np.int64), self.rows)
@@ -185,13 +186,13 @@ class EmbeddingStore:
         it is, a new row's initial). Returns rows written."""
         signs, rows, state = checked_assign(signs, rows, state, self.config)
         with self._lock:
-            slots = self._index.find(signs)
-            absent = slots < 0
+            rows_at = self._index.find(signs)
+            absent = rows_at < 0
             if absent.any():
-                self._insert(signs[absent], protect=slots[~absent])
-                slots = self._index.find(signs)
-            ok = slots >= 0
-            self._arrays.assign(slots[ok], rows[ok], {name: values[ok] for name, values in state.items()})
+                self._insert(signs[absent], protect=rows_at[~absent])
+                rows_at = self._index.find(signs)
+            ok = rows_at >= 0
+            self._arrays.assign(rows_at[ok], rows[ok], {name: values[ok] for name, values in state.items()})
             return int(ok.sum())
 
     def apply_gradients(self, signs, grads, step: int = 0, distinct: bool = False) -> int:
@@ -217,9 +218,9 @@ class EmbeddingStore:
         uniq, summed = coalesce(signs, grads)
         with self._lock:
             self.step = step if step else self.step + 1
-            slots = self._index.find(uniq)
-            ok = slots >= 0
-            self._arrays.update(slots[ok], summed[ok], cfg, self.step, np.uint32(self.clock()))
+            rows_at = self._index.find(uniq)
+            ok = rows_at >= 0
+            self._arrays.update(rows_at[ok], summed[ok], cfg, self.step, np.uint32(self.clock()))
             return int(ok.sum())
 
     # ---- persistence (``ShardPersistence``; files: ``model_store.shards``) -------------------
@@ -334,22 +335,22 @@ class EmbeddingStore:
                 if self.rows + new > self.capacity:
                     self._grow(self.rows + new, keep=self.rows)
             if len(data.deleted):
-                slots = self._index.find(data.deleted)
-                slots = np.sort(slots[slots >= 0])
-                if len(slots):
-                    self._remove(slots)
+                rows_at = self._index.find(data.deleted)
+                rows_at = np.sort(rows_at[rows_at >= 0])
+                if len(rows_at):
+                    self._remove(rows_at)
                     self._persistence.deleted.pop()  # applied deletions are not ours to publish again
-            slots = self._index.find(data.signs)
-            absent = slots < 0
+            rows_at = self._index.find(data.signs)
+            absent = rows_at < 0
             if absent.any():
-                self._insert(data.signs[absent], protect=slots[~absent])
-                slots = self._index.find(data.signs)
-            ok = slots >= 0
-            slots = slots[ok]
-            self._arrays.put(slots, data, ok, self.config.optimizer)
+                self._insert(data.signs[absent], protect=rows_at[~absent])
+                rows_at = self._index.find(data.signs)
+            ok = rows_at >= 0
+            rows_at = rows_at[ok]
+            self._arrays.put(rows_at, data, ok, self.config.optimizer)
             self.delta_seq = seq
             self.step = max(self.step, data.meta.step)
-            return len(slots)
+            return len(rows_at)
 
     # ---- introspection -------------------------------------------------------------------
     def bytes_for(self, cap: int) -> int:

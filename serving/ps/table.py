@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from model_store import shards
-from model_store.shards import ShardMeta, StoreError
+from model_store.errors import StoreError
+from model_store.meta import ShardMeta
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,7 @@ class Access:
     """One server's policy: what it answers, to whom, and where its request paths may point."""
 
     role: str
-    """What the server is, for refusals ("serving PS (--follow)", "training PS", ...)."""
+    """What the server is, for refusals ("serving PS (recserve ps-serve)", "training PS", ...)."""
     open: frozenset[str] = frozenset()
     """RPCs anyone may call."""
     guarded: frozenset[str] = frozenset()

@@ -124,7 +124,7 @@ class ServerTLS:
         return "TLS, client certificates required" if self.client_ca else "TLS"
 
     def flags(self) -> list[str]:
-        """The ``recserve ps`` / ``recserve worker`` flags that give a server these settings."""
+        """The ``recserve ps``, ``ps-serve`` and ``worker`` flags that give a server these settings."""
         out = ["--tls-cert", self.cert, "--tls-key", self.key]
         return out + (["--tls-client-ca", self.client_ca] if self.client_ca else [])
 

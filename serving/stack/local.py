@@ -1,7 +1,7 @@
 """The local serving stack: PS shards + embedding worker + TorchServe with the scoring handler.
 
 ``LocalStack(StackConfig).start()`` loads the served version (``CURRENT`` or a given one, checked
-against its manifest), starts ``replicas`` ``recserve ps`` processes per shard loading that
+against its manifest), starts ``replicas`` ``recserve ps-serve`` processes per shard loading that
 version's embeddings, waits until every one serves that version, starts a ``recserve worker`` over
 them (a shard's replicas in one ``--ps`` entry, ``serving.worker.replicas``) and TorchServe with the
 model registered, waits until every part is healthy, writes ``<run_dir>/stack.json`` (pids, ports,
@@ -141,13 +141,13 @@ class LocalStack:
             for k, address in enumerate(replicas):
                 # following the model: serve CURRENT, switch with it, apply its deltas; a pinned
                 # --version that is not CURRENT is served with its deltas and never switched
-                source = ["--follow", str(vdir.parent), "--poll-s", str(cfg.poll_s)]
+                source = [str(vdir.parent), "--poll-s", str(cfg.poll_s)]
                 if self.state.pin:
                     source += ["--pin", vdir.name]
                 name, label = (
                     (f"ps{i}", f"ps shard {i}") if r == 1 else (f"ps{i}.{k}", f"ps shard {i} replica {k}")
                 )
-                args = ["ps", "--shard", str(i), "--num-shards", str(n), "--host", cfg.host,
+                args = ["ps-serve", "--shard", str(i), "--num-shards", str(n), "--host", cfg.host,
                         "--port", address.rsplit(":", 1)[1], "--dim", str(manifest.dim), *source,
                         "--dtype", cfg.dtype, "--metrics-port", str(self._metrics_port(name)),
                         *stack_tls.server_flags(self.state)]  # fmt: skip

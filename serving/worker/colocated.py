@@ -30,7 +30,7 @@ import numpy as np
 
 import model_store as ms
 from model_store import shards
-from model_store.shards import StoreError
+from model_store.errors import StoreError
 from serving.ps.client import ShardError
 from serving.ps.config import StoreConfig
 from serving.ps.follow import Follower, lower_thread_priority, not_serving_reason

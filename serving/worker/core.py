@@ -24,7 +24,7 @@ import numpy as np
 from features.batch import CompactBatch
 from features.schema import Schema
 from serving.worker.pooling import BatchError, make_plan, pool
-from serving.worker.shards import HashRouter, LocalShard, PSClient, ShardBackend, ShardError
+from serving.worker.shards import HashRouter, InProcessShard, PSClient, ShardBackend, ShardError
 from serving.worker.updates import UpdateError, UpdateQueue
 
 __all__ = [
@@ -32,7 +32,7 @@ __all__ = [
     "EmbeddingWorker",
     "ForwardResult",
     "PSClient",
-    "LocalShard",
+    "InProcessShard",
     "ShardBackend",
     "ShardError",
     "UpdateError",

@@ -20,13 +20,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
 
 from serving.rpc import convert
 from serving.rpc.auth import Access
+from serving.rpc.config import ServerConfig
 from serving.rpc.errors import BadRequest, rpc
 
 log = logging.getLogger("recserve.worker")
@@ -34,8 +35,12 @@ log = logging.getLogger("recserve.worker")
 SERVICE = "recserve.v1.EmbeddingWorker"
 
 
+def _worker_server() -> ServerConfig:
+    return ServerConfig(port=50071, max_message_mb=256)
+
+
 @dataclass
-class ServerConfig:
+class WorkerServerConfig:
     """One embedding-worker process."""
 
     ps: tuple[str, ...] = ()
@@ -43,12 +48,6 @@ class ServerConfig:
     (a:1|a:2,b:1|b:2: lookups spread over a shard's SERVING replicas, failing over between them)."""
     schema: str = "data/schemas/criteo.yaml"
     """Feature schema the compact batches must be built for."""
-    host: str = "127.0.0.1"
-    """Interface to bind; loopback unless told otherwise."""
-    port: int = 50071
-    """gRPC port (0: the OS picks one; it is logged)."""
-    metrics_port: int = 0
-    """Prometheus /metrics HTTP port (0: off)."""
     threads: int = 8
     """gRPC handler threads (concurrent calls)."""
     ps_timeout_s: float = 5.0
@@ -56,16 +55,6 @@ class ServerConfig:
     health_poll_s: float = 0.5
     """How often the shards' health is checked: the worker is SERVING while every shard is (a
     replicated shard while one of its replicas is)."""
-    grace_s: float = 5.0
-    """On SIGTERM/SIGINT, in-flight calls get this long to finish."""
-    max_message_mb: int = 256
-    """Max gRPC send/receive message size."""
-    tls_cert: str = ""
-    """TLS: this server's certificate (PEM; with --tls-key). Without it the server speaks plaintext."""
-    tls_key: str = ""
-    """TLS: the certificate's private key (PEM, unencrypted, mode 0600)."""
-    tls_client_ca: str = ""
-    """mTLS: clients must present a certificate signed by this CA (PEM)."""
     ps_tls_ca: str = ""
     """TLS to the PS shards: the CA that signed their certificates (PEM). Without any --ps-tls-*
     flag the worker speaks plaintext to them."""
@@ -73,25 +62,15 @@ class ServerConfig:
     """mTLS to the PS shards: this worker's client certificate (PEM; with --ps-tls-key)."""
     ps_tls_key: str = ""
     """mTLS to the PS shards: the client certificate's private key (PEM, mode 0600)."""
+    server: ServerConfig = field(default_factory=_worker_server)
+    """Where the worker listens (host, port, metrics port, TLS, ...)."""
 
     def __post_init__(self) -> None:
-        self.tls(), self.ps_tls()  # a missing file, or a key that is not the certificate's: say so now
+        self.ps_tls()  # a missing file, or a key that is not the certificate's: say so now
         if self.ps:
             from serving.worker.replicas import parse_ps_spec
 
             parse_ps_spec(self.ps)  # a malformed spec is a configuration error, said at once
-
-    def endpoint(self):
-        from serving.rpc.server import Endpoint
-
-        return Endpoint(
-            self.host, self.port, self.metrics_port, self.max_message_mb, self.grace_s, self.tls()
-        )
-
-    def tls(self):
-        from serving.rpc.tls import ServerTLS
-
-        return ServerTLS.of(self.tls_cert, self.tls_key, self.tls_client_ca)
 
     def ps_tls(self):
         from serving.rpc.tls import ClientTLS
@@ -173,7 +152,9 @@ class EmbeddingWorkerServicer:
 
 
 def serve(
-    config: ServerConfig, stop: threading.Event | None = None, started: Callable[[int], None] | None = None
+    config: WorkerServerConfig,
+    stop: threading.Event | None = None,
+    started: Callable[[int], None] | None = None,
 ) -> int:
     """Run the worker until SIGTERM/SIGINT (or ``stop`` is set); returns the exit code.
     ``started(port)`` is called once it serves."""
@@ -200,7 +181,7 @@ def serve(
     servicer = EmbeddingWorkerServicer(worker, worker_access(), metrics)
     try:
         running = rpc_server.start_sync(
-            config.endpoint(), SERVICE, servicer, metrics.registry, config.threads
+            config.server.endpoint(), SERVICE, servicer, metrics.registry, config.threads
         )
     except OSError:
         worker.close()
@@ -214,12 +195,12 @@ def serve(
     )
     log.info(
         "worker for %s listening on %s:%d over %d PS shards (dim %d)",
-        schema.name, config.host, running.port, len(config.ps), worker.dim,
+        schema.name, config.server.host, running.port, len(config.ps), worker.dim,
     )  # fmt: skip
     if started is not None:
         started(running.port)
     rpc_server.wait_for_stop(stop)
     mirror.set()
-    rpc_server.stop_sync(running, config.grace_s)
+    rpc_server.stop_sync(running, config.server.grace_s)
     worker.close()
     return 0

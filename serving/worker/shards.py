@@ -1,7 +1,7 @@
 """The worker's view of the PS shards: one backend per shard, and the router that splits signs.
 
 ``ShardBackend`` is the whole interface the worker needs (``dim``, ``rows``, ``update``,
-``update_lookup``), so a shard can be an in-process store (``LocalShard``, tests and single-process
+``update_lookup``), so a shard can be an in-process store (``InProcessShard``, tests and single-process
 training) or a PS process over gRPC (``serving.ps.client.PSClient``, the one PS client), or several
 replica processes of one shard (``serving.worker.replicas.ReplicaSet``). ``rows`` names the version
 to read ("" = the newest) and says which (version, delta seq) it read, per call. Backends may also
@@ -17,7 +17,7 @@ import numpy as np
 from features.hashing import shard_of
 from serving.ps.client import PSClient, ShardError
 
-__all__ = ["HashRouter", "LocalShard", "PSClient", "RemoteShard", "ShardBackend", "ShardError"]
+__all__ = ["HashRouter", "InProcessShard", "PSClient", "RemoteShard", "ShardBackend", "ShardError"]
 
 
 @runtime_checkable
@@ -78,7 +78,7 @@ class HashRouter:
         return parts
 
 
-class LocalShard:
+class InProcessShard:
     """An in-process ``EmbeddingStore`` as a shard."""
 
     def __init__(self, store):

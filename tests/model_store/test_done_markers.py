@@ -10,13 +10,12 @@ import pytest
 
 import model_store as ms
 from model_store import layout, shards
+from model_store.meta import ShardMeta
 
 
 def _shard(kind: str) -> shards.ShardData:
     signs = np.arange(1, 41, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    meta = shards.ShardMeta(
-        kind, 0, 1, {"dim": 4, "dtype": "float32", "optimizer": {"name": "sgd"}}, state=[]
-    )
+    meta = ShardMeta(kind, 0, 1, {"dim": 4, "dtype": "float32", "optimizer": {"name": "sgd"}}, state=[])
     rows = np.ones((40, 4), np.float32)
     return shards.ShardData(meta, signs, rows, {}, np.zeros(40, np.uint32), np.zeros(40, np.uint32))
 

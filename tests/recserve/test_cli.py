@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from recserve import config
-from recserve.cli import COMMANDS, build_parser, module_of
+from recserve.cli import COMMANDS, build_parser, main, module_of
 from tests.helpers import ROOT, doc_files, doc_sections, recserve_argv, split_comment
 
 
@@ -67,6 +67,32 @@ def test_an_undefined_flag_is_refused():
     with pytest.raises(SystemExit) as e:
         build_parser(only="up").parse_args(["up", "--model-store", "x"])
     assert e.value.code == 2
+
+
+def test_a_flag_of_the_other_role_is_refused_naming_the_role_it_belongs_to(capsys):
+    """Training policies are no flags of a serving shard, serving ones none of a training shard;
+    the old `recserve ps --follow` names the serving role. Exit 2, as for any bad flag."""
+    refused = [
+        (["ps-serve", "/nonexistent/m", "--eviction", "lru"], "--eviction: a flag of `recserve ps`"),
+        (["ps-serve", "/nonexistent/m", "--ttl-s", "60", "--min-count", "2"], "--ttl-s, --min-count: flags of `recserve ps`"),
+        (["ps-serve", "/nonexistent/m", "--admin-token-file", "t"], "--admin-token-file: a flag of `recserve ps` (the training"),
+        (["ps", "--pin", "3"], "--pin: a flag of `recserve ps-serve` (the serving shard"),
+        (["ps", "--follow", "/nonexistent/m"], "--follow: a flag of `recserve ps-serve` (the serving shard, following MODEL_DIR)"),
+        (["ps", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ]  # fmt: skip
+    for argv, said in refused:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and said in capsys.readouterr().err, argv
+    assert main(["ps-serve"]) == 2  # no MODEL_DIR
+    assert "needs MODEL_DIR" in capsys.readouterr().err
+
+
+def test_a_yaml_key_of_a_nested_config_given_at_the_top_says_where_it_goes(tmp_path, capsys):
+    (tmp_path / "ps.yaml").write_text("port: 6000\n")  # a PS config before `server:` nested it
+    assert main(["ps", "--config", str(tmp_path / "ps.yaml")]) == 2
+    assert "unknown TrainingShardConfig field(s) ['port']" in (err := capsys.readouterr().err)
+    assert "port goes under server:" in err
 
 
 @pytest.mark.parametrize("command", ["up", "serve"])

@@ -15,7 +15,7 @@ from tests.serving.helpers import spawn_ps_and_worker
 
 @pytest.fixture
 def ps_and_worker(tmp_path, monkeypatch):
-    """(store root, PS client, worker client): a `recserve ps --follow <root>/m` (nothing published
+    """(store root, PS client, worker client): a `recserve ps-serve <root>/m` (nothing published
     yet: it serves no version) and a `recserve worker` over it, both checking every 0.1 s. A
     Scorer's warm-up is skipped here: it would wait for a served version."""
     root = tmp_path / "store"

@@ -143,7 +143,7 @@ def score_all(client, limit=2000, binary=False, schema="data/schemas/criteo.yaml
 
 
 def spawn_ps_and_worker(root: Path, tmp_path: Path) -> tuple[list, int, int]:
-    """(processes, PS port, worker port): a `recserve ps --follow <root>/m` and a `recserve worker`
+    """(processes, PS port, worker port): a `recserve ps-serve <root>/m` and a `recserve worker`
     over it on free loopback ports, both checking every 0.1 s (logs in ``tmp_path``). The worker
     waits up to 60 s for the PS, which starts beside it (the 5 s default is a deadline a busy CI
     box can miss). The caller stops the processes (``stop_children``)."""
@@ -153,8 +153,8 @@ def spawn_ps_and_worker(root: Path, tmp_path: Path) -> tuple[list, int, int]:
     schema.write_text(dump_schema(SCHEMA))
     ps_port, worker_port = free_ports(2)
     procs = [
-        spawn(["ps", "--shard", "0", "--num-shards", "1", "--port", str(ps_port), "--dim", str(DIM),
-               "--follow", str(root / "m"), "--poll-s", "0.1"], tmp_path / "ps.log"),
+        spawn(["ps-serve", str(root / "m"), "--shard", "0", "--num-shards", "1", "--port", str(ps_port),
+               "--dim", str(DIM), "--poll-s", "0.1"], tmp_path / "ps.log"),
         spawn(["worker", "--ps", f"127.0.0.1:{ps_port}", "--schema", str(schema), "--port", str(worker_port),
                "--health-poll-s", "0.1", "--ps-timeout-s", "60"], tmp_path / "worker.log"),
     ]  # fmt: skip

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from training.attempt import CURRENT, attempt_store
+from training.attempt import CURRENT, attempt_rendezvous
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def start(server: dist.TCPStore, world: int, order: list[int] | None = None) -> 
     ``order`` says so); the prefix each rank got, read back through the key it can see."""
     order = order or list(range(world))
     with cf.ThreadPoolExecutor(world) as pool:
-        futures = {r: pool.submit(attempt_store, client(server), r, world, 20.0, 0.02) for r in order}
+        futures = {r: pool.submit(attempt_rendezvous, client(server), r, world, 20.0, 0.02) for r in order}
         stores = {r: f.result(timeout=30) for r, f in futures.items()}
     for r, s in stores.items():
         s.set(f"rank-{r}", "here")
@@ -45,10 +45,10 @@ def test_a_rank_that_reads_the_last_starts_prefix_waits_for_this_starts_rank_0(s
     start(store, 2)  # a finished start: its prefix is still current, with its go
     stale = store.get(CURRENT).decode()
     with cf.ThreadPoolExecutor(2) as pool:
-        one = pool.submit(attempt_store, client(store), 1, 2, 20.0, 0.02)
+        one = pool.submit(attempt_rendezvous, client(store), 1, 2, 20.0, 0.02)
         # rank 1 joined the stale prefix and is waiting; only then does this start's rank 0 come
         store.wait([f"{stale}/joined/1"], timedelta(seconds=20))
-        zero = pool.submit(attempt_store, client(store), 0, 2, 20.0, 0.02)
+        zero = pool.submit(attempt_rendezvous, client(store), 0, 2, 20.0, 0.02)
         s0, s1 = zero.result(timeout=30), one.result(timeout=30)
     s1.set("from-1", "x")
     assert s0.get("from-1") == b"x"
@@ -63,8 +63,8 @@ def test_a_start_that_died_before_its_go_leaves_no_trap(store):
 
 def test_a_missing_rank_is_a_timeout_naming_it(store):
     with cf.ThreadPoolExecutor(1) as pool:
-        one = pool.submit(attempt_store, client(store), 1, 3, 3.0, 0.02)
+        one = pool.submit(attempt_rendezvous, client(store), 1, 3, 3.0, 0.02)
         with pytest.raises(TimeoutError, match="ranks 2 did not start"):
-            attempt_store(client(store), 0, 3, 1.0, 0.02)
+            attempt_rendezvous(client(store), 0, 3, 1.0, 0.02)
         with pytest.raises(TimeoutError, match="rank 1: rank 0 of this start gave no go"):
             one.result(timeout=10)

@@ -16,7 +16,7 @@ from features.hashing import shard_of
 from features.schema import load_schema
 from serving.ps.spec import TableSpec
 from serving.ps.store import EmbeddingStore, OptimizerSpec, StoreConfig
-from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
+from serving.worker.core import EmbeddingWorker, InProcessShard, WorkerConfig
 from training import data
 from training.ctx import TrainCtx
 from training.models import ModelConfig, build_model
@@ -27,7 +27,7 @@ TRAIN = ROOT / "data/criteo/wide_resdnn_criteo_train.tsv"
 DIM = 8
 
 
-class CountingShard(LocalShard):
+class CountingShard(InProcessShard):
     """A real in-process store as a shard that records each call: its kind, the signs it read
     and how many updates the shard had applied before it read them."""
 

@@ -20,7 +20,7 @@ from features.hashing import shard_of
 from features.schema import load_schema
 from serving.ps.spec import TableSpec
 from serving.ps.store import EmbeddingStore, OptimizerSpec, StoreConfig
-from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
+from serving.worker.core import EmbeddingWorker, InProcessShard, WorkerConfig
 from training import data
 from training.config import TrainConfig
 from training.ctx import TrainCtx
@@ -54,7 +54,7 @@ def _step(device: str, batches: list) -> tuple[list[EmbeddingStore], dict]:
         )
         for i in range(2)
     ]
-    worker = EmbeddingWorker([LocalShard(s) for s in stores], schema, WorkerConfig(staleness=0))
+    worker = EmbeddingWorker([InProcessShard(s) for s in stores], schema, WorkerConfig(staleness=0))
     cfg = ModelConfig(kind="dlrm", num_slots=len(schema.sparse), dim=DIM, num_dense=len(schema.dense),
                       bottom_mlp=[16, DIM])  # fmt: skip
     torch.manual_seed(0)

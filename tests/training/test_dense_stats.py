@@ -97,7 +97,7 @@ def test_a_compact_batch_from_the_shipped_schema_file_is_accepted(versions):
     from serving.scoring.client import requests_from_file
     from serving.scoring.core import BINARY, Scorer, ScoringConfig
     from serving.scoring.loop import score
-    from serving.worker.core import EmbeddingWorker, LocalShard
+    from serving.worker.core import EmbeddingWorker, InProcessShard
 
     shipped = load_schema(SCHEMA)
     blob = encode(transform(stream.read(TEST, shipped, limit=50), shipped))
@@ -107,7 +107,7 @@ def test_a_compact_batch_from_the_shipped_schema_file_is_accepted(versions):
     # end to end through the scoring core: the binary client of `recserve score --binary`
     v = versions[1]
     stores = offline.load_stores(v, _manifest(v))
-    worker = EmbeddingWorker([LocalShard(s) for s in stores], load_schema(v / "schema.yaml"))
+    worker = EmbeddingWorker([InProcessShard(s) for s in stores], load_schema(v / "schema.yaml"))
     scorer = Scorer(ScoringConfig(str(v)), worker=worker)
     try:
         scores = []

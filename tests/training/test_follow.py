@@ -232,7 +232,7 @@ def test_a_publish_mid_follow_moves_the_next_deltas_to_the_new_version_only(stor
     """Rows trained before `recserve publish V2` are cut into V1 (the version they were trained
     against); the rows after it go into V2's deltas only; serving V2 applies V2's deltas and refuses
     V1's."""
-    from model_store.shards import StoreError
+    from model_store.errors import StoreError
 
     v1 = ms.current(store, NAME)
     n1 = len(ms.list_deltas(ms.version_dir(store, NAME, v1)))

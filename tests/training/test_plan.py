@@ -47,7 +47,7 @@ def test_a_plan_file_round_trips_and_a_wrong_one_is_refused(tmp_path):
     plan = sharding.uniform(schema, "replicated")
     plan.tables["C3"].strategy = "ps"
     loaded = sharding.ShardingPlan.load(plan.save(tmp_path / "plan.yaml"))
-    mask = loaded.local_mask(schema)
+    mask = loaded.replicated_mask(schema)
     assert mask.sum() == 25 and not mask[[s.name for s in schema.sparse].index("C3")]
     (tmp_path / "short.yaml").write_text("tables: {C1: ps}\n")
     with pytest.raises(ValueError, match="missing tables"):

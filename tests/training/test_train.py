@@ -52,7 +52,7 @@ def _config(tmp_path: Path, **kw) -> TrainConfig:
 def test_hybrid_step_matches_in_process_torch_step(optimizer):
     from serving.ps.spec import TableSpec
     from serving.ps.store import EmbeddingStore, OptimizerSpec, StoreConfig
-    from serving.worker.core import EmbeddingWorker, LocalShard, WorkerConfig
+    from serving.worker.core import EmbeddingWorker, InProcessShard, WorkerConfig
 
     schema = load_schema(SCHEMA)
     batch = data.batches(data.take(stream.read(TRAIN, schema, limit=64), slice(0, 64)), schema, 64)[0]
@@ -67,7 +67,7 @@ def test_hybrid_step_matches_in_process_torch_step(optimizer):
         )
         for i in range(2)
     ]
-    worker = EmbeddingWorker([LocalShard(s) for s in stores], schema, WorkerConfig(staleness=0))
+    worker = EmbeddingWorker([InProcessShard(s) for s in stores], schema, WorkerConfig(staleness=0))
 
     def rows(signs):  # what the PS holds now, in sign order
         from features.hashing import shard_of

@@ -1,4 +1,4 @@
-"""Least privilege on real `recserve ps` processes over loopback gRPC: a serving PS (--follow)
+"""Least privilege on real PS processes over loopback gRPC: a serving PS (`recserve ps-serve`)
 refuses Update, UpdateLookup, Assign, Dump and Load whatever the caller sends; a training PS answers them only with its
 admin token (none: UNAUTHENTICATED, another: PERMISSION_DENIED) and only for paths under its data
 root; a training PS started without a token file refuses every write. Fuzzed payloads to Lookup
@@ -42,7 +42,7 @@ def serving(tmp_path_factory):
     """A shard following model m of an empty store (nothing published: it serves no version)."""
     tmp = tmp_path_factory.mktemp("serving")
     (port,) = free_ports(1)
-    proc = spawn(["ps", "--port", str(port), "--dim", str(DIM), "--follow", str(tmp / "store" / "m")],
+    proc = spawn(["ps-serve", str(tmp / "store" / "m"), "--port", str(port), "--dim", str(DIM)],
                  tmp / "ps.log")  # fmt: skip
     client = PSClient(f"127.0.0.1:{port}", timeout_s=5.0)
     try:
@@ -70,7 +70,8 @@ def test_a_serving_ps_refuses_every_write_whatever_is_sent(serving, tmp_path):
                 code, details = _code(c, method, payload, metadata)
                 assert code == grpc.StatusCode.PERMISSION_DENIED, (method, code, details)
                 assert (
-                    details == f"{method} is not served by a serving PS (--follow): it answers Lookup, Stats"
+                    details
+                    == f"{method} is not served by a serving PS (recserve ps-serve): it answers Lookup, Stats"
                 )
     assert not (tmp_path / "dumped").exists()
     assert c.stats()["shard"] == 0  # reads stay open

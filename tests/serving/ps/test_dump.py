@@ -25,12 +25,13 @@ DIM = 4
 
 @contextlib.contextmanager
 def training_ps(tmp_path):
-    from serving.ps.config import ServerConfig
+    from serving.ps.config import TrainingShardConfig
+    from serving.rpc.config import ServerConfig
 
     token, root = new_token_file(tmp_path / "admin.token"), tmp_path / "root"
     root.mkdir()
-    cfg = ServerConfig(port=0, grace_s=0.1, admin_token_file=str(token), data_root=str(root),
-                       store=StoreConfig(table=TableSpec(dim=DIM, capacity=1000)))  # fmt: skip
+    cfg = TrainingShardConfig(admin_token_file=str(token), data_root=str(root), server=ServerConfig(grace_s=0.1),
+                              store=StoreConfig(table=TableSpec(dim=DIM, capacity=1000)))  # fmt: skip
     with ps_in_thread(cfg) as address, PSClient(address, timeout_s=10.0, token_file=str(token)) as client:
         yield client, root
 

@@ -36,7 +36,7 @@ def setup(tmp_path):
     trainer.lookup(SIGNS, insert=True)
     v1 = make_rows_version(tmp_path, trainer)
     publish(tmp_path, "m", v1)
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))  # what a serving PS (--follow) holds
+    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))  # what a serving PS (ps-serve) holds
     return tmp_path, trainer, v1, served, Follower(served, tmp_path / "m")
 
 
@@ -60,7 +60,9 @@ def test_deltas_are_idempotent_and_carry_deletions(setup):
     root, trainer, v1, served, follower = setup
     follower.poll()
     trainer.apply_gradients(SIGNS[:10], np.ones((10, DIM), np.float32))
-    trainer._remove(np.sort(np.array([trainer_slot(trainer, s) for s in SIGNS[-5:]])))  # evicted in training
+    trainer._remove(
+        np.sort(np.array([trainer_row_at(trainer, s) for s in SIGNS[-5:]]))
+    )  # evicted in training
     seq = cut_delta(root, v1, trainer)
     follower.poll()
     after = served.lookup(SIGNS)[0].copy()
@@ -69,7 +71,7 @@ def test_deltas_are_idempotent_and_carry_deletions(setup):
     assert np.array_equal(served.lookup(SIGNS)[0], after)
 
 
-def trainer_slot(store: EmbeddingStore, sign) -> int:
+def trainer_row_at(store: EmbeddingStore, sign) -> int:
     return int(store._index.find(np.array([sign], np.uint64))[0])
 
 

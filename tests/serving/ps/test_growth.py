@@ -202,13 +202,13 @@ def test_a_memory_error_during_growth_is_the_same_loud_error(monkeypatch):
     assert s.capacity == 16 and s.stats()["grows"] == 0
 
 
-def test_one_shard_cannot_pass_the_int32_slot_limit():
+def test_one_shard_cannot_pass_the_int32_row_position_limit():
     s = EmbeddingStore(StoreConfig(table=TableSpec(dim=4, capacity=16)))
-    with pytest.raises(CapacityError, match="int32 slots"):
+    with pytest.raises(CapacityError, match="int32 row positions"):
         s._grow(MAX_ROWS + 1, keep=0)
     with pytest.raises(ValueError, match="int32"):
         StoreConfig(table=TableSpec(capacity=2**31 - 1))
-    assert ps_index.slot_bits(MAX_ROWS) == 31  # the largest capacity still fits an int32 entry
+    assert ps_index.position_bits(MAX_ROWS) == 31  # the largest capacity still fits an int32 entry
 
 
 # ---- eviction only when configured, and counted -------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 
 import model_store as ms
 from model_store import shards
-from model_store.shards import StoreError
+from model_store.errors import StoreError
 from serving.ps.mapped import MappedStore
 from serving.ps.spec import TableSpec
 from serving.ps.store import EmbeddingStore, StoreConfig
@@ -285,14 +285,6 @@ def test_an_empty_table_and_a_tiny_one_answer_misses():
     assert (empty.gather(np.array([1, 2, 3], np.uint64), out) == -1).all() and not out.any()
     one = BucketTable.build(np.array([42], np.uint64), np.full((1, DIM), 2.0, np.float32))
     assert one.find(np.array([42, 43], np.uint64)).tolist() == [0, -1]
-
-
-def test_a_serving_ps_refuses_training_policies():
-    from recserve.cli import main
-
-    assert main(["ps", "--follow", "/nonexistent/m", "--eviction", "lru"]) == 2
-    assert main(["ps", "--follow", "/nonexistent/m", "--ttl-s", "60", "--min-count", "2"]) == 2
-    assert main(["ps", "--pin", "3"]) == 2  # --pin without --follow
 
 
 def test_a_switch_keeps_the_replaced_version_for_lookups_that_name_it(tmp_path):

@@ -1,5 +1,5 @@
 """The sparse-optimizer registry (serving/ps/optim.py): one list of names that the PS update, its
-state slots, dumps, the CLI choices and the in-process baseline all consult, and that refuses a
+state matrices, dumps, the CLI choices and the in-process baseline all consult, and that refuses a
 name it does not hold, at configuration time, naming the ones it knows."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_the_flag_choices_are_the_registry():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_optimizer_allocates_dumps_and_reloads_its_state(name, tmp_path):
-    """A shard holds exactly the registered state slots, and a dump reloaded continues the same."""
+    """A shard holds exactly the registered state matrices, and a dump reloaded continues the same."""
 
     def make() -> EmbeddingStore:
         return EmbeddingStore(
@@ -82,7 +82,7 @@ def test_every_optimizer_allocates_dumps_and_reloads_its_state(name, tmp_path):
     for g in grads[:2]:
         assert a.apply_gradients(signs, g) == len(signs)
     part = a.dump(tmp_path / "dump")
-    assert sorted(p.name for p in part.glob("state.*")) == sorted(f"state.{slot}.npy" for slot in spec.state)
+    assert sorted(p.name for p in part.glob("state.*")) == sorted(f"state.{name}.npy" for name in spec.state)
     b = make()
     b.load(tmp_path / "dump")
     for s in (a, b):

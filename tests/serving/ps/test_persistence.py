@@ -8,7 +8,8 @@ import pytest
 
 from features.hashing import shard_of
 from model_store import CapacityError, shards
-from serving.ps import EmbeddingStore, OptimizerSpec, StoreError
+from model_store.errors import StoreError
+from serving.ps import EmbeddingStore, OptimizerSpec
 from tests.serving.ps.helpers import store_config
 
 

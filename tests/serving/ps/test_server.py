@@ -232,11 +232,11 @@ def test_sigterm_shuts_down_cleanly(training_ps):  # last in the module: it stop
 def test_cli_config_yaml_and_flags(tmp_path):
     from recserve import config
     from recserve.cli import build_parser
-    from serving.ps.config import ServerConfig
+    from serving.ps.config import TrainingShardConfig
 
     cfg_file = tmp_path / "ps.yaml"
     cfg_file.write_text(
-        "port: 6000\nstore:\n  table: {dim: 8, capacity: 500, optimizer: {name: ftrl, l1: 0.5}}\n"
+        "server: {port: 6000}\nstore:\n  table: {dim: 8, capacity: 500, optimizer: {name: ftrl, l1: 0.5}}\n"
     )
     args = build_parser("ps").parse_args(
         [
@@ -253,7 +253,7 @@ def test_cli_config_yaml_and_flags(tmp_path):
             "7000",
         ]
     )
-    cfg = config.from_args(ServerConfig, args)
-    assert (cfg.host, cfg.port, cfg.metrics_port) == ("127.0.0.1", 7000, 0)
+    cfg = config.from_args(TrainingShardConfig, args)
+    assert (cfg.server.host, cfg.server.port, cfg.server.metrics_port) == ("127.0.0.1", 7000, 0)
     assert (cfg.store.shard, cfg.store.num_shards, cfg.store.dim, cfg.store.capacity) == (1, 3, 8, 500)
     assert (cfg.store.optimizer.name, cfg.store.optimizer.l1, cfg.store.optimizer.lr) == ("ftrl", 0.5, 0.2)

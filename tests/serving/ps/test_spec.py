@@ -13,7 +13,7 @@ from model_store import RecordError
 from model_store.shards import read_meta
 from recserve import config
 from recserve.cli import build_parser
-from serving.ps.config import ServerConfig, StoreConfig
+from serving.ps.config import StoreConfig, TrainingShardConfig
 from serving.ps.optim import OptimizerSpec
 from serving.ps.spec import TableSpec
 from serving.ps.store import EmbeddingStore
@@ -43,7 +43,7 @@ def test_train_flags_and_yaml_change_what_they_name_and_keep_the_trainers_defaul
     (tmp_path / "t.yaml").write_text("table: {dim: 8, optimizer: {l2: 0.5}}\n")
     cfg = config.load_yaml(TrainConfig, tmp_path / "t.yaml")
     assert cfg.table == train_table(dim=8, optimizer=OptimizerSpec(lr=0.005, l2=0.5))
-    ps = config.from_args(ServerConfig, build_parser(only="ps").parse_args(["ps", "--l1", "0.5"]))
+    ps = config.from_args(TrainingShardConfig, build_parser(only="ps").parse_args(["ps", "--l1", "0.5"]))
     assert ps.store.table == TableSpec(optimizer=OptimizerSpec(l1=0.5))  # the PS's own defaults
 
 

@@ -53,14 +53,14 @@ def test_index_kernels_against_a_dict(bits):
         want = {int(k): i for i, k in enumerate(keys[:n])}
         assert len(want) == n
         probe = rng.choice(universe, 50)
-        slots = ps_index.find_slots(table, keys, probe, bits)
-        assert slots.tolist() == [want.get(int(x), -1) for x in probe]
+        rows_at = ps_index.find_positions(table, keys, probe, bits)
+        assert rows_at.tolist() == [want.get(int(x), -1) for x in probe]
         out = np.empty((50, 2), np.float32)
         misses = ps_index.gather_rows(table, keys, rows, probe, bits, out)
-        assert misses == int((slots < 0).sum())
-        np.testing.assert_array_equal(out, np.where(slots[:, None] >= 0, rows[np.maximum(slots, 0)], 0))
+        assert misses == int((rows_at < 0).sum())
+        np.testing.assert_array_equal(out, np.where(rows_at[:, None] >= 0, rows[np.maximum(rows_at, 0)], 0))
     assert ps_index.rebuild(table, keys, n, bits) == 0
-    assert ps_index.find_slots(table, keys, keys[:n], bits).tolist() == list(range(n))
+    assert ps_index.find_positions(table, keys, keys[:n], bits).tolist() == list(range(n))
     keys[1] = keys[0]
     assert ps_index.rebuild(table, keys, n, bits) == 1
 

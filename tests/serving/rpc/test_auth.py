@@ -128,9 +128,11 @@ def test_access_open_guarded_and_everything_else(tmp_path):
         PermissionDenied, match="Dump is off: this training PS was started without --admin-token"
     ):
         tokenless.check("Dump", Context(token_metadata("")))
-    serving = Access("serving PS (--follow)", open=frozenset({"Lookup", "Stats"}))
+    serving = Access("serving PS (recserve ps-serve)", open=frozenset({"Lookup", "Stats"}))
     for method in ("Update", "Dump", "Load"):
-        with pytest.raises(PermissionDenied, match=rf"{method} is not served by a serving PS \(--follow\)"):
+        with pytest.raises(
+            PermissionDenied, match=rf"{method} is not served by a serving PS \(recserve ps-serve\)"
+        ):
             serving.check(method, holder)
     with pytest.raises(PermissionDenied, match="accepts no paths"):
         serving.path("/x", "dump")
@@ -151,23 +153,21 @@ def test_undecodable_requests_are_bad_requests():
 def test_ps_config_refuses_a_token_it_cannot_use_or_trust(tmp_path):
     from recserve import config
     from recserve.cli import build_parser
-    from serving.ps.config import ServerConfig
+    from serving.ps.config import ServingShardConfig, TrainingShardConfig
     from serving.ps.server import ps_access
 
     token = new_token_file(tmp_path / "admin.token")
-    with pytest.raises(ValueError, match="a serving PS \\(--follow\\) has no RPC that writes"):
-        ServerConfig(follow=str(tmp_path / "m"), admin_token_file=str(token))
     token.chmod(0o640)
     args = build_parser("ps").parse_args(["ps", "--admin-token-file", str(token)])
     with pytest.raises(ValueError, match="mode 0640"):
-        config.from_args(ServerConfig, args)
+        config.from_args(TrainingShardConfig, args)
     token.chmod(0o600)
     args = build_parser("ps").parse_args(
         ["ps", "--admin-token-file", str(token), "--data-root", str(tmp_path)]
     )
-    access = ps_access(config.from_args(ServerConfig, args))
+    access = ps_access(config.from_args(TrainingShardConfig, args))
     assert access.token == read_token_file(token) and access.root == tmp_path.resolve()
     assert access.guarded == {"Update", "UpdateLookup", "Assign", "Dump", "Load"}
     assert access.open == {"Lookup", "Stats"}
-    serving = ps_access(ServerConfig(follow=str(tmp_path / "m")))
+    serving = ps_access(ServingShardConfig(str(tmp_path / "m")))  # no token to give it
     assert serving.guarded == frozenset() and serving.token == "" and serving.root is None

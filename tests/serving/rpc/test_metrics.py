@@ -58,8 +58,8 @@ def test_a_ps_and_its_worker_say_ready_exactly_when_their_health_says_serving(tm
     schema.write_text(dump_schema(SCHEMA))
     ps_port, ps_metrics, worker_port, worker_metrics = free_ports(4)
     procs = [
-        spawn(["ps", "--port", str(ps_port), "--metrics-port", str(ps_metrics), "--dim", str(DIM),
-               "--follow", str(root / "m"), "--poll-s", "0.1"], tmp_path / "ps.log"),
+        spawn(["ps-serve", str(root / "m"), "--port", str(ps_port), "--metrics-port", str(ps_metrics),
+               "--dim", str(DIM), "--poll-s", "0.1"], tmp_path / "ps.log"),
         spawn(["worker", "--ps", f"127.0.0.1:{ps_port}", "--schema", str(schema), "--port", str(worker_port),
                "--metrics-port", str(worker_metrics), "--health-poll-s", "0.1"], tmp_path / "worker.log"),
     ]  # fmt: skip

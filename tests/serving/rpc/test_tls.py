@@ -44,11 +44,12 @@ def pki(tmp_path_factory):
 @contextlib.contextmanager
 def ps_server(tls: ServerTLS | None):
     """A training PS shard (0 of 1) serving on a free loopback port on a thread of its own."""
-    from serving.ps.config import ServerConfig
+    from serving.ps.config import TrainingShardConfig
+    from serving.rpc.config import ServerConfig
 
     fields = tls.to_dict() if tls else {}
-    cfg = ServerConfig(port=0, grace_s=0.1, store=StoreConfig(table=TableSpec(dim=DIM, capacity=1000)),
-                       **{f"tls_{k}": v for k, v in fields.items()})  # fmt: skip
+    server = ServerConfig(grace_s=0.1, **{f"tls_{k}": v for k, v in fields.items()})
+    cfg = TrainingShardConfig(server=server, store=StoreConfig(table=TableSpec(dim=DIM, capacity=1000)))
     with ps_in_thread(cfg) as address:
         yield address
 
@@ -111,11 +112,14 @@ def test_a_tls_client_against_a_plaintext_ps_fails_fast(pki):
 # ---- the worker: a TLS client of the shards, a TLS server itself ----------------------------------
 @contextlib.contextmanager
 def worker_server(ps: str, schema_path, **tls_flags):
-    from serving.worker.server import ServerConfig, serve
+    from serving.rpc.config import ServerConfig
+    from serving.worker.server import WorkerServerConfig, serve
 
     schema_path.write_text(dump_schema(SCHEMA))
-    cfg = ServerConfig(ps=(ps,), schema=str(schema_path), port=0, grace_s=0.1, ps_timeout_s=5,
-                       health_poll_s=0.1, **tls_flags)  # fmt: skip
+    server = {k: v for k, v in tls_flags.items() if not k.startswith("ps_")}
+    client = {k: v for k, v in tls_flags.items() if k.startswith("ps_")}
+    cfg = WorkerServerConfig(ps=(ps,), schema=str(schema_path), ps_timeout_s=5, health_poll_s=0.1,
+                       server=ServerConfig(grace_s=0.1, **server), **client)  # fmt: skip
     stop, ports, codes = threading.Event(), [], []
     thread = threading.Thread(target=lambda: codes.append(serve(cfg, stop, ports.append)), daemon=True)
     thread.start()
@@ -171,7 +175,7 @@ def test_local_pki_writes_private_keys_0600_and_no_ca_key(pki):
 
 
 def test_bad_tls_files_are_refused_at_configuration_naming_the_file(tmp_path, pki):
-    from serving.ps.config import ServerConfig
+    from serving.rpc.config import ServerConfig
 
     server = pki["server"]
     with pytest.raises(ValueError, match=r"cannot read the TLS private key .*missing.key: No such file"):
@@ -197,9 +201,9 @@ def test_the_flags_the_stack_passes_are_the_configs_own(pki):
     """``ServerTLS.flags`` / ``ClientTLS.flags`` parse, with the real CLI, into the same settings."""
     from recserve import config
     from recserve.cli import build_parser
-    from serving.worker.server import ServerConfig
+    from serving.worker.server import WorkerServerConfig
 
     server, client = pki["server"], pki["client"]
     argv = ["worker", "--ps", "127.0.0.1:1", *server.flags(), *client.flags("--ps-tls-")]
-    cfg = config.from_args(ServerConfig, build_parser("worker").parse_args(argv))
-    assert cfg.tls() == server and cfg.ps_tls() == client
+    cfg = config.from_args(WorkerServerConfig, build_parser("worker").parse_args(argv))
+    assert cfg.server.tls() == server and cfg.ps_tls() == client

@@ -1,5 +1,5 @@
 """The scoring core in ONE process (the reference of ``make bench-e2e``): the Scorer over an
-in-process EmbeddingWorker on LocalShards scores like the trainer's offline scores, and
+in-process EmbeddingWorker on InProcessShards scores like the trainer's offline scores, and
 the request loop reports every stage (what the handler sends as ``Server-Timing``)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from features.schema import load_schema
 from serving.scoring.client import requests_from_file
 from serving.scoring.core import Scorer, ScoringConfig, server_timing
 from serving.scoring.loop import score
-from serving.worker.core import EmbeddingWorker, LocalShard
+from serving.worker.core import EmbeddingWorker, InProcessShard
 from tests.serving.helpers import TEST
 
 
@@ -32,7 +32,7 @@ def test_inprocess_scorer_scores_like_offline_and_times_its_stages(version):
     schema = load_schema(version / "schema.yaml")
     stores = load_stores(version, model_store.read_manifest(version))
     scorer = Scorer(
-        ScoringConfig(str(version)), worker=EmbeddingWorker([LocalShard(s) for s in stores], schema)
+        ScoringConfig(str(version)), worker=EmbeddingWorker([InProcessShard(s) for s in stores], schema)
     )
     scores = []
     for body, ctype in requests_from_file(TEST, "data/schemas/criteo.yaml", 200, 400):

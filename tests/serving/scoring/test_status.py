@@ -19,7 +19,7 @@ from serving.scoring.core import BINARY, Scorer, ScoringConfig
 from serving.scoring.decoding import Request
 from serving.scoring.errors import LookupFailed, forward_status, status_of
 from serving.scoring.loop import score
-from serving.worker.core import EmbeddingWorker, LocalShard
+from serving.worker.core import EmbeddingWorker, InProcessShard
 from tests.serving.helpers import DIM, ITEMS, SCHEMA, make_version, remote_scorer
 
 OTHER = schema_from_dict({"name": "other", "slots": [{"name": "a"}, {"name": "b", "kind": "dense"}]})
@@ -71,7 +71,7 @@ def scorer(tmp_path_factory):
     vdir = ms.version_dir(root, "m", version)
     store = EmbeddingStore(StoreConfig(table=TableSpec(dim=DIM, capacity=10_000)))
     store.open(vdir / "embeddings", version=version)
-    s = Scorer(ScoringConfig(str(vdir)), worker=EmbeddingWorker([LocalShard(store)], SCHEMA))
+    s = Scorer(ScoringConfig(str(vdir)), worker=EmbeddingWorker([InProcessShard(store)], SCHEMA))
     yield s
     s.close()
 

@@ -1,4 +1,4 @@
-"""Never serve nothing: real `recserve ps --follow` and `recserve worker` processes on free loopback
+"""Never serve nothing: real `recserve ps-serve` and `recserve worker` processes on free loopback
 ports, and the scoring core in this process against them. Before any version is published, and
 while the published one is refused, the PS and the worker say NOT_SERVING on gRPC health, lookups
 are UNAVAILABLE naming the shard and why, and scoring answers 503 with that reason; once a good

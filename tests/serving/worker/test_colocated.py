@@ -107,7 +107,7 @@ def test_a_corrupt_version_is_refused_at_once_naming_why(store, tmp_path):
     than after the warm-up's patience."""
     import time
 
-    from model_store.shards import StoreError
+    from model_store.errors import StoreError
 
     root = tmp_path / "store"
     shutil.copytree(ms.version_dir(store, "criteo", "1"), ms.version_dir(root, "criteo", "1"))
@@ -124,8 +124,8 @@ def test_a_corrupt_version_is_refused_at_once_naming_why(store, tmp_path):
 
 
 def test_colocated_needs_every_shard_here_and_auto_reads_the_missing_one_remotely(store, tmp_path):
-    from serving.ps.config import ServerConfig, StoreConfig
-    from serving.ps.spec import TableSpec
+    from serving.ps.config import ServingShardConfig
+    from serving.rpc.config import ServerConfig
 
     root = tmp_path / "store"
     vdir = ms.version_dir(root, "criteo", "1")
@@ -135,8 +135,8 @@ def test_colocated_needs_every_shard_here_and_auto_reads_the_missing_one_remotel
     with pytest.raises(ValueError, match=r"shard\(s\) 1 of 2 .* no complete files on this host"):
         Scorer(ScoringConfig(str(vdir), lookups="colocated"))
     # shard 1 served by a PS process following the original store, where it is whole
-    cfg = ServerConfig(port=0, grace_s=0.1, follow=str(ms.model_dir(store, "criteo")),
-                       store=StoreConfig(table=TableSpec(dim=16), shard=1, num_shards=2))  # fmt: skip
+    cfg = ServingShardConfig(str(ms.model_dir(store, "criteo")), shard=1, num_shards=2, dim=16,
+                             server=ServerConfig(grace_s=0.1))  # fmt: skip
     with ps_in_thread(cfg) as address:
         scorer = Scorer(
             ScoringConfig(str(vdir), lookups="auto", ps=["127.0.0.1:1", address], worker_timeout_s=10)

@@ -19,7 +19,7 @@ from serving.ps.store import EmbeddingStore, StoreConfig
 from serving.worker.core import (
     BatchError,
     EmbeddingWorker,
-    LocalShard,
+    InProcessShard,
     UpdateError,
     WorkerConfig,
 )
@@ -109,7 +109,7 @@ def pooled_of(worker: EmbeddingWorker, batch) -> np.ndarray:
 @pytest.fixture
 def worker():
     stores = make_stores()
-    w = EmbeddingWorker([LocalShard(s) for s in stores], SCHEMA)
+    w = EmbeddingWorker([InProcessShard(s) for s in stores], SCHEMA)
     w.stores = stores
     yield w
     w.close()
@@ -143,7 +143,7 @@ def test_single_valued_fast_path_matches_numpy():
     records = [{f"C{i}": str((r * (i + 1)) % 3) for i in range(5)} for r in range(7)]
     batch = transform(records, schema)
     stores = make_stores(3)
-    with EmbeddingWorker([LocalShard(s) for s in stores], schema) as w:
+    with EmbeddingWorker([InProcessShard(s) for s in stores], schema) as w:
         w.lookup(np.asarray(batch.signs), True)
         pooled = w.forward(batch).pooled
         table = rows_of(stores, batch.signs)
@@ -371,7 +371,7 @@ def test_training_steps_match_torch(optimizer):
         logits = (pooled * head).sum(dim=(1, 2))
         return torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.from_numpy(labels))
 
-    with EmbeddingWorker([LocalShard(s) for s in stores], SCHEMA) as w:
+    with EmbeddingWorker([InProcessShard(s) for s in stores], SCHEMA) as w:
         rows0 = rows_of(stores, all_signs, insert=True)  # torch starts from the same rows
         emb = torch.nn.Embedding(len(all_signs), DIM)
         emb.weight.data = torch.from_numpy(rows0.copy())

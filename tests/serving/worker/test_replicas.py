@@ -9,7 +9,7 @@ import pytest
 
 from serving.ps.client import ShardError
 from serving.worker.replicas import ReplicaSet, format_ps_spec, parse_ps_spec
-from serving.worker.server import ServerConfig
+from serving.worker.server import WorkerServerConfig
 
 SIGNS = np.arange(5, dtype=np.uint64)
 
@@ -36,7 +36,7 @@ def test_a_malformed_spec_is_refused_naming_the_problem(spec, message):
     with pytest.raises(ValueError, match=message):
         parse_ps_spec(spec)
     with pytest.raises(ValueError, match=message):  # `recserve worker --ps ...` says it at start
-        ServerConfig(ps=tuple(spec.split(",")))
+        WorkerServerConfig(ps=tuple(spec.split(",")))
 
 
 class Replica:
