@@ -37,7 +37,8 @@ from serving.rpc.auth import new_token_file
 
 if TYPE_CHECKING:
     from serving.ps.config import StoreConfig
-    from serving.worker.core import EmbeddingWorker
+    from serving.ps.store import EmbeddingStore
+    from serving.worker.core import EmbeddingWorker, WorkerConfig
     from training.replicated import Replicated
 
 log = logging.getLogger("recserve.train")
@@ -49,10 +50,10 @@ class Cluster:
 
     worker: EmbeddingWorker | None
     num_shards: int
-    stores: list = field(default_factory=list)  # in-process stores (inprocess mode)
+    stores: list[EmbeddingStore] = field(default_factory=list)  # in-process stores (inprocess mode)
     addresses: list[str] = field(default_factory=list)  # gRPC shards
-    procs: list[subprocess.Popen] = field(default_factory=list)  # shards we started
-    log_dir: tempfile.TemporaryDirectory | None = None
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)  # shards we started
+    log_dir: tempfile.TemporaryDirectory[str] | None = None
     token_file: str = ""  # the gRPC shards' admin token file
     replicated: Replicated | None = None
     """The trainer's replicated tables (the sharding plan's): written into the shards before
@@ -115,7 +116,7 @@ class Cluster:
                     rows += int(client.load(str(directory)).rows)
         return rows
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         """What the shards hold and what they dropped, summed over the shards: ``ps_rows``,
         ``evictions`` (the eviction policy), ``expired`` (the TTL) and ``grows``; and
         ``replicated_rows``, the trainer's replicated tables' (in the shards after a dump)."""
@@ -148,7 +149,7 @@ class Cluster:
     def __enter__(self) -> Cluster:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -156,7 +157,7 @@ def open_cluster(
     schema: Schema,
     store: StoreConfig,
     num_shards: int,
-    worker_config,
+    worker_config: WorkerConfig | None,
     addresses: list[str] | None = None,
     inprocess: bool = False,
     token_file: str = "",
@@ -194,7 +195,7 @@ def open_cluster(
 def start_shards(
     store: StoreConfig, num_shards: int, log_dir: Path, token_file: str, data_root: str | Path = "",
     timeout_s: float = 60.0, shards: list[int] | None = None, host: str = "127.0.0.1",
-) -> tuple[list[subprocess.Popen], list[str]]:  # fmt: skip
+) -> tuple[list[subprocess.Popen[bytes]], list[str]]:  # fmt: skip
     """Start ``recserve ps`` processes for ``shards`` (default all, 0..n-1) of ``num_shards``, each
     configured with ``store`` (its YAML: the same nested config, shard and num_shards replaced),
     bound to ``host`` (loopback by default), and wait until all serve; their writes need the token
@@ -203,7 +204,7 @@ def start_shards(
     from serving.rpc.procs import free_ports, spawn, wait_grpc_healthy
 
     shards = list(range(num_shards)) if shards is None else shards
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     addresses = [f"{host}:{p}" for p in free_ports(len(shards), host)]
     try:
         for i, address in zip(shards, addresses, strict=True):
@@ -226,14 +227,14 @@ def start_shards(
         raise
 
 
-def _child_env() -> dict:
+def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else root
     return env
 
 
-def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
+def stop_processes(procs: list[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
     """Stop every process we started (``serving.rpc.procs``: SIGTERM, SIGKILL after ``timeout_s``)."""
     from serving.rpc.procs import stop_children
 

@@ -39,6 +39,7 @@ from features.transform import dense_matrix
 from serving.worker.pooling import PoolingPlan, make_plan, pool, unpool_signs
 
 if TYPE_CHECKING:
+    from serving.worker.core import EmbeddingWorker
     from training.replicated import Replicated
 
 
@@ -119,7 +120,7 @@ class TrainCtx:
 
     def __init__(
         self,
-        worker,
+        worker: EmbeddingWorker,
         dense_model: nn.Module,
         dense_optimizer: DenseOptimizer,
         schema: Schema,
@@ -149,7 +150,8 @@ class TrainCtx:
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
         self._upcoming: tuple[CompactBatch | None, CompactBatch | None] = (None, None)
         """The two batches after the current one (``steps``)."""
-        self._ahead: list[tuple[CompactBatch, Future]] = []  # PS rows on their way, oldest first
+        # PS rows on their way, oldest first: a prefetch (None: no PS signs) or a push_lookup's
+        self._ahead: list[tuple[CompactBatch, Future[np.ndarray | None] | Future[np.ndarray]]] = []
 
     def steps(self, batches: Iterable[CompactBatch]) -> Iterator[CompactBatch]:
         """The batches in order, telling the step the two that come next (for prefetch). Reading
@@ -256,7 +258,8 @@ class TrainCtx:
         pooled = on_device(pooled_np, self.device).requires_grad_()
         dense = on_device(dense_matrix(batch, self.schema), self.device)
         self._pending = _Step(batch.signs, on_replicated, plan, pooled, t0)
-        return self.model(pooled, dense)
+        logits: Tensor = self.model(pooled, dense)  # nn.Module.__call__ is typed as returning Any
+        return logits
 
     def backward(self, loss: Tensor) -> None:
         """Gradients of ``loss``: the PS tables' to the worker (async), the replicated tables' and
@@ -266,7 +269,7 @@ class TrainCtx:
         step, self._pending = self._pending, None
         prof = self.profile
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         grad = step.pooled.grad
         if grad is None:
             raise RuntimeError("the loss does not depend on the pooled embeddings of the last forward")
@@ -278,8 +281,8 @@ class TrainCtx:
         # the PS's first: the worker applies them while this thread does the rest
         remote = used if step.on_replicated is None else used & ~step.on_replicated
         after_next = self._upcoming[1] if self._prefetcher is not None and not self.all_replicated else None
-        lookup = self._remote_signs(after_next) if after_next is not None else ()
-        if after_next is not None and len(lookup):
+        lookup = self._remote_signs(after_next) if after_next is not None else None
+        if after_next is not None and lookup is not None and len(lookup):
             # with the lookup of the batch after next: one round trip per shard
             rows = self.worker.push_lookup(step.signs[remote], sign_grads[remote], lookup)
             self._ahead.append((after_next, rows))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -58,7 +58,8 @@ class Replicated:
             return
         import torch.distributed as dist
 
-        every: list = [None] * self.world
+        # all_gather_object fills a list[Any] (torch's type) with each rank's object: here its pair
+        every: list[Any] = [None] * self.world
         dist.all_gather_object(every, (signs, grads))
         signs = np.concatenate([s for s, _ in every])
         grads = np.concatenate([g for _, g in every])
@@ -85,7 +86,7 @@ class Replicated:
             return mine
         import torch.distributed as dist
 
-        every: list = [None] * self.world
+        every: list[Any] = [None] * self.world  # each rank's digest (all_gather_object: list[Any])
         dist.all_gather_object(every, mine)
         if len(set(every)) > 1:
             raise RuntimeError(

@@ -216,6 +216,7 @@ class _Job:
                 spec, plan.replicated_rows(cfg.table.capacity), world, plan.rank_budget_gb
             )
         profile = Profile() if cfg.profile else None
+        assert cluster.worker is not None  # open_job_cluster returns a connected cluster
         self.ctx = TrainCtx(cluster.worker, self.model, self.dense_opt, schema, cfg.prefetches,
                             cluster.replicated, replicated_mask, profile)  # fmt: skip
         stack.callback(self.ctx.close)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -26,6 +27,11 @@ from features.schema import Schema
 from serving.worker.pooling import BatchError, make_plan, pool
 from serving.worker.shards import HashRouter, InProcessShard, PSClient, ShardBackend, ShardError
 from serving.worker.updates import UpdateError, UpdateQueue
+
+if TYPE_CHECKING:
+    from serving.rpc.tls import ClientTLS
+
+_T = TypeVar("_T")
 
 __all__ = [
     "BatchError",
@@ -123,7 +129,7 @@ class EmbeddingWorker:
         signs = np.array(signs, dtype=np.uint64)
         self._updates.submit(lambda _: self._send(signs, grads))
 
-    def push_lookup(self, signs: np.ndarray, grads: np.ndarray, lookup: np.ndarray) -> Future:
+    def push_lookup(self, signs: np.ndarray, grads: np.ndarray, lookup: np.ndarray) -> Future[np.ndarray]:
         """``push``, and in the same call to each shard (one round trip: the PS's UpdateLookup)
         the rows of distinct ``lookup`` signs, inserting, read after the update: a Future of float32
         (len(lookup), dim) in ``lookup`` order, failing with the call. These calls run one at a
@@ -135,7 +141,7 @@ class EmbeddingWorker:
         self._updates.raise_error()
         grads = self._checked_grads(signs, grads)
         signs, lookup = np.array(signs, dtype=np.uint64), np.array(lookup, dtype=np.uint64)
-        rows: Future = Future()
+        rows: Future[np.ndarray] = Future()
         self._updates.submit(lambda seq: self._send_lookup(seq, signs, grads, lookup, rows), ordered=True)
         return rows
 
@@ -164,7 +170,7 @@ class EmbeddingWorker:
     def __enter__(self) -> EmbeddingWorker:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---- state ---------------------------------------------------------------------------------
@@ -186,7 +192,7 @@ class EmbeddingWorker:
         if self._closed:
             raise RuntimeError("embedding worker is closed")
 
-    def _fan_out(self, calls: Sequence[Callable[[], object]], here: Sequence[bool] = ()) -> list:
+    def _fan_out(self, calls: Sequence[Callable[[], _T]], here: Sequence[bool] = ()) -> list[_T]:
         """Run the calls and return their results in order; raises the first failure after every
         call has finished. Calls marked in ``here`` (in-process gathers: co-located shards) run on
         this thread while the others (RPCs) run concurrently in the pool, the last of them on this
@@ -196,8 +202,8 @@ class EmbeddingWorker:
         if pooled:
             inline[pooled.pop()] = True
         futures = {i: self._fanout.submit(calls[i]) for i in pooled}
-        results: list = [None] * len(calls)
-        error = None
+        results: dict[int, _T] = {}
+        error: Exception | None = None
         for i in [i for i, x in enumerate(inline) if x] + pooled:
             try:
                 results[i] = futures[i].result() if i in futures else calls[i]()
@@ -205,11 +211,11 @@ class EmbeddingWorker:
                 error = error or e
         if error is not None:
             raise error
-        return results
+        return [results[i] for i in range(len(calls))]
 
     def _lookup(
         self, signs: np.ndarray, insert: bool, version: str = "", timeout_s: float | None = None
-    ) -> tuple[np.ndarray, list]:
+    ) -> tuple[np.ndarray, list[tuple[str, int]]]:
         """Rows of ``signs`` from their shards, and per shard the (version, seq) it answered from."""
         read: list[tuple[str, int]] = [("", -1)] * len(self.shards)
         if not len(signs):
@@ -252,7 +258,7 @@ class EmbeddingWorker:
             self._fan_out(calls)
 
     def _send_lookup(
-        self, seq: int, signs: np.ndarray, grads: np.ndarray, lookup: np.ndarray, out: Future
+        self, seq: int, signs: np.ndarray, grads: np.ndarray, lookup: np.ndarray, out: Future[np.ndarray]
     ) -> None:
         """``push_lookup``'s job: one ``update_lookup`` per shard owning some of either. Its
         Future fails with the ``UpdateError`` the next call would raise."""
@@ -280,7 +286,7 @@ class EmbeddingWorker:
 
 def connect(
     ps_addresses: list[str], schema: Schema, config: WorkerConfig | None = None, timeout_s: float = 5.0,
-    token_file: str = "", tls=None, health_poll_s: float = 0.5,
+    token_file: str = "", tls: ClientTLS | None = None, health_poll_s: float = 0.5,
 ) -> EmbeddingWorker:  # fmt: skip
     """A worker over PS processes at ``ps_addresses``: shard i at entry i, a shard's replicas in
     one entry separated by "|" (``serving.worker.replicas.parse_ps_spec``). Waits up to

@@ -118,7 +118,7 @@ def pool(plan: PoolingPlan, table: np.ndarray) -> np.ndarray:
     """Pooled embeddings float32 (num_rows, num_slots, dim), C-contiguous, from the batch's
     looked-up rows ``table`` (n_signs, dim) in ``batch.signs`` order."""
     dim = table.shape[1]
-    vals = table[plan.value_sign]
+    vals: np.ndarray = table[plan.value_sign]  # numpy types fancy indexing as Any
     if plan.cell_starts is None:
         cells = vals
     else:

@@ -10,12 +10,15 @@ expose ``version`` ((version, delta_seq) of the last answer, for Stats) and ``cl
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from features.hashing import shard_of
 from serving.ps.client import PSClient, ShardError
+
+if TYPE_CHECKING:
+    from serving.ps.store import EmbeddingStore
 
 __all__ = ["HashRouter", "InProcessShard", "PSClient", "RemoteShard", "ShardBackend", "ShardError"]
 
@@ -81,7 +84,7 @@ class HashRouter:
 class InProcessShard:
     """An in-process ``EmbeddingStore`` as a shard."""
 
-    def __init__(self, store):
+    def __init__(self, store: EmbeddingStore):
         self.store = store
         self.dim = store.config.dim
 
