@@ -38,6 +38,9 @@ RUN: list[tuple[str, str, str, str]] = [
     ("docs/training.md", "Checkpoints and restarts", "recserve train", "tests/training/test_checkpoint.py::test_resume_continues_exactly_where_the_checkpoint_left_off"),
     ("docs/training.md", "Checkpoints and restarts", "torchrun", "tests/training/test_checkpoint.py::test_torchrun_restarts_every_rank_from_the_checkpoint_after_one_is_killed"),
     ("docs/training.md", "Data at scale", "", "tests/test_readme_scale.py::test_data_at_scale_runs_as_printed"),
+    ("docs/serving.md", "Serving in float16 or int8", "recserve train", "tests/training/test_quantized_export.py::test_the_documented_versions_and_publish_lines_run_as_printed"),
+    ("docs/serving.md", "Serving in float16 or int8", "recserve versions", "tests/training/test_quantized_export.py::test_the_documented_versions_and_publish_lines_run_as_printed"),
+    ("docs/serving.md", "Serving in float16 or int8", "recserve publish", "tests/training/test_quantized_export.py::test_the_documented_versions_and_publish_lines_run_as_printed"),
 ]  # fmt: skip
 
 CLUSTER_ONLY = ("docs/kubernetes.md", "In a cluster", ("buildah ", "kubectl "))
