@@ -25,6 +25,10 @@ Serving (this module):
    served last; rows /
    (its _SUCCESS -> every shard reports its seq).
 
+Reduced precision: ``loadtest.bench_scale_int8`` serves an int8 version of ``--int8-rows`` rows
+and a float16 one the same way (``bytes_per_row_ratio``, an ``int8`` and a ``float16`` section),
+unless ``--no-int8``.
+
 Training: ``loadtest.bench_scale_train`` (synth files of N and 10N rows streamed through
 ``recserve train``) runs after, unless ``--no-train``; its keys are merged in.
 
@@ -54,6 +58,7 @@ from typing import TypedDict
 
 import numpy as np
 
+from loadtest import bench_scale_int8
 from loadtest.common import ROOT, Stopwatch, machine, parse, parser, print_table, report_targets
 from loadtest.processes import Sampler, usage, wait_for
 from loadtest.scale_store import DIM, MODEL, SHARDS, build_version, reuse, write_delta
@@ -257,6 +262,8 @@ def run(args) -> dict:
         "delta_visible_s": round(delta_s, 3),
         "delta_rows_per_s": round(args.delta_rows * SHARDS / max(delta_s, 1e-9)),
     }
+    if not args.no_int8:  # the reduced-precision runs compare their co-located gathers with these
+        result |= bench_scale_int8.colocated_figures(root / MODEL / v1, sample)
     plot(calls, windows, (t_spin, t_spin_end), args.results_dir / "scale.png")
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)
@@ -345,10 +352,13 @@ def main(argv=None) -> int:
         "--reuse", action="store_true", help="with --dir: serve the versions an earlier --keep run built"
     )
     p.add_argument("--no-train", action="store_true", help="skip the training part")
+    p.add_argument("--no-int8", action="store_true", help="skip the int8 and float16 runs")
+    p.add_argument("--int8-rows", type=int, default=300_000_000, help="rows of the int8 version")
+    p.add_argument("--float16-rows", type=int, default=0, help="rows of the float16 version (0: --rows)")
     p.add_argument("--train-args", default="", help="extra arguments for loadtest.bench_scale_train")
     p.add_argument("--train-json", default="", help="merge this scale_train.json instead of running it")
     quick = {"rows": 20_000, "switches": 2, "window_s": 1.0, "keep_previous_s": 1.0, "delta_rows": 1000,
-             "rate": 50.0, "no_train": True}  # fmt: skip
+             "rate": 50.0, "no_train": True, "int8_rows": 60_000}  # fmt: skip
     args = parse(p, argv, quick)
     args.results_dir.mkdir(parents=True, exist_ok=True)
     result = {"machine": machine(), "serving": run(args)}
@@ -359,6 +369,11 @@ def main(argv=None) -> int:
         serving["per_switch"],
         list(serving["per_switch"][0]),
     )
+    if not args.no_int8:
+        result |= bench_scale_int8.run(args, serving)
+        for dtype in ("float16", "int8"):
+            print_table(f"serving a {dtype} version", [result[dtype]], list(result[dtype]))
+        print(f"bytes per row over raw key + fp32 row: {result['bytes_per_row_ratio']}")
     if args.train_json:
         result["training"] = json.loads(Path(args.train_json).read_text())
     elif not args.no_train:
@@ -371,7 +386,7 @@ def main(argv=None) -> int:
         if not isinstance(v, dict):
             flat.setdefault(k, v)
     result.update(flat)
-    report_targets(result, targets(result))
+    report_targets(result, targets(result) | bench_scale_int8.targets(result))
     out = args.results_dir / "scale.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out} and {out.with_suffix('.png')}")

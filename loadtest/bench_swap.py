@@ -1,7 +1,8 @@
 """``make bench-swap``: hot swaps under load.
 
     python -m loadtest.bench_swap [--duration 90] [--rate 50] [--deltas 10] [--delta-rows 10000]
-                                  [--lookups remote,colocated] [--quick] [--results-dir DIR]
+                                  [--lookups remote,colocated] [--serving-dtype int8] [--quick]
+                                  [--results-dir DIR]
 
 Trains two versions into a temporary model store from the same schema file but on *different
 data* (v1 on the first half of the training split, v2 on the second, so their fitted dense
@@ -57,9 +58,10 @@ from loadtest.common import (
 from loadtest.processes import wait_for
 
 
-def train_versions(root: Path, epochs: int = 2) -> list[str]:
+def train_versions(root: Path, epochs: int = 2, serving_dtype: str = "float32") -> list[str]:
     """v1 on the first half of the training rows (published), v2 on the second half (held back):
-    the same schema file, different fitted dense statistics. Returns the manifests' fingerprints."""
+    the same schema file, different fitted dense statistics, tables served in ``serving_dtype``
+    (their deltas too). Returns the manifests' fingerprints."""
     import model_store as ms
 
     lines = CRITEO_TRAIN.read_bytes().splitlines(keepends=True)
@@ -68,7 +70,7 @@ def train_versions(root: Path, epochs: int = 2) -> list[str]:
     for seed, (publish, rows) in enumerate(zip((True, False), halves, strict=True)):
         data = root.parent / f"train-{seed}.tsv"
         data.write_bytes(b"".join(rows))
-        result = train_version(root, seed, publish, data, epochs)
+        result = train_version(root, seed, publish, data, epochs, serving_dtype)
         if result.version_dir is None:
             raise RuntimeError(f"training on {data} exported no version")
         fingerprints.append(ms.read_manifest(Path(result.version_dir), verify=False).schema_fingerprint)
@@ -140,7 +142,7 @@ def run(args) -> list[dict]:
     trained = work / "trained"
     try:
         print("training two versions on different halves of the data ...", flush=True)
-        fingerprints = train_versions(trained, args.epochs)
+        fingerprints = train_versions(trained, args.epochs, args.serving_dtype)
         if len(set(fingerprints)) != 1:
             raise RuntimeError(f"the two versions' schema fingerprints differ: {fingerprints}")
         runs = []
@@ -241,6 +243,7 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float, args, lookups: s
             "deltas": args.deltas,
             "delta_rows": args.delta_rows,
             "poll_s": args.poll_s,
+            "serving_dtype": args.serving_dtype,
             "loadavg": os.getloadavg(),
         },  # fmt: skip
     }
@@ -297,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=2, help="each version's training epochs")
     p.add_argument("--after-s", type=float, default=5.0, help="load kept on after the dense switch")
     p.add_argument("--lookups", default="remote,colocated", help="the handler's lookup modes, one run each")
+    p.add_argument(
+        "--serving-dtype", default="float32", choices=["float32", "float16", "int8"],
+        help="the versions' serving dtype (full versions and deltas)",
+    )  # fmt: skip
     quick = {"duration": 16, "deltas": 2, "delta_rows": 1000, "delta_every_s": 1.0, "steady_s": 4.0,
              "after_s": 1.0, "lookups": "colocated", "epochs": 1}  # fmt: skip
     args = parse(p, argv, quick)

@@ -15,11 +15,16 @@ variant a ``recserve train`` process of its own, or the peer's, in the same invo
 - ``planned``: ``--sharding auto`` with ample memory (every table fits: all replicated);
 - ``planned_half``: ``--sharding auto`` with a budget that holds half the embedding bytes.
 
+Each data set also gets a ``quantized`` section (``loadtest/bench_quant.py``): one more run
+exported in float32, its test AUC (``float32_auc``) and, with its tables served in float16 and in
+int8, each one's ``auc`` and ``max_abs_score_diff``. ``--sections quantized`` measures only those
+(for both data sets), keeping the rest of the JSON.
+
 ``samples_per_s`` counts training rows over the training loop only; ``wall_s`` is the whole
 process (reading, planning, PS start, evaluation); ``peak_rss_gb`` is the trainer process's
 (PS processes apart). Writes ``loadtest/results/train.json`` and prints tables.
 
-    python -m loadtest.bench_train [--sections criteo,synth_1m] [--shards process|inprocess] [--quick]
+    python -m loadtest.bench_train [--sections criteo,synth_1m,quantized] [--shards process|inprocess] [--quick]
                                    [--results-dir DIR]
 
 ``--quick``: one seed on the first 2,048 Criteo rows and no warm-up runs, 2,000 synth rows.
@@ -42,6 +47,7 @@ import numpy as np
 
 from features.schema import load_schema
 from features.stream import ReadOptions
+from loadtest import bench_quant
 from loadtest.common import Stopwatch, parse, parser
 from loadtest.processes import run_sampled
 from training.config import TrainConfig
@@ -134,7 +140,30 @@ def criteo_section(args: argparse.Namespace) -> dict:
         seeds_txt = " ".join(f"{a:.4f}" for a in r["auc_per_seed"])
         print(f"{name:10s} {r['auc']:7.4f} {r['logloss']:8.4f} {r['samples_per_s']:10.0f}   {seeds_txt}")
     print(f"targets: {json.dumps(results['targets'])}")
+    results["quantized"] = criteo_quantized(args)
     return results
+
+
+def criteo_quantized(args: argparse.Namespace) -> dict:
+    """The Criteo split's ``quantized`` section (seed 0, in-process PS)."""
+    cfg, kw = TrainConfig(), {"seed": 0, "threads": args.threads}
+    kw |= {"epochs": args.epochs} if args.epochs else {}
+    kw |= {"limit": args.limit} if args.limit else {}
+    with tempfile.TemporaryDirectory() as store:
+        q = bench_quant.quantized_section(cfg.data, cfg.test, Path(store), **kw)
+    bench_quant.show("criteo", q)
+    return q
+
+
+def synth_quantized(args: argparse.Namespace) -> dict:
+    """The synth data's ``quantized`` section (one epoch, batch 128, in-process PS)."""
+    train_file, test_file = synth_data(args.synth_rows, Path(args.synth_dir))
+    with tempfile.TemporaryDirectory() as store:
+        q = bench_quant.quantized_section(
+            train_file, test_file, Path(store), epochs=1, batch_size=128, threads=args.threads, seed=0
+        )
+    bench_quant.show("synth_1m", q)
+    return q
 
 
 def _child(cmd: list[str]) -> dict:
@@ -221,12 +250,15 @@ def synth_section(args: argparse.Namespace) -> dict:
             f"{name:12s} {r['auc']:7.4f} {r['samples_per_s']:10.0f} {r['wall_s']:7.1f} {r['peak_rss_gb']:7.2f}"
         )
     print(f"targets: {json.dumps(results['targets'])}")
+    results["quantized"] = synth_quantized(args)
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__)
-    p.add_argument("--sections", default="criteo,synth_1m", help="comma-separated: criteo, synth_1m")
+    p.add_argument(
+        "--sections", default="criteo,synth_1m", help="comma-separated: criteo, synth_1m, quantized (only)"
+    )
     p.add_argument("--seeds", default="0,1,2", help="criteo: seeds per variant")
     p.add_argument(
         "--shards",
@@ -249,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(p, argv, {"seeds": "0", "epochs": 1, "limit": 2048, "warmup": False, "synth_rows": 2000})
     logging.basicConfig(level=logging.WARNING)
     sections = [s for s in args.sections.split(",") if s]
-    unknown = set(sections) - {"criteo", "synth_1m"}
+    unknown = set(sections) - {"criteo", "synth_1m", "quantized"}
     if unknown:
         p.error(f"unknown sections {sorted(unknown)}")
     out = args.results_dir / "train.json"
@@ -259,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
         results["criteo"] = criteo_section(args)
     if "synth_1m" in sections:
         results["synth_1m"] = synth_section(args)
+    if "quantized" in sections:  # the quantized figures alone, beside the data sets' other figures
+        for name, measure in (("criteo", criteo_quantized), ("synth_1m", synth_quantized)):
+            if name not in sections:
+                results.setdefault(name, {})["quantized"] = measure(args)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out}")

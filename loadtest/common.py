@@ -153,15 +153,17 @@ def median_us(fn: Callable[[], object], min_runs: int = 200, min_seconds: float 
 
 # ---- a trained model -----------------------------------------------------------------------------
 def train_version(root: str | Path, seed: int = 0, publish: bool = True, data: str | Path = CRITEO_TRAIN,
-                  epochs: int = 1) -> Any:  # fmt: skip
+                  epochs: int = 1, serving_dtype: str = "float32") -> Any:  # fmt: skip
     """Train the Criteo model into the model store at ``root`` (in-process PS) and export a version
-    (published with ``publish``); returns the training result (``.version_dir``). The training
-    curve goes beside the versions (``root/curve-<seed>.svg``): a sealed version stays as sealed."""
-    from training.config import TrainConfig
+    (published with ``publish``) with its tables in ``serving_dtype``; returns the training result
+    (``.version_dir``). The training curve goes beside the versions (``root/curve-<seed>.svg``): a
+    sealed version stays as sealed."""
+    from training.config import TrainConfig, train_table
     from training.train import train
 
     cfg = TrainConfig(store=str(root), model="criteo", data=str(data), epochs=epochs, inprocess_ps=True,
-                      publish=publish, progress=False, seed=seed, curve=str(Path(root) / f"curve-{seed}.svg"))  # fmt: skip
+                      publish=publish, progress=False, seed=seed, curve=str(Path(root) / f"curve-{seed}.svg"),
+                      table=train_table(serving_dtype=serving_dtype))  # fmt: skip
     return train(cfg)
 
 

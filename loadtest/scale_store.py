@@ -1,5 +1,7 @@
 """The model store ``make bench-scale`` serves: versions of random rows written straight into it
-(bucket-ordered shard dumps with their checksums, sealed; nothing is trained), and deltas."""
+(bucket-ordered shard dumps with their checksums, sealed; nothing is trained), and deltas. A
+version may be written in a serving dtype (float16, int8: ``model_store.quant``), its rows made
+and encoded a chunk at a time (a 300M-row int8 version never holds its float32 rows)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ DIM = 16
 SHARDS = 2
 
 
-def _shard_data(kind: str, shard: int, version: str, signs: np.ndarray, rows: np.ndarray):
+def _shard_data(kind: str, shard: int, version: str, signs: np.ndarray, rows: np.ndarray,
+                qparams: np.ndarray | None = None, dtype: str = "float32"):  # fmt: skip
     from model_store.meta import ShardMeta
     from model_store.shards import ShardData
 
@@ -24,8 +27,27 @@ def _shard_data(kind: str, shard: int, version: str, signs: np.ndarray, rows: np
     meta = ShardMeta(kind=kind, shard=shard, num_shards=SHARDS, state=[], version=version,
                      table={"dim": DIM, "dtype": "float32", "optimizer": {"name": "sgd"}},
                      delta_seq=0 if kind == "delta" else -1,
-                     base_version=version if kind == "delta" else "")  # fmt: skip
-    return ShardData(meta, signs, rows, {}, np.zeros(n, np.uint32), np.zeros(n, np.uint32))
+                     base_version=version if kind == "delta" else "",
+                     row_dtype="" if dtype == "float32" else dtype)  # fmt: skip
+    return ShardData(meta, signs, rows, {}, np.zeros(n, np.uint32), np.zeros(n, np.uint32), qparams=qparams)
+
+
+def _random_rows(rng: np.random.Generator, n: int, dtype: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(rows, qparams) of ``n`` random rows in serving dtype ``dtype``, made a chunk at a time."""
+    from model_store.quant import quantize, storage
+
+    if dtype == "float32":
+        return rng.standard_normal((n, DIM), dtype=np.float32), None
+    rows = np.empty((n, DIM), storage(dtype))
+    qparams = np.empty((n, 2), np.float16) if dtype == "int8" else None
+    step = 1 << 22
+    for i in range(0, n, step):
+        chunk = rng.standard_normal((min(step, n - i), DIM), dtype=np.float32)
+        if qparams is None:
+            rows[i : i + step] = chunk
+        else:
+            rows[i : i + step], qparams[i : i + step] = quantize(chunk)
+    return rows, qparams
 
 
 def shard_signs(rows: int, shard: int, seed: int) -> np.ndarray:
@@ -43,8 +65,9 @@ def shard_signs(rows: int, shard: int, seed: int) -> np.ndarray:
     return unique_signs(np.concatenate(out))
 
 
-def build_version(root: Path, rows: int, seed: int) -> tuple[str, np.ndarray]:
-    """A sealed version of random rows; returns its name and a sample of its signs."""
+def build_version(root: Path, rows: int, seed: int, dtype: str = "float32") -> tuple[str, np.ndarray]:
+    """A sealed version of random rows in serving dtype ``dtype``; returns its name and a sample of
+    its signs."""
     import model_store as ms
 
     version = ms.next_version(root, MODEL)
@@ -54,10 +77,11 @@ def build_version(root: Path, rows: int, seed: int) -> tuple[str, np.ndarray]:
         signs = shard_signs(rows, shard, seed=1)  # the same signs in every version, new rows
         rng = np.random.default_rng(seed * 1000 + shard)
         n = len(signs)
-        data = _shard_data("full", shard, version, signs, rng.standard_normal((n, DIM), dtype=np.float32))
+        values, qparams = _random_rows(rng, n, dtype)
+        data = _shard_data("full", shard, version, signs, values, qparams, dtype)
         ms.shards.write_shard(staging / "embeddings", data)
         sample.append(signs[rng.integers(0, n, 200_000)])
-        del data, signs
+        del data, signs, values, qparams
     ms.write_manifest(staging, ms.VersionManifest(model=MODEL, version=version, schema_fingerprint="scale",
                                                   dim=DIM, num_shards=SHARDS))  # fmt: skip
     ms.seal(staging, ms.version_dir(root, MODEL, version))

@@ -23,6 +23,7 @@ from model_store.errors import (
     IncompatibleVersion,
     IncompleteVersion,
     ModelStoreError,
+    QuantizationLoss,
     RecordError,
     SchemaMismatch,
     StoreError,
@@ -49,6 +50,7 @@ from model_store.layout import (
     write_atomic,
 )
 from model_store.manifest import (
+    QuantRecord,
     RuntimeChoice,
     TrainRecord,
     VersionManifest,
@@ -72,7 +74,7 @@ from model_store.releases import (
 __all__ = [
     "CURRENT", "DELTAS", "MANIFEST", "SUCCESS", "CapacityError", "CorruptVersion", "IncompatibleVersion",
     "IncompleteVersion",
-    "ModelStoreError", "RecordError", "RuntimeChoice", "SchemaMismatch", "StoreError", "TrainRecord",
+    "ModelStoreError", "RecordError", "RuntimeChoice", "SchemaMismatch", "StoreError", "TrainRecord", "QuantRecord", "QuantizationLoss",
     "UnknownFormat", "VersionManifest", "VersionNotFound", "current", "default_root",
     "current_manifest", "delta_dir", "discard", "fsync_dir",
     "history", "list_deltas", "list_versions", "mark_done", "model_dir", "next_version", "publish",

@@ -25,6 +25,10 @@ class IncompatibleVersion(ModelStoreError):
     takes a new stack: ``recserve publish --allow-schema-change``, then restart the stack."""
 
 
+class QuantizationLoss(ModelStoreError):
+    """A version served in a reduced-precision dtype loses more test AUC than the gate allows."""
+
+
 class SchemaMismatch(IncompatibleVersion):
     """The version's feature schema is not the one being served (or its schema.yaml does not
     match its manifest)."""

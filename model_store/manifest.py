@@ -88,6 +88,27 @@ class RuntimeChoice:
 
 
 @dataclass
+class QuantRecord:
+    """What serving a version's tables in a reduced-precision dtype costs, measured by its export:
+    the test split scored with the served (dequantized) rows and with the trained float32 rows."""
+
+    dtype: str
+    """The serving dtype (float16 or int8: ``model_store.quant``)."""
+    float32_auc: float
+    """Test AUC with the float32 rows (the trainer's own scores)."""
+    auc: float
+    """Test AUC with the rows as served."""
+    max_abs_score_diff: float
+    """Largest |probability difference| of one test row between the two."""
+    rows: int = 0
+    """Test rows scored."""
+
+    @property
+    def auc_drop(self) -> float:
+        return self.float32_auc - self.auc
+
+
+@dataclass
 class TrainRecord:
     """How a version was trained (``recserve train``)."""
 
@@ -128,6 +149,8 @@ class VersionManifest:
     deltas: int = 0
     """Deltas cut into it before it was sealed."""
     train: TrainRecord | None = None
+    quantized: QuantRecord | None = None
+    """The export's check of a version served in float16 or int8 (None: served in float32)."""
     files: dict[str, str] = field(default_factory=dict)
     """Relpath -> digest of every file but MANIFEST/_SUCCESS (``write_manifest`` fills it)."""
 

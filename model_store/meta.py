@@ -57,6 +57,9 @@ class ShardMeta:
     bucket_bits: int | None = None
     """Full dump: bits of its bucket directory (written by ``write_shard``; None: a delta, or a
     dump in another order)."""
+    row_dtype: str = ""
+    """The serving dtype ``rows.npy`` is in (float32, float16 or int8: ``model_store.quant``) when a
+    version's export wrote it so; '' = the table's own ``dtype`` (a training dump)."""
 
     @property
     def dim(self) -> int:
@@ -64,7 +67,8 @@ class ShardMeta:
 
     @property
     def dtype(self) -> str:
-        return str(self.table["dtype"])
+        """The row type of ``rows.npy``: the serving dtype, else the table's."""
+        return self.row_dtype or str(self.table["dtype"])
 
     @property
     def optimizer(self) -> str:

@@ -23,12 +23,15 @@ from model_store.errors import (
     IncompatibleVersion,
     IncompleteVersion,
     ModelStoreError,
+    QuantizationLoss,
     SchemaMismatch,
     VersionNotFound,
 )
-from model_store.manifest import VersionManifest, read_manifest
+from model_store.manifest import QuantRecord, VersionManifest, read_manifest
 
 HISTORY = "HISTORY"
+MAX_QUANT_AUC_DROP = 0.001
+"""How far below its own float32 test AUC a version served in float16 or int8 may score."""
 
 Root = str | os.PathLike[str]  # the store's root directory
 
@@ -42,6 +45,7 @@ class VersionInfo:
     created: float | None = None
     metrics: dict[str, Any] | None = None
     deltas: int = 0
+    quantized: QuantRecord | None = None
 
 
 # What a running stack cannot change under its processes, each as (manifest attribute, what it
@@ -56,8 +60,9 @@ CONTRACT: tuple[tuple[str, str], ...] = (
 
 
 def validate(
-    root: Root, model: str, version: str, served: VersionManifest | None = None, verify: bool = True
-) -> VersionManifest:
+    root: Root, model: str, version: str, served: VersionManifest | None = None, verify: bool = True,
+    max_quant_auc_drop: float = MAX_QUANT_AUC_DROP,
+) -> VersionManifest:  # fmt: skip
     """THE gate: the manifest of ``version`` if it can replace the served version whose manifest is
     ``served`` (None: nothing served, only the version's own validity counts), else a typed
     ModelStoreError naming both sides.
@@ -68,11 +73,20 @@ def validate(
     ``train --publish`` and rollback call it with CURRENT's manifest (``current_manifest``), the
     controller with the dense version it serves, every PS follower with the version it serves, so
     CURRENT never names a version that serving refuses. ``verify=False`` skips the checksum of every
-    file (a PS checks its own shard files as it reads them)."""
+    file (a PS checks its own shard files as it reads them). A version served in a reduced-precision
+    dtype whose export measured a test AUC more than ``max_quant_auc_drop`` below its own float32
+    one is refused (QuantizationLoss), served or not."""
     vdir = ms.version_dir(root, model, version)
     if not vdir.is_dir():
         raise VersionNotFound(f"{model} version {version} does not exist in {root}")
     manifest = read_manifest(vdir, verify=verify)
+    q = manifest.quantized
+    if q is not None and not q.auc_drop <= max_quant_auc_drop:  # NaN fails too
+        raise QuantizationLoss(
+            f"{model} version {version} is served in {q.dtype}: its test AUC {q.auc:.5f} is "
+            f"{q.auc_drop:.5f} below its float32 AUC {q.float32_auc:.5f}, more than the allowed "
+            f"{max_quant_auc_drop:g} (export it in a wider serving dtype, or raise --max-quant-auc-drop)"
+        )
     if served is None:
         return manifest
     for key, what in CONTRACT:
@@ -112,7 +126,7 @@ def list_versions(root: Root, model: str) -> list[VersionInfo]:
     for v in ms.versions(root, model, complete_only=False):
         try:
             m = read_manifest(ms.version_dir(root, model, v), verify=True)
-            info = VersionInfo(v, "ok", v == cur, created=m.created, metrics=m.metrics)
+            info = VersionInfo(v, "ok", v == cur, created=m.created, metrics=m.metrics, quantized=m.quantized)
             info.deltas = len(ms.list_deltas(ms.version_dir(root, model, v)))
         except ModelStoreError as e:
             status = "incomplete" if isinstance(e, IncompleteVersion) else "corrupt"
@@ -129,11 +143,16 @@ def history(root: Root, model: str) -> list[str]:
         return [cur] if cur else []
 
 
-def publish(root: Root, model: str, version: str, allow_schema_change: bool = False) -> str:
+def publish(
+    root: Root, model: str, version: str, allow_schema_change: bool = False,
+    max_quant_auc_drop: float = MAX_QUANT_AUC_DROP,
+) -> str:  # fmt: skip
     """Make ``version`` CURRENT (atomic) if it passes the gate against CURRENT's version; record it
     in the history. ``allow_schema_change``: check only the version's own validity (a deliberate
-    change of schema or shape, served by a new stack)."""
-    validate(root, model, version, None if allow_schema_change else current_manifest(root, model))
+    change of schema or shape, served by a new stack). ``max_quant_auc_drop``: the gate's allowance
+    for a version served in float16 or int8."""
+    served = None if allow_schema_change else current_manifest(root, model)
+    validate(root, model, version, served, max_quant_auc_drop=max_quant_auc_drop)
     previous = history(root, model)
     ms.set_current(root, model, version)
     if not previous or previous[-1] != version:

@@ -4,7 +4,8 @@ full dumps and deltas, verified loading and re-sharding.
 A dump of shard i of n is one directory ``shard-<i>-of-<n>/``::
 
     signs.npy            uint64 (rows,)            the keys, in slot order
-    rows.npy             float32|float16 (rows, dim)
+    rows.npy             float32|float16 (rows, dim), or uint8 codes in an int8 version
+    qparams.npy          float16 (rows, 2)         int8 only: each row's scale and bias
     state.<name>.npy     float32 (rows, dim)       one per optimizer state (Adagrad: state.sum)
     stamp.npy, count.npy uint32 (rows,)            last-touch time (unix s) and touch count
     deleted.npy          uint64 (k,)               deltas only: signs deleted since the last cut
@@ -46,6 +47,7 @@ from features.hashing import TABLE_SALT, mix64, shard_of, unique_signs
 from model_store.errors import StoreError
 from model_store.layout import MANIFEST, SUCCESS, fsync_dir, mark_done
 from model_store.meta import FORMAT, ShardMeta
+from model_store.quant import dequantize, quantize, storage
 from model_store.shardfile import (
     VERIFY_DUTY,
     XXH3,
@@ -63,6 +65,7 @@ __all__ = [
     "bucket_bits",
     "bucket_layout", "check_compatible", "checksum_ok", "npy_header", "read_for_shard", "read_listing",
     "read_meta", "read_shard", "shard_dir_name", "shard_dirs", "table_hash", "write_shard", "_HashingWriter",
+    "encode_delta", "encode_dump",
 ]  # fmt: skip
 
 META = "meta.json"
@@ -101,11 +104,33 @@ class ShardData:
 
     meta: ShardMeta
     signs: NDArray[np.uint64]
-    rows: NDArray[np.floating[Any]]  # float32 or float16 (meta.dtype)
+    rows: NDArray[Any]  # float32 or float16, or int8's uint8 codes (meta.dtype)
     state: dict[str, NDArray[np.float32]]
     stamp: NDArray[np.uint32]
     count: NDArray[np.uint32]
     deleted: NDArray[np.uint64] = field(default_factory=lambda: np.empty(0, np.uint64))
+    qparams: NDArray[np.float16] | None = None
+    """int8 only: each row's fp16 scale and bias (``model_store.quant``)."""
+
+    def encoded(self, dtype: str) -> ShardData:
+        """These (float32) rows in serving dtype ``dtype`` (int8: quantized row-wise), recorded in
+        the meta's ``row_dtype``; optimizer state and counters stay as they are."""
+        if self.meta.row_dtype:
+            raise StoreError(f"shard {self.meta.shard}: already in serving dtype {self.meta.row_dtype}")
+        if dtype == "int8":
+            rows, qparams = quantize(self.rows)
+        else:
+            rows, qparams = self.rows.astype(storage(dtype), copy=False), None
+        return replace(self, meta=replace(self.meta, row_dtype=dtype), rows=rows, qparams=qparams)
+
+    def decoded(self, dtype: str = "float32") -> ShardData:
+        """Rows of ``dtype`` (a training store's) from a dump in any serving dtype: int8 through
+        ``model_store.quant.dequantize``, the decoding serving uses, so both read the same values."""
+        if not self.meta.row_dtype:
+            return self
+        rows = dequantize(self.rows, self.qparams) if self.qparams is not None else self.rows
+        meta = replace(self.meta, row_dtype="")
+        return replace(self, meta=meta, rows=rows.astype(dtype, copy=False), qparams=None)
 
     def select(self, mask: NDArray[np.bool_]) -> ShardData:
         """The rows where ``mask`` is true (deleted signs are kept as they are)."""
@@ -117,6 +142,7 @@ class ShardData:
             self.stamp[mask],
             self.count[mask],
             self.deleted,
+            None if self.qparams is None else self.qparams[mask],
         )
 
 
@@ -141,6 +167,8 @@ def write_shard(parent: PathLike, data: ShardData) -> Path:
             "count.npy": data.count,
         }
         arrays.update({f"state.{k}.npy": v for k, v in data.state.items()})
+        if data.qparams is not None:
+            arrays["qparams.npy"] = data.qparams
         order = directory = None
         bits = None
         if meta.kind == "delta":
@@ -206,6 +234,7 @@ def read_shard(path: PathLike) -> ShardData:
         stamp=arrays["stamp.npy"],
         count=arrays["count.npy"],
         deleted=arrays["deleted.npy"],
+        qparams=arrays.get("qparams.npy"),
     )
 
 
@@ -214,12 +243,14 @@ def _validate(path: Path, meta: ShardMeta, arrays: dict[str, NDArray[Any]]) -> N
     n, dim = meta.rows, meta.dim
     checks: list[tuple[str, tuple[int, ...], np.dtype[Any]]] = [
         ("signs", (n,), np.dtype(np.uint64)),
-        ("rows", (n, dim), np.dtype(meta.dtype)),
+        ("rows", (n, dim), storage(meta.dtype)),
         ("stamp", (n,), np.dtype(np.uint32)),
         ("count", (n,), np.dtype(np.uint32)),
         ("deleted", (meta.deleted,), np.dtype(np.uint64)),
     ]
     checks += [(f"state.{k}", (n, dim), np.dtype(np.float32)) for k in meta.state]
+    if meta.dtype == "int8":
+        checks.append(("qparams", (n, 2), np.dtype(np.float16)))
     for name, shape, dtype in checks:
         arr = arrays.get(f"{name}.npy")
         if arr is None:
@@ -233,7 +264,7 @@ def check_compatible(meta: ShardMeta, dim: int, dtype: str, schema_hash: str, wh
     where = where or f"shard {meta.shard} of {meta.num_shards}"
     if meta.dim != dim:
         raise StoreError(f"{where}: dim {meta.dim} does not match the store's dim {dim}")
-    if meta.dtype != dtype:
+    if meta.dtype != dtype and not meta.row_dtype:  # a serving dtype's dump is decoded on reading
         raise StoreError(f"{where}: dtype {meta.dtype} does not match the store's dtype {dtype}")
     if schema_hash and meta.schema_hash != schema_hash:
         raise StoreError(
@@ -316,4 +347,21 @@ def _concat(parts: list[ShardData]) -> ShardData:
         stamp=np.concatenate([p.stamp for p in parts]),
         count=np.concatenate([p.count for p in parts]),
         deleted=unique_signs(np.concatenate([p.deleted for p in parts])),
+        qparams=None if parts[0].qparams is None else np.concatenate([p.qparams for p in parts]),
     )
+
+
+def encode_dump(path: PathLike, dtype: str) -> None:
+    """Rewrite the float32 dump (full or delta) at ``path`` in serving dtype ``dtype`` (nothing to
+    do for float32): what the export does to a version's shards and deltas before marking them done."""
+    if dtype == "float32":
+        return
+    for d in shard_dirs(path):
+        write_shard(d.parent, read_shard(d).encoded(dtype))
+
+
+def encode_delta(path: PathLike, version_dir: PathLike) -> None:
+    """``encode_dump`` of the delta at ``path`` in the serving dtype of the version at
+    ``version_dir`` (a delta is served like its version's shards)."""
+    meta = read_meta(shard_dirs(Path(version_dir) / "embeddings")[0])
+    encode_dump(path, meta.row_dtype or "float32")

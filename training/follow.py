@@ -277,6 +277,7 @@ class FollowTrainer:
         if (ddir / ms.SUCCESS).exists():
             raise ms.ModelStoreError(f"{ddir} was written by someone else: one delta writer per version")
         lv.cluster.dump(ddir, delta=True)
+        ms.shards.encode_delta(ddir, lv.vdir)  # in the version's serving dtype
         self.book.write(ddir, self.ledger.positions())
         ms.mark_done(ddir)
         self.ledger.commit()

@@ -24,25 +24,35 @@ from training.evaluate import sigmoid
 
 
 def load_stores(version: Path, manifest: model_store.VersionManifest) -> list:
-    """One EmbeddingStore per shard, filled from ``embeddings/shard-<i>-of-<n>/``."""
+    """``open_stores`` of a sealed version, by its manifest."""
+    return open_stores(version, manifest.num_shards, manifest.schema_fingerprint, manifest.version)
+
+
+def open_stores(version: Path, num_shards: int, schema_hash: str, name: str) -> list:
+    """One EmbeddingStore per shard, filled from ``embeddings/shard-<i>-of-<n>/``: the rows serving
+    reads (an int8 version's dequantized by ``model_store.quant.dequantize``, as serving does)."""
     from model_store.shards import read_meta, shard_dir_name
     from serving.ps.spec import TableSpec
     from serving.ps.store import EmbeddingStore, StoreConfig
 
-    n = manifest.num_shards
+    n = num_shards
     stores = []
     for i in range(n):
         shard = version / "embeddings" / shard_dir_name(i, n)
         meta = read_meta(shard)
         cfg = StoreConfig(
-            table=TableSpec(dim=meta.dim, capacity=max(1, meta.rows), dtype=meta.dtype),
-            schema_hash=manifest.schema_fingerprint,
+            table=TableSpec(
+                dim=meta.dim,
+                capacity=max(1, meta.rows),
+                dtype="float32" if meta.dtype == "int8" else meta.dtype,
+            ),
+            schema_hash=schema_hash,
             shard=i,
             num_shards=n,
         )
         store = EmbeddingStore(cfg)
         store.load(shard)
-        store.version = manifest.version  # what pinned lookups name
+        store.version = name  # what pinned lookups name
         stores.append(store)
     return stores
 

@@ -229,7 +229,7 @@ class _Job:
         cuts' trigger; the checkpoints every rank takes."""
         cfg, world = self.cfg, self.world
         if self.rank == 0 and cfg.export and self.cluster is not None:
-            writer = self.writer = VersionWriter(cfg.store, cfg.model)
+            writer = self.writer = VersionWriter(cfg.store, cfg.model, cfg.table.serving_dtype)
             stack.callback(lambda: writer.abort() if writer.staging.exists() else None)
         self.deltas = DeltaTrigger(cfg.delta_interval_s, cfg.delta_rows)
         self.ckpt_dir = checkpoint_dir(cfg.store, cfg.model, cfg.checkpoint_dir)
@@ -392,7 +392,8 @@ class _Job:
         train = model_store.TrainRecord(config=cfg.to_dict(), world_size=self.world, steps=self.at.step,
                                         plan=self.plan.to_dict() if self.plan is not None else None)  # fmt: skip
         version = writer.finish(self.cluster, unwrap(self.model).cpu(), self.model_cfg.to_dict(),
-                                self.data.schema, ev, train=train)  # fmt: skip
+                                self.data.schema, ev, train=train,
+                                test=lambda: self.data.test.batches(cfg.eval_batch_size))  # fmt: skip
         result.version_dir = str(version)
         if self.cluster is not None:  # the shards now hold the replicated tables too
             result.ps = self.cluster.stats()

@@ -39,6 +39,9 @@ class PublishConfig:
     allow_schema_change: bool = False
     """Publish a version of another feature schema or shape (dim, slots, dense inputs) than
     CURRENT's: the running stack refuses it and must be restarted (`recserve down`, `recserve up`)."""
+    max_quant_auc_drop: float = 0.001
+    """Refuse a version served in float16 or int8 whose export measured a test AUC more than this
+    below its own float32 AUC."""
 
     def __post_init__(self) -> None:
         if not self.version:
@@ -75,6 +78,9 @@ def run_versions(cfg: VersionsConfig) -> int:
     for r in rows:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created)) if r.created else "-"
         auc = f"auc={r.metrics['auc']:.4f}" if r.metrics and "auc" in r.metrics else ""
+        if r.quantized is not None:
+            q = r.quantized
+            auc += f" {q.dtype}: auc={q.auc:.4f} (float32 {q.float32_auc:.4f}) max|score diff|={q.max_abs_score_diff:.2g}"
         mark = "*" if r.current else " "
         why = f"refused by {', '.join(refused[r.version])}" if r.version in refused else ""
         notes = " ".join(x for x in (auc, r.detail, why) if x)
@@ -135,11 +141,11 @@ def run_publish(cfg: PublishConfig) -> int:
     note = ""
     try:
         try:
-            publish(cfg.store, cfg.model, cfg.version)
+            publish(cfg.store, cfg.model, cfg.version, max_quant_auc_drop=cfg.max_quant_auc_drop)
         except IncompatibleVersion as e:
             if not cfg.allow_schema_change:
                 raise
-            publish(cfg.store, cfg.model, cfg.version, allow_schema_change=True)
+            publish(cfg.store, cfg.model, cfg.version, True, cfg.max_quant_auc_drop)
             note = (f"a schema change ({e}); a running stack keeps serving what it has and refuses "
                     f"{cfg.version}: restart it (recserve down --model {cfg.model}; recserve up --model "
                     f"{cfg.model}), and any `train --follow`")  # fmt: skip

@@ -74,5 +74,6 @@ class DeltaWriter:
         ddir = ms.delta_dir(self.vdir, seq)
         for store in self.stores:
             store.dump_delta(ddir)
+        ms.shards.encode_delta(ddir, self.vdir)  # in the version's serving dtype
         ms.mark_done(ddir)
         return seq, ddir, time.time()

@@ -24,6 +24,10 @@ another version.
 When a dump cannot be mapped as it is -- it was written with another shard count (re-sharded by
 the routing hash), by an older format, or ``dtype`` asks for float16 rows of a float32 version --
 the table is built in memory instead (the same structure, the same lookups).
+
+A version exported in int8 (``model_store.quant``) is served as it lies: uint8 codes and each
+row's fp16 scale and bias mapped, dequantized by the gather; its deltas' rows are decoded into
+the float32 overlay (small) with the same function.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from features.hashing import has_duplicates
 from model_store import shards
 from model_store.errors import StoreError
 from model_store.meta import ShardMeta
+from model_store.quant import bytes_per_row
 from model_store.shards import ShardData
 from serving.ps.config import StoreConfig, as_signs, not_held
 from serving.ps.table import BucketTable
@@ -58,7 +63,8 @@ class Served:
 
     @classmethod
     def of(cls, base: BucketTable, version: str, delta_seq: int) -> Served:
-        return cls(base, BucketTable.empty(base.dim, base.rows.dtype), version, delta_seq, len(base))
+        overlay = BucketTable.empty(base.dim, np.float32 if base.qparams is not None else base.rows.dtype)
+        return cls(base, overlay, version, delta_seq, len(base))
 
     def with_delta(self, data: ShardData) -> Served:
         """This snapshot with a delta applied (a new overlay; self is unchanged). Deletions and
@@ -72,6 +78,7 @@ class Served:
             return self
         if seq != self.delta_seq + 1:
             raise StoreError(f"delta {seq} does not follow the last applied delta {self.delta_seq}")
+        data = data.decoded()  # an int8 delta: the float32 rows serving reads
         o, dim = self.overlay, self.base.dim
         signs = np.concatenate([o.keys, data.deleted, data.signs])
         rows = np.concatenate(
@@ -276,8 +283,8 @@ class MappedStore:
             raise StoreError(f"{paths}: is a {data.meta.kind} dump, expected a full one")
         if has_duplicates(data.signs):
             raise StoreError(f"{paths}: the dump holds duplicate signs; refusing it")
-        rows = data.rows.astype(np.float16) if cfg.dtype == "float16" else data.rows
-        return BucketTable.build(data.signs, rows), data.meta
+        rows = data.rows.astype(np.float16) if cfg.dtype == "float16" and data.qparams is None else data.rows
+        return BucketTable.build(data.signs, rows, qparams=data.qparams), data.meta
 
     # ---- introspection ----------------------------------------------------------------------
     @property
@@ -287,7 +294,7 @@ class MappedStore:
     @property
     def raw_bytes_per_row(self) -> int:
         s = self.served
-        return 8 + s.base.dim * s.base.rows.dtype.itemsize
+        return 8 + bytes_per_row(s.base.dim, s.base.dtype)
 
     def stats(self) -> dict:
         s, cfg = self.served, self.config
@@ -295,7 +302,7 @@ class MappedStore:
             "shard": cfg.shard,
             "num_shards": cfg.num_shards,
             "dim": s.base.dim,
-            "dtype": str(s.base.rows.dtype),
+            "dtype": s.base.dtype,
             "rows": s.rows,
             "capacity": s.rows,  # a served version has no capacity: it is as big as it is
             "memory_bytes": self.memory_bytes,

@@ -88,4 +88,4 @@ class ShardPersistence:
             raise StoreError(f"{paths}: is a {kind} dump, expected a {'delta' if delta else 'full'} one")
         if has_duplicates(data.signs):
             raise StoreError(f"{paths}: the dump holds duplicate signs; refusing it")
-        return data
+        return data.decoded(self.config.dtype)  # a version in a serving dtype: the rows it serves

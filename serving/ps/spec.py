@@ -18,6 +18,7 @@ from typing import Any
 
 from model_store.errors import RecordError
 from model_store.meta import ShardMeta
+from model_store.quant import SERVING_DTYPES
 from serving.ps.optim import OptimizerSpec
 
 DTYPES = ("float32", "float16")
@@ -36,6 +37,11 @@ class TableSpec:
     """Embedding dimension."""
     dtype: str = field(default="float32", metadata={"choices": DTYPES})
     """Row storage type: float32, or float16 to halve row memory (optimizer state stays float32)."""
+    serving_dtype: str = field(default="float32", metadata={"choices": SERVING_DTYPES})
+    """Row type of the versions exported from it (full dumps and deltas): float32, float16 (half
+    the bytes) or int8 (row-wise, an fp16 scale and bias per row: dim + 4 bytes; each element
+    within (max - min) / 510 of its row's float32 value, ``model_store.quant``). Training keeps
+    float32 rows and optimizer state either way; the export records both AUCs in the manifest."""
     capacity: int = 1_000_000
     """Initial rows of each shard: memory for them is allocated up front. With eviction none a full
     shard grows (about 2x) up to max_memory_gb; with lru or lfu inserts beyond it evict. A loaded
@@ -69,6 +75,10 @@ class TableSpec:
             raise ValueError("capacity must be < 2**31 - 1 per shard (int32 row positions); add shards")
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose {' or '.join(DTYPES)}")
+        if self.serving_dtype not in SERVING_DTYPES:
+            raise ValueError(
+                f"unknown serving dtype {self.serving_dtype!r}; choose {', '.join(SERVING_DTYPES)}"
+            )
         if self.eviction not in EVICTIONS:
             raise ValueError(f"unknown eviction policy {self.eviction!r}; choose {', '.join(EVICTIONS)}")
         if self.min_count < 1:

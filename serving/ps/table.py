@@ -12,6 +12,9 @@ turns host-wide (``checksum_slot``), so the shards of a host switching together 
 cores nor the memory bandwidth their lookups need. Processes mapping the same version share its
 pages in the page cache.
 A table costs 8 bytes of key + the row + 0.5-1 byte of directory per row, and nothing to build.
+An int8 version's table also maps ``qparams.npy`` (each row's fp16 scale and bias: dim + 4 bytes a
+row in all) and ``gather`` dequantizes the rows it takes in the same vectorised pass
+(``model_store.quant.dequantize``).
 
 ``BucketTable.build`` makes the same structure in memory (deltas' overlays, re-sharded or old dumps).
 A lookup is numpy over the whole request (the directory, every candidate key of every bucket, the
@@ -39,6 +42,7 @@ import numpy as np
 from model_store import shards
 from model_store.errors import StoreError
 from model_store.meta import ShardMeta
+from model_store.quant import dequantize, storage
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class BucketTable:
     dead: np.ndarray  # bool per key (overlays: deleted signs); empty for a version's table
     mapped: bool = False
     maps: tuple = ()  # the mmap objects behind a mapped table's arrays
+    qparams: np.ndarray | None = None  # int8 tables: each row's fp16 (scale, bias)
 
     def release(self, pause_s: float = 0.05) -> None:
         """Drop a retired table's page tables in 64 MB steps so that the final munmap, whichever
@@ -80,11 +85,20 @@ class BucketTable:
         return cls.build(np.empty(0, np.uint64), np.empty((0, dim), dtype))
 
     @classmethod
-    def build(cls, signs: np.ndarray, rows: np.ndarray, dead: np.ndarray | None = None) -> BucketTable:
-        """The table of distinct ``signs`` in memory (sorts them into bucket order)."""
+    def build(
+        cls,
+        signs: np.ndarray,
+        rows: np.ndarray,
+        dead: np.ndarray | None = None,
+        qparams: np.ndarray | None = None,
+    ) -> BucketTable:
+        """The table of distinct ``signs`` in memory (sorts them into bucket order); int8 rows
+        come with their ``qparams``."""
         order, directory, bits = shards.bucket_layout(signs)
         d = np.empty(0, np.bool_) if dead is None else np.ascontiguousarray(dead[order])
-        return cls(np.ascontiguousarray(signs[order]), np.ascontiguousarray(rows[order]), directory, bits, d)
+        qp = None if qparams is None else np.ascontiguousarray(qparams[order])
+        rows = np.ascontiguousarray(rows[order])
+        return cls(np.ascontiguousarray(signs[order]), rows, directory, bits, d, qparams=qp)
 
     @classmethod
     def open(cls, shard_dir: str | Path, duty: float = 1.0) -> tuple[BucketTable, ShardMeta]:
@@ -98,9 +112,11 @@ class BucketTable:
         n, dim, bits = meta.rows, meta.dim, meta.bucket_bits
         expect: dict[str, tuple[tuple[int, ...], np.dtype]] = {
             "signs.npy": ((n,), np.dtype(np.uint64)),
-            "rows.npy": ((n, dim), np.dtype(meta.dtype)),
+            "rows.npy": ((n, dim), storage(meta.dtype)),
             "buckets.npy": (((1 << bits) + 1,), np.dtype(np.uint32)),
         }
+        if meta.dtype == "int8":
+            expect["qparams.npy"] = ((n, 2), np.dtype(np.float16))
         arrays, maps = {}, []
         for name, (shape, dtype) in expect.items():
             if name not in files:
@@ -112,8 +128,9 @@ class BucketTable:
         if buckets[0] != 0 or buckets[-1] != n or bool((buckets[1:] < buckets[:-1]).any()):
             raise StoreError(f"{path}: buckets.npy is not a directory of {n} rows")
         table = cls(
-            arrays["signs.npy"], arrays["rows.npy"], buckets, bits, np.empty(0, np.bool_), True, tuple(maps)
-        )
+            arrays["signs.npy"], arrays["rows.npy"], buckets, bits, np.empty(0, np.bool_), True, tuple(maps),
+            arrays.get("qparams.npy"),
+        )  # fmt: skip
         return table, meta
 
     def __len__(self) -> int:
@@ -125,7 +142,24 @@ class BucketTable:
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.rows.nbytes + self.buckets.nbytes + self.dead.nbytes
+        q = 0 if self.qparams is None else self.qparams.nbytes
+        return self.keys.nbytes + self.rows.nbytes + self.buckets.nbytes + self.dead.nbytes + q
+
+    @property
+    def dtype(self) -> str:
+        """The serving dtype of the rows: float32, float16 or int8."""
+        return "int8" if self.qparams is not None else str(self.rows.dtype)
+
+    def _take(self, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """float32 rows at ``slots`` (int8: dequantized in the same pass)."""
+        if self.qparams is not None:
+            return dequantize(self.rows[slots], self.qparams[slots], out)
+        if out is None:
+            return self.rows[slots]
+        if self.rows.dtype == out.dtype:
+            return np.take(self.rows, slots, axis=0, out=out)
+        out[:] = self.rows[slots]
+        return out
 
     def gather(self, signs: np.ndarray, out: np.ndarray, zero_missing: bool = True) -> np.ndarray:
         """Write the rows of ``signs`` into ``out`` (float32); returns each sign's slot or -1."""
@@ -137,16 +171,13 @@ class BucketTable:
         else:
             live = hit
         if live.all():
-            if self.rows.dtype == out.dtype:
-                np.take(self.rows, slots, axis=0, out=out)
-            else:
-                out[:] = self.rows[slots]
+            self._take(slots, out)
             return slots
         if zero_missing:
             out[~live] = 0.0
         else:
             out[hit & ~live] = 0.0  # a tombstone hides the base's row
-        out[live] = self.rows[slots[live]]
+        out[live] = self._take(slots[live])
         return slots
 
     def find(self, signs: np.ndarray) -> np.ndarray:
@@ -178,7 +209,7 @@ class BucketTable:
 
     def astype(self, dtype) -> BucketTable:
         """The same table with rows of ``dtype`` (a copy in memory; keys and directory shared)."""
-        if self.rows.dtype == np.dtype(dtype):
+        if self.rows.dtype == np.dtype(dtype) or self.qparams is not None:  # int8 stays int8
             return self
         return BucketTable(
             self.keys, self.rows.astype(dtype), self.buckets, self.bits, self.dead, self.mapped, self.maps

@@ -13,5 +13,8 @@ def test_bench_scale_serves_switches_and_a_delta_from_mapped_versions(bench, tmp
         "lookup_p99_idle_spinner_ms", "peak_rss_during_switch_gb", "old_plus_new_gb", "delta_visible_s")  # fmt: skip
     assert serving["serving_rows"] == 20_000 and len(serving["per_switch"]) == 2
     assert serving["peak_rss_during_switch_gb"] > 0  # the sampler saw the PS processes
-    has(result, "targets_met", "machine")
+    has(result, "targets_met", "machine", "bytes_per_row_ratio", "int8", "float16")
+    assert set(result["bytes_per_row_ratio"]) == {"float16", "int8"}
+    has(result["int8"], "serving_rows", "lookup_p99_ms", "lookup_p99_over_fp32", "colocated_p99_ms", "load_s")
+    assert result["int8"]["serving_rows"] == 60_000 and result["int8"]["lookup_failures"] == 0
     assert (tmp_path / "results" / "scale.png").exists()

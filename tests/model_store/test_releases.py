@@ -149,3 +149,27 @@ def test_recserve_publish_refuses_another_schema_or_dim_and_allows_a_schema_chan
     assert proc.returncode == 0 and f"CURRENT -> {other_schema}" in proc.stdout, proc.stderr
     assert "restart it" in proc.stderr and ms.current(tmp_path, "m") == other_schema
     assert history(tmp_path, "m") == [v1, other_schema]
+
+
+def _quantized_version(root, auc: float) -> str:
+    v = ms.next_version(root, "m")
+    staging = ms.staging_dir(root, "m", v)
+    q = ms.QuantRecord("int8", float32_auc=0.75, auc=auc, max_abs_score_diff=1e-4, rows=100)
+    ms.write_manifest(staging, ms.VersionManifest("m", v, "fp", 8, num_shards=1, quantized=q))
+    ms.seal(staging, ms.version_dir(root, "m", v))
+    return v
+
+
+def test_the_gate_refuses_a_quantized_version_that_loses_more_auc_than_allowed(tmp_path):
+    from model_store import QuantizationLoss
+
+    ok, lossy = _quantized_version(tmp_path, 0.7495), _quantized_version(tmp_path, 0.748)
+    publish(tmp_path, "m", ok)
+    with pytest.raises(QuantizationLoss, match=r"int8: its test AUC 0\.74800 is 0\.00200 below"):
+        publish(tmp_path, "m", lossy)
+    with pytest.raises(QuantizationLoss):
+        validate(tmp_path, "m", lossy)  # what every serving component runs
+    assert ms.current(tmp_path, "m") == ok
+    publish(tmp_path, "m", lossy, max_quant_auc_drop=0.005)
+    assert ms.current(tmp_path, "m") == lossy
+    assert [i.quantized.auc for i in list_versions(tmp_path, "m")] == [0.7495, 0.748]
