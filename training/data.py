@@ -15,21 +15,30 @@ moments (float64, merged exactly across chunks and ranks) for the standardisatio
 from __future__ import annotations
 
 import dataclasses
+import logging
 import queue
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from features import stream
 from features.batch import CompactBatch
-from features.schema import Schema
+from features.schema import Schema, load_schema
 from features.stream import ReadOptions
 from features.transform import Table, dense_matrix, transform
 from training import sources
+from training.ranks import all_ranks
 from training.sources import Reading
+
+if TYPE_CHECKING:
+    from training.config import TrainConfig
+
+
+log = logging.getLogger("recserve.train")
 
 
 def take(table: Table, rows: np.ndarray | slice) -> Table:
@@ -220,3 +229,35 @@ def in_background(items: Iterable, depth: int = 4) -> Iterator:
     finally:
         stop.set()
         thread.join()
+
+
+# ---- data: streamed every epoch; one pass first counts every rank's rows and dense moments ----
+@dataclass
+class JobData:
+    """The job's rows: the schema (the file as loaded: the feature contract, fingerprinted), this
+    rank's part of the training source, the test source, every rank's scan."""
+
+    schema: Schema
+    read: ReadOptions
+    train: Split
+    test: Split
+    scans: list[Scan]
+    steps_per_epoch: int
+    """DDP needs the same number of steps on every rank: the ranks with more rows drop the rest."""
+
+
+def read_job(cfg: TrainConfig, rank: int, world: int) -> JobData:
+    """The job's data for ``rank`` of ``world``: one scan pass of every rank's part first."""
+    schema = load_schema(cfg.schema)
+    read = ReadOptions(format=cfg.data_format, block_size=cfg.block_size, numeric_dense=True)
+    train_split = Split(cfg.data, schema, read, cfg.limit, part=(rank, world))
+    scans = all_ranks(train_split.scan(), world)
+    steps_per_epoch = min(-(-s.rows // cfg.batch_size) for s in scans)
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"{cfg.data}: no training rows" + (f" for one of the {world} ranks" if world > 1 else "")
+        )
+    log.info(
+        "rank %d/%d: %d training rows, %d steps per epoch", rank, world, scans[rank].rows, steps_per_epoch
+    )
+    return JobData(schema, read, train_split, Split(cfg.test, schema, read), scans, steps_per_epoch)

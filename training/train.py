@@ -29,8 +29,6 @@ from torch import nn
 from tqdm import tqdm
 
 import model_store
-from features.schema import Schema, load_schema
-from features.stream import ReadOptions
 from training import data, planner, ranks
 from training.checkpoint import Checkpointer, checkpoint_dir, latest, parse_every
 from training.cluster import Cluster
@@ -80,7 +78,7 @@ def train(cfg: TrainConfig) -> TrainResult:
 def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> TrainResult:
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 2) // 2))
     torch.manual_seed(cfg.seed)  # identical dense init on every rank (DDP also broadcasts it)
-    job = _Job(cfg, rank, world, device, _read_data(cfg, rank, world))
+    job = _Job(cfg, rank, world, device, data.read_job(cfg, rank, world))
     job.build_model()
     with contextlib.ExitStack() as stack:
         job.open_embeddings(stack)
@@ -92,37 +90,6 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> Tra
             job.end_epoch(epoch)
             job.evaluate(epoch)
         return job.finish()
-
-
-# ---- data: streamed every epoch; one pass first counts every rank's rows and dense moments ----
-@dataclass
-class _Data:
-    """The job's rows: the schema (the file as loaded: the feature contract, fingerprinted), this
-    rank's part of the training source, the test source, every rank's scan."""
-
-    schema: Schema
-    read: ReadOptions
-    train: data.Split
-    test: data.Split
-    scans: list[data.Scan]
-    steps_per_epoch: int
-    """DDP needs the same number of steps on every rank: the ranks with more rows drop the rest."""
-
-
-def _read_data(cfg: TrainConfig, rank: int, world: int) -> _Data:
-    schema = load_schema(cfg.schema)
-    read = ReadOptions(format=cfg.data_format, block_size=cfg.block_size, numeric_dense=True)
-    train_split = data.Split(cfg.data, schema, read, cfg.limit, part=(rank, world))
-    scans = ranks.all_ranks(train_split.scan(), world)
-    steps_per_epoch = min(-(-s.rows // cfg.batch_size) for s in scans)
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"{cfg.data}: no training rows" + (f" for one of the {world} ranks" if world > 1 else "")
-        )
-    log.info(
-        "rank %d/%d: %d training rows, %d steps per epoch", rank, world, scans[rank].rows, steps_per_epoch
-    )
-    return _Data(schema, read, train_split, data.Split(cfg.test, schema, read), scans, steps_per_epoch)
 
 
 @dataclass
@@ -139,7 +106,7 @@ class _At:
 class _Job:
     """One training job on one rank, in the steps ``_train`` takes."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, world: int, device: torch.device, inputs: _Data):
+    def __init__(self, cfg: TrainConfig, rank: int, world: int, device: torch.device, inputs: data.JobData):
         self.cfg, self.rank, self.world, self.device, self.data = cfg, rank, world, device, inputs
         self.result = TrainResult()
         self.at = _At()
