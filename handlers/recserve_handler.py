@@ -84,7 +84,9 @@ def _metrics(context, scorer: Scorer, impressions: ImpressionLog | None) -> Scor
     from serving.torchserve.metrics import ScoringMetrics
 
     try:
-        return ScoringMetrics(context, scorer.dense_version, scorer.lookup_modes, scorer.runtime, impressions)
+        return ScoringMetrics(
+            context, scorer.dense_version, scorer.lookup_modes, scorer.runtime, impressions=impressions
+        )
     except Exception as e:  # noqa: BLE001 - MetricsCacheKeyError: not declared in this TorchServe
         import logging
 

@@ -82,8 +82,8 @@ class ScoringMetrics:
         dense_version: str,
         lookup_modes: list[str] | tuple[str, ...] = (),
         runtime: str = "",
-        impressions: ImpressionLog | None = None,
         flush_s: float = 0.2,
+        impressions: ImpressionLog | None = None,
     ):
         from ts.metrics.metric_type_enum import MetricTypes
 
