@@ -15,6 +15,7 @@ so request bodies arrive as bytes and are read once, in the core (serving.scorin
 
 from __future__ import annotations
 
+import atexit
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +47,7 @@ class RecserveHandler:
             from serving.scoring.impressions import ImpressionLog
 
             self.impressions = ImpressionLog(config.log_impressions)
+            atexit.register(self.impressions.close)  # TorchServe never calls close: deliver what is queued
         self._metrics = _metrics(context, self.scorer, self.impressions)
         self.initialized = True
 

@@ -64,12 +64,13 @@ class Target:
 class ImpressionLog:
     """A bounded queue of scored requests drained into Kafka by one background thread.
 
-    ``capacity`` bounds the queue (the records waiting to be encoded); librdkafka's own buffer is
-    bounded by ``buffer_records``; a record not delivered within ``delivery_timeout_s`` is dropped
-    by librdkafka and counted here."""
+    ``capacity`` bounds the queue (the requests waiting to be encoded: their batches are held);
+    librdkafka's own buffer is bounded by ``buffer_mb`` (a 200-item impression is tens of KB, so
+    it bounds before librdkafka's count of 100,000 does); a record not delivered within
+    ``delivery_timeout_s`` is dropped by librdkafka and counted here."""
 
-    def __init__(self, url: str, capacity: int = 10_000, buffer_records: int = 100_000,
-                 delivery_timeout_s: float = 10.0, linger_ms: float = 5.0) -> None:  # fmt: skip
+    def __init__(self, url: str, capacity: int = 2000, buffer_mb: int = 64, delivery_timeout_s: float = 10.0,
+                 linger_ms: float = 5.0) -> None:  # fmt: skip
         from confluent_kafka import Producer
 
         self.target = Target.parse(url)
@@ -82,7 +83,7 @@ class ImpressionLog:
         self._lock = threading.Lock()  # the counters: offered on request threads, settled on the drain
         self._producer = Producer({
             "bootstrap.servers": self.target.brokers, "linger.ms": linger_ms,
-            "queue.buffering.max.messages": buffer_records, "message.timeout.ms": int(delivery_timeout_s * 1e3),
+            "queue.buffering.max.kbytes": buffer_mb << 10, "message.timeout.ms": int(delivery_timeout_s * 1e3),
             "acks": "all", "enable.idempotence": False, "compression.type": "lz4", "log_level": 3,
             "error_cb": self._error,
         })  # fmt: skip
