@@ -93,6 +93,20 @@ def test_target_and_request_id():
     assert len({request_id(None), request_id(b""), request_id("")}) == 3  # each a new one
 
 
+def test_a_full_queue_drops_and_counts_at_once():
+    from serving.scoring.decoding import Request
+    from tests.serving.helpers import ranking_batch
+
+    log = ImpressionLog("kafka://127.0.0.1:1/imps", capacity=0)  # nothing is ever queued
+    try:
+        versions = {"embedding": "1", "delta_seq": 0, "dense": "1"}
+        for i in range(5):
+            log.offer(f"r-{i}", Request(ranking_batch()), np.zeros(3, np.float32), versions)
+        assert log.dropped == 5  # counted on the request's thread, before it returns
+    finally:
+        log.close(0.1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("batch_wait_ms", [0.0, 1.0])
 def test_each_request_is_logged_once_with_the_bytes_it_was_scored_on(trained, kafka, batch_wait_ms):
