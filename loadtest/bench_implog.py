@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 n = warm_up(endpoint, None, bodies, args.warmup_s)
                 print(f"log {side}: {endpoint}; warm-up {n} requests", flush=True)
                 sides[side] = (endpoint, procs)
-            before = log_counters(sides["on"][0])
+            before = settled(sides["on"][0], {"logged": 0, "dropped": 0}, n)  # the warm-up's, all settled
             runs: dict[str, list[dict]] = {"off": [], "on": []}
             for i in range(args.pairs):
                 for side in ("off", "on"):

@@ -80,6 +80,7 @@ class ImpressionLog:
         """Records the broker acknowledged."""
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._capacity = capacity
+        self._last_error = ""
         self._lock = threading.Lock()  # the counters: offered on request threads, settled on the drain
         self._producer = Producer({
             "bootstrap.servers": self.target.brokers, "linger.ms": linger_ms,
@@ -130,7 +131,10 @@ class ImpressionLog:
             self.dropped += n
 
     def _error(self, err: Any) -> None:
-        log.warning("impression log %s/%s: %s", self.target.brokers, self.target.topic, err)
+        if str(err) != self._last_error:  # librdkafka repeats an error at every reconnect: say it once
+            self._last_error = str(err)
+            log.warning("impression log %s/%s: %s (records are dropped and counted until it is delivered "
+                        "again)", self.target.brokers, self.target.topic, err)  # fmt: skip
 
     def collect(self) -> list[Any]:
         """The counters as Prometheus metrics (registered on a frontend's registry: ``/metrics``)."""
