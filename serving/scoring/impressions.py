@@ -131,8 +131,9 @@ class ImpressionLog:
             self.dropped += n
 
     def _error(self, err: Any) -> None:
-        if str(err) != self._last_error:  # librdkafka repeats an error at every reconnect: say it once
-            self._last_error = str(err)
+        code = str(err.code()) if hasattr(err, "code") else str(err)
+        if code != self._last_error:  # librdkafka repeats an error at every reconnect: say it once
+            self._last_error = code
             log.warning("impression log %s/%s: %s (records are dropped and counted until it is delivered "
                         "again)", self.target.brokers, self.target.topic, err)  # fmt: skip
 
