@@ -94,3 +94,21 @@ def test_lookup_modes_reads_what_a_scoring_process_reports_and_says_when_it_does
     finally:
         stop()
     assert "refused" in lookup_modes(f"127.0.0.1:{closed}")["error"]
+
+
+def test_up_hands_its_impression_log_to_the_handler_as_a_scoring_config_field(tmp_path):
+    """``recserve up --log-impressions URL``: the handler's scoring.json names it, and the
+    ScoringConfig the handler builds from that file takes it."""
+    from serving.scoring.core import ScoringConfig
+    from serving.stack.config import StackConfig
+    from serving.stack.packaging import scoring_json
+    from serving.stack.state import StackState
+
+    url = "kafka://127.0.0.1:9092/impressions"
+    for given, expected in (("", None), (url, url)):
+        cfg = StackConfig(store=str(tmp_path), model="m", lookups="remote", log_impressions=given)
+        fields = scoring_json(
+            cfg, StackState("m", "7", str(tmp_path), cfg, worker="127.0.0.1:1"), tmp_path / "7"
+        )
+        assert fields.get("log_impressions") == expected
+        assert ScoringConfig.from_dict(fields).log_impressions == given
