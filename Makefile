@@ -78,6 +78,11 @@ bench-e2e: $(STAMP) $(GEN)
 bench-swap: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_swap
 
+# The impression log's cost: recserve serve + co-located at 50 rps, log on / off in one run.
+.PHONY: bench-implog
+bench-implog: $(STAMP) $(GEN)
+	$(PY) -m loadtest.bench_implog
+
 # TorchServe's own share of a request (an echo handler): batching, workers, netty threads, logging
 # and the JVM's collector, each setting measured round-robin. Not part of `make bench`.
 .PHONY: bench-ts-overhead

@@ -15,6 +15,7 @@ so request bodies arrive as bytes and are read once, in the core (serving.scorin
 
 from __future__ import annotations
 
+import atexit
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from serving.scoring.core import Scorer
+    from serving.scoring.impressions import ImpressionLog
     from serving.torchserve.metrics import ScoringMetrics
 
 
@@ -30,6 +32,7 @@ class RecserveHandler:
         self.scorer: Scorer | None = None
         self._metrics: ScoringMetrics | None = None
         self._server_timing: Callable[[dict], str] | None = None
+        self.impressions: ImpressionLog | None = None
         self.initialized = False
 
     def initialize(self, context) -> None:
@@ -40,22 +43,29 @@ class RecserveHandler:
         config = ScoringConfig.from_dict(json.loads((model_dir / "scoring.json").read_text()))
         with loading_priority():  # a version loading beside a serving one yields the CPU to it
             self.scorer = Scorer(config)
-        self._metrics = _metrics(context, self.scorer)
+        if config.log_impressions:
+            from serving.scoring.impressions import ImpressionLog
+
+            self.impressions = ImpressionLog(config.log_impressions)
+            atexit.register(self.impressions.close)  # TorchServe never calls close: deliver what is queued
+        self._metrics = _metrics(context, self.scorer, self.impressions)
         self.initialized = True
 
     # decode and look up each request of TorchServe's batch, then ONE dense call over those that
     # got that far (``batch_size`` > 1 at registration), then encode each; each request gets its
-    # own status and a Server-Timing header with the core's stage times
+    # own status, a Server-Timing header with the core's stage times and its X-Request-Id (the
+    # client's, else a new one; the impression's key when impressions are logged)
     def handle(self, data: list[dict], context) -> list[bytes]:
         from serving.scoring.errors import reply_of
+        from serving.scoring.impressions import HEADER, request_id
         from serving.scoring.loop import Pending, complete, prepare
 
         scorer, server_timing = self.scorer, self._server_timing
         if scorer is None or server_timing is None:
             raise RuntimeError("handle called before initialize")
-        started = [
-            prepare(scorer, _body(request), _content_type(context, idx)) for idx, request in enumerate(data)
-        ]
+        rids = [request_id(_header(context, idx, HEADER)) for idx in range(len(data))]
+        started = [prepare(scorer, _body(request), _header(context, idx, "Content-Type"), rids[idx], self.impressions)
+                   for idx, request in enumerate(data)]  # fmt: skip
         scored = iter(complete([p for p in started if isinstance(p, Pending)]))
         out = []
         for idx, p in enumerate(started):
@@ -63,19 +73,22 @@ class RecserveHandler:
             context.set_response_status(reply.status, "", idx)
             context.set_response_content_type(idx, "application/json")
             context.set_response_header(idx, "Server-Timing", server_timing(reply.timings))
+            context.set_response_header(idx, HEADER, rids[idx])
             if self._metrics is not None:
                 self._metrics.record(reply)
             out.append(reply.payload)
         return out
 
 
-def _metrics(context, scorer: Scorer) -> ScoringMetrics | None:
+def _metrics(context, scorer: Scorer, impressions: ImpressionLog | None) -> ScoringMetrics | None:
     """The scoring metrics (serving/torchserve/metrics.py), or None when this TorchServe was not
     started with their config (a stack not started by recserve): scoring does not depend on them."""
     from serving.torchserve.metrics import ScoringMetrics
 
     try:
-        return ScoringMetrics(context, scorer.dense_version, scorer.lookup_modes, scorer.runtime)
+        return ScoringMetrics(
+            context, scorer.dense_version, scorer.lookup_modes, scorer.runtime, impressions=impressions
+        )
     except Exception as e:  # noqa: BLE001 - MetricsCacheKeyError: not declared in this TorchServe
         import logging
 
@@ -88,9 +101,11 @@ def _body(request: dict) -> bytes:
     return body.encode() if isinstance(body, str) else bytes(body)
 
 
-def _content_type(context, idx: int) -> str | None:
+def _header(context, idx: int, name: str) -> str | None:
+    """A request header (``Content-Type``, ``X-Request-Id``) as TorchServe hands it over: in the
+    part's own headers (a multipart body) or the request's, in any case."""
     for key in ("body", "data"):
-        header = context.get_request_header(idx, key)
-        if isinstance(header, dict) and header.get("content-type"):
-            return header["content-type"]
-    return context.get_request_header(idx, "Content-Type")
+        part = context.get_request_header(idx, key)
+        if isinstance(part, dict) and part.get(name.lower()):
+            return part[name.lower()]
+    return context.get_request_header(idx, name) or context.get_request_header(idx, name.lower())

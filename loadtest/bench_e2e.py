@@ -292,16 +292,17 @@ def lean_frontend(
     work: Path,
     runtime: str,
     batch_wait_ms: float,
+    extra: tuple[str, ...] = (),
 ):
     """``recserve serve`` (the command a user runs) on a free port, micro-batching its dense stage
-    with ``--batch-wait-ms`` (0: off); remote lookups go to the stack's worker process. Yields
-    (endpoint, {role: pids})."""
+    with ``--batch-wait-ms`` (0: off), with ``extra`` flags; remote lookups go to the stack's worker
+    process. Yields (endpoint, {role: pids})."""
     from serving.rpc.procs import free_ports
 
     port = free_ports(1)[0]
     argv = ["recserve", "serve", "--store", str(store), "--model", model, "--port",
             str(port), "--lookups", lookups, "--no-token-auth", "--runtime", runtime,
-            "--batch-wait-ms", f"{batch_wait_ms:g}"]  # fmt: skip
+            "--batch-wait-ms", f"{batch_wait_ms:g}", *extra]  # fmt: skip
     if state is not None:
         argv += ["--worker", state.worker]
     ping = http_ok(f"http://127.0.0.1:{port}/ping")  # 200 once a version is loaded and warm

@@ -100,6 +100,10 @@ def run_versions(cfg: VersionsConfig) -> int:
         print(f"  worker       {view['worker']['address']}  " + _served(view["worker"]))
     if view.get("lookups") is not None:
         print("  lookups      " + _lookups(view["lookups"]) + " (TorchServe's handler)")
+    impressions = (view.get("lookups") or {}).get("impressions")
+    if impressions:
+        print(f"  impressions  logged {impressions.get('logged', 0)}, dropped {impressions.get('dropped', 0)}"
+              " (recserve_impressions_*_total)")  # fmt: skip
     for version, why in view["refused"].items():
         print(f"  controller   refused version {version}: {why}")
     if view.get("restarts"):

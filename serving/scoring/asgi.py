@@ -1,7 +1,9 @@
 """The lean frontend's HTTP face (``recserve serve``): an ASGI application whose routes are small
 named functions, over a ``serving.scoring.lean.Frontend``.
 
-``GET /ping``, ``GET /metrics`` and ``POST /predictions/<model>`` (token auth first); a route
+``GET /ping``, ``GET /metrics`` and ``POST /predictions/<model>`` (token auth first; its
+``X-Request-Id``, the client's or a new one, answered in a header and logged with the impression
+by the request loop when the frontend logs them); a route
 raises what refuses a request (``serving.scoring.errors``: 404, 405, 401, 413) and the one
 boundary, ``App.__call__``, maps it by the errors table; a scored request's Outcome is mapped by
 the same table (``reply_of``) and counted by the frontend. Scoring runs the request loop
@@ -31,6 +33,7 @@ from serving.scoring.errors import (
     reply_of,
     status_of,
 )
+from serving.scoring.impressions import request_id
 from serving.scoring.loop import Outcome, Pending, prepare, run
 
 if TYPE_CHECKING:
@@ -63,11 +66,11 @@ def refused(e: Exception) -> Response:
     return Response(status, error_body(message), headers=getattr(e, "headers", ()))
 
 
-def answered(reply: Reply) -> Response:
-    """The answer to a scoring request, with its stage times as a Server-Timing header."""
-    return Response(
-        reply.status, reply.payload, headers=((b"server-timing", server_timing(reply.timings).encode()),)
-    )
+def answered(reply: Reply, rid: str) -> Response:
+    """The answer to a scoring request, with its stage times as a Server-Timing header and its
+    request id."""
+    return Response(reply.status, reply.payload, headers=(
+        (b"server-timing", server_timing(reply.timings).encode()), (b"x-request-id", rid.encode("latin-1"))))  # fmt: skip
 
 
 class App:
@@ -122,17 +125,19 @@ class App:
         return Response(200, generate_latest(self.frontend.registry), CONTENT_TYPE_LATEST.encode())
 
     async def predictions(self, scope: Scope, receive: Receive) -> Response:
-        ctype = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1") or None
+        headers = dict(scope["headers"])
+        ctype = headers.get(b"content-type", b"").decode("latin-1") or None
+        rid = request_id(headers.get(b"x-request-id"))
+        log = self.frontend.impressions
         if self.batcher is None:
             body = await self.read_body(receive)
             scorer = self.frontend.scorer
-            outcome = (
-                self.not_serving() if scorer is None else await self.hop(scorer, run, scorer, body, ctype)
-            )
+            outcome = (self.not_serving() if scorer is None
+                       else await self.hop(scorer, run, scorer, body, ctype, rid, log))  # fmt: skip
         else:
-            scorer, outcome = await self.micro_batched(self.batcher, receive, ctype)
+            scorer, outcome = await self.micro_batched(self.batcher, receive, ctype, rid)
         reply = reply_of(outcome)  # what the scoring failed on, mapped by the same table
-        return answered(reply if scorer is None else self.frontend.record(scorer, reply))
+        return answered(reply if scorer is None else self.frontend.record(scorer, reply), rid)
 
     # ---- its steps ------------------------------------------------------------------------------
     def check_target(self, path: str, method: str) -> None:
@@ -167,7 +172,7 @@ class App:
         return Outcome(None, Unavailable(self.frontend.not_serving_reason()), {}, {"total": 0.0})
 
     async def micro_batched(
-        self, batcher: DenseBatcher, receive: Receive, ctype: str | None
+        self, batcher: DenseBatcher, receive: Receive, ctype: str | None, rid: str
     ) -> tuple[Scorer | None, Outcome]:
         """A request in progress from its first byte (``DenseBatcher.begin``) until it joins a run
         or leaves without one."""
@@ -178,7 +183,7 @@ class App:
             scorer = self.frontend.scorer
             if scorer is None:
                 return None, self.not_serving()
-            pending = await self.hop(scorer, prepare, scorer, body, ctype)
+            pending = await self.hop(scorer, prepare, scorer, body, ctype, rid, self.frontend.impressions)
             if not isinstance(pending, Pending):
                 return scorer, pending
             joined = True

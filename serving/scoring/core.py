@@ -74,6 +74,10 @@ class ScoringConfig:
     """Intra-op threads of the dense runtime."""
     verify: bool = True
     """Check the checksums of the files the scorer reads (dense model, schema)."""
+    log_impressions: str = ""
+    """Log every scored request (request id, versions, the compact batch as scored, scores) to
+    Kafka: kafka://BROKERS/TOPIC; off the request path, dropped and counted when Kafka is slow or
+    down ('' = off)."""
     tls_ca: str = ""
     """TLS to the worker or PS shards: the CA that signed their certificates (PEM; empty: plaintext)."""
     tls_cert: str = ""
@@ -90,6 +94,10 @@ class ScoringConfig:
         from serving.worker.client import parse_workers
 
         parse_workers(self.worker)  # a malformed --worker is refused at start, not at the first version
+        if self.log_impressions:
+            from serving.scoring.impressions import Target
+
+            Target.parse(self.log_impressions)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ScoringConfig:

@@ -5,7 +5,9 @@ The same API as the TorchServe endpoint, over the same ``Scorer``: ``POST /predi
 statuses: 400/413/415 for the client's mistakes, 503 naming what is unavailable, never a 200 from
 default rows), ``GET /ping`` (200 ``{"status": "Healthy"}`` while a version is served, else 503
 naming why), ``GET /metrics`` (Prometheus: the scoring metrics TorchServe's handler reports, plus
-the lookup mode of every shard, the served version and the refusals). Token auth is on by default
+the lookup mode of every shard, the served version and the refusals; with ``--log-impressions``
+the impressions logged and dropped). Every response carries an ``X-Request-Id`` header: the
+client's, else a new one (the impression's key, ``serving.scoring.impressions``). Token auth is on by default
 (``Authorization: Bearer <key>``, the key in a TorchServe-style key file, so ``recserve score
 --key-file`` works with either frontend); HTTPS with ``--https-cert``/``--https-key``; SIGTERM
 drains: uvicorn stops accepting, lets the requests in flight finish, then the process exits.
@@ -40,6 +42,7 @@ from model_store.dense import RUNTIMES
 from serving.scoring.asgi import PREDICTIONS, App
 from serving.scoring.core import Scorer, ScoringConfig, loading_priority
 from serving.scoring.errors import Reply
+from serving.scoring.impressions import ImpressionLog
 from serving.scoring.names import DENSE_RUNTIME, LOOKUP_MODE, LOOKUP_MODES
 from serving.versions import VersionTarget
 
@@ -152,6 +155,11 @@ class Frontend:
         self.batched = Histogram("recserve_scoring_dense_batch_requests", "Requests per run of the dense model "
                                  "(micro-batching)", buckets=(1, 2, 3, 4, 6, 8, 16, 32), registry=r)  # fmt: skip
         self.versions = VersionTarget(config.store, config.model, "scorer", config.version, r)
+        self.impressions: ImpressionLog | None = None
+        """The impression log (--log-impressions), one for every version this process serves."""
+        if config.scoring.log_impressions:
+            self.impressions = ImpressionLog(config.scoring.log_impressions)
+            r.register(self.impressions)
         self._closed = False
 
     # ---- following the store ---------------------------------------------------------------------
@@ -231,6 +239,8 @@ class Frontend:
         if self.scorer is not None:
             self.scorer.close()
             self.scorer = None
+        if self.impressions is not None:
+            self.impressions.close()
 
 
 def serve(config: ServeConfig) -> int:

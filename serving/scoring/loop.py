@@ -7,6 +7,9 @@ Each request ends as an ``Outcome``: its encoded scores, or the exception that s
 raised from here: one request's failure is its own), and the time of each stage. Timing is the
 loop's ``Stopwatch`` around each verb, not bookkeeping in the verbs. What an error answers is the
 frontend's to say, at its boundary (``serving.scoring.errors.reply_of``).
+
+A scored request is offered, once, after its encode, to the frontend's impression log when it
+has one (``serving.scoring.impressions``): the hook both frontends share.
 """
 
 from __future__ import annotations
@@ -15,10 +18,14 @@ import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from serving.scoring.core import Inputs, Scorer
+from serving.scoring.decoding import Request
 from serving.scoring.errors import Reply, reply_of
+
+if TYPE_CHECKING:
+    from serving.scoring.impressions import ImpressionLog
 
 
 @dataclass(frozen=True)
@@ -58,18 +65,23 @@ class Stopwatch:
 
 @dataclass(frozen=True)
 class Pending:
-    """A request decoded and looked up by ``scorer``, waiting for its dense stage."""
+    """A request decoded and looked up by ``scorer``, waiting for its dense stage (and, once
+    scored, for ``log`` when the frontend logs impressions)."""
 
     scorer: Scorer
+    request: Request
     inputs: Inputs
     watch: Stopwatch
+    request_id: str = ""
+    log: ImpressionLog | None = None
 
     @property
     def items(self) -> int:
         return len(self.inputs.pooled)
 
 
-def prepare(scorer: Scorer, body: bytes, content_type: str | None) -> Pending | Outcome:
+def prepare(scorer: Scorer, body: bytes, content_type: str | None, request_id: str = "",
+            log: ImpressionLog | None = None) -> Pending | Outcome:  # fmt: skip
     """Decode and look up one request: what its dense stage needs, or the Outcome that ends it."""
     watch = Stopwatch()
     try:
@@ -79,7 +91,7 @@ def prepare(scorer: Scorer, body: bytes, content_type: str | None) -> Pending | 
             inputs = scorer.lookup(request)
     except Exception as e:
         return watch.failed(e)
-    return Pending(scorer, inputs, watch)
+    return Pending(scorer, request, inputs, watch, request_id, log)
 
 
 def complete(run: Sequence[Pending]) -> list[Outcome]:
@@ -105,13 +117,16 @@ def complete(run: Sequence[Pending]) -> list[Outcome]:
         except Exception as e:
             out.append(p.watch.failed(e))
             continue
+        if p.log is not None:  # off the request path: a queue append
+            p.log.offer(p.request_id, p.request, s, p.inputs.versions)
         out.append(p.watch.scored(payload, p.inputs.versions))
     return out
 
 
-def run(scorer: Scorer, body: bytes, content_type: str | None) -> Outcome:
+def run(scorer: Scorer, body: bytes, content_type: str | None, request_id: str = "",
+        log: ImpressionLog | None = None) -> Outcome:  # fmt: skip
     """One request through every verb, alone."""
-    pending = prepare(scorer, body, content_type)
+    pending = prepare(scorer, body, content_type, request_id, log)
     return pending if isinstance(pending, Outcome) else complete([pending])[0]
 
 

@@ -68,6 +68,9 @@ class StackConfig:
     """How long `up` waits for every part to be healthy (every PS shard serving the version)."""
     poll_s: float = 1.0
     """How often the PS shards and the controller look for new versions/deltas."""
+    log_impressions: str = ""
+    """Log every request the handler scores to Kafka, kafka://BROKERS/TOPIC (ScoringConfig's
+    log_impressions: off the request path, dropped and counted when Kafka is slow or down)."""
     tls: bool = False
     """Make a local CA and certificates under <run_dir>/tls; the PS shards and the worker serve TLS."""
     tls_client_auth: bool = True

@@ -41,6 +41,8 @@ def scoring_json(cfg: StackConfig, state: StackState, vdir: Path) -> dict:
                "worker_timeout_s": cfg.worker_timeout_s, "max_items": cfg.max_items, "lookups": cfg.lookups}  # fmt: skip
     if cfg.worker_in_handler or cfg.lookups == "auto":
         scoring["ps"] = ["|".join(replicas) for replicas in state.ps_shards]
+    if cfg.log_impressions:
+        scoring["log_impressions"] = cfg.log_impressions
     scoring.update(stack_tls.scoring_fields(state))
     return scoring
 

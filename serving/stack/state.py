@@ -223,13 +223,15 @@ def serving_view(run_dir: str | Path, timeout_s: float = 2.0) -> dict | None:
 def lookup_modes(metrics_address: str, timeout_s: float = 2.0) -> dict:
     """What the scoring processes behind ``metrics_address`` (HOST:PORT of a /metrics) report of
     how they score: where they read each shard's rows (``recserve_scoring_lookup_mode == 1``) and
-    their dense runtime (``recserve_scoring_dense_runtime == 1``): ``{"shards": {shard: [modes]},
-    "runtimes": [runtimes]}`` (several while versions that chose differently are loaded side by
+    their dense runtime (``recserve_scoring_dense_runtime == 1``), and what their impression log
+    delivered and dropped: ``{"shards": {shard: [modes]}, "runtimes": [runtimes], "impressions":
+    {"logged": n, "dropped": n} or None}`` (several while versions that chose differently are loaded side by
     side), or ``{"error": why}`` when the endpoint does not answer."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    from serving.scoring.impressions import DROPPED, LOGGED
     from serving.scoring.names import DENSE_RUNTIME, LOOKUP_MODE
 
     try:
@@ -239,14 +241,20 @@ def lookup_modes(metrics_address: str, timeout_s: float = 2.0) -> dict:
         return {"error": str(e)}
     modes: dict[int, set[str]] = {}
     runtimes: set[str] = set()
+    impressions: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
+        for counter, key in ((DROPPED, "dropped"), (LOGGED, "logged")):
+            if family.name in (counter, counter.removesuffix("_total")):
+                total = sum(s.value for s in family.samples if s.name == counter)
+                impressions[key] = impressions.get(key, 0) + total
         if family.name == LOOKUP_MODE:
             for sample in family.samples:
                 if sample.value == 1:
                     modes.setdefault(int(sample.labels["shard"]), set()).add(sample.labels["mode"])
         elif family.name == DENSE_RUNTIME:
             runtimes |= {sample.labels["runtime"] for sample in family.samples if sample.value == 1}
-    return {"shards": {shard: sorted(m) for shard, m in sorted(modes.items())}, "runtimes": sorted(runtimes)}
+    return {"shards": {shard: sorted(m) for shard, m in sorted(modes.items())}, "runtimes": sorted(runtimes),
+            "impressions": {k: int(v) for k, v in impressions.items()} or None}  # fmt: skip
 
 
 def any_alive(state: StackState) -> bool:

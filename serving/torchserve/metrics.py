@@ -22,7 +22,10 @@ written inline, at 100 rps 8.4 / 8.7 against 11.6 / 9.9 (with no metrics at all:
   the mode in use, ``local`` or ``remote``, 0 for the other), set when the handler starts: the
   name and labels ``recserve serve`` exports;
 - ``recserve_scoring_dense_runtime{runtime}``: 1 for the dense runtime in use (torchscript or
-  onnx), 0 for the other, set when the handler starts, as ``recserve serve`` exports it.
+  onnx), 0 for the other, set when the handler starts, as ``recserve serve`` exports it;
+- ``recserve_impressions_dropped_total{topic}`` and ``recserve_impressions_logged_total{topic}``
+  with ``--log-impressions`` (``serving.scoring.impressions``): what the log dropped and delivered
+  since the last flush, added.
 """
 
 from __future__ import annotations
@@ -32,9 +35,14 @@ import collections
 import logging
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
+if TYPE_CHECKING:
+    from serving.scoring.impressions import ImpressionLog
+
+from serving.scoring.impressions import DROPPED, LOGGED
 from serving.scoring.names import DENSE_RUNTIME, LOOKUP_MODE, LOOKUP_MODES
 
 REQUESTS = "recserve_scoring_requests_total"
@@ -42,7 +50,8 @@ STAGES = "recserve_scoring_stage_seconds"
 _DIMS = ["ModelName", "Level"]  # what TorchServe adds to every model metric
 SCORING = {
     "counter": [{"name": REQUESTS, "unit": "Count",
-                 "dimensions": [*_DIMS, "status", "dense_version", "embedding_version"]}],
+                 "dimensions": [*_DIMS, "status", "dense_version", "embedding_version"]},
+                *({"name": n, "unit": "Count", "dimensions": [*_DIMS, "topic"]} for n in (DROPPED, LOGGED))],
     "histogram": [{"name": STAGES, "unit": "Seconds", "dimensions": [*_DIMS, "stage"]}],
     "gauge": [{"name": LOOKUP_MODE, "unit": "Count", "dimensions": [*_DIMS, "shard", "mode"]},
               {"name": DENSE_RUNTIME, "unit": "Count", "dimensions": [*_DIMS, "runtime"]}],
@@ -74,6 +83,7 @@ class ScoringMetrics:
         lookup_modes: list[str] | tuple[str, ...] = (),
         runtime: str = "",
         flush_s: float = 0.2,
+        impressions: ImpressionLog | None = None,
     ):
         from ts.metrics.metric_type_enum import MetricTypes
 
@@ -93,6 +103,11 @@ class ScoringMetrics:
             for rt in RUNTIMES:
                 runtimes.add_or_update(int(rt == runtime), [self.model, "Model", rt])
 
+        self.impressions = impressions
+        self._counted = (0, 0)  # the log's (dropped, logged) written so far
+        if impressions is not None:
+            self.dropped = cache.get_metric(DROPPED, MetricTypes.COUNTER)
+            self.logged = cache.get_metric(LOGGED, MetricTypes.COUNTER)
         self._pending: collections.deque = collections.deque()  # replies not yet written
         self._stop = threading.Event()
         self._flusher = threading.Thread(
@@ -110,6 +125,12 @@ class ScoringMetrics:
     def flush(self) -> None:
         """Writes every queued reply's observations: its request count and its stage times."""
         dims = [self.model, "Model"]
+        if self.impressions is not None:
+            now, topic = (self.impressions.dropped, self.impressions.logged), self.impressions.target.topic
+            for metric, n, was in zip((self.dropped, self.logged), now, self._counted, strict=True):
+                if n > was:
+                    metric.add_or_update(n - was, [*dims, topic])
+            self._counted = now
         while True:
             try:
                 reply = self._pending.popleft()  # atomic: two flushes never write a reply twice

@@ -72,3 +72,46 @@ def test_a_batch_of_refused_requests_only(handler):
     statuses, replies, _ = _handle(handler, [b"", b"[]"])
     assert statuses == [400, 400]
     assert all(r["error"] for r in replies)
+
+
+@pytest.fixture(scope="module")
+def kafka():
+    from serving.stream import mockbroker
+
+    with mockbroker.running() as broker:
+        yield broker
+
+
+def test_the_handler_logs_each_request_once_with_its_request_id(trained, kafka, tmp_path):
+    """The request loop's impression log under TorchServe's handler, as under ``recserve serve``
+    (tests/serving/scoring/test_impressions.py): X-Request-Id honoured, else generated and
+    answered; each request logged once with the bytes it was scored on and its reply's scores."""
+    from features.codec import encode
+    from tests.serving.scoring.test_impressions import consume
+
+    topic = kafka.create_topic("handler-imps")
+    scoring = {"version_dir": str(trained[1].version_dir), "lookups": "colocated",
+               "log_impressions": f"kafka://{kafka.bootstrap}/{topic}"}  # fmt: skip
+    (tmp_path / "scoring.json").write_text(json.dumps(scoring))
+    h = RecserveHandler()
+    h.initialize(Context("criteo", str(tmp_path), {}, 8, None, "0"))
+    assert h.scorer is not None and h.impressions is not None
+    try:
+        bodies = [b for b, _ in requests_from_file(TEST, "data/schemas/criteo.yaml", 20, 60)]
+        context = _context(len(bodies))
+        context.request_processor[0] = RequestProcessor({"Content-Type": "application/json",
+                                                         "X-Request-Id": "client-0"})  # fmt: skip
+        payloads = h.handle([{"body": b} for b in bodies], context)
+        rids = [context.get_response_headers(i)["X-Request-Id"] for i in range(len(bodies))]
+        assert rids[0] == "client-0" and all(len(r) == 32 for r in rids[1:]) and len(set(rids)) == 3
+        logged = {imp.request_id: imp for imp in consume(kafka.bootstrap, topic, len(bodies))}
+        assert sorted(logged) == sorted(rids)
+        for rid, body, payload in zip(rids, bodies, payloads, strict=True):
+            imp, reply = logged[rid], orjson.loads(payload)
+            assert imp.batch == encode(h.scorer.decode(body, "application/json").batch)
+            assert imp.scores.tolist() == pytest.approx(reply["scores"], abs=1e-7)
+            assert (imp.versions.embedding, imp.versions.dense) == (reply["versions"]["embedding"],
+                                                                    reply["versions"]["dense"])  # fmt: skip
+    finally:
+        h.impressions.close()
+        h.scorer.close()
