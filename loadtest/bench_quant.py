@@ -34,7 +34,7 @@ def quantized_section(train_file: str | Path, test_file: str | Path, store: Path
     from training.train import train
 
     cfg = TrainConfig(store=str(store), model="q", data=str(train_file), test=str(test_file), inprocess_ps=True,
-                      progress=False, publish=False, curve=str(store / "curve.png"), **train_kw)  # fmt: skip
+                      progress=False, publish=False, curve=str(store / "curve.svg"), **train_kw)  # fmt: skip
     result = train(cfg)
     if result.version_dir is None:
         raise RuntimeError("the training run exported no version")

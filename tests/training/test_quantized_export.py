@@ -22,6 +22,7 @@ from model_store import shards
 from model_store.quant import bytes_per_row, dequantize, error_bound, quantize
 from serving.scoring.client import requests_from_file
 from serving.scoring.core import Scorer, ScoringConfig
+from serving.scoring.loop import score
 from tests.helpers import ROOT, doc_blocks, ps_in_thread, recserve_argv
 from tests.serving.helpers import TEST
 
@@ -76,7 +77,7 @@ def test_the_documented_sizing_table_is_what_the_layout_costs():
 def _scores(scorer: Scorer, limit: int = 400) -> np.ndarray:
     scores = []
     for body, ctype in requests_from_file(TEST, SCHEMA, 200, limit):
-        status, payload = scorer.score(body, ctype)
+        status, payload, _, _ = score(scorer, body, ctype)
         assert status == 200, payload
         scores.extend(orjson.loads(payload)["scores"])
     return np.array(scores)
@@ -100,8 +101,8 @@ def test_the_export_records_the_served_scores_error_and_versions_shows_it(int8_s
 
 @pytest.mark.slow
 def test_online_equals_offline_for_an_int8_version_colocated_and_over_grpc(int8_store):
-    from serving.ps.config import ServerConfig, StoreConfig
-    from serving.ps.spec import TableSpec
+    from serving.ps.config import ServingShardConfig
+    from serving.rpc.config import ServerConfig
     from training.offline import score
 
     vdir = ms.version_dir(int8_store, "criteo", "1")
@@ -115,9 +116,9 @@ def test_online_equals_offline_for_an_int8_version_colocated_and_over_grpc(int8_
     assert np.abs(colocated - offline[: len(colocated)]).max() <= 1e-6
     with contextlib.ExitStack() as stack:
         addresses = [
-            stack.enter_context(ps_in_thread(ServerConfig(
-                port=0, grace_s=0.1, follow=str(ms.model_dir(int8_store, "criteo")),
-                store=StoreConfig(table=TableSpec(dim=16), shard=i, num_shards=2),
+            stack.enter_context(ps_in_thread(ServingShardConfig(
+                str(ms.model_dir(int8_store, "criteo")), shard=i, num_shards=2, dim=16,
+                server=ServerConfig(port=0, grace_s=0.1, max_message_mb=64),
             )))
             for i in range(2)
         ]  # fmt: skip
