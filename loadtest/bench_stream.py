@@ -12,7 +12,8 @@ restarted, two thirds in the joiner. Then the load stops, the joiner and the tra
 everything is counted against the impression log: every impression whose join window closed
 before the end (``window_s`` before the last impression) must be trained exactly once --
 ``lost_samples`` (never trained) and ``duplicate_samples`` (trained twice: the deltas' sample
-counts over the distinct keys their trained-key files hold).
+counts over the distinct keys their trained-key files hold). The impressions and samples topics are
+read as they fill, from the start (the mock cluster keeps only a few MB a partition).
 
 ``progressive_auc``: each sample scored before it trains (the trainer's progressive validation),
 the deltas' AUCs weighted by their samples; ``frozen`` is a second trainer on a copy of the
@@ -53,22 +54,39 @@ TOPICS = ("impressions", "events", "samples", "samples.dead", "join-dead-letter"
 FROZEN_LR = 1e-12
 
 
-def topic_records(bootstrap: str, topic: str) -> list[bytes]:
-    """Every record value of ``topic`` now (all partitions, from the beginning to the end)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+class Collector(threading.Thread):
+    """Reads ``topic`` from its beginning for the whole run (the mock cluster keeps only a few MB a
+    partition, so reading it at the end would miss the start), keeping ``decode(value)`` of each
+    record in ``items``; ``finish`` reads on to the topic's end now, then stops."""
 
-    c = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"bench-read-{topic}", "enable.auto.commit": False}
-    )
-    try:
-        ends = high_watermarks(c, topic)
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-        out: list[bytes] = []
-        while len(out) < sum(ends):
-            out += [m.value() or b"" for m in c.consume(10_000, timeout=1.0) if m.error() is None]
-        return out
-    finally:
-        c.close()
+    def __init__(self, bootstrap: str, topic: str, decode) -> None:
+        super().__init__(name=f"collect-{topic}", daemon=True)
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        self.topic, self.decode = topic, decode
+        self.items: list = []
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-read-{topic}",
+                                  "enable.auto.commit": False})  # fmt: skip
+        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        self.next = [0] * PARTITIONS
+        self.until: list[int] | None = None
+
+    def run(self) -> None:
+        while self.until is None or any(n < u for n, u in zip(self.next, self.until, strict=True)):
+            for m in self.consumer.consume(10_000, timeout=0.5):
+                if m.error() is None:
+                    self.items.append(self.decode(m.value() or b""))
+                    self.next[m.partition() or 0] = (m.offset() or 0) + 1
+        self.consumer.close()
+
+    def finish(self, watch, timeout_s: float = 120.0) -> list:
+        self.until = high_watermarks(watch, self.topic)
+        self.join(timeout_s)
+        if self.is_alive():
+            raise RuntimeError(
+                f"{self.topic}: not read to its end {self.until} in {timeout_s:.0f} s: {self.next}"
+            )
+        return self.items
 
 
 def high_watermarks(consumer, topic: str) -> list[int]:
@@ -216,6 +234,10 @@ def run(args, model_dir: Path, frozen_dir: Path, work: Path, duration: float) ->
         stop_users, stop_load = threading.Event(), threading.Event()
         users = threading.Thread(target=play, args=(b, model, stop_users), daemon=True)
         users.start()
+        collectors = {"impressions": Collector(b, "impressions", decode_impression),
+                      "samples": Collector(b, "samples", lambda v: decode_sample(v).key)}  # fmt: skip
+        for c in collectors.values():
+            c.start()
         loaded: list[int] = []
         loader = threading.Thread(target=lambda: loaded.extend(load(endpoint, body, args.rate, stop_load)))
         lags: list[int] = []
@@ -237,7 +259,7 @@ def run(args, model_dir: Path, frozen_dir: Path, work: Path, duration: float) ->
             stop_load.set()
             loader.join(60)
             load_s = time.monotonic() - t0
-            imps = [decode_impression(v) for v in topic_records(b, "impressions")]
+            imps = collectors["impressions"].finish(watch)
             last_ts = max(i.ts for i in imps)
             closed = [i for i in imps if i.ts + args.window_s < last_ts]
             expected = {sample_key(i.request_id, item) for i in closed for item in range(len(i.scores))}
@@ -251,11 +273,11 @@ def run(args, model_dir: Path, frozen_dir: Path, work: Path, duration: float) ->
             catch_up_s = time.monotonic() - t0 - load_s
             stop_users.set()
             stop_children([procs["trainer"], procs["frozen"]], 60)  # SIGTERM: a last delta each
+        samples = collectors["samples"].finish(watch)
         watch.close()
-        samples = [decode_sample(v) for v in topic_records(b, "samples")]
     n_trained, dup_keys, keys, auc, _ = trained(model_dir)
     frozen_auc = trained(frozen_dir)[3]
-    joined = {sample_key(*s.key) for s in samples}
+    joined = {sample_key(*k) for k in samples}
     return {
         "impressions": len(imps),
         "requests": {"ok": loaded[0] if loaded else 0, "failed": loaded[1] if loaded else 0},
