@@ -83,6 +83,13 @@ bench-swap: $(STAMP) $(GEN)
 bench-implog: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_implog
 
+# Learning from the stream end to end (serving with the impression log at 25 rps x 200 items,
+# simulated users in a drifting world, recserve join, the streaming trainer; each of the last two
+# SIGKILLed once and restarted), 5 minutes: loadtest/results/stream.json.
+.PHONY: bench-stream
+bench-stream: $(STAMP) $(GEN)
+	$(PY) -m loadtest.bench_stream
+
 # TorchServe's own share of a request (an echo handler): batching, workers, netty threads, logging
 # and the JVM's collector, each setting measured round-robin. Not part of `make bench`.
 .PHONY: bench-ts-overhead

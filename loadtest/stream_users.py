@@ -7,7 +7,9 @@ first) and writes click events to the events topic,
 keyed by request id, one ``{request_id, item, label: 1.0, ts}`` per click. The click model
 (``UserModel``): an item is clicked with probability ``sigmoid(logit(ctr) + score_weight * (score
 - mean score of its request))`` -- users like what the model ranks high, a little -- after an
-exponential delay of mean ``delay_s`` (event time: the impression's ts plus the delay). Clicks of
+exponential delay of mean ``delay_s`` (event time: the impression's ts plus the delay). With
+``--drift-weight W`` the world drifts: each item's taste rises and falls with event time (period
+``--drift-period-s``), so a model that keeps learning has something to win. Clicks of
 one request are drawn at once (numpy), no loop per item.
 
 ``impressions(n, ...)`` makes impressions of a real ranking request (200 Criteo rows through the
@@ -46,15 +48,37 @@ class UserModel:
     """Mean delay from impression to click (exponential)."""
     duplicate: float = 0.0
     """Share of clicks sent twice (clients retry)."""
+    drift_weight: float = 0.0
+    """A drifting world: each item (its position in the request) has a taste of its own that rises
+    and falls, ``drift_weight * cos(2 pi (ts / drift_period_s + phase of the item))`` in logit; the
+    items' phases are spread evenly over the period, so at any moment some items are in fashion and
+    others out of it (0: no drift)."""
+    drift_period_s: float = 120.0
+    """Seconds (event time) for one item's taste to go round once."""
 
     def __post_init__(self) -> None:
         if not 0 < self.ctr < 1 or self.delay_s < 0 or not 0 <= self.duplicate <= 1:
             raise ValueError(f"need 0 < ctr < 1, delay_s >= 0, 0 <= duplicate <= 1: {self}")
+        if self.drift_weight < 0 or self.drift_period_s <= 0:
+            raise ValueError(f"need drift_weight >= 0 and drift_period_s > 0: {self}")
+
+    def taste(self, n_items: int, ts: float) -> np.ndarray:
+        """Each of ``n_items`` items' drifting taste (logit) at event time ``ts``; zeros without drift.
+        The items' phases are golden-ratio spaced, so neighbours in a request drift apart."""
+        if not self.drift_weight:
+            return np.zeros(n_items)
+        phase = np.arange(n_items) * 0.6180339887498949 % 1.0
+        return self.drift_weight * np.cos(2 * np.pi * (ts / self.drift_period_s + phase))
+
+    def click_probability(self, scores: np.ndarray, ts: float) -> np.ndarray:
+        """Each item's click probability in a request scored ``scores`` at event time ``ts``."""
+        scores = np.asarray(scores, np.float64)
+        logit = math.log(self.ctr / (1 - self.ctr)) + self.score_weight * (scores - scores.mean())
+        return 1 / (1 + np.exp(-(logit + self.taste(len(scores), ts))))
 
     def clicks(self, imp: Impression, rng: np.random.Generator) -> list[Event]:
-        scores = np.asarray(imp.scores, np.float64)
-        logit = math.log(self.ctr / (1 - self.ctr)) + self.score_weight * (scores - scores.mean())
-        items = np.flatnonzero(rng.random(len(scores)) < 1 / (1 + np.exp(-logit)))
+        p_click = self.click_probability(np.asarray(imp.scores), imp.ts)
+        items = np.flatnonzero(rng.random(len(p_click)) < p_click)
         ts = (
             imp.ts + rng.exponential(self.delay_s, len(items))
             if self.delay_s
@@ -144,6 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--score-weight", type=float, default=2.0, help="logit per unit of score (default: 2)")
     p.add_argument("--delay-s", type=float, default=5.0, help="mean click delay in seconds (default: 5)")
+    p.add_argument(
+        "--drift-weight",
+        type=float,
+        default=0.0,
+        help="a drifting world: logit amplitude of each item's rising and falling taste (default: 0)",
+    )
+    p.add_argument("--drift-period-s", type=float, default=120.0,
+                   help="seconds for an item's taste to go round once (default: 120)")  # fmt: skip
     p.add_argument("--requests", type=int, default=0,
                    help="first write this many impressions of 200 Criteo items, scored now (the demo's "
                         "stand-in for the frontends' impression log)")  # fmt: skip
@@ -155,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    model = UserModel(args.ctr, args.score_weight, args.delay_s)
+    model = UserModel(args.ctr, args.score_weight, args.delay_s, drift_weight=args.drift_weight,
+                      drift_period_s=args.drift_period_s)  # fmt: skip
     sent = play(args.brokers, model, stop, args.impressions, args.events)
     print(f"stream_users: {sent} events sent")
     return 0

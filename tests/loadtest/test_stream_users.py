@@ -1,0 +1,36 @@
+import numpy as np
+import pytest
+
+from loadtest.stream_users import UserModel, impressions
+
+
+def click_rate(model: UserModel, items: np.ndarray, ts: float, requests: int = 400) -> float:
+    """The share of ``items`` clicked over ``requests`` impressions at event time ``ts``."""
+    rng = np.random.default_rng(1)
+    imps = impressions(requests, ts, 0.0, b"", 200, seed=2)
+    clicked = np.zeros(200)
+    for imp in imps:
+        for e in model.clicks(imp, rng):
+            clicked[e.item] += 1
+    return float(clicked[items].sum() / (requests * len(items)))
+
+
+def test_a_drifting_world_changes_the_click_rate_of_a_fixed_item_set_across_phases():
+    model = UserModel(ctr=0.05, score_weight=0.0, delay_s=0.0, drift_weight=2.0, drift_period_s=100.0)
+    # the items most in fashion at t=0 fall out of it half a period later, and come back after one
+    items = np.argsort(model.taste(200, 0.0))[-20:]
+    start, half, full = (click_rate(model, items, ts) for ts in (0.0, 50.0, 100.0))
+    assert start > 4 * half
+    assert full == pytest.approx(start, rel=0.25)
+
+
+def test_without_drift_the_click_rate_does_not_move_with_time():
+    model = UserModel(ctr=0.05, score_weight=0.0, delay_s=0.0)
+    items = np.arange(20)
+    assert click_rate(model, items, 0.0) == click_rate(model, items, 50.0)  # the same draws, no taste
+    assert not model.taste(200, 50.0).any()
+
+
+def test_drift_settings_are_checked():
+    with pytest.raises(ValueError, match="drift"):
+        UserModel(drift_weight=1.0, drift_period_s=0.0)
