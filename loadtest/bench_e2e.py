@@ -44,13 +44,12 @@ import numpy as np
 
 from loadtest.common import (
     ROOT,
-    Stopwatch,
     call_times,
+    given_or_trained,
     parse,
     parser,
     print_table,
     report_targets,
-    train_version,
     write_results,
 )
 from loadtest.processes import Usage, descendants, http_ok, running, usage
@@ -459,12 +458,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     try:
-        store = Path(args.store) if args.store else work / "store"
-        if not args.store:
-            print(f"training a model into {store} ...", flush=True)
-            with Stopwatch() as sw:
-                train_version(store)
-            print(f"  trained in {sw.s:.0f} s", flush=True)
+        store = given_or_trained(args.store, work)
         current = model_store.current(store, args.model)
         if current is None:
             raise RuntimeError(f"{store}: no published version of {args.model}")

@@ -26,12 +26,11 @@ from pathlib import Path
 
 from loadtest.bench_e2e import lean_frontend, run_locust, warm_up
 from loadtest.common import (
-    Stopwatch,
+    given_or_trained,
     parse,
     parser,
     print_table,
     report_targets,
-    train_version,
     write_results,
 )
 from model_store.dense import AUTO
@@ -83,12 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench-implog-"))
     try:
-        store = Path(args.store) if args.store else work / "store"
-        if not args.store:
-            print(f"training a model into {store} ...", flush=True)
-            with Stopwatch() as sw:
-                train_version(store)
-            print(f"  trained in {sw.s:.0f} s", flush=True)
+        store = given_or_trained(args.store, work)
         bodies = request_bodies()
         with contextlib.ExitStack() as es:
             broker = es.enter_context(mockbroker.running([mockbroker.TopicSpec(TOPIC)]))

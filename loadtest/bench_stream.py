@@ -40,7 +40,7 @@ import numpy as np
 
 import model_store as ms
 from loadtest.bench_e2e import lean_frontend, request_bodies
-from loadtest.common import Stopwatch, parse, parser, report_targets, train_version, write_results
+from loadtest.common import given_or_trained, parse, parser, report_targets, write_results
 from loadtest.processes import Sampler
 from loadtest.stream_users import UserModel, play
 from model_store.deltas import DeltaManifest, read_delta, read_keys
@@ -178,12 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     duration = args.minutes * 60
     work = Path(tempfile.mkdtemp(prefix="bench-stream-"))
     try:
-        store = Path(args.store) if args.store else work / "store"
-        if not args.store:
-            print(f"training a model into {store} ...", flush=True)
-            with Stopwatch() as sw:
-                train_version(store)
-            print(f"  trained in {sw.s:.0f} s", flush=True)
+        store = given_or_trained(args.store, work)
         served = work / "served"
         shutil.copytree(store, served)
         frozen = work / "frozen"

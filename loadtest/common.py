@@ -167,6 +167,19 @@ def train_version(root: str | Path, seed: int = 0, publish: bool = True, data: s
     return train(cfg)
 
 
+def given_or_trained(store: str | None, work: Path) -> Path:
+    """The model store a bench was given (``--store``), else one with a Criteo version trained into
+    ``work/store`` now (``train_version``)."""
+    if store:
+        return Path(store)
+    root = work / "store"
+    print(f"training a model into {root} ...", flush=True)
+    with Stopwatch() as sw:
+        train_version(root)
+    print(f"  trained in {sw.s:.0f} s", flush=True)
+    return root
+
+
 # ---- locust timelines ----------------------------------------------------------------------------
 def start_locust_timeline(
     host: str, rate: int, duration_s: int, timeline: Path, model: str = "criteo", key_file: str = ""

@@ -3,28 +3,15 @@ sample's statistics, the plan a run trains with."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from features.schema import load_schema
 from features.stream import ReadOptions
-from serving.ps.spec import TableSpec
-from serving.ps.store import OptimizerSpec, StoreConfig
+from tests.training.test_plan import MIB, SCHEMA, STORE, TRAIN, stats
 from training import plan as sharding
 from training import planner
 from training.costs import Costs, round_trips_us
-
-ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = ROOT / "data/schemas/criteo.yaml"
-TRAIN = ROOT / "data/criteo/wide_resdnn_criteo_train.tsv"
-STORE = StoreConfig(table=TableSpec(dim=16, optimizer=OptimizerSpec("adagrad")))
-MIB = 1 << 20
-
-
-def stats(*tables: tuple[str, int, float]) -> list[sharding.TableStats]:
-    return [sharding.TableStats(n, i + 1, rows, ids, rows) for i, (n, rows, ids) in enumerate(tables)]
 
 
 def test_every_table_replicated_when_all_fit():
