@@ -35,7 +35,7 @@ MANIFEST = "MANIFEST.json"
 SUCCESS = "_SUCCESS"
 CURRENT = "CURRENT"
 DELTAS = "deltas"
-_STAGING = ".staging-"
+STAGING = ".staging-"
 
 
 STORE_ENV = "RECSERVE_STORE"
@@ -76,7 +76,7 @@ def next_version(root: str | os.PathLike[str], model: str) -> str:
     numbers = [0]
     if d.is_dir():
         for p in d.iterdir():
-            name = p.name[len(_STAGING) :].split("-")[0] if p.name.startswith(_STAGING) else p.name
+            name = p.name[len(STAGING) :].split("-")[0] if p.name.startswith(STAGING) else p.name
             if name.isdigit():
                 numbers.append(int(name))
     return str(max(numbers) + 1)
@@ -84,7 +84,7 @@ def next_version(root: str | os.PathLike[str], model: str) -> str:
 
 def staging_dir(root: str | os.PathLike[str], model: str, version: str) -> Path:
     """A fresh hidden directory to write ``version`` into before ``seal`` renames it."""
-    d = model_dir(root, model) / f"{_STAGING}{version}-{uuid.uuid4().hex[:8]}"
+    d = model_dir(root, model) / f"{STAGING}{version}-{uuid.uuid4().hex[:8]}"
     d.mkdir(parents=True)
     return d
 
