@@ -70,7 +70,7 @@ CONTRACT: tuple[tuple[str, str], ...] = (
 
 def validate(
     root: Root, model: str, version: str, served: VersionManifest | None = None, verify: bool = True,
-    max_quant_auc_drop: float = MAX_QUANT_AUC_DROP, max_auc_drop: float = MAX_AUC_DROP,
+    max_quant_auc_drop: float = MAX_QUANT_AUC_DROP, max_auc_drop: float | None = None,
 ) -> VersionManifest:  # fmt: skip
     """THE gate: the manifest of ``version`` if it can replace the served version whose manifest is
     ``served`` (None: nothing served, only the version's own validity counts), else a typed
@@ -84,9 +84,11 @@ def validate(
     CURRENT never names a version that serving refuses. ``verify=False`` skips the checksum of every
     file (a PS checks its own shard files as it reads them). A version served in a reduced-precision
     dtype whose export measured a test AUC more than ``max_quant_auc_drop`` below its own float32
-    one is refused (QuantizationLoss), served or not. A full version from the stream whose
-    progressive AUC on its latest window is more than ``max_auc_drop`` below the version serving
-    then, on the same samples, cannot replace a served version (QualityDrop)."""
+    one is refused (QuantizationLoss), served or not. ``max_auc_drop`` (``publish`` gives it; None:
+    not judged): a full version from the stream whose progressive AUC on its latest window is more
+    than that below the version serving then, on the same samples, cannot replace a served version
+    (QualityDrop). A release decision, taken once when publishing: a serving component does not
+    judge it again (an operator may publish past it with a larger allowance)."""
     vdir = ms.version_dir(root, model, version)
     if not vdir.is_dir():
         raise VersionNotFound(f"{model} version {version} does not exist in {root}")
@@ -101,7 +103,12 @@ def validate(
     if served is None:
         return manifest
     st = manifest.stream
-    if st is not None and st.auc_drop is not None and not st.auc_drop <= max_auc_drop:
+    if (
+        max_auc_drop is not None
+        and st is not None
+        and st.auc_drop is not None
+        and not st.auc_drop <= max_auc_drop
+    ):
         raise QualityDrop(
             f"{model} version {version}: its progressive AUC {st.auc:.5f} on the latest {st.samples} "
             f"samples is {st.auc_drop:.5f} below version {st.served_version}'s {st.served_auc:.5f} on "

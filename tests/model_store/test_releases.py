@@ -87,7 +87,12 @@ def test_the_gate_refuses_a_progressive_auc_drop_past_max_auc_drop_and_records_i
     publish(tmp_path, "m", worse, max_auc_drop=0.021)
     level = _version(tmp_path, stream=ms.StreamRecord(worse, 500, auc=None, served_auc=0.72))
     publish(tmp_path, "m", level)
-    assert ms.current(tmp_path, "m") == level and validate(tmp_path, "m", worse).stream is not None
+    assert ms.current(tmp_path, "m") == level
+    # a release decision: serving components (no allowance given) do not judge it again
+    served = ms.current_manifest(tmp_path, "m")
+    assert validate(tmp_path, "m", worse, served).stream is not None
+    with pytest.raises(ms.QualityDrop):
+        validate(tmp_path, "m", worse, served, max_auc_drop=0.01)
 
 
 def test_rollback_goes_back_one_publish_at_a_time(tmp_path):
