@@ -62,18 +62,22 @@ SAMPLE_ROWS = 256
 class Paired(nn.Module):
     """The candidate dense network beside the served one: ``forward`` gives both logits as rows of
     a (2, B) tensor, the served row without gradient, so one lookup and pooling score a batch with
-    both. Keeps the inputs of the last batch (``sample``) for the export's verification."""
+    both (``served`` None: the candidate is the served network, frozen, scored once). Keeps the
+    inputs of the last batch (``sample``, views: no copy) for the export's verification."""
 
-    def __init__(self, candidate: nn.Module, served: nn.Module):
+    def __init__(self, candidate: nn.Module, served: nn.Module | None):
         super().__init__()
         self.candidate, self.served = candidate, served
-        self.sample: tuple[NDArray[np.float32], NDArray[np.float32]] | None = None
+        self.sample: tuple[Tensor, Tensor] | None = None
 
     def forward(self, pooled: Tensor, dense: Tensor) -> Tensor:
-        self.sample = tuple(t[:SAMPLE_ROWS].detach().cpu().numpy().copy() for t in (pooled, dense))  # type: ignore[assignment]
+        self.sample = (pooled[:SAMPLE_ROWS].detach(), dense[:SAMPLE_ROWS])
+        logits = self.candidate(pooled, dense)
+        if self.served is None:
+            return torch.stack([logits, logits.detach()])
         with torch.no_grad():
             served = self.served(pooled, dense)
-        return torch.stack([self.candidate(pooled, dense), served])
+        return torch.stack([logits, served])
 
 
 class FrozenDense:
@@ -149,7 +153,7 @@ class FullVersions:
             candidate.eval()
             for p in candidate.parameters():
                 p.requires_grad_(False)
-            return Paired(candidate, served), FrozenDense()
+            return Paired(candidate, None), FrozenDense()
         candidate.train()
         return Paired(candidate, served), torch.optim.Adam(candidate.parameters(), lr=self.cfg.dense_lr)
 
@@ -162,7 +166,11 @@ class FullVersions:
         return logits[0]
 
     def due(self, deltas_cut: int) -> bool:
-        return self.period.due(self.clock() - self._since, deltas_cut - self._deltas)
+        """A period passed and samples were trained since the last full version (nothing new: no
+        new version)."""
+        return bool(self.window.labels) and self.period.due(
+            self.clock() - self._since, deltas_cut - self._deltas
+        )
 
     # ---- the version -----------------------------------------------------------------------------
     def write(self, lv, positions: dict[str, int], deltas_cut: int) -> str:
@@ -179,7 +187,7 @@ class FullVersions:
         try:
             lv.cluster.dump(d / "embeddings")  # rows and optimizer state, float32
             (d / "schema.yaml").write_text(dump_schema(lv.schema))
-            exported = export_dense(paired.candidate, d, *paired.sample)
+            exported = export_dense(paired.candidate, d, *(t.cpu().numpy() for t in paired.sample))
             (d / STREAM).mkdir()
             record = DeltaManifest(
                 self.book.source, positions, candidate.samples, 0, candidate.auc, candidate.logloss
