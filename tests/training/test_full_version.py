@@ -23,15 +23,16 @@ import torch
 import model_store as ms
 from loadtest.common import train_version
 from model_store.deltas import last_record, read_keys
-from serving.scoring.core import Scorer, ScoringConfig
+from serving.scoring.core import ScoringConfig
+from serving.scoring.lean import Frontend, ServeConfig
 from tests.conftest import exclusive
 from tests.helpers import ROOT, doc_blocks, free_port, wait_until
 from tests.serving.helpers import TEST
 from tests.serving.stream.conftest import kafka  # noqa: F401  (the session's mock cluster)
+from tests.serving.worker.test_colocated import _scores
 from tests.training.sources.samples import key, produce, records
 from tests.training.test_follow import NAME, store, trained  # noqa: F401
 from tests.training.test_follow_stream import _bash, _cfg, _schema, _topic
-from tests.training.test_quantized_export import _scores
 from training.config import FollowConfig, Period
 from training.follow import FollowTrainer, follow
 
@@ -78,6 +79,10 @@ def test_a_full_version_from_the_stream_is_published_served_and_restarts_exactly
     recs = records(_schema(store), 160, per_request=20)
     produce(kafka.bootstrap, topic, recs)
     port = free_port()
+    # a lean frontend serving version 1, co-located lookups, following the store
+    frontend = Frontend(ServeConfig(store=str(store), model=NAME, disable_token_auth=True, drain_s=0,
+                                    scoring=ScoringConfig(lookups="colocated")))  # fmt: skip
+    assert frontend.step() == "1"
     # a delta after every step, a full version after every delta: the run ends on a full version
     cfg = _cfg(store, spec, once=True, delta_interval_s=1e-9, full_every="1d", train_dense=True,
                max_auc_drop=1.0, keep_versions=2, metrics_port=port)  # fmt: skip
@@ -103,16 +108,17 @@ def test_a_full_version_from_the_stream_is_published_served_and_restarts_exactly
         not torch.equal(a, b) for a, b in zip(_dense_weights(vdir), _dense_weights(parent), strict=True)
     )
     assert not ms.list_deltas(vdir)
-    # served with online == offline
+    # the frontend switches to it and serves it with online == offline, every response of it alone
     from training.offline import score
 
-    offline = score(vdir, TEST)
-    scorer = Scorer(ScoringConfig(str(vdir), lookups="colocated"))
     try:
-        online = _scores(scorer)
+        assert frontend.step() == last and frontend.scorer is not None
+        online, versions = _scores(frontend.scorer)
     finally:
-        scorer.close()
+        frontend.close()
+    offline = score(vdir, TEST)
     assert np.abs(online - offline[: len(online)]).max() <= 1e-6
+    assert {(v["dense"], v["embedding"]) for v in versions} == {(last, last)}
     # the version's own record says where the stream resumes: every key trained, every offset
     record, where = last_record(vdir) or pytest.fail("no stream record")
     assert where == vdir / "stream" and sum(record.positions.values()) == 160
