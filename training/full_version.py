@@ -185,7 +185,7 @@ class FullVersions:
         version = ms.next_version(root, model)
         d = ms.staging_dir(root, model, version)
         try:
-            lv.cluster.dump(d / "embeddings")  # rows and optimizer state, float32
+            _dump_as(lv.cluster, d / "embeddings", version)  # rows and optimizer state, float32
             (d / "schema.yaml").write_text(dump_schema(lv.schema))
             exported = export_dense(paired.candidate, d, *(t.cpu().numpy() for t in paired.sample))
             (d / STREAM).mkdir()
@@ -233,3 +233,16 @@ class FullVersions:
         if self._counter is not None:
             self._counter.labels("published").inc()
         return True
+
+
+def _dump_as(cluster, directory: Path, version: str) -> None:
+    """Every shard's full dump, its meta naming ``version`` (the one the rows now belong to); the
+    stores go on naming the version they cut deltas into (a refused version changes nothing)."""
+    named = [s.version for s in cluster.stores]
+    try:
+        for store in cluster.stores:
+            store.version = version
+        cluster.dump(directory)
+    finally:
+        for store, v in zip(cluster.stores, named, strict=True):
+            store.version = v

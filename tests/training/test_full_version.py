@@ -23,6 +23,7 @@ import torch
 import model_store as ms
 from loadtest.common import train_version
 from model_store.deltas import last_record, read_keys
+from model_store.shards import read_meta, shard_dirs
 from serving.scoring.core import ScoringConfig
 from serving.scoring.lean import Frontend, ServeConfig
 from tests.conftest import exclusive
@@ -102,6 +103,7 @@ def test_a_full_version_from_the_stream_is_published_served_and_restarts_exactly
     m = ms.read_manifest(vdir)  # every file checked
     assert m.stream is not None and m.stream.served_version == result.full_versions[-2]
     assert m.stream.samples > 0 and set(m.dense) == {"torchscript", "onnx"}
+    assert {read_meta(p).version for p in shard_dirs(vdir / "embeddings")} == {last}
     # the dense network trained: it ships in the full version, never in a delta
     parent = ms.version_dir(store, NAME, result.full_versions[-2])
     assert any(
