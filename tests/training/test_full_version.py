@@ -32,7 +32,7 @@ from tests.serving.helpers import TEST
 from tests.serving.stream.conftest import kafka  # noqa: F401  (the session's mock cluster)
 from tests.serving.worker.test_colocated import _scores
 from tests.training.sources.samples import key, produce, records
-from tests.training.test_follow import NAME, store, trained  # noqa: F401
+from tests.training.test_follow import NAME, SAMPLE, _file_signs, _lookup, store, trained  # noqa: F401
 from tests.training.test_follow_stream import _bash, _cfg, _schema, _topic
 from training.config import FollowConfig, Period
 from training.follow import FollowTrainer, follow
@@ -131,6 +131,47 @@ def test_a_full_version_from_the_stream_is_published_served_and_restarts_exactly
     produce(kafka.bootstrap, topic, recs + more)
     again = follow(_cfg(store, spec, once=True, delta_interval_s=3600))
     assert (again.rows, again.duplicates, again.version) == (40, 160, last)
+
+
+def test_a_frozen_dense_network_ships_unchanged_and_files_make_full_versions_too(store, tmp_path):  # noqa: F811
+    """Without --train-dense a full version compacts the rows and deltas: its dense network is the
+    served one, judged equal to itself; a watched directory's rows make full versions as a stream's do."""
+    watch = tmp_path / "incoming"
+    watch.mkdir()
+    shutil.copy(SAMPLE, watch / SAMPLE.name)
+    cfg = FollowConfig(follow=str(store / NAME), watch=str(watch), poll_s=0.2, once=True, batch_size=32,
+                       delta_interval_s=1e-9, full_every="3d")  # fmt: skip
+    result = follow(cfg)
+    assert result.rows == 200 and result.full_versions and not result.refused_versions
+    last = result.full_versions[-1]
+    assert ms.current(store, NAME) == last and result.version == last
+    vdir = ms.version_dir(store, NAME, last)
+    st = ms.read_manifest(vdir).stream
+    assert st is not None and st.samples > 0 and st.auc == st.served_auc
+    first = ms.version_dir(store, NAME, "1")
+    assert all(torch.equal(a, b) for a, b in zip(_dense_weights(vdir), _dense_weights(first), strict=True))
+    # its rows are what its parent served when it was cut: the parent's dump and every delta of it
+    parent = str(st.served_version)
+    signs = _file_signs(store, SAMPLE)
+    rows = _rows(store, last, signs, deltas=False)
+    np.testing.assert_array_equal(rows, _rows(store, parent, signs))
+    assert not np.array_equal(rows, _rows(store, parent, signs, deltas=False))  # the deltas count
+
+
+def _rows(root: Path, version: str, signs: np.ndarray, deltas: bool = True) -> np.ndarray:
+    """The rows of ``signs`` in ``version``'s dump (and, with ``deltas``, every delta of it)."""
+    from serving.ps.spec import TableSpec
+    from serving.ps.store import EmbeddingStore, StoreConfig
+
+    vdir = ms.version_dir(root, NAME, version)
+    m = ms.read_manifest(vdir)
+    stores = [EmbeddingStore(StoreConfig(table=TableSpec(dim=m.dim, capacity=100_000), shard=i,
+                                         num_shards=m.num_shards)) for i in range(m.num_shards)]  # fmt: skip
+    for s in stores:
+        s.load(vdir / "embeddings")
+        for seq in ms.list_deltas(vdir) if deltas else []:
+            s.apply_delta(ms.delta_dir(vdir, seq))
+    return _lookup(stores, signs)
 
 
 @pytest.fixture(scope="module")
