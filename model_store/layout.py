@@ -11,9 +11,13 @@ Layout::
         embeddings/shard-<i>-of-<n>/ full PS dumps (model_store.shards layout)
         dense/model.pt, model.onnx   the dense network (it applies the fitted dense statistics)
         eval/scores.npy              the trainer's own test-split probabilities
+        stream/DELTA.json            a full version from the stream: where the stream resumes from it
+                                     (offsets, trained keys: model_store.deltas)
         deltas/<seq>/shard-<i>-of-<n>/ + deltas/<seq>/_SUCCESS   row deltas (own manifests)
         _SUCCESS                     written last
     <root>/<model>/CURRENT           the served version (temp file + os.replace: atomic)
+    <root>/<model>/HISTORY, REFUSED  published versions; the gate's quality refusals (model_store.releases)
+    <root>/<model>/PINNED            versions retention keeps (model_store.retention)
 
 A version is written under a hidden staging name (``.staging-<version>-<uuid>``) and renamed into
 place after its ``_SUCCESS``, so a reader sees a complete version or none. ``model_store.manifest.read_manifest``
