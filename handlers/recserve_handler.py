@@ -92,8 +92,8 @@ def _metrics(context, scorer: Scorer, impressions: ImpressionLog | None) -> Scor
             scorer.dense_version,
             scorer.lookup_modes,
             scorer.runtime,
-            scorer.choice.device,
             impressions=impressions,
+            device=scorer.choice.device,
         )
     except Exception as e:  # noqa: BLE001 - MetricsCacheKeyError: not declared in this TorchServe
         import logging

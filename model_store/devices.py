@@ -105,7 +105,7 @@ def choose(
         return DenseChoice(runtime, chosen.device, f"--runtime {runtime}")
     if device == AUTO and not cuda:
         name = runtime_of(manifest)
-        return DenseChoice(name, CPU, f"--device auto: {NO_CUDA}: {name} on the cpu (the export's choice)")
+        return DenseChoice(name, CPU, f"--device auto: {NO_CUDA}; the export's measured choice")
     if device == CPU:
         return DenseChoice(runtime_of(manifest), CPU, "the export's measured choice")
     pool = {

@@ -68,7 +68,7 @@ class ScoringConfig:
     takes a GPU the fastest timed on this host at load."""
     device: str = field(default=CPU, metadata={"choices": list(DEVICES)})
     """Where the dense model runs: cpu, cuda (refused where torch sees no CUDA device) or auto
-    (cuda where there is one, else cpu; the runtime timed on this host). docs/gpu.md."""
+    (cuda where there is one, else cpu; the runtime timed on this host). docs/serving.md."""
     max_items: int = 1000
     """Items per scoring request (more: 413)."""
     max_body_bytes: int = 4 << 20

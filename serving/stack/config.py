@@ -47,7 +47,7 @@ class StackConfig:
     runtime: str = field(default=AUTO, metadata={"choices": CHOICES})
     """Dense runtime in the handler (auto: the one the version's export measured faster)."""
     device: str = field(default="cpu", metadata={"choices": list(DEVICES)})
-    """Where the handler runs the dense model: cpu, cuda or auto (docs/gpu.md)."""
+    """Where the handler runs the dense model: cpu, cuda or auto (docs/serving.md)."""
     disable_token_auth: bool = field(default=False, metadata={"flag": "no-token-auth"})
     """Turn TorchServe token auth OFF (it is on by default; `up` says which)."""
     ts_workers: int = 1

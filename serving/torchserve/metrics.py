@@ -85,9 +85,9 @@ class ScoringMetrics:
         dense_version: str,
         lookup_modes: list[str] | tuple[str, ...] = (),
         runtime: str = "",
-        device: str = "",
         flush_s: float = 0.2,
         impressions: ImpressionLog | None = None,
+        device: str = "",
     ):
         from ts.metrics.metric_type_enum import MetricTypes
 
