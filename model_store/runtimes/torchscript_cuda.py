@@ -69,7 +69,6 @@ def graph_forward(module: Any, device: torch.device, staging: Staging, buckets: 
     chunk's bucket buffer is copied into its static input (one copy) and its graph replayed."""
     import torch
 
-    pool = torch.cuda.graph_pool_handle()  # the buckets' graphs share one memory pool
     inputs: dict[int, torch.Tensor] = {}
     outputs: dict[int, torch.Tensor] = {}
     graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -81,7 +80,8 @@ def graph_forward(module: Any, device: torch.device, staging: Staging, buckets: 
             for _ in range(WARMUP_RUNS):
                 module(*unpack(static, staging.slots, staging.dim))
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=side):
+            # thread_local: a version loads beside the one serving, whose thread keeps using the GPU
+            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
                 outputs[bucket] = module(*unpack(static, staging.slots, staging.dim))
             inputs[bucket], graphs[bucket] = static, graph
     torch.cuda.current_stream(device).wait_stream(side)
