@@ -132,6 +132,8 @@ class Scorer:
         self.schema: Schema = load_schema(vdir / "schema.yaml")
         self.model = self.manifest.model
         self.dense_version = self.manifest.version
+        if config.verify and config.device != CPU:  # choosing for a GPU loads every dense file to time it
+            model_store.verify_files(vdir, self.manifest, sorted(set(self.manifest.dense.values())))
         self.choice: DenseChoice = choose(self.manifest, vdir, config.device, config.runtime, config.threads)
         """The dense runtime this scorer runs and its device (``--runtime``/``--device`` resolved)."""
         self.runtime = self.choice.runtime
