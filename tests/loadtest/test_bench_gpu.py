@@ -21,7 +21,8 @@ pytestmark = pytest.mark.slow
 @without_cuda
 def test_without_cuda_it_says_why_and_writes_nothing(tmp_path):
     done = subprocess.run([sys.executable, "-m", "loadtest.bench_gpu", "--results-dir", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "bench-gpu: skipped: torch sees no CUDA device" in done.stdout and "nothing written" in done.stdout
     assert not any(tmp_path.iterdir())
