@@ -9,7 +9,8 @@ worker, the dense model -- lives in the scoring core. No import-time side effect
 imported in ``initialize``.
 
 The archive carries ``scoring.json`` (a ``ScoringConfig``: which model-store version to serve,
-the worker address, the runtime, limits). TorchServe must run with TS_DECODE_INPUT_REQUEST=false
+the worker address, the runtime and device (``"device": "cuda"``: the dense model on a GPU),
+limits). TorchServe must run with TS_DECODE_INPUT_REQUEST=false
 so request bodies arrive as bytes and are read once, in the core (serving.scoring.decoding).
 """
 
@@ -87,7 +88,12 @@ def _metrics(context, scorer: Scorer, impressions: ImpressionLog | None) -> Scor
 
     try:
         return ScoringMetrics(
-            context, scorer.dense_version, scorer.lookup_modes, scorer.runtime, impressions=impressions
+            context,
+            scorer.dense_version,
+            scorer.lookup_modes,
+            scorer.runtime,
+            impressions=impressions,
+            device=scorer.choice.device,
         )
     except Exception as e:  # noqa: BLE001 - MetricsCacheKeyError: not declared in this TorchServe
         import logging

@@ -7,7 +7,10 @@ index 0 is "unseen", what a test value outside the vocabulary maps to); integer 
 (Adagrad, as torch's DLRM examples), the dense network Adam; the dense network is recserve's
 ``DLRM`` class, so the two trainers compare the embedding path, not two dense networks.
 
-    python -m loadtest.peer_dlrm --train synth/train.tsv --test synth/test.tsv
+    python -m loadtest.peer_dlrm --train synth/train.tsv --test synth/test.tsv [--device cuda]
+
+``--device cuda``: the tables, the dense network and the data on the GPU (the GPU peer of
+``make bench-gpu``); the default trains on the CPU.
 """
 
 from __future__ import annotations
@@ -78,23 +81,28 @@ def run(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     train_t, test_t = read_tsv(args.train), read_tsv(args.test)
     tr_ids, te_ids, sizes = encode(train_t, test_t)
-    x_tr, x_te = torch.from_numpy(np.stack(tr_ids, 1)), torch.from_numpy(np.stack(te_ids, 1))
-    d_tr, d_te = torch.from_numpy(dense(train_t)), torch.from_numpy(dense(test_t))
-    y_tr = torch.from_numpy(train_t.column("label").to_numpy().astype(np.float32))
+    device = torch.device(args.device)
+
+    def on(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(device)
+
+    x_tr, x_te = on(np.stack(tr_ids, 1)), on(np.stack(te_ids, 1))
+    d_tr, d_te = on(dense(train_t)), on(dense(test_t))
+    y_tr = on(train_t.column("label").to_numpy().astype(np.float32))
     y_te = test_t.column("label").to_numpy().astype(np.float32)
     mean, std = d_tr.mean(0), d_tr.std(0).clamp_min(1e-6)
-    emb = Embeddings(sizes, args.dim)
+    emb = Embeddings(sizes, args.dim).to(device)
     net = build_model(
         ModelConfig(num_slots=NUM_SPARSE, num_dense=NUM_DENSE, dim=args.dim,
                     dense_mean=mean.tolist(), dense_std=std.tolist())
-    )  # fmt: skip
+    ).to(device)  # fmt: skip
     sparse_opt = torch.optim.Adagrad(list(emb.parameters()), lr=args.lr)
     dense_opt = torch.optim.Adam(net.parameters(), lr=args.dense_lr, foreach=True)
     loss_fn = nn.BCEWithLogitsLoss()
     n = len(y_tr)
     t_loop, steps = 0.0, 0
     for _ in range(args.epochs):
-        order = torch.randperm(n)
+        order = torch.randperm(n, device=device)
         t1 = time.perf_counter()
         for s in range(0, n, args.batch_size):
             idx = order[s : s + args.batch_size]
@@ -105,12 +113,14 @@ def run(args: argparse.Namespace) -> dict:
             sparse_opt.step()
             dense_opt.step()
             steps += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the loop's time includes its last queued kernels
         t_loop += time.perf_counter() - t1
     with torch.inference_mode():
         logits = torch.cat([
             net(emb(x_te[s : s + 8192]), d_te[s : s + 8192]) for s in range(0, len(y_te), 8192)
         ])  # fmt: skip
-    auc, logloss = auc_logloss(y_te, torch.sigmoid(logits).numpy())
+    auc, logloss = auc_logloss(y_te, torch.sigmoid(logits).cpu().numpy())
     return {
         "auc": auc,
         "logloss": logloss,
@@ -132,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dense-lr", type=float, default=1e-3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where it trains (default: cpu)")
     print(json.dumps(run(p.parse_args(argv))))
     return 0
 

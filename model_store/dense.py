@@ -24,7 +24,8 @@ __all__ = [
 ]  # fmt: skip
 
 RUNTIMES = tuple(runtimes.RUNTIMES)
-"""The dense runtimes a version ships (the manifest's ``dense`` names each one's file)."""
+"""The dense runtimes a version can be served with (the manifest's ``dense`` names the file of
+each exporting one; ``model_store.devices`` picks among them by ``--device``)."""
 AUTO = "auto"
 CHOICES = (AUTO, *RUNTIMES)
 """What ``--runtime`` accepts: ``auto`` or a registered runtime."""
@@ -44,13 +45,13 @@ def check_runtime(requested: str) -> None:
 
 def runtime_of(manifest: VersionManifest, requested: str = AUTO) -> str:
     """The dense runtime to serve a version with: ``requested``, or for ``auto`` the one its export
-    measured faster (the manifest's ``dense_runtime.default``; torchscript for versions exported
+    measured faster on the CPU (the manifest's ``dense_runtime.default``; torchscript for versions exported
     before it was measured). ValueError for a runtime the version does not ship."""
     check_runtime(requested)
     if requested == AUTO:
         requested = manifest.dense_runtime.default if manifest.dense_runtime else UNMEASURED
         check_runtime(requested)  # a manifest naming a runtime this release does not know
-    if requested not in manifest.dense:
+    if runtimes.get(requested).source not in manifest.dense:
         raise ValueError(f"this version ships no {requested} dense model (it has {sorted(manifest.dense)})")
     return requested
 

@@ -45,6 +45,8 @@ RUN: list[tuple[str, str, str, str]] = [
     ("docs/serving.md", "Serving in float16 or int8", "recserve train", "tests/training/test_quantized_export.py::test_the_documented_versions_and_publish_lines_run_as_printed"),
     ("docs/serving.md", "Serving in float16 or int8", "recserve versions", "tests/training/test_quantized_export.py::test_the_documented_versions_and_publish_lines_run_as_printed"),
     ("docs/serving.md", "Serving in float16 or int8", "recserve publish", "tests/training/test_quantized_export.py::test_the_documented_versions_and_publish_lines_run_as_printed"),
+    ("docs/serving.md", "The dense model on a GPU", "recserve serve", PARSED),
+    ("docs/benchmarks.md", "The dense half on a GPU", "python -m loadtest.bench_gpu", "tests/loadtest/test_bench_gpu.py::test_the_cpu_rehearsal_runs_every_section"),
 ]  # fmt: skip
 
 CLUSTER_ONLY = ("docs/kubernetes.md", "In a cluster", ("buildah ", "kubectl "))

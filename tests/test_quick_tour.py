@@ -54,7 +54,7 @@ def test_quick_tour_runs_as_printed(tmp_path, readme_ports):
         "versions"
     ]  # `up` picks co-located lookups: the version's files are on this host
     runtime = model_store.read_manifest(tmp_path / "store" / "criteo" / "1").dense_runtime.default  # type: ignore[union-attr]
-    assert f"dense model  version 1 (TorchServe's default), runtime {runtime}" in outputs["versions"], (
-        outputs["versions"]
-    )  # the handler serves the runtime the export measured faster, and says so
+    assert (
+        f"dense model  version 1 (TorchServe's default), runtime {runtime} on cpu" in outputs["versions"]
+    ), outputs["versions"]  # the handler serves the runtime the export measured faster, and says so
     assert "stopped" in outputs["down"]

@@ -1,4 +1,5 @@
-"""Export the dense network in every registered runtime (``model_store.runtimes``), verify each
+"""Export the dense network in every exporting runtime (``model_store.runtimes.EXPORTS``: the
+runtimes that run another's export on a GPU write nothing), verify each
 export against the torch model, and time them; serving loads one with
 ``model_store.dense.load_dense``.
 
@@ -99,10 +100,10 @@ def choose_runtime(vdir: Path, files: dict[str, str], pooled: np.ndarray, dense:
 
 
 def export_dense(model: nn.Module, vdir: Path, pooled: np.ndarray, dense: np.ndarray) -> DenseExport:
-    """Write ``model`` in every registered runtime under ``vdir``, verify each on (pooled, dense)
-    (the test rows) and time them."""
+    """Write ``model`` in every exporting runtime (``runtimes.EXPORTS``) under ``vdir``, verify each
+    on (pooled, dense) (the test rows) and time them."""
     files, diffs = {}, {}
-    for runtime in runtimes.RUNTIMES.values():
+    for runtime in runtimes.EXPORTS.values():
         path = runtime.write(model, vdir / runtime.file, pooled[:2], dense[:2])
         diffs[runtime.name] = verify(runtime, path, model, pooled, dense)
         files[runtime.name] = runtime.file

@@ -1,9 +1,12 @@
 """Dense runtimes: the formats a version's dense network ships in, and their registry.
 
 A runtime is one module of this package that calls ``register(DenseRuntime(...))`` with its
-name, the file it writes in a version directory, an exporter and a loader. The package imports
+name, the file it writes in a version directory, an exporter and a loader, and the device it runs
+on. A runtime may run another's export on another device (``of``: ``torchscript-cuda`` and
+``cuda-graphs`` run the TorchScript file on a GPU): it writes nothing, and a version ships it
+wherever it ships that file. The package imports
 every module in it (names starting with ``_`` excepted), so a new runtime is one file here plus
-its test: export (``training.export_dense`` writes and verifies every registered runtime), the
+its test: export (``training.export_dense`` writes and verifies every exporting runtime, ``EXPORTS``), the
 manifest's ``dense`` map, the timing that names the faster one for ``--runtime auto``, and the
 ``--runtime`` choices of every frontend all come from ``RUNTIMES``. ``get`` refuses a name it
 does not hold.
@@ -54,13 +57,22 @@ class DenseRuntime:
     file: str
     """Where its export lies in a version directory (``dense/model.<ext>``); its suffix is how
     ``for_file`` knows a bare path's runtime."""
-    export: Export
+    export: Export | None
     """``export(model, path, pooled, dense)``: write ``model`` to ``path``. ``write`` calls it with
     the bare module (not a DDP wrapper) in eval mode, under ``torch.no_grad``; ``pooled``/``dense``
-    are example rows for exporters that trace."""
+    are example rows for exporters that trace. None for a runtime that runs ``of``'s export."""
     load: Load
-    """``load(path, num_threads)`` -> DenseFn on this host's CPU (``num_threads``: intra-op
+    """``load(path, num_threads)`` -> DenseFn on ``device`` of this host (``num_threads``: intra-op
     threads; None keeps the runtime's default)."""
+    device: str = "cpu"
+    """Where it computes: ``cpu`` or ``cuda`` (``model_store.devices``)."""
+    of: str = ""
+    """The runtime whose export it runs ('' = its own: it exports, and ``file`` is its file)."""
+
+    @property
+    def source(self) -> str:
+        """The runtime that writes the file this one loads: the manifest's ``dense`` key for it."""
+        return self.of or self.name
 
     def write(
         self, model: nn.Module, path: str | os.PathLike[str], pooled: ArrayLike, dense: ArrayLike
@@ -68,6 +80,8 @@ class DenseRuntime:
         """Export ``model`` to ``path`` in eval mode, then hand the trainer its model back as it was."""
         import torch
 
+        if self.export is None:
+            raise ValueError(f"dense runtime {self.name!r} writes nothing: it runs {self.of}'s export")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
@@ -83,18 +97,34 @@ class DenseRuntime:
 
 RUNTIMES: dict[str, DenseRuntime] = {}
 """Every registered runtime by name, in registration (module name) order."""
+EXPORTS: dict[str, DenseRuntime] = {}
+"""The runtimes that write a file of their own (``export`` not None): what a version ships."""
 
 
 def register(runtime: DenseRuntime) -> DenseRuntime:
-    """Add ``runtime`` to the registry (a name or a file registered twice is a ValueError)."""
+    """Add ``runtime`` to the registry (a name or a file registered twice is a ValueError; so is a
+    runtime that both exports and runs another's export, or runs the export of one not registered
+    before it, or in another file)."""
     if runtime.name in RUNTIMES:
         raise ValueError(f"dense runtime {runtime.name!r} registered twice")
-    taken = {Path(r.file).suffix: r.name for r in RUNTIMES.values()}
+    if (runtime.export is None) != bool(runtime.of):
+        raise ValueError(
+            f"dense runtime {runtime.name!r}: give either an exporter or the runtime it runs (of)"
+        )
+    if runtime.of:
+        source = EXPORTS.get(runtime.of)
+        if source is None or source.file != runtime.file:
+            raise ValueError(
+                f"dense runtime {runtime.name!r} runs {runtime.of!r}'s export: register that first, same file"
+            )
+        RUNTIMES[runtime.name] = runtime
+        return runtime
+    taken = {Path(r.file).suffix: r.name for r in EXPORTS.values()}
     if Path(runtime.file).suffix in taken:
         raise ValueError(
             f"dense runtime {runtime.name!r}: {runtime.file} has the suffix of {taken[Path(runtime.file).suffix]}'s"
         )
-    RUNTIMES[runtime.name] = runtime
+    RUNTIMES[runtime.name] = EXPORTS[runtime.name] = runtime
     return runtime
 
 
@@ -107,12 +137,13 @@ def get(name: str) -> DenseRuntime:
 
 
 def for_file(path: str | os.PathLike[str]) -> DenseRuntime:
-    """The runtime whose files end like ``path``; a ValueError naming the known suffixes otherwise."""
+    """The (CPU) runtime that writes files ending like ``path``; a ValueError naming the known
+    suffixes otherwise."""
     suffix = Path(path).suffix
-    for runtime in RUNTIMES.values():
+    for runtime in EXPORTS.values():
         if Path(runtime.file).suffix == suffix:
             return runtime
-    known = ", ".join(Path(r.file).suffix for r in RUNTIMES.values())
+    known = ", ".join(Path(r.file).suffix for r in EXPORTS.values())
     raise ValueError(f"{path}: unknown dense model format {suffix!r}; expected one of {known}")
 
 

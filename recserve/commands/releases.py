@@ -111,6 +111,8 @@ def run_versions(cfg: VersionsConfig) -> int:
     print(f"serving (stack in {view['run_dir']}):")
     runtimes = (view.get("lookups") or {}).get("runtimes")
     runtime = f", runtime {'|'.join(runtimes)}" if runtimes else ""
+    devices = (view.get("lookups") or {}).get("devices")
+    runtime += f" on {'|'.join(devices)}" if devices else ""
     print(f"  dense model  version {view['dense_version']} (TorchServe's default){runtime}")
     for i, shard in enumerate(view["ps"]):
         print(f"  ps shard {shard.get('shard', i)}   {shard['address']}  " + _served(shard))

@@ -29,7 +29,8 @@ import orjson
 import model_store
 from features.schema import Schema, load_schema
 from features.transform import dense_matrix
-from model_store.dense import AUTO, CHOICES, check_runtime, runtime_of
+from model_store.dense import AUTO, CHOICES
+from model_store.devices import CPU, DEVICES, DenseChoice, check_device, choose
 from serving.scoring.decoding import BINARY, JSON, Decoder, Request
 from serving.scoring.errors import status_of
 from serving.scoring.lookups import Lookups
@@ -62,8 +63,12 @@ class ScoringConfig:
     poll_s: float = 1.0
     """How often to look for new deltas of the served version (co-located shards) and new versions."""
     runtime: str = field(default=AUTO, metadata={"choices": CHOICES})
-    """Dense runtime: auto serves the one the version's export measured faster (its manifest's
-    dense_runtime; torchscript for versions exported before that)."""
+    """Dense runtime: auto serves, on the cpu, the one the version's export measured faster (its
+    manifest's dense_runtime; torchscript for versions exported before that), and where --device
+    takes a GPU the fastest timed on this host at load."""
+    device: str = field(default=CPU, metadata={"choices": list(DEVICES)})
+    """Where the dense model runs: cpu, cuda (refused where torch sees no CUDA device) or auto
+    (cuda where there is one, else cpu; the runtime timed on this host). docs/serving.md."""
     max_items: int = 1000
     """Items per scoring request (more: 413)."""
     max_body_bytes: int = 4 << 20
@@ -88,7 +93,7 @@ class ScoringConfig:
     def __post_init__(self) -> None:
         if self.ps == []:
             self.ps = None
-        check_runtime(self.runtime)
+        check_device(self.device, self.runtime)  # --device cuda without CUDA: refused at start
         if self.lookups not in LOOKUPS:
             raise ValueError(f"unknown lookups {self.lookups!r}; choose one of {', '.join(LOOKUPS)}")
         from serving.worker.client import parse_workers
@@ -127,12 +132,17 @@ class Scorer:
         self.schema: Schema = load_schema(vdir / "schema.yaml")
         self.model = self.manifest.model
         self.dense_version = self.manifest.version
-        self.runtime = runtime_of(self.manifest, config.runtime)
-        """The dense runtime this scorer runs (``ScoringConfig.runtime`` resolved)."""
-        rel = self.manifest.dense[self.runtime]
+        if config.verify and config.device != CPU:  # choosing for a GPU loads every dense file to time it
+            model_store.verify_files(vdir, self.manifest, sorted(set(self.manifest.dense.values())))
+        self.choice: DenseChoice = choose(self.manifest, vdir, config.device, config.runtime, config.threads)
+        """The dense runtime this scorer runs and its device (``--runtime``/``--device`` resolved)."""
+        self.runtime = self.choice.runtime
+        log.info("dense model of version %s: %s on the %s (%s)", self.dense_version, self.runtime,
+                 self.choice.device, self.choice.why)  # fmt: skip
+        rel = self.manifest.dense[self.choice.source]
         if config.verify:  # the files this process reads; the embedding shards are the PS's to check
             model_store.verify_files(vdir, self.manifest, [rel, "schema.yaml"])
-        self.dense = _load_dense(vdir / rel, config.threads)
+        self.dense = _load_dense(self.runtime, vdir / rel, config.threads)
         self.decoder = Decoder(self.schema, config.max_items, config.max_body_bytes)
         owned = worker is None  # built here: closed here if the warm-up fails
         if worker is None:
@@ -242,10 +252,10 @@ def _probabilities(logits: Any) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.asarray(logits, np.float64)))
 
 
-def _load_dense(path: Path, threads: int) -> Any:
+def _load_dense(runtime: str, path: Path, threads: int) -> Any:
     import torch
 
-    from model_store.dense import load_dense
+    from model_store import runtimes
 
     torch.set_num_threads(threads)
-    return load_dense(path, num_threads=threads)
+    return runtimes.get(runtime).load(path, threads)

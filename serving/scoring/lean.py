@@ -43,7 +43,7 @@ from serving.scoring.asgi import PREDICTIONS, App
 from serving.scoring.core import Scorer, ScoringConfig, loading_priority
 from serving.scoring.errors import Reply
 from serving.scoring.impressions import ImpressionLog
-from serving.scoring.names import DENSE_RUNTIME, LOOKUP_MODE, LOOKUP_MODES
+from serving.scoring.names import DENSE_DEVICE, DENSE_DEVICES, DENSE_RUNTIME, LOOKUP_MODE, LOOKUP_MODES
 from serving.versions import VersionTarget
 
 log = logging.getLogger("recserve.serve")
@@ -152,6 +152,9 @@ class Frontend:
                            ["shard", "mode"], registry=r)  # fmt: skip
         self.runtime = Gauge(DENSE_RUNTIME, "The dense runtime that scores (1 = this runtime)", ["runtime"],
                              registry=r)  # fmt: skip
+        self.device = Gauge(
+            DENSE_DEVICE, "Where the dense model runs (1 = this device)", ["device"], registry=r
+        )
         self.batched = Histogram("recserve_scoring_dense_batch_requests", "Requests per run of the dense model "
                                  "(micro-batching)", buckets=(1, 2, 3, 4, 6, 8, 16, 32), registry=r)  # fmt: skip
         self.versions = VersionTarget(config.store, config.model, "scorer", config.version, r)
@@ -203,6 +206,8 @@ class Frontend:
                 self.modes.labels(str(i), m).set(int(m == mode))
         for rt in RUNTIMES:
             self.runtime.labels(rt).set(int(rt == scorer.runtime))
+        for device in DENSE_DEVICES:
+            self.device.labels(device).set(int(device == scorer.choice.device))
 
     def not_serving_reason(self) -> str:
         return self.versions.not_serving(self.versions.target(), self.failure)

@@ -9,3 +9,7 @@ LOOKUP_MODE = "recserve_scoring_lookup_mode"
 """Gauge {shard, mode}: 1 for the mode a shard's rows are read in, 0 for the other."""
 DENSE_RUNTIME = "recserve_scoring_dense_runtime"
 """Gauge {runtime}: 1 for the dense runtime in use, 0 for the other."""
+DENSE_DEVICES = ("cpu", "cuda")
+"""Where a dense model runs (``ScoringConfig.device`` resolved: ``model_store.devices``)."""
+DENSE_DEVICE = "recserve_scoring_dense_device"
+"""Gauge {device}: 1 for the device the dense model runs on (cpu or cuda), 0 for the other."""

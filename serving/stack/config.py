@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import model_store
 from model_store.dense import AUTO, CHOICES
+from model_store.devices import DEVICES, check_device
 from serving.ps.spec import DTYPES
 
 
@@ -45,6 +46,8 @@ class StackConfig:
     row memory (an fp32 version's rows converted into memory at load)."""
     runtime: str = field(default=AUTO, metadata={"choices": CHOICES})
     """Dense runtime in the handler (auto: the one the version's export measured faster)."""
+    device: str = field(default="cpu", metadata={"choices": list(DEVICES)})
+    """Where the handler runs the dense model: cpu, cuda or auto (docs/serving.md)."""
     disable_token_auth: bool = field(default=False, metadata={"flag": "no-token-auth"})
     """Turn TorchServe token auth OFF (it is on by default; `up` says which)."""
     ts_workers: int = 1
@@ -77,5 +80,6 @@ class StackConfig:
     """With --tls: mTLS, the PS shards and the worker accept only the stack's client certificate."""
 
     def __post_init__(self) -> None:
+        check_device(self.device, self.runtime)  # --device cuda without CUDA: refused before anything starts
         if self.replicas < 1:
             raise ValueError(f"--replicas must be >= 1, not {self.replicas}")

@@ -37,7 +37,7 @@ def torchserve_config(cfg: StackConfig, state: StackState, run_dir: Path):
 
 def scoring_json(cfg: StackConfig, state: StackState, vdir: Path) -> dict:
     """The handler's ``ScoringConfig`` fields for dense version ``vdir`` in this stack."""
-    scoring = {"version_dir": str(vdir), "worker": state.worker, "runtime": cfg.runtime, "poll_s": cfg.poll_s,
+    scoring = {"version_dir": str(vdir), "worker": state.worker, "runtime": cfg.runtime, "device": cfg.device, "poll_s": cfg.poll_s,
                "worker_timeout_s": cfg.worker_timeout_s, "max_items": cfg.max_items, "lookups": cfg.lookups}  # fmt: skip
     if cfg.worker_in_handler or cfg.lookups == "auto":
         scoring["ps"] = ["|".join(replicas) for replicas in state.ps_shards]

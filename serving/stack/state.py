@@ -223,8 +223,9 @@ def serving_view(run_dir: str | Path, timeout_s: float = 2.0) -> dict | None:
 def lookup_modes(metrics_address: str, timeout_s: float = 2.0) -> dict:
     """What the scoring processes behind ``metrics_address`` (HOST:PORT of a /metrics) report of
     how they score: where they read each shard's rows (``recserve_scoring_lookup_mode == 1``) and
-    their dense runtime (``recserve_scoring_dense_runtime == 1``), and what their impression log
-    delivered and dropped: ``{"shards": {shard: [modes]}, "runtimes": [runtimes], "impressions":
+    their dense runtime and device (``recserve_scoring_dense_runtime == 1``,
+    ``recserve_scoring_dense_device == 1``), and what their impression log
+    delivered and dropped: ``{"shards": {shard: [modes]}, "runtimes": [runtimes], "devices": [devices], "impressions":
     {"logged": n, "dropped": n} or None}`` (several while versions that chose differently are loaded side by
     side), or ``{"error": why}`` when the endpoint does not answer."""
     import urllib.request
@@ -232,7 +233,7 @@ def lookup_modes(metrics_address: str, timeout_s: float = 2.0) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
     from serving.scoring.impressions import DROPPED, LOGGED
-    from serving.scoring.names import DENSE_RUNTIME, LOOKUP_MODE
+    from serving.scoring.names import DENSE_DEVICE, DENSE_RUNTIME, LOOKUP_MODE
 
     try:
         with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=timeout_s) as r:
@@ -241,6 +242,7 @@ def lookup_modes(metrics_address: str, timeout_s: float = 2.0) -> dict:
         return {"error": str(e)}
     modes: dict[int, set[str]] = {}
     runtimes: set[str] = set()
+    devices: set[str] = set()
     impressions: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for counter, key in ((DROPPED, "dropped"), (LOGGED, "logged")):
@@ -253,7 +255,10 @@ def lookup_modes(metrics_address: str, timeout_s: float = 2.0) -> dict:
                     modes.setdefault(int(sample.labels["shard"]), set()).add(sample.labels["mode"])
         elif family.name == DENSE_RUNTIME:
             runtimes |= {sample.labels["runtime"] for sample in family.samples if sample.value == 1}
+        elif family.name == DENSE_DEVICE:
+            devices |= {sample.labels["device"] for sample in family.samples if sample.value == 1}
     return {"shards": {shard: sorted(m) for shard, m in sorted(modes.items())}, "runtimes": sorted(runtimes),
+            "devices": sorted(devices),
             "impressions": {k: int(v) for k, v in impressions.items()} or None}  # fmt: skip
 
 

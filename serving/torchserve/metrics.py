@@ -23,6 +23,8 @@ written inline, at 100 rps 8.4 / 8.7 against 11.6 / 9.9 (with no metrics at all:
   name and labels ``recserve serve`` exports;
 - ``recserve_scoring_dense_runtime{runtime}``: 1 for the dense runtime in use (torchscript or
   onnx), 0 for the other, set when the handler starts, as ``recserve serve`` exports it;
+- ``recserve_scoring_dense_device{device}``: 1 for the device the dense model runs on (``cpu`` or
+  ``cuda``: ``ScoringConfig.device`` resolved), 0 for the other, as ``recserve serve`` exports it;
 - ``recserve_impressions_dropped_total{topic}`` and ``recserve_impressions_logged_total{topic}``
   with ``--log-impressions`` (``serving.scoring.impressions``): what the log dropped and delivered
   since the last flush, added.
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
     from serving.scoring.impressions import ImpressionLog
 
 from serving.scoring.impressions import DROPPED, LOGGED
-from serving.scoring.names import DENSE_RUNTIME, LOOKUP_MODE, LOOKUP_MODES
+from serving.scoring.names import DENSE_DEVICE, DENSE_DEVICES, DENSE_RUNTIME, LOOKUP_MODE, LOOKUP_MODES
 
 REQUESTS = "recserve_scoring_requests_total"
 STAGES = "recserve_scoring_stage_seconds"
@@ -54,7 +56,8 @@ SCORING = {
                 *({"name": n, "unit": "Count", "dimensions": [*_DIMS, "topic"]} for n in (DROPPED, LOGGED))],
     "histogram": [{"name": STAGES, "unit": "Seconds", "dimensions": [*_DIMS, "stage"]}],
     "gauge": [{"name": LOOKUP_MODE, "unit": "Count", "dimensions": [*_DIMS, "shard", "mode"]},
-              {"name": DENSE_RUNTIME, "unit": "Count", "dimensions": [*_DIMS, "runtime"]}],
+              {"name": DENSE_RUNTIME, "unit": "Count", "dimensions": [*_DIMS, "runtime"]},
+              {"name": DENSE_DEVICE, "unit": "Count", "dimensions": [*_DIMS, "device"]}],
 }  # fmt: skip
 
 
@@ -84,6 +87,7 @@ class ScoringMetrics:
         runtime: str = "",
         flush_s: float = 0.2,
         impressions: ImpressionLog | None = None,
+        device: str = "",
     ):
         from ts.metrics.metric_type_enum import MetricTypes
 
@@ -102,6 +106,10 @@ class ScoringMetrics:
             runtimes = cache.get_metric(DENSE_RUNTIME, MetricTypes.GAUGE)
             for rt in RUNTIMES:
                 runtimes.add_or_update(int(rt == runtime), [self.model, "Model", rt])
+        if device:
+            devices = cache.get_metric(DENSE_DEVICE, MetricTypes.GAUGE)
+            for d in DENSE_DEVICES:
+                devices.add_or_update(int(d == device), [self.model, "Model", d])
 
         self.impressions = impressions
         self._counted = (0, 0)  # the log's (dropped, logged) written so far

@@ -84,7 +84,7 @@ def test_each_version_carries_its_stats_in_both_exports(versions):
     for v in versions:
         config = _manifest(v).model_config
         want = np.load(v / "eval/scores.npy")
-        for fmt in runtimes.RUNTIMES:
+        for fmt in runtimes.EXPORTS:
             got = offline.score(v, TEST, dense_format=fmt)
             assert got.shape == want.shape == (2000,)
             assert np.abs(got - want).max() <= 1e-5, fmt
@@ -185,7 +185,7 @@ def test_a_version_written_before_still_loads_and_scores_the_same(versions, tmp_
     )
     assert net.dense_std.eq(1).all()
     pooled = np.zeros((2, net.num_slots, net.dim), np.float32)
-    for runtime in runtimes.RUNTIMES.values():
+    for runtime in runtimes.EXPORTS.values():
         runtime.write(net, old / runtime.file, pooled, np.zeros((2, net.num_dense), np.float32))
 
     model_store.write_manifest(
@@ -194,7 +194,7 @@ def test_a_version_written_before_still_loads_and_scores_the_same(versions, tmp_
     assert "dense_mean" not in json.loads((old / "MANIFEST.json").read_text())["model_config"]
 
     want = np.load(new / "eval/scores.npy")
-    for fmt in runtimes.RUNTIMES:
+    for fmt in runtimes.EXPORTS:
         assert np.abs(offline.score(old, TEST, dense_format=fmt) - want).max() <= 1e-5, fmt
 
 

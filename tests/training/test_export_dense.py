@@ -1,4 +1,4 @@
-"""Export writes every registered runtime, verifies each against torch and times them; a runtime
+"""Export writes every exporting runtime, verifies each against torch and times them; a runtime
 whose scores differ from torch's stops the export."""
 
 from __future__ import annotations
@@ -10,19 +10,19 @@ from tests.model_store.runtimes.test_registry import inputs, make
 from training.export_dense import ExportVerificationError, export_dense, verify
 
 
-def test_every_registered_runtime_is_written_verified_and_timed(tmp_path) -> None:
+def test_every_exporting_runtime_is_written_verified_and_timed(tmp_path) -> None:
     model = make("deepfm").eval()
     exported = export_dense(model, tmp_path, *inputs(7))
-    assert exported.files == {name: r.file for name, r in runtimes.RUNTIMES.items()}
+    assert exported.files == {name: r.file for name, r in runtimes.EXPORTS.items()}
     assert all((tmp_path / f).is_file() for f in exported.files.values())
-    assert set(exported.max_abs_diff) == set(runtimes.RUNTIMES)
+    assert set(exported.max_abs_diff) == set(runtimes.EXPORTS)
     assert all(0 <= d <= 1e-4 for d in exported.max_abs_diff.values())
     p50 = exported.timing.p50_ms
-    assert isinstance(p50, dict) and set(p50) == set(runtimes.RUNTIMES) and all(v > 0 for v in p50.values())
+    assert isinstance(p50, dict) and set(p50) == set(runtimes.EXPORTS) and all(v > 0 for v in p50.values())
     assert exported.timing.default == min(p50, key=p50.get) and exported.timing.rows == 200
 
 
-@pytest.mark.parametrize("name", list(runtimes.RUNTIMES))
+@pytest.mark.parametrize("name", list(runtimes.EXPORTS))
 def test_an_export_of_another_model_is_refused(name: str, tmp_path) -> None:
     runtime = runtimes.get(name)
     path = runtime.write(make("dlrm"), tmp_path / runtime.file, *inputs(2))

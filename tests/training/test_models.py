@@ -148,7 +148,7 @@ def test_fitted_stats_standardise_dense_once_and_travel_in_the_exports(kind: str
         torch.testing.assert_close(model(pooled, dense), expected, rtol=0, atol=1e-6)
         assert not torch.allclose(plain(pooled, dense), expected)  # the stats change the scores
     torch.testing.assert_close(model.standardise(dense), (dense - mean) / std)
-    for runtime in runtimes.RUNTIMES.values():  # the stats are part of the network each one runs
+    for runtime in runtimes.EXPORTS.values():  # the stats are part of the network each one runs
         path = runtime.write(model, tmp_path / runtime.file, *inputs(2))
         got = runtime.load(path, None)(pooled.numpy(), dense.numpy())
         np.testing.assert_allclose(got, expected.numpy(), rtol=0, atol=1e-5, err_msg=runtime.name)

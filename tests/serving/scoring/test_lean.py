@@ -146,6 +146,8 @@ def test_scores_like_offline_with_the_core_statuses_and_its_token(lean):
         f'recserve_scoring_dense_runtime{{runtime="{runtime}"}} 1.0' in metrics
     )  # auto: the export's choice
     assert f'recserve_scoring_dense_runtime{{runtime="{other}"}} 0.0' in metrics
+    assert 'recserve_scoring_dense_device{device="cpu"} 1.0' in metrics  # --device cpu, the default
+    assert 'recserve_scoring_dense_device{device="cuda"} 0.0' in metrics
     assert (
         'recserve_scoring_requests_total{dense_version="1",embedding_version="1",model="criteo",status="200"} 4.0'
         in metrics

@@ -81,6 +81,9 @@ def test_lookup_modes_reads_what_a_scoring_process_reports_and_says_when_it_does
     runtime = Gauge("recserve_scoring_dense_runtime", "runtime", ["runtime"], registry=registry)
     runtime.labels("torchscript").set(0)
     runtime.labels("onnx").set(1)
+    device = Gauge("recserve_scoring_dense_device", "device", ["device"], registry=registry)
+    device.labels("cpu").set(1)
+    device.labels("cuda").set(0)
     Counter("recserve_impressions_dropped", "dropped", ["topic"], registry=registry).labels("imps").inc(3)
     Counter("recserve_impressions_logged", "logged", ["topic"], registry=registry).labels("imps").inc(7)
     port, closed = free_ports(2)
@@ -89,6 +92,7 @@ def test_lookup_modes_reads_what_a_scoring_process_reports_and_says_when_it_does
         assert lookup_modes(f"127.0.0.1:{port}") == {
             "shards": {0: ["local"], 1: ["local", "remote"]},
             "runtimes": ["onnx"],
+            "devices": ["cpu"],
             "impressions": {"dropped": 3, "logged": 7},
         }
     finally:

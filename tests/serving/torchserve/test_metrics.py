@@ -80,3 +80,21 @@ sys.exit(1)  # what TorchServe's worker does when its socket closes
     assert run.returncode == 1, run.stderr[-3000:]
     written = [line for line in run.stdout.splitlines() if line.startswith(f"[METRICS]{REQUESTS}.")]
     assert len(written) == 1 and "status:200,dense_version:3,embedding_version:3" in written[0], run.stdout
+
+
+def test_the_dense_device_is_a_gauge_as_recserve_serve_exports_it(tmp_path, caplog):
+    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+    from serving.scoring.names import DENSE_DEVICE
+
+    caplog.set_level(logging.INFO)
+    cache = MetricsCacheYamlImpl(str(write_metrics_config(tmp_path / "metrics.yaml")))
+    cache.initialize_cache()
+    m = ScoringMetrics(SimpleNamespace(metrics=cache, model_name="criteo"), "3", ["local"], "cuda-graphs", 3600,
+                       device="cuda")  # fmt: skip
+    m.close()
+    written = lines(caplog, DENSE_DEVICE)
+    values = {
+        line.split("device:")[1].split("|")[0]: line.split("Count:")[1].split("|")[0] for line in written
+    }
+    assert values == {"cpu": "0", "cuda": "1"}, written
