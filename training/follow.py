@@ -61,11 +61,11 @@ from training import data, sources
 from training.cluster import Cluster
 from training.config import FollowConfig
 from training.ctx import TrainCtx
-from training.evaluate import sigmoid
 from training.progressive import Score
 from training.sources import TICK, Chunk, Reading
 from training.sources.ledger import Ledger
 from training.stream_book import StreamBook
+from training.stream_steps import KeyedSteps
 
 log = logging.getLogger("recserve.train.follow")
 
@@ -85,6 +85,8 @@ class FollowResult:
     steps: int = 0
     reloads: int = 0  # CURRENT changes followed
     seconds: float = 0.0
+    train_seconds: float = 0.0  # from the first rows read to the end (samples/s = rows / this)
+    max_lag_samples: int = 0  # a stream's most samples behind its partitions' ends, at a look
 
 
 def follow(cfg: FollowConfig, stop: threading.Event | None = None) -> FollowResult:
@@ -133,6 +135,8 @@ class FollowTrainer:
         self.book = StreamBook(cfg.source[0], bool(cfg.stream), cfg.dedup_window_s)  # keys, scores, counts
         if cfg.metrics_port:
             self.book.serve_metrics(cfg.metrics_port, cfg.metrics_host)
+        self.keyed = KeyedSteps(self.book, self.ledger, cfg.batch_size)
+        self._first_rows: float | None = None  # when the first rows were read
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> FollowResult:
@@ -149,6 +153,8 @@ class FollowTrainer:
             if stop.is_set() or self.clock() >= deadline:
                 break
             if chunk is TICK:
+                self.step_keyed()  # the last look's samples, before the lag counts them trained
+                self.book.lag(source.behind())
                 # CURRENT after the source looked: a file dropped once a version was published
                 # trains into that version (read the other way round, a publish and a drop in
                 # between sent the file to the old one)
@@ -159,11 +165,13 @@ class FollowTrainer:
         self.cut()
         self.result.seconds = self.clock() - t0
         b, r = self.book, self.result
-        r.duplicates, r.refused, r.progressive, r.progressive_total = (
+        r.train_seconds = 0.0 if self._first_rows is None else self.clock() - self._first_rows
+        r.duplicates, r.refused, r.progressive, r.progressive_total, r.max_lag_samples = (
             b.total.duplicates,
             b.total.refused,
             b.windows,
             b.progressive.total(),
+            b.total.max_lag,
         )
         return self.result
 
@@ -206,6 +214,8 @@ class FollowTrainer:
         lv, unit = self.loaded, chunk.start.unit
         if lv is None:
             raise RuntimeError("train_chunk called before a version was loaded")
+        if self._first_rows is None and chunk.rows:
+            self._first_rows = self.clock()
         if chunk.keyed is not None:
             self.train_keyed(chunk)
             return True
@@ -236,24 +246,23 @@ class FollowTrainer:
         return True
 
     def train_keyed(self, chunk: Chunk) -> None:
-        """One step on a stream's samples whose key was not trained yet, scored first
-        (progressive validation); the unit's offset moves past the chunk either way."""
-        lv, keyed = self.loaded, chunk.keyed
-        assert lv is not None and keyed is not None
-        rows = self.book.admit(chunk)
-        if chunk.rows and (rows is None or len(rows)):
-            batch = keyed.batch(rows)
-            assert batch.labels is not None
-            logits = lv.ctx.forward(batch)
-            scores = sigmoid(logits.detach().cpu().numpy())
-            lv.ctx.backward(self._loss(logits, torch.from_numpy(batch.labels)))
-            self.book.trained(chunk, rows, batch.labels, scores)
-            self.result.files += [chunk.start.unit] * (chunk.start.unit not in self.result.files)
-            self.result.rows += batch.num_rows
+        """Hold a stream's chunk for the next step (``training.stream_steps``: the chunks of one
+        look step together); step when the held rows reach the batch size."""
+        if self.keyed.hold(chunk):
+            self.step_keyed()
+        self._maybe_cut()
+
+    def step_keyed(self) -> None:
+        lv = self.loaded
+        if lv is None or not self.keyed.held:
+            return
+        units = {c.start.unit for c in self.keyed.held}
+        rows = self.keyed.step(lv.ctx)
+        if rows is not None:
+            self.result.files += sorted(units - set(self.result.files))
+            self.result.rows += rows
             self.result.steps += 1
             self._changed = True
-        self.ledger.advance(chunk.start.unit, chunk.stop.row - self.ledger.row(chunk.start.unit))
-        self._maybe_cut()
 
     def _maybe_cut(self) -> None:
         if self._changed and self.clock() - self._last_cut >= self.cfg.delta_interval_s:
@@ -263,9 +272,10 @@ class FollowTrainer:
         """Cut the rows changed since the last delta as the version's next delta and commit the
         ledger; returns its seq (None: nothing changed)."""
         lv = self.loaded
-        self._last_cut = self.clock()
         if lv is None:
             return None
+        self.step_keyed()  # what was handed over is in the delta
+        self._last_cut = self.clock()
         lv.ctx.flush()  # every sparse update applied before the dump
         if not self._changed:
             self.ledger.commit()  # e.g. unreadable files: nothing to publish, but remember them

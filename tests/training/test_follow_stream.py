@@ -86,6 +86,11 @@ def test_samples_train_into_a_delta_with_their_offsets(kafka, store):  # noqa: F
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
 
     assert result.rows == 200 and result.duplicates == 0 and result.refused == 1
+    # one step per consume of 64 records, whatever partitions they lie in (a step per partition's
+    # chunk made more, smaller ones)
+    assert result.steps == 4, result.steps
+    # the consumer lag: every record was behind at the first look, none at the last
+    assert result.max_lag_samples == 201 and "recserve_follow_lag_samples 0.0" in metrics
     (ddir, record), = _published(store)  # fmt: skip
     in_p0 = sum(int(r[0].rpartition("-")[2]) % 2 == 0 for r in recs)
     assert record.positions == {f"{topic}/0": in_p0 + 1, f"{topic}/1": 200 - in_p0}
