@@ -75,6 +75,8 @@ class StreamBook:
     windows: list[Score] = field(default_factory=list)
     """Progressive scores per delta."""
     _cut: Counts = field(default_factory=Counts)  # totals at the last delta
+    _since_cut: list[tuple[NDArray[np.bytes_], NDArray[np.float64]]] = field(default_factory=list)
+    """Keys trained since the last delta, with their times (what a rank sends rank 0)."""
     _metrics: _Metrics | None = None
 
     def __post_init__(self) -> None:
@@ -99,7 +101,9 @@ class StreamBook:
                 scores: NDArray[np.float32]) -> None:  # fmt: skip
         """``rows`` of ``keyed`` (None: all) trained, scored ``scores`` before they were."""
         keys, ts = keyed.keys, keyed.ts
-        self.keys.add(keys if rows is None else keys[rows], ts if rows is None else ts[rows])
+        keys, ts = (keys, ts) if rows is None else (keys[rows], ts[rows])
+        self.keys.add(keys, ts)
+        self._since_cut.append((keys, ts))
         self.rows(len(labels))
         self.progressive.add(labels, scores)
 
@@ -123,7 +127,7 @@ class StreamBook:
         record = DeltaManifest(self.source, positions, t.rows - c.rows, t.duplicates - c.duplicates,
                                score.auc, score.logloss)  # fmt: skip
         write_delta(ddir, record, self.keys.arrays() if self.keyed else None)
-        self._cut = Counts(t.rows, t.duplicates, t.refused, t.max_lag)
+        self.mark_cut()
         if score.samples:
             self.windows.append(score)
         if self._metrics is not None:
@@ -133,6 +137,23 @@ class StreamBook:
             if score.samples:
                 self._metrics.auc.set(float("nan") if score.auc is None else score.auc)
                 self._metrics.logloss.set(score.logloss or 0.0)
+
+    def since_cut(self) -> tuple[Counts, NDArray[np.bytes_], NDArray[np.float64]]:
+        """The counts and the keys (with their times) since the last delta."""
+        t, c = self.total, self._cut
+        counts = Counts(t.rows - c.rows, t.duplicates - c.duplicates, t.refused - c.refused)
+        parts = self._since_cut or [(np.zeros(0, "S1"), np.zeros(0, np.float64))]
+        width = max(k.dtype.itemsize for k, _ in parts)
+        return (
+            counts,
+            np.concatenate([k.astype(f"S{width}") for k, _ in parts]),
+            np.concatenate([t for _, t in parts]),
+        )
+
+    def mark_cut(self) -> None:
+        """What was trained so far is in a delta (this rank's or, with ranks, rank 0's)."""
+        t = self.total
+        self._cut, self._since_cut = Counts(t.rows, t.duplicates, t.refused, t.max_lag), []
 
     def resume(self, vdir: Path, ledger: Ledger) -> None:
         """A stream resumes where the version's last delta says (offsets and keys trained), over
