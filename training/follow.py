@@ -138,7 +138,7 @@ class FollowTrainer:
         self._refused: set[str] = set()  # versions CURRENT named that could not be loaded
         self.book = StreamBook(cfg.source[0], bool(cfg.stream), cfg.dedup_window_s)  # keys, scores, counts
         if cfg.metrics_port:
-            self.book.serve_metrics(cfg.metrics_port, cfg.metrics_host)
+            self.book.serve_metrics(cfg.metrics_port + self.job.rank, cfg.metrics_host)  # a port per rank
         self.keyed = KeyedSteps(self.book, self.ledger, cfg.batch_size)
         self._first_rows: float | None = None  # when the first rows were read
 
