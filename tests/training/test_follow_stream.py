@@ -248,6 +248,8 @@ def test_two_ranks_split_the_partitions_and_train_every_sample_once(kafka, store
     rank0, rank1 = sorted(summaries, key=lambda s: f"{topic}/0" not in s["files"])
     assert rank0["rows"] == 160 and rank0["deltas"] == rank1["deltas"] != []  # rank 0 counts the job's
     assert rank1["rows"] == sum(int(r[0].rpartition("-")[2]) % 2 == 1 for r in first) > 0  # rank 1: its own
+    # each rank's consumer lag: its partitions' records, all behind at its first look
+    assert (rank0["max_lag_samples"], rank1["max_lag_samples"]) == (160 - rank1["rows"], rank1["rows"])
     # the joiner re-emits the first samples after its restart, with new ones
     more = records(_schema(store), 40, per_request=20, prefix="s", skip=160)
     produce(kafka.bootstrap, topic, first + more, partitions=4)
