@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PROTOS := $(wildcard proto/recserve/v1/*.proto)
 GEN    := recserve/v1/.generated
-BENCHES := codec ps train e2e swap faults multihost join
+BENCHES := codec ps train e2e swap faults multihost join trainer
 
 .PHONY: venv proto lint test test-fast demo bench $(addprefix bench-,$(BENCHES)) clean image test-image
 
@@ -63,6 +63,11 @@ bench-codec: $(STAMP) $(GEN)
 # How fast `recserve join` replays a topic (samples/s) on the mock Kafka cluster: loadtest/results/join.json.
 bench-join: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_join
+
+# How fast the streaming trainer (`recserve train --follow --stream`) replays a topic of samples
+# (samples/s, its consumer lag): loadtest/results/trainer.json.
+bench-trainer: $(STAMP) $(GEN)
+	$(PY) -m loadtest.bench_trainer
 
 # The PS bench compares against Redis 7, started on a free loopback port by the bench itself.
 bench-ps: $(STAMP) $(GEN)

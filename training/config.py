@@ -295,7 +295,8 @@ class FollowConfig:
     """Cut a delta every this many seconds when rows changed (and always at the end)."""
     metrics_port: int = 0
     """Serve Prometheus /metrics (samples, duplicates, refused, deltas, progressive AUC and log
-    loss, offsets: training/stream_book.py) on this port (0: off)."""
+    loss, offsets, consumer lag: training/stream_book.py) on this port (0: off; torchrun rank r:
+    this port + r)."""
     metrics_host: str = "127.0.0.1"
     """Address the metrics port binds to."""
     poll_s: float = 1.0
@@ -308,7 +309,9 @@ class FollowConfig:
     """Ledger of the files trained so far (rows done per file), rewritten after every delta;
     '' : <watch>/.recserve-follow-<model>.json (<follow>/... for a source that is no directory)."""
     batch_size: int = 128
-    """Rows per step."""
+    """Rows per step (--stream: records per consume, all partitions' in one step). A step costs
+    about the same at 1024 rows as at 128: a stream of thousands of samples a second wants 1024,
+    with --lr scaled as much (a sample's share of the mean gradient shrinks with the batch)."""
     lr: float | None = None
     """Sparse learning rate (None: the one the version was trained with). Everything else of the
     table spec (dim, dtype, optimizer and its hyper-parameters, TTL, admission) is the version's,

@@ -19,9 +19,9 @@ drift away from the one that scores them. Dense updates ship as a new full versi
 (``--full-every``, ``--train-dense``, the gate and retention: ``training/full_version.py``).
 
 Embeddings live in in-process ``EmbeddingStore``s (one per shard of the version, routed by the
-same hash as the PS) behind an in-process worker: the follower is the only writer, and a delta
-is a dump of those stores. Only one delta writer per version at a time (a foreign delta with
-our next seq is refused, not overwritten).
+same hash as the PS) behind an in-process worker; under torchrun, in PS processes every rank
+trains through (``training.follow_tables``, ``training.stream_ranks``). A delta is a dump of them;
+one delta writer per version (a foreign delta with our next seq is refused, not overwritten).
 
 Which files count: ``training/sources/watch.py``; the ledger of the rows trained from each unit
 (file): ``training/sources/ledger.py``. The ledger is committed only after a delta's ``_SUCCESS``,
@@ -30,11 +30,11 @@ delta are trained again (at least once), after SIGTERM/Ctrl-C/``--max-seconds`` 
 cut and a file interrupted midway resumes at its next row. A file that cannot be read (or trained
 on) is recorded as failed from there and skipped.
 
-``--stream kafka://...`` (samples, ``training.sources.kafka``) is exactly once in what is trained:
-each delta records the partitions' next offsets and the (request, item) keys trained over
-``--dedup-window-s`` (``model_store.deltas``) before its ``_SUCCESS``; a restart resumes from the
-last delta's record, and a sample whose key was trained already is dropped. Each batch is scored
-before it trains (progressive validation, ``training.progressive``).
+``--stream kafka://...`` (samples, ``training.sources.kafka``; a consume's records step together,
+``training.stream_steps``) is exactly once in what is trained: each delta records the partitions'
+next offsets and the (request, item) keys trained over ``--dedup-window-s`` (``model_store.deltas``)
+before its ``_SUCCESS``; a restart resumes from there, and a sample whose key was trained already
+is dropped. Each batch is scored before it trains (progressive validation, ``training.progressive``).
 
 If CURRENT moves to another version while following (``recserve publish``), the pending rows are
 cut into the old version, and the trainer reloads from the new one and cuts its next deltas into
@@ -58,16 +58,17 @@ from torch import nn
 import model_store as ms
 from features.schema import Schema, load_schema
 from features.transform import FeatureError, transform
-from training import data, sources
+from training import data, follow_tables, sources
 from training.cluster import Cluster
 from training.config import FollowConfig
 from training.ctx import DenseOptimizer, TrainCtx
-from training.evaluate import sigmoid
 from training.full_version import FrozenDense, FullVersions, load_frozen_dense
 from training.progressive import Score
 from training.sources import TICK, Chunk, Reading
-from training.sources.ledger import Ledger
+from training.sources.ledger import Ledger, ledger_path
 from training.stream_book import StreamBook
+from training.stream_ranks import Ranks, cut_together
+from training.stream_steps import KeyedSteps
 
 log = logging.getLogger("recserve.train.follow")
 
@@ -89,13 +90,15 @@ class FollowResult:
     full_versions: list[str] = field(default_factory=list)  # written and published (--full-every)
     refused_versions: list[str] = field(default_factory=list)  # written, refused by the gate
     seconds: float = 0.0
+    train_seconds: float = 0.0  # from the first rows read to the end (samples/s = rows / this)
+    max_lag_samples: int = 0  # a stream's most samples behind its partitions' ends, at a look
 
 
 def follow(cfg: FollowConfig, stop: threading.Event | None = None) -> FollowResult:
     """Run until ``stop`` is set, ``cfg.max_seconds`` passed, or (``cfg.once``) the files present
     now are trained; a final delta is cut in every case but an exception."""
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 2) // 2))
-    with FollowTrainer(cfg) as trainer:
+    with FollowTrainer(cfg, job=Ranks.join()) as trainer:
         return trainer.run(stop or threading.Event())
 
 
@@ -114,10 +117,15 @@ class _Loaded:
 
 
 class FollowTrainer:
-    def __init__(self, cfg: FollowConfig, clock=time.monotonic):
+    def __init__(self, cfg: FollowConfig, clock=time.monotonic, job: Ranks | None = None):
         self.cfg = cfg
         self.clock = clock
-        self.ledger = Ledger(_ledger_path(cfg))
+        self.job = job or Ranks()  # torchrun's ranks split a stream (training.stream_ranks)
+        if self.job.world > 1 and not cfg.stream:
+            raise ValueError("torchrun ranks split a stream's partitions (--stream); --watch is one process")
+        if self.job.world > 1 and cfg.full_every:
+            raise ValueError("--full-every: full versions are written by one process, not under torchrun")
+        self.ledger = Ledger(ledger_path(cfg, self.job.rank, self.job.world))
         self.loaded: _Loaded | None = None
         self.result = FollowResult()
         self._changed = False  # rows trained since the last delta
@@ -126,8 +134,10 @@ class FollowTrainer:
         self._refused: set[str] = set()  # versions CURRENT named that could not be loaded
         self.book = StreamBook(cfg.source[0], bool(cfg.stream), cfg.dedup_window_s)  # keys, scores, counts
         if cfg.metrics_port:
-            self.book.serve_metrics(cfg.metrics_port, cfg.metrics_host)
+            self.book.serve_metrics(cfg.metrics_port + self.job.rank, cfg.metrics_host)  # a port per rank
         self.full = FullVersions(cfg, self.book, clock) if cfg.full_every else None
+        self.keyed = KeyedSteps(self.book, self.ledger, cfg.batch_size)
+        self._first_rows: float | None = None  # when the first rows were read
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> FollowResult:
@@ -137,13 +147,24 @@ class FollowTrainer:
         lv = self.loaded
         assert lv is not None  # _follow_current loads one or raises
         reading = Reading(lv.schema, poll_s=self.cfg.poll_s, once=self.cfg.once, batch_rows=self.cfg.batch_size,
+                          part=(self.job.rank, self.job.world),
                           wait=lambda s: stop.wait(max(0.0, min(s, deadline - self.clock()))))  # fmt: skip
         spec, default = self.cfg.source
         source = sources.open_source(spec, reading, default=default, ledger=self.ledger)
-        for chunk in source.chunks():
-            if stop.is_set() or self.clock() >= deadline:
+        for chunk in self.job.rounds(source.chunks()):
+            stopped = stop.is_set() or self.clock() >= deadline
+            if stopped and self.job.world == 1:
                 break
             if chunk is TICK:
+                self.step_keyed()  # the last look's samples, before the lag counts them trained
+                self.book.lag(source.behind())
+                if self.job.world > 1:  # the ranks cut, go on or end together
+                    cut, end = self.job.look(self._cut_due(), stopped)
+                    if end:
+                        break
+                    if cut:
+                        self.cut()
+                    continue
                 # CURRENT after the source looked: a file dropped once a version was published
                 # trains into that version (read the other way round, a publish and a drop in
                 # between sent the file to the old one)
@@ -155,11 +176,15 @@ class FollowTrainer:
         self.cut()
         self.result.seconds = self.clock() - t0
         b, r = self.book, self.result
-        r.duplicates, r.refused, r.progressive, r.progressive_total = (
+        r.train_seconds = 0.0 if self._first_rows is None else self.clock() - self._first_rows
+        # with ranks, rank 0's book holds the job's counts (its deltas'), another rank's its own
+        r.rows, r.duplicates, r.refused, r.progressive, r.progressive_total, r.max_lag_samples = (
+            b.total.rows,
             b.total.duplicates,
             b.total.refused,
             b.windows,
             b.progressive.total(),
+            b.total.max_lag,
         )
         if self.full is not None:
             r.full_versions, r.refused_versions = self.full.published, self.full.refused
@@ -204,6 +229,8 @@ class FollowTrainer:
         lv, unit = self.loaded, chunk.start.unit
         if lv is None:
             raise RuntimeError("train_chunk called before a version was loaded")
+        if self._first_rows is None and chunk.rows:
+            self._first_rows = self.clock()
         if chunk.keyed is not None:
             self.train_keyed(chunk)
             return True
@@ -234,24 +261,26 @@ class FollowTrainer:
         return True
 
     def train_keyed(self, chunk: Chunk) -> None:
-        """One step on a stream's samples whose key was not trained yet, scored first
-        (progressive validation); the unit's offset moves past the chunk either way."""
-        lv, keyed = self.loaded, chunk.keyed
-        assert lv is not None and keyed is not None
-        rows = self.book.admit(chunk)
-        if chunk.rows and (rows is None or len(rows)):
-            batch = keyed.batch(rows)
-            assert batch.labels is not None
-            logits = self._forward(lv, batch)
-            scores = sigmoid(logits.detach().cpu().numpy())
-            lv.ctx.backward(self._loss(logits, torch.from_numpy(batch.labels)))
-            self.book.trained(chunk, rows, batch.labels, scores)
-            self.result.files += [chunk.start.unit] * (chunk.start.unit not in self.result.files)
-            self.result.rows += batch.num_rows
+        """Hold a stream's chunk for the next step (``training.stream_steps``: the chunks of one
+        look step together); step when the held rows reach the batch size."""
+        if self.keyed.hold(chunk):
+            self.step_keyed()
+        self._maybe_cut()
+
+    def step_keyed(self) -> None:
+        lv = self.loaded
+        if lv is None or not self.keyed.held:
+            return
+        units = {c.start.unit for c in self.keyed.held}
+        rows = self.keyed.step(lv.ctx, lambda batch: self._forward(lv, batch))
+        if rows is not None:
+            self.result.files += sorted(units - set(self.result.files))
+            self.result.rows += rows
             self.result.steps += 1
             self._changed = True
-        self.ledger.advance(chunk.start.unit, chunk.stop.row - self.ledger.row(chunk.start.unit))
-        self._maybe_cut()
+
+    def _cut_due(self) -> bool:
+        return self.clock() - self._last_cut >= self.cfg.delta_interval_s
 
     def _forward(self, lv: _Loaded, batch) -> torch.Tensor:
         """The step's logits; with full versions, the batch is scored by the served network too."""
@@ -269,17 +298,23 @@ class FollowTrainer:
             self._follow_current()
 
     def _maybe_cut(self) -> None:
-        if self._changed and self.clock() - self._last_cut >= self.cfg.delta_interval_s:
+        if self._changed and self._cut_due() and self.job.world == 1:  # ranks cut at a look
             self.cut()
 
     def cut(self) -> int | None:
         """Cut the rows changed since the last delta as the version's next delta and commit the
         ledger; returns its seq (None: nothing changed)."""
         lv = self.loaded
-        self._last_cut = self.clock()
         if lv is None:
             return None
+        self.step_keyed()  # what was handed over is in the delta
+        self._last_cut = self.clock()
         lv.ctx.flush()  # every sparse update applied before the dump
+        if self.job.world > 1:
+            seq = cut_together(self.job, lv.cluster, lv.vdir, self.book, self.ledger, self._changed)
+            self._changed = False
+            self.result.deltas += [(lv.version, seq)] if seq is not None else []
+            return seq
         if not self._changed:
             self.ledger.commit()  # e.g. unreadable files: nothing to publish, but remember them
             return None
@@ -303,8 +338,8 @@ class FollowTrainer:
     def _load(self, version: str) -> _Loaded:
         from model_store.shards import read_meta, shard_dirs
         from serving.ps.spec import TableSpec
-        from serving.ps.store import EmbeddingStore, StoreConfig
-        from serving.worker.core import EmbeddingWorker, InProcessShard, WorkerConfig
+        from serving.ps.store import StoreConfig
+        from serving.worker.core import WorkerConfig
 
         vdir = ms.version_dir(self.cfg.store, self.cfg.model, version)
         manifest = ms.read_manifest(vdir, verify=True)
@@ -326,29 +361,25 @@ class FollowTrainer:
             optimizer=replace(trained.optimizer, lr=self.cfg.lr) if self.cfg.lr else trained.optimizer,
         )
         store_cfg = StoreConfig(table, seed=metas[0].seed, schema_hash=schema.fingerprint)
-        stores = [EmbeddingStore(replace(store_cfg, shard=i, num_shards=n)) for i in range(n)]
-        for store in stores:
-            store.load(vdir / "embeddings")
-            store.version = version  # deltas carry base_version = the served version
-        applied = _apply_existing_deltas(vdir, stores)
+        # rows looked up ahead miss the update between: one batch staler than the worker knows
+        staleness, prefetch = max(0, self.cfg.staleness - 1), self.cfg.staleness >= 1
+        worker_cfg = WorkerConfig(staleness=staleness, update_threads=self.cfg.update_threads)
+        if self.job.world > 1:  # the ranks' shared PS processes
+            cluster, self.job.seq = follow_tables.shared(
+                store_cfg, n, vdir, schema, worker_cfg, self.job, self.cfg.store
+            )
+        else:
+            cluster = follow_tables.embedded(store_cfg, n, vdir, version, schema, worker_cfg)
         self.book.resume(vdir, self.ledger)
 
         dense: nn.Module = load_frozen_dense(vdir / manifest.dense["torchscript"])
         optimizer: DenseOptimizer = FrozenDense()
         if self.full is not None:  # trained (--train-dense) beside the served one, shipped in full versions
             dense, optimizer = self.full.dense(dense, manifest)
-        # rows looked up ahead miss the update between: one batch staler than the worker knows
-        staleness, prefetch = max(0, self.cfg.staleness - 1), self.cfg.staleness >= 1
-        worker = EmbeddingWorker(
-            [InProcessShard(s) for s in stores],
-            schema,
-            WorkerConfig(staleness=staleness, update_threads=self.cfg.update_threads),
-        )
-        cluster = Cluster(worker, n, stores=stores)
-        ctx = TrainCtx(worker, dense, optimizer, schema, prefetch=prefetch)
-        rows = sum(s.rows for s in stores)
-        log.info("following %s/%s: %d rows in %d shards, %d existing deltas applied, next delta %d",
-                 self.cfg.model, version, rows, n, applied, stores[0].delta_seq + 1)  # fmt: skip
+        assert cluster.worker is not None
+        ctx = TrainCtx(cluster.worker, dense, optimizer, schema, prefetch=prefetch)
+        last = cluster.stores[0].delta_seq if cluster.stores else self.job.seq
+        log.info("following %s/%s: %d shards, deltas up to %d applied", self.cfg.model, version, n, last)
         return _Loaded(version, vdir, schema, cluster, ctx, dense, manifest)
 
     def _unload(self) -> None:
@@ -368,26 +399,3 @@ class FollowTrainer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _ledger_path(cfg: FollowConfig) -> Path:
-    """--state, else beside the rows: in the watched directory, or the model's directory for a
-    source that is not one."""
-    if cfg.state:
-        return Path(cfg.state)
-    kind, where = sources.parse(*cfg.source)
-    home = Path(where) if kind.name == "watch" else Path(cfg.follow)
-    return home / f".recserve-follow-{cfg.model}.json"
-
-
-def _apply_existing_deltas(vdir: Path, stores: list) -> int:
-    """Bring the stores to what serving holds: every complete delta after the full dump's seq, in
-    order (a gap or a delta of another version is refused by the store). Returns deltas applied."""
-    applied = 0
-    for seq in ms.list_deltas(vdir):
-        if seq <= stores[0].delta_seq:
-            continue
-        for store in stores:
-            store.apply_delta(ms.delta_dir(vdir, seq))
-        applied += 1
-    return applied

@@ -53,6 +53,14 @@ class Progressive:
             self.windows.append(score)
         return score
 
+    def take_window(self) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+        """The labels and scores of the window open now, which another's window (rank 0's) will
+        score; the next opens."""
+        labels, scores = _cat(self._open)
+        self._all += self._open
+        self._open = []
+        return labels, scores
+
     def total(self) -> Score:
         return Score.of(*_cat(self._all + self._open))
 

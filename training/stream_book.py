@@ -6,7 +6,9 @@ dropped as duplicates and refused as malformed, and (``--metrics-port``) their P
 ``recserve_follow_samples_total``, ``recserve_follow_duplicates_total``,
 ``recserve_follow_refused_total`` (sent to the dead-letter topic), ``recserve_follow_deltas_total``,
 ``recserve_follow_progressive_auc`` and ``recserve_follow_progressive_logloss`` (the last delta's
-window), ``recserve_follow_offset`` (per unit: the next offset or row the last delta recorded).
+window), ``recserve_follow_offset`` (per unit: the next offset or row the last delta recorded),
+``recserve_follow_lag_samples`` (the consumer lag: samples of the followed partitions after those
+trained, at the trainer's last look; its maximum is the result's ``max_lag_samples``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from numpy.typing import NDArray
 
 from model_store.deltas import DeltaManifest, last_record, read_keys, write_delta
 from training.progressive import Progressive, Score
-from training.sources import Chunk
+from training.sources import Keyed
 from training.sources.ledger import Ledger
 from training.trained_keys import TrainedKeys
 
@@ -32,6 +34,7 @@ class Counts:
     rows: int = 0
     duplicates: int = 0
     refused: int = 0
+    max_lag: int = 0
 
 
 class _Metrics:
@@ -53,6 +56,9 @@ class _Metrics:
                              "Progressive log loss of the last delta's samples.", registry=reg)  # fmt: skip
         self.offset = Gauge("recserve_follow_offset", "Where each unit resumes, as the last delta recorded.",
                             ["unit"], registry=reg)  # fmt: skip
+        self.lag = Gauge("recserve_follow_lag_samples",
+                         "Samples of the followed partitions after those trained, at the last look.",
+                         registry=reg)  # fmt: skip
         self.close = start_metrics_server(port, host, reg)
 
 
@@ -69,6 +75,8 @@ class StreamBook:
     windows: list[Score] = field(default_factory=list)
     """Progressive scores per delta."""
     _cut: Counts = field(default_factory=Counts)  # totals at the last delta
+    _since_cut: list[tuple[NDArray[np.bytes_], NDArray[np.float64]]] = field(default_factory=list)
+    """Keys trained since the last delta, with their times (what a rank sends rank 0)."""
     _metrics: _Metrics | None = None
 
     def __post_init__(self) -> None:
@@ -82,27 +90,35 @@ class StreamBook:
         """The /metrics registry (None: no --metrics-port), for the trainer's other counters."""
         return None if self._metrics is None else self._metrics.registry
 
-    def admit(self, chunk: Chunk) -> NDArray[np.int64] | None:
-        """Rows of a keyed chunk to train: those whose key was not trained (None: all of them);
-        the others and the chunk's refused records are counted."""
-        assert chunk.keyed is not None
-        new = self.keys.new(chunk.keyed.keys)
+    def admit(self, keyed: Keyed, refused: int) -> NDArray[np.int64] | None:
+        """Rows of keyed samples to train: those whose key was not trained (None: all of them);
+        the others and the ``refused`` records beside them are counted."""
+        new = self.keys.new(keyed.keys)
         dups = int((~new).sum())
         self.total.duplicates += dups
-        self.total.refused += chunk.refused
+        self.total.refused += refused
         if self._metrics is not None:
             self._metrics.duplicates.inc(dups)
-            self._metrics.refused.inc(chunk.refused)
+            self._metrics.refused.inc(refused)
         return None if not dups else np.flatnonzero(new)
 
-    def trained(self, chunk: Chunk, rows: NDArray[np.int64] | None, labels: NDArray[np.float32],
+    def trained(self, keyed: Keyed, rows: NDArray[np.int64] | None, labels: NDArray[np.float32],
                 scores: NDArray[np.float32]) -> None:  # fmt: skip
-        """``rows`` of ``chunk`` (None: all) trained, scored ``scores`` before they were."""
-        assert chunk.keyed is not None
-        keys, ts = chunk.keyed.keys, chunk.keyed.ts
-        self.keys.add(keys if rows is None else keys[rows], ts if rows is None else ts[rows])
+        """``rows`` of ``keyed`` (None: all) trained, scored ``scores`` before they were."""
+        keys, ts = keyed.keys, keyed.ts
+        keys, ts = (keys, ts) if rows is None else (keys[rows], ts[rows])
+        self.keys.add(keys, ts)
+        self._since_cut.append((keys, ts))
         self.rows(len(labels))
         self.progressive.add(labels, scores)
+
+    def lag(self, samples: int | None) -> None:
+        """The source's consumer lag now (None: unknown)."""
+        if samples is None:
+            return
+        self.total.max_lag = max(self.total.max_lag, samples)
+        if self._metrics is not None:
+            self._metrics.lag.set(samples)
 
     def rows(self, n: int) -> None:
         self.total.rows += n
@@ -116,7 +132,7 @@ class StreamBook:
         record = DeltaManifest(self.source, positions, t.rows - c.rows, t.duplicates - c.duplicates,
                                score.auc, score.logloss)  # fmt: skip
         write_delta(ddir, record, self.keys.arrays() if self.keyed else None)
-        self._cut = Counts(t.rows, t.duplicates, t.refused)
+        self.mark_cut()
         if score.samples:
             self.windows.append(score)
         if self._metrics is not None:
@@ -126,6 +142,23 @@ class StreamBook:
             if score.samples:
                 self._metrics.auc.set(float("nan") if score.auc is None else score.auc)
                 self._metrics.logloss.set(score.logloss or 0.0)
+
+    def since_cut(self) -> tuple[Counts, NDArray[np.bytes_], NDArray[np.float64]]:
+        """The counts and the keys (with their times) since the last delta."""
+        t, c = self.total, self._cut
+        counts = Counts(t.rows - c.rows, t.duplicates - c.duplicates, t.refused - c.refused)
+        parts = self._since_cut or [(np.zeros(0, "S1"), np.zeros(0, np.float64))]
+        width = max(k.dtype.itemsize for k, _ in parts)
+        return (
+            counts,
+            np.concatenate([k.astype(f"S{width}") for k, _ in parts]),
+            np.concatenate([t for _, t in parts]),
+        )
+
+    def mark_cut(self) -> None:
+        """What was trained so far is in a delta (this rank's or, with ranks, rank 0's)."""
+        t = self.total
+        self._cut, self._since_cut = Counts(t.rows, t.duplicates, t.refused, t.max_lag), []
 
     def resume(self, vdir: Path, ledger: Ledger) -> None:
         """A stream resumes where the version's last delta says (offsets and keys trained), over

@@ -160,6 +160,8 @@ def run_follow(args: argparse.Namespace) -> int:
         "full_versions": result.full_versions,
         "refused_versions": result.refused_versions,
         "wall_s": round(result.seconds, 2),
+        "samples_per_s": round(result.rows / result.train_seconds) if result.train_seconds else 0,
+        "max_lag_samples": result.max_lag_samples,
     }
     print(json.dumps(summary))
     return 0

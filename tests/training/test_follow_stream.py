@@ -86,6 +86,11 @@ def test_samples_train_into_a_delta_with_their_offsets(kafka, store):  # noqa: F
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
 
     assert result.rows == 200 and result.duplicates == 0 and result.refused == 1
+    # one step per consume of 64 records, whatever partitions they lie in (a step per partition's
+    # chunk made more, smaller ones)
+    assert result.steps == 4, result.steps
+    # the consumer lag: every record was behind at the first look, none at the last
+    assert result.max_lag_samples == 201 and "recserve_follow_lag_samples 0.0" in metrics
     (ddir, record), = _published(store)  # fmt: skip
     in_p0 = sum(int(r[0].rpartition("-")[2]) % 2 == 0 for r in recs)
     assert record.positions == {f"{topic}/0": in_p0 + 1, f"{topic}/1": 200 - in_p0}
@@ -216,3 +221,47 @@ def test_the_documented_lines_train_exactly_once_across_a_sigkill(trained, tmp_p
     assert samples == len(produced), "a sample trained into two published deltas, or one never trained"
     assert len(keys) == len(set(keys)) and set(keys) == produced
     assert last.positions == {"samples/0": 400, "samples/1": 400}
+
+
+@pytest.mark.slow
+def test_two_ranks_split_the_partitions_and_train_every_sample_once(kafka, store, tmp_path):  # noqa: F811
+    """torchrun, two ranks: each trains its partitions (partition % 2 == rank) through its own
+    worker on the PS shards rank 0 started with the version; rank 0 writes every delta, with both
+    ranks' offsets and keys; a second job resumes from them and drops what the joiner re-emits."""
+    topic = _topic(kafka, "samples-ranks", partitions=4)
+    spec = f"kafka://{kafka.bootstrap}/{topic}"
+    first = records(_schema(store), 160, per_request=20)
+    produce(kafka.bootstrap, topic, first, partitions=4)
+    env = os.environ | {"PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "recserve", "train", "--follow", str(store / NAME), "--stream", spec, "--once",
+           "--batch-size", "32", "--poll-s", "0.2", "--delta-interval-s", "1"]  # fmt: skip
+
+    def job() -> list[dict]:
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-4000:]
+        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"version"')]
+
+    summaries = job()
+    assert sorted(tuple(sorted(s["files"])) for s in summaries) == [
+        (f"{topic}/0", f"{topic}/2"), (f"{topic}/1", f"{topic}/3")]  # fmt: skip
+    rank0, rank1 = sorted(summaries, key=lambda s: f"{topic}/0" not in s["files"])
+    assert rank0["rows"] == 160 and rank0["deltas"] == rank1["deltas"] != []  # rank 0 counts the job's
+    assert rank1["rows"] == sum(int(r[0].rpartition("-")[2]) % 2 == 1 for r in first) > 0  # rank 1: its own
+    # each rank's consumer lag: its partitions' records, all behind at its first look
+    assert (rank0["max_lag_samples"], rank1["max_lag_samples"]) == (160 - rank1["rows"], rank1["rows"])
+    # the joiner re-emits the first samples after its restart, with new ones
+    more = records(_schema(store), 40, per_request=20, prefix="s", skip=160)
+    produce(kafka.bootstrap, topic, first + more, partitions=4)
+    again = max(job(), key=lambda s: s["rows"])  # rank 0's: the job's counts
+    assert (again["rows"], again["duplicates"]) == (40, 160)
+
+    published = _published(store)
+    ddir, last = published[-1]
+    keys = [key(k) for k in read_keys(ddir, last)[0]]
+    produced = {(r[0], r[1]) for r in first + more}
+    assert sum(r.samples for _, r in published) == len(produced), "a sample trained twice, or never"
+    assert len(keys) == len(set(keys)) and set(keys) == produced
+    in_part = [sum(int(r[0].rpartition("-")[2]) % 4 == p for r in first + first + more) for p in range(4)]
+    assert last.positions == {f"{topic}/{p}": in_part[p] for p in range(4)}
+    assert {s.delta_seq for s in _serving_stores(store)} == {int(ddir.name)}  # serving applies them

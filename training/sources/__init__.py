@@ -63,6 +63,13 @@ class Keyed:
         """Per row, when it was served (seconds since the epoch)."""
         return self.samples.ts
 
+    @classmethod
+    def join(cls, parts: list[Keyed]) -> Keyed:
+        """The rows of ``parts`` (of one schema) in order, as one."""
+        from training.sources._samples import concat
+
+        return parts[0] if len(parts) == 1 else cls(concat([p.samples for p in parts]), parts[0].schema)
+
     def batch(self, rows: NDArray[np.int64] | None = None) -> CompactBatch:
         """The trainer's batch (with labels) of the rows at ``rows`` (None: all)."""
         from serving.stream.sample_batch import take
@@ -133,7 +140,13 @@ class Source(Protocol):
     """The rows end, and reading again gives the same rows (epochs and the row-count scan need it)."""
 
     def chunks(self) -> Iterator[Chunk]:
-        """The rows in order (with ``TICK``s where unbounded), from where the ledger says."""
+        """The rows in order (with ``TICK``s where unbounded), from where the ledger says. The
+        chunks between two ``TICK``s are the rows of one look (a stream's one consume)."""
+        ...
+
+    def behind(self) -> int | None:
+        """Rows of the source after those yielded so far, as last seen (a stream's consumer lag,
+        summed over its units; None: the source does not know)."""
         ...
 
 

@@ -77,3 +77,22 @@ def _dense(s: Samples, schema: Schema) -> NDArray[np.float32]:
         placed[:, is_ctx] = rows[:, rows.shape[1] - k :]
         out[with_ctx] = placed
     return out
+
+
+def concat(parts: list[Samples]) -> Samples:
+    """The samples of ``parts`` (of one layout: ``misfits`` found none) in order, as one; ``index``
+    keeps each part's own."""
+    starts = np.concatenate(
+        [[0], *(p.starts[1:] + off for p, off in zip(parts, _offsets(parts), strict=True))]
+    )
+    cat = {f: np.concatenate([getattr(p, f) for p in parts]) for f in
+           ("index", "ts", "labels", "schema_hash", "flags", "lengths", "signs", "dense", "f_ctx")}  # fmt: skip
+    width = max(p.keys.dtype.itemsize for p in parts)  # request ids of several lengths
+    keys = np.concatenate([p.keys.astype(f"S{width}") for p in parts])
+    return Samples(keys=keys, starts=starts.astype(np.int64), **cat)
+
+
+def _offsets(parts: list[Samples]) -> list[int]:
+    """Where each part's signs begin in the concatenated signs."""
+    sizes = [len(p.signs) for p in parts]
+    return [sum(sizes[:i]) for i in range(len(parts))]

@@ -23,6 +23,9 @@ class Files:
         for path, row, table in stream.located(self.where, r.schema, r.options, r.limit, r.part, r.columns):
             yield Chunk(table, Position(str(path), row))
 
+    def behind(self) -> int | None:
+        return None  # a bounded source; its rows are read as they are
+
     def __str__(self) -> str:
         return self.where
 

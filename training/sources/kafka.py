@@ -6,7 +6,9 @@ offset the ledger says (0 or unknown: the earliest kept), with no consumer-group
 trainer stands is what the last published delta recorded (``model_store.deltas``), so a restarted
 trainer reads on from exactly there. A chunk is one partition's records of one batch consume
 (``Reading.batch_rows`` at most); its unit is ``<topic>/<partition>``, its start the first
-record's offset and its ``end`` the offset after the last. Records are decoded together
+record's offset and its ``end`` the offset after the last; the chunks of one consume lie between
+two ``TICK``s (the trainer steps on them together). ``behind()`` is the consumer lag: records of
+the rank's partitions not yielded yet. Records are decoded together
 (``serving.stream.sample_batch``: no loop per record beyond the accessors confluent-kafka
 forces). A malformed record, or one that does not fit the followed schema, goes to the
 dead-letter topic ``<TOPIC>.dead`` (its value as it was, headers ``reason``, ``partition``,
@@ -22,7 +24,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +66,9 @@ class KafkaSamples:
     reading: Reading
     ledger: Ledger
     bounded = False
+    _consumer: Any = field(default=None, init=False)  # while ``chunks`` runs
+    _at: dict[int, int] = field(default_factory=dict, init=False)  # partition -> next offset yielded
+    _ends: dict[int, int] = field(default_factory=dict, init=False)  # partition -> end offset seen
 
     @property
     def dead_topic(self) -> str:
@@ -80,20 +86,37 @@ class KafkaSamples:
         producer = Producer(conf | {"acks": "all", "enable.idempotence": True})
         try:
             ends = self._assign(consumer)
-            at = {p: self.ledger.row(self.unit(p)) for p in ends}
+            self._at = {p: self.ledger.row(self.unit(p)) for p in ends}
+            self._ends, self._consumer = dict(ends), consumer
             while True:
                 yield TICK
-                if self.reading.once and all(at[p] >= ends[p] for p in ends):
+                if self.reading.once and all(self._at[p] >= ends[p] for p in ends):
                     return
                 msgs = consumer.consume(num_messages=self.reading.batch_rows, timeout=self.reading.poll_s)
                 for chunk in self._chunks(msgs, producer):
-                    at[int(chunk.start.unit.rpartition("/")[2])] = int(chunk.stop.row)
+                    self._at[int(chunk.start.unit.rpartition("/")[2])] = int(chunk.stop.row)
                     yield chunk
         finally:
+            self._consumer = None
             consumer.close()
             left = producer.flush(TIMEOUT_S)
             if left:
                 log.error("%d dead letters to %s not acknowledged at exit", left, self.dead_topic)
+
+    def behind(self) -> int | None:
+        """Records of this rank's partitions after those yielded: each partition's end offset as
+        the consumer last saw it (librdkafka's cached high watermark, updated by every fetch: no
+        request) less where it stands; None before the partitions are assigned."""
+        from confluent_kafka import TopicPartition
+
+        if self._consumer is None:
+            return None
+        behind = 0
+        for p, at in self._at.items():
+            hi = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)[1]
+            self._ends[p] = max(self._ends[p], hi)  # no fetch yet: the end found at the start
+            behind += max(0, self._ends[p] - at)
+        return behind
 
     def _assign(self, consumer) -> dict[int, int]:
         """Assign this rank's partitions at the ledger's offsets; their end offsets now."""
@@ -111,12 +134,10 @@ class KafkaSamples:
         return ends
 
     def _chunks(self, msgs: list, producer) -> Iterator[Chunk]:
-        good = []
-        for m in msgs:  # the accessors confluent-kafka forces, one call each
+        good = [m for m in msgs if m.error() is None]  # the accessors confluent-kafka forces
+        for m in msgs if len(good) < len(msgs) else ():
             if m.error() is not None:
                 log.error("%s: consume error: %s", self.topic, m.error())
-            else:
-                good.append(m)
         if not good:
             return
         parts = np.fromiter((m.partition() for m in good), np.int64, len(good))

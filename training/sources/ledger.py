@@ -13,8 +13,12 @@ import json
 import os
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from training.sources import Chunk
+
+if TYPE_CHECKING:
+    from training.config import FollowConfig
 
 
 class Ledger:
@@ -86,3 +90,18 @@ class Ledger:
             return {}
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{self.path}: unreadable follow ledger ({e}); move it away") from e
+
+
+def ledger_path(cfg: FollowConfig, rank: int = 0, world: int = 1) -> Path:
+    """--state, else beside the rows: in the watched directory, or the model's directory for a
+    source that is not one; with ranks, one per rank (``-rank<r>`` before the suffix)."""
+    if cfg.state:
+        path = Path(cfg.state)
+    else:
+        from training import sources
+
+        kind, where = sources.parse(*cfg.source)
+        path = (
+            Path(where) if kind.name == "watch" else Path(cfg.follow)
+        ) / f".recserve-follow-{cfg.model}.json"
+    return path.with_name(f"{path.stem}-rank{rank}{path.suffix}") if world > 1 else path

@@ -96,6 +96,9 @@ class Watched:
             return
         yield Chunk(Table({}, 0), Position(name, row), last=True)
 
+    def behind(self) -> int | None:
+        return None  # files may arrive at any time
+
     def __str__(self) -> str:
         return f"watch://{self.files.dir}"
 

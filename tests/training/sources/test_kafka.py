@@ -66,3 +66,34 @@ def test_a_spec_without_a_topic_and_a_missing_topic_are_refused(kafka, tmp_path)
         _read("kafka://localhost:9092", Ledger(tmp_path / "l.json"))
     with pytest.raises(ValueError, match="a stream is read with a ledger"):
         sources.open_source(f"kafka://{kafka.bootstrap}/t", Reading(SCHEMA), "kafka")
+
+
+def test_a_looks_chunks_join_into_one_batch_and_behind_counts_what_was_not_yielded(kafka, tmp_path):  # noqa: F811
+    topic = kafka.create_topic("source-looks", 4)
+    kafka.create_topic(topic + ".dead", 1)
+    recs = records(SCHEMA, 120, per_request=10)
+    produce(kafka.bootstrap, topic, recs, partitions=4)
+    reading = Reading(SCHEMA, poll_s=0.2, once=True, batch_rows=50)
+    source = sources.open_source(
+        f"kafka://{kafka.bootstrap}/{topic}", reading, "kafka", Ledger(tmp_path / "l.json")
+    )
+    assert source.behind() is None  # nothing assigned yet
+    looks: list[list[sources.Chunk]] = []
+    seen = []  # at each look: (behind, rows yielded before it)
+    for chunk in source.chunks():
+        if chunk is sources.TICK:
+            seen.append((source.behind(), sum(c.rows for look in looks for c in look)))
+            looks.append([])
+        else:
+            looks[-1].append(chunk)
+    assert seen[0] == (120, 0) and seen[-1] == (0, 120)
+    assert all(behind == 120 - rows for behind, rows in seen)
+    # the chunks of one look (several partitions) join into the batch their rows' features make
+    look = max(looks, key=len)
+    assert len(look) > 1 and sum(c.rows for c in look) <= 50
+    joined = sources.Keyed.join([c.keyed for c in look])
+    rows = np.array([10 * int(rid.rpartition("-")[2]) + item for rid, item in map(key, joined.keys.tolist())])
+    table = stream.read(SAMPLE, SCHEMA, limit=120)
+    assert joined.batch() == transform(
+        Table({k: v[rows] for k, v in table.columns.items()}, len(rows)), SCHEMA
+    )
