@@ -57,6 +57,7 @@ from torch import nn
 import model_store as ms
 from features.schema import Schema, load_schema
 from features.transform import FeatureError, transform
+from serving import notices
 from training import data, sources
 from training.cluster import Cluster
 from training.config import FollowConfig
@@ -133,6 +134,7 @@ class FollowTrainer:
         self.book = StreamBook(cfg.source[0], bool(cfg.stream), cfg.dedup_window_s)  # keys, scores, counts
         if cfg.metrics_port:
             self.book.serve_metrics(cfg.metrics_port, cfg.metrics_host)
+        self.announcer = notices.announcer(cfg.announce)  # each delta's _SUCCESS, told to serving
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> FollowResult:
@@ -280,6 +282,7 @@ class FollowTrainer:
         ms.shards.encode_delta(ddir, lv.vdir)  # in the version's serving dtype
         self.book.write(ddir, self.ledger.positions())
         ms.mark_done(ddir)
+        notices.announce(self.announcer, lv.vdir.parent, lv.version, seq, (ddir / ms.SUCCESS).stat().st_mtime)
         self.ledger.commit()
         self._changed = False
         self.result.deltas.append((lv.version, seq))
@@ -344,6 +347,8 @@ class FollowTrainer:
                 lv.cluster.close()
 
     def close(self) -> None:
+        if self.announcer is not None:
+            self.announcer.close()
         self.book.close()
         self._unload()
 
