@@ -1,0 +1,223 @@
+"""delta_visible_s: from a delta's _SUCCESS to its use in every serving process, across two hosts.
+
+Two namespace hosts (``loadtest/netns.py``), the store bound on each at ``/mnt/recserve``; on each
+host the two serving PS shards (``recserve ps-serve``) and a lean frontend with co-located
+lookups (``recserve serve --lookups colocated``): six serving processes, eight followers. The test
+broker (``serving.stream.mockbroker``) runs here, reached from the hosts through
+``loadtest.kafka_bridge``. This process cuts a delta every ``--delta-every-s`` (``DeltaWriter``,
+announced on the model's notice topic) and waits until every process reports it.
+
+"In use" is each process's own fact: ``recserve_delta_visible_seconds`` {shard, seq} on its
+/metrics (``serving.freshness``: seconds from the delta's ``_SUCCESS`` mtime to the flip that put
+it in its lookups). A delta's ``delta_visible_s`` is the largest over the eight followers; after
+each delta one scoring request to each frontend checks that its response's versions name it.
+Modes, each with the same processes started afresh: ``kafka`` (``--notices kafka://...``),
+``inotify`` (``--notices inotify``) and ``poll`` (``--notices none --poll-s 1``: how serving
+learnt of deltas before notices, the baseline).
+
+    python -m loadtest.bench_visible [--deltas 40] [--modes kafka,inotify,poll] [--store DIR]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from loadtest import netns
+from loadtest.common import (
+    CRITEO_SCHEMA,
+    CRITEO_TEST,
+    ROOT,
+    given_or_trained,
+    parse,
+    parser,
+    print_table,
+    report_targets,  # fmt: skip
+    write_results,
+)
+from loadtest.kafka_bridge import Bridge
+from loadtest.processes import grpc_serving, http_ok, venv_env, wait_for
+
+MOUNT = "/mnt/recserve"
+PS_PORTS = (50061, 50062)  # shard 0, shard 1 on each host
+PS_METRICS = (9161, 9162)
+HTTP_PORT = 8080
+TOPIC = "criteo-notices"
+MODES = {"kafka": [], "inotify": ["--notices", "inotify"], "poll": ["--notices", "none", "--poll-s", "1"]}
+
+
+def role_argv(host: netns.Host, spec: list[str]) -> list[tuple[str, list[str], str, str]]:
+    """(name, argv, health target, metrics URL) of the three serving processes of ``host``."""
+    a, name = host.address, host.hostname
+    out = []
+    for shard, (port, mport) in enumerate(zip(PS_PORTS, PS_METRICS, strict=True)):
+        out.append((f"ps{shard}-{name}", ["recserve", "ps-serve", f"{MOUNT}/criteo", "--host", a, "--port", str(port),
+                    "--metrics-port", str(mport), "--shard", str(shard), "--num-shards", "2", *spec],
+                    f"{a}:{port}", f"http://{a}:{mport}/metrics"))  # fmt: skip
+    out.append((f"serve-{name}", ["recserve", "serve", "--host", a, "--port", str(HTTP_PORT), "--store", MOUNT,
+                "--model", "criteo", "--lookups", "colocated", "--no-token-auth", *spec],
+                f"http://{a}:{HTTP_PORT}/ping", f"http://{a}:{HTTP_PORT}/metrics"))  # fmt: skip
+    return out
+
+
+def scrape(url: str) -> dict[str, float]:
+    """{name{labels}: value} of the notice and visibility samples on a /metrics page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    with urllib.request.urlopen(url, timeout=5) as r:
+        for family in text_string_to_metric_families(r.read().decode()):
+            for s in family.samples:
+                if s.name.startswith(("recserve_delta_visible", "recserve_notices")):
+                    out[s.name + json.dumps(s.labels, sort_keys=True)] = s.value
+    return out
+
+
+def visible(url: str) -> dict[tuple[str, str], tuple[int, float]]:
+    """{(component, shard): (seq, seconds)} that one process reports."""
+    out = {}
+    for key, value in scrape(url).items():
+        if key.startswith("recserve_delta_visible_seconds"):
+            labels = json.loads(key[len("recserve_delta_visible_seconds") :])
+            out[(labels["component"], labels["shard"])] = (int(labels["seq"]), value)
+    return out
+
+
+def run_mode(mode: str, net: netns.Network, store: Path, work: Path, broker, args) -> dict:
+    """Start the six processes in ``mode``, cut ``args.deltas`` deltas, stop them; the figures."""
+    from serving.notices import announcer
+    from serving.ps.deltas import DeltaWriter
+    from serving.rpc.procs import stop_children
+    from serving.scoring.client import requests_from_file
+
+    spec = [*MODES[mode]] or ["--notices", f"kafka://{broker.bootstrap}/{TOPIC}"]
+    roles = [r for h in net.hosts for r in role_argv(h, spec)]
+    procs = []
+    env = venv_env()
+    try:
+        for (name, argv, _, _), host in zip(roles, [h for h in net.hosts for _ in range(3)], strict=True):
+            log = work / f"{mode}-{name}.log"
+            procs.append((name, host.popen(argv, log, env=env, binds={str(store): MOUNT}, cwd=ROOT), log))
+        for name, _, target, _ in roles:
+            ready = http_ok(target) if target.startswith("http") else grpc_serving(target, 0.5)
+            wait_for(ready, args.start_timeout_s, f"{name} serving", procs)
+        metrics = [(name, url) for name, _, _, url in roles]
+        if mode != "poll":
+            wait_for(lambda: all(v == 1 for _, u in metrics for k, v in scrape(u).items() if "listening" in k),
+                     60, "every process listening for notices", procs)  # fmt: skip
+        body, ctype = next(requests_from_file(str(CRITEO_TEST), str(CRITEO_SCHEMA), 20, 20))
+        writer = DeltaWriter(store, "criteo")
+        ann = announcer(f"kafka://{broker.bootstrap}/{TOPIC}") if mode == "kafka" else None
+        rng = np.random.default_rng(0)
+        signs = writer.signs()
+        per_process: dict[str, list[float]] = {name: [] for name, _ in metrics}
+        lags, checked, at_seq = [], 0, 0
+        for _ in range(args.deltas):
+            some = rng.choice(signs, size=min(args.delta_rows, len(signs)), replace=False)
+            writer.assign(some, writer.lookup(some) + 0.01)
+            t0 = time.time()
+            seq, _, _ = writer.publish(ann)
+            seen: dict = {}
+
+            def everywhere(seq=seq, seen=seen) -> bool:
+                for name, url in metrics:
+                    if name not in seen:
+                        v = visible(url)
+                        if v and all(s == seq for s, _ in v.values()):
+                            seen[name] = max(lag for _, lag in v.values())
+                return len(seen) == len(metrics)
+
+            wait_for(everywhere, 30, f"delta {seq} in use in every process", procs, poll_s=0.01)
+            lags.append(max(seen.values()))
+            for name, lag in seen.items():
+                per_process[name].append(lag)
+            for name, _, target, _ in roles:
+                if name.startswith("serve"):
+                    checked += 1
+                    at_seq += _response_at(target.replace("/ping", "/predictions/criteo"), body, ctype, seq)
+            time.sleep(max(0.0, t0 + args.delta_every_s - time.time()))  # the schedule, not a wait on a fact
+        if ann is not None:
+            ann.close()
+        received = {name: sum(v for k, v in scrape(u).items() if k.startswith("recserve_notices_total") and '"ok"' in k)
+                    for name, u in metrics}  # fmt: skip
+    finally:
+        stop_children([p for _, p, _ in procs], 10.0)
+    a = np.asarray(lags)
+    return {
+        "mode": mode,
+        "deltas": len(lags),
+        "delta_visible_s": {
+            "p50": round(float(np.percentile(a, 50)), 4),
+            "p99": round(float(np.percentile(a, 99)), 4),
+            "max": round(float(a.max()), 4),
+        },  # fmt: skip
+        "per_process_p99_s": {n: round(float(np.percentile(v, 99)), 4) for n, v in per_process.items()},
+        "notices_received": received,
+        "responses_checked": checked,
+        "responses_at_seq": at_seq,
+    }
+
+
+def _response_at(url: str, body: bytes, ctype: str, seq: int) -> int:
+    """1 when a scoring response names delta ``seq`` for every shard it read."""
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": ctype})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        versions = json.loads(r.read())["versions"]
+    return int(all(q == seq for _, q in versions["shards"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__)
+    p.add_argument("--deltas", type=int, default=40, help="deltas cut per mode (default 40)")
+    p.add_argument("--delta-every-s", type=float, default=0.5, help="seconds between deltas (default 0.5)")
+    p.add_argument("--delta-rows", type=int, default=1000, help="rows changed per delta (default 1000)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)} (default all)")
+    p.add_argument("--store", help="a model store with a published criteo version (default: train one)")
+    p.add_argument("--start-timeout-s", type=float, default=180.0)
+    args = parse(p, argv, {"deltas": 3, "modes": "kafka,poll"})
+    modes = args.modes.split(",")
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        p.error(f"unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
+    reason = netns.unavailable()
+    if reason:
+        p.error(f"needs network namespaces: {reason}")
+    from serving.stream import mockbroker
+
+    result: dict = {"deltas_per_mode": args.deltas, "delta_every_s": args.delta_every_s, "delta_rows": args.delta_rows,
+                    "hosts": 2, "processes_per_host": 3, "modes": {}}  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="recserve-visible-")))
+        store = given_or_trained(args.store, work)
+        broker = stack.enter_context(mockbroker.running())
+        broker.create_topic(TOPIC, 1)
+        net = stack.enter_context(netns.Network(2, ["host-a", "host-b"]))
+        stack.enter_context(Bridge(net.hosts, broker.bootstrap))
+        for mode in modes:
+            print(f"mode {mode}: 6 serving processes on 2 hosts, {args.deltas} deltas ...", flush=True)
+            result["modes"][mode] = run_mode(mode, net, store, work, broker, args)
+    rows = [{"mode": m, "p50_s": r["delta_visible_s"]["p50"], "p99_s": r["delta_visible_s"]["p99"],
+             "max_s": r["delta_visible_s"]["max"], "deltas": r["deltas"],
+             "responses_at_seq": f"{r['responses_at_seq']}/{r['responses_checked']}"}
+            for m, r in result["modes"].items()]  # fmt: skip
+    print_table("delta_visible_s: _SUCCESS -> in use in every serving process (2 hosts, 6 processes)", rows,
+                ["mode", "p50_s", "p99_s", "max_s", "deltas", "responses_at_seq"])  # fmt: skip
+    if "kafka" in result["modes"]:
+        result["delta_visible_s"] = {
+            k: result["modes"]["kafka"]["delta_visible_s"][k] for k in ("p50", "p99")
+        }
+        report_targets(
+            result, {"delta_visible_s.p99 <= 0.1 s (kafka notices)": result["delta_visible_s"]["p99"] <= 0.1}
+        )
+    print(f"wrote {write_results('visible', result, args.results_dir)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
