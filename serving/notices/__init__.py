@@ -100,11 +100,14 @@ class Listener(Protocol):
 
 
 class Announcer(Protocol):
-    def announce(self, notice: Notice) -> bool:
-        """Send ``notice``; False when it was not delivered (logged; the poll catches it up)."""
+    def announce(self, notice: Notice) -> None:
+        """Send ``notice`` without waiting on its transport; one not delivered is logged and counted
+        (the poll catches it up)."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Deliver what is in flight (a bounded wait)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,11 @@ class Notices:
         self.registry.register(_Listening(self))
 
     def count(self, outcome: str) -> float:
-        return self.counter.labels(self.transport.name, outcome)._value.get()
+        """Notices received with ``outcome`` (``OUTCOMES``)."""
+        value = self.registry.get_sample_value(
+            NOTICES, {"transport": self.transport.name, "outcome": outcome}
+        )
+        return value or 0.0
 
     def subscribe(self, fn: Callable[[Notice], None]) -> Callable[[], None]:
         """Call ``fn(notice)`` (on the listener's thread: keep it short) for each notice of this
@@ -291,9 +298,6 @@ def _discover() -> None:
             importlib.import_module(f"{__name__}.{module.name}")
 
 
-register(Transport("none", lambda where, model_dir, notices: _Nothing()))
-
-
 class _Nothing:
     listening = False
 
@@ -315,4 +319,5 @@ class _Listening:
         yield g
 
 
+register(Transport("none", lambda where, model_dir, notices: _Nothing()))
 _discover()

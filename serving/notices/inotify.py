@@ -69,6 +69,9 @@ class InotifyListener:
 
     def _event(self, event) -> None:
         f = self.flags
+        if event.mask & f.Q_OVERFLOW:  # the kernel dropped events: the poll catches up what they said
+            log.warning("inotify queue overflowed on %s: notices lost until the next poll", self.model_dir)
+            return
         if event.mask & f.IGNORED:  # the watch went (its directory was removed, or we removed it)
             self._paths.pop(event.wd, None)
             return

@@ -1,8 +1,8 @@
 """``kafka://BROKERS/TOPIC``: notices on one Kafka topic per model (any number of hosts).
 
-The announcer produces each notice (key: the model) and waits for the broker's acknowledgement
-(``TIMEOUT_S`` at most: a notice that is not delivered is logged and counted in ``failed``; the
-writer goes on, and serving catches the delta up at its next poll).
+The announcer hands each notice (key: the model) to librdkafka and goes on; one the broker does not
+acknowledge within ``TIMEOUT_S`` is logged and counted in ``failed`` (serving catches the delta up
+at its next poll), and ``close`` waits for the acknowledgements of those in flight.
 
 Each listening process has a consumer of its own: every partition assigned at its end (a notice
 older than the process is the start-up poll's business), no group membership and no commits, so
@@ -40,25 +40,31 @@ class KafkaAnnouncer:
 
         self.brokers, self.topic = parse(where)
         self.failed = 0
-        """Notices not acknowledged within ``TIMEOUT_S``."""
+        """Notices not acknowledged within ``TIMEOUT_S`` (each logged)."""
         self._producer = Producer({"bootstrap.servers": self.brokers, "linger.ms": 0, "acks": "all",
-                                   "log_level": 3})  # fmt: skip
+                                   "message.timeout.ms": int(TIMEOUT_S * 1000), "log_level": 3})  # fmt: skip
 
-    def announce(self, notice: Notice) -> bool:
-        errors: list = []
-        self._producer.produce(self.topic, encode(notice), notice.model.encode(),
-                               on_delivery=lambda err, _msg: errors.append(err))  # fmt: skip
-        left = self._producer.flush(TIMEOUT_S)
-        if left or errors != [None]:
+    def announce(self, notice: Notice) -> None:
+        """Hand ``notice`` to librdkafka, which sends it at once on its own thread: the writer never
+        waits on the broker (a broker down costs it nothing but the notices, counted)."""
+        from confluent_kafka import KafkaException
+
+        try:
+            self._producer.produce(self.topic, encode(notice), notice.model.encode(),
+                                   on_delivery=lambda err, _msg: self._delivered(err, notice))  # fmt: skip
+        except (BufferError, KafkaException) as e:
+            self._delivered(e, notice)
+        self._producer.poll(0)  # the delivery reports of earlier notices
+
+    def _delivered(self, err, notice: Notice) -> None:
+        if err is not None:
             self.failed += 1
-            why = errors[0] if errors and errors[0] is not None else f"not acknowledged in {TIMEOUT_S:g}s"
             log.error("notice %s not delivered to kafka://%s/%s (%s): serving catches it up at its next poll",
-                      notice, self.brokers, self.topic, why)  # fmt: skip
-            return False
-        return True
+                      notice, self.brokers, self.topic, err)  # fmt: skip
 
     def close(self) -> None:
-        self._producer.flush(TIMEOUT_S)
+        """Wait (``TIMEOUT_S`` at most) until every notice is acknowledged or failed."""
+        self._producer.flush(TIMEOUT_S + 1)
 
 
 class KafkaListener:

@@ -42,8 +42,9 @@ def _cut(model_dir, version: str, trainer: EmbeddingStore, spec: str = "") -> in
     ms.mark_done(ddir)
     a = announcer(spec)
     if a is not None:
-        assert a.announce(_notice(model_dir, version, seq, ddir))
+        a.announce(_notice(model_dir, version, seq, ddir))
         a.close()
+        assert a.failed == 0
     return seq
 
 
