@@ -11,6 +11,9 @@ announced on the model's notice topic) and waits until every process reports it.
 /metrics (``serving.freshness``: seconds from the delta's ``_SUCCESS`` mtime to the flip that put
 it in its lookups). A delta's ``delta_visible_s`` is the largest over the eight followers; after
 each delta one scoring request to each frontend checks that its response's versions name it.
+``notice_s`` is the transport's share: from ``_SUCCESS`` to the last process's receipt of the
+notice (``recserve_notice_lag_seconds``); the rest is the followers reading, checking and
+applying the delta.
 Modes, each with the same processes started afresh: ``kafka`` (``--notices kafka://...``),
 ``inotify`` (``--notices inotify``) and ``poll`` (``--notices none --poll-s 1``: how serving
 learnt of deltas before notices, the baseline).
@@ -74,19 +77,59 @@ def scrape(url: str) -> dict[str, float]:
     with urllib.request.urlopen(url, timeout=5) as r:
         for family in text_string_to_metric_families(r.read().decode()):
             for s in family.samples:
-                if s.name.startswith(("recserve_delta_visible", "recserve_notices")):
+                if s.name.startswith(("recserve_delta_visible", "recserve_notice")):
                     out[s.name + json.dumps(s.labels, sort_keys=True)] = s.value
     return out
 
 
-def visible(url: str) -> dict[tuple[str, str], tuple[int, float]]:
-    """{(component, shard): (seq, seconds)} that one process reports."""
-    out = {}
+def visible(url: str) -> tuple[dict[tuple[str, str], tuple[int, float]], tuple[int, float] | None]:
+    """What one process reports: {(component, shard): (seq, seconds from _SUCCESS to its lookups)},
+    and (seq, seconds from _SUCCESS to its receipt) of the last notice (None: none received)."""
+    out, notice = {}, None
     for key, value in scrape(url).items():
-        if key.startswith("recserve_delta_visible_seconds"):
-            labels = json.loads(key[len("recserve_delta_visible_seconds") :])
-            out[(labels["component"], labels["shard"])] = (int(labels["seq"]), value)
-    return out
+        name, _, labels = key.partition("{")
+        d = json.loads("{" + labels)
+        if name == "recserve_delta_visible_seconds":
+            out[(d["component"], d["shard"])] = (int(d["seq"]), value)
+        elif name == "recserve_notice_lag_seconds":
+            notice = (int(d["seq"]), value)
+    return out, notice
+
+
+def start_roles(mode: str, net: netns.Network, store: Path, work: Path, broker, args) -> tuple[list, list]:
+    """The six serving processes in ``mode``, serving and (but for ``poll``) listening: (roles, procs)."""
+    spec = [*MODES[mode]] or ["--notices", f"kafka://{broker.bootstrap}/{TOPIC}"]
+    roles = [r for h in net.hosts for r in role_argv(h, spec)]
+    procs: list = []
+    for (name, argv, _, _), host in zip(roles, [h for h in net.hosts for _ in range(3)], strict=True):
+        log = work / f"{mode}-{name}.log"
+        procs.append((name, host.popen(argv, log, env=venv_env(), binds={str(store): MOUNT}, cwd=ROOT), log))
+    for name, _, target, _ in roles:
+        ready = http_ok(target) if target.startswith("http") else grpc_serving(target, 0.5)
+        wait_for(ready, args.start_timeout_s, f"{name} serving", procs)
+    if mode != "poll":
+        wait_for(lambda: all(v == 1 for *_, u in roles for k, v in scrape(u).items() if "listening" in k),
+                 60, "every process listening for notices", procs)  # fmt: skip
+    return roles, procs
+
+
+def in_use_everywhere(
+    roles: list, procs: list, seq: int
+) -> dict[str, tuple[float, tuple[int, float] | None]]:
+    """Wait until every process reports delta ``seq`` in use in all its shards; per process, the
+    largest seconds from _SUCCESS to its lookups, and its last notice (seq, seconds)."""
+    seen: dict = {}
+
+    def everywhere() -> bool:
+        for name, *_, url in roles:
+            if name not in seen:
+                v, notice = visible(url)
+                if v and all(s == seq for s, _ in v.values()):
+                    seen[name] = (max(lag for _, lag in v.values()), notice)
+        return len(seen) == len(roles)
+
+    wait_for(everywhere, 30, f"delta {seq} in use in every process", procs, poll_s=0.01)
+    return seen
 
 
 def run_mode(mode: str, net: netns.Network, store: Path, work: Path, broker, args) -> dict:
@@ -96,80 +139,70 @@ def run_mode(mode: str, net: netns.Network, store: Path, work: Path, broker, arg
     from serving.rpc.procs import stop_children
     from serving.scoring.client import requests_from_file
 
-    spec = [*MODES[mode]] or ["--notices", f"kafka://{broker.bootstrap}/{TOPIC}"]
-    roles = [r for h in net.hosts for r in role_argv(h, spec)]
-    procs = []
-    env = venv_env()
+    procs: list = []
     try:
-        for (name, argv, _, _), host in zip(roles, [h for h in net.hosts for _ in range(3)], strict=True):
-            log = work / f"{mode}-{name}.log"
-            procs.append((name, host.popen(argv, log, env=env, binds={str(store): MOUNT}, cwd=ROOT), log))
-        for name, _, target, _ in roles:
-            ready = http_ok(target) if target.startswith("http") else grpc_serving(target, 0.5)
-            wait_for(ready, args.start_timeout_s, f"{name} serving", procs)
-        metrics = [(name, url) for name, _, _, url in roles]
-        if mode != "poll":
-            wait_for(lambda: all(v == 1 for _, u in metrics for k, v in scrape(u).items() if "listening" in k),
-                     60, "every process listening for notices", procs)  # fmt: skip
+        roles, procs = start_roles(mode, net, store, work, broker, args)
         body, ctype = next(requests_from_file(str(CRITEO_TEST), str(CRITEO_SCHEMA), 20, 20))
         writer = DeltaWriter(store, "criteo")
         ann = announcer(f"kafka://{broker.bootstrap}/{TOPIC}") if mode == "kafka" else None
         rng = np.random.default_rng(0)
         signs = writer.signs()
-        per_process: dict[str, list[float]] = {name: [] for name, _ in metrics}
-        lags, checked, at_seq = [], 0, 0
+        per_process: dict[str, list[float]] = {name: [] for name, *_ in roles}
+        lags: list[float] = []
+        notice_lags: list[float] = []
+        checked, mismatches = 0, []
         for _ in range(args.deltas):
             some = rng.choice(signs, size=min(args.delta_rows, len(signs)), replace=False)
             writer.assign(some, writer.lookup(some) + 0.01)
             t0 = time.time()
             seq, _, _ = writer.publish(ann)
-            seen: dict = {}
-
-            def everywhere(seq=seq, seen=seen) -> bool:
-                for name, url in metrics:
-                    if name not in seen:
-                        v = visible(url)
-                        if v and all(s == seq for s, _ in v.values()):
-                            seen[name] = max(lag for _, lag in v.values())
-                return len(seen) == len(metrics)
-
-            wait_for(everywhere, 30, f"delta {seq} in use in every process", procs, poll_s=0.01)
-            lags.append(max(seen.values()))
-            for name, lag in seen.items():
+            seen = in_use_everywhere(roles, procs, seq)
+            lags.append(max(lag for lag, _ in seen.values()))
+            heard = [n[1] for _, n in seen.values() if n is not None and n[0] == seq]
+            if len(heard) == len(seen):  # every process's notice of it came (else a poll caught it up)
+                notice_lags.append(max(heard))
+            for name, (lag, _) in seen.items():
                 per_process[name].append(lag)
-            for name, _, target, _ in roles:
+            for name, _, target, _ in roles:  # the fact from the other side: a response names it
                 if name.startswith("serve"):
                     checked += 1
-                    at_seq += _response_at(target.replace("/ping", "/predictions/criteo"), body, ctype, seq)
+                    answered = _response_versions(target.replace("/ping", "/predictions/criteo"), body, ctype)
+                    if any(q != seq for _, q in answered):
+                        mismatches.append({"frontend": name, "seq": seq, "shards": answered})
             time.sleep(max(0.0, t0 + args.delta_every_s - time.time()))  # the schedule, not a wait on a fact
         if ann is not None:
             ann.close()
         received = {name: sum(v for k, v in scrape(u).items() if k.startswith("recserve_notices_total") and '"ok"' in k)
-                    for name, u in metrics}  # fmt: skip
+                    for name, *_, u in roles}  # fmt: skip
     finally:
         stop_children([p for _, p, _ in procs], 10.0)
-    a = np.asarray(lags)
     return {
         "mode": mode,
         "deltas": len(lags),
-        "delta_visible_s": {
-            "p50": round(float(np.percentile(a, 50)), 4),
-            "p99": round(float(np.percentile(a, 99)), 4),
-            "max": round(float(a.max()), 4),
-        },  # fmt: skip
-        "per_process_p99_s": {n: round(float(np.percentile(v, 99)), 4) for n, v in per_process.items()},
+        "delta_visible_s": _quantiles(lags),
+        "notice_s": _quantiles(notice_lags),  # _SUCCESS -> the last process's receipt of its notice
+        "notices_heard_everywhere": len(notice_lags),
+        "per_process_p99_s": {n: _quantiles(v)["p99"] for n, v in per_process.items()},
         "notices_received": received,
         "responses_checked": checked,
-        "responses_at_seq": at_seq,
+        "responses_at_seq": checked - len(mismatches),
+        "responses_not_at_seq": mismatches[:5],
     }
 
 
-def _response_at(url: str, body: bytes, ctype: str, seq: int) -> int:
-    """1 when a scoring response names delta ``seq`` for every shard it read."""
+def _quantiles(seconds: list[float]) -> dict:
+    if not seconds:
+        return {"p50": None, "p99": None, "max": None}
+    a = np.asarray(seconds)
+    return {"p50": round(float(np.percentile(a, 50)), 4), "p99": round(float(np.percentile(a, 99)), 4),
+            "max": round(float(a.max()), 4)}  # fmt: skip
+
+
+def _response_versions(url: str, body: bytes, ctype: str) -> list[list]:
+    """The (version, delta seq) per shard that a scoring response says it read."""
     req = urllib.request.Request(url, data=body, headers={"Content-Type": ctype})
     with urllib.request.urlopen(req, timeout=10) as r:
-        versions = json.loads(r.read())["versions"]
-    return int(all(q == seq for _, q in versions["shards"]))
+        return json.loads(r.read())["versions"]["shards"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,11 +236,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mode {mode}: 6 serving processes on 2 hosts, {args.deltas} deltas ...", flush=True)
             result["modes"][mode] = run_mode(mode, net, store, work, broker, args)
     rows = [{"mode": m, "p50_s": r["delta_visible_s"]["p50"], "p99_s": r["delta_visible_s"]["p99"],
-             "max_s": r["delta_visible_s"]["max"], "deltas": r["deltas"],
+             "max_s": r["delta_visible_s"]["max"], "notice_p99_s": r["notice_s"]["p99"], "deltas": r["deltas"],
              "responses_at_seq": f"{r['responses_at_seq']}/{r['responses_checked']}"}
             for m, r in result["modes"].items()]  # fmt: skip
     print_table("delta_visible_s: _SUCCESS -> in use in every serving process (2 hosts, 6 processes)", rows,
-                ["mode", "p50_s", "p99_s", "max_s", "deltas", "responses_at_seq"])  # fmt: skip
+                ["mode", "p50_s", "p99_s", "max_s", "notice_p99_s", "deltas", "responses_at_seq"])  # fmt: skip
     if "kafka" in result["modes"]:
         result["delta_visible_s"] = {
             k: result["modes"]["kafka"]["delta_visible_s"][k] for k in ("p50", "p99")

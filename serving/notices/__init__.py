@@ -33,6 +33,7 @@ import logging
 import math
 import pkgutil
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ log = logging.getLogger("recserve.notices")
 
 NOTICES = "recserve_notices_total"
 LISTENING = "recserve_notices_listening"
+LAG = "recserve_notice_lag_seconds"
 VERSION = -1
 """The delta_seq of a notice of a version itself (CURRENT moved to it): a full dump's seq."""
 OUTCOMES = ("ok", "malformed", "other_model")
@@ -118,6 +120,8 @@ class Transport:
     with each record (bytes) or ``notices.deliver`` with each notice it makes itself."""
     announcer: Callable[[str], Announcer] | None = None
     """``announcer(where)``; None: the transport needs none (the file write is the notice)."""
+    check: Callable[[str], object] = lambda where: None
+    """Raise a ValueError naming the form when ``where`` is not one (at start, before listening)."""
 
 
 TRANSPORTS: dict[str, Transport] = {}
@@ -134,9 +138,11 @@ def parse(spec: str) -> tuple[Transport, str]:
     """(transport, where) of ``<name>[://<where>]``; a ValueError naming the known ones otherwise."""
     name, _, where = spec.partition("://")
     try:
-        return TRANSPORTS[name], where
+        transport = TRANSPORTS[name]
     except KeyError:
         raise ValueError(f"unknown notice transport {spec!r}; known: {', '.join(TRANSPORTS)}") from None
+    transport.check(where)
+    return transport, where
 
 
 def announcer(spec: str) -> Announcer | None:
@@ -169,7 +175,8 @@ class Notices:
                                ["transport", "outcome"], registry=self.registry)  # fmt: skip
         for outcome in OUTCOMES:
             self.counter.labels(self.transport.name, outcome)
-        self.last: Notice | None = None
+        self.last: tuple[Notice, float] | None = None
+        """The last notice of this model and the seconds from its ``ts`` to its receipt here."""
         self._subs: list[Callable[[Notice], None]] = []
         self._lock = threading.Lock()
         self.listener = self.transport.listen(where, self.model_dir, self)
@@ -211,7 +218,7 @@ class Notices:
             log.warning("notice of model %s on %s (this process follows %s): ignored", notice.model,
                         self.spec, self.model)  # fmt: skip
             return
-        self.last = notice
+        self.last = (notice, time.time() - notice.ts)
         with self._lock:
             subs = list(self._subs)
         for fn in subs:
@@ -306,7 +313,9 @@ class _Nothing:
 
 
 class _Listening:
-    """``recserve_notices_listening``: 1 while notices sent now are received (a fact to wait on)."""
+    """``recserve_notices_listening``: 1 while notices sent now are received (a fact to wait on);
+    ``recserve_notice_lag_seconds`` {version, seq}: the last notice's seconds from its marker's write
+    to its receipt here (the transport's share of a delta's way into lookups)."""
 
     def __init__(self, notices: Notices):
         self.notices = notices
@@ -314,9 +323,15 @@ class _Listening:
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
 
+        name = self.notices.transport.name
         g = GaugeMetricFamily(LISTENING, "1 while update notices sent now are received", labels=["transport"])
-        g.add_metric([self.notices.transport.name], float(self.notices.listener.listening))
+        g.add_metric([name], float(self.notices.listener.listening))
         yield g
+        lag = GaugeMetricFamily(LAG, "Seconds from the last notice's marker write to its receipt",
+                                labels=["transport", "version", "seq"])  # fmt: skip
+        if (last := self.notices.last) is not None:
+            lag.add_metric([name, last[0].version, str(last[0].delta_seq)], last[1])
+        yield lag
 
 
 register(Transport("none", lambda where, model_dir, notices: _Nothing()))

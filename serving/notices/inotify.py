@@ -134,12 +134,17 @@ class InotifyListener:
             pass
 
 
-def _listen(where: str, model_dir: Path, notices: Notices) -> InotifyListener:
+def _check(where: str) -> None:
     if where:
-        raise ValueError(f"inotify takes no address (it watches {model_dir}), got inotify://{where}")
+        raise ValueError(
+            f"--notices inotify takes no address (it watches the model directory), got inotify://{where}"
+        )
+
+
+def _listen(where: str, model_dir: Path, notices: Notices) -> InotifyListener:
     if not hasattr(os, "pipe2"):  # not Linux
         raise OSError("inotify needs Linux")
     return InotifyListener(model_dir, notices)
 
 
-register(Transport("inotify", _listen))
+register(Transport("inotify", _listen, check=_check))

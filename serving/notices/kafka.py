@@ -128,4 +128,4 @@ def _listen(where: str, model_dir: Path, notices: Notices) -> KafkaListener:
     return KafkaListener(where, notices)
 
 
-register(Transport("kafka", _listen, KafkaAnnouncer))
+register(Transport("kafka", _listen, KafkaAnnouncer, parse))

@@ -39,6 +39,10 @@ def test_transports_are_a_registry_that_refuses_an_unknown_name():
     assert notices.parse("kafka://h:1/t")[1] == "h:1/t"
     with pytest.raises(ValueError, match="unknown notice transport 'zmq://x'; known: .*kafka"):
         notices.parse("zmq://x")
+    with pytest.raises(ValueError, match="expected kafka://BROKERS/TOPIC"):
+        notices.parse("kafka://h:1")  # refused at start, not when the listener first connects
+    with pytest.raises(ValueError, match="inotify takes no address"):
+        notices.parse("inotify://x")
     assert notices.announcer("") is None and notices.announcer("inotify") is None  # the file is the notice
     assert notices.open_notices("none", "/nowhere/m") is None
 
@@ -50,7 +54,11 @@ def test_a_malformed_record_is_counted_and_another_models_ignored(tmp_path):
     n.received(b"\xff garbage")
     n.received(encode(Notice("other", "1", 1, 0.0)))
     n.received(encode(Notice("m", "1", 2, 0.0)))
-    assert got == [Notice("m", "1", 2, 0.0)] and n.last == got[0]
+    assert got == [Notice("m", "1", 2, 0.0)] and n.last is not None and n.last[0] == got[0]
+    lag = n.registry.get_sample_value(
+        "recserve_notice_lag_seconds", {"transport": "none", "version": "1", "seq": "2"}
+    )
+    assert lag == n.last[1] > 0
     assert (n.count("malformed"), n.count("other_model"), n.count("ok")) == (1, 1, 1)
     assert (
         n.registry.get_sample_value("recserve_notices_total", {"transport": "none", "outcome": "malformed"})
