@@ -128,7 +128,9 @@ def in_use_everywhere(
                     seen[name] = (max(lag for _, lag in v.values()), notice)
         return len(seen) == len(roles)
 
-    wait_for(everywhere, 30, f"delta {seq} in use in every process", procs, poll_s=0.01)
+    # each process times its own flip, so this wait's interval only paces the bench: kept slow
+    # enough that the scrapes take little CPU from the followers being measured
+    wait_for(everywhere, 30, f"delta {seq} in use in every process", procs, poll_s=0.05)
     return seen
 
 
