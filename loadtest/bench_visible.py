@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import tempfile
 import time
 import urllib.request
@@ -229,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
                     "hosts": 2, "processes_per_host": 3, "modes": {}}  # fmt: skip
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="recserve-visible-")))
-        store = given_or_trained(args.store, work)
+        store = work / "store"  # a copy: the deltas cut here stay out of the store given
+        (work / "trained").mkdir()
+        shutil.copytree(given_or_trained(args.store, work / "trained"), store)
         broker = stack.enter_context(mockbroker.running())
         broker.create_topic(TOPIC, 1)
         net = stack.enter_context(netns.Network(2, ["host-a", "host-b"]))

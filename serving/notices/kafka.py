@@ -8,7 +8,8 @@ Each listening process has a consumer of its own: every partition assigned at it
 older than the process is the start-up poll's business), no group membership and no commits, so
 every process sees every notice, as HugeCTR's HPS has every node read its update topic. A fetch
 waits ``fetch.wait.max.ms`` = 10 ms at most: a broker answers a waiting fetch as soon as a record
-arrives anyway, but librdkafka's mock cluster answers only when the wait ends.
+arrives anyway, but librdkafka's mock cluster answers only when the wait ends. Nagle is off on
+both sides: a notice is one small packet, not to be held back for the last one's acknowledgement.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class KafkaAnnouncer:
         self.failed = 0
         """Notices not acknowledged within ``TIMEOUT_S`` (each logged)."""
         self._producer = Producer({"bootstrap.servers": self.brokers, "linger.ms": 0, "acks": "all",
-                                   "message.timeout.ms": int(TIMEOUT_S * 1000), "log_level": 3})  # fmt: skip
+                                   "message.timeout.ms": int(TIMEOUT_S * 1000), "socket.nagle.disable": True,
+                                   "log_level": 3})  # fmt: skip
 
     def announce(self, notice: Notice) -> None:
         """Hand ``notice`` to librdkafka, which sends it at once on its own thread: the writer never
@@ -77,7 +79,7 @@ class KafkaListener:
         """Set once the topic's partitions are assigned: notices from then on are received."""
         self._consumer = Consumer({
             "bootstrap.servers": self.brokers, "group.id": f"recserve-notices-{uuid.uuid4().hex}",
-            "enable.auto.commit": False, "fetch.wait.max.ms": 10, "log_level": 3,
+            "enable.auto.commit": False, "fetch.wait.max.ms": 10, "socket.nagle.disable": True, "log_level": 3,
         })  # fmt: skip
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="notices-kafka", daemon=True)

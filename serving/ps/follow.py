@@ -119,8 +119,8 @@ class Follower:
     def _apply_deltas(self, version: str, store, observe: bool = True) -> list[str]:
         events = []
         vdir = ms.version_dir(self.root, self.model, version)
-        for seq in ms.list_deltas(vdir):
-            if seq <= store.delta_seq or self.versions.is_refused(version, seq):
+        for seq in ms.list_deltas(vdir, after=store.delta_seq):
+            if self.versions.is_refused(version, seq):
                 continue
             ddir = ms.delta_dir(vdir, seq)
             try:
