@@ -4,8 +4,9 @@ Two namespace hosts (``loadtest/netns.py``), the store bound on each at ``/mnt/r
 host the two serving PS shards (``recserve ps-serve``) and a lean frontend with co-located
 lookups (``recserve serve --lookups colocated``): six serving processes, eight followers. The test
 broker (``serving.stream.mockbroker``) runs here, reached from the hosts through
-``loadtest.kafka_bridge``. This process cuts a delta every ``--delta-every-s`` (``DeltaWriter``,
-announced on the model's notice topic) and waits until every process reports it.
+``loadtest.kafka_bridge`` (a process of its own). This process cuts a delta every
+``--delta-every-s`` (``DeltaWriter``, announced on the model's notice topic) into a copy of the
+store and waits until every process reports it.
 
 "In use" is each process's own fact: ``recserve_delta_visible_seconds`` {shard, seq} on its
 /metrics (``serving.freshness``: seconds from the delta's ``_SUCCESS`` mtime to the flip that put
@@ -13,10 +14,9 @@ it in its lookups). A delta's ``delta_visible_s`` is the largest over the eight 
 each delta one scoring request to each frontend checks that its response's versions name it.
 ``notice_s`` is the transport's share: from ``_SUCCESS`` to the last process's receipt of the
 notice (``recserve_notice_lag_seconds``); the rest is the followers reading, checking and
-applying the delta.
-Modes, each with the same processes started afresh: ``kafka`` (``--notices kafka://...``),
-``inotify`` (``--notices inotify``) and ``poll`` (``--notices none --poll-s 1``: how serving
-learnt of deltas before notices, the baseline).
+applying the delta. Modes, each with the processes started afresh: ``kafka`` (``--notices
+kafka://...``), ``inotify`` (``--notices inotify``) and ``poll`` (``--notices none --poll-s 1``:
+how serving learnt of deltas before notices, the baseline).
 
     python -m loadtest.bench_visible [--deltas 40] [--modes kafka,inotify,poll] [--store DIR]
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtest import netns
+from loadtest import kafka_bridge, netns
 from loadtest.common import (
     CRITEO_SCHEMA,
     CRITEO_TEST,
@@ -45,7 +45,6 @@ from loadtest.common import (
     report_targets,  # fmt: skip
     write_results,
 )
-from loadtest.kafka_bridge import Bridge
 from loadtest.processes import grpc_serving, http_ok, venv_env, wait_for
 
 MOUNT = "/mnt/recserve"
@@ -236,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         broker = stack.enter_context(mockbroker.running())
         broker.create_topic(TOPIC, 1)
         net = stack.enter_context(netns.Network(2, ["host-a", "host-b"]))
-        stack.enter_context(Bridge(net.hosts, broker.bootstrap))
+        stack.enter_context(kafka_bridge.running(net.hosts, broker.bootstrap))
         for mode in modes:
             print(f"mode {mode}: 6 serving processes on 2 hosts, {args.deltas} deltas ...", flush=True)
             result["modes"][mode] = run_mode(mode, net, store, work, broker, args)
