@@ -1,7 +1,8 @@
 r"""A PS shard following its model in the model store: new versions and deltas, live.
 
-``Follower.poll()`` (called by the server off the event loop, at low priority, when a notice
-``wants`` says names something new arrives (``serving.notices``), and every ``poll_s`` anyway) reads ``<model>/CURRENT`` (or serves the ``pin``\ ned version). A new version passes the one gate
+``Follower.poll()`` (called by the server off the event loop, at low priority, at each notice
+that ``wants`` names something new -- ``serving.notices`` -- and every ``poll_s`` anyway) reads
+``<model>/CURRENT`` (or serves the ``pin``\ ned version). A new version passes the one gate
 (``model_store.validate`` against the manifest of the version served: ``_SUCCESS``, manifest,
 the same feature schema and dim), then is
 opened in a staging store beside the served one -- a serving ``MappedStore`` maps this shard's

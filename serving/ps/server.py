@@ -35,8 +35,7 @@ import time
 from pathlib import Path
 
 from model_store import shards
-from serving.freshness import follow_notices
-from serving.notices import AsyncWake
+from serving import freshness, notices
 from serving.ps.config import ServingShardConfig, StoreConfig, TrainingShardConfig
 from serving.ps.follow import lower_thread_priority, not_serving_reason
 from serving.ps.metrics import PSMetrics
@@ -357,18 +356,17 @@ class Background:
     (serving), whose reads, checksums and overlay builds run on one low-priority thread."""
 
     def __init__(self, config: ShardConfig, servicer: EmbeddingPSServicer, health: Health):
-        self.servicer, self.health, self.notices = servicer, health, None
-        self.store, self.follower = servicer.store, servicer.follower
-        self.pool = None
-        self.tasks = []
+        self.servicer, self.health, self.notices, self.pool = servicer, health, None, None
+        self.store, self.follower, self.tasks = servicer.store, servicer.follower, []
         if isinstance(config, TrainingShardConfig) and config.store.ttl_s > 0:
             self.tasks.append(asyncio.create_task(self.expire_loop(config.expire_every_s)))
         if isinstance(config, ServingShardConfig) and self.follower is not None:
             from concurrent.futures import ThreadPoolExecutor
 
             self.pool = ThreadPoolExecutor(1, "follow", initializer=lower_thread_priority)
-            self.notices = follow_notices(config.notices, config.model_dir, getattr(servicer.metrics, "registry", None),
-                                          "ps", lambda: [(config.shard, self.follower)])  # None: poll only  # fmt: skip
+            registry = getattr(servicer.metrics, "registry", None)  # --notices (None: the poll alone)
+            self.notices = freshness.follow_notices(config.notices, config.model_dir, registry, "ps",
+                                                    lambda: [(config.shard, self.follower)])  # fmt: skip
             self.tasks.append(asyncio.create_task(self.follow_loop(config.poll_s)))
 
     async def expire_loop(self, every_s: float) -> None:
@@ -379,8 +377,7 @@ class Background:
                 log.info("expired %d rows (%d in all)", n, self.store.expired)
 
     async def follow_loop(self, poll_s: float) -> None:
-        loop = asyncio.get_running_loop()
-        wake = AsyncWake(self.notices, self.follower.wants)
+        loop, wake = asyncio.get_running_loop(), notices.AsyncWake(self.notices, self.follower.wants)
         while True:
             await wake.wait(poll_s)
             try:  # flips are atomic on the loop's side
