@@ -69,14 +69,25 @@ class DeltaWriter:
                 store.assign(signs[mask], rows[mask])
 
     def publish(self, announcer: Announcer | None = None) -> tuple[int, Path, float]:
-        """Cut the changes so far as the next delta, announced on ``announcer`` (``serving.notices``);
+        """Cut the changes so far as the next delta and mark it done (``cut``, then ``done``);
         returns (seq, its directory, the time its ``_SUCCESS`` was written)."""
+        seq, ddir = self.cut()
+        return seq, ddir, self.done(seq, ddir, announcer)
+
+    def cut(self) -> tuple[int, Path]:
+        """Write the changes so far as the next delta's parts, without its ``_SUCCESS``: no follower
+        reads it yet. Returns (seq, its directory)."""
         seq = self.stores[0].delta_seq + 1
         ddir = ms.delta_dir(self.vdir, seq)
         for store in self.stores:
             store.dump_delta(ddir)
         ms.shards.encode_delta(ddir, self.vdir)  # in the version's serving dtype
+        return seq, ddir
+
+    def done(self, seq: int, ddir: Path, announcer: Announcer | None = None) -> float:
+        """Write delta ``seq``'s ``_SUCCESS`` and announce it on ``announcer`` (``serving.notices``):
+        followers apply it from now on, at once where they listen. Returns the marker's time."""
         ms.mark_done(ddir)
-        done = (ddir / ms.SUCCESS).stat().st_mtime
-        announce(announcer, self.vdir.parent, self.version, seq, done)
-        return seq, ddir, done
+        written = (ddir / ms.SUCCESS).stat().st_mtime
+        announce(announcer, self.vdir.parent, self.version, seq, written)
+        return written
