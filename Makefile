@@ -95,6 +95,13 @@ bench-implog: $(STAMP) $(GEN)
 bench-stream: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_stream
 
+# Seconds from a delta's _SUCCESS to its use in every serving process (PS shards and co-located
+# frontends on two namespace hosts; root): Kafka notices, inotify and the poll, in one run:
+# loadtest/results/visible.json. Not part of `make bench`.
+.PHONY: bench-visible
+bench-visible: $(STAMP) $(GEN)
+	$(PY) -m loadtest.bench_visible
+
 # TorchServe's own share of a request (an echo handler): batching, workers, netty threads, logging
 # and the JVM's collector, each setting measured round-robin. Not part of `make bench`.
 .PHONY: bench-ts-overhead

@@ -98,12 +98,17 @@ def delta_dir(version_path: str | os.PathLike[str], seq: int) -> Path:
     return Path(version_path) / DELTAS / str(seq)
 
 
-def list_deltas(version_path: str | os.PathLike[str]) -> list[int]:
-    """Sequence numbers of the complete deltas (with ``_SUCCESS``) of a version, ascending."""
+def list_deltas(version_path: str | os.PathLike[str], after: int = -1) -> list[int]:
+    """Sequence numbers of the complete deltas (with ``_SUCCESS``) of a version after ``after``,
+    ascending (a follower passes the one it holds: it looks at the markers of new deltas only)."""
     d = Path(version_path) / DELTAS
     if not d.is_dir():
         return []
-    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and (p / SUCCESS).is_file())
+    return sorted(
+        int(p.name)
+        for p in d.iterdir()
+        if p.name.isdigit() and int(p.name) > after and (p / SUCCESS).is_file()
+    )
 
 
 def mark_done(directory: str | os.PathLike[str]) -> None:

@@ -293,6 +293,9 @@ class FollowConfig:
     comes again; cover the joiner's window plus what a restarted joiner replays."""
     delta_interval_s: float = 2.0
     """Cut a delta every this many seconds when rows changed (and always at the end)."""
+    announce: str = field(default="", metadata={"metavar": "kafka://BROKERS/TOPIC"})
+    """Announce each delta's _SUCCESS on the model's notice topic, so serving processes that listen
+    there (--notices) apply it at once ('': none; one host's serving sees the files by inotify)."""
     metrics_port: int = 0
     """Serve Prometheus /metrics (samples, duplicates, refused, deltas, progressive AUC and log
     loss, offsets, consumer lag: training/stream_book.py) on this port (0: off; torchrun rank r:

@@ -58,6 +58,7 @@ from torch import nn
 import model_store as ms
 from features.schema import Schema, load_schema
 from features.transform import FeatureError, transform
+from serving import notices
 from training import data, follow_tables, sources
 from training.cluster import Cluster
 from training.config import FollowConfig
@@ -138,6 +139,7 @@ class FollowTrainer:
         self.full = FullVersions(cfg, self.book, clock) if cfg.full_every else None
         self.keyed = KeyedSteps(self.book, self.ledger, cfg.batch_size)
         self._first_rows: float | None = None  # when the first rows were read
+        self.announcer = notices.announcer(cfg.announce)  # each delta's _SUCCESS, told to serving
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> FollowResult:
@@ -295,7 +297,13 @@ class FollowTrainer:
         self.cut()
         version = self.full.write(self.loaded, self.ledger.positions(), len(self.result.deltas))
         if self.full.publish(version):
+            mdir = Path(self.cfg.store) / self.cfg.model
+            self._announce(mdir / version, version, notices.VERSION, mdir / ms.CURRENT)
             self._follow_current()
+
+    def _announce(self, vdir: Path, version: str, seq: int, marker: Path) -> None:
+        """Tell serving (--announce) of delta ``seq`` of ``version`` (VERSION: CURRENT moved to it)."""
+        notices.announce(self.announcer, vdir.parent, version, seq, marker.stat().st_mtime)
 
     def _maybe_cut(self) -> None:
         if self._changed and self._cut_due() and self.job.world == 1:  # ranks cut at a look
@@ -314,6 +322,8 @@ class FollowTrainer:
             seq = cut_together(self.job, lv.cluster, lv.vdir, self.book, self.ledger, self._changed)
             self._changed = False
             self.result.deltas += [(lv.version, seq)] if seq is not None else []
+            if seq is not None and self.job.rank == 0:
+                self._announce(lv.vdir, lv.version, seq, ms.delta_dir(lv.vdir, seq) / ms.SUCCESS)
             return seq
         if not self._changed:
             self.ledger.commit()  # e.g. unreadable files: nothing to publish, but remember them
@@ -328,6 +338,7 @@ class FollowTrainer:
         ms.shards.encode_delta(ddir, lv.vdir)  # in the version's serving dtype
         self.book.write(ddir, self.ledger.positions())
         ms.mark_done(ddir)
+        self._announce(lv.vdir, lv.version, seq, ddir / ms.SUCCESS)
         self.ledger.commit()
         self._changed = False
         self.result.deltas.append((lv.version, seq))
@@ -391,6 +402,8 @@ class FollowTrainer:
                 lv.cluster.close()
 
     def close(self) -> None:
+        if self.announcer is not None:
+            self.announcer.close()
         self.book.close()
         self._unload()
 

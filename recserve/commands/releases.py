@@ -50,6 +50,9 @@ class PublishConfig:
     max_auc_drop: float = 0.01
     """Refuse a full version from the stream whose progressive AUC on its latest window is more
     than this below the served version's on the same samples."""
+    announce: str = field(default="", metadata={"metavar": "kafka://BROKERS/TOPIC"})
+    """Announce the new CURRENT on the model's notice topic (serving processes listening there with
+    --notices switch at once; '': none, one host's serving sees CURRENT change by inotify)."""
 
     def __post_init__(self) -> None:
         if not self.version:
@@ -64,6 +67,9 @@ class RollbackConfig:
     """Model-store root."""
     model: str = "criteo"
     """Model name in the store."""
+    announce: str = field(default="", metadata={"metavar": "kafka://BROKERS/TOPIC"})
+    """Announce the new CURRENT on the model's notice topic (serving processes listening there with
+    --notices switch at once; '': none, one host's serving sees CURRENT change by inotify)."""
     allow_schema_change: bool = False
     """Roll back to a version of another feature schema or shape than CURRENT's (the running
     stack must be restarted)."""
@@ -185,6 +191,7 @@ def run_publish(cfg: PublishConfig) -> int:
     except ModelStoreError as e:
         print(f"refused: {e}", file=sys.stderr)
         return 1
+    _announce(cfg.announce, cfg.store, cfg.model, cfg.version)
     print(f"{cfg.model}: CURRENT -> {cfg.version}")
     if note:
         print(f"note: {note}", file=sys.stderr)
@@ -199,8 +206,21 @@ def run_rollback(cfg: RollbackConfig) -> int:
     except ModelStoreError as e:
         print(f"refused: {e}", file=sys.stderr)
         return 1
+    _announce(cfg.announce, cfg.store, cfg.model, v)
     print(f"{cfg.model}: rolled back, CURRENT -> {v}")
     return 0
+
+
+def _announce(spec: str, store: str, model: str, version: str) -> None:
+    """Tell the serving processes listening on ``spec`` that CURRENT names ``version`` now."""
+    import model_store as ms
+    from serving import notices
+
+    announcer = notices.announcer(spec)
+    if announcer is not None:
+        mdir = ms.model_dir(store, model)
+        notices.announce(announcer, mdir, version, notices.VERSION, (mdir / ms.CURRENT).stat().st_mtime)
+        announcer.close()
 
 
 COMMANDS = {

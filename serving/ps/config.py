@@ -154,8 +154,13 @@ class ServingShardConfig:
     """Rows served as float32, or float16 (half the memory; float32 files are converted on load)."""
     pin: str = ""
     """Serve this version (and its deltas) instead of the one CURRENT names."""
-    poll_s: float = 1.0
-    """How often the follower looks for a new version or delta."""
+    notices: str = "inotify"
+    """How the shard learns of a new delta or CURRENT at once (serving/notices/): inotify (file
+    events on MODEL_DIR, one host), kafka://BROKERS/TOPIC (the model's notice topic, any host), or
+    none (the poll alone)."""
+    poll_s: float = 5.0
+    """How often the follower looks for a new version or delta anyway (the fallback for a missed
+    notice)."""
     keep_previous_s: float = 30.0
     """After a switch, the replaced version keeps answering the lookups that name it (scoring
     processes still on its dense model) until none has for this long."""
@@ -166,6 +171,9 @@ class ServingShardConfig:
         if not self.model_dir:
             raise ValueError("a serving PS shard needs MODEL_DIR, the model directory it follows")
         self.store_config()  # shard outside 0..num_shards-1, bad dim or dtype: say so now
+        from serving.notices import parse
+
+        parse(self.notices)  # an unknown transport: say so now
 
     def store_config(self) -> StoreConfig:
         """The ``StoreConfig`` of the mapped store: the position and the served row shape."""

@@ -11,13 +11,13 @@ same layout.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 
 import model_store as ms
 from features.hashing import shard_of
+from serving.notices import Announcer, announce
 
 
 class DeltaWriter:
@@ -25,9 +25,10 @@ class DeltaWriter:
         from serving.ps.spec import TableSpec
         from serving.ps.store import EmbeddingStore, StoreConfig
 
-        self.version = version or ms.current(root, model)
-        if self.version is None:
+        version = version or ms.current(root, model)
+        if version is None:
             raise ms.ModelStoreError(f"{model}: nothing published")
+        self.version: str = version
         self.vdir = ms.version_dir(root, model, self.version)
         manifest = ms.read_manifest(self.vdir, verify=False)
         self.num_shards, self.dim = manifest.num_shards, manifest.dim
@@ -67,13 +68,26 @@ class DeltaWriter:
             if mask.any():
                 store.assign(signs[mask], rows[mask])
 
-    def publish(self) -> tuple[int, Path, float]:
-        """Cut the changes so far as the next delta; returns (seq, its directory, the time its
-        ``_SUCCESS`` was written)."""
+    def publish(self, announcer: Announcer | None = None) -> tuple[int, Path, float]:
+        """Cut the changes so far as the next delta and mark it done (``cut``, then ``done``);
+        returns (seq, its directory, the time its ``_SUCCESS`` was written)."""
+        seq, ddir = self.cut()
+        return seq, ddir, self.done(seq, ddir, announcer)
+
+    def cut(self) -> tuple[int, Path]:
+        """Write the changes so far as the next delta's parts, without its ``_SUCCESS``: no follower
+        reads it yet. Returns (seq, its directory)."""
         seq = self.stores[0].delta_seq + 1
         ddir = ms.delta_dir(self.vdir, seq)
         for store in self.stores:
             store.dump_delta(ddir)
         ms.shards.encode_delta(ddir, self.vdir)  # in the version's serving dtype
+        return seq, ddir
+
+    def done(self, seq: int, ddir: Path, announcer: Announcer | None = None) -> float:
+        """Write delta ``seq``'s ``_SUCCESS`` and announce it on ``announcer`` (``serving.notices``):
+        followers apply it from now on, at once where they listen. Returns the marker's time."""
         ms.mark_done(ddir)
-        return seq, ddir, time.time()
+        written = (ddir / ms.SUCCESS).stat().st_mtime
+        announce(announcer, self.vdir.parent, self.version, seq, written)
+        return written

@@ -1,7 +1,8 @@
 r"""A PS shard following its model in the model store: new versions and deltas, live.
 
-``Follower.poll()`` (called every ``poll_s`` by the server, off the event loop, at low priority)
-reads ``<model>/CURRENT`` (or serves the ``pin``\ ned version). A new version passes the one gate
+``Follower.poll()`` (called by the server off the event loop, at low priority, at each notice
+that ``wants`` names something new -- ``serving.notices`` -- and every ``poll_s`` anyway) reads
+``<model>/CURRENT`` (or serves the ``pin``\ ned version). A new version passes the one gate
 (``model_store.validate`` against the manifest of the version served: ``_SUCCESS``, manifest,
 the same feature schema and dim), then is
 opened in a staging store beside the served one -- a serving ``MappedStore`` maps this shard's
@@ -53,6 +54,8 @@ class Follower:
         not refused)."""
         self.target: str | None = None  # as of the last poll
         self.freshness = None
+        self.visible: tuple[int, float] = (-1, 0.0)
+        """(seq, seconds from its _SUCCESS to the flip) of the last delta applied."""
         self.switch_s = 0.0  # how long the last version switch took (read, verify, deltas, flip)
         if registry is not None:
             from prometheus_client import Histogram
@@ -67,6 +70,16 @@ class Follower:
     @property
     def pin(self) -> str:
         return self.versions.pin
+
+    def wants(self, notice) -> bool:
+        """Whether a notice (``serving.notices.Notice``) names what this follower does not serve yet:
+        a new CURRENT (unpinned), or a delta after the one served of the version served or wanted."""
+        served = self.store.version
+        if notice.delta_seq < 0:  # CURRENT moved
+            return not self.pin and notice.version != served
+        if notice.version == served:
+            return notice.delta_seq > self.store.delta_seq
+        return notice.version == (self.pin or self.target)
 
     def poll(self) -> list[str]:
         """One pass: switch to a new CURRENT version, then apply new deltas. Returns what it did."""
@@ -107,8 +120,8 @@ class Follower:
     def _apply_deltas(self, version: str, store, observe: bool = True) -> list[str]:
         events = []
         vdir = ms.version_dir(self.root, self.model, version)
-        for seq in ms.list_deltas(vdir):
-            if seq <= store.delta_seq or self.versions.is_refused(version, seq):
+        for seq in ms.list_deltas(vdir, after=store.delta_seq):
+            if self.versions.is_refused(version, seq):
                 continue
             ddir = ms.delta_dir(vdir, seq)
             try:
@@ -121,6 +134,8 @@ class Follower:
                 self.versions.refuse(version, f"delta {seq} of version {version} refused: {e}", seq)
                 break  # later deltas build on this one
             lag = self.clock() - (ddir / ms.SUCCESS).stat().st_mtime
+            if observe:
+                self.visible = (seq, lag)
             if self.freshness is not None and observe:
                 self.freshness.observe(max(lag, 0.0))
             events.append(

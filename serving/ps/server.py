@@ -5,7 +5,7 @@
 ``serve`` starts a shard in named steps: ``open_store`` (a training ``EmbeddingStore``, or a
 serving shard's ``MappedStore``), ``start_following`` (a serving shard's ``Follower``,
 polled once so it serves the published version from the start), the gRPC server with ``Health``
-kept true to what is served, and the ``Background`` loops (TTL expiry; follow polls).
+kept true to what is served, and the ``Background`` loops (TTL expiry; follow polls at each notice).
 
 The servicer is thin: it checks and converts protobuf payloads, calls the store and converts
 back. Store calls run inline on the event loop (uvloop): a lookup is tens of microseconds (numba
@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from model_store import shards
+from serving import freshness, notices
 from serving.ps.config import ServingShardConfig, StoreConfig, TrainingShardConfig
 from serving.ps.follow import lower_thread_priority, not_serving_reason
 from serving.ps.metrics import PSMetrics
@@ -355,16 +356,17 @@ class Background:
     (serving), whose reads, checksums and overlay builds run on one low-priority thread."""
 
     def __init__(self, config: ShardConfig, servicer: EmbeddingPSServicer, health: Health):
-        self.servicer, self.health = servicer, health
-        self.store, self.follower = servicer.store, servicer.follower
-        self.pool = None
-        self.tasks = []
+        self.servicer, self.health, self.notices, self.pool = servicer, health, None, None
+        self.store, self.follower, self.tasks = servicer.store, servicer.follower, []
         if isinstance(config, TrainingShardConfig) and config.store.ttl_s > 0:
             self.tasks.append(asyncio.create_task(self.expire_loop(config.expire_every_s)))
         if isinstance(config, ServingShardConfig) and self.follower is not None:
             from concurrent.futures import ThreadPoolExecutor
 
             self.pool = ThreadPoolExecutor(1, "follow", initializer=lower_thread_priority)
+            registry = getattr(servicer.metrics, "registry", None)  # --notices (None: the poll alone)
+            self.notices = freshness.follow_notices(config.notices, config.model_dir, registry, "ps",
+                                                    lambda: [(config.shard, self.follower)])  # fmt: skip
             self.tasks.append(asyncio.create_task(self.follow_loop(config.poll_s)))
 
     async def expire_loop(self, every_s: float) -> None:
@@ -375,9 +377,9 @@ class Background:
                 log.info("expired %d rows (%d in all)", n, self.store.expired)
 
     async def follow_loop(self, poll_s: float) -> None:
-        loop = asyncio.get_running_loop()
+        loop, wake = asyncio.get_running_loop(), notices.AsyncWake(self.notices, self.follower.wants)
         while True:
-            await asyncio.sleep(poll_s)
+            await wake.wait(poll_s)
             try:  # flips are atomic on the loop's side
                 for event in await loop.run_in_executor(self.pool, self.follower.poll):
                     log.info("follow: %s", event)
@@ -394,3 +396,5 @@ class Background:
     def shutdown(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.notices is not None:
+            self.notices.close()

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -34,6 +34,9 @@ from model_store.devices import CPU, DEVICES, DenseChoice, check_device, choose
 from serving.scoring.decoding import BINARY, JSON, Decoder, Request
 from serving.scoring.errors import status_of
 from serving.scoring.lookups import Lookups
+
+if TYPE_CHECKING:
+    from serving.notices import Notices
 
 __all__ = ["BINARY", "JSON", "Inputs", "Scorer", "ScoringConfig", "loading_priority", "server_timing"]
 
@@ -60,8 +63,13 @@ class ScoringConfig:
     ps: list[str] | None = None
     """PS shard addresses, shard i at entry i, a shard's replicas joined by | (a:1|a:2,b:1): the
     worker then runs as a library in this process over them (one process hop fewer than --worker)."""
-    poll_s: float = 1.0
-    """How often to look for new deltas of the served version (co-located shards) and new versions."""
+    notices: str = "inotify"
+    """How new deltas (co-located shards) and versions are learnt of at once (serving/notices/):
+    inotify (file events on the model's directory, one host), kafka://BROKERS/TOPIC (the model's
+    notice topic), or none (the poll alone)."""
+    poll_s: float = 5.0
+    """How often to look for new deltas of the served version (co-located shards) and new versions
+    anyway (the fallback for a missed notice)."""
     runtime: str = field(default=AUTO, metadata={"choices": CHOICES})
     """Dense runtime: auto serves, on the cpu, the one the version's export measured faster (its
     manifest's dense_runtime; torchscript for versions exported before that), and where --device
@@ -99,6 +107,9 @@ class ScoringConfig:
         from serving.worker.client import parse_workers
 
         parse_workers(self.worker)  # a malformed --worker is refused at start, not at the first version
+        from serving.notices import parse
+
+        parse(self.notices)
         if self.log_impressions:
             from serving.scoring.impressions import Target
 
@@ -125,7 +136,9 @@ class Scorer:
     worker. Four verbs: ``decode`` -> ``lookup`` -> ``predict`` (one or more requests at once) ->
     ``encode``; ``serving.scoring.loop`` runs them for the frontends."""
 
-    def __init__(self, config: ScoringConfig, worker: Any = None):
+    def __init__(self, config: ScoringConfig, worker: Any = None, notices: Notices | None = None):
+        """``notices``: the process's notices of the model, which its co-located shards follow
+        (None: they open their own, ``config.notices``)."""
         self.config = config
         vdir = Path(config.version_dir)
         self.manifest = model_store.read_manifest(vdir, verify=False)  # _SUCCESS and a readable manifest
@@ -146,7 +159,7 @@ class Scorer:
         self.decoder = Decoder(self.schema, config.max_items, config.max_body_bytes)
         owned = worker is None  # built here: closed here if the warm-up fails
         if worker is None:
-            self.lookups = Lookups.of(config, self.schema, self.manifest)
+            self.lookups = Lookups.of(config, self.schema, self.manifest, notices)
         else:
             self.lookups = Lookups.over(worker)
         try:

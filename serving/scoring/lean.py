@@ -12,8 +12,9 @@ client's, else a new one (the impression's key, ``serving.scoring.impressions``)
 --key-file`` works with either frontend); HTTPS with ``--https-cert``/``--https-key``; SIGTERM
 drains: uvicorn stops accepting, lets the requests in flight finish, then the process exits.
 
-The frontend follows the model store itself (no controller): every ``poll_s`` it reads CURRENT (or
-serves ``--version``); a new version passes the one gate (``model_store.validate`` against the
+The frontend follows the model store itself (no controller): at each notice of a new CURRENT
+(``--notices``: ``serving.notices``, which also wake its co-located shards for each delta) and
+every ``poll_s`` anyway, it reads CURRENT (or serves ``--version``); a new version passes the one gate (``model_store.validate`` against the
 served manifest), then a new ``Scorer`` loads beside the serving one at low priority -- mapping its
 co-located shards, and warming up until every remote shard holds the version -- and replaces it in
 one reference assignment. Each scorer pins its lookups to its own version, and a request uses one
@@ -36,9 +37,12 @@ import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import model_store as ms
 from model_store.dense import RUNTIMES
+from serving.freshness import follow_notices
+from serving.notices import AsyncWake
 from serving.scoring.asgi import PREDICTIONS, App
 from serving.scoring.core import Scorer, ScoringConfig, loading_priority
 from serving.scoring.errors import Reply
@@ -163,7 +167,14 @@ class Frontend:
         if config.scoring.log_impressions:
             self.impressions = ImpressionLog(config.scoring.log_impressions)
             r.register(self.impressions)
+        self.notices = follow_notices(config.scoring.notices, str(Path(config.store) / config.model), r, "scorer",
+                                      self._colocated)  # fmt: skip
         self._closed = False
+
+    def _colocated(self) -> list[tuple[int, Any]]:
+        """(shard, follower) of the served scorer's co-located shards (/metrics: serving.freshness)."""
+        shards = getattr(self.scorer.lookups.worker, "shards", []) if self.scorer is not None else []
+        return [(s.shard, s.follower) for s in shards if getattr(s, "local", False)]
 
     # ---- following the store ---------------------------------------------------------------------
     def step(self) -> str | None:
@@ -177,7 +188,7 @@ class Frontend:
             ms.validate(cfg.store, cfg.model, target, old.manifest if old else None, verify=False)
             vdir = ms.version_dir(cfg.store, cfg.model, target)
             with loading_priority():
-                new = Scorer(replace(cfg.scoring, version_dir=str(vdir)))
+                new = Scorer(replace(cfg.scoring, version_dir=str(vdir)), notices=self.notices)
         except (ms.ModelStoreError, ValueError) as e:  # final: this version will not load as it is
             self.versions.refuse(target, f"version {target} refused: {e}")
             return None
@@ -219,14 +230,17 @@ class Frontend:
         # its own thread: loading runs at nice 10 (loading_priority), which a thread without
         # CAP_SYS_NICE cannot undo -- it must not be a thread that later scores requests
         loader = ThreadPoolExecutor(1, "serve-follow")
+        current_moved = lambda n: n.delta_seq < 0 and not self.config.version  # noqa: E731
+        wake = AsyncWake(self.notices, current_moved)
         try:
             while True:
                 try:
                     await loop.run_in_executor(loader, self.step)
                 except Exception:  # keep serving what we have; the next poll retries
                     log.exception("follow step failed")
-                await asyncio.sleep(self.config.scoring.poll_s)
+                await wake.wait(self.config.scoring.poll_s)
         finally:
+            wake.close()
             loader.shutdown(wait=False)
 
     # ---- requests -------------------------------------------------------------------------------
@@ -246,6 +260,8 @@ class Frontend:
             self.scorer = None
         if self.impressions is not None:
             self.impressions.close()
+        if self.notices is not None:
+            self.notices.close()
 
 
 def serve(config: ServeConfig) -> int:

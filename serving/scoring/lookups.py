@@ -12,6 +12,7 @@ from serving.scoring.errors import LookupFailed
 
 if TYPE_CHECKING:
     from model_store.manifest import VersionManifest
+    from serving.notices import Notices
     from serving.scoring.core import ScoringConfig
     from serving.scoring.decoding import Request
     from serving.worker.core import ForwardResult
@@ -23,16 +24,37 @@ class Lookups:
     """The embedding worker of one scorer (a worker process's client, or the worker library over
     its shards in this process) and where each shard's rows are read ("local" or "remote")."""
 
-    def __init__(self, worker: Any, modes: list[str]):
+    def __init__(self, worker: Any, modes: list[str], notices: Notices | None = None):
+        """``notices``: opened for this scorer's co-located shards, closed with it."""
         from serving.worker.core import EmbeddingWorker
 
         self.worker = worker
         self.modes = modes
+        self.notices = notices
         self._inprocess = isinstance(worker, EmbeddingWorker)  # takes batches, not bytes
 
     @classmethod
-    def of(cls, config: ScoringConfig, schema: Schema, manifest: VersionManifest) -> Lookups:
-        return cls(*lookup_backend(config, schema, manifest))
+    def of(cls, config: ScoringConfig, schema: Schema, manifest: VersionManifest,
+           notices: Notices | None = None) -> Lookups:  # fmt: skip
+        """The lookups ``config`` says; co-located shards follow ``notices`` (None: the scorer's own,
+        opened when a shard is co-located)."""
+        from pathlib import Path
+
+        from serving.notices import open_notices
+
+        own = None
+        if notices is None and config.lookups != "remote" and config.notices != "none":
+            notices = own = open_notices(config.notices, Path(config.version_dir).parent)
+        try:
+            worker, modes = lookup_backend(config, schema, manifest, notices)
+        except BaseException:
+            if own is not None:
+                own.close()
+            raise
+        if own is not None and "local" not in modes:  # nothing here follows it
+            own.close()
+            own = None
+        return cls(worker, modes, own)
 
     @classmethod
     def over(cls, worker: Any) -> Lookups:
@@ -55,9 +77,12 @@ class Lookups:
         close = getattr(self.worker, "close", None)
         if close:
             close()
+        if self.notices is not None:
+            self.notices.close()
 
 
-def lookup_backend(config: ScoringConfig, schema: Schema, manifest: VersionManifest) -> tuple[Any, list[str]]:
+def lookup_backend(config: ScoringConfig, schema: Schema, manifest: VersionManifest,
+                   notices: Notices | None = None) -> tuple[Any, list[str]]:  # fmt: skip
     """The embedding worker this scorer calls (a client of the worker process, or the worker
     library over its shards) and, per shard, "local" or "remote" (``ScoringConfig.lookups``)."""
     from serving.rpc.tls import ClientTLS
@@ -92,7 +117,7 @@ def lookup_backend(config: ScoringConfig, schema: Schema, manifest: VersionManif
     try:
         for i, here in enumerate(local):
             if here:
-                backends.append(ColocatedShard(config.version_dir, i, n, dim, config.poll_s))
+                backends.append(ColocatedShard(config.version_dir, i, n, dim, config.poll_s, notices=notices))
             else:  # spec is set: each PS call gets the request's deadline
                 if spec is None:
                     raise ValueError(f"embedding shard {i} is not on this host and no --ps is given")

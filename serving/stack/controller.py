@@ -1,6 +1,7 @@
 """``recserve controller``: keeps TorchServe's dense model on the model store's CURRENT version.
 
-Started by ``recserve up`` next to the stack. Every ``--poll-s`` it reads ``<model>/CURRENT`` (a
+Started by ``recserve up`` next to the stack. At each notice of a new CURRENT (``--notices``:
+``serving.notices``) and every ``--poll-s`` anyway it reads ``<model>/CURRENT`` (a
 stack pinned by ``up --version`` keeps its version: ``serving.versions``); on a change it runs the one gate (``model_store.validate``: manifest, checksums, ``_SUCCESS``, same
 feature schema and shape as the served dense version), waits until every PS shard serves the new
 version's embeddings, then registers the new dense model in TorchServe through the management API,
@@ -34,7 +35,10 @@ class ControllerConfig:
     run_dir: str = field(default="", metadata={"help": "the stack's run dir (reads stack.json)"})
     """The stack's run dir (reads stack.json)."""
     poll_s: float = 1.0
-    """How often to read CURRENT."""
+    """How often to read CURRENT anyway (the fallback for a missed notice)."""
+    notices: str = "inotify"
+    """How a new CURRENT is learnt of at once (serving/notices/): inotify (file events on the
+    model's directory), kafka://BROKERS/TOPIC (the model's notice topic), or none (the poll alone)."""
     drain_s: float = 2.0
     """How long the old dense version keeps serving after the switch."""
     shards_timeout_s: float = 900.0
@@ -146,6 +150,8 @@ class Controller:
 
 
 def run_controller(args: ControllerConfig) -> int:
+    import model_store as ms
+    from serving.notices import Wake, open_notices
     from serving.rpc.metrics import start_metrics_server
 
     os.nice(10)  # checksums and archiving are background work: serving keeps the CPU
@@ -154,10 +160,14 @@ def run_controller(args: ControllerConfig) -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     log.info("following %s/CURRENT (serving dense version %s)", ctl.stack.config.model, ctl.served)
+    notices = open_notices(args.notices, ms.model_dir(ctl.stack.root, ctl.stack.config.model), ctl.registry)
+    wake = Wake(notices, lambda n: n.delta_seq < 0)  # CURRENT moved
     while not stopping:
         try:
             ctl.step()
         except Exception:  # keep following: the next poll may succeed (TorchServe restarting, ...)
             log.exception("swap step failed")
-        time.sleep(args.poll_s)
+        wake.wait(args.poll_s)
+    if notices is not None:
+        notices.close()
     return 0

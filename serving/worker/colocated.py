@@ -9,8 +9,9 @@ one copy, not N.
 
 A ``ColocatedShard`` is one shard of ONE version: its ``Follower`` is pinned to the version the
 scorer's dense model was exported with, so it serves exactly those rows, applies that version's
-deltas as they are published (polled every ``poll_s`` by a background thread at low priority,
-each delta flipped in atomically, as in a PS), and never switches to another version: a scorer of
+deltas as they are published (polled by a background thread at low priority when a notice of
+its version's next delta arrives, ``serving.notices``, and every ``poll_s`` anyway; each delta
+flipped in atomically, as in a PS), and never switches to another version: a scorer of
 the next version maps the next version's files (``serving.scoring``). The pin check (a version it does
 not hold answers ``ShardError(not_serving=True)``, a 503) and the (version, delta seq) of every
 answer are the PS's own; a version whose files fail their checksums or the gate is refused at
@@ -31,6 +32,7 @@ import numpy as np
 import model_store as ms
 from model_store import shards
 from model_store.errors import StoreError
+from serving.notices import Notices, Wake
 from serving.ps.client import ShardError
 from serving.ps.config import StoreConfig
 from serving.ps.follow import Follower, lower_thread_priority, not_serving_reason
@@ -56,8 +58,8 @@ class ColocatedShard:
     local = True
 
     def __init__(
-        self, version_dir: str | Path, shard: int, num_shards: int, dim: int, poll_s: float = 1.0,
-        dtype: str = "float32",
+        self, version_dir: str | Path, shard: int, num_shards: int, dim: int, poll_s: float = 5.0,
+        dtype: str = "float32", notices: Notices | None = None,
     ):  # fmt: skip
         vdir = Path(version_dir)
         self.shard, self.num_shards, self.dim = shard, num_shards, dim
@@ -71,6 +73,7 @@ class ColocatedShard:
         self.poll()  # the version itself (full-speed checksum pass: nothing is served yet)
         if not self.store.version:  # refused (a checksum, the gate): it never will be; say why now
             raise StoreError(not_serving_reason(self.store, self.follower))
+        self._wake = Wake(notices, self.follower.wants)
         self._thread = threading.Thread(target=self._follow, name=f"colocated-{shard}", daemon=True)
         self._thread.start()
 
@@ -116,7 +119,10 @@ class ColocatedShard:
 
     def _follow(self) -> None:
         lower_thread_priority()  # checksums and overlay builds yield the CPU to the requests
-        while not self._stop.wait(self._poll_s):
+        while not self._stop.is_set():
+            self._wake.wait(self._poll_s)
+            if self._stop.is_set():
+                break
             try:
                 self.poll()
             except Exception:  # keep serving what we have; the next poll retries
@@ -126,5 +132,7 @@ class ColocatedShard:
         """Stop following and drop this process's page-table entries of the mapped rows (the page
         cache keeps the pages for other processes; the mappings go with the last reference)."""
         self._stop.set()
+        self._wake.set()
+        self._wake.close()
         self._thread.join(5)
         self.store.served.base.release(pause_s=0.0)

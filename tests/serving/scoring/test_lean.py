@@ -40,12 +40,13 @@ def _get(port: int, path: str, headers: dict | None = None, method: str = "GET",
 
 @pytest.fixture(scope="module")
 def lean(tmp_path_factory):
-    """A store with version 1 trained but not published, and `recserve serve` over it."""
+    """A store with version 1 trained but not published, and `recserve serve` over it, polling every
+    600 s: it learns of each new CURRENT by its notice (inotify, the default)."""
     root = tmp_path_factory.mktemp("store")
     train_version(root, seed=0, publish=False)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "recserve", "serve", "--store", str(root), "--port", str(port), "--poll-s", "0.2",
+        [sys.executable, "-m", "recserve", "serve", "--store", str(root), "--port", str(port), "--poll-s", "600",
          "--drain-s", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

@@ -153,3 +153,18 @@ def test_colocated_needs_every_shard_here_and_auto_reads_the_missing_one_remotel
         reference.close()
     assert np.abs(scores - expected).max() <= 1e-6
     assert versions[-1] == expected_versions[-1]
+
+
+def test_colocated_shards_apply_a_delta_at_its_inotify_event_not_the_poll(store):
+    vdir = ms.version_dir(store, "criteo", "1")
+    scorer = Scorer(ScoringConfig(str(vdir), lookups="colocated", poll_s=600))  # notices: inotify
+    try:
+        writer = DeltaWriter(store, "criteo")
+        signs = writer.signs()[:20]
+        writer.assign(signs, writer.lookup(signs) + 0.5)
+        seq, _, _ = writer.publish()
+        wait_until(lambda: all(s.version == ("1", seq) for s in scorer.lookups.worker.shards), 20,
+                   f"delta {seq} applied at its notice (the poll is 600 s away)")  # fmt: skip
+        assert scorer.lookups.notices is not None and scorer.lookups.notices.count("ok") >= 1
+    finally:
+        scorer.close()
