@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = run(args)
     key = ["serving_dtype", "lookups", "round"]
     cols = [*key, "requests", "failures", "mixed_responses", "p50_steady_ms", "p99_steady_ms", "p50_during_swap_ms",
-            "p99_during_swap_ms", "p99_ratio", "first_delta_p99_ms", "full_switch_window_s", "full_switch_p99_ms",
+            "p99_during_swap_ms", "p99_ratio", "p99_during_deltas_ms", "first_delta_p99_ms", "full_switch_window_s", "full_switch_p99_ms",
             "delta_visible_p50_s", "delta_visible_p99_s", "delta_ps_live_p99_s"]  # fmt: skip
     print_table("hot swap under load (ms; during swap = overlapping any event's window)", runs, cols)
     print_table("per event (publish -> live everywhere a request reads it); handler stages from Server-Timing",
