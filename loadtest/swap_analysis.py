@@ -84,7 +84,7 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float) -> dict:
         name = f"delta {e['seq']}" if e["kind"] == "delta" else e["kind"]
         rows.append({"event": name, "window_s": round(e["end"] - e["start"], 3), **t.figures(window)})
     in_full = (t.end >= full["start"]) & (t.start <= dense_live)
-    s, w = t.figures(steady), t.figures(in_swap)
+    s, w, d = t.figures(steady), t.figures(in_swap), t.figures(in_deltas)
     deltas = [e for e in events if e["kind"] == "delta"]
     visible = [e["applied"] - e["start"] for e in deltas]
     ps_live = [e["live"] - e["start"] for e in deltas]
@@ -103,8 +103,9 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float) -> dict:
         "p50_during_swap_ms": w["p50_ms"],
         "p99_during_swap_ms": w["p99_ms"],
         "swap_requests": w["requests"],
-        "p99_ratio": round(w["p99_ms"] / s["p99_ms"], 3) if w["p99_ms"] and s["p99_ms"] else None,
-        "p99_during_deltas_ms": t.figures(in_deltas)["p99_ms"],
+        "p99_ratio": _ratio(w["p99_ms"], s["p99_ms"]),
+        "p99_during_deltas_ms": d["p99_ms"],
+        "p99_deltas_ratio": _ratio(d["p99_ms"], s["p99_ms"]),
         "first_delta_p99_ms": rows[0]["p99_ms"],
         "full_switch_window_s": round(dense_live - full["start"], 3),
         "full_switch_p99_ms": t.figures(in_full)["p99_ms"],
@@ -115,6 +116,10 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float) -> dict:
         "per_event": rows,
         "events": [_relative(e, t_start) for e in events],
     }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
 
 
 def _relative(e: dict, t_start: float) -> dict:
