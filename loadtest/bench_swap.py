@@ -11,8 +11,8 @@ and runs locust (200-item JSON requests) at a fixed rate for ``--duration`` s. M
 steady period, ``--deltas`` deltas of ``--delta-rows`` changed rows each are published into the
 served version (one every few seconds, by ``serving.ps.deltas.DeltaWriter``, in the version's
 serving dtype), then v2 is published (the PS shards map v2 beside v1; the controller waits until
-every shard serves v2, then registers v2's dense model in TorchServe, makes it the default and
-unregisters v1).
+every shard serves v2, then registers v2's dense model in TorchServe, makes it the default, lets
+v1 drain and unregisters it: the last event's window ends when TorchServe no longer lists v1).
 
 The whole schedule runs once per lookup mode of the handler (``--lookups``), ``--rounds`` times,
 interleaved (remote, colocated, remote, ...), each on a fresh copy of the two trained versions:
@@ -140,7 +140,12 @@ def swap_schedule(root: Path, stack, args, events: list[dict]) -> None:
     dense_live = wait_for(lambda: read_state(stack.run_dir).dense_version == v2, 120, "dense version switch live",
                           poll_s=0.05)  # fmt: skip
     events.append({"kind": "dense version switch", "version": v2, "start": live, "live": dense_live})
-    time.sleep(args.after_s)  # the old dense version drains; responses after the switch count too
+    # the controller drains the old dense version, then unregisters it (its worker process exits)
+    mgmt, old = stack.dense.management(), ms.versions(root, "criteo")[0]
+    retired = wait_for(lambda: old not in {d.get("modelVersion") for d in mgmt.describe("criteo", "all")}, 60,
+                       "old dense version unregistered", poll_s=0.05)  # fmt: skip
+    events.append({"kind": "old dense version retired", "version": old, "start": dense_live, "live": retired})
+    time.sleep(args.after_s)  # responses after the switch count too
 
 
 def run(args) -> list[dict]:

@@ -6,7 +6,8 @@ until every PS shard reports its seq AND the responses show it applied (the firs
 read it ended, and no response started after the publish still read an older seq), so a stall of
 the first lookups over a new delta -- in the handler's co-located shards, which apply deltas on
 their own poll, after the PS shards -- falls inside its window; the full switch until every shard
-serves the new version; the dense switch until TorchServe's default is the new version. A request
+serves the new version; the dense switch until TorchServe's default is the new version; the old
+dense version's retirement until TorchServe no longer lists it (its worker exits). A request
 is *during a swap* when it overlaps any window; *steady* when it started after a 3 s ramp-up and
 ended before the first publish.
 """
@@ -152,7 +153,8 @@ def plot(tl: np.ndarray, t_start: float, events: list[dict], path: Path, title: 
     ax.scatter(x[~t.failed], t.ms[~t.failed], s=4, color="tab:blue", label="request latency")
     if t.failed.any():
         ax.scatter(x[t.failed], t.ms[t.failed], s=12, color="red", marker="x", label="failed")
-    colors = {"delta": "tab:green", "full version switch": "tab:orange", "dense version switch": "tab:purple"}
+    colors = {"delta": "tab:green", "full version switch": "tab:orange", "dense version switch": "tab:purple",
+              "old dense version retired": "tab:gray"}  # fmt: skip
     seen = set()
     for e in events:
         c = colors[e["kind"]]

@@ -20,10 +20,12 @@ def test_bench_swap_runs_deltas_and_a_full_switch_under_load(bench, tmp_path):
         "delta",
         "full version switch",
         "dense version switch",
+        "old dense version retired",
     ]
     # one row per event, with the handler's stage times (Server-Timing) of its requests
-    assert [row["event"] for row in run["per_event"]] == ["delta 0", "delta 1", "full version switch",
-                                                          "dense version switch"]  # fmt: skip
+    assert [row["event"] for row in run["per_event"]] == [
+        "delta 0", "delta 1", "full version switch", "dense version switch", "old dense version retired"
+    ]  # fmt: skip
     assert run["per_event"][0]["requests"] > 0 and run["per_event"][0]["worker_max_ms"] > 0
     # a delta's window lasts until the responses read it
     assert all(e["end"] >= max(e["live"], e["applied"]) for e in run["events"] if e["kind"] == "delta")
