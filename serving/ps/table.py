@@ -196,7 +196,7 @@ class BucketTable:
         if "numba" in sys.modules and len(signs) and len(self.keys):
             from serving.ps.index import bucket_find
 
-            signs = np.asarray(signs, np.uint64)
+            signs = np.ascontiguousarray(signs, np.uint64)  # a strided view would be another type too
             return bucket_find(_read_only(self.keys), _read_only(self.buckets), _read_only(signs), self.bits)
         return self._find_numpy(signs)
 

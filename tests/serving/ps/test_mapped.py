@@ -137,7 +137,7 @@ def test_a_mapped_version_and_its_delta_overlay_share_one_compiled_find(tmp_path
     assert len(served.served.overlay) and served.served.overlay.keys.flags.writeable
     frozen = signs.copy()
     frozen.flags.writeable = False
-    for probe in (signs, frozen):
+    for probe in (signs, frozen, signs[::2]):  # writable, read-only, strided
         np.testing.assert_array_equal(served.lookup(probe)[0], trainer.lookup(probe)[0])
     assert len(seen) == 1, seen
 
