@@ -8,8 +8,11 @@ the first lookups over a new delta -- in the handler's co-located shards, which 
 their own poll, after the PS shards -- falls inside its window; the full switch until every shard
 serves the new version; the dense switch until TorchServe's default is the new version; the old
 dense version's retirement until TorchServe no longer lists it (its worker exits). A request
-is *during a swap* when it overlaps any window; *steady* when it started after a 3 s ramp-up and
-ended before the first publish.
+is *during a swap* when it overlaps any window; *steady* when it started after a 3 s ramp-up,
+ended before the full version's publish and overlaps no window nor the second after one: the
+quiet stretches before and between the deltas. So the baseline is measured over the same minute as
+the deltas, interleaved with them: on a shared machine whose load drifts by the minute, a
+baseline taken only before the first delta compared two different machines.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import numpy as np
 from loadtest.common import TIMELINE_COLUMNS
 
 RAMP_UP_S = 3.0
+GUARD_S = 1.0
+"""Requests that start within this long after an event's window are neither steady nor in it."""
 
 
 class Timeline:
@@ -65,7 +70,6 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float) -> dict:
     each event's window, and when each delta became visible. ``events`` (from the swap schedule:
     kind, start, live, a delta's seq) gain ``applied`` (deltas) and ``end`` (their window's end)."""
     t = Timeline(tl)
-    first_event = min(e["start"] for e in events)
     full = next(e for e in events if e["kind"] == "full version switch")
     dense_live = next(e for e in events if e["kind"] == "dense version switch")["live"]
     for e in events:
@@ -73,7 +77,10 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float) -> dict:
         if e["kind"] == "delta":
             e["applied"] = delta_applied(t, e, full["start"])
             e["end"] = max(e["live"], e["applied"])
-    steady = (t.start >= t_start + RAMP_UP_S) & (t.end < first_event)
+    near = np.zeros(len(t.ms), bool)
+    for e in events:
+        near |= (t.end >= e["start"]) & (t.start <= e["end"] + GUARD_S)
+    steady = (t.start >= t_start + RAMP_UP_S) & (t.end < full["start"]) & ~near
     in_swap = np.zeros(len(t.ms), bool)
     in_deltas = np.zeros(len(t.ms), bool)
     rows = []

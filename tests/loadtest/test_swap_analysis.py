@@ -35,3 +35,5 @@ def test_a_delta_window_lasts_until_the_responses_read_it_and_its_stall_counts()
     assert result["first_delta_p99_ms"] > 200 and result["p99_steady_ms"] == 5.0
     assert result["p99_ratio"] > 1.5
     assert result["delta_visible_p50_s"] == 0.6 and result["delta_ps_live_p99_s"] == 0.1
+    # steady: the quiet stretches before and between events (not the second after a window)
+    assert result["steady_requests"] == 50 + 20  # before; after the delta, up to the full switch
