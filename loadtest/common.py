@@ -195,7 +195,8 @@ def start_locust_timeline(
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
-TIMELINE_COLUMNS = ("end_time", "ms", "failed", "mixed", "dense_version", "delta_seq")
+TIMELINE_COLUMNS = ("end_time", "ms", "failed", "mixed", "dense_version", "delta_seq",
+                    "server_ms", "worker_ms", "dense_ms")  # fmt: skip
 """One line per request of ``loadtest/locust_timeline.py``'s ``--timeline-out``."""
 
 

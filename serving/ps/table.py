@@ -185,11 +185,19 @@ class BucketTable:
         sign's bucket (4-8 on average, adjacent in ``keys``) is compared in one pass. In a process
         that has numba loaded already (a co-located scorer, a training PS) the compiled twin
         ``serving.ps.index.bucket_find`` does it, 5x faster on a request's signs; a serving PS
-        shard stays numpy-only (no LLVM in its memory)."""
+        shard stays numpy-only (no LLVM in its memory).
+
+        The kernel always gets read-only views: numba compiles one specialisation per argument
+        type, and writability is part of the type. A mapped version's arrays are read-only, a
+        delta's overlay (built in memory) and most request signs are not, so the first lookup
+        after the first delta compiled a second specialisation on the request's thread (130 ms,
+        or 2-3 ms from numba's disk cache; requests queued behind it: p99 126 ms against 14.8 ms
+        steady in bench-swap). One type, compiled by the scorer's warm-up, serves them all."""
         if "numba" in sys.modules and len(signs) and len(self.keys):
             from serving.ps.index import bucket_find
 
-            return bucket_find(self.keys, self.buckets, np.asarray(signs, np.uint64), self.bits)
+            signs = np.ascontiguousarray(signs, np.uint64)  # a strided view would be another type too
+            return bucket_find(_read_only(self.keys), _read_only(self.buckets), _read_only(signs), self.bits)
         return self._find_numpy(signs)
 
     def _find_numpy(self, signs: np.ndarray) -> np.ndarray:
@@ -214,6 +222,15 @@ class BucketTable:
         return BucketTable(
             self.keys, self.rows.astype(dtype), self.buckets, self.bits, self.dead, self.mapped, self.maps
         )
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """``a`` as a read-only view (``a`` itself when it is read-only already)."""
+    if not a.flags.writeable:
+        return a
+    v = a.view()
+    v.flags.writeable = False
+    return v
 
 
 def _madvise(addr: int, length: int, advice: int) -> int:

@@ -323,3 +323,39 @@ def test_cli_once(store, watch):
         text=True,
     )  # the model is the --follow directory's: --store and --model are the other mode's
     assert bad.returncode == 2 and "--epochs, --model do not apply to --follow" in bad.stderr
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated")
+def test_a_delta_of_an_int8_version_is_cut_in_int8_and_served_within_its_bound(tmp_path, watch):
+    """Deltas are written in the version's serving dtype (issue 44): the follower's delta of an
+    int8 version is uint8 codes plus fp16 scales, and a serving shard that maps the version and
+    applies it answers the trained rows within int8's bound."""
+    from model_store.quant import error_bound
+    from model_store.shards import read_shard, shard_dirs
+    from serving.ps.follow import Follower
+    from serving.ps.mapped import MappedStore
+    from serving.ps.spec import TableSpec
+    from serving.ps.store import StoreConfig
+    from training.config import train_table
+
+    store = tmp_path / "store"
+    train(TrainConfig(store=str(store), model=NAME, epochs=1, limit=2000, inprocess_ps=True, publish=True,
+                      progress=False, curve=str(tmp_path / "c.svg"), table=train_table(serving_dtype="int8")))  # fmt: skip
+    shutil.copy(SAMPLE, watch / SAMPLE.name)
+    with FollowTrainer(_cfg(store, watch, once=True)) as trainer:
+        ((version, seq),) = trainer.run(threading.Event()).deltas
+        signs = _file_signs(store, SAMPLE)
+        trained_rows = _lookup(trainer.loaded.cluster.stores, signs)
+    vdir = ms.version_dir(store, NAME, version)
+    for part in shard_dirs(ms.delta_dir(vdir, seq)):
+        data = read_shard(part)
+        assert data.meta.row_dtype == "int8" and data.rows.dtype == np.uint8 and data.qparams is not None
+    manifest = ms.read_manifest(vdir)
+    served = [MappedStore(StoreConfig(table=TableSpec(dim=manifest.dim), shard=i, num_shards=manifest.num_shards))
+              for i in range(manifest.num_shards)]  # fmt: skip
+    for s in served:
+        Follower(s, ms.model_dir(store, NAME)).poll()
+    assert {(s.version, s.delta_seq) for s in served} == {(version, seq)}
+    assert {s.served.base.dtype for s in served} == {"int8"}
+    got = _lookup(served, signs)
+    assert (np.abs(got - trained_rows) <= error_bound(trained_rows)[:, None]).all()

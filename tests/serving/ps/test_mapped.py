@@ -111,6 +111,37 @@ def _probe(signs: np.ndarray, seed: int = 1) -> np.ndarray:
     return np.concatenate([signs, absent, signs[:100]])  # duplicates too
 
 
+def test_a_mapped_version_and_its_delta_overlay_share_one_compiled_find(tmp_path, monkeypatch):
+    """The first lookup after the first delta must not compile a kernel on the request's thread:
+    the mapped base (read-only), the overlay built in memory (writable) and request signs of
+    either kind reach ``bucket_find`` with one argument type, the one the warm-up compiled."""
+    import numba
+
+    import serving.ps.index as index
+
+    seen, real = set(), index.bucket_find
+
+    def spy(keys, buckets, signs, bits):
+        seen.add(tuple(numba.typeof(a) for a in (keys, buckets, signs)))
+        return real(keys, buckets, signs, bits)
+
+    monkeypatch.setattr(index, "bucket_find", spy)
+    trainer, signs = _trainer(3_000)
+    trainer.version = "7"
+    trainer.dump(tmp_path / "full")
+    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
+    served.open(tmp_path / "full")
+    trainer.apply_gradients(signs[:100], np.ones((100, DIM), np.float32))
+    trainer.dump_delta(tmp_path / "d0")
+    served.apply_delta(tmp_path / "d0")
+    assert len(served.served.overlay) and served.served.overlay.keys.flags.writeable
+    frozen = signs.copy()
+    frozen.flags.writeable = False
+    for probe in (signs, frozen, signs[::2]):  # writable, read-only, strided
+        np.testing.assert_array_equal(served.lookup(probe)[0], trainer.lookup(probe)[0])
+    assert len(seen) == 1, seen
+
+
 def test_a_mapped_version_plus_deltas_answers_like_the_training_store(tmp_path):
     trainer, signs = _trainer(30_000)
     trainer.version = "7"

@@ -1,0 +1,180 @@
+"""``loadtest/bench_swap.py``'s figures: a locust timeline (``loadtest.common.TIMELINE_COLUMNS``)
+cut into steady and swap windows, p50/p99 of each, one row per event, and the plot.
+
+An event's window runs from its publish until it is live *everywhere a request reads it*: a delta
+until every PS shard reports its seq AND the responses show it applied (the first response that
+read it ended, and no response started after the publish still read an older seq), so a stall of
+the first lookups over a new delta -- in the handler's co-located shards, which apply deltas on
+their own poll, after the PS shards -- falls inside its window; the full switch until every shard
+serves the new version; the dense switch until TorchServe's default is the new version; the old
+dense version's retirement until TorchServe no longer lists it (its worker exits). A request
+is *during a swap* when it overlaps any window; *steady* when it started after a 3 s ramp-up,
+ended before the full version's publish and overlaps no window nor the second after one: the
+quiet stretches before and between the deltas. So the baseline is measured over the same minute as
+the deltas, interleaved with them: on a shared machine whose load drifts by the minute, a
+baseline taken only before the first delta compared two different machines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from loadtest.common import TIMELINE_COLUMNS
+
+RAMP_UP_S = 3.0
+GUARD_S = 1.0
+"""Requests that start within this long after an event's window are neither steady nor in it."""
+
+
+class Timeline:
+    """A locust timeline's columns by name (``end_time``, ``ms``, ...), plus each request's start."""
+
+    def __init__(self, tl: np.ndarray):
+        self.cols = {name: tl[:, i] for i, name in enumerate(TIMELINE_COLUMNS)}
+        self.end, self.ms = self.cols["end_time"], self.cols["ms"]
+        self.start = self.end - self.ms / 1e3
+        self.failed = self.cols["failed"].astype(bool)
+        self.seq = self.cols["delta_seq"]
+
+    def figures(self, mask: np.ndarray) -> dict:
+        """requests, p50/p99/max latency (ms) of the requests in ``mask`` and the p99/max of
+        their handler stages (Server-Timing: ``server_ms`` the whole request in the handler,
+        ``worker_ms`` its lookup, ``dense_ms`` its dense run)."""
+        out: dict = {"requests": int(mask.sum())}
+        ms = self.ms[mask]
+        out |= {f"p{q}_ms": _pct(ms, q) for q in (50, 99)} | {"max_ms": _round(ms.max()) if len(ms) else None}
+        for stage in ("server_ms", "worker_ms", "dense_ms"):
+            v = self.cols[stage][mask]
+            v = v[v >= 0]
+            out[f"{stage[:-3]}_p99_ms"] = _pct(v, 99)
+            out[f"{stage[:-3]}_max_ms"] = _round(v.max()) if len(v) else None
+        return out
+
+
+def delta_applied(t: Timeline, e: dict, before: float) -> float:
+    """When delta ``e`` was live in the responses: the first response that read it ended, and
+    no response started after its publish (and before ``before``, the next version) read an
+    older seq any more. Raises when no response read it."""
+    after = (t.end >= e["start"]) & (t.start < before) & ~t.failed
+    seen = t.end[after & (t.seq >= e["seq"])]
+    if not len(seen):
+        raise RuntimeError(f"no response read delta {e['seq']}")
+    stale = t.end[after & (t.start >= e["start"]) & (t.seq >= 0) & (t.seq < e["seq"])]
+    return float(max(seen.min(), stale.max() if len(stale) else 0.0))
+
+
+def analyse(tl: np.ndarray, events: list[dict], t_start: float) -> dict:
+    """The figures of one run (one lookup mode, one serving dtype): steady against during swaps,
+    each event's window, and when each delta became visible. ``events`` (from the swap schedule:
+    kind, start, live, a delta's seq) gain ``applied`` (deltas) and ``end`` (their window's end)."""
+    t = Timeline(tl)
+    full = next(e for e in events if e["kind"] == "full version switch")
+    dense_live = next(e for e in events if e["kind"] == "dense version switch")["live"]
+    for e in events:
+        e["end"] = e["live"]
+        if e["kind"] == "delta":
+            e["applied"] = delta_applied(t, e, full["start"])
+            e["end"] = max(e["live"], e["applied"])
+    near = np.zeros(len(t.ms), bool)
+    for e in events:
+        near |= (t.end >= e["start"]) & (t.start <= e["end"] + GUARD_S)
+    steady = (t.start >= t_start + RAMP_UP_S) & (t.end < full["start"]) & ~near
+    in_swap = np.zeros(len(t.ms), bool)
+    in_deltas = np.zeros(len(t.ms), bool)
+    rows = []
+    for e in events:
+        window = (t.end >= e["start"]) & (t.start <= e["end"])
+        in_swap |= window
+        if e["kind"] == "delta":
+            in_deltas |= window
+        name = f"delta {e['seq']}" if e["kind"] == "delta" else e["kind"]
+        rows.append({"event": name, "window_s": round(e["end"] - e["start"], 3), **t.figures(window)})
+    in_full = (t.end >= full["start"]) & (t.start <= dense_live)
+    s, w, d = t.figures(steady), t.figures(in_swap), t.figures(in_deltas)
+    deltas = [e for e in events if e["kind"] == "delta"]
+    visible = [e["applied"] - e["start"] for e in deltas]
+    ps_live = [e["live"] - e["start"] for e in deltas]
+    return {
+        "requests": int(len(t.ms)),
+        "failures": int(t.failed.sum()),
+        "mixed_responses": int(t.cols["mixed"].astype(bool).sum()),
+        "responses_by_dense_version": {
+            str(int(v)): int((t.cols["dense_version"] == v).sum())
+            for v in np.unique(t.cols["dense_version"])
+            if v >= 0
+        },
+        "p50_steady_ms": s["p50_ms"],
+        "p99_steady_ms": s["p99_ms"],
+        "steady_requests": s["requests"],
+        "p50_during_swap_ms": w["p50_ms"],
+        "p99_during_swap_ms": w["p99_ms"],
+        "swap_requests": w["requests"],
+        "p99_ratio": _ratio(w["p99_ms"], s["p99_ms"]),
+        "p99_during_deltas_ms": d["p99_ms"],
+        "p99_deltas_ratio": _ratio(d["p99_ms"], s["p99_ms"]),
+        "first_delta_p99_ms": rows[0]["p99_ms"],
+        "full_switch_window_s": round(dense_live - full["start"], 3),
+        "full_switch_p99_ms": t.figures(in_full)["p99_ms"],
+        "delta_visible_p50_s": round(float(np.percentile(visible, 50)), 3),
+        "delta_visible_p99_s": round(float(np.percentile(visible, 99)), 3),
+        "delta_ps_live_p99_s": round(float(np.percentile(ps_live, 99)), 3),
+        "stages": {"steady": _stages(s), "during_swap": _stages(w)},
+        "per_event": rows,
+        "events": [_relative(e, t_start) for e in events],
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def _relative(e: dict, t_start: float) -> dict:
+    """An event with its times in seconds since the load started."""
+    return {k: round(v - t_start, 3) if k in ("start", "live", "applied", "end") else v for k, v in e.items()}
+
+
+def _stages(f: dict) -> dict:
+    return {k: v for k, v in f.items() if k.startswith(("server_", "worker_", "dense_"))}
+
+
+def _pct(v: np.ndarray, q: float) -> float | None:
+    return _round(np.percentile(v, q)) if len(v) else None
+
+
+def _round(x) -> float:
+    return round(float(x), 3)
+
+
+def plot(tl: np.ndarray, t_start: float, events: list[dict], path: Path, title: str) -> None:
+    """Latency over time (log scale) with each event's window (publish -> live everywhere)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = Timeline(tl)
+    x = t.start - t_start
+    fig, ax = plt.subplots(figsize=(12, 5))
+    ax.scatter(x[~t.failed], t.ms[~t.failed], s=4, color="tab:blue", label="request latency")
+    if t.failed.any():
+        ax.scatter(x[t.failed], t.ms[t.failed], s=12, color="red", marker="x", label="failed")
+    colors = {"delta": "tab:green", "full version switch": "tab:orange", "dense version switch": "tab:purple",
+              "old dense version retired": "tab:gray"}  # fmt: skip
+    seen = set()
+    for e in events:
+        c = colors[e["kind"]]
+        label = None if e["kind"] in seen else f"{e['kind']} (publish -> live)"
+        ax.axvspan(e["start"], e["end"], color=c, alpha=0.25, label=label)
+        ax.axvline(e["start"], color=c, lw=0.8)
+        seen.add(e["kind"])
+    ax.set_xlabel("seconds since load start")
+    ax.set_ylabel("latency (ms)")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

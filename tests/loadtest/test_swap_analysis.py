@@ -1,0 +1,39 @@
+import numpy as np
+
+from loadtest.common import TIMELINE_COLUMNS
+from loadtest.swap_analysis import analyse
+
+
+def _timeline(rows: list[tuple]) -> np.ndarray:
+    """(end, ms, delta seq, worker ms) per request; the other columns as a scored response's."""
+    tl = np.zeros((len(rows), len(TIMELINE_COLUMNS)))
+    col = TIMELINE_COLUMNS.index
+    for i, (end, ms, seq, worker) in enumerate(rows):
+        tl[i, [col("end_time"), col("ms"), col("delta_seq"), col("worker_ms")]] = end, ms, seq, worker
+        tl[i, [col("dense_version"), col("server_ms"), col("dense_ms")]] = 1, worker + 1, 1
+    return tl
+
+
+def test_a_delta_window_lasts_until_the_responses_read_it_and_its_stall_counts():
+    # steady 5 ms requests; delta 0 published at 10.0, every PS shard live at 10.1, but the
+    # scorer's own shards applied it later: a request that started at 10.2 still read seq -1,
+    # and the first one that read it (at 10.6) stalled 300 ms in its lookup
+    steady = [(4.0 + 0.1 * k, 5.0, -1, 1.0) for k in range(50)]
+    around = [(10.205, 5.0, -1, 1.0), (10.6, 300.0, 0, 295.0), (10.62, 250.0, 0, 1.0), (11.0, 5.0, 0, 1.0)]
+    after = [(20.0 + 0.1 * k, 5.0, 0, 1.0) for k in range(30)]
+    events = [
+        {"kind": "delta", "seq": 0, "start": 10.0, "live": 10.1},
+        {"kind": "full version switch", "start": 22.0, "live": 22.2},
+        {"kind": "dense version switch", "start": 22.2, "live": 22.5},
+    ]
+    result = analyse(_timeline(steady + around + after), events, t_start=0.0)
+    delta = result["events"][0]
+    assert delta["applied"] == 10.6 and delta["end"] == 10.6  # not the PS shards' 10.1
+    row = result["per_event"][0]
+    assert row["event"] == "delta 0" and row["requests"] == 3 and row["max_ms"] == 300.0
+    assert row["worker_max_ms"] == 295.0  # the stall was in the lookup, not outside the handler
+    assert result["first_delta_p99_ms"] > 200 and result["p99_steady_ms"] == 5.0
+    assert result["p99_ratio"] > 1.5
+    assert result["delta_visible_p50_s"] == 0.6 and result["delta_ps_live_p99_s"] == 0.1
+    # steady: the quiet stretches before and between events (not the second after a window)
+    assert result["steady_requests"] == 50 + 20  # before; after the delta, up to the full switch
