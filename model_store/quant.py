@@ -21,6 +21,7 @@ its values. ``error_bound`` is this bound per row.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,27 @@ def dequantize(
     out = np.multiply(codes, qp[:, :1], out=out, dtype=np.float32)
     out += qp[:, 1:]
     return out
+
+
+@dataclass(frozen=True)
+class StoredRows:
+    """Rows as a serving table holds them, not decoded: ``values`` (n, dim) in the serving dtype's
+    storage (float32, float16, or int8's uint8 codes) and, for int8, ``qparams`` (n, 2). What a
+    serving PS answers over gRPC (``LookupRequest.stored``), decoded by the caller."""
+
+    values: NDArray[Any]
+    qparams: NDArray[np.float16] | None = None
+
+    @property
+    def dtype(self) -> str:
+        """The serving dtype: float32, float16 or int8."""
+        return "int8" if self.qparams is not None else str(self.values.dtype)
+
+    def decoded(self) -> NDArray[np.float32]:
+        """float32 rows: int8 through ``dequantize`` (THE decoding), float16 widened exactly."""
+        if self.qparams is not None:
+            return dequantize(self.values, self.qparams)
+        return self.values.astype(np.float32, copy=False)
 
 
 def error_bound(rows: NDArray[np.floating[Any]]) -> NDArray[np.float64]:
