@@ -6,10 +6,16 @@ encoded a chunk at a time), two ``recserve ps-serve`` processes serve it as for 
 
 - ``load_s``: spawn -> both shards serve it (files mapped and checksummed);
 - ``serving_bytes_per_row``: the PS processes' summed RSS / rows; ``bytes_per_row_ratio`` (top
-  level, per dtype): that over the raw bytes of key + float32 row (8 + 4 x dim);
+  level, per dtype): that over the raw bytes of key + float32 row (8 + 4 x dim). Summed RSS counts
+  each process's shared libraries and interpreter (~62 MB a ps-serve process here, ~30 MB of it
+  shared) on top of the table's 8 + row + ~0.8 bytes a row: ``serving_pss_bytes_per_row`` and
+  ``pss_bytes_per_row_ratio`` count every page once over the processes sharing it (PSS);
 - ``lookup_p50_ms`` / ``lookup_p99_ms``: 4,000-ID ``Lookup`` calls over gRPC at ``--rate`` calls/s
-  for ``--window-s`` x 4 seconds (answered in the dtype, dequantized by the PS's gather), and
-  ``lookup_p99_over_fp32`` against the float32 run's steady p99;
+  for ``--window-s`` x 4 seconds (answered as stored -- int8 codes with their scale and bias --
+  and decoded by the client, as the worker asks), and ``lookup_p99_over_fp32`` against the float32
+  run's steady p99;
+- ``wire``: the same version's 4,000-ID lookups asked as stored and as float32 (converted by the
+  PS), alternating, one at a time: ``reply_bytes``, ``p50_ms``, ``p99_ms`` each;
 - ``colocated_p50_ms`` / ``colocated_p99_ms``: the same 4,000-ID gathers in this process through
   ``serving.worker.colocated.ColocatedShard`` (the files mapped here), and the float32 version's
   (``colocated_figures``, called by ``bench_scale.run`` before it removes its store).
@@ -28,10 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtest.processes import usage
+from loadtest.processes import pss_bytes, usage
 from loadtest.scale_store import DIM, MODEL, SHARDS, build_version
 
 COLOCATED_CALLS = 400
+WIRE_CALLS = 300
 
 
 def colocated_figures(vdir: Path, sample: np.ndarray) -> dict:
@@ -61,6 +68,37 @@ def colocated_figures(vdir: Path, sample: np.ndarray) -> dict:
     }
 
 
+def wire_figures(clients, sample: np.ndarray, calls: int = WIRE_CALLS) -> dict:
+    """Reply bytes and p50/p99 (ms) of 4,000-ID lookups of one version over gRPC asked as stored
+    and as float32, alternating (the same IDs each), one call at a time."""
+    from features.hashing import shard_of
+    from loadtest.bench_scale import IDS_PER_CALL
+    from recserve.v1 import ps_pb2
+
+    owner = shard_of(sample, SHARDS)
+    rng = np.random.default_rng(7)
+    times: dict[str, list[float]] = {"stored": [], "float32": []}
+    for k in range(calls):
+        mine = sample[owner == k % SHARDS]
+        ids = mine[rng.integers(0, len(mine), IDS_PER_CALL)]
+        for mode, t in times.items():
+            t0 = time.perf_counter()
+            clients[k % SHARDS].lookup(ids, dtype=mode)
+            t.append(time.perf_counter() - t0)
+    ids = sample[owner == 0][:IDS_PER_CALL].astype("<u8").tobytes()
+    out = {}
+    for mode, t in times.items():
+        request = ps_pb2.LookupRequest(signs=ids, stored=mode == "stored")
+        resp = clients[0].stub.Lookup(request, timeout=10)
+        ms_ = np.array(t[calls // 10 :]) * 1e3  # the first tenth warms the caches
+        out[mode] = {
+            "reply_bytes": len(resp.rows) + len(resp.qparams),
+            "p50_ms": round(float(np.median(ms_)), 3),
+            "p99_ms": round(float(np.percentile(ms_, 99)), 3),
+        }
+    return out
+
+
 def serve_dtype(args, dtype: str, rows: int, fp32: dict) -> dict:
     """One version of ``rows`` rows in ``dtype``, served by two PS processes and co-located."""
     from loadtest.bench_scale import lookup_loop, wait_version
@@ -87,7 +125,7 @@ def serve_dtype(args, dtype: str, rows: int, fp32: dict) -> dict:
         try:
             load_s = wait_version(clients, version) - t_spawn
             time.sleep(2)
-            rss = usage([p.pid for p in procs]).rss_bytes
+            rss, pss = usage([p.pid for p in procs]).rss_bytes, pss_bytes([p.pid for p in procs])
             calls: list = []
             stop = threading.Event()
             looper = threading.Thread(
@@ -97,6 +135,7 @@ def serve_dtype(args, dtype: str, rows: int, fp32: dict) -> dict:
             time.sleep(1 + 4 * args.window_s)
             stop.set()
             looper.join()
+            wire = wire_figures(clients, sample, args.wire_calls)
         finally:
             for c in clients:
                 c.close()
@@ -107,12 +146,14 @@ def serve_dtype(args, dtype: str, rows: int, fp32: dict) -> dict:
             "serving_rows": rows,
             "version_gb": round(version_bytes / 1e9, 3),
             "serving_bytes_per_row": round(rss / rows, 2),
+            "serving_pss_bytes_per_row": round(pss / rows, 2),
             "load_s": round(load_s, 2),
             "lookup_calls": len(calls),
             "lookup_failures": sum(1 for c in calls if not c[2]),
             "lookup_p50_ms": round(float(np.median(ok)), 3),
             "lookup_p99_ms": round(p99, 3),
             "lookup_p99_over_fp32": round(p99 / fp32["lookup_p99_steady_ms"], 3),
+            "wire": wire,
         }
         out |= colocated_figures(vdir, sample)
         if "colocated_p99_ms" in fp32:
@@ -132,6 +173,9 @@ def run(args, fp32: dict) -> dict:
         d: round(out[d]["serving_bytes_per_row"] / raw, 3) for d in ("float16", "int8")
     }
     out["float32_bytes_per_row_ratio"] = round(fp32["serving_bytes_per_row"] / raw, 3)
+    out["pss_bytes_per_row_ratio"] = {
+        d: round(out[d]["serving_pss_bytes_per_row"] / raw, 3) for d in ("float16", "int8")
+    } | {"float32": round(fp32["serving_pss_bytes_per_row"] / raw, 3)}
     return out
 
 
