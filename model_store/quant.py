@@ -54,6 +54,17 @@ def bytes_per_row(dim: int, dtype: str) -> int:
     return dim * storage(dtype).itemsize + (2 * QPARAMS.itemsize if dtype == "int8" else 0)
 
 
+SERVED_INDEX_BYTES = 1
+"""A served row's share of its shard's bucket directory (4-byte offsets, 4-8 rows a bucket: 0.5-1)."""
+
+
+def served_bytes_per_row(dim: int, dtype: str) -> int:
+    """Memory a serving host spends on one row of a mapped version: its 8-byte key, its values
+    (``bytes_per_row``) and its share of the directory (``SERVED_INDEX_BYTES``, rounded up).
+    bench-scale measures 8 + values + 0.7-0.9 bytes (plus ~60 MB per serving process)."""
+    return 8 + bytes_per_row(dim, dtype) + SERVED_INDEX_BYTES
+
+
 def _up16(v: NDArray[np.float64]) -> NDArray[np.float16]:
     """The smallest fp16 value >= v."""
     f = v.astype(np.float16)
