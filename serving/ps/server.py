@@ -147,7 +147,8 @@ class EmbeddingPSServicer:
         t0 = time.perf_counter()
         # answered from the version named, or refused (serving/ps/config.py check_holds)
         dtype, qparams = (convert.FLOAT16 if fp16 else convert.FLOAT32), b""
-        if request.stored and hasattr(self.store, "stored_rows_of"):  # a serving shard: as mapped
+        # a serving shard answers as mapped (an inserting lookup goes on to rows_of, which refuses it)
+        if request.stored and not request.insert and hasattr(self.store, "stored_rows_of"):
             stored, misses, (version, seq) = self.store.stored_rows_of(signs, request.version)
             dtype, payload, qparams = convert.stored_to_bytes(stored)
         else:  # a training shard holds float32 or float16 rows: stored is its own dtype

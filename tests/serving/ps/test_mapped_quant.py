@@ -151,3 +151,6 @@ def test_a_serving_ps_answers_rows_in_the_serving_dtype_over_grpc(tmp_path, dtyp
         with pytest.raises(grpc.RpcError) as bad:  # int8 is what a shard stores, not a conversion
             stub.Lookup(ps_pb2.LookupRequest(signs=probe.astype("<u8").tobytes(), dtype=common_pb2.INT8))
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "stored" in bad.value.details()
+        with pytest.raises(grpc.RpcError) as bad:  # a serving shard inserts nothing, asked as stored or not
+            stub.Lookup(ps_pb2.LookupRequest(signs=probe.astype("<u8").tobytes(), stored=True, insert=True))
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "insert" in bad.value.details()
