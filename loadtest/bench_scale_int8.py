@@ -20,7 +20,8 @@ encoded a chunk at a time), two ``recserve ps-serve`` processes serve it as for 
   ``serving.worker.colocated.ColocatedShard`` (the files mapped here), and the float32 version's
   (``colocated_figures``, called by ``bench_scale.run`` before it removes its store).
 
-``--int8-rows`` (default 300M, the issue's size: ~9 GB of int8 version and as much RSS) and
+``--int8-rows`` (default 300M, the issue's size: 11 GB of files, of which 8.8 GB mapped and as
+much RSS; ~6.6 GB of arrays at the peak while a 150M-row shard is written) and
 ``--float16-rows`` (default ``--rows``) size them; ``--no-int8`` skips this part.
 """
 
