@@ -137,7 +137,7 @@ def run(args) -> dict:
     from serving.ps.client import PSClient
     from serving.rpc.procs import free_ports, spawn, stop_children
 
-    base = Path(args.dir or tempfile.mkdtemp(prefix="recserve-scale-"))
+    base = Path(args.dir)  # main's: removed after the reduced-precision runs, which serve v1 again
     root = base / "store"
     with Stopwatch() as built:
         if args.reuse and (reused := reuse(root, args.rows)):
@@ -267,8 +267,6 @@ def run(args) -> dict:
     if not args.no_int8:  # the reduced-precision runs compare their co-located gathers with these
         result |= bench_scale_int8.colocated_figures(root / MODEL / v1, sample)
     plot(calls, windows, (t_spin, t_spin_end), args.results_dir / "scale.png")
-    if not args.keep:
-        shutil.rmtree(base, ignore_errors=True)
     return result
 
 
@@ -364,26 +362,20 @@ def main(argv=None) -> int:
              "rate": 50.0, "no_train": True, "int8_rows": 60_000, "wire_calls": 20}  # fmt: skip
     args = parse(p, argv, quick)
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    result = {"machine": machine(), "serving": run(args)}
+    args.dir = args.dir or tempfile.mkdtemp(prefix="recserve-scale-")
+    try:
+        result = {"machine": machine(), "serving": run(args)}
+        if not args.no_int8:
+            result |= bench_scale_int8.run(args, result["serving"])
+    finally:
+        if not args.keep:
+            shutil.rmtree(args.dir, ignore_errors=True)
     serving = result["serving"]
     print_table("serving a memory-mapped version", [serving], [k for k in serving if k != "per_switch"])
-    print_table(
-        "each switch against the steady window before it",
-        serving["per_switch"],
-        list(serving["per_switch"][0]),
-    )
+    switches = serving["per_switch"]
+    print_table("each switch against the steady window before it", switches, list(switches[0]))
     if not args.no_int8:
-        result |= bench_scale_int8.run(args, serving)
-        for dtype in ("float16", "int8"):
-            print_table(
-                f"serving a {dtype} version", [result[dtype]], [k for k in result[dtype] if k != "wire"]
-            )
-            wire = [{"asked": mode, **figures} for mode, figures in result[dtype]["wire"].items()]
-            print_table(
-                f"{dtype}: {IDS_PER_CALL}-ID lookups over gRPC, as stored or float32", wire, list(wire[0])
-            )
-        print(f"bytes per row over raw key + fp32 row: {result['bytes_per_row_ratio']} "
-              f"(PSS: {result['pss_bytes_per_row_ratio']})")  # fmt: skip
+        bench_scale_int8.print_tables(result)
     if args.train_json:
         result["training"] = json.loads(Path(args.train_json).read_text())
     elif not args.no_train:
