@@ -8,7 +8,8 @@ Serving (this module):
 2. One ``recserve ps-serve <store>/<model> --shard i --num-shards 2`` per shard, as ``recserve up``
    starts them. ``load_s``: spawn -> every shard serves v1 (its files mapped and verified);
    ``load_gb_per_s``: the version's bytes / load_s. ``serving_bytes_per_row``: summed RSS of
-   the PS processes / rows, against ``raw_bytes_per_row`` = 8 + 4 x dim.
+   the PS processes / rows, against ``raw_bytes_per_row`` = 8 + 4 x dim
+   (``serving_pss_bytes_per_row``: their PSS, shared libraries counted once).
 3. A client sends 4,000-ID ``Lookup`` calls (random signs of the version, one shard after the other)
    at ``--rate`` calls/s while ``--switches`` full switches run, to v2 and back to v1 in turn. Each
    is ``nice -n 10 recserve publish`` (the one gate: XXH3-128 of every file) -> every shard answers
@@ -60,7 +61,7 @@ import numpy as np
 
 from loadtest import bench_scale_int8
 from loadtest.common import ROOT, Stopwatch, machine, parse, parser, print_table, report_targets
-from loadtest.processes import Sampler, usage, wait_for
+from loadtest.processes import Sampler, pss_bytes, usage, wait_for
 from loadtest.scale_store import DIM, MODEL, SHARDS, build_version, reuse, write_delta
 
 IDS_PER_CALL = 4000
@@ -136,7 +137,7 @@ def run(args) -> dict:
     from serving.ps.client import PSClient
     from serving.rpc.procs import free_ports, spawn, stop_children
 
-    base = Path(args.dir or tempfile.mkdtemp(prefix="recserve-scale-"))
+    base = Path(args.dir)  # main's: removed after the reduced-precision runs, which serve v1 again
     root = base / "store"
     with Stopwatch() as built:
         if args.reuse and (reused := reuse(root, args.rows)):
@@ -172,7 +173,7 @@ def run(args) -> dict:
         t_loaded = wait_version(clients, v1)
         load_s = t_loaded - t_spawn
         time.sleep(2)
-        rss_v1 = usage(pids).rss_bytes
+        rss_v1, pss_v1 = usage(pids).rss_bytes, pss_bytes(pids)
         calls: list = []
         stop = threading.Event()
         looper = threading.Thread(
@@ -238,6 +239,7 @@ def run(args) -> dict:
         "version_gb": round(version_bytes / 1e9, 3),
         "raw_bytes_per_row": 8 + 4 * DIM,
         "serving_bytes_per_row": round(rss_v1 / rows, 2),
+        "serving_pss_bytes_per_row": round(pss_v1 / rows, 2),
         "serving_rss_gb": round(rss_v1 / 1e9, 3),
         "load_s": round(load_s, 2),
         "load_gb_per_s": round(version_bytes / 1e9 / load_s, 2),
@@ -265,8 +267,6 @@ def run(args) -> dict:
     if not args.no_int8:  # the reduced-precision runs compare their co-located gathers with these
         result |= bench_scale_int8.colocated_figures(root / MODEL / v1, sample)
     plot(calls, windows, (t_spin, t_spin_end), args.results_dir / "scale.png")
-    if not args.keep:
-        shutil.rmtree(base, ignore_errors=True)
     return result
 
 
@@ -355,25 +355,27 @@ def main(argv=None) -> int:
     p.add_argument("--no-int8", action="store_true", help="skip the int8 and float16 runs")
     p.add_argument("--int8-rows", type=int, default=300_000_000, help="rows of the int8 version")
     p.add_argument("--float16-rows", type=int, default=0, help="rows of the float16 version (0: --rows)")
+    p.add_argument("--wire-calls", type=int, default=300, help="lookups asked as stored and as float32")
     p.add_argument("--train-args", default="", help="extra arguments for loadtest.bench_scale_train")
     p.add_argument("--train-json", default="", help="merge this scale_train.json instead of running it")
     quick = {"rows": 20_000, "switches": 2, "window_s": 1.0, "keep_previous_s": 1.0, "delta_rows": 1000,
-             "rate": 50.0, "no_train": True, "int8_rows": 60_000}  # fmt: skip
+             "rate": 50.0, "no_train": True, "int8_rows": 60_000, "wire_calls": 20}  # fmt: skip
     args = parse(p, argv, quick)
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    result = {"machine": machine(), "serving": run(args)}
+    args.dir = args.dir or tempfile.mkdtemp(prefix="recserve-scale-")
+    try:
+        result = {"machine": machine(), "serving": run(args)}
+        if not args.no_int8:
+            result |= bench_scale_int8.run(args, result["serving"])
+    finally:
+        if not args.keep:
+            shutil.rmtree(args.dir, ignore_errors=True)
     serving = result["serving"]
     print_table("serving a memory-mapped version", [serving], [k for k in serving if k != "per_switch"])
-    print_table(
-        "each switch against the steady window before it",
-        serving["per_switch"],
-        list(serving["per_switch"][0]),
-    )
+    switches = serving["per_switch"]
+    print_table("each switch against the steady window before it", switches, list(switches[0]))
     if not args.no_int8:
-        result |= bench_scale_int8.run(args, serving)
-        for dtype in ("float16", "int8"):
-            print_table(f"serving a {dtype} version", [result[dtype]], list(result[dtype]))
-        print(f"bytes per row over raw key + fp32 row: {result['bytes_per_row_ratio']}")
+        bench_scale_int8.print_tables(result)
     if args.train_json:
         result["training"] = json.loads(Path(args.train_json).read_text())
     elif not args.no_train:

@@ -37,6 +37,19 @@ def usage(pids: Sequence[int]) -> Usage:
     return Usage(sum(s.cpu_s for s in stats), sum(s.rss_bytes for s in stats))
 
 
+def pss_bytes(pids: Sequence[int]) -> int:
+    """Summed proportional set size of ``pids`` (``/proc/<pid>/smaps_rollup``): each page counted
+    once over every process mapping it, so shared libraries are not counted once per process as
+    summed RSS counts them. 0 for a process that is gone."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+    return total
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (children, their children, ...), found by their parent pids."""
     kids: dict[int, list[int]] = {}

@@ -21,6 +21,7 @@ its values. ``error_bound`` is this bound per row.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,17 @@ def storage(dtype: str) -> np.dtype[Any]:
 def bytes_per_row(dim: int, dtype: str) -> int:
     """Bytes of one row's values in ``dtype`` (int8: D codes + fp16 scale and bias)."""
     return dim * storage(dtype).itemsize + (2 * QPARAMS.itemsize if dtype == "int8" else 0)
+
+
+SERVED_INDEX_BYTES = 1
+"""A served row's share of its shard's bucket directory (4-byte offsets, 4-8 rows a bucket: 0.5-1)."""
+
+
+def served_bytes_per_row(dim: int, dtype: str) -> int:
+    """Memory a serving host spends on one row of a mapped version: its 8-byte key, its values
+    (``bytes_per_row``) and its share of the directory (``SERVED_INDEX_BYTES``, rounded up).
+    bench-scale measures 8 + values + 0.7-0.9 bytes (plus ~60 MB per serving process)."""
+    return 8 + bytes_per_row(dim, dtype) + SERVED_INDEX_BYTES
 
 
 def _up16(v: NDArray[np.float64]) -> NDArray[np.float16]:
@@ -96,6 +108,27 @@ def dequantize(
     out = np.multiply(codes, qp[:, :1], out=out, dtype=np.float32)
     out += qp[:, 1:]
     return out
+
+
+@dataclass(frozen=True)
+class StoredRows:
+    """Rows as a serving table holds them, not decoded: ``values`` (n, dim) in the serving dtype's
+    storage (float32, float16, or int8's uint8 codes) and, for int8, ``qparams`` (n, 2). What a
+    serving PS answers over gRPC (``LookupRequest.stored``), decoded by the caller."""
+
+    values: NDArray[Any]
+    qparams: NDArray[np.float16] | None = None
+
+    @property
+    def dtype(self) -> str:
+        """The serving dtype: float32, float16 or int8."""
+        return "int8" if self.qparams is not None else str(self.values.dtype)
+
+    def decoded(self) -> NDArray[np.float32]:
+        """float32 rows: int8 through ``dequantize`` (THE decoding), float16 widened exactly."""
+        if self.qparams is not None:
+            return dequantize(self.values, self.qparams)
+        return self.values.astype(np.float32, copy=False)
 
 
 def error_bound(rows: NDArray[np.floating[Any]]) -> NDArray[np.float64]:

@@ -43,6 +43,7 @@ RUN: list[tuple[str, str, str, str]] = [
     ("docs/streaming.md", "Full versions from the stream", "", "tests/training/test_full_version.py::test_the_documented_full_version_lines_run_as_printed"),
     ("docs/training.md", "Training from the stream", "", "tests/training/test_follow_stream.py::test_the_documented_lines_train_exactly_once_across_a_sigkill"),
     ("docs/serving.md", "Update notices", "", "tests/serving/notices/test_docs_notices.py::test_the_notices_lines_run_as_printed"),
+    ("docs/serving.md", "Serving dtypes under a memory budget", "", "tests/training/test_serving_plan.py::test_the_documented_plan_and_train_lines_run_as_printed"),
     ("docs/serving.md", "Serving in float16 or int8", "recserve train", "tests/training/test_quantized_export.py::test_the_documented_versions_and_publish_lines_run_as_printed"),
     ("docs/serving.md", "Serving in float16 or int8", "recserve versions", "tests/training/test_quantized_export.py::test_the_documented_versions_and_publish_lines_run_as_printed"),
     ("docs/serving.md", "Serving in float16 or int8", "recserve publish", "tests/training/test_quantized_export.py::test_the_documented_versions_and_publish_lines_run_as_printed"),

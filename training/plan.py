@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 
 from features.schema import Schema
+from model_store.quant import SERVING_DTYPES
 from training.costs import Costs, round_trips_us
 
 STRATEGIES = ("replicated", "ps")
@@ -54,6 +55,10 @@ class TableChoice:
     us_per_step: float
     """Estimated lookup + update time per step where it is placed."""
     reason: str = ""
+    serving_dtype: str = ""
+    """The row type it is served in under the plan's serving budget ('' : none planned)."""
+    serving_bytes: int = 0
+    """Its memory served in that type (key, values, directory: training/serving_plan.py)."""
 
 
 @dataclass
@@ -76,6 +81,15 @@ class ShardingPlan:
     compared: dict[str, float | None] = field(default_factory=dict)
     """The estimated embedding time per step (us) of the plans weighed against this one:
     ``all_ps``, ``all_replicated`` (None: it does not fit the budget)."""
+    serving_budget_gb: float = 0.0
+    """Memory the serving hosts give one version (0: no serving dtype planned)."""
+
+    @property
+    def serving_dtype(self) -> str:
+        """The row type the version is exported in: the narrowest its tables are served in (a
+        shard holds one); '' when no serving budget was planned."""
+        chosen = {t.serving_dtype for t in self.tables.values()} - {""}
+        return next((d for d in ("int8", "float16", "float32") if d in chosen), "")
 
     # ---- what the trainer reads ----------------------------------------------------------------
     def replicated_mask(self, schema: Schema) -> np.ndarray:
@@ -96,6 +110,11 @@ class ShardingPlan:
         bad = {n: t.strategy for n, t in self.tables.items() if t.strategy not in STRATEGIES}
         if bad:
             raise ValueError(f"unknown strategies {bad}; use one of {STRATEGIES}")
+        served = {
+            n: t.serving_dtype for n, t in self.tables.items() if t.serving_dtype not in ("", *SERVING_DTYPES)
+        }
+        if served:
+            raise ValueError(f"unknown serving dtypes {served}; use one of {SERVING_DTYPES}")
 
     def replicated_rows(self, default: int) -> int:
         """Rows the replicated tables are expected to hold (none estimated: ``default``)."""
@@ -177,6 +196,8 @@ class ShardingPlan:
             "num_shards": self.num_shards,
             "prefetch": self.prefetch,
             "compared": dict(self.compared),
+            "serving_budget_gb": self.serving_budget_gb,
+            "serving_dtype": self.serving_dtype,
             "costs": dataclasses.asdict(self.costs),
             "summary": self.summary(),
             "tables": {n: dataclasses.asdict(t) for n, t in self.tables.items()},
@@ -199,7 +220,8 @@ class ShardingPlan:
             tables[str(name)] = TableChoice(
                 strategy=str(t.get("strategy", "")), rows=int(t.get("rows", 0)), bytes=int(t.get("bytes", 0)),
                 ids_per_step=float(t.get("ids_per_step", 0.0)), us_per_step=float(t.get("us_per_step", 0.0)),
-                reason=str(t.get("reason", "")),
+                reason=str(t.get("reason", "")), serving_dtype=str(t.get("serving_dtype", "")),
+                serving_bytes=int(t.get("serving_bytes", 0)),
             )  # fmt: skip
         costs = Costs(**d["costs"]) if isinstance(d.get("costs"), dict) else Costs()
         compared = d.get("compared")
@@ -209,6 +231,7 @@ class ShardingPlan:
             costs, str(d.get("schema", "")), int(d.get("batch_size", 128)), int(d.get("dim", 16)),
             int(d.get("num_shards", 1)), bool(d.get("prefetch", True)),
             {str(k): None if v is None else float(v) for k, v in compared.items()},
+            float(d.get("serving_budget_gb", 0.0)),
         )  # fmt: skip
 
     @classmethod

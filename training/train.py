@@ -196,7 +196,9 @@ class _Job:
         cuts' trigger; the checkpoints every rank takes."""
         cfg, world = self.cfg, self.world
         if self.rank == 0 and cfg.export and self.cluster is not None:
-            writer = self.writer = VersionWriter(cfg.store, cfg.model, cfg.table.serving_dtype)
+            plan = self.plan or (ShardingPlan.load(cfg.plan) if cfg.plan else None)  # in-process: its dtype
+            dtype = (plan.serving_dtype if plan else "") or cfg.table.serving_dtype  # a plan's wins
+            writer = self.writer = VersionWriter(cfg.store, cfg.model, dtype)
             stack.callback(lambda: writer.abort() if writer.staging.exists() else None)
         self.deltas = DeltaTrigger(cfg.delta_interval_s, cfg.delta_rows)
         self.ckpt_dir = checkpoint_dir(cfg.store, cfg.model, cfg.checkpoint_dir)

@@ -7,13 +7,15 @@ keeps the placement with the least estimated embedding time on a step's path who
 tables fit ``--memory-gb`` per node: the tables that save the most time per byte in process
 first, weighed against all on the PS (training/planner.py says what overlaps). ``recserve train
 --plan plan.yaml`` trains with exactly this plan; ``recserve train`` (``--sharding auto``) plans
-the same way by itself.
+the same way by itself. With ``--serving-budget-gb`` it also picks the row type each table is
+served in (training/serving_plan.py), and ``recserve train --plan`` exports the version so.
 
     recserve plan --schema data/schemas/criteo.yaml --data train.tsv --nodes 2 --memory-gb 4
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -59,6 +61,10 @@ class PlanConfig:
     allgather_gbps: float = 1.0
     """Bandwidth between nodes (GB/s) for the replicated tables' gradient all-gather (assumed:
     it cannot be measured from one host)."""
+    serving_budget_gb: float = 0.0
+    """Memory the serving hosts give one version's rows, over all of them: each table is served
+    in the most precise row type (float32, float16, int8) that lets the version fit, the largest
+    tables narrowed first (0: none planned; the version is served in --serving-dtype)."""
     out: str = "plan.yaml"
     """Where to write the plan ('' : only print it)."""
 
@@ -67,8 +73,8 @@ class PlanConfig:
             raise ValueError("nodes, ranks_per_node, batch_size, sample_rows and num_shards must be >= 1")
         if self.staleness < 0:
             raise ValueError("staleness must be >= 0")
-        if self.memory_gb < 0 or self.allgather_gbps <= 0:
-            raise ValueError("memory_gb must be >= 0 and allgather_gbps > 0")
+        if self.memory_gb < 0 or self.allgather_gbps <= 0 or self.serving_budget_gb < 0:
+            raise ValueError("memory_gb and serving_budget_gb must be >= 0 and allgather_gbps > 0")
 
 
 CONFIG = PlanConfig
@@ -79,7 +85,7 @@ def run(cfg: PlanConfig) -> int:
 
     from features.schema import load_schema
     from features.stream import ReadOptions
-    from training import data, planner
+    from training import data, planner, serving_plan
     from training.config import TrainConfig
     from training.costs import Costs, measure_costs
 
@@ -105,6 +111,13 @@ def run(cfg: PlanConfig) -> int:
         f"sharding plan for {schema.name!r}: {rows:,} rows, {cfg.nodes} node(s) x {cfg.ranks_per_node} rank(s)"
     )
     print(plan.table())
+    if cfg.serving_budget_gb:
+        try:
+            serving_plan.choose(plan, cfg.serving_budget_gb)
+        except ValueError as e:
+            print(f"recserve plan: {e}", file=sys.stderr)
+            return 2
+        print(serving_plan.table(plan))
     if cfg.out:
         print(f"wrote {plan.save(cfg.out)} ({time.perf_counter() - t0:.1f} s)")
     return 0

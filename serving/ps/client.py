@@ -2,6 +2,9 @@
 ``update``, ``dim``, ``version``), so training, serving and benchmarks talk to a PS one way.
 
 It speaks numpy: ``lookup(signs) -> (rows float32 (n, dim), misses)``, ``rows(signs, insert)``,
+(rows travel as the shard stores them -- float32, float16, or an int8 version's codes with their
+fp16 scale and bias, 20 bytes a row at dim 16 against 64 -- and are decoded here with the one
+decoding, ``model_store.quant``, so they are the values a co-located gather reads),
 ``update(signs, grads)``, ``update_lookup(signs, grads, lookup)`` (both in one round trip: a
 training step's), ``assign``, ``stats() -> dict``, ``dump``/``load``. Every call carries a deadline
 (``timeout_s``). Every failure is a ``ShardError`` naming the shard, with the gRPC status name in
@@ -109,11 +112,13 @@ class PSClient:
 
     # ---- lookups and updates -------------------------------------------------------------------
     def lookup(
-        self, signs, insert: bool = False, dtype: str = "float32", timeout_s: float | None = None,
+        self, signs, insert: bool = False, dtype: str = "stored", timeout_s: float | None = None,
         version: str = "",
     ):  # fmt: skip
         """(rows float32 (n, dim), misses) for uint64 ``signs`` of ``version`` ("" = the shard's
-        newest); ``insert`` gives unseen signs a row."""
+        newest); ``insert`` gives unseen signs a row. ``dtype``: what travels -- "stored" (the
+        shard's own row type, the fewest bytes), or "float32" / "float16" (converted by the
+        shard); the values are the same unless float16 is asked of float32 rows."""
         rows, misses, _ = self._lookup(signs, insert, dtype, timeout_s, version)
         return rows, misses
 
@@ -125,13 +130,14 @@ class PSClient:
         the shorter of it and this client's ``timeout_s``)."""
         if timeout_s is not None:
             timeout_s = max(min(timeout_s, self.timeout_s), 1e-3)
-        rows, _, answered = self._lookup(signs, insert, "float32", timeout_s, version)
+        rows, _, answered = self._lookup(signs, insert, "stored", timeout_s, version)
         return rows, answered
 
     def _lookup(self, signs, insert: bool, dtype: str, timeout_s: float | None, version: str):
+        stored = dtype == "stored"
         request = self._pb.LookupRequest(
-            signs=convert.signs_to_bytes(signs), dtype=cast("DType", convert.wire_dtype(dtype)), insert=insert,
-            version=version,
+            signs=convert.signs_to_bytes(signs), insert=insert, version=version, stored=stored,
+            dtype=cast("DType", convert.FLOAT32 if stored else convert.wire_dtype(dtype)),
         )  # fmt: skip
         resp = self._call(self.stub.Lookup, request, timeout_s)
         rows, answered = self._rows(resp, len(signs))
@@ -142,7 +148,8 @@ class PSClient:
         answered = (resp.version.version, int(resp.version.delta_seq))
         self.version = answered
         try:
-            return convert.rows_from_bytes(resp.rows, resp.dtype, (n, resp.dim)), answered
+            rows = convert.stored_from_bytes(resp.dtype, resp.rows, resp.qparams, (n, resp.dim))
+            return rows.decoded(), answered
         except ValueError as e:
             raise ShardError(f"PS shard {self.target} answered a bad payload: {e}") from None
 
@@ -162,7 +169,7 @@ class PSClient:
     ) -> tuple[np.ndarray, tuple[str, int]]:
         """One round trip: apply float32 gradients (n, dim) of ``signs``, then the rows (inserting)
         of ``lookup`` read after them, as ``rows`` answers them. Either may be empty."""
-        wanted = self._pb.LookupRequest(signs=convert.signs_to_bytes(lookup), insert=True)
+        wanted = self._pb.LookupRequest(signs=convert.signs_to_bytes(lookup), insert=True, stored=True)
         request = self._pb.UpdateLookupRequest(update=self._update_request(signs, grads), lookup=wanted)
         resp = self._call(self.stub.UpdateLookup, request, timeout_s)
         if not len(lookup):

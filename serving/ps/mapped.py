@@ -26,8 +26,9 @@ the routing hash), by an older format, or ``dtype`` asks for float16 rows of a f
 the table is built in memory instead (the same structure, the same lookups).
 
 A version exported in int8 (``model_store.quant``) is served as it lies: uint8 codes and each
-row's fp16 scale and bias mapped, dequantized by the gather; its deltas' rows are decoded into
-the float32 overlay (small) with the same function.
+row's fp16 scale and bias mapped, dequantized by the gather; its (int8) deltas' codes and scales
+go into an int8 overlay as they are. The overlay always holds the base's row type, so a lookup
+can also be answered as stored (``stored_rows_of``: a PS's gRPC answer, decoded by its caller).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from features.hashing import has_duplicates
 from model_store import shards
 from model_store.errors import StoreError
 from model_store.meta import ShardMeta
-from model_store.quant import bytes_per_row
+from model_store.quant import StoredRows, bytes_per_row
 from model_store.shards import ShardData
 from serving.ps.config import StoreConfig, as_signs, not_held
 from serving.ps.table import BucketTable
@@ -63,7 +64,7 @@ class Served:
 
     @classmethod
     def of(cls, base: BucketTable, version: str, delta_seq: int) -> Served:
-        overlay = BucketTable.empty(base.dim, np.float32 if base.qparams is not None else base.rows.dtype)
+        overlay = BucketTable.empty(base.dim, base.dtype)  # rows of the base's type: answered as stored
         return cls(base, overlay, version, delta_seq, len(base))
 
     def with_delta(self, data: ShardData) -> Served:
@@ -78,12 +79,17 @@ class Served:
             return self
         if seq != self.delta_seq + 1:
             raise StoreError(f"delta {seq} does not follow the last applied delta {self.delta_seq}")
-        data = data.decoded()  # an int8 delta: the float32 rows serving reads
         o, dim = self.overlay, self.base.dim
+        if o.qparams is not None:  # an int8 version: its (int8) deltas' codes and scales as they are
+            data = data if data.qparams is not None else data.decoded().encoded("int8")
+        else:
+            data = data.decoded()
         signs = np.concatenate([o.keys, data.deleted, data.signs])
-        rows = np.concatenate(
-            [o.rows, np.zeros((len(data.deleted), dim), o.rows.dtype), data.rows.astype(o.rows.dtype)]
-        )
+        gone = len(data.deleted)
+        rows = np.concatenate([o.rows, np.zeros((gone, dim), o.rows.dtype), data.rows.astype(o.rows.dtype)])
+        qparams = None
+        if o.qparams is not None and data.qparams is not None:
+            qparams = np.concatenate([o.qparams, np.zeros((gone, 2), o.qparams.dtype), data.qparams])
         dead = np.concatenate(
             [o.dead if len(o.dead) else np.zeros(len(o), np.bool_), np.ones(len(data.deleted), np.bool_),
              np.zeros(len(data.signs), np.bool_)]
@@ -91,7 +97,9 @@ class Served:
         # the last occurrence of each sign wins: first occurrence in the reversed arrays
         _, first = np.unique(signs[::-1], return_index=True)
         keep = len(signs) - 1 - first
-        overlay = BucketTable.build(signs[keep], rows[keep], dead[keep])
+        overlay = BucketTable.build(
+            signs[keep], rows[keep], dead[keep], None if qparams is None else qparams[keep]
+        )
         in_base = self.base.find(overlay.keys) >= 0
         live = len(self.base) + int((~in_base & ~overlay.dead).sum()) - int((in_base & overlay.dead).sum())
         return Served(self.base, overlay, self.version, seq, live)
@@ -176,15 +184,32 @@ class MappedStore:
         signs = as_signs(signs)
         s = self.snapshot_for(version)
         out = np.empty((len(signs), s.base.dim), dtype=np.float32)
-        hit = s.base.gather(signs, out) >= 0
+        misses = self._read(s, lambda table, zero: table.gather(signs, out, zero))
+        return out, misses, (s.version, s.delta_seq)
+
+    def stored_rows_of(self, signs, version: str = "") -> tuple[StoredRows, int, tuple[str, int]]:
+        """``rows_of`` as the version stores them, not decoded (a serving PS's answer to a
+        ``stored`` lookup): ``decoded()`` of them is exactly what ``rows_of`` answers."""
+        signs = as_signs(signs)
+        s = self.snapshot_for(version)
+        base, n = s.base, len(signs)
+        qp = None if base.qparams is None else np.empty((n, 2), base.qparams.dtype)
+        out = StoredRows(np.empty((n, base.dim), base.rows.dtype), qp)
+        misses = self._read(s, lambda table, zero: table.gather_stored(signs, out, zero))
+        return out, misses, (s.version, s.delta_seq)
+
+    def _read(self, s: Served, gather) -> int:
+        """Gather from ``s``'s base, then its overlay over it (``gather(table, zero_missing)`` ->
+        slots); counts and returns the misses."""
+        hit = gather(s.base, True) >= 0
         if len(s.overlay):
-            slots = s.overlay.gather(signs, out, zero_missing=False)
+            slots = gather(s.overlay, False)
             found = slots >= 0
             hit[found] = ~s.overlay.dead[slots[found]]
-        misses = len(signs) - int(hit.sum())
-        self.hits += len(signs) - misses
+        misses = len(hit) - int(hit.sum())
+        self.hits += len(hit) - misses
         self.misses += misses
-        return out, misses, (s.version, s.delta_seq)
+        return misses
 
     # ---- changing it ------------------------------------------------------------------------
     def staging(self) -> MappedStore:

@@ -33,6 +33,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from model_store import shards
 from serving import freshness, notices
@@ -42,6 +43,9 @@ from serving.ps.metrics import PSMetrics
 from serving.rpc import convert
 from serving.rpc.auth import Access, read_token_file
 from serving.rpc.errors import BadRequest, NotServing, rpc
+
+if TYPE_CHECKING:
+    from recserve.v1.common_pb2 import DType
 
 log = logging.getLogger("recserve.ps")
 
@@ -143,17 +147,26 @@ class EmbeddingPSServicer:
     def _lookup(self, request, signs, fp16: bool):
         t0 = time.perf_counter()
         # answered from the version named, or refused (serving/ps/config.py check_holds)
-        rows, misses, (version, seq) = self.store.rows_of(signs, request.insert, request.version)
-        payload = convert.rows_to_bytes(rows, fp16)
+        dtype, qparams = (convert.FLOAT16 if fp16 else convert.FLOAT32), b""
+        # a serving shard answers as mapped (an inserting lookup goes on to rows_of, which refuses it)
+        if request.stored and not request.insert and hasattr(self.store, "stored_rows_of"):
+            stored, misses, (version, seq) = self.store.stored_rows_of(signs, request.version)
+            dtype, payload, qparams = convert.stored_to_bytes(stored)
+        else:  # a training shard holds float32 or float16 rows: stored is its own dtype
+            rows, misses, (version, seq) = self.store.rows_of(signs, request.insert, request.version)
+            if request.stored:
+                dtype = convert.WIRE[str(rows.dtype)]
+            payload = convert.rows_to_bytes(rows, dtype == convert.FLOAT16)
         if self.metrics is not None:
             self.metrics.lookup_seconds.observe(time.perf_counter() - t0)
             self.metrics.lookup_ids.inc(len(signs))
         return self.pb.LookupResponse(
             rows=payload,
             dim=self.store.config.dim,
-            dtype=self.common.FLOAT16 if fp16 else self.common.FLOAT32,
+            dtype=cast("DType", dtype),
             misses=misses,
             version=self.common.ModelVersion(version=version, delta_seq=seq),  # what these rows are
+            qparams=qparams,
         )
 
     def _update_args(self, request):

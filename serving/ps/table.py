@@ -42,7 +42,7 @@ import numpy as np
 from model_store import shards
 from model_store.errors import StoreError
 from model_store.meta import ShardMeta
-from model_store.quant import dequantize, storage
+from model_store.quant import QPARAMS, StoredRows, dequantize, storage
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,10 @@ class BucketTable:
                 time.sleep(0.001)
 
     @classmethod
-    def empty(cls, dim: int, dtype="float32") -> BucketTable:
-        return cls.build(np.empty(0, np.uint64), np.empty((0, dim), dtype))
+    def empty(cls, dim: int, dtype: str = "float32") -> BucketTable:
+        """A table of no rows of serving dtype ``dtype`` (int8: codes and their qparams)."""
+        qparams = np.empty((0, 2), QPARAMS) if dtype == "int8" else None
+        return cls.build(np.empty(0, np.uint64), np.empty((0, dim), storage(dtype)), qparams=qparams)
 
     @classmethod
     def build(
@@ -161,15 +163,36 @@ class BucketTable:
         out[:] = self.rows[slots]
         return out
 
+    def _live(self, slots: np.ndarray) -> np.ndarray:
+        """Which slots hold a row (found and not tombstoned)."""
+        hit = slots >= 0
+        if not len(self.dead):
+            return hit
+        live = hit.copy()
+        live[hit] = ~self.dead[slots[hit]]
+        return live
+
+    def gather_stored(self, signs: np.ndarray, out: StoredRows, zero_missing: bool = True) -> np.ndarray:
+        """``gather`` without decoding: the rows of ``signs`` as this table stores them (values and,
+        int8, qparams; zeros decode to a zero row) into ``out``, arrays of this table's types."""
+        slots = self.find(signs)
+        live = self._live(slots)
+        hidden = ~live if zero_missing else (slots >= 0) & ~live  # a tombstone hides the base's row
+        for src, dst in ((self.rows, out.values), (self.qparams, out.qparams)):
+            if src is None or dst is None:
+                continue
+            if live.all():
+                np.take(src, slots, axis=0, out=dst)
+                continue
+            dst[hidden] = 0
+            dst[live] = src[slots[live]]
+        return slots
+
     def gather(self, signs: np.ndarray, out: np.ndarray, zero_missing: bool = True) -> np.ndarray:
         """Write the rows of ``signs`` into ``out`` (float32); returns each sign's slot or -1."""
         slots = self.find(signs)
         hit = slots >= 0
-        if len(self.dead):
-            live = hit.copy()
-            live[hit] = ~self.dead[slots[hit]]
-        else:
-            live = hit
+        live = self._live(slots)
         if live.all():
             self._take(slots, out)
             return slots

@@ -1,6 +1,8 @@
 """proto <-> numpy for the recserve.v1 payloads: signs as little-endian uint64 bytes, rows and
-gradients as float32 (or float16) row-major bytes, the DType enum. Every decoder validates sizes
-before it builds a view (a ``BadRequest`` naming the problem)."""
+gradients as float32 (or float16) row-major bytes, rows answered as a shard stores them (float32,
+float16, or int8 codes with their float16 scale and bias: ``model_store.quant.StoredRows``), the
+DType enum. Every decoder validates sizes before it builds a view (a ``BadRequest`` naming the
+problem; a bad answer is a ``ValueError``)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from model_store.quant import QPARAMS, StoredRows, storage
 from serving.rpc.errors import BadRequest
 
-FLOAT32, FLOAT16 = 1, 2  # recserve.v1.DType (0 = unspecified = float32)
+FLOAT32, FLOAT16, INT8 = 1, 2, 3  # recserve.v1.DType (0 = unspecified = float32)
+WIRE = {"float32": FLOAT32, "float16": FLOAT16, "int8": INT8}
+"""A serving dtype's DType on the wire."""
 
 
 def signs_to_bytes(signs: ArrayLike) -> bytes:
@@ -32,12 +37,16 @@ def wants_fp16(value: int) -> bool:
         return False
     if value == FLOAT16:
         return True
-    raise BadRequest(f"unknown dtype {value}; use FLOAT32 (1) or FLOAT16 (2)")
+    raise BadRequest(
+        f"unknown dtype {value}; use FLOAT32 (1) or FLOAT16 (2) (rows as a shard stores them, int8 "
+        "included: a LookupRequest's stored=true)"
+    )
 
 
 def wire_dtype(name: str) -> int:
+    """The DType a lookup asks its rows in: float32 or float16 (converted by the shard)."""
     if name not in ("float32", "float16"):
-        raise ValueError(f"unknown dtype {name!r}; use float32 or float16")
+        raise ValueError(f"unknown dtype {name!r}; use float32, float16 or stored")
     return FLOAT16 if name == "float16" else FLOAT32
 
 
@@ -45,14 +54,32 @@ def rows_to_bytes(rows: NDArray[np.floating[Any]], fp16: bool) -> bytes:
     return (rows.astype(np.float16) if fp16 else np.ascontiguousarray(rows, dtype="<f4")).tobytes()
 
 
-def rows_from_bytes(payload: bytes, dtype: int, shape: tuple[int, ...]) -> NDArray[np.float32]:
-    """float32 rows of ``shape`` (a read-only view of the payload when it was sent as float32)."""
-    itemsize = 2 if dtype == FLOAT16 else 4
-    want = int(np.prod(shape)) * itemsize
-    if len(payload) != want:
-        raise ValueError(f"payload is {len(payload)} bytes; expected {want} for shape {shape}")
-    rows = np.frombuffer(payload, dtype="<f2" if dtype == FLOAT16 else "<f4").reshape(shape)
-    return rows.astype(np.float32) if dtype == FLOAT16 else rows
+def stored_to_bytes(rows: StoredRows) -> tuple[int, bytes, bytes]:
+    """(DType, rows, qparams) payloads of rows answered as stored (qparams: b"" unless int8)."""
+    qparams = b"" if rows.qparams is None else np.ascontiguousarray(rows.qparams, "<f2").tobytes()
+    values = np.ascontiguousarray(rows.values, rows.values.dtype.newbyteorder("<"))
+    return WIRE[rows.dtype], values.tobytes(), qparams
+
+
+def stored_from_bytes(dtype: int, payload: bytes, qparams: bytes, shape: tuple[int, int]) -> StoredRows:
+    """The rows of a LookupResponse (any DType) as ``StoredRows`` of ``shape`` (read-only views of
+    the payloads; ``decoded()`` gives float32); ValueError naming a size that does not fit."""
+    name = {v: k for k, v in WIRE.items()}.get(dtype or FLOAT32)
+    if name is None:
+        raise ValueError(f"unknown row dtype {dtype}")
+    kind = storage(name).newbyteorder("<")
+    n = shape[0]
+    if len(payload) != int(np.prod(shape)) * kind.itemsize:
+        raise ValueError(f"rows are {len(payload)} bytes; expected {int(np.prod(shape)) * kind.itemsize} "
+                         f"for {name} {shape}")  # fmt: skip
+    values = np.frombuffer(payload, dtype=kind).reshape(shape)
+    if name != "int8":
+        if qparams:
+            raise ValueError(f"{len(qparams)} bytes of qparams with {name} rows")
+        return StoredRows(values)
+    if len(qparams) != n * 2 * QPARAMS.itemsize:
+        raise ValueError(f"qparams are {len(qparams)} bytes; expected {n * 4} for {n} int8 rows")
+    return StoredRows(values, np.frombuffer(qparams, dtype="<f2").reshape(n, 2))
 
 
 def matrix_from_bytes(payload: bytes, n: int, dim: int, what: str = "grads") -> NDArray[np.float32]:

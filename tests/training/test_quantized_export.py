@@ -19,7 +19,7 @@ import pytest
 
 import model_store as ms
 from model_store import shards
-from model_store.quant import bytes_per_row, dequantize, error_bound, quantize
+from model_store.quant import dequantize, error_bound, quantize, served_bytes_per_row
 from serving.scoring.client import requests_from_file
 from serving.scoring.core import Scorer, ScoringConfig
 from serving.scoring.loop import score
@@ -65,13 +65,31 @@ def test_the_documented_sizing_table_is_what_the_layout_costs():
     assert len(rows) == 9
     per_host = 31e9  # 64 GB, two versions during a switch, ~1 GB of processes
     for dim, dtype, row_bytes, gb, hosts_1b, hosts_10b in rows:
-        want = 8 + bytes_per_row(int(dim), dtype) + 1  # key + row (+ scale and bias) + directory
+        want = served_bytes_per_row(int(dim), dtype)  # key + row (+ scale and bias) + directory
         assert int(row_bytes) == want, (dim, dtype)
         assert float(gb) == round(want * 1e8 / 1e9, 1)
         assert (int(hosts_1b), int(hosts_10b)) == (
             math.ceil(want * 1e9 / per_host),
             math.ceil(want * 1e10 / per_host),
         )
+
+
+def test_the_documented_measurements_are_the_formula_plus_the_processes():
+    """bench-scale's figures in the doc: the formula column is the formula, RSS / raw is the
+    measured RSS over 8 + 4 x dim, and what a row costs beyond the formula is at most the two PS
+    processes' own ~60 MB (and the directory's part of a byte under the formula's 1)."""
+    text = (ROOT / "docs" / "serving.md").read_text()
+    section = text[text.index(f"## {HEADING}") :]
+    found = re.findall(
+        r"^\| (\w+) +\| (\d+)M +\| (\d+) +\| ([\d.]+) +\| ([\d.]+) +\| ([\d.]+) +\|$", section, re.M
+    )
+    assert [f[0] for f in found] == ["float32", "float16", "int8"]
+    for dtype, millions, formula, rss, pss, ratio in found:
+        rows = int(millions) * 10**6
+        assert int(formula) == served_bytes_per_row(16, dtype)
+        assert float(ratio) == round(float(rss) / (8 + 4 * 16), 3)
+        for measured in (float(rss), float(pss)):
+            assert -0.3 * rows <= (measured - int(formula)) * rows <= 2 * 80e6, (dtype, measured)
 
 
 def _scores(scorer: Scorer, limit: int = 400) -> np.ndarray:
