@@ -27,6 +27,7 @@ import numpy as np
 import orjson
 
 import model_store
+from features.codec import encode as encode_batch
 from features.schema import Schema, load_schema
 from features.transform import dense_matrix
 from model_store.dense import AUTO, CHOICES
@@ -175,19 +176,21 @@ class Scorer:
         return self.lookups.modes
 
     def warmup(self, rounds: int = 3, patience_s: float = 60.0) -> None:
-        """Run synthetic one-row requests (a list of records, and a ranking request in column form)
-        through every verb, so compiled kernels, channels and the dense runtime are hot before the
-        first real request (scores are discarded). A worker that is still cold may miss the
+        """Run synthetic one-row requests (a list of records, a ranking request in column form, and
+        its codec bytes) through every verb, so compiled kernels, channels and the dense runtime are
+        hot before the first real request (scores are discarded). A worker that is still cold may miss the
         deadline at first: retry for ``patience_s``, then fail."""
         slots = self.schema.slots
         value = {s.column: ("0" if s.kind != "dense" else 0.0) for s in slots}
         context = {s.column: value[s.column] for s in slots if s.scope == "context"}
         items = {s.column: [value[s.column]] for s in slots if s.scope == "item"}
-        bodies = [orjson.dumps([value]), orjson.dumps({"context": context, "items": items})]
+        bodies = [(orjson.dumps(body), JSON) for body in ([value], {"context": context, "items": items})]
+        # and the codec's bytes: the binary path's compiled checks are hot too
+        bodies.append((encode_batch(self.decode(bodies[1][0], JSON).batch), BINARY))
         deadline, done = time.monotonic() + patience_s, 0
         while done < rounds * len(bodies):
             try:
-                inputs = self.lookup(self.decode(bodies[done % len(bodies)], JSON))
+                inputs = self.lookup(self.decode(*bodies[done % len(bodies)]))
                 self.encode(self.predict([inputs])[0], inputs.versions)
                 done += 1
             except Exception as e:
