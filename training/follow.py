@@ -315,7 +315,7 @@ class FollowTrainer:
             self._changed = False
             self.result.deltas += [(lv.version, seq)] if seq is not None else []
             return seq
-        if not self._changed:
+        if not self._changed and not self.book.moved(self.ledger.positions()):
             self.ledger.commit()  # e.g. unreadable files: nothing to publish, but remember them
             return None
         seq = lv.cluster.stores[0].delta_seq + 1

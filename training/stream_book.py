@@ -77,6 +77,8 @@ class StreamBook:
     _cut: Counts = field(default_factory=Counts)  # totals at the last delta
     _since_cut: list[tuple[NDArray[np.bytes_], NDArray[np.float64]]] = field(default_factory=list)
     """Keys trained since the last delta, with their times (what a rank sends rank 0)."""
+    _recorded: dict[str, int] = field(default_factory=dict)
+    """The positions the last delta recorded (or the one resumed from)."""
     _metrics: _Metrics | None = None
 
     def __post_init__(self) -> None:
@@ -125,6 +127,12 @@ class StreamBook:
         if self._metrics is not None:
             self._metrics.samples.inc(n)
 
+    def moved(self, positions: dict[str, int]) -> bool:
+        """A keyed stream read past what the last delta recorded (samples dropped as duplicates,
+        refused): a delta is due even when no row changed, else a restart re-reads records the
+        job handled, and only the bounded key window stands between them and a second training."""
+        return self.keyed and any(at != self._recorded.get(unit, 0) for unit, at in positions.items())
+
     def write(self, ddir: Path, positions: dict[str, int]) -> None:
         """Write the delta's record (positions, counts and scores since the last, keys)."""
         score = self.progressive.close_window()
@@ -132,6 +140,7 @@ class StreamBook:
         record = DeltaManifest(self.source, positions, t.rows - c.rows, t.duplicates - c.duplicates,
                                score.auc, score.logloss)  # fmt: skip
         write_delta(ddir, record, self.keys.arrays() if self.keyed else None)
+        self._recorded = dict(positions)
         self.mark_cut()
         if score.samples:
             self.windows.append(score)
@@ -166,6 +175,7 @@ class StreamBook:
         last = last_record(vdir) if self.keyed else None
         if last is not None and last[0].source == self.source:
             ledger.resume(last[0].positions)
+            self._recorded = dict(last[0].positions)
             self.keys = TrainedKeys(self.window_s, *read_keys(last[1], last[0]))
             log.info("resuming at %s, %d keys trained (%s)", last[0].positions, len(self.keys), last[1])
 

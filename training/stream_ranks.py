@@ -140,7 +140,8 @@ def merge_shares(book: StreamBook, shares: list[Share]) -> dict[str, int]:
 def cut_together(job: Ranks, cluster: Cluster, vdir: Path, book: StreamBook, ledger: Ledger,
                  changed: bool) -> int | None:  # fmt: skip
     """Every rank's part of one cut (each has flushed its updates to the shards): rank 0 writes the
-    delta when some rank trained rows, with every rank's offsets and keys; every rank commits its
+    delta when some rank trained rows or read on (``StreamBook.moved``), with every rank's offsets
+    and keys; every rank commits its
     ledger once it is published. Returns its seq (None: nothing changed)."""
     mine = {unit: at for unit, at in ledger.positions().items() if job.owns(unit)}  # resumed: every rank's
     shares = job.gather(take_share(book, mine, changed, job.rank))
@@ -148,7 +149,7 @@ def cut_together(job: Ranks, cluster: Cluster, vdir: Path, book: StreamBook, led
     if job.rank == 0:
         try:
             positions = merge_shares(book, shares)
-            if any(s.changed for s in shares):
+            if any(s.changed for s in shares) or book.moved(positions):
                 seq = job.seq + 1
                 ddir = ms.delta_dir(vdir, seq)
                 if (ddir / ms.SUCCESS).exists():

@@ -132,10 +132,21 @@ def test_a_re_emitted_sample_is_never_trained_twice(kafka, store):  # noqa: F811
     assert (again.rows, again.duplicates) == (40, 100)
     published = [record for _, record in _published(store)]
     assert sum(r.samples for r in published) == 140 and sum(r.duplicates for r in published) == 100
+    # nothing but re-emitted samples: none trained, yet a delta records the offsets read past
+    # them (a restart from the last delta's offsets must not re-read what the job dropped)
+    produce(kafka.bootstrap, topic, first)
+    dropped = follow(_cfg(store, spec, once=True))
+    assert (dropped.rows, dropped.duplicates, len(dropped.deltas)) == (0, 100, 1)
+    in_p0 = sum(int(r[0].rpartition("-")[2]) % 2 == 0 for r in first + first + more + first)
+    ends = {f"{topic}/0": in_p0, f"{topic}/1": 340 - in_p0}
+    _, record = _published(store)[-1]
+    assert (record.positions, record.samples, record.duplicates) == (ends, 0, 100)
     # a consume of nothing but a malformed record: refused, nothing trained, the trainer goes on
     produce(kafka.bootstrap, topic, [("r-1", 0, 0.0, b"RSSM broken")])
     last = follow(_cfg(store, spec, once=True))
     assert (last.rows, last.refused, last.duplicates) == (0, 1, 0)
+    _, record = _published(store)[-1]
+    assert record.positions == ends | {f"{topic}/1": 340 - in_p0 + 1}
 
 
 def test_a_crash_after_a_delta_retrains_only_what_no_published_delta_holds(kafka, store):  # noqa: F811
