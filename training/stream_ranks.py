@@ -128,8 +128,7 @@ def merge_shares(book: StreamBook, shares: list[Share]) -> dict[str, int]:
     positions: dict[str, int] = {}
     for s in shares:
         positions |= s.positions
-        if len(s.keys):
-            book.keys.add(s.keys, s.ts)
+        book.add_keys(s.keys, s.ts)
         book.progressive.add(s.labels, s.scores)
         book.total.rows += s.rows
         book.total.duplicates += s.duplicates
