@@ -298,7 +298,8 @@ class FollowTrainer:
             self._follow_current()
 
     def _maybe_cut(self) -> None:
-        if self._changed and self._cut_due() and self.job.world == 1:  # ranks cut at a look
+        read_on = self._changed or self.book.moved(self.ledger.positions())  # duplicates only: a delta too
+        if read_on and self._cut_due() and self.job.world == 1:  # ranks cut at a look
             self.cut()
 
     def cut(self) -> int | None:
@@ -349,9 +350,7 @@ class FollowTrainer:
         n = manifest.num_shards
         parts = shard_dirs(vdir / "embeddings")
         metas = [read_meta(part) for part in parts]
-        trained = TableSpec.from_meta(
-            metas[0], str(parts[0])
-        )  # the spec (and optimizer) the rows were trained with
+        trained = TableSpec.from_meta(metas[0], str(parts[0]))  # the spec (and optimizer) rows trained with
         table = replace(
             trained,
             # hash routing spreads rows evenly: room for the version's rows and as many new ones

@@ -140,8 +140,8 @@ def cut_together(job: Ranks, cluster: Cluster, vdir: Path, book: StreamBook, led
                  changed: bool) -> int | None:  # fmt: skip
     """Every rank's part of one cut (each has flushed its updates to the shards): rank 0 writes the
     delta when some rank trained rows or read on (``StreamBook.moved``), with every rank's offsets
-    and keys; every rank commits its
-    ledger once it is published. Returns its seq (None: nothing changed)."""
+    and keys; every rank commits its ledger once it is published. Returns its seq (None: nothing
+    changed)."""
     mine = {unit: at for unit, at in ledger.positions().items() if job.owns(unit)}  # resumed: every rank's
     shares = job.gather(take_share(book, mine, changed, job.rank))
     outcome: tuple[int | None, str] = (None, "")
