@@ -4,6 +4,7 @@ SIGKILL and a re-emitting joiner, dead letters, progressive validation."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -147,6 +148,29 @@ def test_a_re_emitted_sample_is_never_trained_twice(kafka, store):  # noqa: F811
     assert (last.rows, last.refused, last.duplicates) == (0, 1, 0)
     _, record = _published(store)[-1]
     assert record.positions == ends | {f"{topic}/1": 340 - in_p0 + 1}
+
+
+def test_a_trainer_reading_only_duplicates_still_cuts_on_its_interval(kafka, store):  # noqa: F811
+    """Mid-run, not only at its end: killed after a stretch of re-emitted samples, it resumes past
+    them (its last delta's offsets are where it read to)."""
+    topic = _topic(kafka, "samples-dups")
+    spec = f"kafka://{kafka.bootstrap}/{topic}"
+    recs = records(_schema(store), 40, per_request=20)
+    produce(kafka.bootstrap, topic, recs)
+    assert follow(_cfg(store, spec, once=True)).rows == 40
+    produce(kafka.bootstrap, topic, recs)  # re-emitted
+    cfg = _cfg(store, spec, batch_size=16, delta_interval_s=60, once=True)
+    clock = itertools.count(0.0, 61.0).__next__  # a delta due at every look at the clock
+    with FollowTrainer(cfg, clock=clock) as trainer:  # driven by hand: one consume's chunk, then gone
+        trainer._follow_current()
+        reading = Reading(trainer.loaded.schema, poll_s=0.2, once=True, batch_rows=16)
+        keyed = (c for c in sources.open_source(spec, reading, "kafka", trainer.ledger).chunks() if c.keyed)
+        chunk = next(keyed)
+        trainer.train_keyed(chunk)
+        assert trainer.result.rows == 0 and len(trainer.result.deltas) == 1
+    _, record = _published(store)[-1]
+    assert (record.samples, record.duplicates) == (0, chunk.rows)
+    assert record.positions[chunk.start.unit] == chunk.stop.row
 
 
 def test_a_crash_after_a_delta_retrains_only_what_no_published_delta_holds(kafka, store):  # noqa: F811
