@@ -306,7 +306,8 @@ class FollowTrainer:
         notices.announce(self.announcer, vdir.parent, version, seq, marker.stat().st_mtime)
 
     def _maybe_cut(self) -> None:
-        if self._changed and self._cut_due() and self.job.world == 1:  # ranks cut at a look
+        read_on = self._changed or self.book.moved(self.ledger.positions())  # duplicates only: a delta too
+        if read_on and self._cut_due() and self.job.world == 1:  # ranks cut at a look
             self.cut()
 
     def cut(self) -> int | None:
@@ -325,7 +326,7 @@ class FollowTrainer:
             if seq is not None and self.job.rank == 0:
                 self._announce(lv.vdir, lv.version, seq, ms.delta_dir(lv.vdir, seq) / ms.SUCCESS)
             return seq
-        if not self._changed:
+        if not self._changed and not self.book.moved(self.ledger.positions()):
             self.ledger.commit()  # e.g. unreadable files: nothing to publish, but remember them
             return None
         seq = lv.cluster.stores[0].delta_seq + 1
@@ -360,9 +361,7 @@ class FollowTrainer:
         n = manifest.num_shards
         parts = shard_dirs(vdir / "embeddings")
         metas = [read_meta(part) for part in parts]
-        trained = TableSpec.from_meta(
-            metas[0], str(parts[0])
-        )  # the spec (and optimizer) the rows were trained with
+        trained = TableSpec.from_meta(metas[0], str(parts[0]))  # the spec (and optimizer) rows trained with
         table = replace(
             trained,
             # hash routing spreads rows evenly: room for the version's rows and as many new ones

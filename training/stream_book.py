@@ -14,7 +14,8 @@ trained, at the trainer's last look; its maximum is the result's ``max_lag_sampl
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,16 @@ from training.sources.ledger import Ledger
 from training.trained_keys import TrainedKeys
 
 log = logging.getLogger("recserve.train.follow")
+
+WHOLE_MIN_KEYS = 65_536
+"""A delta's key file holds only the keys trained since the last delta, until the files added
+since the last whole-window file hold as many keys as it held (at least this many) or number
+``WHOLE_EVERY``: then the whole window. Rewritten every delta, the window cost 68 MiB and 0.5-0.8 s
+at 1.5M keys; by this rule a restart reads at most about twice the window, the disk holds as
+much per chain, and the whole files cost about one added key's bytes per key added (amortised)."""
+WHOLE_EVERY = 256
+"""Files added at most between two whole-window ones (a slow stream: a restart reads a bounded
+number of files)."""
 
 
 @dataclass
@@ -77,6 +88,13 @@ class StreamBook:
     _cut: Counts = field(default_factory=Counts)  # totals at the last delta
     _since_cut: list[tuple[NDArray[np.bytes_], NDArray[np.float64]]] = field(default_factory=list)
     """Keys trained since the last delta, with their times (what a rank sends rank 0)."""
+    _recorded: dict[str, int] = field(default_factory=dict)
+    """The positions the last delta recorded (or the one resumed from)."""
+    _keys_at: Path | None = None
+    """The last record written or resumed from in the version followed (None: the next key file
+    holds the whole window), with its ``keys_links`` and ``keys_added``."""
+    _links: int = 0
+    _added: int = 0
     _metrics: _Metrics | None = None
 
     def __post_init__(self) -> None:
@@ -106,11 +124,15 @@ class StreamBook:
                 scores: NDArray[np.float32]) -> None:  # fmt: skip
         """``rows`` of ``keyed`` (None: all) trained, scored ``scores`` before they were."""
         keys, ts = keyed.keys, keyed.ts
-        keys, ts = (keys, ts) if rows is None else (keys[rows], ts[rows])
-        self.keys.add(keys, ts)
-        self._since_cut.append((keys, ts))
+        self.add_keys(*((keys, ts) if rows is None else (keys[rows], ts[rows])))
         self.rows(len(labels))
         self.progressive.add(labels, scores)
+
+    def add_keys(self, keys: NDArray[np.bytes_], ts: NDArray[np.float64]) -> None:
+        """Keys trained (here, or by another rank: ``training.stream_ranks``), for the next delta."""
+        if len(keys):
+            self.keys.add(keys, ts)
+            self._since_cut.append((keys, ts))
 
     def lag(self, samples: int | None) -> None:
         """The source's consumer lag now (None: unknown)."""
@@ -125,13 +147,23 @@ class StreamBook:
         if self._metrics is not None:
             self._metrics.samples.inc(n)
 
+    def moved(self, positions: dict[str, int]) -> bool:
+        """A keyed stream read past what the last delta recorded (samples dropped as duplicates,
+        refused): a delta is due even when no row changed, else a restart re-reads records the
+        job handled, and only the bounded key window stands between them and a second training."""
+        return self.keyed and any(at != self._recorded.get(unit, 0) for unit, at in positions.items())
+
     def write(self, ddir: Path, positions: dict[str, int]) -> None:
         """Write the delta's record (positions, counts and scores since the last, keys)."""
         score = self.progressive.close_window()
         t, c = self.total, self._cut
         record = DeltaManifest(self.source, positions, t.rows - c.rows, t.duplicates - c.duplicates,
                                score.auc, score.logloss)  # fmt: skip
-        write_delta(ddir, record, self.keys.arrays() if self.keyed else None)
+        if self.keyed:
+            record = self._write_keys(Path(ddir), record)
+        else:
+            write_delta(ddir, record)
+        self._recorded = dict(positions)
         self.mark_cut()
         if score.samples:
             self.windows.append(score)
@@ -142,6 +174,28 @@ class StreamBook:
             if score.samples:
                 self._metrics.auc.set(float("nan") if score.auc is None else score.auc)
                 self._metrics.logloss.set(score.logloss or 0.0)
+
+    def _write_keys(self, ddir: Path, record: DeltaManifest) -> DeltaManifest:
+        """The record with its key file: the keys trained since the last delta, or the whole
+        window when one is due (``WHOLE_MIN_KEYS``)."""
+        _, keys, ts = self.since_cut()
+        since = self.keys.newest - self.window_s if np.isfinite(self.keys.newest) else None
+        added = self._added + len(keys)
+        # the keys added since the whole file against those held before them (its window)
+        if (
+            self._keys_at is None
+            or self._links >= WHOLE_EVERY
+            or added >= max(WHOLE_MIN_KEYS, self.keys.size - added)
+        ):
+            record = replace(record, keys_since=since)
+            written = write_delta(ddir, record, self.keys.arrays())  # trimmed to the window
+        else:
+            after = os.path.relpath(self._keys_at, ddir)
+            record = replace(record, keys_after=after, keys_since=since, keys_links=self._links + 1,
+                             keys_added=added)  # fmt: skip
+            written = write_delta(ddir, record, (keys, ts))
+        self._keys_at, self._links, self._added = ddir, written.keys_links, written.keys_added
+        return written
 
     def since_cut(self) -> tuple[Counts, NDArray[np.bytes_], NDArray[np.float64]]:
         """The counts and the keys (with their times) since the last delta."""
@@ -164,8 +218,12 @@ class StreamBook:
         """A stream resumes where the version's last delta says (offsets and keys trained), over
         the ledger file, which a crash between a delta's _SUCCESS and its commit left behind."""
         last = last_record(vdir) if self.keyed else None
+        self._keys_at = None  # a version without a record: its first key file holds the window
         if last is not None and last[0].source == self.source:
             ledger.resume(last[0].positions)
+            self._recorded = dict(last[0].positions)
+            self._keys_at = last[1] if last[0].keys else None
+            self._links, self._added = last[0].keys_links, last[0].keys_added
             self.keys = TrainedKeys(self.window_s, *read_keys(last[1], last[0]))
             log.info("resuming at %s, %d keys trained (%s)", last[0].positions, len(self.keys), last[1])
 

@@ -128,8 +128,7 @@ def merge_shares(book: StreamBook, shares: list[Share]) -> dict[str, int]:
     positions: dict[str, int] = {}
     for s in shares:
         positions |= s.positions
-        if len(s.keys):
-            book.keys.add(s.keys, s.ts)
+        book.add_keys(s.keys, s.ts)
         book.progressive.add(s.labels, s.scores)
         book.total.rows += s.rows
         book.total.duplicates += s.duplicates
@@ -140,15 +139,16 @@ def merge_shares(book: StreamBook, shares: list[Share]) -> dict[str, int]:
 def cut_together(job: Ranks, cluster: Cluster, vdir: Path, book: StreamBook, ledger: Ledger,
                  changed: bool) -> int | None:  # fmt: skip
     """Every rank's part of one cut (each has flushed its updates to the shards): rank 0 writes the
-    delta when some rank trained rows, with every rank's offsets and keys; every rank commits its
-    ledger once it is published. Returns its seq (None: nothing changed)."""
+    delta when some rank trained rows or read on (``StreamBook.moved``), with every rank's offsets
+    and keys; every rank commits its ledger once it is published. Returns its seq (None: nothing
+    changed)."""
     mine = {unit: at for unit, at in ledger.positions().items() if job.owns(unit)}  # resumed: every rank's
     shares = job.gather(take_share(book, mine, changed, job.rank))
     outcome: tuple[int | None, str] = (None, "")
     if job.rank == 0:
         try:
             positions = merge_shares(book, shares)
-            if any(s.changed for s in shares):
+            if any(s.changed for s in shares) or book.moved(positions):
                 seq = job.seq + 1
                 ddir = ms.delta_dir(vdir, seq)
                 if (ddir / ms.SUCCESS).exists():

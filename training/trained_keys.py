@@ -40,6 +40,11 @@ class TrainedKeys:
         self._merge()
         return len(self.keys)
 
+    @property
+    def size(self) -> int:
+        """Keys held, those out of the window not dropped yet included (no merge: cheap)."""
+        return len(self.keys) + len(self._pk)
+
     def new(self, keys: NDArray[np.bytes_]) -> NDArray[np.bool_]:
         """Per key, whether it is neither in the set nor an earlier key of ``keys`` itself."""
         probe = keys.astype(self._widen(keys.dtype.itemsize))

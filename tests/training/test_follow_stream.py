@@ -4,6 +4,7 @@ SIGKILL and a re-emitting joiner, dead letters, progressive validation."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -132,10 +133,44 @@ def test_a_re_emitted_sample_is_never_trained_twice(kafka, store):  # noqa: F811
     assert (again.rows, again.duplicates) == (40, 100)
     published = [record for _, record in _published(store)]
     assert sum(r.samples for r in published) == 140 and sum(r.duplicates for r in published) == 100
+    # nothing but re-emitted samples: none trained, yet a delta records the offsets read past
+    # them (a restart from the last delta's offsets must not re-read what the job dropped)
+    produce(kafka.bootstrap, topic, first)
+    dropped = follow(_cfg(store, spec, once=True))
+    assert (dropped.rows, dropped.duplicates, len(dropped.deltas)) == (0, 100, 1)
+    in_p0 = sum(int(r[0].rpartition("-")[2]) % 2 == 0 for r in first + first + more + first)
+    ends = {f"{topic}/0": in_p0, f"{topic}/1": 340 - in_p0}
+    _, record = _published(store)[-1]
+    assert (record.positions, record.samples, record.duplicates) == (ends, 0, 100)
     # a consume of nothing but a malformed record: refused, nothing trained, the trainer goes on
     produce(kafka.bootstrap, topic, [("r-1", 0, 0.0, b"RSSM broken")])
     last = follow(_cfg(store, spec, once=True))
     assert (last.rows, last.refused, last.duplicates) == (0, 1, 0)
+    _, record = _published(store)[-1]
+    assert record.positions == ends | {f"{topic}/1": 340 - in_p0 + 1}
+
+
+def test_a_trainer_reading_only_duplicates_still_cuts_on_its_interval(kafka, store):  # noqa: F811
+    """Mid-run, not only at its end: killed after a stretch of re-emitted samples, it resumes past
+    them (its last delta's offsets are where it read to)."""
+    topic = _topic(kafka, "samples-dups")
+    spec = f"kafka://{kafka.bootstrap}/{topic}"
+    recs = records(_schema(store), 40, per_request=20)
+    produce(kafka.bootstrap, topic, recs)
+    assert follow(_cfg(store, spec, once=True)).rows == 40
+    produce(kafka.bootstrap, topic, recs)  # re-emitted
+    cfg = _cfg(store, spec, batch_size=16, delta_interval_s=60, once=True)
+    clock = itertools.count(0.0, 61.0).__next__  # a delta due at every look at the clock
+    with FollowTrainer(cfg, clock=clock) as trainer:  # driven by hand: one consume's chunk, then gone
+        trainer._follow_current()
+        reading = Reading(trainer.loaded.schema, poll_s=0.2, once=True, batch_rows=16)
+        keyed = (c for c in sources.open_source(spec, reading, "kafka", trainer.ledger).chunks() if c.keyed)
+        chunk = next(keyed)
+        trainer.train_keyed(chunk)
+        assert trainer.result.rows == 0 and len(trainer.result.deltas) == 1
+    _, record = _published(store)[-1]
+    assert (record.samples, record.duplicates) == (0, chunk.rows)
+    assert record.positions[chunk.start.unit] == chunk.stop.row
 
 
 def test_a_crash_after_a_delta_retrains_only_what_no_published_delta_holds(kafka, store):  # noqa: F811
