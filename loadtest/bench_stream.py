@@ -57,13 +57,14 @@ FROZEN_LR = 1e-12
 class Collector(threading.Thread):
     """Reads ``topic`` from its beginning for the whole run (the mock cluster keeps only a few MB a
     partition, so reading it at the end would miss the start), keeping ``decode(value)`` of each
-    record in ``items``; ``finish`` reads on to the topic's end now, then stops."""
+    record in ``items`` (with ``stamped``, ``(decode(value), its produce time)``, time.time()'s
+    scale); ``finish`` reads on to the topic's end now, then stops."""
 
-    def __init__(self, bootstrap: str, topic: str, decode) -> None:
+    def __init__(self, bootstrap: str, topic: str, decode, stamped: bool = False) -> None:
         super().__init__(name=f"collect-{topic}", daemon=True)
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-        self.topic, self.decode = topic, decode
+        self.topic, self.decode, self.stamped = topic, decode, stamped
         self.items: list = []
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-read-{topic}",
                                   "enable.auto.commit": False})  # fmt: skip
@@ -75,7 +76,8 @@ class Collector(threading.Thread):
         while self.until is None or any(n < u for n, u in zip(self.next, self.until, strict=True)):
             for m in self.consumer.consume(10_000, timeout=0.5):
                 if m.error() is None:
-                    self.items.append(self.decode(m.value() or b""))
+                    item = self.decode(m.value() or b"")
+                    self.items.append((item, (m.timestamp()[1] or 0) / 1e3) if self.stamped else item)
                     self.next[m.partition() or 0] = (m.offset() or 0) + 1
         self.consumer.close()
 

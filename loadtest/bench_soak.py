@@ -1,0 +1,390 @@
+"""``make bench-soak``: the whole loop for half an hour, with the trainer, the joiner and a PS replica killed.
+
+    python -m loadtest.bench_soak [--minutes 30] [--window-min 5] [--rate 50] [--ts-rate 10] [--items 200]
+                                  [--full-every 10m] [--quick] [--results-dir DIR] [--store DIR]
+
+On the mock Kafka cluster (``serving.stream.mockbroker``): ``recserve serve`` with co-located
+lookups at ``--rate`` requests/s, and the local stack (``serving.stack.local``: 2 replicas per PS
+shard, the worker, TorchServe with remote lookups, supervised) at ``--ts-rate``, both logging
+impressions to one topic and following one model store; a request is always the same ``--items``
+Criteo rows (``loadtest.recorder``: every response's time, latency, status and versions). Simulated users
+(``loadtest.stream_users``) click in a drifting world; ``recserve join``; the streaming trainer
+(``recserve train --follow --stream``) cuts a delta every ``--delta-interval-s`` and, with
+``--full-every``, trains the dense network and publishes a full version that often. A third of
+the way in the trainer is SIGKILLed, half-way the joiner (each restarted at once), two thirds in
+a PS replica (``loadtest.bench_faults.kill_and_watch``: the supervisor restarts it).
+
+Then the load stops, the joiner and the trainer catch up, and ``lost_samples`` and
+``duplicate_samples`` are counted against the impression log (``loadtest.bench_stream``'s rule:
+every impression whose join window closed before the last one trained exactly once; the trained
+keys harvested from every delta of every version as they land, ``loadtest.freshness``).
+
+Per ``--window-min`` window of the load: ``p50_ms``, ``p99_ms`` (``recserve serve``; TorchServe's
+under ``torchserve``), ``failures`` and ``mixed_responses`` (both endpoints), ``event_to_served_s``
+{p50, p99} (a click's produce time to the first response holding its sample, for the clicks
+produced in the window), ``rss_mb`` per process (the mean of its samples in the window) and
+``store_bytes`` (the model store's disk use at the window's end). Writes
+``loadtest/results/soak.json``. ``--quick``: 0.6 minutes at 4 + 2 rps in 0.2-minute windows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from loadtest.bench_e2e import lean_frontend
+from loadtest.bench_faults import KILLED_PS, kill_and_watch
+from loadtest.bench_stream import PARTITIONS, TOPICS, Collector, high_watermarks, sample_key
+from loadtest.common import (
+    CRITEO_SCHEMA,
+    CRITEO_TEST,
+    given_or_trained,
+    parse,
+    parser,
+    print_table,
+    report_targets,
+    write_results,
+)
+from loadtest.freshness import TrainedLog, event_to_served, percentiles_s
+from loadtest.processes import grpc_serving, tree, usage
+from loadtest.recorder import ITEM_SHIFT, Recorder, Responses, key_ints, rid_ints
+from loadtest.stream_users import UserModel, play
+from model_store.dense import AUTO
+from serving.rpc.procs import spawn, stop_children
+from serving.scoring.client import requests_from_file
+from serving.stream import mockbroker
+from serving.stream.records import decode_event, decode_impression
+
+LEAN, TORCHSERVE = 1, 2  # the recorders' request-id streams
+
+
+class Series(threading.Thread):
+    """Every ``every_s``: (time.time(), {process name: RSS bytes}, the store's bytes on disk)."""
+
+    def __init__(self, pids, store: Path, every_s: float) -> None:
+        super().__init__(name="series", daemon=True)
+        self.pids, self.store, self.every_s = pids, store, every_s
+        self.samples: list[tuple[float, dict[str, int], int]] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            rss = {name: usage(pids).rss_bytes for name, pids in self.pids().items()}
+            self.samples.append((time.time(), rss, disk_bytes(self.store)))
+            self._halt.wait(self.every_s)
+
+    def halt(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes allocated on disk under ``path`` (files that vanish meanwhile: not counted)."""
+    total = 0
+    for d, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(d, f)).st_blocks * 512
+    return total
+
+
+def trainer_takes(flag: str) -> bool:
+    """Whether ``recserve train`` knows ``flag`` (its --help names it)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "recserve", "train", "--help"], capture_output=True, text=True
+    )
+    return flag in out.stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__)
+    p.add_argument("--store", help="existing model store (default: train one into a temp dir)")
+    p.add_argument("--model", default="criteo")
+    p.add_argument("--minutes", type=float, default=30.0, help="minutes of load (default: 30)")
+    p.add_argument("--window-min", type=float, default=5.0, help="minutes per reported window (default: 5)")
+    p.add_argument(
+        "--rate", type=float, default=50.0, help="recserve serve's requests/s of 200 items (default: 50)"
+    )
+    p.add_argument("--ts-rate", type=float, default=10.0, help="TorchServe's requests/s (default: 10)")
+    p.add_argument(
+        "--items", type=int, default=200, help="items per request, the first Criteo test rows (default: 200)"
+    )
+    p.add_argument("--window-s", type=float, default=10.0, help="the joiner's window (default: 10)")
+    p.add_argument("--delta-interval-s", type=float, default=0.5, help="the trainer's (default: 0.5)")
+    p.add_argument("--dedup-window-s", type=float, default=60.0,
+                   help="the trainer's (default: 60; covers the join window and a restarted joiner's replay)")  # fmt: skip
+    p.add_argument(
+        "--full-every", default="", help="the trainer's --full-every with --train-dense ('': none)"
+    )
+    p.add_argument("--session-timeout-ms", type=int, default=6000,
+                   help="the joiner's Kafka session timeout: how soon a killed joiner's partitions move on")  # fmt: skip
+    p.add_argument("--drift-period-s", type=float, default=120.0, help="(default: 120)")
+    p.add_argument("--drift-weight", type=float, default=2.0, help="(default: 2)")
+    p.add_argument("--sample-s", type=float, default=5.0, help="how often RSS and disk use are sampled")
+    p.add_argument("--catch-up-s", type=float, default=180.0, help="most seconds to catch up at the end")
+    args = parse(p, argv, {"minutes": 0.6, "window_min": 0.2, "rate": 4.0, "ts_rate": 2.0, "window_s": 4.0,
+                           "drift_period_s": 12.0, "sample_s": 1.0, "catch_up_s": 90.0})  # fmt: skip
+    if args.full_every and not trainer_takes("--full-every"):
+        p.error(f"--full-every {args.full_every}: this `recserve train` has no --full-every (see its --help)")
+    work = Path(tempfile.mkdtemp(prefix="bench-soak-"))
+    try:
+        served = work / "served"
+        shutil.copytree(given_or_trained(args.store, work), served)
+        out = run(args, served / args.model, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report(out, args)
+    print(f"wrote {write_results('soak', out, args.results_dir)}")
+    return 0
+
+
+def run(args, model_dir: Path, work: Path) -> dict:
+    from confluent_kafka import Consumer
+
+    from serving.stack.local import LocalStack, StackConfig
+    from serving.stack.state import read_state
+
+    duration = args.minutes * 60
+    body = next(requests_from_file(str(CRITEO_TEST), str(CRITEO_SCHEMA), args.items))[0]
+    with contextlib.ExitStack() as es:
+        broker = es.enter_context(mockbroker.running([mockbroker.TopicSpec(t, PARTITIONS) for t in TOPICS]))
+        b = broker.bootstrap
+        log_to = f"kafka://{b}/impressions"
+        print("starting the local stack (2 PS replicas a shard, TorchServe, remote lookups) ...", flush=True)
+        stack = LocalStack(StackConfig(store=str(model_dir.parent), model=args.model, run_dir=str(work / "run"),
+                                       replicas=2, lookups="remote", http_port=0, management_port=0,
+                                       metrics_port=0, disable_token_auth=True, poll_s=0.2,
+                                       log_impressions=log_to)).start()  # fmt: skip
+        es.callback(stack.stop)
+        endpoint, lean = es.enter_context(lean_frontend(model_dir.parent, args.model, "colocated", None, work, AUTO,
+                                                        1.0, ("--log-impressions", log_to, "--poll-s", "0.2")))  # fmt: skip
+        kafka_config = work / "joiner.properties"
+        kafka_config.write_text(f"session.timeout.ms={args.session_timeout_ms}\nheartbeat.interval.ms=1000\n")
+        train = [
+            "train",
+            "--follow",
+            str(model_dir),
+            "--stream",
+            f"kafka://{b}/samples",
+            "--delta-interval-s",
+            f"{args.delta_interval_s:g}",
+            "--dedup-window-s",
+            f"{args.dedup_window_s:g}",
+        ]
+        if args.full_every:
+            train += ["--train-dense", "--full-every", args.full_every]
+        roles = {"joiner": ["join", "--brokers", b, "--window-s", f"{args.window_s:g}", "--group", "bench-soak",
+                            "--kafka-config", str(kafka_config)], "trainer": train}  # fmt: skip
+        procs = {name: spawn(argv, work / f"{name}.log") for name, argv in roles.items()}
+        es.callback(lambda: stop_children([p for p in procs.values() if p.poll() is None]))
+
+        def pids() -> dict[str, list[int]]:
+            stacked = read_state(stack.run_dir).pids
+            out = {name: [pid] for name, pid in stacked.items() if name != "torchserve"}
+            out |= {"torchserve": tree(stacked["torchserve"])(), "lean": tree(lean["lean"][0])(),
+                    "broker": [broker.proc.pid], "bench": [os.getpid()]}  # fmt: skip
+            return out | {name: [p.pid] for name, p in procs.items()}
+
+        model = UserModel(delay_s=2.0, drift_weight=args.drift_weight, drift_period_s=args.drift_period_s)
+        stop_users = threading.Event()
+        threading.Thread(target=play, args=(b, model, stop_users), daemon=True).start()
+        imps, clicks = Collector(b, "impressions", impression), Collector(b, "events", click, stamped=True)
+        trained = TrainedLog(model_dir)
+        recorders = [Recorder(endpoint, body, args.rate, LEAN), Recorder(stack.state.endpoint, body, args.ts_rate,
+                                                                         TORCHSERVE, clients=2)]  # fmt: skip
+        series = Series(pids, model_dir, args.sample_s)
+        watch = Consumer({"bootstrap.servers": b, "group.id": "bench-soak-watch"})
+        for t in (imps, clicks, trained, *recorders, series):
+            t.start()
+        es.callback(series.halt)  # on the way out, before the processes it samples go
+        es.callback(stop_users.set)
+        print(f"load {args.rate:g} + {args.ts_rate:g} rps for {duration:.0f} s; the trainer killed at "
+              f"{duration / 3:.0f} s, the joiner at {duration / 2:.0f} s, {KILLED_PS} at {2 * duration / 3:.0f} s",
+              flush=True)  # fmt: skip
+        t0, kills = time.time(), []
+        ps_ready = grpc_serving(stack.state.ps_shards[0][1])
+        for at, name in ((duration / 3, "trainer"), (duration / 2, "joiner"), (2 * duration / 3, KILLED_PS),
+                         (duration, "")):  # fmt: skip
+            time.sleep(max(0.0, t0 + at - time.time()))
+            if name in procs:
+                os.killpg(procs[name].pid, signal.SIGKILL)
+                procs[name].wait()
+                kills.append({"name": name, "kill": time.time()})
+                procs[name] = spawn(roles[name], work / f"{name}.log")
+            elif name:
+                kills.append(kill_and_watch(stack.run_dir, name, lambda _state: ps_ready()))
+            if name:
+                print(f"  {time.time() - t0:.0f} s: {name} SIGKILLed, restarted", flush=True)
+        for r in recorders:
+            r.stop.set()
+        for r in recorders:
+            r.join(60)
+        load_end = time.time()
+        impressions = imps.finish(watch)
+        last_ts = max(ts for _, ts, _ in impressions)
+        expected = expected_keys([i for i in impressions if i[1] + args.window_s < last_ts])
+        deadline = time.monotonic() + args.catch_up_s
+        while time.monotonic() < deadline:  # the joiner, then the trainer, to the samples topic's end
+            if trained.offsets() >= sum(high_watermarks(watch, "samples")) and is_subset(expected, trained):
+                break
+            time.sleep(5.0)  # is_subset sorts every key trained: not every second
+        catch_up_s = time.time() - load_end
+        stop_users.set()
+        stop_children([procs["trainer"]], 60)  # SIGTERM: a last delta
+        trained.stop()
+        series.halt()
+        events = clicks.finish(watch)
+        watch.close()
+    responses = [r.responses() for r in recorders]
+    return analyse(args, t0, load_end, responses, events, trained, expected, series, kills) | {
+        "impressions": len(impressions), "catch_up_s": round(catch_up_s, 1)}  # fmt: skip
+
+
+def impression(value: bytes) -> tuple[str, float, int]:
+    """(request id, ts, items) of an impression record."""
+    imp = decode_impression(value)
+    return imp.request_id, imp.ts, len(imp.scores)
+
+
+def click(value: bytes) -> int:
+    """The sample key of a click event as an integer (``loadtest.recorder``)."""
+    e = decode_event(value)
+    return int(key_ints(np.array([sample_key(e.request_id, e.item)]))[0])
+
+
+def expected_keys(impressions: list[tuple[str, float, int]]) -> np.ndarray:
+    """Every (request, item) key of these impressions as an integer (``loadtest.recorder``), sorted."""
+    if not impressions:
+        return np.zeros(0, np.int64)
+    rid = rid_ints([r for r, _, _ in impressions])
+    n = np.array([k for _, _, k in impressions], np.int64)
+    starts = np.repeat(np.cumsum(n) - n, n)
+    return np.sort((np.arange(n.sum()) - starts) << ITEM_SHIFT | np.repeat(rid, n))
+
+
+def missing(expected: np.ndarray, keys: np.ndarray) -> int:
+    """How many of ``expected`` are not in the sorted ``keys``."""
+    if not len(keys):
+        return len(expected)
+    at = np.searchsorted(keys, expected).clip(max=len(keys) - 1)
+    return int((keys[at] != expected).sum())
+
+
+def is_subset(expected: np.ndarray, trained: TrainedLog) -> bool:
+    return missing(expected, trained.trained()[0]) == 0
+
+
+def analyse(args, t0: float, end: float, responses: list[Responses], events: list, trained: TrainedLog,
+            expected: np.ndarray, series: Series, kills: list[dict]) -> dict:  # fmt: skip
+    lean, ts = responses
+    both = Responses(
+        *(np.concatenate([getattr(lean, f), getattr(ts, f)]) for f in Responses.__dataclass_fields__)
+    )
+    click_keys = np.array([k for k, _ in events], np.int64)
+    produced = np.array([t for _, t in events], np.float64)
+    e2s = event_to_served(click_keys, produced, trained, both)
+    keys = trained.trained()[0]
+    width = args.window_min * 60
+    windows = []
+    n = max(1, round((end - t0) / width))  # the last window ends with the load
+    for i in range(n):
+        a, b = t0 + i * width, t0 + (i + 1) * width if i < n - 1 else end
+        w, wt = lean.window(a, b), ts.window(a, b)
+        in_w = [(t, rss, disk) for t, rss, disk in series.samples if a <= t < b]
+        names = sorted({n for _, rss, _ in in_w for n in rss})
+        windows.append({
+            "minutes": [round((a - t0) / 60, 2), round((b - t0) / 60, 2)],
+            "requests": int(len(w.ms)),
+            "rps": round(len(w.ms) / (b - a), 1), **ms_percentiles(w),
+            "failures": int((w.status != 200).sum() + (wt.status != 200).sum()),
+            "mixed_responses": int(w.mixed.sum() + wt.mixed.sum()),
+            "torchserve": {"requests": int(len(wt.ms)), **ms_percentiles(wt), "failures": int((wt.status != 200).sum()),
+                           "mixed_responses": int(wt.mixed.sum())},
+            "event_to_served_s": percentiles_s(e2s[(produced >= a) & (produced < b)]),
+            "clicks": int(((produced >= a) & (produced < b)).sum()),
+            "clicks_unserved": int(np.isnan(e2s[(produced >= a) & (produced < b)]).sum()),
+            "rss_mb": {n: round(float(np.mean([r[n] for _, r, _ in in_w if n in r])) / 2**20, 1) for n in names},
+            "store_bytes": in_w[-1][2] if in_w else None,
+        })  # fmt: skip
+    return {
+        "minutes": round((end - t0) / 60, 2),
+        "lost_samples": missing(expected, keys),
+        "duplicate_samples": trained.samples() - len(keys),
+        "samples_expected": int(len(expected)),
+        "samples_trained": trained.samples(),
+        "deltas": len(trained.deltas),
+        "deltas_missed": trained.missed,
+        "versions": sorted({d.version for d in trained.deltas}),
+        "clicks_never_served": int(np.isnan(e2s).sum()),
+        "windows": windows,
+        "kills": [{k: round(v - t0, 2) if k in ("kill", "back") else v for k, v in e.items()} for e in kills],
+        "conditions": {
+            "lean": f"recserve serve, co-located lookups, {args.rate:g} rps",
+            "torchserve": f"the local stack, 2 PS replicas a shard, remote lookups, {args.ts_rate:g} rps",
+            "request_items": args.items,
+            "window_s": args.window_s,
+            "delta_interval_s": args.delta_interval_s,
+            "dedup_window_s": args.dedup_window_s,
+            "full_every": args.full_every or None,
+            "joiner_session_timeout_ms": args.session_timeout_ms,
+            "drift_weight": args.drift_weight,
+            "drift_period_s": args.drift_period_s,
+            "click_delay_s": 2.0,
+            "partitions": PARTITIONS,
+            "broker": "librdkafka mock cluster, 3 brokers, one process; everything on this machine",
+            "loadavg": os.getloadavg(),
+        },  # fmt: skip
+    }
+
+
+def ms_percentiles(r: Responses) -> dict:
+    ok = r.ms[r.status == 200]
+    if not len(ok):
+        return {"p50_ms": None, "p99_ms": None}
+    return {
+        "p50_ms": round(float(np.percentile(ok, 50)), 2),
+        "p99_ms": round(float(np.percentile(ok, 99)), 2),
+    }
+
+
+def report(out: dict, args) -> None:
+    rows = [{"window (min)": "-".join(f"{m:g}" for m in w["minutes"]), **{k: w[k] for k in
+             ("rps", "p50_ms", "p99_ms", "failures", "mixed_responses", "clicks")},
+             "ts_p99_ms": w["torchserve"]["p99_ms"], "e2s_p50_s": w["event_to_served_s"]["p50"],
+             "e2s_p99_s": w["event_to_served_s"]["p99"],
+             "store_mb": None if w["store_bytes"] is None else round(w["store_bytes"] / 2**20, 1)}
+            for w in out["windows"]]  # fmt: skip
+    print_table(f"soak: {out['minutes']} minutes, per {args.window_min:g}-minute window", rows, list(rows[0]))
+    names = sorted({n for w in out["windows"] for n in w["rss_mb"]})
+    print_table("RSS (MB, mean over the window)", [{"process": n, **{f"w{i}": w["rss_mb"].get(n) for i, w in
+                enumerate(out["windows"])}} for n in names], ["process", *(f"w{i}" for i in range(len(rows)))])  # fmt: skip
+    print({k: out[k] for k in ("lost_samples", "duplicate_samples", "samples_expected", "samples_trained",
+                               "deltas", "deltas_missed", "clicks_never_served", "kills")})  # fmt: skip
+    ws = out["windows"]
+    checks = {
+        "0 failed responses": sum(w["failures"] for w in ws) == 0,
+        "0 mixed responses": sum(w["mixed_responses"] for w in ws) == 0,
+        "0 lost samples": out["lost_samples"] == 0,
+        "0 duplicate samples": out["duplicate_samples"] == 0,
+        "event_to_served_s p99 <= 2 s in every window": all((w["event_to_served_s"]["p99"] or math.inf) <= 2 for w in ws),
+    }  # fmt: skip
+    if len(ws) >= 3:
+        first, last = ws[1]["rss_mb"], ws[-1]["rss_mb"]  # the bench itself keeps what it counts: not it
+        checks["each process's RSS in the last window within 10% of the second's"] = all(
+            abs(last[n] - first[n]) <= 0.1 * first[n] for n in first if n in last and n != "bench")  # fmt: skip
+    report_targets(out, checks)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
