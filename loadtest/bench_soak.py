@@ -57,8 +57,9 @@ from loadtest.common import (
     write_results,
 )
 from loadtest.freshness import TrainedLog, event_to_served, percentiles_s
-from loadtest.processes import grpc_serving, tree, usage
+from loadtest.processes import grpc_serving, tree
 from loadtest.recorder import ITEM_SHIFT, Recorder, Responses, key_ints, rid_ints
+from loadtest.series import Series
 from loadtest.stream_users import UserModel, play
 from model_store.dense import AUTO
 from serving.rpc.procs import spawn, stop_children
@@ -67,36 +68,6 @@ from serving.stream import mockbroker
 from serving.stream.records import decode_event, decode_impression
 
 LEAN, TORCHSERVE = 1, 2  # the recorders' request-id streams
-
-
-class Series(threading.Thread):
-    """Every ``every_s``: (time.time(), {process name: RSS bytes}, the store's bytes on disk)."""
-
-    def __init__(self, pids, store: Path, every_s: float) -> None:
-        super().__init__(name="series", daemon=True)
-        self.pids, self.store, self.every_s = pids, store, every_s
-        self.samples: list[tuple[float, dict[str, int], int]] = []
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            rss = {name: usage(pids).rss_bytes for name, pids in self.pids().items()}
-            self.samples.append((time.time(), rss, disk_bytes(self.store)))
-            self._halt.wait(self.every_s)
-
-    def halt(self) -> None:
-        self._halt.set()
-        self.join()
-
-
-def disk_bytes(path: Path) -> int:
-    """Bytes allocated on disk under ``path`` (files that vanish meanwhile: not counted)."""
-    total = 0
-    for d, _, files in os.walk(path):
-        for f in files:
-            with contextlib.suppress(FileNotFoundError):
-                total += os.lstat(os.path.join(d, f)).st_blocks * 512
-    return total
 
 
 def trainer_takes(flag: str) -> bool:
@@ -247,8 +218,12 @@ def run(args, model_dir: Path, work: Path) -> dict:
         events = clicks.finish(watch)
         watch.close()
     responses = [r.responses() for r in recorders]
+    logged = rid_ints([r for r, _, _ in impressions]) if impressions else np.zeros(0, np.int64)
+    # the log is off the request path: the last second's records may still be on their way
+    answered = np.concatenate([r.rid[(r.status == 200) & (r.end < load_end - 1.0)] for r in responses])
     return analyse(args, t0, load_end, responses, events, trained, expected, series, kills) | {
-        "impressions": len(impressions), "catch_up_s": round(catch_up_s, 1)}  # fmt: skip
+        "impressions": len(impressions),
+        "impressions_missing": int((~np.isin(answered, logged)).sum()), "catch_up_s": round(catch_up_s, 1)}  # fmt: skip
 
 
 def impression(value: bytes) -> tuple[str, float, int]:
@@ -301,8 +276,8 @@ def analyse(args, t0: float, end: float, responses: list[Responses], events: lis
     for i in range(n):
         a, b = t0 + i * width, t0 + (i + 1) * width if i < n - 1 else end
         w, wt = lean.window(a, b), ts.window(a, b)
-        in_w = [(t, rss, disk) for t, rss, disk in series.samples if a <= t < b]
-        names = sorted({n for _, rss, _ in in_w for n in rss})
+        in_w = [x for x in series.samples if a <= x.t < b]
+        names = sorted({n for x in in_w for n in x.rss})
         windows.append({
             "minutes": [round((a - t0) / 60, 2), round((b - t0) / 60, 2)],
             "requests": int(len(w.ms)),
@@ -314,8 +289,9 @@ def analyse(args, t0: float, end: float, responses: list[Responses], events: lis
             "event_to_served_s": percentiles_s(e2s[(produced >= a) & (produced < b)]),
             "clicks": int(((produced >= a) & (produced < b)).sum()),
             "clicks_unserved": int(np.isnan(e2s[(produced >= a) & (produced < b)]).sum()),
-            "rss_mb": {n: round(float(np.mean([r[n] for _, r, _ in in_w if n in r])) / 2**20, 1) for n in names},
-            "store_bytes": in_w[-1][2] if in_w else None,
+            "rss_mb": {n: round(float(np.mean([x.rss[n] for x in in_w if n in x.rss])) / 2**20, 1) for n in names},
+            "store_bytes": in_w[-1].disk if in_w else None,
+            "version": in_w[-1].current if in_w else None,
         })  # fmt: skip
     return {
         "minutes": round((end - t0) / 60, 2),
@@ -326,6 +302,7 @@ def analyse(args, t0: float, end: float, responses: list[Responses], events: lis
         "deltas": len(trained.deltas),
         "deltas_missed": trained.missed,
         "versions": sorted({d.version for d in trained.deltas}),
+        "store_bytes_at_new_versions": series.at_versions(),
         "clicks_never_served": int(np.isnan(e2s).sum()),
         "windows": windows,
         "kills": [{k: round(v - t0, 2) if k in ("kill", "back") else v for k, v in e.items()} for e in kills],
@@ -370,11 +347,13 @@ def report(out: dict, args) -> None:
     print_table("RSS (MB, mean over the window)", [{"process": n, **{f"w{i}": w["rss_mb"].get(n) for i, w in
                 enumerate(out["windows"])}} for n in names], ["process", *(f"w{i}" for i in range(len(rows)))])  # fmt: skip
     print({k: out[k] for k in ("lost_samples", "duplicate_samples", "samples_expected", "samples_trained",
+                               "impressions", "impressions_missing",
                                "deltas", "deltas_missed", "clicks_never_served", "kills")})  # fmt: skip
     ws = out["windows"]
     checks = {
         "0 failed responses": sum(w["failures"] for w in ws) == 0,
         "0 mixed responses": sum(w["mixed_responses"] for w in ws) == 0,
+        "every answered request in the impression log": out["impressions_missing"] == 0,
         "0 lost samples": out["lost_samples"] == 0,
         "0 duplicate samples": out["duplicate_samples"] == 0,
         "event_to_served_s p99 <= 2 s in every window": all((w["event_to_served_s"]["p99"] or math.inf) <= 2 for w in ws),
@@ -383,6 +362,9 @@ def report(out: dict, args) -> None:
         first, last = ws[1]["rss_mb"], ws[-1]["rss_mb"]  # the bench itself keeps what it counts: not it
         checks["each process's RSS in the last window within 10% of the second's"] = all(
             abs(last[n] - first[n]) <= 0.1 * first[n] for n in first if n in last and n != "bench")  # fmt: skip
+    if len(grown := out["store_bytes_at_new_versions"]) >= 2:
+        checks["the store's bytes no higher at the last full version than at the one before"] = (
+            grown[-1][1] <= grown[-2][1])  # fmt: skip
     report_targets(out, checks)
 
 

@@ -73,6 +73,8 @@ class Responses:
     seq: NDArray[np.int64]
     """The lowest delta seq among the shards read (-1: none named)."""
     mixed: NDArray[np.bool_]
+    rid: NDArray[np.int64]
+    """The request id sent (as its integer)."""
 
     def window(self, a: float, b: float) -> Responses:
         m = (self.end >= a) & (self.end < b)
@@ -124,7 +126,7 @@ class Recorder(threading.Thread):
                     return
                 with self._lock:
                     n = next(self._count)
-                c.headers["X-Request-Id"] = request_id(self.stream, n)
+                c.headers["X-Request-Id"] = rid = request_id(self.stream, n)
                 t0 = time.perf_counter()
                 try:
                     status, payload = c.post(self.body)
@@ -132,13 +134,13 @@ class Recorder(threading.Thread):
                     status, payload = 0, b""
                 ms = (time.perf_counter() - t0) * 1e3
                 version, seq, mixed = versions_of(payload) if status == 200 else (-1, -1, False)
-                rows.append((time.time(), ms, status, version, seq, mixed))
+                rows.append((time.time(), ms, status, version, seq, mixed, int(rid)))
                 t = max(t + every, time.monotonic() - every)  # a stall does not make a burst after it
         finally:
             c.close()
 
     def responses(self) -> Responses:
         rows = sorted(r for rs in self._rows for r in rs)
-        cols: list[tuple] = list(zip(*rows, strict=True)) if rows else [()] * 6
-        types = (np.float64, np.float64, np.int64, np.int64, np.int64, np.bool_)
+        cols: list[tuple] = list(zip(*rows, strict=True)) if rows else [()] * 7
+        types = (np.float64, np.float64, np.int64, np.int64, np.int64, np.bool_, np.int64)
         return Responses(*(np.asarray(c, dtype=t) for c, t in zip(cols, types, strict=True)))

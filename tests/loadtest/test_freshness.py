@@ -32,7 +32,13 @@ def _responses(rows: list[tuple[float, int, int]]) -> Responses:
     end, version, seq = (np.array(c) for c in zip(*rows, strict=True))
     n = len(rows)
     return Responses(
-        end.astype(float), np.ones(n), np.where(version >= 0, 200, 503), version, seq, np.zeros(n, bool)
+        end.astype(float),
+        np.ones(n),
+        np.where(version >= 0, 200, 503),
+        version,
+        seq,
+        np.zeros(n, bool),
+        np.arange(n),
     )
 
 

@@ -75,4 +75,5 @@ def test_the_recorder_keeps_each_responses_time_status_and_versions_and_names_ea
     assert (r.version[ok] == 2).all() and (r.seq[ok] == 1).all() and not r.mixed.any()
     assert (r.version[~ok] == -1).all() and (r.ms > 0).all()
     assert sorted(_Scoring.seen) == [request_id(3, n) for n in range(len(_Scoring.seen))]
+    assert sorted(r.rid.tolist()) == [int(rid) for rid in sorted(_Scoring.seen)]
     assert len(r.window(r.end[0], r.end[-1]).end) == len(r.end) - 1  # [a, b)
