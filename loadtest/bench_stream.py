@@ -279,6 +279,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
                     while (left := t0 + at - time.monotonic()) > 0:
                         time.sleep(min(1.0, left))
                         lags.append(sum(high_watermarks(watch, "samples")) - trained_offsets(vdir))
+                        alive(procs, work)
                     if name:
                         kills[name] = time.time()
                         os.killpg(procs[name].pid, signal.SIGKILL)
@@ -350,6 +351,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
             "served_at_start": seq0,
             "last_served": int(responses.delta_seq[ok].max(initial=-1)),
             "responses_scored_with_a_delta": int((responses.delta_seq[ok] > seq0).sum()),
+            "served_at_end": int(sides["on"].delta_seq.max(initial=-1)),
         },  # fmt: skip
         "identical_requests": len({i[3] for i in imps}) == 1,
         "catch_up_s": round(catch_up_s, 1),
@@ -376,6 +378,14 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
             "broker": "librdkafka mock cluster, 3 brokers, one process; everything on this machine",
         },  # fmt: skip
     }
+
+
+def alive(procs: dict, work: Path) -> None:
+    """A RuntimeError with the end of its log if a role exited by itself."""
+    for name, proc in procs.items():
+        if proc.poll() is not None:
+            tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"the {name} exited ({proc.returncode}) by itself:\n{tail}")
 
 
 def first_scores(endpoint: str, body: bytes) -> tuple[np.ndarray, int]:
