@@ -16,13 +16,16 @@ a PS replica (``loadtest.bench_faults.kill_and_watch``: the supervisor restarts 
 
 Then the load stops, the joiner and the trainer catch up, and ``lost_samples`` and
 ``duplicate_samples`` are counted against the impression log (``loadtest.bench_stream``'s rule:
-every impression whose join window closed before the last one trained exactly once; the trained
-keys harvested from every delta of every version as they land, ``loadtest.freshness``).
+every impression whose join window closed before the last one trained exactly once, from the
+samples topic as read and the records of every delta of every version, read as they land:
+``loadtest.published``, ``loadtest.stream_figures``).
 
 Per ``--window-min`` window of the load: ``p50_ms``, ``p99_ms`` (``recserve serve``; TorchServe's
 under ``torchserve``), ``failures`` and ``mixed_responses`` (both endpoints), ``event_to_served_s``
-{p50, p99} (a click's produce time to the first response holding its sample, for the clicks
-produced in the window), ``rss_mb`` per process (the mean of its samples in the window) and
+{p50, p99} (``loadtest.stream_figures.event_to_served``: a click's produce time to the first
+response of either endpoint scored with the delta that trained its sample or a later one, for the
+clicks produced in the window; those no response served before the load stopped are counted in
+``clicks_unserved``), ``rss_mb`` per process (the mean of its samples in the window) and
 ``store_bytes`` (the model store's disk use at the window's end). Writes
 ``loadtest/results/soak.json``. ``--quick``: 0.6 minutes at 4 + 2 rps in 0.2-minute windows.
 """
@@ -39,13 +42,26 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from loadtest import paced
+from loadtest import stream_figures as sf
 from loadtest.bench_e2e import lean_frontend
 from loadtest.bench_faults import KILLED_PS, kill_and_watch
-from loadtest.bench_stream import PARTITIONS, TOPICS, Collector, high_watermarks, sample_key
+from loadtest.bench_stream import (
+    JOINER_KAFKA,
+    TOPICS,
+    Clicks,
+    Collector,
+    expected_keys,
+    high_watermarks,
+    impression_facts,
+    sample_facts,
+)
 from loadtest.common import (
     CRITEO_SCHEMA,
     CRITEO_TEST,
@@ -56,16 +72,15 @@ from loadtest.common import (
     report_targets,
     write_results,
 )
-from loadtest.freshness import TrainedLog, event_to_served, percentiles_s
 from loadtest.processes import grpc_serving, tree
-from loadtest.recorder import ITEM_SHIFT, Recorder, Responses, key_ints, rid_ints
+from loadtest.published import Published
+from loadtest.recorder import Recorder, Responses, rid_ints
 from loadtest.series import Series
 from loadtest.stream_users import UserModel, play
 from model_store.dense import AUTO
 from serving.rpc.procs import spawn, stop_children
 from serving.scoring.client import requests_from_file
 from serving.stream import mockbroker
-from serving.stream.records import decode_event, decode_impression
 
 LEAN, TORCHSERVE = 1, 2  # the recorders' request-id streams
 
@@ -129,7 +144,7 @@ def run(args, model_dir: Path, work: Path) -> dict:
     duration = args.minutes * 60
     body = next(requests_from_file(str(CRITEO_TEST), str(CRITEO_SCHEMA), args.items))[0]
     with contextlib.ExitStack() as es:
-        broker = es.enter_context(mockbroker.running([mockbroker.TopicSpec(t, PARTITIONS) for t in TOPICS]))
+        broker = es.enter_context(mockbroker.running([mockbroker.TopicSpec(t, n) for t, n in TOPICS.items()]))
         b = broker.bootstrap
         log_to = f"kafka://{b}/impressions"
         print("starting the local stack (2 PS replicas a shard, TorchServe, remote lookups) ...", flush=True)
@@ -141,7 +156,8 @@ def run(args, model_dir: Path, work: Path) -> dict:
         endpoint, lean = es.enter_context(lean_frontend(model_dir.parent, args.model, "colocated", None, work, AUTO,
                                                         1.0, ("--log-impressions", log_to, "--poll-s", "0.2")))  # fmt: skip
         kafka_config = work / "joiner.properties"
-        kafka_config.write_text(f"session.timeout.ms={args.session_timeout_ms}\nheartbeat.interval.ms=1000\n")
+        kafka_config.write_text(f"{JOINER_KAFKA}session.timeout.ms={args.session_timeout_ms}\n"
+                                "heartbeat.interval.ms=1000\n")  # fmt: skip
         train = [
             "train",
             "--follow",
@@ -168,22 +184,24 @@ def run(args, model_dir: Path, work: Path) -> dict:
             return out | {name: [p.pid] for name, p in procs.items()}
 
         model = UserModel(delay_s=2.0, drift_weight=args.drift_weight, drift_period_s=args.drift_period_s)
-        stop_users = threading.Event()
-        threading.Thread(target=play, args=(b, model, stop_users), daemon=True).start()
-        imps, clicks = Collector(b, "impressions", impression), Collector(b, "events", click, stamped=True)
-        trained = TrainedLog(model_dir)
+        clicks, stop_users = Clicks(), threading.Event()
+        users = threading.Thread(
+            target=play, args=(b, model, stop_users), kwargs={"on_sent": clicks}, daemon=True
+        )
+        imps, joined = Collector(b, "impressions", impression_facts), Collector(b, "samples", sample_facts)
+        published = Published(model_dir)
         recorders = [Recorder(endpoint, body, args.rate, LEAN), Recorder(stack.state.endpoint, body, args.ts_rate,
                                                                          TORCHSERVE, clients=2)]  # fmt: skip
         series = Series(pids, model_dir, args.sample_s)
         watch = Consumer({"bootstrap.servers": b, "group.id": "bench-soak-watch"})
-        for t in (imps, clicks, trained, *recorders, series):
+        for t in (users, imps, joined, published, *recorders, series):
             t.start()
         es.callback(series.halt)  # on the way out, before the processes it samples go
         es.callback(stop_users.set)
         print(f"load {args.rate:g} + {args.ts_rate:g} rps for {duration:.0f} s; the trainer killed at "
               f"{duration / 3:.0f} s, the joiner at {duration / 2:.0f} s, {KILLED_PS} at {2 * duration / 3:.0f} s",
               flush=True)  # fmt: skip
-        t0, kills = time.time(), []
+        t0, kills = time.time(), list[dict[str, Any]]()
         ps_ready = grpc_serving(stack.state.ps_shards[0][1])
         for at, name in ((duration / 3, "trainer"), (duration / 2, "joiner"), (2 * duration / 3, KILLED_PS),
                          (duration, "")):  # fmt: skip
@@ -202,74 +220,83 @@ def run(args, model_dir: Path, work: Path) -> dict:
         for r in recorders:
             r.join(60)
         load_end = time.time()
-        impressions = imps.finish(watch)
-        last_ts = max(ts for _, ts, _ in impressions)
-        expected = expected_keys([i for i in impressions if i[1] + args.window_s < last_ts])
-        deadline = time.monotonic() + args.catch_up_s
-        while time.monotonic() < deadline:  # the joiner, then the trainer, to the samples topic's end
-            if trained.offsets() >= sum(high_watermarks(watch, "samples")) and is_subset(expected, trained):
-                break
-            time.sleep(5.0)  # is_subset sorts every key trained: not every second
-        catch_up_s = time.time() - load_end
+        impressions = [i for part in imps.finish(watch) for i in part]
+        expected = expected_keys(impressions, args.window_s)
+        catch_up_s = catch_up(args, watch, published, expected, joined)
         stop_users.set()
         stop_children([procs["trainer"]], 60)  # SIGTERM: a last delta
-        trained.stop()
+        published.stop()
         series.halt()
-        events = clicks.finish(watch)
+        samples = sf.SampleLog.cat(joined.finish(watch))
         watch.close()
+        users.join(30)
     responses = [r.responses() for r in recorders]
-    logged = rid_ints([r for r, _, _ in impressions]) if impressions else np.zeros(0, np.int64)
+    logged = rid_ints([i[0] for i in impressions]) if impressions else np.zeros(0, np.int64)
     # the log is off the request path: the last second's records may still be on their way
     answered = np.concatenate([r.rid[(r.status == 200) & (r.end < load_end - 1.0)] for r in responses])
-    return analyse(args, t0, load_end, responses, events, trained, expected, series, kills) | {
-        "impressions": len(impressions),
-        "impressions_missing": int((~np.isin(answered, logged)).sum()), "catch_up_s": round(catch_up_s, 1)}  # fmt: skip
-
-
-def impression(value: bytes) -> tuple[str, float, int]:
-    """(request id, ts, items) of an impression record."""
-    imp = decode_impression(value)
-    return imp.request_id, imp.ts, len(imp.scores)
-
-
-def click(value: bytes) -> int:
-    """The sample key of a click event as an integer (``loadtest.recorder``)."""
-    e = decode_event(value)
-    return int(key_ints(np.array([sample_key(e.request_id, e.item)]))[0])
-
-
-def expected_keys(impressions: list[tuple[str, float, int]]) -> np.ndarray:
-    """Every (request, item) key of these impressions as an integer (``loadtest.recorder``), sorted."""
-    if not impressions:
-        return np.zeros(0, np.int64)
-    rid = rid_ints([r for r, _, _ in impressions])
-    n = np.array([k for _, _, k in impressions], np.int64)
-    starts = np.repeat(np.cumsum(n) - n, n)
-    return np.sort((np.arange(n.sum()) - starts) << ITEM_SHIFT | np.repeat(rid, n))
-
-
-def missing(expected: np.ndarray, keys: np.ndarray) -> int:
-    """How many of ``expected`` are not in the sorted ``keys``."""
-    if not len(keys):
-        return len(expected)
-    at = np.searchsorted(keys, expected).clip(max=len(keys) - 1)
-    return int((keys[at] != expected).sum())
-
-
-def is_subset(expected: np.ndarray, trained: TrainedLog) -> bool:
-    return missing(expected, trained.trained()[0]) == 0
-
-
-def analyse(args, t0: float, end: float, responses: list[Responses], events: list, trained: TrainedLog,
-            expected: np.ndarray, series: Series, kills: list[dict]) -> dict:  # fmt: skip
-    lean, ts = responses
-    both = Responses(
-        *(np.concatenate([getattr(lean, f), getattr(ts, f)]) for f in Responses.__dataclass_fields__)
+    records = published.records()
+    where = sf.delta_index(samples, records, "samples")
+    first = sf.first_trained(samples, where)
+    counted = sf.exactly_once(samples, where, first, records, expected)
+    figures = Figures(
+        samples, where, first, published.codes(), Responses.cat(responses).paced(), clicks.arrays()
     )
-    click_keys = np.array([k for k, _ in events], np.int64)
-    produced = np.array([t for _, t in events], np.float64)
-    e2s = event_to_served(click_keys, produced, trained, both)
-    keys = trained.trained()[0]
+    return analyse(args, t0, load_end, responses, figures, series) | {
+        "lost_samples": counted.lost,
+        "duplicate_samples": counted.duplicates,
+        "samples_expected": len(expected),
+        "samples_trained": sum(r.samples for r in records),
+        "impressions": len(impressions),
+        "impressions_missing": int((~np.isin(answered, logged)).sum()),
+        "deltas": len(records),
+        "deltas_missed": published.missed,
+        "versions": sorted({d.version for d in published.deltas}),
+        "store_bytes_at_new_versions": series.at_versions(),
+        "catch_up_s": round(catch_up_s, 1),
+        "kills": [{k: round(v - t0, 2) if k in ("kill", "back") else v for k, v in e.items()} for e in kills],
+    }
+
+
+def catch_up(args, watch, published: Published, expected: np.ndarray, joined: Collector) -> float:
+    """Wait (at most ``--catch-up-s``) until the joiner wrote a sample of every ``expected`` key
+    and the trainer's published offsets (of any version) reached the samples topic's end; seconds
+    waited."""
+    start, complete = time.monotonic(), False
+    while time.monotonic() < start + args.catch_up_s:
+        if not complete and sum(len(p.keys) for p in joined.parts) >= len(expected):
+            complete = sf.missing(expected, sf.SampleLog.cat(list(joined.parts)).keys) == 0
+        if complete and published.offsets() >= sum(high_watermarks(watch, "samples")):
+            break
+        time.sleep(1.0)
+    return time.monotonic() - start
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What ``loadtest.stream_figures.event_to_served`` reads, for any window of clicks."""
+
+    samples: sf.SampleLog
+    where: np.ndarray
+    first: np.ndarray
+    codes: np.ndarray
+    """Each delta's ``loadtest.published.code``: responses name theirs so across versions."""
+    responses: paced.Responses
+    clicks: tuple[np.ndarray, np.ndarray]
+
+    def event_to_served(self, a: float, b: float) -> tuple[dict, int, int]:
+        """({p50, p99} of the clicks produced in [a, b), clicks, those trained but never served)."""
+        keys, produced = self.clicks
+        m = (produced >= a) & (produced < b)
+        _, seconds, unserved = sf.event_to_served((keys[m], produced[m]), self.samples, self.where, self.first,
+                                                  self.codes, self.responses)  # fmt: skip
+        p = sf.percentiles_s(seconds)
+        return {"p50": p["p50"], "p99": p["p99"]}, int(m.sum()), unserved
+
+
+def analyse(
+    args, t0: float, end: float, responses: list[Responses], figures: Figures, series: Series
+) -> dict:
+    lean, ts = responses
     width = args.window_min * 60
     windows = []
     n = max(1, round((end - t0) / width))  # the last window ends with the load
@@ -278,6 +305,8 @@ def analyse(args, t0: float, end: float, responses: list[Responses], events: lis
         w, wt = lean.window(a, b), ts.window(a, b)
         in_w = [x for x in series.samples if a <= x.t < b]
         names = sorted({n for x in in_w for n in x.rss})
+        # a click in the load's last seconds had no response left to see it
+        e2s, clicks, unserved = figures.event_to_served(a, min(b, end - 5.0))
         windows.append({
             "minutes": [round((a - t0) / 60, 2), round((b - t0) / 60, 2)],
             "requests": int(len(w.ms)),
@@ -286,26 +315,14 @@ def analyse(args, t0: float, end: float, responses: list[Responses], events: lis
             "mixed_responses": int(w.mixed.sum() + wt.mixed.sum()),
             "torchserve": {"requests": int(len(wt.ms)), **ms_percentiles(wt), "failures": int((wt.status != 200).sum()),
                            "mixed_responses": int(wt.mixed.sum())},
-            "event_to_served_s": percentiles_s(e2s[(produced >= a) & (produced < b)]),
-            "clicks": int(((produced >= a) & (produced < b)).sum()),
-            "clicks_unserved": int(np.isnan(e2s[(produced >= a) & (produced < b)]).sum()),
+            "event_to_served_s": e2s, "clicks": clicks, "clicks_unserved": unserved,
             "rss_mb": {n: round(float(np.mean([x.rss[n] for x in in_w if n in x.rss])) / 2**20, 1) for n in names},
             "store_bytes": in_w[-1].disk if in_w else None,
             "version": in_w[-1].current if in_w else None,
         })  # fmt: skip
     return {
         "minutes": round((end - t0) / 60, 2),
-        "lost_samples": missing(expected, keys),
-        "duplicate_samples": trained.samples() - len(keys),
-        "samples_expected": int(len(expected)),
-        "samples_trained": trained.samples(),
-        "deltas": len(trained.deltas),
-        "deltas_missed": trained.missed,
-        "versions": sorted({d.version for d in trained.deltas}),
-        "store_bytes_at_new_versions": series.at_versions(),
-        "clicks_never_served": int(np.isnan(e2s).sum()),
         "windows": windows,
-        "kills": [{k: round(v - t0, 2) if k in ("kill", "back") else v for k, v in e.items()} for e in kills],
         "conditions": {
             "lean": f"recserve serve, co-located lookups, {args.rate:g} rps",
             "torchserve": f"the local stack, 2 PS replicas a shard, remote lookups, {args.ts_rate:g} rps",
@@ -314,11 +331,11 @@ def analyse(args, t0: float, end: float, responses: list[Responses], events: lis
             "delta_interval_s": args.delta_interval_s,
             "dedup_window_s": args.dedup_window_s,
             "full_every": args.full_every or None,
-            "joiner_session_timeout_ms": args.session_timeout_ms,
+            "joiner_kafka_config": JOINER_KAFKA.strip() + f", session.timeout.ms={args.session_timeout_ms}",
             "drift_weight": args.drift_weight,
             "drift_period_s": args.drift_period_s,
             "click_delay_s": 2.0,
-            "partitions": PARTITIONS,
+            "partitions": TOPICS,
             "broker": "librdkafka mock cluster, 3 brokers, one process; everything on this machine",
             "loadavg": os.getloadavg(),
         },  # fmt: skip
@@ -348,7 +365,7 @@ def report(out: dict, args) -> None:
                 enumerate(out["windows"])}} for n in names], ["process", *(f"w{i}" for i in range(len(rows)))])  # fmt: skip
     print({k: out[k] for k in ("lost_samples", "duplicate_samples", "samples_expected", "samples_trained",
                                "impressions", "impressions_missing",
-                               "deltas", "deltas_missed", "clicks_never_served", "kills")})  # fmt: skip
+                               "deltas", "deltas_missed", "kills")})  # fmt: skip
     ws = out["windows"]
     checks = {
         "0 failed responses": sum(w["failures"] for w in ws) == 0,

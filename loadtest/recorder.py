@@ -2,9 +2,9 @@
 response, when it ended, its latency, its status and the versions that scored it.
 
 Each request carries an ``X-Request-Id`` of ten digits, ``<stream><n:09d>`` (``stream`` 1-9 names
-the client, ``n`` counts its requests), which both frontends log as the impression's request id: a
-sample's key then reads back as one integer (``key_ints``), so a bench can count hundreds of
-thousands of (request, item) keys in numpy arrays rather than Python sets.
+the client, ``n`` counts its requests), which both frontends log as the impression's request id:
+each answered request can be looked up in the impression log, and the samples' keys stay short
+(14 bytes, not 36 with a generated id) in the trainer's dedupe set and in a bench's memory.
 
 A response is *mixed* when an embedding version it read (the version it names, or any shard's)
 differs from its dense version (as ``loadtest/locust_timeline.py`` tells it); its ``seq`` is the
@@ -22,33 +22,14 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
+from loadtest import paced
+
 RID_DIGITS = 10
 """A request id's digits: the stream (1-9), then the request's number (9 digits)."""
-ITEM_SHIFT = 40
-"""A key as an integer: ``item << ITEM_SHIFT | request id``, which sorts as the key's bytes do
-(the item big-endian first, then the request id's fixed-width digits)."""
 
 
 def request_id(stream: int, n: int) -> str:
     return f"{stream}{n:09d}"
-
-
-def key_ints(keys: NDArray[np.bytes_]) -> NDArray[np.int64]:
-    """Sample keys (``serving.stream.sample_batch``: the item as 4 bytes big-endian, then the
-    request id) as integers, ``item << ITEM_SHIFT | int(request id)``: sorted keys stay sorted. A
-    ValueError when a key's request id is not one of ours (ten digits)."""
-    width = 4 + RID_DIGITS
-    if not len(keys):
-        return np.zeros(0, np.int64)
-    if keys.dtype.itemsize != width:
-        raise ValueError(f"sample keys of {keys.dtype.itemsize} bytes: not this client's request ids")
-    raw = np.frombuffer(np.ascontiguousarray(keys).tobytes(), np.uint8).reshape(-1, width)
-    digits = raw[:, 4:].astype(np.int64) - ord("0")
-    if ((digits < 0) | (digits > 9)).any():
-        raise ValueError("a sample key's request id is not ten digits: not this client's request ids")
-    rid = digits @ (10 ** np.arange(RID_DIGITS - 1, -1, -1, dtype=np.int64))
-    item = np.ascontiguousarray(raw[:, :4]).view(">u4").ravel().astype(np.int64)
-    return (item << ITEM_SHIFT) | rid
 
 
 def rid_ints(request_ids: list[str]) -> NDArray[np.int64]:
@@ -79,6 +60,20 @@ class Responses:
     def window(self, a: float, b: float) -> Responses:
         m = (self.end >= a) & (self.end < b)
         return Responses(*(getattr(self, f)[m] for f in self.__dataclass_fields__))
+
+    @classmethod
+    def cat(cls, parts: list[Responses]) -> Responses:
+        """``parts`` as one, in the order the responses ended."""
+        rows = {f: np.concatenate([getattr(p, f) for p in parts]) for f in cls.__dataclass_fields__}
+        order = np.argsort(rows["end"], kind="stable")
+        return cls(**{f: v[order] for f, v in rows.items()})
+
+    def paced(self) -> paced.Responses:
+        """As ``loadtest.paced.Responses`` (what ``loadtest.stream_figures`` reads), each response's
+        delta named across versions (``loadtest.published.code``)."""
+        from loadtest.published import code
+
+        return paced.Responses(self.end, self.ms / 1e3, self.status, code(self.version, self.seq))
 
 
 def versions_of(payload: bytes) -> tuple[int, int, bool]:

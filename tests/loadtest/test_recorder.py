@@ -5,28 +5,13 @@ import numpy as np
 import orjson
 import pytest
 
-from loadtest.bench_stream import sample_key
 from loadtest.processes import wait_for
-from loadtest.recorder import ITEM_SHIFT, Recorder, key_ints, request_id, rid_ints, versions_of
-
-
-def test_sample_keys_of_our_request_ids_read_back_as_integers_in_the_same_order():
-    rng = np.random.default_rng(0)
-    pairs = [(request_id(int(s), int(n)), int(i)) for s, n, i in
-             zip(rng.integers(1, 10, 500), rng.integers(0, 10**9, 500), rng.integers(0, 256, 500), strict=True)]  # fmt: skip
-    keys = np.sort(np.array([sample_key(r, i) for r, i in pairs]))  # sorted as the trainer keeps them
-    ints = key_ints(keys)
-    assert (np.diff(ints) >= 0).all()
-    want = sorted((i << ITEM_SHIFT) | int(r) for r, i in pairs)
-    assert ints.tolist() == want
-    assert key_ints(np.array([sample_key("1000000123", 7)])).tolist() == [7 << ITEM_SHIFT | 1000000123]
-    assert rid_ints(["2000000005"]).tolist() == [2000000005]
+from loadtest.recorder import Recorder, Responses, request_id, rid_ints, versions_of
 
 
 @pytest.mark.parametrize("rid", ["0123456789abcdef0123456789abcdef", "12345x7890"])
-def test_a_key_of_another_clients_request_id_is_refused_by_name(rid):
-    with pytest.raises(ValueError, match="request id"):
-        key_ints(np.array([sample_key(rid, 3)]))
+def test_request_ids_of_another_client_are_refused_by_name(rid):
+    assert rid_ints([request_id(1, 123), request_id(9, 5)]).tolist() == [1000000123, 9000000005]
     with pytest.raises(ValueError, match="request ids"):
         rid_ints([rid])
 
@@ -77,3 +62,8 @@ def test_the_recorder_keeps_each_responses_time_status_and_versions_and_names_ea
     assert sorted(_Scoring.seen) == [request_id(3, n) for n in range(len(_Scoring.seen))]
     assert sorted(r.rid.tolist()) == [int(rid) for rid in sorted(_Scoring.seen)]
     assert len(r.window(r.end[0], r.end[-1]).end) == len(r.end) - 1  # [a, b)
+    both = Responses.cat([r.window(r.end[2], np.inf), r.window(0, r.end[2])])
+    assert (both.end == r.end).all() and (both.rid == r.rid).all()  # in the order they ended
+    p = r.paced()
+    assert (p.done == r.end).all() and (p.latency_s == r.ms / 1e3).all()
+    assert (p.delta_seq[ok] == (2 << 32) + 1).all()  # version 2, delta 1
