@@ -23,6 +23,7 @@ from model_store.errors import (
     IncompatibleVersion,
     IncompleteVersion,
     ModelStoreError,
+    QualityDrop,
     QuantizationLoss,
     RecordError,
     SchemaMismatch,
@@ -52,6 +53,7 @@ from model_store.layout import (
 from model_store.manifest import (
     QuantRecord,
     RuntimeChoice,
+    StreamRecord,
     TrainRecord,
     VersionManifest,
     file_digest,
@@ -66,18 +68,19 @@ from model_store.releases import (
     history,
     list_versions,
     publish,
-    retain,
+    refusals,
     rollback,
     validate,
 )
+from model_store.retention import pin, pins, retain, unpin
 
 __all__ = [
     "CURRENT", "DELTAS", "MANIFEST", "SUCCESS", "CapacityError", "CorruptVersion", "IncompatibleVersion",
     "IncompleteVersion",
-    "ModelStoreError", "RecordError", "RuntimeChoice", "SchemaMismatch", "StoreError", "TrainRecord", "QuantRecord", "QuantizationLoss",
+    "ModelStoreError", "RecordError", "RuntimeChoice", "SchemaMismatch", "StoreError", "TrainRecord", "QuantRecord", "QuantizationLoss", "QualityDrop", "StreamRecord",
     "UnknownFormat", "VersionManifest", "VersionNotFound", "current", "default_root",
     "current_manifest", "delta_dir", "discard", "fsync_dir",
     "history", "list_deltas", "list_versions", "mark_done", "model_dir", "next_version", "publish",
-    "read_manifest", "retain", "rollback", "seal", "file_digest", "sha256_file", "staging_dir", "validate",
+    "pin", "pins", "read_manifest", "refusals", "retain", "unpin", "rollback", "seal", "file_digest", "sha256_file", "staging_dir", "validate",
     "verify_files", "version_dir", "versions", "write_atomic", "write_manifest",
 ]  # fmt: skip

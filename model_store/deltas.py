@@ -7,7 +7,8 @@ None). ``positions`` are the source's units and where each resumes (a stream's p
 their next offsets; a watched directory's files and rows), taken when the delta was cut: every
 record before them is in this delta or an earlier one, none after. ``keys`` names the file (in the
 delta directory, digest recorded) of the (request, item) keys trained over the dedupe window, so
-a restarted trainer drops a re-emitted sample it already trained.
+a restarted trainer drops a re-emitted sample it already trained. A full version written from the
+stream carries the same record in ``stream/`` (where its first delta would start).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from model_store.records import decode
 FORMAT = "recserve-delta/1"
 NAME = "DELTA.json"
 KEYS = "trained_keys.npz"
+STREAM = "stream"
+"""Where in a full version written from the stream its own record lies (the same format)."""
 
 
 @dataclass
@@ -103,13 +106,12 @@ def read_keys(directory: str | os.PathLike[str], record: DeltaManifest) -> tuple
 
 
 def last_record(version_dir: str | os.PathLike[str]) -> tuple[DeltaManifest, Path] | None:
-    """The record of the version's newest complete delta and its directory (None: no delta, or
-    the newest has no record)."""
+    """The record of the version's newest complete delta and its directory; for a version with no
+    delta, the record it was written with (``stream/``: a full version from the stream, whose
+    manifest lists the record's files). None: no record."""
     from model_store.layout import delta_dir, list_deltas
 
     seqs = list_deltas(version_dir)
-    if not seqs:
-        return None
-    d = delta_dir(version_dir, seqs[-1])
+    d = delta_dir(version_dir, seqs[-1]) if seqs else Path(version_dir) / STREAM
     record = read_delta(d)
     return None if record is None else (record, d)

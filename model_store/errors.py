@@ -29,6 +29,11 @@ class QuantizationLoss(ModelStoreError):
     """A version served in a reduced-precision dtype loses more test AUC than the gate allows."""
 
 
+class QualityDrop(ModelStoreError):
+    """A full version from the stream whose progressive AUC on its latest window fell below the
+    served version's on the same samples by more than the gate allows (``--max-auc-drop``)."""
+
+
 class SchemaMismatch(IncompatibleVersion):
     """The version's feature schema is not the one being served (or its schema.yaml does not
     match its manifest)."""

@@ -11,9 +11,13 @@ Layout::
         embeddings/shard-<i>-of-<n>/ full PS dumps (model_store.shards layout)
         dense/model.pt, model.onnx   the dense network (it applies the fitted dense statistics)
         eval/scores.npy              the trainer's own test-split probabilities
+        stream/DELTA.json            a full version from the stream: where the stream resumes from it
+                                     (offsets, trained keys: model_store.deltas)
         deltas/<seq>/shard-<i>-of-<n>/ + deltas/<seq>/_SUCCESS   row deltas (own manifests)
         _SUCCESS                     written last
     <root>/<model>/CURRENT           the served version (temp file + os.replace: atomic)
+    <root>/<model>/HISTORY, REFUSED  published versions; the gate's quality refusals (model_store.releases)
+    <root>/<model>/PINNED            versions retention keeps (model_store.retention)
 
 A version is written under a hidden staging name (``.staging-<version>-<uuid>``) and renamed into
 place after its ``_SUCCESS``, so a reader sees a complete version or none. ``model_store.manifest.read_manifest``
@@ -35,7 +39,7 @@ MANIFEST = "MANIFEST.json"
 SUCCESS = "_SUCCESS"
 CURRENT = "CURRENT"
 DELTAS = "deltas"
-_STAGING = ".staging-"
+STAGING = ".staging-"
 
 
 STORE_ENV = "RECSERVE_STORE"
@@ -76,7 +80,7 @@ def next_version(root: str | os.PathLike[str], model: str) -> str:
     numbers = [0]
     if d.is_dir():
         for p in d.iterdir():
-            name = p.name[len(_STAGING) :].split("-")[0] if p.name.startswith(_STAGING) else p.name
+            name = p.name[len(STAGING) :].split("-")[0] if p.name.startswith(STAGING) else p.name
             if name.isdigit():
                 numbers.append(int(name))
     return str(max(numbers) + 1)
@@ -84,7 +88,7 @@ def next_version(root: str | os.PathLike[str], model: str) -> str:
 
 def staging_dir(root: str | os.PathLike[str], model: str, version: str) -> Path:
     """A fresh hidden directory to write ``version`` into before ``seal`` renames it."""
-    d = model_dir(root, model) / f"{_STAGING}{version}-{uuid.uuid4().hex[:8]}"
+    d = model_dir(root, model) / f"{STAGING}{version}-{uuid.uuid4().hex[:8]}"
     d.mkdir(parents=True)
     return d
 

@@ -109,6 +109,28 @@ class QuantRecord:
 
 
 @dataclass
+class StreamRecord:
+    """How a full version written by a streaming trainer (``--full-every``) was judged: the
+    samples of its latest window, each scored by the candidate and by the version serving then,
+    before it trained (progressive validation). Where the stream resumes from it (offsets and
+    trained keys) is its ``stream/DELTA.json`` (``model_store.deltas``)."""
+
+    served_version: str
+    """The version serving when it was written (the one it is judged against)."""
+    samples: int
+    """Samples of the window."""
+    auc: float | None
+    """The candidate's progressive AUC on them (None: no samples, or one class only)."""
+    served_auc: float | None
+    """The served version's progressive AUC on the same samples."""
+
+    @property
+    def auc_drop(self) -> float | None:
+        """How far the candidate's AUC is below the served one's (None: not measurable)."""
+        return None if self.auc is None or self.served_auc is None else self.served_auc - self.auc
+
+
+@dataclass
 class TrainRecord:
     """How a version was trained (``recserve train``)."""
 
@@ -151,6 +173,8 @@ class VersionManifest:
     train: TrainRecord | None = None
     quantized: QuantRecord | None = None
     """The export's check of a version served in float16 or int8 (None: served in float32)."""
+    stream: StreamRecord | None = None
+    """A full version from the stream: what the gate judges it by (None: not from the stream)."""
     files: dict[str, str] = field(default_factory=dict)
     """Relpath -> digest of every file but MANIFEST/_SUCCESS (``write_manifest`` fills it)."""
 

@@ -5,17 +5,18 @@ Builds on ``model_store.layout`` (paths, the atomic CURRENT switch) and ``model_
 an operator needs: a publish history (``<model>/HISTORY``, one version per line, appended on every
 publish) so ``rollback`` returns to the previously published version; THE gate (``validate``):
 whether a version can replace the served one, run by publish, rollback and every serving
-component; retention of the last N versions. Nothing without ``_SUCCESS``, with a bad checksum,
+component; the refusals of its quality rules, kept in ``<model>/REFUSED`` for ``recserve
+versions``. Retention of the last N versions: ``model_store.retention``. Nothing without ``_SUCCESS``, with a bad checksum,
 or that the running stack would refuse is ever published (unless a schema change is allowed).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from model_store import layout as ms
@@ -23,15 +24,20 @@ from model_store.errors import (
     IncompatibleVersion,
     IncompleteVersion,
     ModelStoreError,
+    QualityDrop,
     QuantizationLoss,
     SchemaMismatch,
     VersionNotFound,
 )
-from model_store.manifest import QuantRecord, VersionManifest, read_manifest
+from model_store.manifest import QuantRecord, StreamRecord, VersionManifest, read_manifest
 
 HISTORY = "HISTORY"
+REFUSED = "REFUSED"
 MAX_QUANT_AUC_DROP = 0.001
 """How far below its own float32 test AUC a version served in float16 or int8 may score."""
+MAX_AUC_DROP = 0.01
+"""How far below the served version's progressive AUC on the same window a full version from the
+stream may score."""
 
 Root = str | os.PathLike[str]  # the store's root directory
 
@@ -46,6 +52,9 @@ class VersionInfo:
     metrics: dict[str, Any] | None = None
     deltas: int = 0
     quantized: QuantRecord | None = None
+    stream: StreamRecord | None = None
+    refused: str = ""
+    """Why the gate refused to publish it ('' : it did not; ``<model>/REFUSED``)."""
 
 
 # What a running stack cannot change under its processes, each as (manifest attribute, what it
@@ -61,7 +70,7 @@ CONTRACT: tuple[tuple[str, str], ...] = (
 
 def validate(
     root: Root, model: str, version: str, served: VersionManifest | None = None, verify: bool = True,
-    max_quant_auc_drop: float = MAX_QUANT_AUC_DROP,
+    max_quant_auc_drop: float = MAX_QUANT_AUC_DROP, max_auc_drop: float | None = None,
 ) -> VersionManifest:  # fmt: skip
     """THE gate: the manifest of ``version`` if it can replace the served version whose manifest is
     ``served`` (None: nothing served, only the version's own validity counts), else a typed
@@ -75,7 +84,11 @@ def validate(
     CURRENT never names a version that serving refuses. ``verify=False`` skips the checksum of every
     file (a PS checks its own shard files as it reads them). A version served in a reduced-precision
     dtype whose export measured a test AUC more than ``max_quant_auc_drop`` below its own float32
-    one is refused (QuantizationLoss), served or not."""
+    one is refused (QuantizationLoss), served or not. ``max_auc_drop`` (``publish`` gives it; None:
+    not judged): a full version from the stream whose progressive AUC on its latest window is more
+    than that below the version serving then, on the same samples, cannot replace a served version
+    (QualityDrop). A release decision, taken once when publishing: a serving component does not
+    judge it again (an operator may publish past it with a larger allowance)."""
     vdir = ms.version_dir(root, model, version)
     if not vdir.is_dir():
         raise VersionNotFound(f"{model} version {version} does not exist in {root}")
@@ -89,6 +102,18 @@ def validate(
         )
     if served is None:
         return manifest
+    st = manifest.stream
+    if (
+        max_auc_drop is not None
+        and st is not None
+        and st.auc_drop is not None
+        and not st.auc_drop <= max_auc_drop
+    ):
+        raise QualityDrop(
+            f"{model} version {version}: its progressive AUC {st.auc:.5f} on the latest {st.samples} "
+            f"samples is {st.auc_drop:.5f} below version {st.served_version}'s {st.served_auc:.5f} on "
+            f"the same samples, more than the allowed {max_auc_drop:g} (--max-auc-drop)"
+        )
     for key, what in CONTRACT:
         mine, theirs = getattr(manifest, key), getattr(served, key)
         if mine is None or theirs is None or mine == theirs:
@@ -123,10 +148,12 @@ def list_versions(root: Root, model: str) -> list[VersionInfo]:
     """Every version directory (complete or not), oldest first, with its state."""
     cur = ms.current(root, model)
     out = []
+    why = refusals(root, model)
     for v in ms.versions(root, model, complete_only=False):
         try:
             m = read_manifest(ms.version_dir(root, model, v), verify=True)
-            info = VersionInfo(v, "ok", v == cur, created=m.created, metrics=m.metrics, quantized=m.quantized)
+            info = VersionInfo(v, "ok", v == cur, created=m.created, metrics=m.metrics, quantized=m.quantized,
+                               stream=m.stream, refused=why.get(v, ""))  # fmt: skip
             info.deltas = len(ms.list_deltas(ms.version_dir(root, model, v)))
         except ModelStoreError as e:
             status = "incomplete" if isinstance(e, IncompleteVersion) else "corrupt"
@@ -145,14 +172,21 @@ def history(root: Root, model: str) -> list[str]:
 
 def publish(
     root: Root, model: str, version: str, allow_schema_change: bool = False,
-    max_quant_auc_drop: float = MAX_QUANT_AUC_DROP,
+    max_quant_auc_drop: float = MAX_QUANT_AUC_DROP, max_auc_drop: float = MAX_AUC_DROP,
 ) -> str:  # fmt: skip
     """Make ``version`` CURRENT (atomic) if it passes the gate against CURRENT's version; record it
     in the history. ``allow_schema_change``: check only the version's own validity (a deliberate
     change of schema or shape, served by a new stack). ``max_quant_auc_drop``: the gate's allowance
-    for a version served in float16 or int8."""
+    for a version served in float16 or int8; ``max_auc_drop``: for a full version from the stream.
+    A refusal by a quality rule is recorded (``refusals``) before it is raised."""
     served = None if allow_schema_change else current_manifest(root, model)
-    validate(root, model, version, served, max_quant_auc_drop=max_quant_auc_drop)
+    try:
+        validate(
+            root, model, version, served, max_quant_auc_drop=max_quant_auc_drop, max_auc_drop=max_auc_drop
+        )
+    except (QualityDrop, QuantizationLoss) as e:
+        _refuse(root, model, version, str(e))
+        raise
     previous = history(root, model)
     ms.set_current(root, model, version)
     if not previous or previous[-1] != version:
@@ -186,26 +220,30 @@ def rollback(root: Root, model: str, allow_schema_change: bool = False) -> str:
     )
 
 
-def retain(root: Root, model: str, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` complete versions; never CURRENT or the rollback target.
-    Incomplete versions older than the newest complete one and stale staging dirs go too."""
-    if keep < 1:
-        raise ValueError("keep must be >= 1")
-    cur = ms.current(root, model)
-    hist = history(root, model)
-    protected = {cur, *(hist[-2:] if hist else [])}
-    complete = ms.versions(root, model)
-    newest = set(complete[-keep:])
-    removed = []
-    for v in ms.versions(root, model, complete_only=False):
-        if v in protected or v in newest:
-            continue
-        if v in complete or (complete and int(v) < int(complete[-1])):
-            shutil.rmtree(ms.version_dir(root, model, v))
-            removed.append(v)
-    for stale in Path(ms.model_dir(root, model)).glob(".staging-*"):
-        if complete and stale.name[len(".staging-") :].split("-")[0].isdigit():
-            if int(stale.name[len(".staging-") :].split("-")[0]) < int(complete[-1]):
-                shutil.rmtree(stale, ignore_errors=True)
-                removed.append(stale.name)
-    return removed
+def refusals(root: Root, model: str) -> dict[str, str]:
+    """Version -> why the gate's quality rules refused to publish it (the last refusal), from
+    ``<model>/REFUSED`` (one JSON object a line: version, why, time)."""
+    try:
+        lines = (ms.model_dir(root, model) / REFUSED).read_text().splitlines()
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            out[str(entry["version"])] = str(entry["why"])
+        except (ValueError, KeyError, TypeError):
+            raise ModelStoreError(
+                f"{ms.model_dir(root, model) / REFUSED}: unreadable line {line!r}"
+            ) from None
+    return out
+
+
+def _refuse(root: Root, model: str, version: str, why: str) -> None:
+    path = ms.model_dir(root, model) / REFUSED
+    try:
+        old = path.read_bytes()
+    except FileNotFoundError:
+        old = b""
+    line = json.dumps({"version": version, "why": why, "time": time.time()}) + "\n"
+    ms.write_atomic(path, old + line.encode())

@@ -40,6 +40,7 @@ RUN: list[tuple[str, str, str, str]] = [
     ("docs/training.md", "Data at scale", "", "tests/test_readme_scale.py::test_data_at_scale_runs_as_printed"),
     ("docs/streaming.md", "Try it on one machine", "", "tests/serving/stream/test_docs_streaming.py::test_the_try_it_lines_run_as_printed"),
     ("docs/streaming.md", "recserve join", "recserve join", PARSED),
+    ("docs/streaming.md", "Full versions from the stream", "", "tests/training/test_full_version.py::test_the_documented_full_version_lines_run_as_printed"),
     ("docs/training.md", "Training from the stream", "", "tests/training/test_follow_stream.py::test_the_documented_lines_train_exactly_once_across_a_sigkill"),
     ("docs/serving.md", "Serving in float16 or int8", "recserve train", "tests/training/test_quantized_export.py::test_the_documented_versions_and_publish_lines_run_as_printed"),
     ("docs/serving.md", "Serving in float16 or int8", "recserve versions", "tests/training/test_quantized_export.py::test_the_documented_versions_and_publish_lines_run_as_printed"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -233,11 +234,47 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+_PERIOD = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
+_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+@dataclass(frozen=True)
+class Period:
+    """``--full-every``: a full version every ``seconds`` of training, or every ``deltas`` deltas
+    cut (exactly one of the two is set)."""
+
+    seconds: float = 0.0
+    deltas: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> Period:
+        """``600s``, ``10m``, ``1.5h`` (time) or ``40d`` (deltas); ValueError naming the forms."""
+        m = _PERIOD.match(text)
+        if m is None:
+            raise ValueError(f"--full-every {text!r}: give a time (600s, 10m, 1h) or a count of deltas (40d)")
+        number, unit = m.groups()
+        if unit == "d":
+            if "." in number or int(number) < 1:
+                raise ValueError(f"--full-every {text!r}: a count of deltas is a whole number >= 1 (40d)")
+            return cls(deltas=int(number))
+        seconds = float(number) * _SECONDS[unit]
+        if seconds <= 0:
+            raise ValueError(f"--full-every {text!r}: a time > 0")
+        return cls(seconds=seconds)
+
+    def due(self, seconds: float, deltas: int) -> bool:
+        """Whether a full version is due ``seconds`` and ``deltas`` after the last one."""
+        return seconds >= self.seconds if self.seconds else deltas >= self.deltas
+
+    def __str__(self) -> str:
+        return f"{self.deltas}d" if self.deltas else f"{self.seconds:g}s"
+
+
 @dataclass
 class FollowConfig:
     """`recserve train --follow MODEL_DIR`: keep training the SERVED version's embeddings on new
     data files and cut deltas into it (training/follow.py). The dense model stays the served one,
-    frozen."""
+    frozen, unless --train-dense (then it ships in the full versions of --full-every)."""
 
     follow: str = field(default="", metadata={"metavar": "MODEL_DIR"})
     """Model directory (<store>/<model>, e.g. artifacts/criteo) whose CURRENT version is trained
@@ -290,8 +327,29 @@ class FollowConfig:
     """Memory limit of each shard's store in GiB (0 = none); past it training stops loudly."""
     threads: int = 0
     """torch intra-op threads (0: half the CPUs, at least 1)."""
+    full_every: str = field(default="", metadata={"metavar": "600s|10m|40d"})
+    """Write and publish a full version (rows with optimizer state, the dense network, its
+    manifest) every this much time (s, m, h) or this many deltas (d); '' : never (deltas only).
+    training/full_version.py."""
+    train_dense: bool = False
+    """Train the dense network too (needs --full-every: dense changes ship only in full versions;
+    deltas carry rows into the served version, which keeps its own dense network)."""
+    dense_lr: float = 1e-3
+    """--train-dense: Adam learning rate of the dense network."""
+    max_auc_drop: float = 0.01
+    """The gate refuses a full version whose progressive AUC on its window is more than this below
+    the served version's on the same samples (refused versions are logged, counted and listed)."""
+    keep_versions: int = 3
+    """With --full-every: keep the newest K complete versions (never CURRENT, the version published
+    before it, or a pinned one: model_store/retention.py)."""
 
     def __post_init__(self) -> None:
+        if self.full_every:
+            Period.parse(self.full_every)  # a clear error now, not at the first full version
+        elif self.train_dense:
+            raise ValueError("--train-dense needs --full-every: dense changes ship only in full versions")
+        if self.keep_versions < 1 or not self.dense_lr > 0 or not self.max_auc_drop >= 0:
+            raise ValueError("keep_versions must be >= 1, dense_lr > 0, max_auc_drop >= 0")
         if not self.follow or bool(self.watch) == bool(self.stream):
             raise ValueError(
                 "continuous training needs --follow MODEL_DIR and one of --watch DIR, --stream kafka://BROKERS/TOPIC"
@@ -307,6 +365,11 @@ class FollowConfig:
             raise ValueError("batch_size must be >= 1, staleness and max_seconds >= 0")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+
+    @property
+    def full_period(self) -> Period | None:
+        """--full-every as its typed value (None: no full versions)."""
+        return Period.parse(self.full_every) if self.full_every else None
 
     @property
     def source(self) -> tuple[str, str]:

@@ -15,7 +15,8 @@ within their poll interval. Nothing here assumes the source ends.
 
 Why the dense model is frozen: the deltas go into the version being served, and serving keeps
 scoring with that version's dense network; rows trained against a moving dense network would
-drift away from the one that scores them. Dense updates ship as a new full version.
+drift away from the one that scores them. Dense updates ship as a new full version
+(``--full-every``, ``--train-dense``, the gate and retention: ``training/full_version.py``).
 
 Embeddings live in in-process ``EmbeddingStore``s (one per shard of the version, routed by the
 same hash as the PS) behind an in-process worker: the follower is the only writer, and a delta
@@ -60,8 +61,9 @@ from features.transform import FeatureError, transform
 from training import data, sources
 from training.cluster import Cluster
 from training.config import FollowConfig
-from training.ctx import TrainCtx
+from training.ctx import DenseOptimizer, TrainCtx
 from training.evaluate import sigmoid
+from training.full_version import FrozenDense, FullVersions, load_frozen_dense
 from training.progressive import Score
 from training.sources import TICK, Chunk, Reading
 from training.sources.ledger import Ledger
@@ -84,6 +86,8 @@ class FollowResult:
     progressive_total: Score | None = None
     steps: int = 0
     reloads: int = 0  # CURRENT changes followed
+    full_versions: list[str] = field(default_factory=list)  # written and published (--full-every)
+    refused_versions: list[str] = field(default_factory=list)  # written, refused by the gate
     seconds: float = 0.0
 
 
@@ -96,16 +100,6 @@ def follow(cfg: FollowConfig, stop: threading.Event | None = None) -> FollowResu
 
 
 # ---- the trainer -----------------------------------------------------------------------------------
-class _FrozenDense:
-    """TrainCtx's dense optimizer for a frozen network: nothing to zero, nothing to step."""
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        pass
-
-    def step(self) -> None:
-        pass
-
-
 @dataclass
 class _Loaded:
     """One version, ready to train: its shards, worker, frozen dense model, schema."""
@@ -133,6 +127,7 @@ class FollowTrainer:
         self.book = StreamBook(cfg.source[0], bool(cfg.stream), cfg.dedup_window_s)  # keys, scores, counts
         if cfg.metrics_port:
             self.book.serve_metrics(cfg.metrics_port, cfg.metrics_host)
+        self.full = FullVersions(cfg, self.book, clock) if cfg.full_every else None
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> FollowResult:
@@ -156,6 +151,7 @@ class FollowTrainer:
                 self._maybe_cut()
             elif not self.train_chunk(chunk, stop, deadline):
                 break
+            self._maybe_full()
         self.cut()
         self.result.seconds = self.clock() - t0
         b, r = self.book, self.result
@@ -165,6 +161,8 @@ class FollowTrainer:
             b.windows,
             b.progressive.total(),
         )
+        if self.full is not None:
+            r.full_versions, r.refused_versions = self.full.published, self.full.refused
         return self.result
 
     def _follow_current(self) -> None:
@@ -220,7 +218,7 @@ class FollowTrainer:
                     return False
                 if batch.labels is None:
                     raise FeatureError("no label column: nothing to train on")
-                logits = lv.ctx.forward(batch)
+                logits = self._forward(lv, batch)
                 lv.ctx.backward(self._loss(logits, torch.from_numpy(batch.labels)))
                 self.ledger.advance(unit, batch.num_rows)
                 self.book.rows(batch.num_rows)
@@ -244,7 +242,7 @@ class FollowTrainer:
         if chunk.rows and (rows is None or len(rows)):
             batch = keyed.batch(rows)
             assert batch.labels is not None
-            logits = lv.ctx.forward(batch)
+            logits = self._forward(lv, batch)
             scores = sigmoid(logits.detach().cpu().numpy())
             lv.ctx.backward(self._loss(logits, torch.from_numpy(batch.labels)))
             self.book.trained(chunk, rows, batch.labels, scores)
@@ -254,6 +252,21 @@ class FollowTrainer:
             self._changed = True
         self.ledger.advance(chunk.start.unit, chunk.stop.row - self.ledger.row(chunk.start.unit))
         self._maybe_cut()
+
+    def _forward(self, lv: _Loaded, batch) -> torch.Tensor:
+        """The step's logits; with full versions, the batch is scored by the served network too."""
+        logits = lv.ctx.forward(batch)
+        return logits if self.full is None else self.full.split(logits, batch.labels)
+
+    def _maybe_full(self) -> None:
+        """Between two chunks, when one is due: the last delta into the served version, a full
+        version, the gate; published, the next deltas go into it (training/full_version.py)."""
+        if self.full is None or self.loaded is None or not self.full.due(len(self.result.deltas)):
+            return
+        self.cut()
+        version = self.full.write(self.loaded, self.ledger.positions(), len(self.result.deltas))
+        if self.full.publish(version):
+            self._follow_current()
 
     def _maybe_cut(self) -> None:
         if self._changed and self.clock() - self._last_cut >= self.cfg.delta_interval_s:
@@ -320,7 +333,10 @@ class FollowTrainer:
         applied = _apply_existing_deltas(vdir, stores)
         self.book.resume(vdir, self.ledger)
 
-        dense = _load_frozen_dense(vdir / manifest.dense["torchscript"])
+        dense: nn.Module = load_frozen_dense(vdir / manifest.dense["torchscript"])
+        optimizer: DenseOptimizer = FrozenDense()
+        if self.full is not None:  # trained (--train-dense) beside the served one, shipped in full versions
+            dense, optimizer = self.full.dense(dense, manifest)
         # rows looked up ahead miss the update between: one batch staler than the worker knows
         staleness, prefetch = max(0, self.cfg.staleness - 1), self.cfg.staleness >= 1
         worker = EmbeddingWorker(
@@ -329,7 +345,7 @@ class FollowTrainer:
             WorkerConfig(staleness=staleness, update_threads=self.cfg.update_threads),
         )
         cluster = Cluster(worker, n, stores=stores)
-        ctx = TrainCtx(worker, dense, _FrozenDense(), schema, prefetch=prefetch)
+        ctx = TrainCtx(worker, dense, optimizer, schema, prefetch=prefetch)
         rows = sum(s.rows for s in stores)
         log.info("following %s/%s: %d rows in %d shards, %d existing deltas applied, next delta %d",
                  self.cfg.model, version, rows, n, applied, stores[0].delta_seq + 1)  # fmt: skip
@@ -375,14 +391,3 @@ def _apply_existing_deltas(vdir: Path, stores: list) -> int:
             store.apply_delta(ms.delta_dir(vdir, seq))
         applied += 1
     return applied
-
-
-def _load_frozen_dense(path: Path) -> nn.Module:
-    """The served TorchScript dense network in eval mode with no trainable parameters: gradients
-    still flow through it to the pooled embeddings (its inputs)."""
-    from model_store.runtimes.torchscript import load_module
-
-    module = load_module(path)
-    for p in module.parameters():
-        p.requires_grad_(False)
-    return module

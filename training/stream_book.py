@@ -77,6 +77,11 @@ class StreamBook:
     def serve_metrics(self, port: int, host: str) -> None:
         self._metrics = _Metrics(port, host)
 
+    @property
+    def registry(self):
+        """The /metrics registry (None: no --metrics-port), for the trainer's other counters."""
+        return None if self._metrics is None else self._metrics.registry
+
     def admit(self, chunk: Chunk) -> NDArray[np.int64] | None:
         """Rows of a keyed chunk to train: those whose key was not trained (None: all of them);
         the others and the chunk's refused records are counted."""

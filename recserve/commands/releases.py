@@ -21,7 +21,12 @@ class VersionsConfig:
     model: str = "criteo"
     """Model name in the store."""
     keep: int = 0
-    """Delete all but the newest KEEP versions (never CURRENT or the rollback target; 0: keep all)."""
+    """Delete all but the newest KEEP versions (never CURRENT, the rollback target or a pinned
+    version; 0: keep all)."""
+    pin: str = field(default="", metadata={"metavar": "VERSION"})
+    """Pin VERSION: retention (--keep, a streaming trainer's --keep-versions) never deletes it."""
+    unpin: str = field(default="", metadata={"metavar": "VERSION"})
+    """Remove the pin of VERSION."""
     run_dir: str = ""
     """Run dir of the stack `recserve up` started, to show what it serves ('': <store>/.run/<model>)."""
 
@@ -42,6 +47,9 @@ class PublishConfig:
     max_quant_auc_drop: float = 0.001
     """Refuse a version served in float16 or int8 whose export measured a test AUC more than this
     below its own float32 AUC."""
+    max_auc_drop: float = 0.01
+    """Refuse a full version from the stream whose progressive AUC on its latest window is more
+    than this below the served version's on the same samples."""
 
     def __post_init__(self) -> None:
         if not self.version:
@@ -62,9 +70,18 @@ class RollbackConfig:
 
 
 def run_versions(cfg: VersionsConfig) -> int:
-    from model_store.releases import list_versions, retain
+    from model_store import ModelStoreError, list_versions, pin, pins, retain, unpin
     from serving.stack.local import default_run_dir, serving_view
 
+    try:
+        if cfg.pin:
+            pin(cfg.store, cfg.model, cfg.pin)
+        if cfg.unpin:
+            unpin(cfg.store, cfg.model, cfg.unpin)
+    except ModelStoreError as e:
+        print(f"refused: {e}", file=sys.stderr)
+        return 1
+    pinned = set(pins(cfg.store, cfg.model))
     if cfg.keep:
         removed = retain(cfg.store, cfg.model, cfg.keep)
         print(f"removed: {', '.join(removed) if removed else 'nothing'}")
@@ -81,9 +98,12 @@ def run_versions(cfg: VersionsConfig) -> int:
         if r.quantized is not None:
             q = r.quantized
             auc += f" {q.dtype}: auc={q.auc:.4f} (float32 {q.float32_auc:.4f}) max|score diff|={q.max_abs_score_diff:.2g}"
+        if r.stream is not None:
+            auc += f" {_progressive(r.stream)}"
         mark = "*" if r.current else " "
         why = f"refused by {', '.join(refused[r.version])}" if r.version in refused else ""
-        notes = " ".join(x for x in (auc, r.detail, why) if x)
+        gate = f"refused by the gate: {r.refused}" if r.refused else ""
+        notes = " ".join(x for x in (auc, "pinned" * (r.version in pinned), r.detail, why, gate) if x)
         print(f"{mark} {r.version:>4}  {r.status:<10} {created}  deltas={r.deltas:<3} {notes}")
     if view is None:
         print(f"serving: no stack running from {run_dir}")
@@ -109,6 +129,12 @@ def run_versions(cfg: VersionsConfig) -> int:
     if view.get("restarts"):
         print("  restarted    " + ", ".join(f"{name} {n}x" for name, n in sorted(view["restarts"].items())))
     return 0
+
+
+def _progressive(s) -> str:
+    """A full version from the stream: its progressive AUC and the served version's, same samples."""
+    fmt = lambda a: "-" if a is None else f"{a:.4f}"  # noqa: E731
+    return f"stream: progressive auc={fmt(s.auc)} (version {s.served_version} {fmt(s.served_auc)}, {s.samples} samples)"
 
 
 def _lookups(lookups: dict) -> str:
@@ -145,11 +171,12 @@ def run_publish(cfg: PublishConfig) -> int:
     note = ""
     try:
         try:
-            publish(cfg.store, cfg.model, cfg.version, max_quant_auc_drop=cfg.max_quant_auc_drop)
+            publish(cfg.store, cfg.model, cfg.version, max_quant_auc_drop=cfg.max_quant_auc_drop,
+                    max_auc_drop=cfg.max_auc_drop)  # fmt: skip
         except IncompatibleVersion as e:
             if not cfg.allow_schema_change:
                 raise
-            publish(cfg.store, cfg.model, cfg.version, True, cfg.max_quant_auc_drop)
+            publish(cfg.store, cfg.model, cfg.version, True, cfg.max_quant_auc_drop, cfg.max_auc_drop)
             note = (f"a schema change ({e}); a running stack keeps serving what it has and refuses "
                     f"{cfg.version}: restart it (recserve down --model {cfg.model}; recserve up --model "
                     f"{cfg.model}), and any `train --follow`")  # fmt: skip

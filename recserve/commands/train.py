@@ -157,6 +157,8 @@ def run_follow(args: argparse.Namespace) -> int:
         "progressive_total": result.progressive_total and asdict(result.progressive_total),
         "steps": result.steps,
         "reloads": result.reloads,
+        "full_versions": result.full_versions,
+        "refused_versions": result.refused_versions,
         "wall_s": round(result.seconds, 2),
     }
     print(json.dumps(summary))

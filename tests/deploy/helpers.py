@@ -68,9 +68,12 @@ def build(directory, objs: list | None = None) -> list:
 
 
 def _selects(obj: dict, select: dict) -> bool:
+    """kustomize's selector: kind, name, and a labelSelector of ``key=value`` terms joined by ','."""
+    wanted = dict(term.split("=", 1) for term in select.get("labelSelector", "").split(",") if term)
     return (
         obj["kind"] == select["kind"]
         and select.get("name", obj["metadata"]["name"]) == obj["metadata"]["name"]
+        and wanted.items() <= obj["metadata"].get("labels", {}).items()
     )
 
 

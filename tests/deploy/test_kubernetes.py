@@ -178,3 +178,23 @@ def test_the_documented_certificate_names_every_address_a_client_dials_and_pods_
         assert flagged <= copied, (obj["metadata"]["name"], flagged - copied)
         assert {f.rsplit("/", 1)[-1] for f in copied} <= in_secret, obj["metadata"]["name"]
     assert dialed and dialed <= names, dialed - names
+
+
+@pytest.mark.parametrize("directory", ["base", "overlays/replicated"])
+def test_one_streaming_trainer_and_the_joiners_read_the_kafka_bootstrap_from_one_configmap(directory):
+    """The shard count is not the trainer's: one pod (one delta writer per version) with its state
+    volume; the joiner and the trainer name the brokers by the ConfigMap recserve-kafka only."""
+    objs = documents(KUBE / directory)
+    by_name = {o["metadata"]["name"]: o for o in workloads(objs)}
+    follow, join = by_name["follow"], by_name["join"]
+    assert (follow["kind"], follow["spec"]["replicas"], join["kind"]) == ("StatefulSet", 1, "Deployment")
+    assert [t["metadata"]["name"] for t in follow["spec"]["volumeClaimTemplates"]] == ["state"]
+    for workload, flag in ((follow, "--stream"), (join, "--brokers")):
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        args = container["args"]
+        assert "$(KAFKA_BOOTSTRAP)" in args[args.index(flag) + 1]
+        (env,) = [e for e in container["env"] if e["name"] == "KAFKA_BOOTSTRAP"]
+        assert env["valueFrom"]["configMapKeyRef"] == {"name": "recserve-kafka", "key": "bootstrap"}
+    args = follow["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert {"--train-dense", "--full-every", "--keep-versions", "--state"} <= set(args)
+    assert args[args.index("--state") + 1].startswith("/state/")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import ssl
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import pytest
 import yaml
 
 import model_store as ms
+from model_store.deltas import DeltaManifest, read_delta
 from serving.rpc.health import check
 from serving.scoring.client import ScoringClient
 from tests.deploy.helpers import KUBE, build_overlay
@@ -34,7 +36,14 @@ from tests.helpers import ROOT, doc_blocks, exit_ok, wait_until
 pytestmark = pytest.mark.slow
 SCHEMA = "data/schemas/criteo.yaml"
 IMAGE_WORKDIR = "/app"  # the image's WORKDIR: this checkout stands for it
-IMAGE_VENV = "/opt/recserve"  # the image's venv: this checkout's .venv stands for it
+IMAGE_VENV = "/opt/recserve"  # the image's venv: the venv running the tests stands for it
+VENV = Path(sys.prefix)  # this checkout's .venv under `make test`; a shared one in a git worktree
+STREAM_ROLES = ("join", "follow")
+"""Workloads that need a Kafka cluster: ``test_the_stream_roles_...`` starts them with the test broker."""
+
+
+def stream_role(pod: dict) -> bool:
+    return pod["name"].rsplit("-", 1)[0] in STREAM_ROLES
 
 
 def pods(objs: list[dict]) -> list[dict]:
@@ -60,9 +69,9 @@ def pods(objs: list[dict]) -> list[dict]:
                 names.append(f"{name}.{w['spec']['serviceName']}")
             if job:
                 names.append(f"{name}.{w['spec']['template']['spec']['subdomain']}")
-            out.append(
-                {"name": name, "names": names, "spec": w["spec"]["template"]["spec"], "index": i, "job": job}
-            )
+            claims = [t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])]
+            out.append({"name": name, "names": names, "spec": w["spec"]["template"]["spec"], "index": i,
+                        "job": job, "claims": claims})  # fmt: skip
     return out
 
 
@@ -97,7 +106,7 @@ def secret_files(directory: Path) -> Path:
     """The overlay's Secret as a directory of its secretGenerator's files, made by docs/kubernetes.md's
     lines (run by bash in ``directory``, as a user runs them at the checkout's root)."""
     (block,) = doc_blocks("docs/kubernetes.md", "The Secret's files")
-    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     for line in block:
         done = subprocess.run(["bash", "-c", line], cwd=directory, env=env, capture_output=True, text=True,
                               timeout=60)  # fmt: skip
@@ -149,7 +158,7 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
     objs = build_overlay(KUBE / "overlays" / "small")
     config_maps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
     secret = secret_files(tmp_path)  # the overlay's secretGenerator files, made as docs/kubernetes.md says
-    all_pods = pods(objs)
+    all_pods = [p for p in pods(objs) if not stream_role(p)]
     assert {p["name"] for p in all_pods} >= {"train-0", "train-1", "ps-0", "ps-1", "worker-0", "scoring-0"}
     net = network(len(all_pods), [" ".join(p["names"]) for p in all_pods])
     store = tmp_path / "store"
@@ -174,7 +183,7 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
         binds = {str(volumes[m["name"]]): m["mountPath"] for m in container.get("volumeMounts", [])}
         binds |= {
             str(ROOT): IMAGE_WORKDIR,
-            str(ROOT / ".venv"): IMAGE_VENV,
+            str(VENV): IMAGE_VENV,
             str(commands): f"{IMAGE_VENV}-commands",
         }
         env = container_env(container, pod, config_maps)
@@ -240,3 +249,64 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
     assert len(scores) == 400 and np.abs(np.array(scores) - offline).max() <= 1e-6
     assert versions == {(current, current)}
     assert (out["bad_json"], out["no_token"]) == (400, 401)
+
+
+def test_the_stream_roles_run_as_their_manifests_say_against_the_test_broker(network, trained, tmp_path):
+    """The joiner and the streaming trainer, started with exactly their containers' commands, args,
+    environment and volumes, the ConfigMap's bootstrap being the test broker's: simulated users'
+    impressions and clicks are joined into samples, which the trainer trains into a delta of the
+    served version. librdkafka's mock cluster listens on loopback only, so the two pods and the
+    broker share one network namespace (each pod has its own mount and UTS namespace)."""
+    objs = build_overlay(KUBE / "overlays" / "small")
+    config_maps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
+    stream = [p for p in pods(objs) if stream_role(p)]
+    assert sorted(p["name"] for p in stream) == ["follow-0", "join-0"]
+    (host,) = network(1, [" ".join(n for p in stream for n in p["names"])]).hosts
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    topics = ("impressions:2", "events:2", "samples:2", "join-dead-letter:1", "samples.dead:1")
+    broker_log = tmp_path / "kafka.log"
+    host.popen([sys.executable, "-m", "serving.stream.mockbroker", *(a for t in topics for a in ("--topic", t))],
+               broker_log, env=env, cwd=ROOT)  # fmt: skip
+    found = wait_until(lambda: re.search(r"BOOTSTRAP=(\S+)", broker_log.read_text()), 60, "the test broker")
+    config_maps["recserve-kafka"]["data"]["bootstrap"] = found[1]
+    store = tmp_path / "store"
+    shutil.copytree(trained[0], store)
+    commands = image_commands(tmp_path / "image-bin")
+    path = f"{IMAGE_VENV}-commands{os.pathsep}{os.environ['PATH']}"
+    started = {}
+    for pod in stream:
+        volumes = {v["name"]: (store if "persistentVolumeClaim" in v else tmp_path / pod["name"] / v["name"])
+                   for v in pod["spec"].get("volumes", [])}  # fmt: skip
+        claims = pod.get("claims", [])
+        volumes |= {name: tmp_path / pod["name"] / name for name in claims}
+        for d in volumes.values():
+            d.mkdir(parents=True, exist_ok=True)
+        (container,) = pod["spec"]["containers"]
+        binds = {str(volumes[m["name"]]): m["mountPath"] for m in container.get("volumeMounts", [])}
+        binds |= {str(ROOT): IMAGE_WORKDIR, str(VENV): IMAGE_VENV, str(commands): f"{IMAGE_VENV}-commands"}
+        cenv = container_env(container, pod, config_maps)
+        argv = [expand(a, cenv) for a in container["command"] + container.get("args", [])]
+        log = tmp_path / f"{pod['name']}.log"
+        proc = host.popen(argv, log, env={**os.environ, "PATH": path, **cenv}, binds=binds, cwd=IMAGE_WORKDIR)
+        started[pod["name"]] = (container, proc, log)
+
+    def ready(name: str) -> bool:
+        container, proc, log = started[name]
+        if proc.poll() is not None:
+            raise AssertionError(f"pod {name} exited {proc.returncode}: {log.read_text()[-3000:]}")
+        return probe(container, host.address)[0]
+
+    wait_until(lambda: all(ready(name) for name in started), 120, "the stream pods' readiness probes to pass")
+    host.popen([sys.executable, "-m", "loadtest.stream_users", "--brokers", found[1], "--requests", "10",
+                "--delay-s", "0.2"], tmp_path / "users.log", env=env, cwd=ROOT)  # fmt: skip
+    vdir = ms.version_dir(store, "criteo", ms.current(store, "criteo"))
+
+    def trained_samples() -> int:
+        ready("follow-0")  # still running
+        return sum(
+            (read_delta(ms.delta_dir(vdir, seq)) or DeltaManifest("")).samples for seq in ms.list_deltas(vdir)
+        )
+
+    wait_until(trained_samples, 120, "clicks joined into samples and trained into a delta")
+    (state,) = (tmp_path / "follow-0" / "state").iterdir()  # the ledger on the pod's own volume
+    assert state.name == "follow.json"

@@ -5,17 +5,18 @@ import pytest
 
 import model_store as ms
 from model_store import IncompatibleVersion, ModelStoreError, SchemaMismatch
-from model_store.releases import history, list_versions, publish, retain, rollback, validate
+from model_store.releases import history, list_versions, publish, rollback, validate
 from tests.helpers import ROOT
 
 
-def _version(root, fingerprint="fp", complete=True, dim=8, num_dense=13) -> str:
+def _version(root, fingerprint="fp", complete=True, dim=8, num_dense=13, stream=None) -> str:
     v = ms.next_version(root, "m")
     staging = ms.staging_dir(root, "m", v)
     (staging / "payload.bin").write_bytes(b"x" * 100)
     config = {"kind": "dlrm", "dim": dim, "num_slots": 26, "num_dense": num_dense}
     ms.write_manifest(
-        staging, ms.VersionManifest("m", v, fingerprint, dim, num_shards=1, model_config=config)
+        staging,
+        ms.VersionManifest("m", v, fingerprint, dim, num_shards=1, model_config=config, stream=stream),
     )
     if complete:
         ms.seal(staging, ms.version_dir(root, "m", v))
@@ -70,6 +71,30 @@ def test_manifests_of_xxh3_and_of_older_sha256_digests_both_verify_and_catch_cor
             validate(tmp_path, "m", v)
 
 
+def test_the_gate_refuses_a_progressive_auc_drop_past_max_auc_drop_and_records_it(tmp_path):
+    publish(tmp_path, "m", _version(tmp_path))
+    worse = _version(tmp_path, stream=ms.StreamRecord("1", 500, auc=0.70, served_auc=0.72))
+    with pytest.raises(
+        ms.QualityDrop, match=r"0.70000 on the latest 500 samples is 0.02000 below version 1's"
+    ):
+        publish(tmp_path, "m", worse)
+    assert ms.current(tmp_path, "m") == "1" and "--max-auc-drop" in ms.refusals(tmp_path, "m")[worse]
+    assert {i.version: i.refused for i in list_versions(tmp_path, "m")} == {
+        "1": "",
+        worse: ms.refusals(tmp_path, "m")[worse],
+    }
+    # within the allowance, or with nothing to compare (one class in the window), it passes
+    publish(tmp_path, "m", worse, max_auc_drop=0.021)
+    level = _version(tmp_path, stream=ms.StreamRecord(worse, 500, auc=None, served_auc=0.72))
+    publish(tmp_path, "m", level)
+    assert ms.current(tmp_path, "m") == level
+    # a release decision: serving components (no allowance given) do not judge it again
+    served = ms.current_manifest(tmp_path, "m")
+    assert validate(tmp_path, "m", worse, served).stream is not None
+    with pytest.raises(ms.QualityDrop):
+        validate(tmp_path, "m", worse, served, max_auc_drop=0.01)
+
+
 def test_rollback_goes_back_one_publish_at_a_time(tmp_path):
     v1, v2, v3 = _version(tmp_path), _version(tmp_path), _version(tmp_path)
     for v in (v1, v2, v3):
@@ -79,17 +104,6 @@ def test_rollback_goes_back_one_publish_at_a_time(tmp_path):
     with pytest.raises(ModelStoreError, match="no earlier"):
         rollback(tmp_path, "m")
     assert ms.current(tmp_path, "m") == v1
-
-
-def test_retain_keeps_newest_current_and_rollback_target(tmp_path):
-    vs = [_version(tmp_path) for _ in range(6)]
-    publish(tmp_path, "m", vs[1])
-    publish(tmp_path, "m", vs[2])
-    removed = retain(tmp_path, "m", keep=2)
-    left = ms.versions(tmp_path, "m")
-    assert set(left) == {vs[1], vs[2], vs[4], vs[5]} and set(removed) == {vs[0], vs[3]}
-    with pytest.raises(ValueError):
-        retain(tmp_path, "m", keep=0)
 
 
 @pytest.mark.parametrize(
