@@ -37,8 +37,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -57,6 +55,7 @@ from loadtest.bench_stream import (
     TOPICS,
     Clicks,
     Collector,
+    alive,
     expected_keys,
     high_watermarks,
     impression_facts,
@@ -85,14 +84,6 @@ from serving.stream import mockbroker
 LEAN, TORCHSERVE = 1, 2  # the recorders' request-id streams
 
 
-def trainer_takes(flag: str) -> bool:
-    """Whether ``recserve train`` knows ``flag`` (its --help names it)."""
-    out = subprocess.run(
-        [sys.executable, "-m", "recserve", "train", "--help"], capture_output=True, text=True
-    )
-    return flag in out.stdout
-
-
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__)
     p.add_argument("--store", help="existing model store (default: train one into a temp dir)")
@@ -110,9 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delta-interval-s", type=float, default=0.5, help="the trainer's (default: 0.5)")
     p.add_argument("--dedup-window-s", type=float, default=60.0,
                    help="the trainer's (default: 60; covers the join window and a restarted joiner's replay)")  # fmt: skip
-    p.add_argument(
-        "--full-every", default="", help="the trainer's --full-every with --train-dense ('': none)"
-    )
+    p.add_argument("--full-every", default="10m",
+                   help="the trainer's --full-every, with --train-dense (default: 10m; '': deltas only)")  # fmt: skip
+    p.add_argument("--keep-versions", type=int, default=2,
+                   help="the trainer's retention with --full-every (default: 2, CURRENT and the one before)")  # fmt: skip
     p.add_argument("--session-timeout-ms", type=int, default=6000,
                    help="the joiner's Kafka session timeout: how soon a killed joiner's partitions move on")  # fmt: skip
     p.add_argument("--drift-period-s", type=float, default=120.0, help="(default: 120)")
@@ -120,9 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-s", type=float, default=5.0, help="how often RSS and disk use are sampled")
     p.add_argument("--catch-up-s", type=float, default=180.0, help="most seconds to catch up at the end")
     args = parse(p, argv, {"minutes": 0.6, "window_min": 0.2, "rate": 4.0, "ts_rate": 2.0, "window_s": 4.0,
-                           "drift_period_s": 12.0, "sample_s": 1.0, "catch_up_s": 90.0})  # fmt: skip
-    if args.full_every and not trainer_takes("--full-every"):
-        p.error(f"--full-every {args.full_every}: this `recserve train` has no --full-every (see its --help)")
+                           "drift_period_s": 12.0, "sample_s": 1.0, "catch_up_s": 90.0,
+                           "full_every": "12s"})  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="bench-soak-"))
     try:
         served = work / "served"
@@ -170,7 +161,13 @@ def run(args, model_dir: Path, work: Path) -> dict:
             f"{args.dedup_window_s:g}",
         ]
         if args.full_every:
-            train += ["--train-dense", "--full-every", args.full_every]
+            train += [
+                "--train-dense",
+                "--full-every",
+                args.full_every,
+                "--keep-versions",
+                str(args.keep_versions),
+            ]
         roles = {"joiner": ["join", "--brokers", b, "--window-s", f"{args.window_s:g}", "--group", "bench-soak",
                             "--kafka-config", str(kafka_config)], "trainer": train}  # fmt: skip
         procs = {name: spawn(argv, work / f"{name}.log") for name, argv in roles.items()}
@@ -205,7 +202,9 @@ def run(args, model_dir: Path, work: Path) -> dict:
         ps_ready = grpc_serving(stack.state.ps_shards[0][1])
         for at, name in ((duration / 3, "trainer"), (duration / 2, "joiner"), (2 * duration / 3, KILLED_PS),
                          (duration, "")):  # fmt: skip
-            time.sleep(max(0.0, t0 + at - time.time()))
+            while (left := t0 + at - time.time()) > 0:
+                time.sleep(min(1.0, left))
+                alive(procs, work)  # a role that exits by itself stops the bench with its log's tail
             if name in procs:
                 os.killpg(procs[name].pid, signal.SIGKILL)
                 procs[name].wait()
@@ -251,7 +250,7 @@ def run(args, model_dir: Path, work: Path) -> dict:
         "deltas": len(records),
         "deltas_missed": published.missed,
         "versions": sorted({d.version for d in published.deltas}),
-        "store_bytes_at_new_versions": series.at_versions(),
+        "store_floor_bytes": series.floors(),
         "catch_up_s": round(catch_up_s, 1),
         "kills": [{k: round(v - t0, 2) if k in ("kill", "back") else v for k, v in e.items()} for e in kills],
     }
@@ -331,6 +330,7 @@ def analyse(
             "delta_interval_s": args.delta_interval_s,
             "dedup_window_s": args.dedup_window_s,
             "full_every": args.full_every or None,
+            "keep_versions": args.keep_versions,
             "joiner_kafka_config": JOINER_KAFKA.strip() + f", session.timeout.ms={args.session_timeout_ms}",
             "drift_weight": args.drift_weight,
             "drift_period_s": args.drift_period_s,
@@ -379,9 +379,9 @@ def report(out: dict, args) -> None:
         first, last = ws[1]["rss_mb"], ws[-1]["rss_mb"]  # the bench itself keeps what it counts: not it
         checks["each process's RSS in the last window within 10% of the second's"] = all(
             abs(last[n] - first[n]) <= 0.1 * first[n] for n in first if n in last and n != "bench")  # fmt: skip
-    if len(grown := out["store_bytes_at_new_versions"]) >= 2:
-        checks["the store's bytes no higher at the last full version than at the one before"] = (
-            grown[-1][1] <= grown[-2][1])  # fmt: skip
+    if len(floors := out["store_floor_bytes"]) >= 3:  # two full versions published in the run
+        checks["the store's bytes under the last full version within 10% of those under the one before"] = (
+            floors[-1][1] <= 1.1 * floors[-2][1])  # fmt: skip
     report_targets(out, checks)
 
 

@@ -43,10 +43,16 @@ class Series(threading.Thread):
             self.samples.append(Sample(time.time(), rss, disk_bytes(self.model_dir), current))
             self._halt.wait(self.every_s)
 
-    def at_versions(self) -> list[tuple[str, int]]:
-        """(version, the store's bytes) at the first sample of each version CURRENT named."""
-        return [(s.current, s.disk) for i, s in enumerate(self.samples)
-                if i and s.current != self.samples[i - 1].current]  # fmt: skip
+    def floors(self) -> list[tuple[str, int]]:
+        """(version, the store's fewest bytes while CURRENT named it) of each version CURRENT named,
+        in order: after the retention its publish ran, before its deltas pile up."""
+        out: list[tuple[str, int]] = []
+        for s in self.samples:
+            if out and out[-1][0] == s.current:
+                out[-1] = (s.current, min(out[-1][1], s.disk))
+            else:
+                out.append((s.current, s.disk))
+        return out
 
     def halt(self) -> None:
         self._halt.set()

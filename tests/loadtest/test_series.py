@@ -22,4 +22,6 @@ def test_the_series_samples_each_process_by_name_the_stores_disk_and_current(tmp
     assert first.rss["me"] > 0 and first.rss["gone"] == 0  # a process that is not there uses nothing
     assert 100_000 <= first.disk <= disk_bytes(model_dir)  # CURRENT's file came on top
     assert first.current == "1"
-    assert [v for v, _ in series.at_versions()] == ["2"]  # one switch, from 1 to 2
+    floors = series.floors()
+    assert [v for v, _ in floors] == ["1", "2"] and floors[0][1] == min(x.disk for x in series.samples[:-1]
+                                                                         if x.current == "1")  # fmt: skip
