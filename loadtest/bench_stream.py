@@ -7,9 +7,9 @@ On the mock Kafka cluster (``serving.stream.mockbroker``, a process of its own):
 200 items (the same 200 items every time, so an item's taste can be learnt); simulated users
 (``loadtest.stream_users``) clicking in a drifting world (each item's taste rises and falls once
 every ``--drift-period-s``: popular items fall out of fashion and others rise); ``recserve join``;
-the streaming trainer ``recserve train --follow --stream`` at the online learning rate ``--lr``,
-publishing a delta into the served version every ``--delta-interval-s``. A third of the way in the
-trainer is SIGKILLed and restarted, two thirds in the joiner. Then the load stops, the joiner and
+the streaming trainer ``recserve train --follow --stream`` at the online learning rate ``--lr`` and
+``--batch-size`` samples a step, publishing a delta into the served version every
+``--delta-interval-s``. A third of the way in the trainer is SIGKILLed and restarted, two thirds in the joiner. Then the load stops, the joiner and
 the trainer catch up, and everything is counted against the impression log: every impression
 whose join window closed before the end (``window_s`` before the last impression) must be trained
 exactly once -- ``lost_samples`` (never trained) and ``duplicate_samples`` (trained twice): each
@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--lr", type=float, default=0.05,
                    help="the streaming trainer's sparse learning rate (default: 0.05, 10x the offline one)")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=1024,
+                   help="the streaming trainer's samples per step (default: 1024, for 5,000 samples/s)")  # fmt: skip
     p.add_argument("--delta-interval-s", type=float, default=0.5, help="(default: 0.5)")
     p.add_argument("--dedup-window-s", type=float, default=60.0,
                    help="the trainer's dedupe window (default: 60, the join window and a joiner's replay)")  # fmt: skip
@@ -196,7 +198,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
                        "--kafka-config", str(joiner_kafka)],
             "trainer": ["train", "--follow", str(model_dir), "--stream", f"kafka://{b}/samples",
                         "--delta-interval-s", f"{args.delta_interval_s:g}", "--lr", f"{args.lr:g}",
-                        "--dedup-window-s", f"{args.dedup_window_s:g}"],
+                        "--dedup-window-s", f"{args.dedup_window_s:g}", "--batch-size", str(args.batch_size)],
         }  # fmt: skip
         procs = {name: spawn(argv, work / f"{name}.log") for name, argv in roles.items()}
         es.callback(lambda: stop_children([p for p in procs.values() if p.poll() is None]))
@@ -314,6 +316,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
             "drift_weight": args.drift_weight,
             "drift_period_s": args.drift_period_s,
             "trainer_lr": args.lr,
+            "trainer_batch_size": args.batch_size,
             "delta_interval_s": args.delta_interval_s,
             "dedup_window_s": args.dedup_window_s,
             "partitions": TOPICS,
