@@ -9,8 +9,9 @@ shard, the worker, TorchServe with remote lookups, supervised) at ``--ts-rate``,
 impressions to one topic and following one model store; a request is always the same ``--items``
 Criteo rows (``loadtest.recorder``: every response's time, latency, status and versions). Simulated users
 (``loadtest.stream_users``) click in a drifting world; ``recserve join``; the streaming trainer
-(``recserve train --follow --stream``) cuts a delta every ``--delta-interval-s`` and, with
-``--full-every``, trains the dense network and publishes a full version that often. A third of
+(``recserve train --follow --stream``) cuts a delta every ``--delta-interval-s`` (0.5) and, with
+``--full-every`` (10m; '': none), trains the dense network and publishes a full version that often,
+retention keeping ``--keep-versions``. A third of
 the way in the trainer is SIGKILLed, half-way the joiner (each restarted at once), two thirds in
 a PS replica (``loadtest.bench_faults.kill_and_watch``: the supervisor restarts it).
 
@@ -26,7 +27,9 @@ under ``torchserve``), ``failures`` and ``mixed_responses`` (both endpoints), ``
 response of either endpoint scored with the delta that trained its sample or a later one, for the
 clicks produced in the window; those no response served before the load stopped are counted in
 ``clicks_unserved``), ``rss_mb`` per process (the mean of its samples in the window) and
-``store_bytes`` (the model store's disk use at the window's end). Writes
+``store_bytes`` (the model store's disk use at the window's end); over the run also
+``impressions_missing`` (answered requests the impression log lacks) and ``store_floor_bytes`` (the
+store's fewest bytes under each version CURRENT named: after its publish's retention). Writes
 ``loadtest/results/soak.json``. ``--quick``: 0.6 minutes at 4 + 2 rps in 0.2-minute windows.
 """
 
@@ -50,17 +53,7 @@ from loadtest import paced
 from loadtest import stream_figures as sf
 from loadtest.bench_e2e import lean_frontend
 from loadtest.bench_faults import KILLED_PS, kill_and_watch
-from loadtest.bench_stream import (
-    JOINER_KAFKA,
-    TOPICS,
-    Clicks,
-    Collector,
-    alive,
-    expected_keys,
-    high_watermarks,
-    impression_facts,
-    sample_facts,
-)
+from loadtest.bench_stream import Clicks, alive, expected_keys
 from loadtest.common import (
     CRITEO_SCHEMA,
     CRITEO_TEST,
@@ -75,6 +68,15 @@ from loadtest.processes import grpc_serving, tree
 from loadtest.published import Published
 from loadtest.recorder import Recorder, Responses, rid_ints
 from loadtest.series import Series
+from loadtest.stream_topics import (
+    JOINER_KAFKA,
+    TOPICS,
+    Collector,
+    high_watermarks,
+    impression_facts,
+    sample_facts,
+    watermarks,
+)
 from loadtest.stream_users import UserModel, play
 from model_store.dense import AUTO
 from serving.rpc.procs import spawn, stop_children
@@ -90,15 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="criteo")
     p.add_argument("--minutes", type=float, default=30.0, help="minutes of load (default: 30)")
     p.add_argument("--window-min", type=float, default=5.0, help="minutes per reported window (default: 5)")
-    p.add_argument(
-        "--rate", type=float, default=50.0, help="recserve serve's requests/s of 200 items (default: 50)"
-    )
+    p.add_argument("--rate", type=float, default=50.0, help="recserve serve's requests/s (default: 50)")
     p.add_argument("--ts-rate", type=float, default=10.0, help="TorchServe's requests/s (default: 10)")
     p.add_argument(
         "--items", type=int, default=200, help="items per request, the first Criteo test rows (default: 200)"
     )
     p.add_argument("--window-s", type=float, default=10.0, help="the joiner's window (default: 10)")
     p.add_argument("--delta-interval-s", type=float, default=0.5, help="the trainer's (default: 0.5)")
+    p.add_argument(
+        "--batch-size", type=int, default=1024, help="the trainer's samples a step (default: 1024)"
+    )
     p.add_argument("--dedup-window-s", type=float, default=60.0,
                    help="the trainer's (default: 60; covers the join window and a restarted joiner's replay)")  # fmt: skip
     p.add_argument("--full-every", default="10m",
@@ -149,17 +152,9 @@ def run(args, model_dir: Path, work: Path) -> dict:
         kafka_config = work / "joiner.properties"
         kafka_config.write_text(f"{JOINER_KAFKA}session.timeout.ms={args.session_timeout_ms}\n"
                                 "heartbeat.interval.ms=1000\n")  # fmt: skip
-        train = [
-            "train",
-            "--follow",
-            str(model_dir),
-            "--stream",
-            f"kafka://{b}/samples",
-            "--delta-interval-s",
-            f"{args.delta_interval_s:g}",
-            "--dedup-window-s",
-            f"{args.dedup_window_s:g}",
-        ]
+        train = ["train", "--follow", str(model_dir), "--stream", f"kafka://{b}/samples", "--delta-interval-s",
+                 f"{args.delta_interval_s:g}", "--dedup-window-s", f"{args.dedup_window_s:g}", "--batch-size",
+                 str(args.batch_size)]  # fmt: skip
         if args.full_every:
             train += [
                 "--train-dense",
@@ -198,13 +193,16 @@ def run(args, model_dir: Path, work: Path) -> dict:
         print(f"load {args.rate:g} + {args.ts_rate:g} rps for {duration:.0f} s; the trainer killed at "
               f"{duration / 3:.0f} s, the joiner at {duration / 2:.0f} s, {KILLED_PS} at {2 * duration / 3:.0f} s",
               flush=True)  # fmt: skip
-        t0, kills = time.time(), list[dict[str, Any]]()
+        t0, kills, dropped = time.time(), list[dict[str, Any]](), 0
         ps_ready = grpc_serving(stack.state.ps_shards[0][1])
         for at, name in ((duration / 3, "trainer"), (duration / 2, "joiner"), (2 * duration / 3, KILLED_PS),
                          (duration, "")):  # fmt: skip
             while (left := t0 + at - time.time()) > 0:
                 time.sleep(min(1.0, left))
                 alive(procs, work)  # a role that exits by itself stops the bench with its log's tail
+                low, _ = watermarks(watch, "samples")  # the broker's retention past the trainer: lost
+                behind = [max(0, lo - pos) for lo, pos in zip(low, published.positions(), strict=True)]
+                dropped = max(dropped, sum(behind))
             if name in procs:
                 os.killpg(procs[name].pid, signal.SIGKILL)
                 procs[name].wait()
@@ -249,6 +247,7 @@ def run(args, model_dir: Path, work: Path) -> dict:
         "impressions_missing": int((~np.isin(answered, logged)).sum()),
         "deltas": len(records),
         "deltas_missed": published.missed,
+        "max_samples_dropped_by_the_broker_before_trained": dropped,
         "versions": sorted({d.version for d in published.deltas}),
         "store_floor_bytes": series.floors(),
         "catch_up_s": round(catch_up_s, 1),
@@ -336,6 +335,7 @@ def analyse(
             "drift_period_s": args.drift_period_s,
             "click_delay_s": 2.0,
             "partitions": TOPICS,
+            "trainer_batch_size": args.batch_size,
             "broker": "librdkafka mock cluster, 3 brokers, one process; everything on this machine",
             "loadavg": os.getloadavg(),
         },  # fmt: skip
@@ -364,7 +364,7 @@ def report(out: dict, args) -> None:
     print_table("RSS (MB, mean over the window)", [{"process": n, **{f"w{i}": w["rss_mb"].get(n) for i, w in
                 enumerate(out["windows"])}} for n in names], ["process", *(f"w{i}" for i in range(len(rows)))])  # fmt: skip
     print({k: out[k] for k in ("lost_samples", "duplicate_samples", "samples_expected", "samples_trained",
-                               "impressions", "impressions_missing",
+                               "impressions", "impressions_missing", "max_samples_dropped_by_the_broker_before_trained",
                                "deltas", "deltas_missed", "kills")})  # fmt: skip
     ws = out["windows"]
     checks = {

@@ -7,9 +7,9 @@ On the mock Kafka cluster (``serving.stream.mockbroker``, a process of its own):
 200 items (the same 200 items every time, so an item's taste can be learnt); simulated users
 (``loadtest.stream_users``) clicking in a drifting world (each item's taste rises and falls once
 every ``--drift-period-s``: popular items fall out of fashion and others rise); ``recserve join``;
-the streaming trainer ``recserve train --follow --stream`` at the online learning rate ``--lr``,
-publishing a delta into the served version every ``--delta-interval-s``. A third of the way in the
-trainer is SIGKILLed and restarted, two thirds in the joiner. Then the load stops, the joiner and
+the streaming trainer ``recserve train --follow --stream`` at the online learning rate ``--lr`` and
+``--batch-size`` samples a step, publishing a delta into the served version every
+``--delta-interval-s``. A third of the way in the trainer is SIGKILLed and restarted, two thirds in the joiner. Then the load stops, the joiner and
 the trainer catch up, and everything is counted against the impression log: every impression
 whose join window closed before the end (``window_s`` before the last impression) must be trained
 exactly once -- ``lost_samples`` (never trained) and ``duplicate_samples`` (trained twice): each
@@ -27,7 +27,9 @@ a few MB a partition). The figures come from those facts (``loadtest.stream_figu
   the delta that trained its sample (the delta's offsets place the sample; responses name their
   delta), over the clicks before the first kill; ``..._all`` and ``..._by_phase`` say the rest.
 - ``max_lag_samples``: the most samples the trainer's published offsets (its last delta's) were
-  behind the samples topic's end, sampled every second (the kill's restart included).
+  behind the samples topic's end, sampled every second (the kill's restart included);
+  ``max_samples_dropped_by_the_broker_before_trained``: how far the broker's retention had passed
+  the trainer's offsets (lost samples; 0 while the trainer keeps within it).
 - ``logging_p99_ratio``: after the stream, the same frontend (log on) and a twin over the same
   store without the log (off) at ``--log-rate`` requests/s, in turns of ``--log-phase-s``
   (``--log-rounds`` each, ABBA), p99 of each side's pooled latencies, on / off.
@@ -56,83 +58,23 @@ from loadtest.bench_e2e import lean_frontend, request_bodies, warm_up
 from loadtest.common import given_or_trained, parse, parser, report_targets, write_results
 from loadtest.paced import Paced, interleaved
 from loadtest.processes import Sampler
+from loadtest.stream_topics import (
+    JOINER_KAFKA,
+    TOPICS,
+    Collector,
+    high_watermarks,
+    impression_facts,
+    sample_facts,
+    watermarks,
+)
 from loadtest.stream_users import UserModel, play
 from model_store.deltas import DeltaManifest, last_record, read_delta
 from model_store.dense import AUTO
 from serving.rpc.procs import spawn, stop_children
 from serving.stream import mockbroker
-from serving.stream.records import Event, decode_impression
-from serving.stream.sample_batch import read_samples
+from serving.stream.records import Event
 
-TOPICS = {"impressions": 4, "events": 4, "samples": 16, "samples.dead": 4, "join-dead-letter": 4}
-"""Topics and their partitions. The mock cluster keeps 5 MB a partition (librdkafka's
-``rdkafka_mock.c``, not configurable): the samples topic gets 16 partitions and the joiner
-compresses (lz4), so that about two minutes of samples stay readable by a trainer that lags."""
-JOINER_KAFKA = "compression.type=lz4\n"
 LOG_RATIO_TARGET = 1.15
-
-
-class Collector(threading.Thread):
-    """Reads ``topic`` from its beginning for the whole run (the mock cluster keeps only a few MB a
-    partition, so reading it at the end would miss the start), keeping ``decode(messages)`` of each
-    batch read in ``parts``; ``finish`` reads on to the topic's end now, then stops."""
-
-    def __init__(self, bootstrap: str, topic: str, decode) -> None:
-        super().__init__(name=f"collect-{topic}", daemon=True)
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-        self.topic, self.decode = topic, decode
-        self.parts: list = []
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-read-{topic}",
-                                  "enable.auto.commit": False})  # fmt: skip
-        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(TOPICS[topic])])
-        self.next = [0] * TOPICS[topic]
-        self.until: list[int] | None = None
-
-    def run(self) -> None:
-        while self.until is None or any(n < u for n, u in zip(self.next, self.until, strict=True)):
-            msgs = [m for m in self.consumer.consume(10_000, timeout=0.5) if m.error() is None]
-            if msgs:
-                self.parts.append(self.decode(msgs))
-            for m in msgs:
-                self.next[m.partition() or 0] = (m.offset() or 0) + 1
-        self.consumer.close()
-
-    def finish(self, watch, timeout_s: float = 120.0) -> list:
-        self.until = high_watermarks(watch, self.topic)
-        self.join(timeout_s)
-        if self.is_alive():
-            raise RuntimeError(
-                f"{self.topic}: not read to its end {self.until} in {timeout_s:.0f} s: {self.next}"
-            )
-        return self.parts
-
-
-def impression_facts(msgs: list) -> list[tuple[str, float, int, int]]:
-    """(request id, ts, items, hash of the batch scored) of each impression."""
-    out = []
-    for m in msgs:
-        imp = decode_impression(m.value() or b"")
-        out.append((imp.request_id, imp.ts, len(imp.scores), hash(imp.batch)))
-    return out
-
-
-def sample_facts(msgs: list) -> sf.SampleLog:
-    """The samples of one batch read (every record the joiner writes is valid)."""
-    samples, bad = read_samples([m.value() or b"" for m in msgs])
-    if bad:
-        raise RuntimeError(f"samples topic: {len(bad)} records unreadable, e.g. {bad[0]}")
-    part = np.fromiter((m.partition() for m in msgs), np.int64, len(msgs))
-    offset = np.fromiter((m.offset() for m in msgs), np.int64, len(msgs))
-    return sf.SampleLog(part[samples.index], offset[samples.index], samples.keys, samples.labels)
-
-
-def high_watermarks(consumer, topic: str) -> list[int]:
-    from confluent_kafka import TopicPartition
-
-    return [
-        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(TOPICS[topic])
-    ]
 
 
 def version_dir(model_dir: Path) -> Path:
@@ -153,10 +95,11 @@ def published(model_dir: Path) -> list[tuple[int, Path, DeltaManifest]]:
     return out
 
 
-def trained_offsets(vdir: Path) -> int:
-    """The samples the last published delta's trainer had consumed (its offsets, summed)."""
+def trained_offsets(vdir: Path) -> list[int]:
+    """Per partition of the samples topic, where the last published delta's trainer resumes."""
     last = last_record(vdir)
-    return sum(last[0].positions.values()) if last is not None else 0
+    at = last[0].positions if last is not None else {}
+    return [at.get(f"samples/{p}", 0) for p in range(TOPICS["samples"])]
 
 
 def expected_keys(imps: list[tuple[str, float, int, int]], window_s: float) -> np.ndarray:
@@ -200,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--lr", type=float, default=0.05,
                    help="the streaming trainer's sparse learning rate (default: 0.05, 10x the offline one)")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=1024,
+                   help="the streaming trainer's samples per step (default: 1024, for 5,000 samples/s)")  # fmt: skip
     p.add_argument("--delta-interval-s", type=float, default=0.5, help="(default: 0.5)")
     p.add_argument("--dedup-window-s", type=float, default=60.0,
                    help="the trainer's dedupe window (default: 60, the join window and a joiner's replay)")  # fmt: skip
@@ -253,7 +198,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
                        "--kafka-config", str(joiner_kafka)],
             "trainer": ["train", "--follow", str(model_dir), "--stream", f"kafka://{b}/samples",
                         "--delta-interval-s", f"{args.delta_interval_s:g}", "--lr", f"{args.lr:g}",
-                        "--dedup-window-s", f"{args.dedup_window_s:g}"],
+                        "--dedup-window-s", f"{args.dedup_window_s:g}", "--batch-size", str(args.batch_size)],
         }  # fmt: skip
         procs = {name: spawn(argv, work / f"{name}.log") for name, argv in roles.items()}
         es.callback(lambda: stop_children([p for p in procs.values() if p.poll() is None]))
@@ -268,6 +213,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         for c in collectors.values():
             c.start()
         lags: list[int] = []
+        trimmed = 0  # samples the broker dropped (retention) before the trainer read them
         watch = Consumer({"bootstrap.servers": b, "group.id": "bench-watch"})
         kills: dict[str, float] = {}
         print(f"load {args.rate:g} rps for {duration:.0f} s; trainer killed at {duration / 3:.0f} s, "
@@ -278,7 +224,10 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
                 for at, name in ((duration / 3, "trainer"), (2 * duration / 3, "joiner"), (duration, "")):
                     while (left := t0 + at - time.monotonic()) > 0:
                         time.sleep(min(1.0, left))
-                        lags.append(sum(high_watermarks(watch, "samples")) - trained_offsets(vdir))
+                        low, high = watermarks(watch, "samples")
+                        pos = trained_offsets(vdir)
+                        lags.append(sum(high) - sum(pos))
+                        trimmed = max(trimmed, sum(max(0, lo - a) for lo, a in zip(low, pos, strict=True)))
                         alive(procs, work)
                     if name:
                         kills[name] = time.time()
@@ -346,6 +295,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         "train_samples_per_s": round(n_trained / (load_s + catch_up_s)),
         "max_lag_samples": max(lags, default=0),
         "lag_samples": lags,
+        "max_samples_dropped_by_the_broker_before_trained": trimmed,
         "deltas": {
             "published": len(deltas),
             "served_at_start": seq0,
@@ -366,6 +316,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
             "drift_weight": args.drift_weight,
             "drift_period_s": args.drift_period_s,
             "trainer_lr": args.lr,
+            "trainer_batch_size": args.batch_size,
             "delta_interval_s": args.delta_interval_s,
             "dedup_window_s": args.dedup_window_s,
             "partitions": TOPICS,
@@ -411,7 +362,7 @@ def catch_up(args, watch, vdir: Path, load_stop: float, expected: np.ndarray, jo
     while time.monotonic() < deadline:
         if not complete and sum(len(p.keys) for p in joined.parts) >= len(expected):
             complete = sf.missing(expected, sf.SampleLog.cat(list(joined.parts)).keys) == 0
-        if complete and trained_offsets(vdir) >= sum(high_watermarks(watch, "samples")):
+        if complete and sum(trained_offsets(vdir)) >= sum(high_watermarks(watch, "samples")):
             break
         time.sleep(1.0)
     return time.monotonic() - load_stop

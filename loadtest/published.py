@@ -82,6 +82,13 @@ class Published(threading.Thread):
             np.array([d.version for d in self.deltas], np.int64), np.array([d.seq for d in self.deltas])
         )
 
+    def positions(self, topic: str = "samples") -> list[int]:
+        """Per partition of ``topic``, where the newest delta's trainer resumes (0: no delta yet)."""
+        from loadtest.stream_topics import TOPICS
+
+        at = self.deltas[-1].record.positions if self.deltas else {}
+        return [at.get(f"{topic}/{p}", 0) for p in range(TOPICS[topic])]
+
     def offsets(self) -> int:
         """The samples the newest delta's trainer had consumed (its offsets, summed; 0: none yet)."""
         return sum(self.deltas[-1].record.positions.values()) if self.deltas else 0

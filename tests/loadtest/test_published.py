@@ -26,6 +26,7 @@ def test_every_delta_of_every_version_is_read_once_in_publish_order(tmp_path):
     log.harvest()
     assert [(d.version, d.seq, d.record.samples) for d in log.deltas] == [(1, 0, 5), (1, 1, 3), (2, 0, 4)]
     assert log.offsets() == 12 and log.missed == 0
+    assert log.positions() == [12] + [0] * 15  # the samples topic's partitions, the newest delta's
     assert (np.diff(log.codes()) > 0).all()
 
 
