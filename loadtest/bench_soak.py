@@ -108,8 +108,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="the trainer's --full-every, with --train-dense (default: 10m; '': deltas only)")  # fmt: skip
     p.add_argument("--keep-versions", type=int, default=2,
                    help="the trainer's retention with --full-every (default: 2, CURRENT and the one before)")  # fmt: skip
-    p.add_argument("--session-timeout-ms", type=int, default=6000,
-                   help="the joiner's Kafka session timeout: how soon a killed joiner's partitions move on")  # fmt: skip
     p.add_argument("--drift-period-s", type=float, default=120.0, help="(default: 120)")
     p.add_argument("--drift-weight", type=float, default=2.0, help="(default: 2)")
     p.add_argument("--sample-s", type=float, default=5.0, help="how often RSS and disk use are sampled")
@@ -150,8 +148,7 @@ def run(args, model_dir: Path, work: Path) -> dict:
         endpoint, lean = es.enter_context(lean_frontend(model_dir.parent, args.model, "colocated", None, work, AUTO,
                                                         1.0, ("--log-impressions", log_to, "--poll-s", "0.2")))  # fmt: skip
         kafka_config = work / "joiner.properties"
-        kafka_config.write_text(f"{JOINER_KAFKA}session.timeout.ms={args.session_timeout_ms}\n"
-                                "heartbeat.interval.ms=1000\n")  # fmt: skip
+        kafka_config.write_text(JOINER_KAFKA)
         train = ["train", "--follow", str(model_dir), "--stream", f"kafka://{b}/samples", "--delta-interval-s",
                  f"{args.delta_interval_s:g}", "--dedup-window-s", f"{args.dedup_window_s:g}", "--batch-size",
                  str(args.batch_size)]  # fmt: skip
@@ -330,7 +327,7 @@ def analyse(
             "dedup_window_s": args.dedup_window_s,
             "full_every": args.full_every or None,
             "keep_versions": args.keep_versions,
-            "joiner_kafka_config": JOINER_KAFKA.strip() + f", session.timeout.ms={args.session_timeout_ms}",
+            "joiner_kafka_config": JOINER_KAFKA.strip().replace("\n", ", "),
             "drift_weight": args.drift_weight,
             "drift_period_s": args.drift_period_s,
             "click_delay_s": 2.0,

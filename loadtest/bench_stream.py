@@ -29,7 +29,9 @@ a few MB a partition). The figures come from those facts (``loadtest.stream_figu
 - ``max_lag_samples``: the most samples the trainer's published offsets (its last delta's) were
   behind the samples topic's end, sampled every second (the kill's restart included);
   ``max_samples_dropped_by_the_broker_before_trained``: how far the broker's retention had passed
-  the trainer's offsets (lost samples; 0 while the trainer keeps within it).
+  the trainer's offsets (lost samples; 0 while the trainer keeps within it);
+  ``max_lag_samples_trainer_gauge``: the most the trainer's own lag gauge said (its /metrics,
+  ``recserve_follow_lag_samples``; None for a trainer without it).
 - ``logging_p99_ratio``: after the stream, the same frontend (log on) and a twin over the same
   store without the log (off) at ``--log-rate`` requests/s, in turns of ``--log-phase-s``
   (``--log-rounds`` each, ABBA), p99 of each side's pooled latencies, on / off.
@@ -70,11 +72,13 @@ from loadtest.stream_topics import (
 from loadtest.stream_users import UserModel, play
 from model_store.deltas import DeltaManifest, last_record, read_delta
 from model_store.dense import AUTO
-from serving.rpc.procs import spawn, stop_children
+from serving.rpc.procs import free_ports, spawn, stop_children
 from serving.stream import mockbroker
 from serving.stream.records import Event
 
 LOG_RATIO_TARGET = 1.15
+LAG_GAUGE = "recserve_follow_lag_samples"
+"""The trainer's consumer lag on its /metrics (samples after those it trained, at its last look)."""
 
 
 def version_dir(model_dir: Path) -> Path:
@@ -151,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-rate", type=float, default=50.0, help="requests/s of the log on/off phases")
     p.add_argument("--log-phase-s", type=float, default=10.0, help="seconds of one log on/off phase")
     p.add_argument("--log-rounds", type=int, default=6, help="log on/off phases of each side")
-    p.add_argument("--catch-up-s", type=float, default=180.0, help="most seconds to catch up at the end")
+    p.add_argument("--catch-up-s", type=float, default=300.0, help="most seconds to catch up at the end")
     args = parse(p, argv, {"minutes": 0.4, "rate": 4.0, "window_s": 4.0, "drift_period_s": 12.0,
                            "catch_up_s": 90.0, "log_rate": 10.0, "log_phase_s": 2.0, "log_rounds": 2})  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="bench-stream-"))
@@ -193,12 +197,14 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         frozen_scores, seq0 = first_scores(endpoint, body)
         joiner_kafka = work / "joiner-kafka.conf"
         joiner_kafka.write_text(JOINER_KAFKA)
+        metrics_port = free_ports(1)[0]
         roles = {
             "joiner": ["join", "--brokers", b, "--window-s", f"{args.window_s:g}", "--group", "bench-stream",
                        "--kafka-config", str(joiner_kafka)],
             "trainer": ["train", "--follow", str(model_dir), "--stream", f"kafka://{b}/samples",
                         "--delta-interval-s", f"{args.delta_interval_s:g}", "--lr", f"{args.lr:g}",
-                        "--dedup-window-s", f"{args.dedup_window_s:g}", "--batch-size", str(args.batch_size)],
+                        "--dedup-window-s", f"{args.dedup_window_s:g}", "--batch-size", str(args.batch_size),
+                        "--metrics-port", str(metrics_port)],
         }  # fmt: skip
         procs = {name: spawn(argv, work / f"{name}.log") for name, argv in roles.items()}
         es.callback(lambda: stop_children([p for p in procs.values() if p.poll() is None]))
@@ -213,6 +219,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         for c in collectors.values():
             c.start()
         lags: list[int] = []
+        gauge: list[float] = []  # the trainer's own lag gauge, where it has one
         trimmed = 0  # samples the broker dropped (retention) before the trainer read them
         watch = Consumer({"bootstrap.servers": b, "group.id": "bench-watch"})
         kills: dict[str, float] = {}
@@ -227,6 +234,8 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
                         low, high = watermarks(watch, "samples")
                         pos = trained_offsets(vdir)
                         lags.append(sum(high) - sum(pos))
+                        if (g := scrape(metrics_port, LAG_GAUGE)) is not None:
+                            gauge.append(g)
                         trimmed = max(trimmed, sum(max(0, lo - a) for lo, a in zip(low, pos, strict=True)))
                         alive(procs, work)
                     if name:
@@ -280,6 +289,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         "samples_trained": n_trained,
         "duplicate_samples": counted.duplicates,
         "lost_samples": counted.lost,
+        "lost_samples_never_joined": sf.missing(expected, samples.keys),
         "samples_expected": len(expected),
         "progressive_auc": {"streaming": auc.streaming, "frozen": auc.frozen},
         "progressive_auc_windows": {"deltas": auc.windows, "deltas_whose_samples_differ": auc.samples_differ},
@@ -295,6 +305,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         "train_samples_per_s": round(n_trained / (load_s + catch_up_s)),
         "max_lag_samples": max(lags, default=0),
         "lag_samples": lags,
+        "max_lag_samples_trainer_gauge": int(max(gauge)) if gauge else None,
         "max_samples_dropped_by_the_broker_before_trained": trimmed,
         "deltas": {
             "published": len(deltas),
@@ -337,6 +348,22 @@ def alive(procs: dict, work: Path) -> None:
         if proc.poll() is not None:
             tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
             raise RuntimeError(f"the {name} exited ({proc.returncode}) by itself:\n{tail}")
+
+
+def scrape(port: int, name: str) -> float | None:
+    """The value of the metric ``name`` (no labels) on 127.0.0.1:``port``/metrics; None when the
+    process does not answer (not up yet, killed) or has no such metric."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=0.5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
 
 
 def first_scores(endpoint: str, body: bytes) -> tuple[np.ndarray, int]:

@@ -12,11 +12,14 @@ from loadtest import stream_figures as sf
 from serving.stream.records import decode_impression
 from serving.stream.sample_batch import read_samples
 
-TOPICS = {"impressions": 4, "events": 4, "samples": 16, "samples.dead": 4, "join-dead-letter": 4}
+TOPICS = {"impressions": 16, "events": 16, "samples": 16, "samples.dead": 4, "join-dead-letter": 4}
 """Topics and their partitions. The mock cluster keeps 5 MB a partition (librdkafka's
-``rdkafka_mock.c``, not configurable): the samples topic gets 16 partitions and the joiner
-compresses (lz4), so that about two minutes of samples stay readable by a trainer that lags."""
-JOINER_KAFKA = "compression.type=lz4\n"
+``rdkafka_mock.c``, not configurable): 16 partitions, and the joiner compresses its samples (lz4),
+so that a few minutes of impressions and about two of samples stay readable by a joiner or a
+trainer that lags (a killed joiner's successor starts at offsets committed before the kill)."""
+JOINER_KAFKA = "compression.type=lz4\nsession.timeout.ms=10000\n"
+"""The joiner's librdkafka settings (``--kafka-config``): lz4 samples, and its partitions back to a
+successor 10 s after it is killed (the default, 45 s, leaves nothing joined meanwhile)."""
 
 
 class Collector(threading.Thread):
