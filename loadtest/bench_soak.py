@@ -153,13 +153,7 @@ def run(args, model_dir: Path, work: Path) -> dict:
                  f"{args.delta_interval_s:g}", "--dedup-window-s", f"{args.dedup_window_s:g}", "--batch-size",
                  str(args.batch_size)]  # fmt: skip
         if args.full_every:
-            train += [
-                "--train-dense",
-                "--full-every",
-                args.full_every,
-                "--keep-versions",
-                str(args.keep_versions),
-            ]
+            train += ["--train-dense", "--full-every", args.full_every, "--keep-versions", str(args.keep_versions)]  # fmt: skip
         roles = {"joiner": ["join", "--brokers", b, "--window-s", f"{args.window_s:g}", "--group", "bench-soak",
                             "--kafka-config", str(kafka_config)], "trainer": train}  # fmt: skip
         procs = {name: spawn(argv, work / f"{name}.log") for name, argv in roles.items()}
