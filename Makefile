@@ -102,6 +102,14 @@ bench-stream: $(STAMP) $(GEN)
 bench-visible: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_visible
 
+# Half an hour of the whole loop (recserve serve at 50 rps with co-located lookups, TorchServe with
+# remote lookups and 2 PS replicas, the impression log, drifting users, recserve join, the streaming
+# trainer; the trainer, the joiner and a PS replica each SIGKILLed once), per 5-minute window:
+# loadtest/results/soak.json. Not part of `make bench`.
+.PHONY: bench-soak
+bench-soak: $(STAMP) $(GEN)
+	$(PY) -m loadtest.bench_soak
+
 # TorchServe's own share of a request (an echo handler): batching, workers, netty threads, logging
 # and the JVM's collector, each setting measured round-robin. Not part of `make bench`.
 .PHONY: bench-ts-overhead

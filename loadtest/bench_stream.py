@@ -5,24 +5,39 @@
 On the mock Kafka cluster (``serving.stream.mockbroker``, a process of its own): ``recserve serve``
 + co-located lookups with ``--log-impressions``, loaded at ``--rate`` requests/s of one request of
 200 items (the same 200 items every time, so an item's taste can be learnt); simulated users
-(``loadtest.stream_users``) clicking in a drifting world (each item's taste rises and falls with
-``--drift-period-s``); ``recserve join``; the streaming trainer ``recserve train --follow --stream``
-publishing deltas into the served version. A third of the way in the trainer is SIGKILLed and
-restarted, two thirds in the joiner. Then the load stops, the joiner and the trainers catch up, and
-everything is counted against the impression log: every impression whose join window closed
-before the end (``window_s`` before the last impression) must be trained exactly once --
-``lost_samples`` (never trained) and ``duplicate_samples`` (trained twice: the deltas' sample
-counts over the distinct keys their trained-key files hold). The impressions and samples topics are
-read as they fill, from the start (the mock cluster keeps only a few MB a partition).
+(``loadtest.stream_users``) clicking in a drifting world (each item's taste rises and falls once
+every ``--drift-period-s``: popular items fall out of fashion and others rise); ``recserve join``;
+the streaming trainer ``recserve train --follow --stream`` at the online learning rate ``--lr`` and
+``--batch-size`` samples a step, publishing a delta into the served version every
+``--delta-interval-s``. A third of the way in the trainer is SIGKILLed and restarted, two thirds in the joiner. Then the load stops, the joiner and
+the trainer catch up, and everything is counted against the impression log: every impression
+whose join window closed before the end (``window_s`` before the last impression) must be trained
+exactly once -- ``lost_samples`` (never trained) and ``duplicate_samples`` (trained twice): each
+delta's record (its offsets and the samples it says it trained) against the keys of the samples
+its offsets hold, new ones only (``loadtest.stream_figures.exactly_once``; the trainer remembers
+keys for ``--dedup-window-s``, which covers the join window and a restarted joiner's replay). The
+impressions and samples topics are read as they fill, from the start (the mock cluster keeps only
+a few MB a partition). The figures come from those facts (``loadtest.stream_figures``):
 
-``progressive_auc``: each sample scored before it trains (the trainer's progressive validation),
-the deltas' AUCs weighted by their samples; ``frozen`` is a second trainer on a copy of the
-version served at the start, at a learning rate of 1e-12 (the lowest --lr takes: the served version,
-frozen), over the same samples topic to its end. ``max_lag_samples``: the most samples the
-streaming trainer's published offsets were behind the samples topic's end, sampled every second.
-Writes ``loadtest/results/stream.json``.
+- ``progressive_auc``: ``streaming``, each sample scored by the trainer before it trains (the
+  deltas' records); ``frozen``, the version served at the start scoring the same samples, delta by
+  delta (its scores of the 200 items, read from a response before the first delta); both weighted
+  by the deltas' samples.
+- ``event_to_served_s`` {p50, p99}: from a click's produce time to the first response scored with
+  the delta that trained its sample (the delta's offsets place the sample; responses name their
+  delta), over the clicks before the first kill; ``..._all`` and ``..._by_phase`` say the rest.
+- ``max_lag_samples``: the most samples the trainer's published offsets (its last delta's) were
+  behind the samples topic's end, sampled every second (the kill's restart included);
+  ``max_samples_dropped_by_the_broker_before_trained``: how far the broker's retention had passed
+  the trainer's offsets (lost samples; 0 while the trainer keeps within it);
+  ``max_lag_samples_trainer_gauge``: the most the trainer's own lag gauge said (its /metrics,
+  ``recserve_follow_lag_samples``; None for a trainer without it).
+- ``logging_p99_ratio``: after the stream, the same frontend (log on) and a twin over the same
+  store without the log (off) at ``--log-rate`` requests/s, in turns of ``--log-phase-s``
+  (``--log-rounds`` each, ABBA), p99 of each side's pooled latencies, on / off.
 
-``--quick``: 0.4 minutes at 4 rps (checks the bench, its figures mean little).
+Writes ``loadtest/results/stream.json``. ``--quick``: 0.4 minutes at 4 rps (checks the bench, its
+figures mean little).
 """
 
 from __future__ import annotations
@@ -37,130 +52,85 @@ import time
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 import model_store as ms
-from loadtest.bench_e2e import lean_frontend, request_bodies
+from loadtest import stream_figures as sf
+from loadtest.bench_e2e import lean_frontend, request_bodies, warm_up
 from loadtest.common import given_or_trained, parse, parser, report_targets, write_results
+from loadtest.paced import Paced, interleaved
 from loadtest.processes import Sampler
+from loadtest.stream_topics import (
+    JOINER_KAFKA,
+    TOPICS,
+    Collector,
+    high_watermarks,
+    impression_facts,
+    sample_facts,
+    watermarks,
+)
 from loadtest.stream_users import UserModel, play
-from model_store.deltas import DeltaManifest, read_delta, read_keys
+from model_store.deltas import DeltaManifest, last_record, read_delta
 from model_store.dense import AUTO
-from serving.rpc.procs import spawn, stop_children
+from serving.rpc.procs import free_ports, spawn, stop_children
 from serving.stream import mockbroker
-from serving.stream.records import decode_impression, decode_sample
+from serving.stream.records import Event
 
-PARTITIONS = 4
-TOPICS = ("impressions", "events", "samples", "samples.dead", "join-dead-letter")
-FROZEN_LR = 1e-12
-
-
-class Collector(threading.Thread):
-    """Reads ``topic`` from its beginning for the whole run (the mock cluster keeps only a few MB a
-    partition, so reading it at the end would miss the start), keeping ``decode(value)`` of each
-    record in ``items``; ``finish`` reads on to the topic's end now, then stops."""
-
-    def __init__(self, bootstrap: str, topic: str, decode) -> None:
-        super().__init__(name=f"collect-{topic}", daemon=True)
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-        self.topic, self.decode = topic, decode
-        self.items: list = []
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-read-{topic}",
-                                  "enable.auto.commit": False})  # fmt: skip
-        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-        self.next = [0] * PARTITIONS
-        self.until: list[int] | None = None
-
-    def run(self) -> None:
-        while self.until is None or any(n < u for n, u in zip(self.next, self.until, strict=True)):
-            for m in self.consumer.consume(10_000, timeout=0.5):
-                if m.error() is None:
-                    self.items.append(self.decode(m.value() or b""))
-                    self.next[m.partition() or 0] = (m.offset() or 0) + 1
-        self.consumer.close()
-
-    def finish(self, watch, timeout_s: float = 120.0) -> list:
-        self.until = high_watermarks(watch, self.topic)
-        self.join(timeout_s)
-        if self.is_alive():
-            raise RuntimeError(
-                f"{self.topic}: not read to its end {self.until} in {timeout_s:.0f} s: {self.next}"
-            )
-        return self.items
+LOG_RATIO_TARGET = 1.15
+LAG_GAUGE = "recserve_follow_lag_samples"
+"""The trainer's consumer lag on its /metrics (samples after those it trained, at its last look)."""
 
 
-def high_watermarks(consumer, topic: str) -> list[int]:
-    from confluent_kafka import TopicPartition
-
-    return [
-        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(PARTITIONS)
-    ]
-
-
-def deltas(model_dir: Path) -> list[tuple[Path, DeltaManifest]]:
-    """(directory, DELTA.json record) of every published delta of the model's current version."""
+def version_dir(model_dir: Path) -> Path:
     version = ms.current(model_dir.parent, model_dir.name)
     if version is None:
         raise RuntimeError(f"{model_dir}: no current version")
-    vdir = ms.version_dir(model_dir.parent, model_dir.name, version)
+    return ms.version_dir(model_dir.parent, model_dir.name, version)
+
+
+def published(model_dir: Path) -> list[tuple[int, Path, DeltaManifest]]:
+    """(seq, directory, DELTA.json record) of every published delta of the current version."""
+    vdir = version_dir(model_dir)
     out = []
     for seq in ms.list_deltas(vdir):
         d = ms.delta_dir(vdir, seq)
         if (record := read_delta(d)) is not None:
-            out.append((d, record))
+            out.append((seq, d, record))
     return out
 
 
-def trained(model_dir: Path) -> tuple[int, int, set[bytes], float | None, int]:
-    """(samples trained over all deltas, distinct keys counted twice or more, the distinct trained
-    keys, the samples-weighted progressive AUC, the offsets trained up to)."""
-    published = deltas(model_dir)
-    if not published:
-        return 0, 0, set(), None, 0
-    samples = sum(r.samples for _, r in published)
-    d, last = published[-1]
-    keys = read_keys(d, last)[0].tolist()
-    scored = [(r.auc, r.samples) for _, r in published if r.auc is not None and r.samples]
-    auc = float(np.average([a for a, _ in scored], weights=[n for _, n in scored])) if scored else None
-    return samples, len(keys) - len(set(keys)), set(keys), auc, sum(last.positions.values())
+def trained_offsets(vdir: Path) -> list[int]:
+    """Per partition of the samples topic, where the last published delta's trainer resumes."""
+    last = last_record(vdir)
+    at = last[0].positions if last is not None else {}
+    return [at.get(f"samples/{p}", 0) for p in range(TOPICS["samples"])]
 
 
-def sample_key(request_id: str, item: int) -> bytes:
-    """A trained key as ``serving.stream.sample_batch`` writes it: the item (4 bytes, big-endian),
-    then the request id."""
-    return item.to_bytes(4, "big") + request_id.encode()
+def expected_keys(imps: list[tuple[str, float, int, int]], window_s: float) -> np.ndarray:
+    """The sample keys of every impression whose window closed before the last impression."""
+    last_ts = max(i[1] for i in imps)
+    closed = [i for i in imps if i[1] + window_s < last_ts]
+    if not closed:
+        return np.zeros(0, "S1")
+    rid = np.repeat(np.array([i[0].encode() for i in closed]), [i[2] for i in closed])
+    return sf.keys_of(rid, np.concatenate([np.arange(i[2]) for i in closed]))
 
 
-def load(endpoint: str, body: bytes, rate: float, stop: threading.Event, threads: int = 4) -> list[int]:
-    """Post ``body`` at ``rate`` requests/s (``threads`` clients, each on its own schedule) until
-    ``stop``; returns [ok, failed]."""
-    from serving.scoring.client import ScoringClient
+class Clicks:
+    """The clicks the users sent and when each was handed to the producer (``play``'s ``on_sent``)."""
 
-    counts = [0, 0]
-    lock = threading.Lock()
+    def __init__(self) -> None:
+        self.parts: list[tuple[list[Event], float]] = []
 
-    def client(i: int) -> None:
-        c = ScoringClient(endpoint, None)
-        every = threads / rate
-        t = time.monotonic() + i * every / threads
-        try:
-            while not stop.is_set():
-                if (wait := t - time.monotonic()) > 0 and stop.wait(wait):
-                    return
-                status, _ = c.post(body)
-                with lock:
-                    counts[status != 200] += 1
-                t += every
-        finally:
-            c.close()
+    def __call__(self, events: list[Event], t: float) -> None:
+        self.parts.append((events, t))
 
-    workers = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(threads)]
-    for w in workers:
-        w.start()
-    stop.wait()
-    for w in workers:
-        w.join(30)
-    return counts
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sample keys, produce times)."""
+        events = [e for es, _ in self.parts for e in es]
+        t = np.array([t for es, t in self.parts for _ in es], np.float64)
+        rid = np.array([e.request_id.encode() for e in events]) if events else np.zeros(0, "S1")
+        return sf.keys_of(rid, np.array([e.item for e in events], np.int64)), t
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,126 +140,181 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=5.0, help="minutes of load (default: 5)")
     p.add_argument("--rate", type=float, default=25.0, help="requests/s of 200 items (default: 25)")
     p.add_argument("--window-s", type=float, default=10.0, help="the joiner's window (default: 10)")
-    p.add_argument("--drift-period-s", type=float, default=120.0, help="(default: 120)")
-    p.add_argument("--drift-weight", type=float, default=2.0, help="(default: 2)")
-    p.add_argument("--catch-up-s", type=float, default=180.0, help="most seconds to catch up at the end")
+    p.add_argument("--drift-period-s", type=float, default=60.0,
+                   help="seconds for an item's taste to go round once (default: 60)")  # fmt: skip
+    p.add_argument(
+        "--drift-weight", type=float, default=2.0, help="logit amplitude of the taste (default: 2)"
+    )
+    p.add_argument("--lr", type=float, default=0.05,
+                   help="the streaming trainer's sparse learning rate (default: 0.05, 10x the offline one)")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=1024,
+                   help="the streaming trainer's samples per step (default: 1024, for 5,000 samples/s)")  # fmt: skip
+    p.add_argument("--delta-interval-s", type=float, default=0.5, help="(default: 0.5)")
+    p.add_argument("--dedup-window-s", type=float, default=60.0,
+                   help="the trainer's dedupe window (default: 60, the join window and a joiner's replay)")  # fmt: skip
+    p.add_argument("--log-rate", type=float, default=50.0, help="requests/s of the log on/off phases")
+    p.add_argument("--log-phase-s", type=float, default=10.0, help="seconds of one log on/off phase")
+    p.add_argument("--log-rounds", type=int, default=6, help="log on/off phases of each side")
+    p.add_argument("--catch-up-s", type=float, default=300.0, help="most seconds to catch up at the end")
     args = parse(p, argv, {"minutes": 0.4, "rate": 4.0, "window_s": 4.0, "drift_period_s": 12.0,
-                           "catch_up_s": 90.0})  # fmt: skip
-    duration = args.minutes * 60
+                           "catch_up_s": 90.0, "log_rate": 10.0, "log_phase_s": 2.0, "log_rounds": 2})  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="bench-stream-"))
     try:
         store = given_or_trained(args.store, work)
         served = work / "served"
         shutil.copytree(store, served)
-        frozen = work / "frozen"
-        shutil.copytree(store, frozen)
-        out = run(args, served / args.model, frozen / args.model, work, duration)
+        out = run(args, served / args.model, work, args.minutes * 60)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    ok = {"no_duplicates": out["duplicate_samples"] == 0, "no_lost": out["lost_samples"] == 0}
     auc = out["progressive_auc"]
+    ok = {"no_duplicates": out["duplicate_samples"] == 0, "no_lost": out["lost_samples"] == 0,
+          f"logging_p99_ratio_le_{LOG_RATIO_TARGET}": (out["logging_p99_ratio"] or 99) <= LOG_RATIO_TARGET}  # fmt: skip
     if auc["streaming"] is not None and auc["frozen"] is not None:
         ok["streaming_auc_ge_frozen_plus_0.02"] = auc["streaming"] >= auc["frozen"] + 0.02
+    if out["event_to_served_s"]["p99"] is not None:
+        ok["event_to_served_p99_le_2s"] = out["event_to_served_s"]["p99"] <= 2.0
     report_targets(out, ok)
-    print({k: v for k, v in out.items() if k != "conditions"})
+    print({k: v for k, v in out.items() if k not in ("conditions", "lag_samples")})
     path = write_results("stream", out, args.results_dir)
     print(f"wrote {path}")
     return 0
 
 
-def run(args, model_dir: Path, frozen_dir: Path, work: Path, duration: float) -> dict:
+def run(args, model_dir: Path, work: Path, duration: float) -> dict:
     from confluent_kafka import Consumer
 
     body = request_bodies()[0]
+    vdir = version_dir(model_dir)
     with contextlib.ExitStack() as es:
-        broker = es.enter_context(mockbroker.running([mockbroker.TopicSpec(t, PARTITIONS) for t in TOPICS]))
+        broker = es.enter_context(mockbroker.running([mockbroker.TopicSpec(t, n) for t, n in TOPICS.items()]))
         b = broker.bootstrap
-        stream = f"kafka://{b}/samples"
-        endpoint, _ = es.enter_context(
-            lean_frontend(
-                model_dir.parent,
-                args.model,
-                "colocated",
-                None,
-                work,
-                AUTO,
-                1.0,
-                ("--log-impressions", f"kafka://{b}/impressions"),
-            )  # fmt: skip
-        )
+        log = ("--log-impressions", f"kafka://{b}/impressions")
+        endpoint, _ = es.enter_context(lean_frontend(model_dir.parent, args.model, "colocated", None, work, AUTO,
+                                                     1.0, log))  # fmt: skip
+        (work / "off").mkdir()  # its twin without the log, over the same store (deltas and all)
+        twin, _ = es.enter_context(lean_frontend(model_dir.parent, args.model, "colocated", None, work / "off",
+                                                 AUTO, 1.0))  # fmt: skip
+        frozen_scores, seq0 = first_scores(endpoint, body)
+        joiner_kafka = work / "joiner-kafka.conf"
+        joiner_kafka.write_text(JOINER_KAFKA)
+        metrics_port = free_ports(1)[0]
         roles = {
-            "joiner": ["join", "--brokers", b, "--window-s", f"{args.window_s:g}", "--group", "bench-stream"],
-            "trainer": ["train", "--follow", str(model_dir), "--stream", stream, "--delta-interval-s", "2"],
-            "frozen": ["train", "--follow", str(frozen_dir), "--stream", stream, "--delta-interval-s", "2",
-                       "--lr", f"{FROZEN_LR:g}"],
+            "joiner": ["join", "--brokers", b, "--window-s", f"{args.window_s:g}", "--group", "bench-stream",
+                       "--kafka-config", str(joiner_kafka)],
+            "trainer": ["train", "--follow", str(model_dir), "--stream", f"kafka://{b}/samples",
+                        "--delta-interval-s", f"{args.delta_interval_s:g}", "--lr", f"{args.lr:g}",
+                        "--dedup-window-s", f"{args.dedup_window_s:g}", "--batch-size", str(args.batch_size),
+                        "--metrics-port", str(metrics_port)],
         }  # fmt: skip
         procs = {name: spawn(argv, work / f"{name}.log") for name, argv in roles.items()}
         es.callback(lambda: stop_children([p for p in procs.values() if p.poll() is None]))
         model = UserModel(delay_s=2.0, drift_weight=args.drift_weight, drift_period_s=args.drift_period_s)
-        stop_users, stop_load = threading.Event(), threading.Event()
-        users = threading.Thread(target=play, args=(b, model, stop_users), daemon=True)
+        clicks, stop_users = Clicks(), threading.Event()
+        users = threading.Thread(
+            target=play, args=(b, model, stop_users), kwargs={"on_sent": clicks}, daemon=True
+        )
         users.start()
-        collectors = {"impressions": Collector(b, "impressions", decode_impression),
-                      "samples": Collector(b, "samples", lambda v: decode_sample(v).key)}  # fmt: skip
+        collectors = {"impressions": Collector(b, "impressions", impression_facts),
+                      "samples": Collector(b, "samples", sample_facts)}  # fmt: skip
         for c in collectors.values():
             c.start()
-        loaded: list[int] = []
-        loader = threading.Thread(target=lambda: loaded.extend(load(endpoint, body, args.rate, stop_load)))
         lags: list[int] = []
+        gauge: list[float] = []  # the trainer's own lag gauge, where it has one
+        trimmed = 0  # samples the broker dropped (retention) before the trainer read them
         watch = Consumer({"bootstrap.servers": b, "group.id": "bench-watch"})
+        kills: dict[str, float] = {}
         print(f"load {args.rate:g} rps for {duration:.0f} s; trainer killed at {duration / 3:.0f} s, "
               f"joiner at {2 * duration / 3:.0f} s", flush=True)  # fmt: skip
         with Sampler(lambda: [p.pid for p in procs.values() if p.poll() is None], 1.0) as sampler:
-            t0 = time.monotonic()
-            loader.start()
-            for at, name in ((duration / 3, "trainer"), (2 * duration / 3, "joiner"), (duration, "")):
-                while (left := t0 + at - time.monotonic()) > 0:
-                    time.sleep(min(1.0, left))
-                    lags.append(sum(high_watermarks(watch, "samples")) - trained(model_dir)[4])
-                if name:
-                    os.killpg(procs[name].pid, signal.SIGKILL)
-                    procs[name].wait()
-                    print(f"  {time.monotonic() - t0:.0f} s: {name} SIGKILLed, restarted", flush=True)
-                    procs[name] = spawn(roles[name], work / f"{name}.log")
-            stop_load.set()
-            loader.join(60)
-            load_s = time.monotonic() - t0
-            imps = collectors["impressions"].finish(watch)
-            last_ts = max(i.ts for i in imps)
-            closed = [i for i in imps if i.ts + args.window_s < last_ts]
-            expected = {sample_key(i.request_id, item) for i in closed for item in range(len(i.scores))}
-            deadline = time.monotonic() + args.catch_up_s
-            while time.monotonic() < deadline:  # the joiner, then both trainers, to the topic's end
-                end = sum(high_watermarks(watch, "samples"))
-                if trained(model_dir)[4] >= end and trained(frozen_dir)[4] >= end and \
-                        expected <= trained(model_dir)[2]:  # fmt: skip
-                    break
-                time.sleep(1.0)
-            catch_up_s = time.monotonic() - t0 - load_s
+            t0, wall0 = time.monotonic(), time.time()
+            with Paced(endpoint, body, args.rate) as load:
+                for at, name in ((duration / 3, "trainer"), (2 * duration / 3, "joiner"), (duration, "")):
+                    while (left := t0 + at - time.monotonic()) > 0:
+                        time.sleep(min(1.0, left))
+                        low, high = watermarks(watch, "samples")
+                        pos = trained_offsets(vdir)
+                        lags.append(sum(high) - sum(pos))
+                        if (g := scrape(metrics_port, LAG_GAUGE)) is not None:
+                            gauge.append(g)
+                        trimmed = max(trimmed, sum(max(0, lo - a) for lo, a in zip(low, pos, strict=True)))
+                        alive(procs, work)
+                    if name:
+                        kills[name] = time.time()
+                        os.killpg(procs[name].pid, signal.SIGKILL)
+                        procs[name].wait()
+                        print(f"  {time.monotonic() - t0:.0f} s: {name} SIGKILLed, restarted", flush=True)
+                        procs[name] = spawn(roles[name], work / f"{name}.log")
+            load_s, load_end = time.monotonic() - t0, time.time()
+            imps = [i for part in collectors["impressions"].finish(watch) for i in part]
+            expected = expected_keys(imps, args.window_s)
+            catch_up_s = catch_up(args, watch, vdir, load_s + t0, expected, collectors["samples"])
             stop_users.set()
-            stop_children([procs["trainer"], procs["frozen"]], 60)  # SIGTERM: a last delta each
-        samples = collectors["samples"].finish(watch)
+            stop_children([procs["trainer"]], 60)  # SIGTERM: a last delta
+        samples = sf.SampleLog.cat(collectors["samples"].finish(watch))
         watch.close()
-    n_trained, dup_keys, keys, auc, _ = trained(model_dir)
-    frozen_auc = trained(frozen_dir)[3]
-    joined = {sample_key(*k) for k in samples}
+        users.join(30)
+        stop_children([procs["joiner"]])
+        print(
+            f"log on / off at {args.log_rate:g} rps, {args.log_rounds} x {args.log_phase_s:g} s each",
+            flush=True,
+        )
+        for e in (endpoint, twin):
+            warm_up(e, None, [body], 2.0)
+        sides = interleaved(
+            {"off": twin, "on": endpoint}, body, args.log_rate, args.log_phase_s, args.log_rounds
+        )
+    responses = load.responses()
+    deltas = published(model_dir)
+    records = [r for _, _, r in deltas]
+    n_trained = sum(r.samples for r in records)
+    where = sf.delta_index(samples, records, "samples")
+    first = sf.first_trained(samples, where)
+    counted = sf.exactly_once(samples, where, first, records, expected)
+    auc = sf.progressive_auc(samples, where, first, records, frozen_scores)
+    t_click, e2s, unserved = sf.event_to_served(clicks.arrays(), samples, where, first,
+                                                np.array([s for s, _, _ in deltas], np.int64), responses)  # fmt: skip
+    measured = t_click < load_end - 5.0  # a click in the last seconds had no response left to see it
+    phases = [wall0, kills.get("trainer", load_end), kills.get("joiner", load_end), load_end]
+    by_phase = [
+        sf.percentiles_s(e2s[measured & (t_click >= a) & (t_click < z)])
+        for a, z in zip(phases, phases[1:], strict=False)
+    ]
+    ok = responses.status == 200
+    on, off = sides["on"].p99_ms(), sides["off"].p99_ms()
     return {
         "impressions": len(imps),
-        "requests": {"ok": loaded[0] if loaded else 0, "failed": loaded[1] if loaded else 0},
-        "samples_joined": len(joined),
-        "samples_produced": len(samples),
+        "requests": {"ok": responses.ok, "failed": int((~ok).sum())},
+        "samples_joined": len(np.unique(samples.keys)),
+        "samples_produced": len(samples.keys),
         "samples_trained": n_trained,
-        "duplicate_samples": n_trained - len(keys) + dup_keys,
-        "lost_samples": len(expected - keys),
+        "duplicate_samples": counted.duplicates,
+        "lost_samples": counted.lost,
+        "lost_samples_never_joined": sf.missing(expected, samples.keys),
         "samples_expected": len(expected),
-        "progressive_auc": {
-            "streaming": round(auc, 4) if auc is not None else None,
-            "frozen": round(frozen_auc, 4) if frozen_auc is not None else None,
-        },  # fmt: skip
-        "join_samples_per_s": round(len(joined) / (load_s + catch_up_s)),
+        "progressive_auc": {"streaming": auc.streaming, "frozen": auc.frozen},
+        "progressive_auc_windows": {"deltas": auc.windows, "deltas_whose_samples_differ": auc.samples_differ},
+        "event_to_served_s": {**by_phase[0], "over": "clicks before the first kill"},
+        "event_to_served_s_all": sf.percentiles_s(e2s[measured]),
+        "event_to_served_s_by_phase": dict(
+            zip(("before_kills", "after_trainer_kill", "after_joiner_kill"), by_phase, strict=True)
+        ),  # fmt: skip
+        "clicks_trained_not_served": unserved,
+        "logging_p99_ratio": round(on / off, 3) if on and off else None,
+        "logging_p99_ms": {"on": on, "off": off, "requests": {k: v.ok for k, v in sides.items()}},
+        "join_samples_per_s": round(len(np.unique(samples.keys)) / (load_s + catch_up_s)),
         "train_samples_per_s": round(n_trained / (load_s + catch_up_s)),
         "max_lag_samples": max(lags, default=0),
         "lag_samples": lags,
+        "max_lag_samples_trainer_gauge": int(max(gauge)) if gauge else None,
+        "max_samples_dropped_by_the_broker_before_trained": trimmed,
+        "deltas": {
+            "published": len(deltas),
+            "served_at_start": seq0,
+            "last_served": int(responses.delta_seq[ok].max(initial=-1)),
+            "responses_scored_with_a_delta": int((responses.delta_seq[ok] > seq0).sum()),
+            "served_at_end": int(sides["on"].delta_seq.max(initial=-1)),
+        },  # fmt: skip
+        "identical_requests": len({i[3] for i in imps}) == 1,
         "catch_up_s": round(catch_up_s, 1),
         "peak_rss_bytes": sampler.peak_rss(),
         "conditions": {
@@ -301,13 +326,73 @@ def run(args, model_dir: Path, frozen_dir: Path, work: Path, duration: float) ->
             "click_delay_s": 2.0,
             "drift_weight": args.drift_weight,
             "drift_period_s": args.drift_period_s,
-            "partitions": PARTITIONS,
+            "trainer_lr": args.lr,
+            "trainer_batch_size": args.batch_size,
+            "delta_interval_s": args.delta_interval_s,
+            "dedup_window_s": args.dedup_window_s,
+            "partitions": TOPICS,
+            "joiner_kafka_config": JOINER_KAFKA.strip(),
             "kills": "trainer SIGKILL at 1/3, joiner at 2/3, each restarted at once",
-            "frozen": f"the start's version trained at lr {FROZEN_LR:g} on the same topic",
+            "frozen": "the start's version: its scores of the 200 items on the samples of each delta",
             "auc": "progressive, per delta, weighted by samples",
+            "logging": f"{args.log_rate:g} rps, {args.log_rounds} x {args.log_phase_s:g} s a side, ABBA, "
+            "after the stream (joiner, trainer, users stopped); pooled p99",
             "broker": "librdkafka mock cluster, 3 brokers, one process; everything on this machine",
         },  # fmt: skip
     }
+
+
+def alive(procs: dict, work: Path) -> None:
+    """A RuntimeError with the end of its log if a role exited by itself."""
+    for name, proc in procs.items():
+        if proc.poll() is not None:
+            tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"the {name} exited ({proc.returncode}) by itself:\n{tail}")
+
+
+def scrape(port: int, name: str) -> float | None:
+    """The value of the metric ``name`` (no labels) on 127.0.0.1:``port``/metrics; None when the
+    process does not answer (not up yet, killed) or has no such metric."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=0.5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def first_scores(endpoint: str, body: bytes) -> tuple[np.ndarray, int]:
+    """The served version's scores of the request's items and its delta seq, before any delta."""
+    from serving.scoring.client import ScoringClient
+
+    c = ScoringClient(endpoint, None)
+    try:
+        status, payload = c.post(body)
+    finally:
+        c.close()
+    if status != 200:
+        raise RuntimeError(f"first request failed ({status}): {payload[:300]!r}")
+    reply = orjson.loads(payload)
+    return np.asarray(reply["scores"], np.float32), int(reply["versions"]["delta_seq"])
+
+
+def catch_up(args, watch, vdir: Path, load_stop: float, expected: np.ndarray, joined: Collector) -> float:
+    """Wait (at most ``--catch-up-s``) until the joiner wrote a sample of every ``expected`` key
+    (read by ``joined``) and the trainer's published offsets reached the samples topic's end;
+    seconds waited."""
+    deadline, complete = load_stop + args.catch_up_s, False
+    while time.monotonic() < deadline:
+        if not complete and sum(len(p.keys) for p in joined.parts) >= len(expected):
+            complete = sf.missing(expected, sf.SampleLog.cat(list(joined.parts)).keys) == 0
+        if complete and sum(trained_offsets(vdir)) >= sum(high_watermarks(watch, "samples")):
+            break
+        time.sleep(1.0)
+    return time.monotonic() - load_stop
 
 
 if __name__ == "__main__":

@@ -7,10 +7,13 @@ first) and writes click events to the events topic,
 keyed by request id, one ``{request_id, item, label: 1.0, ts}`` per click. The click model
 (``UserModel``): an item is clicked with probability ``sigmoid(logit(ctr) + score_weight * (score
 - mean score of its request))`` -- users like what the model ranks high, a little -- after an
-exponential delay of mean ``delay_s`` (event time: the impression's ts plus the delay). With
+exponential delay of mean ``delay_s`` (event time: the impression's ts plus the delay); a click is
+sent to the events topic when it happens, not when its impression is read. With
 ``--drift-weight W`` the world drifts: each item's taste rises and falls with event time (period
-``--drift-period-s``), so a model that keeps learning has something to win. Clicks of
-one request are drawn at once (numpy), no loop per item.
+``--drift-period-s``), so popular items fall out of fashion and others rise, and a model that keeps
+learning has something to win (``make bench-stream``: W = 2, a period of 60 s: an item in fashion
+is clicked e^4 ~ 55x as often as the same item half a minute later). Clicks of one request are
+drawn at once (numpy), no loop per item.
 
 ``impressions(n, ...)`` makes impressions of a real ranking request (200 Criteo rows through the
 shipped schema) for benches and the demo while the frontends do not log them yet.
@@ -19,11 +22,14 @@ shipped schema) for benches and the demo while the frontends do not log them yet
 from __future__ import annotations
 
 import argparse
+import heapq
+import itertools
 import math
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,22 +145,49 @@ def produce(bootstrap: str, topic: str, records: list[tuple[str, bytes]], settin
 
 
 def play(bootstrap: str, model: UserModel, stop: threading.Event, impressions_topic: str = "impressions",
-         events_topic: str = "events", group: str = "stream-users", seed: int = 0) -> int:  # fmt: skip
-    """Click on every impression read until ``stop``; returns how many events were sent."""
-    from confluent_kafka import Consumer
+         events_topic: str = "events", group: str = "stream-users", seed: int = 0,
+         on_sent: Callable[[list[Event], float], None] | None = None) -> int:  # fmt: skip
+    """Click on every impression read until ``stop``; returns how many events were sent. A click
+    is sent when it happens (its ``ts``, the impression's time plus the user's delay), as a user's
+    browser would, not when the impression is read; ``on_sent(events, t)`` is told each batch sent
+    and the wall time it was handed to the producer."""
+    from confluent_kafka import Consumer, Producer
 
     rng = np.random.default_rng(seed)
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
     c.subscribe([impressions_topic])
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    due: list[tuple[float, int, Event]] = []  # heap of clicks not sent yet, by ts (then arrival)
+    order = itertools.count()  # ties in ts go in arrival order
+    failed: list[str] = []
     sent = 0
+
+    def done(err, _msg) -> None:
+        if err is not None:
+            failed.append(err.str())
+
     try:
         while not stop.is_set():
-            batch = [m for m in c.consume(1000, timeout=0.2) if m.error() is None]
-            events = [e for m in batch for e in model.clicks(decode_impression(m.value() or b""), rng)]
-            produce(bootstrap, events_topic, [(e.request_id, encode_event(e)) for e in events])
-            sent += len(events)
+            wait = min(0.05, max(0.0, due[0][0] - time.time())) if due else 0.05
+            for m in c.consume(1000, timeout=wait):
+                if m.error() is None:
+                    for e in model.clicks(decode_impression(m.value() or b""), rng):
+                        heapq.heappush(due, (e.ts, next(order), e))
+            now = time.time()
+            batch = []
+            while due and due[0][0] <= now:
+                batch.append(heapq.heappop(due)[2])
+            for e in batch:
+                p.produce(events_topic, encode_event(e), e.request_id.encode(), on_delivery=done)
+            p.poll(0)
+            if batch and on_sent is not None:
+                on_sent(batch, now)
+            sent += len(batch)
+            if failed:
+                raise RuntimeError(f"{events_topic}: {len(failed)} events not delivered: {failed[:3]}")
     finally:
         c.close()
+        p.flush(30)
     return sent
 
 

@@ -215,8 +215,10 @@ class PartitionJoin:
         while self._early and self._early[0][0] <= wm:
             _, offset, rid = heapq.heappop(self._early)
             waiting = self.requests.get(rid)
-            if waiting is None or waiting.writer is not None:
-                continue  # its impression came: the event was applied then
+            if waiting is None or waiting.writer is not None or all(o != offset for o, _ in waiting.early):
+                # its impression came (the event was applied then), or the request it waited for
+                # is done and this is another one of the same id (an event after its window)
+                continue
             waiting.early = [(o, e) for o, e in waiting.early if o != offset]
             self.counts.late += 1
             self._release(EVENTS, offset)

@@ -119,3 +119,24 @@ def test_an_ack_from_before_the_partition_was_assigned_again_is_ignored(join):
     join.acked("a request this join never saw")
     join.acked((IMPRESSIONS, 7))
     assert join.committable() == (-1, -1) and join.counts.acked == 2
+
+
+def test_an_early_event_of_a_request_done_does_not_touch_a_later_event_of_the_same_request(join):
+    # a click read before its impression, applied when the impression came; the window closes and
+    # the request is done; a second click of it, sent after its window (a user's long delay), waits
+    # as an early event of the same request id. When the first click's early-expiry comes due, it
+    # is not the second's: the second stays held until its own expiry, then is late.
+    join.event(0, event("r1", 1, 101.0), now=0)
+    join.caught_up(EVENTS)  # impressions alone move the clock from here
+    ack_all(join, join.impression(0, impression("r1", 100.0), now=0))  # its positive
+    join.impression(1, impression("r2", 110.5), now=0)
+    ack_all(join, join.advance(now=0))  # its negatives
+    assert "r1" not in join.requests  # closed, every sample acked
+    assert join.event(1, event("r1", 2, 111.2), now=0) == []  # after the window, not yet late
+    join.caught_up(EVENTS)
+    join.impression(3, impression("r4", 111.5), now=0)  # the first click's expiry (111) passed
+    join.advance(now=0)
+    assert join.requests["r1"].early and join.counts.late == 0
+    join.impression(4, impression("r5", 121.5), now=0)
+    join.advance(now=0)
+    assert "r1" not in join.requests and join.counts.late == 1

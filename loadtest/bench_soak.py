@@ -1,0 +1,380 @@
+"""``make bench-soak``: the whole loop for half an hour, with the trainer, the joiner and a PS replica killed.
+
+    python -m loadtest.bench_soak [--minutes 30] [--window-min 5] [--rate 50] [--ts-rate 10] [--items 200]
+                                  [--full-every 10m] [--quick] [--results-dir DIR] [--store DIR]
+
+On the mock Kafka cluster (``serving.stream.mockbroker``): ``recserve serve`` with co-located
+lookups at ``--rate`` requests/s, and the local stack (``serving.stack.local``: 2 replicas per PS
+shard, the worker, TorchServe with remote lookups, supervised) at ``--ts-rate``, both logging
+impressions to one topic and following one model store; a request is always the same ``--items``
+Criteo rows (``loadtest.recorder``: every response's time, latency, status and versions). Simulated users
+(``loadtest.stream_users``) click in a drifting world; ``recserve join``; the streaming trainer
+(``recserve train --follow --stream``) cuts a delta every ``--delta-interval-s`` (0.5) and, with
+``--full-every`` (10m; '': none), trains the dense network and publishes a full version that often,
+retention keeping ``--keep-versions``. A third of
+the way in the trainer is SIGKILLed, half-way the joiner (each restarted at once), two thirds in
+a PS replica (``loadtest.bench_faults.kill_and_watch``: the supervisor restarts it).
+
+Then the load stops, the joiner and the trainer catch up, and ``lost_samples`` and
+``duplicate_samples`` are counted against the impression log (``loadtest.bench_stream``'s rule:
+every impression whose join window closed before the last one trained exactly once, from the
+samples topic as read and the records of every delta of every version, read as they land:
+``loadtest.published``, ``loadtest.stream_figures``).
+
+Per ``--window-min`` window of the load: ``p50_ms``, ``p99_ms`` (``recserve serve``; TorchServe's
+under ``torchserve``), ``failures`` and ``mixed_responses`` (both endpoints), ``event_to_served_s``
+{p50, p99} (``loadtest.stream_figures.event_to_served``: a click's produce time to the first
+response of either endpoint scored with the delta that trained its sample or a later one, for the
+clicks produced in the window; those no response served before the load stopped are counted in
+``clicks_unserved``), ``rss_mb`` per process (the mean of its samples in the window) and
+``store_bytes`` (the model store's disk use at the window's end); over the run also
+``impressions_missing`` (answered requests the impression log lacks) and ``store_floor_bytes`` (the
+store's fewest bytes under each version CURRENT named: after its publish's retention). Writes
+``loadtest/results/soak.json``. ``--quick``: 0.6 minutes at 4 + 2 rps in 0.2-minute windows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadtest import paced
+from loadtest import stream_figures as sf
+from loadtest.bench_e2e import lean_frontend
+from loadtest.bench_faults import KILLED_PS, kill_and_watch
+from loadtest.bench_stream import Clicks, alive, expected_keys
+from loadtest.common import (
+    CRITEO_SCHEMA,
+    CRITEO_TEST,
+    given_or_trained,
+    parse,
+    parser,
+    print_table,
+    report_targets,
+    write_results,
+)
+from loadtest.processes import grpc_serving, tree
+from loadtest.published import Published
+from loadtest.recorder import Recorder, Responses, rid_ints
+from loadtest.series import Series
+from loadtest.stream_topics import (
+    JOINER_KAFKA,
+    TOPICS,
+    Collector,
+    high_watermarks,
+    impression_facts,
+    sample_facts,
+    watermarks,
+)
+from loadtest.stream_users import UserModel, play
+from model_store.dense import AUTO
+from serving.rpc.procs import spawn, stop_children
+from serving.scoring.client import requests_from_file
+from serving.stream import mockbroker
+
+LEAN, TORCHSERVE = 1, 2  # the recorders' request-id streams
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__)
+    p.add_argument("--store", help="existing model store (default: train one into a temp dir)")
+    p.add_argument("--model", default="criteo")
+    p.add_argument("--minutes", type=float, default=30.0, help="minutes of load (default: 30)")
+    p.add_argument("--window-min", type=float, default=5.0, help="minutes per reported window (default: 5)")
+    p.add_argument("--rate", type=float, default=50.0, help="recserve serve's requests/s (default: 50)")
+    p.add_argument("--ts-rate", type=float, default=10.0, help="TorchServe's requests/s (default: 10)")
+    p.add_argument(
+        "--items", type=int, default=200, help="items per request, the first Criteo test rows (default: 200)"
+    )
+    p.add_argument("--window-s", type=float, default=10.0, help="the joiner's window (default: 10)")
+    p.add_argument("--delta-interval-s", type=float, default=0.5, help="the trainer's (default: 0.5)")
+    p.add_argument(
+        "--batch-size", type=int, default=1024, help="the trainer's samples a step (default: 1024)"
+    )
+    p.add_argument("--dedup-window-s", type=float, default=60.0,
+                   help="the trainer's (default: 60; covers the join window and a restarted joiner's replay)")  # fmt: skip
+    p.add_argument("--full-every", default="10m",
+                   help="the trainer's --full-every, with --train-dense (default: 10m; '': deltas only)")  # fmt: skip
+    p.add_argument("--keep-versions", type=int, default=2,
+                   help="the trainer's retention with --full-every (default: 2, CURRENT and the one before)")  # fmt: skip
+    p.add_argument("--drift-period-s", type=float, default=120.0, help="(default: 120)")
+    p.add_argument("--drift-weight", type=float, default=2.0, help="(default: 2)")
+    p.add_argument("--sample-s", type=float, default=5.0, help="how often RSS and disk use are sampled")
+    p.add_argument("--catch-up-s", type=float, default=180.0, help="most seconds to catch up at the end")
+    args = parse(p, argv, {"minutes": 0.6, "window_min": 0.2, "rate": 4.0, "ts_rate": 2.0, "window_s": 4.0,
+                           "drift_period_s": 12.0, "sample_s": 1.0, "catch_up_s": 90.0,
+                           "full_every": "12s"})  # fmt: skip
+    work = Path(tempfile.mkdtemp(prefix="bench-soak-"))
+    try:
+        served = work / "served"
+        shutil.copytree(given_or_trained(args.store, work), served)
+        out = run(args, served / args.model, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report(out, args)
+    print(f"wrote {write_results('soak', out, args.results_dir)}")
+    return 0
+
+
+def run(args, model_dir: Path, work: Path) -> dict:
+    from confluent_kafka import Consumer
+
+    from serving.stack.local import LocalStack, StackConfig
+    from serving.stack.state import read_state
+
+    duration = args.minutes * 60
+    body = next(requests_from_file(str(CRITEO_TEST), str(CRITEO_SCHEMA), args.items))[0]
+    with contextlib.ExitStack() as es:
+        broker = es.enter_context(mockbroker.running([mockbroker.TopicSpec(t, n) for t, n in TOPICS.items()]))
+        b = broker.bootstrap
+        log_to = f"kafka://{b}/impressions"
+        print("starting the local stack (2 PS replicas a shard, TorchServe, remote lookups) ...", flush=True)
+        stack = LocalStack(StackConfig(store=str(model_dir.parent), model=args.model, run_dir=str(work / "run"),
+                                       replicas=2, lookups="remote", http_port=0, management_port=0,
+                                       metrics_port=0, disable_token_auth=True, poll_s=0.2,
+                                       log_impressions=log_to)).start()  # fmt: skip
+        es.callback(stack.stop)
+        endpoint, lean = es.enter_context(lean_frontend(model_dir.parent, args.model, "colocated", None, work, AUTO,
+                                                        1.0, ("--log-impressions", log_to, "--poll-s", "0.2")))  # fmt: skip
+        kafka_config = work / "joiner.properties"
+        kafka_config.write_text(JOINER_KAFKA)
+        train = ["train", "--follow", str(model_dir), "--stream", f"kafka://{b}/samples", "--delta-interval-s",
+                 f"{args.delta_interval_s:g}", "--dedup-window-s", f"{args.dedup_window_s:g}", "--batch-size",
+                 str(args.batch_size)]  # fmt: skip
+        if args.full_every:
+            train += ["--train-dense", "--full-every", args.full_every, "--keep-versions", str(args.keep_versions)]  # fmt: skip
+        roles = {"joiner": ["join", "--brokers", b, "--window-s", f"{args.window_s:g}", "--group", "bench-soak",
+                            "--kafka-config", str(kafka_config)], "trainer": train}  # fmt: skip
+        procs = {name: spawn(argv, work / f"{name}.log") for name, argv in roles.items()}
+        es.callback(lambda: stop_children([p for p in procs.values() if p.poll() is None]))
+
+        def pids() -> dict[str, list[int]]:
+            stacked = read_state(stack.run_dir).pids
+            out = {name: [pid] for name, pid in stacked.items() if name != "torchserve"}
+            out |= {"torchserve": tree(stacked["torchserve"])(), "lean": tree(lean["lean"][0])(),
+                    "broker": [broker.proc.pid], "bench": [os.getpid()]}  # fmt: skip
+            return out | {name: [p.pid] for name, p in procs.items()}
+
+        model = UserModel(delay_s=2.0, drift_weight=args.drift_weight, drift_period_s=args.drift_period_s)
+        clicks, stop_users = Clicks(), threading.Event()
+        users = threading.Thread(
+            target=play, args=(b, model, stop_users), kwargs={"on_sent": clicks}, daemon=True
+        )
+        imps, joined = Collector(b, "impressions", impression_facts), Collector(b, "samples", sample_facts)
+        published = Published(model_dir)
+        recorders = [Recorder(endpoint, body, args.rate, LEAN), Recorder(stack.state.endpoint, body, args.ts_rate,
+                                                                         TORCHSERVE, clients=2)]  # fmt: skip
+        series = Series(pids, model_dir, args.sample_s)
+        watch = Consumer({"bootstrap.servers": b, "group.id": "bench-soak-watch"})
+        for t in (users, imps, joined, published, *recorders, series):
+            t.start()
+        es.callback(series.halt)  # on the way out, before the processes it samples go
+        es.callback(stop_users.set)
+        print(f"load {args.rate:g} + {args.ts_rate:g} rps for {duration:.0f} s; the trainer killed at "
+              f"{duration / 3:.0f} s, the joiner at {duration / 2:.0f} s, {KILLED_PS} at {2 * duration / 3:.0f} s",
+              flush=True)  # fmt: skip
+        t0, kills, dropped = time.time(), list[dict[str, Any]](), 0
+        ps_ready = grpc_serving(stack.state.ps_shards[0][1])
+        for at, name in ((duration / 3, "trainer"), (duration / 2, "joiner"), (2 * duration / 3, KILLED_PS),
+                         (duration, "")):  # fmt: skip
+            while (left := t0 + at - time.time()) > 0:
+                time.sleep(min(1.0, left))
+                alive(procs, work)  # a role that exits by itself stops the bench with its log's tail
+                low, _ = watermarks(watch, "samples")  # the broker's retention past the trainer: lost
+                behind = [max(0, lo - pos) for lo, pos in zip(low, published.positions(), strict=True)]
+                dropped = max(dropped, sum(behind))
+            if name in procs:
+                os.killpg(procs[name].pid, signal.SIGKILL)
+                procs[name].wait()
+                kills.append({"name": name, "kill": time.time()})
+                procs[name] = spawn(roles[name], work / f"{name}.log")
+            elif name:
+                kills.append(kill_and_watch(stack.run_dir, name, lambda _state: ps_ready()))
+            if name:
+                print(f"  {time.time() - t0:.0f} s: {name} SIGKILLed, restarted", flush=True)
+        for r in recorders:
+            r.stop.set()
+        for r in recorders:
+            r.join(60)
+        load_end = time.time()
+        impressions = [i for part in imps.finish(watch) for i in part]
+        expected = expected_keys(impressions, args.window_s)
+        catch_up_s = catch_up(args, watch, published, expected, joined)
+        stop_users.set()
+        stop_children([procs["trainer"]], 60)  # SIGTERM: a last delta
+        published.stop()
+        series.halt()
+        samples = sf.SampleLog.cat(joined.finish(watch))
+        watch.close()
+        users.join(30)
+    responses = [r.responses() for r in recorders]
+    logged = rid_ints([i[0] for i in impressions]) if impressions else np.zeros(0, np.int64)
+    # the log is off the request path: the last second's records may still be on their way
+    answered = np.concatenate([r.rid[(r.status == 200) & (r.end < load_end - 1.0)] for r in responses])
+    records = published.records()
+    where = sf.delta_index(samples, records, "samples")
+    first = sf.first_trained(samples, where)
+    counted = sf.exactly_once(samples, where, first, records, expected)
+    figures = Figures(
+        samples, where, first, published.codes(), Responses.cat(responses).paced(), clicks.arrays()
+    )
+    return analyse(args, t0, load_end, responses, figures, series) | {
+        "lost_samples": counted.lost,
+        "duplicate_samples": counted.duplicates,
+        "samples_expected": len(expected),
+        "samples_trained": sum(r.samples for r in records),
+        "impressions": len(impressions),
+        "impressions_missing": int((~np.isin(answered, logged)).sum()),
+        "deltas": len(records),
+        "deltas_missed": published.missed,
+        "max_samples_dropped_by_the_broker_before_trained": dropped,
+        "versions": sorted({d.version for d in published.deltas}),
+        "store_floor_bytes": series.floors(),
+        "catch_up_s": round(catch_up_s, 1),
+        "kills": [{k: round(v - t0, 2) if k in ("kill", "back") else v for k, v in e.items()} for e in kills],
+    }
+
+
+def catch_up(args, watch, published: Published, expected: np.ndarray, joined: Collector) -> float:
+    """Wait (at most ``--catch-up-s``) until the joiner wrote a sample of every ``expected`` key
+    and the trainer's published offsets (of any version) reached the samples topic's end; seconds
+    waited."""
+    start, complete = time.monotonic(), False
+    while time.monotonic() < start + args.catch_up_s:
+        if not complete and sum(len(p.keys) for p in joined.parts) >= len(expected):
+            complete = sf.missing(expected, sf.SampleLog.cat(list(joined.parts)).keys) == 0
+        if complete and published.offsets() >= sum(high_watermarks(watch, "samples")):
+            break
+        time.sleep(1.0)
+    return time.monotonic() - start
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What ``loadtest.stream_figures.event_to_served`` reads, for any window of clicks."""
+
+    samples: sf.SampleLog
+    where: np.ndarray
+    first: np.ndarray
+    codes: np.ndarray
+    """Each delta's ``loadtest.published.code``: responses name theirs so across versions."""
+    responses: paced.Responses
+    clicks: tuple[np.ndarray, np.ndarray]
+
+    def event_to_served(self, a: float, b: float) -> tuple[dict, int, int]:
+        """({p50, p99} of the clicks produced in [a, b), clicks, those trained but never served)."""
+        keys, produced = self.clicks
+        m = (produced >= a) & (produced < b)
+        _, seconds, unserved = sf.event_to_served((keys[m], produced[m]), self.samples, self.where, self.first,
+                                                  self.codes, self.responses)  # fmt: skip
+        p = sf.percentiles_s(seconds)
+        return {"p50": p["p50"], "p99": p["p99"]}, int(m.sum()), unserved
+
+
+def analyse(
+    args, t0: float, end: float, responses: list[Responses], figures: Figures, series: Series
+) -> dict:
+    lean, ts = responses
+    width = args.window_min * 60
+    windows = []
+    n = max(1, round((end - t0) / width))  # the last window ends with the load
+    for i in range(n):
+        a, b = t0 + i * width, t0 + (i + 1) * width if i < n - 1 else end
+        w, wt = lean.window(a, b), ts.window(a, b)
+        in_w = [x for x in series.samples if a <= x.t < b]
+        names = sorted({n for x in in_w for n in x.rss})
+        # a click in the load's last seconds had no response left to see it
+        e2s, clicks, unserved = figures.event_to_served(a, min(b, end - 5.0))
+        windows.append({
+            "minutes": [round((a - t0) / 60, 2), round((b - t0) / 60, 2)],
+            "requests": int(len(w.ms)),
+            "rps": round(len(w.ms) / (b - a), 1), **ms_percentiles(w),
+            "failures": int((w.status != 200).sum() + (wt.status != 200).sum()),
+            "mixed_responses": int(w.mixed.sum() + wt.mixed.sum()),
+            "torchserve": {"requests": int(len(wt.ms)), **ms_percentiles(wt), "failures": int((wt.status != 200).sum()),
+                           "mixed_responses": int(wt.mixed.sum())},
+            "event_to_served_s": e2s, "clicks": clicks, "clicks_unserved": unserved,
+            "rss_mb": {n: round(float(np.mean([x.rss[n] for x in in_w if n in x.rss])) / 2**20, 1) for n in names},
+            "store_bytes": in_w[-1].disk if in_w else None,
+            "version": in_w[-1].current if in_w else None,
+        })  # fmt: skip
+    return {
+        "minutes": round((end - t0) / 60, 2),
+        "windows": windows,
+        "conditions": {
+            "lean": f"recserve serve, co-located lookups, {args.rate:g} rps",
+            "torchserve": f"the local stack, 2 PS replicas a shard, remote lookups, {args.ts_rate:g} rps",
+            "request_items": args.items,
+            "window_s": args.window_s,
+            "delta_interval_s": args.delta_interval_s,
+            "dedup_window_s": args.dedup_window_s,
+            "full_every": args.full_every or None,
+            "keep_versions": args.keep_versions,
+            "joiner_kafka_config": JOINER_KAFKA.strip().replace("\n", ", "),
+            "drift_weight": args.drift_weight,
+            "drift_period_s": args.drift_period_s,
+            "click_delay_s": 2.0,
+            "partitions": TOPICS,
+            "trainer_batch_size": args.batch_size,
+            "broker": "librdkafka mock cluster, 3 brokers, one process; everything on this machine",
+            "loadavg": os.getloadavg(),
+        },  # fmt: skip
+    }
+
+
+def ms_percentiles(r: Responses) -> dict:
+    ok = r.ms[r.status == 200]
+    if not len(ok):
+        return {"p50_ms": None, "p99_ms": None}
+    return {
+        "p50_ms": round(float(np.percentile(ok, 50)), 2),
+        "p99_ms": round(float(np.percentile(ok, 99)), 2),
+    }
+
+
+def report(out: dict, args) -> None:
+    rows = [{"window (min)": "-".join(f"{m:g}" for m in w["minutes"]), **{k: w[k] for k in
+             ("rps", "p50_ms", "p99_ms", "failures", "mixed_responses", "clicks")},
+             "ts_p99_ms": w["torchserve"]["p99_ms"], "e2s_p50_s": w["event_to_served_s"]["p50"],
+             "e2s_p99_s": w["event_to_served_s"]["p99"],
+             "store_mb": None if w["store_bytes"] is None else round(w["store_bytes"] / 2**20, 1)}
+            for w in out["windows"]]  # fmt: skip
+    print_table(f"soak: {out['minutes']} minutes, per {args.window_min:g}-minute window", rows, list(rows[0]))
+    names = sorted({n for w in out["windows"] for n in w["rss_mb"]})
+    print_table("RSS (MB, mean over the window)", [{"process": n, **{f"w{i}": w["rss_mb"].get(n) for i, w in
+                enumerate(out["windows"])}} for n in names], ["process", *(f"w{i}" for i in range(len(rows)))])  # fmt: skip
+    print({k: out[k] for k in ("lost_samples", "duplicate_samples", "samples_expected", "samples_trained",
+                               "impressions", "impressions_missing", "max_samples_dropped_by_the_broker_before_trained",
+                               "deltas", "deltas_missed", "kills")})  # fmt: skip
+    ws = out["windows"]
+    checks = {
+        "0 failed responses": sum(w["failures"] for w in ws) == 0,
+        "0 mixed responses": sum(w["mixed_responses"] for w in ws) == 0,
+        "every answered request in the impression log": out["impressions_missing"] == 0,
+        "0 lost samples": out["lost_samples"] == 0,
+        "0 duplicate samples": out["duplicate_samples"] == 0,
+        "event_to_served_s p99 <= 2 s in every window": all((w["event_to_served_s"]["p99"] or math.inf) <= 2 for w in ws),
+    }  # fmt: skip
+    if len(ws) >= 3:
+        first, last = ws[1]["rss_mb"], ws[-1]["rss_mb"]  # the bench itself keeps what it counts: not it
+        checks["each process's RSS in the last window within 10% of the second's"] = all(
+            abs(last[n] - first[n]) <= 0.1 * first[n] for n in first if n in last and n != "bench")  # fmt: skip
+    if len(floors := out["store_floor_bytes"]) >= 3:  # two full versions published in the run
+        checks["the store's bytes under the last full version within 10% of those under the one before"] = (
+            floors[-1][1] <= 1.1 * floors[-2][1])  # fmt: skip
+    report_targets(out, checks)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

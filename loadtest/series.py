@@ -1,0 +1,69 @@
+"""What a long bench samples over time (``Series``): each process's RSS by name, the model
+store's bytes on disk and the version CURRENT names."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import model_store as ms
+from loadtest.processes import usage
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    rss: dict[str, int]
+    """Process name -> RSS bytes."""
+    disk: int
+    """The store's bytes on disk."""
+    current: str
+    """The version CURRENT names."""
+
+
+class Series(threading.Thread):
+    """A ``Sample`` every ``every_s`` into ``samples`` until ``halt``: ``pids()`` names the
+    processes (name -> pids, asked at each sample: a restarted process has a new pid)."""
+
+    def __init__(self, pids: Callable[[], dict[str, list[int]]], model_dir: Path, every_s: float) -> None:
+        super().__init__(name="series", daemon=True)
+        self.pids, self.model_dir, self.every_s = pids, model_dir, every_s
+        self.samples: list[Sample] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            rss = {name: usage(pids).rss_bytes for name, pids in self.pids().items()}
+            current = ms.current(self.model_dir.parent, self.model_dir.name) or ""
+            self.samples.append(Sample(time.time(), rss, disk_bytes(self.model_dir), current))
+            self._halt.wait(self.every_s)
+
+    def floors(self) -> list[tuple[str, int]]:
+        """(version, the store's fewest bytes while CURRENT named it) of each version CURRENT named,
+        in order: after the retention its publish ran, before its deltas pile up."""
+        out: list[tuple[str, int]] = []
+        for s in self.samples:
+            if out and out[-1][0] == s.current:
+                out[-1] = (s.current, min(out[-1][1], s.disk))
+            else:
+                out.append((s.current, s.disk))
+        return out
+
+    def halt(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes allocated on disk under ``path`` (files that vanish meanwhile: not counted)."""
+    total = 0
+    for d, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(d, f)).st_blocks * 512
+    return total

@@ -1,0 +1,91 @@
+"""The topics of ``make bench-stream`` and reading them as they fill: every impression and sample
+from the start (``Collector``), reduced to the facts the figures need as each batch comes
+(``impression_facts``, ``sample_facts``), and the partitions' watermarks."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from loadtest import stream_figures as sf
+from serving.stream.records import decode_impression
+from serving.stream.sample_batch import read_samples
+
+TOPICS = {"impressions": 16, "events": 16, "samples": 16, "samples.dead": 4, "join-dead-letter": 4}
+"""Topics and their partitions. The mock cluster keeps 5 MB a partition (librdkafka's
+``rdkafka_mock.c``, not configurable): 16 partitions, and the joiner compresses its samples (lz4),
+so that a few minutes of impressions and about two of samples stay readable by a joiner or a
+trainer that lags (a killed joiner's successor starts at offsets committed before the kill)."""
+JOINER_KAFKA = "compression.type=lz4\nsession.timeout.ms=10000\n"
+"""The joiner's librdkafka settings (``--kafka-config``): lz4 samples, and its partitions back to a
+successor 10 s after it is killed (the default, 45 s, leaves nothing joined meanwhile)."""
+
+
+class Collector(threading.Thread):
+    """Reads ``topic`` from its beginning for the whole run (the mock cluster keeps only a few MB a
+    partition, so reading it at the end would miss the start), keeping ``decode(messages)`` of each
+    batch read in ``parts``; ``finish`` reads on to the topic's end now, then stops."""
+
+    def __init__(self, bootstrap: str, topic: str, decode) -> None:
+        super().__init__(name=f"collect-{topic}", daemon=True)
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        self.topic, self.decode = topic, decode
+        self.parts: list = []
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-read-{topic}",
+                                  "enable.auto.commit": False})  # fmt: skip
+        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(TOPICS[topic])])
+        self.next = [0] * TOPICS[topic]
+        self.until: list[int] | None = None
+
+    def run(self) -> None:
+        while self.until is None or any(n < u for n, u in zip(self.next, self.until, strict=True)):
+            msgs = [m for m in self.consumer.consume(10_000, timeout=0.5) if m.error() is None]
+            if msgs:
+                self.parts.append(self.decode(msgs))
+            for m in msgs:
+                self.next[m.partition() or 0] = (m.offset() or 0) + 1
+        self.consumer.close()
+
+    def finish(self, watch, timeout_s: float = 120.0) -> list:
+        self.until = high_watermarks(watch, self.topic)
+        self.join(timeout_s)
+        if self.is_alive():
+            raise RuntimeError(
+                f"{self.topic}: not read to its end {self.until} in {timeout_s:.0f} s: {self.next}"
+            )
+        return self.parts
+
+
+def impression_facts(msgs: list) -> list[tuple[str, float, int, int]]:
+    """(request id, ts, items, hash of the batch scored) of each impression."""
+    out = []
+    for m in msgs:
+        imp = decode_impression(m.value() or b"")
+        out.append((imp.request_id, imp.ts, len(imp.scores), hash(imp.batch)))
+    return out
+
+
+def sample_facts(msgs: list) -> sf.SampleLog:
+    """The samples of one batch read (every record the joiner writes is valid)."""
+    samples, bad = read_samples([m.value() or b"" for m in msgs])
+    if bad:
+        raise RuntimeError(f"samples topic: {len(bad)} records unreadable, e.g. {bad[0]}")
+    part = np.fromiter((m.partition() for m in msgs), np.int64, len(msgs))
+    offset = np.fromiter((m.offset() for m in msgs), np.int64, len(msgs))
+    return sf.SampleLog(part[samples.index], offset[samples.index], samples.keys, samples.labels)
+
+
+def watermarks(consumer, topic: str) -> tuple[list[int], list[int]]:
+    """Per partition, the first offset the broker still holds and the end."""
+    from confluent_kafka import TopicPartition
+
+    marks = [
+        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in range(TOPICS[topic])
+    ]
+    return [lo for lo, _ in marks], [hi for _, hi in marks]
+
+
+def high_watermarks(consumer, topic: str) -> list[int]:
+    return watermarks(consumer, topic)[1]

@@ -1,0 +1,24 @@
+import pytest
+
+from tests.loadtest.conftest import has
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_soak_reports_every_window_and_counts_samples_across_the_kills(bench):
+    result = bench("bench_soak", "soak", timeout_s=600)
+    has(result, "minutes", "lost_samples", "duplicate_samples", "windows", "kills", "conditions")
+    assert len(result["windows"]) == 3 and [k["name"] for k in result["kills"]] == [
+        "trainer",
+        "joiner",
+        "ps0.1",
+    ]
+    for w in result["windows"]:
+        has(w, "p50_ms", "p99_ms", "failures", "mixed_responses", "event_to_served_s", "rss_mb", "store_bytes",
+            "torchserve")  # fmt: skip
+        assert w["requests"] > 0 and w["torchserve"]["requests"] > 0
+        assert {"lean", "torchserve", "trainer", "joiner", "ps0.0", "ps0.1"} <= set(w["rss_mb"])
+        assert w["store_bytes"] > 0
+    assert result["samples_trained"] > 0 and result["duplicate_samples"] == 0
+    assert sum(w["clicks"] for w in result["windows"]) > 0  # served or not: a loaded machine may be slow
+    assert all(set(w["event_to_served_s"]) == {"p50", "p99"} for w in result["windows"])

@@ -1,0 +1,27 @@
+import os
+
+from loadtest.processes import wait_for
+from loadtest.series import Series, disk_bytes
+from model_store.layout import set_current
+
+
+def test_the_series_samples_each_process_by_name_the_stores_disk_and_current(tmp_path):
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "blob").write_bytes(b"x" * 100_000)
+    set_current(tmp_path, "m", "1")
+    series = Series(lambda: {"me": [os.getpid()], "gone": [2**22 + 7]}, model_dir, 0.01)
+    series.start()
+    try:
+        wait_for(lambda: len(series.samples) >= 2, 30, "two samples")
+        set_current(tmp_path, "m", "2")
+        wait_for(lambda: series.samples[-1].current == "2", 30, "CURRENT 2 sampled")
+    finally:
+        series.halt()
+    first = series.samples[0]
+    assert first.rss["me"] > 0 and first.rss["gone"] == 0  # a process that is not there uses nothing
+    assert 100_000 <= first.disk <= disk_bytes(model_dir)  # CURRENT's file came on top
+    assert first.current == "1"
+    floors = series.floors()
+    assert [v for v, _ in floors] == ["1", "2"] and floors[0][1] == min(x.disk for x in series.samples[:-1]
+                                                                         if x.current == "1")  # fmt: skip

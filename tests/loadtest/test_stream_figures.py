@@ -1,0 +1,112 @@
+import numpy as np
+import pytest
+
+from loadtest import stream_figures as sf
+from loadtest.paced import Responses
+from model_store.deltas import DeltaManifest
+
+
+def log_of(rows: list[tuple[int, int, str, int, float]]) -> sf.SampleLog:
+    """(partition, offset, request id, item, label) per sample."""
+    part, offset, rid, item, label = (list(c) for c in zip(*rows, strict=True))
+    keys = sf.keys_of(np.array([r.encode() for r in rid]), np.array(item, np.int64))
+    return sf.SampleLog(
+        np.array(part, np.int64), np.array(offset, np.int64), keys, np.array(label, np.float32)
+    )
+
+
+def record(positions: dict[int, int], samples: int, auc: float | None = None) -> DeltaManifest:
+    return DeltaManifest(
+        "kafka://b/samples", {f"samples/{p}": o for p, o in positions.items()}, samples, auc=auc
+    )
+
+
+def test_keys_are_the_trainers_item_then_request_id():
+    keys = sf.keys_of(np.array([b"req-1", b"r2"]), np.array([3, 70000]))
+    assert keys.tolist() == [(3).to_bytes(4, "big") + b"req-1", (70000).to_bytes(4, "big") + b"r2"]
+    assert sf.item_of(keys).tolist() == [3, 70000]
+
+
+def test_a_sample_belongs_to_the_first_delta_whose_offsets_pass_it_across_a_restart():
+    log = log_of(
+        [(0, 0, "a", 0, 1), (0, 1, "a", 1, 0), (0, 2, "b", 0, 0), (1, 0, "c", 0, 1), (0, 3, "d", 0, 0)]
+    )
+    # delta 0 consumed partition 0 up to 2 and partition 1 not at all; a restart resumed there, and
+    # delta 1 took partition 0 to 3 and partition 1 to 1; offset 3 of partition 0 was never published
+    deltas = [record({0: 2}, 2), record({0: 3, 1: 1}, 2)]
+    assert sf.delta_index(log, deltas, "samples").tolist() == [0, 0, 1, 1, -1]
+
+
+def test_a_key_emitted_twice_is_trained_where_it_came_first():
+    log = log_of([(0, 0, "a", 0, 1), (0, 1, "a", 1, 0), (0, 2, "a", 0, 1), (0, 3, "b", 0, 0)])
+    where = np.array([0, 0, 1, -1])
+    assert sf.first_trained(log, where).tolist() == [True, True, False, False]
+
+
+def test_the_frozen_auc_scores_the_samples_of_each_delta_with_the_start_scores():
+    # item 0 is clicked, item 1 not: the start scores rank them right in delta 0 and wrong in delta 1
+    log = log_of([(0, 0, "a", 0, 1), (0, 1, "a", 1, 0), (0, 2, "b", 2, 1), (0, 3, "b", 3, 0)])
+    deltas = [record({0: 2}, 2, auc=0.5), record({0: 4}, 2, auc=1.0)]
+    where = sf.delta_index(log, deltas, "samples")
+    pair = sf.progressive_auc(
+        log, where, sf.first_trained(log, where), deltas, np.array([0.9, 0.1, 0.1, 0.9])
+    )
+    assert (pair.streaming, pair.frozen, pair.windows, pair.samples_differ) == (0.75, 0.5, 2, 0)
+
+
+def test_a_record_whose_count_differs_from_the_samples_placed_in_it_is_counted():
+    log = log_of([(0, 0, "a", 0, 1), (0, 1, "a", 1, 0)])
+    deltas = [record({0: 2}, 3, auc=1.0)]
+    where = sf.delta_index(log, deltas, "samples")
+    assert (
+        sf.progressive_auc(log, where, sf.first_trained(log, where), deltas, np.ones(2)).samples_differ == 1
+    )
+
+
+def test_a_click_is_served_by_the_first_response_with_its_delta_or_a_later_one():
+    log = log_of([(0, 0, "a", 0, 1), (0, 1, "b", 5, 1), (0, 2, "c", 1, 1)])
+    deltas = [record({0: 1}, 1), record({0: 2}, 1)]  # delta seqs 7 and 8; "c" never published
+    where = sf.delta_index(log, deltas, "samples")
+    clicks = (
+        sf.keys_of(np.array([b"a", b"b", b"c", b"x"]), np.array([0, 5, 1, 0])),
+        np.array([10.0, 11.0, 12.0, 13.0]),
+    )
+    # responses at 10.5 (seq 6), 11.5 (seq 8: holds both), 12.5 (seq 7: an older client's, ignored)
+    responses = Responses.of([(10.5, 0.01, 200, 6), (11.5, 0.01, 200, 8), (12.5, 0.01, 200, 7)])
+    t, seconds, unserved = sf.event_to_served(
+        clicks, log, where, sf.first_trained(log, where), np.array([7, 8]), responses
+    )
+    assert t.tolist() == [10.0, 11.0]
+    assert seconds == pytest.approx([1.5, 0.5])
+    assert unserved == 0
+
+
+def test_a_trained_click_no_response_saw_is_counted_unserved():
+    log = log_of([(0, 0, "a", 0, 1)])
+    deltas = [record({0: 1}, 1)]
+    where = sf.delta_index(log, deltas, "samples")
+    clicks = (sf.keys_of(np.array([b"a"]), np.array([0])), np.array([10.0]))
+    responses = Responses.of([(10.5, 0.01, 200, 0)])
+    _, seconds, unserved = sf.event_to_served(
+        clicks, log, where, sf.first_trained(log, where), np.array([1]), responses
+    )
+    assert (len(seconds), unserved) == (0, 1)
+
+
+def test_missing_counts_wanted_keys_absent_whatever_their_widths():
+    wanted = sf.keys_of(np.array([b"abc", b"abcd"]), np.array([0, 1]))
+    have = np.array([(0).to_bytes(4, "big") + b"abc"], dtype="S40")
+    assert sf.missing(wanted, have) == 1
+
+
+def test_exactly_once_counts_a_retrained_key_and_a_skipped_sample_against_the_impression_log():
+    log = log_of([(0, 0, "a", 0, 1), (0, 1, "a", 1, 0), (0, 2, "a", 0, 1), (0, 3, "b", 0, 0)])
+    expected = sf.keys_of(np.array([b"a", b"a", b"b", b"c"]), np.array([0, 1, 0, 0]))
+    # delta 0 says 2 samples (a/0, a/1: right); delta 1 says 2 over a re-emitted a/0 and b/0: one
+    # trained twice; c/0 never reached the topic: lost
+    deltas = [record({0: 2}, 2), record({0: 4}, 2)]
+    where = sf.delta_index(log, deltas, "samples")
+    assert sf.exactly_once(log, where, sf.first_trained(log, where), deltas, expected) == sf.Counted(1, 1)
+    # a delta whose offsets hold a new key it does not say it trained: skipped, lost
+    deltas = [record({0: 2}, 2), record({0: 4}, 0)]
+    assert sf.exactly_once(log, where, sf.first_trained(log, where), deltas, expected) == sf.Counted(0, 2)
