@@ -3,44 +3,37 @@
     recserve train --follow artifacts/criteo --watch incoming/ [--once]
     recserve train --follow artifacts/criteo --stream kafka://BROKERS/TOPIC
 
-Reads top to bottom like train.py: resolve ``<model>/CURRENT`` -> load that version (embedding
-shards with their optimizer state, plus every delta already cut into it, so training continues
-from exactly what serving holds; its ``schema.yaml``; its dense ``dense/model.pt``, FROZEN) ->
-loop: the rows of the ``--watch`` source (a registered data source, ``training.sources``; without
-a scheme, a watched directory whose new complete files are trained on once, in file order) go
-through the same TrainCtx and worker path as ``recserve train`` (mode train), and every
-``--delta-interval-s`` seconds, when rows changed, the changed rows are cut as the version's next
-``deltas/<seq>/`` (every shard's delta, then ``_SUCCESS``), which the serving PS shards apply
-within their poll interval. Nothing here assumes the source ends.
+Reads top to bottom like train.py: resolve ``<model>/CURRENT`` -> load that version (its shards
+with optimizer state plus every delta already cut into it, so training continues from exactly
+what serving holds; its schema; its dense ``dense/model.pt``, FROZEN) -> loop: the rows of the
+source (a registered data source, ``training.sources``) go through the same TrainCtx and worker
+path as ``recserve train``, and every ``--delta-interval-s`` seconds the changed rows are cut as
+the version's next ``deltas/<seq>/`` (every shard's delta, then ``_SUCCESS``, announced with
+``--announce``), which serving applies at its notice or poll. Nothing assumes the source ends.
 
-Why the dense model is frozen: the deltas go into the version being served, and serving keeps
-scoring with that version's dense network; rows trained against a moving dense network would
-drift away from the one that scores them. Dense updates ship as a new full version
-(``--full-every``, ``--train-dense``, the gate and retention: ``training/full_version.py``).
+Why the dense model is frozen: the deltas go into the version being served, whose dense network
+keeps scoring; rows trained against a moving network would drift from it. Dense updates ship as
+full versions (``--full-every``, ``--train-dense``, the gate, retention: ``training/full_version.py``).
 
-Embeddings live in in-process ``EmbeddingStore``s (one per shard of the version, routed by the
-same hash as the PS) behind an in-process worker; under torchrun, in PS processes every rank
-trains through (``training.follow_tables``, ``training.stream_ranks``). A delta is a dump of them;
-one delta writer per version (a foreign delta with our next seq is refused, not overwritten).
+Embeddings live in in-process ``EmbeddingStore``s (one per shard, routed by the PS's hash) behind
+an in-process worker; under torchrun, in PS processes every rank trains through
+(``training.follow_tables``, ``training.stream_ranks``). A delta is a dump of them; one delta
+writer per version (a foreign delta with our next seq is refused, not overwritten).
 
-Which files count: ``training/sources/watch.py``; the ledger of the rows trained from each unit
-(file): ``training/sources/ledger.py``. The ledger is committed only after a delta's ``_SUCCESS``,
-so it never claims rows that no published delta holds: after a crash the rows since the last
-delta are trained again (at least once), after SIGTERM/Ctrl-C/``--max-seconds`` a final delta is
-cut and a file interrupted midway resumes at its next row. A file that cannot be read (or trained
-on) is recorded as failed from there and skipped.
+The ledger of the rows trained from each unit (a file, a partition: ``training/sources/ledger.py``)
+is committed only after a delta's ``_SUCCESS``, so it never claims rows no published delta holds:
+after a crash a file's rows since the last delta are trained again; after SIGTERM, Ctrl-C or
+``--max-seconds`` a final delta is cut. A file that cannot be read is recorded as failed and skipped.
 
-``--stream kafka://...`` (samples, ``training.sources.kafka``; a consume's records step together,
-``training.stream_steps``) is exactly once in what is trained: each delta records the partitions'
-next offsets and the (request, item) keys trained over ``--dedup-window-s`` (``model_store.deltas``)
-before its ``_SUCCESS``; a restart resumes from there, and a sample whose key was trained already
-is dropped. Each batch is scored before it trains (progressive validation, ``training.progressive``).
+``--stream kafka://...`` (samples; a consume's records step together, ``training.stream_steps``)
+is exactly once in what is trained: each delta records the partitions' next offsets and the
+(request, item) keys trained over ``--dedup-window-s`` (``model_store.deltas``) before its
+``_SUCCESS``; a restart resumes there and drops a sample whose key was trained. Each batch is
+scored before it trains (progressive validation, ``training.progressive``).
 
-If CURRENT moves to another version while following (``recserve publish``), the pending rows are
-cut into the old version, and the trainer reloads from the new one and cuts its next deltas into
-it only (files keep their ledger entries: the new version does not see them again). A version the
-serving PS refuses (``model_store.validate`` against the version followed: another schema or dim)
-is refused here too, so trainer and serving stay on the same version.
+If CURRENT moves while following (``recserve publish``), the pending rows are cut into the old
+version and the trainer reloads from the new one. A version the serving PS refuses
+(``model_store.validate``: another schema or dim) is refused here too.
 """
 
 from __future__ import annotations
