@@ -42,7 +42,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -341,9 +341,6 @@ class FollowTrainer:
 
     # ---- loading a version -----------------------------------------------------------------------
     def _load(self, version: str) -> _Loaded:
-        from model_store.shards import read_meta, shard_dirs
-        from serving.ps.spec import TableSpec
-        from serving.ps.store import StoreConfig
         from serving.worker.core import WorkerConfig
 
         vdir = ms.version_dir(self.cfg.store, self.cfg.model, version)
@@ -352,18 +349,7 @@ class FollowTrainer:
         if schema.fingerprint != manifest.schema_fingerprint:
             raise ms.ModelStoreError(f"{vdir}: schema.yaml does not match the manifest's fingerprint")
         n = manifest.num_shards
-        parts = shard_dirs(vdir / "embeddings")
-        metas = [read_meta(part) for part in parts]
-        trained = TableSpec.from_meta(metas[0], str(parts[0]))  # the spec (and optimizer) rows trained with
-        table = replace(
-            trained,
-            # hash routing spreads rows evenly: room for the version's rows and as many new ones
-            capacity=max(self.cfg.capacity, 2 * sum(m.rows for m in metas) // n + 1024),
-            eviction=self.cfg.eviction,
-            max_memory_gb=self.cfg.max_memory_gb,
-            optimizer=replace(trained.optimizer, lr=self.cfg.lr) if self.cfg.lr else trained.optimizer,
-        )
-        store_cfg = StoreConfig(table, seed=metas[0].seed, schema_hash=schema.fingerprint)
+        store_cfg = follow_tables.store_config(self.cfg, vdir, n, schema.fingerprint)
         # rows looked up ahead miss the update between: one batch staler than the worker knows
         staleness, prefetch = max(0, self.cfg.staleness - 1), self.cfg.staleness >= 1
         worker_cfg = WorkerConfig(staleness=staleness, update_threads=self.cfg.update_threads)

@@ -18,9 +18,31 @@ if TYPE_CHECKING:
     from features.schema import Schema
     from serving.ps.config import StoreConfig
     from serving.worker.core import WorkerConfig
+    from training.config import FollowConfig
     from training.stream_ranks import Ranks
 
 log = logging.getLogger("recserve.train.follow")
+
+
+def store_config(cfg: FollowConfig, vdir: Path, num_shards: int, schema_hash: str) -> StoreConfig:
+    """The follower's table: the spec (and optimizer) the version's rows were trained with, room
+    for its rows and as many new ones (hash routing spreads rows evenly), and the follower's own
+    eviction, memory limit and learning rate."""
+    from model_store.shards import read_meta, shard_dirs
+    from serving.ps.spec import TableSpec
+    from serving.ps.store import StoreConfig
+
+    parts = shard_dirs(vdir / "embeddings")
+    metas = [read_meta(part) for part in parts]
+    trained = TableSpec.from_meta(metas[0], str(parts[0]))
+    table = replace(
+        trained,
+        capacity=max(cfg.capacity, 2 * sum(m.rows for m in metas) // num_shards + 1024),
+        eviction=cfg.eviction,
+        max_memory_gb=cfg.max_memory_gb,
+        optimizer=replace(trained.optimizer, lr=cfg.lr) if cfg.lr else trained.optimizer,
+    )
+    return StoreConfig(table, seed=metas[0].seed, schema_hash=schema_hash)
 
 
 def embedded(store: StoreConfig, num_shards: int, vdir: Path, version: str, schema: Schema,

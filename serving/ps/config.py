@@ -179,3 +179,7 @@ class ServingShardConfig:
         """The ``StoreConfig`` of the mapped store: the position and the served row shape."""
         table = TableSpec(dim=self.dim, dtype=self.dtype)
         return StoreConfig(table=table, shard=self.shard, num_shards=self.num_shards)
+
+
+ShardConfig = TrainingShardConfig | ServingShardConfig
+"""A shard process's config: its role is its type."""
