@@ -30,6 +30,7 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from loadtest.netns import Host
+from serving.rpc.procs import terminate
 
 CLONE_NEWNET = 0x40000000
 READY = "READY"
@@ -115,12 +116,7 @@ def running(hosts: Sequence[Host], bootstrap: str) -> Iterator[subprocess.Popen]
             raise RuntimeError(f"kafka bridge did not start (exit {proc.wait(timeout=10)}): {line!r}")
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from serving.rpc.tls import ClientTLS
@@ -212,3 +212,15 @@ def stop_children(procs: list[subprocess.Popen[bytes]], timeout_s: float = 10.0)
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def terminate(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
+    """SIGTERM one child (not its group: for a child that shares ours), wait ``timeout_s``, then
+    SIGKILL it; reaped either way."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -30,6 +30,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from serving.rpc.procs import terminate
+
 DEFAULT_PARTITIONS = 4
 
 
@@ -141,12 +143,7 @@ def running(topics: Sequence[TopicSpec] = (), brokers: int = 3) -> Iterator[Brok
             raise RuntimeError(f"mock broker did not start (exit {proc.wait(timeout=10)}): {line!r}")
         yield Broker(proc, line.removeprefix("BOOTSTRAP="))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)
 
 
 def _control(cluster: MockCluster, stop: threading.Event) -> None:

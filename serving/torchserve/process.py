@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
+from serving.rpc.procs import terminate
 from serving.torchserve.api import InferenceClient, ManagementClient, TorchServeError
 from serving.torchserve.archive import _ts_home
 from serving.torchserve.config import TorchServeConfig, write_config, write_log_config
@@ -135,13 +136,7 @@ class TorchServe:
         proc, self._proc = self._proc, None
         if proc is not None:
             pgid = proc.pid  # start_new_session: the group id is the JVM's pid
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+            terminate(proc, timeout)
             try:  # Python workers that outlived the JVM belong to our group and nobody else's
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
