@@ -35,6 +35,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -105,16 +106,22 @@ def dense_section(vdir: Path, place: Place, args: argparse.Namespace) -> dict:
 
     manifest = read_manifest(vdir)
     rows = []
-    for name in DENSE_RUNTIMES:
+    every_core = os.cpu_count() or 1
+    runs = [(n, args.cpu_threads) for n in DENSE_RUNTIMES]
+    if every_core > args.cpu_threads:  # the CPU at its best too, so the GPU's ratio is not flattered
+        runs.insert(1, (DENSE_RUNTIMES[0], every_core))
+    for name, threads in runs:
         ran = place.runtime(name)
-        torch.set_num_threads(args.cpu_threads)
-        fn = runtimes.get(ran).load(vdir / manifest.dense[runtimes.get(ran).source], args.cpu_threads)
+        torch.set_num_threads(threads)
+        fn = runtimes.get(ran).load(vdir / manifest.dense[runtimes.get(ran).source], threads)
         for batch in args.batches:
             pooled, dense = timing_batch(manifest, batch)
             times = call_times(partial(fn, pooled, dense), args.dense_runs, args.dense_seconds, warmup=20)
-            rows.append({"runtime": name, "batch": batch, "ran_on": runtimes.get(ran).device,
+            rows.append({"runtime": name, "threads": threads, "batch": batch, "ran_on": runtimes.get(ran).device,
                          **percentiles_ms(times)})  # fmt: skip
-    print_table("dense model alone (ms per call)", rows, ["runtime", "batch", "ran_on", "p50_ms", "p99_ms"])
+    torch.set_num_threads(args.cpu_threads)
+    print_table("dense model alone (ms per call)", rows,
+                ["runtime", "threads", "batch", "ran_on", "p50_ms", "p99_ms"])  # fmt: skip
     return {"rows": rows, "cpu_threads": args.cpu_threads, "model": manifest.model_config.get("kind", "")}
 
 
@@ -166,7 +173,7 @@ def train_section(place: Place, args: argparse.Namespace) -> dict:
             "--device", "cuda", "--threads", str(max(1, (os.cpu_count() or 2) // 2))]  # fmt: skip
     runs: dict[str, Any] = {}
     ran: dict[tuple[str, ...], str] = {}  # command -> the variant that ran it (a rehearsal repeats some)
-    for name, cmd in [*((n, base + f) for n, f in TRAIN_VARIANTS.items()), ("peer_gpu", peer)]:
+    for name, cmd in [("peer_gpu", peer), *((n, base + f) for n, f in TRAIN_VARIANTS.items())]:
         argv = tuple(place.argv(cmd))
         if argv in ran:
             runs[name] = {**runs[ran[argv]], "same_run_as": ran[argv]}
@@ -180,17 +187,27 @@ def train_section(place: Place, args: argparse.Namespace) -> dict:
     return {"rows": args.synth_rows, "epochs": 1, "batch_size": 128, "runs": runs}
 
 
+def kept(result: dict, section: str, measure: Callable[[], dict]) -> None:
+    """``result[section] = measure()``; a section that fails is recorded as ``{"error": ...}`` and
+    the others still run and are written (a lent GPU's minutes are too few to lose a whole run)."""
+    try:
+        result[section] = measure()
+    except Exception as e:  # recorded in the JSON and printed, and the exit is non-zero
+        print(f"bench-gpu: section {section} failed: {e}", file=sys.stderr, flush=True)
+        result[section] = {"error": str(e)[:4000]}
+
+
 # ---- targets -------------------------------------------------------------------------------------
 def targets(result: dict) -> dict[str, bool]:
     """The issue's "done when" figures, for the sections measured."""
     checks: dict[str, bool] = {}
+    result = {k: v for k, v in result.items() if not (isinstance(v, dict) and "error" in v)}
     if "dense" in result:
-        p50 = {(r["runtime"], r["batch"]): r["p50_ms"] for r in result["dense"]["rows"]}
-        if ("torchscript", 2048) in p50:
-            gpu = min(p50[(n, 2048)] for n in DENSE_RUNTIMES[1:])
-            checks["dense at 2,048 on the GPU <= 0.2x the CPU's time"] = (
-                gpu <= 0.2 * p50[("torchscript", 2048)]
-            )
+        at = [r for r in result["dense"]["rows"] if r["batch"] == 2048]
+        cpu = [r["p50_ms"] for r in at if r["runtime"] == DENSE_RUNTIMES[0]]
+        gpu = [r["p50_ms"] for r in at if r["runtime"] != DENSE_RUNTIMES[0]]
+        if cpu and gpu:  # the CPU's best (every core), against the faster CUDA runtime
+            checks["dense at 2,048 on the GPU <= 0.2x the CPU's time"] = min(gpu) <= 0.2 * min(cpu)
     if "lean" in result:
         cpu, gpu = (result["lean"][d]["max_rps_p99_le_10ms"] for d in ("cpu", "cuda"))
         checks["lean, dense on the GPU, holds >= 2x the CPU's highest rate at p99 <= 10 ms"] = (
@@ -252,11 +269,11 @@ def main(argv: list[str] | None = None) -> int:
             served = current(store, "criteo")
             if served is None:
                 raise SystemExit(f"bench-gpu: {store} has no published criteo version")
-            result["dense"] = dense_section(version_dir(store, "criteo", served), place, args)
+            kept(result, "dense", partial(dense_section, version_dir(store, "criteo", served), place, args))
         if store is not None and "lean" in sections:
-            result["lean"] = lean_section(store, place, args, work)
+            kept(result, "lean", partial(lean_section, store, place, args, work))
         if "train" in sections:
-            result["train"] = train_section(place, args)
+            kept(result, "train", partial(train_section, place, args))
     result["wall_s"] = round(sw.s, 1)
     print(f"\ntargets{' (rehearsal on the CPU: not a measurement of a GPU)' if place.rehearse else ''}:")
     report_targets(result, targets(result))
@@ -266,7 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     path = write_results("gpu-rehearsal" if place.rehearse else "gpu", result, args.results_dir)
     print(f"wrote {path} ({result['wall_s']:.0f} s)")
-    return 0
+    failed = [s for s in sections if "error" in result.get(s, {})]
+    if failed:
+        print(
+            f"bench-gpu: sections that failed: {', '.join(failed)} (their errors are in {path})",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -191,7 +191,7 @@ def start_locust_timeline(
            "--host", host, "-u", str(max(1, rate // 4)), "-r", "100", "-t", f"{duration_s}s", "--stop-timeout",
            "5", "--only-summary", "--loglevel", "WARNING", "--total-rate", str(rate), "--model", model,
            "--timeline-out", str(timeline), *(["--key-file", key_file] if key_file else [])]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 

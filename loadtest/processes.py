@@ -148,6 +148,15 @@ def run_sampled(cmd: list[str], timeout_s: float, interval_s: float = 0.2) -> Fi
 
 
 # ---- the spawn-and-wait --------------------------------------------------------------------------
+def log_excerpt(log: Path, tail: int = 3000) -> str:
+    """A dead child's log for an error: its first line naming an error (a C++ stack trace buries
+    CUDA's own message far above the tail), then the tail."""
+    text = log.read_text(errors="replace")
+    first = next((line for line in text.splitlines() if "Error" in line or "error:" in line), "")
+    shown = text[-tail:]
+    return f"{first}\n...\n{shown}" if first and first not in shown else shown
+
+
 def wait_for(
     predicate: Callable[[], object],
     timeout_s: float,
@@ -162,7 +171,7 @@ def wait_for(
     while not predicate():
         for name, proc, log in procs:
             if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited {proc.returncode}: {Path(log).read_text()[-3000:]}")
+                raise RuntimeError(f"{name} exited {proc.returncode}: {log_excerpt(Path(log))}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"not {what} after {timeout_s}s")
         time.sleep(poll_s)

@@ -14,7 +14,10 @@ staging buffers and static inputs are shared): a lock holds the others.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +67,24 @@ def eager_forward(module: Any, device: torch.device, slots: int, dim: int) -> Fo
     return forward
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic GC off while graphs are captured. A collection inside a capture frees
+    tensors in the capturing thread, and freeing a pinned or cross-stream block records a CUDA
+    event outside the capture. The one bench-gpu run on an H100 (stop 48) aborted so while the lean
+    frontend chose its runtime: a ``createEvent`` error in a tensor's destructor on a worker
+    thread. That this is the cause is a reading of the trace, not yet checked on a GPU;
+    ``torch.cuda.graph`` itself collects once before a capture, not during it."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def graph_forward(module: Any, device: torch.device, staging: Staging, buckets: Buckets) -> Forward:
     """One CUDA graph per bucket, captured now over a static input of the bucket's shape; a
     chunk's bucket buffer is copied into its static input (one copy) and its graph replayed."""
@@ -74,7 +95,7 @@ def graph_forward(module: Any, device: torch.device, staging: Staging, buckets: 
     graphs: dict[int, torch.cuda.CUDAGraph] = {}
     side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # unannotated in torch
     side.wait_stream(torch.cuda.current_stream(device))
-    with torch.inference_mode(), torch.cuda.stream(side):
+    with torch.inference_mode(), torch.cuda.stream(side), gc_paused():
         for bucket in buckets.sizes:
             static = staging.buffer(bucket).to(device)
             for _ in range(WARMUP_RUNS):

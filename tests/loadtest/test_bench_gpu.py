@@ -62,3 +62,14 @@ def test_the_cpu_rehearsal_runs_every_section(tmp_path):
         has(r, "auc", "samples_per_s", "wall_s")
         assert 0 < r["auc"] < 1 and r["samples_per_s"] > 0
     assert len(result["targets_met"]) == 5
+
+
+def test_a_failed_section_is_written_as_its_error_and_the_others_still_run():
+    from loadtest.bench_gpu import kept, targets
+
+    result: dict = {}
+    kept(result, "lean", lambda: (_ for _ in ()).throw(RuntimeError("recserve exited -6: CUDA error")))
+    kept(result, "dense", lambda: {"rows": [{"runtime": "torchscript", "batch": 2048, "p50_ms": 4.0},
+                                            {"runtime": "cuda-graphs", "batch": 2048, "p50_ms": 0.5}]})  # fmt: skip
+    assert result["lean"] == {"error": "recserve exited -6: CUDA error"}
+    assert targets(result) == {"dense at 2,048 on the GPU <= 0.2x the CPU's time": True}

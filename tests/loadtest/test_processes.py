@@ -53,3 +53,15 @@ def test_running_names_a_process_that_exits_before_it_is_ready(tmp_path):
             pass
     with pytest.raises(TimeoutError, match="not never after 0.2s"):
         wait_for(lambda: False, 0.2, "never")
+
+
+def test_a_dead_childs_error_line_is_kept_above_a_long_stack(tmp_path):
+    from loadtest.processes import log_excerpt
+
+    log = tmp_path / "serve.log"
+    log.write_text("starting\nRuntimeError: CUDA error: operation not permitted\n" + "frame #n: ...\n" * 500)
+    shown = log_excerpt(log, tail=300)
+    assert shown.startswith("RuntimeError: CUDA error: operation not permitted\n...\n")
+    assert shown.endswith("frame #n: ...\n") and len(shown) < 400
+    log.write_text("short log, no error named\n")
+    assert log_excerpt(log) == "short log, no error named\n"
