@@ -25,7 +25,10 @@ a few MB a partition). The figures come from those facts (``loadtest.stream_figu
   by the deltas' samples.
 - ``event_to_served_s`` {p50, p99}: from a click's produce time to the first response scored with
   the delta that trained its sample (the delta's offsets place the sample; responses name their
-  delta), over the clicks before the first kill; ``..._all`` and ``..._by_phase`` say the rest.
+  delta), over the clicks after the joiner and the trainer are at work (the load starts then) and
+  ``KILL_GUARD_S`` before the first kill; ``..._all`` and ``..._by_phase`` say the rest (a phase
+  from a kill holds the clicks from ``KILL_GUARD_S`` before it). ``event_to_served_parts_s``: the
+  same clicks to their joined sample's produce time and to their delta's record.
 - ``max_lag_samples``: the most samples the trainer's published offsets (its last delta's) were
   behind the samples topic's end, sampled every second (the kill's restart included);
   ``max_samples_dropped_by_the_broker_before_trained``: how far the broker's retention had passed
@@ -59,7 +62,7 @@ from loadtest import stream_figures as sf
 from loadtest.bench_e2e import lean_frontend, request_bodies, warm_up
 from loadtest.common import given_or_trained, parse, parser, report_targets, write_results
 from loadtest.paced import Paced, interleaved
-from loadtest.processes import Sampler
+from loadtest.processes import Sampler, wait_for
 from loadtest.stream_topics import (
     JOINER_KAFKA,
     TOPICS,
@@ -77,6 +80,9 @@ from serving.stream import mockbroker
 from serving.stream.records import Event
 
 LOG_RATIO_TARGET = 1.15
+KILL_GUARD_S = 2.0
+"""Clicks produced this long before a kill count in the kill's phase: a click a second before the
+trainer dies is trained by the restarted one, so its wait is the restart's."""
 LAG_GAUGE = "recserve_follow_lag_samples"
 """The trainer's consumer lag on its /metrics (samples after those it trained, at its last look)."""
 
@@ -225,6 +231,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         kills: dict[str, float] = {}
         print(f"load {args.rate:g} rps for {duration:.0f} s; trainer killed at {duration / 3:.0f} s, "
               f"joiner at {2 * duration / 3:.0f} s", flush=True)  # fmt: skip
+        until_ready(procs, work, metrics_port)
         with Sampler(lambda: [p.pid for p in procs.values() if p.poll() is None], 1.0) as sampler:
             t0, wall0 = time.monotonic(), time.time()
             with Paced(endpoint, body, args.rate) as load:
@@ -273,8 +280,16 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
     auc = sf.progressive_auc(samples, where, first, records, frozen_scores)
     t_click, e2s, unserved = sf.event_to_served(clicks.arrays(), samples, where, first,
                                                 np.array([s for s, _, _ in deltas], np.int64), responses)  # fmt: skip
+    parts = sf.event_to_written(clicks.arrays(), samples, where, first,
+                                np.array([r.created for r in records], np.float64))  # fmt: skip
+    if args.results_dir:  # each click's parts, for a closer look than percentiles
+        Path(args.results_dir).mkdir(parents=True, exist_ok=True)
+        np.savez(Path(args.results_dir) / "stream-clicks.npz", served_click=t_click, served_s=e2s,
+                 kills=np.array([kills.get("trainer", 0.0), kills.get("joiner", 0.0), wall0]),
+                 click=parts["click"], joined=parts["joined"], written=parts["written"])  # fmt: skip
     measured = t_click < load_end - 5.0  # a click in the last seconds had no response left to see it
-    phases = [wall0, kills.get("trainer", load_end), kills.get("joiner", load_end), load_end]
+    phases = [wall0, *(kills.get(n, load_end + KILL_GUARD_S) - KILL_GUARD_S for n in ("trainer", "joiner")),
+              load_end]  # fmt: skip
     by_phase = [
         sf.percentiles_s(e2s[measured & (t_click >= a) & (t_click < z)])
         for a, z in zip(phases, phases[1:], strict=False)
@@ -293,8 +308,19 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         "samples_expected": len(expected),
         "progressive_auc": {"streaming": auc.streaming, "frozen": auc.frozen},
         "progressive_auc_windows": {"deltas": auc.windows, "deltas_whose_samples_differ": auc.samples_differ},
-        "event_to_served_s": {**by_phase[0], "over": "clicks before the first kill"},
+        "event_to_served_s": {
+            **by_phase[0],
+            "over": f"clicks from the load's start to {KILL_GUARD_S:g} s before the first kill",
+        },
         "event_to_served_s_all": sf.percentiles_s(e2s[measured]),
+        "event_to_served_parts_s": {
+            "over": "the clicks of event_to_served_s, from each one's produce time",
+            **{
+                f"to_{k}": sf.percentiles_s(v[parts["click"] < phases[1]] if len(v) else v)
+                for k, v in parts.items()
+                if k != "click"
+            },
+        },
         "event_to_served_s_by_phase": dict(
             zip(("before_kills", "after_trainer_kill", "after_joiner_kill"), by_phase, strict=True)
         ),  # fmt: skip
@@ -340,6 +366,16 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
             "broker": "librdkafka mock cluster, 3 brokers, one process; everything on this machine",
         },  # fmt: skip
     }
+
+
+def until_ready(procs: dict, work: Path, metrics_port: int, timeout_s: float = 120.0) -> None:
+    """Return once the joiner holds its partitions (its log says so) and the trainer has read (its
+    lag gauge is up): the load starts then, as a deployment starts them before its traffic. Their
+    restarts are what the kills measure."""
+    joined = work / "joiner.log"
+    wait_for(lambda: "join: assigned partitions" in joined.read_text(errors="replace")
+             and scrape(metrics_port, LAG_GAUGE) is not None, timeout_s, "joiner assigned and trainer reading",
+             [(n, p, work / f"{n}.log") for n, p in procs.items()])  # fmt: skip
 
 
 def alive(procs: dict, work: Path) -> None:

@@ -32,6 +32,8 @@ class SampleLog:
     keys: NDArray[np.bytes_]
     """(item, request) as the trainer keys it: the item as 4 big-endian bytes, then the request id."""
     labels: NDArray[np.float32]
+    produced: NDArray[np.float64] | None = None
+    """When the joiner produced each record (its Kafka timestamp, seconds; None: not read)."""
 
     @classmethod
     def cat(cls, parts: list[SampleLog]) -> SampleLog:
@@ -39,8 +41,13 @@ class SampleLog:
             return cls(
                 np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, "S1"), np.zeros(0, np.float32)
             )
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("partition", "offset", "keys",
-                                                                             "labels")))  # fmt: skip
+        times = [p.produced for p in parts if p.produced is not None]
+        cols = [
+            np.concatenate([getattr(p, f) for p in parts]) for f in ("partition", "offset", "keys", "labels")
+        ]
+        return cls(
+            cols[0], cols[1], cols[2], cols[3], np.concatenate(times) if len(times) == len(parts) else None
+        )
 
 
 def keys_of(request_ids: NDArray[np.bytes_], items: NDArray[np.int64]) -> NDArray[np.bytes_]:
@@ -159,6 +166,21 @@ def percentiles_s(x: NDArray[np.float64]) -> dict:
     }
 
 
+def click_rows(clicks: tuple[NDArray[np.bytes_], NDArray[np.float64]], log: SampleLog,
+               first: NDArray[np.bool_]) -> tuple[NDArray[np.bool_], NDArray[np.int64]]:  # fmt: skip
+    """For each click (its sample's key, its produce time): whether its positive sample was trained
+    (``first``: the log's rows trained first), and for those the sample's row in ``log``."""
+    keys, _ = clicks
+    pos = np.flatnonzero(first & (log.labels > 0))
+    width = max(keys.dtype.itemsize, log.keys.dtype.itemsize)
+    pk = log.keys[pos].astype(f"S{width}")
+    order = np.argsort(pk)
+    probe = keys.astype(f"S{width}")
+    at = np.searchsorted(pk[order], probe).clip(max=max(len(pos) - 1, 0))
+    hit = (pk[order][at] == probe) if len(pos) else np.zeros(len(keys), bool)
+    return hit, pos[order[at[hit]]]
+
+
 def event_to_served(clicks: tuple[NDArray[np.bytes_], NDArray[np.float64]], log: SampleLog,
                     delta: NDArray[np.int64], first: NDArray[np.bool_], seqs: NDArray[np.int64],
                     responses: Responses) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:  # fmt: skip
@@ -167,19 +189,26 @@ def event_to_served(clicks: tuple[NDArray[np.bytes_], NDArray[np.float64]], log:
     delta or a later one (deltas apply in seq order, so a later one holds it too). Returns (produce
     times, seconds) of the clicks served so, and how many of the trained ones no response served
     (the load had stopped)."""
-    keys, produced = clicks
-    pos = np.flatnonzero(first & (log.labels > 0))
-    width = max(keys.dtype.itemsize, log.keys.dtype.itemsize)
-    pk = log.keys[pos].astype(f"S{width}")
-    order = np.argsort(pk)
-    probe = keys.astype(f"S{width}")
-    at = np.searchsorted(pk[order], probe).clip(max=max(len(pos) - 1, 0))
-    hit = (pk[order][at] == probe) if len(pos) else np.zeros(len(keys), bool)
-    seq = seqs[delta[pos[order[at[hit]]]]]
-    t_click = produced[hit]
+    hit, rows = click_rows(clicks, log, first)
+    seq = seqs[delta[rows]]
+    t_click = clicks[1][hit]
     ok = responses.status == 200
     done, served_seq = responses.done[ok], np.maximum.accumulate(responses.delta_seq[ok])
     j = np.searchsorted(served_seq, seq, side="left")
     served = j < len(done)
     t_served = done[j[served]]
     return t_click[served], np.maximum(0.0, t_served - t_click[served]), int((~served).sum())
+
+
+def event_to_written(clicks: tuple[NDArray[np.bytes_], NDArray[np.float64]], log: SampleLog,
+                     delta: NDArray[np.int64], first: NDArray[np.bool_],
+                     written: NDArray[np.float64]) -> dict[str, NDArray[np.float64]]:  # fmt: skip
+    """The first parts of ``event_to_served``, for each click trained into a delta: ``click`` its
+    produce time; ``joined`` seconds to its sample's produce time (the joiner; empty where the log
+    has no produce times); ``written`` seconds to its delta's record (``written[delta]``: the
+    joiner, the trainer's read and step, the wait for the cut). The rest is the delta reaching
+    serving and a response."""
+    hit, rows = click_rows(clicks, log, first)
+    t_click = clicks[1][hit]
+    joined = log.produced[rows] - t_click if log.produced is not None else np.zeros(0)
+    return {"click": t_click, "joined": joined, "written": written[delta[rows]] - t_click}

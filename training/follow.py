@@ -142,6 +142,7 @@ class FollowTrainer:
         lv = self.loaded
         assert lv is not None  # _follow_current loads one or raises
         reading = Reading(lv.schema, poll_s=self.cfg.poll_s, once=self.cfg.once, batch_rows=self.cfg.batch_size,
+                          fill_s=min(self.cfg.poll_s, self.cfg.delta_interval_s / 4),
                           part=(self.job.rank, self.job.world),
                           wait=lambda s: stop.wait(max(0.0, min(s, deadline - self.clock()))))  # fmt: skip
         spec, default = self.cfg.source

@@ -28,7 +28,7 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from serving.stream.config import JoinConfig, kafka_settings
+from serving.stream.config import FETCH_WAIT_MS, JoinConfig, kafka_settings
 from serving.stream.join import EVENTS, IMPRESSIONS, INPUTS, Emit, JoinCounts, PartitionJoin
 
 log = logging.getLogger("recserve.join")
@@ -47,7 +47,7 @@ class Joiner:
         common = {"bootstrap.servers": cfg.brokers, **kafka_settings(cfg.kafka_config)}
         self.producer = Producer({"enable.idempotence": True, "linger.ms": 5,
                                   "queue.buffering.max.messages": 1_000_000, **common})  # fmt: skip
-        self.consumer = Consumer({"group.id": cfg.group, "enable.auto.commit": False,
+        self.consumer = Consumer({"group.id": cfg.group, "enable.auto.commit": False, "fetch.wait.max.ms": FETCH_WAIT_MS,
                                   "auto.offset.reset": "earliest", "enable.partition.eof": True,
                                   "partition.assignment.strategy": "range", **common})  # fmt: skip
         self._topics = (cfg.impressions, cfg.events)

@@ -81,6 +81,20 @@ def test_a_click_is_served_by_the_first_response_with_its_delta_or_a_later_one()
     assert unserved == 0
 
 
+def test_a_clicks_wait_splits_into_the_joiner_and_its_deltas_record():
+    log = log_of([(0, 0, "a", 0, 1), (0, 1, "b", 5, 1)])
+    log = sf.SampleLog(log.partition, log.offset, log.keys, log.labels, np.array([10.2, 11.1]))
+    deltas = [record({0: 1}, 1), record({0: 2}, 1)]
+    where = sf.delta_index(log, deltas, "samples")
+    clicks = (sf.keys_of(np.array([b"b", b"a", b"x"]), np.array([5, 0, 0])), np.array([11.0, 10.0, 12.0]))
+    parts = sf.event_to_written(clicks, log, where, sf.first_trained(log, where), np.array([10.9, 11.6]))
+    assert parts["click"].tolist() == [11.0, 10.0]  # "x" was never joined
+    assert parts["joined"] == pytest.approx([0.1, 0.2])
+    assert parts["written"] == pytest.approx([0.6, 0.9])
+    both = sf.SampleLog.cat([log, log_of([(1, 0, "c", 0, 0)])])
+    assert both.produced is None and len(both.keys) == 3  # a part without produce times: none
+
+
 def test_a_trained_click_no_response_saw_is_counted_unserved():
     log = log_of([(0, 0, "a", 0, 1)])
     deltas = [record({0: 1}, 1)]

@@ -131,6 +131,10 @@ class Reading:
     """Unbounded sources: end once the rows there now are read."""
     batch_rows: int = 1024
     """Streams: records per chunk at most (the follower's batch size: a chunk is one step)."""
+    fill_s: float | None = None
+    """Streams: the longest one read waits for ``batch_rows`` records before it takes fewer (None:
+    ``poll_s``). The follower bounds it by its delta interval: a record must not wait a second
+    for a batch to fill when a delta is cut every 0.5 s."""
     wait: Callable[[float], object] = field(default=time.sleep, compare=False)
     """How to wait between two looks (an interruptible wait: ``threading.Event.wait``)."""
 

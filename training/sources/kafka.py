@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from features.transform import Table
+from serving.stream.config import FETCH_WAIT_MS
 from serving.stream.sample_batch import read_samples, take
 from training.sources import TICK, Chunk, Keyed, Position, Reading, SourceKind, register
 from training.sources._samples import misfits
@@ -81,7 +82,7 @@ class KafkaSamples:
         from confluent_kafka import Consumer, Producer
 
         conf = settings(self.brokers)
-        consumer = Consumer(conf | {"group.id": f"recserve-train-{self.topic}", "enable.auto.commit": False,
+        consumer = Consumer({"fetch.wait.max.ms": FETCH_WAIT_MS} | conf | {"group.id": f"recserve-train-{self.topic}", "enable.auto.commit": False,
                                     "auto.offset.reset": "earliest", "enable.partition.eof": False})  # fmt: skip
         producer = Producer(conf | {"acks": "all", "enable.idempotence": True})
         try:
@@ -92,7 +93,8 @@ class KafkaSamples:
                 yield TICK
                 if self.reading.once and all(self._at[p] >= ends[p] for p in ends):
                     return
-                msgs = consumer.consume(num_messages=self.reading.batch_rows, timeout=self.reading.poll_s)
+                wait = self.reading.poll_s if self.reading.fill_s is None else self.reading.fill_s
+                msgs = consumer.consume(num_messages=self.reading.batch_rows, timeout=wait)
                 for chunk in self._chunks(msgs, producer):
                     self._at[int(chunk.start.unit.rpartition("/")[2])] = int(chunk.stop.row)
                     yield chunk
