@@ -53,7 +53,7 @@ from loadtest import paced
 from loadtest import stream_figures as sf
 from loadtest.bench_e2e import lean_frontend
 from loadtest.bench_faults import KILLED_PS, kill_and_watch
-from loadtest.bench_stream import Clicks, alive, expected_keys
+from loadtest.bench_stream import Clicks, alive, expected_keys, until_ready
 from loadtest.common import (
     CRITEO_SCHEMA,
     CRITEO_TEST,
@@ -79,7 +79,7 @@ from loadtest.stream_topics import (
 )
 from loadtest.stream_users import UserModel, play
 from model_store.dense import AUTO
-from serving.rpc.procs import spawn, stop_children
+from serving.rpc.procs import free_ports, spawn, stop_children
 from serving.scoring.client import requests_from_file
 from serving.stream import mockbroker
 
@@ -149,15 +149,17 @@ def run(args, model_dir: Path, work: Path) -> dict:
                                                         1.0, ("--log-impressions", log_to, "--poll-s", "0.2")))  # fmt: skip
         kafka_config = work / "joiner.properties"
         kafka_config.write_text(JOINER_KAFKA)
+        metrics_port = free_ports(1)[0]  # the trainer's: its lag gauge says it is reading
         train = ["train", "--follow", str(model_dir), "--stream", f"kafka://{b}/samples", "--delta-interval-s",
                  f"{args.delta_interval_s:g}", "--dedup-window-s", f"{args.dedup_window_s:g}", "--batch-size",
-                 str(args.batch_size)]  # fmt: skip
+                 str(args.batch_size), "--metrics-port", str(metrics_port)]  # fmt: skip
         if args.full_every:
             train += ["--train-dense", "--full-every", args.full_every, "--keep-versions", str(args.keep_versions)]  # fmt: skip
         roles = {"joiner": ["join", "--brokers", b, "--window-s", f"{args.window_s:g}", "--group", "bench-soak",
                             "--kafka-config", str(kafka_config)], "trainer": train}  # fmt: skip
         procs = {name: spawn(argv, work / f"{name}.log") for name, argv in roles.items()}
         es.callback(lambda: stop_children([p for p in procs.values() if p.poll() is None]))
+        until_ready(procs, work, metrics_port)
 
         def pids() -> dict[str, list[int]]:
             stacked = read_state(stack.run_dir).pids
