@@ -53,7 +53,7 @@ from loadtest import paced
 from loadtest import stream_figures as sf
 from loadtest.bench_e2e import lean_frontend
 from loadtest.bench_faults import KILLED_PS, kill_and_watch
-from loadtest.bench_stream import Clicks, alive, expected_keys, until_ready
+from loadtest.bench_stream import Clicks, expected_keys
 from loadtest.common import (
     CRITEO_SCHEMA,
     CRITEO_TEST,
@@ -68,6 +68,7 @@ from loadtest.processes import grpc_serving, tree
 from loadtest.published import Published
 from loadtest.recorder import Recorder, Responses, rid_ints
 from loadtest.series import Series
+from loadtest.stream_roles import alive, until_ready
 from loadtest.stream_topics import (
     JOINER_KAFKA,
     TOPICS,

@@ -62,7 +62,8 @@ from loadtest import stream_figures as sf
 from loadtest.bench_e2e import lean_frontend, request_bodies, warm_up
 from loadtest.common import given_or_trained, parse, parser, report_targets, write_results
 from loadtest.paced import Paced, interleaved
-from loadtest.processes import Sampler, wait_for
+from loadtest.processes import Sampler
+from loadtest.stream_roles import LAG_GAUGE, alive, scrape, until_ready
 from loadtest.stream_topics import (
     JOINER_KAFKA,
     TOPICS,
@@ -83,8 +84,6 @@ LOG_RATIO_TARGET = 1.15
 KILL_GUARD_S = 2.0
 """Clicks produced this long before a kill count in the kill's phase: a click a second before the
 trainer dies is trained by the restarted one, so its wait is the restart's."""
-LAG_GAUGE = "recserve_follow_lag_samples"
-"""The trainer's consumer lag on its /metrics (samples after those it trained, at its last look)."""
 
 
 def version_dir(model_dir: Path) -> Path:
@@ -366,40 +365,6 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
             "broker": "librdkafka mock cluster, 3 brokers, one process; everything on this machine",
         },  # fmt: skip
     }
-
-
-def until_ready(procs: dict, work: Path, metrics_port: int, timeout_s: float = 120.0) -> None:
-    """Return once the joiner holds its partitions (its log says so) and the trainer has read (its
-    lag gauge is up): the load starts then, as a deployment starts them before its traffic. Their
-    restarts are what the kills measure."""
-    joined = work / "joiner.log"
-    wait_for(lambda: "join: assigned partitions" in joined.read_text(errors="replace")
-             and scrape(metrics_port, LAG_GAUGE) is not None, timeout_s, "joiner assigned and trainer reading",
-             [(n, p, work / f"{n}.log") for n, p in procs.items()])  # fmt: skip
-
-
-def alive(procs: dict, work: Path) -> None:
-    """A RuntimeError with the end of its log if a role exited by itself."""
-    for name, proc in procs.items():
-        if proc.poll() is not None:
-            tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"the {name} exited ({proc.returncode}) by itself:\n{tail}")
-
-
-def scrape(port: int, name: str) -> float | None:
-    """The value of the metric ``name`` (no labels) on 127.0.0.1:``port``/metrics; None when the
-    process does not answer (not up yet, killed) or has no such metric."""
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=0.5) as r:
-            text = r.read().decode()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
 
 
 def first_scores(endpoint: str, body: bytes) -> tuple[np.ndarray, int]:
