@@ -49,6 +49,7 @@ from loadtest.common import (
     parse,
     parser,
     print_table,
+    repo_env,
     report_targets,
     write_results,
 )
@@ -133,10 +134,7 @@ def run_locust(
         cmd += ["--binary-schema", binary_schema]
     if columns:
         cmd += ["--columns"]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
+    env = repo_env()
     before, locust_before = cpu_snapshot(procs), _children_cpu()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=duration + 120)
     after, locust_cpu = cpu_snapshot(procs), _children_cpu() - locust_before

@@ -27,6 +27,15 @@ CRITEO_TEST = ROOT / "data" / "criteo" / "wide_resdnn_criteo_test.tsv"
 CRITEO_SCHEMA = ROOT / "data" / "schemas" / "criteo.yaml"
 
 
+def repo_env() -> dict[str, str]:
+    """This process's environment with the repo first on PYTHONPATH, what was there kept (the
+    wheels a GPU machine was sent with): for a benchmark's child processes."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+
+
 # ---- flags and results ---------------------------------------------------------------------------
 def parser(doc: str | None, **kw: Any) -> argparse.ArgumentParser:
     """A bench's argument parser (its description: the docstring's first line) with the flags every
@@ -191,7 +200,7 @@ def start_locust_timeline(
            "--host", host, "-u", str(max(1, rate // 4)), "-r", "100", "-t", f"{duration_s}s", "--stop-timeout",
            "5", "--only-summary", "--loglevel", "WARNING", "--total-rate", str(rate), "--model", model,
            "--timeline-out", str(timeline), *(["--key-file", key_file] if key_file else [])]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
+    return subprocess.Popen(cmd, cwd=ROOT, env=repo_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadtest.processes import wait_for
+from loadtest.processes import log_excerpt, wait_for
 
 LAG_GAUGE = "recserve_follow_lag_samples"
 """The trainer's consumer lag on its /metrics (samples after those it trained, at its last look)."""
@@ -26,8 +26,9 @@ def alive(procs: dict, work: Path) -> None:
     """A RuntimeError with the end of its log if a role exited by itself."""
     for name, proc in procs.items():
         if proc.poll() is not None:
-            tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"the {name} exited ({proc.returncode}) by itself:\n{tail}")
+            raise RuntimeError(
+                f"the {name} exited ({proc.returncode}) by itself:\n{log_excerpt(work / f'{name}.log')}"
+            )
 
 
 def scrape(port: int, name: str) -> float | None:

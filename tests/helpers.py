@@ -2,9 +2,12 @@
 
 import asyncio
 import contextlib
+import os
 import random
 import shlex
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -19,6 +22,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SHELL_FENCES = ("bash", "sh", "shell")
 """The languages of a fenced block whose lines are commands (tests/test_docs.py: each one runs)."""
+
+
+@contextlib.contextmanager
+def bash_block(block: list[str], cwd: Path):
+    """Run a docs block as printed, one ``bash -c`` script in ``cwd`` with the venv first on PATH
+    and the repo importable, in its own session, its output to ``cwd/out.txt`` (a file: the block's
+    background jobs keep it open); yields the process. On the way out the session is killed (the
+    broker and whatever the block started in the background)."""
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT)}  # fmt: skip
+    with open(cwd / "out.txt", "w") as log:
+        proc = subprocess.Popen(["bash", "-c", "\n".join(block)], cwd=cwd, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def doc_files() -> list[str]:

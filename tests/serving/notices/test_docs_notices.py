@@ -4,17 +4,12 @@ the PS shard (poll 600 s) applies the trainer's delta at its Kafka notice."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import ROOT, doc_blocks, port_free
+from tests.helpers import ROOT, bash_block, doc_blocks, port_free
 
 DOC, HEADING, PORTS = "docs/serving.md", "Update notices", (50081, 9479)
 
@@ -27,12 +22,7 @@ def test_the_notices_lines_run_as_printed(tmp_path, trained):
     assert block[0].startswith("python -m serving.stream.mockbroker") and len(block) == 8
     shutil.copytree(trained[0], tmp_path / "artifacts")
     (tmp_path / "data").symlink_to(ROOT / "data")
-    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": str(ROOT)}  # fmt: skip
-    with open(tmp_path / "out.txt", "w") as log:  # a file: the block's background jobs keep it open
-        proc = subprocess.Popen(["bash", "-c", "\n".join(block)], cwd=tmp_path, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    try:
+    with bash_block(block, tmp_path) as proc:
         proc.wait(timeout=300)
         out = (tmp_path / "out.txt").read_text()
         assert proc.returncode == 0, out + (tmp_path / "ps.log").read_text()[-3000:]
@@ -42,7 +32,3 @@ def test_the_notices_lines_run_as_printed(tmp_path, trained):
         assert re.search(
             r'^recserve_delta_visible_seconds\{component="ps",seq="\d+",shard="0",version="1"\}', out, re.M
         ), out
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # the broker and the shard it started
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
