@@ -35,12 +35,11 @@ store's fewest bytes under each version CURRENT named: after its publish's reten
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 import os
 import shutil
-import signal
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -58,29 +57,33 @@ from loadtest.common import (
     CRITEO_SCHEMA,
     CRITEO_TEST,
     given_or_trained,
+    keep_work_flag,
     parse,
     parser,
     print_table,
     report_targets,
+    work_dir,
     write_results,
 )
 from loadtest.processes import grpc_serving, tree
 from loadtest.published import Published
 from loadtest.recorder import Recorder, Responses, rid_ints
 from loadtest.series import Series
-from loadtest.stream_roles import alive, until_ready
+from loadtest.stream_roles import alive, kill, start, trainer_roles, until_ready
 from loadtest.stream_topics import (
     JOINER_KAFKA,
+    JOINER_MEMBER,
     TOPICS,
     Collector,
     high_watermarks,
     impression_facts,
+    joiner_role,
     sample_facts,
     watermarks,
 )
 from loadtest.stream_users import UserModel, play
 from model_store.dense import AUTO
-from serving.rpc.procs import free_ports, spawn, stop_children
+from serving.rpc.procs import free_ports, stop_children
 from serving.scoring.client import requests_from_file
 from serving.stream import mockbroker
 
@@ -112,17 +115,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drift-period-s", type=float, default=120.0, help="(default: 120)")
     p.add_argument("--drift-weight", type=float, default=2.0, help="(default: 2)")
     p.add_argument("--sample-s", type=float, default=5.0, help="how often RSS and disk use are sampled")
+    p.add_argument(
+        "--standby",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the trainer with a warm standby, which takes over when it is killed (default: on)",
+    )
+    keep_work_flag(p)
     p.add_argument("--catch-up-s", type=float, default=180.0, help="most seconds to catch up at the end")
     args = parse(p, argv, {"minutes": 0.6, "window_min": 0.2, "rate": 4.0, "ts_rate": 2.0, "window_s": 4.0,
                            "drift_period_s": 12.0, "sample_s": 1.0, "catch_up_s": 90.0,
                            "full_every": "12s"})  # fmt: skip
-    work = Path(tempfile.mkdtemp(prefix="bench-soak-"))
-    try:
+    with work_dir("bench-soak", args.keep_work) as work:
         served = work / "served"
         shutil.copytree(given_or_trained(args.store, work), served)
         out = run(args, served / args.model, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     report(out, args)
     print(f"wrote {write_results('soak', out, args.results_dir)}")
     return 0
@@ -148,19 +155,18 @@ def run(args, model_dir: Path, work: Path) -> dict:
         es.callback(stack.stop)
         endpoint, lean = es.enter_context(lean_frontend(model_dir.parent, args.model, "colocated", None, work, AUTO,
                                                         1.0, ("--log-impressions", log_to, "--poll-s", "0.2")))  # fmt: skip
-        kafka_config = work / "joiner.properties"
-        kafka_config.write_text(JOINER_KAFKA)
-        metrics_port = free_ports(1)[0]  # the trainer's: its lag gauge says it is reading
         train = ["train", "--follow", str(model_dir), "--stream", f"kafka://{b}/samples", "--delta-interval-s",
                  f"{args.delta_interval_s:g}", "--dedup-window-s", f"{args.dedup_window_s:g}", "--batch-size",
-                 str(args.batch_size), "--metrics-port", str(metrics_port)]  # fmt: skip
+                 str(args.batch_size)]  # fmt: skip
         if args.full_every:
             train += ["--train-dense", "--full-every", args.full_every, "--keep-versions", str(args.keep_versions)]  # fmt: skip
-        roles = {"joiner": ["join", "--brokers", b, "--window-s", f"{args.window_s:g}", "--group", "bench-soak",
-                            "--kafka-config", str(kafka_config)], "trainer": train}  # fmt: skip
-        procs = {name: spawn(argv, work / f"{name}.log") for name, argv in roles.items()}
+        roles = {"joiner": joiner_role(b, args.window_s, "bench-soak", work)}
+        roles |= trainer_roles(train, free_ports(2), args.standby)
+        procs: dict = {}
+        for name in ("joiner", "trainer"):  # the standby once the trainer reads (until_ready)
+            start(roles, procs, work, name)
         es.callback(lambda: stop_children([p for p in procs.values() if p.poll() is None]))
-        until_ready(procs, work, metrics_port)
+        until_ready(roles, procs, work)
 
         def pids() -> dict[str, list[int]]:
             stacked = read_state(stack.run_dir).pids
@@ -198,10 +204,8 @@ def run(args, model_dir: Path, work: Path) -> dict:
                 behind = [max(0, lo - pos) for lo, pos in zip(low, published.positions(), strict=True)]
                 dropped = max(dropped, sum(behind))
             if name in procs:
-                os.killpg(procs[name].pid, signal.SIGKILL)
-                procs[name].wait()
                 kills.append({"name": name, "kill": time.time()})
-                procs[name] = spawn(roles[name], work / f"{name}.log")
+                kill(roles, procs, work, name)
             elif name:
                 kills.append(kill_and_watch(stack.run_dir, name, lambda _state: ps_ready()))
             if name:
@@ -215,7 +219,7 @@ def run(args, model_dir: Path, work: Path) -> dict:
         expected = expected_keys(impressions, args.window_s)
         catch_up_s = catch_up(args, watch, published, expected, joined)
         stop_users.set()
-        stop_children([procs["trainer"]], 60)  # SIGTERM: a last delta
+        stop_children([p for n, p in procs.items() if n != "joiner"], 60)  # SIGTERM: a last delta
         published.stop()
         series.halt()
         samples = sf.SampleLog.cat(joined.finish(watch))
@@ -325,6 +329,8 @@ def analyse(
             "full_every": args.full_every or None,
             "keep_versions": args.keep_versions,
             "joiner_kafka_config": JOINER_KAFKA.strip().replace("\n", ", "),
+            "joiner_member": JOINER_MEMBER,
+            "trainer_standby": args.standby,
             "drift_weight": args.drift_weight,
             "drift_period_s": args.drift_period_s,
             "click_delay_s": 2.0,

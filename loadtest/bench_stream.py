@@ -45,11 +45,9 @@ figures mean little).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import os
 import shutil
-import signal
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -60,23 +58,33 @@ import orjson
 import model_store as ms
 from loadtest import stream_figures as sf
 from loadtest.bench_e2e import lean_frontend, request_bodies, warm_up
-from loadtest.common import given_or_trained, parse, parser, report_targets, write_results
+from loadtest.common import (
+    given_or_trained,
+    keep_work_flag,
+    parse,
+    parser,
+    report_targets,
+    work_dir,
+    write_results,
+)
 from loadtest.paced import Paced, interleaved
 from loadtest.processes import Sampler
-from loadtest.stream_roles import LAG_GAUGE, alive, scrape, until_ready
+from loadtest.stream_roles import LAG_GAUGE, alive, kill, port_of, scrape, start, trainer_roles, until_ready
 from loadtest.stream_topics import (
     JOINER_KAFKA,
+    JOINER_MEMBER,
     TOPICS,
     Collector,
     high_watermarks,
     impression_facts,
+    joiner_role,
     sample_facts,
     watermarks,
 )
 from loadtest.stream_users import UserModel, play
 from model_store.deltas import DeltaManifest, last_record, read_delta
 from model_store.dense import AUTO
-from serving.rpc.procs import free_ports, spawn, stop_children
+from serving.rpc.procs import free_ports, stop_children
 from serving.stream import mockbroker
 from serving.stream.records import Event
 
@@ -160,17 +168,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-rate", type=float, default=50.0, help="requests/s of the log on/off phases")
     p.add_argument("--log-phase-s", type=float, default=10.0, help="seconds of one log on/off phase")
     p.add_argument("--log-rounds", type=int, default=6, help="log on/off phases of each side")
+    p.add_argument(
+        "--standby",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the trainer with a warm standby, which takes over when it is killed (default: on)",
+    )
+    keep_work_flag(p)
     p.add_argument("--catch-up-s", type=float, default=300.0, help="most seconds to catch up at the end")
     args = parse(p, argv, {"minutes": 0.4, "rate": 4.0, "window_s": 4.0, "drift_period_s": 12.0,
                            "catch_up_s": 90.0, "log_rate": 10.0, "log_phase_s": 2.0, "log_rounds": 2})  # fmt: skip
-    work = Path(tempfile.mkdtemp(prefix="bench-stream-"))
-    try:
+    with work_dir("bench-stream", args.keep_work) as work:
         store = given_or_trained(args.store, work)
         served = work / "served"
         shutil.copytree(store, served)
         out = run(args, served / args.model, work, args.minutes * 60)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     auc = out["progressive_auc"]
     ok = {"no_duplicates": out["duplicate_samples"] == 0, "no_lost": out["lost_samples"] == 0,
           f"logging_p99_ratio_le_{LOG_RATIO_TARGET}": (out["logging_p99_ratio"] or 99) <= LOG_RATIO_TARGET}  # fmt: skip
@@ -200,18 +212,14 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         twin, _ = es.enter_context(lean_frontend(model_dir.parent, args.model, "colocated", None, work / "off",
                                                  AUTO, 1.0))  # fmt: skip
         frozen_scores, seq0 = first_scores(endpoint, body)
-        joiner_kafka = work / "joiner-kafka.conf"
-        joiner_kafka.write_text(JOINER_KAFKA)
-        metrics_port = free_ports(1)[0]
-        roles = {
-            "joiner": ["join", "--brokers", b, "--window-s", f"{args.window_s:g}", "--group", "bench-stream",
-                       "--kafka-config", str(joiner_kafka)],
-            "trainer": ["train", "--follow", str(model_dir), "--stream", f"kafka://{b}/samples",
-                        "--delta-interval-s", f"{args.delta_interval_s:g}", "--lr", f"{args.lr:g}",
-                        "--dedup-window-s", f"{args.dedup_window_s:g}", "--batch-size", str(args.batch_size),
-                        "--metrics-port", str(metrics_port)],
-        }  # fmt: skip
-        procs = {name: spawn(argv, work / f"{name}.log") for name, argv in roles.items()}
+        train = ["train", "--follow", str(model_dir), "--stream", f"kafka://{b}/samples", "--delta-interval-s",
+                 f"{args.delta_interval_s:g}", "--lr", f"{args.lr:g}", "--dedup-window-s", f"{args.dedup_window_s:g}",
+                 "--batch-size", str(args.batch_size)]  # fmt: skip
+        roles = {"joiner": joiner_role(b, args.window_s, "bench-stream", work)}
+        roles |= trainer_roles(train, free_ports(2), args.standby)
+        procs: dict = {}
+        for name in ("joiner", "trainer"):  # the standby once the trainer reads (until_ready)
+            start(roles, procs, work, name)
         es.callback(lambda: stop_children([p for p in procs.values() if p.poll() is None]))
         model = UserModel(delay_s=2.0, drift_weight=args.drift_weight, drift_period_s=args.drift_period_s)
         clicks, stop_users = Clicks(), threading.Event()
@@ -230,7 +238,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         kills: dict[str, float] = {}
         print(f"load {args.rate:g} rps for {duration:.0f} s; trainer killed at {duration / 3:.0f} s, "
               f"joiner at {2 * duration / 3:.0f} s", flush=True)  # fmt: skip
-        until_ready(procs, work, metrics_port)
+        until_ready(roles, procs, work)
         with Sampler(lambda: [p.pid for p in procs.values() if p.poll() is None], 1.0) as sampler:
             t0, wall0 = time.monotonic(), time.time()
             with Paced(endpoint, body, args.rate) as load:
@@ -240,22 +248,20 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
                         low, high = watermarks(watch, "samples")
                         pos = trained_offsets(vdir)
                         lags.append(sum(high) - sum(pos))
-                        if (g := scrape(metrics_port, LAG_GAUGE)) is not None:
+                        if (g := scrape(port_of(roles["trainer"]), LAG_GAUGE)) is not None:
                             gauge.append(g)
                         trimmed = max(trimmed, sum(max(0, lo - a) for lo, a in zip(low, pos, strict=True)))
                         alive(procs, work)
                     if name:
                         kills[name] = time.time()
-                        os.killpg(procs[name].pid, signal.SIGKILL)
-                        procs[name].wait()
+                        kill(roles, procs, work, name)
                         print(f"  {time.monotonic() - t0:.0f} s: {name} SIGKILLed, restarted", flush=True)
-                        procs[name] = spawn(roles[name], work / f"{name}.log")
             load_s, load_end = time.monotonic() - t0, time.time()
             imps = [i for part in collectors["impressions"].finish(watch) for i in part]
             expected = expected_keys(imps, args.window_s)
             catch_up_s = catch_up(args, watch, vdir, load_s + t0, expected, collectors["samples"])
             stop_users.set()
-            stop_children([procs["trainer"]], 60)  # SIGTERM: a last delta
+            stop_children([p for n, p in procs.items() if n != "joiner"], 60)  # SIGTERM: a last delta
         samples = sf.SampleLog.cat(collectors["samples"].finish(watch))
         watch.close()
         users.join(30)
@@ -357,6 +363,8 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
             "dedup_window_s": args.dedup_window_s,
             "partitions": TOPICS,
             "joiner_kafka_config": JOINER_KAFKA.strip(),
+            "joiner_member": JOINER_MEMBER,
+            "trainer_standby": args.standby,
             "kills": "trainer SIGKILL at 1/3, joiner at 2/3, each restarted at once",
             "frozen": "the start's version: its scores of the 200 items on the samples of each delta",
             "auc": "progressive, per delta, weighted by samples",

@@ -8,13 +8,16 @@ little (``tests/loadtest/test_bench_*.py`` run every bench so in ``make test``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,24 @@ def parser(doc: str | None, **kw: Any) -> argparse.ArgumentParser:
         "--results-dir", type=Path, default=RESULTS, help=f"where the JSON goes (default {RESULTS})"
     )
     return p
+
+
+def keep_work_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keep-work", action="store_true", help="keep the work dir (the roles' logs, the store)")
+
+
+@contextlib.contextmanager
+def work_dir(name: str, keep: bool) -> Iterator[Path]:
+    """A scratch directory for a bench's run, removed after it unless ``keep`` (``--keep-work``:
+    its path is printed, for the roles' logs)."""
+    work = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    try:
+        yield work
+    finally:
+        if keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def parse(p: argparse.ArgumentParser, argv: list[str] | None, quick: dict[str, Any]) -> argparse.Namespace:

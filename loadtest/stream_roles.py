@@ -1,25 +1,74 @@
-"""The stream's roles in a bench (``recserve join``, ``recserve train --follow``, spawned by the
-bench as processes of their own, each logging to ``<work>/<name>.log``): ready, alive, and what
-their /metrics say. Shared by bench-stream and bench-soak."""
+"""The stream's roles in a bench (``recserve join``, ``recserve train --follow`` and its warm
+standby, spawned by the bench as processes of their own, each logging to ``<work>/<role>.log``):
+ready, alive, killed and replaced, and what their /metrics say. Shared by bench-stream and
+bench-soak."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 from loadtest.processes import log_excerpt, wait_for
+from serving.rpc.procs import spawn
 
 LAG_GAUGE = "recserve_follow_lag_samples"
 """The trainer's consumer lag on its /metrics (samples after those it trained, at its last look)."""
+STANDBY = "trainer-standby"
+"""A second trainer of the model (training/standby.py): it takes over when the trainer dies."""
+STANDBY_GAUGE = "recserve_follow_standby"
 
 
-def until_ready(procs: dict, work: Path, metrics_port: int, timeout_s: float = 120.0) -> None:
-    """Return once the joiner holds its partitions (its log says so) and the trainer has read (its
-    lag gauge is up): the load starts then, as a deployment starts them before its traffic. Their
-    restarts are what the kills measure."""
-    joined = work / "joiner.log"
+def log_of(work: Path, name: str) -> Path:
+    """A role's log; the trainer and its standby share ``trainer.log`` (either may be the trainer)."""
+    return work / f"{name.partition('-')[0]}.log"
+
+
+def trainer_roles(argv: list[str], ports: list[int], standby: bool) -> dict[str, list[str]]:
+    """The trainer's command with its own /metrics port, and its standby's with another."""
+    roles = {"trainer": [*argv, "--metrics-port", str(ports[0])]}
+    return roles | ({STANDBY: [*argv, "--metrics-port", str(ports[1])]} if standby else {})
+
+
+def port_of(argv: list[str]) -> int:
+    return int(argv[argv.index("--metrics-port") + 1])
+
+
+def start(roles: dict[str, list[str]], procs: dict, work: Path, name: str) -> None:
+    procs[name] = spawn(roles[name], log_of(work, name))
+
+
+def standing_by(roles: dict[str, list[str]], procs: dict, work: Path, timeout_s: float = 120.0) -> None:
+    """Start the trainer's standby (if the bench runs one) and return once it stands by."""
+    if STANDBY not in roles:
+        return
+    start(roles, procs, work, STANDBY)
+    port = port_of(roles[STANDBY])
+    wait_for(lambda: scrape(port, STANDBY_GAUGE) == 1.0, timeout_s, "the trainer's standby standing by",
+             [(n, p, log_of(work, n)) for n, p in procs.items()])  # fmt: skip
+
+
+def kill(roles: dict[str, list[str]], procs: dict, work: Path, name: str) -> None:
+    """SIGKILL role ``name`` and start it again at once. The trainer's standby, if it runs, takes
+    over instead, and a new standby starts (on the killed trainer's port)."""
+    os.killpg(procs[name].pid, signal.SIGKILL)
+    procs[name].wait()
+    if name == "trainer" and STANDBY in procs:
+        procs["trainer"] = procs.pop(STANDBY)
+        roles["trainer"], roles[STANDBY] = roles[STANDBY], roles["trainer"]
+        name = STANDBY
+    start(roles, procs, work, name)
+
+
+def until_ready(roles: dict[str, list[str]], procs: dict, work: Path, timeout_s: float = 120.0) -> None:
+    """Return once the joiner holds its partitions (its log says so), the trainer has read (its
+    lag gauge is up) and its standby, if any, stands by: the load starts then, as a deployment
+    starts them before its traffic. Their restarts are what the kills measure."""
+    joined, port = log_of(work, "joiner"), port_of(roles["trainer"])
     wait_for(lambda: "join: assigned partitions" in joined.read_text(errors="replace")
-             and scrape(metrics_port, LAG_GAUGE) is not None, timeout_s, "joiner assigned and trainer reading",
-             [(n, p, work / f"{n}.log") for n, p in procs.items()])  # fmt: skip
+             and scrape(port, LAG_GAUGE) is not None, timeout_s, "joiner assigned and trainer reading",
+             [(n, p, log_of(work, n)) for n, p in procs.items()])  # fmt: skip
+    standing_by(roles, procs, work, timeout_s)
 
 
 def alive(procs: dict, work: Path) -> None:
@@ -27,7 +76,7 @@ def alive(procs: dict, work: Path) -> None:
     for name, proc in procs.items():
         if proc.poll() is not None:
             raise RuntimeError(
-                f"the {name} exited ({proc.returncode}) by itself:\n{log_excerpt(work / f'{name}.log')}"
+                f"the {name} exited ({proc.returncode}) by itself:\n{log_excerpt(log_of(work, name))}"
             )
 
 

@@ -5,6 +5,7 @@ from the start (``Collector``), reduced to the facts the figures need as each ba
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import numpy as np
 
@@ -17,11 +18,21 @@ TOPICS = {"impressions": 16, "events": 16, "samples": 16, "samples.dead": 4, "jo
 ``rdkafka_mock.c``, not configurable): 16 partitions, and the joiner compresses its samples (lz4),
 so that a few minutes of impressions and about two of samples stay readable by a joiner or a
 trainer that lags (a killed joiner's successor starts at offsets committed before the kill)."""
-JOINER_KAFKA = "compression.type=lz4\nsession.timeout.ms=6000\nheartbeat.interval.ms=1000\n"
-"""The joiner's librdkafka settings (``--kafka-config``): lz4 samples, and its partitions back to a
-successor 6 s after it is killed (the broker's least; the default, 45 s, leaves nothing joined
-meanwhile). A static member id (``group.instance.id``) did not shorten it on the mock cluster: the
-restarted joiner got its partitions 10 s after the kill, as without."""
+JOINER_KAFKA = "compression.type=lz4\n"
+"""The joiner's librdkafka settings (``--kafka-config``): lz4 samples (the mock cluster keeps 5 MB
+a partition)."""
+JOINER_MEMBER = "0/1"
+"""The benches' joiner is a static member (``--member``): a SIGKILLed one's successor reads again at
+once. As a group member it waited out the session timeout (6 s at the least) and a rebalance: 10-11
+s after the kill here, with or without a static member id (``group.instance.id``)."""
+
+
+def joiner_role(brokers: str, window_s: float, group: str, work: Path) -> list[str]:
+    """``recserve join``'s arguments in a bench (its settings file written into ``work``)."""
+    settings = work / "joiner-kafka.conf"
+    settings.write_text(JOINER_KAFKA)
+    return ["join", "--brokers", brokers, "--window-s", f"{window_s:g}", "--group", group,
+            "--member", JOINER_MEMBER, "--kafka-config", str(settings)]  # fmt: skip
 
 
 class Collector(threading.Thread):

@@ -51,7 +51,7 @@ from torch import nn
 import model_store as ms
 from features.schema import Schema, load_schema
 from features.transform import FeatureError, transform
-from serving import notices
+from serving import memory, notices
 from training import data, follow_tables, sources
 from training.cluster import Cluster
 from training.config import FollowConfig
@@ -60,6 +60,7 @@ from training.full_version import FrozenDense, FullVersions, load_frozen_dense
 from training.progressive import Score
 from training.sources import TICK, Chunk, Reading
 from training.sources.ledger import Ledger, ledger_path
+from training.standby import FollowLock, stand_by
 from training.stream_book import StreamBook
 from training.stream_ranks import Ranks, cut_together
 from training.stream_steps import KeyedSteps
@@ -133,12 +134,17 @@ class FollowTrainer:
         self.keyed = KeyedSteps(self.book, self.ledger, cfg.batch_size)
         self._first_rows: float | None = None  # when the first rows were read
         self.announcer = notices.announcer(cfg.announce)  # each delta's _SUCCESS, told to serving
+        self.lock: FollowLock | None = None  # held while writing deltas (training/standby.py)
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> FollowResult:
         t0 = self.clock()
         deadline = t0 + self.cfg.max_seconds if self.cfg.max_seconds else float("inf")
         self._follow_current()
+        if self.job.world == 1:  # one writer of the model's deltas; another trainer stands by
+            self.lock = self.lock or FollowLock(Path(self.cfg.follow))
+            if not self.lock.take() and not stand_by(self, self.lock, stop):
+                return self.result
         lv = self.loaded
         assert lv is not None  # _follow_current loads one or raises
         reading = Reading(lv.schema, poll_s=self.cfg.poll_s, once=self.cfg.once, batch_rows=self.cfg.batch_size,
@@ -185,6 +191,36 @@ class FollowTrainer:
         if self.full is not None:
             r.full_versions, r.refused_versions = self.full.published, self.full.refused
         return self.result
+
+    def keep_up(self) -> int:
+        """A standby's look: a new CURRENT loaded (nothing cut: the deltas are not ours to write),
+        else the served version's new deltas applied. Returns the deltas applied."""
+        lv = self.loaded
+        assert lv is not None and self.job.world == 1
+        version = ms.current(self.cfg.store, self.cfg.model)
+        if version and version != lv.version and version not in self._refused:
+            try:
+                new = self._load(version)
+            except (ms.ModelStoreError, OSError, ValueError) as e:
+                log.error(
+                    "CURRENT moved to %s, which cannot be loaded (%s): staying on %s", version, e, lv.version
+                )
+                self._refused.add(version)
+                return 0
+            self._unload()
+            self.loaded, self.result.version = new, version
+            return 0
+        return follow_tables.apply_deltas(lv.vdir, lv.cluster.stores)
+
+    def take_over(self) -> None:
+        """A standby with the lock: resume where the last delta (or a file source's ledger) says."""
+        lv = self.loaded
+        assert lv is not None
+        self.ledger.reload()
+        self.book.resume(lv.vdir, self.ledger)
+        if self.full is not None:
+            self.full.restart()
+        self._last_cut = self.clock()
 
     def _follow_current(self) -> None:
         """Load CURRENT's version at the start; later, move to a new CURRENT. A new version that
@@ -379,10 +415,15 @@ class FollowTrainer:
                 lv.ctx.close()
             finally:
                 lv.cluster.close()
+            del lv
+            memory.trim()  # the old version's tables, back to the system (serving/memory.py)
 
     def close(self) -> None:
+        if self.lock is not None:
+            self.lock.close()
         if self.announcer is not None:
             self.announcer.close()
+            self.announcer = None
         self.book.close()
         self._unload()
 

@@ -55,19 +55,17 @@ def embedded(store: StoreConfig, num_shards: int, vdir: Path, version: str, sche
     for s in stores:
         s.load(vdir / "embeddings")
         s.version = version  # deltas carry base_version = the served version
-    _apply_existing_deltas(vdir, stores)
+    apply_deltas(vdir, stores)
     return Cluster(
         EmbeddingWorker([InProcessShard(s) for s in stores], schema, worker), num_shards, stores=stores
     )
 
 
-def _apply_existing_deltas(vdir: Path, stores: list) -> int:
+def apply_deltas(vdir: Path, stores: list) -> int:
     """Bring the stores to what serving holds: every complete delta after the full dump's seq, in
     order (a gap or a delta of another version is refused by the store). Returns deltas applied."""
     applied = 0
-    for seq in ms.list_deltas(vdir):
-        if seq <= stores[0].delta_seq:
-            continue
+    for seq in ms.list_deltas(vdir, after=stores[0].delta_seq):
         for store in stores:
             store.apply_delta(ms.delta_dir(vdir, seq))
         applied += 1

@@ -165,6 +165,10 @@ class FullVersions:
             self.window.served.append(sigmoid(logits[1].detach().cpu().numpy()))
         return logits[0]
 
+    def restart(self) -> None:
+        """The period starts now (a standby taking over, as a restarted trainer)."""
+        self._since, self._deltas = self.clock(), 0
+
     def due(self, deltas_cut: int) -> bool:
         """A period passed and samples were trained since the last full version (nothing new: no
         new version)."""

@@ -47,7 +47,12 @@ class JoinConfig:
     dead_letter: str = "join-dead-letter"
     """Topic malformed input records go to, with headers naming the error and the source."""
     group: str = "recserve-join"
-    """Consumer group: N joiners in one group split the partitions."""
+    """Consumer group: N joiners in one group split the partitions (the group also holds the
+    committed offsets with --member)."""
+    member: str = ""
+    """I/N: this joiner takes the partitions p with p % N == I itself, no group rebalancing, so a
+    restarted joiner reads again at once instead of after the group's session timeout (run N of
+    them, one per I: a StatefulSet's ordinals). '': the group splits the partitions."""
     window_s: float = 300.0
     """An event counts for an impression up to this long (event time) after it was scored."""
     kafka_config: str = ""
@@ -66,6 +71,16 @@ class JoinConfig:
             raise ValueError(f"window_s must be > 0, got {self.window_s}")
         if self.batch < 1 or self.commit_every_s <= 0:
             raise ValueError("batch must be >= 1 and commit_every_s > 0")
+        self.members()  # checks the form
         names = [self.impressions, self.events, self.samples, self.dead_letter]
         if len(set(names)) != len(names) or not all(names):
             raise ValueError(f"the four topics must be named and distinct, got {names}")
+
+    def members(self) -> tuple[int, int] | None:
+        """``member`` as (I, N); None without one. ValueError unless 0 <= I < N."""
+        if not self.member:
+            return None
+        i, sep, n = self.member.partition("/")
+        if not (sep and i.isdigit() and n.isdigit() and int(i) < int(n)):
+            raise ValueError(f"member must be I/N with 0 <= I < N (e.g. 0/2), got {self.member!r}")
+        return int(i), int(n)

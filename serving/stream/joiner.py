@@ -6,8 +6,10 @@ Start-up, in order:
    impression and events are in the same partition number: both keyed by request id, produced
    with the same partitioner), samples and dead-letter exist;
 2. subscribe with the ``range`` assignor, which gives a member the same partition numbers of both
-   topics; each assigned partition gets a fresh join, which rebuilds its open windows by reading
-   from the group's committed offsets;
+   topics; or, with ``--member I/N``, assign itself the partitions p % N == I of both (no
+   rebalancing: a restart reads again at once, where a group hands a dead member's partitions on
+   only after its session timeout). Each partition gets a fresh join, which rebuilds its open
+   windows by reading from the group's committed offsets;
 3. loop: consume a batch, join it, close the windows the watermark passed, produce, serve delivery
    callbacks (each acknowledges a sample to its join), and every ``commit_every_s`` commit each
    input's ``committable`` offset -- only ever records whose samples are all acknowledged.
@@ -51,6 +53,8 @@ class Joiner:
                                   "auto.offset.reset": "earliest", "enable.partition.eof": True,
                                   "partition.assignment.strategy": "range", **common})  # fmt: skip
         self._topics = (cfg.impressions, cfg.events)
+        self.partitions = 0
+        """The inputs' partition count (``check_topics``)."""
         if registry is not None:
             registry.register(_Collector(self))
 
@@ -69,13 +73,25 @@ class Joiner:
         counts = {t: len(topics[t].partitions) for t in self._topics}
         if len(set(counts.values())) != 1:
             raise JoinError(f"impressions and events must have the same number of partitions, got {counts}")
-        return counts[c.impressions]
+        self.partitions = counts[c.impressions]
+        members = c.members()
+        if members is not None and members[0] >= self.partitions:
+            raise JoinError(f"member {c.member} has no partition: the inputs have {self.partitions}")
+        return self.partitions
 
     # --- the loop ------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Join until ``stop`` is set (then flush and commit) or a delivery fails (JoinError)."""
-        self.consumer.subscribe(list(self._topics), on_assign=self._assigned, on_revoke=self._revoked,
-                                on_lost=self._lost)  # fmt: skip
+        members = self.cfg.members()
+        if members is None:
+            self.consumer.subscribe(list(self._topics), on_assign=self._assigned, on_revoke=self._revoked,
+                                    on_lost=self._lost)  # fmt: skip
+        else:  # at the group's committed offsets (auto.offset.reset where none is)
+            i, n = members
+            mine = [TopicPartition(t, p) for t in self._topics for p in range(self.partitions or self.check_topics())
+                    if p % n == i]  # fmt: skip
+            self._assigned(self.consumer, mine)
+            self.consumer.assign(mine)
         last_commit = last_log = time.monotonic()
         try:
             while not stop.is_set() and not self.fatal:

@@ -187,7 +187,10 @@ def test_one_streaming_trainer_and_the_joiners_read_the_kafka_bootstrap_from_one
     objs = documents(KUBE / directory)
     by_name = {o["metadata"]["name"]: o for o in workloads(objs)}
     follow, join = by_name["follow"], by_name["join"]
-    assert (follow["kind"], follow["spec"]["replicas"], join["kind"]) == ("StatefulSet", 1, "Deployment")
+    assert (follow["kind"], follow["spec"]["replicas"], join["kind"]) == ("StatefulSet", 1, "StatefulSet")
+    (join_container,) = join["spec"]["template"]["spec"]["containers"]
+    joiners = {e["name"]: e.get("value") for e in join_container["env"]}["JOINERS"]
+    assert joiners == str(join["spec"]["replicas"])  # every partition has its member
     assert [t["metadata"]["name"] for t in follow["spec"]["volumeClaimTemplates"]] == ["state"]
     for workload, flag in ((follow, "--stream"), (join, "--brokers")):
         (container,) = workload["spec"]["template"]["spec"]["containers"]

@@ -1,5 +1,6 @@
 """loadtest/stream_roles.py: a role's metric read off its /metrics, none from a port nobody
-answers; a role that exited by itself stops the bench with its log; ready waits on both facts."""
+answers; a role that exited by itself stops the bench with its log; ready waits on both facts; a
+killed trainer's standby becomes the trainer and a new standby takes the dead one's port."""
 
 import subprocess
 import sys
@@ -7,7 +8,8 @@ import sys
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from loadtest.stream_roles import LAG_GAUGE, alive, scrape, until_ready
+from loadtest import stream_roles
+from loadtest.stream_roles import LAG_GAUGE, STANDBY, alive, scrape, until_ready
 from serving.rpc.procs import free_ports
 
 
@@ -34,4 +36,34 @@ def test_a_role_that_exited_by_itself_stops_the_bench_with_its_log(tmp_path):
     ):
         alive({"joiner": proc}, tmp_path)
     with pytest.raises(RuntimeError, match="ValueError: bad window"):  # not ready: it died first
-        until_ready({"joiner": proc}, tmp_path, free_ports(1)[0], timeout_s=5)
+        until_ready({"trainer": ["train", "--metrics-port", str(free_ports(1)[0])]}, {"joiner": proc}, tmp_path,
+                    timeout_s=5)  # fmt: skip
+
+
+def test_a_killed_trainer_s_standby_trains_on_and_a_new_standby_starts(tmp_path, monkeypatch):
+    started = []
+
+    def spawn(argv, log):  # a process of its own session, as serving.rpc.procs.spawn starts them
+        started.append((argv, log))
+        return subprocess.Popen(["sleep", "60"], start_new_session=True)
+
+    monkeypatch.setattr(stream_roles, "spawn", spawn)
+    roles = stream_roles.trainer_roles(["train", "--follow", "m"], [1001, 1002], standby=True)
+    assert roles == {"trainer": ["train", "--follow", "m", "--metrics-port", "1001"],
+                     STANDBY: ["train", "--follow", "m", "--metrics-port", "1002"]}  # fmt: skip
+    procs: dict = {}
+    try:
+        for name in ("trainer", STANDBY):
+            stream_roles.start(roles, procs, tmp_path, name)
+        first, second = procs["trainer"], procs[STANDBY]
+        stream_roles.kill(roles, procs, tmp_path, "trainer")
+        assert first.returncode == -9 and procs["trainer"] is second and procs[STANDBY].poll() is None
+        assert stream_roles.port_of(roles["trainer"]) == 1002 and started[-1] == (
+            roles[STANDBY],
+            tmp_path / "trainer.log",
+        )
+        assert stream_roles.port_of(roles[STANDBY]) == 1001
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()

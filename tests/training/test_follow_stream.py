@@ -300,3 +300,57 @@ def test_two_ranks_split_the_partitions_and_train_every_sample_once(kafka, store
     in_part = [sum(int(r[0].rpartition("-")[2]) % 4 == p for r in first + first + more) for p in range(4)]
     assert last.positions == {f"{topic}/{p}": in_part[p] for p in range(4)}
     assert {s.delta_seq for s in _serving_stores(store)} == {int(ddir.name)}  # serving applies them
+
+
+def test_a_second_trainer_stands_by_and_takes_over_where_the_first_stopped(kafka, store):  # noqa: F811
+    """The first trainer holds the model's lock; the second keeps its tables at the newest delta
+    without reading or writing, and when the first is gone it trains on from its last delta:
+    every sample trained once, the deltas' sequence unbroken."""
+    topic = _topic(kafka, "samples-standby")
+    spec = f"kafka://{kafka.bootstrap}/{topic}"
+    batches = [records(_schema(store), 100, per_request=20, prefix=p) for p in ("a", "b", "c")]
+    ports = free_port(), free_port()
+
+    def trained() -> int:
+        return sum(r.samples for _, r in _published(store))
+
+    def metric(port: int, name: str) -> str:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        return next((ln.split()[-1] for ln in body.splitlines() if ln.startswith(name + " ")), "")
+
+    produce(kafka.bootstrap, topic, batches[0])
+    stops = threading.Event(), threading.Event()
+    results: list = [None, None]
+    with FollowTrainer(_cfg(store, spec, delta_interval_s=0.2, metrics_port=ports[0])) as first, \
+            FollowTrainer(_cfg(store, spec, delta_interval_s=0.2, metrics_port=ports[1])) as second:  # fmt: skip
+
+        def run(i: int, trainer: FollowTrainer) -> None:
+            results[i] = trainer.run(stops[i])
+            if i == 0:
+                trainer.close()  # lets go of the lock, as a process's exit does
+
+        threads = [
+            threading.Thread(target=run, args=(i, t), daemon=True) for i, t in enumerate((first, second))
+        ]
+        threads[0].start()
+        wait_until(lambda: trained() == 100, 60, "the first trainer's deltas")
+        threads[1].start()
+        wait_until(lambda: metric(ports[1], "recserve_follow_standby") == "1.0", 60, "the second standing by")
+        produce(kafka.bootstrap, topic, batches[1])
+        wait_until(lambda: trained() == 200, 60, "the first trainer's next deltas")
+        newest = int(_published(store)[-1][0].name)
+        wait_until(
+            lambda: second.loaded.cluster.stores[0].delta_seq == newest, 30, "the standby at the newest delta"
+        )
+        stops[0].set()
+        threads[0].join(60)
+        produce(kafka.bootstrap, topic, batches[2])
+        wait_until(lambda: trained() == 300, 60, "the second trainer's deltas")
+        assert metric(ports[1], "recserve_follow_standby") == "0.0"
+        stops[1].set()
+        threads[1].join(60)
+    assert results[0].rows == 200 and results[1].rows == 100 and results[1].duplicates == 0
+    published = _published(store)
+    assert [int(d.name) for d, _ in published] == list(range(len(published)))  # one writer at a time
+    ddir, last = published[-1]
+    assert sorted(map(key, read_keys(ddir, last)[0])) == sorted((r[0], r[1]) for b in batches for r in b)

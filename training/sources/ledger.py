@@ -29,6 +29,11 @@ class Ledger:
         self.units: dict[str, dict] = self._read()  # unit -> {"rows", "done"[, "error"]}
         self.progress: dict[str, dict] = {}  # entries changed since the last commit
 
+    def reload(self) -> None:
+        """Read the file again, dropping what is not committed (a standby taking over: the file is
+        its predecessor's)."""
+        self.units, self.progress = self._read(), {}
+
     def row(self, unit: str) -> int:
         """Rows of ``unit`` consumed: where reading it resumes."""
         return int(self._current(unit).get("rows", 0))

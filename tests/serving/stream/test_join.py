@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from serving.stream.config import JoinConfig
 from serving.stream.join import EVENTS, IMPRESSIONS, JoinCounts, PartitionJoin
 from serving.stream.records import decode_sample
 from tests.serving.stream.helpers import N_ITEMS, event, impression
@@ -113,6 +114,13 @@ def test_the_watermark_waits_for_an_input_that_is_neither_read_nor_caught_up():
 def test_window_must_be_positive():
     with pytest.raises(ValueError, match="window_s must be > 0"):
         PartitionJoin(window_s=0, counts=JoinCounts())
+
+
+@pytest.mark.parametrize("member", ["1", "2/2", "-1/2", "a/b", "1/"])
+def test_a_static_member_must_be_i_of_n(member):
+    assert JoinConfig(member="1/3").members() == (1, 3) and JoinConfig().members() is None
+    with pytest.raises(ValueError, match="member must be I/N"):
+        JoinConfig(member=member)
 
 
 def test_an_ack_from_before_the_partition_was_assigned_again_is_ignored(join):
