@@ -311,7 +311,7 @@ def test_a_second_trainer_stands_by_and_takes_over_where_the_first_stopped(kafka
     batches = [records(_schema(store), 100, per_request=20, prefix=p) for p in ("a", "b", "c")]
     ports = free_port(), free_port()
 
-    def trained() -> int:
+    def samples_in_deltas() -> int:
         return sum(r.samples for _, r in _published(store))
 
     def metric(port: int, name: str) -> str:
@@ -333,11 +333,11 @@ def test_a_second_trainer_stands_by_and_takes_over_where_the_first_stopped(kafka
             threading.Thread(target=run, args=(i, t), daemon=True) for i, t in enumerate((first, second))
         ]
         threads[0].start()
-        wait_until(lambda: trained() == 100, 60, "the first trainer's deltas")
+        wait_until(lambda: samples_in_deltas() == 100, 60, "the first trainer's deltas")
         threads[1].start()
         wait_until(lambda: metric(ports[1], "recserve_follow_standby") == "1.0", 60, "the second standing by")
         produce(kafka.bootstrap, topic, batches[1])
-        wait_until(lambda: trained() == 200, 60, "the first trainer's next deltas")
+        wait_until(lambda: samples_in_deltas() == 200, 60, "the first trainer's next deltas")
         newest = int(_published(store)[-1][0].name)
         wait_until(
             lambda: second.loaded.cluster.stores[0].delta_seq == newest, 30, "the standby at the newest delta"
@@ -345,7 +345,7 @@ def test_a_second_trainer_stands_by_and_takes_over_where_the_first_stopped(kafka
         stops[0].set()
         threads[0].join(60)
         produce(kafka.bootstrap, topic, batches[2])
-        wait_until(lambda: trained() == 300, 60, "the second trainer's deltas")
+        wait_until(lambda: samples_in_deltas() == 300, 60, "the second trainer's deltas")
         assert metric(ports[1], "recserve_follow_standby") == "0.0"
         stops[1].set()
         threads[1].join(60)
