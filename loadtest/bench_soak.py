@@ -35,7 +35,6 @@ store's fewest bytes under each version CURRENT named: after its publish's reten
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import os
@@ -69,7 +68,7 @@ from loadtest.processes import grpc_serving, tree
 from loadtest.published import Published
 from loadtest.recorder import Recorder, Responses, rid_ints
 from loadtest.series import Series
-from loadtest.stream_roles import alive, kill, start, trainer_roles, until_ready
+from loadtest.stream_roles import alive, kill, standby_flag, start, trainer_roles, until_ready
 from loadtest.stream_topics import (
     JOINER_KAFKA,
     JOINER_MEMBER,
@@ -115,12 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drift-period-s", type=float, default=120.0, help="(default: 120)")
     p.add_argument("--drift-weight", type=float, default=2.0, help="(default: 2)")
     p.add_argument("--sample-s", type=float, default=5.0, help="how often RSS and disk use are sampled")
-    p.add_argument(
-        "--standby",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run the trainer with a warm standby, which takes over when it is killed (default: on)",
-    )
+    standby_flag(p)
     keep_work_flag(p)
     p.add_argument("--catch-up-s", type=float, default=180.0, help="most seconds to catch up at the end")
     args = parse(p, argv, {"minutes": 0.6, "window_min": 0.2, "rate": 4.0, "ts_rate": 2.0, "window_s": 4.0,

@@ -45,7 +45,6 @@ figures mean little).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import shutil
 import threading
@@ -69,7 +68,17 @@ from loadtest.common import (
 )
 from loadtest.paced import Paced, interleaved
 from loadtest.processes import Sampler
-from loadtest.stream_roles import LAG_GAUGE, alive, kill, port_of, scrape, start, trainer_roles, until_ready
+from loadtest.stream_roles import (
+    LAG_GAUGE,
+    alive,
+    kill,
+    port_of,
+    scrape,
+    standby_flag,
+    start,
+    trainer_roles,
+    until_ready,
+)
 from loadtest.stream_topics import (
     JOINER_KAFKA,
     JOINER_MEMBER,
@@ -168,12 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-rate", type=float, default=50.0, help="requests/s of the log on/off phases")
     p.add_argument("--log-phase-s", type=float, default=10.0, help="seconds of one log on/off phase")
     p.add_argument("--log-rounds", type=int, default=6, help="log on/off phases of each side")
-    p.add_argument(
-        "--standby",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run the trainer with a warm standby, which takes over when it is killed (default: on)",
-    )
+    standby_flag(p)
     keep_work_flag(p)
     p.add_argument("--catch-up-s", type=float, default=300.0, help="most seconds to catch up at the end")
     args = parse(p, argv, {"minutes": 0.4, "rate": 4.0, "window_s": 4.0, "drift_period_s": 12.0,

@@ -5,6 +5,7 @@ bench-soak."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 from pathlib import Path
@@ -17,6 +18,11 @@ LAG_GAUGE = "recserve_follow_lag_samples"
 STANDBY = "trainer-standby"
 """A second trainer of the model (training/standby.py): it takes over when the trainer dies."""
 STANDBY_GAUGE = "recserve_follow_standby"
+
+
+def standby_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--standby", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the trainer with a warm standby, which takes over when it is killed (default: on)")  # fmt: skip
 
 
 def log_of(work: Path, name: str) -> Path:

@@ -419,6 +419,8 @@ class FollowTrainer:
             memory.trim()  # the old version's tables, back to the system (serving/memory.py)
 
     def close(self) -> None:
+        if self.full is not None:
+            self.full.settle()
         if self.lock is not None:
             self.lock.close()
         if self.announcer is not None:
