@@ -37,14 +37,10 @@ class RecserveHandler:
         self.initialized = False
 
     def initialize(self, context) -> None:
-        from serving.scoring.core import Scorer, ScoringConfig, loading_priority, server_timing
+        from serving.priority import loading_priority
+        from serving.scoring.core import Scorer, ScoringConfig, server_timing
 
         self._server_timing = server_timing
-        import os
-        import sys
-
-        if os.environ.get("RECSERVE_GIL_SWITCH_MS"):  # EXPERIMENT
-            sys.setswitchinterval(float(os.environ["RECSERVE_GIL_SWITCH_MS"]) / 1000)
         model_dir = Path(context.system_properties["model_dir"])
         config = ScoringConfig.from_dict(json.loads((model_dir / "scoring.json").read_text()))
         with loading_priority():  # a version loading beside a serving one yields the CPU to it

@@ -140,11 +140,11 @@ class FollowTrainer:
     def run(self, stop: threading.Event) -> FollowResult:
         t0 = self.clock()
         deadline = t0 + self.cfg.max_seconds if self.cfg.max_seconds else float("inf")
-        self._follow_current()
         if self.job.world == 1:  # one writer of the model's deltas; another trainer stands by
             self.lock = self.lock or FollowLock(Path(self.cfg.follow))
             if not self.lock.take() and not stand_by(self, self.lock, stop):
                 return self.result
+        self._follow_current()
         lv = self.loaded
         assert lv is not None  # _follow_current loads one or raises
         reading = Reading(lv.schema, poll_s=self.cfg.poll_s, once=self.cfg.once, batch_rows=self.cfg.batch_size,
@@ -196,7 +196,9 @@ class FollowTrainer:
         """A standby's look: a new CURRENT loaded (nothing cut: the deltas are not ours to write),
         else the served version's new deltas applied. Returns the deltas applied."""
         lv = self.loaded
-        assert lv is not None and self.job.world == 1
+        if lv is None:  # its first look: CURRENT's version
+            self._follow_current()
+            return 0
         version = ms.current(self.cfg.store, self.cfg.model)
         if version and version != lv.version and version not in self._refused:
             try:

@@ -4,7 +4,8 @@ The trainer following a model holds ``<model>/.follow.lock`` (``flock``: the ker
 the process dies, SIGKILL included). A second trainer of the same model finds it held and stands
 by: it loads the served version as any trainer does, and until the lock is free it applies each
 delta the holder publishes (and moves to a new CURRENT), reading no samples and writing nothing.
-When the holder dies it takes the lock, applies what is left, resumes where the last delta says
+It stands by at nice 10 (``serving.priority``), so
+its loads yield the CPU to serving and to the trainer. When the holder dies it takes the lock, applies what is left, resumes where the last delta says
 (offsets and keys trained, ``StreamBook.resume``; a file source's ledger is read again) and
 trains on. Its successor's wait is a few deltas' reads, where a restarted process waits for its
 imports, the version's load and every delta since the version (in the 6-minute soak on 2 vCPUs, 6 s
@@ -22,6 +23,8 @@ import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from serving.priority import loading_priority
 
 if TYPE_CHECKING:
     from training.follow import FollowTrainer
@@ -78,10 +81,12 @@ def stand_by(trainer: FollowTrainer, lock: FollowLock, stop: threading.Event) ->
     log.info("standing by: pid %s follows %s (it holds %s); applying its deltas until it exits",
              lock.holder(), trainer.cfg.follow, lock.path)  # fmt: skip
     applied = 0
-    while not lock.take():
-        if stop.wait(POLL_S):
-            return False
-        applied += trainer.keep_up()
+    with loading_priority():  # at nice 10 while standing by: its loads yield to serving and training
+        trainer.keep_up()
+        while not lock.take():
+            if stop.wait(POLL_S):
+                return False
+            applied += trainer.keep_up()
     trainer.keep_up()
     trainer.take_over()
     if gauge is not None:

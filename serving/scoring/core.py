@@ -14,11 +14,9 @@ shard and why), a 500 naming anything else. Never a 200 from default rows.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -39,7 +37,7 @@ from serving.scoring.lookups import Lookups
 if TYPE_CHECKING:
     from serving.notices import Notices
 
-__all__ = ["BINARY", "JSON", "Inputs", "Scorer", "ScoringConfig", "loading_priority", "server_timing"]
+__all__ = ["BINARY", "JSON", "Inputs", "Scorer", "ScoringConfig", "server_timing"]
 
 log = logging.getLogger("recserve.scoring")
 
@@ -236,32 +234,6 @@ class Scorer:
 def server_timing(timings_ms: dict[str, float]) -> str:
     """An HTTP ``Server-Timing`` header value: ``decode;dur=1.234, worker;dur=0.9, ...``."""
     return ", ".join(f"{name};dur={ms:.3f}" for name, ms in timings_ms.items())
-
-
-@contextlib.contextmanager
-def loading_priority(niceness: int = 10) -> Iterator[None]:
-    """Load a model (imports, checksums, warm-up) at low CPU priority, then serve at normal priority.
-
-    A new version loading beside the serving one must not take its CPU: on a small machine the
-    load otherwise stalls live requests for seconds. ``recserve up`` starts TorchServe's Python
-    workers niced already (their start-up imports come before the handler runs); this keeps the
-    handler's own loading niced and then returns the process to niceness 0. That needs
-    CAP_SYS_NICE; without it the process keeps the lower priority and says so."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, max(os.getpriority(os.PRIO_PROCESS, 0), niceness))
-    except OSError:
-        pass
-    try:
-        yield
-    finally:
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, 0)
-        except OSError as e:
-            log.warning(
-                "serving at niceness %d: cannot return to 0 after loading (%s)",
-                os.getpriority(os.PRIO_PROCESS, 0),
-                e,
-            )
 
 
 def _probabilities(logits: Any) -> np.ndarray:

@@ -167,7 +167,7 @@ def write_config(cfg: TorchServeConfig) -> Path:
 def niced_python(path: Path) -> Path:
     """A script at ``path`` that runs this Python at nice 10, for TorchServe's Python workers: a
     version loading beside the serving one (imports, warm-up) yields the CPU to it; the handler
-    returns to niceness 0 once loaded (``serving.scoring.core.loading_priority``)."""
+    returns to niceness 0 once loaded (``serving.priority.loading_priority``)."""
     path.write_text(f'#!/bin/sh\nexec nice -n 10 "{sys.executable}" "$@"\n')
     path.chmod(0o755)
     return path
