@@ -3,9 +3,9 @@
 A process that loads a new version beside the served one (the streaming trainer at a full version,
 the scoring core at a dense switch) frees the old one's arrays afterwards, but glibc's allocator
 keeps freed heap pages, and it raises its mmap threshold after the first large free, so later
-arrays under 32 MB come from the heap too. The 30-minute soak saw the trainer's RSS step up by
-74 MB at a switch and stay there. ``trim()`` asks glibc to return free pages (``malloc_trim``); on
-another C library it does nothing."""
+arrays under 32 MB come from the heap too. ``trim()`` asks glibc to return free pages
+(``malloc_trim``) after a switch (the streaming trainer, the controller); on another C library it
+does nothing."""
 
 from __future__ import annotations
 

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 import model_store as ms
 from features.schema import dump_schema
+from model_store import runtimes
 from model_store.deltas import STREAM, DeltaManifest, write_delta
 from training.ctx import DenseOptimizer
 from training.evaluate import sigmoid
@@ -130,6 +131,7 @@ class FullVersions:
         self.refused: list[str] = []
         self._since, self._deltas = clock(), 0
         self._retention: threading.Thread | None = None
+        runtimes.preload()  # what the first full version's export imports, in memory from the start
         self._counter = None
         if book.registry is not None:
             from prometheus_client import Counter

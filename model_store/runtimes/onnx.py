@@ -70,4 +70,6 @@ def load(path: Path, num_threads: int | None) -> DenseFn:
     return predict
 
 
-RUNTIME = register(DenseRuntime("onnx", "dense/model.onnx", export, load))
+RUNTIME = register(
+    DenseRuntime("onnx", "dense/model.onnx", export, load, modules=("torch.onnx", "onnxruntime"))
+)

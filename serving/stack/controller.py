@@ -106,6 +106,9 @@ class Controller:
             self.stack.dense.retire(old)
         except Exception as e:  # noqa: BLE001 - an old version that lingers is logged, not fatal
             log.warning("unregistering %s failed: %s", old, e)
+        from serving import memory
+
+        memory.trim()  # the checksummed files' buffers (serving/memory.py)
         return target
 
     def _refuse(self, version: str, why: str) -> None:
