@@ -132,8 +132,8 @@ def register(runtime: DenseRuntime) -> DenseRuntime:
 
 def preload() -> None:
     """Import every exporting runtime's modules now: a long-running process that exports (the
-    streaming trainer's full versions) holds them from its start, instead of stepping up at its
-    first export (about 100 MB at the soak trainer's first full version)."""
+    streaming trainer's full versions) holds them from its start. Of the ~72 MB a process's first
+    export adds (the DLRM of the Criteo schema), 21 MB are these modules; a second adds ~3 MB."""
     import importlib
 
     for runtime in EXPORTS.values():
