@@ -26,7 +26,8 @@ under ``torchserve``), ``failures`` and ``mixed_responses`` (both endpoints), ``
 {p50, p99} (``loadtest.stream_figures.event_to_served``: a click's produce time to the first
 response of either endpoint scored with the delta that trained its sample or a later one, for the
 clicks produced in the window; those no response served before the load stopped are counted in
-``clicks_unserved``), ``rss_mb`` per process (the mean of its samples in the window) and
+``clicks_unserved``), ``rss_mb`` per process (the mean of its samples in the window), ``cpu_pct``
+per process (% of one CPU over the window) and
 ``store_bytes`` (the model store's disk use at the window's end); over the run also
 ``impressions_missing`` (answered requests the impression log lacks) and ``store_floor_bytes`` (the
 store's fewest bytes under each version CURRENT named: after its publish's retention). Writes
@@ -307,6 +308,7 @@ def analyse(
                            "mixed_responses": int(wt.mixed.sum())},
             "event_to_served_s": e2s, "clicks": clicks, "clicks_unserved": unserved,
             "rss_mb": {n: round(float(np.mean([x.rss[n] for x in in_w if n in x.rss])) / 2**20, 1) for n in names},
+            "cpu_pct": series.cpu_pct(a, b),
             "store_bytes": in_w[-1].disk if in_w else None,
             "version": in_w[-1].current if in_w else None,
         })  # fmt: skip
@@ -356,6 +358,8 @@ def report(out: dict, args) -> None:
     print_table(f"soak: {out['minutes']} minutes, per {args.window_min:g}-minute window", rows, list(rows[0]))
     names = sorted({n for w in out["windows"] for n in w["rss_mb"]})
     print_table("RSS (MB, mean over the window)", [{"process": n, **{f"w{i}": w["rss_mb"].get(n) for i, w in
+                enumerate(out["windows"])}} for n in names], ["process", *(f"w{i}" for i in range(len(rows)))])  # fmt: skip
+    print_table("CPU (% of one CPU over the window)", [{"process": n, **{f"w{i}": w["cpu_pct"].get(n) for i, w in
                 enumerate(out["windows"])}} for n in names], ["process", *(f"w{i}" for i in range(len(rows)))])  # fmt: skip
     print({k: out[k] for k in ("lost_samples", "duplicate_samples", "samples_expected", "samples_trained",
                                "impressions", "impressions_missing", "max_samples_dropped_by_the_broker_before_trained",

@@ -1,5 +1,5 @@
-"""What a long bench samples over time (``Series``): each process's RSS by name, the model
-store's bytes on disk and the version CURRENT names."""
+"""What a long bench samples over time (``Series``): each process's RSS and CPU time by name,
+the model store's bytes on disk and the version CURRENT names."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ class Sample:
     t: float
     rss: dict[str, int]
     """Process name -> RSS bytes."""
+    cpu: dict[str, float]
+    """Process name -> CPU seconds its processes have used (a restarted one counts from 0)."""
     disk: int
     """The store's bytes on disk."""
     current: str
@@ -38,9 +40,10 @@ class Series(threading.Thread):
 
     def run(self) -> None:
         while not self._halt.is_set():
-            rss = {name: usage(pids).rss_bytes for name, pids in self.pids().items()}
+            used = {name: usage(pids) for name, pids in self.pids().items()}
+            rss, cpu = {n: u.rss_bytes for n, u in used.items()}, {n: u.cpu_s for n, u in used.items()}
             current = ms.current(self.model_dir.parent, self.model_dir.name) or ""
-            self.samples.append(Sample(time.time(), rss, disk_bytes(self.model_dir), current))
+            self.samples.append(Sample(time.time(), rss, cpu, disk_bytes(self.model_dir), current))
             self._halt.wait(self.every_s)
 
     def floors(self) -> list[tuple[str, int]]:
@@ -53,6 +56,20 @@ class Series(threading.Thread):
             else:
                 out.append((s.current, s.disk))
         return out
+
+    def cpu_pct(self, a: float, b: float) -> dict[str, float]:
+        """Each name's CPU use from ``a`` to ``b``, in % of one CPU (from the samples between; a
+        process restarted meanwhile counts from 0 again)."""
+        got = [x for x in self.samples if a <= x.t < b]
+        if len(got) < 2:
+            return {}
+        out: dict[str, float] = {}
+        for before, after in zip(got[:-1], got[1:], strict=True):
+            for name, now in after.cpu.items():
+                was = before.cpu.get(name, 0.0)
+                out[name] = out.get(name, 0.0) + (now - was if now >= was else now)
+        span = got[-1].t - got[0].t
+        return {name: round(100 * used / span, 1) for name, used in out.items()}
 
     def halt(self) -> None:
         self._halt.set()

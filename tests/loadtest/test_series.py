@@ -1,4 +1,5 @@
 import os
+import time
 
 from loadtest.processes import wait_for
 from loadtest.series import Series, disk_bytes
@@ -14,11 +15,17 @@ def test_the_series_samples_each_process_by_name_the_stores_disk_and_current(tmp
     series.start()
     try:
         wait_for(lambda: len(series.samples) >= 2, 30, "two samples")
+        t_busy, busy_until = time.time(), time.process_time() + 0.2
+        while time.process_time() < busy_until:  # this process uses 0.2 s of CPU between samples
+            pass
         set_current(tmp_path, "m", "2")
         wait_for(lambda: series.samples[-1].current == "2", 30, "CURRENT 2 sampled")
     finally:
         series.halt()
     first = series.samples[0]
+    cpu = series.cpu_pct(first.t, time.time() + 1)
+    assert cpu["gone"] == 0 and cpu["me"] > 0 and first.cpu["me"] <= series.samples[-1].cpu["me"] - 0.15
+    assert series.cpu_pct(t_busy + 60, t_busy + 61) == {}  # no samples there
     assert first.rss["me"] > 0 and first.rss["gone"] == 0  # a process that is not there uses nothing
     assert 100_000 <= first.disk <= disk_bytes(model_dir)  # CURRENT's file came on top
     assert first.current == "1"
