@@ -14,10 +14,11 @@ def test_bench_soak_reports_every_window_and_counts_samples_across_the_kills(ben
         "ps0.1",
     ]
     for w in result["windows"]:
-        has(w, "p50_ms", "p99_ms", "failures", "mixed_responses", "event_to_served_s", "rss_mb", "store_bytes",
-            "torchserve")  # fmt: skip
+        has(w, "p50_ms", "p99_ms", "failures", "mixed_responses", "event_to_served_s", "rss_mb", "cpu_pct",
+            "store_bytes", "torchserve")  # fmt: skip
         assert w["requests"] > 0 and w["torchserve"]["requests"] > 0
         assert {"lean", "torchserve", "trainer", "joiner", "ps0.0", "ps0.1"} <= set(w["rss_mb"])
+        assert set(w["cpu_pct"]) <= set(w["rss_mb"]) and w["cpu_pct"]["lean"] > 0  # it served
         assert w["store_bytes"] > 0
     assert result["samples_trained"] > 0 and result["duplicate_samples"] == 0
     assert sum(w["clicks"] for w in result["windows"]) > 0  # served or not: a loaded machine may be slow
