@@ -257,8 +257,10 @@ def test_the_documented_full_version_lines_run_as_printed(trained, tmp_path):  #
                     )
                     if len(ms.versions(artifacts, NAME)) > 1:
                         break
-                wait_until(lambda: "recserve_follow_full_versions_total{" in _run(curl_line, tmp_path, env), 30,
-                           "the full version counted")  # fmt: skip
+                # the version is complete before the gate publishes and counts it: until then the
+                # counter has no sample and grep exits 1
+                wait_until(lambda: "recserve_follow_full_versions_total{" in _run(curl_line, tmp_path, env, check=False),
+                           30, "the full version counted")  # fmt: skip
                 counted = _run(curl_line, tmp_path, env)
             finally:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -281,7 +283,7 @@ def test_the_documented_full_version_lines_run_as_printed(trained, tmp_path):  #
     assert ms.pins(artifacts, NAME) == ["1"]
 
 
-def _run(line: str, cwd: Path, env: dict) -> str:
+def _run(line: str, cwd: Path, env: dict, check: bool = True) -> str:
     done = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, f"{line}: {done.stderr[-2000:]}"
+    assert done.returncode == 0 or not check, f"{line}: {done.stderr[-2000:]}"
     return done.stdout
