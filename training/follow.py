@@ -42,22 +42,20 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
 import model_store as ms
-from features.schema import Schema, load_schema
+from features.schema import load_schema
 from features.transform import FeatureError, transform
 from serving import memory, notices
 from training import data, follow_tables, sources
-from training.cluster import Cluster
 from training.config import FollowConfig
 from training.ctx import DenseOptimizer, TrainCtx
+from training.follow_result import FollowResult, Loaded
 from training.full_version import FrozenDense, FullVersions, load_frozen_dense
-from training.progressive import Score
 from training.sources import TICK, Chunk, Reading
 from training.sources.ledger import Ledger, ledger_path
 from training.standby import FollowLock, stand_by
@@ -66,27 +64,6 @@ from training.stream_ranks import Ranks, cut_together
 from training.stream_steps import KeyedSteps
 
 log = logging.getLogger("recserve.train.follow")
-
-
-@dataclass
-class FollowResult:
-    """What a follow run did."""
-
-    version: str = ""  # the version followed last
-    deltas: list[tuple[str, int]] = field(default_factory=list)  # (version, seq) cut
-    files: list[str] = field(default_factory=list)  # units (files) trained on (completely or partly)
-    rows: int = 0  # training rows
-    duplicates: int = 0  # samples dropped: their key was trained already
-    refused: int = 0  # malformed records (sent to the dead-letter topic)
-    progressive: list[Score] = field(default_factory=list)  # per delta: scored before training
-    progressive_total: Score | None = None
-    steps: int = 0
-    reloads: int = 0  # CURRENT changes followed
-    full_versions: list[str] = field(default_factory=list)  # written and published (--full-every)
-    refused_versions: list[str] = field(default_factory=list)  # written, refused by the gate
-    seconds: float = 0.0
-    train_seconds: float = 0.0  # from the first rows read to the end (samples/s = rows / this)
-    max_lag_samples: int = 0  # a stream's most samples behind its partitions' ends, at a look
 
 
 def follow(cfg: FollowConfig, stop: threading.Event | None = None) -> FollowResult:
@@ -98,19 +75,6 @@ def follow(cfg: FollowConfig, stop: threading.Event | None = None) -> FollowResu
 
 
 # ---- the trainer -----------------------------------------------------------------------------------
-@dataclass
-class _Loaded:
-    """One version, ready to train: its shards, worker, frozen dense model, schema."""
-
-    version: str
-    vdir: Path
-    schema: Schema
-    cluster: Cluster
-    ctx: TrainCtx
-    dense: nn.Module
-    manifest: ms.VersionManifest
-
-
 class FollowTrainer:
     def __init__(self, cfg: FollowConfig, clock=time.monotonic, job: Ranks | None = None):
         self.cfg = cfg
@@ -121,7 +85,7 @@ class FollowTrainer:
         if self.job.world > 1 and cfg.full_every:
             raise ValueError("--full-every: full versions are written by one process, not under torchrun")
         self.ledger = Ledger(ledger_path(cfg, self.job.rank, self.job.world))
-        self.loaded: _Loaded | None = None
+        self.loaded: Loaded | None = None
         self.result = FollowResult()
         self._changed = False  # rows trained since the last delta
         self._last_cut = clock()
@@ -195,24 +159,11 @@ class FollowTrainer:
     def keep_up(self) -> int:
         """A standby's look: a new CURRENT loaded (nothing cut: the deltas are not ours to write),
         else the served version's new deltas applied. Returns the deltas applied."""
+        before = self.loaded.version if self.loaded is not None else None
+        self._follow_current(cut=False)
         lv = self.loaded
-        if lv is None:  # its first look: CURRENT's version
-            self._follow_current()
-            return 0
-        version = ms.current(self.cfg.store, self.cfg.model)
-        if version and version != lv.version and version not in self._refused:
-            try:
-                new = self._load(version)
-            except (ms.ModelStoreError, OSError, ValueError) as e:
-                log.error(
-                    "CURRENT moved to %s, which cannot be loaded (%s): staying on %s", version, e, lv.version
-                )
-                self._refused.add(version)
-                return 0
-            self._unload()
-            self.loaded, self.result.version = new, version
-            return 0
-        return follow_tables.apply_deltas(lv.vdir, lv.cluster.stores)
+        assert lv is not None
+        return 0 if lv.version != before else follow_tables.apply_deltas(lv.vdir, lv.cluster.stores)
 
     def take_over(self) -> None:
         """A standby with the lock: resume where the last delta (or a file source's ledger) says."""
@@ -224,11 +175,11 @@ class FollowTrainer:
             self.full.restart()
         self._last_cut = self.clock()
 
-    def _follow_current(self) -> None:
-        """Load CURRENT's version at the start; later, move to a new CURRENT. A new version that
-        the serving PS refuses (the one gate, ``model_store.validate``, against the version
-        followed) or that cannot be loaded is refused here too: both stay on the old version, so
-        its deltas keep going there."""
+    def _follow_current(self, cut: bool = True) -> None:
+        """Load CURRENT's version at the start; later, move to a new CURRENT (``cut``: the last
+        delta into the old one first; a standby writes none). A new version that the serving PS
+        refuses (the one gate, ``model_store.validate``, against the version followed) or that
+        cannot be loaded is refused here too: both stay on the old version."""
         from model_store.errors import StoreError
 
         version = ms.current(self.cfg.store, self.cfg.model)
@@ -248,9 +199,10 @@ class FollowTrainer:
                       self.loaded.version)  # fmt: skip
             self._refused.add(version)
             return
-        log.info("CURRENT moved %s -> %s: last delta into %s, then following %s", self.loaded.version,
-                 version, self.loaded.version, version)  # fmt: skip
-        self.cut()
+        log.info("CURRENT moved %s -> %s%s", self.loaded.version, version,
+                 f": last delta into {self.loaded.version}, then following {version}" if cut else "")  # fmt: skip
+        if cut:
+            self.cut()
         self._unload()
         self.loaded = new
         self.result.version = version
@@ -316,7 +268,7 @@ class FollowTrainer:
     def _cut_due(self) -> bool:
         return self.clock() - self._last_cut >= self.cfg.delta_interval_s
 
-    def _forward(self, lv: _Loaded, batch) -> torch.Tensor:
+    def _forward(self, lv: Loaded, batch) -> torch.Tensor:
         """The step's logits; with full versions, the batch is scored by the served network too."""
         logits = lv.ctx.forward(batch)
         return logits if self.full is None else self.full.split(logits, batch.labels)
@@ -379,7 +331,7 @@ class FollowTrainer:
         return seq
 
     # ---- loading a version -----------------------------------------------------------------------
-    def _load(self, version: str) -> _Loaded:
+    def _load(self, version: str) -> Loaded:
         from serving.worker.core import WorkerConfig
 
         vdir = ms.version_dir(self.cfg.store, self.cfg.model, version)
@@ -408,7 +360,7 @@ class FollowTrainer:
         ctx = TrainCtx(cluster.worker, dense, optimizer, schema, prefetch=prefetch)
         last = cluster.stores[0].delta_seq if cluster.stores else self.job.seq
         log.info("following %s/%s: %d shards, deltas up to %d applied", self.cfg.model, version, n, last)
-        return _Loaded(version, vdir, schema, cluster, ctx, dense, manifest)
+        return Loaded(version, vdir, schema, cluster, ctx, dense, manifest)
 
     def _unload(self) -> None:
         if self.loaded is not None:

@@ -183,7 +183,7 @@ class FullVersions:
 
     # ---- the version -----------------------------------------------------------------------------
     def write(self, lv, positions: dict[str, int], deltas_cut: int) -> str:
-        """Write the full version of what the follower holds now (``lv``: its ``_Loaded``, flushed,
+        """Write the full version of what the follower holds now (``lv``: its ``training.follow_result.Loaded``, flushed,
         its last delta cut) and seal it; returns its name. The window closes."""
         self._since, self._deltas = self.clock(), deltas_cut
         (candidate, served), self.window = self.window.scores(), _Window()
