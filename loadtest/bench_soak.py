@@ -26,7 +26,8 @@ under ``torchserve``), ``failures`` and ``mixed_responses`` (both endpoints), ``
 {p50, p99} (``loadtest.stream_figures.event_to_served``: a click's produce time to the first
 response of either endpoint scored with the delta that trained its sample or a later one, for the
 clicks produced in the window; those no response served before the load stopped are counted in
-``clicks_unserved``), ``rss_mb`` per process (the mean of its samples in the window), ``cpu_pct``
+``clicks_unserved``; ``over_2s``: when the clicks served after more than 2 s were produced, as
+spans [from, to, clicks] in seconds since the load's start), ``rss_mb`` per process (the mean of its samples in the window), ``cpu_pct``
 per process (% of one CPU over the window) and
 ``store_bytes`` (the model store's disk use at the window's end); over the run also
 ``impressions_missing`` (answered requests the impression log lacks) and ``store_floor_bytes`` (the
@@ -274,14 +275,30 @@ class Figures:
     responses: paced.Responses
     clicks: tuple[np.ndarray, np.ndarray]
 
-    def event_to_served(self, a: float, b: float) -> tuple[dict, int, int]:
-        """({p50, p99} of the clicks produced in [a, b), clicks, those trained but never served)."""
+    def event_to_served(self, a: float, b: float, t0: float = 0.0) -> tuple[dict, int, int]:
+        """({p50, p99, over_2s} of the clicks produced in [a, b), clicks, those trained but never
+        served). ``over_2s``: when the clicks over 2 s were produced, as spans [from, to, clicks]
+        in seconds since ``t0`` (the load's start), so a window's tail can be laid beside its kills,
+        full versions and restarts."""
         keys, produced = self.clicks
         m = (produced >= a) & (produced < b)
-        _, seconds, unserved = sf.event_to_served((keys[m], produced[m]), self.samples, self.where, self.first,
+        t, seconds, unserved = sf.event_to_served((keys[m], produced[m]), self.samples, self.where, self.first,
                                                   self.codes, self.responses)  # fmt: skip
         p = sf.percentiles_s(seconds)
-        return {"p50": p["p50"], "p99": p["p99"]}, int(m.sum()), unserved
+        return (
+            {"p50": p["p50"], "p99": p["p99"], "over_2s": spans(t[seconds > 2.0] - t0)},
+            int(m.sum()),
+            unserved,
+        )
+
+
+def spans(t: np.ndarray, gap_s: float = 2.0) -> list[list[float]]:
+    """Sorted times grouped where they lie within ``gap_s`` of each other: [[from, to, count], ...]."""
+    t = np.sort(t)
+    if not len(t):
+        return []
+    cuts = np.flatnonzero(np.diff(t) > gap_s) + 1
+    return [[round(float(g[0]), 1), round(float(g[-1]), 1), len(g)] for g in np.split(t, cuts)]
 
 
 def analyse(
@@ -297,7 +314,7 @@ def analyse(
         in_w = [x for x in series.samples if a <= x.t < b]
         names = sorted({n for x in in_w for n in x.rss})
         # a click in the load's last seconds had no response left to see it
-        e2s, clicks, unserved = figures.event_to_served(a, min(b, end - 5.0))
+        e2s, clicks, unserved = figures.event_to_served(a, min(b, end - 5.0), t0)
         windows.append({
             "minutes": [round((a - t0) / 60, 2), round((b - t0) / 60, 2)],
             "requests": int(len(w.ms)),

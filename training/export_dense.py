@@ -99,12 +99,19 @@ def choose_runtime(vdir: Path, files: dict[str, str], pooled: np.ndarray, dense:
     return RuntimeChoice(default, p50, len(p), threads=1)
 
 
-def export_dense(model: nn.Module, vdir: Path, pooled: np.ndarray, dense: np.ndarray) -> DenseExport:
+def export_dense(
+    model: nn.Module, vdir: Path, pooled: np.ndarray, dense: np.ndarray, timed: RuntimeChoice | None = None
+) -> DenseExport:
     """Write ``model`` in every exporting runtime (``runtimes.EXPORTS``) under ``vdir``, verify each
-    on (pooled, dense) (the test rows) and time them."""
+    on (pooled, dense) (the test rows) and time them. ``timed``: the choice of a version of the same
+    architecture (a full version from the stream: its parent's), kept where it timed these very
+    runtimes instead of timing them again: the cost is the network's shape, not its weights, and
+    timing on a busy trainer's host picked runtimes by noise, version to version."""
     files, diffs = {}, {}
     for runtime in runtimes.EXPORTS.values():
         path = runtime.write(model, vdir / runtime.file, pooled[:2], dense[:2])
         diffs[runtime.name] = verify(runtime, path, model, pooled, dense)
         files[runtime.name] = runtime.file
+    if timed is not None and set(timed.p50_ms) == set(files):
+        return DenseExport(files, diffs, timed)
     return DenseExport(files, diffs, choose_runtime(vdir, files, pooled, dense))

@@ -47,6 +47,7 @@ import model_store as ms
 from features.schema import dump_schema
 from model_store import runtimes
 from model_store.deltas import STREAM, DeltaManifest, write_delta
+from serving import memory
 from training.ctx import DenseOptimizer
 from training.evaluate import sigmoid
 from training.export_dense import export_dense
@@ -131,6 +132,7 @@ class FullVersions:
         self.refused: list[str] = []
         self._since, self._deltas = clock(), 0
         self._retention: threading.Thread | None = None
+        self._warm = False  # a first export done (_warm_up)
         runtimes.preload()  # what the first full version's export imports, in memory from the start
         self._counter = None
         if book.registry is not None:
@@ -151,9 +153,12 @@ class FullVersions:
                 f"version {manifest.version} is served in {manifest.quantized.dtype}: full versions from the "
                 "stream are written in float32 only (no test split here to measure a quantized one)"
             )
-        candidate = build_model(ModelConfig.from_dict(manifest.model_config))
+        config = ModelConfig.from_dict(manifest.model_config)
+        candidate = build_model(config)
         own = candidate.state_dict()  # TorchScript saves non-persistent buffers too (DLRM's pair_index)
         candidate.load_state_dict({k: v for k, v in served.state_dict().items() if k in own})
+        if not self._warm:
+            self._warm_up(candidate, config, manifest.dense_runtime)
         if not self.cfg.train_dense:
             candidate.eval()
             for p in candidate.parameters():
@@ -161,6 +166,23 @@ class FullVersions:
             return Paired(candidate, None), FrozenDense()
         candidate.train()
         return Paired(candidate, served), torch.optim.Adam(candidate.parameters(), lr=self.cfg.dense_lr)
+
+    def _warm_up(self, candidate: nn.Module, config, timed: ms.RuntimeChoice | None) -> None:
+        """Export ``candidate`` once into a scratch directory: a process's first export grows it by
+        ~50 MB beyond the runtimes' modules (the exporters' and runtimes' first use), which would
+        otherwise land at the first full version, minutes into a run (a soak's RSS step); a second
+        export adds ~3 MB. Done at load, before the trainer reads (a standby: while it stands by)."""
+        import tempfile
+
+        t0 = time.monotonic()
+        pooled = np.zeros((2, config.num_slots, config.dim), np.float32)
+        with tempfile.TemporaryDirectory(prefix="recserve-warm-") as scratch:
+            export_dense(
+                candidate, Path(scratch), pooled, np.zeros((2, config.num_dense), np.float32), timed=timed
+            )
+        self._warm = True
+        memory.trim()
+        log.info("dense export warmed up in %.2f s", time.monotonic() - t0)
 
     def split(self, logits: Tensor, labels: NDArray[np.float32] | None) -> Tensor:
         """The candidate's logits of a ``Paired`` output; both scores of the batch join the window."""
@@ -193,16 +215,21 @@ class FullVersions:
         root, model = self.cfg.store, self.cfg.model
         version = ms.next_version(root, model)
         d = ms.staging_dir(root, model, version)
+        m: ms.VersionManifest = lv.manifest
+        took = _Took()
         try:
             _dump_as(lv.cluster, d / "embeddings", version)  # rows and optimizer state, float32
             (d / "schema.yaml").write_text(dump_schema(lv.schema))
-            exported = export_dense(paired.candidate, d, *(t.cpu().numpy() for t in paired.sample))
+            took("shards")
+            pooled, dense = (t.cpu().numpy() for t in paired.sample)
+            exported = export_dense(paired.candidate, d, pooled, dense, timed=m.dense_runtime)
+            took("dense")
             (d / STREAM).mkdir()
             record = DeltaManifest(
                 self.book.source, positions, candidate.samples, 0, candidate.auc, candidate.logloss
             )
             write_delta(d / STREAM, record, self.book.keys.arrays() if self.book.keyed else None)
-            m: ms.VersionManifest = lv.manifest
+            took("keys")
             ms.write_manifest(d, ms.VersionManifest(
                 model=model, version=version, parent=lv.version, schema_fingerprint=m.schema_fingerprint,
                 model_config=m.model_config, dim=m.dim, num_shards=lv.cluster.num_shards,
@@ -212,11 +239,12 @@ class FullVersions:
                 stream=ms.StreamRecord(lv.version, candidate.samples, candidate.auc, served.auc),
             ))  # fmt: skip
             ms.seal(d, ms.version_dir(root, model, version))
+            took("sealed")
         except BaseException:
             ms.discard(d)
             raise
-        log.info("full version %s written from %s: progressive AUC %s on %d samples (version %s: %s)",
-                 version, lv.version, candidate.auc, candidate.samples, lv.version, served.auc)  # fmt: skip
+        log.info("full version %s written from %s in %s: progressive AUC %s on %d samples (version %s: %s)",
+                 version, lv.version, took, candidate.auc, candidate.samples, lv.version, served.auc)  # fmt: skip
         return version
 
     def publish(self, version: str) -> bool:
@@ -258,6 +286,22 @@ class FullVersions:
         if self._retention is not None:
             self._retention.join()
             self._retention = None
+
+
+class _Took:
+    """Seconds per step of a full version's write, for its log line: "1.20 s (shards 0.31, ...)"."""
+
+    def __init__(self) -> None:
+        self.t0 = self.last = time.monotonic()
+        self.steps: list[str] = []
+
+    def __call__(self, step: str) -> None:
+        now = time.monotonic()
+        self.steps.append(f"{step} {now - self.last:.2f}")
+        self.last = now
+
+    def __str__(self) -> str:
+        return f"{self.last - self.t0:.2f} s ({', '.join(self.steps)})"
 
 
 def _dump_as(cluster, directory: Path, version: str) -> None:

@@ -51,7 +51,9 @@ class TorchServe:
         return [
             java,
             f"-Dmodel_server_home={ts_home}",
+            f"-Xms{self.cfg.jvm_heap_mb}m",
             f"-Xmx{self.cfg.jvm_heap_mb}m",
+            "-XX:+AlwaysPreTouch",  # the heap resident from the start: RSS does not step as it grows
             f"-Djava.io.tmpdir={self.tmp_dir}",
             "-Djava.net.preferIPv4Stack=true",  # plain IPv4 sockets, not ::ffff:127.0.0.1 dual-stack
             f"-Dlog4j.configurationFile=file://{self.run_dir / 'log4j2.xml'}",

@@ -1,10 +1,10 @@
+import numpy as np
 import pytest
 
 from tests.loadtest.conftest import has
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_bench_soak_reports_every_window_and_counts_samples_across_the_kills(bench):
     result = bench("bench_soak", "soak", timeout_s=600)
     has(result, "minutes", "lost_samples", "duplicate_samples", "windows", "kills", "conditions")
@@ -22,4 +22,13 @@ def test_bench_soak_reports_every_window_and_counts_samples_across_the_kills(ben
         assert w["store_bytes"] > 0
     assert result["samples_trained"] > 0 and result["duplicate_samples"] == 0
     assert sum(w["clicks"] for w in result["windows"]) > 0  # served or not: a loaded machine may be slow
-    assert all(set(w["event_to_served_s"]) == {"p50", "p99"} for w in result["windows"])
+    assert all(set(w["event_to_served_s"]) == {"p50", "p99", "over_2s"} for w in result["windows"])
+    for span in (s for w in result["windows"] for s in w["event_to_served_s"]["over_2s"]):
+        assert span[0] <= span[1] and span[2] >= 1
+
+
+def test_spans_group_times_within_the_gap():
+    from loadtest.bench_soak import spans
+
+    assert spans(np.array([])) == []
+    assert spans(np.array([10.0, 3.0, 3.5, 11.0, 30.0])) == [[3.0, 3.5, 2], [10.0, 11.0, 2], [30.0, 30.0, 1]]

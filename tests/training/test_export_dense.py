@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from model_store import runtimes
+from model_store.manifest import RuntimeChoice
 from tests.model_store.runtimes.test_registry import inputs, make
 from training.export_dense import ExportVerificationError, export_dense, verify
 
@@ -33,3 +34,18 @@ def test_an_export_of_another_model_is_refused(name: str, tmp_path) -> None:
     with pytest.raises(ExportVerificationError):
         verify(runtime, path, other, *inputs(5), atol=0.0, rtol=1e-3)
     assert verify(runtime, path, make("dlrm").eval(), *inputs(5)) <= 1e-5
+
+
+def test_a_timing_of_the_same_runtimes_is_kept_another_is_timed_again(tmp_path) -> None:
+    """A full version from the stream keeps its parent's choice (same network, same runtimes):
+    timing on a busy trainer's host picked runtimes by noise, version to version."""
+    model = make("dlrm").eval()
+    names = list(runtimes.EXPORTS)
+    parent = RuntimeChoice(names[-1], {n: 1.0 + i for i, n in enumerate(names)}, 200)
+    kept = export_dense(model, tmp_path / "a", *inputs(7), timed=parent)
+    assert kept.timing is parent and set(kept.max_abs_diff) == set(names)
+    other = RuntimeChoice("torchscript_cuda", {"torchscript_cuda": 0.1}, 200)  # timed on another host
+    timed = export_dense(model, tmp_path / "b", *inputs(7), timed=other)
+    assert set(timed.timing.p50_ms) == set(names) and timed.timing.default == min(
+        timed.timing.p50_ms, key=timed.timing.p50_ms.get
+    )

@@ -103,9 +103,14 @@ def test_a_full_version_from_the_stream_is_published_served_and_restarts_exactly
     m = ms.read_manifest(vdir)  # every file checked
     assert m.stream is not None and m.stream.served_version == result.full_versions[-2]
     assert m.stream.samples > 0 and set(m.dense) == {"torchscript", "onnx"}
+    # the runtimes are not timed again: the network's shape, and so its timing, is its parent's
+    parent = ms.version_dir(store, NAME, result.full_versions[-2])
+    assert (
+        m.dense_runtime is not None
+        and m.dense_runtime == ms.read_manifest(parent, verify=False).dense_runtime
+    )
     assert {read_meta(p).version for p in shard_dirs(vdir / "embeddings")} == {last}
     # the dense network trained: it ships in the full version, never in a delta
-    parent = ms.version_dir(store, NAME, result.full_versions[-2])
     assert any(
         not torch.equal(a, b) for a, b in zip(_dense_weights(vdir), _dense_weights(parent), strict=True)
     )
