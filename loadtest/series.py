@@ -26,6 +26,8 @@ class Sample:
     """The store's bytes on disk."""
     current: str
     """The version CURRENT names."""
+    versions: int = 0
+    """Complete versions in the store (retention's work is done when these are at most its keep)."""
 
 
 class Series(threading.Thread):
@@ -43,18 +45,26 @@ class Series(threading.Thread):
             used = {name: usage(pids) for name, pids in self.pids().items()}
             rss, cpu = {n: u.rss_bytes for n, u in used.items()}, {n: u.cpu_s for n, u in used.items()}
             current = ms.current(self.model_dir.parent, self.model_dir.name) or ""
-            self.samples.append(Sample(time.time(), rss, cpu, disk_bytes(self.model_dir), current))
+            held = (
+                len(ms.versions(self.model_dir.parent, self.model_dir.name)) if self.model_dir.is_dir() else 0
+            )
+            self.samples.append(Sample(time.time(), rss, cpu, disk_bytes(self.model_dir), current, held))
             self._halt.wait(self.every_s)
 
-    def floors(self) -> list[tuple[str, int]]:
+    def floors(self, keep: int | None = None) -> list[tuple[str, int | None]]:
         """(version, the store's fewest bytes while CURRENT named it) of each version CURRENT named,
-        in order: after the retention its publish ran, before its deltas pile up."""
-        out: list[tuple[str, int]] = []
+        in order: after the retention its publish ran, before its deltas pile up. ``keep``
+        (retention's ``--keep-versions``): only samples where at most ``keep`` versions were left
+        count (retention done: deleting a version's thousand deltas takes seconds), None for a
+        version with none (its retention still running when the samples ended)."""
+        out: list[tuple[str, int | None]] = []
         for s in self.samples:
+            disk = s.disk if keep is None or s.versions <= keep else None
             if out and out[-1][0] == s.current:
-                out[-1] = (s.current, min(out[-1][1], s.disk))
+                was = out[-1][1]
+                out[-1] = (s.current, disk if was is None else was if disk is None else min(was, disk))
             else:
-                out.append((s.current, s.disk))
+                out.append((s.current, disk))
         return out
 
     def cpu_pct(self, a: float, b: float) -> dict[str, float]:

@@ -12,6 +12,7 @@ import hashlib
 import io
 import mmap
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -114,9 +115,22 @@ def npy_writer(arr: NDArray[Any], order: NDArray[np.intp] | None = None) -> Writ
     return write
 
 
+_NPY_V1 = re.compile(
+    rb"\{'descr': '([<>|=][a-z]\d{1,2})', 'fortran_order': False, 'shape': \(((?:\d+, ?)*\d*)\), \} *\n"
+)
+"""The header numpy writes for a plain C-order array (format 1.0), parsed without numpy's
+``ast.literal_eval`` (a sixth of reading a delta): anything else takes numpy's own parser."""
+
+
 def npy_header(path: Path, head: bytes) -> tuple[tuple[int, ...], np.dtype[Any], int]:
     """(shape, dtype, data offset) of a .npy file from its first bytes; StoreError if it is not a
     plain C-order array."""
+    if head[:8] == b"\x93NUMPY\x01\x00" and len(head) >= 10:
+        size = int.from_bytes(head[8:10], "little")
+        m = _NPY_V1.fullmatch(head[10 : 10 + size])
+        if m is not None:
+            shape = tuple(int(x) for x in m[2].split(b",") if x.strip())
+            return shape, np.dtype(m[1].decode()), 10 + size
     bio = io.BytesIO(head)
     try:
         version = np.lib.format.read_magic(bio)

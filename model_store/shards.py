@@ -91,11 +91,16 @@ def bucket_layout(signs: NDArray[np.uint64]) -> tuple[NDArray[np.intp], NDArray[
     h = table_hash(signs)
     order = np.argsort(h)
     h.sort()  # in place: 16 bytes a row at the peak (a dump of a live shard is written from views)
+    return order, bucket_directory(h, bits), bits
+
+
+def bucket_directory(h: NDArray[np.uint64], bits: int) -> NDArray[np.uint32]:
+    """The offsets of 2**bits buckets in the sorted table hashes ``h``."""
     starts = np.arange(1 << bits, dtype=np.uint64) << np.uint64(64 - bits)  # bucket b: [b, b + 1) << shift
     directory = np.empty((1 << bits) + 1, dtype=np.uint32)
     directory[:-1] = np.searchsorted(h, starts)
     directory[-1] = len(h)
-    return order, directory, bits
+    return directory
 
 
 @dataclass

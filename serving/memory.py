@@ -4,7 +4,8 @@ A process that loads a new version beside the served one (the streaming trainer 
 the scoring core at a dense switch) frees the old one's arrays afterwards, but glibc's allocator
 keeps freed heap pages, and it raises its mmap threshold after the first large free, so later
 arrays under 32 MB come from the heap too. ``trim()`` asks glibc to return free pages
-(``malloc_trim``) after a switch (the streaming trainer, the controller); on another C library it
+(``malloc_trim``) after a switch (the streaming trainer, the controller, a PS shard that read a
+version's deltas for its flip); on another C library it
 does nothing."""
 
 from __future__ import annotations

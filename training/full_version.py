@@ -134,12 +134,15 @@ class FullVersions:
         self._retention: threading.Thread | None = None
         self._warm = False  # a first export done (_warm_up)
         runtimes.preload()  # what the first full version's export imports, in memory from the start
-        self._counter = None
+        self._counter = self._retention_failures = None
         if book.registry is not None:
             from prometheus_client import Counter
 
             self._counter = Counter("recserve_follow_full_versions", "Full versions written, by the gate's outcome.",
                                     ["outcome"], registry=book.registry)  # fmt: skip
+            self._retention_failures = Counter(
+                "recserve_follow_retention_failures", "Retention passes after a full version that failed "
+                "(tried again after the next one; the store's disk use grows meanwhile).", registry=book.registry)  # fmt: skip
 
     # ---- the step ---------------------------------------------------------------------------------
     def dense(self, served: nn.Module, manifest: ms.VersionManifest) -> tuple[Paired, DenseOptimizer]:
@@ -276,6 +279,8 @@ class FullVersions:
             removed = ms.retain(self.cfg.store, self.cfg.model, self.cfg.keep_versions)
         except (OSError, ms.ModelStoreError) as e:  # tried again after the next full version
             log.error("retention (--keep-versions %d) failed: %s", self.cfg.keep_versions, e)
+            if self._retention_failures is not None:
+                self._retention_failures.inc()
             return
         if removed:
             log.info("retention (--keep-versions %d): removed %s in %.1f s", self.cfg.keep_versions,

@@ -32,9 +32,15 @@ from pathlib import Path
 import model_store as ms
 from model_store import ModelStoreError, shards
 from model_store.errors import StoreError
+from model_store.shards import ShardData
+from serving import memory
 from serving.versions import VersionTarget
 
 log = logging.getLogger("recserve.ps.follow")
+
+BATCH_BYTES = 256 << 20
+"""Rows of deltas read before one overlay build (``Follower._apply_deltas``): memory stays bounded
+however many deltas a version has."""
 
 
 class Follower:
@@ -111,6 +117,8 @@ class Follower:
         old = self.store.version or "(none)"
         rows = self.store.adopt(staging)  # the atomic flip, deltas included
         self.served_manifest = manifest
+        del staging
+        memory.trim()  # the deltas read for the flip, back to the system (serving/memory.py)
         self.switch_s = time.perf_counter() - t0
         msg = (f"version {old} -> {version}: {rows} rows, deltas up to {self.store.delta_seq} "
                f"({len(applied)} applied before the flip) in {self.switch_s:.2f}s")  # fmt: skip
@@ -118,8 +126,15 @@ class Follower:
         return msg
 
     def _apply_deltas(self, version: str, store, observe: bool = True) -> list[str]:
-        events = []
+        """Apply the version's complete deltas after the store's, in seq order. A store that can
+        (``apply_deltas_data``: a serving ``MappedStore``) flips those read so far in one overlay
+        build, up to ``BATCH_BYTES`` of rows at a time: a shard loading a version with a thousand
+        deltas builds its overlay once, not a thousand times. A delta that cannot be read or
+        applied is refused; the ones before it are applied."""
+        events: list[str] = []
         vdir = ms.version_dir(self.root, self.model, version)
+        batch: list[tuple[int, Path, ShardData]] = []
+        held = 0  # bytes of rows in the batch
         for seq in ms.list_deltas(vdir, after=store.delta_seq):
             if self.versions.is_refused(version, seq):
                 continue
@@ -129,19 +144,47 @@ class Follower:
                 data = store.read(ddir, delta=True)
                 if data.meta.delta_seq != seq:
                     raise StoreError(f"delta directory {seq} holds delta seq {data.meta.delta_seq}")
-                n = store.apply_delta_data(data)
             except (StoreError, OSError, ValueError) as e:
                 self.versions.refuse(version, f"delta {seq} of version {version} refused: {e}", seq)
                 break  # later deltas build on this one
-            lag = self.clock() - (ddir / ms.SUCCESS).stat().st_mtime
+            batch.append((seq, ddir, data))
+            held += data.rows.nbytes
+            if not hasattr(store, "apply_deltas_data") or held >= BATCH_BYTES:
+                if not self._flip(version, store, batch, events, observe):
+                    return events
+                batch, held = [], 0
+        self._flip(version, store, batch, events, observe)
+        return events
+
+    def _flip(self, version: str, store, batch, events: list[str], observe: bool) -> bool:
+        """Apply ``batch`` ((seq, dir, data) in seq order) in one step; False when one was refused
+        (tried one at a time to name it; those before it stay applied)."""
+        if not batch:
+            return True
+        before, written = store.delta_seq, None
+        try:
+            if len(batch) == 1:
+                written = store.apply_delta_data(batch[0][2])
+            else:
+                store.apply_deltas_data([data for _, _, data in batch])
+        except (StoreError, ValueError) as e:
+            if len(batch) > 1:
+                return all(self._flip(version, store, [one], events, observe) for one in batch)
+            seq = batch[0][0]
+            self.versions.refuse(version, f"delta {seq} of version {version} refused: {e}", seq)
+            return False
+        now = self.clock()
+        for seq, ddir, data in batch:
+            lag = now - (ddir / ms.SUCCESS).stat().st_mtime
             if observe:
                 self.visible = (seq, lag)
             if self.freshness is not None and observe:
                 self.freshness.observe(max(lag, 0.0))
+            n = written if written is not None else len(data.signs) if seq > before else 0
             events.append(
                 f"delta {seq}: {n} rows, {len(data.deleted)} deleted, visible {lag:.2f}s after _SUCCESS"
             )
-        return events
+        return True
 
 
 def _verify_other_parts(ddir: Path, config) -> None:

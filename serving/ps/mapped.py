@@ -6,7 +6,8 @@ model store, serving/ps/table.py), an in-memory overlay ``BucketTable`` of the r
 or added (deleted signs as tombstones), the version name and the last delta applied. Snapshots
 are immutable; every change builds a new one beside the served one and *flips a reference*:
 
-- a delta: the overlay is rebuilt with the delta's rows (O(overlay), off the event loop);
+- a delta: a new overlay, the old one with the delta's rows merged into its bucket order (copies
+  of the overlay and a sort of the delta's signs, off the event loop);
 - a full switch: the new version is mapped and verified beside the old one, its deltas applied,
   then the flip. No O(rows) copy, no lock, no stall of lookups; memory peaks at old + new, and
   the old version's pages are released when the last lookup holding it finishes.
@@ -68,40 +69,52 @@ class Served:
         return cls(base, overlay, version, delta_seq, len(base))
 
     def with_delta(self, data: ShardData) -> Served:
-        """This snapshot with a delta applied (a new overlay; self is unchanged). Deletions and
-        rows of the same delta: the row wins, as in the training store."""
-        seq, base_version = data.meta.delta_seq, data.meta.base_version
-        if base_version and self.version and base_version != self.version:
-            raise StoreError(
-                f"delta {seq} belongs to version {base_version!r}, this shard serves {self.version!r}"
-            )
-        if seq <= self.delta_seq:
+        """This snapshot with a delta applied (a new overlay; self is unchanged)."""
+        return self.with_deltas([data])
+
+    def with_deltas(self, deltas: list[ShardData]) -> Served:
+        """This snapshot with ``deltas`` applied in seq order, in ONE new overlay (self is
+        unchanged): a shard that loads a version with a thousand deltas builds its overlay once,
+        not once a delta (each build costs the whole overlay: a thousand made a restart quadratic).
+        Deltas already applied are skipped; a gap in the sequence is refused. Deletions and rows of
+        the same delta: the row wins, as in the training store; across deltas the later wins."""
+        deltas = [d for d in deltas if d.meta.delta_seq > self.delta_seq]
+        if not deltas:
             return self
-        if seq != self.delta_seq + 1:
-            raise StoreError(f"delta {seq} does not follow the last applied delta {self.delta_seq}")
+        seq = self.delta_seq
+        for data in deltas:
+            if data.meta.base_version and self.version and data.meta.base_version != self.version:
+                raise StoreError(f"delta {data.meta.delta_seq} belongs to version {data.meta.base_version!r}, "
+                                 f"this shard serves {self.version!r}")  # fmt: skip
+            if data.meta.delta_seq != seq + 1:
+                raise StoreError(f"delta {data.meta.delta_seq} does not follow the last applied delta {seq}")
+            seq += 1
         o, dim = self.overlay, self.base.dim
         if o.qparams is not None:  # an int8 version: its (int8) deltas' codes and scales as they are
-            data = data if data.qparams is not None else data.decoded().encoded("int8")
+            deltas = [d if d.qparams is not None else d.decoded().encoded("int8") for d in deltas]
         else:
-            data = data.decoded()
-        signs = np.concatenate([o.keys, data.deleted, data.signs])
-        gone = len(data.deleted)
-        rows = np.concatenate([o.rows, np.zeros((gone, dim), o.rows.dtype), data.rows.astype(o.rows.dtype)])
+            deltas = [d.decoded() for d in deltas]
+        # each delta's deletions, then its rows (the row wins); the last occurrence of a sign wins
+        signs = np.concatenate([a for d in deltas for a in (d.deleted, d.signs)])
+        rows = np.concatenate([a for d in deltas for a in (
+            np.zeros((len(d.deleted), dim), o.rows.dtype), d.rows.astype(o.rows.dtype, copy=False))])  # fmt: skip
+        dead = np.concatenate([a for d in deltas for a in (
+            np.ones(len(d.deleted), np.bool_), np.zeros(len(d.signs), np.bool_))])  # fmt: skip
         qparams = None
-        if o.qparams is not None and data.qparams is not None:
-            qparams = np.concatenate([o.qparams, np.zeros((gone, 2), o.qparams.dtype), data.qparams])
-        dead = np.concatenate(
-            [o.dead if len(o.dead) else np.zeros(len(o), np.bool_), np.ones(len(data.deleted), np.bool_),
-             np.zeros(len(data.signs), np.bool_)]
-        )  # fmt: skip
-        # the last occurrence of each sign wins: first occurrence in the reversed arrays
+        if o.qparams is not None:
+            qparams = np.concatenate([a for d in deltas for a in (
+                np.zeros((len(d.deleted), 2), o.qparams.dtype), d.qparams)])  # fmt: skip
         _, first = np.unique(signs[::-1], return_index=True)
         keep = len(signs) - 1 - first
-        overlay = BucketTable.build(
-            signs[keep], rows[keep], dead[keep], None if qparams is None else qparams[keep]
-        )
-        in_base = self.base.find(overlay.keys) >= 0
-        live = len(self.base) + int((~in_base & ~overlay.dead).sum()) - int((in_base & overlay.dead).sum())
+        signs, rows, dead = signs[keep], rows[keep], dead[keep]
+        # live rows: each sign's state before (the overlay over the base) against after
+        slots = o.find(signs)
+        was = np.zeros(len(signs), np.bool_)
+        in_overlay = slots >= 0
+        was[in_overlay] = ~o.dead[slots[in_overlay]] if len(o.dead) else True
+        was[~in_overlay] = self.base.find(signs[~in_overlay]) >= 0
+        live = self.rows + int((~dead).sum()) - int(was.sum())
+        overlay = o.upserted(signs, rows, dead, None if qparams is None else qparams[keep])
         return Served(self.base, overlay, self.version, seq, live)
 
 
@@ -275,9 +288,13 @@ class MappedStore:
         return data
 
     def apply_delta_data(self, data: ShardData) -> int:
-        served = self.served.with_delta(data)
-        self.served = served
-        return len(data.signs) if served.delta_seq == data.meta.delta_seq else 0
+        return self.apply_deltas_data([data])
+
+    def apply_deltas_data(self, deltas: list[ShardData]) -> int:
+        """Apply ``deltas`` (in seq order) in one flip; returns the rows of those applied."""
+        before = self.served.delta_seq
+        self.served = self.served.with_deltas(deltas)
+        return sum(len(d.signs) for d in deltas if d.meta.delta_seq > before)
 
     def apply_delta(self, paths) -> int:
         return self.apply_delta_data(self.read(paths, delta=True))

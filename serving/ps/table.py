@@ -102,6 +102,39 @@ class BucketTable:
         rows = np.ascontiguousarray(rows[order])
         return cls(np.ascontiguousarray(signs[order]), rows, directory, bits, d, qparams=qp)
 
+    def upserted(
+        self, signs: np.ndarray, rows: np.ndarray, dead: np.ndarray, qparams: np.ndarray | None = None
+    ) -> BucketTable:
+        """A new table: this one with the distinct ``signs`` set to ``rows`` (tombstoned where
+        ``dead``); self is unchanged. The new signs are sorted alone and inserted into the bucket
+        order: copies of this table plus a sort of the new signs, where ``build`` sorts them all
+        (a delta into an overlay of 50,000 rows: ~21 ms a build, on the thread that also serves)."""
+        slots = self.find(signs)
+        fresh = slots < 0
+        h_new = shards.table_hash(signs[fresh])
+        order = np.argsort(h_new)
+        h_new = h_new[order]
+        add = np.flatnonzero(fresh)[order]
+        h = shards.table_hash(self.keys)
+        at = np.searchsorted(h, h_new)
+        kept = slots[~fresh]
+        moved = kept + np.searchsorted(
+            at, kept, side="right"
+        )  # where the present signs are after the inserts
+        own_dead = self.dead if len(self.dead) == len(self) else np.zeros(len(self), np.bool_)
+
+        def merged(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+            out = np.insert(old, at, new[add], axis=0)
+            out[moved] = new[~fresh]
+            return out
+
+        keys = np.insert(self.keys, at, signs[add])
+        bits = shards.bucket_bits(len(keys))
+        directory = shards.bucket_directory(np.insert(h, at, h_new), bits)
+        q = None if qparams is None or self.qparams is None else merged(self.qparams, qparams)
+        return type(self)(keys, merged(self.rows, rows.astype(self.rows.dtype, copy=False)), directory, bits,
+                          merged(own_dead, dead), qparams=q)  # fmt: skip
+
     @classmethod
     def open(cls, shard_dir: str | Path, duty: float = 1.0) -> tuple[BucketTable, ShardMeta]:
         """Map a full dump's bucket-ordered files read-only, each verified against the manifest

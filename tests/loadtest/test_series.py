@@ -32,3 +32,14 @@ def test_the_series_samples_each_process_by_name_the_stores_disk_and_current(tmp
     floors = series.floors()
     assert [v for v, _ in floors] == ["1", "2"] and floors[0][1] == min(x.disk for x in series.samples[:-1]
                                                                          if x.current == "1")  # fmt: skip
+
+
+def test_a_floor_counts_only_once_retention_left_at_most_keep_versions(tmp_path):
+    from loadtest.series import Sample
+
+    series = Series(lambda: {}, tmp_path, 1.0)
+    for t, (disk, current, held) in enumerate([(50, "1", 1), (90, "2", 3), (70, "2", 2), (80, "2", 2),
+                                               (120, "3", 3), (110, "3", 3)]):  # fmt: skip
+        series.samples.append(Sample(float(t), {}, {}, disk, current, held))
+    assert series.floors(keep=2) == [("1", 50), ("2", 70), ("3", None)]  # 3's retention never finished
+    assert series.floors() == [("1", 50), ("2", 70), ("3", 110)]

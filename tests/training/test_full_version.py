@@ -292,3 +292,31 @@ def _run(line: str, cwd: Path, env: dict, check: bool = True) -> str:
     done = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 or not check, f"{line}: {done.stderr[-2000:]}"
     return done.stdout
+
+
+def test_a_failed_retention_is_logged_counted_and_tried_again(store, monkeypatch, caplog):  # noqa: F811
+    from training.full_version import FullVersions
+    from training.stream_book import StreamBook
+
+    port = free_port()
+    book = StreamBook("kafka://127.0.0.1:1/samples", True, 60.0)
+    book.serve_metrics(port, "127.0.0.1")
+    cfg = _cfg(store, "kafka://127.0.0.1:1/samples", full_every="1d", train_dense=True, keep_versions=1)
+    calls = []
+
+    def retain(root, model, keep):
+        calls.append(keep)
+        if len(calls) == 1:
+            raise OSError("disk went away")
+        return []
+
+    monkeypatch.setattr(ms, "retain", retain)
+    try:
+        full = FullVersions(cfg, book, lambda: 0.0)
+        for _ in range(2):
+            full._retain()
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        book.close()
+    assert calls == [1, 1] and "retention (--keep-versions 1) failed: disk went away" in caplog.text
+    assert "recserve_follow_retention_failures_total 1.0" in metrics

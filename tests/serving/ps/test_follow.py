@@ -87,6 +87,25 @@ def test_corrupt_delta_refused_and_serving_continues(setup):
     assert served.delta_seq == -1 and np.array_equal(served.lookup(SIGNS)[0], before)
 
 
+def test_deltas_read_together_stop_at_a_corrupt_one_and_apply_those_before_it(setup):
+    """Pending deltas flip in one overlay build; a corrupt one among them is refused, the ones
+    before it are applied, the ones after it wait on it (they build on it)."""
+    root, trainer, v1, served, follower = setup
+    follower.poll()
+    applied = None
+    for k in range(3):
+        trainer.apply_gradients(SIGNS[k * 50 : (k + 1) * 50], np.ones((50, DIM), np.float32))
+        seq = cut_delta(root, v1, trainer)
+        if k == 0:
+            applied = trainer.lookup(SIGNS)[0].copy()
+        if k == 1:
+            rows = next(ms.delta_dir(ms.version_dir(root, "m", v1), seq).rglob("rows.npy"))
+            rows.write_bytes(rows.read_bytes()[:-8] + b"\x01" * 8)
+    assert [e.split(":")[0] for e in follower.poll()] == ["delta 0"]
+    assert served.delta_seq == 0 and np.array_equal(served.lookup(SIGNS)[0], applied)
+    assert follower.versions.is_refused(v1, 1) and "delta 1 of version" in follower.versions.refused[(v1, 1)]
+
+
 def test_version_without_success_or_other_schema_is_refused(setup):
     root, trainer, v1, served, follower = setup
     follower.poll()

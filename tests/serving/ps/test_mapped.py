@@ -62,6 +62,34 @@ def test_table_lookups_equal_a_dict_of_the_same_rows():
     assert table.find(query[:0]).tolist() == [] and (table.find(query) >= 0).sum() == 3_000
 
 
+def test_a_table_with_signs_upserted_equals_one_built_from_them_all():
+    """``upserted`` merges new signs into the bucket order and overwrites present ones: the result
+    is the table ``build`` makes of the same final rows (keys, rows, tombstones, directory)."""
+    rng = np.random.default_rng(3)
+    signs = np.unique(rng.integers(1, 2**63, 4_000, dtype=np.uint64))
+    rng.shuffle(signs)
+    want: dict[int, tuple[np.ndarray, bool]] = {}
+    table = BucketTable.empty(DIM)
+    for k in range(5):  # new signs, present ones changed, tombstones set and cleared
+        batch = np.unique(
+            np.concatenate([signs[k * 700 : (k + 1) * 700], rng.choice(signs[: k * 700 + 1], 200)])
+        )
+        rows = rng.standard_normal((len(batch), DIM)).astype(np.float32)
+        dead = rng.random(len(batch)) < 0.2
+        table = table.upserted(batch, rows, dead)
+        want.update(zip(batch.tolist(), zip(rows, dead.tolist(), strict=True), strict=True))
+        keys = np.array(list(want), np.uint64)
+        built = BucketTable.build(
+            keys, np.stack([r for r, _ in want.values()]), np.array([d for _, d in want.values()])
+        )
+        assert table.bits == built.bits and np.array_equal(table.buckets, built.buckets)
+        assert sorted(table.keys.tolist()) == sorted(keys.tolist())
+        slots = table.find(keys)
+        np.testing.assert_array_equal(table.rows[slots], built.rows[built.find(keys)])
+        np.testing.assert_array_equal(table.dead[slots], built.dead[built.find(keys)])
+    assert table.find(rng.integers(1, 2**63, 100, dtype=np.uint64)).max() == -1
+
+
 def test_checksum_passes_take_turns_host_wide(tmp_path, monkeypatch):
     """With one slot a second pass waits until the first is done; with two, both run."""
     import fcntl
@@ -171,6 +199,42 @@ def test_a_mapped_version_plus_deltas_answers_like_the_training_store(tmp_path):
         assert len(served) == len(trainer) and served.delta_seq == trainer.delta_seq
     every = trainer.snapshot().signs
     assert all(s in served for s in every[:200])
+
+
+def test_deltas_applied_in_one_overlay_build_answer_as_one_at_a_time(tmp_path):
+    """A shard loading a version with many deltas builds its overlay once (``with_deltas``); the
+    answers are the ones a delta at a time gives: later deltas win, a row beats a deletion of the
+    same delta, a deleted sign can come back."""
+    trainer, signs = _trainer(5_000)
+    trainer.version = "7"
+    trainer.dump(tmp_path / "full")
+    rng = np.random.default_rng(4)
+    deltas = []
+    for k in range(6):
+        trainer.assign(
+            rng.choice(signs, 300, replace=False), rng.standard_normal((300, DIM)).astype(np.float32)
+        )
+        if k == 2:
+            trainer._remove(np.sort(rng.choice(len(trainer), 200, replace=False)))
+        if k == 4:  # some deleted signs come back
+            trainer.assign(signs[:40], np.full((40, DIM), 5.0, np.float32))
+        trainer.dump_delta(tmp_path / f"d{k}")
+        deltas.append(tmp_path / f"d{k}")
+    one, batch = (MappedStore(StoreConfig(table=TableSpec(dim=DIM))) for _ in range(2))
+    for s in (one, batch):
+        s.open(tmp_path / "full")
+    for d in deltas:
+        one.apply_delta(d)
+    datas = [batch.read(d, delta=True) for d in deltas]
+    with pytest.raises(StoreError, match="does not follow"):  # a gap: nothing applied
+        batch.apply_deltas_data([datas[0], *datas[2:]])
+    assert batch.delta_seq == one.served.delta_seq - 6
+    assert batch.apply_deltas_data(datas[:2]) == sum(len(d.signs) for d in datas[:2])
+    assert batch.apply_deltas_data(datas) == sum(len(d.signs) for d in datas[2:])  # the first two skipped
+    probe = _probe(signs, seed=9)
+    np.testing.assert_array_equal(batch.lookup(probe)[0], one.lookup(probe)[0])
+    np.testing.assert_array_equal(batch.lookup(probe)[0], trainer.lookup(probe)[0])
+    assert len(batch) == len(one) == len(trainer) and batch.delta_seq == one.delta_seq == trainer.delta_seq
 
 
 def test_a_dump_of_another_shard_count_is_resharded_in_memory(tmp_path):
