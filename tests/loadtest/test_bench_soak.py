@@ -28,7 +28,7 @@ def test_bench_soak_reports_every_window_and_counts_samples_across_the_kills(ben
 
 
 def test_spans_group_times_within_the_gap():
-    from loadtest.bench_soak import spans
+    from loadtest.soak_figures import spans
 
     assert spans(np.array([])) == []
     assert spans(np.array([10.0, 3.0, 3.5, 11.0, 30.0])) == [[3.0, 3.5, 2], [10.0, 11.0, 2], [30.0, 30.0, 1]]
