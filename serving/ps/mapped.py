@@ -114,7 +114,7 @@ class Served:
         was[in_overlay] = ~o.dead[slots[in_overlay]] if len(o.dead) else True
         was[~in_overlay] = self.base.find(signs[~in_overlay]) >= 0
         live = self.rows + int((~dead).sum()) - int(was.sum())
-        overlay = o.upserted(signs, rows, dead, None if qparams is None else qparams[keep])
+        overlay = o.upserted(signs, rows, dead, None if qparams is None else qparams[keep], slots=slots)
         return Served(self.base, overlay, self.version, seq, live)
 
 

@@ -103,13 +103,18 @@ class BucketTable:
         return cls(np.ascontiguousarray(signs[order]), rows, directory, bits, d, qparams=qp)
 
     def upserted(
-        self, signs: np.ndarray, rows: np.ndarray, dead: np.ndarray, qparams: np.ndarray | None = None
+        self,
+        signs: np.ndarray,
+        rows: np.ndarray,
+        dead: np.ndarray,
+        qparams: np.ndarray | None = None,
+        slots: np.ndarray | None = None,
     ) -> BucketTable:
         """A new table: this one with the distinct ``signs`` set to ``rows`` (tombstoned where
         ``dead``); self is unchanged. The new signs are sorted alone and inserted into the bucket
         order: copies of this table plus a sort of the new signs, where ``build`` sorts them all
         (a delta into an overlay of 50,000 rows: ~21 ms a build, on the thread that also serves)."""
-        slots = self.find(signs)
+        slots = self.find(signs) if slots is None else slots  # ``slots``: the caller's find of ``signs`` here
         fresh = slots < 0
         h_new = shards.table_hash(signs[fresh])
         order = np.argsort(h_new)
