@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from model_store.runtimes import DenseFn, DenseRuntime, as_array, check_inputs, quiet_deprecations, register
+from model_store.runtimes import (
+    DenseFn,
+    DenseRuntime,
+    as_array,
+    check_inputs,
+    quiet_deprecations,
+    register,
+    torch_threads,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -38,10 +46,12 @@ def load(path: Path, num_threads: int | None) -> DenseFn:
 
     module = load_module(path)
     shape = (int(module.num_slots), int(module.dim), int(module.num_dense))
+    pin_threads = torch_threads(num_threads)
 
     def predict(pooled: NDArray[Any], dense: NDArray[Any]) -> NDArray[np.float32]:
         p, d = as_array(pooled), as_array(dense)
         check_inputs(p, d, *shape)
+        pin_threads()
         with torch.inference_mode():
             logits: NDArray[np.float32] = module(torch.from_numpy(p), torch.from_numpy(d)).numpy()
         return logits

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -26,3 +28,22 @@ def test_round_trip_exact(kind: str, num_dense: int, tmp_path) -> None:
     assert torch.equal(torch.from_numpy(served), expected)
     frozen = torchscript.load_module(path)  # what the follower trains through
     assert not frozen.training and torch.equal(frozen(pooled, dense), expected)
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated:DeprecationWarning")
+def test_a_model_runs_at_its_thread_count_in_whichever_thread_scores(tmp_path) -> None:
+    """torch's intra-op count is a per-thread OpenMP setting: a frontend loads in one thread and
+    scores in another, which must not keep its own (a spinning second thread, 4x the latency)."""
+    path = torchscript.RUNTIME.write(make("dlrm", F).eval(), tmp_path / "dense.pt", *inputs(2, F))
+    predict = torchscript.load(path, 1)
+    seen: list[int] = []
+
+    def score() -> None:
+        torch.set_num_threads(2)  # what a thread that ran torch before the load holds
+        predict(*inputs(4, F))
+        seen.append(torch.get_num_threads())
+
+    thread = threading.Thread(target=score)
+    thread.start()
+    thread.join()
+    assert seen == [1]
