@@ -46,6 +46,7 @@ from model_store.errors import StoreError
 from model_store.meta import ShardMeta
 from model_store.quant import StoredRows, bytes_per_row
 from model_store.shards import ShardData
+from serving import memory
 from serving.ps.config import StoreConfig, as_signs, not_held
 from serving.ps.table import BucketTable
 
@@ -268,6 +269,8 @@ class MappedStore:
         idle = [v for v in list(self.kept) if now - self._named.get(v, now) >= self.keep_s]
         for v in idle:
             self._drop(v)
+        if idle:  # its overlay's arrays back to the system, as after a switch (serving/memory.py)
+            memory.trim()
         return idle
 
     def _drop(self, version: str) -> None:
