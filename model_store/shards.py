@@ -117,6 +117,12 @@ class ShardData:
     qparams: NDArray[np.float16] | None = None
     """int8 only: each row's fp16 scale and bias (``model_store.quant``)."""
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all its arrays."""
+        arrays = [self.signs, self.rows, self.stamp, self.count, self.deleted, *self.state.values()]
+        return sum(a.nbytes for a in arrays) + (0 if self.qparams is None else self.qparams.nbytes)
+
     def encoded(self, dtype: str) -> ShardData:
         """These (float32) rows in serving dtype ``dtype`` (int8: quantized row-wise), recorded in
         the meta's ``row_dtype``; optimizer state and counters stay as they are."""

@@ -293,6 +293,11 @@ class MappedStore:
     def apply_delta_data(self, data: ShardData) -> int:
         return self.apply_deltas_data([data])
 
+    @property
+    def overlay_bytes(self) -> int:
+        """Bytes of the served version's overlay (the rows its deltas changed)."""
+        return self.served.overlay.nbytes
+
     def apply_deltas_data(self, deltas: list[ShardData]) -> int:
         """Apply ``deltas`` (in seq order) in one flip; returns the rows of those applied."""
         before = self.served.delta_seq

@@ -56,6 +56,28 @@ def test_follows_current_then_deltas_in_order(setup):
     assert np.array_equal(rows, trainer.lookup(SIGNS)[0]) and answered == (v1, 2)
 
 
+@pytest.mark.parametrize("batch_bytes", [1, 1 << 30])
+def test_deltas_read_together_flip_in_builds_of_bounded_bytes(setup, monkeypatch, batch_bytes):
+    """A poll that finds several deltas merges them in builds of about ``BATCH_BYTES`` (or the
+    overlay's bytes, where larger): memory stays bounded, and the rows are the same however the
+    deltas were grouped."""
+    from serving.ps import follow
+
+    root, trainer, v1, served, follower = setup
+    follower.poll()
+    for k in range(4):
+        trainer.apply_gradients(SIGNS[k * 50 : (k + 1) * 50], np.full((50, DIM), 1.0, np.float32))
+        cut_delta(root, v1, trainer)
+    builds: list[int] = []
+    apply = served.apply_deltas_data
+    monkeypatch.setattr(served, "apply_deltas_data", lambda ds: builds.append(len(ds)) or apply(ds))
+    monkeypatch.setattr(follow, "BATCH_BYTES", batch_bytes)
+    assert len(follower.poll()) == 4 and sum(builds) == 4
+    assert builds == [4] if batch_bytes > 1 else len(builds) > 1
+    rows, _, answered = served.rows_of(SIGNS)
+    assert np.array_equal(rows, trainer.lookup(SIGNS)[0]) and answered == (v1, 3)
+
+
 def test_deltas_are_idempotent_and_carry_deletions(setup):
     root, trainer, v1, served, follower = setup
     follower.poll()
