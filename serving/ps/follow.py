@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
+import sys
 import time
 from pathlib import Path
 
@@ -211,10 +211,18 @@ def not_serving_reason(store, follower) -> str:
     return f"embedding shard {cfg.shard} of {cfg.num_shards} serves no version: {why}"
 
 
-def lower_thread_priority() -> None:
-    """Run this thread at nice 10: a version's checksum pass and an overlay build must not take
-    the CPU from the event loop's lookups (CFS gives a nice-10 thread ~1/10 of a nice-0 one)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):  # not Linux, or not permitted: run at normal priority
-        pass
+SWITCH_INTERVAL_S = 0.001
+"""The interpreter's switch interval in a process whose follower thread runs beside its requests."""
+
+
+def follow_beside_requests() -> None:
+    """Set up a follower thread that shares its process's interpreter with the requests (a PS's
+    event loop, a scoring process's co-located lookups): it runs at normal priority, and the
+    process hands the GIL over every ``SWITCH_INTERVAL_S``.
+
+    It ran at nice 10, which inverted priorities: a nice thread holding the GIL, preempted by the
+    scheduler on a busy host, kept every request waiting for it until it ran again. Lookups of
+    4,000 IDs beside a follower applying the soak's deltas every 40 ms, two busy processes on the
+    2 vCPUs: max 15-145 ms with it at nice 10, 7.6-8.0 ms at normal priority. Its checksum passes
+    are paced instead (``shards.VERIFY_DUTY``)."""
+    sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from serving import freshness, notices
 from serving.ps.config import ServingShardConfig, ShardConfig, StoreConfig, TrainingShardConfig
-from serving.ps.follow import lower_thread_priority, not_serving_reason
+from serving.ps.follow import follow_beside_requests, not_serving_reason
 
 if TYPE_CHECKING:
     from serving.ps.server import EmbeddingPSServicer
@@ -118,7 +118,7 @@ class Background:
         if isinstance(config, ServingShardConfig) and self.follower is not None:
             from concurrent.futures import ThreadPoolExecutor
 
-            self.pool = ThreadPoolExecutor(1, "follow", initializer=lower_thread_priority)
+            self.pool = ThreadPoolExecutor(1, "follow", initializer=follow_beside_requests)
             registry = getattr(servicer.metrics, "registry", None)  # --notices (None: the poll alone)
             self.notices = freshness.follow_notices(config.notices, config.model_dir, registry, "ps",
                                                     lambda: [(config.shard, self.follower)])  # fmt: skip

@@ -35,7 +35,7 @@ from model_store.errors import StoreError
 from serving.notices import Notices, Wake
 from serving.ps.client import ShardError
 from serving.ps.config import StoreConfig
-from serving.ps.follow import Follower, lower_thread_priority, not_serving_reason
+from serving.ps.follow import Follower, follow_beside_requests, not_serving_reason
 from serving.ps.mapped import MappedStore
 from serving.ps.spec import TableSpec
 from serving.rpc.errors import NotServing
@@ -118,7 +118,7 @@ class ColocatedShard:
         return events
 
     def _follow(self) -> None:
-        lower_thread_priority()  # checksums and overlay builds yield the CPU to the requests
+        follow_beside_requests()
         while not self._stop.is_set():
             self._wake.wait(self._poll_s)
             if self._stop.is_set():
