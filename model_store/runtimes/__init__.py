@@ -25,7 +25,6 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -174,22 +173,20 @@ def quiet_deprecations() -> Iterator[None]:
 
 
 def torch_threads(num_threads: int | None) -> Callable[[], None]:
-    """A setter of torch's intra-op threads for the thread that calls it, run once per thread.
+    """A setter of torch's intra-op threads for the thread that calls it (a loaded model calls it
+    before each run; None keeps each thread's count).
 
     torch's count is OpenMP's, which is a setting of each thread: ``torch.set_num_threads`` in the
     thread that loads a model leaves the thread that scores with it at the count it had (the
-    default, one per core, if it ran torch before). There, two OpenMP threads on a two-core host
-    ran every 20-row request, the second spinning between requests: 7.7 ms p50 and ~47% of a CPU
-    at 50 rps, against 2.0 ms and 8% at one. A loaded model calls this before each run; None
-    keeps each thread's count."""
-    done = threading.local()
+    default, one per core, if it ran torch before), and later code in that thread may set it again.
+    There, two OpenMP threads on a two-core host ran every 20-row request, the second spinning
+    between requests: 7.7 ms p50 and ~47% of a CPU at 50 rps, against 2.0 ms and 8% at one."""
 
     def pin() -> None:
-        if num_threads is not None and not getattr(done, "pinned", False):
-            import torch
+        import torch
 
+        if num_threads is not None and torch.get_num_threads() != num_threads:
             torch.set_num_threads(num_threads)
-            done.pinned = True
 
     return pin
 

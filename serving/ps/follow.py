@@ -1,6 +1,7 @@
 r"""A PS shard following its model in the model store: new versions and deltas, live.
 
-``Follower.poll()`` (called by the server off the event loop, at low priority, at each notice
+``Follower.poll()`` (called by the server off the event loop, on a thread at normal priority
+(``follow_beside_requests``), at each notice
 that ``wants`` names something new -- ``serving.notices`` -- and every ``poll_s`` anyway) reads
 ``<model>/CURRENT`` (or serves the ``pin``\ ned version). A new version passes the one gate
 (``model_store.validate`` against the manifest of the version served: ``_SUCCESS``, manifest,
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,8 +44,8 @@ BATCH_BYTES = 4 << 20
 or the overlay's own bytes where it is larger (each build copies the overlay: the copies cost at
 most as much as the deltas merged). Memory stays bounded however many deltas a version has. A
 shard starting on the soak's version with its 1,005 small deltas: all in one build peaked 48 MB
-over its start and kept 8 MB of fragmented heap after ``memory.trim``; in builds of 4 MB, 12 MB
-and 2 MB, in the same 0.7-0.8 s."""
+over its start and kept 8 MB of fragmented heap after ``memory.trim``; in builds of 4 MB, 10 MB
+and 2 MB, in the same 0.7-0.9 s."""
 
 
 class Follower:
@@ -153,7 +154,9 @@ class Follower:
                 break  # later deltas build on this one
             batch.append((seq, ddir, data))
             held += data.nbytes
-            if not hasattr(store, "apply_deltas_data") or held >= max(BATCH_BYTES, store.overlay_bytes):
+            if not hasattr(store, "apply_deltas_data") or held >= max(
+                BATCH_BYTES, getattr(store, "overlay_bytes", 0)
+            ):
                 if not self._flip(version, store, batch, events, observe):
                     return events
                 batch, held = [], 0
@@ -211,18 +214,17 @@ def not_serving_reason(store, follower) -> str:
     return f"embedding shard {cfg.shard} of {cfg.num_shards} serves no version: {why}"
 
 
-SWITCH_INTERVAL_S = 0.001
-"""The interpreter's switch interval in a process whose follower thread runs beside its requests."""
-
-
 def follow_beside_requests() -> None:
     """Set up a follower thread that shares its process's interpreter with the requests (a PS's
-    event loop, a scoring process's co-located lookups): it runs at normal priority, and the
-    process hands the GIL over every ``SWITCH_INTERVAL_S``.
+    event loop, a scoring process's co-located lookups): it runs at normal priority.
 
     It ran at nice 10, which inverted priorities: a nice thread holding the GIL, preempted by the
     scheduler on a busy host, kept every request waiting for it until it ran again. Lookups of
     4,000 IDs beside a follower applying the soak's deltas every 40 ms, two busy processes on the
-    2 vCPUs: max 15-145 ms with it at nice 10, 7.6-8.0 ms at normal priority. Its checksum passes
-    are paced instead (``shards.VERIFY_DUTY``)."""
-    sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+    2 vCPUs: max 19 and 145 ms at nice 10, 7.9 and 8.0 ms at normal priority (a 1 ms GIL switch
+    interval made no difference at normal priority). Its checksum passes are paced instead
+    (``shards.VERIFY_DUTY``)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 0)
+    except (AttributeError, OSError):  # not Linux, or not permitted: as it was
+        pass

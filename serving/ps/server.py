@@ -14,7 +14,7 @@ kernels in training, numpy over mapped arrays when serving), far less than a thr
 running every training-store call on one thread makes each of them (a delta application
 included) atomic with respect to lookups. What is slow runs on a worker thread: reading and
 writing dumps (the install/cut steps around it are inline), and a serving shard's follow polls
-(reads, checksums and overlay builds at low priority; the snapshot flip is one reference).
+(reads, paced checksums and overlay builds; the snapshot flip is one reference).
 
 Never serve nothing: a serving shard, following the model store, says NOT_SERVING on gRPC
 health until it serves a version, and answers a Lookup then with UNAVAILABLE naming the shard and

@@ -64,26 +64,17 @@ class Controller:
         self.registry = registry or CollectorRegistry()
         state = self.stack.state  # a pinned stack (up --version, not CURRENT) keeps its dense model
         self.versions = VersionTarget(self.stack.root, state.model, "controller", state.pin, self.registry)
-        self._shards: tuple[tuple[str, ...], list] = ((), [])
-        self.shard_clients()  # gRPC's core starts now (~14 MB), not at the first switch
-
-    def shard_clients(self) -> list:
-        """A client of every PS shard in stack.json, kept for the controller's life (channels
-        reconnect by themselves; a changed address list opens new ones)."""
+        # a client of every PS shard, opened now and kept: gRPC's core (~14 MB) starts with the
+        # controller, not at its first switch, and the channels reconnect by themselves
         from serving.ps.client import PSClient
         from serving.stack import tls as stack_tls
 
-        addresses = tuple(self.stack.state.ps)
-        if addresses != self._shards[0]:
-            self.close()
-            tls = stack_tls.client(self.stack.state)
-            self._shards = addresses, [PSClient(a, timeout_s=2.0, tls=tls) for a in addresses]
-        return self._shards[1]
+        tls = stack_tls.client(state)
+        self.shards = [PSClient(a, timeout_s=2.0, tls=tls) for a in state.ps]
 
     def close(self) -> None:
-        for c in self._shards[1]:
+        for c in self.shards:
             c.close()
-        self._shards = (), []
 
     @property
     def served(self) -> str:
@@ -143,7 +134,7 @@ class Controller:
         shard that is briefly unreachable is waited for."""
         from serving.ps.client import ShardError
 
-        clients = self.shard_clients()
+        clients = self.shards
         deadline = time.monotonic() + self.shards_timeout_s
         while True:
             waiting = []
@@ -169,7 +160,7 @@ class Controller:
 def _preload() -> None:
     """Import what a dense switch uses now, at start (the gate, the archiver, TorchServe's
     clients), so that the first switch adds no step to the controller's memory; gRPC's core, the
-    larger step (43 -> 58 MB in a soak), starts with the shards' clients (``shard_clients``)."""
+    larger step (43 -> 58 MB in a soak), starts with the shards' clients (``Controller.shards``)."""
     import importlib
 
     for name in ("serving.ps.client", "serving.stack.tls", "model_store.releases", "serving.torchserve",

@@ -9,7 +9,7 @@ one copy, not N.
 
 A ``ColocatedShard`` is one shard of ONE version: its ``Follower`` is pinned to the version the
 scorer's dense model was exported with, so it serves exactly those rows, applies that version's
-deltas as they are published (polled by a background thread at low priority when a notice of
+deltas as they are published (polled by a background thread, ``follow_beside_requests``, when a notice of
 its version's next delta arrives, ``serving.notices``, and every ``poll_s`` anyway; each delta
 flipped in atomically, as in a PS), and never switches to another version: a scorer of
 the next version maps the next version's files (``serving.scoring``). The pin check (a version it does

@@ -56,26 +56,37 @@ def test_follows_current_then_deltas_in_order(setup):
     assert np.array_equal(rows, trainer.lookup(SIGNS)[0]) and answered == (v1, 2)
 
 
-@pytest.mark.parametrize("batch_bytes", [1, 1 << 30])
-def test_deltas_read_together_flip_in_builds_of_bounded_bytes(setup, monkeypatch, batch_bytes):
-    """A poll that finds several deltas merges them in builds of about ``BATCH_BYTES`` (or the
-    overlay's bytes, where larger): memory stays bounded, and the rows are the same however the
-    deltas were grouped."""
+@pytest.mark.parametrize(
+    "batch_bytes, overlay, builds",
+    # 1 byte a build: the first delta alone (no overlay yet), then its overlay outweighs the rest
+    [(1, 0, [1, 3]), (1, len(SIGNS), [4]), (1 << 30, 0, [4])],
+    ids=["bounded", "overlay-sized", "one-build"],
+)
+def test_deltas_read_together_flip_in_builds_of_bounded_bytes(
+    setup, monkeypatch, batch_bytes, overlay, builds
+):
+    """A poll that finds several deltas merges them in builds of ``BATCH_BYTES`` or of the
+    overlay's bytes, whichever is larger (a build copies the overlay): memory stays bounded, and
+    the rows are the same however the deltas were grouped."""
     from serving.ps import follow
 
     root, trainer, v1, served, follower = setup
     follower.poll()
-    for k in range(4):
-        trainer.apply_gradients(SIGNS[k * 50 : (k + 1) * 50], np.full((50, DIM), 1.0, np.float32))
+    if overlay:  # a first delta that changes every row: an overlay larger than the deltas after it
+        trainer.apply_gradients(SIGNS[:overlay], np.full((overlay, DIM), 0.5, np.float32))
         cut_delta(root, v1, trainer)
-    builds: list[int] = []
+        follower.poll()
+    for k in range(4):
+        trainer.apply_gradients(SIGNS[k * 20 : (k + 1) * 20], np.full((20, DIM), 1.0, np.float32))
+        cut_delta(root, v1, trainer)
+    built: list[int] = []
     apply = served.apply_deltas_data
-    monkeypatch.setattr(served, "apply_deltas_data", lambda ds: builds.append(len(ds)) or apply(ds))
+    monkeypatch.setattr(served, "apply_deltas_data", lambda ds: built.append(len(ds)) or apply(ds))
     monkeypatch.setattr(follow, "BATCH_BYTES", batch_bytes)
-    assert len(follower.poll()) == 4 and sum(builds) == 4
-    assert builds == [4] if batch_bytes > 1 else len(builds) > 1
+    assert len(follower.poll()) == 4
+    assert built == builds
     rows, _, answered = served.rows_of(SIGNS)
-    assert np.array_equal(rows, trainer.lookup(SIGNS)[0]) and answered == (v1, 3)
+    assert np.array_equal(rows, trainer.lookup(SIGNS)[0]) and answered == (v1, 4 if overlay else 3)
 
 
 def test_deltas_are_idempotent_and_carry_deletions(setup):

@@ -67,10 +67,13 @@ def test_the_ps_follower_and_the_controller_refuse_with_the_gates_message(tmp_pa
     run_dir = tmp_path / "run"
     _stack_json(run_dir, root, v1)
     controller = Controller(run_dir)
-    assert controller.step() is None and controller.step() is None
-    assert controller.served == v1
-    assert read_state(run_dir).refused == {v2: message}
-    assert _refusals(controller.registry, "controller") == 1
+    try:
+        assert controller.step() is None and controller.step() is None
+        assert controller.served == v1
+        assert read_state(run_dir).refused == {v2: message}
+        assert _refusals(controller.registry, "controller") == 1
+    finally:
+        controller.close()
 
 
 @pytest.mark.slow
@@ -92,7 +95,9 @@ def test_recserve_versions_shows_what_each_component_serves_and_why_a_version_is
             assert ps.lookup(SIGNS[:3])[0].shape == (3, DIM)  # still serving v1
         run_dir = tmp_path / "run"
         _stack_json(run_dir, root, v1, ps=[f"127.0.0.1:{ps_port}"], worker=f"127.0.0.1:{worker_port}")
-        Controller(run_dir).step()  # the controller refuses it too, into stack.json
+        controller = Controller(run_dir)
+        controller.step()  # the controller refuses it too, into stack.json
+        controller.close()
         with WorkerClient(f"127.0.0.1:{worker_port}", timeout_s=5.0) as worker:  # up before it is asked
             grpc.channel_ready_future(worker.channel).result(timeout=60)
         proc = subprocess.run(
