@@ -12,7 +12,12 @@ import pytest
 from loadtest import netns
 from tests.helpers import wait_until
 
-SERVER = "import socket,sys; s=socket.create_server((sys.argv[1], 7000)); print('up', flush=True); c,_=s.accept(); c.sendall(b'hi'); c.close()"
+# it answers every connection: a try whose reply came after its client's timeout (a loaded host)
+# must not leave the next try refused
+SERVER = (
+    "import socket,sys\ns=socket.create_server((sys.argv[1], 7000)); print('up', flush=True)\n"
+    "while True:\n c,_=s.accept(); c.sendall(b'hi'); c.close()"
+)
 
 
 def _connect(address: str, timeout_s: float) -> bytes:
