@@ -181,10 +181,9 @@ def torch_threads(num_threads: int | None) -> Callable[[], None]:
     default, one per core, if it ran torch before), and later code in that thread may set it again.
     There, two OpenMP threads on a two-core host ran every 20-row request, the second spinning
     between requests: 7.7 ms p50 and ~47% of a CPU at 50 rps, against 2.0 ms and 8% at one."""
+    import torch
 
     def pin() -> None:
-        import torch
-
         if num_threads is not None and torch.get_num_threads() != num_threads:
             torch.set_num_threads(num_threads)
 

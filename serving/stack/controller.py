@@ -134,11 +134,10 @@ class Controller:
         shard that is briefly unreachable is waited for."""
         from serving.ps.client import ShardError
 
-        clients = self.shards
         deadline = time.monotonic() + self.shards_timeout_s
         while True:
             waiting = []
-            for i, c in enumerate(clients):
+            for i, c in enumerate(self.shards):
                 try:
                     st = c.stats()
                 except ShardError as e:
@@ -163,8 +162,8 @@ def _preload() -> None:
     larger step (43 -> 58 MB in a soak), starts with the shards' clients (``Controller.shards``)."""
     import importlib
 
-    for name in ("serving.ps.client", "serving.stack.tls", "model_store.releases", "serving.torchserve",
-                 "model_archiver.model_packaging", "model_archiver.model_packaging_utils"):  # fmt: skip
+    for name in ("model_store.releases", "serving.torchserve", "model_archiver.model_packaging",
+                 "model_archiver.model_packaging_utils"):  # fmt: skip
         importlib.import_module(name)
 
 
