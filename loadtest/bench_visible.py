@@ -69,6 +69,11 @@ def role_argv(host: netns.Host, spec: list[str]) -> list[tuple[str, list[str], s
     return out
 
 
+def followers_of(name: str) -> int:
+    """How many followers the role ``name`` runs: a frontend one per co-located shard, a PS one."""
+    return len(PS_PORTS) if name.startswith("serve") else 1
+
+
 def scrape(url: str) -> dict[str, float]:
     """{name{labels}: value} of the notice and visibility samples on a /metrics page."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -124,7 +129,9 @@ def in_use_everywhere(
         for name, *_, url in roles:
             if name not in seen:
                 v, notice = visible(url)
-                if v and all(s == seq for s, _ in v.values()):
+                # a follower reports nothing before its first delta: a frontend's two co-located
+                # shards count only once both report, or delta 0 would pass on one of them
+                if len(v) == followers_of(name) and all(s == seq for s, _ in v.values()):
                     seen[name] = (max(lag for _, lag in v.values()), notice)
         return len(seen) == len(roles)
 
