@@ -29,10 +29,16 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-def trim() -> bool:
-    """Return the allocator's free pages to the system; whether any were (False without glibc)."""
-    import gc
+def trim(collect: bool = True) -> bool:
+    """Return the allocator's free pages to the system; whether any were (False without glibc).
 
-    gc.collect()  # the dropped version's cycles first
+    ``collect`` runs a full garbage collection first, for cycles that hold what was dropped. A
+    process that serves requests passes False: a version's arrays have no cycles and go with their
+    last reference, and a full collection holds the GIL for 7 ms in a PS shard and 45-60 ms in a
+    process that imported torch (a scoring frontend), stalling every request meanwhile."""
+    if collect:
+        import gc
+
+        gc.collect()
     libc = _libc()
     return bool(libc.malloc_trim(0)) if libc is not None else False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import numpy as np
@@ -164,6 +165,31 @@ def test_rollback_restores_the_earlier_rows_exactly(setup):
     assert rollback(root, "m") == v1
     follower.poll()
     assert served.version == v1 and np.array_equal(served.lookup(SIGNS)[0], v1_rows)
+
+
+def test_a_switch_and_a_release_run_no_garbage_collection(tmp_path):
+    """Beside requests a follower gives memory back without a collection: one holds the GIL for
+    tens of ms in a process that imported torch (serving/memory.py)."""
+    trainer = _store()
+    trainer.lookup(SIGNS, insert=True)
+    publish(tmp_path, "m", make_rows_version(tmp_path, trainer))
+    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)), keep_s=0.0)
+    follower = Follower(served, tmp_path / "m")
+    follower.poll()
+    trainer.apply_gradients(SIGNS, np.ones((len(SIGNS), DIM), np.float32))
+    v2 = make_rows_version(tmp_path, trainer)
+    publish(tmp_path, "m", v2)
+    collections: list[int] = []
+    record = lambda phase, info: collections.append(info["generation"]) if phase == "start" else None  # noqa: E731
+    gc.disable()  # only a collection the code asks for counts
+    gc.callbacks.append(record)
+    try:
+        follower.poll()
+        released = served.release_idle()
+    finally:
+        gc.callbacks.remove(record)
+        gc.enable()
+    assert served.version == v2 and released and collections == []
 
 
 def test_no_lookup_mixes_old_and_new_rows(tmp_path):
