@@ -19,7 +19,10 @@ def loading_priority(niceness: int = 10) -> Iterator[None]:
     load otherwise stalls live requests for seconds. ``recserve up`` starts TorchServe's Python
     workers niced already (their start-up imports come before the handler runs); this keeps the
     handler's own loading niced and then returns the process to niceness 0. That needs
-    CAP_SYS_NICE; without it the process keeps the lower priority and says so."""
+    CAP_SYS_NICE; without it the process keeps the lower priority and says so.
+
+    Only where nothing in the process is serving yet: a niced thread that shares the GIL with
+    requests (``recserve serve``'s loader, a follower) inverts priorities on a busy host."""
     try:
         os.setpriority(os.PRIO_PROCESS, 0, max(os.getpriority(os.PRIO_PROCESS, 0), niceness))
     except OSError:

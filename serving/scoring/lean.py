@@ -15,7 +15,7 @@ drains: uvicorn stops accepting, lets the requests in flight finish, then the pr
 The frontend follows the model store itself (no controller): at each notice of a new CURRENT
 (``--notices``: ``serving.notices``, which also wake its co-located shards for each delta) and
 every ``poll_s`` anyway, it reads CURRENT (or serves ``--version``); a new version passes the one gate (``model_store.validate`` against the
-served manifest), then a new ``Scorer`` loads beside the serving one at low priority -- mapping its
+served manifest), then a new ``Scorer`` loads beside the serving one on a thread of its own -- mapping its
 co-located shards, and warming up until every remote shard holds the version -- and replaces it in
 one reference assignment. Each scorer pins its lookups to its own version, and a request uses one
 scorer from start to end, so no response mixes versions. The replaced scorer is closed after
@@ -43,7 +43,6 @@ import model_store as ms
 from model_store.dense import RUNTIMES
 from serving.freshness import follow_notices
 from serving.notices import AsyncWake
-from serving.priority import loading_priority
 from serving.scoring.asgi import PREDICTIONS, App
 from serving.scoring.core import Scorer, ScoringConfig
 from serving.scoring.errors import Reply
@@ -188,8 +187,9 @@ class Frontend:
         try:
             ms.validate(cfg.store, cfg.model, target, old.manifest if old else None, verify=False)
             vdir = ms.version_dir(cfg.store, cfg.model, target)
-            with loading_priority():
-                new = Scorer(replace(cfg.scoring, version_dir=str(vdir)), notices=self.notices)
+            # at normal priority, as the followers (serving.ps.follow.follow_beside_requests): a
+            # thread that shares the GIL with the requests inverts priorities at nice 10
+            new = Scorer(replace(cfg.scoring, version_dir=str(vdir)), notices=self.notices)
         except (ms.ModelStoreError, ValueError) as e:  # final: this version will not load as it is
             self.versions.refuse(target, f"version {target} refused: {e}")
             return None
@@ -228,8 +228,11 @@ class Frontend:
         from concurrent.futures import ThreadPoolExecutor
 
         loop = asyncio.get_running_loop()
-        # its own thread: loading runs at nice 10 (loading_priority), which a thread without
-        # CAP_SYS_NICE cannot undo -- it must not be a thread that later scores requests
+        # its own thread: a load blocks for seconds, and the event loop must go on scoring. It runs
+        # at normal priority: at nice 10, preempted on a busy host while holding the GIL, it kept
+        # the event loop waiting (a new Scorer built three times beside 20-item scoring, two busy
+        # processes on the 2 vCPUs: p99 28-43 ms and max 45-180 ms at nice 10, 7.5-23 and 38-48 ms
+        # at normal priority)
         loader = ThreadPoolExecutor(1, "serve-follow")
         current_moved = lambda n: n.delta_seq < 0 and not self.config.version  # noqa: E731
         wake = AsyncWake(self.notices, current_moved)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -211,3 +212,29 @@ def test_sigterm_drains_and_exits_0(lean):
     _, _, proc, _, log = lean
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0, "".join(log)
+
+
+def test_a_version_loads_at_the_priority_requests_are_scored_at(trained, monkeypatch):
+    """The loader shares the GIL with the requests: at nice 10, preempted while holding it, it kept
+    them waiting (serving/scoring/lean.py ``Frontend.follow``)."""
+    from serving.scoring import lean as lean_module
+
+    seen: list[int] = []
+
+    class Recording(lean_module.Scorer):
+        def __init__(self, *a, **kw):
+            seen.append(os.getpriority(os.PRIO_PROCESS, 0))  # this thread's niceness (Linux)
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(lean_module, "Scorer", Recording)
+    frontend = lean_module.Frontend(lean_module.ServeConfig(store=str(trained[0]), disable_token_auth=True))
+    try:
+        loaded: list = []
+        loader = threading.Thread(target=lambda: loaded.append(frontend.step()))  # as follow's loader
+        loader.start()
+        loader.join(120)
+        assert loaded == [Path(trained[1].version_dir).name] and seen == [
+            os.getpriority(os.PRIO_PROCESS, 0)
+        ], (loaded, seen)
+    finally:
+        frontend.close()
