@@ -123,8 +123,7 @@ class Follower:
         rows = self.store.adopt(staging)  # the atomic flip, deltas included
         self.served_manifest = manifest
         del staging
-        memory.trim(collect=False)  # the deltas read for the flip, back to the system; beside
-        # requests, so without a garbage collection (serving/memory.py)
+        memory.trim(collect=False)  # the deltas read for the flip (beside requests: serving/memory.py)
         self.switch_s = time.perf_counter() - t0
         msg = (f"version {old} -> {version}: {rows} rows, deltas up to {self.store.delta_seq} "
                f"({len(applied)} applied before the flip) in {self.switch_s:.2f}s")  # fmt: skip

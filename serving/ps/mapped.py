@@ -270,7 +270,7 @@ class MappedStore:
         for v in idle:
             self._drop(v)
         if idle:  # its overlay's arrays back to the system, as after a switch (serving/memory.py)
-            memory.trim(collect=False)  # beside requests: no collection (serving/memory.py)
+            memory.trim(collect=False)
         return idle
 
     def _drop(self, version: str) -> None:

@@ -187,8 +187,6 @@ class Frontend:
         try:
             ms.validate(cfg.store, cfg.model, target, old.manifest if old else None, verify=False)
             vdir = ms.version_dir(cfg.store, cfg.model, target)
-            # at normal priority, as the followers (serving.ps.follow.follow_beside_requests): a
-            # thread that shares the GIL with the requests inverts priorities at nice 10
             new = Scorer(replace(cfg.scoring, version_dir=str(vdir)), notices=self.notices)
         except (ms.ModelStoreError, ValueError) as e:  # final: this version will not load as it is
             self.versions.refuse(target, f"version {target} refused: {e}")
