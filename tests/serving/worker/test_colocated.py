@@ -168,3 +168,27 @@ def test_colocated_shards_apply_a_delta_at_its_inotify_event_not_the_poll(store)
         assert scorer.lookups.notices is not None and scorer.lookups.notices.count("ok") >= 1
     finally:
         scorer.close()
+
+
+def test_the_version_load_is_logged_at_info_and_each_delta_after_it_at_debug(store, tmp_path, caplog):
+    """A TorchServe worker's log lines cost its JVM CPU at the moment a delta's appliers wake: a
+    co-located shard says INFO once, at the version's load; routine deltas go to DEBUG."""
+    import logging
+
+    root = tmp_path / "store"
+    shutil.copytree(ms.model_dir(store, "criteo"), ms.model_dir(root, "criteo"))
+    caplog.set_level(logging.DEBUG, logger="recserve.worker.colocated")
+    shard = ColocatedShard(ms.version_dir(root, "criteo", "1"), 0, 2, 16, poll_s=3600)
+    try:
+        loaded = [r for r in caplog.records if r.name == "recserve.worker.colocated"]
+        assert [r.levelno for r in loaded] == [logging.INFO] and "version (none) -> 1" in loaded[0].message
+        caplog.clear()
+        writer = DeltaWriter(root, "criteo")
+        signs = writer.signs()[:100]
+        writer.assign(signs, writer.lookup(signs) + 0.5)
+        seq, _, _ = writer.publish()
+        assert any(e.startswith(f"delta {seq}:") for e in shard.poll())
+        applied = [r for r in caplog.records if r.name == "recserve.worker.colocated"]
+        assert [r.levelno for r in applied] == [logging.DEBUG] and f"delta {seq}:" in applied[0].message
+    finally:
+        shard.close()
