@@ -30,9 +30,11 @@ p50/p99/max, and the handler's stage times from ``Server-Timing``: a stall shows
 Writes loadtest/results/swap.json (``runs``, one per dtype x mode x round: ``failures``,
 ``mixed_responses``, ``p50/p99_steady_ms``, ``p50/p99_during_swap_ms``, ``p99_ratio`` (during
 swap / steady), ``p99_during_deltas_ms`` and ``p99_deltas_ratio`` (the deltas' windows only),
-``first_delta_p99_ms``, ``full_switch_window_s``, ``delta_visible_p50/p99_s`` (publish -> the
-first response that read it), ``delta_ps_live_p99_s`` (every PS shard), ``stages``, ``per_event``;
-``summary``: per dtype and mode, every round's p99s and the worst ratio) and
+``placebo_deltas_ratio`` {p50, p90} (that ratio for the same windows placed where no delta is:
+the noise it is compared with), ``first_delta_p99_ms``, ``full_switch_window_s``,
+``delta_visible_p50/p99_s`` (publish -> the first response that read it), ``delta_ps_live_p99_s``
+(every PS shard), ``stages``, ``per_event``; ``summary``: per dtype and mode, every round's p99s
+and the worst ratio) and
 swap-<lookups>-<dtype>-<round>.png (latency over time with every event marked). ``--quick``: 2
 deltas and the switch in 16 s of load, co-located lookups only, one round, one epoch of training.
 """
@@ -260,10 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     runs = run(args)
     key = ["serving_dtype", "lookups", "round"]
     cols = [*key, "requests", "failures", "mixed_responses", "p50_steady_ms", "p99_steady_ms", "p50_during_swap_ms",
-            "p99_during_swap_ms", "p99_ratio", "p99_during_deltas_ms", "p99_deltas_ratio", "first_delta_p99_ms",
-            "full_switch_window_s", "full_switch_p99_ms", "delta_visible_p50_s", "delta_visible_p99_s",
+            "p99_during_swap_ms", "p99_ratio", "p99_during_deltas_ms", "p99_deltas_ratio", "placebo_deltas_ratio_p90",
+            "first_delta_p99_ms", "full_switch_window_s", "full_switch_p99_ms", "delta_visible_p50_s", "delta_visible_p99_s",
             "delta_ps_live_p99_s"]  # fmt: skip
-    print_table("hot swap under load (ms; during swap = overlapping any event's window)", runs, cols)
+    placebo = [{**r, "placebo_deltas_ratio_p90": (r["placebo_deltas_ratio"] or {}).get("p90")} for r in runs]
+    print_table("hot swap under load (ms; during swap = overlapping any event's window; placebo: the deltas' "
+                "windows where no delta is)", placebo, cols)  # fmt: skip
     print_table("per event (publish -> live everywhere a request reads it); handler stages from Server-Timing",
                 [{**{k: r[k] for k in key}, **row} for r in runs for row in r["per_event"]],
                 [*key, "event", "window_s", "requests", "p50_ms", "p99_ms", "max_ms", "server_max_ms",

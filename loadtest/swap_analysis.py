@@ -13,6 +13,12 @@ ended before the full version's publish and overlaps no window nor the second af
 quiet stretches before and between the deltas. So the baseline is measured over the same minute as
 the deltas, interleaved with them: on a shared machine whose load drifts by the minute, a
 baseline taken only before the first delta compared two different machines.
+
+The deltas' windows hold 2 or 3 requests each at 50 requests/s, so their p99 is about the largest
+of some 25 latencies, against the steady p99 of thousands. How large that ratio gets with no delta
+at all is measured in the same run (``placebo_deltas_ratio``): the same windows, placed at random
+in the steady stretches and holding their steady requests only. A ratio above the placebo's p90
+is the deltas' doing; one within it is the machine's noise.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from loadtest.common import TIMELINE_COLUMNS
 RAMP_UP_S = 3.0
 GUARD_S = 1.0
 """Requests that start within this long after an event's window are neither steady nor in it."""
+PLACEBO_DRAWS = 500
 
 
 class Timeline:
@@ -94,6 +101,8 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float) -> dict:
     in_full = (t.end >= full["start"]) & (t.start <= dense_live)
     s, w, d = t.figures(steady), t.figures(in_swap), t.figures(in_deltas)
     deltas = [e for e in events if e["kind"] == "delta"]
+    placebo = placebo_deltas_ratio(t, steady, [e["end"] - e["start"] for e in deltas],
+                                   (t_start + RAMP_UP_S, full["start"]), s["p99_ms"])  # fmt: skip
     visible = [e["applied"] - e["start"] for e in deltas]
     ps_live = [e["live"] - e["start"] for e in deltas]
     return {
@@ -114,6 +123,7 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float) -> dict:
         "p99_ratio": _ratio(w["p99_ms"], s["p99_ms"]),
         "p99_during_deltas_ms": d["p99_ms"],
         "p99_deltas_ratio": _ratio(d["p99_ms"], s["p99_ms"]),
+        "placebo_deltas_ratio": placebo,
         "first_delta_p99_ms": rows[0]["p99_ms"],
         "full_switch_window_s": round(dense_live - full["start"], 3),
         "full_switch_p99_ms": t.figures(in_full)["p99_ms"],
@@ -123,6 +133,32 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float) -> dict:
         "stages": {"steady": _stages(s), "during_swap": _stages(w)},
         "per_event": rows,
         "events": [_relative(e, t_start) for e in events],
+    }
+
+
+def placebo_deltas_ratio(t: Timeline, steady: np.ndarray, lengths: list[float], span: tuple[float, float],
+                         p99_steady: float | None, seed: int = 0) -> dict | None:  # fmt: skip
+    """The deltas' p99 ratio where no delta is: windows of the deltas' ``lengths`` placed at random
+    in ``span`` (the steady stretch), each holding the steady requests it overlaps, their p99
+    against the steady p99, ``PLACEBO_DRAWS`` times. {p50, p90} of those ratios (None without a
+    steady p99 or a span to place them in)."""
+    lo, hi = span
+    if not p99_steady or not lengths or hi - lo <= max(lengths):
+        return None
+    rng = np.random.default_rng(seed)
+    start, end, ms = t.start[steady], t.end[steady], t.ms[steady]
+    ratios = []
+    for _ in range(PLACEBO_DRAWS):
+        at = rng.uniform(lo, hi - np.asarray(lengths))
+        inside = ((end[:, None] >= at) & (start[:, None] <= at + lengths)).any(axis=1)
+        if inside.any():
+            ratios.append(float(np.percentile(ms[inside], 99)) / p99_steady)
+    if not ratios:
+        return None
+    return {
+        "p50": _round(np.percentile(ratios, 50)),
+        "p90": _round(np.percentile(ratios, 90)),
+        "draws": len(ratios),
     }
 
 

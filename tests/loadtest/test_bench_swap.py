@@ -14,7 +14,8 @@ def test_bench_swap_runs_deltas_and_a_full_switch_under_load(bench, tmp_path):
     assert run["failures"] == 0 and run["mixed_responses"] == 0
     has(run, "p50_steady_ms", "p99_steady_ms", "p50_during_swap_ms", "p99_during_swap_ms", "p99_ratio",
         "first_delta_p99_ms", "full_switch_window_s", "delta_visible_p50_s", "delta_visible_p99_s",
-        "delta_ps_live_p99_s", "stages", "per_event")  # fmt: skip
+        "delta_ps_live_p99_s", "stages", "per_event", "placebo_deltas_ratio")  # fmt: skip
+    assert run["placebo_deltas_ratio"]["draws"] > 0  # the noise the deltas' ratio is compared with
     assert [e["kind"] for e in run["events"]] == [
         "delta",
         "delta",

@@ -37,3 +37,22 @@ def test_a_delta_window_lasts_until_the_responses_read_it_and_its_stall_counts()
     assert result["delta_visible_p50_s"] == 0.6 and result["delta_ps_live_p99_s"] == 0.1
     # steady: the quiet stretches before and between events (not the second after a window)
     assert result["steady_requests"] == 50 + 20  # before; after the delta, up to the full switch
+
+
+def test_the_deltas_ratio_comes_with_the_same_windows_where_no_delta_is():
+    # a request every 20 ms, 5 ms each, one in 40 at 9 ms (the steady p99); three deltas whose
+    # windows (50 ms) each stalled a request to 30 ms: the deltas' ratio is theirs, while the same
+    # windows placed in the steady stretches come out at most 1
+    steady = [(3.0 + 0.02 * k, 9.0 if k % 40 == 0 else 5.0, -1, 1.0) for k in range(900)]
+    stalls, events = [], []
+    for seq, at in enumerate((8.003, 12.003, 16.003)):
+        stalls.append((at + 0.04, 30.0, seq, 1.0))
+        events.append({"kind": "delta", "seq": seq, "start": at, "live": at + 0.04})
+    timeline = [r for r in steady if not any(e["start"] - 0.01 <= r[0] <= e["start"] + 0.05 for e in events)]
+    after = [(22.0 + 0.1 * k, 5.0, 2, 1.0) for k in range(10)]
+    events += [{"kind": "full version switch", "start": 21.0, "live": 21.2},
+               {"kind": "dense version switch", "start": 21.2, "live": 21.5}]  # fmt: skip
+    result = analyse(_timeline(sorted(timeline + stalls) + after), events, t_start=0.0)
+    placebo = result["placebo_deltas_ratio"]
+    assert result["p99_steady_ms"] == 9.0 and result["p99_deltas_ratio"] > 3
+    assert placebo["draws"] > 400 and placebo["p50"] <= placebo["p90"] <= 1.0
