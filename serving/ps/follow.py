@@ -29,27 +29,57 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Protocol
 
 import model_store as ms
 from model_store import ModelStoreError, shards
 from model_store.errors import StoreError
 from model_store.shards import ShardData
 from serving import memory
+from serving.ps.config import StoreConfig
 from serving.versions import VersionTarget
 
 log = logging.getLogger("recserve.ps.follow")
 
-BATCH_BYTES = 4 << 20
-"""Bytes of deltas (all their arrays) read before one overlay build (``Follower._apply_deltas``),
-or the overlay's own bytes where it is larger (each build copies the overlay: the copies cost at
-most as much as the deltas merged). Memory stays bounded however many deltas a version has. A
-shard starting on the soak's version with its 1,005 small deltas: all in one build peaked 48 MB
-over its start and kept 8 MB of fragmented heap after ``memory.trim``; in builds of 4 MB, 10 MB
-and 2 MB, in the same 0.7-0.9 s."""
+
+class FollowedStore(Protocol):
+    """What a ``Follower`` keeps current: a serving PS's ``MappedStore`` (serving/ps/mapped.py) or a
+    training shard's ``EmbeddingStore`` (serving/ps/store.py, a test's or a tool's copy of what is
+    served)."""
+
+    @property
+    def config(self) -> StoreConfig: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def delta_seq(self) -> int: ...
+    @property
+    def flip_bytes(self) -> int:
+        """Bytes of deltas to read before one ``apply_deltas_data`` (0: apply each as it is read)."""
+        ...
+
+    def staging(self) -> FollowedStore:
+        """An empty store of the same configuration, to build the next version in."""
+        ...
+
+    def open(self, paths, version: str | None = None) -> int: ...
+    def adopt(self, other) -> int:
+        """Serve what ``other`` (a staging store) built, in one step."""
+        ...
+
+    def read(self, paths, delta: bool = False) -> ShardData:
+        """This shard's part of a dump or delta, read and verified; no store state touched."""
+        ...
+
+    def apply_deltas_data(self, deltas: list[ShardData]) -> int:
+        """Apply ``deltas`` (read, in seq order): in one flip where the store serves snapshots (a
+        ``MappedStore``), else one after another. Returns the rows of those applied."""
+        ...
 
 
 class Follower:
-    def __init__(self, store, model_dir: str | os.PathLike, registry=None, clock=time.time, pin: str = ""):
+    def __init__(self, store: FollowedStore, model_dir: str | os.PathLike, registry=None, clock=time.time,
+                 pin: str = ""):  # fmt: skip
         self.store = store
         self.model_dir = Path(model_dir)
         self.root, self.model = self.model_dir.parent, self.model_dir.name
@@ -130,12 +160,12 @@ class Follower:
         log.info(msg)
         return msg
 
-    def _apply_deltas(self, version: str, store, observe: bool = True) -> list[str]:
-        """Apply the version's complete deltas after the store's, in seq order. A store that can
-        (``apply_deltas_data``: a serving ``MappedStore``) flips those read so far in one overlay
-        build, up to ``BATCH_BYTES`` (or the overlay's bytes) at a time: a shard loading a version
-        with a thousand deltas builds its overlay a few times, not a thousand times. A delta that cannot be read or
-        applied is refused; the ones before it are applied."""
+    def _apply_deltas(self, version: str, store: FollowedStore, observe: bool = True) -> list[str]:
+        """Apply the version's complete deltas after the store's, in seq order, those read so far
+        in one ``apply_deltas_data`` once they reach the store's ``flip_bytes`` (a serving
+        ``MappedStore`` builds an overlay per call: a shard loading a version with a thousand deltas
+        builds it a few times, not a thousand times). A delta that cannot be read or applied is
+        refused; the ones before it are applied."""
         events: list[str] = []
         vdir = ms.version_dir(self.root, self.model, version)
         batch: list[tuple[int, Path, ShardData]] = []
@@ -154,26 +184,21 @@ class Follower:
                 break  # later deltas build on this one
             batch.append((seq, ddir, data))
             held += data.nbytes
-            if not hasattr(store, "apply_deltas_data") or held >= max(
-                BATCH_BYTES, getattr(store, "overlay_bytes", 0)
-            ):
+            if held >= store.flip_bytes:
                 if not self._flip(version, store, batch, events, observe):
                     return events
                 batch, held = [], 0
         self._flip(version, store, batch, events, observe)
         return events
 
-    def _flip(self, version: str, store, batch, events: list[str], observe: bool) -> bool:
+    def _flip(self, version: str, store: FollowedStore, batch, events: list[str], observe: bool) -> bool:
         """Apply ``batch`` ((seq, dir, data) in seq order) in one step; False when one was refused
         (tried one at a time to name it; those before it stay applied)."""
         if not batch:
             return True
-        before, written = store.delta_seq, None
+        before = store.delta_seq
         try:
-            if len(batch) == 1:
-                written = store.apply_delta_data(batch[0][2])
-            else:
-                store.apply_deltas_data([data for _, _, data in batch])
+            written = store.apply_deltas_data([data for _, _, data in batch])
         except (StoreError, ValueError) as e:
             if len(batch) > 1:
                 return all(self._flip(version, store, [one], events, observe) for one in batch)
@@ -187,7 +212,7 @@ class Follower:
                 self.visible = (seq, lag)
             if self.freshness is not None and observe:
                 self.freshness.observe(max(lag, 0.0))
-            n = written if written is not None else len(data.signs) if seq > before else 0
+            n = written if len(batch) == 1 else len(data.signs) if seq > before else 0
             events.append(
                 f"delta {seq}: {n} rows, {len(data.deleted)} deleted, visible {lag:.2f}s after _SUCCESS"
             )

@@ -52,6 +52,14 @@ from serving.ps.table import BucketTable
 
 __all__ = ["MappedStore", "Served"]
 
+MERGE_BYTES = 4 << 20
+"""Bytes of deltas (all their arrays) a follower reads before one overlay build (``flip_bytes``),
+or the overlay's own bytes where it is larger (each build copies the overlay: the copies cost at
+most as much as the deltas merged). Memory stays bounded however many deltas a version has. A
+shard starting on the soak's version with its 1,005 small deltas: all in one build peaked 48 MB
+over its start and kept 8 MB of fragmented heap after ``memory.trim``; in builds of 4 MB, 10 MB
+and 2 MB, in the same 0.7-0.9 s."""
+
 
 @dataclass(frozen=True)
 class Served:
@@ -294,9 +302,10 @@ class MappedStore:
         return self.apply_deltas_data([data])
 
     @property
-    def overlay_bytes(self) -> int:
-        """Bytes of the served version's overlay (the rows its deltas changed)."""
-        return self.served.overlay.nbytes
+    def flip_bytes(self) -> int:
+        """``Follower``'s protocol: each ``apply_deltas_data`` copies the overlay, so a follower
+        reads ``MERGE_BYTES`` of deltas, or the overlay's bytes where larger, before one."""
+        return max(MERGE_BYTES, self.served.overlay.nbytes)
 
     def apply_deltas_data(self, deltas: list[ShardData]) -> int:
         """Apply ``deltas`` (in seq order) in one flip; returns the rows of those applied."""

@@ -279,7 +279,14 @@ class EmbeddingStore:
                 self.config.shard = shard if shard is not None else self.config.shard
         return self.install(self.read(paths))
 
-    # the Follower's protocol (serving/ps/follow.py), shared with MappedStore
+    # the Follower's protocol (serving/ps/follow.py: FollowedStore), shared with MappedStore
+    flip_bytes = 0
+    """Deltas apply in place, each as it is read."""
+
+    def apply_deltas_data(self, deltas: list[ShardData]) -> int:
+        """Apply ``deltas`` in seq order (each under the lock); returns the rows written."""
+        return sum(self.apply_delta_data(d) for d in deltas)
+
     def staging(self) -> EmbeddingStore:
         """An empty store of the same configuration, to build the next version in."""
         return type(self)(dataclasses.replace(self.config))

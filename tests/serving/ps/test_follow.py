@@ -66,10 +66,10 @@ def test_follows_current_then_deltas_in_order(setup):
 def test_deltas_read_together_flip_in_builds_of_bounded_bytes(
     setup, monkeypatch, batch_bytes, overlay, builds
 ):
-    """A poll that finds several deltas merges them in builds of ``BATCH_BYTES`` or of the
+    """A poll that finds several deltas merges them in builds of ``MERGE_BYTES`` or of the
     overlay's bytes, whichever is larger (a build copies the overlay): memory stays bounded, and
     the rows are the same however the deltas were grouped."""
-    from serving.ps import follow
+    from serving.ps import mapped
 
     root, trainer, v1, served, follower = setup
     follower.poll()
@@ -83,7 +83,7 @@ def test_deltas_read_together_flip_in_builds_of_bounded_bytes(
     built: list[int] = []
     apply = served.apply_deltas_data
     monkeypatch.setattr(served, "apply_deltas_data", lambda ds: built.append(len(ds)) or apply(ds))
-    monkeypatch.setattr(follow, "BATCH_BYTES", batch_bytes)
+    monkeypatch.setattr(mapped, "MERGE_BYTES", batch_bytes)
     assert len(follower.poll()) == 4
     assert built == builds
     rows, _, answered = served.rows_of(SIGNS)
