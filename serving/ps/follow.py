@@ -12,7 +12,8 @@ the routing hash in memory -- its deltas are applied there, and the served store
 one step (a reference flip for a MappedStore): a lookup sees the old version or the new one with
 its deltas, never a mix. Then every complete delta of the served version with a higher seq is
 applied in seq order, each atomically (a new overlay, flipped; gaps are refused; deltas carry
-values, so re-applying one is a no-op). Every shard checks every shard's part of a delta first,
+values, so re-applying one is a no-op), in one of the host's apply slots (``APPLY_SLOTS``): every
+serving process of a host learns of a delta at the same moment, and they apply it in turns. Every shard checks every shard's part of a delta first,
 so a delta corrupt anywhere is refused everywhere. A version or delta that fails validation is
 logged once, counted (``recserve_version_refusals_total{component="ps"}``: ``serving.versions``) and skipped; the
 shard keeps serving what it has, and ``refusal`` says why it does not serve the version CURRENT
@@ -24,6 +25,7 @@ Freshness -- time from a delta's ``_SUCCESS`` to the delta being visible in look
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -36,10 +38,22 @@ from model_store import ModelStoreError, shards
 from model_store.errors import StoreError
 from model_store.shards import ShardData
 from serving import memory
+from serving.priority import host_slot
 from serving.ps.config import StoreConfig
 from serving.versions import VersionTarget
 
 log = logging.getLogger("recserve.ps.follow")
+
+APPLY_SLOTS = max(1, (os.cpu_count() or 1) // 4)
+"""Followers that may apply deltas at once on a host, over every serving process on it (PS shards,
+co-located scoring processes): a delta wakes them all at the same moment. On the 2-vCPU dev VM two
+PS shards and a TorchServe worker's two co-located shards spent 6 ms of CPU each per 10,000-row
+delta, together, and took both cores from the requests that came then. One at a time leaves a
+core to the requests: ``make bench-swap --lookups colocated --rounds 1``, interleaved 2 x 2, the
+deltas' windows' p99 1.17 and 1.08x steady, against 1.75 and 2.15x (their placebo p90 1.01-1.08);
+a delta in use in every co-located shard after p50 31-36 ms, against 27-31 ms."""
+APPLY_WAIT_S = 1.0
+"""How long a follower waits for an apply slot before it applies without one (``host_slot``)."""
 
 
 class FollowedStore(Protocol):
@@ -133,7 +147,7 @@ class Follower:
                 self.versions.refuse(target, f"not switching to version {target}: {e}")
         self.refusal = self.versions.refusal(target, self.store.version)
         if self.store.version:
-            events.extend(self._apply_deltas(self.store.version, self.store))
+            events.extend(self._apply_deltas(self.store.version, self.store, turn=True))
         return events
 
     def _switch(self, version: str) -> str:
@@ -160,19 +174,33 @@ class Follower:
         log.info(msg)
         return msg
 
-    def _apply_deltas(self, version: str, store: FollowedStore, observe: bool = True) -> list[str]:
+    def _apply_deltas(
+        self, version: str, store: FollowedStore, observe: bool = True, turn: bool = False
+    ) -> list[str]:
         """Apply the version's complete deltas after the store's, in seq order, those read so far
         in one ``apply_deltas_data`` once they reach the store's ``flip_bytes`` (a serving
         ``MappedStore`` builds an overlay per call: a shard loading a version with a thousand deltas
         builds it a few times, not a thousand times). A delta that cannot be read or applied is
-        refused; the ones before it are applied."""
-        events: list[str] = []
+        refused; the ones before it are applied. ``turn``: in one of the host's ``APPLY_SLOTS``,
+        taken only when there is a delta to apply."""
         vdir = ms.version_dir(self.root, self.model, version)
+        seqs = [
+            seq
+            for seq in ms.list_deltas(vdir, after=store.delta_seq)
+            if not self.versions.is_refused(version, seq)
+        ]
+        if not seqs:
+            return []
+        with host_slot("apply", APPLY_SLOTS, wait_s=APPLY_WAIT_S) if turn else contextlib.nullcontext():
+            return self._apply(version, store, vdir, seqs, observe)
+
+    def _apply(
+        self, version: str, store: FollowedStore, vdir: Path, seqs: list[int], observe: bool
+    ) -> list[str]:
+        events: list[str] = []
         batch: list[tuple[int, Path, ShardData]] = []
         held = 0  # bytes of the batch's arrays
-        for seq in ms.list_deltas(vdir, after=store.delta_seq):
-            if self.versions.is_refused(version, seq):
-                continue
+        for seq in seqs:
             ddir = ms.delta_dir(vdir, seq)
             try:
                 _verify_other_parts(ddir, store.config)  # corrupt in any shard: refused by every shard

@@ -27,12 +27,10 @@ process, more than a byte per row of a 50M-row version over 2 shards). At 25M ro
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import mmap
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -349,8 +347,7 @@ CHECKSUM_SLOTS = max(1, (os.cpu_count() or 1) // 4)
 
 @contextlib.contextmanager
 def checksum_slot(slots: int | None = None, lock_dir: str | None = None):
-    """Hold one of the host's ``CHECKSUM_SLOTS`` checksum slots (a ``flock`` on a file in the
-    temp directory; the kernel releases it when the process dies, so none is ever stale).
+    """Hold one of the host's ``CHECKSUM_SLOTS`` checksum slots (``serving.priority.host_slot``).
 
     Shards of one host switch versions together; each verifying its 1.8 GB at once kept both
     cores of the 2-core dev box busy and doubled the lookups' p99 (7.7 vs 4.0 ms; lowering the
@@ -358,20 +355,7 @@ def checksum_slot(slots: int | None = None, lock_dir: str | None = None):
     time leaves cores to the lookups; pacing each pass (``shards.VERIFY_DUTY``) leaves them the
     memory bandwidth too: p99 during a 50M-row switch 1.1-1.45x steady. Passes beyond the slots
     wait their turn: a paced pass over a 25M-row shard takes ~1.2 s."""
-    slots = CHECKSUM_SLOTS if slots is None else slots
-    base = Path(lock_dir or tempfile.gettempdir())
-    name = f"recserve-checksum-{os.getuid()}"
-    fds = [os.open(base / f"{name}-{k}.lock", os.O_RDWR | os.O_CREAT, 0o600) for k in range(slots)]
-    try:
-        for fd in fds:  # a free slot ...
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                continue
-        else:  # ... or wait for one
-            fcntl.flock(fds[os.getpid() % slots], fcntl.LOCK_EX)
+    from serving.priority import host_slot
+
+    with host_slot("checksum", CHECKSUM_SLOTS if slots is None else slots, lock_dir):
         yield
-    finally:
-        for fd in fds:  # closing releases the lock
-            os.close(fd)

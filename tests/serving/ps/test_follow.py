@@ -271,3 +271,33 @@ def test_refusal_says_why_current_is_not_served_until_it_is(tmp_path):
     follower.poll()
     assert follower.refusal == ""
     assert not_serving_reason(served, None) == ""  # not following: serves what it holds
+
+
+def test_followers_of_a_host_take_turns_applying_deltas(setup, monkeypatch, tmp_path_factory):
+    """Every serving process of a host applies a delta at the same moment: a follower applies in
+    one of the host's apply slots, and takes one only when it has a delta to apply."""
+    import tempfile
+
+    from serving.priority import host_slot
+    from serving.ps import follow
+
+    root, trainer, v1, served, follower = setup
+    locks = tmp_path_factory.mktemp("locks")
+    monkeypatch.setattr(tempfile, "tempdir", str(locks))
+    monkeypatch.setattr(follow, "APPLY_SLOTS", 1)
+    monkeypatch.setattr(follow, "APPLY_WAIT_S", 60.0)
+    asked = threading.Event()
+    monkeypatch.setattr(follow, "host_slot", lambda *a, **kw: asked.set() or host_slot(*a, **kw))
+    follower.poll()
+    with host_slot("apply", 1, str(locks)):  # another applier of this host holds the one slot
+        assert follower.poll() == [] and not asked.is_set()  # nothing to apply: no slot wanted
+        trainer.apply_gradients(SIGNS[:10], np.ones((10, DIM), np.float32))
+        seq = cut_delta(root, v1, trainer)
+        polled: list[list[str]] = []
+        waiter = threading.Thread(target=lambda: polled.append(follower.poll()))
+        waiter.start()
+        assert asked.wait(10)  # it asked for a turn ...
+        waiter.join(0.5)
+        assert waiter.is_alive() and served.delta_seq == -1  # ... which has not come
+    waiter.join(10)
+    assert [e.split(":")[0] for e in polled[0]] == [f"delta {seq}"] and served.delta_seq == seq

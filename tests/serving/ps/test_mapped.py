@@ -95,7 +95,7 @@ def test_checksum_passes_take_turns_host_wide(tmp_path, monkeypatch):
     import fcntl
     import threading
 
-    from serving.ps import table
+    from serving import priority
     from serving.ps.table import checksum_slot
 
     entered, waiting = threading.Event(), threading.Event()
@@ -106,7 +106,7 @@ def test_checksum_passes_take_turns_host_wide(tmp_path, monkeypatch):
             waiting.set()
         return flock(fd, op)
 
-    monkeypatch.setattr(table.fcntl, "flock", watched_flock)
+    monkeypatch.setattr(priority.fcntl, "flock", watched_flock)
 
     def second(slots):
         with checksum_slot(slots, str(tmp_path)):
