@@ -13,8 +13,9 @@ one step (a reference flip for a MappedStore): a lookup sees the old version or 
 its deltas, never a mix. Then every complete delta of the served version with a higher seq is
 applied in seq order, each atomically (a new overlay, flipped; gaps are refused; deltas carry
 values, so re-applying one is a no-op), in one of the host's apply slots (``APPLY_SLOTS``): every
-serving process of a host learns of a delta at the same moment, and they apply it in turns. Every shard checks every shard's part of a delta first,
-so a delta corrupt anywhere is refused everywhere. A version or delta that fails validation is
+serving process of a host learns of a delta at the same moment, and they apply it in turns. Every
+shard checks every shard's part of a delta first, so a delta corrupt anywhere is refused
+everywhere. A version or delta that fails validation is
 logged once, counted (``recserve_version_refusals_total{component="ps"}``: ``serving.versions``) and skipped; the
 shard keeps serving what it has, and ``refusal`` says why it does not serve the version CURRENT
 names.
@@ -49,9 +50,10 @@ APPLY_SLOTS = max(1, (os.cpu_count() or 1) // 4)
 co-located scoring processes): a delta wakes them all at the same moment. On the 2-vCPU dev VM two
 PS shards and a TorchServe worker's two co-located shards spent 6 ms of CPU each per 10,000-row
 delta, together, and took both cores from the requests that came then. One at a time leaves a
-core to the requests: ``make bench-swap --lookups colocated --rounds 1``, interleaved 2 x 2, the
-deltas' windows' p99 1.17 and 1.08x steady, against 1.75 and 2.15x (their placebo p90 1.01-1.08);
-a delta in use in every co-located shard after p50 31-36 ms, against 27-31 ms."""
+core to the requests: ``python -m loadtest.bench_swap --lookups colocated --rounds 1``,
+interleaved 2 x 2, the deltas' windows' p99 1.17 and 1.08x steady, against 1.75 and 2.15x (their
+placebo p90 1.01-1.08); a delta in use in every co-located shard after p50 31-36 ms, against
+27-31 ms."""
 APPLY_WAIT_S = 1.0
 """How long a follower waits for an apply slot before it applies without one (``host_slot``)."""
 
