@@ -7,7 +7,7 @@ the other. No numba and no gRPC here: ``recserve ps --help`` stays quick."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
@@ -15,6 +15,9 @@ from model_store.layout import default_root
 from serving.ps.spec import DTYPES, MAX_ROWS, TableSpec
 from serving.rpc.auth import read_token_file
 from serving.rpc.config import ServerConfig
+
+if TYPE_CHECKING:
+    from model_store.meta import ShardMeta
 
 __all__ = [
     "MAX_ROWS",
@@ -76,6 +79,22 @@ def check_holds(config: StoreConfig, version: str, holds: list[str]) -> None:
     at scoring) naming the shard and what it holds -- never rows of another version."""
     if version and version not in holds:
         not_held(config, version, holds)
+
+
+def is_next_delta(meta: ShardMeta, version: str, delta_seq: int) -> bool:
+    """Whether a delta (its ``ShardMeta``) is new to a shard serving ``version`` up to
+    ``delta_seq``: False when applied already; a ``StoreError`` when it belongs to another version
+    or does not follow the last one applied (a gap). Every shard store's one rule."""
+    from model_store.errors import StoreError
+
+    seq, base = meta.delta_seq, meta.base_version
+    if base and version and base != version:
+        raise StoreError(f"delta {seq} belongs to version {base!r}, this shard serves {version!r}")
+    if seq <= delta_seq:
+        return False
+    if seq != delta_seq + 1:
+        raise StoreError(f"delta {seq} does not follow the last applied delta {delta_seq}")
+    return True
 
 
 def not_held(config: StoreConfig, version: str, holds: list[str]) -> NoReturn:

@@ -1,9 +1,9 @@
 """The store of a serving PS shard: an immutable version, memory-mapped, plus a delta overlay.
 
 Serving needs keys, rows and an index; no optimizer state, no touch counters, no capacity. A
-``MappedStore`` serves one ``Served`` snapshot: the version's ``BucketTable`` (mapped read-only from the
-model store, serving/ps/table.py), an in-memory overlay ``BucketTable`` of the rows its deltas changed
-or added (deleted signs as tombstones), the version name and the last delta applied. Snapshots
+``MappedStore`` serves one ``Served`` snapshot (serving/ps/served.py): the version's
+``BucketTable`` (mapped read-only from the model store, serving/ps/table.py), an in-memory overlay
+``BucketTable`` of the rows its deltas changed or added (deleted signs as tombstones), the version name and the last delta applied. Snapshots
 are immutable; every change builds a new one beside the served one and *flips a reference*:
 
 - a delta: a new overlay, the old one with the delta's rows merged into its bucket order (copies
@@ -35,7 +35,7 @@ can also be answered as stored (``stored_rows_of``: a PS's gRPC answer, decoded 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import NoReturn
 
 import numpy as np
@@ -48,6 +48,7 @@ from model_store.quant import StoredRows, bytes_per_row
 from model_store.shards import ShardData
 from serving import memory
 from serving.ps.config import StoreConfig, as_signs, not_held
+from serving.ps.served import Served
 from serving.ps.table import BucketTable
 
 __all__ = ["MappedStore", "Served"]
@@ -59,72 +60,6 @@ most as much as the deltas merged). Memory stays bounded however many deltas a v
 shard starting on the soak's version with its 1,005 small deltas: all in one build peaked 48 MB
 over its start and kept 8 MB of fragmented heap after ``memory.trim``; in builds of 4 MB, 10 MB
 and 2 MB, in the same 0.7-0.9 s."""
-
-
-@dataclass(frozen=True)
-class Served:
-    """What a serving shard answers from, as one immutable value."""
-
-    base: BucketTable
-    overlay: BucketTable
-    version: str = ""
-    delta_seq: int = -1
-    rows: int = 0
-    """Live rows: the version's, plus the ones deltas added, minus the ones they deleted."""
-
-    @classmethod
-    def of(cls, base: BucketTable, version: str, delta_seq: int) -> Served:
-        overlay = BucketTable.empty(base.dim, base.dtype)  # rows of the base's type: answered as stored
-        return cls(base, overlay, version, delta_seq, len(base))
-
-    def with_delta(self, data: ShardData) -> Served:
-        """This snapshot with a delta applied (a new overlay; self is unchanged)."""
-        return self.with_deltas([data])
-
-    def with_deltas(self, deltas: list[ShardData]) -> Served:
-        """This snapshot with ``deltas`` applied in seq order, in ONE new overlay (self is
-        unchanged): a shard that loads a version with a thousand deltas builds its overlay once,
-        not once a delta (each build costs the whole overlay: a thousand made a restart quadratic).
-        Deltas already applied are skipped; a gap in the sequence is refused. Deletions and rows of
-        the same delta: the row wins, as in the training store; across deltas the later wins."""
-        deltas = [d for d in deltas if d.meta.delta_seq > self.delta_seq]
-        if not deltas:
-            return self
-        seq = self.delta_seq
-        for data in deltas:
-            if data.meta.base_version and self.version and data.meta.base_version != self.version:
-                raise StoreError(f"delta {data.meta.delta_seq} belongs to version {data.meta.base_version!r}, "
-                                 f"this shard serves {self.version!r}")  # fmt: skip
-            if data.meta.delta_seq != seq + 1:
-                raise StoreError(f"delta {data.meta.delta_seq} does not follow the last applied delta {seq}")
-            seq += 1
-        o, dim = self.overlay, self.base.dim
-        if o.qparams is not None:  # an int8 version: its (int8) deltas' codes and scales as they are
-            deltas = [d if d.qparams is not None else d.decoded().encoded("int8") for d in deltas]
-        else:
-            deltas = [d.decoded() for d in deltas]
-        # each delta's deletions, then its rows (the row wins); the last occurrence of a sign wins
-        signs = np.concatenate([a for d in deltas for a in (d.deleted, d.signs)])
-        rows = np.concatenate([a for d in deltas for a in (
-            np.zeros((len(d.deleted), dim), o.rows.dtype), d.rows.astype(o.rows.dtype, copy=False))])  # fmt: skip
-        dead = np.concatenate([a for d in deltas for a in (
-            np.ones(len(d.deleted), np.bool_), np.zeros(len(d.signs), np.bool_))])  # fmt: skip
-        qparams = None
-        if o.qparams is not None:
-            qparams = np.concatenate([a for d in deltas for a in (
-                np.zeros((len(d.deleted), 2), o.qparams.dtype), d.qparams)])  # fmt: skip
-        _, first = np.unique(signs[::-1], return_index=True)
-        keep = len(signs) - 1 - first
-        signs, rows, dead = signs[keep], rows[keep], dead[keep]
-        # live rows: each sign's state before (the overlay over the base) against after
-        slots = o.find(signs)
-        was = np.zeros(len(signs), np.bool_)
-        in_overlay = slots >= 0
-        was[in_overlay] = ~o.dead[slots[in_overlay]] if len(o.dead) else True
-        was[~in_overlay] = self.base.find(signs[~in_overlay]) >= 0
-        live = self.rows + int((~dead).sum()) - int(was.sum())
-        overlay = o.upserted(signs, rows, dead, None if qparams is None else qparams[keep], slots=slots)
-        return Served(self.base, overlay, self.version, seq, live)
 
 
 class MappedStore:

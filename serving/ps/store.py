@@ -31,7 +31,7 @@ from model_store.shards import ShardData
 from serving.ps import optim
 from serving.ps.admission import Admission
 from serving.ps.arrays import RowArrays, SignIndex, checked_assign, checked_grads, coalesce
-from serving.ps.config import StoreConfig, as_signs, check_holds
+from serving.ps.config import StoreConfig, as_signs, check_holds, is_next_delta
 from serving.ps.eviction import Eviction
 from serving.ps.growth import Growth
 from serving.ps.optim import OptimizerSpec
@@ -327,16 +327,9 @@ class EmbeddingStore:
         return self.apply_delta_data(self.read(paths, delta=True))
 
     def apply_delta_data(self, data: ShardData) -> int:
-        seq, base = data.meta.delta_seq, data.meta.base_version
         with self._lock:
-            if base and self.version and base != self.version:
-                raise StoreError(
-                    f"delta {seq} belongs to version {base!r}, this shard serves {self.version!r}"
-                )
-            if seq <= self.delta_seq:
+            if not is_next_delta(data.meta, self.version, self.delta_seq):
                 return 0
-            if seq != self.delta_seq + 1:
-                raise StoreError(f"delta {seq} does not follow the last applied delta {self.delta_seq}")
             if self.config.eviction == "none":  # room first: a delta past the limit changes nothing
                 new = int((self._index.find(data.signs) < 0).sum())
                 if self.rows + new > self.capacity:
@@ -355,7 +348,7 @@ class EmbeddingStore:
             ok = rows_at >= 0
             rows_at = rows_at[ok]
             self._arrays.put(rows_at, data, ok, self.config.optimizer)
-            self.delta_seq = seq
+            self.delta_seq = data.meta.delta_seq
             self.step = max(self.step, data.meta.step)
             return len(rows_at)
 
