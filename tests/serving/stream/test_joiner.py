@@ -1,6 +1,7 @@
 """``recserve join`` against the mock Kafka cluster: labels, duplicates, late events and dead
 letters end to end with their counters; a joiner SIGKILLed mid-run and restarted loses no sample,
-as a group member and as a static member (``--member``); two joiners split the partitions either way."""
+as a group member and as a static member (``--member``); two joiners split the partitions either way
+(as a group member, the second joins a running group)."""
 
 from __future__ import annotations
 
@@ -168,22 +169,33 @@ def scrape(port: int, name: str) -> float:
 @pytest.mark.parametrize("static", [False, True], ids=["group", "static"])
 def test_two_joiners_split_the_partitions(kafka, tmp_path, static):
     cfg = topics(kafka, f"split-{static}")
+    # A member joining a running group waits out the mock's rebalance delay, the session timeout
+    # less 1 s (44 s by default; a real broker goes on once every member has rejoined): shorter here
+    (tmp_path / "kafka.conf").write_text("session.timeout.ms=6000\nheartbeat.interval.ms=500\n")
+    cfg.kafka_config = str(tmp_path / "kafka.conf")
     ports = [free_port(), free_port()]
-    procs = [spawn(join_args(replace(cfg, member=f"{i}/2" if static else ""), port), tmp_path / f"join-{i}.log")
-             for i, port in enumerate(ports)]  # fmt: skip
     reader = TopicReader(kafka.bootstrap, cfg.samples, PARTS)
+
+    def assigned(i):
+        lines = [
+            ln for ln in (tmp_path / f"join-{i}.log").read_text().splitlines() if "assigned partitions" in ln
+        ]
+        return json.loads(lines[-1].rsplit("partitions", 1)[1]) if lines else None  # "[0, 1]"
+
+    def start(i):
+        return spawn(
+            join_args(replace(cfg, member=f"{i}/2" if static else ""), ports[i]), tmp_path / f"join-{i}.log"
+        )
+
+    procs = [start(0)]
     try:
-
-        def assigned(i):
-            lines = [
-                ln
-                for ln in (tmp_path / f"join-{i}.log").read_text().splitlines()
-                if "assigned partitions" in ln
-            ]
-            return json.loads(lines[-1].rsplit("partitions", 1)[1]) if lines else None  # "[0, 1]"
-
+        if not static:  # the second joins a running group: the first gives half back in a rebalance
+            wait_until(
+                lambda: assigned(0) == list(range(PARTS)), 60, "the first joiner holding every partition"
+            )
+        procs.append(start(1))
         wait_until(lambda: all(assigned(i) for i in (0, 1)) and sorted(assigned(0) + assigned(1)) == list(range(PARTS)),
-                   90, "both joiners assigned, the partitions split between them")  # fmt: skip
+                   60, "both joiners assigned, the partitions split between them")  # fmt: skip
         if static:
             assert [assigned(0), assigned(1)] == [[0, 2], [1, 3]]
         due = workload(kafka, cfg, range(100))
