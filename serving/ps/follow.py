@@ -26,7 +26,6 @@ Freshness -- time from a delta's ``_SUCCESS`` to the delta being visible in look
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -114,6 +113,9 @@ class Follower:
         self.visible: tuple[int, float] = (-1, 0.0)
         """(seq, seconds from its _SUCCESS to the flip) of the last delta applied."""
         self.switch_s = 0.0  # how long the last version switch took (read, verify, deltas, flip)
+        self.slot_timeouts = 0
+        """Passes that applied deltas without a turn, no apply slot having come free in
+        ``APPLY_WAIT_S`` (on /metrics through serving/freshness.py)."""
         if registry is not None:
             from prometheus_client import Histogram
 
@@ -138,8 +140,10 @@ class Follower:
             return notice.delta_seq > self.store.delta_seq
         return notice.version == (self.pin or self.target)
 
-    def poll(self) -> list[str]:
-        """One pass: switch to a new CURRENT version, then apply new deltas. Returns what it did."""
+    def poll(self, turn: bool = True) -> list[str]:
+        """One pass: switch to a new CURRENT version, then apply new deltas, in one of the host's
+        apply slots (``turn``; a process that serves nothing yet, loading at low priority, takes
+        none: holding one there would keep the serving followers waiting). Returns what it did."""
         events: list[str] = []
         self.target = target = self.versions.target()
         if target and self.versions.wanted(target, self.store.version):  # wanted() is False without one
@@ -149,7 +153,7 @@ class Follower:
                 self.versions.refuse(target, f"not switching to version {target}: {e}")
         self.refusal = self.versions.refusal(target, self.store.version)
         if self.store.version:
-            events.extend(self._apply_deltas(self.store.version, self.store, turn=True))
+            events.extend(self._apply_deltas(self.store.version, self.store, turn=turn))
         return events
 
     def _switch(self, version: str) -> str:
@@ -193,7 +197,10 @@ class Follower:
         ]
         if not seqs:
             return []
-        with host_slot("apply", APPLY_SLOTS, wait_s=APPLY_WAIT_S) if turn else contextlib.nullcontext():
+        if not turn:
+            return self._apply(version, store, vdir, seqs, observe)
+        with host_slot("apply", APPLY_SLOTS, wait_s=APPLY_WAIT_S) as held:
+            self.slot_timeouts += not held
             return self._apply(version, store, vdir, seqs, observe)
 
     def _apply(

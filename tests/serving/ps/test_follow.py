@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -301,3 +302,58 @@ def test_followers_of_a_host_take_turns_applying_deltas(setup, monkeypatch, tmp_
         assert waiter.is_alive() and served.delta_seq == -1  # ... which has not come
     waiter.join(10)
     assert [e.split(":")[0] for e in polled[0]] == [f"delta {seq}"] and served.delta_seq == seq
+    assert follower.slot_timeouts == 0
+
+
+def test_a_follower_that_gets_no_turn_applies_anyway_and_counts_it(setup, monkeypatch, tmp_path_factory):
+    """A slot holder that stalls delays the others by APPLY_WAIT_S, never stops them, and each
+    such pass is a counter on /metrics (``recserve_delta_apply_slot_timeouts_total``)."""
+    import tempfile
+
+    from prometheus_client import CollectorRegistry
+
+    from serving.freshness import VisibleCollector
+    from serving.priority import host_slot
+    from serving.ps import follow
+
+    root, trainer, v1, served, follower = setup
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("locks")))
+    monkeypatch.setattr(follow, "APPLY_SLOTS", 1)
+    monkeypatch.setattr(follow, "APPLY_WAIT_S", 0.05)
+    registry = CollectorRegistry()
+    registry.register(VisibleCollector("ps", lambda: [(0, follower)]))
+
+    def timeouts():
+        return registry.get_sample_value(
+            "recserve_delta_apply_slot_timeouts_total", {"component": "ps", "shard": "0"}
+        )
+
+    follower.poll()
+    assert timeouts() == 0
+    with host_slot("apply", 1):  # held for good by another applier of this host
+        trainer.apply_gradients(SIGNS[:10], np.ones((10, DIM), np.float32))
+        seq = cut_delta(root, v1, trainer)
+        assert [e.split(":")[0] for e in follower.poll()] == [f"delta {seq}"] and served.delta_seq == seq
+    assert follower.slot_timeouts == 1 and timeouts() == 1
+
+
+def test_a_follower_that_serves_nothing_yet_takes_no_turn(setup, monkeypatch, tmp_path_factory):
+    """A process loading at low priority (a TorchServe worker's co-located shards, ``initialize``)
+    applies the deltas that came during its load without a turn: holding a slot at nice 10 would
+    keep the serving followers of the host waiting."""
+    import tempfile
+
+    from serving.priority import host_slot
+    from serving.ps import follow
+
+    root, trainer, v1, served, follower = setup
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("locks")))
+    monkeypatch.setattr(follow, "APPLY_SLOTS", 1)
+    monkeypatch.setattr(follow, "APPLY_WAIT_S", 60.0)
+    follower.poll(turn=False)
+    with host_slot("apply", 1):  # every slot held: a turn would wait a minute
+        trainer.apply_gradients(SIGNS[:10], np.ones((10, DIM), np.float32))
+        seq = cut_delta(root, v1, trainer)
+        t0 = time.monotonic()
+        assert [e.split(":")[0] for e in follower.poll(turn=False)] == [f"delta {seq}"]
+        assert time.monotonic() - t0 < 30 and served.delta_seq == seq and follower.slot_timeouts == 0
