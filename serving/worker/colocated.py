@@ -33,6 +33,7 @@ import model_store as ms
 from model_store import shards
 from model_store.errors import StoreError
 from serving.notices import Notices, Wake
+from serving.priority import share_gil_with_followers
 from serving.ps.client import ShardError
 from serving.ps.config import StoreConfig
 from serving.ps.follow import Follower, follow_beside_requests, not_serving_reason
@@ -70,10 +71,11 @@ class ColocatedShard:
         self.follower = Follower(self.store, vdir.parent, pin=vdir.name)
         self._poll_s = poll_s
         self._stop = threading.Event()
-        self.poll()  # the version itself (full-speed checksum pass: nothing is served yet)
+        self.poll(turn=False)  # the version itself (full-speed checksum pass: nothing is served yet)
         if not self.store.version:  # refused (a checksum, the gate): it never will be; say why now
             raise StoreError(not_serving_reason(self.store, self.follower))
         self._wake = Wake(notices, self.follower.wants)
+        share_gil_with_followers()  # its follow thread shares the GIL with this process's requests
         self._thread = threading.Thread(target=self._follow, name=f"colocated-{shard}", daemon=True)
         self._thread.start()
 
@@ -110,8 +112,9 @@ class ColocatedShard:
         return "SERVING" if self.store.version else "NOT_SERVING"
 
     # ---- following the version's deltas ---------------------------------------------------------
-    def poll(self) -> list[str]:
-        """One pass of the follower (the version at first, then its new deltas). The version's
+    def poll(self, turn: bool = True) -> list[str]:
+        """One pass of the follower (the version at first, then its new deltas; ``turn``: in one of
+        the host's apply slots, ``Follower.poll``). The version's
         load is logged at INFO, each delta applied after it at DEBUG: a TorchServe worker's lines
         go through the JVM's log pipeline, which cost it 6-10 ms of CPU per delta (two shards'
         lines), taken at the moment a delta's appliers all wake (bench-swap's stack, 10 deltas,
@@ -119,7 +122,7 @@ class ColocatedShard:
         answer names the delta it read, and ``recserve serve``'s /metrics each shard's last
         (``serving.freshness``)."""
         before = self.store.version
-        events = self.follower.poll()
+        events = self.follower.poll(turn)
         level = logging.INFO if self.store.version != before else logging.DEBUG
         for event in events:
             log.log(level, "shard %d (co-located): %s", self.shard, event)
