@@ -24,7 +24,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-from loadtest.bench_e2e import lean_frontend, run_locust, warm_up
 from loadtest.common import (
     given_or_trained,
     parse,
@@ -33,6 +32,7 @@ from loadtest.common import (
     report_targets,
     write_results,
 )
+from loadtest.drive import lean_frontend, run_locust, warm_up
 from model_store.dense import AUTO
 from serving.scoring.impressions import DROPPED, LOGGED
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import contextlib
 
-    from loadtest.bench_e2e import request_bodies
+    from loadtest.drive import request_bodies
     from serving.stream import mockbroker
 
     work = Path(tempfile.mkdtemp(prefix="bench-implog-"))

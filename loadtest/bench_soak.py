@@ -50,9 +50,7 @@ import numpy as np
 
 import model_store as ms
 from loadtest import stream_figures as sf
-from loadtest.bench_e2e import lean_frontend
 from loadtest.bench_faults import KILLED_PS, kill_and_watch
-from loadtest.bench_stream import Clicks, expected_keys
 from loadtest.common import (
     CRITEO_SCHEMA,
     CRITEO_TEST,
@@ -63,11 +61,13 @@ from loadtest.common import (
     work_dir,
     write_results,
 )
+from loadtest.drive import lean_frontend
 from loadtest.processes import grpc_serving, tree
 from loadtest.published import Published
 from loadtest.recorder import Recorder, Responses, rid_ints
 from loadtest.series import Series
 from loadtest.soak_figures import Figures, analyse, report
+from loadtest.stream_figures import Clicks, expected_keys
 from loadtest.stream_roles import alive, kill, standby_flag, start, trainer_roles, until_ready
 from loadtest.stream_topics import (
     TOPICS,

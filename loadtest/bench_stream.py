@@ -56,7 +56,6 @@ import orjson
 
 import model_store as ms
 from loadtest import stream_figures as sf
-from loadtest.bench_e2e import lean_frontend, request_bodies, warm_up
 from loadtest.common import (
     given_or_trained,
     keep_work_flag,
@@ -66,6 +65,7 @@ from loadtest.common import (
     work_dir,
     write_results,
 )
+from loadtest.drive import lean_frontend, request_bodies, warm_up
 from loadtest.paced import Paced, interleaved
 from loadtest.processes import Sampler
 from loadtest.stream_roles import (
@@ -95,7 +95,6 @@ from model_store.deltas import DeltaManifest, last_record, read_delta
 from model_store.dense import AUTO
 from serving.rpc.procs import free_ports, stop_children
 from serving.stream import mockbroker
-from serving.stream.records import Event
 
 LOG_RATIO_TARGET = 1.15
 KILL_GUARD_S = 2.0
@@ -126,33 +125,6 @@ def trained_offsets(vdir: Path) -> list[int]:
     last = last_record(vdir)
     at = last[0].positions if last is not None else {}
     return [at.get(f"samples/{p}", 0) for p in range(TOPICS["samples"])]
-
-
-def expected_keys(imps: list[tuple[str, float, int, int]], window_s: float) -> np.ndarray:
-    """The sample keys of every impression whose window closed before the last impression."""
-    last_ts = max(i[1] for i in imps)
-    closed = [i for i in imps if i[1] + window_s < last_ts]
-    if not closed:
-        return np.zeros(0, "S1")
-    rid = np.repeat(np.array([i[0].encode() for i in closed]), [i[2] for i in closed])
-    return sf.keys_of(rid, np.concatenate([np.arange(i[2]) for i in closed]))
-
-
-class Clicks:
-    """The clicks the users sent and when each was handed to the producer (``play``'s ``on_sent``)."""
-
-    def __init__(self) -> None:
-        self.parts: list[tuple[list[Event], float]] = []
-
-    def __call__(self, events: list[Event], t: float) -> None:
-        self.parts.append((events, t))
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(sample keys, produce times)."""
-        events = [e for es, _ in self.parts for e in es]
-        t = np.array([t for es, t in self.parts for _ in es], np.float64)
-        rid = np.array([e.request_id.encode() for e in events]) if events else np.zeros(0, "S1")
-        return sf.keys_of(rid, np.array([e.item for e in events], np.int64)), t
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,7 +198,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
             start(roles, procs, work, name)
         es.callback(lambda: stop_children([p for p in procs.values() if p.poll() is None]))
         model = UserModel(delay_s=2.0, drift_weight=args.drift_weight, drift_period_s=args.drift_period_s)
-        clicks, stop_users = Clicks(), threading.Event()
+        clicks, stop_users = sf.Clicks(), threading.Event()
         users = threading.Thread(
             target=play, args=(b, model, stop_users), kwargs={"on_sent": clicks}, daemon=True
         )
@@ -262,7 +234,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
                         print(f"  {time.monotonic() - t0:.0f} s: {name} SIGKILLed, restarted", flush=True)
             load_s, load_end = time.monotonic() - t0, time.time()
             imps = [i for part in collectors["impressions"].finish(watch) for i in part]
-            expected = expected_keys(imps, args.window_s)
+            expected = sf.expected_keys(imps, args.window_s)
             catch_up_s = catch_up(args, watch, vdir, load_s + t0, expected, collectors["samples"])
             stop_users.set()
             stop_children([p for n, p in procs.items() if n != "joiner"], 60)  # SIGTERM: a last delta

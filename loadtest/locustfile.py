@@ -8,7 +8,8 @@ Each user posts to ``/predictions/<model>``, cycling through the requests cut fr
 ``--total-rate`` requests/s in all, evenly spaced. With ``--key-file`` (TorchServe's key_file.json) every request
 carries the inference token. Every request's exact latency (perf_counter ms, as locust measures it),
 outcome and the handler's ``Server-Timing`` header (its stage times) are written, tab-separated, to
-``--latency-out`` when the run stops, so p50/p99 are exact rather than locust's rounded buckets. ``loadtest/bench_e2e.py`` drives this file.
+``--latency-out`` when the run stops, so p50/p99 are exact rather than locust's rounded buckets.
+``loadtest/drive.py`` (``run_locust``) drives this file for ``loadtest/bench_e2e.py`` and the others.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The figures of ``make bench-stream`` from the facts a run leaves: the samples topic as read (each
 sample's partition, offset, key and label), the deltas' records (``DELTA.json``: each delta's
 offsets, samples, progressive AUC; the last one's trained keys), the responses (the delta that
-scored each) and the clicks' produce times. Plain functions over numpy arrays, no Kafka.
+scored each) and the clicks' produce times (collected by ``Clicks`` as the users send them;
+``expected_keys``: the samples due). Plain functions over numpy arrays, no Kafka.
 
 Nothing here reads the trainer's trained-key files, so the counts hold whatever its dedupe window.
 Which delta trained a sample: a delta records, per partition, the offset its trainer resumes at, so
@@ -20,6 +21,7 @@ from numpy.typing import NDArray
 
 from loadtest.paced import Responses
 from model_store.deltas import DeltaManifest
+from serving.stream.records import Event
 from training.evaluate import auc_logloss
 
 
@@ -212,3 +214,30 @@ def event_to_written(clicks: tuple[NDArray[np.bytes_], NDArray[np.float64]], log
     t_click = clicks[1][hit]
     joined = log.produced[rows] - t_click if log.produced is not None else np.zeros(0)
     return {"click": t_click, "joined": joined, "written": written[delta[rows]] - t_click}
+
+
+def expected_keys(imps: list[tuple[str, float, int, int]], window_s: float) -> np.ndarray:
+    """The sample keys of every impression whose window closed before the last impression."""
+    last_ts = max(i[1] for i in imps)
+    closed = [i for i in imps if i[1] + window_s < last_ts]
+    if not closed:
+        return np.zeros(0, "S1")
+    rid = np.repeat(np.array([i[0].encode() for i in closed]), [i[2] for i in closed])
+    return keys_of(rid, np.concatenate([np.arange(i[2]) for i in closed]))
+
+
+class Clicks:
+    """The clicks the users sent and when each was handed to the producer (``play``'s ``on_sent``)."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[list[Event], float]] = []
+
+    def __call__(self, events: list[Event], t: float) -> None:
+        self.parts.append((events, t))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sample keys, produce times)."""
+        events = [e for es, _ in self.parts for e in es]
+        t = np.array([t for es, t in self.parts for _ in es], np.float64)
+        rid = np.array([e.request_id.encode() for e in events]) if events else np.zeros(0, "S1")
+        return keys_of(rid, np.array([e.item for e in events], np.int64)), t
