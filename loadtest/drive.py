@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loadtest.common import ROOT, repo_env
+from loadtest.common import ROOT, percentiles_ms, repo_env
 from loadtest.processes import Usage, descendants, http_ok, running, usage
 
 if TYPE_CHECKING:
@@ -30,17 +30,6 @@ def request_bodies(columns: bool = False) -> list[bytes]:
     from serving.scoring.client import requests_from_file
 
     return [body for body, _ in requests_from_file(str(TEST), str(SCHEMA), 200, columns=columns)]
-
-
-def percentiles(ms: np.ndarray) -> dict:
-    if not len(ms):
-        return {"p50_ms": None, "p99_ms": None, "max_ms": None, "mean_ms": None}
-    return {
-        "p50_ms": round(float(np.percentile(ms, 50)), 3),
-        "p99_ms": round(float(np.percentile(ms, 99)), 3),
-        "max_ms": round(float(ms.max()), 3),
-        "mean_ms": round(float(ms.mean()), 3),
-    }
 
 
 # ---- CPU accounting (robust to a shared machine: CPU time, not wall time) ------------------------
@@ -97,7 +86,7 @@ def run_locust(
         raise RuntimeError(f"locust wrote no latencies (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     ms, failed, server = read_latencies(out)
     return {
-        **percentiles(ms),
+        **percentiles_ms(ms / 1e3),
         "requests": int(len(ms)),
         "failures": int(failed.sum()),
         "achieved_rps": round(len(ms) / duration, 1),

@@ -1,12 +1,12 @@
 """loadtest/drive.py: the locustfile's latency dump read back (exact latencies, failures, the
-handler's stage times and what lies outside it), and the percentiles of no requests."""
+handler's stage times and what lies outside it), and the request bodies."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from loadtest.drive import percentiles, read_latencies, request_bodies
+from loadtest.drive import read_latencies, request_bodies
 
 
 def test_the_latency_dump_is_read_with_failures_and_the_handlers_stages(tmp_path):
@@ -21,11 +21,6 @@ def test_the_latency_dump_is_read_with_failures_and_the_handlers_stages(tmp_path
     assert stages["decode"] == pytest.approx(0.6) and stages["total"] == pytest.approx(4.0)
     assert stages["outside_handler"] == pytest.approx(1.0)  # 4 - 3 and 6 - 5
     assert stages["handler_total_p99"] == pytest.approx(np.percentile([3.0, 5.0], 99), abs=1e-3)
-
-
-def test_percentiles_of_no_requests_are_none_not_an_error():
-    assert percentiles(np.zeros(0)) == {"p50_ms": None, "p99_ms": None, "max_ms": None, "mean_ms": None}
-    assert percentiles(np.array([1.0, 3.0]))["p50_ms"] == 2.0
 
 
 def test_the_request_bodies_are_the_test_rows_200_records_each():
