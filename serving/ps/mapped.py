@@ -3,8 +3,9 @@
 Serving needs keys, rows and an index; no optimizer state, no touch counters, no capacity. A
 ``MappedStore`` serves one ``Served`` snapshot (serving/ps/served.py): the version's
 ``BucketTable`` (mapped read-only from the model store, serving/ps/table.py), an in-memory overlay
-``BucketTable`` of the rows its deltas changed or added (deleted signs as tombstones), the version name and the last delta applied. Snapshots
-are immutable; every change builds a new one beside the served one and *flips a reference*:
+``BucketTable`` of the rows its deltas changed or added (deleted signs as tombstones), the version
+name and the last delta applied. Snapshots are immutable; every change builds a new one beside the
+served one and *flips a reference*:
 
 - a delta: a new overlay, the old one with the delta's rows merged into its bucket order (copies
   of the overlay and a sort of the delta's signs, off the event loop);
