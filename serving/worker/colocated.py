@@ -114,11 +114,10 @@ class ColocatedShard:
     # ---- following the version's deltas ---------------------------------------------------------
     def poll(self, turn: bool = True) -> list[str]:
         """One pass of the follower (the version at first, then its new deltas; ``turn``: in one of
-        the host's apply slots, ``Follower.poll``). The version's
-        load is logged at INFO, each delta applied after it at DEBUG: a TorchServe worker's lines
-        go through the JVM's log pipeline, which cost it 6-10 ms of CPU per delta (two shards'
-        lines), taken at the moment a delta's appliers all wake (bench-swap's stack, 10 deltas,
-        no load: 7-10 ms against 1 ms). Refusals are errors (``VersionTarget.refuse``); each
+        the host's apply slots, ``Follower.poll``). The version's load is logged at INFO, each
+        delta applied after it at DEBUG: a TorchServe worker's lines go through the JVM's log
+        pipeline, which cost it 6-10 ms of CPU per delta (two shards' lines), taken at the moment
+        a delta's appliers all wake (bench-swap's stack, 10 deltas, no load: 7-10 ms against 1 ms). Refusals are errors (``VersionTarget.refuse``); each
         answer names the delta it read, and ``recserve serve``'s /metrics each shard's last
         (``serving.freshness``)."""
         before = self.store.version
