@@ -37,7 +37,7 @@ class RecserveHandler:
         self.initialized = False
 
     def initialize(self, context) -> None:
-        from serving.priority import loading_priority
+        from serving.priority import loading_priority, share_gil_with_followers
         from serving.scoring.core import Scorer, ScoringConfig, server_timing
 
         self._server_timing = server_timing
@@ -45,6 +45,8 @@ class RecserveHandler:
         config = ScoringConfig.from_dict(json.loads((model_dir / "scoring.json").read_text()))
         with loading_priority():  # a version loading beside a serving one yields the CPU to it
             self.scorer = Scorer(config)
+        if "local" in self.scorer.lookup_modes:  # its co-located shards' followers share the GIL
+            share_gil_with_followers()
         if config.log_impressions:
             from serving.scoring.impressions import ImpressionLog
 

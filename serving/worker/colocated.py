@@ -33,7 +33,6 @@ import model_store as ms
 from model_store import shards
 from model_store.errors import StoreError
 from serving.notices import Notices, Wake
-from serving.priority import share_gil_with_followers
 from serving.ps.client import ShardError
 from serving.ps.config import StoreConfig
 from serving.ps.follow import Follower, follow_beside_requests, not_serving_reason
@@ -75,7 +74,6 @@ class ColocatedShard:
         if not self.store.version:  # refused (a checksum, the gate): it never will be; say why now
             raise StoreError(not_serving_reason(self.store, self.follower))
         self._wake = Wake(notices, self.follower.wants)
-        share_gil_with_followers()  # its follow thread shares the GIL with this process's requests
         self._thread = threading.Thread(target=self._follow, name=f"colocated-{shard}", daemon=True)
         self._thread.start()
 

@@ -7,6 +7,7 @@ and costs the others nothing."""
 from __future__ import annotations
 
 import json
+import sys
 
 import orjson
 import pytest
@@ -24,11 +25,26 @@ def handler(trained, tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("mar")
     scoring = {"version_dir": str(trained[1].version_dir), "lookups": "colocated"}
     (model_dir / "scoring.json").write_text(json.dumps(scoring))
+    switch_s = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)  # CPython's default
     h = RecserveHandler()
-    h.initialize(Context("criteo", str(model_dir), {}, 8, None, "0"))
+    try:
+        h.initialize(Context("criteo", str(model_dir), {}, 8, None, "0"))
+        h.switch_s = sys.getswitchinterval()  # type: ignore[attr-defined]
+    finally:
+        sys.setswitchinterval(switch_s)
     yield h
     assert h.scorer is not None
     h.scorer.close()
+
+
+def test_a_worker_with_colocated_shards_hands_the_gil_over_every_half_millisecond(handler):
+    """A request thread that gives the GIL up (numpy, torch) waits up to the switch interval to
+    get it back from a co-located shard's follower in the middle of a merge: 0.5 ms, not 5."""
+    from serving.priority import FOLLOW_SWITCH_S
+
+    assert handler.scorer.lookup_modes == ["local", "local"]
+    assert handler.switch_s == pytest.approx(FOLLOW_SWITCH_S) == 0.0005
 
 
 def _context(n: int) -> Context:

@@ -194,24 +194,6 @@ def test_the_version_load_is_logged_at_info_and_each_delta_after_it_at_debug(sto
         shard.close()
 
 
-def test_the_follow_thread_shares_the_gil_finely_with_the_requests(store):
-    """A request thread that gives the GIL up (numpy, torch) waits up to the switch interval to
-    get it back from a follower in the middle of a merge: a process with co-located shards hands
-    it over every 0.5 ms, not CPython's 5 ms."""
-    import sys
-
-    from serving.priority import FOLLOW_SWITCH_S
-
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(0.005)
-    try:
-        shard = ColocatedShard(ms.version_dir(store, "criteo", "1"), 0, 2, 16, poll_s=3600)
-        shard.close()
-        assert sys.getswitchinterval() == pytest.approx(FOLLOW_SWITCH_S)
-    finally:
-        sys.setswitchinterval(before)
-
-
 def test_the_first_poll_takes_no_apply_turn_and_the_follow_thread_does(store, monkeypatch):
     """The first poll runs where nothing is served yet, at nice 10 in a TorchServe worker
     (``initialize``): it takes no host apply slot (``Follower.poll(turn=False)``); the follow
