@@ -52,7 +52,7 @@ from serving.ps.config import StoreConfig, as_signs, not_held
 from serving.ps.served import Served
 from serving.ps.table import BucketTable
 
-__all__ = ["MappedStore", "Served"]
+__all__ = ["MappedStore"]
 
 MERGE_BYTES = 4 << 20
 """Bytes of deltas (all their arrays) a follower reads before one overlay build (``flip_bytes``),

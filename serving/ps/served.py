@@ -32,10 +32,6 @@ class Served:
         overlay = BucketTable.empty(base.dim, base.dtype)  # rows of the base's type: answered as stored
         return cls(base, overlay, version, delta_seq, len(base))
 
-    def with_delta(self, data: ShardData) -> Served:
-        """This snapshot with a delta applied (a new overlay; self is unchanged)."""
-        return self.with_deltas([data])
-
     def with_deltas(self, deltas: list[ShardData]) -> Served:
         """This snapshot with ``deltas`` applied in seq order, in ONE new overlay (self is
         unchanged): a shard that loads a version with a thousand deltas builds its overlay once,
