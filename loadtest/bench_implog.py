@@ -5,7 +5,7 @@ off, measured in the same run.
                                     [--duration 30] [--pairs 3]
 
 Two `recserve serve` processes over one store, one with ``--log-impressions
-kafka://<mock cluster>/impressions`` (``serving.stream.mockbroker``, a process of its own) and one
+kafka://<mock cluster>/impressions`` (``loadtest.mockbroker``, a process of its own) and one
 without, both started before any load; locust then loads them in turn, off / on, ``--pairs`` times,
 so a busy minute of a shared machine falls on both. ``logging_p99_ratio`` is the median p99 with
 the log on over the median p99 with it off (target <= 1.15). The logging frontend's /metrics says
@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import contextlib
 
+    from loadtest import mockbroker
     from loadtest.drive import request_bodies
-    from serving.stream import mockbroker
 
     work = Path(tempfile.mkdtemp(prefix="bench-implog-"))
     try:

@@ -16,12 +16,12 @@ import time
 
 import numpy as np
 
+from loadtest import mockbroker
 from loadtest.common import parse, parser, write_results
 from loadtest.stream_users import UserModel, impressions, produce, ranking_batch_bytes
-from serving.stream import mockbroker
-from serving.stream.config import JoinConfig
-from serving.stream.joiner import Joiner
-from serving.stream.records import Event, encode_event, encode_impression
+from stream.config import JoinConfig
+from stream.joiner import Joiner
+from stream.records import Event, encode_event, encode_impression
 
 ROWS = 200
 TARGET = 20_000

@@ -3,7 +3,7 @@
     python -m loadtest.bench_soak [--minutes 30] [--window-min 5] [--rate 50] [--ts-rate 10] [--items 20]
                                   [--full-every 10m] [--quick] [--results-dir DIR] [--store DIR]
 
-On the mock Kafka cluster (``serving.stream.mockbroker``): ``recserve serve`` with co-located
+On the mock Kafka cluster (``loadtest.mockbroker``): ``recserve serve`` with co-located
 lookups at ``--rate`` requests/s, and the local stack (``serving.stack.local``: 2 replicas per PS
 shard, the worker, TorchServe with remote lookups, supervised) at ``--ts-rate``, both logging
 impressions to one topic and following one model store; a request is always the same ``--items``
@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 import model_store as ms
+from loadtest import mockbroker
 from loadtest import stream_figures as sf
 from loadtest.bench_faults import KILLED_PS, kill_and_watch
 from loadtest.common import (
@@ -82,7 +83,6 @@ from loadtest.stream_users import UserModel, play
 from model_store.dense import AUTO
 from serving.rpc.procs import free_ports, stop_children
 from serving.scoring.client import requests_from_file
-from serving.stream import mockbroker
 
 LEAN, TORCHSERVE = 1, 2  # the recorders' request-id streams
 

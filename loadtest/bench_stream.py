@@ -2,7 +2,7 @@
 
     python -m loadtest.bench_stream [--minutes 5] [--rate 25] [--quick] [--results-dir DIR] [--store DIR]
 
-On the mock Kafka cluster (``serving.stream.mockbroker``, a process of its own): ``recserve serve``
+On the mock Kafka cluster (``loadtest.mockbroker``, a process of its own): ``recserve serve``
 + co-located lookups with ``--log-impressions``, loaded at ``--rate`` requests/s of one request of
 200 items (the same 200 items every time, so an item's taste can be learnt); simulated users
 (``loadtest.stream_users``) clicking in a drifting world (each item's taste rises and falls once
@@ -55,6 +55,7 @@ import numpy as np
 import orjson
 
 import model_store as ms
+from loadtest import mockbroker
 from loadtest import stream_figures as sf
 from loadtest.common import (
     given_or_trained,
@@ -94,7 +95,6 @@ from loadtest.stream_users import UserModel, play
 from model_store.deltas import DeltaManifest, last_record, read_delta
 from model_store.dense import AUTO
 from serving.rpc.procs import free_ports, stop_children
-from serving.stream import mockbroker
 
 LOG_RATIO_TARGET = 1.15
 KILL_GUARD_S = 2.0

@@ -190,8 +190,8 @@ def synth_data(rows: int, where: Path) -> tuple[Path, Path]:
 
 def synth_section(args: argparse.Namespace) -> dict:
     """1M synth rows, one epoch: the peer and every recserve variant, each a process of its own."""
-    from training import planner
-    from training.costs import Costs
+    from training.planning import planner
+    from training.planning.costs import Costs
 
     train_file, test_file = synth_data(args.synth_rows, Path(args.synth_dir))
     sw = Stopwatch()

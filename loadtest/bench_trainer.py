@@ -4,7 +4,7 @@
 
 Fills a samples topic on the mock broker with ``--requests`` requests of 200 Criteo items as
 ``recserve join`` writes them (keyed by request id), then replays it with the product's trainer
-(``training.follow.FollowTrainer``, ``--follow --stream --once``, in this process), once per
+(``training.follow.trainer.FollowTrainer``, ``--follow --stream --once``, in this process), once per
 setting, each on a fresh copy of the model store: the baseline (``recserve train --follow``'s
 batch of 128 and the version's sparse learning rate) and ``--batch-size`` with ``--lr``. A step's
 cost is mostly fixed (the dense network's forward and backward), so larger batches train more
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from loadtest import mockbroker
 from loadtest.common import (
     CRITEO_SCHEMA,
     CRITEO_TEST,
@@ -33,7 +34,6 @@ from loadtest.common import (
     print_table,
     write_results,
 )
-from serving.stream import mockbroker
 
 ROWS = 200
 TOPIC = "samples"
@@ -48,8 +48,8 @@ def records(requests: int, seed: int = 0) -> list[tuple[str, bytes]]:
     from features import stream
     from features.schema import load_schema
     from features.transform import Table, transform
-    from serving.stream.records import Impression, SampleWriter, Versions
-    from serving.stream.rows import RowTable
+    from stream.records import Impression, SampleWriter, Versions
+    from stream.rows import RowTable
 
     schema = load_schema(CRITEO_SCHEMA)
     table = stream.read(str(CRITEO_TEST), schema, limit=10 * ROWS)
@@ -70,7 +70,7 @@ def records(requests: int, seed: int = 0) -> list[tuple[str, bytes]]:
 def replay(store: Path, bootstrap: str, batch_size: int, lr: float | None, work: Path) -> dict:
     """One trainer over the whole topic, on a copy of ``store``; its figures."""
     from training.config import FollowConfig
-    from training.follow import FollowTrainer
+    from training.follow.trainer import FollowTrainer
 
     copy = Path(tempfile.mkdtemp(dir=work))
     shutil.copytree(store, copy, dirs_exist_ok=True)

@@ -3,7 +3,7 @@
 Two namespace hosts (``loadtest/netns.py``), the store bound on each at ``/mnt/recserve``; on each
 host the two serving PS shards (``recserve ps-serve``) and a lean frontend with co-located
 lookups (``recserve serve --lookups colocated``): six serving processes, eight followers. The test
-broker (``serving.stream.mockbroker``) runs here, reached from the hosts through
+broker (``loadtest.mockbroker``) runs here, reached from the hosts through
 ``loadtest.kafka_bridge`` (a process of its own). This process cuts a delta every
 ``--delta-every-s`` (``DeltaWriter``, announced on the model's notice topic) into a copy of the
 store and waits until every process reports it.
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     reason = netns.unavailable()
     if reason:
         p.error(f"needs network namespaces: {reason}")
-    from serving.stream import mockbroker
+    from loadtest import mockbroker
 
     result: dict = {"deltas_per_mode": args.deltas, "delta_every_s": args.delta_every_s, "delta_rows": args.delta_rows,
                     "hosts": 2, "processes_per_host": 3, "modes": {}}  # fmt: skip

@@ -1,4 +1,4 @@
-"""The test broker (``serving.stream.mockbroker``) reachable from namespace hosts (``loadtest/netns.py``).
+"""The test broker (``loadtest.mockbroker``) reachable from namespace hosts (``loadtest/netns.py``).
 
 librdkafka's mock cluster listens on 127.0.0.1 only and tells clients its brokers are at
 127.0.0.1:<port>. The bridge opens, in each host's network namespace, a listener on 127.0.0.1 at

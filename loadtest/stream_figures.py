@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from loadtest.paced import Responses
 from model_store.deltas import DeltaManifest
-from serving.stream.records import Event
+from stream.records import Event
 from training.evaluate import auc_logloss
 
 

@@ -16,7 +16,7 @@ from serving.rpc.procs import spawn
 LAG_GAUGE = "recserve_follow_lag_samples"
 """The trainer's consumer lag on its /metrics (samples after those it trained, at its last look)."""
 STANDBY = "trainer-standby"
-"""A second trainer of the model (training/standby.py): it takes over when the trainer dies."""
+"""A second trainer of the model (training/follow/standby.py): it takes over when the trainer dies."""
 STANDBY_GAUGE = "recserve_follow_standby"
 
 

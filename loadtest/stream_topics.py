@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from loadtest import stream_figures as sf
-from serving.stream.records import decode_impression
-from serving.stream.sample_batch import read_samples
+from stream.records import decode_impression
+from stream.sample_batch import read_samples
 
 TOPICS = {"impressions": 16, "events": 16, "samples": 16, "samples.dead": 4, "join-dead-letter": 4}
 """Topics and their partitions. The mock cluster keeps 5 MB a partition (librdkafka's

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving.stream.records import (
+from stream.records import (
     Event,
     Impression,
     Versions,

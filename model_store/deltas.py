@@ -15,7 +15,7 @@ only the keys trained since the record at ``keys_after`` (a path relative to thi
 directory: ``../<seq>``, ``../../stream``), whose window it adds to. ``read_keys`` walks back to the
 whole-window file and keeps the keys of the window as of this record (times >= ``keys_since``),
 each once. A delta every 0.5 s at 1.5M keys in the window cannot rewrite them all (68 MiB); the
-writer (``training.stream_book``) decides when a whole-window file is due. Format 1 records
+writer (``training.follow.book``) decides when a whole-window file is due. Format 1 records
 (every key file whole) are still read.
 """
 

@@ -139,7 +139,7 @@ class TrainRecord:
     world_size: int = 1
     steps: int = 0
     plan: dict[str, Any] | None = None
-    """The sharding plan it trained with (``training.plan.ShardingPlan`` as a dict)."""
+    """The sharding plan it trained with (``training.planning.plan.ShardingPlan`` as a dict)."""
 
 
 @dataclass

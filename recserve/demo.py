@@ -220,7 +220,7 @@ def follow_step(client, result) -> None:
     import shutil
 
     from training.config import FollowConfig
-    from training.follow import follow
+    from training.follow.trainer import follow
 
     step("6. continuous training: 200 new rows arrive; `recserve train --follow` publishes a delta")
     before, versions = _first_request(client)

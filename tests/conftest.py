@@ -1,6 +1,6 @@
 """Fixtures every test package may use: ``network``, hosts made of Linux network namespaces;
 ``readme_ports``, the README's fixed ports held by one test at a time; ``trained``, a store with a
-trained, published Criteo version."""
+trained, published Criteo version; ``kafka``, the session's mock Kafka cluster."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import netns
+from loadtest import mockbroker, netns
 from tests.helpers import train_version
 
 
@@ -58,3 +58,11 @@ def trained(tmp_path_factory):
     PS, one epoch, seed 0), version 1 exported and published. One per test module."""
     root = tmp_path_factory.mktemp("store")
     return root, train_version(root, seed=0, publish=True)
+
+
+@pytest.fixture(scope="session")
+def kafka():
+    """One mock Kafka cluster (``loadtest.mockbroker``, a child process) for the session's stream
+    tests; each test creates its own topics (``kafka.create_topic``)."""
+    with mockbroker.running() as broker:
+        yield broker

@@ -9,13 +9,33 @@ from tests.helpers import ROOT
 ALLOWED = {
     "features": {"features"},
     "model_store": {"features", "model_store"},
-    "serving": {"features", "model_store", "serving", "recserve.v1"},
-    "training": {"features", "model_store", "serving", "training", "recserve.v1"},
-    "handlers": {"features", "model_store", "serving", "handlers"},
+    "stream": {"features", "model_store", "stream"},
+    "serving": {"features", "model_store", "stream", "serving", "recserve.v1"},
+    "training": {"features", "model_store", "stream", "serving", "training", "recserve.v1"},
+    "handlers": {"features", "model_store", "stream", "serving", "handlers"},
     # the benchmarks run on product code, never on tests' helpers
-    "loadtest": {"features", "model_store", "serving", "training", "handlers", "recserve", "loadtest"},
+    "loadtest": {
+        "features",
+        "model_store",
+        "stream",
+        "serving",
+        "training",
+        "handlers",
+        "recserve",
+        "loadtest",
+    },
 }
-PROJECT = {"features", "model_store", "serving", "training", "handlers", "recserve", "loadtest", "tests"}
+PROJECT = {
+    "features",
+    "model_store",
+    "stream",
+    "serving",
+    "training",
+    "handlers",
+    "recserve",
+    "loadtest",
+    "tests",
+}
 
 
 def imports(path: Path):

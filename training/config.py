@@ -11,7 +11,7 @@ from model_store.layout import default_root
 from serving.ps import optim
 from serving.ps.config import StoreConfig
 from serving.ps.spec import EVICTIONS, TableSpec
-from training.plan import SHARDINGS
+from training.planning.plan import SHARDINGS
 
 DEVICES = ("auto", "cpu", "cuda")
 """Where the dense network can train (``--device``; ``training.ranks.choose_device``)."""
@@ -86,7 +86,7 @@ class TrainConfig:
     inprocess: torch EmbeddingBag tables in the trainer (a baseline for benchmarks; nothing
     servable is exported)."""
     sharding: str = field(default="auto", metadata={"choices": list(SHARDINGS)})
-    """Where each embedding table trains (training/plan.py): auto (training/planner.py, from a sample of
+    """Where each embedding table trains (training/planning/plan.py): auto (training/planning/planner.py, from a sample of
     the data and --memory-gb), ps (every table on the PS shards, updated asynchronously) or
     replicated (every table in the trainer, updated synchronously). The export is the same."""
     plan: str = ""
@@ -226,7 +226,7 @@ class TrainConfig:
             sources.parse(spec, "files")  # an unknown <kind>:// is a configuration error
         if self.plan:  # a plan that does not fit the schema is a configuration error, not a crash
             from features.schema import load_schema
-            from training.plan import ShardingPlan
+            from training.planning.plan import ShardingPlan
 
             ShardingPlan.load(self.plan).check(load_schema(self.schema))
 
@@ -273,7 +273,7 @@ class Period:
 @dataclass
 class FollowConfig:
     """`recserve train --follow MODEL_DIR`: keep training the SERVED version's embeddings on new
-    data files and cut deltas into it (training/follow.py). The dense model stays the served one,
+    data files and cut deltas into it (training/follow/trainer.py). The dense model stays the served one,
     frozen, unless --train-dense (then it ships in the full versions of --full-every)."""
 
     follow: str = field(default="", metadata={"metavar": "MODEL_DIR"})
@@ -298,7 +298,7 @@ class FollowConfig:
     there (--notices) apply it at once ('': none; one host's serving sees the files by inotify)."""
     metrics_port: int = 0
     """Serve Prometheus /metrics (samples, duplicates, refused, deltas, progressive AUC and log
-    loss, offsets, consumer lag: training/stream_book.py) on this port (0: off; torchrun rank r:
+    loss, offsets, consumer lag: training/follow/book.py) on this port (0: off; torchrun rank r:
     this port + r)."""
     metrics_host: str = "127.0.0.1"
     """Address the metrics port binds to."""
@@ -336,7 +336,7 @@ class FollowConfig:
     full_every: str = field(default="", metadata={"metavar": "600s|10m|40d"})
     """Write and publish a full version (rows with optimizer state, the dense network, its
     manifest) every this much time (s, m, h) or this many deltas (d); '' : never (deltas only).
-    training/full_version.py."""
+    training/follow/full_version.py."""
     train_dense: bool = False
     """Train the dense network too (needs --full-every: dense changes ship only in full versions;
     deltas carry rows into the served version, which keeps its own dense network)."""

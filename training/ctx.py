@@ -3,7 +3,7 @@
     logits = ctx.forward(batch)        # rows of the batch's signs, pooled + dense forward
     ctx.backward(loss)                 # dense backward + step (DDP all-reduce), sparse grads out
 
-Each embedding table (a sparse slot) lives where the sharding plan (``training.plan``) put it:
+Each embedding table (a sparse slot) lives where the sharding plan (``training.planning.plan``) put it:
 ``ps`` tables on the PS shards, looked up through the embedding worker (``lookup``, inserting
 unseen signs) and updated in the background (``push`` returns at once; at most K updates in
 flight, the staleness bound); ``replicated`` tables in the trainer (``training.replicated``),

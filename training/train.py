@@ -29,7 +29,7 @@ from torch import nn
 from tqdm import tqdm
 
 import model_store
-from training import data, planner, ranks
+from training import data, ranks
 from training.checkpoint import Checkpointer, checkpoint_dir, latest, parse_every
 from training.cluster import Cluster
 from training.config import TrainConfig
@@ -40,7 +40,8 @@ from training.inprocess import InProcessCtx, SignTable, sparse_optimizer
 from training.job_shards import open_job_cluster
 from training.metrics import TrainMetrics
 from training.models import ModelConfig, build_model
-from training.plan import ShardingPlan
+from training.planning import planner
+from training.planning.plan import ShardingPlan
 from training.replicated import Replicated
 
 log = logging.getLogger("recserve.train")

@@ -1,5 +1,5 @@
 """``recserve join``: join impressions and events into labelled samples (flags from
-``serving.stream.config.JoinConfig``; see docs/streaming.md)."""
+``stream.config.JoinConfig``; see docs/streaming.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 
-from serving.stream.config import JoinConfig as CONFIG
+from stream.config import JoinConfig as CONFIG
 
 log = logging.getLogger("recserve.join")
 
@@ -17,7 +17,7 @@ def run(cfg: CONFIG) -> int:
     from prometheus_client import CollectorRegistry
 
     from serving.rpc.metrics import start_metrics_server
-    from serving.stream.joiner import Joiner, JoinError
+    from stream.joiner import Joiner, JoinError
 
     registry = CollectorRegistry()
     joiner = Joiner(cfg, registry)

@@ -5,10 +5,10 @@ step), sizes every table as a store holds it (row, optimizer state, key, index),
 in-process store and a PS process on this machine (``--no-measure``: the default figures), and
 keeps the placement with the least estimated embedding time on a step's path whose replicated
 tables fit ``--memory-gb`` per node: the tables that save the most time per byte in process
-first, weighed against all on the PS (training/planner.py says what overlaps). ``recserve train
+first, weighed against all on the PS (training/planning/planner.py says what overlaps). ``recserve train
 --plan plan.yaml`` trains with exactly this plan; ``recserve train`` (``--sharding auto``) plans
 the same way by itself. With ``--serving-budget-gb`` it also picks the row type each table is
-served in (training/serving_plan.py), and ``recserve train --plan`` exports the version so.
+served in (training/planning/serving_plan.py), and ``recserve train --plan`` exports the version so.
 
     recserve plan --schema data/schemas/criteo.yaml --data train.tsv --nodes 2 --memory-gb 4
 """
@@ -85,9 +85,10 @@ def run(cfg: PlanConfig) -> int:
 
     from features.schema import load_schema
     from features.stream import ReadOptions
-    from training import data, planner, serving_plan
+    from training import data
     from training.config import TrainConfig
-    from training.costs import Costs, measure_costs
+    from training.planning import planner, serving_plan
+    from training.planning.costs import Costs, measure_costs
 
     t0 = time.perf_counter()
     schema = load_schema(cfg.schema)

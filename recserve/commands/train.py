@@ -6,7 +6,7 @@ Also runnable under torchrun for multi-rank DDP:
 ``recserve train --follow MODEL_DIR --watch DIR`` (or ``--stream kafka://BROKERS/TOPIC``, samples
 from ``recserve join``): continuous training into the version the model
 directory serves (its CURRENT; the same MODEL_DIR as ``recserve ps-serve``) instead (see
-training/follow.py): new files in DIR train the served embeddings (the served dense model is
+training/follow/trainer.py): new files in DIR train the served embeddings (the served dense model is
 frozen) and deltas are cut into the version every --delta-interval-s seconds. SIGTERM or Ctrl-C
 cuts a final delta and exits 0.
 """
@@ -131,7 +131,7 @@ def run_follow(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from model_store import ModelStoreError
-    from training.follow import follow
+    from training.follow.trainer import follow
 
     stop = threading.Event()
     handlers = {}

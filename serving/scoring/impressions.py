@@ -1,4 +1,4 @@
-"""The impression log: every scored request, as one ``serving.stream.records.Impression`` on a
+"""The impression log: every scored request, as one ``stream.records.Impression`` on a
 Kafka topic (``--log-impressions kafka://BROKERS/TOPIC``), off the request path.
 
 The request loop (``serving.scoring.loop.complete``) offers each scored request once, after its
@@ -28,7 +28,7 @@ import numpy as np
 
 from features.codec import encode
 from serving.scoring.decoding import Request
-from serving.stream.records import Impression, Versions, encode_impression
+from stream.records import Impression, Versions, encode_impression
 
 log = logging.getLogger("recserve.impressions")
 

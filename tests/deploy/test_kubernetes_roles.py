@@ -265,7 +265,7 @@ def test_the_stream_roles_run_as_their_manifests_say_against_the_test_broker(net
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     topics = ("impressions:2", "events:2", "samples:2", "join-dead-letter:1", "samples.dead:1")
     broker_log = tmp_path / "kafka.log"
-    host.popen([sys.executable, "-m", "serving.stream.mockbroker", *(a for t in topics for a in ("--topic", t))],
+    host.popen([sys.executable, "-m", "loadtest.mockbroker", *(a for t in topics for a in ("--topic", t))],
                broker_log, env=env, cwd=ROOT)  # fmt: skip
     found = wait_until(lambda: re.search(r"BOOTSTRAP=(\S+)", broker_log.read_text()), 60, "the test broker")
     config_maps["recserve-kafka"]["data"]["bootstrap"] = found[1]

@@ -92,7 +92,7 @@ def test_a_batch_of_refused_requests_only(handler):
 
 @pytest.fixture(scope="module")
 def kafka():
-    from serving.stream import mockbroker
+    from loadtest import mockbroker
 
     with mockbroker.running() as broker:
         yield broker

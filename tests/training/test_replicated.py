@@ -12,8 +12,8 @@ import pytest
 from features.hashing import SLOT_SHIFT
 from features.schema import load_schema
 from model_store import shards
-from training import plan as sharding
 from training.config import TrainConfig
+from training.planning import plan as sharding
 from training.train import train
 
 ROOT = Path(__file__).resolve().parents[2]

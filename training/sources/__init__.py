@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from features.batch import CompactBatch
-    from serving.stream.sample_batch import Samples
+    from stream.sample_batch import Samples
     from training.sources.ledger import Ledger
 
 
@@ -66,14 +66,13 @@ class Keyed:
     @classmethod
     def join(cls, parts: list[Keyed]) -> Keyed:
         """The rows of ``parts`` (of one schema) in order, as one."""
-        from training.sources._samples import concat
+        from stream.sample_batch import concat
 
         return parts[0] if len(parts) == 1 else cls(concat([p.samples for p in parts]), parts[0].schema)
 
     def batch(self, rows: NDArray[np.int64] | None = None) -> CompactBatch:
         """The trainer's batch (with labels) of the rows at ``rows`` (None: all)."""
-        from serving.stream.sample_batch import take
-        from training.sources._samples import to_batch
+        from stream.sample_batch import take, to_batch
 
         return to_batch(self.samples if rows is None else take(self.samples, rows), self.schema)
 

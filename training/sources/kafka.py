@@ -9,7 +9,7 @@ trainer reads on from exactly there. A chunk is one partition's records of one b
 record's offset and its ``end`` the offset after the last; the chunks of one consume lie between
 two ``TICK``s (the trainer steps on them together). ``behind()`` is the consumer lag: records of
 the rank's partitions not yielded yet. Records are decoded together
-(``serving.stream.sample_batch``: no loop per record beyond the accessors confluent-kafka
+(``stream.sample_batch``: no loop per record beyond the accessors confluent-kafka
 forces). A malformed record, or one that does not fit the followed schema, goes to the
 dead-letter topic ``<TOPIC>.dead`` (its value as it was, headers ``reason``, ``partition``,
 ``offset``), counted in the chunk's ``refused``; the trainer goes on.
@@ -30,10 +30,9 @@ from typing import Any
 import numpy as np
 
 from features.transform import Table
-from serving.stream.config import FETCH_WAIT_MS
-from serving.stream.sample_batch import read_samples, take
+from stream.config import FETCH_WAIT_MS
+from stream.sample_batch import misfits, read_samples, take
 from training.sources import TICK, Chunk, Keyed, Position, Reading, SourceKind, register
-from training.sources._samples import misfits
 from training.sources.ledger import Ledger
 
 log = logging.getLogger("recserve.train.follow")

@@ -2,7 +2,7 @@
 partition), whether the unit is done, and why it failed where it did.
 
 Progress is kept apart until ``commit``, which the trainer calls after a delta's ``_SUCCESS``
-(training/follow.py), so the ledger never claims rows that no published delta holds. The file
+(training/follow/trainer.py), so the ledger never claims rows that no published delta holds. The file
 (JSON, replaced atomically) keeps the format of the first follow ledgers:
 ``{"files": {unit: {"rows", "done"[, "error"]}}}``.
 """

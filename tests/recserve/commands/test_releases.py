@@ -13,7 +13,6 @@ from serving.notices import VERSION, Notices
 from serving.ps.store import EmbeddingStore
 from tests.serving.helpers import DIM, SIGNS, make_rows_version
 from tests.serving.ps.helpers import store_config
-from tests.serving.stream.conftest import kafka  # noqa: F401  (the session's mock cluster)
 
 
 def test_publish_and_rollback_announce_the_new_current(kafka, tmp_path):  # noqa: F811

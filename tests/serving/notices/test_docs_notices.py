@@ -19,7 +19,7 @@ def test_the_notices_lines_run_as_printed(tmp_path, trained):
     if not all(port_free(p) for p in PORTS):
         pytest.skip(f"ports {PORTS} (the guide's) are taken")
     (block,) = doc_blocks(DOC, HEADING)
-    assert block[0].startswith("python -m serving.stream.mockbroker") and len(block) == 8
+    assert block[0].startswith("python -m loadtest.mockbroker") and len(block) == 8
     shutil.copytree(trained[0], tmp_path / "artifacts")
     (tmp_path / "data").symlink_to(ROOT / "data")
     with bash_block(block, tmp_path) as proc:

@@ -9,7 +9,6 @@ import queue
 from confluent_kafka import Producer
 
 from serving.notices import Notice, Notices, announcer
-from tests.serving.stream.conftest import kafka  # noqa: F401  (the session's mock cluster)
 
 
 def test_every_listener_gets_every_notice_and_a_malformed_one_is_counted(kafka, tmp_path):  # noqa: F811

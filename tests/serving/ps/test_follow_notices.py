@@ -19,7 +19,6 @@ from serving.rpc.config import ServerConfig
 from tests.helpers import free_port, ps_in_thread, wait_until
 from tests.serving.helpers import DIM, SIGNS, make_rows_version
 from tests.serving.ps.helpers import store_config
-from tests.serving.stream.conftest import kafka  # noqa: F401  (the session's mock cluster)
 
 POLL_S = 60.0  # a delta seen within the deadline below came by its notice
 DEADLINE_S = 10.0

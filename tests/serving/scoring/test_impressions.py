@@ -16,14 +16,14 @@ import orjson
 import pytest
 
 from features.codec import decode, encode
+from loadtest import mockbroker
 from serving.scoring import lean
 from serving.scoring.asgi import App
 from serving.scoring.client import requests_from_file
 from serving.scoring.core import BINARY, ScoringConfig
 from serving.scoring.impressions import ImpressionLog, Target, request_id
 from serving.scoring.lean import Frontend, ServeConfig
-from serving.stream import mockbroker
-from serving.stream.records import Impression, decode_impression
+from stream.records import Impression, decode_impression
 from tests.helpers import wait_until
 from tests.serving.helpers import TEST
 

@@ -10,8 +10,8 @@ import numpy as np
 from features import stream
 from features.schema import Schema
 from features.transform import Table, transform
-from serving.stream.records import Impression, SampleWriter, Versions
-from serving.stream.rows import RowTable
+from stream.records import Impression, SampleWriter, Versions
+from stream.rows import RowTable
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "data/criteo/deepctr_criteo_sample.csv"
@@ -49,5 +49,5 @@ def produce(
 
 
 def key(k: bytes) -> tuple[str, int]:
-    """A trained key (``serving.stream.sample_batch``) as (request id, item)."""
+    """A trained key (``stream.sample_batch``) as (request id, item)."""
     return k[4:].decode(), int.from_bytes(k[:4], "big")

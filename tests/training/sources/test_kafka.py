@@ -10,7 +10,6 @@ import pytest
 from features import stream
 from features.schema import load_schema
 from features.transform import Table, transform
-from tests.serving.stream.conftest import kafka  # noqa: F401  (the session's mock cluster)
 from tests.training.sources.samples import ROOT, SAMPLE, key, produce, records
 from training import sources
 from training.sources import Reading

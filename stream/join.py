@@ -1,0 +1,264 @@
+"""The join of impressions and events into labelled samples, for one partition: a plain class,
+no Kafka (``stream.joiner`` feeds it records and produces what it returns).
+
+One sample per (request, item): **positive** (the event's label) when an event for the item
+arrives within ``window_s`` of the impression, **negative** (0.0) for every item without one when
+the window closes. A second event for an item collapses into the first (``duplicates``); an event
+after its window, or for a request never seen within a window of its own time, is ``late``:
+counted and dropped. A record that cannot be read (or an event naming an item the request does not
+have) goes to the dead-letter topic (``malformed``).
+
+**Time** is event time: the join's watermark is the smallest of its two inputs' watermarks, each
+the newest ``ts`` it delivered, advanced by the wall time since (so a quiet input does not stop
+the clock); an input that is caught up (at the end of its partition) does not hold the join back
+while the other has records. A window closes when the watermark passes ``impression.ts +
+window_s``. Replaying a topic thus gives the labels a live run gave.
+
+**Offsets**: a record is *held* until everything it led to is acknowledged: an impression or event
+until its request's window closed and every sample of it was acknowledged, a dead letter until
+it was. ``committable()`` is the offset of the oldest held record of each input (or the next one
+to read): committing it and restarting re-reads exactly the open windows, rebuilding them. A
+request's samples may then be produced twice (at least once); never lost.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from features.codec import CodecError, decode
+from stream.records import (
+    Event,
+    RecordError,
+    SampleWriter,
+    decode_event,
+    decode_impression,
+    encode_event,
+)
+from stream.rows import RowTable
+
+IMPRESSIONS, EVENTS = 0, 1
+INPUTS = ("impressions", "events")
+
+
+@dataclass
+class JoinCounts:
+    """What every partition's join did (the joiner's /metrics read these)."""
+
+    impressions: int = 0
+    events: int = 0
+    positives: int = 0
+    negatives: int = 0
+    duplicates: int = 0
+    late: int = 0
+    malformed: list[int] = field(default_factory=lambda: [0, 0])  # per input
+    acked: int = 0
+
+
+@dataclass(frozen=True)
+class Emit:
+    """A record to produce: a sample (``dead`` False) or a dead letter; ``token`` goes back to
+    ``acked`` once the broker has it."""
+
+    key: bytes
+    value: bytes
+    dead: bool = False
+    reason: str = ""
+    token: object = None
+
+
+@dataclass
+class _Request:
+    deadline: float = float("inf")
+    writer: SampleWriter | None = None
+    labelled: np.ndarray | None = None  # bool per item: a sample was emitted
+    held: list[tuple[int, int]] = field(default_factory=list)  # (input, offset)
+    early: list[tuple[int, Event]] = field(default_factory=list)  # events before their impression
+    unacked: int = 0
+    closed: bool = False
+
+
+class _Clock:
+    """One input's watermark: newest ts seen, advanced by the wall time since it was seen."""
+
+    def __init__(self) -> None:
+        self.ts, self.wall, self.caught_up = float("-inf"), 0.0, False
+
+    def saw(self, ts: float, now: float) -> None:
+        if ts >= self.ts:
+            self.ts, self.wall = ts, now
+        self.caught_up = False
+
+    def at(self, now: float) -> float:
+        return self.ts + max(0.0, now - self.wall)
+
+
+class PartitionJoin:
+    """The open windows of one partition (the same partition of the impressions and events)."""
+
+    def __init__(self, window_s: float, counts: JoinCounts) -> None:
+        if not window_s > 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
+        self.window_s, self.counts = window_s, counts
+        self.requests: dict[str, _Request] = {}
+        self._deadlines: list[tuple[float, str]] = []  # heap of open impressions' deadlines
+        self._early: list[tuple[float, int, str]] = []  # heap of early events' expiry
+        self._held: tuple[dict[int, None], dict[int, None]] = ({}, {})
+        self._next = [-1, -1]  # next offset to read, per input (-1: none read yet)
+        self._clocks = (_Clock(), _Clock())
+
+    # --- input ---------------------------------------------------------------------------
+    def impression(self, offset: int, value: bytes, now: float) -> list[Emit]:
+        self._next[IMPRESSIONS] = offset + 1
+        try:
+            imp = decode_impression(value)
+            batch = decode(imp.batch)
+            if batch.num_rows != len(imp.scores):
+                raise RecordError(f"impression has {len(imp.scores)} scores for {batch.num_rows} items")
+        except (RecordError, CodecError) as e:
+            return [self._dead(IMPRESSIONS, offset, value, f"impression: {e}")]
+        self.counts.impressions += 1
+        self._clocks[IMPRESSIONS].saw(imp.ts, now)
+        req = self.requests.setdefault(imp.request_id, _Request())
+        if req.writer is not None:  # the same request id twice: the first impression stands
+            return [
+                self._dead(
+                    IMPRESSIONS, offset, value, f"impression: request id {imp.request_id!r} seen twice"
+                )
+            ]
+        req.deadline = imp.ts + self.window_s
+        req.writer = SampleWriter(imp, RowTable.of(batch))
+        req.labelled = np.zeros(batch.num_rows, bool)
+        req.held.append((IMPRESSIONS, offset))
+        self._held[IMPRESSIONS][offset] = None
+        heapq.heappush(self._deadlines, (req.deadline, imp.request_id))
+        out: list[Emit] = []
+        for ev_offset, ev in req.early:
+            out += self._apply(imp.request_id, req, ev_offset, ev)
+        req.early = []
+        return out
+
+    def event(self, offset: int, value: bytes, now: float) -> list[Emit]:
+        self._next[EVENTS] = offset + 1
+        try:
+            ev = decode_event(value)
+        except RecordError as e:
+            return [self._dead(EVENTS, offset, value, f"event: {e}")]
+        self.counts.events += 1
+        self._clocks[EVENTS].saw(ev.ts, now)
+        req = self.requests.get(ev.request_id)
+        if req is not None and req.writer is not None:
+            return self._apply(ev.request_id, req, offset, ev)
+        if ev.ts + self.window_s <= self.watermark(now):  # its impression's window is over
+            self.counts.late += 1
+            return []
+        req = self.requests.setdefault(ev.request_id, _Request())
+        req.early.append((offset, ev))
+        req.held.append((EVENTS, offset))
+        self._held[EVENTS][offset] = None
+        heapq.heappush(self._early, (ev.ts + self.window_s, offset, ev.request_id))
+        return []
+
+    def caught_up(self, inp: int) -> None:
+        """The consumer reached the end of this input's partition."""
+        self._clocks[inp].caught_up = True
+
+    def _apply(self, rid: str, req: _Request, offset: int, ev: Event) -> list[Emit]:
+        assert req.writer is not None and req.labelled is not None
+        if ev.item >= len(req.labelled):
+            if (EVENTS, offset) in req.held:  # an early event: the dead letter holds it now
+                req.held.remove((EVENTS, offset))
+            why = f"event: item {ev.item} of a request of {len(req.labelled)} items"
+            return [self._dead(EVENTS, offset, encode_event(ev), why)]
+        if req.closed or ev.ts > req.deadline:
+            self.counts.late += 1
+            self._release(EVENTS, offset)
+            return []
+        if req.labelled[ev.item]:
+            self.counts.duplicates += 1
+            self._release(EVENTS, offset)
+            return []
+        req.labelled[ev.item] = True
+        req.held.append((EVENTS, offset))
+        self._held[EVENTS][offset] = None
+        req.unacked += 1
+        self.counts.positives += 1
+        return [Emit(rid.encode(), req.writer.encode(ev.item, ev.label), token=rid)]
+
+    # --- time ----------------------------------------------------------------------------
+    def watermark(self, now: float) -> float:
+        """The slowest input's watermark among those not caught up (an input never read from is
+        at -inf: it holds the join until it delivers or is caught up); when both are caught up,
+        the newest, advanced by the wall clock."""
+        behind = [c.at(now) for c in self._clocks if not c.caught_up]
+        return min(behind) if behind else max(c.at(now) for c in self._clocks)
+
+    def advance(self, now: float) -> list[Emit]:
+        """Close every window the watermark passed (the negatives of their unlabelled items) and
+        count as late the early events whose impression never came within their window."""
+        wm = self.watermark(now)
+        out: list[Emit] = []
+        while self._deadlines and self._deadlines[0][0] <= wm:
+            _, rid = heapq.heappop(self._deadlines)
+            req = self.requests[rid]
+            req.closed = True
+            assert req.writer is not None and req.labelled is not None
+            items = np.flatnonzero(~req.labelled)
+            req.labelled[:] = True
+            req.unacked += len(items)
+            self.counts.negatives += len(items)
+            key = rid.encode()
+            out += [Emit(key, req.writer.encode(int(i), 0.0), token=rid) for i in items.tolist()]
+            self._maybe_done(rid, req)
+        while self._early and self._early[0][0] <= wm:
+            _, offset, rid = heapq.heappop(self._early)
+            waiting = self.requests.get(rid)
+            if waiting is None or waiting.writer is not None or all(o != offset for o, _ in waiting.early):
+                # its impression came (the event was applied then), or the request it waited for
+                # is done and this is another one of the same id (an event after its window)
+                continue
+            waiting.early = [(o, e) for o, e in waiting.early if o != offset]
+            self.counts.late += 1
+            self._release(EVENTS, offset)
+            waiting.held.remove((EVENTS, offset))
+            if not waiting.early:
+                del self.requests[rid]
+        return out
+
+    # --- acknowledgements and offsets ----------------------------------------------------
+    def acked(self, token: object) -> None:
+        self.counts.acked += 1
+        if isinstance(token, tuple):  # a dead letter: (input, offset)
+            self._release(*token)
+            return
+        rid = str(token)
+        req = self.requests.get(rid)
+        if req is None:  # produced before this partition was lost and assigned again: re-read since
+            return
+        req.unacked -= 1
+        self._maybe_done(rid, req)
+
+    def committable(self) -> tuple[int, int]:
+        """Per input, the offset to commit (-1: nothing read yet): the oldest held record's, or
+        the next to read when none is held."""
+        return tuple(min(h) if h else n for h, n in zip(self._held, self._next, strict=True))  # type: ignore[return-value]
+
+    @property
+    def open_windows(self) -> int:
+        return len(self._deadlines)
+
+    def _maybe_done(self, rid: str, req: _Request) -> None:
+        if req.closed and req.unacked == 0:
+            for inp, offset in req.held:
+                self._release(inp, offset)
+            del self.requests[rid]
+
+    def _release(self, inp: int, offset: int) -> None:
+        self._held[inp].pop(offset, None)
+
+    def _dead(self, inp: int, offset: int, value: bytes, reason: str) -> Emit:
+        self.counts.malformed[inp] += 1
+        self._held[inp][offset] = None
+        return Emit(b"", value, dead=True, reason=reason, token=(inp, offset))

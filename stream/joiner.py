@@ -1,0 +1,245 @@
+"""``recserve join``: a consumer-group member that feeds the impressions and events of its
+partitions to one ``PartitionJoin`` each and produces what they return.
+
+Start-up, in order:
+1. check the topics: impressions and events exist with the same partition count (a request's
+   impression and events are in the same partition number: both keyed by request id, produced
+   with the same partitioner), samples and dead-letter exist;
+2. subscribe with the ``range`` assignor, which gives a member the same partition numbers of both
+   topics; or, with ``--member I/N``, assign itself the partitions p % N == I of both (no
+   rebalancing: a restart reads again at once, where a group hands a dead member's partitions on
+   only after its session timeout). Each partition gets a fresh join, which rebuilds its open
+   windows by reading from the group's committed offsets;
+3. loop: consume a batch, join it, close the windows the watermark passed, produce, serve delivery
+   callbacks (each acknowledges a sample to its join), and every ``commit_every_s`` commit each
+   input's ``committable`` offset -- only ever records whose samples are all acknowledged.
+
+A delivery that fails after librdkafka's retries is fatal: the joiner stops without committing
+(exit 1) and its restart re-reads what was not committed. On a rebalance the revoked partitions'
+samples are flushed and their offsets committed before another member takes them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, cast
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from stream.config import FETCH_WAIT_MS, JoinConfig, kafka_settings
+from stream.join import EVENTS, IMPRESSIONS, INPUTS, Emit, JoinCounts, PartitionJoin
+
+log = logging.getLogger("recserve.join")
+
+
+class JoinError(RuntimeError):
+    """The joiner cannot run (topics missing or not co-partitioned) or a sample was not delivered."""
+
+
+class Joiner:
+    def __init__(self, cfg: JoinConfig, registry: Any = None) -> None:
+        self.cfg, self.counts = cfg, JoinCounts()
+        self.parts: dict[int, PartitionJoin] = {}
+        self.fatal = ""
+        self._committed: dict[tuple[int, int], int] = {}
+        common = {"bootstrap.servers": cfg.brokers, **kafka_settings(cfg.kafka_config)}
+        self.producer = Producer({"enable.idempotence": True, "linger.ms": 5,
+                                  "queue.buffering.max.messages": 1_000_000, **common})  # fmt: skip
+        self.consumer = Consumer({"group.id": cfg.group, "enable.auto.commit": False, "fetch.wait.max.ms": FETCH_WAIT_MS,
+                                  "auto.offset.reset": "earliest", "enable.partition.eof": True,
+                                  "partition.assignment.strategy": "range", **common})  # fmt: skip
+        self._topics = (cfg.impressions, cfg.events)
+        self.partitions = 0
+        """The inputs' partition count (``check_topics``)."""
+        if registry is not None:
+            registry.register(_Collector(self))
+
+    # --- start-up ------------------------------------------------------------------------
+    def check_topics(self, timeout_s: float = 10.0) -> int:
+        """The partition count of the inputs; JoinError naming what is missing or unequal."""
+        try:
+            topics = self.consumer.list_topics(timeout=timeout_s).topics
+        except KafkaException as e:
+            raise JoinError(f"cannot reach Kafka at {self.cfg.brokers}: {e.args[0].str()}") from None
+        c = self.cfg
+        missing = [t for t in (c.impressions, c.events, c.samples, c.dead_letter)
+                   if t not in topics or topics[t].error is not None]  # fmt: skip
+        if missing:
+            raise JoinError(f"topics {missing} do not exist at {c.brokers} (create them first)")
+        counts = {t: len(topics[t].partitions) for t in self._topics}
+        if len(set(counts.values())) != 1:
+            raise JoinError(f"impressions and events must have the same number of partitions, got {counts}")
+        self.partitions = counts[c.impressions]
+        members = c.members()
+        if members is not None and members[0] >= self.partitions:
+            raise JoinError(f"member {c.member} has no partition: the inputs have {self.partitions}")
+        return self.partitions
+
+    # --- the loop ------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Join until ``stop`` is set (then flush and commit) or a delivery fails (JoinError)."""
+        members = self.cfg.members()
+        if members is None:
+            self.consumer.subscribe(list(self._topics), on_assign=self._assigned, on_revoke=self._revoked,
+                                    on_lost=self._lost)  # fmt: skip
+        else:  # at the group's committed offsets (auto.offset.reset where none is)
+            i, n = members
+            mine = [TopicPartition(t, p) for t in self._topics for p in range(self.partitions or self.check_topics())
+                    if p % n == i]  # fmt: skip
+            self._assigned(self.consumer, mine)
+            self.consumer.assign(mine)
+        last_commit = last_log = time.monotonic()
+        try:
+            while not stop.is_set() and not self.fatal:
+                msgs = self.consumer.consume(self.cfg.batch, timeout=0.1)
+                now = time.time()
+                for m in msgs:
+                    self._take(m, now)
+                for p, part in list(self.parts.items()):
+                    self._produce(p, part.advance(now))
+                self.producer.poll(0)
+                if time.monotonic() - last_commit >= self.cfg.commit_every_s:
+                    self.commit()
+                    last_commit = time.monotonic()
+                if time.monotonic() - last_log >= 10:
+                    log.info(
+                        "join: %s, %d windows open",
+                        self.counts,
+                        sum(p.open_windows for p in self.parts.values()),
+                    )
+                    last_log = time.monotonic()
+            if not self.fatal:
+                self.producer.flush(30)
+                self.commit()
+        finally:
+            if self.fatal:
+                self.parts.clear()  # nothing more is committed: a restart re-reads it
+            self.consumer.close()  # leaves the group (a revoke: flush and commit what is done)
+        if self.fatal:
+            raise JoinError(self.fatal)
+
+    def _take(self, m: Message, now: float) -> None:
+        err = m.error()
+        inp = IMPRESSIONS if m.topic() == self._topics[0] else EVENTS
+        part = self.parts.get(m.partition())  # type: ignore[arg-type]
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                if part is not None:
+                    part.caught_up(inp)
+                return
+            if err.fatal():
+                self.fatal = f"consumer: {err.str()}"
+            log.warning("consumer: %s", err.str())
+            return
+        if part is None:  # a record of a partition revoked in this batch
+            return
+        value, offset = m.value() or b"", m.offset()
+        assert offset is not None
+        out = part.impression(offset, value, now) if inp == IMPRESSIONS else part.event(offset, value, now)
+        self._produce(m.partition(), out)  # type: ignore[arg-type]
+
+    def _produce(self, partition: int, emits: list[Emit]) -> None:
+        for e in emits:
+            topic = self.cfg.samples
+            headers: list[tuple[str, str | bytes | None]] | None = None
+            if e.dead:  # token: (input, offset) of the malformed record
+                inp, offset = cast(tuple[int, int], e.token)
+                source = f"{self._topics[inp]}/{partition}/{offset}"
+                topic = self.cfg.dead_letter
+                headers = [("error", e.reason.encode()), ("source", source.encode())]
+            callback = functools.partial(self._delivered, partition, e.token)
+            while True:
+                try:
+                    self.producer.produce(
+                        topic, e.value, e.key or None, headers=headers, on_delivery=callback
+                    )
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    self.producer.poll(0.05)
+
+    def _delivered(self, partition: int, token: object, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            self.fatal = f"a sample or dead letter was not delivered: {err.str()}"
+            return
+        part = self.parts.get(partition)
+        if part is not None:
+            part.acked(token)
+
+    # --- offsets and rebalancing ---------------------------------------------------------
+    def commit(self, partitions: list[int] | None = None) -> None:
+        offsets = []
+        for p in self.parts if partitions is None else partitions:
+            for inp, offset in enumerate(self.parts[p].committable()):
+                if offset >= 0 and self._committed.get((inp, p)) != offset:
+                    offsets.append(TopicPartition(self._topics[inp], p, offset))
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as e:  # e.g. mid-rebalance: the next commit carries it
+            log.warning("commit failed (retried at the next): %s", e.args[0].str())
+            return
+        for tp in offsets:
+            self._committed[(self._topics.index(tp.topic), tp.partition)] = tp.offset
+
+    def _assigned(self, _consumer: Consumer, tps: list[TopicPartition]) -> None:
+        by_topic = [{tp.partition for tp in tps if tp.topic == t} for t in self._topics]
+        if by_topic[0] != by_topic[1]:
+            self.fatal = (f"assigned impressions partitions {sorted(by_topic[0])} but events partitions "
+                          f"{sorted(by_topic[1])}: every member must use partition.assignment.strategy=range")  # fmt: skip
+        for p in by_topic[0]:
+            self.parts.setdefault(p, PartitionJoin(self.cfg.window_s, self.counts))
+            self._committed.pop((IMPRESSIONS, p), None)
+            self._committed.pop((EVENTS, p), None)
+        log.info("join: assigned partitions %s", sorted(by_topic[0]))
+
+    def _revoked(self, _consumer: Consumer, tps: list[TopicPartition]) -> None:
+        gone = sorted({tp.partition for tp in tps} & set(self.parts))
+        if not self.fatal:
+            self.producer.flush(30)
+            self.commit(gone)
+        for p in gone:
+            del self.parts[p]
+        log.info("join: revoked partitions %s", gone)
+
+    def _lost(self, _consumer: Consumer, tps: list[TopicPartition]) -> None:
+        for tp in tps:
+            self.parts.pop(tp.partition, None)
+
+
+class _Collector:
+    """The join's counters on /metrics (read from ``JoinCounts`` at scrape time)."""
+
+    def __init__(self, joiner: Joiner) -> None:
+        self.joiner = joiner
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        c = self.joiner.counts
+        for name, doc, value in (
+            ("impressions", "Impressions read", c.impressions),
+            ("events", "Events read", c.events),
+            ("duplicate_events", "Events for an item already labelled (collapsed)", c.duplicates),
+            ("late_events", "Events after their window, or for no impression within one (dropped)", c.late),
+            ("samples_acked", "Samples and dead letters the broker acknowledged", c.acked),
+        ):
+            yield CounterMetricFamily(f"recserve_join_{name}", doc, value=value)
+        samples = CounterMetricFamily("recserve_join_samples", "Samples produced, by label", labels=["label"])
+        samples.add_metric(["positive"], c.positives)
+        samples.add_metric(["negative"], c.negatives)
+        yield samples
+        dead = CounterMetricFamily("recserve_join_dead_letters", "Malformed input records sent to the dead-letter topic", labels=["input"])  # fmt: skip
+        for inp, name in enumerate(INPUTS):
+            dead.add_metric([name], c.malformed[inp])
+        yield dead
+        parts = list(self.joiner.parts.values())
+        yield GaugeMetricFamily(
+            "recserve_join_open_windows",
+            "Impressions whose window is open",
+            value=sum(p.open_windows for p in parts),
+        )

@@ -1,0 +1,258 @@
+"""The records that flow through Kafka for learning from the stream, each with one reader and one
+writer. Every reader validates the whole record first and raises ``RecordError`` naming the
+problem, and nothing else.
+
+**Event** (clients -> events topic; JSON, key = request id)::
+
+    {"request_id": "r-1", "item": 3, "label": 1.0, "ts": 1767225600.25}
+
+``item`` is the index of the item in the scored request, ``label`` a finite float (1.0 a click),
+``ts`` seconds since the epoch when it happened. No other keys.
+
+**Impression** (frontends -> impressions topic; binary, little-endian, key = request id)::
+
+    offset  size  field
+    0       4     magic b"RSIM"
+    4       2     version (1)
+    6       2     reserved, zero
+    8       8     ts f64: when the request was scored (seconds since the epoch)
+    16      8     delta_seq i64: the embedding version's delta applied when scored
+    24      4     num_items u32 (= the batch's rows = the number of scores)
+    28      4     batch_len u32
+    32      2,2,2 lengths of request_id, embedding_version, dense_version (utf-8 bytes)
+    38      2     reserved, zero
+    40            request_id, embedding_version, dense_version; scores f32[num_items];
+                  the compact batch exactly as scored (``features.codec`` bytes)
+
+**Sample** (``recserve join`` -> samples topic; binary, key = request id)::
+
+    0       4     magic b"RSSM"
+    4       2     version (1)
+    6       2     reserved, zero
+    8       8     ts f64: the impression's
+    16      8     delta_seq i64
+    24      8     schema_hash u64 (the batch's)
+    32      4     item u32
+    36      4     label f32
+    40      4,4,4,4  num_slots S, per-row dense F_row, context dense F_ctx, signs in the row
+    56      2,2,2 lengths of request_id, embedding_version, dense_version
+    62      2     reserved, zero
+    64            the three strings; slot flags u8[S]; lengths u32[S]; signs u64[...];
+                  dense f32[F_row]; context dense f32[F_ctx]
+
+A sample is one (request, item): ``Sample.key`` is the pair the trainer deduplicates on.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+from numpy.typing import NDArray
+
+from stream.rows import Row, RowTable
+
+
+class RecordError(ValueError):
+    """A record that is not what its topic carries; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Versions:
+    """What scored a request: the embedding version, its delta, the dense version."""
+
+    embedding: str
+    delta_seq: int
+    dense: str
+
+
+# --- events ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Event:
+    request_id: str
+    item: int
+    label: float
+    ts: float
+
+
+_EVENT_KEYS = ("request_id", "item", "label", "ts")
+
+
+def encode_event(e: Event) -> bytes:
+    return orjson.dumps({"request_id": e.request_id, "item": e.item, "label": e.label, "ts": e.ts})
+
+
+def decode_event(data: bytes) -> Event:
+    try:
+        d = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise RecordError(f"event is not JSON: {e}") from None
+    if not isinstance(d, dict):
+        raise RecordError(f"event must be a JSON object, got {type(d).__name__}")
+    if sorted(d) != sorted(_EVENT_KEYS):
+        missing, extra = sorted(set(_EVENT_KEYS) - set(d)), sorted(set(d) - set(_EVENT_KEYS))
+        raise RecordError(f"event keys must be {list(_EVENT_KEYS)}: missing {missing}, unknown {extra}")
+    rid, item, label, ts = (d[k] for k in _EVENT_KEYS)
+    if not isinstance(rid, str) or not rid:
+        raise RecordError(f"event request_id must be a non-empty string, got {rid!r}")
+    if type(item) is not int or item < 0:
+        raise RecordError(f"event item must be an integer >= 0 (an index in the request), got {item!r}")
+    for name, v in (("label", label), ("ts", ts)):
+        if type(v) not in (int, float) or not math.isfinite(v):
+            raise RecordError(f"event {name} must be a finite number, got {v!r}")
+    return Event(rid, item, float(label), float(ts))
+
+
+# --- impressions ----------------------------------------------------------------------------
+_IMP = struct.Struct("<4sHHdqIIHHH2x")
+_IMP_MAGIC = b"RSIM"
+
+
+@dataclass(frozen=True, eq=False)
+class Impression:
+    request_id: str
+    ts: float
+    versions: Versions
+    scores: NDArray[np.float32]
+    batch: bytes  # the compact batch exactly as scored
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Impression):
+            return NotImplemented
+        return (self.request_id, self.ts, self.versions, self.batch) == (
+            other.request_id, other.ts, other.versions, other.batch) and np.array_equal(
+            self.scores, other.scores)  # fmt: skip
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _utf8(*texts: str) -> list[bytes]:
+    out = [t.encode() for t in texts]
+    if any(len(b) > 0xFFFF for b in out):
+        raise RecordError("request id and version names must be under 64 KiB")
+    return out
+
+
+def encode_impression(imp: Impression) -> bytes:
+    v = imp.versions
+    strings = _utf8(imp.request_id, v.embedding, v.dense)
+    scores = np.ascontiguousarray(imp.scores, "<f4")
+    head = _IMP.pack(_IMP_MAGIC, 1, 0, imp.ts, v.delta_seq, len(scores), len(imp.batch), *map(len, strings))
+    return b"".join([head, *strings, scores.tobytes(), bytes(imp.batch)])
+
+
+def _strings(data: bytes, at: int, lengths: tuple[int, ...], what: str) -> tuple[list[str], int]:
+    out = []
+    for n in lengths:
+        try:
+            out.append(bytes(data[at : at + n]).decode())
+        except UnicodeDecodeError:
+            raise RecordError(f"{what}: a request id or version name is not utf-8") from None
+        at += n
+    return out, at
+
+
+def _header(data: bytes, st: struct.Struct, magic: bytes, what: str) -> tuple:
+    if len(data) < st.size:
+        raise RecordError(f"{what} too short: {len(data)} bytes, the header alone is {st.size}")
+    head = st.unpack_from(data)
+    if head[0] != magic:
+        raise RecordError(f"not {what}: magic {head[0]!r}, expected {magic!r}")
+    if head[1] != 1:
+        raise RecordError(f"{what} version {head[1]} is not supported (this reader knows 1)")
+    return head
+
+
+def decode_impression(data: bytes) -> Impression:
+    """An impression; its batch is returned as bytes, not decoded (``features.codec.decode`` is
+    the batch's one reader)."""
+    _, _, _, ts, seq, n, blen, *lens = _header(data, _IMP, _IMP_MAGIC, "an impression")
+    size = _IMP.size + sum(lens) + 4 * n + blen
+    if len(data) != size:
+        raise RecordError(f"impression is {len(data)} bytes, its header says {size}")
+    (rid, emb, dense), at = _strings(data, _IMP.size, tuple(lens), "impression")
+    scores = np.frombuffer(data, "<f4", n, at)
+    if not rid:
+        raise RecordError("impression has an empty request id")
+    if not math.isfinite(ts):
+        raise RecordError(f"impression ts must be finite, got {ts}")
+    return Impression(rid, ts, Versions(emb, seq, dense), scores, bytes(data[at + 4 * n :]))
+
+
+# --- samples --------------------------------------------------------------------------------
+_SAM = struct.Struct("<4sHHdqQIfIIIIHHH2x")
+_SAM_MAGIC = b"RSSM"
+
+
+@dataclass(frozen=True)
+class Sample:
+    request_id: str
+    item: int
+    label: float
+    ts: float
+    versions: Versions
+    row: Row
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.request_id, self.item
+
+
+class SampleWriter:
+    """Encodes the samples of one impression: its strings and the row table are laid out once,
+    each sample is then a header and slices (the joiner's per-sample cost)."""
+
+    def __init__(self, imp: Impression, rows: RowTable) -> None:
+        v = imp.versions
+        strings = _utf8(imp.request_id, v.embedding, v.dense)
+        self._fixed = (imp.ts, v.delta_seq, rows.schema_hash)
+        self._shape = (len(rows.flags), rows.dense.shape[1], len(rows.context_dense))
+        self._lens = tuple(map(len, strings))
+        self._strings = b"".join([*strings, rows.flags.tobytes()])
+        self._lengths, self._signs = rows.lengths.astype("<u4").tobytes(), rows.signs.astype("<u8").tobytes()
+        self._dense, self._ctx = (
+            rows.dense.astype("<f4").tobytes(),
+            rows.context_dense.astype("<f4").tobytes(),
+        )
+        self._starts = rows.starts.tolist()
+        self.num_rows = rows.num_rows
+
+    def encode(self, item: int, label: float) -> bytes:
+        s, f_row, _ = self._shape
+        a, b = self._starts[item], self._starts[item + 1]
+        head = _SAM.pack(_SAM_MAGIC, 1, 0, *self._fixed, item, label, *self._shape, b - a, *self._lens)
+        return b"".join([head, self._strings, self._lengths[4 * s * item : 4 * s * (item + 1)],
+                         self._signs[8 * a : 8 * b], self._dense[4 * f_row * item : 4 * f_row * (item + 1)],
+                         self._ctx])  # fmt: skip
+
+
+def encode_sample(imp: Impression, rows: RowTable, item: int, label: float) -> bytes:
+    return SampleWriter(imp, rows).encode(item, label)
+
+
+def decode_sample(data: bytes) -> Sample:
+    head = _header(data, _SAM, _SAM_MAGIC, "a sample")
+    ts, seq, shash, item, label, s, f_row, f_ctx, nsigns, *lens = head[3:]
+    size = _SAM.size + sum(lens) + s + 4 * s + 8 * nsigns + 4 * f_row + 4 * f_ctx
+    if len(data) != size:
+        raise RecordError(f"sample is {len(data)} bytes, its header says {size}")
+    (rid, emb, dense_v), at = _strings(data, _SAM.size, tuple(lens), "sample")
+    flags = np.frombuffer(data, np.uint8, s, at)
+    lengths = np.frombuffer(data, "<u4", s, at + s)
+    at += 5 * s
+    if int(lengths.sum()) != nsigns:
+        raise RecordError(
+            f"sample's slot lengths sum to {int(lengths.sum())}, its header says {nsigns} signs"
+        )
+    signs = np.frombuffer(data, "<u8", nsigns, at)
+    dense = np.frombuffer(data, "<f4", f_row, at + 8 * nsigns)
+    ctx = np.frombuffer(data, "<f4", f_ctx, at + 8 * nsigns + 4 * f_row)
+    if not (
+        math.isfinite(ts) and math.isfinite(label) and np.isfinite(dense).all() and np.isfinite(ctx).all()
+    ):
+        raise RecordError("sample has a non-finite ts, label or dense value")
+    row = Row(shash, flags, lengths, signs, dense, ctx)
+    return Sample(rid, item, float(label), ts, Versions(emb, seq, dense_v), row)

@@ -1,0 +1,247 @@
+"""Many sample records read at once (the streaming trainer's hot path): the layout of
+``records.decode_sample`` (one record, the reference reader), validated and gathered with numpy
+over the whole batch, no Python loop per record.
+
+``read_samples(values)`` returns the records that are valid as ``Samples`` (arrays, one row per
+record, in input order) and, for each invalid one, its index and the reason (``decode_sample``'s
+``RecordError`` message where it refuses it; a record it accepts but whose slot count differs
+from the batch's first valid record is refused here by name). ``Samples.keys`` are the
+(request, item) pairs as fixed-width bytes (the item as 4 big-endian bytes, then the request id; names are not decoded as
+utf-8 here):
+equal keys are equal pairs, so a set of them dedupes with numpy.
+
+The batch's other operations live here too, so the sample layout is written once: ``take`` (rows
+by position), ``concat`` (several reads as one), ``misfits`` (rows that do not fit a schema) and
+``to_batch`` (the trainer's ``CompactBatch``: labels, no request context, sparse and dense slots in
+schema order; one pass per slot, no loop per sample).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from features.batch import FLAG_MULTI, CompactBatch, SlotView
+from features.schema import Schema
+from stream.records import _SAM, _SAM_MAGIC, RecordError, decode_sample
+
+HEAD = np.dtype(
+    {
+        "names": ["magic", "version", "reserved", "ts", "delta_seq", "schema_hash", "item", "label",
+                  "slots", "f_row", "f_ctx", "nsigns", "l_rid", "l_emb", "l_dense"],
+        "formats": ["S4", "<u2", "<u2", "<f8", "<i8", "<u8", "<u4", "<f4", "<u4", "<u4", "<u4", "<u4",
+                    "<u2", "<u2", "<u2"],
+        "offsets": [0, 4, 6, 8, 16, 24, 32, 36, 40, 44, 48, 52, 56, 58, 60],
+        "itemsize": 64,
+    }
+)  # fmt: skip
+assert HEAD.itemsize == _SAM.size
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Valid sample records, one row each, in the order given."""
+
+    index: NDArray[np.int64]  # (N,) where each row was in the input
+    keys: NDArray[np.bytes_]  # (N,) (item, request id) as bytes: the dedupe key
+    ts: NDArray[np.float64]
+    labels: NDArray[np.float32]
+    schema_hash: NDArray[np.uint64]
+    flags: NDArray[np.uint8]  # (N, S) slot flags (FLAG_CONTEXT, FLAG_MULTI)
+    lengths: NDArray[np.int64]  # (N, S) signs of row r in slot s
+    starts: NDArray[np.int64]  # (N + 1,) row r's signs are signs[starts[r]:starts[r+1]], slot after slot
+    signs: NDArray[np.uint64]
+    dense: NDArray[np.float32]  # (N, F_row + F_ctx): the row's dense values, then the context's
+    f_ctx: NDArray[np.int64]  # (N,) how many of a row's dense values are the context's (at the end)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.index)
+
+
+def _gather(buf: NDArray[np.uint8], at: NDArray[np.int64], width: int) -> NDArray[np.uint8]:
+    """(len(at), width) bytes: ``width`` bytes from each offset."""
+    return buf[at[:, None] + np.arange(width)]
+
+
+def _ragged(buf: NDArray[np.uint8], at: NDArray[np.int64], sizes: NDArray[np.int64]) -> NDArray[np.uint8]:
+    """``sizes[i]`` bytes from each ``at[i]``, concatenated."""
+    total = int(sizes.sum())
+    first = np.cumsum(sizes) - sizes
+    return buf[np.repeat(at - first, sizes) + np.arange(total)]
+
+
+def _reasons(values: list[bytes], bad: NDArray[np.int64], slots: int, dense: int) -> list[tuple[int, str]]:
+    """Why each refused record is refused (the rare path: one record at a time)."""
+    out = []
+    for i in bad.tolist():
+        try:
+            s = decode_sample(values[i])
+        except RecordError as e:
+            out.append((i, str(e)))
+            continue
+        shape = (len(s.row.flags), len(s.row.dense) + len(s.row.context_dense))
+        out.append((i, f"sample has (slots, dense values) {shape}, expected {(slots, dense)}"))
+    return out
+
+
+def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> tuple[Samples, list[tuple[int, str]]]:  # fmt: skip
+    """The valid records of ``values`` and (index, reason) for each invalid one. ``shape``: the
+    (slots, dense values) a record must have (None: those of the first valid record)."""
+    n = len(values)
+    sizes = np.fromiter(map(len, values), np.int64, n)
+    buf = np.frombuffer(b"".join(values), np.uint8)
+    begin = np.cumsum(sizes) - sizes
+    ok = sizes >= HEAD.itemsize
+    head = np.zeros(n, HEAD)
+    head[ok] = _gather(buf, begin[ok], HEAD.itemsize).view(HEAD).ravel()
+    s, f_row, f_ctx = (head[k].astype(np.int64) for k in ("slots", "f_row", "f_ctx"))
+    nsigns = head["nsigns"].astype(np.int64)
+    strings = head["l_rid"].astype(np.int64) + head["l_emb"] + head["l_dense"]
+    expected = HEAD.itemsize + strings + 5 * s + 8 * nsigns + 4 * (f_row + f_ctx)
+    ok &= (head["magic"] == _SAM_MAGIC) & (head["version"] == 1) & (expected == sizes)
+    ok &= np.isfinite(head["ts"]) & np.isfinite(head["label"])
+    slots = shape[0] if shape is not None else int(s[ok][0]) if ok.any() else 0
+    ok &= s == slots  # one (N, S) layout for the batch
+    # the variable part, for the records whose header holds so far
+    at = begin + HEAD.itemsize + strings  # flags, then lengths u32[S], signs, dense, context dense
+    idx = np.flatnonzero(ok)
+    flags = _gather(buf, at[idx], slots)
+    lengths = _gather(buf, at[idx] + slots, 4 * slots).view("<u4").astype(np.int64)
+    fits = lengths.sum(axis=1) == nsigns[idx]
+    width = f_row + f_ctx
+    dense_ok: NDArray[np.bool_] = np.ones(len(idx), bool)
+    dense_w = shape[1] if shape is not None else int(width[idx][0]) if len(idx) else 0
+    same_w = width[idx] == dense_w
+    dense = np.zeros((len(idx), dense_w), np.float32)
+    if dense_w:
+        end = begin[idx] + sizes[idx]
+        rows = np.flatnonzero(same_w)
+        dense[rows] = _gather(buf, end[rows] - 4 * dense_w, 4 * dense_w).view("<f4")
+        dense_ok = np.asarray(np.isfinite(dense).all(axis=1))
+    keep = fits & dense_ok & same_w
+    ok[idx[~keep]] = False
+    idx, flags, lengths, dense = idx[keep], flags[keep], lengths[keep], dense[keep]
+    signs = _ragged(buf, at[idx] + 5 * slots, 8 * nsigns[idx]).view("<u8")
+    l_rid = head["l_rid"][idx].astype(np.int64)
+    rid_w = int(l_rid.max(initial=0))
+    rid = _gather(buf, begin[idx] + HEAD.itemsize, rid_w) if rid_w else np.zeros((len(idx), 0), np.uint8)
+    rid[np.arange(rid_w) >= l_rid[:, None]] = 0
+    item = head["item"][idx].astype(">u4").view(np.uint8).reshape(-1, 4)
+    keys = np.ascontiguousarray(np.hstack([item, rid])).view(f"S{4 + rid_w}").ravel()
+    starts = np.zeros(len(idx) + 1, np.int64)
+    np.cumsum(nsigns[idx], out=starts[1:])
+    samples = Samples(
+        index=idx,
+        keys=keys,
+        ts=head["ts"][idx].copy(),
+        labels=head["label"][idx].astype(np.float32),
+        schema_hash=head["schema_hash"][idx].copy(),
+        flags=flags,
+        lengths=lengths,
+        starts=starts,
+        signs=signs,
+        dense=dense,
+        f_ctx=f_ctx[idx],
+    )
+    return samples, _reasons(values, np.flatnonzero(~ok), slots, dense_w)
+
+
+def take(s: Samples, rows: NDArray[np.int64]) -> Samples:
+    """The samples at ``rows`` (positions in ``s``), in that order."""
+    sizes = np.diff(s.starts)[rows]
+    starts = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    first = np.cumsum(sizes) - sizes
+    signs = s.signs[np.repeat(s.starts[:-1][rows] - first, sizes) + np.arange(int(sizes.sum()))]
+    return Samples(
+        index=s.index[rows], keys=s.keys[rows], ts=s.ts[rows], labels=s.labels[rows],
+        schema_hash=s.schema_hash[rows], flags=s.flags[rows], lengths=s.lengths[rows], starts=starts,
+        signs=signs, dense=s.dense[rows], f_ctx=s.f_ctx[rows],
+    )  # fmt: skip
+
+
+def misfits(s: Samples, schema: Schema) -> list[tuple[int, str]]:
+    """(row, reason) of every sample that does not fit ``schema``: another schema hash, slot count,
+    multi-valued slots, dense width, or a single-valued slot without exactly one sign."""
+    if not s.num_rows:
+        return []
+    multi = _multi(schema)
+    n_ctx = sum(d.scope == "context" for d in schema.dense)
+    reasons = [
+        (s.schema_hash != schema.hash64, f"sample's schema hash is not {schema.name!r}'s {schema.hash64:016x}"),
+        (np.full(s.num_rows, s.flags.shape[1] != len(multi)), f"sample has not the schema's {len(multi)} slots"),
+    ]  # fmt: skip
+    if s.flags.shape[1] == len(multi):
+        is_multi = (s.flags & FLAG_MULTI).astype(bool)
+        reasons += [
+            ((is_multi != multi).any(axis=1), "sample's multi-valued slots are not the schema's"),
+            ((s.lengths[:, ~multi] != 1).any(axis=1), "a single-valued slot of the sample has not one sign"),
+        ]
+    reasons += [
+        (np.full(s.num_rows, s.dense.shape[1] != len(schema.dense)),
+         f"sample has not the schema's {len(schema.dense)} dense values"),
+        ((s.f_ctx != 0) & (s.f_ctx != n_ctx), f"sample's context dense values are not the schema's {n_ctx}"),
+    ]  # fmt: skip
+    bad: dict[int, str] = {}
+    for mask, why in reversed(reasons):  # the first reason that applies wins
+        bad.update(dict.fromkeys(np.flatnonzero(mask).tolist(), why))
+    return sorted(bad.items())
+
+
+def _multi(schema: Schema) -> NDArray[np.bool_]:
+    """Per batch slot: multi-valued (a cross is single-valued)."""
+    return np.array([getattr(sl, "kind", "") == "multi" for sl in schema.sparse], bool)
+
+
+def to_batch(s: Samples, schema: Schema) -> CompactBatch:
+    """The training batch of samples that fit ``schema`` (``misfits`` found none)."""
+    n, slots = s.num_rows, s.lengths.shape[1]
+    begin = s.starts[:-1, None] + np.cumsum(s.lengths, axis=1) - s.lengths  # slot s of row r
+    views = []
+    for j, multi in enumerate(_multi(schema).tolist()):
+        counts = s.lengths[:, j]
+        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        signs = s.signs[np.repeat(begin[:, j], counts) + within]
+        uniq, inverse = np.unique(signs, return_inverse=True)
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.uint32) if multi else None
+        views.append(SlotView(uniq, inverse.astype(np.uint32), offsets, False))
+    assert len(views) == slots
+    return CompactBatch.from_slots(n, views, _dense(s, schema), labels=s.labels, schema_hash=schema.hash64)
+
+
+def _dense(s: Samples, schema: Schema) -> NDArray[np.float32]:
+    """Dense values in schema order: a sample from a request with a context holds the row's values
+    then the context's; put the context's back where the schema has them."""
+    is_ctx = np.array([d.scope == "context" for d in schema.dense], bool)
+    out = s.dense.copy()
+    with_ctx = s.f_ctx > 0
+    if with_ctx.any() and is_ctx.any():
+        rows = s.dense[with_ctx]
+        k = int(is_ctx.sum())
+        placed = np.empty_like(rows)
+        placed[:, ~is_ctx] = rows[:, : rows.shape[1] - k]
+        placed[:, is_ctx] = rows[:, rows.shape[1] - k :]
+        out[with_ctx] = placed
+    return out
+
+
+def concat(parts: list[Samples]) -> Samples:
+    """The samples of ``parts`` (of one layout: ``misfits`` found none) in order, as one; ``index``
+    keeps each part's own."""
+    starts = np.concatenate(
+        [[0], *(p.starts[1:] + off for p, off in zip(parts, _offsets(parts), strict=True))]
+    )
+    cat = {f: np.concatenate([getattr(p, f) for p in parts]) for f in
+           ("index", "ts", "labels", "schema_hash", "flags", "lengths", "signs", "dense", "f_ctx")}  # fmt: skip
+    width = max(p.keys.dtype.itemsize for p in parts)  # request ids of several lengths
+    keys = np.concatenate([p.keys.astype(f"S{width}") for p in parts])
+    return Samples(keys=keys, starts=starts.astype(np.int64), **cat)
+
+
+def _offsets(parts: list[Samples]) -> list[int]:
+    """Where each part's signs begin in the concatenated signs."""
+    sizes = [len(p.signs) for p in parts]
+    return [sum(sizes[:i]) for i in range(len(parts))]

@@ -1,0 +1,60 @@
+"""Records for the stream tests: impressions of a ranking request and click events."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from features.codec import encode
+from stream.records import Event, Impression, Versions, encode_event, encode_impression
+from tests.serving.helpers import ITEMS, ranking_batch
+
+BATCH = encode(ranking_batch())
+N_ITEMS = len(ITEMS)
+
+
+def impression(rid: str, ts: float) -> bytes:
+    scores = np.linspace(0, 1, N_ITEMS, dtype=np.float32)
+    return encode_impression(Impression(rid, ts, Versions("v1", 0, "v1"), scores, BATCH))
+
+
+def event(rid: str, item: int, ts: float, label: float = 1.0) -> bytes:
+    return encode_event(Event(rid, item, label, ts))
+
+
+class TopicReader:
+    """Every record of a topic from its beginning (all partitions assigned, no group), read on
+    each ``poll``: ``records`` holds (key, value, headers) in arrival order."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}",
+                                  "enable.auto.commit": False})  # fmt: skip
+        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        self.records: list[tuple[bytes, bytes, dict]] = []
+
+    def poll(self) -> int:
+        for m in self.consumer.consume(10_000, timeout=0.2):
+            if m.error() is None:
+                self.records.append((m.key(), m.value(), dict(m.headers() or [])))
+        return len(self.records)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[str, bytes]]) -> None:
+    from loadtest.stream_users import produce as produce_all
+
+    produce_all(bootstrap, topic, records)
+
+
+def samples_by_key(reader: TopicReader) -> dict[tuple[str, int], list[float]]:
+    """Every sample's labels by (request, item): more than one label = produced more than once."""
+    from stream.records import decode_sample
+
+    out: dict[tuple[str, int], list[float]] = {}
+    for _, value, _ in reader.records:
+        s = decode_sample(value)
+        out.setdefault(s.key, []).append(s.label)
+    return out

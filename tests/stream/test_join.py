@@ -1,0 +1,150 @@
+"""The join of one partition without Kafka: positives, negatives at the window's close, duplicate
+and late events, early events, dead letters, event-time watermarks and the offsets it lets commit."""
+
+from __future__ import annotations
+
+import pytest
+
+from stream.config import JoinConfig
+from stream.join import EVENTS, IMPRESSIONS, JoinCounts, PartitionJoin
+from stream.records import decode_sample
+from tests.stream.helpers import N_ITEMS, event, impression
+
+
+def labels(emits) -> dict[tuple[str, int], float]:
+    out = {}
+    for e in emits:
+        s = decode_sample(e.value)
+        assert e.key == s.request_id.encode() and not e.dead
+        out[s.key] = s.label
+    return out
+
+
+def ack_all(join, emits) -> None:
+    for e in emits:
+        join.acked(e.token)
+
+
+@pytest.fixture
+def join():
+    j = PartitionJoin(window_s=10.0, counts=JoinCounts())
+    j.caught_up(EVENTS)  # no events yet: impressions alone set the clock
+    return j
+
+
+def test_positive_at_once_negatives_when_the_window_closes(join):
+    assert join.impression(0, impression("r1", 100.0), now=0) == []
+    pos = join.event(0, event("r1", 2, 105.0, label=1.0), now=0)
+    assert labels(pos) == {("r1", 2): 1.0}
+    join.caught_up(EVENTS)  # the consumer reached the end of the events partition again
+    assert join.advance(now=0) == []  # the watermark (100) has not passed 110
+    join.impression(1, impression("r2", 111.0), now=0)  # event time moves to 111
+    neg = join.advance(now=0)
+    assert labels(neg) == {("r1", i): 0.0 for i in range(N_ITEMS) if i != 2}
+    assert (join.counts.positives, join.counts.negatives, join.open_windows) == (1, N_ITEMS - 1, 1)
+
+
+def test_duplicate_events_collapse_and_late_events_are_dropped(join):
+    join.impression(0, impression("r1", 100.0), now=0)
+    assert len(join.event(0, event("r1", 1, 101.0), now=0)) == 1
+    assert join.event(1, event("r1", 1, 102.0), now=0) == []  # duplicate
+    assert join.event(2, event("r1", 3, 111.0), now=0) == []  # after its window
+    join.caught_up(EVENTS)
+    join.impression(1, impression("r2", 130.0), now=0)
+    closed = join.advance(now=0)
+    assert len(closed) == N_ITEMS - 1
+    assert join.event(3, event("r1", 0, 109.0), now=0) == []  # its window closed meanwhile
+    assert join.event(4, event("gone", 0, 50.0), now=0) == []  # a request never seen, long over
+    assert (join.counts.duplicates, join.counts.late) == (1, 3)
+
+
+def test_an_event_before_its_impression_waits_for_it(join):
+    assert join.event(0, event("r1", 0, 100.5), now=0) == []
+    assert labels(join.impression(0, impression("r1", 100.0), now=0)) == {("r1", 0): 1.0}
+
+
+def test_an_early_event_whose_impression_never_comes_is_late(join):
+    join.impression(0, impression("r0", 100.0), now=0)
+    join.event(0, event("nope", 0, 100.0), now=0)
+    join.caught_up(EVENTS)
+    assert join.committable() == (0, 0)
+    join.impression(1, impression("r2", 120.0), now=0)
+    join.advance(now=0)
+    assert join.counts.late == 1 and join.committable()[EVENTS] == 1
+
+
+def test_malformed_records_become_dead_letters_held_until_acked(join):
+    (dead,) = join.impression(0, b"not an impression, but long enough to read a header", now=0)
+    assert dead.dead and "impression: not an impression" in dead.reason
+    (bad_json,) = join.event(0, b"{", now=0)
+    join.impression(1, impression("r1", 100.0), now=0)
+    (bad_item,) = join.event(1, event("r1", N_ITEMS, 100.0), now=0)
+    assert f"item {N_ITEMS} of a request of {N_ITEMS} items" in bad_item.reason
+    assert join.counts.malformed == [1, 2]
+    assert join.committable() == (0, 0)
+    ack_all(join, [dead, bad_json, bad_item])
+    assert join.committable() == (1, 2)  # r1's impression stays held: its window is open
+
+
+def test_offsets_commit_only_after_every_sample_of_a_request_is_acked(join):
+    join.impression(0, impression("r1", 100.0), now=0)
+    pos = join.event(0, event("r1", 0, 101.0), now=0)
+    join.caught_up(EVENTS)
+    join.impression(1, impression("r2", 200.0), now=0)
+    neg = join.advance(now=0)
+    assert join.committable() == (0, 0)
+    ack_all(join, pos + neg[:-1])
+    assert join.committable() == (0, 0)  # one sample of r1 still unacknowledged
+    ack_all(join, neg[-1:])
+    assert join.committable() == (1, 1)  # r2's window is open: its impression is held
+
+
+def test_the_watermark_waits_for_an_input_that_is_neither_read_nor_caught_up():
+    join = PartitionJoin(window_s=10.0, counts=JoinCounts())
+    join.impression(0, impression("r1", 100.0), now=0)
+    join.impression(1, impression("r2", 200.0), now=0)
+    assert join.advance(now=0) == []  # the events input may still hold r1's clicks
+    join.event(0, event("r2", 0, 199.0), now=0)
+    assert len(join.advance(now=0)) == N_ITEMS  # events at 199: r1's window (110) is over
+    join.caught_up(IMPRESSIONS)
+    join.caught_up(EVENTS)
+    assert len(join.advance(now=15.0)) == N_ITEMS - 1  # both quiet: the wall clock moves time on
+
+
+def test_window_must_be_positive():
+    with pytest.raises(ValueError, match="window_s must be > 0"):
+        PartitionJoin(window_s=0, counts=JoinCounts())
+
+
+@pytest.mark.parametrize("member", ["1", "2/2", "-1/2", "a/b", "1/"])
+def test_a_static_member_must_be_i_of_n(member):
+    assert JoinConfig(member="1/3").members() == (1, 3) and JoinConfig().members() is None
+    with pytest.raises(ValueError, match="member must be I/N"):
+        JoinConfig(member=member)
+
+
+def test_an_ack_from_before_the_partition_was_assigned_again_is_ignored(join):
+    join.acked("a request this join never saw")
+    join.acked((IMPRESSIONS, 7))
+    assert join.committable() == (-1, -1) and join.counts.acked == 2
+
+
+def test_an_early_event_of_a_request_done_does_not_touch_a_later_event_of_the_same_request(join):
+    # a click read before its impression, applied when the impression came; the window closes and
+    # the request is done; a second click of it, sent after its window (a user's long delay), waits
+    # as an early event of the same request id. When the first click's early-expiry comes due, it
+    # is not the second's: the second stays held until its own expiry, then is late.
+    join.event(0, event("r1", 1, 101.0), now=0)
+    join.caught_up(EVENTS)  # impressions alone move the clock from here
+    ack_all(join, join.impression(0, impression("r1", 100.0), now=0))  # its positive
+    join.impression(1, impression("r2", 110.5), now=0)
+    ack_all(join, join.advance(now=0))  # its negatives
+    assert "r1" not in join.requests  # closed, every sample acked
+    assert join.event(1, event("r1", 2, 111.2), now=0) == []  # after the window, not yet late
+    join.caught_up(EVENTS)
+    join.impression(3, impression("r4", 111.5), now=0)  # the first click's expiry (111) passed
+    join.advance(now=0)
+    assert join.requests["r1"].early and join.counts.late == 0
+    join.impression(4, impression("r5", 121.5), now=0)
+    join.advance(now=0)
+    assert "r1" not in join.requests and join.counts.late == 1

@@ -1,0 +1,57 @@
+"""Samples read together (``sample_batch.read_samples``) are what ``decode_sample`` reads one at
+a time; a malformed one is refused with ``decode_sample``'s reason, the others kept."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stream.records import SampleWriter, decode_sample
+from stream.rows import RowTable
+from stream.sample_batch import read_samples, take
+from tests.serving.helpers import ranking_batch
+from tests.stream.test_records import impression
+
+
+def _blobs() -> list[bytes]:
+    writer = SampleWriter(impression("r-7"), RowTable.of(ranking_batch()))
+    return [writer.encode(item, float(item % 2)) for item in range(writer.num_rows)]
+
+
+def test_read_together_is_read_one_at_a_time():
+    blobs = _blobs()
+    s, bad = read_samples(blobs)
+    assert bad == [] and s.num_rows == len(blobs)
+    for i, blob in enumerate(blobs):
+        one = decode_sample(blob)
+        row = one.row
+        assert s.keys[i] == one.item.to_bytes(4, "big") + one.request_id.encode()
+        assert (s.ts[i], s.labels[i], int(s.schema_hash[i])) == (one.ts, one.label, row.schema_hash)
+        np.testing.assert_array_equal(s.flags[i], row.flags)
+        np.testing.assert_array_equal(s.lengths[i], row.lengths)
+        np.testing.assert_array_equal(s.signs[s.starts[i] : s.starts[i + 1]], row.signs)
+        np.testing.assert_array_equal(s.dense[i], np.concatenate([row.dense, row.context_dense]))
+        assert s.f_ctx[i] == len(row.context_dense)
+
+
+def test_a_malformed_record_is_refused_with_its_reason_and_the_rest_kept():
+    blobs = _blobs()
+    mangled = [blobs[0][:-4], b"XXXX" + blobs[1][4:], b"", blobs[2]]
+    s, bad = read_samples(mangled)
+    assert [i for i, _ in bad] == [0, 1, 2] and s.index.tolist() == [3]
+    assert "header says" in bad[0][1] and "not a sample" in bad[1][1] and "too short" in bad[2][1]
+    picked = take(read_samples(blobs)[0], np.array([2]))
+    np.testing.assert_array_equal(picked.signs, s.signs)
+    assert picked.keys.tolist() == s.keys.tolist()
+
+
+def test_a_record_of_another_shape_first_does_not_refuse_the_rest():
+    from features.schema import load_schema
+    from tests.training.sources.samples import ROOT, records
+
+    blobs = _blobs()
+    one = decode_sample(blobs[0]).row
+    shape = (len(one.flags), len(one.dense) + len(one.context_dense))
+    criteo = records(load_schema(ROOT / "data/schemas/criteo.yaml"), 1)[0][3]  # 26 slots, 13 dense values
+    s, bad = read_samples([criteo, *blobs], shape)
+    assert s.index.tolist() == list(range(1, len(blobs) + 1))
+    assert [i for i, _ in bad] == [0] and f"(26, 13), expected {shape}" in bad[0][1]

@@ -1,0 +1,157 @@
+"""Several ranks following one stream: ``torchrun --nproc-per-node N -m recserve train --follow
+MODEL_DIR --stream kafka://BROKERS/TOPIC``.
+
+Each rank reads its share of the topic's partitions (partition % world == rank,
+``training.sources.kafka``) and trains through the same hybrid step as ``recserve train``: its own
+worker over PS processes that hold the followed version's rows (``training.follow.tables.shared``:
+rank 0 starts one per shard of the version, loads the version's dump and every delta already cut
+into it, and tells the other ranks where they are), so every rank's sparse updates reach the same
+rows. One process stays the embedded default (in-process tables). The ranks follow the version
+they started on: a new CURRENT is followed by restarting them.
+
+The ranks move in rounds, one per look (each rank's consume): at its look every rank says whether
+it is done (``--once``: its partitions read to their end) or stopped (SIGTERM, ``--max-seconds``),
+and rank 0 whether a delta is due (its clock); then all cut, go on or end together (``Ranks.look``).
+A cut is one delta with one writer: every rank steps on what it holds and flushes its updates to
+the shards, then sends rank 0 what it trained since the last cut (``Share``: its partitions'
+offsets, the keys trained with their times, the window's labels and scores, its counts); rank 0
+has the shards dump the delta and writes its record with every rank's offsets and keys; then every
+rank commits its ledger. A restarted job resumes every rank from that record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import model_store as ms
+from training import ranks
+from training.follow.types import Share
+from training.sources import TICK, Chunk
+
+if TYPE_CHECKING:
+    from training.cluster import Cluster
+    from training.follow.book import StreamBook
+    from training.sources.ledger import Ledger
+
+log = logging.getLogger("recserve.train.follow")
+T = TypeVar("T")
+
+
+@dataclass
+class Ranks:
+    rank: int = 0
+    world: int = 1
+    done: bool = False
+    """This rank's source ended (``--once``): it takes part in the rounds until every rank ends."""
+    seq: int = -1
+    """The last delta the job's shards hold."""
+
+    @classmethod
+    def join(cls) -> Ranks:
+        """This process's rank under torchrun (WORLD_SIZE > 1: the process group joined, gloo),
+        else rank 0 of 1."""
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return cls()
+        rank, world = ranks.join(torch.device("cpu"))
+        return cls(rank, world)
+
+    def rounds(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
+        """The source's chunks; with several ranks, after the source ends, a ``TICK`` per round
+        until the ranks end together."""
+        yield from chunks
+        self.done = True
+        while self.world > 1:
+            yield TICK
+
+    def owns(self, unit: str) -> bool:
+        """``<topic>/<partition>`` is this rank's (``training.sources.kafka``'s assignment)."""
+        return int(unit.rpartition("/")[2]) % self.world == self.rank
+
+    def look(self, cut_due: bool, stopped: bool) -> tuple[bool, bool]:
+        """Every rank's round at a look: (cut now: rank 0's ``cut_due``, end now: every rank
+        done, or one stopped)."""
+        votes = ranks.all_ranks((cut_due, self.done, stopped), self.world)
+        return votes[0][0], all(v[1] for v in votes) or any(v[2] for v in votes)
+
+    def gather(self, share: Share) -> list[Share]:
+        """Every rank's share on rank 0 (the others get [])."""
+        got: list = [None] * self.world if self.rank == 0 else []
+        dist.gather_object(share, got if self.rank == 0 else None, dst=0)
+        return got
+
+    def broadcast(self, obj: T) -> T:
+        """Rank 0's ``obj`` on every rank."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def take_share(book: StreamBook, positions: dict[str, int], changed: bool, rank: int) -> Share:
+    """This rank's share since the last cut; rank 0's book is the job's (its own share is in it
+    already), another rank's window and counts go to rank 0's, and are marked cut here."""
+    counts, keys, ts = book.since_cut()
+    if rank == 0:
+        empty = np.zeros(0, np.float32)
+        return Share(positions, keys[:0], ts[:0], empty, empty, 0, 0, 0, changed)
+    labels, scores = book.progressive.take_window()
+    book.mark_cut()
+    return Share(positions, keys, ts, labels, scores, counts.rows, counts.duplicates, counts.refused, changed)
+
+
+def merge_shares(book: StreamBook, shares: list[Share]) -> dict[str, int]:
+    """Rank 0: the other ranks' shares into ``book`` (the job's), before it writes the delta's
+    record; every rank's positions."""
+    positions: dict[str, int] = {}
+    for s in shares:
+        positions |= s.positions
+        book.add_keys(s.keys, s.ts)
+        book.progressive.add(s.labels, s.scores)
+        book.total.rows += s.rows
+        book.total.duplicates += s.duplicates
+        book.total.refused += s.refused
+    return positions
+
+
+def cut_together(job: Ranks, cluster: Cluster, vdir: Path, book: StreamBook, ledger: Ledger,
+                 changed: bool) -> int | None:  # fmt: skip
+    """Every rank's part of one cut (each has flushed its updates to the shards): rank 0 writes the
+    delta when some rank trained rows or read on (``StreamBook.moved``), with every rank's offsets
+    and keys; every rank commits its ledger once it is published. Returns its seq (None: nothing
+    changed)."""
+    mine = {unit: at for unit, at in ledger.positions().items() if job.owns(unit)}  # resumed: every rank's
+    shares = job.gather(take_share(book, mine, changed, job.rank))
+    outcome: tuple[int | None, str] = (None, "")
+    if job.rank == 0:
+        try:
+            positions = merge_shares(book, shares)
+            if any(s.changed for s in shares) or book.moved(positions):
+                seq = job.seq + 1
+                ddir = ms.delta_dir(vdir, seq)
+                if (ddir / ms.SUCCESS).exists():
+                    raise ms.ModelStoreError(
+                        f"{ddir} was written by someone else: one delta writer per version"
+                    )
+                cluster.dump(ddir, delta=True)  # every shard's rows changed by every rank
+                ms.shards.encode_delta(ddir, vdir)
+                book.write(ddir, positions)
+                ms.mark_done(ddir)
+                outcome = (seq, "")
+        except Exception as e:  # the other ranks wait for the outcome: tell them, then fail
+            outcome = (None, f"{type(e).__name__}: {e}")
+    published, error = job.broadcast(outcome)
+    if error:
+        raise RuntimeError(f"rank 0 could not cut the delta: {error}")
+    ledger.commit()
+    if published is not None:
+        job.seq = published
+        log.info("delta %d cut by rank 0 (rank %d's offsets %s)", published, job.rank, ledger.positions())
+    return published

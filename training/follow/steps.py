@@ -1,0 +1,64 @@
+"""The streaming trainer's steps on keyed samples (``recserve train --follow --stream``).
+
+A stream source yields one chunk per partition of each consume; the trainer steps on the chunks of
+one consume together (``Reading.batch_rows`` records at most: a full step whatever the number of
+partitions, where one step per chunk trained a few rows each), and earlier when the held rows
+reach the batch size. Each step drops the samples whose key was trained already, scores the rest
+before it trains on them (progressive validation), and only then moves the ledger past the chunks:
+the ledger never claims a record that no step took.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from features.batch import CompactBatch
+from training.ctx import TrainCtx
+from training.evaluate import sigmoid
+from training.follow.book import StreamBook
+from training.sources import Chunk, Keyed
+from training.sources.ledger import Ledger
+
+
+@dataclass
+class KeyedSteps:
+    book: StreamBook
+    ledger: Ledger
+    batch_rows: int
+    """Step once the held chunks have this many rows."""
+    held: list[Chunk] = field(default_factory=list)
+    loss: nn.Module = field(default_factory=nn.BCEWithLogitsLoss)
+
+    def hold(self, chunk: Chunk) -> bool:
+        """Hold a keyed chunk for the next step; True when a step is due."""
+        assert chunk.keyed is not None
+        self.held.append(chunk)
+        return sum(c.rows for c in self.held) >= self.batch_rows
+
+    def step(
+        self, ctx: TrainCtx, forward: Callable[[CompactBatch], torch.Tensor] | None = None
+    ) -> int | None:
+        """One step on the held chunks' samples not trained yet (``forward``: the step's logits,
+        default ``ctx.forward``); the rows trained (None: no step: nothing held, or every sample
+        held was trained already or refused)."""
+        chunks, self.held = self.held, []
+        if not chunks:
+            return None
+        keyed = Keyed.join([c.keyed for c in chunks if c.keyed is not None])
+        rows = self.book.admit(keyed, sum(c.refused for c in chunks))
+        trained = None
+        if keyed.samples.num_rows and (rows is None or len(rows)):
+            batch = keyed.batch(rows)
+            assert batch.labels is not None
+            logits = (forward or ctx.forward)(batch)
+            scores = sigmoid(logits.detach().cpu().numpy())
+            ctx.backward(self.loss(logits, torch.from_numpy(batch.labels)))
+            self.book.trained(keyed, rows, batch.labels, scores)
+            trained = batch.num_rows
+        for c in chunks:
+            self.ledger.advance(c.start.unit, c.stop.row - self.ledger.row(c.start.unit))
+        return trained

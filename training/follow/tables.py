@@ -1,0 +1,118 @@
+"""The streaming follower's embedding tables, loaded with the followed version and every delta
+already cut into it (what serving holds): ``embedded``, in-process stores (one process, the
+default), or ``shared``, PS processes that every rank of a torchrun job trains through
+(``training.follow.ranks``)."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import model_store as ms
+from training.cluster import Cluster
+
+if TYPE_CHECKING:
+    from features.schema import Schema
+    from serving.ps.config import StoreConfig
+    from serving.worker.core import WorkerConfig
+    from training.config import FollowConfig
+    from training.follow.ranks import Ranks
+
+log = logging.getLogger("recserve.train.follow")
+
+
+def store_config(cfg: FollowConfig, vdir: Path, num_shards: int, schema_hash: str) -> StoreConfig:
+    """The follower's table: the spec (and optimizer) the version's rows were trained with, room
+    for its rows and as many new ones (hash routing spreads rows evenly), and the follower's own
+    eviction, memory limit and learning rate."""
+    from model_store.shards import read_meta, shard_dirs
+    from serving.ps.spec import TableSpec
+    from serving.ps.store import StoreConfig
+
+    parts = shard_dirs(vdir / "embeddings")
+    metas = [read_meta(part) for part in parts]
+    trained = TableSpec.from_meta(metas[0], str(parts[0]))
+    table = replace(
+        trained,
+        capacity=max(cfg.capacity, 2 * sum(m.rows for m in metas) // num_shards + 1024),
+        eviction=cfg.eviction,
+        max_memory_gb=cfg.max_memory_gb,
+        optimizer=replace(trained.optimizer, lr=cfg.lr) if cfg.lr else trained.optimizer,
+    )
+    return StoreConfig(table, seed=metas[0].seed, schema_hash=schema_hash)
+
+
+def embedded(store: StoreConfig, num_shards: int, vdir: Path, version: str, schema: Schema,
+             worker: WorkerConfig) -> Cluster:  # fmt: skip
+    """One ``EmbeddingStore`` per shard of the version in this process, behind a worker."""
+    from serving.ps.store import EmbeddingStore
+    from serving.worker.core import EmbeddingWorker, InProcessShard
+
+    stores = [EmbeddingStore(replace(store, shard=i, num_shards=num_shards)) for i in range(num_shards)]
+    for s in stores:
+        s.load(vdir / "embeddings")
+        s.version = version  # deltas carry base_version = the served version
+    apply_deltas(vdir, stores)
+    return Cluster(
+        EmbeddingWorker([InProcessShard(s) for s in stores], schema, worker), num_shards, stores=stores
+    )
+
+
+def apply_deltas(vdir: Path, stores: list) -> int:
+    """Bring the stores to what serving holds: every complete delta after the full dump's seq, in
+    order (a gap or a delta of another version is refused by the store). Returns deltas applied."""
+    applied = 0
+    for seq in ms.list_deltas(vdir, after=stores[0].delta_seq):
+        for store in stores:
+            store.apply_delta(ms.delta_dir(vdir, seq))
+        applied += 1
+    return applied
+
+
+def shared(store: StoreConfig, num_shards: int, vdir: Path, schema: Schema, worker: WorkerConfig,
+           job: Ranks, data_root: str) -> tuple[Cluster, int]:  # fmt: skip
+    """PS processes holding the version at ``vdir`` (its dump and deltas), started and loaded by
+    rank 0 (its dumps under ``data_root``), and this rank's worker over them; and the last delta
+    seq they hold. Their deltas carry no base version (the version's dump names none)."""
+    from serving.ps.client import PSClient
+    from serving.rpc.auth import new_token_file
+    from training.cluster import open_cluster, start_shards, stop_processes
+
+    log_dir = tempfile.TemporaryDirectory(prefix="recserve-ps-")  # mode 0700
+    token_path = Path(log_dir.name) / "admin.token"
+    procs: list = []
+    started: tuple[list[str], str, int, str] = ([], "", -1, "")  # addresses, token, seq, error
+    try:
+        if job.rank == 0:
+            try:
+                new_token_file(token_path)
+                procs, addresses = start_shards(
+                    store, num_shards, Path(log_dir.name), str(token_path), data_root
+                )
+                seq = -1
+                for address in addresses:
+                    with PSClient(address, token_file=str(token_path)) as client:
+                        client.load(str(vdir / "embeddings"))
+                        for seq in ms.list_deltas(vdir):
+                            client.load(str(ms.delta_dir(vdir, seq)), delta=True)
+                started = (addresses, token_path.read_text().strip(), seq, "")
+            except Exception as e:  # the other ranks wait for the addresses: tell them why not
+                started = ([], "", -1, f"{type(e).__name__}: {e}")
+        addresses, token, seq, error = job.broadcast(started)
+        if error:
+            raise RuntimeError(f"the job's PS shards did not start: {error}")
+        if job.rank != 0:
+            new_token_file(token_path, token)
+        cluster = open_cluster(schema, store, num_shards, worker, addresses, token_file=str(token_path))
+    except BaseException:
+        stop_processes(procs)
+        log_dir.cleanup()
+        raise
+    cluster.procs, cluster.log_dir = procs, log_dir  # stopped and removed with the cluster
+    log.info(
+        "rank %d of %d: PS shards at %s, delta %d applied", job.rank, job.world, ", ".join(addresses), seq
+    )
+    return cluster, seq

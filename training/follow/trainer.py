@@ -1,0 +1,391 @@
+"""Continuous training into the served version: ``recserve train --follow``.
+
+    recserve train --follow artifacts/criteo --watch incoming/ [--once]
+    recserve train --follow artifacts/criteo --stream kafka://BROKERS/TOPIC
+
+Reads top to bottom like train.py: resolve ``<model>/CURRENT`` -> load that version (its shards
+with optimizer state plus every delta already cut into it, so training continues from exactly
+what serving holds; its schema; its dense ``dense/model.pt``, FROZEN) -> loop: the rows of the
+source (a registered data source, ``training.sources``) go through the same TrainCtx and worker
+path as ``recserve train``, and every ``--delta-interval-s`` seconds the changed rows are cut as
+the version's next ``deltas/<seq>/`` (every shard's delta, then ``_SUCCESS``, announced with
+``--announce``), which serving applies at its notice or poll. Nothing assumes the source ends.
+
+Why the dense model is frozen: the deltas go into the version being served, whose dense network
+keeps scoring; rows trained against a moving network would drift from it. Dense updates ship as
+full versions (``--full-every``, ``--train-dense``, the gate, retention: ``training/follow/full_version.py``).
+
+Embeddings live in in-process ``EmbeddingStore``s (one per shard, routed by the PS's hash) behind
+an in-process worker; under torchrun, in PS processes every rank trains through
+(``training.follow.tables``, ``training.follow.ranks``). A delta is a dump of them; one delta
+writer per version (a foreign delta with our next seq is refused, not overwritten).
+
+The ledger of the rows trained from each unit (a file, a partition: ``training/sources/ledger.py``)
+is committed only after a delta's ``_SUCCESS``, so it never claims rows no published delta holds:
+after a crash a file's rows since the last delta are trained again; after SIGTERM, Ctrl-C or
+``--max-seconds`` a final delta is cut. A file that cannot be read is recorded as failed and skipped.
+
+``--stream kafka://...`` (samples; a consume's records step together, ``training.follow.steps``)
+is exactly once in what is trained: each delta records the partitions' next offsets and the
+(request, item) keys trained over ``--dedup-window-s`` (``model_store.deltas``) before its
+``_SUCCESS``; a restart resumes there and drops a sample whose key was trained. Each batch is
+scored before it trains (progressive validation, ``training.follow.progressive``).
+
+If CURRENT moves while following (``recserve publish``), the pending rows are cut into the old
+version and the trainer reloads from the new one. A version the serving PS refuses
+(``model_store.validate``: another schema or dim) is refused here too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import model_store as ms
+from features.schema import load_schema
+from features.transform import FeatureError, transform
+from serving import memory, notices
+from training import data, sources
+from training.config import FollowConfig
+from training.ctx import DenseOptimizer, TrainCtx
+from training.follow import tables as follow_tables
+from training.follow.book import StreamBook
+from training.follow.full_version import FrozenDense, FullVersions, load_frozen_dense
+from training.follow.ranks import Ranks, cut_together
+from training.follow.standby import FollowLock, stand_by
+from training.follow.steps import KeyedSteps
+from training.follow.types import FollowResult, Loaded
+from training.sources import TICK, Chunk, Reading
+from training.sources.ledger import Ledger, ledger_path
+
+log = logging.getLogger("recserve.train.follow")
+
+
+def follow(cfg: FollowConfig, stop: threading.Event | None = None) -> FollowResult:
+    """Run until ``stop`` is set, ``cfg.max_seconds`` passed, or (``cfg.once``) the files present
+    now are trained; a final delta is cut in every case but an exception."""
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 2) // 2))
+    with FollowTrainer(cfg, job=Ranks.join()) as trainer:
+        return trainer.run(stop or threading.Event())
+
+
+# ---- the trainer -----------------------------------------------------------------------------------
+class FollowTrainer:
+    def __init__(self, cfg: FollowConfig, clock=time.monotonic, job: Ranks | None = None):
+        self.cfg = cfg
+        self.clock = clock
+        self.job = job or Ranks()  # torchrun's ranks split a stream (training.follow.ranks)
+        if self.job.world > 1 and not cfg.stream:
+            raise ValueError("torchrun ranks split a stream's partitions (--stream); --watch is one process")
+        if self.job.world > 1 and cfg.full_every:
+            raise ValueError("--full-every: full versions are written by one process, not under torchrun")
+        self.ledger = Ledger(ledger_path(cfg, self.job.rank, self.job.world))
+        self.loaded: Loaded | None = None
+        self.result = FollowResult()
+        self._changed = False  # rows trained since the last delta
+        self._last_cut = clock()
+        self._loss = nn.BCEWithLogitsLoss()
+        self._refused: set[str] = set()  # versions CURRENT named that could not be loaded
+        self.book = StreamBook(cfg.source[0], bool(cfg.stream), cfg.dedup_window_s)  # keys, scores, counts
+        if cfg.metrics_port:
+            self.book.serve_metrics(cfg.metrics_port + self.job.rank, cfg.metrics_host)  # a port per rank
+        self.full = FullVersions(cfg, self.book, clock) if cfg.full_every else None
+        self.keyed = KeyedSteps(self.book, self.ledger, cfg.batch_size)
+        self._first_rows: float | None = None  # when the first rows were read
+        self.announcer = notices.announcer(cfg.announce)  # each delta's _SUCCESS, told to serving
+        self.lock: FollowLock | None = None  # held while writing deltas (training/follow/standby.py)
+
+    # ---- loop ------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> FollowResult:
+        t0 = self.clock()
+        deadline = t0 + self.cfg.max_seconds if self.cfg.max_seconds else float("inf")
+        if self.job.world == 1:  # one writer of the model's deltas; another trainer stands by
+            self.lock = self.lock or FollowLock(Path(self.cfg.follow))
+            if not self.lock.take() and not stand_by(self, self.lock, stop):
+                return self.result
+        self._follow_current()
+        lv = self.loaded
+        assert lv is not None  # _follow_current loads one or raises
+        reading = Reading(lv.schema, poll_s=self.cfg.poll_s, once=self.cfg.once, batch_rows=self.cfg.batch_size,
+                          fill_s=min(self.cfg.poll_s, self.cfg.delta_interval_s / 4),
+                          part=(self.job.rank, self.job.world),
+                          wait=lambda s: stop.wait(max(0.0, min(s, deadline - self.clock()))))  # fmt: skip
+        spec, default = self.cfg.source
+        source = sources.open_source(spec, reading, default=default, ledger=self.ledger)
+        for chunk in self.job.rounds(source.chunks()):
+            stopped = stop.is_set() or self.clock() >= deadline
+            if stopped and self.job.world == 1:
+                break
+            if chunk is TICK:
+                self.step_keyed()  # the last look's samples, before the lag counts them trained
+                self.book.lag(source.behind())
+                if self.job.world > 1:  # the ranks cut, go on or end together
+                    cut, end = self.job.look(self._cut_due(), stopped)
+                    if end:
+                        break
+                    if cut:
+                        self.cut()
+                    continue
+                # CURRENT after the source looked: a file dropped once a version was published
+                # trains into that version (read the other way round, a publish and a drop in
+                # between sent the file to the old one)
+                self._follow_current()
+                self._maybe_cut()
+            elif not self.train_chunk(chunk, stop, deadline):
+                break
+            self._maybe_full()
+        self.cut()
+        self.result.seconds = self.clock() - t0
+        b, r = self.book, self.result
+        r.train_seconds = 0.0 if self._first_rows is None else self.clock() - self._first_rows
+        # with ranks, rank 0's book holds the job's counts (its deltas'), another rank's its own
+        r.rows, r.duplicates, r.refused, r.progressive, r.progressive_total, r.max_lag_samples = (
+            b.total.rows,
+            b.total.duplicates,
+            b.total.refused,
+            b.windows,
+            b.progressive.total(),
+            b.total.max_lag,
+        )
+        if self.full is not None:
+            r.full_versions, r.refused_versions = self.full.published, self.full.refused
+        return self.result
+
+    def keep_up(self) -> int:
+        """A standby's look: a new CURRENT loaded (nothing cut: the deltas are not ours to write),
+        else the served version's new deltas applied. Returns the deltas applied."""
+        before = self.loaded.version if self.loaded is not None else None
+        self._follow_current(cut=False)
+        lv = self.loaded
+        assert lv is not None
+        return 0 if lv.version != before else follow_tables.apply_deltas(lv.vdir, lv.cluster.stores)
+
+    def take_over(self) -> None:
+        """A standby with the lock: resume where the last delta (or a file source's ledger) says."""
+        lv = self.loaded
+        assert lv is not None
+        self.ledger.reload()
+        self.book.resume(lv.vdir, self.ledger)
+        if self.full is not None:
+            self.full.restart()
+        self._last_cut = self.clock()
+
+    def _follow_current(self, cut: bool = True) -> None:
+        """Load CURRENT's version at the start; later, move to a new CURRENT (``cut``: the last
+        delta into the old one first; a standby writes none). A new version that the serving PS
+        refuses (the one gate, ``model_store.validate``, against the version followed) or that
+        cannot be loaded is refused here too: both stay on the old version."""
+        from model_store.errors import StoreError
+
+        version = ms.current(self.cfg.store, self.cfg.model)
+        if version is None:
+            raise ms.ModelStoreError(f"{self.cfg.model}: nothing published under {self.cfg.store}")
+        if self.loaded is None:
+            self.loaded = self._load(version)
+            self.result.version = version
+            return
+        if version == self.loaded.version or version in self._refused:
+            return
+        try:
+            ms.validate(self.cfg.store, self.cfg.model, version, self.loaded.manifest, verify=False)
+            new = self._load(version)  # verifies every file
+        except (ms.ModelStoreError, StoreError, OSError, ValueError) as e:
+            log.error("CURRENT moved to %s, which cannot be loaded (%s): staying on %s", version, e,
+                      self.loaded.version)  # fmt: skip
+            self._refused.add(version)
+            return
+        log.info("CURRENT moved %s -> %s%s", self.loaded.version, version,
+                 f": last delta into {self.loaded.version}, then following {version}" if cut else "")  # fmt: skip
+        if cut:
+            self.cut()
+        self._unload()
+        self.loaded = new
+        self.result.version = version
+        self.result.reloads += 1
+
+    def train_chunk(self, chunk: Chunk, stop: threading.Event, deadline: float) -> bool:
+        """Train on the rows of ``chunk`` and count them in the ledger; False when stopped before
+        its end. A chunk that cannot be trained on fails its unit in the ledger (the source skips
+        the rest of it)."""
+        lv, unit = self.loaded, chunk.start.unit
+        if lv is None:
+            raise RuntimeError("train_chunk called before a version was loaded")
+        if self._first_rows is None and chunk.rows:
+            self._first_rows = self.clock()
+        if chunk.keyed is not None:
+            self.train_keyed(chunk)
+            return True
+        if chunk.table.num_rows and unit not in self.result.files:
+            log.info("training on %s from row %d into version %s", unit, chunk.start.row, lv.version)
+        batches = (transform(t, lv.schema) for t in data.rebatch([chunk.table], self.cfg.batch_size))
+        try:
+            for batch in lv.ctx.steps(batches):
+                if unit not in self.result.files:
+                    self.result.files.append(unit)
+                if stop.is_set() or self.clock() >= deadline:
+                    return False
+                if batch.labels is None:
+                    raise FeatureError("no label column: nothing to train on")
+                logits = self._forward(lv, batch)
+                lv.ctx.backward(self._loss(logits, torch.from_numpy(batch.labels)))
+                self.ledger.advance(unit, batch.num_rows)
+                self.book.rows(batch.num_rows)
+                self.result.rows += batch.num_rows
+                self.result.steps += 1
+                self._changed = True
+                self._maybe_cut()
+        except FeatureError as e:
+            log.error("%s: skipping the rest of it: %s", unit, e)
+            self.ledger.fail(unit, str(e))
+            return True
+        self.ledger.finish(chunk)
+        return True
+
+    def train_keyed(self, chunk: Chunk) -> None:
+        """Hold a stream's chunk for the next step (``training.follow.steps``: the chunks of one
+        look step together); step when the held rows reach the batch size."""
+        if self.keyed.hold(chunk):
+            self.step_keyed()
+        self._maybe_cut()
+
+    def step_keyed(self) -> None:
+        lv = self.loaded
+        if lv is None or not self.keyed.held:
+            return
+        units = {c.start.unit for c in self.keyed.held}
+        rows = self.keyed.step(lv.ctx, lambda batch: self._forward(lv, batch))
+        if rows is not None:
+            self.result.files += sorted(units - set(self.result.files))
+            self.result.rows += rows
+            self.result.steps += 1
+            self._changed = True
+
+    def _cut_due(self) -> bool:
+        return self.clock() - self._last_cut >= self.cfg.delta_interval_s
+
+    def _forward(self, lv: Loaded, batch) -> torch.Tensor:
+        """The step's logits; with full versions, the batch is scored by the served network too."""
+        logits = lv.ctx.forward(batch)
+        return logits if self.full is None else self.full.split(logits, batch.labels)
+
+    def _maybe_full(self) -> None:
+        """Between two chunks, when one is due: the last delta into the served version, a full
+        version, the gate; published, the next deltas go into it (training/follow/full_version.py)."""
+        if self.full is None or self.loaded is None or not self.full.due(len(self.result.deltas)):
+            return
+        self.cut()
+        version = self.full.write(self.loaded, self.ledger.positions(), len(self.result.deltas))
+        if self.full.publish(version):
+            mdir = Path(self.cfg.store) / self.cfg.model
+            self._announce(mdir / version, version, notices.VERSION, mdir / ms.CURRENT)
+            self._follow_current()
+
+    def _announce(self, vdir: Path, version: str, seq: int, marker: Path) -> None:
+        """Tell serving (--announce) of delta ``seq`` of ``version`` (VERSION: CURRENT moved to it)."""
+        notices.announce(self.announcer, vdir.parent, version, seq, marker.stat().st_mtime)
+
+    def _maybe_cut(self) -> None:
+        read_on = self._changed or self.book.moved(self.ledger.positions())  # duplicates only: a delta too
+        if read_on and self._cut_due() and self.job.world == 1:  # ranks cut at a look
+            self.cut()
+
+    def cut(self) -> int | None:
+        """Cut the rows changed since the last delta as the version's next delta and commit the
+        ledger; returns its seq (None: nothing changed)."""
+        lv = self.loaded
+        if lv is None:
+            return None
+        self.step_keyed()  # what was handed over is in the delta
+        self._last_cut = self.clock()
+        lv.ctx.flush()  # every sparse update applied before the dump
+        if self.job.world > 1:
+            seq = cut_together(self.job, lv.cluster, lv.vdir, self.book, self.ledger, self._changed)
+            self._changed = False
+            self.result.deltas += [(lv.version, seq)] if seq is not None else []
+            if seq is not None and self.job.rank == 0:
+                self._announce(lv.vdir, lv.version, seq, ms.delta_dir(lv.vdir, seq) / ms.SUCCESS)
+            return seq
+        if not self._changed and not self.book.moved(self.ledger.positions()):
+            self.ledger.commit()  # e.g. unreadable files: nothing to publish, but remember them
+            return None
+        seq = lv.cluster.stores[0].delta_seq + 1
+        ddir = ms.delta_dir(lv.vdir, seq)
+        # a delta directory without _SUCCESS (a crashed writer) was never loaded by anyone: the
+        # dump replaces its shard directories; one with _SUCCESS is not ours to overwrite
+        if (ddir / ms.SUCCESS).exists():
+            raise ms.ModelStoreError(f"{ddir} was written by someone else: one delta writer per version")
+        lv.cluster.dump(ddir, delta=True)
+        ms.shards.encode_delta(ddir, lv.vdir)  # in the version's serving dtype
+        self.book.write(ddir, self.ledger.positions())
+        ms.mark_done(ddir)
+        self._announce(lv.vdir, lv.version, seq, ddir / ms.SUCCESS)
+        self.ledger.commit()
+        self._changed = False
+        self.result.deltas.append((lv.version, seq))
+        log.info("delta %s/%d cut: %s", lv.version, seq, ddir)
+        return seq
+
+    # ---- loading a version -----------------------------------------------------------------------
+    def _load(self, version: str) -> Loaded:
+        from serving.worker.core import WorkerConfig
+
+        vdir = ms.version_dir(self.cfg.store, self.cfg.model, version)
+        manifest = ms.read_manifest(vdir, verify=True)
+        schema = load_schema(vdir / "schema.yaml")
+        if schema.fingerprint != manifest.schema_fingerprint:
+            raise ms.ModelStoreError(f"{vdir}: schema.yaml does not match the manifest's fingerprint")
+        n = manifest.num_shards
+        store_cfg = follow_tables.store_config(self.cfg, vdir, n, schema.fingerprint)
+        # rows looked up ahead miss the update between: one batch staler than the worker knows
+        staleness, prefetch = max(0, self.cfg.staleness - 1), self.cfg.staleness >= 1
+        worker_cfg = WorkerConfig(staleness=staleness, update_threads=self.cfg.update_threads)
+        if self.job.world > 1:  # the ranks' shared PS processes
+            cluster, self.job.seq = follow_tables.shared(
+                store_cfg, n, vdir, schema, worker_cfg, self.job, self.cfg.store
+            )
+        else:
+            cluster = follow_tables.embedded(store_cfg, n, vdir, version, schema, worker_cfg)
+        self.book.resume(vdir, self.ledger)
+
+        dense: nn.Module = load_frozen_dense(vdir / manifest.dense["torchscript"])
+        optimizer: DenseOptimizer = FrozenDense()
+        if self.full is not None:  # trained (--train-dense) beside the served one, shipped in full versions
+            dense, optimizer = self.full.dense(dense, manifest)
+        assert cluster.worker is not None
+        ctx = TrainCtx(cluster.worker, dense, optimizer, schema, prefetch=prefetch)
+        last = cluster.stores[0].delta_seq if cluster.stores else self.job.seq
+        log.info("following %s/%s: %d shards, deltas up to %d applied", self.cfg.model, version, n, last)
+        return Loaded(version, vdir, schema, cluster, ctx, dense, manifest)
+
+    def _unload(self) -> None:
+        if self.loaded is not None:
+            lv, self.loaded = self.loaded, None
+            try:
+                lv.ctx.close()
+            finally:
+                lv.cluster.close()
+            del lv
+            memory.trim()  # the old version's tables, back to the system (serving/memory.py)
+
+    def close(self) -> None:
+        if self.full is not None:
+            self.full.settle()
+        if self.lock is not None:
+            self.lock.close()
+        if self.announcer is not None:
+            self.announcer.close()
+            self.announcer = None
+        self.book.close()
+        self._unload()
+
+    def __enter__(self) -> FollowTrainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
