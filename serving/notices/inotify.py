@@ -20,7 +20,9 @@ import os
 import threading
 from pathlib import Path
 
-from serving.notices import VERSION, Notice, Notices, Transport, register
+from serving.notices.hub import Notices
+from serving.notices.record import VERSION, Notice
+from serving.notices.registry import Transport, register
 
 log = logging.getLogger("recserve.notices")
 

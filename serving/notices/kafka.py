@@ -19,7 +19,9 @@ import threading
 import uuid
 from pathlib import Path
 
-from serving.notices import Notice, Notices, Transport, encode, register
+from serving.notices.hub import Notices
+from serving.notices.record import Notice, encode
+from serving.notices.registry import Transport, register
 
 log = logging.getLogger("recserve.notices")
 
