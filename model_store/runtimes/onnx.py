@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from model_store.runtimes import (
+from model_store.runtimes.base import (
     INPUT_NAMES,
     OUTPUT_NAME,
     DenseFn,
     DenseRuntime,
     as_array,
     check_inputs,
-    register,
 )
+from model_store.runtimes.registry import register
 
 if TYPE_CHECKING:
     from torch import nn

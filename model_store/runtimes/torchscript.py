@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from model_store.runtimes import (
+from model_store.runtimes.base import (
     DenseFn,
     DenseRuntime,
     as_array,
     check_inputs,
     quiet_deprecations,
-    register,
     torch_threads,
 )
+from model_store.runtimes.registry import register
 
 if TYPE_CHECKING:
     from torch import nn

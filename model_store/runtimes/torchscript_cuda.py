@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from model_store.runtimes import (
+from model_store.runtimes import torchscript as ts
+from model_store.runtimes.base import (
     DenseFn,
     DenseRuntime,
     Load,
     as_array,
     check_inputs,
     quiet_deprecations,
-    register,
 )
-from model_store.runtimes import torchscript as ts
+from model_store.runtimes.registry import register
 from model_store.staging import Buckets, Chunk, Forward, Staging, run_chunks, unpack
 
 if TYPE_CHECKING:
