@@ -4,7 +4,7 @@ TorchServe calls ``initialize(context)`` once per worker process and ``handle(da
 per batch of requests (batching on): TorchServe's batch runs through the scoring core's request
 loop (``serving.scoring.loop``: each request decoded and looked up, then ONE dense run), and this
 is its frontend's boundary, where each request's Outcome becomes its status by the one errors
-table (``serving.scoring.errors.reply_of``). Everything else -- decoding, features, the embedding
+table (``serving.scoring.loop.reply_of``). Everything else -- decoding, features, the embedding
 worker, the dense model -- lives in the scoring core. No import-time side effects: the core is
 imported in ``initialize``.
 
@@ -38,7 +38,8 @@ class RecserveHandler:
 
     def initialize(self, context) -> None:
         from serving.priority import loading_priority, share_gil_with_followers
-        from serving.scoring.core import Scorer, ScoringConfig, server_timing
+        from serving.scoring.config import ScoringConfig
+        from serving.scoring.core import Scorer, server_timing
 
         self._server_timing = server_timing
         model_dir = Path(context.system_properties["model_dir"])
@@ -60,9 +61,8 @@ class RecserveHandler:
     # own status, a Server-Timing header with the core's stage times and its X-Request-Id (the
     # client's, else a new one; the impression's key when impressions are logged)
     def handle(self, data: list[dict], context) -> list[bytes]:
-        from serving.scoring.errors import reply_of
         from serving.scoring.impressions import HEADER, request_id
-        from serving.scoring.loop import Pending, complete, prepare
+        from serving.scoring.loop import Pending, complete, prepare, reply_of
 
         scorer, server_timing = self.scorer, self._server_timing
         if scorer is None or server_timing is None:

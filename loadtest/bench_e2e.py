@@ -85,7 +85,8 @@ def stages(
     from features.codec import encode
     from features.schema import load_schema
     from features.transform import dense_matrix, transform
-    from serving.scoring.core import JSON, Scorer, ScoringConfig
+    from serving.scoring.config import ScoringConfig
+    from serving.scoring.core import JSON, Scorer
     from serving.scoring.loop import score
     from serving.worker.client import WorkerClient
     from serving.worker.core import EmbeddingWorker, InProcessShard, PSClient
@@ -225,7 +226,8 @@ def inprocess_p50_ms(vdir: Path, bodies: list[bytes]) -> tuple[float, float]:
     their decode alone: p50s in ms."""
     import model_store
     from features.schema import load_schema
-    from serving.scoring.core import JSON, Scorer, ScoringConfig
+    from serving.scoring.config import ScoringConfig
+    from serving.scoring.core import JSON, Scorer
     from serving.scoring.loop import score
     from serving.worker.core import EmbeddingWorker, InProcessShard
     from training.offline import load_stores

@@ -1,5 +1,6 @@
 """The lean frontend's HTTP face (``recserve serve``): an ASGI application whose routes are small
-named functions, over a ``serving.scoring.lean.Frontend``.
+named functions, over a ``Frontend``: what the app needs of one (``serving.scoring.lean.Frontend``
+is the one there is).
 
 ``GET /ping``, ``GET /metrics`` and ``POST /predictions/<model>`` (token auth first; its
 ``X-Request-Id``, the client's or a new one, answered in a header and logged with the impression
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import orjson
 
@@ -30,14 +31,16 @@ from serving.scoring.errors import (
     Unauthorized,
     Unavailable,
     error_body,
-    reply_of,
     status_of,
 )
 from serving.scoring.impressions import request_id
-from serving.scoring.loop import Outcome, Pending, prepare, run
+from serving.scoring.loop import Outcome, Pending, prepare, reply_of, run
 
 if TYPE_CHECKING:
-    from serving.scoring.lean import Frontend
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from serving.scoring.config import ScoringConfig
+    from serving.scoring.impressions import ImpressionLog
 
 PREDICTIONS = "/predictions/"
 
@@ -45,6 +48,39 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 T = TypeVar("T")
+
+
+class FrontendConfig(Protocol):
+    """The frontend's settings the app reads (``serving.scoring.lean.ServeConfig``)."""
+
+    model: str
+    disable_token_auth: bool
+    batch_wait_ms: float
+    batch_max_items: int
+    scoring: ScoringConfig
+
+
+class Frontend(Protocol):
+    """What the app needs of a frontend: the served scorer (None until a version loads), its
+    token, metrics and impression log, and the verbs of its life (follow the store, close)."""
+
+    @property
+    def config(self) -> FrontendConfig: ...
+    @property
+    def scorer(self) -> Scorer | None: ...
+    @property
+    def token(self) -> str: ...
+    @property
+    def registry(self) -> CollectorRegistry: ...
+    @property
+    def batched(self) -> Histogram: ...
+    @property
+    def impressions(self) -> ImpressionLog | None: ...
+
+    def not_serving_reason(self) -> str: ...
+    def record(self, scorer: Scorer, reply: Reply) -> Reply: ...
+    async def follow(self) -> None: ...
+    def close(self) -> None: ...
 
 
 class Response(NamedTuple):

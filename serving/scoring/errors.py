@@ -1,6 +1,6 @@
 """The scoring endpoint's errors, mapped once: ONE table from exception type to HTTP status and
-message (``STATUSES``), read by each frontend at its boundary (``reply_of`` for a scored request,
-``status_of`` for anything a route refuses) and nowhere else.
+message (``STATUSES``), read by each frontend at its boundary (the request loop's ``reply_of`` for
+a scored request, ``status_of`` for anything a route refuses) and nowhere else.
 
 The verbs raise what they find (a ``CodecError``, orjson's ``JSONDecodeError``, a ``FeatureError``,
 a ``LookupFailed`` wrapping the embedding worker's exception, or one of the ``HTTPError`` below);
@@ -12,16 +12,13 @@ anything else a 500 naming the exception (a bug, not the client's fault: serving
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 
 from features.batch import BatchError
 from features.codec import CodecError
 from features.inputs import FeatureError
-
-if TYPE_CHECKING:
-    from serving.scoring.loop import Outcome
 
 
 class HTTPError(Exception):
@@ -126,15 +123,6 @@ def status_of(e: Exception) -> tuple[int, str]:
         if isinstance(e, kind):
             return rule(e)
     raise AssertionError("STATUSES ends with Exception")  # pragma: no cover
-
-
-def reply_of(outcome: Outcome) -> Reply:
-    """The Reply of what the request loop made of one request: its scores, or its error's status."""
-    if outcome.error is None:
-        assert outcome.payload is not None
-        return Reply(200, outcome.payload, outcome.timings, outcome.versions)
-    status, message = status_of(outcome.error)
-    return Reply(status, error_body(message), outcome.timings, {})
 
 
 def error_body(message: str) -> bytes:

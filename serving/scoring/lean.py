@@ -44,7 +44,8 @@ from model_store.dense import RUNTIMES
 from serving.freshness import follow_notices
 from serving.notices import AsyncWake
 from serving.scoring.asgi import PREDICTIONS, App
-from serving.scoring.core import Scorer, ScoringConfig
+from serving.scoring.config import ScoringConfig
+from serving.scoring.core import Scorer
 from serving.scoring.errors import Reply
 from serving.scoring.impressions import ImpressionLog
 from serving.scoring.names import DENSE_DEVICE, DENSE_DEVICES, DENSE_RUNTIME, LOOKUP_MODE, LOOKUP_MODES

@@ -13,7 +13,7 @@ from serving.scoring.errors import LookupFailed
 if TYPE_CHECKING:
     from model_store.manifest import VersionManifest
     from serving.notices import Notices
-    from serving.scoring.core import ScoringConfig
+    from serving.scoring.config import ScoringConfig
     from serving.scoring.decoding import Request
     from serving.worker.core import ForwardResult
 

@@ -6,7 +6,7 @@ handler, a micro-batch of ``serving.scoring.batching`` in ``recserve serve``).
 Each request ends as an ``Outcome``: its encoded scores, or the exception that stopped it (never
 raised from here: one request's failure is its own), and the time of each stage. Timing is the
 loop's ``Stopwatch`` around each verb, not bookkeeping in the verbs. What an error answers is the
-frontend's to say, at its boundary (``serving.scoring.errors.reply_of``).
+frontend's to say, at its boundary (``reply_of``, by ``serving.scoring.errors``' one table).
 
 A scored request is offered, once, after its encode, to the frontend's impression log when it
 has one (``serving.scoring.impressions``): the hook both frontends share.
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from serving.scoring.core import Inputs, Scorer
 from serving.scoring.decoding import Request
-from serving.scoring.errors import Reply, reply_of
+from serving.scoring.errors import Reply, error_body, status_of
 
 if TYPE_CHECKING:
     from serving.scoring.impressions import ImpressionLog
@@ -133,3 +133,12 @@ def run(scorer: Scorer, body: bytes, content_type: str | None, request_id: str =
 def score(scorer: Scorer, body: bytes, content_type: str | None) -> Reply:
     """``run`` answered as a frontend would: for callers in this process (tests, benchmarks)."""
     return reply_of(run(scorer, body, content_type))
+
+
+def reply_of(outcome: Outcome) -> Reply:
+    """The Reply of what the request loop made of one request: its scores, or its error's status."""
+    if outcome.error is None:
+        assert outcome.payload is not None
+        return Reply(200, outcome.payload, outcome.timings, outcome.versions)
+    status, message = status_of(outcome.error)
+    return Reply(status, error_body(message), outcome.timings, {})

@@ -119,7 +119,8 @@ def remote_scorer(root: Path, version: str, worker):
     WorkerClient). These tests check statuses, not latency: the deadline is one a busy CI box
     cannot miss (the default 1 s once expired on the first Forward of a fresh connection: a 503
     for a 400)."""
-    from serving.scoring.core import Scorer, ScoringConfig
+    from serving.scoring.config import ScoringConfig
+    from serving.scoring.core import Scorer
 
     vdir = ms.version_dir(root, "m", version)
     return Scorer(ScoringConfig(str(vdir), lookups="remote", worker=worker.address, worker_timeout_s=10.0))

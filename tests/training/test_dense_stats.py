@@ -95,7 +95,8 @@ def test_each_version_carries_its_stats_in_both_exports(versions):
 
 def test_a_compact_batch_from_the_shipped_schema_file_is_accepted(versions):
     from serving.scoring.client import requests_from_file
-    from serving.scoring.core import BINARY, Scorer, ScoringConfig
+    from serving.scoring.config import ScoringConfig
+    from serving.scoring.core import BINARY, Scorer
     from serving.scoring.loop import score
     from serving.worker.core import EmbeddingWorker, InProcessShard
 

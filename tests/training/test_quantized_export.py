@@ -21,7 +21,8 @@ import model_store as ms
 from model_store import shards
 from model_store.quant import dequantize, error_bound, quantize, served_bytes_per_row
 from serving.scoring.client import requests_from_file
-from serving.scoring.core import Scorer, ScoringConfig
+from serving.scoring.config import ScoringConfig
+from serving.scoring.core import Scorer
 from serving.scoring.loop import score
 from tests.helpers import ROOT, doc_blocks, ps_in_thread, recserve_argv
 from tests.serving.helpers import TEST

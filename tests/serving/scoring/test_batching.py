@@ -14,10 +14,11 @@ import pytest
 
 from serving.scoring.batching import DenseBatcher
 from serving.scoring.client import requests_from_file
-from serving.scoring.core import Scorer, ScoringConfig
-from serving.scoring.errors import Reply, reply_of
+from serving.scoring.config import ScoringConfig
+from serving.scoring.core import Scorer
+from serving.scoring.errors import Reply
 from serving.scoring.lean import Frontend, ServeConfig
-from serving.scoring.loop import Pending, prepare, score
+from serving.scoring.loop import Pending, prepare, reply_of, score
 from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow

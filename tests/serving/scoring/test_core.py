@@ -14,7 +14,8 @@ import pytest
 import model_store
 from features.schema import load_schema
 from serving.scoring.client import requests_from_file
-from serving.scoring.core import Scorer, ScoringConfig, server_timing
+from serving.scoring.config import ScoringConfig
+from serving.scoring.core import Scorer, server_timing
 from serving.scoring.loop import score
 from serving.worker.core import EmbeddingWorker, InProcessShard
 from tests.serving.helpers import TEST

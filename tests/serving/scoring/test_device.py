@@ -15,7 +15,8 @@ import model_store
 from features.schema import load_schema
 from recserve.cli import main
 from serving.scoring.client import requests_from_file
-from serving.scoring.core import Scorer, ScoringConfig
+from serving.scoring.config import ScoringConfig
+from serving.scoring.core import Scorer
 from serving.scoring.loop import score
 from serving.worker.core import EmbeddingWorker, InProcessShard
 from tests.cuda import needs_cuda, without_cuda

@@ -18,10 +18,9 @@ from serving.scoring.errors import (
     MethodNotAllowed,
     TooLarge,
     Unavailable,
-    reply_of,
     status_of,
 )
-from serving.scoring.loop import Outcome
+from serving.scoring.loop import Outcome, reply_of
 
 SMALL = schema_from_dict(
     {

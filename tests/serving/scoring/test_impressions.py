@@ -20,7 +20,8 @@ from loadtest import mockbroker
 from serving.scoring import lean
 from serving.scoring.asgi import App
 from serving.scoring.client import requests_from_file
-from serving.scoring.core import BINARY, ScoringConfig
+from serving.scoring.config import ScoringConfig
+from serving.scoring.core import BINARY
 from serving.scoring.impressions import ImpressionLog, Target, request_id
 from serving.scoring.lean import Frontend, ServeConfig
 from stream.records import Impression, decode_impression

@@ -15,7 +15,8 @@ from features.schema import schema_from_dict
 from features.transform import transform
 from serving.ps.client import ShardError
 from serving.rpc.errors import NotServing
-from serving.scoring.core import BINARY, Scorer, ScoringConfig
+from serving.scoring.config import ScoringConfig
+from serving.scoring.core import BINARY, Scorer
 from serving.scoring.decoding import Request
 from serving.scoring.errors import LookupFailed, forward_status, status_of
 from serving.scoring.loop import score

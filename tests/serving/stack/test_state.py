@@ -103,7 +103,7 @@ def test_lookup_modes_reads_what_a_scoring_process_reports_and_says_when_it_does
 def test_up_hands_its_impression_log_to_the_handler_as_a_scoring_config_field(tmp_path):
     """``recserve up --log-impressions URL``: the handler's scoring.json names it, and the
     ScoringConfig the handler builds from that file takes it."""
-    from serving.scoring.core import ScoringConfig
+    from serving.scoring.config import ScoringConfig
     from serving.stack.config import StackConfig
     from serving.stack.packaging import scoring_json
     from serving.stack.state import StackState

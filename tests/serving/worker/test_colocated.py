@@ -17,7 +17,8 @@ from features.transform import transform
 from serving.ps.client import ShardError
 from serving.ps.deltas import DeltaWriter
 from serving.scoring.client import requests_from_file
-from serving.scoring.core import Scorer, ScoringConfig
+from serving.scoring.config import ScoringConfig
+from serving.scoring.core import Scorer
 from serving.scoring.loop import score
 from serving.worker.colocated import ColocatedShard, has_local_files
 from tests.helpers import ps_in_thread, wait_until

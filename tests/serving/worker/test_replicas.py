@@ -159,7 +159,7 @@ def test_replicated_shards_do_not_take_updates_or_inserts():
     [("a:1|b", "'b' is not HOST:PORT"), ("a:1|a:99999", "not HOST:PORT"), ("a:1|a:1", "given twice")],
 )
 def test_a_malformed_worker_list_is_refused_at_start(spec, message):
-    from serving.scoring.core import ScoringConfig
+    from serving.scoring.config import ScoringConfig
     from serving.worker.client import parse_workers
 
     with pytest.raises(ValueError, match=message):

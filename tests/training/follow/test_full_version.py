@@ -24,7 +24,7 @@ import model_store as ms
 from loadtest.common import train_version
 from model_store.deltas import last_record, read_keys
 from model_store.shards import read_meta, shard_dirs
-from serving.scoring.core import ScoringConfig
+from serving.scoring.config import ScoringConfig
 from serving.scoring.lean import Frontend, ServeConfig
 from tests.conftest import exclusive
 from tests.helpers import ROOT, doc_blocks, free_port, wait_until
