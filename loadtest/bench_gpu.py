@@ -129,7 +129,7 @@ def dense_section(vdir: Path, place: Place, args: argparse.Namespace) -> dict:
 def lean_section(store: Path, place: Place, args: argparse.Namespace, work: Path) -> dict:
     """``recserve serve`` co-located, dense on the CPU then on the GPU, at each rate."""
     from loadtest.drive import lean_frontend, request_bodies, run_locust, warm_up
-    from serving.stack.state import lookup_modes
+    from serving.stack.metrics import lookup_modes
 
     bodies = request_bodies()
     out: dict[str, Any] = {"rates": args.rates, "duration_s": args.duration}

@@ -1,6 +1,6 @@
 """``recserve versions`` / ``publish`` / ``rollback``: release management of the model store
 (``model_store.releases``: the one gate, the one publish with HISTORY), and what a running stack
-actually serves (``serving.stack.local.serving_view``)."""
+actually serves (``serving.stack.view.serving_view``)."""
 
 from __future__ import annotations
 

@@ -27,24 +27,23 @@ from typing import TYPE_CHECKING
 
 import model_store
 from serving.rpc.procs import free_ports, spawn, start_time, stop_children, stop_pid, wait_grpc_healthy
-from serving.stack import state as stack_state
 from serving.stack import tls as stack_tls
 from serving.stack.config import StackConfig
 from serving.stack.dense import DenseSwitch
+from serving.stack.down import any_alive, down
+from serving.stack.metrics import write_prometheus_targets
 from serving.stack.packaging import torchserve_config
 from serving.stack.state import (
     Command,
     ServedShard,
     StackState,
-    any_alive,
-    down,
     read_state,
     remove_state,
-    serving_view,
     state_exists,
     update_state,
     write_state,
 )
+from serving.stack.view import serving_view
 
 if TYPE_CHECKING:
     from serving.torchserve import TorchServe
@@ -102,7 +101,7 @@ class LocalStack:
             port = self._metrics_port("controller")
             self._spawn("controller", ["controller", "--run-dir", str(self.run_dir), "--poll-s", str(cfg.poll_s),
                                        "--metrics-port", str(port)], logs / "controller.log")  # fmt: skip
-            stack_state.write_prometheus_targets(self.run_dir, self.state)
+            write_prometheus_targets(self.run_dir, self.state)
             self._write_state()
             if cfg.supervise:  # last: it restarts what it finds dead in stack.json
                 self._start_supervisor(logs)
