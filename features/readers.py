@@ -1,7 +1,7 @@
 """Client-side helpers over the one reader (``features.stream``): the Open Bandit log joined with
 its item features, and the inverse of reading, a Table's rows as the JSON records a client sends.
 
-Every data file is read by ``features.stream`` (``stream.stream`` chunk by chunk, ``stream.read``
+Every data file is read by ``features.stream`` (its ``stream`` chunk by chunk, its ``read``
 for a small file at once); nothing here parses a file itself.
 """
 

@@ -1,4 +1,4 @@
-"""TorchServe handler for recserve scoring: an adapter over ``serving.scoring.Scorer``.
+"""TorchServe handler for recserve scoring: an adapter over ``serving.scoring.core.Scorer``.
 
 TorchServe calls ``initialize(context)`` once per worker process and ``handle(data, context)``
 per batch of requests (batching on): TorchServe's batch runs through the scoring core's request

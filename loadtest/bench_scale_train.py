@@ -4,7 +4,7 @@
    start of the large one) and a held-out test file (another seed, same hidden model).
 2. Each training file is streamed through ``recserve train --epochs 1`` in a subprocess, as a user
    types it; the peak RSS of its process tree (the trainer and the PS shard processes it starts)
-   is sampled every 0.2 s (``loadtest.common.run_sampled``; the trainer's own peak is the kernel's
+   is sampled every 0.2 s (``loadtest.processes.run_sampled``; the trainer's own peak is the kernel's
    high-water mark). The shards get ``--capacity`` rows each, enough for every
    ID of the 10N file, so they never grow during the run (a full shard grows; none evicts).
    The PS holds one row per distinct ID, and synth data keeps bringing new IDs, so the PS share

@@ -13,7 +13,14 @@ from loadtest import stream_figures as sf
 from stream.records import decode_impression
 from stream.sample_batch import read_samples
 
-TOPICS = {"impressions": 16, "events": 16, "samples": 16, "samples.dead": 4, "join-dead-letter": 4}
+TOPICS = {
+    "impressions": 16,
+    "events": 16,
+    "samples": 16,
+    "impressions.dead": 4,
+    "events.dead": 4,
+    "samples.dead": 4,
+}
 """Topics and their partitions. The mock cluster keeps 5 MB a partition (librdkafka's
 ``rdkafka_mock.c``, not configurable): 16 partitions, and the joiner compresses its samples (lz4),
 so that a few minutes of impressions and about two of samples stay readable by a joiner or a

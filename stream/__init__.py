@@ -1,6 +1,15 @@
-"""Learning from the stream, the serving side: the records that flow through Kafka (impressions,
-events, samples), the joiner that turns impressions and events into labelled samples
-(``recserve join``), and a Kafka broker for tests, the demo and benches (``mockbroker``).
+"""The learning loop's contract, on the floor under serving and training (of this project it
+imports only ``features``): what flows through Kafka from the frontends to the streaming trainer,
+and the role that joins it.
 
-Nothing here imports ``training``: the joiner is a serving-side role; the streaming trainer reads
-the samples topic through ``records.decode_sample``."""
+- ``records``: the impression, event and sample records, one layout each, one reader and writer;
+- ``rows``: a scored batch's rows as samples carry them;
+- ``sample_batch``: samples read together (``read_samples``, as the streaming trainer reads a
+  consumed batch) and the batch's operations (``take``, ``concat``, ``misfits``, ``to_batch``);
+- ``join``: one partition's join of impressions and events into labelled samples;
+- ``joiner`` and ``config``: the ``recserve join`` process and its configuration;
+- ``dead_letter``: the one dead-letter convention of every consumer (topic name rule, headers).
+
+The frontends write impressions (``serving``), the streaming trainer reads samples
+(``training.follow`` through ``training.sources.kafka``); the test broker is
+``loadtest.mockbroker``."""

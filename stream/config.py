@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from stream import dead_letter
+
 FETCH_WAIT_MS = 50
 """librdkafka's ``fetch.wait.max.ms`` for the stream's consumers (the joiner's, the trainer's),
 unless a settings file says otherwise. The default, 500 ms, is how long a broker may hold a fetch
@@ -44,8 +46,9 @@ class JoinConfig:
     """Topic of events {request_id, item, label, ts} (keyed by request id)."""
     samples: str = "samples"
     """Topic the labelled samples go to (keyed by request id)."""
-    dead_letter: str = "join-dead-letter"
-    """Topic malformed input records go to, with headers naming the error and the source."""
+    dead_letter: str = ""
+    """Topic every refused input record goes to; '' (the default): the dead-letter topic of the
+    topic it was read from, impressions.dead and events.dead (the convention: stream/dead_letter.py)."""
     group: str = "recserve-join"
     """Consumer group: N joiners in one group split the partitions (the group also holds the
     committed offsets with --member)."""
@@ -72,9 +75,15 @@ class JoinConfig:
         if self.batch < 1 or self.commit_every_s <= 0:
             raise ValueError("batch must be >= 1 and commit_every_s > 0")
         self.members()  # checks the form
-        names = [self.impressions, self.events, self.samples, self.dead_letter]
+        names = [self.impressions, self.events, self.samples, *sorted(set(self.dead_letters()))]
         if len(set(names)) != len(names) or not all(names):
-            raise ValueError(f"the four topics must be named and distinct, got {names}")
+            raise ValueError(f"the topics must be named and distinct, got {names}")
+
+    def dead_letters(self) -> tuple[str, str]:
+        """The dead-letter topics of (impressions, events)."""
+        if self.dead_letter:
+            return self.dead_letter, self.dead_letter
+        return dead_letter.topic_of(self.impressions), dead_letter.topic_of(self.events)
 
     def members(self) -> tuple[int, int] | None:
         """``member`` as (I, N); None without one. ValueError unless 0 <= I < N."""

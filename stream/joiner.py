@@ -4,7 +4,7 @@ partitions to one ``PartitionJoin`` each and produces what they return.
 Start-up, in order:
 1. check the topics: impressions and events exist with the same partition count (a request's
    impression and events are in the same partition number: both keyed by request id, produced
-   with the same partitioner), samples and dead-letter exist;
+   with the same partitioner), samples and the dead-letter topics exist;
 2. subscribe with the ``range`` assignor, which gives a member the same partition numbers of both
    topics; or, with ``--member I/N``, assign itself the partitions p % N == I of both (no
    rebalancing: a restart reads again at once, where a group hands a dead member's partitions on
@@ -30,6 +30,7 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from stream import dead_letter
 from stream.config import FETCH_WAIT_MS, JoinConfig, kafka_settings
 from stream.join import EVENTS, IMPRESSIONS, INPUTS, Emit, JoinCounts, PartitionJoin
 
@@ -53,6 +54,7 @@ class Joiner:
                                   "auto.offset.reset": "earliest", "enable.partition.eof": True,
                                   "partition.assignment.strategy": "range", **common})  # fmt: skip
         self._topics = (cfg.impressions, cfg.events)
+        self._dead_letters = cfg.dead_letters()
         self.partitions = 0
         """The inputs' partition count (``check_topics``)."""
         if registry is not None:
@@ -66,10 +68,11 @@ class Joiner:
         except KafkaException as e:
             raise JoinError(f"cannot reach Kafka at {self.cfg.brokers}: {e.args[0].str()}") from None
         c = self.cfg
-        missing = [t for t in (c.impressions, c.events, c.samples, c.dead_letter)
-                   if t not in topics or topics[t].error is not None]  # fmt: skip
+        wanted = dict.fromkeys((c.impressions, c.events, c.samples, *c.dead_letters()))
+        missing = [t for t in wanted if t not in topics or topics[t].error is not None]
         if missing:
-            raise JoinError(f"topics {missing} do not exist at {c.brokers} (create them first)")
+            hint = "" if c.dead_letter else "; --dead-letter TOPIC sends every dead letter to one topic"
+            raise JoinError(f"topics {missing} do not exist at {c.brokers} (create them first{hint})")
         counts = {t: len(topics[t].partitions) for t in self._topics}
         if len(set(counts.values())) != 1:
             raise JoinError(f"impressions and events must have the same number of partitions, got {counts}")
@@ -148,9 +151,8 @@ class Joiner:
             headers: list[tuple[str, str | bytes | None]] | None = None
             if e.dead:  # token: (input, offset) of the malformed record
                 inp, offset = cast(tuple[int, int], e.token)
-                source = f"{self._topics[inp]}/{partition}/{offset}"
-                topic = self.cfg.dead_letter
-                headers = [("error", e.reason.encode()), ("source", source.encode())]
+                topic = self._dead_letters[inp]
+                headers = dead_letter.headers(e.reason, self._topics[inp], partition, offset)
             callback = functools.partial(self._delivered, partition, e.token)
             while True:
                 try:

@@ -263,7 +263,14 @@ def test_the_stream_roles_run_as_their_manifests_say_against_the_test_broker(net
     assert sorted(p["name"] for p in stream) == ["follow-0", "join-0"]
     (host,) = network(1, [" ".join(n for p in stream for n in p["names"])]).hosts
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    topics = ("impressions:2", "events:2", "samples:2", "join-dead-letter:1", "samples.dead:1")
+    topics = (
+        "impressions:2",
+        "events:2",
+        "samples:2",
+        "impressions.dead:1",
+        "events.dead:1",
+        "samples.dead:1",
+    )
     broker_log = tmp_path / "kafka.log"
     host.popen([sys.executable, "-m", "loadtest.mockbroker", *(a for t in topics for a in ("--topic", t))],
                broker_log, env=env, cwd=ROOT)  # fmt: skip

@@ -16,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from serving.rpc.procs import spawn, stop_children
+from stream import dead_letter
 from stream.config import JoinConfig
 from stream.joiner import Joiner, JoinError
 from tests.helpers import free_port, wait_until
@@ -25,12 +26,13 @@ PARTS = 4
 
 
 def topics(kafka, name: str) -> JoinConfig:
-    """Four fresh topics named after the test, and a joiner's config over them."""
-    names = {
-        k: kafka.create_topic(f"{name}-{k}", PARTS) for k in ("impressions", "events", "samples", "dead")
-    }
+    """Fresh topics named after the test (the inputs' dead-letter topics by the convention's rule),
+    and a joiner's config over them."""
+    names = {k: kafka.create_topic(f"{name}-{k}", PARTS) for k in ("impressions", "events", "samples")}
+    for k in ("impressions", "events"):
+        kafka.create_topic(dead_letter.topic_of(names[k]), PARTS)
     return JoinConfig(brokers=kafka.bootstrap, impressions=names["impressions"], events=names["events"],
-                      samples=names["samples"], dead_letter=names["dead"], group=f"{name}-join", window_s=1.0,
+                      samples=names["samples"], group=f"{name}-join", window_s=1.0,
                       commit_every_s=0.2)  # fmt: skip
 
 
@@ -47,18 +49,27 @@ def test_labels_duplicates_late_events_and_dead_letters(kafka):
     stop = threading.Event()
     thread = threading.Thread(target=joiner.run, args=(stop,), daemon=True)
     thread.start()
-    samples, dead = (
-        TopicReader(kafka.bootstrap, cfg.samples, PARTS),
-        TopicReader(kafka.bootstrap, cfg.dead_letter, PARTS),
-    )
+    samples = TopicReader(kafka.bootstrap, cfg.samples, PARTS)
+    dead = [TopicReader(kafka.bootstrap, t, PARTS) for t in cfg.dead_letters()]  # impressions', events'
     try:
         wait_until(
-            lambda: samples.poll() >= 2 * N_ITEMS and dead.poll() >= 2, 60, "8 samples and 2 dead letters"
-        )
+            lambda: samples.poll() >= 2 * N_ITEMS and all(d.poll() >= 1 for d in dead), 60,
+            "8 samples and a dead letter of each input",
+        )  # fmt: skip
         labels = samples_by_key(samples)
         assert labels == {(r, i): [1.0 if (r, i) == ("a", 1) else 0.0] for r in "ab" for i in range(N_ITEMS)}
-        assert sorted(h["error"].split(b":")[0] for _, _, h in dead.records) == [b"event", b"impression"]
-        assert {h["source"].rsplit(b"/", 2)[0] for _, _, h in dead.records} == {cfg.impressions.encode(), cfg.events.encode()}  # fmt: skip
+        for reader, topic, value in zip(
+            dead, (cfg.impressions, cfg.events), (b"garbage", b"{not json"), strict=True
+        ):
+            ((_, got, h),) = reader.records  # unchanged, where it was read and why (stream.dead_letter)
+            headers = dead_letter.read_headers(list(h.items()))
+            assert got.startswith(value) and set(headers) == set(dead_letter.HEADERS)
+            assert (
+                headers["topic"] == topic
+                and int(headers["offset"]) >= 0
+                and 0 <= int(headers["partition"]) < PARTS
+            )
+            assert headers["reason"].startswith("impression:" if topic == cfg.impressions else "event:")
 
         def metric(name, **labels):
             return registry.get_sample_value(f"recserve_join_{name}", labels)
@@ -77,7 +88,8 @@ def test_labels_duplicates_late_events_and_dead_letters(kafka):
         stop.set()
         thread.join(30)
         samples.close()
-        dead.close()
+        for reader in dead:
+            reader.close()
     assert not thread.is_alive()
 
 
@@ -89,7 +101,15 @@ def test_missing_or_unequal_topics_are_refused(kafka):
     with pytest.raises(JoinError, match="member 4/5 has no partition"):
         Joiner(JoinConfig(brokers=kafka.bootstrap, impressions=cfg.impressions, events=cfg.events,
                           samples=cfg.samples, dead_letter=cfg.dead_letter, member="4/5")).check_topics()  # fmt: skip
+    with pytest.raises(JoinError, match=r"\['nope'\] do not exist"):  # one topic for every dead letter
+        Joiner(replace(cfg, dead_letter="nope")).check_topics()
+    bare = kafka.create_topic("refuse-bare-impressions", PARTS)  # no dead-letter topic by the rule
+    with pytest.raises(
+        JoinError, match=r"\['refuse-bare-impressions.dead'\] do not exist.*--dead-letter TOPIC"
+    ):
+        Joiner(replace(cfg, impressions=bare)).check_topics()
     other = kafka.create_topic("refuse-events-2", PARTS + 1)
+    kafka.create_topic(dead_letter.topic_of(other), 1)
     with pytest.raises(JoinError, match="same number of partitions"):
         Joiner(JoinConfig(brokers=kafka.bootstrap, impressions=cfg.impressions, events=other, samples=cfg.samples,
                           dead_letter=cfg.dead_letter)).check_topics()  # fmt: skip
@@ -97,9 +117,10 @@ def test_missing_or_unequal_topics_are_refused(kafka):
 
 def join_args(cfg: JoinConfig, metrics_port: int = 0) -> list[str]:
     return ["join", "--kafka-config", cfg.kafka_config, "--brokers", cfg.brokers, "--impressions", cfg.impressions, "--events", cfg.events,
-            "--samples", cfg.samples, "--dead-letter", cfg.dead_letter, "--group", cfg.group,
+            "--samples", cfg.samples, "--group", cfg.group,
             "--window-s", str(cfg.window_s), "--commit-every-s", str(cfg.commit_every_s),
-            "--metrics-port", str(metrics_port)] + (["--member", cfg.member] if cfg.member else [])  # fmt: skip
+            "--metrics-port", str(metrics_port)] + (["--member", cfg.member] if cfg.member else []) + (
+            ["--dead-letter", cfg.dead_letter] if cfg.dead_letter else [])  # fmt: skip
 
 
 def workload(kafka, cfg: JoinConfig, requests: range) -> dict[tuple[str, int], float]:

@@ -11,8 +11,8 @@ two ``TICK``s (the trainer steps on them together). ``behind()`` is the consumer
 the rank's partitions not yielded yet. Records are decoded together
 (``stream.sample_batch``: no loop per record beyond the accessors confluent-kafka
 forces). A malformed record, or one that does not fit the followed schema, goes to the
-dead-letter topic ``<TOPIC>.dead`` (its value as it was, headers ``reason``, ``partition``,
-``offset``), counted in the chunk's ``refused``; the trainer goes on.
+dead-letter topic ``<TOPIC>.dead`` as it was, with headers saying why and where
+(``stream.dead_letter``), counted in the chunk's ``refused``; the trainer goes on.
 
 Reading with ``once``: end when every partition is read up to its end as it was at the start.
 librdkafka settings come from ``RECSERVE_KAFKA_*`` variables (``RECSERVE_KAFKA_SECURITY_PROTOCOL=
@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from features.transform import Table
+from stream import dead_letter
 from stream.config import FETCH_WAIT_MS
 from stream.sample_batch import misfits, read_samples, take
 from training.sources import TICK, Chunk, Keyed, Position, Reading, SourceKind, register
@@ -37,7 +38,6 @@ from training.sources.ledger import Ledger
 
 log = logging.getLogger("recserve.train.follow")
 
-DEAD_SUFFIX = ".dead"
 TIMEOUT_S = 10.0  # metadata, watermarks and dead-letter acknowledgements
 
 
@@ -72,7 +72,7 @@ class KafkaSamples:
 
     @property
     def dead_topic(self) -> str:
-        return self.topic + DEAD_SUFFIX
+        return dead_letter.topic_of(self.topic)
 
     def unit(self, partition: int) -> str:
         return f"{self.topic}/{partition}"
@@ -155,8 +155,8 @@ class KafkaSamples:
         refused = np.zeros(len(good), bool)
         for i, why in bad:  # malformed records: the rare path
             refused[i] = True
-            producer.produce(self.dead_topic, values[i], good[i].key(), headers={
-                "reason": why.encode(), "partition": str(parts[i]).encode(), "offset": str(offsets[i]).encode()})  # fmt: skip
+            headers = dead_letter.headers(why, self.topic, parts[i], offsets[i])
+            producer.produce(self.dead_topic, values[i], good[i].key(), headers=headers)
             log.warning("%s/%d@%d to %s: %s", self.topic, parts[i], offsets[i], self.dead_topic, why)
         if bad and producer.flush(TIMEOUT_S):  # acknowledged before the offsets past them count
             raise RuntimeError(f"dead letters to {self.dead_topic} not acknowledged in {TIMEOUT_S} s")

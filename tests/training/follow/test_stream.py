@@ -20,6 +20,7 @@ import pytest
 import model_store as ms
 from features.schema import load_schema
 from model_store.deltas import DeltaManifest, read_delta, read_keys
+from stream import dead_letter
 from tests.helpers import doc_blocks, free_port, wait_until
 from tests.training.sources.samples import key, produce, records
 from tests.training.test_follow import NAME, _serving_stores, store, trained  # noqa: F401
@@ -110,11 +111,11 @@ def test_samples_train_into_a_delta_with_their_offsets(kafka, store):  # noqa: F
         f'recserve_follow_offset{{unit="{topic}/1"}} {200 - in_p0}.0',
     ):
         assert line in metrics, line  # fmt: skip
-    # the malformed record went to the dead-letter topic, as it was, with why
-    (dead,) = _dead_letters(kafka.bootstrap, topic + ".dead", 1)
-    assert dead.value() == b"not a sample" and dict(dead.headers())["reason"].startswith(
-        b"a sample too short"
-    )
+    # the malformed record went to the dead-letter topic, as it was, with why and where it was read
+    (dead,) = _dead_letters(kafka.bootstrap, dead_letter.topic_of(topic), 1)
+    headers = dead_letter.read_headers(dead.headers())
+    assert dead.value() == b"not a sample" and headers["reason"].startswith("a sample too short")
+    assert headers["topic"] == topic and headers["partition"] in ("0", "1") and int(headers["offset"]) >= 0
     # serving applies the delta
     assert {s.delta_seq for s in _serving_stores(store)} == {int(ddir.name)}
 
