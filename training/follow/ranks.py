@@ -1,8 +1,8 @@
 """Several ranks following one stream: ``torchrun --nproc-per-node N -m recserve train --follow
 MODEL_DIR --stream kafka://BROKERS/TOPIC``.
 
-Each rank reads its share of the topic's partitions (partition % world == rank,
-``training.sources.kafka``) and trains through the same hybrid step as ``recserve train``: its own
+Each rank reads its share of the source's parts, the topic's partitions, assigned by number
+(``training.sources.share``: partition % world == rank) and trains through the same hybrid step as ``recserve train``: its own
 worker over PS processes that hold the followed version's rows (``training.follow.tables.shared``:
 rank 0 starts one per shard of the version, loads the version's dump and every delta already cut
 into it, and tells the other ranks where they are), so every rank's sparse updates reach the same
@@ -35,7 +35,7 @@ import torch.distributed as dist
 import model_store as ms
 from training import ranks
 from training.follow.types import Share
-from training.sources import TICK, Chunk
+from training.sources import TICK, Chunk, Part, share
 
 if TYPE_CHECKING:
     from training.cluster import Cluster
@@ -54,6 +54,8 @@ class Ranks:
     """This rank's source ended (``--once``): it takes part in the rounds until every rank ends."""
     seq: int = -1
     """The last delta the job's shards hold."""
+    units: frozenset[str] = frozenset()
+    """The units of this rank's parts of the source (``take``)."""
 
     @classmethod
     def join(cls) -> Ranks:
@@ -72,9 +74,10 @@ class Ranks:
         while self.world > 1:
             yield TICK
 
-    def owns(self, unit: str) -> bool:
-        """``<topic>/<partition>`` is this rank's (``training.sources.kafka``'s assignment)."""
-        return int(unit.rpartition("/")[2]) % self.world == self.rank
+    def take(self, parts: list[Part]) -> None:
+        """This rank's share of the source's parts (``training.sources.share``, as the source
+        assigns them): the units whose positions it sends rank 0 at a cut."""
+        self.units = frozenset(p.unit for p in share(parts, self.rank, self.world))
 
     def look(self, cut_due: bool, stopped: bool) -> tuple[bool, bool]:
         """Every rank's round at a look: (cut now: rank 0's ``cut_due``, end now: every rank
@@ -127,7 +130,7 @@ def cut_together(job: Ranks, cluster: Cluster, vdir: Path, book: StreamBook, led
     delta when some rank trained rows or read on (``StreamBook.moved``), with every rank's offsets
     and keys; every rank commits its ledger once it is published. Returns its seq (None: nothing
     changed)."""
-    mine = {unit: at for unit, at in ledger.positions().items() if job.owns(unit)}  # resumed: every rank's
+    mine = {unit: at for unit, at in ledger.positions().items() if unit in job.units}  # resumed: every rank's
     shares = job.gather(take_share(book, mine, changed, job.rank))
     outcome: tuple[int | None, str] = (None, "")
     if job.rank == 0:

@@ -20,7 +20,7 @@ from features.batch import CompactBatch
 from training.ctx import TrainCtx
 from training.evaluate import sigmoid
 from training.follow.book import StreamBook
-from training.sources import Chunk, Keyed
+from training.sources import Keyed, KeyedChunk
 from training.sources.ledger import Ledger
 
 
@@ -30,12 +30,11 @@ class KeyedSteps:
     ledger: Ledger
     batch_rows: int
     """Step once the held chunks have this many rows."""
-    held: list[Chunk] = field(default_factory=list)
+    held: list[KeyedChunk] = field(default_factory=list)
     loss: nn.Module = field(default_factory=nn.BCEWithLogitsLoss)
 
-    def hold(self, chunk: Chunk) -> bool:
+    def hold(self, chunk: KeyedChunk) -> bool:
         """Hold a keyed chunk for the next step; True when a step is due."""
-        assert chunk.keyed is not None
         self.held.append(chunk)
         return sum(c.rows for c in self.held) >= self.batch_rows
 
@@ -48,7 +47,7 @@ class KeyedSteps:
         chunks, self.held = self.held, []
         if not chunks:
             return None
-        keyed = Keyed.join([c.keyed for c in chunks if c.keyed is not None])
+        keyed = Keyed.join([c.keyed for c in chunks])
         rows = self.book.admit(keyed, sum(c.refused for c in chunks))
         trained = None
         if keyed.samples.num_rows and (rows is None or len(rows)):

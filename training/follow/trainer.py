@@ -61,7 +61,7 @@ from training.follow.ranks import Ranks, cut_together
 from training.follow.standby import FollowLock, stand_by
 from training.follow.steps import KeyedSteps
 from training.follow.types import FollowResult, Loaded
-from training.sources import TICK, Chunk, Reading
+from training.sources import TICK, Chunk, KeyedChunk, Reading
 from training.sources.ledger import Ledger, ledger_path
 
 log = logging.getLogger("recserve.train.follow")
@@ -81,7 +81,8 @@ class FollowTrainer:
         self.cfg = cfg
         self.clock = clock
         self.job = job or Ranks()  # torchrun's ranks split a stream (training.follow.ranks)
-        if self.job.world > 1 and not cfg.stream:
+        kind = sources.parse(*cfg.source)[0]  # keyed samples or tables: a property of the kind
+        if self.job.world > 1 and not kind.keyed:
             raise ValueError("torchrun ranks split a stream's partitions (--stream); --watch is one process")
         if self.job.world > 1 and cfg.full_every:
             raise ValueError("--full-every: full versions are written by one process, not under torchrun")
@@ -92,7 +93,7 @@ class FollowTrainer:
         self._last_cut = clock()
         self._loss = nn.BCEWithLogitsLoss()
         self._refused: set[str] = set()  # versions CURRENT named that could not be loaded
-        self.book = StreamBook(cfg.source[0], bool(cfg.stream), cfg.dedup_window_s)  # keys, scores, counts
+        self.book = StreamBook(cfg.source[0], kind.keyed, cfg.dedup_window_s)  # keys, scores, counts
         if cfg.metrics_port:
             self.book.serve_metrics(cfg.metrics_port + self.job.rank, cfg.metrics_host)  # a port per rank
         self.full = FullVersions(cfg, self.book, clock) if cfg.full_every else None
@@ -118,6 +119,8 @@ class FollowTrainer:
                           wait=lambda s: stop.wait(max(0.0, min(s, deadline - self.clock()))))  # fmt: skip
         spec, default = self.cfg.source
         source = sources.open_source(spec, reading, default=default, ledger=self.ledger)
+        if self.job.world > 1:
+            self.job.take(source.list_parts())  # this rank's parts, by number
         for chunk in self.job.rounds(source.chunks()):
             stopped = stop.is_set() or self.clock() >= deadline
             if stopped and self.job.world == 1:
@@ -218,7 +221,7 @@ class FollowTrainer:
             raise RuntimeError("train_chunk called before a version was loaded")
         if self._first_rows is None and chunk.rows:
             self._first_rows = self.clock()
-        if chunk.keyed is not None:
+        if isinstance(chunk, KeyedChunk):
             self.train_keyed(chunk)
             return True
         if chunk.table.num_rows and unit not in self.result.files:
@@ -247,7 +250,7 @@ class FollowTrainer:
         self.ledger.finish(chunk)
         return True
 
-    def train_keyed(self, chunk: Chunk) -> None:
+    def train_keyed(self, chunk: KeyedChunk) -> None:
         """Hold a stream's chunk for the next step (``training.follow.steps``: the chunks of one
         look step together); step when the held rows reach the batch size."""
         if self.keyed.hold(chunk):

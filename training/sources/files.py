@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from features import stream
-from training.sources import Chunk, Position, Reading, SourceKind, register
 from training.sources.ledger import Ledger
+from training.sources.registry import SourceKind, register
+from training.sources.types import Part, Position, Reading, TableChunk
 
 
 @dataclass(frozen=True)
@@ -18,13 +19,16 @@ class Files:
     reading: Reading
     bounded = True
 
-    def chunks(self) -> Iterator[Chunk]:
+    def chunks(self) -> Iterator[TableChunk]:
         r = self.reading
         for path, row, table in stream.located(self.where, r.schema, r.options, r.limit, r.part, r.columns):
-            yield Chunk(table, Position(str(path), row))
+            yield TableChunk(table, Position(str(path), row))
 
     def behind(self) -> int | None:
         return None  # a bounded source; its rows are read as they are
+
+    def list_parts(self) -> list[Part]:
+        return []  # ranks share its rows (``Reading.part``), not parts
 
     def __str__(self) -> str:
         return self.where

@@ -1,10 +1,11 @@
 """A Kafka topic of samples (``recserve join``'s), unbounded: ``kafka://BROKERS/TOPIC``, e.g.
 ``kafka://localhost:9092,host2:9092/samples``.
 
-Every partition of the topic (this rank's share: partition % world == rank) is assigned at the
-offset the ledger says (0 or unknown: the earliest kept), with no consumer-group commits: where the
+Its parts are the topic's partitions (``list_parts``: ``Part(<topic>/<partition>, partition)``);
+this rank's share (``share``: partition % world == rank) is assigned at each part's resume
+position, the offset the ledger says (0 or unknown: the earliest kept), with no consumer-group commits: where the
 trainer stands is what the last published delta recorded (``model_store.deltas``), so a restarted
-trainer reads on from exactly there. A chunk is one partition's records of one batch consume
+trainer reads on from exactly there. A chunk (a ``KeyedChunk``) is one partition's records of one batch consume
 (``Reading.batch_rows`` at most); its unit is ``<topic>/<partition>``, its start the first
 record's offset and its ``end`` the offset after the last; the chunks of one consume lie between
 two ``TICK``s (the trainer steps on them together). ``behind()`` is the consumer lag: records of
@@ -29,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from features.transform import Table
 from stream import dead_letter
 from stream.config import FETCH_WAIT_MS
 from stream.sample_batch import misfits, read_samples, take
-from training.sources import TICK, Chunk, Keyed, Position, Reading, SourceKind, register
 from training.sources.ledger import Ledger
+from training.sources.registry import SourceKind, register
+from training.sources.types import TICK, Keyed, KeyedChunk, Part, Position, Reading, TableChunk, share
 
 log = logging.getLogger("recserve.train.follow")
 
@@ -67,26 +68,43 @@ class KafkaSamples:
     ledger: Ledger
     bounded = False
     _consumer: Any = field(default=None, init=False)  # while ``chunks`` runs
-    _at: dict[int, int] = field(default_factory=dict, init=False)  # partition -> next offset yielded
-    _ends: dict[int, int] = field(default_factory=dict, init=False)  # partition -> end offset seen
+    _at: dict[Part, int] = field(default_factory=dict, init=False)  # part -> next offset yielded
+    _ends: dict[Part, int] = field(default_factory=dict, init=False)  # part -> end offset seen
+    _parts: list[Part] | None = field(default=None, init=False)  # the topic's, once listed
 
     @property
     def dead_topic(self) -> str:
         return dead_letter.topic_of(self.topic)
 
-    def unit(self, partition: int) -> str:
-        return f"{self.topic}/{partition}"
+    def part(self, partition: int) -> Part:
+        return Part(f"{self.topic}/{partition}", partition)
 
-    def chunks(self) -> Iterator[Chunk]:
-        from confluent_kafka import Consumer, Producer
+    def list_parts(self) -> list[Part]:
+        """The topic's partitions, in number order (asked of the brokers once)."""
+        if self._parts is None:
+            consumer = self._open_consumer()
+            try:
+                self._list(consumer)
+            finally:
+                consumer.close()
+        assert self._parts is not None
+        return self._parts
+
+    def _open_consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        return Consumer({"fetch.wait.max.ms": FETCH_WAIT_MS} | settings(self.brokers) | {"group.id": f"recserve-train-{self.topic}", "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "enable.partition.eof": False})  # fmt: skip
+
+    def chunks(self) -> Iterator[KeyedChunk | TableChunk]:
+        from confluent_kafka import Producer
 
         conf = settings(self.brokers)
-        consumer = Consumer({"fetch.wait.max.ms": FETCH_WAIT_MS} | conf | {"group.id": f"recserve-train-{self.topic}", "enable.auto.commit": False,
-                                    "auto.offset.reset": "earliest", "enable.partition.eof": False})  # fmt: skip
+        consumer = self._open_consumer()
         producer = Producer(conf | {"acks": "all", "enable.idempotence": True})
         try:
             ends = self._assign(consumer)
-            self._at = {p: self.ledger.row(self.unit(p)) for p in ends}
+            self._at = {p: p.resume(self.ledger).row for p in ends}
             self._ends, self._consumer = dict(ends), consumer
             while True:
                 yield TICK
@@ -94,8 +112,8 @@ class KafkaSamples:
                     return
                 wait = self.reading.poll_s if self.reading.fill_s is None else self.reading.fill_s
                 msgs = consumer.consume(num_messages=self.reading.batch_rows, timeout=wait)
-                for chunk in self._chunks(msgs, producer):
-                    self._at[int(chunk.start.unit.rpartition("/")[2])] = int(chunk.stop.row)
+                for part, chunk in self._chunks(msgs, producer):
+                    self._at[part] = chunk.end
                     yield chunk
         finally:
             self._consumer = None
@@ -114,27 +132,34 @@ class KafkaSamples:
             return None
         behind = 0
         for p, at in self._at.items():
-            hi = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)[1]
+            hi = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p.index), cached=True)[1]
             self._ends[p] = max(self._ends[p], hi)  # no fetch yet: the end found at the start
             behind += max(0, self._ends[p] - at)
         return behind
 
-    def _assign(self, consumer) -> dict[int, int]:
-        """Assign this rank's partitions at the ledger's offsets; their end offsets now."""
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
+    def _list(self, consumer) -> list[Part]:
+        """The topic's partitions, as the brokers say now (kept for ``list_parts``)."""
         meta = consumer.list_topics(self.topic, timeout=TIMEOUT_S).topics.get(self.topic)
         if meta is None or meta.error is not None or not meta.partitions:
             raise ValueError(f"kafka://{self.brokers}/{self.topic}: no such topic ({meta and meta.error})")
-        rank, world = self.reading.part
-        mine = sorted(p for p in meta.partitions if p % world == rank)
-        starts = {p: self.ledger.row(self.unit(p)) for p in mine}
-        consumer.assign([TopicPartition(self.topic, p, starts[p] or OFFSET_BEGINNING) for p in mine])
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), TIMEOUT_S)[1] for p in mine}
-        log.info("reading %s partitions %s from offsets %s", self.topic, mine, starts)
+        self._parts = [self.part(p) for p in sorted(meta.partitions)]
+        return self._parts
+
+    def _assign(self, consumer) -> dict[Part, int]:
+        """Assign this rank's parts at their resume positions; their end offsets now."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        mine = share(self._list(consumer), *self.reading.part)
+        starts = {p: p.resume(self.ledger).row for p in mine}
+        consumer.assign([TopicPartition(self.topic, p.index, starts[p] or OFFSET_BEGINNING) for p in mine])
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(self.topic, p.index), TIMEOUT_S)[1] for p in mine
+        }
+        log.info("reading %s partitions %s from offsets %s", self.topic, [p.index for p in mine],
+                 [starts[p] for p in mine])  # fmt: skip
         return ends
 
-    def _chunks(self, msgs: list, producer) -> Iterator[Chunk]:
+    def _chunks(self, msgs: list, producer) -> Iterator[tuple[Part, KeyedChunk]]:
         good = [m for m in msgs if m.error() is None]  # the accessors confluent-kafka forces
         for m in msgs if len(good) < len(msgs) else ():
             if m.error() is not None:
@@ -166,10 +191,8 @@ class KafkaSamples:
             rows = np.flatnonzero(row_part == p)
             keyed = Keyed(take(samples, rows), self.reading.schema)
             first, last = int(offsets[mine].min()), int(offsets[mine].max())
-            yield Chunk(
-                Table({}, 0), Position(self.unit(p), first),
-                keyed=keyed, end=last + 1, refused=int(refused[mine].sum()),
-            )  # fmt: skip
+            part = self.part(p)
+            yield part, KeyedChunk(keyed, Position(part.unit, first), last + 1, int(refused[mine].sum()))
 
     def __str__(self) -> str:
         return f"kafka://{self.brokers}/{self.topic}"
@@ -182,4 +205,4 @@ def _open(where: str, reading: Reading, ledger: Ledger | None) -> KafkaSamples:
     return KafkaSamples(brokers, topic, reading, ledger)
 
 
-KIND = register(SourceKind("kafka", _open))
+KIND = register(SourceKind("kafka", _open, keyed=True))

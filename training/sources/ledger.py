@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from training.sources import Chunk
+from training.sources.types import TableChunk
 
 if TYPE_CHECKING:
     from training.config import FollowConfig
@@ -60,7 +60,7 @@ class Ledger:
         """``rows`` more rows of ``unit`` consumed."""
         self._entry(unit)["rows"] += rows
 
-    def finish(self, chunk: Chunk) -> None:
+    def finish(self, chunk: TableChunk) -> None:
         """Mark the unit of a ``last`` chunk done once its rows are consumed."""
         if chunk.last:
             self._entry(chunk.start.unit)["done"] = True

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from features import stream
 from features.transform import FeatureError, Table
-from training.sources import TICK, Chunk, Position, Reading, SourceKind, register
 from training.sources.ledger import Ledger
+from training.sources.registry import SourceKind, register
+from training.sources.types import TICK, Part, Position, Reading, TableChunk
 
 log = logging.getLogger("recserve.train.follow")
 
@@ -66,7 +67,7 @@ class Watched:
     reading: Reading
     bounded = False
 
-    def chunks(self) -> Iterator[Chunk]:
+    def chunks(self) -> Iterator[TableChunk]:
         r = self.reading
         ready = self.files.ready()
         if r.once and self.files.pending:  # files without a marker need a second look to count
@@ -81,23 +82,26 @@ class Watched:
             r.wait(r.poll_s)
             ready = self.files.ready()
 
-    def _file(self, path: Path) -> Iterator[Chunk]:
+    def _file(self, path: Path) -> Iterator[TableChunk]:
         ledger, name = self.files.ledger, path.name
         start = row = ledger.row(name)
         try:
             for table in _rows_after(stream.stream(path, self.reading.schema, self.reading.options), start):
                 if ledger.done(name):  # the consumer failed it
                     return
-                yield Chunk(table, Position(name, row))
+                yield TableChunk(table, Position(name, row))
                 row += table.num_rows
         except (FeatureError, OSError, UnicodeDecodeError, ValueError) as e:
             log.error("%s: skipping the rest of it: cannot read it: %s", path, e)
             ledger.fail(name, f"cannot read it: {e}")
             return
-        yield Chunk(Table({}, 0), Position(name, row), last=True)
+        yield TableChunk(Table({}, 0), Position(name, row), last=True)
 
     def behind(self) -> int | None:
         return None  # files may arrive at any time
+
+    def list_parts(self) -> list[Part]:
+        return []  # one process reads a watched directory
 
     def __str__(self) -> str:
         return f"watch://{self.files.dir}"

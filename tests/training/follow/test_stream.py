@@ -164,7 +164,11 @@ def test_a_trainer_reading_only_duplicates_still_cuts_on_its_interval(kafka, sto
     with FollowTrainer(cfg, clock=clock) as trainer:  # driven by hand: one consume's chunk, then gone
         trainer._follow_current()
         reading = Reading(trainer.loaded.schema, poll_s=0.2, once=True, batch_rows=16)
-        keyed = (c for c in sources.open_source(spec, reading, "kafka", trainer.ledger).chunks() if c.keyed)
+        keyed = (
+            c
+            for c in sources.open_source(spec, reading, "kafka", trainer.ledger).chunks()
+            if isinstance(c, sources.KeyedChunk)
+        )
         chunk = next(keyed)
         trainer.train_keyed(chunk)
         assert trainer.result.rows == 0 and len(trainer.result.deltas) == 1
@@ -183,7 +187,11 @@ def test_a_crash_after_a_delta_retrains_only_what_no_published_delta_holds(kafka
         crashed._follow_current()
         lv = crashed.loaded
         reading = Reading(lv.schema, poll_s=0.2, once=True, batch_rows=16)
-        keyed = (c for c in sources.open_source(spec, reading, "kafka", crashed.ledger).chunks() if c.keyed)
+        keyed = (
+            c
+            for c in sources.open_source(spec, reading, "kafka", crashed.ledger).chunks()
+            if isinstance(c, sources.KeyedChunk)
+        )
         for _ in range(4):
             crashed.train_keyed(next(keyed))
         crashed.cut()

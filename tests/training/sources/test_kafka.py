@@ -18,9 +18,10 @@ from training.sources.ledger import Ledger
 SCHEMA = load_schema(ROOT / "data/schemas/criteo.yaml")
 
 
-def _read(spec: str, ledger: Ledger, **kw) -> list[sources.Chunk]:
+def _read(spec: str, ledger: Ledger, **kw) -> list[sources.KeyedChunk]:
     reading = Reading(SCHEMA, poll_s=0.2, once=True, **kw)
-    return [c for c in sources.open_source(spec, reading, "kafka", ledger).chunks() if c.keyed]
+    chunks = sources.open_source(spec, reading, "kafka", ledger).chunks()
+    return [c for c in chunks if isinstance(c, sources.KeyedChunk)]
 
 
 def test_chunks_lie_at_their_offsets_and_resume_where_the_ledger_says(kafka, tmp_path):  # noqa: F811
@@ -58,6 +59,20 @@ def test_a_rank_reads_its_share_of_the_partitions(kafka, tmp_path):  # noqa: F81
     spec = f"kafka://{kafka.bootstrap}/{topic}"
     units = [{c.start.unit for c in _read(spec, Ledger(tmp_path / f"{r}.json"), part=(r, 2))} for r in (0, 1)]
     assert units == [{f"{topic}/0", f"{topic}/2"}, {f"{topic}/1", f"{topic}/3"}]
+
+
+def test_the_source_lists_its_partitions_as_typed_parts_with_their_resume_positions(kafka, tmp_path):
+    topic = kafka.create_topic("source-parts", 3)
+    ledger = Ledger(tmp_path / "l.json")
+    source = sources.open_source(f"kafka://{kafka.bootstrap}/{topic}", Reading(SCHEMA), "kafka", ledger)
+    parts = source.list_parts()
+    assert parts == [sources.Part(f"{topic}/{p}", p) for p in range(3)]
+    assert sources.share(parts, 1, 2) == [parts[1]]  # what rank 1 of 2 reads (and ranks.Ranks.take)
+    ledger.resume({f"{topic}/2": 7})
+    assert [p.resume(ledger) for p in parts] == [
+        sources.Position(f"{topic}/{p}", r) for p, r in ((0, 0), (1, 0), (2, 7))
+    ]
+    assert sources.get("kafka").keyed  # its chunks are keyed samples, whatever flag named it
 
 
 def test_a_spec_without_a_topic_and_a_missing_topic_are_refused(kafka, tmp_path):  # noqa: F811

@@ -53,6 +53,17 @@ def test_files_name_the_file_and_row_of_every_chunk(tmp_path) -> None:
     )
 
 
+def test_chunks_are_one_kind_per_class_and_keyedness_is_the_kinds() -> None:
+    assert not sources.get("files").keyed and not sources.get("watch").keyed and sources.get("kafka").keyed
+    assert isinstance(sources.TICK, sources.TableChunk) and sources.TICK.rows == 0
+    chunk = sources.TableChunk(stream.read(SAMPLE, SCHEMA, limit=5), sources.Position("a.csv", 10), last=True)
+    assert (chunk.rows, chunk.stop) == (5, sources.Position("a.csv", 15))
+    assert not hasattr(chunk, "keyed") and not hasattr(sources.KeyedChunk, "table")
+    parts = [sources.Part(f"t/{p}", p) for p in range(5)]
+    assert [sources.share(parts, r, 2) for r in (0, 1)] == [parts[0::2], parts[1::2]]
+    assert sources.open_source(str(SAMPLE), Reading(SCHEMA), default="files").list_parts() == []
+
+
 def test_epochs_refuse_an_unbounded_source(tmp_path) -> None:
     endless = sources.SourceKind("endless", lambda where, reading, ledger: _Endless())
     sources.register(endless)
