@@ -99,13 +99,36 @@ def wrong_role(name: str, unknown: list[str]) -> str:
     )
 
 
+FORMER_FLAGS: dict[tuple[str, str], str] = {
+    ("train", "--sparse-optimizer"): "renamed --optimizer",
+    (
+        "worker",
+        "--staleness",
+    ): "gone: the worker only reads (the staleness bound is `recserve train --staleness`)",
+    ("worker", "--admin-token-file"): "gone: the worker only reads, so it holds no admin token",
+}
+"""Flags a command had in an earlier release (CHANGELOG.md): refused saying what became of them."""
+
+
+def former_flags(name: str, unknown: list[str]) -> str:
+    """Why flags ``unknown`` to ``recserve name`` are refused, where they are ``FORMER_FLAGS``; ""
+    otherwise."""
+    said = [
+        f"{f}: {FORMER_FLAGS[name, f]}"
+        for f in (a.split("=", 1)[0] for a in unknown)
+        if (name, f) in FORMER_FLAGS
+    ]
+    return "; ".join(f"{s} (`recserve {name}`)" for s in said)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if a in COMMANDS), None)
     parser = build_parser(only=chosen)
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # exits 2, naming the role a flag belongs to where it is another role's
-        parser.error(wrong_role(args.command, unknown) or f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # exits 2, naming the role a flag belongs to, or what became of a former flag
+        why = wrong_role(args.command, unknown) or former_flags(args.command, unknown)
+        parser.error(why or f"unrecognized arguments: {' '.join(unknown)}")
     return run_command(args.command, args)
 
 

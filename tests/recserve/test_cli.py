@@ -88,6 +88,21 @@ def test_a_flag_of_the_other_role_is_refused_naming_the_role_it_belongs_to(capsy
     assert "needs MODEL_DIR" in capsys.readouterr().err
 
 
+def test_a_former_flag_is_refused_saying_what_became_of_it(capsys):
+    """Flags of an earlier release (CHANGELOG.md) exit 2 naming the new spelling or why they went,
+    not a bare "unrecognized arguments"."""
+    refused = [
+        (["train", "--sparse-optimizer", "sgd"], "--sparse-optimizer: renamed --optimizer (`recserve train`)"),
+        (["train", "--sparse-optimizer=sgd"], "--sparse-optimizer: renamed --optimizer"),
+        (["worker", "--staleness", "2"], "--staleness: gone: the worker only reads"),
+        (["worker", "--admin-token-file", "t"], "--admin-token-file: gone: the worker only reads"),
+    ]  # fmt: skip
+    for argv, said in refused:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and said in capsys.readouterr().err, argv
+
+
 def test_a_yaml_key_of_a_nested_config_given_at_the_top_says_where_it_goes(tmp_path, capsys):
     (tmp_path / "ps.yaml").write_text("port: 6000\n")  # a PS config before `server:` nested it
     assert main(["ps", "--config", str(tmp_path / "ps.yaml")]) == 2
