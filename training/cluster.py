@@ -66,7 +66,7 @@ class Cluster:
         directory = Path(directory).resolve()  # a PS process has its own working directory
         directory.mkdir(parents=True, exist_ok=True)
         if self.replicated is not None:
-            self.replicated.push(self)
+            self.push_replicated(self.replicated)
         for store in self.stores:
             store.dump_delta(directory) if delta else store.dump(directory)
         if self.addresses:
@@ -75,6 +75,18 @@ class Cluster:
             for address in self.addresses:
                 with PSClient(address, token_file=self.token_file) as client:
                     client.dump(str(directory), delta=delta)
+
+    def push_replicated(self, replicated: Replicated) -> int:
+        """Write the replicated tables' rows changed since the last push into the shards that own
+        them; returns the rows written. Rows that did not get there stay changed for the next push."""
+        data = replicated.push()
+        if not len(data.signs):
+            return 0
+        try:
+            return self.assign(data.signs, data.rows, data.state)
+        except BaseException:
+            replicated.restore(data)
+            raise
 
     def assign(self, signs: np.ndarray, rows: np.ndarray, state: dict[str, np.ndarray]) -> int:
         """Set rows and their optimizer state on the shards that own the signs (distinct), in

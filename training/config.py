@@ -383,6 +383,20 @@ class FollowConfig:
         return (self.stream, "kafka") if self.stream else (self.watch, "watch")
 
     @property
+    def ledger(self) -> Path:
+        """The follow ledger (rank 0's under torchrun: ``training.sources.ledger.ledger_path``):
+        --state, else beside the rows: in the watched directory, or the model's directory for a
+        source that is not one."""
+        if self.state:
+            return Path(self.state)
+        from training import sources
+
+        kind, where = sources.parse(*self.source)
+        return (
+            Path(where) if kind.name == "watch" else Path(self.follow)
+        ) / f".recserve-follow-{self.model}.json"
+
+    @property
     def store(self) -> str:
         """The model-store root: the parent of the model directory."""
         return str(Path(self.follow).parent)

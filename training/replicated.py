@@ -8,9 +8,9 @@ are all-gathered and applied on every rank (signs another rank inserted are inse
 the same deterministic initial row), so the copies stay equal.
 
 The plan never changes what is exported: before every dump of the PS shards (delta, checkpoint,
-version) the rows changed since the last dump are written into the shards that own them with
-their optimizer state (``Cluster.assign``, the PS's Assign RPC). The shards then hold every table,
-and serving never knows how a version was trained.
+version) the rows changed since the last dump (``push``) are written into the shards that own them
+with their optimizer state (``Cluster.dump``, the PS's Assign RPC). The shards then hold every
+table, and serving never knows how a version was trained.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from serving.ps.store import EmbeddingStore
 
 if TYPE_CHECKING:
     from serving.ps.config import StoreConfig
-    from training.cluster import Cluster
 
 
 class Replicated:
@@ -94,16 +93,14 @@ class Replicated:
             )
         return mine
 
-    def push(self, cluster: Cluster) -> int:
-        """Write the rows changed since the last push into the PS shards; returns rows written."""
-        data = self.store.cut_delta()
-        if not len(data.signs):
-            return 0
-        try:
-            return cluster.assign(data.signs, data.rows, data.state)
-        except BaseException:
-            self.store.restore_delta(data)
-            raise
+    def push(self) -> ShardData:
+        """The rows changed since the last push, with their optimizer state, for the cluster to
+        write into the PS shards that own them (``Cluster.dump``); ``restore`` them if it cannot."""
+        return self.store.cut_delta()
+
+    def restore(self, data: ShardData) -> None:
+        """Rows ``push`` gave that did not reach the shards: changed again, for the next push."""
+        self.store.restore_delta(data)
 
     def load(self, directory: str | Path, local: np.ndarray) -> int:
         """Take the rows of the replicated slots (``local``: bool per slot id) from a full dump

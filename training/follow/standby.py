@@ -22,18 +22,35 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from serving.priority import loading_priority
 
 if TYPE_CHECKING:
-    from training.follow.trainer import FollowTrainer
+    from training.config import FollowConfig
+    from training.follow.book import StreamBook
+    from training.follow.types import Loaded
 
 log = logging.getLogger("recserve.train.follow")
 
 LOCK = ".follow.lock"
 POLL_S = 0.1
 """How often a standby looks for the lock and for new deltas."""
+
+
+class Standing(Protocol):
+    """What ``stand_by`` needs of a trainer (``training.follow.trainer.FollowTrainer``): its config,
+    book and loaded version, and the two verbs of a standby."""
+
+    @property
+    def cfg(self) -> FollowConfig: ...
+    @property
+    def book(self) -> StreamBook: ...
+    @property
+    def loaded(self) -> Loaded | None: ...
+
+    def keep_up(self) -> int: ...
+    def take_over(self) -> None: ...
 
 
 class FollowLock:
@@ -68,7 +85,7 @@ class FollowLock:
         self._fd, self.held = -1, False
 
 
-def stand_by(trainer: FollowTrainer, lock: FollowLock, stop: threading.Event) -> bool:
+def stand_by(trainer: Standing, lock: FollowLock, stop: threading.Event) -> bool:
     """Keep ``trainer`` at the newest delta until ``lock`` is ours (True: train on) or ``stop``
     (False: nothing was trained or written)."""
     gauge = None

@@ -86,7 +86,7 @@ class FollowTrainer:
             raise ValueError("torchrun ranks split a stream's partitions (--stream); --watch is one process")
         if self.job.world > 1 and cfg.full_every:
             raise ValueError("--full-every: full versions are written by one process, not under torchrun")
-        self.ledger = Ledger(ledger_path(cfg, self.job.rank, self.job.world))
+        self.ledger = Ledger(ledger_path(cfg.ledger, self.job.rank, self.job.world))
         self.loaded: Loaded | None = None
         self.result = FollowResult()
         self._changed = False  # rows trained since the last delta

@@ -13,12 +13,8 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from training.sources.types import TableChunk
-
-if TYPE_CHECKING:
-    from training.config import FollowConfig
 
 
 class Ledger:
@@ -97,16 +93,7 @@ class Ledger:
             raise ValueError(f"{self.path}: unreadable follow ledger ({e}); move it away") from e
 
 
-def ledger_path(cfg: FollowConfig, rank: int = 0, world: int = 1) -> Path:
-    """--state, else beside the rows: in the watched directory, or the model's directory for a
-    source that is not one; with ranks, one per rank (``-rank<r>`` before the suffix)."""
-    if cfg.state:
-        path = Path(cfg.state)
-    else:
-        from training import sources
-
-        kind, where = sources.parse(*cfg.source)
-        path = (
-            Path(where) if kind.name == "watch" else Path(cfg.follow)
-        ) / f".recserve-follow-{cfg.model}.json"
+def ledger_path(path: Path, rank: int = 0, world: int = 1) -> Path:
+    """The ledger of ``rank``: ``path`` itself (``FollowConfig.ledger``), or with ranks one per rank
+    (``-rank<r>`` before the suffix)."""
     return path.with_name(f"{path.stem}-rank{rank}{path.suffix}") if world > 1 else path

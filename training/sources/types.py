@@ -20,7 +20,13 @@ if TYPE_CHECKING:
 
     from features.batch import CompactBatch
     from stream.sample_batch import Samples
-    from training.sources.ledger import Ledger
+
+
+class Consumed(Protocol):
+    """What a resume reads of a ledger (``training.sources.ledger.Ledger``, which records chunks
+    of these nouns): the rows consumed of a unit."""
+
+    def row(self, unit: str) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,7 @@ class Part:
     index: int
     """Its number in the source (a partition's number): rank r of w reads those with index % w == r."""
 
-    def resume(self, ledger: Ledger) -> Position:
+    def resume(self, ledger: Consumed) -> Position:
         """Where reading it resumes: the ledger's row (a stream's offset; 0: from its start)."""
         return Position(self.unit, ledger.row(self.unit))
 
