@@ -22,10 +22,12 @@ def _shard_data(kind: str, shard: int, version: str, signs: np.ndarray, rows: np
                 qparams: np.ndarray | None = None, dtype: str = "float32"):  # fmt: skip
     from model_store.meta import ShardMeta
     from model_store.shards import ShardData
+    from serving.ps.optim import OptimizerSpec
+    from serving.ps.spec import TableSpec
 
     n = len(signs)
     meta = ShardMeta(kind=kind, shard=shard, num_shards=SHARDS, state=[], version=version,
-                     table={"dim": DIM, "dtype": "float32", "optimizer": {"name": "sgd"}},
+                     table=TableSpec(dim=DIM, optimizer=OptimizerSpec("sgd")).to_json(),
                      delta_seq=0 if kind == "delta" else -1,
                      base_version=version if kind == "delta" else "",
                      row_dtype="" if dtype == "float32" else dtype)  # fmt: skip
@@ -102,20 +104,23 @@ def build_version(root: Path, rows: int, seed: int, dtype: str = "float32") -> t
 
 
 def write_delta(root: Path, version: str, sample: np.ndarray, rows: int) -> Path:
+    """Delta 0 of ``version``: ``rows`` rows a shard (some of ``sample``'s signs, the rest new),
+    cut as every delta is (``serving.ps.deltas.DeltaCut``); its directory."""
     import model_store as ms
     from features.hashing import shard_of
+    from serving.ps.deltas import DeltaCut
 
-    vdir = ms.version_dir(root, MODEL, version)
-    ddir = ms.delta_dir(vdir, 0)
     rng = np.random.default_rng(7)
-    for shard in range(SHARDS):
-        mine = unique_signs(sample[shard_of(sample, SHARDS) == shard])
-        extra = rng.integers(1, 2**63, rows, dtype=np.uint64)
-        signs = unique_signs(np.concatenate([mine, extra[shard_of(extra, SHARDS) == shard]]))[:rows]
-        rows_ = np.full((len(signs), DIM), 0.5, np.float32)
-        ms.shards.write_shard(ddir, _shard_data("delta", shard, version, signs, rows_))
-    ms.mark_done(ddir)
-    return ddir
+
+    def dump(ddir: Path) -> None:
+        for shard in range(SHARDS):
+            mine = unique_signs(sample[shard_of(sample, SHARDS) == shard])
+            extra = rng.integers(1, 2**63, rows, dtype=np.uint64)
+            signs = unique_signs(np.concatenate([mine, extra[shard_of(extra, SHARDS) == shard]]))[:rows]
+            rows_ = np.full((len(signs), DIM), 0.5, np.float32)
+            ms.shards.write_shard(ddir, _shard_data("delta", shard, version, signs, rows_))
+
+    return DeltaCut.write(ms.version_dir(root, MODEL, version), 0, dump)
 
 
 def reuse(root: Path, rows: int):

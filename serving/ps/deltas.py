@@ -1,16 +1,20 @@
-"""Write deltas into a model-store version from outside a training run.
+"""Cutting deltas into a model-store version: ``DeltaCut``, the one sequence every delta writer
+follows (the streaming trainer, rank 0 of a streaming job, ``DeltaWriter``), and ``DeltaWriter``,
+which writes deltas from outside a training run.
 
 ``DeltaWriter`` loads a version's embedding shards into in-process stores (one per shard, routed
 like the PS), lets the caller change rows (``assign``) and cuts each change set as the next
 ``deltas/<seq>/`` of that version: every shard's delta, then the delta's ``_SUCCESS``. It starts
 from what serving holds: the full dump plus the version's existing deltas, in order. The serving
-PS shards following the model apply it within their poll interval. Used by the demo, the
-hot-swap benchmark and the tests; continuous training (``recserve train --follow``) writes the
-same layout.
+PS shards following the model apply it within their poll interval. Used by the hot-swap
+benchmarks and the tests; continuous training (``recserve train --follow``) cuts through the same
+``DeltaCut``.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +22,79 @@ import numpy as np
 import model_store as ms
 from features.hashing import shard_of
 from serving.notices import Announcer, announce
+
+Step = Callable[[Path], None]
+"""A step of a cut that writes into the delta's directory."""
+
+
+class DeltaCut:
+    """One delta into a served version (``vdir``), as numbered steps:
+
+    0. ``due``: ``interval_s`` passed since the last cut began (``begin``); ``empty``: no row
+       changed and the stream did not move, so there is nothing to publish.
+    1. flush: every sparse update applied to the shards (the caller's ``flush``).
+    2. dump: every shard's rows changed since the last delta into ``deltas/<seq>/`` (``dump``),
+       after refusing a ``<seq>`` another writer finished (one delta writer per version; a
+       directory without ``_SUCCESS`` was never loaded by anyone, and the dump replaces it).
+    3. encode: the rows in the version's serving dtype (``model_store.shards.encode_delta``).
+    4. record: the delta's ``DELTA.json``, its offsets and trained keys (``record``; a writer
+       without a stream has none).
+    5. done: the delta's ``_SUCCESS``: followers load it from now on.
+    6. announce: on the notice transport (``serving.notices``), at once where followers listen.
+    7. commit: the ledger of what was trained (``commit``), only once the delta is published.
+
+    ``commit`` runs them all in one process; a job of ranks runs 1 and 7 on every rank and 2-6 on
+    rank 0 (``write``, ``announce``; ``training.follow.ranks.cut_together``).
+    """
+
+    def __init__(self, interval_s: float = 0.0, announcer: Announcer | None = None,
+                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
+        self.interval_s = interval_s
+        self.announcer = announcer
+        self.clock = clock
+        self.last = clock()
+
+    def due(self) -> bool:
+        return self.clock() - self.last >= self.interval_s
+
+    @staticmethod
+    def empty(changed: bool, moved: bool) -> bool:
+        return not changed and not moved
+
+    def begin(self) -> None:
+        """A cut starts: the next is due ``interval_s`` from now."""
+        self.last = self.clock()
+
+    @staticmethod
+    def write(vdir: Path, seq: int, dump: Step, record: Step | None = None) -> Path:
+        """Steps 2-5: delta ``seq`` of ``vdir`` dumped, encoded, recorded and done; its directory."""
+        ddir = ms.delta_dir(vdir, seq)
+        if (ddir / ms.SUCCESS).exists():
+            raise ms.ModelStoreError(f"{ddir} was written by someone else: one delta writer per version")
+        dump(ddir)
+        ms.shards.encode_delta(ddir, vdir)  # in the version's serving dtype
+        if record is not None:
+            record(ddir)
+        ms.mark_done(ddir)
+        return ddir
+
+    def announce(self, vdir: Path, seq: int) -> float:
+        """Step 6: tell serving of delta ``seq``; returns the time its ``_SUCCESS`` was written."""
+        written = (ms.delta_dir(vdir, seq) / ms.SUCCESS).stat().st_mtime
+        announce(self.announcer, vdir.parent, vdir.name, seq, written)
+        return written
+
+    def commit(self, vdir: Path, seq: int, dump: Step, *, flush: Callable[[], None] | None = None,
+               record: Step | None = None, commit: Callable[[], None] | None = None) -> Path:  # fmt: skip
+        """Steps 1-7 in one process; the delta's directory."""
+        self.begin()
+        if flush is not None:
+            flush()
+        ddir = self.write(vdir, seq, dump, record)
+        self.announce(vdir, seq)
+        if commit is not None:
+            commit()
+        return ddir
 
 
 class DeltaWriter:
@@ -68,26 +145,16 @@ class DeltaWriter:
             if mask.any():
                 store.assign(signs[mask], rows[mask])
 
-    def publish(self, announcer: Announcer | None = None) -> tuple[int, Path, float]:
-        """Cut the changes so far as the next delta and mark it done (``cut``, then ``done``);
-        returns (seq, its directory, the time its ``_SUCCESS`` was written)."""
-        seq, ddir = self.cut()
-        return seq, ddir, self.done(seq, ddir, announcer)
-
-    def cut(self) -> tuple[int, Path]:
-        """Write the changes so far as the next delta's parts, without its ``_SUCCESS``: no follower
-        reads it yet. Returns (seq, its directory)."""
+    def publish(
+        self, announcer: Announcer | None = None, record: Step | None = None
+    ) -> tuple[int, Path, float]:
+        """Cut the changes so far as the next delta, mark it done and announce it (``DeltaCut``;
+        ``record``: step 4, before its ``_SUCCESS``); returns (seq, its directory, the time its
+        ``_SUCCESS`` was written)."""
         seq = self.stores[0].delta_seq + 1
-        ddir = ms.delta_dir(self.vdir, seq)
+        ddir = DeltaCut(announcer=announcer).commit(self.vdir, seq, self._dump, record=record)
+        return seq, ddir, (ddir / ms.SUCCESS).stat().st_mtime
+
+    def _dump(self, ddir: Path) -> None:
         for store in self.stores:
             store.dump_delta(ddir)
-        ms.shards.encode_delta(ddir, self.vdir)  # in the version's serving dtype
-        return seq, ddir
-
-    def done(self, seq: int, ddir: Path, announcer: Announcer | None = None) -> float:
-        """Write delta ``seq``'s ``_SUCCESS`` and announce it on ``announcer`` (``serving.notices``):
-        followers apply it from now on, at once where they listen. Returns the marker's time."""
-        ms.mark_done(ddir)
-        written = (ddir / ms.SUCCESS).stat().st_mtime
-        announce(announcer, self.vdir.parent, self.version, seq, written)
-        return written

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-import model_store as ms
+from serving.ps.deltas import DeltaCut
 from training import ranks
 from training.follow.types import Share
 from training.sources import TICK, Chunk, Part, share
@@ -136,17 +136,10 @@ def cut_together(job: Ranks, cluster: Cluster, vdir: Path, book: StreamBook, led
     if job.rank == 0:
         try:
             positions = merge_shares(book, shares)
-            if any(s.changed for s in shares) or book.moved(positions):
-                seq = job.seq + 1
-                ddir = ms.delta_dir(vdir, seq)
-                if (ddir / ms.SUCCESS).exists():
-                    raise ms.ModelStoreError(
-                        f"{ddir} was written by someone else: one delta writer per version"
-                    )
-                cluster.dump(ddir, delta=True)  # every shard's rows changed by every rank
-                ms.shards.encode_delta(ddir, vdir)
-                book.write(ddir, positions)
-                ms.mark_done(ddir)
+            if not DeltaCut.empty(any(s.changed for s in shares), book.moved(positions)):
+                seq = job.seq + 1  # steps 2-5 of the one cut; every rank flushed (1), commits (7)
+                DeltaCut.write(vdir, seq, lambda d: cluster.dump(d, delta=True),  # every rank's rows
+                               record=lambda d: book.write(d, positions))  # fmt: skip
                 outcome = (seq, "")
         except Exception as e:  # the other ranks wait for the outcome: tell them, then fail
             outcome = (None, f"{type(e).__name__}: {e}")

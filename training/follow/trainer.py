@@ -51,6 +51,7 @@ import model_store as ms
 from features.schema import load_schema
 from features.transform import FeatureError, transform
 from serving import memory, notices
+from serving.ps.deltas import DeltaCut
 from training import data, sources
 from training.config import FollowConfig
 from training.ctx import DenseOptimizer, TrainCtx
@@ -90,7 +91,6 @@ class FollowTrainer:
         self.loaded: Loaded | None = None
         self.result = FollowResult()
         self._changed = False  # rows trained since the last delta
-        self._last_cut = clock()
         self._loss = nn.BCEWithLogitsLoss()
         self._refused: set[str] = set()  # versions CURRENT named that could not be loaded
         self.book = StreamBook(cfg.source[0], kind.keyed, cfg.dedup_window_s)  # keys, scores, counts
@@ -100,6 +100,7 @@ class FollowTrainer:
         self.keyed = KeyedSteps(self.book, self.ledger, cfg.batch_size)
         self._first_rows: float | None = None  # when the first rows were read
         self.announcer = notices.announcer(cfg.announce)  # each delta's _SUCCESS, told to serving
+        self.cutter = DeltaCut(cfg.delta_interval_s, self.announcer, clock)  # the one delta cut
         self.lock: FollowLock | None = None  # held while writing deltas (training/follow/standby.py)
 
     # ---- loop ------------------------------------------------------------------------------------
@@ -177,7 +178,7 @@ class FollowTrainer:
         self.book.resume(lv.vdir, self.ledger)
         if self.full is not None:
             self.full.restart()
-        self._last_cut = self.clock()
+        self.cutter.begin()
 
     def _follow_current(self, cut: bool = True) -> None:
         """Load CURRENT's version at the start; later, move to a new CURRENT (``cut``: the last
@@ -270,7 +271,7 @@ class FollowTrainer:
             self._changed = True
 
     def _cut_due(self) -> bool:
-        return self.clock() - self._last_cut >= self.cfg.delta_interval_s
+        return self.cutter.due()
 
     def _forward(self, lv: Loaded, batch) -> torch.Tensor:
         """The step's logits; with full versions, the batch is scored by the served network too."""
@@ -300,35 +301,30 @@ class FollowTrainer:
 
     def cut(self) -> int | None:
         """Cut the rows changed since the last delta as the version's next delta and commit the
-        ledger; returns its seq (None: nothing changed)."""
+        ledger (``serving.ps.deltas.DeltaCut``'s steps); returns its seq (None: nothing changed)."""
         lv = self.loaded
         if lv is None:
             return None
         self.step_keyed()  # what was handed over is in the delta
-        self._last_cut = self.clock()
-        lv.ctx.flush()  # every sparse update applied before the dump
         if self.job.world > 1:
+            self.cutter.begin()
+            lv.ctx.flush()  # every sparse update applied before the dump
             seq = cut_together(self.job, lv.cluster, lv.vdir, self.book, self.ledger, self._changed)
             self._changed = False
             self.result.deltas += [(lv.version, seq)] if seq is not None else []
             if seq is not None and self.job.rank == 0:
-                self._announce(lv.vdir, lv.version, seq, ms.delta_dir(lv.vdir, seq) / ms.SUCCESS)
+                self.cutter.announce(lv.vdir, seq)
             return seq
-        if not self._changed and not self.book.moved(self.ledger.positions()):
+        if DeltaCut.empty(self._changed, self.book.moved(self.ledger.positions())):
+            self.cutter.begin()
+            lv.ctx.flush()
             self.ledger.commit()  # e.g. unreadable files: nothing to publish, but remember them
             return None
         seq = lv.cluster.stores[0].delta_seq + 1
-        ddir = ms.delta_dir(lv.vdir, seq)
-        # a delta directory without _SUCCESS (a crashed writer) was never loaded by anyone: the
-        # dump replaces its shard directories; one with _SUCCESS is not ours to overwrite
-        if (ddir / ms.SUCCESS).exists():
-            raise ms.ModelStoreError(f"{ddir} was written by someone else: one delta writer per version")
-        lv.cluster.dump(ddir, delta=True)
-        ms.shards.encode_delta(ddir, lv.vdir)  # in the version's serving dtype
-        self.book.write(ddir, self.ledger.positions())
-        ms.mark_done(ddir)
-        self._announce(lv.vdir, lv.version, seq, ddir / ms.SUCCESS)
-        self.ledger.commit()
+        ddir = self.cutter.commit(
+            lv.vdir, seq, lambda d: lv.cluster.dump(d, delta=True), flush=lv.ctx.flush,
+            record=lambda d: self.book.write(d, self.ledger.positions()), commit=self.ledger.commit,
+        )  # fmt: skip
         self._changed = False
         self.result.deltas.append((lv.version, seq))
         log.info("delta %s/%d cut: %s", lv.version, seq, ddir)

@@ -90,10 +90,12 @@ def test_corrupt_delta_is_refused_and_serving_continues(live):
     before, versions = _score(client)
     writer = DeltaWriter(root, "criteo")
     writer.assign(writer.signs()[:100], np.full((100, writer.dim), 9.0, np.float32))
-    seq, ddir = writer.cut()  # corrupt before its _SUCCESS: the shards read a delta at its notice
-    victim = next(ddir.rglob("rows.npy"))
-    victim.write_bytes(victim.read_bytes()[:-4] + b"\xff\xff\xff\xff")
-    writer.done(seq, ddir)
+
+    def corrupt(ddir: Path) -> None:  # before its _SUCCESS: the shards read a delta at its notice
+        victim = next(ddir.rglob("rows.npy"))
+        victim.write_bytes(victim.read_bytes()[:-4] + b"\xff\xff\xff\xff")
+
+    seq, _, _ = writer.publish(record=corrupt)
     logs = sorted((Path(stack.run_dir) / "logs").glob("ps*.log"))
     refused = f"delta {seq} of version 1 refused"  # by every shard: one part is corrupt, all refuse
     wait_until(lambda: all(refused in log.read_text() for log in logs), 30, f"'{refused}' in {logs}")
