@@ -46,7 +46,7 @@ class RecserveHandler:
         config = ScoringConfig.from_dict(json.loads((model_dir / "scoring.json").read_text()))
         with loading_priority():  # a version loading beside a serving one yields the CPU to it
             self.scorer = Scorer(config)
-        if "local" in self.scorer.lookup_modes:  # its co-located shards' followers share the GIL
+        if "colocated" in self.scorer.lookup_modes:  # its co-located shards' followers share the GIL
             share_gil_with_followers()
         if config.log_impressions:
             from serving.scoring.impressions import ImpressionLog

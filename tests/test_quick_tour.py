@@ -50,7 +50,7 @@ def test_quick_tour_runs_as_printed(tmp_path, readme_ports):
     assert len(heads) >= 2 and all(0.0 < x < 1.0 for x in heads), outputs["score"]
     assert '"embedding": "1"' in outputs["score"] and '"dense": "1"' in outputs["score"]
     assert re.search(r"^\*\s+1\s+ok", outputs["versions"], re.M)
-    assert "lookups      shard 0 local, shard 1 local (TorchServe's handler)" in outputs["versions"], outputs[
+    assert "lookups      shard 0 colocated, shard 1 colocated (TorchServe's handler)" in outputs["versions"], outputs[
         "versions"
     ]  # `up` picks co-located lookups: the version's files are on this host
     runtime = model_store.read_manifest(tmp_path / "store" / "criteo" / "1").dense_runtime.default  # type: ignore[union-attr]

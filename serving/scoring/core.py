@@ -89,7 +89,7 @@ class Scorer:
 
     @property
     def lookup_modes(self) -> list[str]:
-        """Per embedding shard, where its rows are read: "local" (mapped here) or "remote"."""
+        """Per embedding shard, where its rows are read: "colocated" (mapped here) or "remote"."""
         return self.lookups.modes
 
     def warmup(self, rounds: int = 3, patience_s: float = 60.0) -> None:

@@ -22,7 +22,7 @@ log = logging.getLogger("recserve.scoring")
 
 class Lookups:
     """The embedding worker of one scorer (a worker process's client, or the worker library over
-    its shards in this process) and where each shard's rows are read ("local" or "remote")."""
+    its shards in this process) and where each shard's rows are read ("colocated" or "remote")."""
 
     def __init__(self, worker: Any, modes: list[str], notices: Notices | None = None):
         """``notices``: opened for this scorer's co-located shards, closed with it."""
@@ -51,7 +51,7 @@ class Lookups:
             if own is not None:
                 own.close()
             raise
-        if own is not None and "local" not in modes:  # nothing here follows it
+        if own is not None and "colocated" not in modes:  # nothing here follows it
             own.close()
             own = None
         return cls(worker, modes, own)
@@ -60,7 +60,7 @@ class Lookups:
     def over(cls, worker: Any) -> Lookups:
         """Lookups through a worker built elsewhere (a test's, a benchmark's)."""
         shards = getattr(worker, "shards", [worker])
-        return cls(worker, ["local" if getattr(s, "local", False) else "remote" for s in shards])
+        return cls(worker, ["colocated" if getattr(s, "local", False) else "remote" for s in shards])
 
     def forward(self, request: Request, version: str) -> ForwardResult:
         """The pooled rows of ``request``, read from embedding ``version``; a ``LookupFailed``
@@ -84,7 +84,7 @@ class Lookups:
 def lookup_backend(config: ScoringConfig, schema: Schema, manifest: VersionManifest,
                    notices: Notices | None = None) -> tuple[Any, list[str]]:  # fmt: skip
     """The embedding worker this scorer calls (a client of the worker process, or the worker
-    library over its shards) and, per shard, "local" or "remote" (``ScoringConfig.lookups``)."""
+    library over its shards) and, per shard, "colocated" or "remote" (``ScoringConfig.lookups``)."""
     from serving.rpc.tls import ClientTLS
     from serving.worker.colocated import ColocatedShard, has_local_files
     from serving.worker.replicas import connect_shard, parse_ps_spec
@@ -127,4 +127,4 @@ def lookup_backend(config: ScoringConfig, schema: Schema, manifest: VersionManif
         for b in backends:
             b.close()
         raise
-    return worker, ["local" if here else "remote" for here in local]
+    return worker, ["colocated" if here else "remote" for here in local]

@@ -2,7 +2,9 @@
 light (no numpy, no torch), so the TorchServe metrics config and the stack's status read them
 without loading the scoring core."""
 
-LOOKUP_MODES = ("local", "remote")
+LOOKUP_MODES = ("colocated", "remote")
+FORMER_LOOKUP_MODES = {"local": "colocated"}
+"""Words that named a mode before (until 0.1: ``local``), accepted where they are read back."""
 """Where one shard's rows are read (what ``ScoringConfig.lookups`` chose for it): mapped in this
 process, or through the worker / PS shards."""
 LOOKUP_MODE = "recserve_scoring_lookup_mode"

@@ -37,7 +37,7 @@ def lookup_modes(metrics_address: str, timeout_s: float = 2.0) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
     from serving.scoring.impressions import DROPPED, LOGGED
-    from serving.scoring.names import DENSE_DEVICE, DENSE_RUNTIME, LOOKUP_MODE
+    from serving.scoring.names import DENSE_DEVICE, DENSE_RUNTIME, FORMER_LOOKUP_MODES, LOOKUP_MODE
 
     try:
         with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=timeout_s) as r:
@@ -56,7 +56,8 @@ def lookup_modes(metrics_address: str, timeout_s: float = 2.0) -> dict:
         if family.name == LOOKUP_MODE:
             for sample in family.samples:
                 if sample.value == 1:
-                    modes.setdefault(int(sample.labels["shard"]), set()).add(sample.labels["mode"])
+                    mode = FORMER_LOOKUP_MODES.get(sample.labels["mode"], sample.labels["mode"])  # an older process's
+                    modes.setdefault(int(sample.labels["shard"]), set()).add(mode)
         elif family.name == DENSE_RUNTIME:
             runtimes |= {sample.labels["runtime"] for sample in family.samples if sample.value == 1}
         elif family.name == DENSE_DEVICE:

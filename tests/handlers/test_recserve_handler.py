@@ -43,7 +43,7 @@ def test_a_worker_with_colocated_shards_hands_the_gil_over_every_half_millisecon
     get it back from a co-located shard's follower in the middle of a merge: 0.5 ms, not 5."""
     from serving.priority import FOLLOW_SWITCH_S
 
-    assert handler.scorer.lookup_modes == ["local", "local"]
+    assert handler.scorer.lookup_modes == ["colocated", "colocated"]
     assert handler.switch_s == pytest.approx(FOLLOW_SWITCH_S) == 0.0005
 
 
@@ -90,20 +90,12 @@ def test_a_batch_of_refused_requests_only(handler):
     assert all(r["error"] for r in replies)
 
 
-@pytest.fixture(scope="module")
-def kafka():
-    from loadtest import mockbroker
-
-    with mockbroker.running() as broker:
-        yield broker
-
-
 def test_the_handler_logs_each_request_once_with_its_request_id(trained, kafka, tmp_path):
     """The request loop's impression log under TorchServe's handler, as under ``recserve serve``
     (tests/serving/scoring/test_impressions.py): X-Request-Id honoured, else generated and
     answered; each request logged once with the bytes it was scored on and its reply's scores."""
     from features.codec import encode
-    from tests.serving.scoring.test_impressions import consume
+    from tests.serving.helpers import consume_impressions
 
     topic = kafka.create_topic("handler-imps")
     scoring = {"version_dir": str(trained[1].version_dir), "lookups": "colocated",
@@ -120,7 +112,7 @@ def test_the_handler_logs_each_request_once_with_its_request_id(trained, kafka, 
         payloads = h.handle([{"body": b} for b in bodies], context)
         rids = [context.get_response_headers(i)["X-Request-Id"] for i in range(len(bodies))]
         assert rids[0] == "client-0" and all(len(r) == 32 for r in rids[1:]) and len(set(rids)) == 3
-        logged = {imp.request_id: imp for imp in consume(kafka.bootstrap, topic, len(bodies))}
+        logged = {imp.request_id: imp for imp in consume_impressions(kafka.bootstrap, topic, len(bodies))}
         assert sorted(logged) == sorted(rids)
         for rid, body, payload in zip(rids, bodies, payloads, strict=True):
             imp, reply = logged[rid], orjson.loads(payload)

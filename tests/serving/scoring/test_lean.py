@@ -74,7 +74,7 @@ def test_nothing_published_is_a_503_naming_why_then_the_published_version_serves
     assert orjson.loads(_get(port, "/ping")[1]) == {
         "status": "Healthy",
         "version": "1",
-        "lookups": ["local", "local"],
+        "lookups": ["colocated", "colocated"],
     }
 
 
@@ -140,7 +140,7 @@ def test_scores_like_offline_with_the_core_statuses_and_its_token(lean):
             payload,
         )
     metrics = _get(port, "/metrics")[1].decode()
-    assert 'recserve_scoring_lookup_mode{mode="local",shard="0"} 1.0' in metrics
+    assert 'recserve_scoring_lookup_mode{mode="colocated",shard="0"} 1.0' in metrics
     assert 'recserve_scoring_lookup_mode{mode="remote",shard="1"} 0.0' in metrics
     runtime = ms.read_manifest(ms.version_dir(root, "criteo", "1")).dense_runtime.default  # type: ignore[union-attr]
     other = next(r for r in ("torchscript", "onnx") if r != runtime)

@@ -23,7 +23,7 @@ def metrics(tmp_path, flush_s: float) -> ScoringMetrics:
     cache = MetricsCacheYamlImpl(str(write_metrics_config(tmp_path / "metrics.yaml")))
     cache.initialize_cache()
     return ScoringMetrics(
-        SimpleNamespace(metrics=cache, model_name="criteo"), "3", ["local"], "onnx", flush_s
+        SimpleNamespace(metrics=cache, model_name="criteo"), "3", ["colocated"], "onnx", flush_s
     )
 
 
@@ -72,7 +72,7 @@ from serving.torchserve.metrics import ScoringMetrics, write_metrics_config
 logging.basicConfig(stream=sys.stdout, format="%(message)s", level=logging.INFO)  # as the worker logs
 cache = MetricsCacheYamlImpl(str(write_metrics_config(__import__("pathlib").Path({str(tmp_path)!r}) / "m.yaml")))
 cache.initialize_cache()
-m = ScoringMetrics(SimpleNamespace(metrics=cache, model_name="criteo"), "3", ["local"], "onnx", 3600)
+m = ScoringMetrics(SimpleNamespace(metrics=cache, model_name="criteo"), "3", ["colocated"], "onnx", 3600)
 m.record(Reply(200, b"{{}}", {{"total": 2.3}}, {{"dense": "3", "embedding": "3"}}))
 sys.exit(1)  # what TorchServe's worker does when its socket closes
 """
@@ -90,7 +90,7 @@ def test_the_dense_device_is_a_gauge_as_recserve_serve_exports_it(tmp_path, capl
     caplog.set_level(logging.INFO)
     cache = MetricsCacheYamlImpl(str(write_metrics_config(tmp_path / "metrics.yaml")))
     cache.initialize_cache()
-    m = ScoringMetrics(SimpleNamespace(metrics=cache, model_name="criteo"), "3", ["local"], "cuda-graphs", 3600,
+    m = ScoringMetrics(SimpleNamespace(metrics=cache, model_name="criteo"), "3", ["colocated"], "cuda-graphs", 3600,
                        device="cuda")  # fmt: skip
     m.close()
     written = lines(caplog, DENSE_DEVICE)

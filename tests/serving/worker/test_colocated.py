@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 
 import numpy as np
-import orjson
 import pytest
 
 import model_store as ms
@@ -16,13 +15,11 @@ from features.schema import load_schema
 from features.transform import transform
 from serving.ps.client import ShardError
 from serving.ps.deltas import DeltaWriter
-from serving.scoring.client import requests_from_file
 from serving.scoring.config import ScoringConfig
 from serving.scoring.core import Scorer
-from serving.scoring.loop import score
 from serving.worker.colocated import ColocatedShard, has_local_files
 from tests.helpers import ps_in_thread, wait_until
-from tests.serving.helpers import TEST
+from tests.serving.helpers import TEST, scored
 
 pytestmark = pytest.mark.slow
 SCHEMA = "data/schemas/criteo.yaml"
@@ -33,23 +30,12 @@ def store(trained):
     return trained[0]
 
 
-def _scores(scorer: Scorer, limit: int = 400) -> tuple[np.ndarray, list[dict]]:
-    scores, versions = [], []
-    for body, ctype in requests_from_file(TEST, SCHEMA, 200, limit):
-        status, payload, *_ = score(scorer, body, ctype)
-        assert status == 200, payload
-        reply = orjson.loads(payload)
-        scores.extend(reply["scores"])
-        versions.append(reply["versions"])
-    return np.array(scores), versions
-
-
 def test_colocated_scorer_scores_like_offline(store):
     vdir = ms.version_dir(store, "criteo", "1")
     scorer = Scorer(ScoringConfig(str(vdir), lookups="colocated"))
     try:
-        assert scorer.lookup_modes == ["local", "local"]
-        scores, versions = _scores(scorer)
+        assert scorer.lookup_modes == ["colocated", "colocated"]
+        scores, versions = scored(scorer)
         offline = np.load(vdir / "eval" / "scores.npy")[: len(scores)]
         assert np.abs(scores - offline).max() <= 1e-6
         assert versions[-1] == {
@@ -66,7 +52,7 @@ def test_a_published_delta_goes_live_in_the_colocated_shards(store):
     vdir = ms.version_dir(store, "criteo", "1")
     scorer = Scorer(ScoringConfig(str(vdir), lookups="auto", poll_s=0.05))
     try:
-        before, versions = _scores(scorer)
+        before, versions = scored(scorer)
         writer = DeltaWriter(store, "criteo")
         schema = load_schema(vdir / "schema.yaml")
         signs = transform(stream.read(TEST, schema, limit=400), schema).signs
@@ -78,7 +64,7 @@ def test_a_published_delta_goes_live_in_the_colocated_shards(store):
             20,
             f"delta {seq} applied",
         )
-        after, versions = _scores(scorer)
+        after, versions = scored(scorer)
         assert {(v["embedding"], v["delta_seq"]) for v in versions} == {("1", seq)}
         assert np.abs(after - before).max() > 1e-3
         own = scorer.lookups.worker.router.split(np.asarray(signs))[0][
@@ -143,13 +129,13 @@ def test_colocated_needs_every_shard_here_and_auto_reads_the_missing_one_remotel
             ScoringConfig(str(vdir), lookups="auto", ps=["127.0.0.1:1", address], worker_timeout_s=10)
         )
         try:
-            assert scorer.lookup_modes == ["local", "remote"]
-            scores, versions = _scores(scorer)
+            assert scorer.lookup_modes == ["colocated", "remote"]
+            scores, versions = scored(scorer)
         finally:
             scorer.close()
     reference = Scorer(ScoringConfig(str(ms.version_dir(store, "criteo", "1")), lookups="colocated"))
     try:  # the same version (and deltas) read wholly in-process
-        expected, expected_versions = _scores(reference)
+        expected, expected_versions = scored(reference)
     finally:
         reference.close()
     assert np.abs(scores - expected).max() <= 1e-6
