@@ -7,7 +7,7 @@ PROTOS := $(wildcard proto/recserve/v1/*.proto)
 GEN    := recserve/v1/.generated
 BENCHES := codec ps train e2e swap faults multihost join trainer
 
-.PHONY: venv proto lint test test-fast demo bench $(addprefix bench-,$(BENCHES)) clean image test-image
+.PHONY: venv proto lint test test-fast demo bench $(addprefix bench-,$(BENCHES)) clean image image-torchserve test-image
 
 venv: $(STAMP)
 
@@ -134,7 +134,11 @@ image: $(STAMP) $(GEN)
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap binutils)
 	bash deploy/image/build.sh
 
-test-image: image
+# The lean image plus Java 17 and TorchServe (components/torchserve's frontend), on top of recserve:latest.
+image-torchserve: image
+	bash deploy/image/build.sh --torchserve
+
+test-image: image image-torchserve
 	bash deploy/image/test.sh
 
 # Training at scale (issue 11): synth files of N and 10N rows streamed through `recserve train`;

@@ -4,7 +4,10 @@
 # are the Kubernetes manifests', none runs TorchServe, so neither it nor Java is in it), then
 # deploy/image/Containerfile installs recserve and its dependencies from wheels built here by pip
 # (torch pinned to the CPU wheel). Tags recserve:latest in buildah's vfs storage.
-#   deploy/image/build.sh [--rebuild-base]
+# With --torchserve (`make image-torchserve`) it builds recserve-torchserve:latest instead: the lean
+# image as it is plus Java 17 and TorchServe (deploy/image/Containerfile.torchserve), for
+# deploy/kubernetes/components/torchserve; recserve:latest must be built first.
+#   deploy/image/build.sh [--rebuild-base | --torchserve]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=(buildah --storage-driver vfs)
@@ -20,6 +23,23 @@ done
 [ "$(id -u)" = 0 ] || { echo "make image needs root (debootstrap, buildah's vfs storage)" >&2; exit 2; }
 mkdir -p build  # the logs and the wheels land here (gitignored: absent on a fresh clone)
 
+wheels() {  # the wheels of recserve (with the extras asked for) and its dependencies, and pip's
+  echo "== wheels: $*"
+  rm -rf build/image/wheels
+  "$PY" -m pip wheel -q --wheel-dir build/image/wheels "$@"
+}
+
+if [ "${1:-}" = --torchserve ]; then
+  "${B[@]}" inspect --type image recserve:latest >/dev/null 2>&1 \
+    || { echo "make image-torchserve builds on recserve:latest: run make image first" >&2; exit 2; }
+  wheels '.[serve]' pip
+  echo "== image: recserve-torchserve:latest (recserve:latest + Java 17 + TorchServe)"
+  "${B[@]}" bud --isolation chroot --layers=false --build-arg LEAN=localhost/recserve:latest \
+    -f deploy/image/Containerfile.torchserve -t recserve-torchserve:latest .
+  "${B[@]}" images --format '{{.Name}}:{{.Tag}} {{.Size}}' recserve-torchserve:latest
+  exit 0
+fi
+
 if [ "${1:-}" = --rebuild-base ] || ! "${B[@]}" inspect --type image "$BASE" >/dev/null 2>&1; then
   echo "== base: debootstrap bookworm ($PACKAGES) from $MIRROR"
   ctr=$("${B[@]}" from scratch)
@@ -34,9 +54,7 @@ if [ "${1:-}" = --rebuild-base ] || ! "${B[@]}" inspect --type image "$BASE" >/d
   trap - EXIT
 fi
 
-echo "== wheels: recserve and its dependencies"
-rm -rf build/image/wheels
-"$PY" -m pip wheel -q --wheel-dir build/image/wheels .
+wheels .
 
 echo "== image: recserve:latest"
 "${B[@]}" bud --isolation chroot --layers=false --build-arg BASE="$BASE" -f deploy/image/Containerfile -t recserve:latest .

@@ -1,9 +1,14 @@
 """`make test-image`, inside the image (``buildah run``): recserve --help, a Parquet file written
 by ``recserve synth`` read back, then train a version on the bundled Criteo split, serve it with
-the lean frontend (token auth on) and score 400 rows through it. Exits non-zero, with the failing step's output, when any step fails."""
+the lean frontend (token auth on) and score 400 rows through it. ``smoke.py torchserve`` (in
+recserve-torchserve) trains the same way, then starts TorchServe's Java frontend with the
+handler's archive of that version (co-located lookups: the handler maps the version's shards) and
+scores 400 rows through it, token auth on. Exits non-zero, with the failing step's output, when
+any step fails."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -13,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 TEST = "data/criteo/wide_resdnn_criteo_test.tsv"
+HANDLER = "/app/handlers/recserve_handler.py"  # where Containerfile.torchserve puts it
 
 
 def run(*argv: str) -> str:
@@ -33,14 +39,56 @@ def parquet_roundtrip(path: Path) -> None:
         sys.exit(f"{path}: read {rows} rows back, wrote 1000")
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scored(out: str) -> None:
+    if out.count(": 200 scores") != 2:
+        sys.exit(f"recserve score did not get two replies of 200 scores:\n{out[-3000:]}")
+
+
+def torchserve(store: Path) -> None:
+    """TorchServe (Java 17, the handler in an archive, as components/torchserve runs it) scores."""
+    import model_store as ms
+    from serving.torchserve import TorchServe, TorchServeConfig, archive
+
+    vdir = ms.version_dir(store, "criteo", ms.current(store, "criteo") or "")
+    (store / "scoring.json").write_text(json.dumps({"version_dir": str(vdir), "lookups": "colocated"}))
+    mar = archive(HANDLER, [store / "scoring.json"], "criteo", "1", store / "mars")
+    p = [free_port() for _ in range(5)]
+    cfg = TorchServeConfig(model_store=store / "mars", run_dir=store / "ts", inference_port=p[0],
+                           management_port=p[1], metrics_port=p[2], grpc_inference_port=p[3],
+                           grpc_management_port=p[4])  # fmt: skip
+    try:
+        with TorchServe(cfg) as ts:
+            ts.management().register(mar.name, "criteo")  # synchronous: returns once its worker is up
+            scored(run("recserve", "score", TEST, "--url", f"{cfg.url(p[0])}/predictions/criteo",
+                       "--key-file", str(ts.key_file), "--limit", "400"))  # fmt: skip
+            print(f"image smoke test: TorchServe ({java()}) scored 400 rows through the handler", flush=True)
+    except (RuntimeError, TimeoutError) as e:  # TorchServeError is a RuntimeError
+        model_log = store / "ts" / "logs" / "model_log.log"  # the handler's workers' output
+        tail = model_log.read_text(errors="replace")[-3000:] if model_log.exists() else ""
+        sys.exit(f"TorchServe: {e}\n{tail}")
+
+
+def java() -> str:
+    done = subprocess.run(["java", "-version"], capture_output=True, text=True)
+    return done.stderr.splitlines()[0] if done.returncode == 0 else "no java"
+
+
 def main() -> None:
     run("recserve", "--help")
     store = Path(tempfile.mkdtemp(prefix="recserve-smoke-"))
-    parquet_roundtrip(store / "synth.parquet")
+    if sys.argv[1:] != ["torchserve"]:
+        parquet_roundtrip(store / "synth.parquet")
     run("recserve", "train", "--store", str(store), "--epochs", "1", "--publish", "--no-progress")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    if sys.argv[1:] == ["torchserve"]:
+        torchserve(store)
+        return
+    port = free_port()
     log = open(store / "serve.log", "wb")
     serve = subprocess.Popen(["recserve", "serve", "--store", str(store), "--port", str(port)],
                              stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
@@ -61,8 +109,7 @@ def main() -> None:
             time.sleep(0.5)
         out = run("recserve", "score", TEST, "--url", f"http://127.0.0.1:{port}/predictions/criteo",
                   "--key-file", str(store / ".run" / "criteo" / "serve-key_file.json"), "--limit", "400")  # fmt: skip
-        if out.count(": 200 scores") != 2:
-            sys.exit(f"recserve score did not get two replies of 200 scores:\n{out[-3000:]}")
+        scored(out)
         print("image smoke test: trained, served and scored 400 rows", flush=True)
     finally:
         serve.terminate()

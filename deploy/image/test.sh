@@ -1,15 +1,35 @@
 #!/usr/bin/env bash
-# `make test-image`: in a container of recserve:latest (buildah run, chroot isolation): it runs as
-# uid 10001, has no compiler and no pip cache, and reads Parquet, trains (exporting and verifying
-# each dense runtime: TorchScript, ONNX with onnxruntime), serves and scores (deploy/image/smoke.py).
+# `make test-image`: in a container of each image (buildah run, chroot isolation): it runs as uid
+# 10001, has no compiler and no pip cache, and
+# - recserve:latest reads Parquet, trains (exporting and verifying each dense runtime: TorchScript,
+#   ONNX with onnxruntime), serves with the lean frontend and scores (deploy/image/smoke.py);
+# - recserve-torchserve:latest has Java 17, trains, then TorchServe's frontend scores through the
+#   handler (deploy/image/smoke.py torchserve).
+# Then the sizes: the lean image must stay within 1.3 GB.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=(buildah --storage-driver vfs)
-ctr=$("${B[@]}" from recserve:latest)
-trap '"${B[@]}" rm "$ctr" >/dev/null' EXIT
-inside() { "${B[@]}" run --isolation chroot -v "$PWD/deploy/image/smoke.py:/smoke.py:ro" "$ctr" -- "$@"; }
-[ "$(inside id -u)" = 10001 ] || { echo "the image does not run as uid 10001" >&2; exit 1; }
-inside sh -c '! command -v gcc && ! command -v cc && ! test -e /root/.cache/pip && ! test -e /tmp/.cache/pip' \
-  || { echo "the image has a compiler or a pip cache" >&2; exit 1; }
-inside python3 /smoke.py
-echo "image ok: $("${B[@]}" images --format '{{.Size}}' recserve:latest)"
+LEAN_LIMIT=1300000000  # bytes: issue 55's bound on recserve:latest
+
+check() {  # IMAGE [smoke.py's arguments]
+  local image=$1 ctr
+  shift
+  echo "== $image"
+  ctr=$("${B[@]}" from "$image")
+  trap '"${B[@]}" rm "$ctr" >/dev/null' RETURN
+  inside() { "${B[@]}" run --isolation chroot -v "$PWD/deploy/image/smoke.py:/smoke.py:ro" "$ctr" -- "$@"; }
+  [ "$(inside id -u)" = 10001 ] || { echo "$image does not run as uid 10001" >&2; exit 1; }
+  inside sh -c '! command -v gcc && ! command -v cc && ! test -e /root/.cache/pip && ! test -e /tmp/.cache/pip' \
+    || { echo "$image has a compiler or a pip cache" >&2; exit 1; }
+  inside python3 /smoke.py "$@"
+}
+
+check recserve:latest
+check recserve-torchserve:latest torchserve
+# buildah's own figure (decimal GB), and the exact bytes against the bound
+size() { "${B[@]}" inspect --type image --format '{{.Size}}' "$1" 2>/dev/null || echo "?"; }
+lean=$("${B[@]}" images --format '{{.Size}}' recserve:latest)
+ts=$("${B[@]}" images --format '{{.Size}}' recserve-torchserve:latest)
+bytes=$(size recserve:latest)
+echo "images ok: recserve:latest $lean ($bytes bytes), recserve-torchserve:latest $ts ($(size recserve-torchserve:latest) bytes)"
+[ "$bytes" -le "$LEAN_LIMIT" ] || { echo "recserve:latest is $bytes bytes, over the $LEAN_LIMIT bound" >&2; exit 1; }

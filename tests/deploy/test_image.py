@@ -41,6 +41,15 @@ def test_the_image_installs_from_bind_mounted_wheels_without_a_cache():
     assert {"*", "!data", "!build/image/wheels"} <= set(ignore)
 
 
+def test_the_torchserve_image_is_the_lean_image_plus_java_and_torchserve():
+    """Containerfile.torchserve starts from the lean image (build.sh --torchserve passes it) and adds
+    Debian's Java 17 and recserve[serve] from the same wheels, then runs as the manifests' user."""
+    text = (IMAGE / "Containerfile.torchserve").read_text()
+    assert "FROM $LEAN" in text and "LEAN=localhost/recserve:latest" in (IMAGE / "build.sh").read_text()
+    assert "openjdk-17-jre-headless" in text and "'recserve[serve]'" in text and "--no-cache-dir" in text
+    assert text.rstrip().endswith("USER 10001:10001")
+
+
 def test_the_build_scripts_parse():
     for script in ("build.sh", "test.sh"):
         done = subprocess.run(["bash", "-n", str(IMAGE / script)], capture_output=True, text=True)

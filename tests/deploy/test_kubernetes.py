@@ -62,7 +62,7 @@ def test_a_component_and_replacements_build_as_kustomize_builds_them(tmp_path):
     ):
         (small / name).parent.mkdir(exist_ok=True)
         (small / name).write_text("{}")
-    for directory in ("base", "overlays/small", "overlays/replicated"):
+    for directory in ("base", "overlays/small", "overlays/replicated", "overlays/torchserve"):
         out = subprocess.run(["kubectl", "kustomize", str(tmp_path / "kubernetes" / directory)],
                              capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
         real = [o for o in yaml.safe_load_all(out) if o and o["kind"] != "Secret"]
@@ -78,8 +78,9 @@ def test_a_manifest_error_is_caught():
         kubernetes_validate.validate(sts, VERSION, strict=True)
 
 
-def test_no_container_runs_as_root_or_unbounded():
-    for obj in workloads(documents(KUBE / "base")):
+@pytest.mark.parametrize("directory", ["base", "overlays/torchserve"])
+def test_no_container_runs_as_root_or_unbounded(directory):
+    for obj in workloads(documents(KUBE / directory)):
         pod = obj["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True, obj["metadata"]["name"]
         assert pod["securityContext"]["runAsUser"] != 0
@@ -87,6 +88,69 @@ def test_no_container_runs_as_root_or_unbounded():
             assert c["securityContext"]["allowPrivilegeEscalation"] is False, c["name"]
             assert c["securityContext"]["capabilities"]["drop"] == ["ALL"], c["name"]
             assert c["resources"]["requests"] and c["resources"]["limits"]["memory"], c["name"]
+
+
+def test_the_torchserve_component_runs_the_handler_with_colocated_lookups_over_https():
+    """components/torchserve adds exactly its ConfigMap, Deployment and Service to the small
+    overlay, all valid; its pod runs TorchServe's frontend from recserve-torchserve:latest, its
+    init container archives the handler the image holds with co-located lookups, TorchServe reads
+    the config it mounts and listens with the Secret's certificate, which names its Service."""
+    import shlex
+
+    from tests.helpers import ROOT, doc_blocks
+
+    objs = build_overlay(KUBE / "overlays" / "torchserve")
+    for obj in objs:
+        kubernetes_validate.validate(obj, VERSION, strict=True)
+    key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
+    small = build_overlay(KUBE / "overlays" / "small")
+    assert sorted(map(key, objs)) == sorted(
+        [
+            *map(key, small),
+            ("ConfigMap", "torchserve-config"),
+            ("Deployment", "torchserve"),
+            ("Service", "torchserve"),
+        ]
+    )
+    assert [
+        o for o in objs if key(o) in set(map(key, small))
+    ] == small  # nothing of the small overlay changes
+    deployment = next(o for o in objs if key(o) == ("Deployment", "torchserve"))
+    pod = deployment["spec"]["template"]["spec"]
+    (archive,), (container,) = pod["initContainers"], pod["containers"]
+    assert {archive["image"], container["image"]} == {"recserve-torchserve:latest"}
+    script = archive["args"][0]
+    assert '"lookups": "colocated"' in script and "/store/$MODEL/CURRENT" in script
+    handler = "/app/handlers/recserve_handler.py"  # the image's WORKDIR /app: this checkout's handlers/
+    assert f"--handler {handler}" in script and (ROOT / handler.removeprefix("/app/")).is_file()
+    assert (
+        f"COPY handlers/recserve_handler.py {handler}"
+        in (ROOT / "deploy/image/Containerfile.torchserve").read_text()
+    )
+    args = container["args"]
+    assert container["command"] == ["java"] and "org.pytorch.serve.ModelServer" in args
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    config = args[args.index("-f") + 1]
+    (cm,) = [v["configMap"]["name"] for v in pod["volumes"] if v["name"] == "config"]
+    props = dict(
+        line.split("=", 1)
+        for line in next(o for o in objs if key(o) == ("ConfigMap", cm))["data"][
+            "config.properties"
+        ].splitlines()
+    )
+    assert (
+        config == f"{mounts['config']}/config.properties" and args[args.index("-s") + 1] == mounts["models"]
+    )
+    assert props["inference_address"] == "https://0.0.0.0:8080" and props["management_address"].startswith(
+        "http://127."
+    )
+    (secret,) = [v["secret"] for v in pod["volumes"] if "secret" in v]
+    for prop in ("certificate_file", "private_key_file"):
+        directory, name = props[prop].rsplit("/", 1)
+        assert directory == mounts["secrets"] and name in {i["path"] for i in secret["items"]}
+    (line, _key_file) = doc_blocks("docs/kubernetes.md", "The Secret's files")[0]
+    argv = shlex.split(line)
+    assert "torchserve" in argv[argv.index("--hosts") + 1].split(",")
 
 
 def shard_count(container: dict, topology: dict) -> str:
