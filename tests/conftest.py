@@ -5,14 +5,11 @@ trained, published Criteo version; ``kafka``, the session's mock Kafka cluster."
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from loadtest import mockbroker, netns
-from tests.helpers import train_version
+from tests.helpers import exclusive, train_version
 
 
 @pytest.fixture
@@ -29,19 +26,6 @@ def network():
             return stack.enter_context(netns.Network(n, hostnames, subnet))
 
         yield make
-
-
-@contextlib.contextmanager
-def exclusive(name: str):
-    """Held by one test at a time across every pytest process on this machine (the pytest-xdist
-    workers of ``make test`` among them): an flock on a file in the temp directory; the others
-    block until it is released."""
-    with open(Path(tempfile.gettempdir()) / f"recserve-tests-{name}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import random
 import shlex
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,6 +20,19 @@ from serving.rpc.procs import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 """The repository's root (where the README, the Makefile and data/ are)."""
+
+
+@contextlib.contextmanager
+def exclusive(name: str):
+    """Held by one test at a time across every pytest process on this machine (the pytest-xdist
+    workers of ``make test`` among them): an flock on a file in the temp directory; the others
+    block until it is released."""
+    with open(Path(tempfile.gettempdir()) / f"recserve-tests-{name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 SHELL_FENCES = ("bash", "sh", "shell")

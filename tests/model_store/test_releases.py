@@ -7,26 +7,11 @@ import model_store as ms
 from model_store import IncompatibleVersion, ModelStoreError, SchemaMismatch
 from model_store.releases import history, list_versions, publish, rollback, validate
 from tests.helpers import ROOT
-
-
-def _version(root, fingerprint="fp", complete=True, dim=8, num_dense=13, stream=None) -> str:
-    v = ms.next_version(root, "m")
-    staging = ms.staging_dir(root, "m", v)
-    (staging / "payload.bin").write_bytes(b"x" * 100)
-    config = {"kind": "dlrm", "dim": dim, "num_slots": 26, "num_dense": num_dense}
-    ms.write_manifest(
-        staging,
-        ms.VersionManifest("m", v, fingerprint, dim, num_shards=1, model_config=config, stream=stream),
-    )
-    if complete:
-        ms.seal(staging, ms.version_dir(root, "m", v))
-    else:
-        staging.rename(ms.version_dir(root, "m", v))
-    return v
+from tests.model_store.helpers import write_version
 
 
 def test_publish_validates_and_records_history(tmp_path):
-    v1, v2 = _version(tmp_path), _version(tmp_path)
+    v1, v2 = write_version(tmp_path), write_version(tmp_path)
     publish(tmp_path, "m", v1)
     publish(tmp_path, "m", v2)
     assert ms.current(tmp_path, "m") == v2 and history(tmp_path, "m") == [v1, v2]
@@ -37,16 +22,16 @@ def test_publish_validates_and_records_history(tmp_path):
 
 
 def test_incomplete_corrupt_and_foreign_schema_versions_are_refused(tmp_path):
-    good = _version(tmp_path)
+    good = write_version(tmp_path)
     publish(tmp_path, "m", good)
-    incomplete = _version(tmp_path, complete=False)
+    incomplete = write_version(tmp_path, complete=False)
     with pytest.raises(ModelStoreError, match="_SUCCESS"):
         publish(tmp_path, "m", incomplete)
-    corrupt = _version(tmp_path)
+    corrupt = write_version(tmp_path)
     (ms.version_dir(tmp_path, "m", corrupt) / "payload.bin").write_bytes(b"y" * 100)
     with pytest.raises(ModelStoreError, match="checksum"):
         publish(tmp_path, "m", corrupt)
-    other = _version(tmp_path, fingerprint="other")
+    other = write_version(tmp_path, fingerprint="other")
     with pytest.raises(SchemaMismatch, match="schema"):
         publish(tmp_path, "m", other)
     assert ms.current(tmp_path, "m") == good
@@ -58,7 +43,7 @@ def test_manifests_of_xxh3_and_of_older_sha256_digests_both_verify_and_catch_cor
     import json
 
     for old in (False, True):
-        v = _version(tmp_path)
+        v = write_version(tmp_path)
         vdir = ms.version_dir(tmp_path, "m", v)
         manifest = json.loads((vdir / ms.MANIFEST).read_text())
         assert manifest["files"]["payload.bin"].startswith("xxh3_128:")
@@ -72,8 +57,8 @@ def test_manifests_of_xxh3_and_of_older_sha256_digests_both_verify_and_catch_cor
 
 
 def test_the_gate_refuses_a_progressive_auc_drop_past_max_auc_drop_and_records_it(tmp_path):
-    publish(tmp_path, "m", _version(tmp_path))
-    worse = _version(tmp_path, stream=ms.StreamRecord("1", 500, auc=0.70, served_auc=0.72))
+    publish(tmp_path, "m", write_version(tmp_path))
+    worse = write_version(tmp_path, stream=ms.StreamRecord("1", 500, auc=0.70, served_auc=0.72))
     with pytest.raises(
         ms.QualityDrop, match=r"0.70000 on the latest 500 samples is 0.02000 below version 1's"
     ):
@@ -85,7 +70,7 @@ def test_the_gate_refuses_a_progressive_auc_drop_past_max_auc_drop_and_records_i
     }
     # within the allowance, or with nothing to compare (one class in the window), it passes
     publish(tmp_path, "m", worse, max_auc_drop=0.021)
-    level = _version(tmp_path, stream=ms.StreamRecord(worse, 500, auc=None, served_auc=0.72))
+    level = write_version(tmp_path, stream=ms.StreamRecord(worse, 500, auc=None, served_auc=0.72))
     publish(tmp_path, "m", level)
     assert ms.current(tmp_path, "m") == level
     # a release decision: serving components (no allowance given) do not judge it again
@@ -96,7 +81,7 @@ def test_the_gate_refuses_a_progressive_auc_drop_past_max_auc_drop_and_records_i
 
 
 def test_rollback_goes_back_one_publish_at_a_time(tmp_path):
-    v1, v2, v3 = _version(tmp_path), _version(tmp_path), _version(tmp_path)
+    v1, v2, v3 = write_version(tmp_path), write_version(tmp_path), write_version(tmp_path)
     for v in (v1, v2, v3):
         publish(tmp_path, "m", v)
     assert rollback(tmp_path, "m") == v2
@@ -115,9 +100,9 @@ def test_rollback_goes_back_one_publish_at_a_time(tmp_path):
     ],
 )
 def test_the_gate_refuses_what_serving_refuses_naming_both_sides(tmp_path, kw, what):
-    v1 = _version(tmp_path)
+    v1 = write_version(tmp_path)
     publish(tmp_path, "m", v1)  # nothing published yet: its own validity is enough
-    v2 = _version(tmp_path, **kw)
+    v2 = write_version(tmp_path, **kw)
     with pytest.raises(IncompatibleVersion) as e:
         publish(tmp_path, "m", v2)
     assert f"m version {v2} cannot replace the served version {v1}: {what}" in str(e.value)
@@ -133,7 +118,7 @@ def test_the_gate_refuses_what_serving_refuses_naming_both_sides(tmp_path, kw, w
 
 
 def test_rollback_across_a_schema_change_needs_it_allowed(tmp_path):
-    v1, v2 = _version(tmp_path), _version(tmp_path, fingerprint="new")
+    v1, v2 = write_version(tmp_path), write_version(tmp_path, fingerprint="new")
     publish(tmp_path, "m", v1)
     publish(tmp_path, "m", v2, allow_schema_change=True)
     with pytest.raises(ModelStoreError, match="no earlier published version") as e:
@@ -150,8 +135,11 @@ def _recserve(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_recserve_publish_refuses_another_schema_or_dim_and_allows_a_schema_change(tmp_path):
-    v1 = _version(tmp_path)
-    other_schema, other_dim = _version(tmp_path, fingerprint="another-schema"), _version(tmp_path, dim=16)
+    v1 = write_version(tmp_path)
+    other_schema, other_dim = (
+        write_version(tmp_path, fingerprint="another-schema"),
+        write_version(tmp_path, dim=16),
+    )
     store = ["--store", str(tmp_path), "--model", "m"]
     assert _recserve("publish", *store, v1).returncode == 0
     for v, why in ((other_schema, "feature schema is another-sche"), (other_dim, "embedding dim is 16")):

@@ -8,7 +8,7 @@ import pytest
 import model_store as ms
 from model_store.releases import publish
 from model_store.retention import pin, pins, protected, retain, unpin
-from tests.model_store.test_releases import _version
+from tests.model_store.helpers import write_version
 
 
 def _with_delta(root, v: str) -> None:
@@ -19,7 +19,7 @@ def _with_delta(root, v: str) -> None:
 
 
 def test_retain_keeps_newest_current_and_rollback_target(tmp_path):
-    vs = [_version(tmp_path) for _ in range(6)]
+    vs = [write_version(tmp_path) for _ in range(6)]
     publish(tmp_path, "m", vs[1])
     publish(tmp_path, "m", vs[2])
     removed = retain(tmp_path, "m", keep=2)
@@ -30,7 +30,7 @@ def test_retain_keeps_newest_current_and_rollback_target(tmp_path):
 
 
 def test_retention_never_deletes_a_served_or_pinned_version_and_takes_deltas_along(tmp_path):
-    vs = [_version(tmp_path) for _ in range(8)]
+    vs = [write_version(tmp_path) for _ in range(8)]
     for v in vs:
         _with_delta(tmp_path, v)
     publish(tmp_path, "m", vs[2])
@@ -47,7 +47,7 @@ def test_retention_never_deletes_a_served_or_pinned_version_and_takes_deltas_alo
         assert ms.list_deltas(ms.version_dir(tmp_path, "m", v)) == [0]
     # however long it runs: each new version published, retention after it, the store stays bounded
     for _ in range(5):
-        v = _version(tmp_path)
+        v = write_version(tmp_path)
         publish(tmp_path, "m", v)
         retain(tmp_path, "m", keep=2)
         left = ms.versions(tmp_path, "m")  # the newest 2, the pin, the one published before v
@@ -59,8 +59,8 @@ def test_retention_never_deletes_a_served_or_pinned_version_and_takes_deltas_alo
 
 
 def test_pin_and_unpin_refuse_what_cannot_be_meant(tmp_path):
-    v = _version(tmp_path)
-    incomplete = _version(tmp_path, complete=False)
+    v = write_version(tmp_path)
+    incomplete = write_version(tmp_path, complete=False)
     with pytest.raises(ms.VersionNotFound, match="does not exist"):
         pin(tmp_path, "m", "9")
     with pytest.raises(ms.IncompleteVersion, match="only a complete version"):

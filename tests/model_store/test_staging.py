@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from model_store.staging import BUCKETS, Buckets, Chunk, Staging, run_chunks, unpack
 from tests.cuda import needs_cuda, without_cuda
-from tests.model_store.runtimes.test_registry import D, S, inputs, make
+from tests.model_store.runtimes.helpers import D, S, inputs, make
 
 
 @pytest.mark.parametrize(

@@ -160,3 +160,50 @@ def spawn_ps_and_worker(root: Path, tmp_path: Path) -> tuple[list, int, int]:
                "--health-poll-s", "0.1", "--ps-timeout-s", "60"], tmp_path / "worker.log"),
     ]  # fmt: skip
     return procs, ps_port, worker_port
+
+
+def scored(
+    scorer, limit: int = 400, schema: str = "data/schemas/criteo.yaml"
+) -> tuple[np.ndarray, list[dict]]:
+    """(scores, the versions of each reply) of the first ``limit`` rows of TEST, 200 a request,
+    scored in process by ``scorer`` (a Scorer); every reply is a 200."""
+    import orjson
+
+    from serving.scoring.client import requests_from_file
+    from serving.scoring.loop import score
+
+    scores, versions = [], []
+    for body, ctype in requests_from_file(TEST, schema, 200, limit):
+        status, payload, *_ = score(scorer, body, ctype)
+        assert status == 200, payload
+        reply = orjson.loads(payload)
+        scores.extend(reply["scores"])
+        versions.append(reply["versions"])
+    return np.array(scores), versions
+
+
+def consume_impressions(bootstrap: str, topic: str, n: int, timeout_s: float = 30.0) -> list:
+    """The first ``n`` impressions (``stream.records.Impression``) logged on ``topic``, read from
+    its start, each keyed by its request id; failing after ``timeout_s``."""
+    import time
+    import uuid
+
+    from confluent_kafka import Consumer
+
+    from stream.records import decode_impression
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})  # fmt: skip
+    c.subscribe([topic])
+    out: list = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(out) < n and time.monotonic() < deadline:
+            for m in c.consume(n - len(out), 0.5):
+                if m.error() is None:
+                    assert m.key() == decode_impression(m.value()).request_id.encode()
+                    out.append(decode_impression(m.value()))
+    finally:
+        c.close()
+    assert len(out) == n, f"{len(out)} of {n} impressions on {topic} within {timeout_s}s"
+    return out

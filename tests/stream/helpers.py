@@ -17,6 +17,11 @@ def impression(rid: str, ts: float) -> bytes:
     return encode_impression(Impression(rid, ts, Versions("v1", 0, "v1"), scores, BATCH))
 
 
+def impression_record(rid: str = "r-1", ts: float = 100.0) -> Impression:
+    """An impression of the ranking request, decoded (versions v1, delta 3, v1; scores 0, 1/4, ...)."""
+    return Impression(rid, ts, Versions("v1", 3, "v1"), np.arange(N_ITEMS, dtype=np.float32) / N_ITEMS, BATCH)
+
+
 def event(rid: str, item: int, ts: float, label: float = 1.0) -> bytes:
     return encode_event(Event(rid, item, label, ts))
 

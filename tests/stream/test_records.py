@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from features.codec import encode
 from stream.records import (
     Event,
     Impression,
@@ -23,6 +22,7 @@ from stream.records import (
 )
 from stream.rows import RowTable
 from tests.serving.helpers import ranking_batch
+from tests.stream.helpers import impression_record
 
 texts = st.text(min_size=1, max_size=40)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=32)
@@ -52,11 +52,6 @@ def test_malformed_events_are_refused(raw, why):
         decode_event(raw)
 
 
-def impression(rid="r-1", ts=100.0) -> Impression:
-    batch = encode(ranking_batch())
-    return Impression(rid, ts, Versions("v1", 3, "v1"), np.arange(4, dtype=np.float32) / 4, batch)
-
-
 @settings(max_examples=30)
 @given(texts, st.floats(0, 2e9), st.integers(-1, 2**40), texts, texts)
 def test_impression_round_trip(rid, ts, seq, emb, dense):
@@ -65,7 +60,7 @@ def test_impression_round_trip(rid, ts, seq, emb, dense):
 
 
 def test_impression_carries_the_batch_bytes_exactly():
-    imp = impression()
+    imp = impression_record()
     assert decode_impression(encode_impression(imp)).batch == imp.batch
 
 
@@ -81,11 +76,11 @@ def test_impression_carries_the_batch_bytes_exactly():
 )
 def test_malformed_impressions_are_refused(mangle, why):
     with pytest.raises(RecordError, match=why):
-        decode_impression(mangle(encode_impression(impression())))
+        decode_impression(mangle(encode_impression(impression_record())))
 
 
 def test_samples_carry_the_items_row_and_round_trip():
-    imp = impression()
+    imp = impression_record()
     rows = RowTable.of(ranking_batch())
     writer = SampleWriter(imp, rows)
     for item in range(rows.num_rows):
@@ -96,8 +91,8 @@ def test_samples_carry_the_items_row_and_round_trip():
 
 
 def test_malformed_samples_are_refused():
-    blob = SampleWriter(impression(), RowTable.of(ranking_batch())).encode(0, 1.0)
+    blob = SampleWriter(impression_record(), RowTable.of(ranking_batch())).encode(0, 1.0)
     with pytest.raises(RecordError, match="not a sample"):
-        decode_sample(encode_impression(impression()))
+        decode_sample(encode_impression(impression_record()))
     with pytest.raises(RecordError, match="header says"):
         decode_sample(blob[:-4])

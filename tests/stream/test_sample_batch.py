@@ -9,11 +9,11 @@ from stream.records import SampleWriter, decode_sample
 from stream.rows import RowTable
 from stream.sample_batch import read_samples, take
 from tests.serving.helpers import ranking_batch
-from tests.stream.test_records import impression
+from tests.stream.helpers import impression_record
 
 
 def _blobs() -> list[bytes]:
-    writer = SampleWriter(impression("r-7"), RowTable.of(ranking_batch()))
+    writer = SampleWriter(impression_record("r-7"), RowTable.of(ranking_batch()))
     return [writer.encode(item, float(item % 2)) for item in range(writer.num_rows)]
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from model_store import runtimes
 from model_store.manifest import RuntimeChoice
-from tests.model_store.runtimes.test_registry import inputs, make
+from tests.model_store.runtimes.helpers import inputs, make
 from training.export_dense import ExportVerificationError, export_dense, verify
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import onnxruntime as ort
 
 from model_store.runtimes import onnx
-from tests.model_store.runtimes.test_registry import inputs, make
+from tests.model_store.runtimes.helpers import inputs, make
 
 
 def test_a_model_without_dense_features_has_no_dense_input(tmp_path) -> None:

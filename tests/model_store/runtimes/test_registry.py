@@ -14,24 +14,11 @@ from model_store import runtimes
 from model_store.dense import load_dense
 from model_store.runtimes import DenseRuntime
 from tests.cuda import needs_cuda
+from tests.model_store.runtimes.helpers import F, inputs, make
 from training.config import ARCHS
-from training.models import ModelConfig, build_model
 
-S, D, F = 5, 8, 3
 NAMES = [pytest.param(n, marks=needs_cuda) if r.device == "cuda" else n for n, r in runtimes.RUNTIMES.items()]
 """Every registered runtime; those on a GPU skip without CUDA (naming it)."""
-
-
-def make(kind: str, num_dense: int = F, dropout: float = 0.0, seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(kind=kind, num_slots=S, dim=D, num_dense=num_dense, bottom_mlp=[16, D], top_mlp=[16, 8],
-                      dropout=dropout)  # fmt: skip
-    return build_model(cfg)
-
-
-def inputs(batch: int, num_dense: int = F, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, S, D, generator=g).numpy(), torch.randn(batch, num_dense, generator=g).numpy()
 
 
 def test_the_cpu_and_cuda_runtimes_are_registered() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model_store.runtimes import torchscript
-from tests.model_store.runtimes.test_registry import F, inputs, make
+from tests.model_store.runtimes.helpers import F, inputs, make
 from training.models import ARCHS
 
 

@@ -13,7 +13,7 @@ from model_store.runtimes import torchscript
 from model_store.runtimes.torchscript_cuda import eager_forward
 from model_store.staging import Buckets, Staging, run_chunks
 from tests.cuda import needs_cuda, without_cuda
-from tests.model_store.runtimes.test_registry import D, F, S, inputs, make
+from tests.model_store.runtimes.helpers import D, F, S, inputs, make
 
 CUDA_RUNTIMES = ("torchscript-cuda", "cuda-graphs")
 

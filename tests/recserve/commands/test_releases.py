@@ -15,7 +15,7 @@ from tests.serving.helpers import DIM, SIGNS, make_rows_version
 from tests.serving.ps.helpers import store_config
 
 
-def test_publish_and_rollback_announce_the_new_current(kafka, tmp_path):  # noqa: F811
+def test_publish_and_rollback_announce_the_new_current(kafka, tmp_path):
     trainer = EmbeddingStore(store_config(dim=DIM, capacity=10_000))
     trainer.lookup(SIGNS, insert=True)
     v1 = make_rows_version(tmp_path, trainer)

@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 from serving.notices import Notice, Notices, announcer
 
 
-def test_every_listener_gets_every_notice_and_a_malformed_one_is_counted(kafka, tmp_path):  # noqa: F811
+def test_every_listener_gets_every_notice_and_a_malformed_one_is_counted(kafka, tmp_path):
     spec = f"kafka://{kafka.bootstrap}/{kafka.create_topic('notices-m', 1)}"
     listeners, queues = [], []
     for _ in range(2):  # two serving processes' worth

@@ -15,3 +15,13 @@ def store_config(**kw) -> StoreConfig:
     ``table``, the rest (seed, shard, num_shards, schema_hash) stay the store's."""
     table = TableSpec(**{k: kw.pop(k) for k in TABLE_FIELDS & set(kw)})
     return StoreConfig(table=table, **kw)
+
+
+class FakeClock:
+    """A store's clock that stands still at ``t`` until a test moves it (``clock.t += 60``)."""
+
+    def __init__(self, t: float = 1_700_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t

@@ -86,7 +86,7 @@ def _applied(client: PSClient, version: str, seq: int):
 
 
 @pytest.mark.slow
-def test_a_delta_announced_on_kafka_is_applied_long_before_the_poll(kafka, model):  # noqa: F811
+def test_a_delta_announced_on_kafka_is_applied_long_before_the_poll(kafka, model):
     model_dir, trainer, v1 = model
     spec = f"kafka://{kafka.bootstrap}/{kafka.create_topic('notices-ps', 1)}"
     with _shard(model_dir, spec) as (client, url):
@@ -106,7 +106,7 @@ def test_a_delta_written_on_this_host_is_applied_at_its_inotify_event(model):
 
 
 @pytest.mark.slow
-def test_a_delta_whose_notice_never_came_is_caught_by_the_poll(kafka, model):  # noqa: F811
+def test_a_delta_whose_notice_never_came_is_caught_by_the_poll(kafka, model):
     model_dir, trainer, v1 = model
     spec = f"kafka://{kafka.bootstrap}/{kafka.create_topic('notices-missed', 1)}"
     with _shard(model_dir, spec, poll_s=0.5) as (client, url):

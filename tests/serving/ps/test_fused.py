@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from serving.ps import EmbeddingStore, OptimizerSpec, optim
-from tests.serving.ps.helpers import store_config
-from tests.serving.ps.test_store import FakeClock
+from tests.serving.ps.helpers import FakeClock, store_config
 
 FUSED = sorted(name for name, entry in optim.OPTIMIZERS.items() if entry.fused)
 

@@ -8,15 +8,7 @@ import pytest
 
 from serving.ps import EmbeddingStore, OptimizerSpec, StoreConfig
 from serving.ps import index as ps_index
-from tests.serving.ps.helpers import store_config
-
-
-class FakeClock:
-    def __init__(self, t: float = 1_700_000_000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+from tests.serving.ps.helpers import FakeClock, store_config
 
 
 def make(clock=None, **kw) -> EmbeddingStore:

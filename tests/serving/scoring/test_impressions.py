@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 import uuid
 
 import numpy as np
@@ -16,7 +15,6 @@ import orjson
 import pytest
 
 from features.codec import decode, encode
-from loadtest import mockbroker
 from serving.scoring import lean
 from serving.scoring.asgi import App
 from serving.scoring.client import requests_from_file
@@ -24,38 +22,10 @@ from serving.scoring.config import ScoringConfig
 from serving.scoring.core import BINARY
 from serving.scoring.impressions import ImpressionLog, Target, request_id
 from serving.scoring.lean import Frontend, ServeConfig
-from stream.records import Impression, decode_impression
 from tests.helpers import wait_until
-from tests.serving.helpers import TEST
+from tests.serving.helpers import TEST, consume_impressions
 
 SCHEMA = "data/schemas/criteo.yaml"
-
-
-@pytest.fixture(scope="module")
-def kafka():
-    with mockbroker.running() as broker:
-        yield broker
-
-
-def consume(bootstrap: str, topic: str, n: int, timeout_s: float = 30.0) -> list[Impression]:
-    """The first ``n`` impressions of ``topic`` (read from its start), failing after ``timeout_s``."""
-    from confluent_kafka import Consumer
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False})  # fmt: skip
-    c.subscribe([topic])
-    out: list[Impression] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(out) < n and time.monotonic() < deadline:
-            for m in c.consume(n - len(out), 0.5):
-                if m.error() is None:
-                    assert m.key() == decode_impression(m.value()).request_id.encode()
-                    out.append(decode_impression(m.value()))
-    finally:
-        c.close()
-    assert len(out) == n, f"{len(out)} of {n} impressions on {topic} within {timeout_s}s"
-    return out
 
 
 def call(app: App, body: bytes, ctype: str, headers: dict[str, str] | None = None) -> tuple[int, dict, bytes]:
@@ -124,7 +94,7 @@ def test_each_request_is_logged_once_with_the_bytes_it_was_scored_on(trained, ka
             rid = headers[b"x-request-id"].decode()
             assert rid == f"client-{i}" if sent else len(rid) == 32  # honoured, else generated
             replies[rid] = (body, ctype, orjson.loads(payload))
-        logged = {imp.request_id: imp for imp in consume(kafka.bootstrap, topic, len(requests))}
+        logged = {imp.request_id: imp for imp in consume_impressions(kafka.bootstrap, topic, len(requests))}
         assert sorted(logged) == sorted(replies)  # each once
         scorer = frontend.scorer
         assert scorer is not None

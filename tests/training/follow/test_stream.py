@@ -18,33 +18,19 @@ from pathlib import Path
 import pytest
 
 import model_store as ms
-from features.schema import load_schema
 from model_store.deltas import DeltaManifest, read_delta, read_keys
 from stream import dead_letter
-from tests.helpers import doc_blocks, free_port, wait_until
+from tests.helpers import ROOT, doc_blocks, free_port, wait_until
+from tests.training.follow.helpers import NAME, bash, doc_env, schema_of, serving_stores, stream_cfg
 from tests.training.sources.samples import key, produce, records
-from tests.training.test_follow import NAME, _serving_stores, store, trained  # noqa: F401
 from training import sources
-from training.config import FollowConfig
 from training.follow.trainer import FollowTrainer, follow
 from training.sources import Reading
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated")
 
 
-def _topic(kafka, name: str, partitions: int = 2) -> str:  # noqa: F811
-    kafka.create_topic(name + ".dead", 1)
-    return kafka.create_topic(name, partitions)
-
-
-def _cfg(store: Path, spec: str, **kw) -> FollowConfig:  # noqa: F811
-    return FollowConfig(
-        **({"follow": str(store / NAME), "stream": spec, "poll_s": 0.2, "batch_size": 64} | kw)
-    )
-
-
-def _published(store: Path) -> list[tuple[Path, DeltaManifest]]:  # noqa: F811
+def _published(store: Path) -> list[tuple[Path, DeltaManifest]]:
     """(delta directory, its DELTA.json record) of every published delta of the served version."""
     vdir = ms.version_dir(store, NAME, ms.current(store, NAME))
     out = []
@@ -53,10 +39,6 @@ def _published(store: Path) -> list[tuple[Path, DeltaManifest]]:  # noqa: F811
         if record is not None:
             out.append((ms.delta_dir(vdir, seq), record))
     return out
-
-
-def _schema(store: Path):  # noqa: F811
-    return load_schema(ms.version_dir(store, NAME, ms.current(store, NAME)) / "schema.yaml")
 
 
 def _dead_letters(bootstrap: str, topic: str, n: int) -> list:
@@ -72,14 +54,14 @@ def _dead_letters(bootstrap: str, topic: str, n: int) -> list:
     return got
 
 
-def test_samples_train_into_a_delta_with_their_offsets(kafka, store):  # noqa: F811
-    topic = _topic(kafka, "samples-offsets")
-    recs = records(_schema(store), 200, per_request=20)
+def test_samples_train_into_a_delta_with_their_offsets(kafka, new_topic, store):
+    topic = new_topic("samples-offsets")
+    recs = records(schema_of(store), 200, per_request=20)
     produce(kafka.bootstrap, topic, recs)
     produce(kafka.bootstrap, topic, [("r-0", 0, 0.0, b"not a sample")])  # partition 0, after the rest
 
     port = free_port()
-    cfg = _cfg(
+    cfg = stream_cfg(
         store, f"kafka://{kafka.bootstrap}/{topic}", once=True, delta_interval_s=3600, metrics_port=port
     )
     with FollowTrainer(cfg) as trainer:
@@ -117,26 +99,26 @@ def test_samples_train_into_a_delta_with_their_offsets(kafka, store):  # noqa: F
     assert dead.value() == b"not a sample" and headers["reason"].startswith("a sample too short")
     assert headers["topic"] == topic and headers["partition"] in ("0", "1") and int(headers["offset"]) >= 0
     # serving applies the delta
-    assert {s.delta_seq for s in _serving_stores(store)} == {int(ddir.name)}
+    assert {s.delta_seq for s in serving_stores(store)} == {int(ddir.name)}
 
 
-def test_a_re_emitted_sample_is_never_trained_twice(kafka, store):  # noqa: F811
-    topic = _topic(kafka, "samples-again")
+def test_a_re_emitted_sample_is_never_trained_twice(kafka, new_topic, store):
+    topic = new_topic("samples-again")
     spec = f"kafka://{kafka.bootstrap}/{topic}"
-    first = records(_schema(store), 100, per_request=20)
+    first = records(schema_of(store), 100, per_request=20)
     produce(kafka.bootstrap, topic, first)
-    assert follow(_cfg(store, spec, once=True)).rows == 100
+    assert follow(stream_cfg(store, spec, once=True)).rows == 100
     # the joiner restarts and emits them again, with 40 new ones
-    more = records(_schema(store), 40, per_request=20, prefix="s", skip=100)
+    more = records(schema_of(store), 40, per_request=20, prefix="s", skip=100)
     produce(kafka.bootstrap, topic, first + more)
-    again = follow(_cfg(store, spec, once=True))
+    again = follow(stream_cfg(store, spec, once=True))
     assert (again.rows, again.duplicates) == (40, 100)
     published = [record for _, record in _published(store)]
     assert sum(r.samples for r in published) == 140 and sum(r.duplicates for r in published) == 100
     # nothing but re-emitted samples: none trained, yet a delta records the offsets read past
     # them (a restart from the last delta's offsets must not re-read what the job dropped)
     produce(kafka.bootstrap, topic, first)
-    dropped = follow(_cfg(store, spec, once=True))
+    dropped = follow(stream_cfg(store, spec, once=True))
     assert (dropped.rows, dropped.duplicates, len(dropped.deltas)) == (0, 100, 1)
     in_p0 = sum(int(r[0].rpartition("-")[2]) % 2 == 0 for r in first + first + more + first)
     ends = {f"{topic}/0": in_p0, f"{topic}/1": 340 - in_p0}
@@ -144,22 +126,22 @@ def test_a_re_emitted_sample_is_never_trained_twice(kafka, store):  # noqa: F811
     assert (record.positions, record.samples, record.duplicates) == (ends, 0, 100)
     # a consume of nothing but a malformed record: refused, nothing trained, the trainer goes on
     produce(kafka.bootstrap, topic, [("r-1", 0, 0.0, b"RSSM broken")])
-    last = follow(_cfg(store, spec, once=True))
+    last = follow(stream_cfg(store, spec, once=True))
     assert (last.rows, last.refused, last.duplicates) == (0, 1, 0)
     _, record = _published(store)[-1]
     assert record.positions == ends | {f"{topic}/1": 340 - in_p0 + 1}
 
 
-def test_a_trainer_reading_only_duplicates_still_cuts_on_its_interval(kafka, store):  # noqa: F811
+def test_a_trainer_reading_only_duplicates_still_cuts_on_its_interval(kafka, new_topic, store):
     """Mid-run, not only at its end: killed after a stretch of re-emitted samples, it resumes past
     them (its last delta's offsets are where it read to)."""
-    topic = _topic(kafka, "samples-dups")
+    topic = new_topic("samples-dups")
     spec = f"kafka://{kafka.bootstrap}/{topic}"
-    recs = records(_schema(store), 40, per_request=20)
+    recs = records(schema_of(store), 40, per_request=20)
     produce(kafka.bootstrap, topic, recs)
-    assert follow(_cfg(store, spec, once=True)).rows == 40
+    assert follow(stream_cfg(store, spec, once=True)).rows == 40
     produce(kafka.bootstrap, topic, recs)  # re-emitted
-    cfg = _cfg(store, spec, batch_size=16, delta_interval_s=60, once=True)
+    cfg = stream_cfg(store, spec, batch_size=16, delta_interval_s=60, once=True)
     clock = itertools.count(0.0, 61.0).__next__  # a delta due at every look at the clock
     with FollowTrainer(cfg, clock=clock) as trainer:  # driven by hand: one consume's chunk, then gone
         trainer._follow_current()
@@ -177,12 +159,12 @@ def test_a_trainer_reading_only_duplicates_still_cuts_on_its_interval(kafka, sto
     assert record.positions[chunk.start.unit] == chunk.stop.row
 
 
-def test_a_crash_after_a_delta_retrains_only_what_no_published_delta_holds(kafka, store):  # noqa: F811
-    topic = _topic(kafka, "samples-crash")
+def test_a_crash_after_a_delta_retrains_only_what_no_published_delta_holds(kafka, new_topic, store):
+    topic = new_topic("samples-crash")
     spec = f"kafka://{kafka.bootstrap}/{topic}"
-    recs = records(_schema(store), 200, per_request=20)
+    recs = records(schema_of(store), 200, per_request=20)
     produce(kafka.bootstrap, topic, recs)
-    cfg = _cfg(store, spec, batch_size=16, delta_interval_s=3600, once=True)
+    cfg = stream_cfg(store, spec, batch_size=16, delta_interval_s=3600, once=True)
     with FollowTrainer(cfg) as crashed:  # driven by hand: a delta, more steps, half a delta, then gone
         crashed._follow_current()
         lv = crashed.loaded
@@ -218,24 +200,20 @@ def doc_lines() -> tuple[str, str, str]:
     return broker, follower, once
 
 
-def _bash(line: str, cwd: Path, env: dict, **kw) -> subprocess.Popen:
-    return subprocess.Popen(["bash", "-c", line], cwd=cwd, env=env, start_new_session=True, **kw)
-
-
 @pytest.mark.slow
-def test_the_documented_lines_train_exactly_once_across_a_sigkill(trained, tmp_path):  # noqa: F811
+def test_the_documented_lines_train_exactly_once_across_a_sigkill(follow_version, tmp_path):
     broker_line, follower_line, once_line = doc_lines()
     artifacts = tmp_path / "artifacts"  # the lines' model directory: artifacts/criteo
-    shutil.copytree(trained, artifacts)
-    env = os.environ | {"PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
-    broker = _bash(broker_line, tmp_path, env, stdout=subprocess.PIPE, text=True)
+    shutil.copytree(follow_version, artifacts)
+    env = doc_env()
+    broker = bash(broker_line, tmp_path, env, stdout=subprocess.PIPE, text=True)
     try:
         assert broker.stdout is not None
         bootstrap = broker.stdout.readline().strip().removeprefix("BOOTSTRAP=")
         env["KAFKA_BROKERS"] = bootstrap
-        batches = [records(_schema(artifacts), 200, per_request=20, prefix=p) for p in ("a", "b", "c")]
+        batches = [records(schema_of(artifacts), 200, per_request=20, prefix=p) for p in ("a", "b", "c")]
         produce(bootstrap, "samples", batches[0])
-        proc = _bash(follower_line, tmp_path, env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = bash(follower_line, tmp_path, env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             wait_until(lambda: _published(artifacts), 120, "a delta cut from the stream")
             produce(bootstrap, "samples", batches[1])  # arriving while it trains
@@ -247,7 +225,7 @@ def test_the_documented_lines_train_exactly_once_across_a_sigkill(trained, tmp_p
             proc.wait()
         # the joiner re-emits the first batch after its own restart; then a third batch
         produce(bootstrap, "samples", batches[0] + batches[2])
-        done = _bash(once_line, tmp_path, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        done = bash(once_line, tmp_path, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out, err = done.communicate(timeout=180)
         assert done.returncode == 0, err
     finally:
@@ -267,13 +245,13 @@ def test_the_documented_lines_train_exactly_once_across_a_sigkill(trained, tmp_p
 
 
 @pytest.mark.slow
-def test_two_ranks_split_the_partitions_and_train_every_sample_once(kafka, store, tmp_path):  # noqa: F811
+def test_two_ranks_split_the_partitions_and_train_every_sample_once(kafka, new_topic, store, tmp_path):
     """torchrun, two ranks: each trains its partitions (partition % 2 == rank) through its own
     worker on the PS shards rank 0 started with the version; rank 0 writes every delta, with both
     ranks' offsets and keys; a second job resumes from them and drops what the joiner re-emits."""
-    topic = _topic(kafka, "samples-ranks", partitions=4)
+    topic = new_topic("samples-ranks", partitions=4)
     spec = f"kafka://{kafka.bootstrap}/{topic}"
-    first = records(_schema(store), 160, per_request=20)
+    first = records(schema_of(store), 160, per_request=20)
     produce(kafka.bootstrap, topic, first, partitions=4)
     env = os.environ | {"PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -294,7 +272,7 @@ def test_two_ranks_split_the_partitions_and_train_every_sample_once(kafka, store
     # each rank's consumer lag: its partitions' records, all behind at its first look
     assert (rank0["max_lag_samples"], rank1["max_lag_samples"]) == (160 - rank1["rows"], rank1["rows"])
     # the joiner re-emits the first samples after its restart, with new ones
-    more = records(_schema(store), 40, per_request=20, prefix="s", skip=160)
+    more = records(schema_of(store), 40, per_request=20, prefix="s", skip=160)
     produce(kafka.bootstrap, topic, first + more, partitions=4)
     again = max(job(), key=lambda s: s["rows"])  # rank 0's: the job's counts
     assert (again["rows"], again["duplicates"]) == (40, 160)
@@ -307,16 +285,16 @@ def test_two_ranks_split_the_partitions_and_train_every_sample_once(kafka, store
     assert len(keys) == len(set(keys)) and set(keys) == produced
     in_part = [sum(int(r[0].rpartition("-")[2]) % 4 == p for r in first + first + more) for p in range(4)]
     assert last.positions == {f"{topic}/{p}": in_part[p] for p in range(4)}
-    assert {s.delta_seq for s in _serving_stores(store)} == {int(ddir.name)}  # serving applies them
+    assert {s.delta_seq for s in serving_stores(store)} == {int(ddir.name)}  # serving applies them
 
 
-def test_a_second_trainer_stands_by_and_takes_over_where_the_first_stopped(kafka, store):  # noqa: F811
+def test_a_second_trainer_stands_by_and_takes_over_where_the_first_stopped(kafka, new_topic, store):
     """The first trainer holds the model's lock; the second keeps its tables at the newest delta
     without reading or writing, and when the first is gone it trains on from its last delta:
     every sample trained once, the deltas' sequence unbroken."""
-    topic = _topic(kafka, "samples-standby")
+    topic = new_topic("samples-standby")
     spec = f"kafka://{kafka.bootstrap}/{topic}"
-    batches = [records(_schema(store), 100, per_request=20, prefix=p) for p in ("a", "b", "c")]
+    batches = [records(schema_of(store), 100, per_request=20, prefix=p) for p in ("a", "b", "c")]
     ports = free_port(), free_port()
 
     def samples_in_deltas() -> int:
@@ -329,8 +307,8 @@ def test_a_second_trainer_stands_by_and_takes_over_where_the_first_stopped(kafka
     produce(kafka.bootstrap, topic, batches[0])
     stops = threading.Event(), threading.Event()
     results: list = [None, None]
-    with FollowTrainer(_cfg(store, spec, delta_interval_s=0.2, metrics_port=ports[0])) as first, \
-            FollowTrainer(_cfg(store, spec, delta_interval_s=0.2, metrics_port=ports[1])) as second:  # fmt: skip
+    with FollowTrainer(stream_cfg(store, spec, delta_interval_s=0.2, metrics_port=ports[0])) as first, \
+            FollowTrainer(stream_cfg(store, spec, delta_interval_s=0.2, metrics_port=ports[1])) as second:  # fmt: skip
 
         def run(i: int, trainer: FollowTrainer) -> None:
             results[i] = trainer.run(stops[i])

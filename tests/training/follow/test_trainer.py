@@ -1,6 +1,7 @@
 """Continuous training into the served version (training/follow/trainer.py, ``recserve train --follow``).
 
-One small version is trained and published once per module; every test follows a copy of it.
+One small version is trained and published once per session (``follow_version``, conftest.py);
+every test follows a copy of it (``store``).
 """
 
 from __future__ import annotations
@@ -19,43 +20,12 @@ import pytest
 import torch
 
 import model_store as ms
-from features import stream
-from features.hashing import shard_of
-from features.schema import load_schema
-from features.transform import transform
 from model_store.shards import read_meta
-from tests.helpers import wait_until
+from tests.helpers import ROOT, wait_until
+from tests.training.follow.helpers import NAME, SAMPLE, file_signs, lookup, serving_stores
 from training.config import FollowConfig, TrainConfig
 from training.follow.trainer import FollowTrainer, follow
 from training.train import train
-
-ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = ROOT / "data/criteo/deepctr_criteo_sample.csv"
-NAME = "criteo"
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("follow-version")
-    cfg = TrainConfig(
-        store=str(tmp / "store"),
-        model=NAME,
-        epochs=1,
-        limit=2000,
-        inprocess_ps=True,
-        publish=True,
-        progress=False,
-        curve=str(tmp / "c.svg"),
-    )
-    train(cfg)
-    return tmp / "store"
-
-
-@pytest.fixture
-def store(trained, tmp_path) -> Path:
-    out = tmp_path / "store"
-    shutil.copytree(trained, out)
-    return out
 
 
 @pytest.fixture
@@ -67,42 +37,6 @@ def watch(tmp_path) -> Path:
 
 def _cfg(store: Path, watch: Path, **kw) -> FollowConfig:
     return FollowConfig(**({"follow": str(store / NAME), "watch": str(watch), "poll_s": 0.2} | kw))
-
-
-def _lookup(stores, signs: np.ndarray) -> np.ndarray:
-    """Rows of ``signs`` in stores routed like the PS (the default zero row where absent)."""
-    owner = shard_of(signs, len(stores))
-    out = np.zeros((len(signs), stores[0].config.dim), np.float32)
-    for i, s in enumerate(stores):
-        out[owner == i] = s.lookup(signs[owner == i])[0]
-    return out
-
-
-def _serving_stores(store: Path, deltas: bool = True):
-    """Serving-side shards: the version, plus its deltas through the PS's own Follower."""
-    from serving.ps.follow import Follower
-    from serving.ps.spec import TableSpec
-    from serving.ps.store import EmbeddingStore, StoreConfig
-
-    version = ms.current(store, NAME)
-    manifest = ms.read_manifest(ms.version_dir(store, NAME, version))
-    n, dim = manifest.num_shards, manifest.dim
-    stores = [
-        EmbeddingStore(StoreConfig(table=TableSpec(dim=dim, capacity=100_000), shard=i, num_shards=n))
-        for i in range(n)
-    ]
-    for s in stores:
-        if deltas:
-            Follower(s, ms.model_dir(store, NAME)).poll()
-        else:
-            s.load(ms.version_dir(store, NAME, version) / "embeddings")
-    return stores
-
-
-def _file_signs(store: Path, path: Path) -> np.ndarray:
-    vdir = ms.version_dir(store, NAME, ms.current(store, NAME))
-    schema = load_schema(vdir / "schema.yaml")
-    return transform(stream.read(path, schema), schema).signs
 
 
 @pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated")
@@ -117,8 +51,8 @@ def test_once_cuts_a_delta_that_serving_applies(store, watch):
 
     with FollowTrainer(_cfg(store, watch, once=True)) as trainer:
         result = trainer.run(threading.Event())
-        signs = _file_signs(store, SAMPLE)
-        trained_rows = _lookup(trainer.loaded.cluster.stores, signs)
+        signs = file_signs(store, SAMPLE)
+        trained_rows = lookup(trainer.loaded.cluster.stores, signs)
         dense_after = trainer.loaded.dense.state_dict()
 
     # one delta, complete, of the served version, after the ones cut while training
@@ -132,14 +66,14 @@ def test_once_cuts_a_delta_that_serving_applies(store, watch):
     assert {m.base_version for m in metas} == {version} and {m.delta_seq for m in metas} == {seq}
 
     # serving applies it: the file's rows changed and equal the trainer's; the others did not
-    base = _serving_stores(store, deltas=False)
-    served = _serving_stores(store)
+    base = serving_stores(store, deltas=False)
+    served = serving_stores(store)
     assert {s.delta_seq for s in served} == {seq}
-    base_rows, served_rows = _lookup(base, signs), _lookup(served, signs)
+    base_rows, served_rows = lookup(base, signs), lookup(served, signs)
     np.testing.assert_array_equal(served_rows, trained_rows)
     assert (np.abs(served_rows - base_rows).max(axis=1) > 0).all()
     others = np.setdiff1d(np.concatenate([s.snapshot().signs for s in base]), signs)[:2000]
-    np.testing.assert_array_equal(_lookup(served, others), _lookup(base, others))
+    np.testing.assert_array_equal(lookup(served, others), lookup(base, others))
 
     # the dense model is the served one, untouched; the version still validates
     assert ms.sha256_file(vdir / "dense/model.pt") == dense_sha
@@ -151,7 +85,7 @@ def test_once_cuts_a_delta_that_serving_applies(store, watch):
     # a second --once: nothing new, nothing cut; it resumes from the served rows (delta included)
     with FollowTrainer(_cfg(store, watch, once=True)) as again:
         assert again.run(threading.Event()).deltas == []
-        np.testing.assert_array_equal(_lookup(again.loaded.cluster.stores, signs), trained_rows)
+        np.testing.assert_array_equal(lookup(again.loaded.cluster.stores, signs), trained_rows)
     assert ms.list_deltas(vdir) == [*before, seq]
 
 
@@ -239,8 +173,8 @@ def test_a_publish_mid_follow_moves_the_next_deltas_to_the_new_version_only(stor
     lines = SAMPLE.read_text().splitlines(keepends=True)
     for name, rows in (("a.csv", lines[1:101]), ("b.csv", lines[101:])):
         (watch / f".{name}").write_text("".join([lines[0], *rows]))
-    a_signs = {int(x) for x in _file_signs(store, watch / ".a.csv")}
-    b_signs = {int(x) for x in _file_signs(store, watch / ".b.csv")}
+    a_signs = {int(x) for x in file_signs(store, watch / ".a.csv")}
+    b_signs = {int(x) for x in file_signs(store, watch / ".b.csv")}
     stop = threading.Event()
     box: dict = {}
     # no timed cuts: the only cuts are the one the move makes and the final one
@@ -277,7 +211,7 @@ def test_a_publish_mid_follow_moves_the_next_deltas_to_the_new_version_only(stor
     assert in_v1 <= a_signs and in_v2 <= b_signs and in_v1 - b_signs and in_v2 - a_signs
 
     # serving follows CURRENT (v2): v2's delta is applied, v1's is refused by a v2 shard
-    served = _serving_stores(store)
+    served = serving_stores(store)
     assert {(s.version, s.delta_seq) for s in served} == {(v2, 0)}
     with pytest.raises(StoreError, match=f"belongs to version '{v1}', this shard serves '{v2}'"):
         served[0].apply_delta(ms.delta_dir(ms.version_dir(store, NAME, v1), n1))
@@ -344,8 +278,8 @@ def test_a_delta_of_an_int8_version_is_cut_in_int8_and_served_within_its_bound(t
     shutil.copy(SAMPLE, watch / SAMPLE.name)
     with FollowTrainer(_cfg(store, watch, once=True)) as trainer:
         ((version, seq),) = trainer.run(threading.Event()).deltas
-        signs = _file_signs(store, SAMPLE)
-        trained_rows = _lookup(trainer.loaded.cluster.stores, signs)
+        signs = file_signs(store, SAMPLE)
+        trained_rows = lookup(trainer.loaded.cluster.stores, signs)
     vdir = ms.version_dir(store, NAME, version)
     for part in shard_dirs(ms.delta_dir(vdir, seq)):
         data = read_shard(part)
@@ -357,5 +291,5 @@ def test_a_delta_of_an_int8_version_is_cut_in_int8_and_served_within_its_bound(t
         Follower(s, ms.model_dir(store, NAME)).poll()
     assert {(s.version, s.delta_seq) for s in served} == {(version, seq)}
     assert {s.served.base.dtype for s in served} == {"int8"}
-    got = _lookup(served, signs)
+    got = lookup(served, signs)
     assert (np.abs(got - trained_rows) <= error_bound(trained_rows)[:, None]).all()

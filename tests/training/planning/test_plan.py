@@ -10,20 +10,10 @@ from pathlib import Path
 import pytest
 
 from features.schema import load_schema
-from serving.ps.spec import TableSpec
-from serving.ps.store import OptimizerSpec, StoreConfig
+from tests.helpers import ROOT
+from tests.training.planning.helpers import SCHEMA
 from training.planning import plan as sharding
 from training.planning.costs import Costs
-
-ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = ROOT / "data/schemas/criteo.yaml"
-TRAIN = ROOT / "data/criteo/wide_resdnn_criteo_train.tsv"
-STORE = StoreConfig(table=TableSpec(dim=16, optimizer=OptimizerSpec("adagrad")))
-MIB = 1 << 20
-
-
-def stats(*tables: tuple[str, int, float]) -> list[sharding.TableStats]:
-    return [sharding.TableStats(n, i + 1, rows, ids, rows) for i, (n, rows, ids) in enumerate(tables)]
 
 
 def test_a_plan_file_from_before_the_overlap_estimate_still_loads():

@@ -8,7 +8,7 @@ import pytest
 
 from features.schema import load_schema
 from features.stream import ReadOptions
-from tests.training.test_plan import MIB, SCHEMA, STORE, TRAIN, stats
+from tests.training.planning.helpers import MIB, SCHEMA, STORE, TRAIN, stats
 from training.planning import plan as sharding
 from training.planning import planner
 from training.planning.costs import Costs, round_trips_us

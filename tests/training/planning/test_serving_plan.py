@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from model_store.quant import served_bytes_per_row
-from tests.training.test_plan import STORE, stats
+from tests.training.planning.helpers import STORE, stats
 from training.planning import plan as sharding
 from training.planning import planner, serving_plan
 from training.planning.costs import Costs

@@ -24,7 +24,7 @@ def _read(spec: str, ledger: Ledger, **kw) -> list[sources.KeyedChunk]:
     return [c for c in chunks if isinstance(c, sources.KeyedChunk)]
 
 
-def test_chunks_lie_at_their_offsets_and_resume_where_the_ledger_says(kafka, tmp_path):  # noqa: F811
+def test_chunks_lie_at_their_offsets_and_resume_where_the_ledger_says(kafka, tmp_path):
     topic = kafka.create_topic("source-offsets", 2)
     kafka.create_topic(topic + ".dead", 1)
     recs = records(SCHEMA, 100, per_request=10)
@@ -53,7 +53,7 @@ def test_chunks_lie_at_their_offsets_and_resume_where_the_ledger_says(kafka, tmp
     assert {c.start.unit: c.start.row for c in again} == {f"{topic}/0": 30}  # partition 1 was read to its end
 
 
-def test_a_rank_reads_its_share_of_the_partitions(kafka, tmp_path):  # noqa: F811
+def test_a_rank_reads_its_share_of_the_partitions(kafka, tmp_path):
     topic = kafka.create_topic("source-ranks", 4)
     produce(kafka.bootstrap, topic, records(SCHEMA, 80, per_request=10), partitions=4)
     spec = f"kafka://{kafka.bootstrap}/{topic}"
@@ -75,14 +75,14 @@ def test_the_source_lists_its_partitions_as_typed_parts_with_their_resume_positi
     assert sources.get("kafka").keyed  # its chunks are keyed samples, whatever flag named it
 
 
-def test_a_spec_without_a_topic_and_a_missing_topic_are_refused(kafka, tmp_path):  # noqa: F811
+def test_a_spec_without_a_topic_and_a_missing_topic_are_refused(kafka, tmp_path):
     with pytest.raises(ValueError, match="expected kafka://BROKERS/TOPIC"):
         _read("kafka://localhost:9092", Ledger(tmp_path / "l.json"))
     with pytest.raises(ValueError, match="a stream is read with a ledger"):
         sources.open_source(f"kafka://{kafka.bootstrap}/t", Reading(SCHEMA), "kafka")
 
 
-def test_a_looks_chunks_join_into_one_batch_and_behind_counts_what_was_not_yielded(kafka, tmp_path):  # noqa: F811
+def test_a_looks_chunks_join_into_one_batch_and_behind_counts_what_was_not_yielded(kafka, tmp_path):
     topic = kafka.create_topic("source-looks", 4)
     kafka.create_topic(topic + ".dead", 1)
     recs = records(SCHEMA, 120, per_request=10)

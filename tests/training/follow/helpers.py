@@ -1,0 +1,88 @@
+"""What the streaming trainer's tests share (its fixtures are in conftest.py beside): the model
+followed, the sample file, its config for a stream, rows looked up as serving routes them, and the
+environment a documented line runs in."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import model_store as ms
+from features import stream
+from features.schema import Schema, load_schema
+from features.transform import transform
+from tests.helpers import ROOT
+from training.config import FollowConfig
+
+NAME = "criteo"
+"""The model the tests follow (``<store>/criteo``)."""
+SAMPLE = ROOT / "data/criteo/deepctr_criteo_sample.csv"
+"""200 Criteo rows with a header: what the watched directory receives."""
+
+
+def stream_cfg(store: Path, spec: str, **kw) -> FollowConfig:
+    """A follower of ``store``'s model reading the stream ``spec`` (``kafka://...``): batches of
+    64, a look every 0.2 s; ``kw`` overrides."""
+    return FollowConfig(
+        **({"follow": str(store / NAME), "stream": spec, "poll_s": 0.2, "batch_size": 64} | kw)
+    )
+
+
+def schema_of(store: Path) -> Schema:
+    """The schema of the version ``store`` serves."""
+    return load_schema(ms.version_dir(store, NAME, ms.current(store, NAME)) / "schema.yaml")
+
+
+def file_signs(store: Path, path: Path) -> np.ndarray:
+    """The signs of a file's rows under the served version's schema."""
+    schema = schema_of(store)
+    return transform(stream.read(path, schema), schema).signs
+
+
+def lookup(stores, signs: np.ndarray) -> np.ndarray:
+    """Rows of ``signs`` in stores routed like the PS (the default zero row where absent)."""
+    from features.hashing import shard_of
+
+    owner = shard_of(signs, len(stores))
+    out = np.zeros((len(signs), stores[0].config.dim), np.float32)
+    for i, s in enumerate(stores):
+        out[owner == i] = s.lookup(signs[owner == i])[0]
+    return out
+
+
+def serving_stores(store: Path, deltas: bool = True):
+    """Serving-side shards of the served version: its dump, plus (``deltas``) its deltas through
+    the PS's own Follower."""
+    from serving.ps.follow import Follower
+    from serving.ps.spec import TableSpec
+    from serving.ps.store import EmbeddingStore, StoreConfig
+
+    version = ms.current(store, NAME)
+    manifest = ms.read_manifest(ms.version_dir(store, NAME, version))
+    n, dim = manifest.num_shards, manifest.dim
+    stores = [
+        EmbeddingStore(StoreConfig(table=TableSpec(dim=dim, capacity=100_000), shard=i, num_shards=n))
+        for i in range(n)
+    ]
+    for s in stores:
+        if deltas:
+            Follower(s, ms.model_dir(store, NAME)).poll()
+        else:
+            s.load(ms.version_dir(store, NAME, version) / "embeddings")
+    return stores
+
+
+def doc_env() -> dict[str, str]:
+    """The environment a documented line runs in: the repository importable, this venv's
+    ``recserve`` and ``python`` first on PATH."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    return os.environ | {"PYTHONPATH": str(ROOT), "PATH": path}
+
+
+def bash(line: str, cwd: Path, env: dict, **kw) -> subprocess.Popen:
+    """``line`` started under ``bash -c`` in a session of its own (kill it with ``os.killpg``)."""
+    return subprocess.Popen(["bash", "-c", line], cwd=cwd, env=env, start_new_session=True, **kw)
