@@ -44,11 +44,11 @@ REDIS_HINT = "redis-server not found: install Redis 7 (Debian/Ubuntu: apt-get in
 
 # ---- server side ------------------------------------------------------------------------------
 def build_store(rows: int, seed: int):
-    from serving.ps import EmbeddingStore, OptimizerSpec, StoreConfig
+    from serving.ps import OptimizerSpec, TableShard, TableShardConfig
     from serving.ps.spec import TableSpec
 
-    store = EmbeddingStore(
-        StoreConfig(table=TableSpec(dim=DIM, capacity=rows, optimizer=OptimizerSpec("adagrad", lr=0.01)))
+    store = TableShard(
+        TableShardConfig(table=TableSpec(dim=DIM, capacity=rows, optimizer=OptimizerSpec("adagrad", lr=0.01)))
     )
     rng = np.random.default_rng(seed)
     signs = unique_signs(rng.integers(1, 2**63, int(rows * 1.01), dtype=np.uint64))[:rows]

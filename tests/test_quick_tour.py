@@ -50,9 +50,9 @@ def test_quick_tour_runs_as_printed(tmp_path, readme_ports):
     assert len(heads) >= 2 and all(0.0 < x < 1.0 for x in heads), outputs["score"]
     assert '"embedding": "1"' in outputs["score"] and '"dense": "1"' in outputs["score"]
     assert re.search(r"^\*\s+1\s+ok", outputs["versions"], re.M)
-    assert "lookups      shard 0 colocated, shard 1 colocated (TorchServe's handler)" in outputs["versions"], outputs[
-        "versions"
-    ]  # `up` picks co-located lookups: the version's files are on this host
+    assert (
+        "lookups      shard 0 colocated, shard 1 colocated (TorchServe's handler)" in outputs["versions"]
+    ), outputs["versions"]  # `up` picks co-located lookups: the version's files are on this host
     runtime = model_store.read_manifest(tmp_path / "store" / "criteo" / "1").dense_runtime.default  # type: ignore[union-attr]
     assert (
         f"dense model  version 1 (TorchServe's default), runtime {runtime} on cpu" in outputs["versions"]

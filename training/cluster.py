@@ -9,7 +9,7 @@ Three ways to get shards (``open_cluster``):
   client here; their dumps must lie under ``data_root`` (the model-store root);
 - ``addresses``: connect to running shards given in shard order (their shard/num_shards are
   checked against that order), with their admin token file (``token_file``);
-- ``inprocess``: ``EmbeddingStore``s in this process behind ``InProcessShard`` (tests, benchmarks).
+- ``inprocess``: ``TableShard``s in this process behind ``InProcessShard`` (tests, benchmarks).
 
 The worker is always an in-process ``EmbeddingWorker`` library object in the trainer (over
 ``PSClient``s or ``InProcessShard``s), not a ``recserve worker`` process: the trainer is its only
@@ -36,8 +36,8 @@ from features.schema import Schema
 from serving.rpc.auth import new_token_file
 
 if TYPE_CHECKING:
-    from serving.ps.config import StoreConfig
-    from serving.ps.store import EmbeddingStore
+    from serving.ps.config import TableShardConfig
+    from serving.ps.shard import TableShard
     from serving.worker.core import EmbeddingWorker, WorkerConfig
     from training.replicated import Replicated
 
@@ -50,7 +50,7 @@ class Cluster:
 
     worker: EmbeddingWorker | None
     num_shards: int
-    stores: list[EmbeddingStore] = field(default_factory=list)  # in-process stores (inprocess mode)
+    stores: list[TableShard] = field(default_factory=list)  # in-process stores (inprocess mode)
     addresses: list[str] = field(default_factory=list)  # gRPC shards
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)  # shards we started
     log_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -167,7 +167,7 @@ class Cluster:
 
 def open_cluster(
     schema: Schema,
-    store: StoreConfig,
+    store: TableShardConfig,
     num_shards: int,
     worker_config: WorkerConfig | None,
     addresses: list[str] | None = None,
@@ -182,9 +182,9 @@ def open_cluster(
     from serving.worker.core import EmbeddingWorker, InProcessShard, connect
 
     if inprocess:
-        from serving.ps.store import EmbeddingStore
+        from serving.ps.shard import TableShard
 
-        stores = [EmbeddingStore(replace(store, shard=i, num_shards=num_shards)) for i in range(num_shards)]
+        stores = [TableShard(replace(store, shard=i, num_shards=num_shards)) for i in range(num_shards)]
         worker = EmbeddingWorker([InProcessShard(s) for s in stores], schema, worker_config)
         return Cluster(worker, num_shards, stores=stores)
     cluster = Cluster(None, 0, token_file=token_file)
@@ -205,7 +205,7 @@ def open_cluster(
 
 # ---- PS processes -------------------------------------------------------------------------------
 def start_shards(
-    store: StoreConfig, num_shards: int, log_dir: Path, token_file: str, data_root: str | Path = "",
+    store: TableShardConfig, num_shards: int, log_dir: Path, token_file: str, data_root: str | Path = "",
     timeout_s: float = 60.0, shards: list[int] | None = None, host: str = "127.0.0.1",
 ) -> tuple[list[subprocess.Popen[bytes]], list[str]]:  # fmt: skip
     """Start ``recserve ps`` processes for ``shards`` (default all, 0..n-1) of ``num_shards``, each

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from model_store.layout import default_root
 from serving.ps import optim
-from serving.ps.config import StoreConfig
+from serving.ps.config import TableShardConfig
 from serving.ps.spec import EVICTIONS, TableSpec
 from training.planning.plan import SHARDINGS
 
@@ -178,10 +178,10 @@ class TrainConfig:
             return 0
         return len(self.ps) if self.ps else self.num_shards
 
-    def store_config(self, schema_hash: str, shard: int = 0, num_shards: int = 1) -> StoreConfig:
+    def store_config(self, schema_hash: str, shard: int = 0, num_shards: int = 1) -> TableShardConfig:
         """The store config of shard ``shard`` of ``num_shards`` (our own shards, the replicated
         tables' store, the planner's measurements): the table spec, nested, not copied."""
-        return StoreConfig(self.table, self.seed, schema_hash, shard, num_shards)
+        return TableShardConfig(self.table, self.seed, schema_hash, shard, num_shards)
 
     def __post_init__(self) -> None:
         if isinstance(self.ps, str):

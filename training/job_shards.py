@@ -18,12 +18,12 @@ from training.cluster import Cluster, open_cluster, start_shards, stop_processes
 from training.config import TrainConfig
 
 if TYPE_CHECKING:
-    from serving.ps.config import StoreConfig
+    from serving.ps.config import TableShardConfig
 
 log = logging.getLogger("recserve.train")
 
 
-def open_job_cluster(cfg: TrainConfig, schema, spec: StoreConfig, rank: int, world: int) -> Cluster:
+def open_job_cluster(cfg: TrainConfig, schema, spec: TableShardConfig, rank: int, world: int) -> Cluster:
     """Rank 0 starts (or connects to) the shards; the other ranks connect to the same addresses."""
     from serving.worker.core import WorkerConfig
 
@@ -42,7 +42,9 @@ def open_job_cluster(cfg: TrainConfig, schema, spec: StoreConfig, rank: int, wor
     return _job_shards(cfg, schema, spec, worker_cfg, rank, world)
 
 
-def _job_shards(cfg: TrainConfig, schema, spec: StoreConfig, worker_cfg, rank: int, world: int) -> Cluster:
+def _job_shards(
+    cfg: TrainConfig, schema, spec: TableShardConfig, worker_cfg, rank: int, world: int
+) -> Cluster:
     """The job's own shards under torchrun: shard i runs on node i mod N (N nodes, torchrun's
     GROUP_RANK), started by that node's local rank 0 and bound to the node's address (loopback
     when the job has one node); every rank learns every address through the process group, and

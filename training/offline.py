@@ -29,18 +29,18 @@ def load_stores(version: Path, manifest: model_store.VersionManifest) -> list:
 
 
 def open_stores(version: Path, num_shards: int, schema_hash: str, name: str) -> list:
-    """One EmbeddingStore per shard, filled from ``embeddings/shard-<i>-of-<n>/``: the rows serving
+    """One TableShard per shard, filled from ``embeddings/shard-<i>-of-<n>/``: the rows serving
     reads (an int8 version's dequantized by ``model_store.quant.dequantize``, as serving does)."""
     from model_store.shards import read_meta, shard_dir_name
+    from serving.ps.shard import TableShard, TableShardConfig
     from serving.ps.spec import TableSpec
-    from serving.ps.store import EmbeddingStore, StoreConfig
 
     n = num_shards
     stores = []
     for i in range(n):
         shard = version / "embeddings" / shard_dir_name(i, n)
         meta = read_meta(shard)
-        cfg = StoreConfig(
+        cfg = TableShardConfig(
             table=TableSpec(
                 dim=meta.dim,
                 capacity=max(1, meta.rows),
@@ -50,7 +50,7 @@ def open_stores(version: Path, num_shards: int, schema_hash: str, name: str) -> 
             shard=i,
             num_shards=n,
         )
-        store = EmbeddingStore(cfg)
+        store = TableShard(cfg)
         store.load(shard)
         store.version = name  # what pinned lookups name
         stores.append(store)

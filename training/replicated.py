@@ -1,6 +1,6 @@
 """The sharding plan's ``replicated`` tables: rows inside the trainer, updated synchronously.
 
-One in-process ``EmbeddingStore`` -- the PS shard's own class, so the same per-sign initial row,
+One in-process ``TableShard`` -- the PS shard's own class, so the same per-sign initial row,
 the same sparse optimizer and state, the same growth -- holds the rows of every slot the plan
 replicates. A training lookup inserts unseen signs; an update is applied before the next step
 (no staleness). Under torchrun every rank holds a copy: each step, every rank's per-sign gradients
@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from model_store.shards import ShardData
-from serving.ps.store import EmbeddingStore
+from serving.ps.shard import TableShard
 
 if TYPE_CHECKING:
-    from serving.ps.config import StoreConfig
+    from serving.ps.config import TableShardConfig
 
 
 class Replicated:
     """The replicated tables of one rank."""
 
-    def __init__(self, store: StoreConfig, capacity: int, world: int = 1, max_memory_gb: float = 0.0):
+    def __init__(self, store: TableShardConfig, capacity: int, world: int = 1, max_memory_gb: float = 0.0):
         """``store``: the shards' config (the table spec); ``capacity``: the rows expected (the
         plan's estimate); ``max_memory_gb``: the plan's budget per rank (0: none), past which
         training stops loudly rather than outgrow it."""
@@ -43,7 +43,7 @@ class Replicated:
         cap = max(1024, int(capacity * 1.25))  # a quarter to spare before the first growth
         if max_memory_gb and store_bytes(cfg, cap) > max_memory_gb * GIB:
             cap = max(1024, capacity)
-        self.store = EmbeddingStore(cfg.with_table(capacity=cap))
+        self.store = TableShard(cfg.with_table(capacity=cap))
         self.world = world
 
     def rows(self, signs: np.ndarray, train: bool) -> np.ndarray:

@@ -1,22 +1,32 @@
-"""The embedding parameter server. Training store: ``store`` (``EmbeddingStore``, with its
-collaborators in ``arrays``, ``growth``, ``admission``, ``eviction`` and ``persistence``, the
-optimizers of ``optim`` with their fast paths in ``fused``, the compiled kernels of ``index``);
-serving store: ``mapped`` (``MappedStore`` over ``table``'s ``BucketTable``), kept current by ``follow``;
-``deltas`` writes deltas from outside a run; gRPC service: ``server`` (``metrics``), client:
-``client``.
+"""The embedding parameter server. A training shard of a table: ``shard`` (``TableShard``, with
+its collaborators in ``arrays``, ``growth``, ``admission``, ``eviction`` and ``persistence``, the
+optimizers of ``optim`` with their fast paths in ``fused``, the compiled kernels of ``index``); a
+serving shard: ``mapped`` (``MappedTableShard`` over ``table``'s ``BucketTable``), kept current by
+``follow``; ``deltas`` cuts deltas (``DeltaCut``) and writes them from outside a run; gRPC service:
+``server`` (``metrics``), client: ``client``. "Store" is the model store only.
 
-``EmbeddingStore`` (compiled kernels, numba) is imported on first use, so a serving shard --
-``recserve ps-serve``, numpy only -- never loads numba."""
+``TableShard`` (compiled kernels, numba) is imported on first use, so a serving shard --
+``recserve ps-serve``, numpy only -- never loads numba. The names before 0.2 (``EmbeddingStore``,
+``StoreConfig``) still work, with a DeprecationWarning (CHANGELOG.md)."""
 
-from serving.ps.config import StoreConfig
+import sys
+import warnings
+
+from serving.ps.config import TableShardConfig
 from serving.ps.optim import OptimizerSpec
 
-__all__ = ["EmbeddingStore", "OptimizerSpec", "StoreConfig"]
+__all__ = ["OptimizerSpec", "TableShard", "TableShardConfig"]
+_FORMER = {"EmbeddingStore": "TableShard", "StoreConfig": "TableShardConfig"}
 
 
 def __getattr__(name: str):
-    if name == "EmbeddingStore":
-        from serving.ps.store import EmbeddingStore
+    if name in _FORMER:
+        warnings.warn(
+            f"serving.ps.{name} is now serving.ps.{_FORMER[name]}", DeprecationWarning, stacklevel=2
+        )
+        return getattr(sys.modules[__name__], _FORMER[name])
+    if name == "TableShard":
+        from serving.ps.shard import TableShard
 
-        return EmbeddingStore
+        return TableShard
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Admission of new signs (``StoreConfig.min_count``): a count-min sketch of how often each
+"""Admission of new signs (``TableShardConfig.min_count``): a count-min sketch of how often each
 unseen sign was asked for, so a sign gets a row only once it has been seen that many times."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from numpy.typing import NDArray
 from features.hashing import has_duplicates
 from model_store.shards import ShardData
 from serving.ps import index, optim
-from serving.ps.config import StoreConfig, as_signs
+from serving.ps.config import TableShardConfig, as_signs
 
 __all__ = ["RowArrays", "SignIndex", "checked_assign", "checked_grads", "coalesce", "zeros"]
 
@@ -108,7 +108,7 @@ class RowArrays:
     dirty: NDArray[np.bool_]
 
     @classmethod
-    def allocate(cls, cfg: StoreConfig, capacity: int) -> RowArrays:
+    def allocate(cls, cfg: TableShardConfig, capacity: int) -> RowArrays:
         """Zeroed arrays for ``capacity`` rows (pages committed as rows arrive)."""
         return cls(
             zeros((capacity, cfg.dim), cfg.dtype),
@@ -136,7 +136,7 @@ class RowArrays:
         for arr in self.columns():
             arr[dst] = arr[src]
 
-    def fresh(self, start: int, signs: NDArray[np.uint64], cfg: StoreConfig, now: np.uint32) -> None:
+    def fresh(self, start: int, signs: NDArray[np.uint64], cfg: TableShardConfig, now: np.uint32) -> None:
         """New rows for ``signs`` at positions start, start+1, ...: initial values and state, touched
         now, never counted, dirty (the serving side must get the initial row too)."""
         end = start + len(signs)
@@ -220,7 +220,7 @@ def checked_grads(signs, grads, dim: int) -> tuple[NDArray[np.uint64], NDArray[n
 
 
 def checked_assign(
-    signs, rows, state: dict[str, np.ndarray] | None, cfg: StoreConfig
+    signs, rows, state: dict[str, np.ndarray] | None, cfg: TableShardConfig
 ) -> tuple[NDArray[np.uint64], NDArray[np.float32], dict[str, NDArray[np.float32]]]:
     """``assign``'s input as arrays: distinct uint64 signs, finite float32 rows and state of
     shape (len(signs), dim), the state named among the optimizer's; else a ValueError."""

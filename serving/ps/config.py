@@ -1,5 +1,5 @@
-"""Configuration of one PS shard: its store (``StoreConfig``), and the process of each of its two
-roles, nesting where it listens (``serving.rpc.config.ServerConfig``): a training shard
+"""Configuration of one PS shard: its table shard (``TableShardConfig``; the YAML key stays
+``store``), and the process of each of its two roles, nesting where it listens (``serving.rpc.config.ServerConfig``): a training shard
 (``TrainingShardConfig``, ``recserve ps``) and a serving shard (``ServingShardConfig``,
 ``recserve ps-serve``). Each role has only its own settings, so no setting of one can be given to
 the other. No numba and no gRPC here: ``recserve ps --help`` stays quick."""
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_ROWS",
     "ServingShardConfig",
-    "StoreConfig",
+    "TableShardConfig",
     "TableSpec",
     "TrainingShardConfig",
     "check_holds",
@@ -31,8 +31,8 @@ __all__ = [
 
 
 @dataclass
-class StoreConfig:
-    """Configuration of one PS shard's store: the table it holds a part of, and which part."""
+class TableShardConfig:
+    """One PS shard of a table: the table it holds a part of, and which part."""
 
     table: TableSpec = field(default_factory=TableSpec)
     """The table's spec (dim, dtype, capacity, eviction, limits, optimizer): written into every dump's
@@ -64,16 +64,16 @@ class StoreConfig:
     init_scale = property(lambda self: self.table.init_scale)
     optimizer = property(lambda self: self.table.optimizer)
 
-    def with_table(self, **changes) -> StoreConfig:
+    def with_table(self, **changes) -> TableShardConfig:
         """This config with ``changes`` to its table spec."""
         return replace(self, table=replace(self.table, **changes))
 
     @classmethod
-    def from_dict(cls, d: dict) -> StoreConfig:
+    def from_dict(cls, d: dict) -> TableShardConfig:
         return cls(**d)
 
 
-def check_holds(config: StoreConfig, version: str, holds: list[str]) -> None:
+def check_holds(config: TableShardConfig, version: str, holds: list[str]) -> None:
     """The pin check of every shard store: a lookup naming ``version`` ("" = whatever the shard
     serves) is answered only from it; otherwise ``NotServing`` (UNAVAILABLE through gRPC, a 503
     at scoring) naming the shard and what it holds -- never rows of another version."""
@@ -97,7 +97,7 @@ def is_next_delta(meta: ShardMeta, version: str, delta_seq: int) -> bool:
     return True
 
 
-def not_held(config: StoreConfig, version: str, holds: list[str]) -> NoReturn:
+def not_held(config: TableShardConfig, version: str, holds: list[str]) -> NoReturn:
     """Refuse a lookup naming ``version``, which the shard does not hold (``check_holds``)."""
     from serving.rpc.errors import NotServing
 
@@ -143,14 +143,14 @@ class TrainingShardConfig:
     taken under it). Default: the model-store root ($RECSERVE_STORE or ./artifacts)."""
     server: ServerConfig = field(default_factory=_ps_server)
     """Where the shard listens (host, port, metrics port, TLS, ...)."""
-    store: StoreConfig = field(default_factory=StoreConfig)
+    store: TableShardConfig = field(default_factory=TableShardConfig)
     """The shard's store (its table spec, shard, num_shards, ...)."""
 
     def __post_init__(self) -> None:
         if self.admin_token_file:
             read_token_file(self.admin_token_file)  # missing, empty or readable by others: say so now
 
-    def store_config(self) -> StoreConfig:
+    def store_config(self) -> TableShardConfig:
         return self.store
 
 
@@ -194,10 +194,10 @@ class ServingShardConfig:
 
         parse(self.notices)  # an unknown transport: say so now
 
-    def store_config(self) -> StoreConfig:
-        """The ``StoreConfig`` of the mapped store: the position and the served row shape."""
+    def store_config(self) -> TableShardConfig:
+        """The ``TableShardConfig`` of the mapped store: the position and the served row shape."""
         table = TableSpec(dim=self.dim, dtype=self.dtype)
-        return StoreConfig(table=table, shard=self.shard, num_shards=self.num_shards)
+        return TableShardConfig(table=table, shard=self.shard, num_shards=self.num_shards)
 
 
 ShardConfig = TrainingShardConfig | ServingShardConfig

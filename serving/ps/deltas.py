@@ -99,8 +99,8 @@ class DeltaCut:
 
 class DeltaWriter:
     def __init__(self, root, model: str, version: str | None = None):
+        from serving.ps.shard import TableShard, TableShardConfig
         from serving.ps.spec import TableSpec
-        from serving.ps.store import EmbeddingStore, StoreConfig
 
         version = version or ms.current(root, model)
         if version is None:
@@ -111,8 +111,8 @@ class DeltaWriter:
         self.num_shards, self.dim = manifest.num_shards, manifest.dim
         self.stores = []
         for i in range(self.num_shards):
-            store = EmbeddingStore(
-                StoreConfig(
+            store = TableShard(
+                TableShardConfig(
                     table=TableSpec(dim=self.dim, capacity=4_000_000), shard=i, num_shards=self.num_shards
                 )
             )

@@ -1,4 +1,4 @@
-"""Which rows a bounded training shard drops: the eviction policy (``StoreConfig.eviction``
+"""Which rows a bounded training shard drops: the eviction policy (``TableShardConfig.eviction``
 lru/lfu, when full) and the TTL (``ttl_s``), with their counts and a rate-limited log line."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 
 from features.hashing import unique_signs
 from serving.ps.arrays import RowArrays
-from serving.ps.config import StoreConfig
+from serving.ps.config import TableShardConfig
 
 __all__ = ["Eviction", "LOG_EVERY_S"]
 
@@ -22,7 +22,7 @@ LOG_EVERY_S = 10.0  # eviction log lines: at most one per this many seconds, wit
 class Eviction:
     """Chooses victims and counts them (``evictions``: by the policy, ``expired``: by the TTL)."""
 
-    def __init__(self, config: StoreConfig):
+    def __init__(self, config: TableShardConfig):
         self.config = config
         self.evictions = 0
         self.expired = 0

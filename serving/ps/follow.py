@@ -6,10 +6,10 @@ that ``wants`` names something new -- ``serving.notices`` -- and every ``poll_s`
 ``<model>/CURRENT`` (or serves the ``pin``\ ned version). A new version passes the one gate
 (``model_store.validate`` against the manifest of the version served: ``_SUCCESS``, manifest,
 the same feature schema and dim), then is
-opened in a staging store beside the served one -- a serving ``MappedStore`` maps this shard's
+opened in a staging store beside the served one -- a serving ``MappedTableShard`` maps this shard's
 files and checks their checksums through the mapping; a dump of another shard count is re-sharded by
 the routing hash in memory -- its deltas are applied there, and the served store *adopts* it in
-one step (a reference flip for a MappedStore): a lookup sees the old version or the new one with
+one step (a reference flip for a MappedTableShard): a lookup sees the old version or the new one with
 its deltas, never a mix. Then every complete delta of the served version with a higher seq is
 applied in seq order, each atomically (a new overlay, flipped; gaps are refused; deltas carry
 values, so re-applying one is a no-op), in one of the host's apply slots (``APPLY_SLOTS``): every
@@ -39,7 +39,7 @@ from model_store.errors import StoreError
 from model_store.shards import ShardData
 from serving import memory
 from serving.priority import host_slot
-from serving.ps.config import StoreConfig
+from serving.ps.config import TableShardConfig
 from serving.versions import VersionTarget
 
 log = logging.getLogger("recserve.ps.follow")
@@ -57,13 +57,13 @@ APPLY_WAIT_S = 1.0
 """How long a follower waits for an apply slot before it applies without one (``host_slot``)."""
 
 
-class FollowedStore(Protocol):
-    """What a ``Follower`` keeps current: a serving PS's ``MappedStore`` (serving/ps/mapped.py) or a
-    training shard's ``EmbeddingStore`` (serving/ps/store.py, a test's or a tool's copy of what is
+class FollowedShard(Protocol):
+    """What a ``Follower`` keeps current: a serving PS's ``MappedTableShard`` (serving/ps/mapped.py) or a
+    training shard's ``TableShard`` (serving/ps/shard.py, a test's or a tool's copy of what is
     served)."""
 
     @property
-    def config(self) -> StoreConfig: ...
+    def config(self) -> TableShardConfig: ...
     @property
     def version(self) -> str: ...
     @property
@@ -73,7 +73,7 @@ class FollowedStore(Protocol):
         """Bytes of deltas to read before one ``apply_deltas_data`` (0: apply each as it is read)."""
         ...
 
-    def staging(self) -> FollowedStore:
+    def staging(self) -> FollowedShard:
         """An empty store of the same configuration, to build the next version in."""
         ...
 
@@ -88,12 +88,12 @@ class FollowedStore(Protocol):
 
     def apply_deltas_data(self, deltas: list[ShardData]) -> int:
         """Apply ``deltas`` (read, in seq order): in one flip where the store serves snapshots (a
-        ``MappedStore``), else one after another. Returns the rows of those applied."""
+        ``MappedTableShard``), else one after another. Returns the rows of those applied."""
         ...
 
 
 class Follower:
-    def __init__(self, store: FollowedStore, model_dir: str | os.PathLike, registry=None, clock=time.time,
+    def __init__(self, store: FollowedShard, model_dir: str | os.PathLike, registry=None, clock=time.time,
                  pin: str = ""):  # fmt: skip
         self.store = store
         self.model_dir = Path(model_dir)
@@ -159,7 +159,7 @@ class Follower:
     def _switch(self, version: str) -> str:
         """Build the new version's complete state -- full dump plus its deltas -- in a staging store
         beside the served one, then flip once: no lookup sees the new version without its deltas.
-        A serving shard (MappedStore) maps and verifies the version's files here and the flip is a
+        A serving shard (MappedTableShard) maps and verifies the version's files here and the flip is a
         reference assignment; the old version is released when its last lookup finishes."""
         vdir = ms.version_dir(self.root, self.model, version)
         # the one gate (model_store.validate) without the checksum of every file: this shard's own
@@ -181,11 +181,11 @@ class Follower:
         return msg
 
     def _apply_deltas(
-        self, version: str, store: FollowedStore, observe: bool = True, turn: bool = False
+        self, version: str, store: FollowedShard, observe: bool = True, turn: bool = False
     ) -> list[str]:
         """Apply the version's complete deltas after the store's, in seq order, those read so far
         in one ``apply_deltas_data`` once they reach the store's ``flip_bytes`` (a serving
-        ``MappedStore`` builds an overlay per call: a shard loading a version with a thousand deltas
+        ``MappedTableShard`` builds an overlay per call: a shard loading a version with a thousand deltas
         builds it a few times, not a thousand times). A delta that cannot be read or applied is
         refused; the ones before it are applied. ``turn``: in one of the host's ``APPLY_SLOTS``,
         taken only when there is a delta to apply."""
@@ -204,7 +204,7 @@ class Follower:
             return self._apply(version, store, vdir, seqs, observe)
 
     def _apply(
-        self, version: str, store: FollowedStore, vdir: Path, seqs: list[int], observe: bool
+        self, version: str, store: FollowedShard, vdir: Path, seqs: list[int], observe: bool
     ) -> list[str]:
         events: list[str] = []
         batch: list[tuple[int, Path, ShardData]] = []
@@ -228,7 +228,7 @@ class Follower:
         self._flip(version, store, batch, events, observe)
         return events
 
-    def _flip(self, version: str, store: FollowedStore, batch, events: list[str], observe: bool) -> bool:
+    def _flip(self, version: str, store: FollowedShard, batch, events: list[str], observe: bool) -> bool:
         """Apply ``batch`` ((seq, dir, data) in seq order) in one step; False when one was refused
         (tried one at a time to name it; those before it stay applied)."""
         if not batch:

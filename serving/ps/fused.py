@@ -1,7 +1,7 @@
 """The optimizers' fast paths: compiled kernels that find each distinct sign's row and update it
 and its state in one pass (``SparseOptimizer.fused`` names them; ``serving.ps.optim``).
 
-Contract of a kernel, called by ``EmbeddingStore.apply_gradients`` for distinct signs and float32
+Contract of a kernel, called by ``TableShard.apply_gradients`` for distinct signs and float32
 rows, under the store's lock::
 
     kernel(table, keys, bits, rows, state, signs, grads, hyper, stamp, now, dirty) -> rows updated

@@ -20,7 +20,7 @@ from model_store.errors import CapacityError
 from serving.ps import index
 from serving.ps.admission import Admission, sketch_width
 from serving.ps.arrays import RowArrays, SignIndex
-from serving.ps.config import MAX_ROWS, StoreConfig
+from serving.ps.config import MAX_ROWS, TableShardConfig
 
 __all__ = ["GIB", "Growth", "store_bytes"]
 
@@ -29,7 +29,7 @@ log = logging.getLogger("recserve.ps.store")
 GIB = 1 << 30
 
 
-def store_bytes(cfg: StoreConfig, cap: int) -> int:
+def store_bytes(cfg: TableShardConfig, cap: int) -> int:
     """The memory of a store of configuration ``cfg`` at capacity ``cap``: per row the 8-byte key,
     the row, the optimizer state, stamp, count and dirty byte, plus the index and the admission
     sketch (the planner sizes in-process tables with it too)."""
@@ -41,7 +41,7 @@ def store_bytes(cfg: StoreConfig, cap: int) -> int:
 class Growth:
     """Sizes and grown copies of one store's memory; counts the times it grew (``grows``)."""
 
-    def __init__(self, config: StoreConfig):
+    def __init__(self, config: TableShardConfig):
         self.config = config
         self.grows = 0
 

@@ -1,7 +1,7 @@
 """The store of a serving PS shard: an immutable version, memory-mapped, plus a delta overlay.
 
 Serving needs keys, rows and an index; no optimizer state, no touch counters, no capacity. A
-``MappedStore`` serves one ``Served`` snapshot (serving/ps/served.py): the version's
+``MappedTableShard`` serves one ``Served`` snapshot (serving/ps/served.py): the version's
 ``BucketTable`` (mapped read-only from the model store, serving/ps/table.py), an in-memory overlay
 ``BucketTable`` of the rows its deltas changed or added (deleted signs as tombstones), the version
 name and the last delta applied. Snapshots are immutable; every change builds a new one beside the
@@ -48,11 +48,11 @@ from model_store.meta import ShardMeta
 from model_store.quant import StoredRows, bytes_per_row
 from model_store.shards import ShardData
 from serving import memory
-from serving.ps.config import StoreConfig, as_signs, not_held
+from serving.ps.config import TableShardConfig, as_signs, not_held
 from serving.ps.served import Served
 from serving.ps.table import BucketTable
 
-__all__ = ["MappedStore"]
+__all__ = ["MappedTableShard"]
 
 MERGE_BYTES = 4 << 20
 """Bytes of deltas (all their arrays) a follower reads before one overlay build (``flip_bytes``),
@@ -63,12 +63,12 @@ over its start and kept 8 MB of fragmented heap after ``memory.trim``; in builds
 and 2 MB, in the same 0.7-0.9 s."""
 
 
-class MappedStore:
+class MappedTableShard:
     """A serving shard's rows: ``lookup`` only; versions and deltas flip in whole."""
 
     read_only = True
 
-    def __init__(self, config: StoreConfig, keep_s: float = 30.0, clock=time.monotonic):
+    def __init__(self, config: TableShardConfig, keep_s: float = 30.0, clock=time.monotonic):
         self.config = config
         self.served = Served.of(BucketTable.empty(config.dim, config.dtype), "", -1)
         self.kept: dict[str, Served] = {}
@@ -170,10 +170,10 @@ class MappedStore:
         return misses
 
     # ---- changing it ------------------------------------------------------------------------
-    def staging(self) -> MappedStore:
+    def staging(self) -> MappedTableShard:
         """An empty store of the same configuration, to build the next version in; its checksum
         pass is paced while this store serves lookups."""
-        staging = MappedStore(replace(self.config))
+        staging = MappedTableShard(replace(self.config))
         staging.verify_duty = shards.VERIFY_DUTY if self.served.version else 1.0
         return staging
 
@@ -189,7 +189,7 @@ class MappedStore:
         self.switch_s = time.perf_counter() - t0
         return len(base)
 
-    def adopt(self, other: MappedStore) -> int:
+    def adopt(self, other: MappedTableShard) -> int:
         """The flip: serve what ``other`` built (one reference assignment)."""
         self.config.schema_hash = other.config.schema_hash
         self._flip(other.served)

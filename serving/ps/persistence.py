@@ -1,5 +1,5 @@
 """A training shard's contents as ``ShardData`` (snapshots, delta cuts) and back from files
-(verified reads): the persistence collaborator of ``EmbeddingStore``, which passes it the index
+(verified reads): the persistence collaborator of ``TableShard``, which passes it the index
 and arrays it holds, under the store's lock. The file format itself is ``model_store.shards``."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from model_store.errors import StoreError
 from model_store.meta import ShardMeta
 from model_store.shards import ShardData
 from serving.ps.arrays import RowArrays, SignIndex
-from serving.ps.config import StoreConfig
+from serving.ps.config import TableShardConfig
 
 __all__ = ["ShardPersistence"]
 
@@ -24,7 +24,7 @@ class ShardPersistence:
     """Snapshots, delta cuts and verified reads of one shard. Owns what a delta needs beyond the
     rows marked dirty: the signs deleted since the last cut (``deleted``)."""
 
-    def __init__(self, config: StoreConfig):
+    def __init__(self, config: TableShardConfig):
         self.config = config
         self.deleted: list[NDArray[np.uint64]] = []
 

@@ -1,6 +1,6 @@
 """A PS shard process's steps around its servicer (``serving.ps.server.serve`` runs them in order):
-``open_store`` (a training ``EmbeddingStore`` with its kernels warmed up, or a serving shard's
-``MappedStore``), ``start_following`` (a serving shard's ``Follower``, polled once), ``Health``
+``open_store`` (a training ``TableShard`` with its kernels warmed up, or a serving shard's
+``MappedTableShard``), ``start_following`` (a serving shard's ``Follower``, polled once), ``Health``
 (gRPC health kept true to what is served), ``log_listening``, and the ``Background`` loops (TTL
 expiry; follow polls at each notice, on one low-priority thread)."""
 
@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 from serving import freshness, notices
-from serving.ps.config import ServingShardConfig, ShardConfig, StoreConfig, TrainingShardConfig
+from serving.ps.config import ServingShardConfig, ShardConfig, TableShardConfig, TrainingShardConfig
 from serving.ps.follow import follow_beside_requests, not_serving_reason
 
 if TYPE_CHECKING:
@@ -21,17 +21,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("recserve.ps")
 
 
-def open_store(config: ShardConfig, cfg: StoreConfig):
+def open_store(config: ShardConfig, cfg: TableShardConfig):
     """The shard's store (configured by ``cfg``): a serving shard maps versions' files read-only
     (deltas in an overlay); a training one holds rows and optimizer state (compiled kernels:
     numba, warmed up here), loaded from ``--load`` when given."""
     if isinstance(config, ServingShardConfig):
-        from serving.ps.mapped import MappedStore
+        from serving.ps.mapped import MappedTableShard
 
-        return MappedStore(cfg, keep_s=config.keep_previous_s)
-    from serving.ps.store import EmbeddingStore
+        return MappedTableShard(cfg, keep_s=config.keep_previous_s)
+    from serving.ps.shard import TableShard
 
-    store = EmbeddingStore(cfg)
+    store = TableShard(cfg)
     _warm_up(cfg)
     if config.load:
         t0 = time.perf_counter()
@@ -40,7 +40,7 @@ def open_store(config: ShardConfig, cfg: StoreConfig):
     return store
 
 
-def _warm_up(cfg: StoreConfig) -> None:
+def _warm_up(cfg: TableShardConfig) -> None:
     """A training shard: load every compiled kernel the RPCs use (from numba's cache) for the
     read-only arrays that protobuf payloads give, so the first real call is not the slow one. A
     serving shard has nothing to warm up: its lookups are numpy."""
@@ -48,10 +48,10 @@ def _warm_up(cfg: StoreConfig) -> None:
 
     import numpy as np
 
-    from serving.ps.store import EmbeddingStore
+    from serving.ps.shard import TableShard
 
     signs = np.frombuffer(np.array([1, 2, 2, 3], dtype="<u8").tobytes(), dtype="<u8")
-    scratch = EmbeddingStore(
+    scratch = TableShard(
         replace(cfg.with_table(capacity=16, min_count=1, max_memory_gb=0.0), shard=0, num_shards=1)
     )
     grads = np.frombuffer(np.zeros((4, cfg.dim), dtype="<f4").tobytes(), dtype="<f4").reshape(4, cfg.dim)

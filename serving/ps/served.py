@@ -1,5 +1,5 @@
 """A serving shard's snapshot (``Served``): its version's table, the overlay of the rows its deltas
-changed, and which version and delta they are, as one immutable value that ``MappedStore``
+changed, and which version and delta they are, as one immutable value that ``MappedTableShard``
 (serving/ps/mapped.py) flips by reference. A delta makes a new one (``with_deltas``).
 """
 

@@ -3,7 +3,7 @@
 ``ServingShardConfig``).
 
 ``serve`` starts a shard in named steps (``serving.ps.process``): ``open_store`` (a training
-``EmbeddingStore``, or a serving shard's ``MappedStore``), ``start_following`` (a serving shard's
+``TableShard``, or a serving shard's ``MappedTableShard``), ``start_following`` (a serving shard's
 ``Follower``, polled once so it serves the published version from the start), the gRPC server with
 ``Health`` kept true to what is served, and the ``Background`` loops (TTL expiry; follow polls at
 each notice).
@@ -69,7 +69,7 @@ def ps_access(config: ShardConfig) -> Access:
 
 
 class EmbeddingPSServicer:
-    """gRPC adapter of one ``EmbeddingStore`` (and of its ``Follower`` when it follows a model);
+    """gRPC adapter of one ``TableShard`` (and of its ``Follower`` when it follows a model);
     ``access`` is the shard's ``ps_access`` policy."""
 
     def __init__(self, store, access: Access, metrics: PSMetrics | None = None, follower=None):

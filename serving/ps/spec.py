@@ -3,7 +3,7 @@ init scale, and the optimizer with every hyper-parameter: ``serving.ps.optim.Opt
 and the choice lists of its fields.
 
 It is nested, not copied: in the trainer's config (``training.config.TrainConfig.table``), in each
-PS shard's store config (``serving.ps.config.StoreConfig.table``), written whole into every shard
+PS shard's store config (``serving.ps.config.TableShardConfig.table``), written whole into every shard
 dump's meta (``model_store.meta.ShardMeta.table``) and read back from it (``from_meta``) by the
 follower and whoever loads a dump. ``recserve.config`` turns its fields into flags (``--dim``,
 ``--optimizer``, ``--lr``, ``--l1``, ...) for every command whose config nests it, so a

@@ -56,7 +56,9 @@ def lookup_modes(metrics_address: str, timeout_s: float = 2.0) -> dict:
         if family.name == LOOKUP_MODE:
             for sample in family.samples:
                 if sample.value == 1:
-                    mode = FORMER_LOOKUP_MODES.get(sample.labels["mode"], sample.labels["mode"])  # an older process's
+                    mode = FORMER_LOOKUP_MODES.get(
+                        sample.labels["mode"], sample.labels["mode"]
+                    )  # an older process's
                     modes.setdefault(int(sample.labels["shard"]), set()).add(mode)
         elif family.name == DENSE_RUNTIME:
             runtimes |= {sample.labels["runtime"] for sample in family.samples if sample.value == 1}

@@ -2,7 +2,7 @@
 
 When a model version's shard files are on the scoring host (the model store is a local disk or a
 mount every host shares), the scoring process maps them and gathers rows in-process with the same
-code a serving PS runs (``serving.ps.mapped.MappedStore`` over ``serving.ps.table.BucketTable``): no
+code a serving PS runs (``serving.ps.mapped.MappedTableShard`` over ``serving.ps.table.BucketTable``): no
 gRPC hop, no encoding of signs or rows. The files are mapped read-only, so every process on the
 host that maps a version shares one copy of its rows in the page cache: N scoring processes cost
 one copy, not N.
@@ -34,9 +34,9 @@ from model_store import shards
 from model_store.errors import StoreError
 from serving.notices import Notices, Wake
 from serving.ps.client import ShardError
-from serving.ps.config import StoreConfig
+from serving.ps.config import TableShardConfig
 from serving.ps.follow import Follower, follow_beside_requests, not_serving_reason
-from serving.ps.mapped import MappedStore
+from serving.ps.mapped import MappedTableShard
 from serving.ps.spec import TableSpec
 from serving.rpc.errors import NotServing
 
@@ -64,8 +64,8 @@ class ColocatedShard:
         vdir = Path(version_dir)
         self.shard, self.num_shards, self.dim = shard, num_shards, dim
         self.target = f"local:{vdir / 'embeddings' / shards.shard_dir_name(shard, num_shards)}"
-        self.store = MappedStore(
-            StoreConfig(table=TableSpec(dim=dim, dtype=dtype), shard=shard, num_shards=num_shards)
+        self.store = MappedTableShard(
+            TableShardConfig(table=TableSpec(dim=dim, dtype=dtype), shard=shard, num_shards=num_shards)
         )
         self.follower = Follower(self.store, vdir.parent, pin=vdir.name)
         self._poll_s = poll_s

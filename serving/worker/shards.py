@@ -18,7 +18,7 @@ from features.hashing import shard_of
 from serving.ps.client import PSClient, ShardError
 
 if TYPE_CHECKING:
-    from serving.ps.store import EmbeddingStore
+    from serving.ps.shard import TableShard
 
 __all__ = ["HashRouter", "InProcessShard", "PSClient", "RemoteShard", "ShardBackend", "ShardError"]
 
@@ -82,9 +82,9 @@ class HashRouter:
 
 
 class InProcessShard:
-    """An in-process ``EmbeddingStore`` as a shard."""
+    """An in-process ``TableShard`` as a shard."""
 
-    def __init__(self, store: EmbeddingStore):
+    def __init__(self, store: TableShard):
         self.store = store
         self.dim = store.config.dim
 

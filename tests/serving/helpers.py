@@ -15,8 +15,8 @@ from features.batch import FLAG_CONTEXT
 from features.codec import decode, encode
 from features.schema import dump_schema, schema_from_dict
 from features.transform import transform
+from serving.ps.shard import TableShard, TableShardConfig
 from serving.ps.spec import TableSpec
-from serving.ps.store import EmbeddingStore, StoreConfig
 
 DIM = 4
 TEST = "data/criteo/wide_resdnn_criteo_test.tsv"  # the Criteo split the trained versions are scored on
@@ -76,7 +76,7 @@ def torch_pooled(batch, schema, weight: torch.Tensor) -> torch.Tensor:
     return torch.stack(cols, dim=1)
 
 
-def make_rows_version(root, trainer: EmbeddingStore, fingerprint: str = "fp") -> str:
+def make_rows_version(root, trainer: TableShard, fingerprint: str = "fp") -> str:
     """Seal the trainer store's rows (only rows: no schema, no dense network) as the next version
     of model m; the manifest names ``fingerprint`` as its schema."""
     version = ms.next_version(root, "m")
@@ -93,7 +93,7 @@ def make_version(root: Path, rows_dim: int = DIM, seed: int = 0) -> str:
     from model_store.runtimes import torchscript
     from training.models import ModelConfig, build_model
 
-    trainer = EmbeddingStore(StoreConfig(table=TableSpec(dim=rows_dim, capacity=10_000), seed=seed))
+    trainer = TableShard(TableShardConfig(table=TableSpec(dim=rows_dim, capacity=10_000), seed=seed))
     trainer.lookup(SIGNS, insert=True)
     version = ms.next_version(root, "m")
     staging = ms.staging_dir(root, "m", version)

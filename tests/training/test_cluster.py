@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from serving.ps.client import PSClient, ShardError
-from serving.ps.config import StoreConfig
+from serving.ps.config import TableShardConfig
 from serving.ps.spec import TableSpec
 from serving.worker.core import WorkerConfig
 from tests.serving.helpers import SCHEMA, ranking_batch
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def test_started_shards_need_the_clusters_token_and_dump_under_the_root(tmp_path):
     root = tmp_path / "store"
     root.mkdir()
-    store = StoreConfig(TableSpec(dim=4, capacity=1000))
+    store = TableShardConfig(TableSpec(dim=4, capacity=1000))
     with open_cluster(SCHEMA, store, 2, WorkerConfig(), data_root=root) as cluster:
         token = Path(cluster.token_file)
         assert stat.S_IMODE(token.stat().st_mode) == 0o600

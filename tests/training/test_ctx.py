@@ -14,8 +14,8 @@ import torch
 from features import stream
 from features.hashing import shard_of
 from features.schema import load_schema
+from serving.ps.shard import OptimizerSpec, TableShard, TableShardConfig
 from serving.ps.spec import TableSpec
-from serving.ps.store import EmbeddingStore, OptimizerSpec, StoreConfig
 from serving.worker.core import EmbeddingWorker, InProcessShard, WorkerConfig
 from training import data
 from training.ctx import TrainCtx
@@ -31,7 +31,7 @@ class CountingShard(InProcessShard):
     """A real in-process store as a shard that records each call: its kind, the signs it read
     and how many updates the shard had applied before it read them."""
 
-    def __init__(self, store: EmbeddingStore):
+    def __init__(self, store: TableShard):
         super().__init__(store)
         self.calls: list[tuple[str, np.ndarray, int]] = []
         self.applied = 0
@@ -74,8 +74,10 @@ def test_prefetch_sends_one_update_lookup_per_shard_per_step(flush_after):
     opt = OptimizerSpec("adagrad", lr=0.05)
     shards = [
         CountingShard(
-            EmbeddingStore(
-                StoreConfig(table=TableSpec(dim=DIM, capacity=10_000, optimizer=opt), shard=i, num_shards=2)
+            TableShard(
+                TableShardConfig(
+                    table=TableSpec(dim=DIM, capacity=10_000, optimizer=opt), shard=i, num_shards=2
+                )
             )
         )
         for i in range(2)
@@ -131,7 +133,7 @@ def test_a_plan_that_replicates_every_table_never_asks_the_ps():
     schema = load_schema(SCHEMA)
     batches = data.batches(data.take(stream.read(TRAIN, schema, limit=128), slice(0, 128)), schema, 32)
     opt = OptimizerSpec("adagrad", lr=0.05)
-    shard = CountingShard(EmbeddingStore(StoreConfig(table=TableSpec(dim=16, capacity=1000, optimizer=opt))))
+    shard = CountingShard(TableShard(TableShardConfig(table=TableSpec(dim=16, capacity=1000, optimizer=opt))))
     worker = EmbeddingWorker([shard], schema, WorkerConfig(staleness=0))
     replicated = Replicated(TrainConfig().store_config(schema.fingerprint), 4096)
     cfg = ModelConfig(kind="dlrm", num_slots=len(schema.sparse), dim=16, num_dense=len(schema.dense),

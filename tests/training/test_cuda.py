@@ -18,8 +18,8 @@ import model_store
 from features import stream
 from features.hashing import shard_of
 from features.schema import load_schema
+from serving.ps.shard import OptimizerSpec, TableShard, TableShardConfig
 from serving.ps.spec import TableSpec
-from serving.ps.store import EmbeddingStore, OptimizerSpec, StoreConfig
 from serving.worker.core import EmbeddingWorker, InProcessShard, WorkerConfig
 from training import data
 from training.config import TrainConfig
@@ -42,15 +42,15 @@ def _config(tmp_path: Path, **kw) -> TrainConfig:
     return TrainConfig(**(base | kw))
 
 
-def _step(device: str, batches: list) -> tuple[list[EmbeddingStore], dict]:
+def _step(device: str, batches: list) -> tuple[list[TableShard], dict]:
     """A prefetching step per batch on ``device``, from the same seed, SGD on both sides (its
     step is linear in the gradient: summation order stays at float32's rounding): the shards'
     stores and the dense weights (on the CPU) they end with."""
     schema = load_schema(SCHEMA)
     opt = OptimizerSpec("sgd", lr=0.05)
     stores = [
-        EmbeddingStore(
-            StoreConfig(table=TableSpec(dim=DIM, capacity=10_000, optimizer=opt), shard=i, num_shards=2)
+        TableShard(
+            TableShardConfig(table=TableSpec(dim=DIM, capacity=10_000, optimizer=opt), shard=i, num_shards=2)
         )
         for i in range(2)
     ]

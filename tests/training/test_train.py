@@ -50,16 +50,16 @@ def _config(tmp_path: Path, **kw) -> TrainConfig:
 # ---- one hybrid step == the same step in torch ----------------------------------------------------
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_hybrid_step_matches_in_process_torch_step(optimizer):
+    from serving.ps.shard import OptimizerSpec, TableShard, TableShardConfig
     from serving.ps.spec import TableSpec
-    from serving.ps.store import EmbeddingStore, OptimizerSpec, StoreConfig
     from serving.worker.core import EmbeddingWorker, InProcessShard, WorkerConfig
 
     schema = load_schema(SCHEMA)
     batch = data.batches(data.take(stream.read(TRAIN, schema, limit=64), slice(0, 64)), schema, 64)[0]
     lr = 0.1
     stores = [
-        EmbeddingStore(
-            StoreConfig(
+        TableShard(
+            TableShardConfig(
                 table=TableSpec(dim=8, capacity=10_000, optimizer=OptimizerSpec(optimizer, lr=lr)),
                 shard=i,
                 num_shards=2,

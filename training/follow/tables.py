@@ -16,7 +16,7 @@ from training.cluster import Cluster
 
 if TYPE_CHECKING:
     from features.schema import Schema
-    from serving.ps.config import StoreConfig
+    from serving.ps.config import TableShardConfig
     from serving.worker.core import WorkerConfig
     from training.config import FollowConfig
     from training.follow.ranks import Ranks
@@ -24,13 +24,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("recserve.train.follow")
 
 
-def store_config(cfg: FollowConfig, vdir: Path, num_shards: int, schema_hash: str) -> StoreConfig:
+def store_config(cfg: FollowConfig, vdir: Path, num_shards: int, schema_hash: str) -> TableShardConfig:
     """The follower's table: the spec (and optimizer) the version's rows were trained with, room
     for its rows and as many new ones (hash routing spreads rows evenly), and the follower's own
     eviction, memory limit and learning rate."""
     from model_store.shards import read_meta, shard_dirs
+    from serving.ps.shard import TableShardConfig
     from serving.ps.spec import TableSpec
-    from serving.ps.store import StoreConfig
 
     parts = shard_dirs(vdir / "embeddings")
     metas = [read_meta(part) for part in parts]
@@ -42,16 +42,16 @@ def store_config(cfg: FollowConfig, vdir: Path, num_shards: int, schema_hash: st
         max_memory_gb=cfg.max_memory_gb,
         optimizer=replace(trained.optimizer, lr=cfg.lr) if cfg.lr else trained.optimizer,
     )
-    return StoreConfig(table, seed=metas[0].seed, schema_hash=schema_hash)
+    return TableShardConfig(table, seed=metas[0].seed, schema_hash=schema_hash)
 
 
-def embedded(store: StoreConfig, num_shards: int, vdir: Path, version: str, schema: Schema,
+def embedded(store: TableShardConfig, num_shards: int, vdir: Path, version: str, schema: Schema,
              worker: WorkerConfig) -> Cluster:  # fmt: skip
-    """One ``EmbeddingStore`` per shard of the version in this process, behind a worker."""
-    from serving.ps.store import EmbeddingStore
+    """One ``TableShard`` per shard of the version in this process, behind a worker."""
+    from serving.ps.shard import TableShard
     from serving.worker.core import EmbeddingWorker, InProcessShard
 
-    stores = [EmbeddingStore(replace(store, shard=i, num_shards=num_shards)) for i in range(num_shards)]
+    stores = [TableShard(replace(store, shard=i, num_shards=num_shards)) for i in range(num_shards)]
     for s in stores:
         s.load(vdir / "embeddings")
         s.version = version  # deltas carry base_version = the served version
@@ -72,7 +72,7 @@ def apply_deltas(vdir: Path, stores: list) -> int:
     return applied
 
 
-def shared(store: StoreConfig, num_shards: int, vdir: Path, schema: Schema, worker: WorkerConfig,
+def shared(store: TableShardConfig, num_shards: int, vdir: Path, schema: Schema, worker: WorkerConfig,
            job: Ranks, data_root: str) -> tuple[Cluster, int]:  # fmt: skip
     """PS processes holding the version at ``vdir`` (its dump and deltas), started and loaded by
     rank 0 (its dumps under ``data_root``), and this rank's worker over them; and the last delta

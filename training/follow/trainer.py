@@ -15,7 +15,7 @@ Why the dense model is frozen: the deltas go into the version being served, whos
 keeps scoring; rows trained against a moving network would drift from it. Dense updates ship as
 full versions (``--full-every``, ``--train-dense``, the gate, retention: ``training/follow/full_version.py``).
 
-Embeddings live in in-process ``EmbeddingStore``s (one per shard, routed by the PS's hash) behind
+Embeddings live in in-process ``TableShard``s (one per shard, routed by the PS's hash) behind
 an in-process worker; under torchrun, in PS processes every rank trains through
 (``training.follow.tables``, ``training.follow.ranks``). A delta is a dump of them; one delta
 writer per version (a foreign delta with our next seq is refused, not overwritten).

@@ -17,7 +17,7 @@ class Costs:
     """Per-step cost figures of the two placements (microseconds; GB/s)."""
 
     local_us_per_id: float = 0.40
-    """In-process lookup (inserting) + sparse update of one row in an EmbeddingStore."""
+    """In-process lookup (inserting) + sparse update of one row in an TableShard."""
     rpc_us_per_id: float = 1.36
     """The same through a PS process over gRPC (encode, send, store, answer), per ID."""
     rpc_us_per_call: float = 906.0
@@ -52,18 +52,18 @@ def round_trips_us(costs: Costs, num_shards: int, prefetch: bool = True) -> floa
 
 def measure_costs(store, ids: int = 4096, reps: int = 20) -> Costs:
     """Time lookup + update of ``ids`` random signs in an in-process store and through a PS
-    process started here (``store``: the shards' StoreConfig), and one-sign round trips."""
+    process started here (``store``: the shards' TableShardConfig), and one-sign round trips."""
     import tempfile
 
     from serving.ps.client import PSClient
-    from serving.ps.store import EmbeddingStore
+    from serving.ps.shard import TableShard
     from serving.rpc.auth import new_token_file
     from training.cluster import start_shards, stop_processes
 
     rng = np.random.default_rng(0)
     batches = [rng.integers(1, 1 << 62, ids, dtype=np.uint64) for _ in range(reps)]
     grads = rng.standard_normal((ids, store.dim)).astype(np.float32) * 1e-3
-    inproc = EmbeddingStore(store)
+    inproc = TableShard(store)
 
     def per_id(lookup, update) -> float:
         lookup(batches[0]), update(batches[0])  # warm

@@ -10,13 +10,13 @@ import numpy as np
 import model_store as ms
 from recserve.cli import main
 from serving.notices import VERSION, Notices
-from serving.ps.store import EmbeddingStore
+from serving.ps.shard import TableShard
 from tests.serving.helpers import DIM, SIGNS, make_rows_version
 from tests.serving.ps.helpers import store_config
 
 
 def test_publish_and_rollback_announce_the_new_current(kafka, tmp_path):
-    trainer = EmbeddingStore(store_config(dim=DIM, capacity=10_000))
+    trainer = TableShard(store_config(dim=DIM, capacity=10_000))
     trainer.lookup(SIGNS, insert=True)
     v1 = make_rows_version(tmp_path, trainer)
     trainer.apply_gradients(SIGNS[:10], np.ones((10, DIM), np.float32))

@@ -12,19 +12,19 @@ import pytest
 import model_store as ms
 from model_store.releases import publish
 from serving.notices import Notice, Notices
-from serving.ps.store import EmbeddingStore
+from serving.ps.shard import TableShard
 from tests.serving.helpers import DIM, SIGNS, make_rows_version
 from tests.serving.ps.helpers import store_config
 
 
 @pytest.fixture
 def trainer():
-    store = EmbeddingStore(store_config(dim=DIM, capacity=10_000))
+    store = TableShard(store_config(dim=DIM, capacity=10_000))
     store.lookup(SIGNS, insert=True)
     return store
 
 
-def _cut(root, version: str, trainer: EmbeddingStore) -> tuple[int, float]:
+def _cut(root, version: str, trainer: TableShard) -> tuple[int, float]:
     trainer.apply_gradients(SIGNS[:10], np.ones((10, DIM), np.float32))
     seq = trainer.delta_seq + 1
     ddir = ms.delta_dir(ms.version_dir(root, "m", version), seq)

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from serving.ps.config import StoreConfig
+from serving.ps.config import TableShardConfig
 from serving.ps.spec import TableSpec
 
 TABLE_FIELDS = frozenset(f.name for f in fields(TableSpec))
 
 
-def store_config(**kw) -> StoreConfig:
-    """A StoreConfig from flat keywords, as tests write them: the table spec's fields go into its
+def store_config(**kw) -> TableShardConfig:
+    """A TableShardConfig from flat keywords, as tests write them: the table spec's fields go into its
     ``table``, the rest (seed, shard, num_shards, schema_hash) stay the store's."""
     table = TableSpec(**{k: kw.pop(k) for k in TABLE_FIELDS & set(kw)})
-    return StoreConfig(table=table, **kw)
+    return TableShardConfig(table=table, **kw)
 
 
 class FakeClock:

@@ -15,7 +15,7 @@ import numpy as np
 from model_store import shards
 from serving.ps import server as ps_server
 from serving.ps.client import PSClient
-from serving.ps.config import StoreConfig
+from serving.ps.config import TableShardConfig
 from serving.ps.spec import TableSpec
 from serving.rpc.auth import new_token_file
 from tests.helpers import ps_in_thread
@@ -31,7 +31,7 @@ def training_ps(tmp_path):
     token, root = new_token_file(tmp_path / "admin.token"), tmp_path / "root"
     root.mkdir()
     cfg = TrainingShardConfig(admin_token_file=str(token), data_root=str(root), server=ServerConfig(grace_s=0.1),
-                              store=StoreConfig(table=TableSpec(dim=DIM, capacity=1000)))  # fmt: skip
+                              store=TableShardConfig(table=TableSpec(dim=DIM, capacity=1000)))  # fmt: skip
     with ps_in_thread(cfg) as address, PSClient(address, timeout_s=10.0, token_file=str(token)) as client:
         yield client, root
 

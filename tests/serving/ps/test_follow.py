@@ -12,19 +12,19 @@ import pytest
 import model_store as ms
 from model_store.releases import publish, rollback
 from serving.ps.follow import Follower
-from serving.ps.mapped import MappedStore
+from serving.ps.mapped import MappedTableShard
+from serving.ps.shard import TableShard, TableShardConfig
 from serving.ps.spec import TableSpec
-from serving.ps.store import EmbeddingStore, StoreConfig
 from tests.helpers import wait_until
 from tests.serving.helpers import DIM, SIGNS, make_rows_version
 from tests.serving.ps.helpers import store_config
 
 
-def _store(**kw) -> EmbeddingStore:
-    return EmbeddingStore(store_config(dim=DIM, capacity=10_000, **kw))
+def _store(**kw) -> TableShard:
+    return TableShard(store_config(dim=DIM, capacity=10_000, **kw))
 
 
-def cut_delta(root, version: str, trainer: EmbeddingStore) -> int:
+def cut_delta(root, version: str, trainer: TableShard) -> int:
     seq = trainer.delta_seq + 1
     ddir = ms.delta_dir(ms.version_dir(root, "m", version), seq)
     trainer.dump_delta(ddir)
@@ -38,7 +38,9 @@ def setup(tmp_path):
     trainer.lookup(SIGNS, insert=True)
     v1 = make_rows_version(tmp_path, trainer)
     publish(tmp_path, "m", v1)
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))  # what a serving PS (ps-serve) holds
+    served = MappedTableShard(
+        TableShardConfig(table=TableSpec(dim=DIM))
+    )  # what a serving PS (ps-serve) holds
     return tmp_path, trainer, v1, served, Follower(served, tmp_path / "m")
 
 
@@ -106,7 +108,7 @@ def test_deltas_are_idempotent_and_carry_deletions(setup):
     assert np.array_equal(served.lookup(SIGNS)[0], after)
 
 
-def trainer_row_at(store: EmbeddingStore, sign) -> int:
+def trainer_row_at(store: TableShard, sign) -> int:
     return int(store._index.find(np.array([sign], np.uint64))[0])
 
 
@@ -174,7 +176,7 @@ def test_a_switch_and_a_release_run_no_garbage_collection(tmp_path):
     trainer = _store()
     trainer.lookup(SIGNS, insert=True)
     publish(tmp_path, "m", make_rows_version(tmp_path, trainer))
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)), keep_s=0.0)
+    served = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM)), keep_s=0.0)
     follower = Follower(served, tmp_path / "m")
     follower.poll()
     trainer.apply_gradients(SIGNS, np.ones((len(SIGNS), DIM), np.float32))
@@ -200,7 +202,7 @@ def test_no_lookup_mixes_old_and_new_rows(tmp_path):
     trainer.lookup(SIGNS, insert=True)
     v1 = make_rows_version(tmp_path, trainer)
     publish(tmp_path, "m", v1)
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
+    served = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM)))
     follower = Follower(served, tmp_path / "m")
     follower.poll()
     old = served.lookup(SIGNS)[0].copy()
@@ -250,7 +252,7 @@ def test_refusal_says_why_current_is_not_served_until_it_is(tmp_path):
     assert not_serving_reason(served, follower) == (
         f"embedding shard 0 of 1 serves no version: no version published yet for model m in {tmp_path}"
     )
-    wide = EmbeddingStore(StoreConfig(table=TableSpec(dim=8, capacity=100)))
+    wide = TableShard(TableShardConfig(table=TableSpec(dim=8, capacity=100)))
     wide.lookup(SIGNS[:10], insert=True)
     v1 = make_rows_version(tmp_path, wide)  # the manifest says dim 4, the rows are dim 8
     publish(tmp_path, "m", v1)

@@ -14,7 +14,7 @@ from model_store.releases import publish
 from serving.notices import LISTENING, NOTICES, announcer
 from serving.ps.client import PSClient
 from serving.ps.config import ServingShardConfig
-from serving.ps.store import EmbeddingStore
+from serving.ps.shard import TableShard
 from serving.rpc.config import ServerConfig
 from tests.helpers import free_port, ps_in_thread, wait_until
 from tests.serving.helpers import DIM, SIGNS, make_rows_version
@@ -26,14 +26,14 @@ DEADLINE_S = 10.0
 
 @pytest.fixture
 def model(tmp_path):
-    trainer = EmbeddingStore(store_config(dim=DIM, capacity=10_000))
+    trainer = TableShard(store_config(dim=DIM, capacity=10_000))
     trainer.lookup(SIGNS, insert=True)
     v1 = make_rows_version(tmp_path, trainer)
     publish(tmp_path, "m", v1)
     return tmp_path / "m", trainer, v1
 
 
-def _cut(model_dir, version: str, trainer: EmbeddingStore, spec: str = "") -> int:
+def _cut(model_dir, version: str, trainer: TableShard, spec: str = "") -> int:
     trainer.apply_gradients(SIGNS[:10], np.ones((10, DIM), np.float32))
     seq = trainer.delta_seq + 1
     ddir = ms.delta_dir(model_dir / version, seq)
@@ -118,13 +118,13 @@ def test_a_delta_whose_notice_never_came_is_caught_by_the_poll(kafka, model):
 def test_a_follower_wants_only_what_it_does_not_serve_yet(model):
     from serving.notices import VERSION, Notice
     from serving.ps.follow import Follower
-    from serving.ps.mapped import MappedStore
+    from serving.ps.mapped import MappedTableShard
+    from serving.ps.shard import TableShardConfig
     from serving.ps.spec import TableSpec
-    from serving.ps.store import StoreConfig
 
     model_dir, trainer, v1 = model
     seq = _cut(model_dir, v1, trainer)
-    follower = Follower(MappedStore(StoreConfig(table=TableSpec(dim=DIM))), model_dir)
+    follower = Follower(MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM))), model_dir)
     follower.poll()
     assert follower.store.delta_seq == seq
 
@@ -134,5 +134,5 @@ def test_a_follower_wants_only_what_it_does_not_serve_yet(model):
     assert not wants(v1, seq) and wants(v1, seq + 1)  # the delta served, the next
     assert not wants(v1, VERSION) and wants("9", VERSION)  # CURRENT moved: to what is served, elsewhere
     assert not wants("9", 0)  # a delta of a version neither served nor CURRENT
-    pinned = Follower(MappedStore(StoreConfig(table=TableSpec(dim=DIM))), model_dir, pin=v1)
+    pinned = Follower(MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM))), model_dir, pin=v1)
     assert not pinned.wants(Notice("m", "9", VERSION, 0.0)) and pinned.wants(Notice("m", v1, 0, 0.0))

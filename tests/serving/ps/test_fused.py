@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.ps import EmbeddingStore, OptimizerSpec, optim
+from serving.ps import OptimizerSpec, TableShard, optim
 from tests.serving.ps.helpers import FakeClock, store_config
 
 FUSED = sorted(name for name, entry in optim.OPTIMIZERS.items() if entry.fused)
@@ -23,7 +23,7 @@ def test_sgd_and_adagrad_have_a_fast_path_and_the_rest_none():
 def test_the_fused_update_of_distinct_signs_is_bit_identical_to_the_numpy_path(name):
     clock = FakeClock()
     a, b = (
-        EmbeddingStore(store_config(dim=8, capacity=600, optimizer=OptimizerSpec(name, lr=0.05)), clock=clock)
+        TableShard(store_config(dim=8, capacity=600, optimizer=OptimizerSpec(name, lr=0.05)), clock=clock)
         for _ in range(2)
     )
     rng = np.random.default_rng(0)

@@ -11,7 +11,7 @@ import pytest
 
 import serving.ps.arrays as arrays
 from model_store import CapacityError, StoreError
-from serving.ps import EmbeddingStore, OptimizerSpec, StoreConfig
+from serving.ps import OptimizerSpec, TableShard, TableShardConfig
 from serving.ps import index as ps_index
 from serving.ps.config import MAX_ROWS
 from serving.ps.growth import GIB
@@ -31,12 +31,12 @@ def pair(clock, capacity=16, **kw):
     """(a store that must grow, an unbounded reference), configured alike, on one clock."""
     kw.setdefault("dim", 4)
     kw.setdefault("optimizer", OptimizerSpec("adagrad", lr=0.1))
-    small = EmbeddingStore(store_config(capacity=capacity, **kw), clock=clock)
-    reference = EmbeddingStore(store_config(capacity=100_000, **kw), clock=clock)
+    small = TableShard(store_config(capacity=capacity, **kw), clock=clock)
+    reference = TableShard(store_config(capacity=100_000, **kw), clock=clock)
     return small, reference
 
 
-def contents(store: EmbeddingStore) -> dict:
+def contents(store: TableShard) -> dict:
     """Order-independent contents: every per-row array, sorted by sign."""
     snap = store.snapshot()
     order = np.argsort(snap.signs)
@@ -46,7 +46,7 @@ def contents(store: EmbeddingStore) -> dict:
     return out
 
 
-def delta(store: EmbeddingStore) -> dict:
+def delta(store: TableShard) -> dict:
     data = store.cut_delta()
     order = np.argsort(data.signs)
     return {"signs": data.signs[order], "rows": data.rows[order], "deleted": np.sort(data.deleted)}
@@ -103,8 +103,8 @@ def test_growth_by_assign_and_delta_application(tmp_path):
         assert s.assign(signs, rows) == 500
     assert_same(contents(small), contents(reference))
     reference.dump_delta(tmp_path / "d0")
-    follower = EmbeddingStore(
-        StoreConfig(table=TableSpec(dim=4, capacity=4, optimizer=OptimizerSpec("adagrad", lr=0.1)))
+    follower = TableShard(
+        TableShardConfig(table=TableSpec(dim=4, capacity=4, optimizer=OptimizerSpec("adagrad", lr=0.1)))
     )
     assert follower.apply_delta(tmp_path / "d0") == 500 and follower.stats()["grows"] >= 1
     np.testing.assert_array_equal(follower.lookup(signs)[0], rows)
@@ -140,7 +140,7 @@ def test_cut_delta_and_ttl_expiry_after_growth():
 
 def test_admission_counts_survive_growth():
     clock = FakeClock()
-    s = EmbeddingStore(StoreConfig(table=TableSpec(dim=4, capacity=16, min_count=2)), clock=clock)
+    s = TableShard(TableShardConfig(table=TableSpec(dim=4, capacity=16, min_count=2)), clock=clock)
     early = np.arange(1, 101, dtype=np.uint64)
     s.lookup(early, insert=True)  # seen once: no rows yet
     assert len(s) == 0
@@ -155,9 +155,9 @@ def test_admission_counts_survive_growth():
 # ---- the limits: loud, and nothing lost -------------------------------------------------------
 def test_growth_past_the_memory_limit_fails_loudly_and_keeps_the_rows():
     rng, clock = np.random.default_rng(3), FakeClock()
-    probe = EmbeddingStore(StoreConfig(table=TableSpec(dim=4)))
+    probe = TableShard(TableShardConfig(table=TableSpec(dim=4)))
     limit_gb = probe.bytes_for(100) / GIB  # room for 100 rows
-    s = EmbeddingStore(StoreConfig(table=TableSpec(dim=4, capacity=16, max_memory_gb=limit_gb)), clock=clock)
+    s = TableShard(TableShardConfig(table=TableSpec(dim=4, capacity=16, max_memory_gb=limit_gb)), clock=clock)
     first = rng.integers(1, 2**63, 70, dtype=np.uint64)
     s.lookup(first[:60], insert=True)
     assert s.capacity == 60
@@ -179,13 +179,13 @@ def test_growth_past_the_memory_limit_fails_loudly_and_keeps_the_rows():
     s.lookup(rng.integers(1, 2**63, 30, dtype=np.uint64), insert=True)  # what fits still goes in
     assert len(s) == 100
     with pytest.raises(CapacityError, match="capacity 1,000,000 rows needs"):
-        EmbeddingStore(
-            StoreConfig(table=TableSpec(dim=4, max_memory_gb=limit_gb))
+        TableShard(
+            TableShardConfig(table=TableSpec(dim=4, max_memory_gb=limit_gb))
         )  # the first allocation, too
 
 
 def test_a_memory_error_during_growth_is_the_same_loud_error(monkeypatch):
-    s = EmbeddingStore(StoreConfig(table=TableSpec(dim=4, capacity=16)))
+    s = TableShard(TableShardConfig(table=TableSpec(dim=4, capacity=16)))
     s.lookup(np.arange(1, 17, dtype=np.uint64), insert=True)
     before = contents(s)
     real = arrays.zeros
@@ -203,19 +203,19 @@ def test_a_memory_error_during_growth_is_the_same_loud_error(monkeypatch):
 
 
 def test_one_shard_cannot_pass_the_int32_row_position_limit():
-    s = EmbeddingStore(StoreConfig(table=TableSpec(dim=4, capacity=16)))
+    s = TableShard(TableShardConfig(table=TableSpec(dim=4, capacity=16)))
     with pytest.raises(CapacityError, match="int32 row positions"):
         s._grow(MAX_ROWS + 1, keep=0)
     with pytest.raises(ValueError, match="int32"):
-        StoreConfig(table=TableSpec(capacity=2**31 - 1))
+        TableShardConfig(table=TableSpec(capacity=2**31 - 1))
     assert ps_index.position_bits(MAX_ROWS) == 31  # the largest capacity still fits an int32 entry
 
 
 # ---- eviction only when configured, and counted -------------------------------------------------
 def test_the_default_never_evicts():
-    cfg = StoreConfig(table=TableSpec(dim=4, capacity=8))
+    cfg = TableShardConfig(table=TableSpec(dim=4, capacity=8))
     assert cfg.eviction == "none" and cfg.max_memory_gb == 0 and cfg.ttl_s == 0
-    s = EmbeddingStore(cfg)
+    s = TableShard(cfg)
     signs = np.arange(1, 1001, dtype=np.uint64)
     for chunk in np.split(signs, 10):
         s.lookup(chunk, insert=True)
@@ -227,7 +227,7 @@ def test_the_default_never_evicts():
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
 def test_configured_eviction_bounds_the_store_and_counts_and_logs(policy, caplog):
     clock = FakeClock()
-    s = EmbeddingStore(StoreConfig(table=TableSpec(dim=4, capacity=50, eviction=policy)), clock=clock)
+    s = TableShard(TableShardConfig(table=TableSpec(dim=4, capacity=50, eviction=policy)), clock=clock)
     with caplog.at_level(logging.INFO, logger="recserve.ps.store"):
         for i in range(40):
             clock.t += 1
@@ -242,7 +242,7 @@ def test_configured_eviction_bounds_the_store_and_counts_and_logs(policy, caplog
 
 def test_a_delta_past_the_memory_limit_is_refused_whole(tmp_path):
     rng, clock = np.random.default_rng(4), FakeClock()
-    trainer = EmbeddingStore(StoreConfig(table=TableSpec(dim=4, capacity=16, ttl_s=10)), clock=clock)
+    trainer = TableShard(TableShardConfig(table=TableSpec(dim=4, capacity=16, ttl_s=10)), clock=clock)
     old = rng.integers(1, 2**63, 50, dtype=np.uint64)
     trainer.lookup(old, insert=True)
     trainer.dump(tmp_path / "base")
@@ -252,7 +252,7 @@ def test_a_delta_past_the_memory_limit_is_refused_whole(tmp_path):
     assert trainer.expire() == 10
     trainer.dump_delta(tmp_path / "d0")  # 10 deletions, 240 rows of which 200 new
     limit_gb = trainer.bytes_for(100) / GIB
-    serving = EmbeddingStore(StoreConfig(table=TableSpec(dim=4, capacity=16, max_memory_gb=limit_gb)))
+    serving = TableShard(TableShardConfig(table=TableSpec(dim=4, capacity=16, max_memory_gb=limit_gb)))
     serving.load(tmp_path / "base")
     before = contents(serving)
     with pytest.raises(CapacityError, match="max_memory_gb"):

@@ -12,9 +12,9 @@ import pytest
 import model_store as ms
 from model_store import shards
 from model_store.errors import StoreError
-from serving.ps.mapped import MappedStore
+from serving.ps.mapped import MappedTableShard
+from serving.ps.shard import TableShard, TableShardConfig
 from serving.ps.spec import TableSpec
-from serving.ps.store import EmbeddingStore, StoreConfig
 from serving.ps.table import BucketTable
 from tests.serving.ps.helpers import store_config
 
@@ -125,9 +125,9 @@ def test_checksum_passes_take_turns_host_wide(tmp_path, monkeypatch):
         assert entered.is_set()
 
 
-def _trainer(n: int, seed: int = 0, **kw) -> tuple[EmbeddingStore, np.ndarray]:
+def _trainer(n: int, seed: int = 0, **kw) -> tuple[TableShard, np.ndarray]:
     rng = np.random.default_rng(seed)
-    store = EmbeddingStore(store_config(dim=DIM, capacity=4 * n, eviction="lru", **kw))
+    store = TableShard(store_config(dim=DIM, capacity=4 * n, eviction="lru", **kw))
     signs = np.unique(rng.integers(1, 2**63, n, dtype=np.uint64))
     store.lookup(signs, insert=True)
     store.apply_gradients(signs, rng.standard_normal((len(signs), DIM)).astype(np.float32))
@@ -157,7 +157,7 @@ def test_a_mapped_version_and_its_delta_overlay_share_one_compiled_find(tmp_path
     trainer, signs = _trainer(3_000)
     trainer.version = "7"
     trainer.dump(tmp_path / "full")
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
+    served = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM)))
     served.open(tmp_path / "full")
     trainer.apply_gradients(signs[:100], np.ones((100, DIM), np.float32))
     trainer.dump_delta(tmp_path / "d0")
@@ -174,7 +174,7 @@ def test_a_mapped_version_plus_deltas_answers_like_the_training_store(tmp_path):
     trainer, signs = _trainer(30_000)
     trainer.version = "7"
     trainer.dump(tmp_path / "full")
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
+    served = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM)))
     assert served.open(tmp_path / "full") == len(signs)
     assert served.served.base.mapped and not served.served.base.rows.flags.writeable
     probe = _probe(signs)
@@ -220,7 +220,7 @@ def test_deltas_applied_in_one_overlay_build_answer_as_one_at_a_time(tmp_path):
             trainer.assign(signs[:40], np.full((40, DIM), 5.0, np.float32))
         trainer.dump_delta(tmp_path / f"d{k}")
         deltas.append(tmp_path / f"d{k}")
-    one, batch = (MappedStore(StoreConfig(table=TableSpec(dim=DIM))) for _ in range(2))
+    one, batch = (MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM))) for _ in range(2))
     for s in (one, batch):
         s.open(tmp_path / "full")
     for d in deltas:
@@ -247,11 +247,11 @@ def test_a_dump_of_another_shard_count_is_resharded_in_memory(tmp_path):
         part = data.select(owner == i)
         part.meta = replace(part.meta, shard=i, num_shards=2)
         shards.write_shard(tmp_path / "two", part)
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM), shard=0, num_shards=1))
+    served = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM), shard=0, num_shards=1))
     served.open(tmp_path / "two")
     assert not served.served.base.mapped and len(served) == len(signs)
     np.testing.assert_array_equal(served.lookup(signs)[0], trainer.lookup(signs)[0])
-    half = MappedStore(StoreConfig(table=TableSpec(dim=DIM), shard=1, num_shards=2))
+    half = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM), shard=1, num_shards=2))
     half.open(tmp_path / "two")
     assert half.served.base.mapped and len(half) == int((owner == 1).sum())
 
@@ -259,9 +259,9 @@ def test_a_dump_of_another_shard_count_is_resharded_in_memory(tmp_path):
 def test_fp16_rows_are_within_half_precision_of_fp32(tmp_path):
     trainer, signs = _trainer(5_000)
     trainer.dump(tmp_path / "full")
-    fp32 = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
+    fp32 = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM)))
     fp32.open(tmp_path / "full")
-    fp16 = MappedStore(StoreConfig(table=TableSpec(dim=DIM, dtype="float16")))
+    fp16 = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM, dtype="float16")))
     fp16.open(tmp_path / "full")
     assert fp16.served.base.rows.dtype == np.float16
     assert fp16.memory_bytes < fp32.memory_bytes
@@ -275,7 +275,7 @@ def test_a_corrupt_or_truncated_file_is_refused_and_the_served_version_stays(tmp
     trainer.dump(tmp_path / "v1")
     trainer.version = "2"
     trainer.dump(tmp_path / "v2")
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
+    served = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM)))
     served.open(tmp_path / "v1")
     before = served.lookup(signs)[0].copy()
     rows = tmp_path / "v2/shard-0-of-1/rows.npy"
@@ -334,7 +334,7 @@ def test_a_dump_written_before_xxh3_is_checked_by_its_sha256(tmp_path):
         del entry[shards.XXH3]
         entry["sha256"] = ms.sha256_file(shard / name)
     (shard / shards.MANIFEST).write_text(json.dumps(listing))
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
+    served = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM)))
     served.open(tmp_path / "v1")
     np.testing.assert_array_equal(served.lookup(signs)[0], trainer.lookup(signs)[0])
     raw = bytearray((shard / "signs.npy").read_bytes())
@@ -365,7 +365,7 @@ def test_a_paced_checksum_matches_one_pass_and_catches_a_flip_in_any_piece():
 
 
 def test_a_serving_store_refuses_writes(tmp_path):
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
+    served = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM)))
     with pytest.raises(ValueError, match="does not insert"):
         served.lookup(np.array([1], np.uint64), insert=True)
     with pytest.raises(StoreError, match="read-only"):
@@ -396,7 +396,7 @@ def test_a_switch_keeps_the_replaced_version_for_lookups_that_name_it(tmp_path):
     v2.version = "2"
     v2.dump(tmp_path / "v2")
     now = [0.0]
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)), keep_s=30.0, clock=lambda: now[0])
+    served = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM)), keep_s=30.0, clock=lambda: now[0])
     assert served.staging().verify_duty == 1.0  # nothing served yet: check at full speed
     served.open(tmp_path / "v1")
     staging = served.staging()
@@ -461,7 +461,7 @@ def test_a_lookup_naming_the_version_a_switch_lands_on_meanwhile_reads_it(tmp_pa
     v1.dump(tmp_path / "v1")
     v1.version = "2"
     v1.dump(tmp_path / "v2")
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
+    served = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM)))
     served.open(tmp_path / "v1")
     staging = served.staging()
     staging.open(tmp_path / "v2")

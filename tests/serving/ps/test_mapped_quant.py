@@ -11,17 +11,17 @@ import pytest
 
 from features.hashing import shard_of
 from model_store import shards
-from serving.ps.mapped import MappedStore
+from serving.ps.mapped import MappedTableShard
+from serving.ps.shard import TableShard, TableShardConfig
 from serving.ps.spec import TableSpec
-from serving.ps.store import EmbeddingStore, StoreConfig
 from tests.serving.ps.helpers import store_config
 
 DIM = 8
 
 
-def _trainer(n: int) -> tuple[EmbeddingStore, np.ndarray]:
+def _trainer(n: int) -> tuple[TableShard, np.ndarray]:
     rng = np.random.default_rng(0)
-    store = EmbeddingStore(store_config(dim=DIM, capacity=4 * n))
+    store = TableShard(store_config(dim=DIM, capacity=4 * n))
     signs = np.unique(rng.integers(1, 2**63, n, dtype=np.uint64))
     store.lookup(signs, insert=True)
     store.apply_gradients(signs, rng.standard_normal((len(signs), DIM)).astype(np.float32))
@@ -45,7 +45,7 @@ def test_a_version_in_a_serving_dtype_is_mapped_and_answers_its_decoded_rows(tmp
     trainer.version = "3"
     trainer.dump(tmp_path / "full")
     shards.encode_dump(tmp_path / "full", dtype)
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
+    served = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM)))
     served.open(tmp_path / "full")
     base = served.served.base
     assert base.mapped and base.dtype == dtype and served.stats()["dtype"] == dtype
@@ -59,7 +59,7 @@ def test_a_version_in_a_serving_dtype_is_mapped_and_answers_its_decoded_rows(tmp
     if bound is not None:
         assert (np.abs(got[: len(signs)] - want) <= bound).all()
     # a training store loading the version reads the same rows (follow training, DeltaWriter, offline)
-    loaded = EmbeddingStore(store_config(dim=DIM, capacity=len(signs)))
+    loaded = TableShard(store_config(dim=DIM, capacity=len(signs)))
     loaded.load(tmp_path / "full")
     np.testing.assert_array_equal(loaded.lookup(probe)[0], got)
     _stored_is_decoded(served, probe, dtype)
@@ -82,7 +82,7 @@ def test_a_version_in_a_serving_dtype_is_mapped_and_answers_its_decoded_rows(tmp
     _stored_is_decoded(served, probe, dtype)
 
 
-def _stored_is_decoded(served: MappedStore, probe: np.ndarray, dtype: str) -> None:
+def _stored_is_decoded(served: MappedTableShard, probe: np.ndarray, dtype: str) -> None:
     """What a PS sends for a ``stored`` lookup (rows as mapped, overlay over them) decodes to
     exactly the rows it answers decoded, misses and tombstones included."""
     stored, misses, answered = served.stored_rows_of(probe)
@@ -99,10 +99,10 @@ def test_an_int8_version_of_another_shard_count_is_built_in_memory_with_its_scal
         part = data.select(owner == i)
         part.meta = replace(part.meta, shard=i, num_shards=2)
         shards.write_shard(tmp_path / "two", part.encoded("int8"))
-    one = MappedStore(StoreConfig(table=TableSpec(dim=DIM), shard=0, num_shards=1))
+    one = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM), shard=0, num_shards=1))
     one.open(tmp_path / "two")
     assert not one.served.base.mapped and one.served.base.dtype == "int8"
-    half = MappedStore(StoreConfig(table=TableSpec(dim=DIM), shard=1, num_shards=2))
+    half = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM), shard=1, num_shards=2))
     half.open(tmp_path / "two")
     mine = signs[shard_of(signs, 2) == 1]
     np.testing.assert_array_equal(half.lookup(mine)[0], one.lookup(mine)[0])
@@ -130,7 +130,7 @@ def test_a_serving_ps_answers_rows_in_the_serving_dtype_over_grpc(tmp_path, dtyp
     ms.write_manifest(staging, ms.VersionManifest("m", "1", "fp", DIM, num_shards=1))
     ms.seal(staging, ms.version_dir(tmp_path, "m", "1"))
     ms.publish(tmp_path, "m", "1")
-    colocated = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
+    colocated = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM)))
     colocated.open(ms.version_dir(tmp_path, "m", "1") / "embeddings")
     probe = np.concatenate([signs[:3000], np.arange(1, 50, dtype=np.uint64)])
     cfg = ServingShardConfig(str(ms.model_dir(tmp_path, "m")), shard=0, num_shards=1, dim=DIM,

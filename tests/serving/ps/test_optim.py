@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from recserve.cli import build_parser, main
-from serving.ps import EmbeddingStore, OptimizerSpec, StoreConfig, optim
+from serving.ps import OptimizerSpec, TableShard, TableShardConfig, optim
 from serving.ps.spec import TableSpec
 from training.config import TrainConfig, train_table
 from training.inprocess import sparse_optimizer
@@ -23,7 +23,7 @@ NAMES = sorted(optim.OPTIMIZERS)
 def test_an_unknown_optimizer_is_refused_naming_the_known_ones():
     for make in (
         lambda: OptimizerSpec(name="lamb"),
-        lambda: StoreConfig.from_dict({"table": {"dim": 4, "optimizer": {"name": "lamb"}}}),
+        lambda: TableShardConfig.from_dict({"table": {"dim": 4, "optimizer": {"name": "lamb"}}}),
         lambda: TrainConfig(table=TableSpec(optimizer={"name": "lamb"})),
         lambda: sparse_optimizer(SimpleNamespace(name="lamb"), [torch.zeros(2, requires_grad=True)]),
     ):
@@ -68,9 +68,9 @@ def test_the_flag_choices_are_the_registry():
 def test_every_optimizer_allocates_dumps_and_reloads_its_state(name, tmp_path):
     """A shard holds exactly the registered state matrices, and a dump reloaded continues the same."""
 
-    def make() -> EmbeddingStore:
-        return EmbeddingStore(
-            StoreConfig(table=TableSpec(dim=4, capacity=32, optimizer=OptimizerSpec(name, lr=0.05)))
+    def make() -> TableShard:
+        return TableShard(
+            TableShardConfig(table=TableSpec(dim=4, capacity=32, optimizer=OptimizerSpec(name, lr=0.05)))
         )
 
     spec = optim.get(name)

@@ -9,7 +9,7 @@ import pytest
 from features.hashing import shard_of
 from model_store import CapacityError, shards
 from model_store.errors import StoreError
-from serving.ps import EmbeddingStore, OptimizerSpec
+from serving.ps import OptimizerSpec, TableShard
 from tests.serving.ps.helpers import store_config
 
 
@@ -21,15 +21,15 @@ class FakeClock:
         return self.t
 
 
-def make(**kw) -> EmbeddingStore:
+def make(**kw) -> TableShard:
     kw.setdefault("dim", 4)
     kw.setdefault("capacity", 500)
     kw.setdefault("optimizer", OptimizerSpec("adam", lr=0.01))
     clock = kw.pop("clock", None) or FakeClock()
-    return EmbeddingStore(store_config(**kw), clock=clock)
+    return TableShard(store_config(**kw), clock=clock)
 
 
-def train(store: EmbeddingStore, rng, steps: int, pool: int = 300, batch: int = 64) -> None:
+def train(store: TableShard, rng, steps: int, pool: int = 300, batch: int = 64) -> None:
     for _ in range(steps):
         signs = rng.integers(1, pool, batch).astype(np.uint64)
         if store.config.num_shards > 1:
@@ -38,7 +38,7 @@ def train(store: EmbeddingStore, rng, steps: int, pool: int = 300, batch: int = 
         store.apply_gradients(signs, rng.standard_normal((len(signs), store.config.dim)))
 
 
-def contents(store: EmbeddingStore) -> dict:
+def contents(store: TableShard) -> dict:
     """Order-independent content: arrays sorted by sign."""
     snap = store.snapshot()
     order = np.argsort(snap.signs)

@@ -172,11 +172,13 @@ def test_metrics_endpoint(training_ps):
 
 def test_a_shard_out_of_memory_answers_resource_exhausted_and_keeps_its_rows(start_ps):
     from serving.ps.growth import GIB
+    from serving.ps.shard import TableShard, TableShardConfig
     from serving.ps.spec import TableSpec
-    from serving.ps.store import EmbeddingStore, StoreConfig
     from serving.worker.core import UpdateError
 
-    limit_gb = EmbeddingStore(StoreConfig(table=TableSpec(dim=DIM))).bytes_for(100) / GIB  # room for 100 rows
+    limit_gb = (
+        TableShard(TableShardConfig(table=TableSpec(dim=DIM))).bytes_for(100) / GIB
+    )  # room for 100 rows
     with start_ps("--capacity", "16", "--max-memory-gb", repr(limit_gb)) as p:
         c = p["client"]
         c.lookup(np.arange(1, 61, dtype=np.uint64), insert=True)  # grows 16 -> 60

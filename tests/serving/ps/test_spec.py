@@ -13,10 +13,10 @@ from model_store import RecordError
 from model_store.shards import read_meta
 from recserve import config
 from recserve.cli import build_parser
-from serving.ps.config import StoreConfig, TrainingShardConfig
+from serving.ps.config import TableShardConfig, TrainingShardConfig
 from serving.ps.optim import OptimizerSpec
+from serving.ps.shard import TableShard
 from serving.ps.spec import TableSpec
-from serving.ps.store import EmbeddingStore
 from training.config import TrainConfig, train_table
 
 
@@ -50,7 +50,7 @@ def test_train_flags_and_yaml_change_what_they_name_and_keep_the_trainers_defaul
 def test_a_store_writes_its_spec_into_every_dump_and_it_reads_back_the_same(tmp_path):
     table = TableSpec(dim=4, dtype="float16", capacity=100, eviction="lru", ttl_s=60.0, min_count=2,
                       optimizer=OptimizerSpec("adam", lr=0.02, beta1=0.8, eps=1e-6))  # fmt: skip
-    store = EmbeddingStore(StoreConfig(table, seed=3))
+    store = TableShard(TableShardConfig(table, seed=3))
     full, delta = store.dump(tmp_path / "full"), store.dump_delta(tmp_path / "delta")
     for path in (full, delta):
         meta = read_meta(path)

@@ -10,8 +10,8 @@ import grpc
 
 from features.schema import dump_schema
 from model_store.releases import publish
+from serving.ps.shard import TableShard, TableShardConfig
 from serving.ps.spec import TableSpec
-from serving.ps.store import EmbeddingStore, StoreConfig
 from serving.rpc.health import check
 from serving.rpc.metrics import Readiness, start_metrics_server
 from serving.rpc.procs import free_ports, spawn, stop_children
@@ -81,7 +81,7 @@ def test_a_ps_and_its_worker_say_ready_exactly_when_their_health_says_serving(tm
         )
         assert get(worker_ready)[1] == f"NOT_SERVING: shard 0 (127.0.0.1:{ps_port}) is NOT_SERVING\n"
 
-        trainer = EmbeddingStore(StoreConfig(table=TableSpec(dim=DIM, capacity=1000)))
+        trainer = TableShard(TableShardConfig(table=TableSpec(dim=DIM, capacity=1000)))
         trainer.lookup(SIGNS, insert=True)
         publish(root, "m", make_rows_version(root, trainer))
         wait_until(lambda: answers(ps_ready, 200) and answers(worker_ready, 200), 30, "both /ready 200")

@@ -16,8 +16,8 @@ import pytest
 
 from features.schema import dump_schema
 from serving.ps.client import PSClient, ShardError
+from serving.ps.shard import TableShardConfig
 from serving.ps.spec import TableSpec
-from serving.ps.store import StoreConfig
 from serving.rpc.health import wait_serving
 from serving.rpc.tls import ClientTLS, ServerTLS, issue_cert, local_pki, make_ca
 from serving.worker.client import WorkerClient
@@ -49,7 +49,7 @@ def ps_server(tls: ServerTLS | None):
 
     fields = tls.to_dict() if tls else {}
     server = ServerConfig(grace_s=0.1, **{f"tls_{k}": v for k, v in fields.items()})
-    cfg = TrainingShardConfig(server=server, store=StoreConfig(table=TableSpec(dim=DIM, capacity=1000)))
+    cfg = TrainingShardConfig(server=server, store=TableShardConfig(table=TableSpec(dim=DIM, capacity=1000)))
     with ps_in_thread(cfg) as address:
         yield address
 

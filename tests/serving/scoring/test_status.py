@@ -64,13 +64,13 @@ BAD_BATCHES = {
 @pytest.fixture(scope="module")
 def scorer(tmp_path_factory):
     """A Scorer of a small version over an in-process worker on that version's rows."""
+    from serving.ps.shard import TableShard, TableShardConfig
     from serving.ps.spec import TableSpec
-    from serving.ps.store import EmbeddingStore, StoreConfig
 
     root = tmp_path_factory.mktemp("store")
     version = make_version(root)
     vdir = ms.version_dir(root, "m", version)
-    store = EmbeddingStore(StoreConfig(table=TableSpec(dim=DIM, capacity=10_000)))
+    store = TableShard(TableShardConfig(table=TableSpec(dim=DIM, capacity=10_000)))
     store.open(vdir / "embeddings", version=version)
     s = Scorer(ScoringConfig(str(vdir)), worker=EmbeddingWorker([InProcessShard(store)], SCHEMA))
     yield s

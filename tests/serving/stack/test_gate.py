@@ -16,9 +16,9 @@ import model_store as ms
 from model_store.releases import publish, validate
 from serving.ps.client import PSClient
 from serving.ps.follow import Follower
-from serving.ps.mapped import MappedStore
+from serving.ps.mapped import MappedTableShard
+from serving.ps.shard import TableShard, TableShardConfig
 from serving.ps.spec import TableSpec
-from serving.ps.store import EmbeddingStore, StoreConfig
 from serving.rpc.procs import stop_children
 from serving.stack.config import StackConfig
 from serving.stack.controller import Controller
@@ -43,12 +43,12 @@ def _refusals(registry: CollectorRegistry, component: str) -> float | None:
 
 def test_the_ps_follower_and_the_controller_refuse_with_the_gates_message(tmp_path):
     root = tmp_path / "store"
-    trainer = EmbeddingStore(StoreConfig(table=TableSpec(dim=DIM, capacity=10_000)))
+    trainer = TableShard(TableShardConfig(table=TableSpec(dim=DIM, capacity=10_000)))
     trainer.lookup(SIGNS, insert=True)
     v1 = make_rows_version(root, trainer)
     publish(root, "m", v1)
     ps_registry = CollectorRegistry()
-    served = MappedStore(StoreConfig(table=TableSpec(dim=DIM)))
+    served = MappedTableShard(TableShardConfig(table=TableSpec(dim=DIM)))
     follower = Follower(served, root / "m", registry=ps_registry)
     follower.poll()
     assert served.version == v1
@@ -86,7 +86,7 @@ def test_recserve_versions_shows_what_each_component_serves_and_why_a_version_is
     try:
         with PSClient(f"127.0.0.1:{ps_port}", timeout_s=5.0) as ps:
             ps.wait_ready(60)
-            trainer = EmbeddingStore(StoreConfig(table=TableSpec(dim=DIM, capacity=10_000)))
+            trainer = TableShard(TableShardConfig(table=TableSpec(dim=DIM, capacity=10_000)))
             trainer.lookup(SIGNS, insert=True)
             v2 = make_rows_version(root, trainer, fingerprint="another-schema")
             ms.layout.set_current(root, "m", v2)  # forced past publish's gate

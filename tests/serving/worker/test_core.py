@@ -14,8 +14,8 @@ from features.hashing import shard_of
 from features.schema import schema_from_dict
 from features.transform import transform
 from serving.ps.optim import OptimizerSpec
+from serving.ps.shard import TableShard, TableShardConfig
 from serving.ps.spec import TableSpec
-from serving.ps.store import EmbeddingStore, StoreConfig
 from serving.worker.core import (
     BatchError,
     EmbeddingWorker,
@@ -50,8 +50,8 @@ def flat_batch(n: int = 6, seed: int = 0):
 def make_stores(n: int = 2, optimizer: str = "sgd", lr: float = 0.1, dim: int = DIM):
     opt = OptimizerSpec(name=optimizer, lr=lr)
     return [
-        EmbeddingStore(
-            StoreConfig(
+        TableShard(
+            TableShardConfig(
                 table=TableSpec(dim=dim, capacity=10_000, optimizer=opt, init_scale=0.5),
                 shard=i,
                 num_shards=n,

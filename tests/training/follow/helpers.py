@@ -58,14 +58,14 @@ def serving_stores(store: Path, deltas: bool = True):
     """Serving-side shards of the served version: its dump, plus (``deltas``) its deltas through
     the PS's own Follower."""
     from serving.ps.follow import Follower
+    from serving.ps.shard import TableShard, TableShardConfig
     from serving.ps.spec import TableSpec
-    from serving.ps.store import EmbeddingStore, StoreConfig
 
     version = ms.current(store, NAME)
     manifest = ms.read_manifest(ms.version_dir(store, NAME, version))
     n, dim = manifest.num_shards, manifest.dim
     stores = [
-        EmbeddingStore(StoreConfig(table=TableSpec(dim=dim, capacity=100_000), shard=i, num_shards=n))
+        TableShard(TableShardConfig(table=TableSpec(dim=dim, capacity=100_000), shard=i, num_shards=n))
         for i in range(n)
     ]
     for s in stores:

@@ -172,12 +172,12 @@ def test_a_frozen_dense_network_ships_unchanged_and_files_make_full_versions_too
 
 def _rows(root: Path, version: str, signs: np.ndarray, deltas: bool = True) -> np.ndarray:
     """The rows of ``signs`` in ``version``'s dump (and, with ``deltas``, every delta of it)."""
+    from serving.ps.shard import TableShard, TableShardConfig
     from serving.ps.spec import TableSpec
-    from serving.ps.store import EmbeddingStore, StoreConfig
 
     vdir = ms.version_dir(root, NAME, version)
     m = ms.read_manifest(vdir)
-    stores = [EmbeddingStore(StoreConfig(table=TableSpec(dim=m.dim, capacity=100_000), shard=i,
+    stores = [TableShard(TableShardConfig(table=TableSpec(dim=m.dim, capacity=100_000), shard=i,
                                          num_shards=m.num_shards)) for i in range(m.num_shards)]  # fmt: skip
     for s in stores:
         s.load(vdir / "embeddings")

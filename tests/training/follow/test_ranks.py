@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 import model_store as ms
 from model_store.deltas import read_delta, read_keys
+from serving.ps.shard import TableShard, TableShardConfig
 from serving.ps.spec import TableSpec
-from serving.ps.store import EmbeddingStore, StoreConfig
 from training.follow.book import StreamBook
 from training.follow.ranks import Ranks, cut_together, merge_shares, take_share
 from training.sources import TICK, Part
@@ -133,7 +133,7 @@ def group(tmp_path_factory):
 class _Cluster:
     """The job's shards, as ``cut_together`` uses them: one store, dumped as a delta."""
 
-    def __init__(self, store: EmbeddingStore):
+    def __init__(self, store: TableShard):
         self.store = store
 
     def dump(self, directory, delta: bool = False) -> None:
@@ -144,7 +144,7 @@ class _Cluster:
 @pytest.fixture
 def version(tmp_path):
     """(version directory, the job's shards over it): one shard of dim 4 with rows for signs 1-9."""
-    store = EmbeddingStore(StoreConfig(table=TableSpec(dim=4, capacity=64)))
+    store = TableShard(TableShardConfig(table=TableSpec(dim=4, capacity=64)))
     store.lookup(np.arange(1, 10, dtype=np.uint64), insert=True)
     vdir = tmp_path / "store" / "m" / "1"
     store.dump(vdir / "embeddings")

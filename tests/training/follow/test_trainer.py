@@ -267,9 +267,9 @@ def test_a_delta_of_an_int8_version_is_cut_in_int8_and_served_within_its_bound(t
     from model_store.quant import error_bound
     from model_store.shards import read_shard, shard_dirs
     from serving.ps.follow import Follower
-    from serving.ps.mapped import MappedStore
+    from serving.ps.mapped import MappedTableShard
+    from serving.ps.shard import TableShardConfig
     from serving.ps.spec import TableSpec
-    from serving.ps.store import StoreConfig
     from training.config import train_table
 
     store = tmp_path / "store"
@@ -285,7 +285,7 @@ def test_a_delta_of_an_int8_version_is_cut_in_int8_and_served_within_its_bound(t
         data = read_shard(part)
         assert data.meta.row_dtype == "int8" and data.rows.dtype == np.uint8 and data.qparams is not None
     manifest = ms.read_manifest(vdir)
-    served = [MappedStore(StoreConfig(table=TableSpec(dim=manifest.dim), shard=i, num_shards=manifest.num_shards))
+    served = [MappedTableShard(TableShardConfig(table=TableSpec(dim=manifest.dim), shard=i, num_shards=manifest.num_shards))
               for i in range(manifest.num_shards)]  # fmt: skip
     for s in served:
         Follower(s, ms.model_dir(store, NAME)).poll()

@@ -3,14 +3,14 @@ and tables' statistics written as (name, rows, IDs per step)."""
 
 from __future__ import annotations
 
+from serving.ps.shard import OptimizerSpec, TableShardConfig
 from serving.ps.spec import TableSpec
-from serving.ps.store import OptimizerSpec, StoreConfig
 from tests.helpers import ROOT
 from training.planning import plan as sharding
 
 SCHEMA = ROOT / "data/schemas/criteo.yaml"
 TRAIN = ROOT / "data/criteo/wide_resdnn_criteo_train.tsv"
-STORE = StoreConfig(table=TableSpec(dim=16, optimizer=OptimizerSpec("adagrad")))
+STORE = TableShardConfig(table=TableSpec(dim=16, optimizer=OptimizerSpec("adagrad")))
 MIB = 1 << 20
 
 

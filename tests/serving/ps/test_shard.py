@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.ps import EmbeddingStore, OptimizerSpec, StoreConfig
+from serving.ps import OptimizerSpec, TableShard, TableShardConfig
 from serving.ps import index as ps_index
 from tests.serving.ps.helpers import FakeClock, store_config
 
 
-def make(clock=None, **kw) -> EmbeddingStore:
+def make(clock=None, **kw) -> TableShard:
     kw.setdefault("dim", 4)
     kw.setdefault("capacity", 64)
-    return EmbeddingStore(store_config(**kw), clock=clock or FakeClock())
+    return TableShard(store_config(**kw), clock=clock or FakeClock())
 
 
 def u64(*xs) -> np.ndarray:
@@ -201,7 +201,7 @@ def test_config_validation():
             store_config(**bad)
     with pytest.raises(ValueError, match="unknown optimizer"):
         OptimizerSpec(name="lamb")
-    cfg = StoreConfig.from_dict({"table": {"dim": 8, "optimizer": {"name": "ftrl", "lr": 0.1}}})
+    cfg = TableShardConfig.from_dict({"table": {"dim": 8, "optimizer": {"name": "ftrl", "lr": 0.1}}})
     assert cfg.optimizer.name == "ftrl"
 
 
@@ -344,3 +344,14 @@ def test_assign_sets_rows_and_optimizer_state_and_marks_them_for_the_delta():
         s.assign(u64(3), rows[:1], {"exp_avg": rows[:1]})
     with pytest.raises(ValueError, match="finite"):
         s.assign(u64(3), np.full((1, 4), np.nan))
+
+
+def test_the_former_class_names_still_work_with_a_deprecation_warning():
+    import serving.ps
+    from serving.ps.config import TableShardConfig
+    from serving.ps.shard import TableShard
+
+    with pytest.warns(DeprecationWarning, match="serving.ps.EmbeddingStore is now serving.ps.TableShard"):
+        assert serving.ps.EmbeddingStore is TableShard
+    with pytest.warns(DeprecationWarning, match="serving.ps.StoreConfig is now serving.ps.TableShardConfig"):
+        assert serving.ps.StoreConfig is TableShardConfig

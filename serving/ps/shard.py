@@ -1,17 +1,17 @@
-"""The embedding store of one PS shard: a plain class, no network, and its collaborators.
+"""One PS shard of an embedding table (``TableShard``): a plain class, no network, and its collaborators.
 
 Rows are kept dense in arrays allocated for ``capacity`` (positions 0..rows-1 occupied, so a dump is a
 slice): the index of signs (``arrays.SignIndex``) and per row the values, optimizer state, stamp,
-count and dirty flag (``arrays.RowArrays``), no per-ID Python objects. The store owns the lock,
+count and dirty flag (``arrays.RowArrays``), no per-ID Python objects. The shard owns the lock,
 the row count, the version and the lookup counters; each collaborator owns its state:
 ``growth.Growth`` (memory limit, grows), ``admission.Admission`` (the sketch of unseen signs),
 ``eviction.Eviction`` (its counts) and ``persistence.ShardPersistence`` (snapshots, delta cuts,
-the deletions since the last one, verified reads). Without an eviction policy a full store
+the deletions since the last one, verified reads). Without an eviction policy a full shard
 grows (amortised O(1) inserts) or raises ``CapacityError``, unchanged; with ``lru``/``lfu`` the
 capacity is a bound.
 
 All public methods take one lock, so a lookup sees a delta entirely or not at all, whether the
-store is called in-process from several threads or from the gRPC server's event loop.
+shard is called in-process from several threads or from the gRPC server's event loop.
 """
 
 from __future__ import annotations
@@ -31,19 +31,19 @@ from model_store.shards import ShardData
 from serving.ps import optim
 from serving.ps.admission import Admission
 from serving.ps.arrays import RowArrays, SignIndex, checked_assign, checked_grads, coalesce
-from serving.ps.config import StoreConfig, as_signs, check_holds, is_next_delta
+from serving.ps.config import TableShardConfig, as_signs, check_holds, is_next_delta
 from serving.ps.eviction import Eviction
 from serving.ps.growth import Growth
 from serving.ps.optim import OptimizerSpec
 from serving.ps.persistence import ShardPersistence
 
-__all__ = ["CapacityError", "EmbeddingStore", "OptimizerSpec", "StoreConfig", "StoreError"]
+__all__ = ["CapacityError", "TableShard", "OptimizerSpec", "TableShardConfig", "StoreError"]
 
 
-class EmbeddingStore:
+class TableShard:
     """Rows and optimizer state of one shard, addressed by uint64 sign."""
 
-    def __init__(self, config: StoreConfig, clock: Callable[[], float] = time.time):
+    def __init__(self, config: TableShardConfig, clock: Callable[[], float] = time.time):
         self.config = config
         self.clock = clock
         self._growth = Growth(config)
@@ -279,7 +279,7 @@ class EmbeddingStore:
                 self.config.shard = shard if shard is not None else self.config.shard
         return self.install(self.read(paths))
 
-    # the Follower's protocol (serving/ps/follow.py: FollowedStore), shared with MappedStore
+    # the Follower's protocol (serving/ps/follow.py: FollowedShard), shared with MappedTableShard
     flip_bytes = 0
     """Deltas apply in place, each as it is read."""
 
@@ -287,7 +287,7 @@ class EmbeddingStore:
         """Apply ``deltas`` in seq order (each under the lock); returns the rows written."""
         return sum(self.apply_delta_data(d) for d in deltas)
 
-    def staging(self) -> EmbeddingStore:
+    def staging(self) -> TableShard:
         """An empty store of the same configuration, to build the next version in."""
         return type(self)(dataclasses.replace(self.config))
 
@@ -298,7 +298,7 @@ class EmbeddingStore:
             self.version = version
         return n
 
-    def adopt(self, other: EmbeddingStore) -> int:
+    def adopt(self, other: TableShard) -> int:
         """Take over what ``other`` (a staging store) holds, in one step under the lock."""
         return self.install(other.snapshot(copy=False))
 
