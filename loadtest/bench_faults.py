@@ -64,7 +64,7 @@ class Deltas(threading.Thread):
 
     def __init__(self, root: Path, rows: int, every_s: float):
         super().__init__(name="deltas", daemon=True)
-        from serving.ps.deltas import DeltaWriter
+        from training.follow.cut import DeltaWriter
 
         self.writer = DeltaWriter(root, "criteo")
         self.rows, self.every_s = rows, every_s

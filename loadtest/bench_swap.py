@@ -9,7 +9,7 @@ data* (v1 on the first half of the training split, v2 on the second, so their fi
 statistics differ, as in a daily retrain; v1 published, v2 held back), starts the local stack,
 and runs locust (200-item JSON requests) at a fixed rate for ``--duration`` s. Meanwhile: after a
 steady period, ``--deltas`` deltas of ``--delta-rows`` changed rows each are published into the
-served version (one every few seconds, by ``serving.ps.deltas.DeltaWriter``, in the version's
+served version (one every few seconds, by ``training.follow.cut.DeltaWriter``, in the version's
 serving dtype), then v2 is published (the PS shards map v2 beside v1; the controller waits until
 every shard serves v2, then registers v2's dense model in TorchServe, makes it the default, lets
 v1 drain and unregisters it: the last event's window ends when TorchServe no longer lists v1).
@@ -114,7 +114,7 @@ def swap_schedule(root: Path, stack, args, events: list[dict]) -> None:
     """The swaps, run in a thread while locust runs. Appends {kind, start, live} per event."""
     import model_store as ms
     from model_store.releases import publish
-    from serving.ps.deltas import DeltaWriter
+    from training.follow.cut import DeltaWriter
 
     shards = Shards(stack.state.ps)
     rng = np.random.default_rng(0)

@@ -144,9 +144,9 @@ def in_use_everywhere(
 def run_mode(mode: str, net: netns.Network, store: Path, work: Path, broker, args) -> dict:
     """Start the six processes in ``mode``, cut ``args.deltas`` deltas, stop them; the figures."""
     from serving.notices import announcer
-    from serving.ps.deltas import DeltaWriter
     from serving.rpc.procs import stop_children
     from serving.scoring.client import requests_from_file
+    from training.follow.cut import DeltaWriter
 
     procs: list = []
     try:

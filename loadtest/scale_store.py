@@ -105,10 +105,10 @@ def build_version(root: Path, rows: int, seed: int, dtype: str = "float32") -> t
 
 def write_delta(root: Path, version: str, sample: np.ndarray, rows: int) -> Path:
     """Delta 0 of ``version``: ``rows`` rows a shard (some of ``sample``'s signs, the rest new),
-    cut as every delta is (``serving.ps.deltas.DeltaCut``); its directory."""
+    cut as every delta is (``training.follow.cut.DeltaCut``); its directory."""
     import model_store as ms
     from features.hashing import shard_of
-    from serving.ps.deltas import DeltaCut
+    from training.follow.cut import DeltaCut
 
     rng = np.random.default_rng(7)
 

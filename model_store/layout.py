@@ -23,7 +23,7 @@ A version is written under a hidden staging name (``.staging-<version>-<uuid>``)
 place after its ``_SUCCESS``, so a reader sees a complete version or none. ``model_store.manifest.read_manifest``
 refuses a version without ``_SUCCESS`` or whose files do not match their checksums. Files under
 ``deltas/`` that are not in the manifest are allowed: deltas cut after the version was sealed
-(continuous training, ``serving.ps.deltas.DeltaWriter``) carry their own per-shard manifests and
+(continuous training, ``training.follow.cut.DeltaWriter``) carry their own per-shard manifests and
 ``_SUCCESS``.
 """
 

@@ -1,6 +1,6 @@
 r"""Update notices: serving learns of a new delta or version when it is written, not at its next poll.
 
-Whoever writes a delta's ``_SUCCESS`` (``recserve train --follow``, ``serving.ps.deltas.DeltaWriter``)
+Whoever writes a delta's ``_SUCCESS`` (``recserve train --follow``, ``training.follow.cut.DeltaWriter``)
 or moves ``CURRENT`` (``recserve publish``/``rollback``) announces it; every serving process (PS
 shards, co-located frontends) listens and runs its follower's poll at once. The notice only names
 what to load; the store stays the source of truth (the follower reads, checks and applies the files

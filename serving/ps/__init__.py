@@ -2,8 +2,8 @@
 its collaborators in ``arrays``, ``growth``, ``admission``, ``eviction`` and ``persistence``, the
 optimizers of ``optim`` with their fast paths in ``fused``, the compiled kernels of ``index``); a
 serving shard: ``mapped`` (``MappedTableShard`` over ``table``'s ``BucketTable``), kept current by
-``follow``; ``deltas`` cuts deltas (``DeltaCut``) and writes them from outside a run; gRPC service:
-``server`` (``metrics``), client: ``client``. "Store" is the model store only.
+``follow``; gRPC service: ``server`` (``metrics``), client: ``client``. "Store" is the model
+store only (deltas are cut by ``training.follow.cut``).
 
 ``TableShard`` (compiled kernels, numba) is imported on first use, so a serving shard --
 ``recserve ps-serve``, numpy only -- never loads numba. The names before 0.2 (``EmbeddingStore``,

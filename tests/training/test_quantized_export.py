@@ -151,7 +151,7 @@ def test_online_equals_offline_for_an_int8_version_colocated_and_over_grpc(int8_
 
 @pytest.mark.slow
 def test_deltas_of_an_int8_version_are_int8(int8_store):
-    from serving.ps.deltas import DeltaWriter
+    from training.follow.cut import DeltaWriter
 
     writer = DeltaWriter(int8_store, "criteo")
     signs = writer.signs()[:100]

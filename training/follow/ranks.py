@@ -32,8 +32,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from serving.ps.deltas import DeltaCut
 from training import ranks
+from training.follow.cut import DeltaCut
 from training.follow.types import Share
 from training.sources import TICK, Chunk, Part, share
 

@@ -51,12 +51,12 @@ import model_store as ms
 from features.schema import load_schema
 from features.transform import FeatureError, transform
 from serving import memory, notices
-from serving.ps.deltas import DeltaCut
 from training import data, sources
 from training.config import FollowConfig
 from training.ctx import DenseOptimizer, TrainCtx
 from training.follow import tables as follow_tables
 from training.follow.book import StreamBook
+from training.follow.cut import DeltaCut
 from training.follow.full_version import FrozenDense, FullVersions, load_frozen_dense
 from training.follow.ranks import Ranks, cut_together
 from training.follow.standby import FollowLock, stand_by
@@ -301,7 +301,7 @@ class FollowTrainer:
 
     def cut(self) -> int | None:
         """Cut the rows changed since the last delta as the version's next delta and commit the
-        ledger (``serving.ps.deltas.DeltaCut``'s steps); returns its seq (None: nothing changed)."""
+        ledger (``training.follow.cut.DeltaCut``'s steps); returns its seq (None: nothing changed)."""
         lv = self.loaded
         if lv is None:
             return None

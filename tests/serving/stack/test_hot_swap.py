@@ -16,10 +16,10 @@ from features import stream
 from features.schema import load_schema
 from features.transform import transform
 from model_store.releases import publish, rollback
-from serving.ps.deltas import DeltaWriter
 from serving.scoring.client import ScoringClient, requests_from_file
 from tests.helpers import second_half, train_version, wait_until
 from tests.serving.helpers import TEST
+from training.follow.cut import DeltaWriter
 
 pytestmark = pytest.mark.slow
 

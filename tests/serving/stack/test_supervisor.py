@@ -57,7 +57,7 @@ def _ps_state(address: str) -> tuple[str, int] | None:
 
 
 def _publish_delta(root) -> int:
-    from serving.ps.deltas import DeltaWriter
+    from training.follow.cut import DeltaWriter
 
     writer = DeltaWriter(root, "m")
     signs = writer.signs()[:20]

@@ -14,12 +14,12 @@ from features import stream
 from features.schema import load_schema
 from features.transform import transform
 from serving.ps.client import ShardError
-from serving.ps.deltas import DeltaWriter
 from serving.scoring.config import ScoringConfig
 from serving.scoring.core import Scorer
 from serving.worker.colocated import ColocatedShard, has_local_files
 from tests.helpers import ps_in_thread, wait_until
 from tests.serving.helpers import TEST, scored
+from training.follow.cut import DeltaWriter
 
 pytestmark = pytest.mark.slow
 SCHEMA = "data/schemas/criteo.yaml"
