@@ -98,7 +98,7 @@ def image_commands(directory: Path) -> Path:
     ``java`` is this host's (the TorchServe image's is Debian's openjdk-17-jre-headless)."""
     directory.mkdir()
     for name, module in (("recserve", "-m recserve"), ("torchrun", "-m torch.distributed.run"),
-                         ("torch-model-archiver", "-m model_archiver.model_packaging"), ("python3", "")):  # fmt: skip
+                         ("torch-model-archiver", "-c 'import sys; from model_archiver.model_packaging import generate_model_archive as g; sys.exit(g())'"), ("python3", "")):  # fmt: skip
         (directory / name).write_text(f'#!/bin/sh\nexec {IMAGE_VENV}/bin/python {module} "$@"\n')
         (directory / name).chmod(0o755)
     return directory
@@ -344,7 +344,7 @@ def test_the_torchserve_component_runs_as_its_manifest_says_and_scores(network, 
     for the store's CURRENT version, then TorchServe's Java frontend (this host's Java 17) runs it
     with co-located lookups -- no PS or worker pod is started, the handler maps the version's shards
     from the store. Its readiness probe passes as the kubelet calls it, and 400 rows scored through
-    `https://torchserve:8080` from its namespace, trusting the Secret's CA, equal the trainer's."""
+    `http://torchserve:8080` from its namespace equal the trainer's."""
     objs = build_overlay(KUBE / "overlays" / "torchserve")
     config_maps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
     (pod,) = [p for p in pods(objs) if p["name"].startswith("torchserve-")]
@@ -369,9 +369,9 @@ def test_the_torchserve_component_runs_as_its_manifest_says_and_scores(network, 
         )
     except AssertionError as e:
         raise AssertionError(f"{e}; /ping answered {answer}; its log:\n{log.read_text()[-3000:]}") from None
-    url = "https://torchserve:8080/predictions/criteo"  # the Service's name, which the certificate names
+    url = "http://torchserve:8080/predictions/criteo"  # the Service's name (plain HTTP: see the component)
     done = host.run(
-        [sys.executable, "-m", "tests.deploy.score", url, str(secret / "key_file.json"), str(secret / "ca.pem")],
+        [sys.executable, "-m", "tests.deploy.score", url, str(secret / "key_file.json"), ""],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
