@@ -183,7 +183,23 @@ def decode_impression(data: bytes) -> Impression:
 
 
 # --- samples --------------------------------------------------------------------------------
-_SAM = struct.Struct("<4sHHdqQIfIIIIHHH2x")
+_SAM_FIELDS = (("magic", "4s"), ("version", "H"), ("reserved", "H"), ("ts", "d"), ("delta_seq", "q"),
+               ("schema_hash", "Q"), ("item", "I"), ("label", "f"), ("slots", "I"), ("f_row", "I"),
+               ("f_ctx", "I"), ("nsigns", "I"), ("l_rid", "H"), ("l_emb", "H"), ("l_dense", "H"))  # fmt: skip
+"""The sample header's fields in order (the layout above, written once): ``_SAM`` packs and unpacks
+one record's, ``SAMPLE_HEAD`` views many records' at once (``stream.sample_batch``)."""
+_SAM = struct.Struct("<" + "".join(f for _, f in _SAM_FIELDS) + "2x")
+SAMPLE_HEAD = np.dtype(
+    {
+        "names": [name for name, _ in _SAM_FIELDS],
+        "formats": ["S4" if f == "4s" else "<" + f for _, f in _SAM_FIELDS],
+        "offsets": [
+            struct.calcsize("<" + "".join(f for _, f in _SAM_FIELDS[:i])) for i in range(len(_SAM_FIELDS))
+        ],
+        "itemsize": _SAM.size,
+    }
+)
+"""The sample header as a numpy record: what ``_SAM`` packs, field by field."""
 _SAM_MAGIC = b"RSSM"
 
 

@@ -18,26 +18,15 @@ schema order; one pass per slot, no loop per sample).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 from numpy.typing import NDArray
 
 from features.batch import FLAG_MULTI, CompactBatch, SlotView
 from features.schema import Schema
-from stream.records import _SAM, _SAM_MAGIC, RecordError, decode_sample
-
-HEAD = np.dtype(
-    {
-        "names": ["magic", "version", "reserved", "ts", "delta_seq", "schema_hash", "item", "label",
-                  "slots", "f_row", "f_ctx", "nsigns", "l_rid", "l_emb", "l_dense"],
-        "formats": ["S4", "<u2", "<u2", "<f8", "<i8", "<u8", "<u4", "<f4", "<u4", "<u4", "<u4", "<u4",
-                    "<u2", "<u2", "<u2"],
-        "offsets": [0, 4, 6, 8, 16, 24, 32, 36, 40, 44, 48, 52, 56, 58, 60],
-        "itemsize": 64,
-    }
-)  # fmt: skip
-assert HEAD.itemsize == _SAM.size
+from stream.records import _SAM_MAGIC, RecordError, decode_sample
+from stream.records import SAMPLE_HEAD as HEAD  # the header's layout, written once there
 
 
 @dataclass(frozen=True)
@@ -59,6 +48,12 @@ class Samples:
     @property
     def num_rows(self) -> int:
         return len(self.index)
+
+
+_RAGGED = ("starts", "signs")
+"""The fields that are not one entry per row (row r's signs are signs[starts[r]:starts[r+1]])."""
+_PER_ROW = tuple(f.name for f in fields(Samples) if f.name not in _RAGGED)
+"""Every other field: one entry per row, taken and joined alike (a new one needs no code here)."""
 
 
 def _gather(buf: NDArray[np.uint8], at: NDArray[np.int64], width: int) -> NDArray[np.uint8]:
@@ -156,11 +151,7 @@ def take(s: Samples, rows: NDArray[np.int64]) -> Samples:
     np.cumsum(sizes, out=starts[1:])
     first = np.cumsum(sizes) - sizes
     signs = s.signs[np.repeat(s.starts[:-1][rows] - first, sizes) + np.arange(int(sizes.sum()))]
-    return Samples(
-        index=s.index[rows], keys=s.keys[rows], ts=s.ts[rows], labels=s.labels[rows],
-        schema_hash=s.schema_hash[rows], flags=s.flags[rows], lengths=s.lengths[rows], starts=starts,
-        signs=signs, dense=s.dense[rows], f_ctx=s.f_ctx[rows],
-    )  # fmt: skip
+    return Samples(starts=starts, signs=signs, **{f: getattr(s, f)[rows] for f in _PER_ROW})
 
 
 def misfits(s: Samples, schema: Schema) -> list[tuple[int, str]]:
@@ -234,8 +225,7 @@ def concat(parts: list[Samples]) -> Samples:
     starts = np.concatenate(
         [[0], *(p.starts[1:] + off for p, off in zip(parts, _offsets(parts), strict=True))]
     )
-    cat = {f: np.concatenate([getattr(p, f) for p in parts]) for f in
-           ("index", "ts", "labels", "schema_hash", "flags", "lengths", "signs", "dense", "f_ctx")}  # fmt: skip
+    cat = {f: np.concatenate([getattr(p, f) for p in parts]) for f in (*_PER_ROW, "signs") if f != "keys"}
     width = max(p.keys.dtype.itemsize for p in parts)  # request ids of several lengths
     keys = np.concatenate([p.keys.astype(f"S{width}") for p in parts])
     return Samples(keys=keys, starts=starts.astype(np.int64), **cat)
