@@ -18,7 +18,10 @@ window_s``. Replaying a topic thus gives the labels a live run gave.
 until its request's window closed and every sample of it was acknowledged, a dead letter until
 it was. ``committable()`` is the offset of the oldest held record of each input (or the next one
 to read): committing it and restarting re-reads exactly the open windows, rebuilding them. A
-request's samples may then be produced twice (at least once); never lost.
+request's samples may then be produced twice (at least once); never lost. A restart also re-reads
+events past the oldest held one that were handled before it (their windows closed and committed):
+the joiner commits, beside each offset, how far it had read (``read_to``), and an event below that
+mark that finds no open window is ``replayed``, not counted ``late`` a second time (``resume``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class JoinCounts:
     negatives: int = 0
     duplicates: int = 0
     late: int = 0
+    replayed: int = 0  # events re-read after a restart, handled before it: not late again
     malformed: list[int] = field(default_factory=lambda: [0, 0])  # per input
     acked: int = 0
 
@@ -107,6 +111,7 @@ class PartitionJoin:
         self._early: list[tuple[float, int, str]] = []  # heap of early events' expiry
         self._held: tuple[dict[int, None], dict[int, None]] = ({}, {})
         self._next = [-1, -1]  # next offset to read, per input (-1: none read yet)
+        self._replay_to = [0, 0]  # per input: offsets below were read by the run before a restart
         self._clocks = (_Clock(), _Clock())
 
     # --- input ---------------------------------------------------------------------------
@@ -152,7 +157,7 @@ class PartitionJoin:
         if req is not None and req.writer is not None:
             return self._apply(ev.request_id, req, offset, ev)
         if ev.ts + self.window_s <= self.watermark(now):  # its impression's window is over
-            self.counts.late += 1
+            self._late(offset)
             return []
         req = self.requests.setdefault(ev.request_id, _Request())
         req.early.append((offset, ev))
@@ -160,6 +165,21 @@ class PartitionJoin:
         self._held[EVENTS][offset] = None
         heapq.heappush(self._early, (ev.ts + self.window_s, offset, ev.request_id))
         return []
+
+    def resume(self, inp: int, read_to: int) -> None:
+        """An earlier run of this partition's join had read ``inp`` up to ``read_to`` (what it
+        committed beside its offset): an event re-read below it was handled then."""
+        self._replay_to[inp] = read_to
+
+    def read_to(self, inp: int) -> int:
+        """The next offset of ``inp`` to read (-1: none read yet), committed beside its offset."""
+        return self._next[inp]
+
+    def _late(self, offset: int) -> None:
+        if offset < self._replay_to[EVENTS]:
+            self.counts.replayed += 1  # counted (late, or joined) by the run before the restart
+        else:
+            self.counts.late += 1
 
     def caught_up(self, inp: int) -> None:
         """The consumer reached the end of this input's partition."""
@@ -173,7 +193,7 @@ class PartitionJoin:
             why = f"event: item {ev.item} of a request of {len(req.labelled)} items"
             return [self._dead(EVENTS, offset, encode_event(ev), why)]
         if req.closed or ev.ts > req.deadline:
-            self.counts.late += 1
+            self._late(offset)
             self._release(EVENTS, offset)
             return []
         if req.labelled[ev.item]:
@@ -220,7 +240,7 @@ class PartitionJoin:
                 # is done and this is another one of the same id (an event after its window)
                 continue
             waiting.early = [(o, e) for o, e in waiting.early if o != offset]
-            self.counts.late += 1
+            self._late(offset)
             self._release(EVENTS, offset)
             waiting.held.remove((EVENTS, offset))
             if not waiting.early:

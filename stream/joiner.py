@@ -35,6 +35,8 @@ from stream.config import FETCH_WAIT_MS, JoinConfig, kafka_settings
 from stream.join import EVENTS, IMPRESSIONS, INPUTS, Emit, JoinCounts, PartitionJoin
 
 log = logging.getLogger("recserve.join")
+READ_TO = "read_to="
+"""The metadata of a committed offset: the next offset the joiner had read when it committed."""
 
 
 class JoinError(RuntimeError):
@@ -46,7 +48,7 @@ class Joiner:
         self.cfg, self.counts = cfg, JoinCounts()
         self.parts: dict[int, PartitionJoin] = {}
         self.fatal = ""
-        self._committed: dict[tuple[int, int], int] = {}
+        self._committed: dict[tuple[int, int], tuple[int, int]] = {}  # (input, partition): (offset, read to)
         common = {"bootstrap.servers": cfg.brokers, **kafka_settings(cfg.kafka_config)}
         self.producer = Producer({"enable.idempotence": True, "linger.ms": 5,
                                   "queue.buffering.max.messages": 1_000_000, **common})  # fmt: skip
@@ -173,20 +175,39 @@ class Joiner:
 
     # --- offsets and rebalancing ---------------------------------------------------------
     def commit(self, partitions: list[int] | None = None) -> None:
-        offsets = []
+        """Each input's ``committable`` offset, with how far it was read as the commit's metadata
+        (``READ_TO``: a restart tells a re-read event from a late one by it)."""
+        marks: dict[tuple[int, int], tuple[int, int]] = {}
         for p in self.parts if partitions is None else partitions:
-            for inp, offset in enumerate(self.parts[p].committable()):
-                if offset >= 0 and self._committed.get((inp, p)) != offset:
-                    offsets.append(TopicPartition(self._topics[inp], p, offset))
-        if not offsets:
+            part = self.parts[p]
+            for inp, offset in enumerate(part.committable()):
+                mark = (offset, part.read_to(inp))
+                if offset >= 0 and self._committed.get((inp, p)) != mark:
+                    marks[(inp, p)] = mark
+        if not marks:
             return
+        offsets = [TopicPartition(self._topics[inp], p, offset, metadata=f"{READ_TO}{read_to}")
+                   for (inp, p), (offset, read_to) in marks.items()]  # fmt: skip
         try:
             self.consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as e:  # e.g. mid-rebalance: the next commit carries it
             log.warning("commit failed (retried at the next): %s", e.args[0].str())
             return
-        for tp in offsets:
-            self._committed[(self._topics.index(tp.topic), tp.partition)] = tp.offset
+        self._committed.update(marks)
+
+    def _resume(self, tps: list[TopicPartition]) -> None:
+        """Tell each assigned partition's join how far the run before read it (the metadata of
+        its committed offsets; none: nothing to tell)."""
+        try:
+            committed = self.consumer.committed(tps, timeout=10)
+        except KafkaException as e:  # no coordinator yet: every re-read late event counts as late
+            log.warning("could not read the committed offsets' metadata: %s", e.args[0].str())
+            return
+        for tp in committed:
+            if tp.metadata and tp.metadata.startswith(READ_TO) and tp.partition in self.parts:
+                self.parts[tp.partition].resume(
+                    self._topics.index(tp.topic), int(tp.metadata.removeprefix(READ_TO))
+                )
 
     def _assigned(self, _consumer: Consumer, tps: list[TopicPartition]) -> None:
         by_topic = [{tp.partition for tp in tps if tp.topic == t} for t in self._topics]
@@ -197,6 +218,7 @@ class Joiner:
             self.parts.setdefault(p, PartitionJoin(self.cfg.window_s, self.counts))
             self._committed.pop((IMPRESSIONS, p), None)
             self._committed.pop((EVENTS, p), None)
+        self._resume(tps)
         log.info("join: assigned partitions %s", sorted(by_topic[0]))
 
     def _revoked(self, _consumer: Consumer, tps: list[TopicPartition]) -> None:
@@ -228,6 +250,11 @@ class _Collector:
             ("events", "Events read", c.events),
             ("duplicate_events", "Events for an item already labelled (collapsed)", c.duplicates),
             ("late_events", "Events after their window, or for no impression within one (dropped)", c.late),
+            (
+                "replayed_events",
+                "Events re-read after a restart that were handled before it (not late again)",
+                c.replayed,
+            ),
             ("samples_acked", "Samples and dead letters the broker acknowledged", c.acked),
         ):
             yield CounterMetricFamily(f"recserve_join_{name}", doc, value=value)

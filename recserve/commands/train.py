@@ -131,6 +131,7 @@ def run_follow(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from model_store import ModelStoreError
+    from serving.rpc.metrics import MetricsPortError
     from training.follow.trainer import follow
 
     stop = threading.Event()
@@ -140,7 +141,7 @@ def run_follow(args: argparse.Namespace) -> int:
             handlers[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
         result = follow(cfg, stop)
-    except ModelStoreError as e:
+    except (ModelStoreError, MetricsPortError) as e:
         logging.getLogger("recserve.train").error("cannot follow: %s", e)
         return 1
     finally:

@@ -70,16 +70,27 @@ class Readiness:
         return app
 
 
+class MetricsPortError(OSError):
+    """The /metrics port cannot be listened on (taken, or not this host's address): a process
+    refuses to start, saying which address and flag, instead of dying with a traceback."""
+
+
 def start_metrics_server(
     port: int, host: str, registry: CollectorRegistry, readiness: Readiness | None = None
 ) -> Callable[[], None]:
     """Serve ``registry`` at http://host:port/metrics (and ``readiness`` at /ready) in a daemon
-    thread; returns a stop function (a no-op when ``port`` is 0)."""
+    thread; returns a stop function (a no-op when ``port`` is 0). ``MetricsPortError`` when the
+    address cannot be listened on."""
     if not port:
         return lambda: None
     from prometheus_client import start_http_server
 
-    httpd, thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        httpd, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        raise MetricsPortError(
+            f"cannot serve /metrics on {host}:{port} (--metrics-port): {e.strerror or e}"
+        ) from None
     if readiness is not None:
         metrics_app = httpd.get_app()
         assert metrics_app is not None  # start_http_server gave it one

@@ -148,3 +148,30 @@ def test_an_early_event_of_a_request_done_does_not_touch_a_later_event_of_the_sa
     join.impression(4, impression("r5", 121.5), now=0)
     join.advance(now=0)
     assert "r1" not in join.requests and join.counts.late == 1
+
+
+def _first_run(join):
+    """r1 closes and commits; r2's window stays open, holding event 0: event 1 (r1's, after it)
+    was handled but lies past the events' committable offset."""
+    join.impression(0, impression("r1", 100.0), now=0)
+    join.impression(1, impression("r2", 130.0), now=0)
+    ack_all(join, join.event(0, event("r2", 1, 131.0), now=0))
+    ack_all(join, join.event(1, event("r1", 2, 105.0), now=0))
+    ack_all(join, join.advance(now=0))  # the watermark (130) closes r1 only
+    return join.committable(), (join.read_to(IMPRESSIONS), join.read_to(EVENTS))
+
+
+@pytest.mark.parametrize("resumed", [True, False], ids=["resumed", "without-marks"])
+def test_a_restart_does_not_count_the_events_it_rereads_as_late(resumed):
+    first = PartitionJoin(window_s=10.0, counts=JoinCounts())
+    (imp_from, ev_from), read_to = _first_run(first)
+    assert (imp_from, ev_from) == (1, 0) and read_to == (2, 2) and first.counts.late == 0
+    again = PartitionJoin(window_s=10.0, counts=JoinCounts())
+    if resumed:  # what the joiner committed beside the offsets
+        again.resume(IMPRESSIONS, read_to[0])
+        again.resume(EVENTS, read_to[1])
+    again.impression(1, impression("r2", 130.0), now=0)
+    again.event(0, event("r2", 1, 131.0), now=0)
+    again.event(1, event("r1", 2, 105.0), now=0)  # r1 closed before the restart
+    again.event(2, event("r1", 3, 106.0), now=0)  # never read before: late indeed
+    assert (again.counts.late, again.counts.replayed) == ((1, 1) if resumed else (2, 0))

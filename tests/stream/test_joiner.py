@@ -115,6 +115,49 @@ def test_missing_or_unequal_topics_are_refused(kafka):
                           dead_letter=cfg.dead_letter)).check_topics()  # fmt: skip
 
 
+def test_a_restarted_joiner_does_not_count_the_events_it_rereads_as_late(kafka):
+    """A restart re-reads the events past the oldest held one; those it handled before (their
+    windows closed and committed) are counted replayed, not late again: the joiner commits how far
+    it read beside each offset (it counted 46 and 48 late events after restarts before)."""
+    names = {k: kafka.create_topic(f"replay-{k}", 1) for k in ("impressions", "events", "samples")}
+    for k in ("impressions", "events"):
+        kafka.create_topic(dead_letter.topic_of(names[k]), 1)
+    cfg = JoinConfig(brokers=kafka.bootstrap, impressions=names["impressions"], events=names["events"],
+                     samples=names["samples"], group="replay-join", window_s=30.0, commit_every_s=0.2)  # fmt: skip
+    now = time.time()
+    produce(
+        kafka.bootstrap,
+        cfg.impressions,
+        [("old", impression("old", now - 100)), ("open", impression("open", now))],
+    )
+    # event 0 is held by the open window; event 1 is the old request's, joined and committed before the restart
+    produce(
+        kafka.bootstrap,
+        cfg.events,
+        [("open", event("open", 1, now + 0.1)), ("old", event("old", 2, now - 99.9))],
+    )
+    samples = TopicReader(kafka.bootstrap, cfg.samples, 1)
+
+    def run(joiner: Joiner, until, what: str) -> None:
+        stop = threading.Event()
+        thread = threading.Thread(target=joiner.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            wait_until(until, 60, what)
+        finally:
+            stop.set()  # flush and commit
+            thread.join(30)
+        assert not thread.is_alive()
+
+    first = Joiner(cfg, CollectorRegistry())
+    run(first, lambda: samples.poll() >= N_ITEMS + 1 and first.counts.acked >= N_ITEMS + 1,
+        "the old request's samples and the open one's positive")  # fmt: skip
+    second = Joiner(cfg, CollectorRegistry())
+    run(second, lambda: second.counts.events >= 2, "both events read again")
+    samples.close()
+    assert (first.counts.late, second.counts.late, second.counts.replayed) == (0, 0, 1)
+
+
 def join_args(cfg: JoinConfig, metrics_port: int = 0) -> list[str]:
     return ["join", "--kafka-config", cfg.kafka_config, "--brokers", cfg.brokers, "--impressions", cfg.impressions, "--events", cfg.events,
             "--samples", cfg.samples, "--group", cfg.group,

@@ -6,7 +6,8 @@ dropped as duplicates and refused as malformed, and (``--metrics-port``) their P
 ``recserve_follow_samples_total``, ``recserve_follow_duplicates_total``,
 ``recserve_follow_refused_total`` (sent to the dead-letter topic), ``recserve_follow_deltas_total``,
 ``recserve_follow_progressive_auc`` and ``recserve_follow_progressive_logloss`` (the last delta's
-window), ``recserve_follow_offset`` (per unit: the next offset or row the last delta recorded),
+window; a window of one label only has no AUC: the gauge keeps the last AUC and
+``recserve_follow_progressive_one_class_total`` counts it), ``recserve_follow_offset`` (per unit: the next offset or row the last delta recorded),
 ``recserve_follow_lag_samples`` (the consumer lag: samples of the followed partitions after those
 trained, at the trainer's last look; its maximum is the result's ``max_lag_samples``).
 """
@@ -56,6 +57,9 @@ class _Metrics:
         self.deltas = Counter("recserve_follow_deltas", "Deltas cut.", registry=reg)
         self.auc = Gauge("recserve_follow_progressive_auc", "Progressive AUC of the last delta's samples.",
                          registry=reg)  # fmt: skip
+        self.one_class = Counter("recserve_follow_progressive_one_class",
+                                 "Deltas whose samples held one label only (no AUC: the AUC gauge "
+                                 "keeps the last delta's that had one).", registry=reg)  # fmt: skip
         self.logloss = Gauge("recserve_follow_progressive_logloss",
                              "Progressive log loss of the last delta's samples.", registry=reg)  # fmt: skip
         self.offset = Gauge("recserve_follow_offset", "Where each unit resumes, as the last delta recorded.",
@@ -165,7 +169,10 @@ class StreamBook:
             for unit, at in positions.items():
                 self._metrics.offset.labels(unit).set(at)
             if score.samples:
-                self._metrics.auc.set(float("nan") if score.auc is None else score.auc)
+                if score.auc is None:  # one class only: the gauge keeps the last AUC, a guard never reads NaN
+                    self._metrics.one_class.inc()
+                else:
+                    self._metrics.auc.set(score.auc)
                 self._metrics.logloss.set(score.logloss or 0.0)
 
     def _write_keys(self, ddir: Path, record: DeltaManifest) -> DeltaManifest:

@@ -169,3 +169,42 @@ def test_the_metrics_count_what_the_book_counts(tmp_path):
                  'recserve_follow_offset{unit="t/0"} 4.0', "recserve_follow_lag_samples 9.0",
                  "recserve_follow_progressive_auc 1.0"):  # fmt: skip
         assert line in metrics, line
+
+
+def test_a_window_of_one_label_keeps_the_last_auc_and_is_counted(tmp_path):
+    """A delta whose samples are all negatives has no AUC: the gauge a guard reads keeps the last
+    AUC (it read NaN before) and the one-class counter says why it did not move."""
+    port = free_port()
+    book = StreamBook("kafka://b/t", keyed=True, window_s=10.0)
+    book.serve_metrics(port, "127.0.0.1")
+    try:
+        for seq, (keys, labels, scores) in enumerate([
+            ((b"a", b"b"), [1, 0], [0.7, 0.2]),  # AUC 1.0
+            ((b"c", b"d"), [0, 0], [0.6, 0.1]),  # negatives only
+        ]):  # fmt: skip
+            keyed = _keyed(*keys)
+            book.admit(keyed, refused=0)
+            book.trained(keyed, None, np.array(labels, np.float32), np.array(scores, np.float32))
+            ddir = tmp_path / str(seq)
+            ddir.mkdir()
+            book.write(ddir, {"t/0": 2 * seq + 2})
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        book.close()
+    assert "recserve_follow_progressive_auc 1.0" in metrics and "NaN" not in metrics
+    assert "recserve_follow_progressive_one_class_total 1.0" in metrics
+
+
+def test_a_taken_metrics_port_is_refused_naming_the_address():
+    import socket
+
+    from serving.rpc.metrics import MetricsPortError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(
+            MetricsPortError, match=f"cannot serve /metrics on 127.0.0.1:{port} .--metrics-port."
+        ):
+            StreamBook("kafka://b/t", keyed=True, window_s=10.0).serve_metrics(port, "127.0.0.1")

@@ -293,3 +293,18 @@ def test_a_delta_of_an_int8_version_is_cut_in_int8_and_served_within_its_bound(t
     assert {s.served.base.dtype for s in served} == {"int8"}
     got = lookup(served, signs)
     assert (np.abs(got - trained_rows) <= error_bound(trained_rows)[:, None]).all()
+
+
+def test_a_taken_metrics_port_stops_the_trainer_with_a_clear_error(store, watch):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["--follow", str(store / NAME), "--once", "--watch", str(watch), "--metrics-port", str(port)]
+        proc = subprocess.run([sys.executable, "-m", "recserve", "train", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert f"cannot serve /metrics on 127.0.0.1:{port} (--metrics-port)" in proc.stderr
+    assert "Traceback" not in proc.stderr
