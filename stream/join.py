@@ -205,7 +205,7 @@ class PartitionJoin:
         self._held[EVENTS][offset] = None
         req.unacked += 1
         self.counts.positives += 1
-        return [Emit(rid.encode(), req.writer.encode(ev.item, ev.label), token=rid)]
+        return [Emit(rid.encode(), req.writer.labelled(ev), token=rid)]
 
     # --- time ----------------------------------------------------------------------------
     def watermark(self, now: float) -> float:
@@ -230,7 +230,7 @@ class PartitionJoin:
             req.unacked += len(items)
             self.counts.negatives += len(items)
             key = rid.encode()
-            out += [Emit(key, req.writer.encode(int(i), 0.0), token=rid) for i in items.tolist()]
+            out += [Emit(key, req.writer.negative(int(i)), token=rid) for i in items.tolist()]
             self._maybe_done(rid, req)
         while self._early and self._early[0][0] <= wm:
             _, offset, rid = heapq.heappop(self._early)

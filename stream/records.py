@@ -244,6 +244,16 @@ class SampleWriter:
                          self._signs[8 * a : 8 * b], self._dense[4 * f_row * item : 4 * f_row * (item + 1)],
                          self._ctx])  # fmt: skip
 
+    def labelled(self, ev: Event) -> bytes:
+        """The sample of the item ``ev`` names, with what the event carries into it (its label):
+        the join hands the whole event over, so a field an event adds for the trainer is this
+        module's alone."""
+        return self.encode(ev.item, ev.label)
+
+    def negative(self, item: int) -> bytes:
+        """The sample of ``item`` when its window closed without an event."""
+        return self.encode(item, 0.0)
+
 
 def encode_sample(imp: Impression, rows: RowTable, item: int, label: float) -> bytes:
     return SampleWriter(imp, rows).encode(item, label)
