@@ -154,6 +154,18 @@ def take(s: Samples, rows: NDArray[np.int64]) -> Samples:
     return Samples(starts=starts, signs=signs, **{f: getattr(s, f)[rows] for f in _PER_ROW})
 
 
+def read_fitting(values: list[bytes], schema: Schema) -> tuple[Samples, list[tuple[int, str]]]:
+    """The records of ``values`` that are valid samples of ``schema`` (a source's read: what it
+    trains) and (index, reason) for every other one (what it sends to its dead-letter topic)."""
+    samples, bad = read_samples(values, (len(schema.sparse), len(schema.dense)))
+    misfit = misfits(samples, schema)
+    if not misfit:
+        return samples, bad
+    fits = np.ones(samples.num_rows, bool)
+    fits[[r for r, _ in misfit]] = False
+    return take(samples, np.flatnonzero(fits)), bad + [(int(samples.index[r]), why) for r, why in misfit]
+
+
 def misfits(s: Samples, schema: Schema) -> list[tuple[int, str]]:
     """(row, reason) of every sample that does not fit ``schema``: another schema hash, slot count,
     multi-valued slots, dense width, or a single-valued slot without exactly one sign."""

@@ -32,7 +32,7 @@ import numpy as np
 
 from stream import dead_letter
 from stream.config import FETCH_WAIT_MS
-from stream.sample_batch import misfits, read_samples, take
+from stream.sample_batch import read_fitting, take
 from training.sources.ledger import Ledger
 from training.sources.registry import SourceKind, register
 from training.sources.types import TICK, Keyed, KeyedChunk, Part, Position, Reading, TableChunk, share
@@ -169,14 +169,7 @@ class KafkaSamples:
         parts = np.fromiter((m.partition() for m in good), np.int64, len(good))
         offsets = np.fromiter((m.offset() for m in good), np.int64, len(good))
         values = [m.value() or b"" for m in good]
-        schema = self.reading.schema
-        samples, bad = read_samples(values, (len(schema.sparse), len(schema.dense)))
-        misfit = misfits(samples, schema)
-        bad += [(int(samples.index[r]), why) for r, why in misfit]
-        if misfit:
-            fits = np.ones(samples.num_rows, bool)
-            fits[[r for r, _ in misfit]] = False
-            samples = take(samples, np.flatnonzero(fits))
+        samples, bad = read_fitting(values, self.reading.schema)
         refused = np.zeros(len(good), bool)
         for i, why in bad:  # malformed records: the rare path
             refused[i] = True
