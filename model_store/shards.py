@@ -47,7 +47,7 @@ from features.hashing import TABLE_SALT, mix64, shard_of, unique_signs
 from model_store.errors import StoreError
 from model_store.layout import MANIFEST, SUCCESS, fsync_dir, mark_done
 from model_store.meta import FORMAT, ShardMeta
-from model_store.quant import dequantize, quantize, storage
+from model_store.quant import row_codec
 from model_store.shardfile import (
     VERIFY_DUTY,
     XXH3,
@@ -109,13 +109,13 @@ class ShardData:
 
     meta: ShardMeta
     signs: NDArray[np.uint64]
-    rows: NDArray[Any]  # float32 or float16, or int8's uint8 codes (meta.dtype)
+    rows: NDArray[Any]  # in meta.dtype's storage: float32 or float16, or int8's uint8 codes
     state: dict[str, NDArray[np.float32]]
     stamp: NDArray[np.uint32]
     count: NDArray[np.uint32]
     deleted: NDArray[np.uint64] = field(default_factory=lambda: np.empty(0, np.uint64))
     qparams: NDArray[np.float16] | None = None
-    """int8 only: each row's fp16 scale and bias (``model_store.quant``)."""
+    """A serving dtype with qparams (int8) only: each row's fp16 scale and bias (``model_store.quant``)."""
 
     @property
     def nbytes(self) -> int:
@@ -124,22 +124,21 @@ class ShardData:
         return sum(a.nbytes for a in arrays) + (0 if self.qparams is None else self.qparams.nbytes)
 
     def encoded(self, dtype: str) -> ShardData:
-        """These (float32) rows in serving dtype ``dtype`` (int8: quantized row-wise), recorded in
-        the meta's ``row_dtype``; optimizer state and counters stay as they are."""
+        """These (float32) rows in serving dtype ``dtype`` (its codec's ``encode``: int8 quantized
+        row-wise), recorded in the meta's ``row_dtype``; optimizer state and counters stay as they are."""
         if self.meta.row_dtype:
             raise StoreError(f"shard {self.meta.shard}: already in serving dtype {self.meta.row_dtype}")
-        if dtype == "int8":
-            rows, qparams = quantize(self.rows)
-        else:
-            rows, qparams = self.rows.astype(storage(dtype), copy=False), None
+        rows, qparams = row_codec(dtype).encode(self.rows)
         return replace(self, meta=replace(self.meta, row_dtype=dtype), rows=rows, qparams=qparams)
 
     def decoded(self, dtype: str = "float32") -> ShardData:
-        """Rows of ``dtype`` (a training store's) from a dump in any serving dtype: int8 through
-        ``model_store.quant.dequantize``, the decoding serving uses, so both read the same values."""
+        """Rows of ``dtype`` (a training store's) from a dump in any serving dtype: by its codec's
+        ``decode``, the decoding serving uses, so both read the same values (a plain float type
+        is cast straight to ``dtype``)."""
         if not self.meta.row_dtype:
             return self
-        rows = dequantize(self.rows, self.qparams) if self.qparams is not None else self.rows
+        codec = row_codec(self.meta.row_dtype)
+        rows = self.rows if codec.plain else codec.decode(self.rows, self.qparams, None)
         meta = replace(self.meta, row_dtype="")
         return replace(self, meta=meta, rows=rows.astype(dtype, copy=False), qparams=None)
 
@@ -251,16 +250,16 @@ def read_shard(path: PathLike) -> ShardData:
 
 def _validate(path: Path, meta: ShardMeta, arrays: dict[str, NDArray[Any]]) -> None:
     """Every array meta.json implies is there, with the shape and dtype it says."""
-    n, dim = meta.rows, meta.dim
+    n, dim, codec = meta.rows, meta.dim, row_codec(meta.dtype)
     checks: list[tuple[str, tuple[int, ...], np.dtype[Any]]] = [
         ("signs", (n,), np.dtype(np.uint64)),
-        ("rows", (n, dim), storage(meta.dtype)),
+        ("rows", (n, dim), codec.storage),
         ("stamp", (n,), np.dtype(np.uint32)),
         ("count", (n,), np.dtype(np.uint32)),
         ("deleted", (meta.deleted,), np.dtype(np.uint64)),
     ]
     checks += [(f"state.{k}", (n, dim), np.dtype(np.float32)) for k in meta.state]
-    if meta.dtype == "int8":
+    if codec.qparams:
         checks.append(("qparams", (n, 2), np.dtype(np.float16)))
     for name, shape, dtype in checks:
         arr = arrays.get(f"{name}.npy")

@@ -30,7 +30,9 @@ def load_stores(version: Path, manifest: model_store.VersionManifest) -> list:
 
 def open_stores(version: Path, num_shards: int, schema_hash: str, name: str) -> list:
     """One TableShard per shard, filled from ``embeddings/shard-<i>-of-<n>/``: the rows serving
-    reads (an int8 version's dequantized by ``model_store.quant.dequantize``, as serving does)."""
+    reads (an int8 version's dequantized by ``model_store.quant.dequantize``, as serving does: a
+    version in a plain float type is held in it, one of codes in float32)."""
+    from model_store.quant import row_codec
     from model_store.shards import read_meta, shard_dir_name
     from serving.ps.shard import TableShard, TableShardConfig
     from serving.ps.spec import TableSpec
@@ -44,7 +46,7 @@ def open_stores(version: Path, num_shards: int, schema_hash: str, name: str) -> 
             table=TableSpec(
                 dim=meta.dim,
                 capacity=max(1, meta.rows),
-                dtype="float32" if meta.dtype == "int8" else meta.dtype,
+                dtype=meta.dtype if row_codec(meta.dtype).plain else "float32",
             ),
             schema_hash=schema_hash,
             shard=i,

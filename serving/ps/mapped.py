@@ -45,7 +45,7 @@ from features.hashing import has_duplicates
 from model_store import shards
 from model_store.errors import StoreError
 from model_store.meta import ShardMeta
-from model_store.quant import StoredRows, bytes_per_row
+from model_store.quant import StoredRows, bytes_per_row, row_codec
 from model_store.shards import ShardData
 from serving import memory
 from serving.ps.config import TableShardConfig, as_signs, not_held
@@ -152,7 +152,7 @@ class MappedTableShard:
         s = self.snapshot_for(version)
         base, n = s.base, len(signs)
         qp = None if base.qparams is None else np.empty((n, 2), base.qparams.dtype)
-        out = StoredRows(np.empty((n, base.dim), base.rows.dtype), qp)
+        out = StoredRows(base.dtype, np.empty((n, base.dim), base.rows.dtype), qp)
         misses = self._read(s, lambda table, zero: table.gather_stored(signs, out, zero))
         return out, misses, (s.version, s.delta_seq)
 
@@ -270,7 +270,7 @@ class MappedTableShard:
             if meta is not None and meta.bucket_bits is not None and meta.num_shards == cfg.num_shards:
                 self._check(meta, str(d))
                 table, meta = BucketTable.open(d, self.verify_duty)
-                if cfg.dtype == "float16" and table.rows.dtype != np.float16:
+                if cfg.dtype == "float16":  # rows of a plain float type narrowed once; codes stay codes
                     table = table.astype(np.float16)
                 return table, meta
         data = shards.read_for_shard(paths, cfg.shard, cfg.num_shards, check=self._check)
@@ -278,8 +278,10 @@ class MappedTableShard:
             raise StoreError(f"{paths}: is a {data.meta.kind} dump, expected a full one")
         if has_duplicates(data.signs):
             raise StoreError(f"{paths}: the dump holds duplicate signs; refusing it")
-        rows = data.rows.astype(np.float16) if cfg.dtype == "float16" and data.qparams is None else data.rows
-        return BucketTable.build(data.signs, rows, qparams=data.qparams), data.meta
+        rows, dtype = data.rows, data.meta.dtype
+        if cfg.dtype == "float16" and row_codec(dtype).plain:  # narrowed before the build: half its copies
+            rows, dtype = rows.astype(np.float16), "float16"
+        return BucketTable.build(data.signs, rows, qparams=data.qparams, dtype=dtype), data.meta
 
     # ---- introspection ----------------------------------------------------------------------
     @property

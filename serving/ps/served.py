@@ -46,14 +46,13 @@ class Served:
             is_next_delta(data.meta, self.version, seq)
             seq += 1
         o, dim = self.overlay, self.base.dim
-        if o.qparams is not None:  # an int8 version: its (int8) deltas' codes and scales as they are
-            deltas = [d if d.qparams is not None else d.decoded().encoded("int8") for d in deltas]
-        else:
-            deltas = [d.decoded() for d in deltas]
+        # each delta's rows in the overlay's (the base's) serving dtype: as they are where they are
+        # in it already (an int8 version's int8 deltas: their codes and scales), else re-encoded
+        deltas = [d if d.meta.dtype == o.dtype else d.decoded().encoded(o.dtype) for d in deltas]
         # each delta's deletions, then its rows (the row wins); the last occurrence of a sign wins
         signs = np.concatenate([a for d in deltas for a in (d.deleted, d.signs)])
         rows = np.concatenate([a for d in deltas for a in (
-            np.zeros((len(d.deleted), dim), o.rows.dtype), d.rows.astype(o.rows.dtype, copy=False))])  # fmt: skip
+            np.zeros((len(d.deleted), dim), o.rows.dtype), d.rows)])  # fmt: skip
         dead = np.concatenate([a for d in deltas for a in (
             np.ones(len(d.deleted), np.bool_), np.zeros(len(d.signs), np.bool_))])  # fmt: skip
         qparams = None

@@ -12,7 +12,9 @@ turns host-wide (``checksum_slot``), so the shards of a host switching together 
 cores nor the memory bandwidth their lookups need. Processes mapping the same version share its
 pages in the page cache.
 A table costs 8 bytes of key + the row + 0.5-1 byte of directory per row, and nothing to build.
-An int8 version's table also maps ``qparams.npy`` (each row's fp16 scale and bias: dim + 4 bytes a
+A table knows its serving dtype by name (``dtype``: the dump's, never guessed from its arrays) and
+decodes by that row codec (``model_store.quant.CODECS``), chosen once when the table is made. An
+int8 version's table also maps ``qparams.npy`` (each row's fp16 scale and bias: dim + 4 bytes a
 row in all) and ``gather`` dequantizes the rows it takes in the same vectorised pass
 (``model_store.quant.dequantize``).
 
@@ -32,7 +34,7 @@ import mmap
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +42,7 @@ import numpy as np
 from model_store import shards
 from model_store.errors import StoreError
 from model_store.meta import ShardMeta
-from model_store.quant import QPARAMS, StoredRows, dequantize, storage
+from model_store.quant import QPARAMS, Decode, StoredRows, row_codec
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,19 @@ class BucketTable:
     mapped: bool = False
     maps: tuple = ()  # the mmap objects behind a mapped table's arrays
     qparams: np.ndarray | None = None  # int8 tables: each row's fp16 (scale, bias)
+    dtype: str = field(kw_only=True)
+    """The serving dtype of the rows (a ``model_store.quant.CODECS`` name): float32, float16, int8..."""
+    _decode: Decode | None = field(init=False, repr=False, compare=False, default=None)
+    """The codec's decoding, None for a plain float type (rows read as they are): set once, here."""
+
+    def __post_init__(self) -> None:
+        codec = row_codec(self.dtype)
+        if self.rows.dtype != codec.storage or (self.qparams is not None) != codec.qparams:
+            raise ValueError(
+                f"{self.dtype} rows are {codec.storage} arrays{' with qparams' * codec.qparams}; got "
+                f"{self.rows.dtype}{' with qparams' * (self.qparams is not None)}"
+            )
+        object.__setattr__(self, "_decode", None if codec.plain else codec.decode)
 
     def release(self, pause_s: float = 0.05) -> None:
         """Drop a retired table's page tables in 64 MB steps so that the final munmap, whichever
@@ -81,8 +96,11 @@ class BucketTable:
     @classmethod
     def empty(cls, dim: int, dtype: str = "float32") -> BucketTable:
         """A table of no rows of serving dtype ``dtype`` (int8: codes and their qparams)."""
-        qparams = np.empty((0, 2), QPARAMS) if dtype == "int8" else None
-        return cls.build(np.empty(0, np.uint64), np.empty((0, dim), storage(dtype)), qparams=qparams)
+        codec = row_codec(dtype)
+        qparams = np.empty((0, 2), QPARAMS) if codec.qparams else None
+        return cls.build(
+            np.empty(0, np.uint64), np.empty((0, dim), codec.storage), qparams=qparams, dtype=dtype
+        )
 
     @classmethod
     def build(
@@ -91,14 +109,16 @@ class BucketTable:
         rows: np.ndarray,
         dead: np.ndarray | None = None,
         qparams: np.ndarray | None = None,
+        dtype: str = "",
     ) -> BucketTable:
-        """The table of distinct ``signs`` in memory (sorts them into bucket order); int8 rows
-        come with their ``qparams``."""
+        """The table of distinct ``signs`` in memory (sorts them into bucket order); ``rows`` in
+        serving dtype ``dtype`` ('': the rows' own float type), int8's with their ``qparams``."""
         order, directory, bits = shards.bucket_layout(signs)
         d = np.empty(0, np.bool_) if dead is None else np.ascontiguousarray(dead[order])
         qp = None if qparams is None else np.ascontiguousarray(qparams[order])
         rows = np.ascontiguousarray(rows[order])
-        return cls(np.ascontiguousarray(signs[order]), rows, directory, bits, d, qparams=qp)
+        return cls(np.ascontiguousarray(signs[order]), rows, directory, bits, d, qparams=qp,
+                   dtype=dtype or rows.dtype.name)  # fmt: skip
 
     def upserted(
         self,
@@ -136,7 +156,7 @@ class BucketTable:
         directory = shards.bucket_directory(np.insert(h, at, h_new), bits)
         q = None if qparams is None or self.qparams is None else merged(self.qparams, qparams)
         return type(self)(keys, merged(self.rows, rows.astype(self.rows.dtype, copy=False)), directory, bits,
-                          merged(own_dead, dead), qparams=q)  # fmt: skip
+                          merged(own_dead, dead), qparams=q, dtype=self.dtype)  # fmt: skip
 
     @classmethod
     def open(cls, shard_dir: str | Path, duty: float = 1.0) -> tuple[BucketTable, ShardMeta]:
@@ -147,13 +167,13 @@ class BucketTable:
         files, meta = shards.read_listing(path)
         if meta.kind != "full" or meta.bucket_bits is None:
             raise StoreError(f"{path}: not a bucket-ordered full dump")
-        n, dim, bits = meta.rows, meta.dim, meta.bucket_bits
+        n, dim, bits, codec = meta.rows, meta.dim, meta.bucket_bits, row_codec(meta.dtype)
         expect: dict[str, tuple[tuple[int, ...], np.dtype]] = {
             "signs.npy": ((n,), np.dtype(np.uint64)),
-            "rows.npy": ((n, dim), storage(meta.dtype)),
+            "rows.npy": ((n, dim), codec.storage),
             "buckets.npy": (((1 << bits) + 1,), np.dtype(np.uint32)),
         }
-        if meta.dtype == "int8":
+        if codec.qparams:
             expect["qparams.npy"] = ((n, 2), np.dtype(np.float16))
         arrays, maps = {}, []
         for name, (shape, dtype) in expect.items():
@@ -167,7 +187,7 @@ class BucketTable:
             raise StoreError(f"{path}: buckets.npy is not a directory of {n} rows")
         table = cls(
             arrays["signs.npy"], arrays["rows.npy"], buckets, bits, np.empty(0, np.bool_), True, tuple(maps),
-            arrays.get("qparams.npy"),
+            arrays.get("qparams.npy"), dtype=meta.dtype,
         )  # fmt: skip
         return table, meta
 
@@ -183,15 +203,11 @@ class BucketTable:
         q = 0 if self.qparams is None else self.qparams.nbytes
         return self.keys.nbytes + self.rows.nbytes + self.buckets.nbytes + self.dead.nbytes + q
 
-    @property
-    def dtype(self) -> str:
-        """The serving dtype of the rows: float32, float16 or int8."""
-        return "int8" if self.qparams is not None else str(self.rows.dtype)
-
     def _take(self, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """float32 rows at ``slots`` (int8: dequantized in the same pass)."""
-        if self.qparams is not None:
-            return dequantize(self.rows[slots], self.qparams[slots], out)
+        """float32 rows at ``slots`` (int8: dequantized in the same pass; a plain float type as it
+        is, or converted into ``out``)."""
+        if self._decode is not None:
+            return self._decode(self.rows[slots], None if self.qparams is None else self.qparams[slots], out)
         if out is None:
             return self.rows[slots]
         if self.rows.dtype == out.dtype:
@@ -275,12 +291,14 @@ class BucketTable:
         return slots
 
     def astype(self, dtype) -> BucketTable:
-        """The same table with rows of ``dtype`` (a copy in memory; keys and directory shared)."""
-        if self.rows.dtype == np.dtype(dtype) or self.qparams is not None:  # int8 stays int8
+        """The same table with rows of plain float type ``dtype`` (a copy in memory; keys and
+        directory shared); a table of codes (int8) is returned as it is."""
+        if self.rows.dtype == np.dtype(dtype) or self._decode is not None:  # codes stay codes
             return self
         return BucketTable(
-            self.keys, self.rows.astype(dtype), self.buckets, self.bits, self.dead, self.mapped, self.maps
-        )
+            self.keys, self.rows.astype(dtype), self.buckets, self.bits, self.dead, self.mapped, self.maps,
+            dtype=np.dtype(dtype).name,
+        )  # fmt: skip
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:

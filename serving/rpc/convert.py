@@ -1,8 +1,9 @@
 """proto <-> numpy for the recserve.v1 payloads: signs as little-endian uint64 bytes, rows and
 gradients as float32 (or float16) row-major bytes, rows answered as a shard stores them (float32,
 float16, or int8 codes with their float16 scale and bias: ``model_store.quant.StoredRows``), the
-DType enum. Every decoder validates sizes before it builds a view (a ``BadRequest`` naming the
-problem; a bad answer is a ``ValueError``)."""
+DType enum (a serving dtype's value is the one its row codec names, ``RowCodec.wire``). Every
+decoder validates sizes before it builds a view (a ``BadRequest`` naming the problem; a bad answer
+is a ``ValueError``)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from model_store.quant import QPARAMS, StoredRows, storage
+from model_store.quant import CODECS, QPARAMS, StoredRows, row_codec
+from recserve.v1 import common_pb2
 from serving.rpc.errors import BadRequest
 
-FLOAT32, FLOAT16, INT8 = 1, 2, 3  # recserve.v1.DType (0 = unspecified = float32)
-WIRE = {"float32": FLOAT32, "float16": FLOAT16, "int8": INT8}
+FLOAT32: int = common_pb2.FLOAT32  # recserve.v1.DType (0 = unspecified = float32)
+FLOAT16: int = common_pb2.FLOAT16
+WIRE: dict[str, int] = {name: common_pb2.DType.Value(c.wire) for name, c in CODECS.items()}
 """A serving dtype's DType on the wire."""
+_NAMES = {value: name for name, value in WIRE.items()}
 
 
 def signs_to_bytes(signs: ArrayLike) -> bytes:
@@ -55,7 +59,7 @@ def rows_to_bytes(rows: NDArray[np.floating[Any]], fp16: bool) -> bytes:
 
 
 def stored_to_bytes(rows: StoredRows) -> tuple[int, bytes, bytes]:
-    """(DType, rows, qparams) payloads of rows answered as stored (qparams: b"" unless int8)."""
+    """(DType, rows, qparams) payloads of rows answered as stored (qparams: b"" unless int8's)."""
     qparams = b"" if rows.qparams is None else np.ascontiguousarray(rows.qparams, "<f2").tobytes()
     values = np.ascontiguousarray(rows.values, rows.values.dtype.newbyteorder("<"))
     return WIRE[rows.dtype], values.tobytes(), qparams
@@ -64,22 +68,23 @@ def stored_to_bytes(rows: StoredRows) -> tuple[int, bytes, bytes]:
 def stored_from_bytes(dtype: int, payload: bytes, qparams: bytes, shape: tuple[int, int]) -> StoredRows:
     """The rows of a LookupResponse (any DType) as ``StoredRows`` of ``shape`` (read-only views of
     the payloads; ``decoded()`` gives float32); ValueError naming a size that does not fit."""
-    name = {v: k for k, v in WIRE.items()}.get(dtype or FLOAT32)
+    name = _NAMES.get(dtype or FLOAT32)
     if name is None:
         raise ValueError(f"unknown row dtype {dtype}")
-    kind = storage(name).newbyteorder("<")
+    codec = row_codec(name)
+    kind = codec.storage.newbyteorder("<")
     n = shape[0]
     if len(payload) != int(np.prod(shape)) * kind.itemsize:
         raise ValueError(f"rows are {len(payload)} bytes; expected {int(np.prod(shape)) * kind.itemsize} "
                          f"for {name} {shape}")  # fmt: skip
     values = np.frombuffer(payload, dtype=kind).reshape(shape)
-    if name != "int8":
+    if not codec.qparams:
         if qparams:
             raise ValueError(f"{len(qparams)} bytes of qparams with {name} rows")
-        return StoredRows(values)
+        return StoredRows(name, values)
     if len(qparams) != n * 2 * QPARAMS.itemsize:
-        raise ValueError(f"qparams are {len(qparams)} bytes; expected {n * 4} for {n} int8 rows")
-    return StoredRows(values, np.frombuffer(qparams, dtype="<f2").reshape(n, 2))
+        raise ValueError(f"qparams are {len(qparams)} bytes; expected {n * 4} for {n} {name} rows")
+    return StoredRows(name, values, np.frombuffer(qparams, dtype="<f2").reshape(n, 2))
 
 
 def matrix_from_bytes(payload: bytes, n: int, dim: int, what: str = "grads") -> NDArray[np.float32]:

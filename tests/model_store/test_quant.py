@@ -13,7 +13,17 @@ from hypothesis import strategies as st
 from features.hashing import shard_of
 from model_store import shards
 from model_store.meta import ShardMeta
-from model_store.quant import bytes_per_row, dequantize, error_bound, quantize
+from model_store.quant import (
+    SERVING_DTYPES,
+    StoredRows,
+    bytes_per_row,
+    dequantize,
+    error_bound,
+    narrowing,
+    quantize,
+    register,
+    row_codec,
+)
 from model_store.shards import ShardData, StoreError
 
 
@@ -59,6 +69,24 @@ def test_bytes_per_row_of_each_serving_dtype():
     assert [bytes_per_row(64, d) for d in ("float32", "float16", "int8")] == [256, 128, 68]
     with pytest.raises(ValueError, match="int4"):
         bytes_per_row(16, "int4")
+
+
+def test_each_row_codec_encodes_what_it_decodes_and_the_registry_refuses_what_it_does_not_hold():
+    x = _rows(0, 50, 8, 0.3, 1.0)
+    for name in SERVING_DTYPES:
+        codec = row_codec(name)
+        stored, qparams = codec.encode(x)
+        assert stored.dtype == codec.storage and (qparams is not None) == codec.qparams
+        assert stored.nbytes + (0 if qparams is None else qparams.nbytes) == 50 * codec.bytes_per_row(8)
+        into = codec.decode(stored, qparams, np.empty(x.shape, np.float32))
+        np.testing.assert_array_equal(into, StoredRows(name, stored, qparams).decoded())
+        assert np.abs(into - x).max() <= (error_bound(x).max() if codec.qparams else np.abs(x).max() * 2**-10)
+    # the planner narrows float32 -> float16 -> int8; the version is exported in the narrowest chosen
+    assert [c.name for c in narrowing() if c.planned] == ["float32", "float16", "int8"]
+    with pytest.raises(ValueError, match="registered twice"):
+        register(row_codec("int8"))
+    with pytest.raises(ValueError, match="unknown serving dtype 'int4'; choose float32, float16, int8"):
+        row_codec("int4")
 
 
 def _data(n: int = 2_000, dim: int = 8) -> ShardData:

@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from features.schema import Schema
-from model_store.quant import SERVING_DTYPES
+from model_store.quant import SERVING_DTYPES, narrowing
 from training.planning.costs import Costs, round_trips_us
 
 STRATEGIES = ("replicated", "ps")
@@ -89,7 +89,7 @@ class ShardingPlan:
         """The row type the version is exported in: the narrowest its tables are served in (a
         shard holds one); '' when no serving budget was planned."""
         chosen = {t.serving_dtype for t in self.tables.values()} - {""}
-        return next((d for d in ("int8", "float16", "float32") if d in chosen), "")
+        return next((c.name for c in reversed(narrowing()) if c.name in chosen), "")
 
     # ---- what the trainer reads ----------------------------------------------------------------
     def replicated_mask(self, schema: Schema) -> np.ndarray:

@@ -7,7 +7,8 @@ in float32 if that fits; else it narrows tables to float16, the largest first, u
 fits; then, if every table in float16 is still too big, to int8, the largest first. So the fewest
 tables lose precision, and none goes to int8 while float16 would do (float16 scores within
 ~1e-4 of float32, int8 within ~1e-3: docs/serving.md). A budget that all-int8 exceeds is refused,
-saying how much it needs.
+saying how much it needs. The types it narrows through are the row codecs the planner may choose,
+widest first (``model_store.quant.narrowing``, ``RowCodec.planned``).
 
 A version's shards hold one row type (one ``rows.npy`` per shard), so the version is exported in
 the narrowest type chosen (``ShardingPlan.serving_dtype``: what ``recserve train --plan`` writes
@@ -16,7 +17,7 @@ its version in); the per-table choice says which tables need it and what each co
 
 from __future__ import annotations
 
-from model_store.quant import SERVING_DTYPES, served_bytes_per_row
+from model_store.quant import SERVING_DTYPES, narrowing, served_bytes_per_row
 from training.planning.plan import GIB, ShardingPlan, human_size
 
 
@@ -28,13 +29,14 @@ def choose(plan: ShardingPlan, budget_gb: float) -> ShardingPlan:
         raise ValueError("the serving budget must be > 0 GB")
     budget = budget_gb * GIB
     tables = plan.tables
-    dtype = dict.fromkeys(tables, SERVING_DTYPES[0])
+    order = [c.name for c in narrowing() if c.planned]  # float32, float16, int8
+    dtype = dict.fromkeys(tables, order[0])
 
     def size(name: str) -> int:
         return max(tables[name].rows, 1) * served_bytes_per_row(plan.dim, dtype[name])
 
     largest_first = sorted(tables, key=lambda n: -tables[n].rows)
-    for narrower in SERVING_DTYPES[1:]:  # float16, then int8
+    for narrower in order[1:]:  # float16, then int8
         for name in largest_first:
             if sum(map(size, tables)) <= budget:
                 break
@@ -42,7 +44,7 @@ def choose(plan: ShardingPlan, budget_gb: float) -> ShardingPlan:
     need = sum(map(size, tables))
     if need > budget:
         raise ValueError(
-            f"the tables need {human_size(need)} served even in int8; the serving budget is "
+            f"the tables need {human_size(need)} served even in {order[-1]}; the serving budget is "
             f"{human_size(budget)} (--serving-budget-gb)"
         )
     for name, t in tables.items():

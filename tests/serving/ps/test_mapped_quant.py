@@ -14,6 +14,7 @@ from model_store import shards
 from serving.ps.mapped import MappedTableShard
 from serving.ps.shard import TableShard, TableShardConfig
 from serving.ps.spec import TableSpec
+from serving.ps.table import BucketTable
 from tests.serving.ps.helpers import store_config
 
 DIM = 8
@@ -154,3 +155,15 @@ def test_a_serving_ps_answers_rows_in_the_serving_dtype_over_grpc(tmp_path, dtyp
         with pytest.raises(grpc.RpcError) as bad:  # a serving shard inserts nothing, asked as stored or not
             stub.Lookup(ps_pb2.LookupRequest(signs=probe.astype("<u8").tobytes(), stored=True, insert=True))
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "insert" in bad.value.details()
+
+
+def test_a_table_carries_its_serving_dtype_by_name_and_refuses_arrays_of_another():
+    signs = np.arange(1, 5, dtype=np.uint64)
+    codes, qparams = np.zeros((4, DIM), np.uint8), np.zeros((4, 2), np.float16)
+    table = BucketTable.build(signs, codes, qparams=qparams, dtype="int8")
+    assert table.dtype == "int8" and table.astype(np.float16) is table  # codes stay codes
+    assert BucketTable.build(signs, np.zeros((4, DIM), np.float32)).astype(np.float16).dtype == "float16"
+    with pytest.raises(ValueError, match="int8 rows are uint8 arrays with qparams; got uint8"):
+        BucketTable.build(signs, codes, dtype="int8")
+    with pytest.raises(ValueError, match="unknown serving dtype 'uint8'"):
+        BucketTable.build(signs, codes)
