@@ -8,10 +8,25 @@ table (``serving.scoring.loop.reply_of``). Everything else -- decoding, features
 worker, the dense model -- lives in the scoring core. No import-time side effects: the core is
 imported in ``initialize``.
 
-The archive carries ``scoring.json`` (a ``ScoringConfig``: which model-store version to serve,
-the worker address, the runtime and device (``"device": "cuda"``: the dense model on a GPU),
-limits). TorchServe must run with TS_DECODE_INPUT_REQUEST=false
-so request bodies arrive as bytes and are read once, in the core (serving.scoring.decoding).
+The archive carries ``scoring.json``: a ``ScoringConfig`` (the worker address, the lookups, the
+runtime and device (``"device": "cuda"``: the dense model on a GPU), limits) and what to serve,
+one of two ways:
+
+- ``"version_dir": "<store>/<model>/<version>"``: that version (and its deltas), loaded in
+  ``initialize``. ``recserve up``'s controller archives one per version and switches TorchServe's
+  versions itself (``serving.stack.controller``).
+- ``"store": "<store>"`` (with ``"model"``, else the archive's model name; ``"version"`` to pin one;
+  ``"drain_s"``, 2 by default): the worker follows that model in the store itself, as ``recserve
+  serve`` does (``serving.scoring.follow.ScorerFollower``): ``initialize`` loads the version
+  CURRENT names, then a daemon thread loads each newly published one (at each notice, every
+  ``poll_s`` anyway) and swaps the scorer whole. ``handle`` takes the scorer once per batch, so a
+  batch never mixes versions. While no version is served (none published, or the target refused
+  or not loaded yet) each request gets a 503 naming why; a refused version is logged and counted
+  (``recserve_version_refusals_total``) and the worker keeps serving what it has.
+  components/torchserve on Kubernetes archives this form.
+
+TorchServe must run with TS_DECODE_INPUT_REQUEST=false so request bodies arrive as bytes and are
+read once, in the core (serving.scoring.decoding).
 """
 
 from __future__ import annotations
@@ -24,37 +39,87 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from serving.scoring.core import Scorer
+    from serving.scoring.follow import ScorerFollower
     from serving.scoring.impressions import ImpressionLog
     from serving.torchserve.metrics import ScoringMetrics
+
+FOLLOW_KEYS = ("store", "model", "version", "drain_s")
+"""scoring.json's keys of a worker that follows a model in the store (the rest is a ScoringConfig)."""
 
 
 class RecserveHandler:
     def __init__(self) -> None:
-        self.scorer: Scorer | None = None
+        self._pinned: Scorer | None = None
+        self.follower: ScorerFollower | None = None
+        """The follower of the store (scoring.json names a ``store``), else None."""
         self._metrics: ScoringMetrics | None = None
         self._server_timing: Callable[[dict], str] | None = None
         self.impressions: ImpressionLog | None = None
         self.initialized = False
 
+    @property
+    def scorer(self) -> Scorer | None:
+        """The served scorer (None while a follower has none): take it once per batch."""
+        return self.follower.scorer if self.follower is not None else self._pinned
+
     def initialize(self, context) -> None:
-        from serving.priority import loading_priority, share_gil_with_followers
+        from serving.priority import loading_priority
         from serving.scoring.config import ScoringConfig
         from serving.scoring.core import Scorer, server_timing
 
         self._server_timing = server_timing
         model_dir = Path(context.system_properties["model_dir"])
-        config = ScoringConfig.from_dict(json.loads((model_dir / "scoring.json").read_text()))
-        with loading_priority():  # a version loading beside a serving one yields the CPU to it
-            self.scorer = Scorer(config)
-        if "colocated" in self.scorer.lookup_modes:  # its co-located shards' followers share the GIL
-            share_gil_with_followers()
+        raw = json.loads((model_dir / "scoring.json").read_text())
+        where = {k: raw.pop(k) for k in FOLLOW_KEYS if k in raw}
+        config = ScoringConfig.from_dict(raw)
+        if where and ("store" not in where or config.version_dir):
+            raise ValueError(f"scoring.json: {', '.join(FOLLOW_KEYS)} go with \"store\" (a model to follow), "
+                             "never with \"version_dir\" (a pinned version)")  # fmt: skip
         if config.log_impressions:
             from serving.scoring.impressions import ImpressionLog
 
             self.impressions = ImpressionLog(config.log_impressions)
             atexit.register(self.impressions.close)  # TorchServe never calls close: deliver what is queued
-        self._metrics = _metrics(context, self.scorer, self.impressions)
+        self._metrics = _metrics(context, self.impressions)
+        if where:
+            self._follow(where, config, context.model_name)
+        else:
+            with loading_priority():  # a version loading beside a serving one yields the CPU to it
+                self._pinned = Scorer(config)
+            self._switched(self._pinned)
         self.initialized = True
+
+    def _follow(self, where: dict, config, model_name: str) -> None:
+        """Serve what CURRENT names, loaded here (readiness: TorchServe's /ping passes once this
+        returns), then follow the store on a daemon thread."""
+        from serving.priority import loading_priority
+        from serving.scoring.follow import COMPONENT, ScorerFollower
+
+        follower = ScorerFollower(str(where["store"]), str(where.get("model") or model_name), config,
+                                  pin=str(where.get("version", "")), drain_s=float(where.get("drain_s", 2.0)))  # fmt: skip
+        follower.on_switch = self._switched
+        if self._metrics is not None:
+            metrics = self._metrics
+            follower.on_refuse = lambda version, why: metrics.refused(COMPONENT)
+        self.follower = follower
+        with loading_priority():  # nothing in this worker serves yet
+            follower.step()
+        if follower.scorer is None:
+            import logging
+
+            logging.getLogger("recserve.handler").error("not serving yet: %s", follower.not_serving_reason())
+        follower.start()
+
+    def _switched(self, scorer: Scorer) -> None:
+        """A scorer starts serving: its gauges, and the GIL's hand-over when it maps shards here."""
+        from serving.priority import share_gil_with_followers
+
+        if "colocated" in scorer.lookup_modes:  # its co-located shards' followers share the GIL
+            share_gil_with_followers()
+        if self._metrics is not None:
+            self._metrics.serving(
+                scorer.dense_version, scorer.lookup_modes, scorer.runtime, scorer.choice.device
+            )
 
     # decode and look up each request of TorchServe's batch, then ONE dense call over those that
     # got that far (``batch_size`` > 1 at registration), then encode each; each request gets its
@@ -64,11 +129,12 @@ class RecserveHandler:
         from serving.scoring.impressions import HEADER, request_id
         from serving.scoring.loop import Pending, complete, prepare, reply_of
 
-        scorer, server_timing = self.scorer, self._server_timing
-        if scorer is None or server_timing is None:
+        scorer, server_timing = self.scorer, self._server_timing  # one scorer for the whole batch
+        if server_timing is None or (scorer is None and self.follower is None):
             raise RuntimeError("handle called before initialize")
         rids = [request_id(_header(context, idx, HEADER)) for idx in range(len(data))]
         started = [prepare(scorer, _body(request), _header(context, idx, "Content-Type"), rids[idx], self.impressions)
+                   if scorer is not None else self._not_serving()
                    for idx, request in enumerate(data)]  # fmt: skip
         scored = iter(complete([p for p in started if isinstance(p, Pending)]))
         out = []
@@ -83,21 +149,22 @@ class RecserveHandler:
             out.append(reply.payload)
         return out
 
+    def _not_serving(self):
+        """A follower's request while it serves no version: a 503 naming why (the errors table)."""
+        from serving.scoring.errors import Unavailable
+        from serving.scoring.loop import Outcome
 
-def _metrics(context, scorer: Scorer, impressions: ImpressionLog | None) -> ScoringMetrics | None:
+        assert self.follower is not None
+        return Outcome(None, Unavailable(self.follower.not_serving_reason()), {}, {"total": 0.0})
+
+
+def _metrics(context, impressions: ImpressionLog | None) -> ScoringMetrics | None:
     """The scoring metrics (serving/torchserve/metrics.py), or None when this TorchServe was not
     started with their config (a stack not started by recserve): scoring does not depend on them."""
     from serving.torchserve.metrics import ScoringMetrics
 
     try:
-        return ScoringMetrics(
-            context,
-            scorer.dense_version,
-            scorer.lookup_modes,
-            scorer.runtime,
-            impressions=impressions,
-            device=scorer.choice.device,
-        )
+        return ScoringMetrics(context, impressions=impressions)
     except Exception as e:  # noqa: BLE001 - MetricsCacheKeyError: not declared in this TorchServe
         import logging
 

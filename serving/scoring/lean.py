@@ -12,44 +12,41 @@ client's, else a new one (the impression's key, ``serving.scoring.impressions``)
 --key-file`` works with either frontend); HTTPS with ``--https-cert``/``--https-key``; SIGTERM
 drains: uvicorn stops accepting, lets the requests in flight finish, then the process exits.
 
-The frontend follows the model store itself (no controller): at each notice of a new CURRENT
-(``--notices``: ``serving.notices``, which also wake its co-located shards for each delta) and
-every ``poll_s`` anyway, it reads CURRENT (or serves ``--version``); a new version passes the one gate (``model_store.validate`` against the
-served manifest), then a new ``Scorer`` loads beside the serving one on a thread of its own -- mapping its
-co-located shards, and warming up until every remote shard holds the version -- and replaces it in
-one reference assignment. Each scorer pins its lookups to its own version, and a request uses one
-scorer from start to end, so no response mixes versions. The replaced scorer is closed after
-``drain_s``. A version the gate or the load refuses is skipped (logged, counted, and named by
-``/ping`` while nothing is served); serving stays on what it has.
+The frontend follows the model store itself (no controller), as TorchServe's handler can
+(``serving.scoring.follow.ScorerFollower``, run on a thread of its own beside the event loop): at
+each notice of a new CURRENT (``--notices``: ``serving.notices``, which also wake its co-located
+shards for each delta) and every ``poll_s`` anyway, it reads CURRENT (or serves ``--version``); a
+new version passes the one gate (``model_store.validate`` against the served manifest), then a new
+``Scorer`` loads beside the serving one -- mapping its co-located shards, and warming up until
+every remote shard holds the version -- and replaces it in one reference assignment. Each scorer
+pins its lookups to its own version, and a request uses one scorer from start to end, so no
+response mixes versions. The replaced scorer is closed after ``drain_s``. A version the gate or
+the load refuses is skipped (logged, counted, and named by ``/ping`` while nothing is served);
+serving stays on what it has.
 
-This module is the process (its config, its key, the served scorer and its metrics);
+This module is the process (its config, its key, the follower of the store and its metrics);
 ``serving.scoring.asgi`` is its HTTP face (the routes, the error boundary, micro-batching).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import secrets
 import signal
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import model_store as ms
 from model_store.dense import RUNTIMES
-from serving.freshness import follow_notices
-from serving.notices import AsyncWake
 from serving.scoring.asgi import PREDICTIONS, App
 from serving.scoring.config import ScoringConfig
 from serving.scoring.core import Scorer
 from serving.scoring.errors import Reply
+from serving.scoring.follow import ScorerFollower
 from serving.scoring.impressions import ImpressionLog
 from serving.scoring.names import DENSE_DEVICE, DENSE_DEVICES, DENSE_RUNTIME, LOOKUP_MODE, LOOKUP_MODES
-from serving.versions import VersionTarget
 
 log = logging.getLogger("recserve.serve")
 
@@ -134,7 +131,7 @@ def inference_key(path: Path) -> str:
 
 
 class Frontend:
-    """The served ``Scorer`` (None until a version loads), swapped whole, and its metrics."""
+    """The follower of the store (its served ``Scorer``, None until a version loads) and its metrics."""
 
     def __init__(self, config: ServeConfig):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -142,8 +139,6 @@ class Frontend:
         from serving.rpc.metrics import LATENCY_BUCKETS
 
         self.config = config
-        self.scorer: Scorer | None = None
-        self.failure = ""  # why the last load of the target version failed (retried)
         self.token = "" if config.disable_token_auth else inference_key(config.key_path())
         self.registry = r = CollectorRegistry()
         self.requests = Counter("recserve_scoring_requests", "Scoring requests by HTTP status and the versions that answered",
@@ -162,51 +157,24 @@ class Frontend:
         )
         self.batched = Histogram("recserve_scoring_dense_batch_requests", "Requests per run of the dense model "
                                  "(micro-batching)", buckets=(1, 2, 3, 4, 6, 8, 16, 32), registry=r)  # fmt: skip
-        self.versions = VersionTarget(config.store, config.model, "scorer", config.version, r)
+        self.follower = ScorerFollower(config.store, config.model, config.scoring, pin=config.version,
+                                       drain_s=config.drain_s, registry=r)  # fmt: skip
+        self.follower.on_switch = self._show
         self.impressions: ImpressionLog | None = None
         """The impression log (--log-impressions), one for every version this process serves."""
         if config.scoring.log_impressions:
             self.impressions = ImpressionLog(config.scoring.log_impressions)
             r.register(self.impressions)
-        self.notices = follow_notices(config.scoring.notices, str(Path(config.store) / config.model), r, "scorer",
-                                      self._colocated)  # fmt: skip
-        self._closed = False
 
-    def _colocated(self) -> list[tuple[int, Any]]:
-        """(shard, follower) of the served scorer's co-located shards (/metrics: serving.freshness)."""
-        shards = getattr(self.scorer.lookups.worker, "shards", []) if self.scorer is not None else []
-        return [(s.shard, s.follower) for s in shards if getattr(s, "local", False)]
+    @property
+    def scorer(self) -> Scorer | None:
+        """The served scorer (None until a version loads): take it once per request."""
+        return self.follower.scorer
 
     # ---- following the store ---------------------------------------------------------------------
     def step(self) -> str | None:
-        """One poll (blocking: run it off the event loop): load the target version if it is new and
-        passes, then serve it. Returns the version switched to, or None."""
-        cfg = self.config
-        target, old = self.versions.target(), self.scorer
-        if target is None or not self.versions.wanted(target, old.dense_version if old else None):
-            return None
-        try:
-            ms.validate(cfg.store, cfg.model, target, old.manifest if old else None, verify=False)
-            vdir = ms.version_dir(cfg.store, cfg.model, target)
-            new = Scorer(replace(cfg.scoring, version_dir=str(vdir)), notices=self.notices)
-        except (ms.ModelStoreError, ValueError) as e:  # final: this version will not load as it is
-            self.versions.refuse(target, f"version {target} refused: {e}")
-            return None
-        except Exception as e:  # a remote shard not holding it yet, ...: tried again at the next poll
-            self.failure = f"version {target} not loaded: {e}"
-            log.warning("%s", self.failure)
-            return None
-        if self._closed:  # shut down while it loaded
-            new.close()
-            return None
-        self.scorer, self.failure = new, ""
-        self._show(new)
-        log.info("serving version %s of %s (was %s; lookups %s)", target, cfg.model,
-                 old.dense_version if old else "none", ",".join(new.lookup_modes))  # fmt: skip
-        if old is not None:
-            time.sleep(cfg.drain_s)  # requests that took the old scorer finish with it
-            old.close()
-        return target
+        """One poll (blocking: run it off the event loop): ``ScorerFollower.step``."""
+        return self.follower.step()
 
     def _show(self, scorer: Scorer) -> None:
         self.served.clear()
@@ -221,30 +189,10 @@ class Frontend:
             self.device.labels(device).set(int(device == scorer.choice.device))
 
     def not_serving_reason(self) -> str:
-        return self.versions.not_serving(self.versions.target(), self.failure)
+        return self.follower.not_serving_reason()
 
     async def follow(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        loop = asyncio.get_running_loop()
-        # its own thread: a load blocks for seconds, and the event loop must go on scoring. It runs
-        # at normal priority: at nice 10, preempted on a busy host while holding the GIL, it kept
-        # the event loop waiting (a new Scorer built three times beside 20-item scoring, two busy
-        # processes on the 2 vCPUs: p99 28-43 ms and max 45-180 ms at nice 10, 7.5-23 and 38-48 ms
-        # at normal priority)
-        loader = ThreadPoolExecutor(1, "serve-follow")
-        current_moved = lambda n: n.delta_seq < 0 and not self.config.version  # noqa: E731
-        wake = AsyncWake(self.notices, current_moved)
-        try:
-            while True:
-                try:
-                    await loop.run_in_executor(loader, self.step)
-                except Exception:  # keep serving what we have; the next poll retries
-                    log.exception("follow step failed")
-                await wake.wait(self.config.scoring.poll_s)
-        finally:
-            wake.close()
-            loader.shutdown(wait=False)
+        await self.follower.follow()
 
     # ---- requests -------------------------------------------------------------------------------
     def record(self, scorer: Scorer, reply: Reply) -> Reply:
@@ -257,14 +205,9 @@ class Frontend:
         return reply
 
     def close(self) -> None:
-        self._closed = True
-        if self.scorer is not None:
-            self.scorer.close()
-            self.scorer = None
+        self.follower.close()
         if self.impressions is not None:
             self.impressions.close()
-        if self.notices is not None:
-            self.notices.close()
 
 
 def serve(config: ServeConfig) -> int:

@@ -25,6 +25,11 @@ written inline, at 100 rps 8.4 / 8.7 against 11.6 / 9.9 (with no metrics at all:
   onnx), 0 for the other, set when the handler starts, as ``recserve serve`` exports it;
 - ``recserve_scoring_dense_device{device}``: 1 for the device the dense model runs on (``cpu`` or
   ``cuda``: ``ScoringConfig.device`` resolved), 0 for the other, as ``recserve serve`` exports it;
+- ``recserve_scoring_version{version}``: 1 for the dense version the worker serves, 0 for the one
+  it served before (set at each switch of a handler that follows the store), as ``recserve serve``
+  exports it;
+- ``recserve_version_refusals_total{component, kind}``: versions a handler that follows the store
+  refused for good (``serving.scoring.follow``), as ``serving.versions`` counts them elsewhere;
 - ``recserve_impressions_dropped_total{topic}`` and ``recserve_impressions_logged_total{topic}``
   with ``--log-impressions`` (``serving.scoring.impressions``): what the log dropped and delivered
   since the last flush, added.
@@ -49,13 +54,17 @@ from serving.scoring.names import DENSE_DEVICE, DENSE_DEVICES, DENSE_RUNTIME, LO
 
 REQUESTS = "recserve_scoring_requests_total"
 STAGES = "recserve_scoring_stage_seconds"
+SERVED = "recserve_scoring_version"
+REFUSALS = "recserve_version_refusals_total"
 _DIMS = ["ModelName", "Level"]  # what TorchServe adds to every model metric
 SCORING = {
     "counter": [{"name": REQUESTS, "unit": "Count",
                  "dimensions": [*_DIMS, "status", "dense_version", "embedding_version"]},
+                {"name": REFUSALS, "unit": "Count", "dimensions": [*_DIMS, "component", "kind"]},
                 *({"name": n, "unit": "Count", "dimensions": [*_DIMS, "topic"]} for n in (DROPPED, LOGGED))],
     "histogram": [{"name": STAGES, "unit": "Seconds", "dimensions": [*_DIMS, "stage"]}],
-    "gauge": [{"name": LOOKUP_MODE, "unit": "Count", "dimensions": [*_DIMS, "shard", "mode"]},
+    "gauge": [{"name": SERVED, "unit": "Count", "dimensions": [*_DIMS, "version"]},
+              {"name": LOOKUP_MODE, "unit": "Count", "dimensions": [*_DIMS, "shard", "mode"]},
               {"name": DENSE_RUNTIME, "unit": "Count", "dimensions": [*_DIMS, "runtime"]},
               {"name": DENSE_DEVICE, "unit": "Count", "dimensions": [*_DIMS, "device"]}],
 }  # fmt: skip
@@ -82,7 +91,7 @@ class ScoringMetrics:
     def __init__(
         self,
         context,
-        dense_version: str,
+        dense_version: str = "",
         lookup_modes: list[str] | tuple[str, ...] = (),
         runtime: str = "",
         flush_s: float = 0.2,
@@ -91,25 +100,13 @@ class ScoringMetrics:
     ):
         from ts.metrics.metric_type_enum import MetricTypes
 
-        cache = context.metrics
+        self.cache = cache = context.metrics
         self.model = context.model_name
-        self.dense_version = dense_version
+        self.dense_version = ""  # '' until a version is served (a handler that follows the store)
         self.requests = cache.get_metric(REQUESTS, MetricTypes.COUNTER)
         self.stages = cache.get_metric(STAGES, MetricTypes.HISTOGRAM)
-        modes = cache.get_metric(LOOKUP_MODE, MetricTypes.GAUGE)
-        for shard, mode in enumerate(lookup_modes):
-            for m in LOOKUP_MODES:
-                modes.add_or_update(int(m == mode), [self.model, "Model", str(shard), m])
-        if runtime:
-            from model_store.dense import RUNTIMES
-
-            runtimes = cache.get_metric(DENSE_RUNTIME, MetricTypes.GAUGE)
-            for rt in RUNTIMES:
-                runtimes.add_or_update(int(rt == runtime), [self.model, "Model", rt])
-        if device:
-            devices = cache.get_metric(DENSE_DEVICE, MetricTypes.GAUGE)
-            for d in DENSE_DEVICES:
-                devices.add_or_update(int(d == device), [self.model, "Model", d])
+        if dense_version:
+            self.serving(dense_version, lookup_modes, runtime, device)
 
         self.impressions = impressions
         self._counted = (0, 0)  # the log's (dropped, logged) written so far
@@ -125,6 +122,41 @@ class ScoringMetrics:
         # TorchServe never calls a handler's close; its worker ends through sys.exit once the
         # frontend closes the socket (a model unloaded, a worker scaled down): write the rest then
         atexit.register(self.close)
+
+    def serving(self, dense_version: str, lookup_modes: list[str] | tuple[str, ...] = (), runtime: str = "",
+                device: str = "") -> None:  # fmt: skip
+        """Sets the gauges of the version now served: the version, each shard's lookup mode, the
+        dense runtime and device (at start, and at each switch of a handler that follows the store)."""
+        from ts.metrics.metric_type_enum import MetricTypes
+
+        dims = [self.model, "Model"]
+        served = self.cache.get_metric(SERVED, MetricTypes.GAUGE)
+        if self.dense_version and self.dense_version != dense_version:
+            served.add_or_update(0, [*dims, self.dense_version])
+        served.add_or_update(1, [*dims, dense_version])
+        self.dense_version = dense_version
+        modes = self.cache.get_metric(LOOKUP_MODE, MetricTypes.GAUGE)
+        for shard, mode in enumerate(lookup_modes):
+            for m in LOOKUP_MODES:
+                modes.add_or_update(int(m == mode), [*dims, str(shard), m])
+        if runtime:
+            from model_store.dense import RUNTIMES
+
+            runtimes = self.cache.get_metric(DENSE_RUNTIME, MetricTypes.GAUGE)
+            for rt in RUNTIMES:
+                runtimes.add_or_update(int(rt == runtime), [*dims, rt])
+        if device:
+            devices = self.cache.get_metric(DENSE_DEVICE, MetricTypes.GAUGE)
+            for d in DENSE_DEVICES:
+                devices.add_or_update(int(d == device), [*dims, d])
+
+    def refused(self, component: str) -> None:
+        """Counts a version refused for good (``recserve_version_refusals_total{kind="version"}``)."""
+        from ts.metrics.metric_type_enum import MetricTypes
+
+        self.cache.get_metric(REFUSALS, MetricTypes.COUNTER).add_or_update(
+            1, [self.model, "Model", component, "version"]
+        )
 
     def record(self, reply) -> None:
         """Queues the reply's observations; the flusher thread writes them (``flush``)."""
@@ -145,7 +177,7 @@ class ScoringMetrics:
             except IndexError:
                 return
             v = reply.versions
-            dense, embedding = v.get("dense") or self.dense_version, v.get("embedding") or "none"
+            dense, embedding = v.get("dense") or self.dense_version or "none", v.get("embedding") or "none"
             self.requests.add_or_update(1, [*dims, str(reply.status), str(dense), str(embedding)])
             for stage, ms in reply.timings.items():
                 self.stages.add_or_update(ms / 1e3, [*dims, stage])

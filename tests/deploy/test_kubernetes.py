@@ -93,7 +93,8 @@ def test_no_container_runs_as_root_or_unbounded(directory):
 def test_the_torchserve_component_runs_the_handler_with_colocated_lookups():
     """components/torchserve adds exactly its ConfigMap, Deployment and Service to the small
     overlay, all valid; its pod runs TorchServe's frontend from recserve-torchserve:latest, its
-    init container archives the handler the image holds with co-located lookups, and TorchServe
+    init container archives the handler the image holds following the model with co-located
+    lookups (no version pinned: a new one is served without a restart), and TorchServe
     reads the config it mounts; its management API listens on loopback only."""
     from tests.helpers import ROOT
 
@@ -118,7 +119,10 @@ def test_the_torchserve_component_runs_the_handler_with_colocated_lookups():
     (archive,), (container,) = pod["initContainers"], pod["containers"]
     assert {archive["image"], container["image"]} == {"recserve-torchserve:latest"}
     script = archive["args"][0]
-    assert '"lookups": "colocated"' in script and "/store/$MODEL/CURRENT" in script
+    scoring_json = (
+        '{"store": "/store", "model": "%s", "lookups": "colocated"}'  # follows the model: no version
+    )
+    assert scoring_json in script and "CURRENT" not in script and "--version 1.0 " in script
     handler = "/app/handlers/recserve_handler.py"  # the image's WORKDIR /app: this checkout's handlers/
     assert f"--handler {handler}" in script and (ROOT / handler.removeprefix("/app/")).is_file()
     assert (

@@ -29,9 +29,10 @@ import yaml
 import model_store as ms
 from model_store.deltas import DeltaManifest, read_delta
 from serving.rpc.health import check
-from serving.scoring.client import ScoringClient
+from serving.scoring.client import ScoringClient, requests_from_file
 from tests.deploy.helpers import KUBE, build_overlay
-from tests.helpers import ROOT, doc_blocks, exit_ok, wait_until
+from tests.helpers import ROOT, doc_blocks, exit_ok, second_half, train_version, wait_until
+from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow
 SCHEMA = "data/schemas/criteo.yaml"
@@ -344,7 +345,9 @@ def test_the_torchserve_component_runs_as_its_manifest_says_and_scores(network, 
     for the store's CURRENT version, then TorchServe's Java frontend (this host's Java 17) runs it
     with co-located lookups -- no PS or worker pod is started, the handler maps the version's shards
     from the store. Its readiness probe passes as the kubelet calls it, and 400 rows scored through
-    `http://torchserve:8080` from its namespace equal the trainer's."""
+    `http://torchserve:8080` from its namespace equal the trainer's; then a version trained and
+    published into the store is served by the same pod (its worker follows the model), 400 rows
+    equal to that version's own scores."""
     objs = build_overlay(KUBE / "overlays" / "torchserve")
     config_maps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
     (pod,) = [p for p in pods(objs) if p["name"].startswith("torchserve-")]
@@ -370,17 +373,36 @@ def test_the_torchserve_component_runs_as_its_manifest_says_and_scores(network, 
     except AssertionError as e:
         raise AssertionError(f"{e}; /ping answered {answer}; its log:\n{log.read_text()[-3000:]}") from None
     url = "http://torchserve:8080/predictions/criteo"  # the Service's name (plain HTTP: see the component)
-    done = host.run(
-        [sys.executable, "-m", "tests.deploy.score", url, str(secret / "key_file.json"), ""],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout)
-    replies = out["replies"]
-    assert all(status == 200 for status, _ in replies), replies
-    scores = [x for _, reply in replies for x in reply["scores"]]
-    current = ms.current(store, "criteo")
-    offline = np.load(ms.version_dir(store, "criteo", current) / "eval" / "scores.npy")[: len(scores)]
-    assert len(scores) == 400 and np.abs(np.array(scores) - offline).max() <= 1e-6
-    assert {(r["versions"]["dense"], r["versions"]["embedding"]) for _, r in replies} == {(current, current)}
-    assert out["bad_json"] == 400  # (its token auth is off: the component's header says why)
+
+    def scores_like_offline(current: str) -> None:
+        done = host.run(
+            [sys.executable, "-m", "tests.deploy.score", url, str(secret / "key_file.json"), ""],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = json.loads(done.stdout)
+        replies = out["replies"]
+        assert all(status == 200 for status, _ in replies), replies
+        scores = [x for _, reply in replies for x in reply["scores"]]
+        offline = np.load(ms.version_dir(store, "criteo", current) / "eval" / "scores.npy")[: len(scores)]
+        assert len(scores) == 400 and np.abs(np.array(scores) - offline).max() <= 1e-6
+        assert {(r["versions"]["dense"], r["versions"]["embedding"]) for _, r in replies} == {
+            (current, current)
+        }
+        assert out["bad_json"] == 400  # (its token auth is off: the component's header says why)
+
+    scores_like_offline(ms.current(store, "criteo"))
+    # a newly published version is served by the same pod, no restart (its worker follows the model)
+    train_version(store, seed=1, publish=False, data=second_half(tmp_path))  # version 2: other rows
+    ms.publish(store, "criteo", "2", allow_schema_change=True)
+    (body, ctype), *_ = requests_from_file(TEST, SCHEMA, 20, 20)
+
+    def dense_version() -> str:
+        assert proc.poll() is None, f"pod {pod['name']} exited {proc.returncode}: {log.read_text()[-3000:]}"
+        request = urllib.request.Request(f"http://{host.address}:8080/predictions/criteo", body,
+                                         {"Content-Type": ctype})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return json.loads(r.read())["versions"]["dense"]
+
+    wait_until(lambda: dense_version() == "2", 120, "the TorchServe pod to serve version 2 once published")
+    scores_like_offline("2")

@@ -123,3 +123,77 @@ def test_the_handler_logs_each_request_once_with_its_request_id(trained, kafka, 
     finally:
         h.impressions.close()
         h.scorer.close()
+
+
+def test_a_handler_that_follows_the_model_serves_each_published_version_and_reports_a_refused_one(
+    trained, tmp_path, caplog
+):
+    """scoring.json names the store instead of a version (components/torchserve's archive): before
+    anything is published each request is a 503 naming why; the worker then serves what CURRENT
+    names, and a newly published version without a restart, each batch answered by one version;
+    a version the gate refuses is logged, counted on /metrics and skipped (the worker keeps serving
+    what it has), and a worker that starts on it answers 503 naming the refusal."""
+    import logging
+    import shutil
+
+    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+    import model_store as ms
+    from serving.torchserve.metrics import REFUSALS, SERVED, write_metrics_config
+    from tests.helpers import second_half, train_version, wait_until
+
+    caplog.set_level(logging.INFO)
+    root = tmp_path / "store"
+    shutil.copytree(trained[0], root)
+    (root / "criteo" / "CURRENT").unlink()  # nothing published yet
+    model_dir = tmp_path / "mar"
+    model_dir.mkdir()
+    (model_dir / "scoring.json").write_text(json.dumps({"store": str(root), "drain_s": 0.1, "lookups": "colocated",
+                                                        "poll_s": 0.2}))  # fmt: skip
+
+    def started() -> RecserveHandler:
+        cache = MetricsCacheYamlImpl(str(write_metrics_config(tmp_path / "metrics.yaml")))
+        cache.initialize_cache()
+        h = RecserveHandler()
+        h.initialize(Context("criteo", str(model_dir), {}, 8, None, "0", metrics=cache))
+        return h
+
+    bodies = [b for b, _ in requests_from_file(TEST, "data/schemas/criteo.yaml", 20, 60)]
+    h = started()
+    try:
+        statuses, replies = _handle(h, bodies[:2])[:2]
+        assert statuses == [503, 503]
+        assert all("no version published yet for model criteo" in r["error"] for r in replies), replies
+
+        ms.publish(root, "criteo", "1")
+        wait_until(lambda: _handle(h, bodies[:1])[0] == [200], 60, "version 1 served")
+        train_version(root, seed=1, publish=False, data=second_half(tmp_path))  # version 2: other rows
+        ms.publish(root, "criteo", "2", allow_schema_change=True)
+        wait_until(lambda: h.scorer is not None and h.scorer.dense_version == "2", 60, "version 2 served")
+        statuses, replies = _handle(h, bodies)[:2]
+        assert statuses == [200] * 3
+        assert {(r["versions"]["dense"], r["versions"]["embedding"]) for r in replies} == {("2", "2")}
+
+        shutil.copytree(ms.version_dir(root, "criteo", "2"), ms.version_dir(root, "criteo", "3"))
+        (ms.version_dir(root, "criteo", "3") / "_SUCCESS").unlink()  # never sealed: the gate says no
+        ms.layout.set_current(root, "criteo", "3")  # forced past publish's gate
+        assert h.follower is not None
+        wait_until(lambda: h.follower.versions.is_refused("3"), 60, "version 3 refused")
+        statuses, replies = _handle(h, bodies[:1])[:2]
+        assert statuses == [200] and replies[0]["versions"]["dense"] == "2"  # it keeps serving what it has
+        wait_until(lambda: any(r.getMessage().startswith(f"[METRICS]{REFUSALS}.") for r in caplog.records),
+                   10, "the refusal on /metrics")  # fmt: skip
+        served = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"[METRICS]{SERVED}.")]
+        assert any("version:2" in line and "Count:1|" in line for line in served), served
+        assert any("version:1" in line and "Count:0|" in line for line in served), served
+    finally:
+        assert h.follower is not None
+        h.follower.close()
+
+    h = started()  # a worker that starts while CURRENT names the refused version
+    try:
+        statuses, replies = _handle(h, bodies[:1])[:2]
+        assert statuses == [503] and "version 3 refused" in replies[0]["error"], replies
+    finally:
+        assert h.follower is not None
+        h.follower.close()

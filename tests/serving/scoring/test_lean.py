@@ -216,17 +216,18 @@ def test_sigterm_drains_and_exits_0(lean):
 
 def test_a_version_loads_at_the_priority_requests_are_scored_at(trained, monkeypatch):
     """The loader shares the GIL with the requests: at nice 10, preempted while holding it, it kept
-    them waiting (serving/scoring/lean.py ``Frontend.follow``)."""
+    them waiting (serving/scoring/follow.py ``ScorerFollower.follow``)."""
+    from serving.scoring import follow as follow_module
     from serving.scoring import lean as lean_module
 
     seen: list[int] = []
 
-    class Recording(lean_module.Scorer):
+    class Recording(follow_module.Scorer):
         def __init__(self, *a, **kw):
             seen.append(os.getpriority(os.PRIO_PROCESS, 0))  # this thread's niceness (Linux)
             super().__init__(*a, **kw)
 
-    monkeypatch.setattr(lean_module, "Scorer", Recording)
+    monkeypatch.setattr(follow_module, "Scorer", Recording)
     frontend = lean_module.Frontend(lean_module.ServeConfig(store=str(trained[0]), disable_token_auth=True))
     try:
         loaded: list = []
