@@ -80,7 +80,7 @@ def test_each_row_codec_encodes_what_it_decodes_and_the_registry_refuses_what_it
         assert stored.nbytes + (0 if qparams is None else qparams.nbytes) == 50 * codec.bytes_per_row(8)
         into = codec.decode(stored, qparams, np.empty(x.shape, np.float32))
         np.testing.assert_array_equal(into, StoredRows(name, stored, qparams).decoded())
-        assert np.abs(into - x).max() <= (error_bound(x).max() if codec.qparams else np.abs(x).max() * 2**-10)
+        assert (np.abs(into - x) <= np.abs(x).max(1, keepdims=True) * 2**-7).all()  # 8 bits or better a row
     # the planner narrows float32 -> float16 -> int8; the version is exported in the narrowest chosen
     assert [c.name for c in narrowing() if c.planned] == ["float32", "float16", "int8"]
     with pytest.raises(ValueError, match="registered twice"):
