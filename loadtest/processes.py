@@ -165,15 +165,18 @@ def wait_for(
     poll_s: float = 0.1,
 ) -> float:
     """Poll ``predicate`` until it is true; returns when (time.time()). Not true within
-    ``timeout_s``: a TimeoutError naming ``what``; one of ``procs`` (name, Popen, log path) exiting
-    first: a RuntimeError with its log's tail."""
+    ``timeout_s``: a TimeoutError naming ``what``, with the log tail of each of ``procs`` that
+    ``what`` names; one of ``procs`` (name, Popen, log path) exiting first: a RuntimeError with its
+    log's tail."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         for name, proc, log in procs:
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited {proc.returncode}: {log_excerpt(Path(log))}")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"not {what} after {timeout_s}s")
+            logs = "".join(f"\n{name}'s log:\n{log_excerpt(Path(log), 1500)}" for name, _, log in procs
+                           if name in what and Path(log).exists())  # fmt: skip
+            raise TimeoutError(f"not {what} after {timeout_s}s{logs}")
         time.sleep(poll_s)
     return time.time()
 

@@ -55,6 +55,19 @@ def test_running_names_a_process_that_exits_before_it_is_ready(tmp_path):
         wait_for(lambda: False, 0.2, "never")
 
 
+def test_a_process_not_ready_in_time_is_named_with_its_log(tmp_path):
+    log = tmp_path / "serve.log"
+    log.write_text("loading version 3\nwaiting for shard 1\n")
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as proc:
+        try:
+            with pytest.raises(
+                TimeoutError, match="(?s)not serve-a serving after 0.2s.*serve-a's log:.*waiting for shard 1"
+            ):
+                wait_for(lambda: False, 0.2, "serve-a serving", [("serve-a", proc, log), ("ps-a", proc, log)])
+        finally:
+            proc.kill()
+
+
 def test_a_dead_childs_error_line_is_kept_above_a_long_stack(tmp_path):
     from loadtest.processes import log_excerpt
 
