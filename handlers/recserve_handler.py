@@ -63,6 +63,7 @@ class RecserveHandler:
         return self.follower.scorer if self.follower is not None else self._pinned
 
     def initialize(self, context) -> None:
+        from serving.memory import freeze_loaded
         from serving.priority import loading_priority
         from serving.scoring.config import ScoringConfig
         from serving.scoring.core import Scorer, server_timing
@@ -86,6 +87,7 @@ class RecserveHandler:
         else:
             with loading_priority():  # a version loading beside a serving one yields the CPU to it
                 self._pinned = Scorer(config)
+            freeze_loaded()  # what this worker holds for its life: out of the collector's scans
             self._switched(self._pinned)
         self.initialized = True
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from serving.memory import freeze_loaded
 from serving.rpc.metrics import Readiness
 from serving.rpc.tls import ServerTLS
 
@@ -154,10 +155,13 @@ def start_sync(
 
 
 def set_serving_sync(running: SyncRunning, serving: bool, why: str = "") -> None:
-    """gRPC health SERVING or NOT_SERVING, and /ready with it (``why``: the reason it is not)."""
+    """gRPC health SERVING or NOT_SERVING, and /ready with it (``why``: the reason it is not). The
+    first SERVING takes what the process loaded out of the collector's scans (``freeze_loaded``)."""
     for name in ("", running.service):
         running.health.set(name, _status(serving))
     running.readiness.set(serving, why)
+    if serving:
+        freeze_loaded()
 
 
 def wait_for_stop(stop: threading.Event | None = None) -> threading.Event:
@@ -197,10 +201,13 @@ async def start_aio(
 
 
 async def set_serving_aio(running: AioRunning, serving: bool, why: str = "") -> None:
-    """gRPC health SERVING or NOT_SERVING, and /ready with it (``why``: the reason it is not)."""
+    """gRPC health SERVING or NOT_SERVING, and /ready with it (``why``: the reason it is not). The
+    first SERVING takes what the process loaded out of the collector's scans (``freeze_loaded``)."""
     for name in ("", running.service):
         await running.health.set(name, _status(serving))
     running.readiness.set(serving, why)
+    if serving:
+        freeze_loaded()
 
 
 def stop_event_on_signals() -> asyncio.Event:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import model_store as ms
+from serving import memory
 from serving.freshness import follow_notices
 from serving.notices import AsyncWake, Wake
 from serving.scoring.core import Scorer
@@ -111,6 +112,8 @@ class ScorerFollower:
             new.close()
             return None
         self.scorer, self.failure = new, ""
+        if old is None:  # what the process holds for its life is loaded: out of the collector's scans
+            memory.freeze_loaded()
         self.on_switch(new)
         log.info("serving version %s of %s (was %s; lookups %s)", target, self.model,
                  old.dense_version if old else "none", ",".join(new.lookup_modes))  # fmt: skip
