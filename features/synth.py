@@ -156,7 +156,7 @@ def id_weights(slot: int, ranks: np.ndarray, scale: float, model_seed: int) -> n
 
 # --- one chunk ---------------------------------------------------------------------------------
 @dataclass
-class Chunk:
+class SynthRows:
     """Columns of ``n`` rows: label (n,), counts (13, n) with missing (13, n), ids (26, n, 8) hex
     digits with missing (26, n), and the hidden model's logit (n,) the label was drawn from."""
 
@@ -168,7 +168,7 @@ class Chunk:
     logit: np.ndarray
 
 
-def make_chunk(cfg: SynthConfig, index: int, n: int) -> Chunk:
+def make_chunk(cfg: SynthConfig, index: int, n: int) -> SynthRows:
     rng = np.random.default_rng([cfg.seed, index])
     card = cfg.cardinality
     logit = np.full(n, BIAS)
@@ -189,7 +189,7 @@ def make_chunk(cfg: SynthConfig, index: int, n: int) -> Chunk:
             w = id_weights(j + 1, ranks, ID_WEIGHT[j], cfg.model_seed)
             logit += np.where(ids_missing[j], 0.0, w)
     label = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int8)
-    return Chunk(label, counts, counts_missing, ids, ids_missing, logit)
+    return SynthRows(label, counts, counts_missing, ids, ids_missing, logit)
 
 
 def batches(cfg: SynthConfig, threads: int = 2) -> Iterator[pa.RecordBatch]:
@@ -215,7 +215,7 @@ def _arrow_chunk(cfg: SynthConfig, index: int, n: int) -> pa.RecordBatch:
     return to_arrow(make_chunk(cfg, index, n))
 
 
-def to_arrow(chunk: Chunk) -> pa.RecordBatch:
+def to_arrow(chunk: SynthRows) -> pa.RecordBatch:
     """The chunk as a pyarrow RecordBatch (nulls where missing); string columns share the numpy
     hex buffer (no per-value objects)."""
     import pyarrow as pa

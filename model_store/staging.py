@@ -34,7 +34,7 @@ micro-batch of ``recserve serve`` (``--batch-max-items`` 2,048) fits the largest
 
 
 @dataclass(frozen=True)
-class Chunk:
+class BucketRun:
     """Rows ``[start, stop)`` of a batch, run in bucket ``bucket`` (>= stop - start)."""
 
     start: int
@@ -66,15 +66,15 @@ class Buckets:
             raise ValueError(f"a chunk of {rows} rows: buckets hold 1 to {self.largest}")
         return self.sizes[int(np.searchsorted(self.sizes, rows))]
 
-    def chunks(self, rows: int) -> list[Chunk]:
+    def chunks(self, rows: int) -> list[BucketRun]:
         """How a batch of ``rows`` runs: full chunks of the largest bucket, then the rest in the
         smallest bucket that holds it (no chunk for 0 rows)."""
         if rows < 0:
             raise ValueError(f"a batch of {rows} rows")
         full, rest = divmod(rows, self.largest)
-        out = [Chunk(i * self.largest, (i + 1) * self.largest, self.largest) for i in range(full)]
+        out = [BucketRun(i * self.largest, (i + 1) * self.largest, self.largest) for i in range(full)]
         if rest:
-            out.append(Chunk(full * self.largest, rows, self.of(rest)))
+            out.append(BucketRun(full * self.largest, rows, self.of(rest)))
         return out
 
 
@@ -112,7 +112,7 @@ class Staging:
             self.buffers[bucket] = buf
         return buf
 
-    def fill(self, pooled: NDArray[np.float32], dense: NDArray[np.float32], chunk: Chunk) -> torch.Tensor:
+    def fill(self, pooled: NDArray[np.float32], dense: NDArray[np.float32], chunk: BucketRun) -> torch.Tensor:
         """The chunk's rows of (pooled (B, slots, dim), dense (B, num_dense)) packed into its
         bucket's buffer, rows ``[0, chunk.rows)``; the buffer is returned whole (bucket rows)."""
         buf = self.buffer(chunk.bucket)
@@ -123,7 +123,7 @@ class Staging:
         return buf
 
 
-Forward = Callable[["torch.Tensor", Chunk], "torch.Tensor"]
+Forward = Callable[["torch.Tensor", BucketRun], "torch.Tensor"]
 """``forward(buffer, chunk)``: logits (>= chunk.rows,) of a chunk's filled bucket buffer, on any
 device (its first ``chunk.rows`` are the chunk's)."""
 

@@ -34,7 +34,7 @@ from model_store.runtimes.base import (
     quiet_deprecations,
 )
 from model_store.runtimes.registry import register
-from model_store.staging import Buckets, Chunk, Forward, Staging, run_chunks, unpack
+from model_store.staging import BucketRun, Buckets, Forward, Staging, run_chunks, unpack
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +61,7 @@ def eager_forward(module: Any, device: torch.device, slots: int, dim: int) -> Fo
     """A chunk's rows copied to ``device`` in one copy (non-blocking: the buffer is pinned) and
     run through the module."""
 
-    def forward(buf: torch.Tensor, chunk: Chunk) -> torch.Tensor:
+    def forward(buf: torch.Tensor, chunk: BucketRun) -> torch.Tensor:
         return module(*unpack(buf[: chunk.rows].to(device, non_blocking=True), slots, dim))  # type: ignore[no-any-return]
 
     return forward
@@ -108,7 +108,7 @@ def graph_forward(module: Any, device: torch.device, staging: Staging, buckets: 
     torch.cuda.current_stream(device).wait_stream(side)
     torch.cuda.synchronize(device)
 
-    def forward(buf: torch.Tensor, chunk: Chunk) -> torch.Tensor:
+    def forward(buf: torch.Tensor, chunk: BucketRun) -> torch.Tensor:
         inputs[chunk.bucket].copy_(buf, non_blocking=True)
         graphs[chunk.bucket].replay()
         return outputs[chunk.bucket]

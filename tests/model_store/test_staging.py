@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from model_store.staging import BUCKETS, Buckets, Chunk, Staging, run_chunks, unpack
+from model_store.staging import BUCKETS, BucketRun, Buckets, Staging, run_chunks, unpack
 from tests.cuda import needs_cuda, without_cuda
 from tests.model_store.runtimes.helpers import D, S, inputs, make
 
@@ -26,8 +26,12 @@ def test_a_batch_goes_to_the_smallest_bucket_that_holds_it(rows: int, bucket: in
 def test_chunks_of_a_batch() -> None:
     b = Buckets()
     assert b.chunks(0) == []
-    assert b.chunks(200) == [Chunk(0, 200, 256)]
-    assert b.chunks(5000) == [Chunk(0, 2048, 2048), Chunk(2048, 4096, 2048), Chunk(4096, 5000, 1024)]
+    assert b.chunks(200) == [BucketRun(0, 200, 256)]
+    assert b.chunks(5000) == [
+        BucketRun(0, 2048, 2048),
+        BucketRun(2048, 4096, 2048),
+        BucketRun(4096, 5000, 1024),
+    ]
     for bad in (0, 2049):
         with pytest.raises(ValueError, match="buckets hold 1 to 2048"):
             b.of(bad)
@@ -50,17 +54,17 @@ def test_chunks_cover_the_batch_in_order_each_in_a_bucket_that_holds_it(rows: in
 def test_staging_packs_one_reused_buffer_per_bucket() -> None:
     staging = Staging(S, D, 3)
     pooled, dense = inputs(300)
-    first = staging.fill(pooled, dense, Chunk(0, 200, 256))
+    first = staging.fill(pooled, dense, BucketRun(0, 200, 256))
     assert first.shape == (256, S * D + 3) and first.dtype == torch.float32
     p, d = unpack(first, S, D)
     np.testing.assert_array_equal(p[:200].numpy(), pooled[:200])
     np.testing.assert_array_equal(d[:200].numpy(), dense[:200])
     assert not first[200:].any()  # padding: zeros at first
-    again = staging.fill(pooled, dense, Chunk(100, 250, 256))  # the same buffer, rows 0..150 rewritten
+    again = staging.fill(pooled, dense, BucketRun(100, 250, 256))  # the same buffer, rows 0..150 rewritten
     assert again.data_ptr() == first.data_ptr() and set(staging.buffers) == {256}
     np.testing.assert_array_equal(unpack(again, S, D)[0][:150].numpy(), pooled[100:250])
     np.testing.assert_array_equal(unpack(again, S, D)[0][150:200].numpy(), pooled[150:200])  # left as it was
-    staging.fill(pooled, dense, Chunk(0, 64, 64))
+    staging.fill(pooled, dense, BucketRun(0, 64, 64))
     assert set(staging.buffers) == {64, 256}
 
 
@@ -83,7 +87,7 @@ def test_padded_chunks_sliced_back_score_as_the_whole_batch(rows: int, num_dense
     pooled, dense = inputs(rows, num_dense)
     buckets, staging, seen = Buckets((4, 16)), Staging(S, D, num_dense, pin=False), []
 
-    def forward(buf: torch.Tensor, chunk: Chunk) -> torch.Tensor:
+    def forward(buf: torch.Tensor, chunk: BucketRun) -> torch.Tensor:
         seen.append((buf.shape[0], chunk.bucket))
         return model(*unpack(buf, S, D))  # the whole bucket, padding included, as a CUDA graph runs
 
