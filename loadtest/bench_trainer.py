@@ -69,7 +69,7 @@ def records(requests: int, seed: int = 0) -> list[tuple[str, bytes]]:
 
 def replay(store: Path, bootstrap: str, batch_size: int, lr: float | None, work: Path) -> dict:
     """One trainer over the whole topic, on a copy of ``store``; its figures."""
-    from training.config import FollowConfig
+    from training.follow.config import FollowConfig
     from training.follow.trainer import FollowTrainer
 
     copy = Path(tempfile.mkdtemp(dir=work))

@@ -219,7 +219,7 @@ def _first_request(client):
 def follow_step(client, result) -> None:
     import shutil
 
-    from training.config import FollowConfig
+    from training.follow.config import FollowConfig
     from training.follow.trainer import follow
 
     step("6. continuous training: 200 new rows arrive; `recserve train --follow` publishes a delta")

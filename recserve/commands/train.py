@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     them)."""
 
     from recserve import config
-    from training.config import FollowConfig, TrainConfig
+    from training.config import TrainConfig
+    from training.follow.config import FollowConfig
 
     config.add_arguments(p, TrainConfig)
     g = p.add_argument_group(
@@ -42,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_args(args: argparse.Namespace) -> int:
     from recserve import config
-    from training.config import FollowConfig, TrainConfig
+    from training.config import TrainConfig
+    from training.follow.config import FollowConfig
 
     if getattr(args, "follow", None):
         return run_follow(args)
@@ -118,7 +120,8 @@ def run_follow(args: argparse.Namespace) -> int:
     import threading
 
     from recserve import config
-    from training.config import FollowConfig, TrainConfig
+    from training.config import TrainConfig
+    from training.follow.config import FollowConfig
 
     try:
         ignored = only_in(TrainConfig, FollowConfig, args)

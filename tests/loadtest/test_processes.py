@@ -58,7 +58,9 @@ def test_running_names_a_process_that_exits_before_it_is_ready(tmp_path):
 def test_a_process_not_ready_in_time_is_named_with_its_log(tmp_path):
     log = tmp_path / "serve.log"
     log.write_text("loading version 3\nwaiting for shard 1\n")
-    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as proc:
+    with subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    ) as proc:  # alive until killed
         try:
             with pytest.raises(
                 TimeoutError, match="(?s)not serve-a serving after 0.2s.*serve-a's log:.*waiting for shard 1"

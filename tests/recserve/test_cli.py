@@ -50,7 +50,8 @@ def test_documented_line_parses_and_builds_its_config(line, tmp_path):
     if hasattr(mod, "CONFIG"):
         config.from_args(mod.CONFIG, args)
     else:  # train: its two modes
-        from training.config import FollowConfig, TrainConfig
+        from training.config import TrainConfig
+        from training.follow.config import FollowConfig
 
         config.from_args(FollowConfig if args.follow else TrainConfig, args)
 

@@ -54,8 +54,8 @@ from training.export_dense import export_dense
 from training.follow.types import Score
 
 if TYPE_CHECKING:
-    from training.config import FollowConfig, Period
     from training.follow.book import StreamBook
+    from training.follow.config import FollowConfig, Period
 
 log = logging.getLogger("recserve.train.follow")
 

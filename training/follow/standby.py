@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Protocol
 from serving.priority import loading_priority
 
 if TYPE_CHECKING:
-    from training.config import FollowConfig
     from training.follow.book import StreamBook
+    from training.follow.config import FollowConfig
     from training.follow.types import Loaded
 
 log = logging.getLogger("recserve.train.follow")

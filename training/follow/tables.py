@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from features.schema import Schema
     from serving.ps.config import TableShardConfig
     from serving.worker.core import WorkerConfig
-    from training.config import FollowConfig
+    from training.follow.config import FollowConfig
     from training.follow.ranks import Ranks
 
 log = logging.getLogger("recserve.train.follow")

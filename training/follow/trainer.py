@@ -52,10 +52,10 @@ from features.schema import load_schema
 from features.transform import FeatureError, transform
 from serving import memory, notices
 from training import data, sources
-from training.config import FollowConfig
 from training.ctx import DenseOptimizer, TrainCtx
 from training.follow import tables as follow_tables
 from training.follow.book import StreamBook
+from training.follow.config import FollowConfig
 from training.follow.cut import DeltaCut
 from training.follow.full_version import FrozenDense, FullVersions, load_frozen_dense
 from training.follow.ranks import Ranks, cut_together

@@ -16,7 +16,7 @@ from features import stream
 from features.schema import Schema, load_schema
 from features.transform import transform
 from tests.helpers import ROOT
-from training.config import FollowConfig
+from training.follow.config import FollowConfig
 
 NAME = "criteo"
 """The model the tests follow (``<store>/criteo``)."""

@@ -39,7 +39,7 @@ from tests.training.follow.helpers import (
     stream_cfg,
 )
 from tests.training.sources.samples import key, produce, records
-from training.config import FollowConfig, Period
+from training.follow.config import FollowConfig, Period
 from training.follow.trainer import FollowTrainer, follow
 
 pytestmark = pytest.mark.filterwarnings(

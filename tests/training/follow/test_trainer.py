@@ -23,7 +23,8 @@ import model_store as ms
 from model_store.shards import read_meta
 from tests.helpers import ROOT, wait_until
 from tests.training.follow.helpers import NAME, SAMPLE, file_signs, lookup, serving_stores
-from training.config import FollowConfig, TrainConfig
+from training.config import TrainConfig
+from training.follow.config import FollowConfig
 from training.follow.trainer import FollowTrainer, follow
 from training.train import train
 

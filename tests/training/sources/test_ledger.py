@@ -9,7 +9,7 @@ import json
 import pytest
 
 from features.transform import Table
-from training.config import FollowConfig
+from training.follow.config import FollowConfig
 from training.sources import Position, TableChunk
 from training.sources.ledger import Ledger, ledger_path
 

@@ -11,7 +11,8 @@ import pytest
 from features import stream
 from features.schema import load_schema
 from training import data, sources
-from training.config import FollowConfig, TrainConfig
+from training.config import TrainConfig
+from training.follow.config import FollowConfig
 from training.sources import Reading
 
 ROOT = Path(__file__).resolve().parents[3]
