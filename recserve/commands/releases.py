@@ -77,7 +77,8 @@ class RollbackConfig:
 
 def run_versions(cfg: VersionsConfig) -> int:
     from model_store import ModelStoreError, list_versions, pin, pins, retain, unpin
-    from serving.stack.local import default_run_dir, serving_view
+    from serving.stack.local import default_run_dir
+    from serving.stack.view import serving_view
 
     try:
         if cfg.pin:

@@ -68,7 +68,8 @@ class DownConfig:
 
 
 def run_down(cfg: DownConfig) -> int:
-    from serving.stack.local import default_run_dir, down
+    from serving.stack.down import down
+    from serving.stack.local import default_run_dir
 
     run_dir = Path(cfg.run_dir or default_run_dir(cfg.store, cfg.model))
     stopped = down(run_dir)

@@ -43,12 +43,11 @@ from serving.stack.state import (
     update_state,
     write_state,
 )
-from serving.stack.view import serving_view
 
 if TYPE_CHECKING:
     from serving.torchserve import TorchServe
 
-__all__ = ["LocalStack", "StackConfig", "default_run_dir", "down", "serving_view"]
+__all__ = ["LocalStack", "StackConfig", "default_run_dir"]
 
 
 class LocalStack:

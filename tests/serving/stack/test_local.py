@@ -19,7 +19,8 @@ from features.readers import to_records
 from features.schema import load_schema
 from features.transform import transform
 from serving.scoring.client import ScoringClient
-from serving.stack.local import LocalStack, StackConfig, down
+from serving.stack.down import down
+from serving.stack.local import LocalStack, StackConfig
 from tests.helpers import ROOT, gone, wait_until
 from tests.serving.helpers import TEST, score_all
 

@@ -19,7 +19,7 @@ import pytest
 from model_store.releases import publish
 from serving.ps.client import PSClient, ShardError
 from serving.scoring.client import ScoringClient
-from serving.stack.local import down
+from serving.stack.down import down
 from serving.stack.state import read_state
 from tests.helpers import gone, wait_until
 from tests.serving.helpers import make_version

@@ -16,8 +16,9 @@ from serving.ps.client import PSClient, ShardError
 from serving.rpc.tls import ClientTLS
 from serving.scoring.client import ScoringClient
 from serving.stack import tls as stack_tls
-from serving.stack.local import down, serving_view
+from serving.stack.down import down
 from serving.stack.state import read_state
+from serving.stack.view import serving_view
 from tests.helpers import ROOT
 from tests.serving.helpers import score_all
 
