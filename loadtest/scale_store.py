@@ -39,12 +39,13 @@ def _random_rows(rng: np.random.Generator, n: int, dtype: str) -> tuple[np.ndarr
     rows are random codes with a random fp16 scale and bias each, made as they lie (quantizing
     300M normal rows took ~8 minutes here; what is measured -- bytes, loads, lookups -- does not
     depend on the values)."""
-    from model_store.quant import QPARAMS, storage
+    from model_store.quant import QPARAMS, row_codec
 
     if dtype == "float32":
         return rng.standard_normal((n, DIM), dtype=np.float32), None
-    rows = np.empty((n, DIM), storage(dtype))
-    qparams = np.empty((n, 2), QPARAMS) if dtype == "int8" else None
+    codec = row_codec(dtype)
+    rows = np.empty((n, DIM), codec.storage)
+    qparams = np.empty((n, 2), QPARAMS) if codec.qparams else None
     step = 1 << 22
     for i in range(0, n, step):
         m = min(step, n - i)
