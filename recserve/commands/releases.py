@@ -77,6 +77,7 @@ class RollbackConfig:
 
 def run_versions(cfg: VersionsConfig) -> int:
     from model_store import ModelStoreError, list_versions, pin, pins, retain, unpin
+    from recserve.commands.experiment import running_line
     from serving.stack.local import default_run_dir
     from serving.stack.view import serving_view
 
@@ -112,6 +113,8 @@ def run_versions(cfg: VersionsConfig) -> int:
         gate = f"refused by the gate: {r.refused}" if r.refused else ""
         notes = " ".join(x for x in (auc, "pinned" * (r.version in pinned), r.detail, why, gate) if x)
         print(f"{mark} {r.version:>4}  {r.status:<10} {created}  deltas={r.deltas:<3} {notes}")
+    if experiment := running_line(cfg.store, cfg.model):
+        print(experiment)
     if view is None:
         print(f"serving: no stack running from {run_dir}")
         return 0
