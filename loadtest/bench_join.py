@@ -29,7 +29,7 @@ TARGET = 20_000
 
 def fill(broker: mockbroker.Broker, requests: int, partitions: int, seed: int = 0) -> tuple[int, int]:
     """Topics filled; returns (samples expected, events)."""
-    for name in ("impressions", "events", "samples", "impressions.dead", "events.dead"):
+    for name in ("impressions", "events", "samples", "impressions.dead", "events.dead", "samples.quarantine"):
         broker.create_topic(name, partitions)
     imps = impressions(requests, 1.7e9, 0.04, ranking_batch_bytes(ROWS), ROWS, seed)
     rng = np.random.default_rng(seed)

@@ -20,6 +20,7 @@ TOPICS = {
     "impressions.dead": 4,
     "events.dead": 4,
     "samples.dead": 4,
+    "samples.quarantine": 4,
 }
 """Topics and their partitions. The mock cluster keeps 5 MB a partition (librdkafka's
 ``rdkafka_mock.c``, not configurable): 16 partitions, and the joiner compresses its samples (lz4),

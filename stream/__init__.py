@@ -8,7 +8,10 @@ and the role that joins it.
   consumed batch) and the batch's operations (``take``, ``concat``, ``misfits``, ``to_batch``);
 - ``join``: one partition's join of impressions and events into labelled samples;
 - ``joiner`` and ``config``: the ``recserve join`` process and its configuration;
-- ``dead_letter``: the one dead-letter convention of every consumer (topic name rule, headers).
+- ``dead_letter``: the one dead-letter convention of every consumer (topic name rule, headers);
+- ``guard`` and ``quarantine``: the joiner's input guard and the replay of what it quarantined;
+- ``arms``, ``sequential`` and ``aa``: experiments' per-arm online metrics from joined samples,
+  the anytime-valid rule that promotes or aborts a candidate, and its A/A replays.
 
 The frontends write impressions (``serving``), the streaming trainer reads samples
 (``training.follow`` through ``training.sources.kafka``); the test broker is

@@ -3,10 +3,14 @@ librdkafka settings file every stream role reads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from stream import dead_letter
+from stream.guard import GuardConfig
+
+QUARANTINE = ".quarantine"
+"""The quarantine topic of a samples topic: ``<samples>.quarantine``."""
 
 FETCH_WAIT_MS = 50
 """librdkafka's ``fetch.wait.max.ms`` for the stream's consumers (the joiner's, the trainer's),
@@ -68,6 +72,14 @@ class JoinConfig:
     """Interface the /metrics port binds."""
     metrics_port: int = 0
     """Prometheus /metrics HTTP port (0: off)."""
+    quarantine: str = ""
+    """Topic the samples of windows the input guard held to its bound go to; '' (the default):
+    <samples>.quarantine. ``recserve join --replay-quarantine`` moves them to the samples topic."""
+    replay_quarantine: bool = False
+    """Move the quarantined samples to the samples topic (from where the last replay ended) and
+    exit, instead of joining: once the stretch the guard held is judged good."""
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    """The input guard (stream/guard.py)."""
 
     def __post_init__(self) -> None:
         if not self.window_s > 0:
@@ -75,9 +87,18 @@ class JoinConfig:
         if self.batch < 1 or self.commit_every_s <= 0:
             raise ValueError("batch must be >= 1 and commit_every_s > 0")
         self.members()  # checks the form
-        names = [self.impressions, self.events, self.samples, *sorted(set(self.dead_letters()))]
+        names = [
+            self.impressions,
+            self.events,
+            self.samples,
+            self.quarantine_topic(),
+            *sorted(set(self.dead_letters())),
+        ]
         if len(set(names)) != len(names) or not all(names):
             raise ValueError(f"the topics must be named and distinct, got {names}")
+
+    def quarantine_topic(self) -> str:
+        return self.quarantine or self.samples + QUARANTINE
 
     def dead_letters(self) -> tuple[str, str]:
         """The dead-letter topics of (impressions, events)."""

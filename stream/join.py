@@ -14,6 +14,12 @@ the clock); an input that is caught up (at the end of its partition) does not ho
 while the other has records. A window closes when the watermark passes ``impression.ts +
 window_s``. Replaying a topic thus gives the labels a live run gave.
 
+**The input guard** (``stream.guard``, judged by the joiner) may *hold* the join (``hold_s``):
+windows then stay open up to ``hold_s`` past their close, so that clicks delayed by a broken
+pipeline still label their items, and the samples of an open window wait for its close (a positive
+too: nothing from a suspect stretch reaches the trainer early). When the guard clears, the windows
+close as usual; those the bound closes while it holds are ``quarantine`` samples.
+
 **Offsets**: a record is *held* until everything it led to is acknowledged: an impression or event
 until its request's window closed and every sample of it was acknowledged, a dead letter until
 it was. ``committable()`` is the offset of the oldest held record of each input (or the next one
@@ -27,9 +33,11 @@ mark that finds no open window is ``replayed``, not counted ``late`` a second ti
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import NDArray
 
 from features.codec import CodecError, decode
 from stream.records import (
@@ -51,6 +59,7 @@ class JoinCounts:
     """What every partition's join did (the joiner's /metrics read these)."""
 
     impressions: int = 0
+    items: int = 0  # impressed items (the impressions' rows)
     events: int = 0
     positives: int = 0
     negatives: int = 0
@@ -59,6 +68,8 @@ class JoinCounts:
     replayed: int = 0  # events re-read after a restart, handled before it: not late again
     malformed: list[int] = field(default_factory=lambda: [0, 0])  # per input
     acked: int = 0
+    quarantined: int = 0  # samples of windows closed while the input guard held them (to quarantine)
+    empty_rows: NDArray[np.int64] | None = None  # per slot: impressed rows with no value in it
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,7 @@ class Emit:
     dead: bool = False
     reason: str = ""
     token: object = None
+    quarantine: bool = False  # a sample of a window the input guard held to its bound
 
 
 @dataclass
@@ -80,6 +92,7 @@ class _Request:
     labelled: np.ndarray | None = None  # bool per item: a sample was emitted
     held: list[tuple[int, int]] = field(default_factory=list)  # (input, offset)
     early: list[tuple[int, Event]] = field(default_factory=list)  # events before their impression
+    deferred: list[Event] = field(default_factory=list)  # events applied while held: emitted at the close
     unacked: int = 0
     closed: bool = False
 
@@ -113,6 +126,10 @@ class PartitionJoin:
         self._next = [-1, -1]  # next offset to read, per input (-1: none read yet)
         self._replay_to = [0, 0]  # per input: offsets below were read by the run before a restart
         self._clocks = (_Clock(), _Clock())
+        self.hold_s: float | None = None
+        """While set (the input guard is tripped), windows stay open up to this long past their
+        close and their samples wait for it; those the bound closes are quarantined."""
+        self.items = 0  # items impressed in this partition
 
     # --- input ---------------------------------------------------------------------------
     def impression(self, offset: int, value: bytes, now: float) -> list[Emit]:
@@ -125,6 +142,12 @@ class PartitionJoin:
         except (RecordError, CodecError) as e:
             return [self._dead(IMPRESSIONS, offset, value, f"impression: {e}")]
         self.counts.impressions += 1
+        self.counts.items += batch.num_rows
+        self.items += batch.num_rows
+        rows = RowTable.of(batch)
+        empty = (rows.lengths == 0).sum(axis=0)
+        self.counts.empty_rows = empty if self.counts.empty_rows is None or len(self.counts.empty_rows) != len(empty) \
+            else self.counts.empty_rows + empty  # fmt: skip
         self._clocks[IMPRESSIONS].saw(imp.ts, now)
         req = self.requests.setdefault(imp.request_id, _Request())
         if req.writer is not None:  # the same request id twice: the first impression stands
@@ -134,7 +157,7 @@ class PartitionJoin:
                 )
             ]
         req.deadline = imp.ts + self.window_s
-        req.writer = SampleWriter(imp, RowTable.of(batch))
+        req.writer = SampleWriter(imp, rows)
         req.labelled = np.zeros(batch.num_rows, bool)
         req.held.append((IMPRESSIONS, offset))
         self._held[IMPRESSIONS][offset] = None
@@ -203,6 +226,9 @@ class PartitionJoin:
         req.labelled[ev.item] = True
         req.held.append((EVENTS, offset))
         self._held[EVENTS][offset] = None
+        if self.hold_s is not None:  # the input is suspect: the sample waits for its window's close
+            req.deferred.append(ev)
+            return []
         req.unacked += 1
         self.counts.positives += 1
         return [Emit(rid.encode(), req.writer.labelled(ev), token=rid)]
@@ -220,17 +246,22 @@ class PartitionJoin:
         count as late the early events whose impression never came within their window."""
         wm = self.watermark(now)
         out: list[Emit] = []
-        while self._deadlines and self._deadlines[0][0] <= wm:
+        held = self.hold_s is not None  # what closes now closes at the hold's bound: quarantined
+        while self._deadlines and self._deadlines[0][0] + (self.hold_s or 0.0) <= wm:
             _, rid = heapq.heappop(self._deadlines)
             req = self.requests[rid]
             req.closed = True
             assert req.writer is not None and req.labelled is not None
+            key, w = rid.encode(), req.writer
             items = np.flatnonzero(~req.labelled)
             req.labelled[:] = True
-            req.unacked += len(items)
+            req.unacked += len(items) + len(req.deferred)
             self.counts.negatives += len(items)
-            key = rid.encode()
-            out += [Emit(key, req.writer.negative(int(i)), token=rid) for i in items.tolist()]
+            self.counts.positives += len(req.deferred)
+            self.counts.quarantined += (len(items) + len(req.deferred)) * held
+            out += [Emit(key, w.labelled(ev), token=rid, quarantine=held) for ev in req.deferred]
+            out += [Emit(key, w.negative(i), token=rid, quarantine=held) for i in items.tolist()]
+            req.deferred = []
             self._maybe_done(rid, req)
         while self._early and self._early[0][0] <= wm:
             _, offset, rid = heapq.heappop(self._early)
@@ -268,6 +299,16 @@ class PartitionJoin:
     @property
     def open_windows(self) -> int:
         return len(self._deadlines)
+
+    def held_windows(self, now: float) -> int:
+        """Windows past their close that the input guard holds open."""
+        wm = self.watermark(now)
+        return sum(d <= wm for d, _ in self._deadlines) if self.hold_s is not None else 0
+
+    def event_lag(self) -> float:
+        """How far the newest event's ts trails the newest impression's (0 before both came)."""
+        imp, ev = self._clocks[IMPRESSIONS].ts, self._clocks[EVENTS].ts
+        return max(0.0, imp - ev) if math.isfinite(imp) and math.isfinite(ev) else 0.0
 
     def _maybe_done(self, rid: str, req: _Request) -> None:
         if req.closed and req.unacked == 0:

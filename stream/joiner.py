@@ -28,10 +28,12 @@ import time
 from collections.abc import Iterator
 from typing import Any, cast
 
+import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from stream import dead_letter
 from stream.config import FETCH_WAIT_MS, JoinConfig, kafka_settings
+from stream.guard import InputGuard
 from stream.join import EVENTS, IMPRESSIONS, INPUTS, Emit, JoinCounts, PartitionJoin
 
 log = logging.getLogger("recserve.join")
@@ -57,6 +59,12 @@ class Joiner:
                                   "partition.assignment.strategy": "range", **common})  # fmt: skip
         self._topics = (cfg.impressions, cfg.events)
         self._dead_letters = cfg.dead_letters()
+        self.guard = InputGuard(cfg.guard)
+        self._seen: tuple[int, int, np.ndarray | None] = (
+            0,
+            0,
+            None,
+        )  # the counts (items, events, empty rows) the guard was told of
         self.partitions = 0
         """The inputs' partition count (``check_topics``)."""
         if registry is not None:
@@ -70,10 +78,13 @@ class Joiner:
         except KafkaException as e:
             raise JoinError(f"cannot reach Kafka at {self.cfg.brokers}: {e.args[0].str()}") from None
         c = self.cfg
-        wanted = dict.fromkeys((c.impressions, c.events, c.samples, *c.dead_letters()))
+        quarantine = (c.quarantine_topic(),) if c.guard.enabled else ()
+        wanted = dict.fromkeys((c.impressions, c.events, c.samples, *quarantine, *c.dead_letters()))
         missing = [t for t in wanted if t not in topics or topics[t].error is not None]
         if missing:
             hint = "" if c.dead_letter else "; --dead-letter TOPIC sends every dead letter to one topic"
+            if c.guard.enabled and c.quarantine_topic() in missing:
+                hint += f"; {c.quarantine_topic()} takes the samples the input guard quarantines (--no-input-guard: none)"
             raise JoinError(f"topics {missing} do not exist at {c.brokers} (create them first{hint})")
         counts = {t: len(topics[t].partitions) for t in self._topics}
         if len(set(counts.values())) != 1:
@@ -98,12 +109,18 @@ class Joiner:
             self._assigned(self.consumer, mine)
             self.consumer.assign(mine)
         last_commit = last_log = time.monotonic()
+        last_judged = 0.0
         try:
             while not stop.is_set() and not self.fatal:
                 msgs = self.consumer.consume(self.cfg.batch, timeout=0.1)
                 now = time.time()
                 for m in msgs:
                     self._take(m, now)
+                if self.cfg.guard.enabled:
+                    self._tell_guard(now)
+                    if now - last_judged >= 1.0:
+                        self._judge(now)
+                        last_judged = now
                 for p, part in list(self.parts.items()):
                     self._produce(p, part.advance(now))
                 self.producer.poll(0)
@@ -126,6 +143,24 @@ class Joiner:
             self.consumer.close()  # leaves the group (a revoke: flush and commit what is done)
         if self.fatal:
             raise JoinError(self.fatal)
+
+    # --- the input guard ------------------------------------------------------------------
+    def _tell_guard(self, now: float) -> None:
+        """What was read since the last call: items impressed, events, empty rows per slot."""
+        c, (items, events, empty) = self.counts, self._seen
+        rows, new = c.empty_rows, None
+        if rows is not None:
+            new = rows - empty if empty is not None and len(empty) == len(rows) else rows
+        if c.items != items or c.events != events:
+            self.guard.saw(now, c.items - items, c.events - events, new)
+            self._seen = (c.items, c.events, None if rows is None else rows.copy())
+
+    def _judge(self, now: float) -> None:
+        """Judge the input; hold every partition's windows while the guard is tripped."""
+        trip = self.guard.judge(now, {p: (part.event_lag(), part.items) for p, part in self.parts.items()})
+        hold = self.cfg.guard.hold_s if trip is not None else None
+        for part in self.parts.values():
+            part.hold_s = hold
 
     def _take(self, m: Message, now: float) -> None:
         err = m.error()
@@ -155,6 +190,10 @@ class Joiner:
                 inp, offset = cast(tuple[int, int], e.token)
                 topic = self._dead_letters[inp]
                 headers = dead_letter.headers(e.reason, self._topics[inp], partition, offset)
+            elif e.quarantine:
+                topic = self.cfg.quarantine_topic()
+                trip = self.guard.trip
+                headers = [("reason", f"input guard: {trip.reason if trip else 'held to its bound'}")]
             callback = functools.partial(self._delivered, partition, e.token)
             while True:
                 try:
@@ -215,7 +254,9 @@ class Joiner:
             self.fatal = (f"assigned impressions partitions {sorted(by_topic[0])} but events partitions "
                           f"{sorted(by_topic[1])}: every member must use partition.assignment.strategy=range")  # fmt: skip
         for p in by_topic[0]:
-            self.parts.setdefault(p, PartitionJoin(self.cfg.window_s, self.counts))
+            part = self.parts.setdefault(p, PartitionJoin(self.cfg.window_s, self.counts))
+            if self.guard.tripped:
+                part.hold_s = self.cfg.guard.hold_s
             self._committed.pop((IMPRESSIONS, p), None)
             self._committed.pop((EVENTS, p), None)
         self._resume(tps)
@@ -272,3 +313,29 @@ class _Collector:
             "Impressions whose window is open",
             value=sum(p.open_windows for p in parts),
         )
+        yield from _guard_metrics(self.joiner, parts)
+
+
+def _guard_metrics(joiner: Joiner, parts: list[PartitionJoin]) -> Iterator[Any]:
+    """The input guard's state, trips and measures (stream/guard.py)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    g, now = joiner.guard, time.time()
+    yield GaugeMetricFamily("recserve_join_guard_tripped", "1 while the input guard holds the join", value=float(g.tripped))  # fmt: skip
+    trips = CounterMetricFamily(
+        "recserve_join_guard_trips", "Input guard trips, by measure", labels=["measure"]
+    )
+    for measure, n in g.trips.items():
+        trips.add_metric([measure], n)
+    yield trips
+    yield CounterMetricFamily(
+        "recserve_join_guard_recoveries", "Input guard trips that cleared", value=g.recoveries
+    )
+    yield CounterMetricFamily("recserve_join_quarantined_samples", "Samples sent to the quarantine topic", value=joiner.counts.quarantined)  # fmt: skip
+    yield GaugeMetricFamily("recserve_join_held_windows", "Windows past their close the input guard holds open", value=sum(p.held_windows(now) for p in parts))  # fmt: skip
+    yield GaugeMetricFamily("recserve_join_label_rate", "Events per impressed item over the guard's window (NaN: not judged)", value=g.rate)  # fmt: skip
+    yield GaugeMetricFamily("recserve_join_label_rate_band", "Events per impressed item over the guard's band (NaN: warming up)", value=g.band)  # fmt: skip
+    lag = GaugeMetricFamily("recserve_join_event_lag_seconds", "How far the newest event's ts trails the newest impression's", labels=["partition"])  # fmt: skip
+    for p in sorted(joiner.parts):
+        lag.add_metric([str(p)], joiner.parts[p].event_lag())
+    yield lag

@@ -13,34 +13,39 @@ problem, and nothing else.
 
     offset  size  field
     0       4     magic b"RSIM"
-    4       2     version (1)
+    4       2     version (2; 1 is still read)
     6       2     reserved, zero
     8       8     ts f64: when the request was scored (seconds since the epoch)
     16      8     delta_seq i64: the embedding version's delta applied when scored
     24      4     num_items u32 (= the batch's rows = the number of scores)
     28      4     batch_len u32
     32      2,2,2 lengths of request_id, embedding_version, dense_version (utf-8 bytes)
-    38      2     reserved, zero
-    40            request_id, embedding_version, dense_version; scores f32[num_items];
+    38      2     length of arm (version 2; zero in version 1, which this reader still reads)
+    40            request_id, embedding_version, dense_version, arm; scores f32[num_items];
                   the compact batch exactly as scored (``features.codec`` bytes)
+
+``arm`` names the experiment arm whose version scored the request ("" when no experiment ran).
 
 **Sample** (``recserve join`` -> samples topic; binary, key = request id)::
 
     0       4     magic b"RSSM"
-    4       2     version (1)
-    6       2     reserved, zero
+    4       2     version (2)
+    6       2     length of arm
     8       8     ts f64: the impression's
     16      8     delta_seq i64
     24      8     schema_hash u64 (the batch's)
     32      4     item u32
     36      4     label f32
-    40      4,4,4,4  num_slots S, per-row dense F_row, context dense F_ctx, signs in the row
-    56      2,2,2 lengths of request_id, embedding_version, dense_version
-    62      2     reserved, zero
-    64            the three strings; slot flags u8[S]; lengths u32[S]; signs u64[...];
-                  dense f32[F_row]; context dense f32[F_ctx]
+    40      4     score f32: what the served model predicted for the item (the impression's)
+    44      4,4,4,4  num_slots S, per-row dense F_row, context dense F_ctx, signs in the row
+    60      2,2,2 lengths of request_id, embedding_version, dense_version
+    66      2     reserved, zero
+    68            the four strings (request_id, embedding_version, dense_version, arm); slot
+                  flags u8[S]; lengths u32[S]; signs u64[...]; dense f32[F_row]; context dense f32[F_ctx]
 
-A sample is one (request, item): ``Sample.key`` is the pair the trainer deduplicates on.
+A sample is one (request, item): ``Sample.key`` is the pair the trainer deduplicates on. Version 1
+(no score, no arm) is refused by name: a joiner and the trainers reading its samples upgrade
+together (CHANGELOG).
 """
 
 from __future__ import annotations
@@ -107,7 +112,8 @@ def decode_event(data: bytes) -> Event:
 
 
 # --- impressions ----------------------------------------------------------------------------
-_IMP = struct.Struct("<4sHHdqIIHHH2x")
+_IMP = struct.Struct("<4sHHdqIIHHHH")
+_IMP_VERSIONS = (1, 2)  # 1: no arm (its length field was reserved, zero)
 _IMP_MAGIC = b"RSIM"
 
 
@@ -118,12 +124,13 @@ class Impression:
     versions: Versions
     scores: NDArray[np.float32]
     batch: bytes  # the compact batch exactly as scored
+    arm: str = ""  # the experiment arm that scored it ("" : none ran)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Impression):
             return NotImplemented
-        return (self.request_id, self.ts, self.versions, self.batch) == (
-            other.request_id, other.ts, other.versions, other.batch) and np.array_equal(
+        return (self.request_id, self.ts, self.versions, self.batch, self.arm) == (
+            other.request_id, other.ts, other.versions, other.batch, other.arm) and np.array_equal(
             self.scores, other.scores)  # fmt: skip
 
     __hash__ = None  # type: ignore[assignment]
@@ -138,9 +145,9 @@ def _utf8(*texts: str) -> list[bytes]:
 
 def encode_impression(imp: Impression) -> bytes:
     v = imp.versions
-    strings = _utf8(imp.request_id, v.embedding, v.dense)
+    strings = _utf8(imp.request_id, v.embedding, v.dense, imp.arm)
     scores = np.ascontiguousarray(imp.scores, "<f4")
-    head = _IMP.pack(_IMP_MAGIC, 1, 0, imp.ts, v.delta_seq, len(scores), len(imp.batch), *map(len, strings))
+    head = _IMP.pack(_IMP_MAGIC, 2, 0, imp.ts, v.delta_seq, len(scores), len(imp.batch), *map(len, strings))
     return b"".join([head, *strings, scores.tobytes(), bytes(imp.batch)])
 
 
@@ -155,36 +162,39 @@ def _strings(data: bytes, at: int, lengths: tuple[int, ...], what: str) -> tuple
     return out, at
 
 
-def _header(data: bytes, st: struct.Struct, magic: bytes, what: str) -> tuple:
+def _header(data: bytes, st: struct.Struct, magic: bytes, what: str, versions: tuple[int, ...]) -> tuple:
     if len(data) < st.size:
         raise RecordError(f"{what} too short: {len(data)} bytes, the header alone is {st.size}")
     head = st.unpack_from(data)
     if head[0] != magic:
         raise RecordError(f"not {what}: magic {head[0]!r}, expected {magic!r}")
-    if head[1] != 1:
-        raise RecordError(f"{what} version {head[1]} is not supported (this reader knows 1)")
+    if head[1] not in versions:
+        known = " and ".join(map(str, versions))
+        raise RecordError(f"{what} version {head[1]} is not supported (this reader knows {known})")
     return head
 
 
 def decode_impression(data: bytes) -> Impression:
     """An impression; its batch is returned as bytes, not decoded (``features.codec.decode`` is
     the batch's one reader)."""
-    _, _, _, ts, seq, n, blen, *lens = _header(data, _IMP, _IMP_MAGIC, "an impression")
+    _, version, _, ts, seq, n, blen, *lens = _header(data, _IMP, _IMP_MAGIC, "an impression", _IMP_VERSIONS)
+    if version == 1 and lens[3]:
+        raise RecordError("impression version 1 has a non-zero reserved field")
     size = _IMP.size + sum(lens) + 4 * n + blen
     if len(data) != size:
         raise RecordError(f"impression is {len(data)} bytes, its header says {size}")
-    (rid, emb, dense), at = _strings(data, _IMP.size, tuple(lens), "impression")
+    (rid, emb, dense, arm), at = _strings(data, _IMP.size, tuple(lens), "impression")
     scores = np.frombuffer(data, "<f4", n, at)
     if not rid:
         raise RecordError("impression has an empty request id")
     if not math.isfinite(ts):
         raise RecordError(f"impression ts must be finite, got {ts}")
-    return Impression(rid, ts, Versions(emb, seq, dense), scores, bytes(data[at + 4 * n :]))
+    return Impression(rid, ts, Versions(emb, seq, dense), scores, bytes(data[at + 4 * n :]), arm)
 
 
 # --- samples --------------------------------------------------------------------------------
-_SAM_FIELDS = (("magic", "4s"), ("version", "H"), ("reserved", "H"), ("ts", "d"), ("delta_seq", "q"),
-               ("schema_hash", "Q"), ("item", "I"), ("label", "f"), ("slots", "I"), ("f_row", "I"),
+_SAM_FIELDS = (("magic", "4s"), ("version", "H"), ("l_arm", "H"), ("ts", "d"), ("delta_seq", "q"),
+               ("schema_hash", "Q"), ("item", "I"), ("label", "f"), ("score", "f"), ("slots", "I"), ("f_row", "I"),
                ("f_ctx", "I"), ("nsigns", "I"), ("l_rid", "H"), ("l_emb", "H"), ("l_dense", "H"))  # fmt: skip
 """The sample header's fields in order (the layout above, written once): ``_SAM`` packs and unpacks
 one record's, ``SAMPLE_HEAD`` views many records' at once (``stream.sample_batch``)."""
@@ -201,6 +211,7 @@ SAMPLE_HEAD = np.dtype(
 )
 """The sample header as a numpy record: what ``_SAM`` packs, field by field."""
 _SAM_MAGIC = b"RSSM"
+SAMPLE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -211,6 +222,8 @@ class Sample:
     ts: float
     versions: Versions
     row: Row
+    score: float = 0.0  # what the served model predicted for the item
+    arm: str = ""  # the experiment arm that scored it
 
     @property
     def key(self) -> tuple[str, int]:
@@ -223,10 +236,12 @@ class SampleWriter:
 
     def __init__(self, imp: Impression, rows: RowTable) -> None:
         v = imp.versions
-        strings = _utf8(imp.request_id, v.embedding, v.dense)
+        strings = _utf8(imp.request_id, v.embedding, v.dense, imp.arm)
         self._fixed = (imp.ts, v.delta_seq, rows.schema_hash)
+        self._scores = imp.scores.tolist()
         self._shape = (len(rows.flags), rows.dense.shape[1], len(rows.context_dense))
-        self._lens = tuple(map(len, strings))
+        self._lens = tuple(map(len, strings[:3]))
+        self._arm = len(strings[3])
         self._strings = b"".join([*strings, rows.flags.tobytes()])
         self._lengths, self._signs = rows.lengths.astype("<u4").tobytes(), rows.signs.astype("<u8").tobytes()
         self._dense, self._ctx = (
@@ -239,7 +254,8 @@ class SampleWriter:
     def encode(self, item: int, label: float) -> bytes:
         s, f_row, _ = self._shape
         a, b = self._starts[item], self._starts[item + 1]
-        head = _SAM.pack(_SAM_MAGIC, 1, 0, *self._fixed, item, label, *self._shape, b - a, *self._lens)
+        head = _SAM.pack(_SAM_MAGIC, SAMPLE_VERSION, self._arm, *self._fixed, item, label, self._scores[item],
+                         *self._shape, b - a, *self._lens)  # fmt: skip
         return b"".join([head, self._strings, self._lengths[4 * s * item : 4 * s * (item + 1)],
                          self._signs[8 * a : 8 * b], self._dense[4 * f_row * item : 4 * f_row * (item + 1)],
                          self._ctx])  # fmt: skip
@@ -260,12 +276,13 @@ def encode_sample(imp: Impression, rows: RowTable, item: int, label: float) -> b
 
 
 def decode_sample(data: bytes) -> Sample:
-    head = _header(data, _SAM, _SAM_MAGIC, "a sample")
-    ts, seq, shash, item, label, s, f_row, f_ctx, nsigns, *lens = head[3:]
+    head = _header(data, _SAM, _SAM_MAGIC, "a sample", (SAMPLE_VERSION,))
+    l_arm, (ts, seq, shash, item, label, score, s, f_row, f_ctx, nsigns, *lens) = head[2], head[3:]
+    lens.append(l_arm)
     size = _SAM.size + sum(lens) + s + 4 * s + 8 * nsigns + 4 * f_row + 4 * f_ctx
     if len(data) != size:
         raise RecordError(f"sample is {len(data)} bytes, its header says {size}")
-    (rid, emb, dense_v), at = _strings(data, _SAM.size, tuple(lens), "sample")
+    (rid, emb, dense_v, arm), at = _strings(data, _SAM.size, tuple(lens), "sample")
     flags = np.frombuffer(data, np.uint8, s, at)
     lengths = np.frombuffer(data, "<u4", s, at + s)
     at += 5 * s
@@ -277,8 +294,9 @@ def decode_sample(data: bytes) -> Sample:
     dense = np.frombuffer(data, "<f4", f_row, at + 8 * nsigns)
     ctx = np.frombuffer(data, "<f4", f_ctx, at + 8 * nsigns + 4 * f_row)
     if not (
-        math.isfinite(ts) and math.isfinite(label) and np.isfinite(dense).all() and np.isfinite(ctx).all()
-    ):
-        raise RecordError("sample has a non-finite ts, label or dense value")
+        math.isfinite(ts) and math.isfinite(label) and math.isfinite(score)
+        and np.isfinite(dense).all() and np.isfinite(ctx).all()
+    ):  # fmt: skip
+        raise RecordError("sample has a non-finite ts, label, score or dense value")
     row = Row(shash, flags, lengths, signs, dense, ctx)
-    return Sample(rid, item, float(label), ts, Versions(emb, seq, dense_v), row)
+    return Sample(rid, item, float(label), ts, Versions(emb, seq, dense_v), row, float(score), arm)

@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from features.batch import FLAG_MULTI, CompactBatch, SlotView
 from features.schema import Schema
-from stream.records import _SAM_MAGIC, RecordError, decode_sample
+from stream.records import _SAM_MAGIC, SAMPLE_VERSION, RecordError, decode_sample
 from stream.records import SAMPLE_HEAD as HEAD  # the header's layout, written once there
 
 
@@ -37,6 +37,8 @@ class Samples:
     keys: NDArray[np.bytes_]  # (N,) (item, request id) as bytes: the dedupe key
     ts: NDArray[np.float64]
     labels: NDArray[np.float32]
+    scores: NDArray[np.float32]  # what the served model predicted
+    arms: NDArray[np.bytes_]  # the experiment arm that scored it (b"": none)
     schema_hash: NDArray[np.uint64]
     flags: NDArray[np.uint8]  # (N, S) slot flags (FLAG_CONTEXT, FLAG_MULTI)
     lengths: NDArray[np.int64]  # (N, S) signs of row r in slot s
@@ -59,6 +61,16 @@ _PER_ROW = tuple(f.name for f in fields(Samples) if f.name not in _RAGGED)
 def _gather(buf: NDArray[np.uint8], at: NDArray[np.int64], width: int) -> NDArray[np.uint8]:
     """(len(at), width) bytes: ``width`` bytes from each offset."""
     return buf[at[:, None] + np.arange(width)]
+
+
+def _text(buf: NDArray[np.uint8], at: NDArray[np.int64], sizes: NDArray[np.int64]) -> NDArray[np.bytes_]:
+    """``sizes[i]`` bytes from each ``at[i]`` as fixed-width bytes (zero-padded: b"" where none)."""
+    width = int(sizes.max(initial=0))
+    if not width:
+        return np.zeros(len(at), "S1")
+    out = buf[np.minimum(at[:, None] + np.arange(width), len(buf) - 1)]  # past a text: masked below
+    out[np.arange(width) >= sizes[:, None]] = 0
+    return np.ascontiguousarray(out).view(f"S{width}").ravel()
 
 
 def _ragged(buf: NDArray[np.uint8], at: NDArray[np.int64], sizes: NDArray[np.int64]) -> NDArray[np.uint8]:
@@ -94,10 +106,10 @@ def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> t
     head[ok] = _gather(buf, begin[ok], HEAD.itemsize).view(HEAD).ravel()
     s, f_row, f_ctx = (head[k].astype(np.int64) for k in ("slots", "f_row", "f_ctx"))
     nsigns = head["nsigns"].astype(np.int64)
-    strings = head["l_rid"].astype(np.int64) + head["l_emb"] + head["l_dense"]
+    strings = head["l_rid"].astype(np.int64) + head["l_emb"] + head["l_dense"] + head["l_arm"]
     expected = HEAD.itemsize + strings + 5 * s + 8 * nsigns + 4 * (f_row + f_ctx)
-    ok &= (head["magic"] == _SAM_MAGIC) & (head["version"] == 1) & (expected == sizes)
-    ok &= np.isfinite(head["ts"]) & np.isfinite(head["label"])
+    ok &= (head["magic"] == _SAM_MAGIC) & (head["version"] == SAMPLE_VERSION) & (expected == sizes)
+    ok &= np.isfinite(head["ts"]) & np.isfinite(head["label"]) & np.isfinite(head["score"])
     slots = shape[0] if shape is not None else int(s[ok][0]) if ok.any() else 0
     ok &= s == slots  # one (N, S) layout for the batch
     # the variable part, for the records whose header holds so far
@@ -126,6 +138,9 @@ def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> t
     rid[np.arange(rid_w) >= l_rid[:, None]] = 0
     item = head["item"][idx].astype(">u4").view(np.uint8).reshape(-1, 4)
     keys = np.ascontiguousarray(np.hstack([item, rid])).view(f"S{4 + rid_w}").ravel()
+    l_arm = head["l_arm"][idx].astype(np.int64)
+    arm_at = begin[idx] + HEAD.itemsize + strings[idx] - l_arm
+    arms = _text(buf, arm_at, l_arm)
     starts = np.zeros(len(idx) + 1, np.int64)
     np.cumsum(nsigns[idx], out=starts[1:])
     samples = Samples(
@@ -133,6 +148,8 @@ def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> t
         keys=keys,
         ts=head["ts"][idx].copy(),
         labels=head["label"][idx].astype(np.float32),
+        scores=head["score"][idx].astype(np.float32),
+        arms=arms,
         schema_hash=head["schema_hash"][idx].copy(),
         flags=flags,
         lengths=lengths,

@@ -19,6 +19,8 @@ def run(cfg: CONFIG) -> int:
     from serving.rpc.metrics import start_metrics_server
     from stream.joiner import Joiner, JoinError
 
+    if cfg.replay_quarantine:
+        return _replay(cfg)
     registry = CollectorRegistry()
     joiner = Joiner(cfg, registry)
     try:
@@ -40,4 +42,16 @@ def run(cfg: CONFIG) -> int:
     finally:
         stop_metrics()
     log.info("join: stopped: %s", joiner.counts)
+    return 0
+
+
+def _replay(cfg: CONFIG) -> int:
+    from stream.quarantine import ReplayError, replay
+
+    try:
+        done = replay(cfg)
+    except ReplayError as e:
+        print(f"recserve join --replay-quarantine: {e}", file=sys.stderr)
+        return 1
+    print(f"replayed {done.samples} quarantined samples from {cfg.quarantine_topic()} to {cfg.samples}")
     return 0

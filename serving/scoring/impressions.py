@@ -112,7 +112,7 @@ class ImpressionLog:
             rid, ts, request, scores, v = item
             batch = request.wire if request.wire is not None else encode(request.batch)
             record = encode_impression(Impression(rid, ts, Versions(v["embedding"], v["delta_seq"], v["dense"]),
-                                                  np.asarray(scores, np.float32), batch))  # fmt: skip
+                                                  np.asarray(scores, np.float32), batch, v.get("arm", "")))  # fmt: skip
             try:
                 self._producer.produce(self.target.topic, record, rid.encode(), on_delivery=self._delivered)
             except BufferError:  # librdkafka's buffer is full: Kafka is slow or down

@@ -291,6 +291,7 @@ def test_the_stream_roles_run_as_their_manifests_say_against_the_test_broker(net
         "impressions.dead:1",
         "events.dead:1",
         "samples.dead:1",
+        "samples.quarantine:2",
     )
     broker_log = tmp_path / "kafka.log"
     host.popen([sys.executable, "-m", "loadtest.mockbroker", *(a for t in topics for a in ("--topic", t))],

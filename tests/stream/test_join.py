@@ -175,3 +175,25 @@ def test_a_restart_does_not_count_the_events_it_rereads_as_late(resumed):
     again.event(1, event("r1", 2, 105.0), now=0)  # r1 closed before the restart
     again.event(2, event("r1", 3, 106.0), now=0)  # never read before: late indeed
     assert (again.counts.late, again.counts.replayed) == ((1, 1) if resumed else (2, 0))
+
+
+def test_a_held_join_keeps_windows_open_labels_late_clicks_and_quarantines_at_its_bound(join):
+    join.impression(0, impression("r1", 100.0), now=0)
+    join.hold_s = 30.0  # the input guard tripped
+    assert join.event(0, event("r1", 1, 104.0), now=0) == []  # a positive waits for its window's close
+    join.caught_up(EVENTS)
+    join.impression(1, impression("r2", 120.0), now=0)  # event time 120: r1's window (110) is past
+    assert join.advance(now=0) == [] and join.held_windows(now=0) == 1
+    assert join.event(1, event("r1", 2, 108.0), now=0) == []  # a click delayed by the outage, in its window
+    join.caught_up(EVENTS)
+    join.hold_s = None  # the guard cleared: r1 closes as usual, both clicks labelled
+    out = join.advance(now=0)
+    assert labels(out) == {("r1", i): float(i in (1, 2)) for i in range(N_ITEMS)}
+    assert not any(e.quarantine for e in out) and join.counts.quarantined == 0
+    join.hold_s = 30.0  # tripped again; r2's window (130) is held to 160, then quarantined
+    join.impression(2, impression("r3", 159.0), now=0)
+    assert join.advance(now=0) == []
+    join.impression(3, impression("r4", 161.0), now=0)
+    out = join.advance(now=0)
+    assert len(out) == N_ITEMS and all(e.quarantine for e in out)
+    assert join.counts.quarantined == N_ITEMS

@@ -31,6 +31,7 @@ def topics(kafka, name: str) -> JoinConfig:
     names = {k: kafka.create_topic(f"{name}-{k}", PARTS) for k in ("impressions", "events", "samples")}
     for k in ("impressions", "events"):
         kafka.create_topic(dead_letter.topic_of(names[k]), PARTS)
+    kafka.create_topic(names["samples"] + ".quarantine", PARTS)
     return JoinConfig(brokers=kafka.bootstrap, impressions=names["impressions"], events=names["events"],
                       samples=names["samples"], group=f"{name}-join", window_s=1.0,
                       commit_every_s=0.2)  # fmt: skip

@@ -3,6 +3,8 @@ malformed record is refused with a RecordError naming the problem."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -55,8 +57,19 @@ def test_malformed_events_are_refused(raw, why):
 @settings(max_examples=30)
 @given(texts, st.floats(0, 2e9), st.integers(-1, 2**40), texts, texts)
 def test_impression_round_trip(rid, ts, seq, emb, dense):
-    imp = Impression(rid, ts, Versions(emb, seq, dense), np.array([0.5, 0.25], np.float32), b"\x01\x02batch")
+    imp = Impression(
+        rid, ts, Versions(emb, seq, dense), np.array([0.5, 0.25], np.float32), b"\x01\x02batch", emb
+    )
     assert decode_impression(encode_impression(imp)) == imp
+
+
+def test_an_impression_of_version_1_is_still_read_with_no_arm():
+    blob = bytearray(encode_impression(impression_record()))
+    blob[4:6] = (1).to_bytes(2, "little")  # version 1: the arm's length was reserved (zero)
+    assert decode_impression(bytes(blob)) == impression_record()
+    blob[38:40] = (3).to_bytes(2, "little")
+    with pytest.raises(RecordError, match="version 1 has a non-zero reserved field"):
+        decode_impression(bytes(blob))
 
 
 def test_impression_carries_the_batch_bytes_exactly():
@@ -69,7 +82,7 @@ def test_impression_carries_the_batch_bytes_exactly():
     [
         (lambda b: b[:10], "too short"),
         (lambda b: b"XXXX" + b[4:], "not an impression"),
-        (lambda b: b[:4] + b"\x02" + b[5:], "version 2 is not supported"),
+        (lambda b: b[:4] + b"\x03" + b[5:], "version 3 is not supported"),
         (lambda b: b + b"\0", "header says"),
         (lambda b: b[:-1], "header says"),
     ],
@@ -88,6 +101,13 @@ def test_samples_carry_the_items_row_and_round_trip():
         assert s.key == ("r-1", item) and s.label == item % 2 and s.ts == 100.0
         assert s.versions == Versions("v1", 3, "v1")
         assert s.row == rows.row(item)
+        assert s.score == float(imp.scores[item]) and s.arm == ""
+
+
+def test_a_sample_carries_the_served_score_and_the_arm():
+    imp = dataclasses.replace(impression_record(), arm="candidate-a")
+    s = decode_sample(SampleWriter(imp, RowTable.of(ranking_batch())).encode(1, 1.0))
+    assert (s.score, s.arm, s.label) == (float(imp.scores[1]), "candidate-a", 1.0) and s.score > 0
 
 
 def test_malformed_samples_are_refused():
@@ -96,3 +116,5 @@ def test_malformed_samples_are_refused():
         decode_sample(encode_impression(impression_record()))
     with pytest.raises(RecordError, match="header says"):
         decode_sample(blob[:-4])
+    with pytest.raises(RecordError, match="a sample version 1 is not supported"):
+        decode_sample(blob[:4] + b"\x01" + blob[5:])  # written before samples carried the score

@@ -26,6 +26,7 @@ def test_read_together_is_read_one_at_a_time():
         row = one.row
         assert s.keys[i] == one.item.to_bytes(4, "big") + one.request_id.encode()
         assert (s.ts[i], s.labels[i], int(s.schema_hash[i])) == (one.ts, one.label, row.schema_hash)
+        assert (s.scores[i], s.arms[i]) == (np.float32(one.score), one.arm.encode())
         np.testing.assert_array_equal(s.flags[i], row.flags)
         np.testing.assert_array_equal(s.lengths[i], row.lengths)
         np.testing.assert_array_equal(s.signs[s.starts[i] : s.starts[i + 1]], row.signs)
@@ -55,3 +56,15 @@ def test_a_record_of_another_shape_first_does_not_refuse_the_rest():
     s, bad = read_samples([criteo, *blobs], shape)
     assert s.index.tolist() == list(range(1, len(blobs) + 1))
     assert [i for i, _ in bad] == [0] and f"(26, 13), expected {shape}" in bad[0][1]
+
+
+def test_each_sample_keeps_its_served_score_and_arm():
+    import dataclasses
+
+    rows = RowTable.of(ranking_batch())
+    blobs = [SampleWriter(dataclasses.replace(impression_record(f"r-{arm}"), arm=arm), rows).encode(1, 1.0)
+             for arm in ("", "control", "b")]  # fmt: skip
+    s, bad = read_samples(blobs)
+    assert bad == [] and s.arms.tolist() == [b"", b"control", b"b"]
+    assert s.scores.tolist() == [float(impression_record().scores[1])] * 3
+    assert take(s, np.array([2, 0])).arms.tolist() == [b"b", b""]

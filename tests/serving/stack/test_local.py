@@ -150,7 +150,7 @@ def test_down_stops_exactly_what_up_started(trained, tmp_path):
 
 
 def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
-    trained, stack, client, prometheus, tmp_path
+    trained, stack, client, prometheus, tmp_path, kafka
 ):
     """A real Prometheus scrapes every endpoint `up` lists in prometheus-targets.json and a
     `recserve serve` over the stack's worker, with deploy/prometheus/alerts.yml loaded: after its
@@ -167,7 +167,12 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
     components = {g["labels"]["component"] for g in targets}
     assert components == {"ps", "worker", "controller", "torchserve"}, targets
     assert len([g for g in targets if g["labels"]["component"] == "ps"]) == len(stack.state.ps)
-    port, train_port = free_port(), free_port()
+    port, train_port, join_port = free_port(), free_port(), free_port()
+    for t in ("impressions", "events", "samples", "impressions.dead", "events.dead", "samples.quarantine"):
+        kafka.create_topic(f"observed-{t}", 1)
+    joiner = spawn(["join", "--brokers", kafka.bootstrap, "--impressions", "observed-impressions", "--events",
+                    "observed-events", "--samples", "observed-samples", "--group", "observed",
+                    "--metrics-port", str(join_port)], tmp_path / "join.log")  # fmt: skip
     # a trainer with its metrics on, running all through the test (stopped at its end)
     trainer = spawn(["train", "--store", str(tmp_path / "train-store"), "--model", "metrics", "--inprocess-ps",
                      "--limit", "1024", "--epochs", "1000", "--checkpoint-every", "4", "--threads", "1",
@@ -186,13 +191,14 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
                 {"job_name": "recserve", "file_sd_configs": [{"files": [str(Path(stack.run_dir) / "prometheus-targets.json")], "refresh_interval": "1s"}]},
                 {"job_name": "serve", "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": {"component": "serve", "instance_name": "serve"}}]},
                 {"job_name": "train", "static_configs": [{"targets": [f"127.0.0.1:{train_port}"], "labels": {"component": "train"}}]},
+                {"job_name": "join", "static_configs": [{"targets": [f"127.0.0.1:{join_port}"], "labels": {"component": "join"}}]},
             ],
         })  # fmt: skip
         score_all(client, 400)
         score_all(lean, 400)
         assert client.post(b"{not json", "application/json")[0] == 400
         assert lean.post(b"{not json", "application/json")[0] == 400
-        expected = sum(len(g["targets"]) for g in targets) + 2  # + serve and the trainer
+        expected = sum(len(g["targets"]) for g in targets) + 3  # + serve, the trainer and the joiner
         wait_until(lambda: len(prom.query("up == 1")) == expected, 60, f"{expected} targets up in prometheus")
         wait_until(
             lambda: prom.query('recserve_scoring_requests_total{status="400"}'), 60, "the 400s scraped"
@@ -229,6 +235,7 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
             "RecserveVersionSkew",
             "RecserveScoringP99High",
             "RecserveDeltaLagHigh",
+            "RecserveInputGuardTripped",
         }
         for rule in rules:
             signal = re.fullmatch(r"(.+?)\s*(==|!=|>=|<=|>|<)\s*[0-9.]+", rule["expr"])
@@ -247,7 +254,7 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
 
         wait_until(healthy, 30, "every alert rule loaded and evaluated without error")
     finally:
-        stop_children([serve, trainer])
+        stop_children([serve, trainer, joiner])
 
 
 def _ping(port: int) -> bool:
