@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from serving.ps.spec import EVICTIONS
+from training.follow.guard import OutputGuardConfig
 
 _PERIOD = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -120,6 +121,8 @@ class FollowConfig:
     max_auc_drop: float = 0.01
     """The gate refuses a full version whose progressive AUC on its window is more than this below
     the served version's on the same samples (refused versions are logged, counted and listed)."""
+    guard: OutputGuardConfig = field(default_factory=OutputGuardConfig)
+    """--stream, one process: the output guard (training/follow/guard.py)."""
     keep_versions: int = 3
     """With --full-every: keep the newest K complete versions (never CURRENT, the version published
     before it, or a pinned one: model_store/retention.py)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -32,6 +33,9 @@ class KeyedSteps:
     """Step once the held chunks have this many rows."""
     held: list[KeyedChunk] = field(default_factory=list)
     loss: nn.Module = field(default_factory=nn.BCEWithLogitsLoss)
+    judge: Callable[[np.ndarray, np.ndarray], bool] | None = None
+    """The output guard (``training.follow.revert.Rewinder.judge``): fed each step's served scores
+    and labels before it trains; False: the step is read, not trained (the guard holds)."""
 
     def hold(self, chunk: KeyedChunk) -> bool:
         """Hold a keyed chunk for the next step; True when a step is due."""
@@ -53,11 +57,18 @@ class KeyedSteps:
         if keyed.samples.num_rows and (rows is None or len(rows)):
             batch = keyed.batch(rows)
             assert batch.labels is not None
+            served = keyed.samples.scores if rows is None else keyed.samples.scores[rows]
+            if self.judge is not None and not self.judge(served, batch.labels):
+                self._advance(chunks)
+                return None
             logits = (forward or ctx.forward)(batch)
             scores = sigmoid(logits.detach().cpu().numpy())
             ctx.backward(self.loss(logits, torch.from_numpy(batch.labels)))
             self.book.trained(keyed, rows, batch.labels, scores)
             trained = batch.num_rows
+        self._advance(chunks)
+        return trained
+
+    def _advance(self, chunks: list[KeyedChunk]) -> None:
         for c in chunks:
             self.ledger.advance(c.start.unit, c.stop.row - self.ledger.row(c.start.unit))
-        return trained

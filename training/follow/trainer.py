@@ -1,7 +1,5 @@
-"""Continuous training into the served version: ``recserve train --follow``.
-
-    recserve train --follow artifacts/criteo --watch incoming/ [--once]
-    recserve train --follow artifacts/criteo --stream kafka://BROKERS/TOPIC
+"""Continuous training into the served version: ``recserve train --follow MODEL_DIR --watch DIR``
+or ``--stream kafka://BROKERS/TOPIC``.
 
 Reads top to bottom like train.py: resolve ``<model>/CURRENT`` -> load that version (its shards
 with optimizer state plus every delta already cut into it, so training continues from exactly
@@ -11,9 +9,8 @@ path as ``recserve train``, and every ``--delta-interval-s`` seconds the changed
 the version's next ``deltas/<seq>/`` (every shard's delta, then ``_SUCCESS``, announced with
 ``--announce``), which serving applies at its notice or poll. Nothing assumes the source ends.
 
-Why the dense model is frozen: the deltas go into the version being served, whose dense network
-keeps scoring; rows trained against a moving network would drift from it. Dense updates ship as
-full versions (``--full-every``, ``--train-dense``, the gate, retention: ``training/follow/full_version.py``).
+The dense model is frozen: rows trained against a moving network would drift from the served one.
+Dense updates ship as full versions (``--full-every``: ``training/follow/full_version.py``).
 
 Embeddings live in in-process ``TableShard``s (one per shard, routed by the PS's hash) behind
 an in-process worker; under torchrun, in PS processes every rank trains through
@@ -29,7 +26,8 @@ after a crash a file's rows since the last delta are trained again; after SIGTER
 is exactly once in what is trained: each delta records the partitions' next offsets and the
 (request, item) keys trained over ``--dedup-window-s`` (``model_store.deltas``) before its
 ``_SUCCESS``; a restart resumes there and drops a sample whose key was trained. Each batch is
-scored before it trains (progressive validation, ``training.follow.progressive``).
+scored before it trains (progressive validation, ``training.follow.progressive``), and the output guard
+judges its served scores first (``training.follow.guard``: a trip rewinds the served rows).
 
 If CURRENT moves while following (``recserve publish``), the pending rows are cut into the old
 version and the trainer reloads from the new one. A version the serving PS refuses
@@ -58,7 +56,9 @@ from training.follow.book import StreamBook
 from training.follow.config import FollowConfig
 from training.follow.cut import DeltaCut
 from training.follow.full_version import FrozenDense, FullVersions, load_frozen_dense
+from training.follow.guard import OutputGuard
 from training.follow.ranks import Ranks, cut_together
+from training.follow.revert import Rewinder
 from training.follow.standby import FollowLock, stand_by
 from training.follow.steps import KeyedSteps
 from training.follow.types import FollowResult, Loaded
@@ -98,6 +98,9 @@ class FollowTrainer:
             self.book.serve_metrics(cfg.metrics_port + self.job.rank, cfg.metrics_host)  # a port per rank
         self.full = FullVersions(cfg, self.book, clock) if cfg.full_every else None
         self.keyed = KeyedSteps(self.book, self.ledger, cfg.batch_size)
+        guarded = cfg.guard.enabled and kind.keyed and self.job.world == 1  # the output guard
+        self.rewinder = Rewinder(OutputGuard(cfg.guard), self.book.registry) if guarded else None
+        self.keyed.judge = self.rewinder.judge if self.rewinder is not None else None
         self._first_rows: float | None = None  # when the first rows were read
         self.announcer = notices.announcer(cfg.announce)  # each delta's _SUCCESS, told to serving
         self.cutter = DeltaCut(cfg.delta_interval_s, self.announcer, clock)  # the one delta cut
@@ -264,6 +267,9 @@ class FollowTrainer:
             return
         units = {c.start.unit for c in self.keyed.held}
         rows = self.keyed.step(lv.ctx, lambda batch: self._forward(lv, batch))
+        if self.rewinder is not None and self.rewinder.rewind(lv.vdir, lv.cluster.stores):
+            self._changed = True  # the rewound rows: the next delta, cut now
+            self.cut()
         if rows is not None:
             self.result.files += sorted(units - set(self.result.files))
             self.result.rows += rows
@@ -327,6 +333,8 @@ class FollowTrainer:
         )  # fmt: skip
         self._changed = False
         self.result.deltas.append((lv.version, seq))
+        if self.rewinder is not None:
+            self.rewinder.cut(seq)
         log.info("delta %s/%d cut: %s", lv.version, seq, ddir)
         return seq
 
@@ -359,6 +367,8 @@ class FollowTrainer:
         assert cluster.worker is not None
         ctx = TrainCtx(cluster.worker, dense, optimizer, schema, prefetch=prefetch)
         last = cluster.stores[0].delta_seq if cluster.stores else self.job.seq
+        if self.rewinder is not None:
+            self.rewinder.loaded(last)
         log.info("following %s/%s: %d shards, deltas up to %d applied", self.cfg.model, version, n, last)
         return Loaded(version, vdir, schema, cluster, ctx, dense, manifest)
 

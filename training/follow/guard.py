@@ -1,0 +1,129 @@
+"""The streaming trainer's output guard: is what serving scores still right?
+
+Judged from the joined stream, on what the served model predicted (each sample carries the score
+it was served with, ``stream.records``): over windows of ``window`` samples, in the order the
+trainer reads them, the served AUC and the calibration (mean predicted over observed click rate).
+Healthy windows form the band (the last ``band_windows``); a window whose AUC falls more than
+``max_auc_drop`` under the band's median, or whose calibration leaves ``[1/max_calibration_ratio,
+max_calibration_ratio]`` x the band's, trips the guard, once the band holds ``min_band_windows``.
+
+A trip (``training.follow.trainer``): the trainer trains nothing more while it holds (the samples
+are counted, not trained), cuts no rows, and rewinds the served version's rows to the last delta
+cut before the tripping window began (``training.follow.revert``): a delta like any other, so every
+serving process on every host applies it at its notice or poll. It clears when a window is back
+(AUC within ``max_auc_drop / 2`` of the band, calibration inside the band's ratio), and training
+resumes from the rewound rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from stream.arms import auc
+
+log = logging.getLogger("recserve.train.follow")
+
+
+@dataclass
+class OutputGuardConfig:
+    """The output guard's thresholds (``recserve train --follow`` flags; defaults in
+    docs/training.md)."""
+
+    enabled: bool = field(default=True, metadata={"flag": "output-guard"})
+    """Judge the served scores of the samples read; on a trip, train nothing and rewind the
+    served rows to the last good delta (--no-output-guard: never)."""
+    window: int = field(default=2000, metadata={"flag": "guard-window-samples"})
+    """Samples a judged window holds."""
+    band_windows: int = field(default=10, metadata={"flag": "guard-band-windows"})
+    """Healthy windows the band keeps."""
+    min_band_windows: int = field(default=3, metadata={"flag": "guard-min-band-windows"})
+    """Healthy windows the band needs before anything is judged."""
+    max_auc_drop: float = field(default=0.1, metadata={"flag": "guard-max-auc-drop"})
+    """Trip when a window's served AUC falls this far under the band's median."""
+    max_calibration_ratio: float = field(default=2.0, metadata={"flag": "guard-max-calibration-ratio"})
+    """Trip when a window's calibration is more than this many times the band's, or under its
+    inverse."""
+
+    def __post_init__(self) -> None:
+        if self.window < 100 or self.band_windows < 1 or not 1 <= self.min_band_windows <= self.band_windows:
+            raise ValueError("output guard: window >= 100 samples, 1 <= min_band_windows <= band_windows")
+        if not 0 < self.max_auc_drop < 1 or self.max_calibration_ratio <= 1:
+            raise ValueError("output guard: max_auc_drop in (0, 1) and max_calibration_ratio > 1")
+
+
+@dataclass(frozen=True)
+class Judged:
+    auc: float  # NaN: the window held one label only
+    calibration: float  # NaN: no click in the window
+
+
+class OutputGuard:
+    """Fed the served scores and labels of each step (``saw``); ``tripped`` while it holds."""
+
+    def __init__(self, cfg: OutputGuardConfig) -> None:
+        self.cfg = cfg
+        self.seen = 0  # samples fed so far
+        self._scores: list[NDArray[np.float64]] = []
+        self._labels: list[NDArray[np.float64]] = []
+        self._start = 0  # ``seen`` when the current window began
+        self.band: deque[Judged] = deque(maxlen=cfg.band_windows)
+        self.last: Judged | None = None
+        self.reason = ""
+        self.since_sample = -1  # where the window that tripped began (-1: not tripped)
+        self.trips = self.recoveries = 0
+
+    @property
+    def tripped(self) -> bool:
+        return self.since_sample >= 0
+
+    def saw(self, scores: NDArray[np.floating], labels: NDArray[np.floating]) -> str:
+        """Feed a step's samples; "trip" or "clear" when the guard changed state, else ""."""
+        self._scores.append(np.asarray(scores, np.float64))
+        self._labels.append(np.asarray(labels, np.float64))
+        self.seen += len(scores)
+        if self.seen - self._start < self.cfg.window:
+            return ""
+        s, y = np.concatenate(self._scores), np.concatenate(self._labels)
+        self._scores, self._labels, start, self._start = [], [], self._start, self.seen
+        judged = Judged(auc(s, y) if 0 < y.sum() < len(y) else math.nan,
+                        float(s.mean() / y.mean()) if y.sum() > 0 else math.nan)  # fmt: skip
+        self.last = judged
+        why = self._judge(judged)
+        if why and not self.tripped:
+            self.since_sample, self.reason = start, why
+            self.trips += 1
+            log.warning("output guard tripped: %s", why)
+            return "trip"
+        if not why and self.tripped:
+            log.warning(
+                "output guard cleared: served AUC %.4f, calibration %.3f", judged.auc, judged.calibration
+            )
+            self.since_sample, self.reason = -1, ""
+            self.recoveries += 1
+            return "clear"
+        if not why:
+            self.band.append(judged)
+        return ""
+
+    def _judge(self, w: Judged) -> str:
+        """Why the window ``w`` is unhealthy ('' : it is, or there is no band yet)."""
+        c = self.cfg
+        if len(self.band) < c.min_band_windows:
+            return ""
+        drop = c.max_auc_drop / 2 if self.tripped else c.max_auc_drop
+        aucs = [b.auc for b in self.band if not math.isnan(b.auc)]
+        if aucs and not math.isnan(w.auc) and w.auc < statistics.median(aucs) - drop:
+            return f"served AUC {w.auc:.4f} over {c.window} samples is more than {drop:g} under its band's {statistics.median(aucs):.4f}"  # fmt: skip
+        cals = [b.calibration for b in self.band if not math.isnan(b.calibration)]
+        if cals and statistics.median(cals) > 0 and not math.isnan(w.calibration):
+            ratio = w.calibration / statistics.median(cals)
+            if not 1 / c.max_calibration_ratio <= ratio <= c.max_calibration_ratio:
+                return f"served calibration {w.calibration:.3f} is {ratio:.2f} x its band's {statistics.median(cals):.3f}"  # fmt: skip
+        return ""

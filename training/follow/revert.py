@@ -1,0 +1,126 @@
+"""Rewinding the served version to its last good delta (the output guard's action,
+``training.follow.guard``), as the trainer's next delta.
+
+Which delta is good: the trainer notes, at each delta it cuts, how many samples it had read
+(``Cuts``); when the window that tripped the guard began at sample S, the last good delta is the
+newest cut at or before S (a delta cut before the trainer started counts as good). Its rows are
+the version's dump and its deltas up to it, loaded beside the live tables shard by shard (a second
+copy of one shard at a time); every row changed after it (in a later delta, or pending) is written
+back or deleted (``serving.ps.rewind``), and the trainer cuts the result as its next delta.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import model_store as ms
+from serving.ps.rewind import drop_pending, rewind
+
+log = logging.getLogger("recserve.train.follow")
+
+
+@dataclass
+class Cuts:
+    """(delta seq, samples read when it was cut) of the deltas this trainer cut, in order; ``base``
+    the version's last delta when it was loaded."""
+
+    base: int = 0
+    cut: list[tuple[int, int]] = field(default_factory=list)
+
+    def good(self, since_sample: int) -> int:
+        """The newest delta cut at or before sample ``since_sample`` was read."""
+        return max([self.base, *(seq for seq, seen in self.cut if seen <= since_sample)])
+
+
+@dataclass(frozen=True)
+class Reverted:
+    to: int  # the delta the rows are back at
+    deltas: int  # the deltas undone
+    rows: int  # rows written back
+    deleted: int  # rows that delta did not have, deleted
+
+
+def revert(vdir: Path, stores: list, to: int) -> Reverted:
+    """Rewind ``stores`` (the live embedded ``TableShard``s of the version at ``vdir``) to delta
+    ``to``: pending for the next delta, which the caller cuts."""
+    last = stores[0].delta_seq
+    later = [seq for seq in ms.list_deltas(vdir) if to < seq <= last]
+    rows = deleted = 0
+    for store in stores:
+        touched = [drop_pending(store)]
+        for seq in later:
+            d = store.read(ms.delta_dir(vdir, seq), delta=True)
+            touched += [d.signs, d.deleted]
+        good = store.staging()
+        good.load(vdir / "embeddings")
+        for seq in ms.list_deltas(vdir, after=good.delta_seq):
+            if seq > to:
+                break
+            good.apply_delta(ms.delta_dir(vdir, seq))
+        w, g = rewind(store, good.snapshot(copy=False), np.concatenate(touched))
+        rows, deleted = rows + w, deleted + g
+        del good
+    log.warning("rewound %s to delta %d: %d deltas undone, %d rows written back, %d deleted",
+                vdir.name, to, len(later), rows, deleted)  # fmt: skip
+    return Reverted(to, len(later), rows, deleted)
+
+
+class Rewinder:
+    """The trainer's side of the output guard: the deltas it cut (``Cuts``), the rewind when the
+    guard trips, and the guard's metrics."""
+
+    def __init__(self, guard, registry=None) -> None:
+        self.guard, self.cuts, self.rewinds = guard, Cuts(), 0
+        self.held = 0  # samples read and not trained while the guard held
+        self.last: Reverted | None = None
+        self._due = False
+        if registry is not None:
+            registry.register(_Collector(self))
+
+    def loaded(self, base: int) -> None:
+        """A version was loaded with its deltas up to ``base``."""
+        self.cuts = Cuts(base)
+
+    def cut(self, seq: int) -> None:
+        self.cuts.cut.append((seq, self.guard.seen))
+
+    def judge(self, scores, labels) -> bool:
+        """Feed a step's served scores and labels; True: train it (the guard does not hold)."""
+        if self.guard.saw(scores, labels) == "trip":
+            self._due = True
+        if self.guard.tripped:
+            self.held += len(labels)
+        return not self.guard.tripped
+
+    def rewind(self, vdir: Path, stores: list) -> bool:
+        """After a trip: the stores rewound to the last good delta (the caller cuts it); False
+        when nothing is due."""
+        if not self._due:
+            return False
+        self._due = False
+        self.last = revert(vdir, stores, self.cuts.good(self.guard.since_sample))
+        self.rewinds += 1
+        return True
+
+
+class _Collector:
+    def __init__(self, r: Rewinder) -> None:
+        self.r = r
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        r, g = self.r, self.r.guard
+        nan = float("nan")
+        yield GaugeMetricFamily("recserve_follow_guard_tripped", "1 while the output guard holds training", value=float(g.tripped))  # fmt: skip
+        yield CounterMetricFamily("recserve_follow_guard_trips", "Output guard trips", value=g.trips)
+        yield CounterMetricFamily("recserve_follow_guard_recoveries", "Output guard trips that cleared", value=g.recoveries)  # fmt: skip
+        yield CounterMetricFamily("recserve_follow_guard_rewinds", "Rewinds of the served rows to the last good delta", value=r.rewinds)  # fmt: skip
+        yield CounterMetricFamily("recserve_follow_guard_held_samples", "Samples read and not trained while the guard held", value=r.held)  # fmt: skip
+        last = g.last
+        yield GaugeMetricFamily("recserve_follow_served_auc", "AUC of the served scores over the last judged window", value=nan if last is None else last.auc)  # fmt: skip
+        yield GaugeMetricFamily("recserve_follow_served_calibration", "Mean served score over click rate, last judged window", value=nan if last is None else last.calibration)  # fmt: skip
