@@ -19,11 +19,14 @@ one of two ways:
   ``"drain_s"``, 2 by default): the worker follows that model in the store itself, as ``recserve
   serve`` does (``serving.scoring.follow.ScorerFollower``): ``initialize`` loads the version
   CURRENT names, then a daemon thread loads each newly published one (at each notice, every
-  ``poll_s`` anyway) and swaps the scorer whole. ``handle`` takes the scorer once per batch, so a
-  batch never mixes versions. While no version is served (none published, or the target refused
+  ``poll_s`` anyway) and swaps the scorer whole. ``handle`` takes one scorer per request of the
+  batch, so no response mixes versions. While no version is served (none published, or the target refused
   or not loaded yet) each request gets a 503 naming why; a refused version is logged and counted
   (``recserve_version_refusals_total``) and the worker keeps serving what it has.
-  components/torchserve on Kubernetes archives this form.
+  components/torchserve on Kubernetes archives this form. Such a worker also serves the model's
+  running experiment (``serving.scoring.arms``): each request of the batch goes to its arm's
+  scorer (``Router``), the dense model runs once per arm over its requests, and shadow arms score
+  off the response path.
 
 TorchServe must run with TS_DECODE_INPUT_REQUEST=false so request bodies arrive as bytes and are
 read once, in the core (serving.scoring.decoding).
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from serving.scoring.arms import Router
     from serving.scoring.core import Scorer
     from serving.scoring.follow import ScorerFollower
     from serving.scoring.impressions import ImpressionLog
@@ -52,6 +56,8 @@ class RecserveHandler:
         self._pinned: Scorer | None = None
         self.follower: ScorerFollower | None = None
         """The follower of the store (scoring.json names a ``store``), else None."""
+        self.router: Router | None = None
+        """A follower's requests to their scorers (CURRENT's, or their arms' in an experiment)."""
         self._metrics: ScoringMetrics | None = None
         self._server_timing: Callable[[dict], str] | None = None
         self.impressions: ImpressionLog | None = None
@@ -59,7 +65,7 @@ class RecserveHandler:
 
     @property
     def scorer(self) -> Scorer | None:
-        """The served scorer (None while a follower has none): take it once per batch."""
+        """The served scorer (None while a follower has none): CURRENT's (a request of an experiment takes its arm's)."""
         return self.follower.scorer if self.follower is not None else self._pinned
 
     def initialize(self, context) -> None:
@@ -95,14 +101,21 @@ class RecserveHandler:
         """Serve what CURRENT names, loaded here (readiness: TorchServe's /ping passes once this
         returns), then follow the store on a daemon thread."""
         from serving.priority import loading_priority
+        from serving.scoring.arms import Router
+        from serving.scoring.experiments import KIND
         from serving.scoring.follow import COMPONENT, ScorerFollower
 
         follower = ScorerFollower(str(where["store"]), str(where.get("model") or model_name), config,
                                   pin=str(where.get("version", "")), drain_s=float(where.get("drain_s", 2.0)))  # fmt: skip
         follower.on_switch = self._switched
+        self.router = Router(follower, self.impressions)
         if self._metrics is not None:
             metrics = self._metrics
             follower.on_refuse = lambda version, why: metrics.refused(COMPONENT)
+            follower.arms.on_refuse = lambda why: metrics.refused(COMPONENT, KIND)
+            follower.arms.on_split = metrics.arms
+            self.router.shadows.on_reply = metrics.shadow
+            metrics.shadows = self.router.shadows
         self.follower = follower
         with loading_priority():  # nothing in this worker serves yet
             follower.step()
@@ -124,21 +137,29 @@ class RecserveHandler:
             )
 
     # decode and look up each request of TorchServe's batch, then ONE dense call over those that
-    # got that far (``batch_size`` > 1 at registration), then encode each; each request gets its
+    # got that far (``batch_size`` > 1 at registration; one per arm in an experiment), then encode each; each request gets its
     # own status, a Server-Timing header with the core's stage times and its X-Request-Id (the
     # client's, else a new one; the impression's key when impressions are logged)
     def handle(self, data: list[dict], context) -> list[bytes]:
         from serving.scoring.impressions import HEADER, request_id
-        from serving.scoring.loop import Pending, complete, prepare, reply_of
+        from serving.scoring.loop import Outcome, Pending, complete_each, prepare, reply_of
 
-        scorer, server_timing = self.scorer, self._server_timing  # one scorer for the whole batch
-        if server_timing is None or (scorer is None and self.follower is None):
+        scorer, server_timing, router = self._pinned, self._server_timing, self.router
+        if server_timing is None or (scorer is None and router is None):
             raise RuntimeError("handle called before initialize")
         rids = [request_id(_header(context, idx, HEADER)) for idx in range(len(data))]
-        started = [prepare(scorer, _body(request), _header(context, idx, "Content-Type"), rids[idx], self.impressions)
-                   if scorer is not None else self._not_serving()
-                   for idx, request in enumerate(data)]  # fmt: skip
-        scored = iter(complete([p for p in started if isinstance(p, Pending)]))
+
+        def start(idx: int, request: dict) -> Pending | Outcome:
+            body, ctype = _body(request), _header(context, idx, "Content-Type")
+            if router is not None:  # CURRENT's scorer, or the request's arm's (a 503 while none)
+                return router.prepare(body, ctype, rids[idx])[1]
+            assert scorer is not None
+            return prepare(scorer, body, ctype, rids[idx], self.impressions)
+
+        started = [start(idx, request) for idx, request in enumerate(data)]
+        scored = iter(
+            complete_each([p for p in started if isinstance(p, Pending)])
+        )  # one dense run per scorer
         out = []
         for idx, p in enumerate(started):
             reply = reply_of(next(scored) if isinstance(p, Pending) else p)  # the boundary
@@ -150,14 +171,6 @@ class RecserveHandler:
                 self._metrics.record(reply)
             out.append(reply.payload)
         return out
-
-    def _not_serving(self):
-        """A follower's request while it serves no version: a 503 naming why (the errors table)."""
-        from serving.scoring.errors import Unavailable
-        from serving.scoring.loop import Outcome
-
-        assert self.follower is not None
-        return Outcome(None, Unavailable(self.follower.not_serving_reason()), {}, {"total": 0.0})
 
 
 def _metrics(context, impressions: ImpressionLog | None) -> ScoringMetrics | None:

@@ -8,8 +8,10 @@ by the request loop when the frontend logs them); a route
 raises what refuses a request (``serving.scoring.errors``: 404, 405, 401, 413) and the one
 boundary, ``App.__call__``, maps it by the errors table; a scored request's Outcome is mapped by
 the same table (``reply_of``) and counted by the frontend. Scoring runs the request loop
-(``serving.scoring.loop``): alone, or with its dense stage micro-batched (``DenseBatcher``); a
-scorer with a remote shard runs its blocking RPCs off the event loop.
+(``serving.scoring.loop``) through the frontend's router (``serving.scoring.arms.Router``: CURRENT's
+scorer, or the request's arm's while an experiment runs): alone, or with its dense stage
+micro-batched (``DenseBatcher``, which runs each scorer's requests apart); a scorer with a remote
+shard runs its blocking RPCs off the event loop.
 """
 
 from __future__ import annotations
@@ -29,16 +31,16 @@ from serving.scoring.errors import (
     Reply,
     TooLarge,
     Unauthorized,
-    Unavailable,
     error_body,
     status_of,
 )
 from serving.scoring.impressions import request_id
-from serving.scoring.loop import Outcome, Pending, prepare, reply_of, run
+from serving.scoring.loop import Outcome, Pending, reply_of
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Histogram
 
+    from serving.scoring.arms import Router
     from serving.scoring.config import ScoringConfig
     from serving.scoring.impressions import ImpressionLog
 
@@ -76,6 +78,8 @@ class Frontend(Protocol):
     def batched(self) -> Histogram: ...
     @property
     def impressions(self) -> ImpressionLog | None: ...
+    @property
+    def router(self) -> Router: ...
 
     def not_serving_reason(self) -> str: ...
     def record(self, scorer: Scorer, reply: Reply) -> Reply: ...
@@ -164,12 +168,9 @@ class App:
         headers = dict(scope["headers"])
         ctype = headers.get(b"content-type", b"").decode("latin-1") or None
         rid = request_id(headers.get(b"x-request-id"))
-        log = self.frontend.impressions
         if self.batcher is None:
             body = await self.read_body(receive)
-            scorer = self.frontend.scorer
-            outcome = (self.not_serving() if scorer is None
-                       else await self.hop(scorer, run, scorer, body, ctype, rid, log))  # fmt: skip
+            scorer, outcome = await self.hop(self.frontend.router.run, body, ctype, rid)
         else:
             scorer, outcome = await self.micro_batched(self.batcher, receive, ctype, rid)
         reply = reply_of(outcome)  # what the scoring failed on, mapped by the same table
@@ -204,9 +205,6 @@ class App:
             if not msg.get("more_body"):
                 return b"".join(chunks)
 
-    def not_serving(self) -> Outcome:
-        return Outcome(None, Unavailable(self.frontend.not_serving_reason()), {}, {"total": 0.0})
-
     async def micro_batched(
         self, batcher: DenseBatcher, receive: Receive, ctype: str | None, rid: str
     ) -> tuple[Scorer | None, Outcome]:
@@ -216,10 +214,7 @@ class App:
         joined = False
         try:
             body = await self.read_body(receive)
-            scorer = self.frontend.scorer
-            if scorer is None:
-                return None, self.not_serving()
-            pending = await self.hop(scorer, prepare, scorer, body, ctype, rid, self.frontend.impressions)
+            scorer, pending = await self.hop(self.frontend.router.prepare, body, ctype, rid)
             if not isinstance(pending, Pending):
                 return scorer, pending
             joined = True
@@ -228,10 +223,12 @@ class App:
             if not joined:
                 batcher.end()
 
-    async def hop(self, scorer: Scorer, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` off the event loop when ``scorer`` makes blocking RPCs (a remote shard);
-        in-process work runs on it (a thread hop would cost more than it frees)."""
-        if "remote" in scorer.lookup_modes:
+    async def hop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` off the event loop when the served scorer makes blocking RPCs (a remote
+        shard; an experiment's arms are read as it is); in-process work runs on it (a thread hop
+        would cost more than it frees)."""
+        scorer = self.frontend.scorer
+        if scorer is not None and "remote" in scorer.lookup_modes:
             return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
         return fn(*args)
 

@@ -78,7 +78,8 @@ class Reply(NamedTuple):
     status: int  # HTTP status
     payload: bytes  # JSON body
     timings: dict[str, float]  # stage -> ms (decode, worker, dense, encode when scored; total always)
-    versions: dict[str, Any]  # what answered (embedding, delta_seq, dense, shards); empty unless scored
+    versions: dict[str, Any]  # what answered (embedding, delta_seq, dense, shards; an experiment's arm,
+    # experiment); empty unless scored, but for a failed request's arm
 
 
 def forward_status(e: Exception) -> tuple[int, str]:

@@ -21,7 +21,9 @@ takes one scorer from start to end, so no response mixes versions.
 
 A step runs at each notice of a new CURRENT (``ScoringConfig.notices``: ``serving.notices``, which
 also wake the co-located shards for each delta) and every ``poll_s`` anyway: ``follow`` on an
-event loop, ``start`` on a daemon thread.
+event loop, ``start`` on a daemon thread. Each step then follows the model's experiment record
+(``arms``: ``serving.scoring.experiments.ArmsFollower``, a scorer per arm while one runs), unless
+the process is pinned to a version.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from serving import memory
 from serving.freshness import follow_notices
 from serving.notices import AsyncWake, Wake
 from serving.scoring.core import Scorer
+from serving.scoring.experiments import ArmsFollower
 from serving.versions import VersionTarget
 
 if TYPE_CHECKING:
@@ -77,6 +80,10 @@ class ScorerFollower:
         self.versions = VersionTarget(store, model, COMPONENT, pin, registry)
         self.notices = follow_notices(scoring.notices, str(Path(store) / model), registry, COMPONENT,
                                       self._colocated)  # fmt: skip
+        self.arms = ArmsFollower(
+            store, model, scoring, self.notices, drain_s, self.versions.refusals, COMPONENT
+        )
+        """The running experiment's arms (``arms.split``; None: none runs, or ``pin``)."""
         self._closed = False
         self._wake: Wake | None = None
 
@@ -91,7 +98,13 @@ class ScorerFollower:
 
     def step(self) -> str | None:
         """One poll (blocking: run it off an event loop): load the target version if it is new and
-        passes, then serve it. Returns the version switched to, or None."""
+        passes, then serve it; then the experiment's arms. Returns the version switched to, or None."""
+        switched = self._step_current()
+        if not self.versions.pin and not self._closed:
+            self.arms.step(self.scorer)
+        return switched
+
+    def _step_current(self) -> str | None:
         target, old = self.versions.target(), self.scorer
         if target is None or not self.versions.wanted(target, old.dense_version if old else None):
             return None
@@ -119,7 +132,8 @@ class ScorerFollower:
                  old.dense_version if old else "none", ",".join(new.lookup_modes))  # fmt: skip
         if old is not None:
             time.sleep(self.drain_s)  # requests that took the old scorer finish with it
-            old.close()
+            if not self.arms.adopt(old):  # an arm of the experiment still serves it
+                old.close()
         return target
 
     def not_serving_reason(self) -> str:
@@ -172,6 +186,7 @@ class ScorerFollower:
         self._closed = True
         if self._wake is not None:
             self._wake.set()  # the thread's wait ends and it leaves its loop
+        self.arms.close()
         if self.scorer is not None:
             self.scorer.close()
             self.scorer = None

@@ -40,13 +40,22 @@ from pathlib import Path
 
 import model_store as ms
 from model_store.dense import RUNTIMES
+from serving.scoring.arms import Router, Split, arm_of
 from serving.scoring.asgi import PREDICTIONS, App
 from serving.scoring.config import ScoringConfig
 from serving.scoring.core import Scorer
 from serving.scoring.errors import Reply
 from serving.scoring.follow import ScorerFollower
 from serving.scoring.impressions import ImpressionLog
-from serving.scoring.names import DENSE_DEVICE, DENSE_DEVICES, DENSE_RUNTIME, LOOKUP_MODE, LOOKUP_MODES
+from serving.scoring.names import (
+    ARM_MAPPED,
+    ARM_REQUESTS,
+    DENSE_DEVICE,
+    DENSE_DEVICES,
+    DENSE_RUNTIME,
+    LOOKUP_MODE,
+    LOOKUP_MODES,
+)
 
 log = logging.getLogger("recserve.serve")
 
@@ -165,6 +174,15 @@ class Frontend:
         if config.scoring.log_impressions:
             self.impressions = ImpressionLog(config.scoring.log_impressions)
             r.register(self.impressions)
+        self.arm_requests = Counter(ARM_REQUESTS[: -len("_total")], "Requests each arm of a running experiment "
+                                    "answered (shadow arms' too), by HTTP status", ["arm", "status"], registry=r)  # fmt: skip
+        self.arm_mapped = Gauge(ARM_MAPPED, "Bytes of embedding rows each arm's scorer holds in this process",
+                                ["arm", "version"], registry=r)  # fmt: skip
+        self.follower.arms.on_split = self._show_split
+        self.router = Router(self.follower, self.impressions)
+        """Each request to its scorer: CURRENT's, or its arm's while an experiment runs."""
+        self.router.shadows.on_reply = self._count_arm
+        r.register(self.router.shadows)
 
     @property
     def scorer(self) -> Scorer | None:
@@ -188,6 +206,15 @@ class Frontend:
         for device in DENSE_DEVICES:
             self.device.labels(device).set(int(device == scorer.choice.device))
 
+    def _show_split(self, split: Split | None) -> None:
+        from serving.scoring.experiments import mapped_bytes
+
+        self.arm_mapped.clear()
+        for arm, scorer in zip(
+            split.experiment.arms if split else [], split.scorers if split else [], strict=True
+        ):
+            self.arm_mapped.labels(arm.name, arm.version).set(mapped_bytes(scorer))
+
     def not_serving_reason(self) -> str:
         return self.follower.not_serving_reason()
 
@@ -202,9 +229,15 @@ class Frontend:
                              v.get("embedding") or "none").inc()  # fmt: skip
         for stage, ms_ in reply.timings.items():
             self.stages.labels(stage).observe(ms_ / 1e3)
+        self._count_arm(reply)
         return reply
 
+    def _count_arm(self, reply: Reply) -> None:
+        if arm := arm_of(reply.versions):
+            self.arm_requests.labels(arm, str(reply.status)).inc()
+
     def close(self) -> None:
+        self.router.close()  # the shadow arms' queue, scored before the scorers close
         self.follower.close()
         if self.impressions is not None:
             self.impressions.close()

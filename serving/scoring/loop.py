@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Outcome:
     """What the loop made of one request: its JSON body (scored) or its error, the versions that
-    answered (empty unless scored) and each stage's wall time in ms (``total`` always)."""
+    answered (empty unless scored; a failed request of an experiment names its arm) and each
+    stage's wall time in ms (``total`` always)."""
 
     payload: bytes | None
     error: Exception | None
@@ -87,6 +88,16 @@ def prepare(scorer: Scorer, body: bytes, content_type: str | None, request_id: s
     try:
         with watch.stage("decode"):
             request = scorer.decode(body, content_type)
+    except Exception as e:
+        return watch.failed(e)
+    return looked_up(scorer, request, watch, request_id, log)
+
+
+def looked_up(scorer: Scorer, request: Request, watch: Stopwatch, request_id: str = "",
+              log: ImpressionLog | None = None) -> Pending | Outcome:  # fmt: skip
+    """Look up a decoded request (``prepare``'s second half: a request decoded already, to read
+    its experiment's unit key, ``serving.scoring.arms``)."""
+    try:
         with watch.stage("worker"):
             inputs = scorer.lookup(request)
     except Exception as e:
@@ -123,6 +134,19 @@ def complete(run: Sequence[Pending]) -> list[Outcome]:
     return out
 
 
+def complete_each(run: Sequence[Pending]) -> list[Outcome]:
+    """``complete`` for requests ``prepare``d by several scorers (an experiment's arms): one dense
+    run per scorer, the Outcomes in the requests' order."""
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(run):
+        groups.setdefault(id(p.scorer), []).append(i)
+    out: list[Outcome | None] = [None] * len(run)
+    for idx in groups.values():
+        for i, outcome in zip(idx, complete([run[i] for i in idx]), strict=True):
+            out[i] = outcome
+    return [o for o in out if o is not None]
+
+
 def run(scorer: Scorer, body: bytes, content_type: str | None, request_id: str = "",
         log: ImpressionLog | None = None) -> Outcome:  # fmt: skip
     """One request through every verb, alone."""
@@ -141,4 +165,4 @@ def reply_of(outcome: Outcome) -> Reply:
         assert outcome.payload is not None
         return Reply(200, outcome.payload, outcome.timings, outcome.versions)
     status, message = status_of(outcome.error)
-    return Reply(status, error_body(message), outcome.timings, {})
+    return Reply(status, error_body(message), outcome.timings, outcome.versions)  # an arm's, else {}

@@ -15,3 +15,11 @@ DENSE_DEVICES = ("cpu", "cuda")
 """Where a dense model runs (``ScoringConfig.device`` resolved: ``model_store.devices``)."""
 DENSE_DEVICE = "recserve_scoring_dense_device"
 """Gauge {device}: 1 for the device the dense model runs on (cpu or cuda), 0 for the other."""
+ARM_REQUESTS = "recserve_scoring_arm_requests_total"
+"""Counter {arm, status}: requests each arm of a running experiment answered (a shadow arm's
+scorings off the response path too), by HTTP status (``serving.scoring.arms``)."""
+ARM_MAPPED = "recserve_scoring_arm_mapped_bytes"
+"""Gauge {arm, version}: bytes of embedding rows an arm's scorer holds mapped in this process (its
+co-located shards, base and delta overlay; 0 for remote lookups), set at each switch of the split."""
+SHADOW_DROPPED = "recserve_scoring_shadow_dropped_total"
+"""Counter {arm}: requests a shadow arm did not score because its queue was full (under load)."""

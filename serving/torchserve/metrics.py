@@ -32,7 +32,12 @@ written inline, at 100 rps 8.4 / 8.7 against 11.6 / 9.9 (with no metrics at all:
   refused for good (``serving.scoring.follow``), as ``serving.versions`` counts them elsewhere;
 - ``recserve_impressions_dropped_total{topic}`` and ``recserve_impressions_logged_total{topic}``
   with ``--log-impressions`` (``serving.scoring.impressions``): what the log dropped and delivered
-  since the last flush, added.
+  since the last flush, added;
+- while an experiment runs (``serving.scoring.arms``), as ``recserve serve`` exports them:
+  ``recserve_scoring_arm_requests_total{arm, status}`` (shadow arms' scorings too),
+  ``recserve_scoring_shadow_dropped_total{arm}`` and ``recserve_scoring_arm_mapped_bytes{arm,
+  version}`` (set at each switch of the split); a refused experiment record counts in
+  ``recserve_version_refusals_total{kind="experiment"}``.
 """
 
 from __future__ import annotations
@@ -47,10 +52,22 @@ from typing import TYPE_CHECKING
 import yaml
 
 if TYPE_CHECKING:
+    from serving.scoring.arms import Split
+    from serving.scoring.errors import Reply
     from serving.scoring.impressions import ImpressionLog
+    from serving.scoring.shadow import Shadows
 
 from serving.scoring.impressions import DROPPED, LOGGED
-from serving.scoring.names import DENSE_DEVICE, DENSE_DEVICES, DENSE_RUNTIME, LOOKUP_MODE, LOOKUP_MODES
+from serving.scoring.names import (
+    ARM_MAPPED,
+    ARM_REQUESTS,
+    DENSE_DEVICE,
+    DENSE_DEVICES,
+    DENSE_RUNTIME,
+    LOOKUP_MODE,
+    LOOKUP_MODES,
+    SHADOW_DROPPED,
+)
 
 REQUESTS = "recserve_scoring_requests_total"
 STAGES = "recserve_scoring_stage_seconds"
@@ -61,12 +78,15 @@ SCORING = {
     "counter": [{"name": REQUESTS, "unit": "Count",
                  "dimensions": [*_DIMS, "status", "dense_version", "embedding_version"]},
                 {"name": REFUSALS, "unit": "Count", "dimensions": [*_DIMS, "component", "kind"]},
-                *({"name": n, "unit": "Count", "dimensions": [*_DIMS, "topic"]} for n in (DROPPED, LOGGED))],
+                *({"name": n, "unit": "Count", "dimensions": [*_DIMS, "topic"]} for n in (DROPPED, LOGGED)),
+                {"name": ARM_REQUESTS, "unit": "Count", "dimensions": [*_DIMS, "arm", "status"]},
+                {"name": SHADOW_DROPPED, "unit": "Count", "dimensions": [*_DIMS, "arm"]}],
     "histogram": [{"name": STAGES, "unit": "Seconds", "dimensions": [*_DIMS, "stage"]}],
     "gauge": [{"name": SERVED, "unit": "Count", "dimensions": [*_DIMS, "version"]},
               {"name": LOOKUP_MODE, "unit": "Count", "dimensions": [*_DIMS, "shard", "mode"]},
               {"name": DENSE_RUNTIME, "unit": "Count", "dimensions": [*_DIMS, "runtime"]},
-              {"name": DENSE_DEVICE, "unit": "Count", "dimensions": [*_DIMS, "device"]}],
+              {"name": DENSE_DEVICE, "unit": "Count", "dimensions": [*_DIMS, "device"]},
+              {"name": ARM_MAPPED, "unit": "Bytes", "dimensions": [*_DIMS, "arm", "version"]}],
 }  # fmt: skip
 
 
@@ -113,7 +133,11 @@ class ScoringMetrics:
         if impressions is not None:
             self.dropped = cache.get_metric(DROPPED, MetricTypes.COUNTER)
             self.logged = cache.get_metric(LOGGED, MetricTypes.COUNTER)
-        self._pending: collections.deque = collections.deque()  # replies not yet written
+        self.shadows: Shadows | None = None
+        """The shadow arms' queue of a handler that follows the store (its drops are written)."""
+        self._shadow_counted: dict[str, int] = {}
+        self._mapped: list[list[str]] = []  # the arm gauges' dimensions set last
+        self._pending: collections.deque = collections.deque()  # (reply, served) not yet written
         self._stop = threading.Event()
         self._flusher = threading.Thread(
             target=self._flush_every, args=(flush_s,), name="recserve-metrics", daemon=True
@@ -150,17 +174,38 @@ class ScoringMetrics:
             for d in DENSE_DEVICES:
                 devices.add_or_update(int(d == device), [*dims, d])
 
-    def refused(self, component: str) -> None:
-        """Counts a version refused for good (``recserve_version_refusals_total{kind="version"}``)."""
+    def refused(self, component: str, kind: str = "version") -> None:
+        """Counts a version refused for good, or an experiment record refused
+        (``recserve_version_refusals_total{kind}``)."""
         from ts.metrics.metric_type_enum import MetricTypes
 
         self.cache.get_metric(REFUSALS, MetricTypes.COUNTER).add_or_update(
-            1, [self.model, "Model", component, "version"]
+            1, [self.model, "Model", component, kind]
         )
+
+    def arms(self, split: Split | None) -> None:
+        """Sets each arm's mapped bytes at a switch of the split (the last split's arms to 0)."""
+        from ts.metrics.metric_type_enum import MetricTypes
+
+        from serving.scoring.experiments import mapped_bytes
+
+        gauge = self.cache.get_metric(ARM_MAPPED, MetricTypes.GAUGE)
+        for dims in self._mapped:
+            gauge.add_or_update(0, dims)
+        self._mapped = []
+        for arm, scorer in zip(
+            split.experiment.arms if split else [], split.scorers if split else [], strict=True
+        ):
+            self._mapped.append([self.model, "Model", arm.name, arm.version])
+            gauge.add_or_update(mapped_bytes(scorer), self._mapped[-1])
 
     def record(self, reply) -> None:
         """Queues the reply's observations; the flusher thread writes them (``flush``)."""
-        self._pending.append(reply)
+        self._pending.append((reply, True))
+
+    def shadow(self, reply: Reply) -> None:
+        """Queues a shadow arm's reply: its arm's request count only."""
+        self._pending.append((reply, False))
 
     def flush(self) -> None:
         """Writes every queued reply's observations: its request count and its stage times."""
@@ -171,16 +216,35 @@ class ScoringMetrics:
                 if n > was:
                     metric.add_or_update(n - was, [*dims, topic])
             self._counted = now
+        self._flush_shadows(dims)
         while True:
             try:
-                reply = self._pending.popleft()  # atomic: two flushes never write a reply twice
+                reply, served = self._pending.popleft()  # atomic: two flushes never write a reply twice
             except IndexError:
                 return
             v = reply.versions
+            if v.get("arm"):
+                self._metric(ARM_REQUESTS).add_or_update(1, [*dims, str(v["arm"]), str(reply.status)])
+            if not served:
+                continue
             dense, embedding = v.get("dense") or self.dense_version or "none", v.get("embedding") or "none"
             self.requests.add_or_update(1, [*dims, str(reply.status), str(dense), str(embedding)])
             for stage, ms in reply.timings.items():
                 self.stages.add_or_update(ms / 1e3, [*dims, stage])
+
+    def _flush_shadows(self, dims: list[str]) -> None:
+        """The shadow arms' drops since the last flush, added."""
+        if self.shadows is None:
+            return
+        for arm, n in list(self.shadows.dropped.items()):
+            if n > self._shadow_counted.get(arm, 0):
+                self._metric(SHADOW_DROPPED).add_or_update(n - self._shadow_counted.get(arm, 0), [*dims, arm])
+                self._shadow_counted[arm] = n
+
+    def _metric(self, name: str):
+        from ts.metrics.metric_type_enum import MetricTypes
+
+        return self.cache.get_metric(name, MetricTypes.COUNTER)
 
     def close(self) -> None:
         """Stops the flusher, then writes what is still queued (also at the interpreter's exit)."""
