@@ -197,3 +197,66 @@ def test_a_handler_that_follows_the_model_serves_each_published_version_and_repo
     finally:
         assert h.follower is not None
         h.follower.close()
+
+
+def test_a_handler_that_follows_the_model_serves_its_experiment_one_dense_run_per_arm(
+    trained, tmp_path, caplog
+):
+    """The running experiment under TorchServe's handler, as under ``recserve serve``
+    (tests/serving/scoring/test_arms.py): each request of a batch is scored by its arm's version
+    alone and named by it, the dense model runs once per arm over the batch's requests, the arms'
+    metrics are written; once stopped, every request goes to CURRENT again."""
+    import logging
+    import shutil
+
+    import numpy as np
+    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+    from model_store import experiments as ex
+    from serving.scoring.names import ARM_MAPPED, ARM_REQUESTS
+    from serving.torchserve.metrics import write_metrics_config
+    from tests.helpers import train_version, wait_until
+
+    caplog.set_level(logging.INFO)
+    root = tmp_path / "store"
+    shutil.copytree(trained[0], root)
+    train_version(root, seed=1, publish=False)  # version 2 beside CURRENT's 1
+    exp = ex.start(root, "criteo", "handler", [("2", 0.5)], salt="s")
+    model_dir = tmp_path / "mar"
+    model_dir.mkdir()
+    (model_dir / "scoring.json").write_text(json.dumps({"store": str(root), "drain_s": 0.1, "lookups": "colocated",
+                                                        "poll_s": 0.2, "notices": "none"}))  # fmt: skip
+    cache = MetricsCacheYamlImpl(str(write_metrics_config(tmp_path / "metrics.yaml")))
+    cache.initialize_cache()
+    h = RecserveHandler()
+    h.initialize(Context("criteo", str(model_dir), {}, 8, None, "0", metrics=cache))
+    assert h.follower is not None
+    try:
+        wait_until(lambda: h.follower.arms.split, 60, "the experiment served")
+        split = h.follower.arms.split
+        runs: list[str] = []
+        for scorer in set(split.scorers):
+            predict = scorer.predict
+            scorer.predict = lambda inputs, p=predict, v=scorer.dense_version: runs.append(v) or p(inputs)
+        bodies = [b for b, _ in requests_from_file(TEST, "data/schemas/criteo.yaml", 10, 80)]
+        rids = [f"user-{i}" for i in range(len(bodies))]
+        context = Context("criteo", "", {}, len(bodies), None, "0")
+        context.request_processor = [RequestProcessor({"Content-Type": "application/json", "X-Request-Id": rid})
+                                     for rid in rids]  # fmt: skip
+        replies = [orjson.loads(p)["versions"] for p in h.handle([{"body": b} for b in bodies], context)]
+        expected = np.array(exp.names())[ex.assign(rids, exp)].tolist()
+        assert [v["arm"] for v in replies] == expected and set(expected) == {"control", "A"}
+        version = {a.name: a.version for a in exp.arms}
+        assert all(v["dense"] == v["embedding"] == version[v["arm"]] for v in replies), replies  # 0 mixed
+        assert sorted(runs) == ["1", "2"]  # one dense run per arm
+        h._metrics.flush()  # type: ignore[union-attr]
+        written = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[METRICS]")]
+        assert any(m.startswith(f"[METRICS]{ARM_REQUESTS}.") and "arm:A,status:200" in m for m in written)
+        assert any(m.startswith(f"[METRICS]{ARM_MAPPED}.") and "arm:A,version:2" in m for m in written)
+
+        ex.stop(root, "criteo")
+        wait_until(lambda: h.follower.arms.split is None, 60, "the experiment ended")
+        again = [orjson.loads(p)["versions"] for p in h.handle([{"body": b} for b in bodies], context)]
+        assert all("arm" not in v and v["dense"] == "1" for v in again), again
+    finally:
+        h.follower.close()
