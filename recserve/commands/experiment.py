@@ -1,28 +1,38 @@
-"""``recserve experiment start | status | stop | promote | abort``: a model's experiment in the store
-(``model_store.experiments``: the record, its history, the one publish through the gate).
+"""``recserve experiment start | status | stop | promote | abort | watch``: a model's experiment in
+the store (``model_store.experiments``: the record, its history, the one publish through the gate).
 
 ``start --name N --candidate VERSION --share 0.1 [--candidate V2 --share 0.1] [--shadow V3]
 [--unit-key user_id]``: control is CURRENT with the share the candidates leave (arms A, B, ... in
 the order given, shadows after them). ``promote ARM`` publishes the arm's version and ends the
 experiment; ``abort ARM`` gives its units back to control (the experiment ends with its last
-candidate); ``stop`` ends it with no decision. Every refusal exits 1 naming the problem."""
+candidate); ``stop`` ends it with no decision. Every refusal exits 1 naming the problem.
+
+``watch --brokers B [--auto] [--metrics-port P]`` is the experiment's metrics role (``stream.watch``):
+it reads the samples topic from the experiment's start, shows every arm's figures and the rule's
+verdicts on /metrics and in ``status``, and with ``--auto`` promotes or aborts by the rule."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from recserve import config
 from recserve.config import store_field
+from stream.watch.config import WatchConfig
 
 if TYPE_CHECKING:
     from model_store.experiments import Experiment
 
-ACTIONS = ("start", "status", "stop", "promote", "abort")
+log = logging.getLogger("recserve.experiment")
+
+ACTIONS = ("start", "status", "stop", "promote", "abort", "watch")
 REPEATED = ("candidate", "share", "shadow")
 """Flags given once per arm (``action="append"``): the config's generated list flags read A,B."""
 
@@ -55,6 +65,8 @@ class ExperimentConfig:
     """start: hashed with each unit key ('': derived from the name and the start time)."""
     json: bool = False
     """status: print the record as JSON."""
+    watch: WatchConfig = field(default_factory=WatchConfig)
+    """watch: the metrics role's flags (--brokers, --samples, --window-s, --every-s, --auto, ...)."""
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -64,6 +76,9 @@ class ExperimentConfig:
         starting = (self.name, self.candidate, self.share, self.shadow, self.unit_key, self.salt)
         if self.action != "start" and any(starting):
             raise ValueError("--name, --candidate, --share, --shadow, --unit-key and --salt are for `start`")
+        if self.action != "watch" and self.watch != WatchConfig():
+            raise ValueError("--brokers, --samples, --group, --kafka-config, --window-s, --every-s, "
+                             "--metrics-port, --host, --auto and --rule are for `watch`")  # fmt: skip
         if self.action == "start" and not self.name:
             raise ValueError("`start` needs --name")
         if len(self.candidate) != len(self.share):
@@ -86,6 +101,8 @@ def run(cfg: ExperimentConfig) -> int:
     from model_store import ModelStoreError
     from model_store import experiments as ex
 
+    if cfg.action == "watch":
+        return _watch(cfg)
     try:
         if cfg.action == "status":
             return _status(cfg, ex.read_experiment(cfg.store, cfg.model))
@@ -97,6 +114,49 @@ def run(cfg: ExperimentConfig) -> int:
     for d in exp.decisions[-1:] if cfg.action in ("promote", "abort") else ():
         print(f"{cfg.model}: arm {d.arm} (version {d.version}) {d.decision}" +
               (f", CURRENT -> {d.version}" if d.decision == ex.PROMOTED else ", its units back to control"))  # fmt: skip
+    return 0
+
+
+def _watch(cfg: ExperimentConfig) -> int:
+    """The metrics role until SIGTERM/SIGINT: 2 when it cannot start (no samples topic, Kafka or the
+    /metrics port unreachable, a bad --rule file), 1 when reading fails later."""
+    import yaml
+    from confluent_kafka import KafkaException
+    from prometheus_client import CollectorRegistry
+
+    from serving.rpc.metrics import start_metrics_server
+    from stream.sequential import SequentialConfig
+    from stream.watch import Watcher, WatchError
+
+    w = cfg.watch
+    try:
+        rule = config.load_yaml(SequentialConfig, w.rule) if w.rule else SequentialConfig()
+        registry = CollectorRegistry()
+        watcher = Watcher(cfg.store, cfg.model, w, rule, registry)
+        partitions = watcher.check_topic()
+        stop_metrics = start_metrics_server(w.metrics_port, w.host, registry)
+    except (
+        OSError,
+        ValueError,
+        yaml.YAMLError,
+        KafkaException,
+        WatchError,
+    ) as e:  # MetricsPortError: an OSError
+        print(f"recserve experiment watch: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("experiment watch: %s (%d partitions) for %s in %s, window %gs, every %gs, rule %s, %s",
+             w.samples, partitions, cfg.model, cfg.store, w.window_s, w.every_s, rule,
+             "--auto: the rule promotes and aborts" if w.auto else "verdicts shown only (no --auto)")  # fmt: skip
+    try:
+        watcher.run(stop)
+    except WatchError as e:
+        print(f"recserve experiment watch: {e}", file=sys.stderr)
+        return 1
+    finally:
+        stop_metrics()
     return 0
 
 
@@ -144,7 +204,33 @@ def _status(cfg: ExperimentConfig, exp: Experiment | None) -> int:
     for d in exp.decisions:
         evidence = f" {json.dumps(d.evidence, sort_keys=True)}" if d.evidence else ""
         print(f"  {_when(d.at)}  {d.arm} (version {d.version}) {d.decision} by {d.by}{evidence}")
+    _figures(cfg, exp)
     return 0
+
+
+def _figures(cfg: ExperimentConfig, exp: Experiment) -> None:
+    """The latest look of ``recserve experiment watch`` at this experiment, when it wrote one."""
+    from stream.watch import ReportError, read_report
+
+    try:
+        report = read_report(cfg.store, cfg.model)
+    except ReportError as e:
+        print(f"  figures: unreadable ({e})")
+        return
+    if report is None or report.experiment != exp.name:
+        return
+    auto = "acted on" if report.auto else "not acted on (no --auto)"
+    print(f"  figures at {_when(report.at)} (recserve experiment watch; verdicts {auto}):")
+    print(f"  {'arm':<8} {'samples':>8} {'clicks':>7} {'ctr':>7} {'mean pred':>9} {'calib':>6} {'logloss':>8} {'auc':>6}"
+          f"   (window {report.window_s:g}s: samples, logloss)")  # fmt: skip
+    for a in report.arms:
+        m, w = a.cumulative, a.window
+        print(f"  {a.arm:<8} {m.samples:>8} {m.clicks:>7} {m.ctr.value:>7.4f} {m.mean_predicted.value:>9.4f} "
+              f"{m.calibration.value:>6.3f} {m.logloss.value:>8.5f} {m.auc.value:>6.4f}   ({w.samples}, {w.logloss.value:.5f})")  # fmt: skip
+    for r in report.rule:
+        ev = r.typed()
+        print(f"  rule: {r.arm} {r.verdict}: {'; '.join(ev.reasons)} (statistic {ev.statistic:.3f} of "
+              f"{ev.threshold:.3f}, n {ev.n_candidate}/{ev.n_control})")  # fmt: skip
 
 
 def describe(exp: Experiment) -> str:
