@@ -97,8 +97,9 @@ class Split:
     shadows: tuple[int, ...]
     redecode: tuple[bool, ...]
     """Per arm: its schema is not control's, so it decodes the request itself."""
-    stamps: tuple[dict[str, str], ...]
-    """Per arm: what its responses' ``versions`` gain."""
+    stamps: tuple[dict[str, Any], ...]
+    """Per arm: what its responses' ``versions`` gain (a shadow's: ``"shadow": true`` too, which
+    sends its impressions to the shadow topic)."""
 
     @classmethod
     def of(cls, experiment: Experiment, scorers: list[Scorer]) -> Split:
@@ -108,7 +109,8 @@ class Split:
         return cls(experiment, tuple(scorers), Unit(experiment.unit_key, control.schema), names.index(CONTROL),
                    tuple(i for i, a in enumerate(experiment.arms) if a.shadow),
                    tuple(s.schema != control.schema for s in scorers),
-                   tuple({"arm": a.name, "experiment": experiment.name} for a in experiment.arms))  # fmt: skip
+                   tuple({"arm": a.name, "experiment": experiment.name, **({"shadow": True} if a.shadow else {})}
+                         for a in experiment.arms))  # fmt: skip
 
     def arm_of(self, key: str) -> int:
         """The index of the arm that serves unit ``key`` (never a shadow)."""
@@ -134,7 +136,7 @@ class Split:
         return self.scorers[i], stamped(looked_up(self.scorers[i], request, watch, rid, log), self.stamps[i])
 
 
-def stamped(started: Started, stamp: dict[str, str]) -> Started:
+def stamped(started: Started, stamp: dict[str, Any]) -> Started:
     """``started`` with its arm in its versions (the response's, the impression's; a failure's too)."""
     if isinstance(started, Pending):
         inputs = started.inputs

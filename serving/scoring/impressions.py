@@ -12,6 +12,11 @@ on the frontends' /metrics), and the request it came from was answered as if log
 
 The request id is the client's ``X-Request-Id`` header, else one made here (``request_id``); both
 frontends return it in the response's ``X-Request-Id`` header.
+
+An experiment's shadow arm (``serving.scoring.shadow``) scores a request off the response path; its
+impression (versions stamped ``"shadow": true``) goes to the topic ``<topic>.shadow``, never to the
+impression topic the joiner reads: no event names its request id (``<request id>#shadow-<arm>``),
+so joined it would teach the model negatives only, and its request was served and logged already.
 """
 
 from __future__ import annotations
@@ -74,10 +79,9 @@ class ImpressionLog:
         from confluent_kafka import Producer
 
         self.target = Target.parse(url)
-        self.dropped = 0
-        """Records dropped: queue full, librdkafka's buffer full, or not delivered in time."""
-        self.logged = 0
-        """Records the broker acknowledged."""
+        self.shadow_topic = f"{self.target.topic}.shadow"
+        """Where shadow arms' impressions go (the joiner does not read them)."""
+        self._counts = {self.target.topic: [0, 0], self.shadow_topic: [0, 0]}  # topic -> [dropped, logged]
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._capacity = capacity
         self._last_error = ""
@@ -91,13 +95,26 @@ class ImpressionLog:
         self._thread = threading.Thread(target=self._drain, name="impression-log", daemon=True)
         self._thread.start()
 
+    @property
+    def dropped(self) -> int:
+        """Records of the impression topic dropped: queue full, librdkafka's buffer full, or not
+        delivered in time."""
+        return self._counts[self.target.topic][0]
+
+    @property
+    def logged(self) -> int:
+        """Records of the impression topic the broker acknowledged."""
+        return self._counts[self.target.topic][1]
+
     # --- the request path ------------------------------------------------------------------------
     def offer(self, rid: str, request: Request, scores: np.ndarray, versions: dict[str, Any]) -> None:
-        """Queue one scored request (constant time; never blocks, never raises for Kafka)."""
+        """Queue one scored request (constant time; never blocks, never raises for Kafka); a
+        shadow arm's (``versions["shadow"]``) for the shadow topic."""
+        topic = self.shadow_topic if versions.get("shadow") else self.target.topic
         if self._queue.qsize() >= self._capacity:
-            self._drop(1)
+            self._drop(1, topic)
             return
-        self._queue.put((rid, time.time(), request, scores, versions))
+        self._queue.put((rid, time.time(), request, scores, versions, topic))
 
     # --- the drain -------------------------------------------------------------------------------
     def _drain(self) -> None:
@@ -109,26 +126,27 @@ class ImpressionLog:
                 continue
             if item is None:
                 return
-            rid, ts, request, scores, v = item
+            rid, ts, request, scores, v, topic = item
             batch = request.wire if request.wire is not None else encode(request.batch)
             record = encode_impression(Impression(rid, ts, Versions(v["embedding"], v["delta_seq"], v["dense"]),
                                                   np.asarray(scores, np.float32), batch, v.get("arm", "")))  # fmt: skip
             try:
-                self._producer.produce(self.target.topic, record, rid.encode(), on_delivery=self._delivered)
+                self._producer.produce(topic, record, rid.encode(), on_delivery=self._delivered)
             except BufferError:  # librdkafka's buffer is full: Kafka is slow or down
-                self._drop(1)
+                self._drop(1, topic)
             self._producer.poll(0)
 
-    def _delivered(self, err: Any, _msg: Any) -> None:
+    def _delivered(self, err: Any, msg: Any) -> None:
+        topic = msg.topic() if msg is not None and msg.topic() in self._counts else self.target.topic
         if err is not None:
-            self._drop(1)
+            self._drop(1, topic)
             return
         with self._lock:
-            self.logged += 1
+            self._counts[topic][1] += 1
 
-    def _drop(self, n: int) -> None:
+    def _drop(self, n: int, topic: str = "") -> None:
         with self._lock:
-            self.dropped += n
+            self._counts[topic or self.target.topic][0] += n
 
     def _error(self, err: Any) -> None:
         code = str(err.code()) if hasattr(err, "code") else str(err)
@@ -141,19 +159,20 @@ class ImpressionLog:
         """The counters as Prometheus metrics (registered on a frontend's registry: ``/metrics``)."""
         from prometheus_client.core import CounterMetricFamily
 
-        topic = self.target.topic
         dropped = CounterMetricFamily(DROPPED[: -len("_total")], "Impressions dropped (Kafka slow or down)",
                                       labels=["topic"])  # fmt: skip
         logged = CounterMetricFamily(LOGGED[: -len("_total")], "Impressions the broker acknowledged",
                                      labels=["topic"])  # fmt: skip
         with self._lock:
-            dropped.add_metric([topic], self.dropped)
-            logged.add_metric([topic], self.logged)
+            for topic, (d, n) in self._counts.items():
+                if topic == self.target.topic or d or n:  # the shadow topic once it is used
+                    dropped.add_metric([topic], d)
+                    logged.add_metric([topic], n)
         return [dropped, logged]
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the drain and deliver what is buffered within ``timeout_s``; what is not, counts as
-        dropped."""
+        dropped (of the impression topic)."""
         self._queue.put(None)
         self._thread.join(timeout_s)
         left = self._producer.flush(timeout_s)

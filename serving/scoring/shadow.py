@@ -5,9 +5,10 @@ it (``offer``: a bounded queue append, constant time, never blocking). One backg
 each offered request and runs it through the request loop once per shadow arm, with that arm's
 scorer (decode, lookup, predict: the version it serves, never mixed), stamped with the arm; its
 scores go to the impression log beside the served request's, as an impression of request id
-``<request id>#shadow-<arm>`` with that arm (the served one keeps the request id: the joiner takes
-one impression per request id). Its reply goes to ``on_reply`` (the per-arm request counter) and
-nowhere else. When the queue is full the request is dropped for every shadow arm and counted
+``<request id>#shadow-<arm>`` with that arm on the topic ``<impression topic>.shadow``
+(``serving.scoring.impressions``: the joiner, which reads the impression topic, never takes it for
+a request of its own). Its reply goes to ``on_reply`` (the per-arm request counter) and nowhere
+else. When the queue is full the request is dropped for every shadow arm and counted
 (``dropped``; ``recserve_scoring_shadow_dropped_total{arm}`` on the frontends' /metrics).
 """
 

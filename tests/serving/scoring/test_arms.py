@@ -223,6 +223,7 @@ def test_stopping_returns_every_request_to_control_and_closes_the_arms_scorers(
 @pytest.mark.slow
 def test_a_shadow_arm_is_scored_off_the_response_path_and_logged_beside(store, kafka, bodies):
     topic = kafka.create_topic(f"imps-{uuid.uuid4().hex[:8]}")
+    kafka.create_topic(f"{topic}.shadow")
     exp = ex.start(store, "criteo", "shadowed", [], shadows=["2"], salt="s")
     frontend, app = serving(store, impressions=f"kafka://{kafka.bootstrap}/{topic}")
     try:
@@ -230,9 +231,12 @@ def test_a_shadow_arm_is_scored_off_the_response_path_and_logged_beside(store, k
         rids = [f"user-{i}" for i in range(5)]
         replies = {rid: call(app, body, rid)[1] for rid, body in zip(rids, bodies[: len(rids)], strict=True)}
         assert {r["versions"]["arm"] for r in replies.values()} == {"control"}  # a shadow serves no unit
-        logged = {i.request_id: i for i in consume(kafka.bootstrap, topic, 2 * len(rids))}
         shadow = exp.arms[-1].name
-        assert sorted(logged) == sorted([*rids, *(shadow_id(r, shadow) for r in rids)])
+        logged = {i.request_id: i for i in consume(kafka.bootstrap, topic, len(rids))}
+        assert sorted(logged) == rids  # the joiner's topic: the served impressions only
+        shadows = {i.request_id: i for i in consume(kafka.bootstrap, f"{topic}.shadow", len(rids))}
+        assert sorted(shadows) == sorted(shadow_id(r, shadow) for r in rids)
+        logged.update(shadows)
         for rid, reply in replies.items():
             served, shadowed = logged[rid], logged[shadow_id(rid, shadow)]
             assert served.arm == "control" and served.versions.dense == "1"
@@ -243,6 +247,7 @@ def test_a_shadow_arm_is_scored_off_the_response_path_and_logged_beside(store, k
             assert not np.allclose(shadowed.scores, served.scores)  # another model's scores
         counted = metrics(frontend)
         assert f'recserve_scoring_arm_requests_total{{arm="{shadow}",status="200"}} 5.0' in counted
+        assert f'recserve_impressions_logged_total{{topic="{topic}.shadow"}} 5.0' in counted
     finally:
         frontend.close()
         ex.stop(store, "criteo")
