@@ -1,7 +1,7 @@
 """``recserve experiment watch`` run as an operator runs it, against the session's mock broker: its
 /metrics show every arm's figures equal to a recomputation from the samples topic (to 1e-9),
 ``recserve experiment status`` prints the latest look, SIGTERM ends it cleanly, and what it cannot
-start on (a missing samples topic) or a watch flag given to another action is refused by name."""
+start on (a missing samples topic, a bad --rule file) or a watch flag given to another action is refused by name."""
 
 from __future__ import annotations
 
@@ -83,6 +83,13 @@ def test_watch_refuses_a_missing_topic_and_other_actions_refuse_its_flags(kafka,
                          f"--store {tmp_path} --model m")  # fmt: skip
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "topic 'no-such-topic' does not exist" in done.stderr, done.stderr
+    rule = tmp_path / "rule.yaml"
+    rule.write_text("metric: auc\n")
+    argv = recserve_argv(
+        f"recserve experiment watch --brokers {kafka.bootstrap} --rule {rule} --store {tmp_path} --model m"
+    )
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "unknown metric 'auc'" in done.stderr, done.stderr
     argv = recserve_argv(f"recserve experiment status --auto --store {tmp_path} --model m")
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "are for `watch`" in done.stderr, done.stderr
