@@ -26,8 +26,8 @@ To read a slot's value the request is decoded once with control's decoder; an ar
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -37,14 +37,11 @@ from model_store.experiments import CONTROL, Experiment, ExperimentError, assign
 from serving.scoring.core import Scorer
 from serving.scoring.decoding import Request
 from serving.scoring.errors import Unavailable
-from serving.scoring.loop import Outcome, Pending, Stopwatch, complete, looked_up, prepare
+from serving.scoring.loop import Outcome, Pending, Started, Stopwatch, complete, looked_up, prepare, stamped
+from serving.scoring.shadow import ShadowArm, Shadows
 
 if TYPE_CHECKING:
-    from serving.scoring.follow import ScorerFollower
     from serving.scoring.impressions import ImpressionLog
-    from serving.scoring.shadow import Shadows
-
-Started = Pending | Outcome
 
 
 def first_sign(batch: CompactBatch, slot: int) -> int | None:
@@ -94,7 +91,7 @@ class Split:
     unit: Unit
     control: int
     """The index of control's arm."""
-    shadows: tuple[int, ...]
+    shadows: tuple[ShadowArm, ...]
     redecode: tuple[bool, ...]
     """Per arm: its schema is not control's, so it decodes the request itself."""
     stamps: tuple[dict[str, Any], ...]
@@ -106,11 +103,12 @@ class Split:
         """Refused (ExperimentError) when its unit key names no sparse slot of control's schema."""
         names = experiment.names()
         control = scorers[names.index(CONTROL)]
+        stamps = tuple({"arm": a.name, "experiment": experiment.name, **({"shadow": True} if a.shadow else {})}
+                       for a in experiment.arms)  # fmt: skip
+        shadows = tuple(ShadowArm(a.name, s, stamp) for a, s, stamp in zip(experiment.arms, scorers, stamps, strict=True)
+                        if a.shadow)  # fmt: skip
         return cls(experiment, tuple(scorers), Unit(experiment.unit_key, control.schema), names.index(CONTROL),
-                   tuple(i for i, a in enumerate(experiment.arms) if a.shadow),
-                   tuple(s.schema != control.schema for s in scorers),
-                   tuple({"arm": a.name, "experiment": experiment.name, **({"shadow": True} if a.shadow else {})}
-                         for a in experiment.arms))  # fmt: skip
+                   shadows, tuple(s.schema != control.schema for s in scorers), stamps)  # fmt: skip
 
     def arm_of(self, key: str) -> int:
         """The index of the arm that serves unit ``key`` (never a shadow)."""
@@ -136,30 +134,30 @@ class Split:
         return self.scorers[i], stamped(looked_up(self.scorers[i], request, watch, rid, log), self.stamps[i])
 
 
-def stamped(started: Started, stamp: dict[str, Any]) -> Started:
-    """``started`` with its arm in its versions (the response's, the impression's; a failure's too)."""
-    if isinstance(started, Pending):
-        inputs = started.inputs
-        return replace(started, inputs=inputs._replace(versions={**inputs.versions, **stamp}))
-    return replace(started, versions={**started.versions, **stamp})
+class Served(Protocol):
+    """What a router reads of the follower of the store (``serving.scoring.follow.ScorerFollower``)."""
+
+    @property
+    def scorer(self) -> Scorer | None: ...
+    @property
+    def split(self) -> Split | None: ...
+    def not_serving_reason(self) -> str: ...
 
 
 class Router:
     """Takes each request of a frontend to the scorer that serves it: the follower's (CURRENT's),
-    or its arm's while an experiment runs (``ScorerFollower.arms.split``), and offers it to the
+    or its arm's while an experiment runs (``ScorerFollower.split``), and offers it to the
     experiment's shadow arms. Both frontends route through one (the lean one per request, the
     TorchServe handler per request of its batch)."""
 
-    def __init__(self, follower: ScorerFollower, log: ImpressionLog | None = None, shadow_capacity: int = 64):
-        from serving.scoring.shadow import Shadows
-
+    def __init__(self, follower: Served, log: ImpressionLog | None = None, shadow_capacity: int = 64):
         self.follower, self.log = follower, log
         self.shadows: Shadows = Shadows(log, shadow_capacity)
 
     def prepare(self, body: bytes, content_type: str | None, rid: str) -> tuple[Scorer | None, Started]:
         """The scorer that takes the request (None while nothing is served: a 503 naming why) and
         the request decoded and looked up by it, or the Outcome that ends it."""
-        scorer, split = self.follower.scorer, self.follower.arms.split
+        scorer, split = self.follower.scorer, self.follower.split
         if scorer is None:
             why = Unavailable(self.follower.not_serving_reason())
             return None, Outcome(None, why, {}, {"total": 0.0})
@@ -167,7 +165,7 @@ class Router:
             return scorer, prepare(scorer, body, content_type, rid, self.log)
         chosen, started = split.route(body, content_type, rid, self.log)
         if split.shadows and isinstance(started, Pending):
-            self.shadows.offer(split, body, content_type, rid)
+            self.shadows.offer(split.shadows, body, content_type, rid)
         return chosen, started
 
     def run(self, body: bytes, content_type: str | None, rid: str) -> tuple[Scorer | None, Outcome]:

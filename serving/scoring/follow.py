@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from serving.notices import Notice
+    from serving.scoring.arms import Split
     from serving.scoring.config import ScoringConfig
 
 log = logging.getLogger("recserve.serve")
@@ -86,6 +87,11 @@ class ScorerFollower:
         """The running experiment's arms (``arms.split``; None: none runs, or ``pin``)."""
         self._closed = False
         self._wake: Wake | None = None
+
+    @property
+    def split(self) -> Split | None:
+        """The running experiment as served (``arms.split``): take it once per request."""
+        return self.arms.split
 
     def _colocated(self) -> list[tuple[int, Any]]:
         """(shard, follower) of the served scorer's co-located shards (/metrics: serving.freshness)."""

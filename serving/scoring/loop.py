@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from serving.scoring.core import Inputs, Scorer
@@ -79,6 +79,19 @@ class Pending:
     @property
     def items(self) -> int:
         return len(self.inputs.pooled)
+
+
+Started = Pending | Outcome
+"""A request decoded and looked up, or the Outcome that ended it on the way."""
+
+
+def stamped(started: Started, stamp: dict[str, Any]) -> Started:
+    """``started`` with ``stamp`` in its versions (an experiment's arm: the response's, the
+    impression's; a failure's too)."""
+    if isinstance(started, Pending):
+        inputs = started.inputs
+        return replace(started, inputs=inputs._replace(versions={**inputs.versions, **stamp}))
+    return replace(started, versions={**started.versions, **stamp})
 
 
 def prepare(scorer: Scorer, body: bytes, content_type: str | None, request_id: str = "",

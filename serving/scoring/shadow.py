@@ -17,15 +17,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from serving.scoring.arms import stamped
+from serving.scoring.core import Scorer
 from serving.scoring.errors import Reply
-from serving.scoring.loop import Outcome, complete, prepare, reply_of
+from serving.scoring.loop import Outcome, complete, prepare, reply_of, stamped
 
 if TYPE_CHECKING:
-    from serving.scoring.arms import Split
     from serving.scoring.impressions import ImpressionLog
 
 log = logging.getLogger("recserve.scoring")
@@ -36,6 +35,14 @@ SUFFIX = "#shadow-"
 
 def shadow_id(rid: str, arm: str) -> str:
     return f"{rid}{SUFFIX}{arm}"
+
+
+class ShadowArm(NamedTuple):
+    """A shadow arm as served: its name, its version's scorer, what its versions gain."""
+
+    name: str
+    scorer: Scorer
+    stamp: dict[str, Any]
 
 
 class Shadows:
@@ -52,17 +59,16 @@ class Shadows:
         self._lock = threading.Lock()  # the thread's start and the counters
         self._thread: threading.Thread | None = None
 
-    def offer(self, split: Split, body: bytes, content_type: str | None, rid: str) -> None:
-        """Queue a served request for ``split``'s shadow arms, or drop and count it when full."""
+    def offer(self, arms: Sequence[ShadowArm], body: bytes, content_type: str | None, rid: str) -> None:
+        """Queue a served request for the shadow ``arms``, or drop and count it when full."""
         if self._queue.qsize() >= self.capacity:
             with self._lock:
-                for i in split.shadows:
-                    name = split.experiment.arms[i].name
-                    self.dropped[name] = self.dropped.get(name, 0) + 1
+                for arm in arms:
+                    self.dropped[arm.name] = self.dropped.get(arm.name, 0) + 1
             return
         if self._thread is None:
             self._start()
-        self._queue.put((split, body, content_type, rid))
+        self._queue.put((arms, body, content_type, rid))
 
     def _start(self) -> None:
         with self._lock:
@@ -72,18 +78,18 @@ class Shadows:
 
     def _drain(self) -> None:
         while (item := self._queue.get()) is not None:
-            split, body, content_type, rid = item
-            for i in split.shadows:
+            arms, body, content_type, rid = item
+            for arm in arms:
                 try:
-                    self.on_reply(reply_of(self.score(split, i, body, content_type, rid)))
+                    self.on_reply(reply_of(self.score(arm, body, content_type, rid)))
                 except Exception:  # one request's failure must not stop the thread
-                    log.exception("shadow arm %s: scoring failed", split.experiment.arms[i].name)
+                    log.exception("shadow arm %s: scoring failed", arm.name)
 
-    def score(self, split: Split, i: int, body: bytes, content_type: str | None, rid: str) -> Outcome:
-        """Arm ``i`` (a shadow) scores the request alone, logging it as ``shadow_id(rid, arm)``."""
-        scorer = split.scorers[i]
-        started = stamped(prepare(scorer, body, content_type, shadow_id(rid, split.experiment.arms[i].name),
-                                  self.log), split.stamps[i])  # fmt: skip
+    def score(self, arm: ShadowArm, body: bytes, content_type: str | None, rid: str) -> Outcome:
+        """``arm`` scores the request alone, logging it as ``shadow_id(rid, arm.name)``."""
+        started = stamped(
+            prepare(arm.scorer, body, content_type, shadow_id(rid, arm.name), self.log), arm.stamp
+        )
         return started if isinstance(started, Outcome) else complete([started])[0]
 
     def collect(self) -> list[Any]:

@@ -296,3 +296,19 @@ def test_a_unit_gets_the_same_arm_in_another_process(store, experiment, bodies, 
         frontend.close()
         proc.kill()
         proc.wait(10)
+
+
+def test_a_full_shadow_queue_drops_and_counts_per_arm_at_once():
+    from serving.scoring.shadow import ShadowArm, Shadows
+
+    shadows = Shadows(None, capacity=0)  # nothing is ever queued
+    arms = [ShadowArm("B", None, {}), ShadowArm("C", None, {})]  # type: ignore[arg-type]
+    for i in range(3):
+        shadows.offer(arms, b"[{}]", JSON, f"r{i}")
+    assert shadows.dropped == {"B": 3, "C": 3}  # counted on the request's thread, before it returns
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    registry.register(shadows)
+    assert 'recserve_scoring_shadow_dropped_total{arm="B"} 3.0' in generate_latest(registry).decode()
+    shadows.close()
