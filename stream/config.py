@@ -75,6 +75,9 @@ class JoinConfig:
     quarantine: str = ""
     """Topic the samples of windows the input guard held to its bound go to; '' (the default):
     <samples>.quarantine. ``recserve join --replay-quarantine`` moves them to the samples topic."""
+    record_to: str = field(default="", metadata={"metavar": "MODEL_DIR"})
+    """A model directory (<store>/<model>) whose GUARDS.log records the input guard's trips and
+    recoveries, shown by `recserve versions` ('': none; they are on /metrics and in the log)."""
     replay_quarantine: bool = False
     """Move the quarantined samples to the samples topic (from where the last replay ended) and
     exit, instead of joining: once the stretch the guard held is judged good."""

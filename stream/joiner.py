@@ -157,10 +157,21 @@ class Joiner:
 
     def _judge(self, now: float) -> None:
         """Judge the input; hold every partition's windows while the guard is tripped."""
+        was = self.guard.trip
         trip = self.guard.judge(now, {p: (part.event_lag(), part.items) for p, part in self.parts.items()})
+        if (was is None) != (trip is None) and self.cfg.record_to:
+            self._record("trip" if trip is not None else "clear", (trip or was).reason)  # type: ignore[union-attr]
         hold = self.cfg.guard.hold_s if trip is not None else None
         for part in self.parts.values():
             part.hold_s = hold
+
+    def _record(self, event: str, reason: str) -> None:
+        from model_store.guards import GuardEvent, record
+
+        try:
+            record(self.cfg.record_to, GuardEvent("input", event, reason))
+        except OSError as e:  # the metrics and the log keep it; the store's history misses it
+            log.error("cannot record the input guard's %s in %s: %s", event, self.cfg.record_to, e)
 
     def _take(self, m: Message, now: float) -> None:
         err = m.error()

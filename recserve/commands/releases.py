@@ -75,6 +75,21 @@ class RollbackConfig:
     stack must be restarted)."""
 
 
+def _print_guards(store: str, model: str, last: int = 5) -> None:
+    """The last guard events of the model's learning loop (model_store/guards.py)."""
+    from model_store.guards import read_guards
+    from model_store.layout import model_dir
+
+    events, bad = read_guards(model_dir(store, model), last)
+    for e in events:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
+        where = f"version {e.version}" + (f" delta {e.delta}" if e.delta >= 0 else "") if e.version else ""
+        back = f" back at delta {e.to}" if e.event == "rewind" else ""
+        print(f"guard  {e.guard:<6} {e.event:<6} {at}  {where}{back}  {e.reason}".rstrip())
+    for why in bad:
+        print(f"guard  unreadable line skipped: {why}")
+
+
 def run_versions(cfg: VersionsConfig) -> int:
     from model_store import ModelStoreError, list_versions, pin, pins, retain, unpin
     from recserve.commands.experiment import running_line
@@ -115,6 +130,7 @@ def run_versions(cfg: VersionsConfig) -> int:
         print(f"{mark} {r.version:>4}  {r.status:<10} {created}  deltas={r.deltas:<3} {notes}")
     if experiment := running_line(cfg.store, cfg.model):
         print(experiment)
+    _print_guards(cfg.store, cfg.model)
     if view is None:
         print(f"serving: no stack running from {run_dir}")
         return 0

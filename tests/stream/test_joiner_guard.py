@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 from prometheus_client import CollectorRegistry
 
+from model_store.guards import read_guards
 from stream.guard import GuardConfig
 from stream.joiner import Joiner
 from stream.records import decode_sample
@@ -53,8 +54,9 @@ class Traffic:
 
 
 @pytest.mark.slow
-def test_an_outage_of_clicks_is_held_labelled_late_or_quarantined_and_replayed(kafka):
-    cfg = replace(topics(kafka, "guard"), guard=GUARD, window_s=4.0)  # longer than the guard takes to trip
+def test_an_outage_of_clicks_is_held_labelled_late_or_quarantined_and_replayed(kafka, tmp_path):
+    cfg = replace(topics(kafka, "guard"), guard=GUARD, window_s=4.0,  # longer than the guard takes to trip
+                  record_to=str(tmp_path))  # fmt: skip
     joiner = Joiner(cfg, CollectorRegistry())
     joiner.check_topics()
     stop, traffic = threading.Event(), Traffic(kafka, cfg)
@@ -108,6 +110,10 @@ def test_an_outage_of_clicks_is_held_labelled_late_or_quarantined_and_replayed(k
                 assert (key in labels) != (key in held), key
                 if key in labels:
                     assert labels[key] == float(k == r % N_ITEMS and key[0] not in dropped), key
+        assert [(e.guard, e.event) for e in read_guards(tmp_path)[0]] == [
+            ("input", "trip"),
+            ("input", "clear"),
+        ] * 2
         # 3. judged good: the replay moves them to the samples topic, once
         cmd = [sys.executable, "-m", "recserve", *join_args(cfg), "--replay-quarantine"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -73,24 +73,32 @@ class Rewinder:
     """The trainer's side of the output guard: the deltas it cut (``Cuts``), the rewind when the
     guard trips, and the guard's metrics."""
 
-    def __init__(self, guard, registry=None) -> None:
+    def __init__(self, guard, registry=None, model_dir: Path | None = None) -> None:
         self.guard, self.cuts, self.rewinds = guard, Cuts(), 0
         self.held = 0  # samples read and not trained while the guard held
         self.last: Reverted | None = None
-        self._due = False
+        self._due = self._rewound = False
+        self.model_dir, self.version = model_dir, ""  # the guard log's (model_store.guards)
         if registry is not None:
             registry.register(_Collector(self))
 
-    def loaded(self, base: int) -> None:
-        """A version was loaded with its deltas up to ``base``."""
-        self.cuts = Cuts(base)
+    def loaded(self, version: str, base: int) -> None:
+        """``version`` was loaded with its deltas up to ``base``."""
+        self.cuts, self.version = Cuts(base), version
 
     def cut(self, seq: int) -> None:
         self.cuts.cut.append((seq, self.guard.seen))
+        if self._rewound and self.last is not None:
+            self._rewound = False
+            self._record("rewind", delta=seq, to=self.last.to)
 
     def judge(self, scores, labels) -> bool:
         """Feed a step's served scores and labels; True: train it (the guard does not hold)."""
-        if self.guard.saw(scores, labels) == "trip":
+        reason = self.guard.reason
+        event = self.guard.saw(scores, labels)
+        if event:
+            self._record(event, reason=self.guard.reason or f"cleared ({reason})")
+        if event == "trip":
             self._due = True
         if self.guard.tripped:
             self.held += len(labels)
@@ -104,7 +112,17 @@ class Rewinder:
         self._due = False
         self.last = revert(vdir, stores, self.cuts.good(self.guard.since_sample))
         self.rewinds += 1
+        self._rewound = True
         return True
+
+    def _record(self, event: str, **kw) -> None:
+        from model_store.guards import GuardEvent, record
+
+        if self.model_dir is not None:
+            try:
+                record(self.model_dir, GuardEvent("output", event, version=self.version, **kw))
+            except OSError as e:  # the metrics and the log keep it; the store's history misses it
+                log.error("cannot record the output guard's %s in %s: %s", event, self.model_dir, e)
 
 
 class _Collector:

@@ -99,7 +99,9 @@ class FollowTrainer:
         self.full = FullVersions(cfg, self.book, clock) if cfg.full_every else None
         self.keyed = KeyedSteps(self.book, self.ledger, cfg.batch_size)
         guarded = cfg.guard.enabled and kind.keyed and self.job.world == 1  # the output guard
-        self.rewinder = Rewinder(OutputGuard(cfg.guard), self.book.registry) if guarded else None
+        self.rewinder = (
+            Rewinder(OutputGuard(cfg.guard), self.book.registry, Path(cfg.follow)) if guarded else None
+        )
         self.keyed.judge = self.rewinder.judge if self.rewinder is not None else None
         self._first_rows: float | None = None  # when the first rows were read
         self.announcer = notices.announcer(cfg.announce)  # each delta's _SUCCESS, told to serving
@@ -368,7 +370,7 @@ class FollowTrainer:
         ctx = TrainCtx(cluster.worker, dense, optimizer, schema, prefetch=prefetch)
         last = cluster.stores[0].delta_seq if cluster.stores else self.job.seq
         if self.rewinder is not None:
-            self.rewinder.loaded(last)
+            self.rewinder.loaded(version, last)
         log.info("following %s/%s: %d shards, deltas up to %d applied", self.cfg.model, version, n, last)
         return Loaded(version, vdir, schema, cluster, ctx, dense, manifest)
 

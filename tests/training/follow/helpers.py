@@ -86,3 +86,19 @@ def doc_env() -> dict[str, str]:
 def bash(line: str, cwd: Path, env: dict, **kw) -> subprocess.Popen:
     """``line`` started under ``bash -c`` in a session of its own (kill it with ``os.killpg``)."""
     return subprocess.Popen(["bash", "-c", line], cwd=cwd, env=env, start_new_session=True, **kw)
+
+
+def rows_at(store: Path, upto: int | None = None) -> dict[int, np.ndarray]:
+    """Every sign's row in the served version with its deltas up to ``upto`` (None: all) applied,
+    read afresh from the store."""
+    version = ms.current(store, NAME)
+    vdir = ms.version_dir(store, NAME, version)
+    out = {}
+    for s in serving_stores(store, deltas=False):
+        s.version = version
+        for seq in ms.list_deltas(vdir, after=s.delta_seq):
+            if upto is None or seq <= upto:
+                s.apply_delta(ms.delta_dir(vdir, seq))
+        snap = s.snapshot()
+        out.update(zip(snap.signs.tolist(), snap.rows, strict=True))
+    return out

@@ -18,8 +18,10 @@ SAMPLE = ROOT / "data/criteo/deepctr_criteo_sample.csv"
 
 
 def records(schema: Schema, rows: int, per_request: int = 50, prefix: str = "r", skip: int = 0,
-            ts: float = 1.7e9) -> list[tuple[str, int, float, bytes]]:  # fmt: skip
-    """(request id, item, label, sample record) of ``rows`` rows of the sample after ``skip``."""
+            ts: float = 1.7e9, served=None, invert: bool = False) -> list[tuple[str, int, float, bytes]]:  # fmt: skip
+    """(request id, item, label, sample record) of ``rows`` rows of the sample after ``skip``;
+    ``served(labels)``: the scores served (default zeros); ``invert``: every label flipped (a broken
+    upstream)."""
     table = stream.read(SAMPLE, schema, limit=skip + rows)
     out = []
     for lo in range(skip, skip + rows, per_request):
@@ -28,10 +30,11 @@ def records(schema: Schema, rows: int, per_request: int = 50, prefix: str = "r",
         batch = transform(part, schema)
         assert batch.labels is not None
         rid = f"{prefix}-{lo // per_request}"
-        imp = Impression(rid, ts + lo, Versions("v", 0, "v"), np.zeros(hi - lo, np.float32), b"")
+        scores = np.zeros(hi - lo, np.float32) if served is None else served(batch.labels).astype(np.float32)
+        imp = Impression(rid, ts + lo, Versions("v", 0, "v"), scores, b"")
         writer = SampleWriter(imp, RowTable.of(batch))
         for item in range(hi - lo):
-            label = float(batch.labels[item])
+            label = float(batch.labels[item]) if not invert else 1.0 - float(batch.labels[item])
             out.append((rid, item, label, writer.encode(item, label)))
     return out
 
