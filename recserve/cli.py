@@ -33,7 +33,7 @@ COMMANDS: dict[str, str] = {
     "versions": "list a model's versions (and optionally keep only the newest N)",
     "publish": "validate a version and make it the served one (atomic CURRENT switch)",
     "rollback": "re-publish the previously published version",
-    "experiment": "start, show, stop, promote or abort a model's experiment (versions split by unit)",
+    "experiment": "start, show, watch, stop, promote or abort a model's experiment (versions split by unit)",
     "controller": "(started by `up`) keep TorchServe's dense model on the store's CURRENT version",
     "supervisor": "(started by `up`) restart any process of the local stack that dies",
 }

@@ -1,5 +1,5 @@
 """The learning loop's contract, on the floor under serving and training (of this project it
-imports only ``features``): what flows through Kafka from the frontends to the streaming trainer,
+imports only ``features`` and ``model_store``): what flows through Kafka from the frontends to the streaming trainer,
 and the role that joins it.
 
 - ``records``: the impression, event and sample records, one layout each, one reader and writer;
@@ -11,7 +11,9 @@ and the role that joins it.
 - ``dead_letter``: the one dead-letter convention of every consumer (topic name rule, headers);
 - ``guard`` and ``quarantine``: the joiner's input guard and the replay of what it quarantined;
 - ``arms``, ``sequential`` and ``aa``: experiments' per-arm online metrics from joined samples,
-  the anytime-valid rule that promotes or aborts a candidate, and its A/A replays.
+  the anytime-valid rule that promotes or aborts a candidate, and its A/A replays;
+  ``watch``: the ``recserve experiment watch`` role (per-arm metrics from the samples topic, the
+  rule, ``--auto``).
 
 The frontends write impressions (``serving``), the streaming trainer reads samples
 (``training.follow`` through ``training.sources.kafka``); the test broker is
