@@ -9,8 +9,9 @@ publishes them as one ``Split``; ``Router`` takes each request to the scorer tha
    assignment of every process and host); the request is decoded, looked up, scored and encoded by
    that arm's scorer only, so it never mixes versions, and its response's ``versions`` (and so its
    impression, ``serving.scoring.impressions``) gain ``"arm"`` and ``"experiment"``;
-3. each shadow arm is offered the request's body after it (``serving.scoring.shadow``: scored off
-   the response path, dropped and counted when its queue is full).
+3. once its arm has looked it up, the request's body is offered to the shadow arms
+   (``serving.scoring.shadow``: scored off the response path by one background thread, dropped
+   and counted when its queue is full).
 
 A request's unit key: with ``Experiment.unit_key`` '' its request id (``X-Request-Id``, the
 client's or a new one); else the sign (``features.hashing``, as a decimal string) of that sparse

@@ -22,7 +22,9 @@ refuses beside control), whose unit key names no slot, or one of whose versions 
 (``recserve_version_refusals_total{component="scorer", kind="experiment"}``, ``on_refuse``), and
 the process stays on the last good record it serves; any other failure (a remote shard not
 holding a version yet) is tried again at the next step. A scorer that CURRENT's follower replaces
-while an arm still uses it is handed over here (``adopt``) and closed when no arm does.
+while an arm still uses it is handed over here (``adopt``) and closed when no arm does; when
+CURRENT moves to a version an arm serves (a promotion), that arm's scorer is handed to CURRENT's
+follower (``take``) rather than loaded twice.
 """
 
 from __future__ import annotations
@@ -159,6 +161,11 @@ class ArmsFollower:
             return False
         self._owned[scorer.dense_version] = scorer
         return True
+
+    def take(self, version: str) -> Scorer | None:
+        """Hand the scorer held here for ``version`` to CURRENT's follower (it became CURRENT: a
+        promoted arm), which closes it from now on; an arm may still use it. None: none held."""
+        return self._owned.pop(version, None)
 
     def close(self) -> None:
         """Close the scorers held here (CURRENT's is its follower's to close)."""

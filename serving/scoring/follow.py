@@ -8,7 +8,8 @@ TorchServe's handler (``handlers/recserve_handler.py``, on a thread of its worke
    nothing to do when it is served already or was refused;
 2. the one gate (``model_store.validate`` against the served manifest);
 3. a new ``Scorer`` loads beside the serving one -- mapping its co-located shards, and warming up
-   until every remote shard holds the version;
+   until every remote shard holds the version -- unless an experiment's arm serves that version
+   already (a promoted candidate): its scorer is taken over;
 4. it replaces the served one in one reference assignment (``on_switch`` is told at once);
 5. the replaced scorer keeps its resources ``drain_s`` for requests that took it, then is closed.
 
@@ -117,7 +118,10 @@ class ScorerFollower:
         try:
             ms.validate(self.store, self.model, target, old.manifest if old else None, verify=False)
             vdir = ms.version_dir(self.store, self.model, target)
-            new = Scorer(replace(self.scoring, version_dir=str(vdir)), notices=self.notices)
+            # an arm's scorer of that version (a promoted candidate) serves on, not loaded twice
+            new = self.arms.take(target) or Scorer(
+                replace(self.scoring, version_dir=str(vdir)), notices=self.notices
+            )
         except (ms.ModelStoreError, ValueError) as e:  # final: this version will not load as it is
             why = f"version {target} refused: {e}"
             self.versions.refuse(target, why)

@@ -312,3 +312,25 @@ def test_a_full_shadow_queue_drops_and_counts_per_arm_at_once():
     registry.register(shadows)
     assert 'recserve_scoring_shadow_dropped_total{arm="B"} 3.0' in generate_latest(registry).decode()
     shadows.close()
+
+
+def test_a_promoted_arm_serves_on_as_current_without_loading_twice(store, tmp_path, bodies):
+    import shutil
+
+    root = tmp_path / "store"
+    shutil.copytree(store, root)  # promotion publishes: the module's store keeps CURRENT 1
+    exp = ex.start(root, "criteo", "promoted", [("2", 0.5)], salt="s")
+    frontend, app = serving(root)
+    try:
+        frontend.step()
+        split = frontend.follower.split
+        assert split is not None
+        candidate = split.scorers[exp.names().index("A")]
+        ex.promote(root, "criteo", "A")
+        assert frontend.step() == "2"
+        assert frontend.scorer is candidate and frontend.follower.split is None  # taken over, not reloaded
+        for i, body in enumerate(bodies[:5]):
+            status, reply = call(app, body, f"user-{i}")
+            assert status == 200 and "arm" not in reply["versions"] and one_version(reply["versions"]) == "2"
+    finally:
+        frontend.close()
