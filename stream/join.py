@@ -18,7 +18,9 @@ window_s``. Replaying a topic thus gives the labels a live run gave.
 windows then stay open up to ``hold_s`` past their close, so that clicks delayed by a broken
 pipeline still label their items, and the samples of an open window wait for its close (a positive
 too: nothing from a suspect stretch reaches the trainer early). When the guard clears, the windows
-close as usual; those the bound closes while it holds are ``quarantine`` samples.
+close as usual (``release``) when their clicks came (the clicks of a stopped pipeline, delayed),
+and as ``quarantine`` samples when they did not (the joiner judges the held windows' label rate
+against the guard's band); those the bound closes while it holds are ``quarantine`` samples too.
 
 **Offsets**: a record is *held* until everything it led to is acknowledged: an impression or event
 until its request's window closed and every sample of it was acknowledged, a dead letter until
@@ -299,6 +301,23 @@ class PartitionJoin:
     @property
     def open_windows(self) -> int:
         return len(self._deadlines)
+
+    def held_labels(self, now: float) -> tuple[int, int]:
+        """(items, items labelled) of the windows past their close the input guard holds."""
+        wm, items, labelled = self.watermark(now), 0, 0
+        for deadline, rid in self._deadlines:  # at a clear only: a loop per held request, not per item
+            req = self.requests[rid]
+            if deadline <= wm and req.labelled is not None:
+                items, labelled = items + len(req.labelled), labelled + int(req.labelled.sum())
+        return items, labelled
+
+    def release(self, now: float, quarantine: bool) -> list[Emit]:
+        """The input guard cleared: the held windows close now, to the quarantine topic if
+        ``quarantine`` (their clicks never came), else as usual; the join holds no more."""
+        self.hold_s = 0.0 if quarantine else None
+        out = self.advance(now)
+        self.hold_s = None
+        return out
 
     def held_windows(self, now: float) -> int:
         """Windows past their close that the input guard holds open."""

@@ -60,6 +60,7 @@ class Joiner:
         self._topics = (cfg.impressions, cfg.events)
         self._dead_letters = cfg.dead_letters()
         self.guard = InputGuard(cfg.guard)
+        self._held_for = ""  # why the guard last held the join
         self._seen: tuple[int, int, np.ndarray | None] = (
             0,
             0,
@@ -161,9 +162,26 @@ class Joiner:
         trip = self.guard.judge(now, {p: (part.event_lag(), part.items) for p, part in self.parts.items()})
         if (was is None) != (trip is None) and self.cfg.record_to:
             self._record("trip" if trip is not None else "clear", (trip or was).reason)  # type: ignore[union-attr]
+        if trip is not None:
+            self._held_for = trip.reason  # the quarantine's reason, until the next trip
+        if was is not None and trip is None:
+            self._release(now)
         hold = self.cfg.guard.hold_s if trip is not None else None
         for part in self.parts.values():
             part.hold_s = hold
+
+    def _release(self, now: float) -> None:
+        """The guard cleared: the held windows close, as usual if their clicks came (their label
+        rate is back at the guard's clear share of the band), else to the quarantine topic."""
+        held = [part.held_labels(now) for part in self.parts.values()]
+        items, labelled = sum(h[0] for h in held), sum(h[1] for h in held)
+        g = self.guard
+        quarantine = bool(items) and labelled / items < self.cfg.guard.clear * g.band
+        if items:
+            log.warning("input guard cleared: %d held items, %d labelled (%.4f against the band's %.4f): %s",
+                        items, labelled, labelled / items, g.band, "quarantined" if quarantine else "joined as usual")  # fmt: skip
+        for p, part in list(self.parts.items()):
+            self._produce(p, part.release(now, quarantine))
 
     def _record(self, event: str, reason: str) -> None:
         from model_store.guards import GuardEvent, record
@@ -203,8 +221,7 @@ class Joiner:
                 headers = dead_letter.headers(e.reason, self._topics[inp], partition, offset)
             elif e.quarantine:
                 topic = self.cfg.quarantine_topic()
-                trip = self.guard.trip
-                headers = [("reason", f"input guard: {trip.reason if trip else 'held to its bound'}")]
+                headers = [("reason", f"input guard: {self._held_for}")]
             callback = functools.partial(self._delivered, partition, e.token)
             while True:
                 try:

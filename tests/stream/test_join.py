@@ -197,3 +197,16 @@ def test_a_held_join_keeps_windows_open_labels_late_clicks_and_quarantines_at_it
     out = join.advance(now=0)
     assert len(out) == N_ITEMS and all(e.quarantine for e in out)
     assert join.counts.quarantined == N_ITEMS
+
+
+def test_a_clear_releases_the_held_windows_as_usual_or_to_quarantine(join):
+    join.hold_s = 30.0
+    join.impression(0, impression("r1", 100.0), now=0)
+    join.impression(1, impression("r2", 101.0), now=0)
+    join.event(0, event("r1", 1, 104.0), now=0)
+    join.caught_up(EVENTS)
+    join.impression(2, impression("r3", 115.0), now=0)  # r1 and r2 past their close, held
+    assert join.advance(now=0) == [] and join.held_labels(now=0) == (2 * N_ITEMS, 1)
+    out = join.release(now=0, quarantine=True)  # too few clicks came back: quarantined
+    assert len(out) == 2 * N_ITEMS and all(e.quarantine for e in out) and join.hold_s is None
+    assert join.held_labels(now=0) == (0, 0) and join.open_windows == 1  # r3's window is still open

@@ -92,8 +92,8 @@ class OutputGuard:
             return ""
         s, y = np.concatenate(self._scores), np.concatenate(self._labels)
         self._scores, self._labels, start, self._start = [], [], self._start, self.seen
-        judged = Judged(auc(s, y) if 0 < y.sum() < len(y) else math.nan,
-                        float(s.mean() / y.mean()) if y.sum() > 0 else math.nan)  # fmt: skip
+        calibration = float(s.mean() / y.mean()) if y.sum() > 0 else math.inf if s.mean() > 0 else math.nan
+        judged = Judged(auc(s, y) if 0 < y.sum() < len(y) else math.nan, calibration)  # no click: inf
         self.last = judged
         why = self._judge(judged)
         if why and not self.tripped:
