@@ -97,6 +97,8 @@ class _Request:
     deferred: list[Event] = field(default_factory=list)  # events applied while held: emitted at the close
     unacked: int = 0
     closed: bool = False
+    suspect: bool = False  # impressed while the input guard held the join
+    quarantine: bool = False  # its samples go to the quarantine topic when its window closes
 
 
 class _Clock:
@@ -159,6 +161,7 @@ class PartitionJoin:
                 )
             ]
         req.deadline = imp.ts + self.window_s
+        req.suspect = self.hold_s is not None
         req.writer = SampleWriter(imp, rows)
         req.labelled = np.zeros(batch.num_rows, bool)
         req.held.append((IMPRESSIONS, offset))
@@ -248,13 +251,13 @@ class PartitionJoin:
         count as late the early events whose impression never came within their window."""
         wm = self.watermark(now)
         out: list[Emit] = []
-        held = self.hold_s is not None  # what closes now closes at the hold's bound: quarantined
+        held_now = self.hold_s is not None  # what closes now closes at the hold's bound: quarantined
         while self._deadlines and self._deadlines[0][0] + (self.hold_s or 0.0) <= wm:
             _, rid = heapq.heappop(self._deadlines)
             req = self.requests[rid]
             req.closed = True
             assert req.writer is not None and req.labelled is not None
-            key, w = rid.encode(), req.writer
+            key, w, held = rid.encode(), req.writer, held_now or req.quarantine
             items = np.flatnonzero(~req.labelled)
             req.labelled[:] = True
             req.unacked += len(items) + len(req.deferred)
@@ -313,7 +316,11 @@ class PartitionJoin:
 
     def release(self, now: float, quarantine: bool) -> list[Emit]:
         """The input guard cleared: the held windows close now, to the quarantine topic if
-        ``quarantine`` (their clicks never came), else as usual; the join holds no more."""
+        ``quarantine`` (their clicks never came), else as usual, and so will the windows still open
+        of the impressions read while it held; the join holds no more."""
+        if quarantine:
+            for req in self.requests.values():
+                req.quarantine = req.quarantine or req.suspect
         self.hold_s = 0.0 if quarantine else None
         out = self.advance(now)
         self.hold_s = None

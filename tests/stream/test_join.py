@@ -210,3 +210,6 @@ def test_a_clear_releases_the_held_windows_as_usual_or_to_quarantine(join):
     out = join.release(now=0, quarantine=True)  # too few clicks came back: quarantined
     assert len(out) == 2 * N_ITEMS and all(e.quarantine for e in out) and join.hold_s is None
     assert join.held_labels(now=0) == (0, 0) and join.open_windows == 1  # r3's window is still open
+    join.impression(3, impression("r4", 130.0), now=0)  # r3, impressed while held, closes: quarantined too
+    out = join.advance(now=0)
+    assert len(out) == N_ITEMS and all(e.quarantine for e in out)

@@ -10,7 +10,7 @@ import pytest
 from training.follow.guard import OutputGuard, OutputGuardConfig
 from training.follow.revert import Cuts
 
-CFG = OutputGuardConfig(window=1000, band_windows=5, min_band_windows=3)
+CFG = OutputGuardConfig(window=1000, band_windows=5, min_band_windows=3, max_auc_drop=0.2, clear_windows=2)
 
 
 def world(rng, n: int, invert: bool = False, scale: float = 1.0):
@@ -28,7 +28,7 @@ def test_inverted_labels_trip_and_clear_and_never_join_the_band():
     assert events == ["", "trip"] and g.tripped and "served AUC" in g.reason
     assert g.since_sample == 4000  # where the window that tripped began
     assert [g.saw(*world(rng, 500, invert=True)) for _ in range(4)] == [""] * 4 and len(g.band) == 4
-    assert [g.saw(*world(rng, 500)) for _ in range(2)] == ["", "clear"]
+    assert [g.saw(*world(rng, 500)) for _ in range(4)] == ["", "", "", "clear"]  # two good windows in a row
     assert (g.trips, g.recoveries, g.tripped) == (1, 1, False)
 
 
