@@ -121,6 +121,11 @@ class FollowConfig:
     max_auc_drop: float = 0.01
     """The gate refuses a full version whose progressive AUC on its window is more than this below
     the served version's on the same samples (refused versions are logged, counted and listed)."""
+    canary_share: float = 0.0
+    """With --full-every: instead of publishing a full version, start it as the candidate arm of a
+    new experiment (canary-<version>) serving this share of the units, in [0, 0.5]; the
+    experiment's rule (recserve experiment watch --auto) or an operator publishes or drops it. One
+    canary at a time; it gets no deltas while a candidate (training/follow/canary.py). 0: off."""
     guard: OutputGuardConfig = field(default_factory=OutputGuardConfig)
     """--stream, one process: the output guard (training/follow/guard.py)."""
     keep_versions: int = 3
@@ -132,6 +137,10 @@ class FollowConfig:
             Period.parse(self.full_every)  # a clear error now, not at the first full version
         elif self.train_dense:
             raise ValueError("--train-dense needs --full-every: dense changes ship only in full versions")
+        if not 0.0 <= self.canary_share <= 0.5:  # NaN fails too
+            raise ValueError(f"--canary-share must be in [0, 0.5], got {self.canary_share}")
+        if self.canary_share and not self.full_every:
+            raise ValueError("--canary-share needs --full-every: a canary is a full version")
         if self.keep_versions < 1 or not self.dense_lr > 0 or not self.max_auc_drop >= 0:
             raise ValueError("keep_versions must be >= 1, dense_lr > 0, max_auc_drop >= 0")
         if not self.follow or bool(self.watch) == bool(self.stream):

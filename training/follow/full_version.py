@@ -15,7 +15,9 @@ network. A full version is how the rest ships: every ``--full-every`` (a time, `
 3. publishes it through the one gate (``model_store.publish``: checksums, schema and shape, and
    ``--max-auc-drop``: refused, logged and counted when the candidate's progressive AUC on the
    window falls below the served version's by more than that), and applies retention
-   (``--keep-versions``: ``model_store.retention``).
+   (``--keep-versions``: ``model_store.retention``). With ``--canary-share`` it is not published
+   but started as an experiment's candidate arm, which the experiment's rule publishes or drops
+   (``training.follow.canary``; a full version due while an experiment runs waits a period).
 
 Once published, the follower reloads from the new version and cuts its next deltas into it
 (``FollowTrainer._follow_current``); serving switches to it as to any published version (one
@@ -51,6 +53,7 @@ from serving import memory
 from training.ctx import DenseOptimizer
 from training.evaluate import sigmoid
 from training.export_dense import export_dense
+from training.follow.canary import Canary
 from training.follow.types import Score
 
 if TYPE_CHECKING:
@@ -135,11 +138,17 @@ class FullVersions:
         self._warm = False  # a first export done (_warm_up)
         runtimes.preload()  # what the first full version's export imports, in memory from the start
         self._counter = self._retention_failures = None
+        self.canary = (
+            Canary(cfg.store, cfg.model, cfg.canary_share, cfg.max_auc_drop, self._count)
+            if cfg.canary_share
+            else None
+        )  # --canary-share: each full version a canary (training.follow.canary)
         if book.registry is not None:
             from prometheus_client import Counter
 
-            self._counter = Counter("recserve_follow_full_versions", "Full versions written, by the gate's outcome.",
-                                    ["outcome"], registry=book.registry)  # fmt: skip
+            self._counter = Counter("recserve_follow_full_versions", "Full versions written, by outcome: published, "
+                                    "refused; with --canary-share canaried, then canary_promoted, canary_dropped or "
+                                    "canary_stopped.", ["outcome"], registry=book.registry)  # fmt: skip
             self._retention_failures = Counter(
                 "recserve_follow_retention_failures", "Retention passes after a full version that failed "
                 "(tried again after the next one; the store's disk use grows meanwhile).", registry=book.registry)  # fmt: skip
@@ -201,10 +210,16 @@ class FullVersions:
 
     def due(self, deltas_cut: int) -> bool:
         """A period passed and samples were trained since the last full version (nothing new: no
-        new version)."""
-        return bool(self.window.labels) and self.period.due(
+        new version), and no experiment runs on the model with ``--canary-share`` (then the period
+        and its window restart: one period later it is looked at again)."""
+        if not self.window.labels or not self.period.due(
             self.clock() - self._since, deltas_cut - self._deltas
-        )
+        ):
+            return False
+        if self.canary is not None and self.canary.busy():
+            self._since, self._deltas, self.window = self.clock(), deltas_cut, _Window()
+            return False
+        return True
 
     # ---- the version -----------------------------------------------------------------------------
     def write(self, lv, positions: dict[str, int], deltas_cut: int) -> str:
@@ -251,17 +266,22 @@ class FullVersions:
         return version
 
     def publish(self, version: str) -> bool:
-        """Publish ``version`` through the gate, then apply retention; False (logged, counted) when
-        the gate refuses it."""
+        """Publish ``version`` through the gate (``--canary-share``: start its canary instead),
+        then apply retention; False when the gate (or the experiment store) refuses it, logged and
+        counted, or when it went to a canary."""
         root, model = self.cfg.store, self.cfg.model
         self.settle()
         try:
+            if self.canary is not None:
+                self.canary.start(version)
+                return False
             ms.publish(root, model, version, max_auc_drop=self.cfg.max_auc_drop)
         except ms.ModelStoreError as e:
-            log.error("full version %s refused by the gate: %s", version, e)
+            log.error(
+                "full version %s refused by the gate%s: %s", version, " as a canary" if self.canary else "", e
+            )
             self.refused.append(version)
-            if self._counter is not None:
-                self._counter.labels("refused").inc()
+            self._count("refused")
             return False
         finally:  # off the training thread: deleting a version's thousand deltas stalled the soak's
             # trainer 13 s (no delta cut) on the loaded 2-vCPU VM
@@ -269,9 +289,12 @@ class FullVersions:
             self._retention.start()
         log.info("full version %s published: CURRENT -> %s", version, version)
         self.published.append(version)
-        if self._counter is not None:
-            self._counter.labels("published").inc()
+        self._count("published")
         return True
+
+    def _count(self, outcome: str) -> None:
+        if self._counter is not None:
+            self._counter.labels(outcome).inc()
 
     def _retain(self) -> None:
         t0 = time.monotonic()

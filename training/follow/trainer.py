@@ -9,29 +9,27 @@ path as ``recserve train``, and every ``--delta-interval-s`` seconds the changed
 the version's next ``deltas/<seq>/`` (every shard's delta, then ``_SUCCESS``, announced with
 ``--announce``), which serving applies at its notice or poll. Nothing assumes the source ends.
 
-The dense model is frozen: rows trained against a moving network would drift from the served one.
-Dense updates ship as full versions (``--full-every``: ``training/follow/full_version.py``).
+The dense model is frozen (rows trained against a moving network would drift from the served
+one); it ships in full versions (``--full-every``: ``full_version``; ``--canary-share``: ``canary``).
 
-Embeddings live in in-process ``TableShard``s (one per shard, routed by the PS's hash) behind
-an in-process worker; under torchrun, in PS processes every rank trains through
-(``training.follow.tables``, ``training.follow.ranks``). A delta is a dump of them; one delta
-writer per version (a foreign delta with our next seq is refused, not overwritten).
+Embeddings live in in-process ``TableShard``s (one per shard, routed by the PS's hash) behind an
+in-process worker, or under torchrun in PS processes every rank trains through
+(``training.follow.tables``, ``.ranks``). A delta is a dump of them; one delta writer per version.
 
 The ledger of the rows trained from each unit (a file, a partition: ``training/sources/ledger.py``)
 is committed only after a delta's ``_SUCCESS``, so it never claims rows no published delta holds:
 after a crash a file's rows since the last delta are trained again; after SIGTERM, Ctrl-C or
-``--max-seconds`` a final delta is cut. A file that cannot be read is recorded as failed and skipped.
+``--max-seconds`` a final delta is cut; an unreadable file is recorded as failed and skipped.
 
-``--stream kafka://...`` (samples; a consume's records step together, ``training.follow.steps``)
-is exactly once in what is trained: each delta records the partitions' next offsets and the
-(request, item) keys trained over ``--dedup-window-s`` (``model_store.deltas``) before its
-``_SUCCESS``; a restart resumes there and drops a sample whose key was trained. Each batch is
-scored before it trains (progressive validation, ``training.follow.progressive``), and the output guard
-judges its served scores first (``training.follow.guard``: a trip rewinds the served rows).
+``--stream kafka://...`` is exactly once in what is trained (a consume's samples step together:
+``training.follow.steps``): each delta records the partitions' next offsets and the (request, item)
+keys trained over ``--dedup-window-s`` (``model_store.deltas``) before its ``_SUCCESS``; a restart
+resumes there and drops a sample whose key was trained. Each batch is scored before it trains
+(progressive validation) and the output guard judges its served scores (``training.follow.guard``).
 
-If CURRENT moves while following (``recserve publish``), the pending rows are cut into the old
-version and the trainer reloads from the new one. A version the serving PS refuses
-(``model_store.validate``: another schema or dim) is refused here too.
+If CURRENT moves while following (``recserve publish``, a canary promoted), the pending rows are cut
+into the old version and the trainer reloads from the new one; one the serving PS refuses
+(``model_store.validate``) is refused here too.
 """
 
 from __future__ import annotations
@@ -288,7 +286,7 @@ class FollowTrainer:
 
     def _maybe_full(self) -> None:
         """Between two chunks, when one is due: the last delta into the served version, a full
-        version, the gate; published, the next deltas go into it (training/follow/full_version.py)."""
+        version, the gate; published, the next deltas go into it (a canary: into the served one)."""
         if self.full is None or self.loaded is None or not self.full.due(len(self.result.deltas)):
             return
         self.cut()
