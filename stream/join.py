@@ -231,7 +231,7 @@ class PartitionJoin:
         req.labelled[ev.item] = True
         req.held.append((EVENTS, offset))
         self._held[EVENTS][offset] = None
-        if self.hold_s is not None:  # the input is suspect: the sample waits for its window's close
+        if self.hold_s is not None or req.quarantine:  # suspect input: the sample waits for the close
             req.deferred.append(ev)
             return []
         req.unacked += 1

@@ -161,6 +161,20 @@ def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> t
     return samples, _reasons(values, np.flatnonzero(~ok), slots, dense_w)
 
 
+def request_ids(keys: NDArray[np.bytes_]) -> NDArray[np.bytes_]:
+    """The request id of each key (its bytes after the item's four), fixed-width, as numpy sees
+    them (equal ids are equal entries)."""
+    keys = np.ascontiguousarray(keys)
+    width = keys.dtype.itemsize
+    if width <= 4:
+        return np.zeros(len(keys), "S1")
+    return (
+        np.ascontiguousarray(keys.view(np.uint8).reshape(len(keys), width)[:, 4:])
+        .view(f"S{width - 4}")
+        .ravel()
+    )
+
+
 def take(s: Samples, rows: NDArray[np.int64]) -> Samples:
     """The samples at ``rows`` (positions in ``s``), in that order."""
     sizes = np.diff(s.starts)[rows]

@@ -68,3 +68,10 @@ def test_each_sample_keeps_its_served_score_and_arm():
     assert bad == [] and s.arms.tolist() == [b"", b"control", b"b"]
     assert s.scores.tolist() == [float(impression_record().scores[1])] * 3
     assert take(s, np.array([2, 0])).arms.tolist() == [b"b", b""]
+
+
+def test_request_ids_of_keys():
+    from stream.sample_batch import request_ids
+
+    s, _ = read_samples(_blobs())
+    assert set(request_ids(s.keys).tolist()) == {b"r-7"}

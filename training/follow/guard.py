@@ -1,8 +1,9 @@
 """The streaming trainer's output guard: is what serving scores still right?
 
 Judged from the joined stream, on what the served model predicted (each sample carries the score
-it was served with, ``stream.records``): over windows of ``window`` samples, in the order the
-trainer reads them, the served AUC and the calibration (mean predicted over observed click rate).
+it was served with, ``stream.records``): over windows of ``window`` samples of whole requests (a
+request's clicks, read as they came, with the rest of its items, read when its join window closed),
+the served AUC and the calibration (mean predicted over observed click rate).
 Healthy windows form the band (the last ``band_windows``); a window whose AUC falls more than
 ``max_auc_drop`` under the band's median, or whose calibration leaves ``[1/max_calibration_ratio,
 max_calibration_ratio]`` x the band's, trips the guard, once the band holds ``min_band_windows``.
@@ -50,12 +51,15 @@ class OutputGuardConfig:
     max_calibration_ratio: float = field(default=2.0, metadata={"flag": "guard-max-calibration-ratio"})
     """Trip when a window's calibration is more than this many times the band's, or under its
     inverse."""
+    warmup_windows: int = field(default=5, metadata={"flag": "guard-warmup-windows"})
+    """Windows read at the start that neither judge nor join the band: a stream's first samples
+    are a join window's clicks before their requests' negatives."""
     clear_windows: int = field(default=2, metadata={"flag": "guard-clear-windows"})
     """Healthy windows in a row that clear a trip."""
 
     def __post_init__(self) -> None:
-        if self.clear_windows < 1:
-            raise ValueError("output guard: clear_windows >= 1")
+        if self.clear_windows < 1 or self.warmup_windows < 0:
+            raise ValueError("output guard: clear_windows >= 1 and warmup_windows >= 0")
         if self.window < 100 or self.band_windows < 1 or not 1 <= self.min_band_windows <= self.band_windows:
             raise ValueError("output guard: window >= 100 samples, 1 <= min_band_windows <= band_windows")
         if not 0 < self.max_auc_drop < 1 or self.max_calibration_ratio <= 1:
@@ -76,30 +80,46 @@ class OutputGuard:
         self.seen = 0  # samples fed so far
         self._scores: list[NDArray[np.float64]] = []
         self._labels: list[NDArray[np.float64]] = []
-        self._start = 0  # ``seen`` when the current window began
+        self._first = 0  # the first sample (by ``seen``) of the current window
+        self._pending = (
+            np.zeros(0, "S1"),
+            np.zeros(0),
+            np.zeros(0),
+            np.zeros(0, np.int64),
+        )  # clicks of open requests
         self.band: deque[Judged] = deque(maxlen=cfg.band_windows)
         self.last: Judged | None = None
         self.reason = ""
         self.since_sample = -1  # where the window that tripped began (-1: not tripped)
-        self.trips = self.recoveries = 0
+        self.trips = self.recoveries = self.judged = 0
         self._healthy = 0  # healthy windows in a row while tripped
 
     @property
     def tripped(self) -> bool:
         return self.since_sample >= 0
 
-    def saw(self, scores: NDArray[np.floating], labels: NDArray[np.floating]) -> str:
-        """Feed a step's samples; "trip" or "clear" when the guard changed state, else ""."""
-        self._scores.append(np.asarray(scores, np.float64))
-        self._labels.append(np.asarray(labels, np.float64))
+    def saw(self, scores: NDArray[np.floating], labels: NDArray[np.floating],
+            requests: NDArray[np.bytes_] | None = None) -> str:  # fmt: skip
+        """Feed a step's samples (in the order read; ``requests``: each one's request id, to judge
+        whole requests); "trip" or "clear" when the guard changed state, else ""."""
+        at = np.arange(self.seen, self.seen + len(scores))
+        s, y = np.asarray(scores, np.float64), np.asarray(labels, np.float64)
         self.seen += len(scores)
-        if self.seen - self._start < self.cfg.window:
+        if requests is not None:
+            s, y, at = self._whole(s, y, at, np.asarray(requests))
+        self._scores.append(s)
+        self._labels.append(y)
+        self._first = min(self._first, int(at.min(initial=self.seen)))
+        if sum(map(len, self._scores)) < self.cfg.window:
             return ""
         s, y = np.concatenate(self._scores), np.concatenate(self._labels)
-        self._scores, self._labels, start, self._start = [], [], self._start, self.seen
+        self._scores, self._labels, start, self._first = [], [], self._first, self.seen
         calibration = float(s.mean() / y.mean()) if y.sum() > 0 else math.inf if s.mean() > 0 else math.nan
         judged = Judged(auc(s, y) if 0 < y.sum() < len(y) else math.nan, calibration)  # no click: inf
         self.last = judged
+        self.judged += 1
+        if self.judged <= self.cfg.warmup_windows:
+            return ""
         why = self._judge(judged)
         if why:
             self._healthy = 0
@@ -121,6 +141,24 @@ class OutputGuard:
         if not why:
             self.band.append(judged)
         return ""
+
+    def _whole(
+        self, s, y, at, requests
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]]:
+        """The samples of the requests whose negatives came in this step, with the clicks of those
+        requests read earlier (kept until then: the join emits a click at once and the rest of its
+        request when the window closes). A window of arrivals would compare clicks with other,
+        older requests' negatives; whole requests compare items served together."""
+        neg = y == 0
+        done = np.unique(requests[neg])
+        pr, ps, py, pa = (
+            np.concatenate([a, b[~neg]]) for a, b in zip(self._pending, (requests, s, y, at), strict=True)
+        )
+        hit = np.isin(pr, done)
+        keep = np.flatnonzero(~hit)[-self.cfg.window * 10 :]  # clicks of requests still open, bounded
+        self._pending = (pr[keep], ps[keep], py[keep], pa[keep])
+        return (np.concatenate([ps[hit], s[neg]]), np.concatenate([py[hit], y[neg]]),
+                np.concatenate([pa[hit], at[neg]]))  # fmt: skip
 
     def _judge(self, w: Judged) -> str:
         """Why the window ``w`` is unhealthy ('' : it is, or there is no band yet)."""

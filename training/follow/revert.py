@@ -92,10 +92,11 @@ class Rewinder:
             self._rewound = False
             self._record("rewind", delta=seq, to=self.last.to)
 
-    def judge(self, scores, labels) -> bool:
-        """Feed a step's served scores and labels; True: train it (the guard does not hold)."""
+    def judge(self, scores, labels, requests=None) -> bool:
+        """Feed a step's served scores, labels and request ids; True: train it (the guard does
+        not hold)."""
         reason = self.guard.reason
-        event = self.guard.saw(scores, labels)
+        event = self.guard.saw(scores, labels, requests)
         if event:
             self._record(event, reason=self.guard.reason or f"cleared ({reason})")
         if event == "trip":

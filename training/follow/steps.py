@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from features.batch import CompactBatch
+from stream.sample_batch import request_ids
 from training.ctx import TrainCtx
 from training.evaluate import sigmoid
 from training.follow.book import StreamBook
@@ -33,9 +34,9 @@ class KeyedSteps:
     """Step once the held chunks have this many rows."""
     held: list[KeyedChunk] = field(default_factory=list)
     loss: nn.Module = field(default_factory=nn.BCEWithLogitsLoss)
-    judge: Callable[[np.ndarray, np.ndarray], bool] | None = None
-    """The output guard (``training.follow.revert.Rewinder.judge``): fed each step's served scores
-    and labels before it trains; False: the step is read, not trained (the guard holds)."""
+    judge: Callable[[np.ndarray, np.ndarray, np.ndarray], bool] | None = None
+    """The output guard (``training.follow.revert.Rewinder.judge``): fed each step's served scores,
+    labels and request ids before it trains; False: the step is read, not trained (the guard holds)."""
 
     def hold(self, chunk: KeyedChunk) -> bool:
         """Hold a keyed chunk for the next step; True when a step is due."""
@@ -58,7 +59,8 @@ class KeyedSteps:
             batch = keyed.batch(rows)
             assert batch.labels is not None
             served = keyed.samples.scores if rows is None else keyed.samples.scores[rows]
-            if self.judge is not None and not self.judge(served, batch.labels):
+            keys = keyed.keys if rows is None else keyed.keys[rows]
+            if self.judge is not None and not self.judge(served, batch.labels, request_ids(keys)):
                 self._advance(chunks)
                 return None
             logits = (forward or ctx.forward)(batch)

@@ -10,7 +10,8 @@ import pytest
 from training.follow.guard import OutputGuard, OutputGuardConfig
 from training.follow.revert import Cuts
 
-CFG = OutputGuardConfig(window=1000, band_windows=5, min_band_windows=3, max_auc_drop=0.2, clear_windows=2)
+CFG = OutputGuardConfig(window=1000, band_windows=5, min_band_windows=3, max_auc_drop=0.2, clear_windows=2,
+                         warmup_windows=0)  # fmt: skip
 
 
 def world(rng, n: int, invert: bool = False, scale: float = 1.0):
@@ -48,6 +49,25 @@ def test_constant_scores_judge_nothing():
 def test_the_last_good_delta_is_the_newest_cut_before_the_trip():
     cuts = Cuts(base=4, cut=[(5, 1000), (6, 2500), (7, 4100)])
     assert cuts.good(4000) == 6 and cuts.good(2500) == 6 and cuts.good(900) == 4
+
+
+def test_the_first_windows_neither_judge_nor_join_the_band():
+    rng, g = np.random.default_rng(2), OutputGuard(OutputGuardConfig(window=1000, warmup_windows=2))
+    assert [g.saw(*world(rng, 1000, invert=True)) for _ in range(2)] == ["", ""] and not g.band
+    assert g.saw(*world(rng, 1000)) == "" and len(g.band) == 1
+
+
+def test_clicks_are_judged_with_the_rest_of_their_request():
+    """The join emits a click at once and its request's other items a window later: the guard
+    holds the clicks until their requests' negatives come, and judges whole requests."""
+    g = OutputGuard(OutputGuardConfig(window=100, warmup_windows=0))
+    rids = np.repeat(np.array([f"r{i}".encode() for i in range(10)]), 20)  # 10 requests of 20 items
+    score = np.tile(np.linspace(0, 1, 20), 10)
+    label = (np.tile(np.arange(20), 10) >= 16).astype(float)  # each request's 4 best items clicked
+    clicks, rest = label == 1, label == 0
+    assert g.saw(score[clicks], label[clicks], rids[clicks]) == "" and g.last is None  # held back
+    g.saw(score[rest], label[rest], rids[rest])
+    assert g.last is not None and g.last.auc == 1.0  # the clicks met their own requests' items
 
 
 def test_bad_thresholds_are_refused():

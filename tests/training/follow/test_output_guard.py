@@ -20,7 +20,7 @@ from training.follow.guard import OutputGuardConfig
 from training.follow.trainer import FollowTrainer
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated")
-GUARD = OutputGuardConfig(window=100, band_windows=5, min_band_windows=3)
+GUARD = OutputGuardConfig(window=100, band_windows=5, min_band_windows=3, warmup_windows=0)
 
 
 def served(labels: np.ndarray) -> np.ndarray:
