@@ -48,9 +48,9 @@ class OutputGuardConfig:
     max_auc_drop: float = field(default=0.2, metadata={"flag": "guard-max-auc-drop"})
     """Trip when a window's served AUC falls this far under the band's median (a drifting world
     moves it by 0.1 in a minute: bench-guard)."""
-    max_calibration_ratio: float = field(default=2.0, metadata={"flag": "guard-max-calibration-ratio"})
+    max_calibration_ratio: float = field(default=3.0, metadata={"flag": "guard-max-calibration-ratio"})
     """Trip when a window's calibration is more than this many times the band's, or under its
-    inverse."""
+    inverse (the clicks of an outage, delivered late, move it by 2x: bench-guard)."""
     warmup_windows: int = field(default=5, metadata={"flag": "guard-warmup-windows"})
     """Windows read at the start that neither judge nor join the band: a stream's first samples
     are a join window's clicks before their requests' negatives."""
