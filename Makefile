@@ -95,6 +95,19 @@ bench-implog: $(STAMP) $(GEN)
 bench-stream: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_stream
 
+# The learning loop's guards (the whole loop at 10 rps x 200 items): clicks that stop for 90 s
+# and come late, clicks that stop and never come, labels inverted for 30 s: loadtest/results/guard.json.
+.PHONY: bench-guard
+bench-guard: $(STAMP) $(GEN)
+	$(PY) -m loadtest.bench_guard
+
+# An experiment decided by its rule on the joined stream (both frontends, control 80% / a fresher
+# candidate 10% / one trained on shuffled labels 10%, the watch role's --auto, A/A replays of the
+# run's samples, the split's p99 overhead): loadtest/results/experiment.json.
+.PHONY: bench-experiment
+bench-experiment: $(STAMP) $(GEN)
+	$(PY) -m loadtest.bench_experiment
+
 # Seconds from a delta's _SUCCESS to its use in every serving process (PS shards and co-located
 # frontends on two namespace hosts; root): Kafka notices, inotify and the poll, in one run:
 # loadtest/results/visible.json. Not part of `make bench`.

@@ -61,6 +61,9 @@ class UserModel:
     others out of it (0: no drift)."""
     drift_period_s: float = 120.0
     """Seconds (event time) for one item's taste to go round once."""
+    invert: bool = False
+    """A broken world (``make bench-guard``'s bad labels): users click what they would not, at
+    the same rate (the logit of score and taste negated)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.ctr < 1 or self.delay_s < 0 or not 0 <= self.duplicate <= 1:
@@ -79,8 +82,9 @@ class UserModel:
     def click_probability(self, scores: np.ndarray, ts: float) -> np.ndarray:
         """Each item's click probability in a request scored ``scores`` at event time ``ts``."""
         scores = np.asarray(scores, np.float64)
-        logit = math.log(self.ctr / (1 - self.ctr)) + self.score_weight * (scores - scores.mean())
-        return 1 / (1 + np.exp(-(logit + self.taste(len(scores), ts))))
+        liking = self.score_weight * (scores - scores.mean()) + self.taste(len(scores), ts)
+        logit = math.log(self.ctr / (1 - self.ctr)) + (-liking if self.invert else liking)
+        return 1 / (1 + np.exp(-logit))
 
     def clicks(self, imp: Impression, rng: np.random.Generator) -> list[Event]:
         p_click = self.click_probability(np.asarray(imp.scores), imp.ts)
@@ -146,11 +150,15 @@ def produce(bootstrap: str, topic: str, records: list[tuple[str, bytes]], settin
 
 def play(bootstrap: str, model: UserModel, stop: threading.Event, impressions_topic: str = "impressions",
          events_topic: str = "events", group: str = "stream-users", seed: int = 0,
-         on_sent: Callable[[list[Event], float], None] | None = None) -> int:  # fmt: skip
+         on_sent: Callable[[list[Event], float], None] | None = None,
+         world: Callable[[], UserModel] | None = None,
+         gate: Callable[[list[Event]], list[Event]] | None = None) -> int:  # fmt: skip
     """Click on every impression read until ``stop``; returns how many events were sent. A click
     is sent when it happens (its ``ts``, the impression's time plus the user's delay), as a user's
     browser would, not when the impression is read; ``on_sent(events, t)`` is told each batch sent
-    and the wall time it was handed to the producer."""
+    and the wall time it was handed to the producer. ``world()``: the user model of the moment
+    (default ``model``); ``gate(due)``: what of the clicks due is sent now (a broken pipeline holds
+    or drops them, and may hand held ones back later), called at every turn."""
     from confluent_kafka import Consumer, Producer
 
     rng = np.random.default_rng(seed)
@@ -171,12 +179,14 @@ def play(bootstrap: str, model: UserModel, stop: threading.Event, impressions_to
             wait = min(0.05, max(0.0, due[0][0] - time.time())) if due else 0.05
             for m in c.consume(1000, timeout=wait):
                 if m.error() is None:
-                    for e in model.clicks(decode_impression(m.value() or b""), rng):
+                    for e in (world() if world else model).clicks(decode_impression(m.value() or b""), rng):
                         heapq.heappush(due, (e.ts, next(order), e))
             now = time.time()
             batch = []
             while due and due[0][0] <= now:
                 batch.append(heapq.heappop(due)[2])
+            if gate is not None:
+                batch = gate(batch)
             for e in batch:
                 p.produce(events_topic, encode_event(e), e.request_id.encode(), on_delivery=done)
             p.poll(0)

@@ -173,6 +173,14 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
     joiner = spawn(["join", "--brokers", kafka.bootstrap, "--impressions", "observed-impressions", "--events",
                     "observed-events", "--samples", "observed-samples", "--group", "observed",
                     "--metrics-port", str(join_port)], tmp_path / "join.log")  # fmt: skip
+    import shutil
+
+    kafka.create_topic("observed-samples.dead", 1)
+    follow_port = free_port()
+    shutil.copytree(trained[0] / "criteo", tmp_path / "follow-store" / "criteo")  # a trainer of its own copy
+    follower = spawn(["train", "--follow", str(tmp_path / "follow-store" / "criteo"), "--stream",
+                      f"kafka://{kafka.bootstrap}/observed-samples", "--metrics-port", str(follow_port)],
+                     tmp_path / "follow.log")  # fmt: skip
     # a trainer with its metrics on, running all through the test (stopped at its end)
     trainer = spawn(["train", "--store", str(tmp_path / "train-store"), "--model", "metrics", "--inprocess-ps",
                      "--limit", "1024", "--epochs", "1000", "--checkpoint-every", "4", "--threads", "1",
@@ -192,13 +200,14 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
                 {"job_name": "serve", "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": {"component": "serve", "instance_name": "serve"}}]},
                 {"job_name": "train", "static_configs": [{"targets": [f"127.0.0.1:{train_port}"], "labels": {"component": "train"}}]},
                 {"job_name": "join", "static_configs": [{"targets": [f"127.0.0.1:{join_port}"], "labels": {"component": "join"}}]},
+                {"job_name": "follow", "static_configs": [{"targets": [f"127.0.0.1:{follow_port}"], "labels": {"component": "follow"}}]},
             ],
         })  # fmt: skip
         score_all(client, 400)
         score_all(lean, 400)
         assert client.post(b"{not json", "application/json")[0] == 400
         assert lean.post(b"{not json", "application/json")[0] == 400
-        expected = sum(len(g["targets"]) for g in targets) + 3  # + serve, the trainer and the joiner
+        expected = sum(len(g["targets"]) for g in targets) + 4  # + serve, the trainers and the joiner
         wait_until(lambda: len(prom.query("up == 1")) == expected, 60, f"{expected} targets up in prometheus")
         wait_until(
             lambda: prom.query('recserve_scoring_requests_total{status="400"}'), 60, "the 400s scraped"
@@ -236,6 +245,7 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
             "RecserveScoringP99High",
             "RecserveDeltaLagHigh",
             "RecserveInputGuardTripped",
+            "RecserveOutputGuardTripped",
         }
         for rule in rules:
             signal = re.fullmatch(r"(.+?)\s*(==|!=|>=|<=|>|<)\s*[0-9.]+", rule["expr"])
@@ -254,7 +264,7 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
 
         wait_until(healthy, 30, "every alert rule loaded and evaluated without error")
     finally:
-        stop_children([serve, trainer, joiner])
+        stop_children([serve, trainer, joiner, follower])
 
 
 def _ping(port: int) -> bool:

@@ -1,0 +1,16 @@
+import pytest
+
+from tests.loadtest.conftest import has
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_guard_trips_both_guards_and_writes_every_figure(bench):
+    result = bench("bench_guard", "guard", timeout_s=600)
+    has(result, "outage", "bad_labels", "guard_events", "conditions")
+    has(result["outage"], "trip_s", "served_mean_ratio_min", "deltas_served_from_outage", "lost_samples",
+        "quarantined", "resumed")  # fmt: skip
+    has(result["bad_labels"], "trip_s", "rollback_s", "auc_before", "auc_after")
+    events = {(e["guard"], e["event"]) for e in result["guard_events"]}
+    assert ("input", "trip") in events and ("input", "clear") in events  # both outages seen and cleared
+    assert result["outage"]["trip_s"] is not None and result["outage"]["deltas_served_from_outage"] == 0
