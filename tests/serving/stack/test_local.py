@@ -170,14 +170,14 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
     port, train_port, join_port = free_port(), free_port(), free_port()
     for t in ("impressions", "events", "samples", "impressions.dead", "events.dead", "samples.quarantine"):
         kafka.create_topic(f"observed-{t}", 1)
-    joiner = spawn(["join", "--brokers", kafka.bootstrap, "--impressions", "observed-impressions", "--events",
-                    "observed-events", "--samples", "observed-samples", "--group", "observed",
-                    "--metrics-port", str(join_port)], tmp_path / "join.log")  # fmt: skip
     import shutil
 
     kafka.create_topic("observed-samples.dead", 1)
     follow_port = free_port()
     shutil.copytree(trained[0] / "criteo", tmp_path / "follow-store" / "criteo")  # a trainer of its own copy
+    joiner = spawn(["join", "--brokers", kafka.bootstrap, "--impressions", "observed-impressions", "--events",
+                    "observed-events", "--samples", "observed-samples", "--group", "observed",
+                    "--metrics-port", str(join_port)], tmp_path / "join.log")  # fmt: skip
     follower = spawn(["train", "--follow", str(tmp_path / "follow-store" / "criteo"), "--stream",
                       f"kafka://{kafka.bootstrap}/observed-samples", "--metrics-port", str(follow_port)],
                      tmp_path / "follow.log")  # fmt: skip
