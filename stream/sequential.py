@@ -23,8 +23,8 @@ one default fits both metrics: tau = 0.05 tunes the test to differences of about
 deviation (log loss 0.45 +- 0.6: about 0.03).
 
 Guardrails can force ``abort`` whatever the test says, each once its own evidence suffices (before
-the minimum sample count): the candidate's calibration (mean predicted / observed CTR) outside a
-band once it has ``min_clicks`` clicks; and, when the caller measures them, the candidate's p99
+the minimum sample count): the candidate's calibration (mean predicted / observed CTR) further from 1 than control's by
+more than a band once it has ``min_clicks`` clicks; and, when the caller measures them, the candidate's p99
 latency against the control's and its error rate. Defaults are on ``SequentialConfig``.
 
 We wrote the statistics here rather than adopt ``confseq`` (no wheel for Python 3.11, a C++ build,
@@ -35,6 +35,7 @@ numpy >= 2.1.2, per-sample regression updates rather than sums): the test is the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -67,7 +68,8 @@ class SequentialConfig:
     min_samples: int = 1000
     """Samples each arm needs before the test may decide (the plug-in variance needs a few)."""
     calibration_band: tuple[float, float] = (0.8, 1.25)
-    """The candidate's mean predicted / observed CTR must stay inside; outside: abort."""
+    """How much further from 1 than control's the candidate's calibration (mean predicted /
+    observed CTR) may be, as a ratio band; beyond: abort."""
     min_clicks: int = 100
     """Clicks of the candidate before its calibration is judged."""
     max_latency_p99_ratio: float = 1.2
@@ -188,13 +190,21 @@ class Decision:
     evidence: Evidence
 
 
-def guardrail_trips(candidate: ArmSums, config: SequentialConfig, guards: Guardrails) -> list[str]:
-    """The guardrails the candidate breaks, in words (empty: none)."""
+def guardrail_trips(candidate: ArmSums, config: SequentialConfig, guards: Guardrails,
+                    control: ArmSums | None = None) -> list[str]:  # fmt: skip
+    """The guardrails the candidate breaks, in words (empty: none). Calibration: the candidate's
+    (mean predicted / observed CTR) may be no further from 1 than control's by more than the band
+    (|log| distance; control counted only once it has ``min_clicks``): a served model need not be
+    calibrated to the world, a candidate must not be worse calibrated than what it would replace."""
     out = []
     low, high = config.calibration_band
+    bound = max(math.log(high), -math.log(low))
     cal = candidate.calibration
-    if candidate.clicks >= config.min_clicks and not low <= cal <= high:
-        out.append(f"calibration {cal:.3f} outside {low}..{high} ({candidate.clicks:.0f} clicks)")
+    base = control.calibration if control is not None and control.clicks >= config.min_clicks else 1.0
+    off, base_off = abs(math.log(cal)) if cal > 0 else math.inf, abs(math.log(base)) if base > 0 else 0.0
+    if candidate.clicks >= config.min_clicks and off > base_off + bound:
+        out.append(f"calibration {cal:.3f} is further from 1 than control's {base:.3f} by more than "
+                   f"{low}..{high} ({candidate.clicks:.0f} clicks)")  # fmt: skip
     if guards.latency_p99_ratio is not None and guards.latency_p99_ratio > config.max_latency_p99_ratio:
         out.append(f"p99 latency ratio {guards.latency_p99_ratio:.3f} > {config.max_latency_p99_ratio}")
     if guards.error_rate is not None and guards.error_rate > config.max_error_rate:
@@ -214,7 +224,7 @@ def decide(
     mc, mt = Moments.of(control, cfg.metric), Moments.of(candidate, cfg.metric)
     test = msprt(mc, mt, cfg.alpha, cfg.tau)
     threshold = float(np.log(1 / cfg.alpha))
-    reasons = guardrail_trips(candidate, cfg, guards or Guardrails())
+    reasons = guardrail_trips(candidate, cfg, guards or Guardrails(), control)
     if reasons:
         verdict = Verdict.ABORT
     elif min(control.n, candidate.n) < cfg.min_samples:

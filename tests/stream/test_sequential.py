@@ -145,3 +145,14 @@ def test_malformed_replay_inputs_are_refused_by_name():
         aa_replays(units, p, y * 2, replays=1)
     with pytest.raises(ValueError, match="unit keys must be strings or unsigned"):
         in_candidate(np.arange(3.0), 0)
+
+
+def test_calibration_is_judged_against_controls():
+    """A served model need not be calibrated to the world: a candidate as far off as control
+    passes, one further off than control by more than the band is aborted."""
+    p, y, _ = world(4000, seed=5)
+    control, alike, worse = np.clip(3 * p, 0, 1), np.clip(3.2 * p, 0, 1), np.clip(9 * p, 0, 1)
+    d = decide(ArmSums.of(control[::2], y[::2]), ArmSums.of(alike[1::2], y[1::2]))
+    assert not any("calibration" in r for r in d.evidence.reasons)
+    d = decide(ArmSums.of(control[::2], y[::2]), ArmSums.of(worse[1::2], y[1::2]))
+    assert d.verdict is Verdict.ABORT and "further from 1 than control's" in d.evidence.reasons[0]
