@@ -65,13 +65,16 @@ class SequentialConfig:
     """Chance that an A/A experiment ever decides (type I error over all looks)."""
     tau: float = 0.05
     """Mixing standard deviation of the difference, in units of the metric's per-sample sd."""
-    min_samples: int = 1000
-    """Samples each arm needs before the test may decide (the plug-in variance needs a few)."""
+    min_samples: int = 10_000
+    """Samples each arm needs before the test may decide: the plug-in variance needs many, and a
+    request's items move together (200 items: 50 requests; bench-experiment's first thousand
+    aborted a better arm)."""
     calibration_band: tuple[float, float] = (0.8, 1.25)
     """How much further from 1 than control's the candidate's calibration (mean predicted /
     observed CTR) may be, as a ratio band; beyond: abort."""
-    min_clicks: int = 100
-    """Clicks of the candidate before its calibration is judged."""
+    min_clicks: int = 1_000
+    """Clicks of the candidate before its calibration is judged (100 were three requests'
+    worth of clicks in bench-experiment: a better arm was aborted on them)."""
     max_latency_p99_ratio: float = 1.2
     """Candidate p99 latency / control p99 latency above this: abort (when the caller gives it)."""
     max_error_rate: float = 0.01

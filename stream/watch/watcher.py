@@ -203,4 +203,8 @@ class Watcher:
                 "; ".join(line.typed().reasons),
             )
         self.exp = exp
+        if (
+            self.reader is not None and self.reader.span.ended != exp.ended
+        ):  # ended now: read no later samples
+            self.reader.span = span_of(exp)
         return exp

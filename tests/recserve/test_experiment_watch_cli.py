@@ -37,8 +37,10 @@ def test_watch_shows_every_arms_figures_on_metrics_and_in_status(kafka, tmp_path
     ]
     produce(kafka.bootstrap, topic, mixed(ours, rng))
     port, log = free_port(), tmp_path / "watch.log"
+    rule = tmp_path / "rule.yaml"
+    rule.write_text("min_samples: 1000\nmin_clicks: 100\n")  # a few hundred requests' samples: decided early
     line = (f"recserve experiment watch --brokers {kafka.bootstrap} --samples {topic} --store {tmp_path} --model m "
-            f"--metrics-port {port} --every-s 0.2 --window-s 2")  # fmt: skip
+            f"--metrics-port {port} --every-s 0.2 --window-s 2 --rule {rule}")  # fmt: skip
     with open(log, "w") as out:
         proc = subprocess.Popen(recserve_argv(line), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:

@@ -7,6 +7,9 @@ from stream.sequential import Guardrails, Moments, SequentialConfig, Verdict, de
 
 ALPHA = 0.05
 
+SMALL = SequentialConfig(min_samples=1000, min_clicks=100)
+"""The rule on a few thousand samples (the defaults want ten times as many)."""
+
 
 def world(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(true click rates, labels, a worse model's scores: logit noise sd 1) of n samples."""
@@ -51,7 +54,7 @@ def test_ctr_higher_is_better():
 def test_under_min_samples_the_rule_continues_whatever_the_difference():
     p, y, _ = world(1998, seed=3)
     coin = np.full(999, 0.5)  # a control that knows nothing
-    d = decide(ArmSums.of(coin, y[::2]), ArmSums.of(p[1::2], y[1::2]))
+    d = decide(ArmSums.of(coin, y[::2]), ArmSums.of(p[1::2], y[1::2]), SMALL)
     assert d.verdict is Verdict.CONTINUE and "under 1000 samples" in d.evidence.reasons[0]
     assert d.evidence.statistic > d.evidence.threshold  # it would have decided with enough samples
 
@@ -59,10 +62,10 @@ def test_under_min_samples_the_rule_continues_whatever_the_difference():
 def test_a_miscalibrated_candidate_is_aborted_once_it_has_enough_clicks():
     p, y, _ = world(4000, seed=4)
     over = np.clip(2 * p, 0, 1)  # predicts about twice the clicks it gets
-    d = decide(ArmSums.of(p[::2], y[::2]), ArmSums.of(over[1::2], y[1::2]))
+    d = decide(ArmSums.of(p[::2], y[::2]), ArmSums.of(over[1::2], y[1::2]), SMALL)
     assert d.verdict is Verdict.ABORT and d.evidence.calibration > 1.25
     assert "calibration" in d.evidence.reasons[0]
-    few = decide(ArmSums.of(p[:20], y[:20]), ArmSums.of(over[:20], y[:20]))  # under min_clicks
+    few = decide(ArmSums.of(p[:20], y[:20]), ArmSums.of(over[:20], y[:20]), SMALL)  # under min_clicks
     assert few.verdict is Verdict.CONTINUE
 
 
@@ -152,7 +155,7 @@ def test_calibration_is_judged_against_controls():
     passes, one further off than control by more than the band is aborted."""
     p, y, _ = world(4000, seed=5)
     control, alike, worse = np.clip(3 * p, 0, 1), np.clip(3.2 * p, 0, 1), np.clip(9 * p, 0, 1)
-    d = decide(ArmSums.of(control[::2], y[::2]), ArmSums.of(alike[1::2], y[1::2]))
+    d = decide(ArmSums.of(control[::2], y[::2]), ArmSums.of(alike[1::2], y[1::2]), SMALL)
     assert not any("calibration" in r for r in d.evidence.reasons)
-    d = decide(ArmSums.of(control[::2], y[::2]), ArmSums.of(worse[1::2], y[1::2]))
+    d = decide(ArmSums.of(control[::2], y[::2]), ArmSums.of(worse[1::2], y[1::2]), SMALL)
     assert d.verdict is Verdict.ABORT and "further from 1 than control's" in d.evidence.reasons[0]

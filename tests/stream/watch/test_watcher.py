@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import model_store as ms
 from model_store import experiments as ex
 from stream.arms import ArmMetrics, arm_metrics
+from stream.sequential import SequentialConfig
 from stream.watch import WatchConfig, Watcher, WatchReport, read_report
 from stream.watch.metrics import FIGURES
 from tests.helpers import wait_until
@@ -66,7 +67,9 @@ def test_every_arms_figures_equal_a_recomputation_from_the_samples_topic(kafka, 
     produce(kafka.bootstrap, topic, records)
     cfg = WatchConfig(brokers=kafka.bootstrap, samples=topic, window_s=WINDOW_S)
     registry = CollectorRegistry()
-    watcher = Watcher(tmp_path, "m", cfg, registry=registry)
+    watcher = Watcher(
+        tmp_path, "m", cfg, SequentialConfig(min_samples=1000, min_clicks=100), registry=registry
+    )
     try:
         report = read_everything(watcher, len(records))
         metrics = scraped(registry)
@@ -131,7 +134,8 @@ def test_auto_promotes_a_better_candidate_and_aborts_a_worse_one_with_their_evid
     ]  # 1,600 samples an arm
     records = mixed(ours, rng)
     produce(kafka.bootstrap, topic, records)
-    watcher = Watcher(tmp_path, "m", WatchConfig(brokers=kafka.bootstrap, samples=topic, auto=True))
+    rule = SequentialConfig(min_samples=1000, min_clicks=100)  # 1,600 samples an arm: decided early
+    watcher = Watcher(tmp_path, "m", WatchConfig(brokers=kafka.bootstrap, samples=topic, auto=True), rule)
     try:
         read_everything(watcher, len(records))
         later = watcher.look()  # the experiment ended: nothing more to judge or do
@@ -157,3 +161,6 @@ def test_auto_promotes_a_better_candidate_and_aborts_a_worse_one_with_their_evid
     ]
     assert watcher.actions == {("B", ex.ABORTED): 1, ("A", ex.PROMOTED): 1} and watcher.refusals == 0
     assert later is not None and later.state == ex.PROMOTED and later.rule == []
+    assert (
+        watcher.reader is None or watcher.reader.span.ended == record.ended
+    )  # no sample after the end counts
