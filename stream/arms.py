@@ -314,5 +314,19 @@ class ArmsAccumulator:
             ]
         return self._chunks[0]
 
+    def drop_after(self, ts: float) -> int:
+        """Forget the samples of event time after ``ts`` (an experiment ended before its watcher
+        knew: the samples it read meanwhile are not the experiment's); how many were dropped."""
+        s = self.samples()
+        late = s.ts > ts
+        if not late.any():
+            return 0
+        kept = s.take(~late)
+        self._chunks, self.sums = [kept], {}
+        for key in np.unique(kept.arm):
+            k = key.item() if isinstance(key, np.generic) else key
+            self.sums[k] = ArmSums.of(kept.score[kept.arm == key], kept.label[kept.arm == key])
+        return int(late.sum())
+
     def report(self) -> dict[object, ArmReport]:
         return arm_metrics(self.samples(), self.window_s, self.level)

@@ -157,10 +157,21 @@ class Watcher:
             self.reader = SampleReader(self.cfg, span_of(exp))
             log.info("experiment watch: %s (%s): arms %s, from %s", exp.name, exp.state, ", ".join(span_of(exp).arms),
                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(exp.started)))  # fmt: skip
-        elif self.reader is not None and self.reader.span.ended != exp.ended:
-            self.reader.span = span_of(exp)
+        else:
+            self._narrow(exp)
         self.exp = exp
         return exp
+
+    def _narrow(self, exp: ex.Experiment) -> None:
+        """Once ``exp`` ended, read no later samples and forget those read before the end was
+        known (an operator's stop, promotion or abort between two looks): counted as foreign."""
+        if self.reader is None or self.reader.span.ended == exp.ended:
+            return
+        self.reader.span = span_of(exp)
+        if exp.ended is not None and (late := self.acc.drop_after(exp.ended)):
+            self.reader.counts.kept -= late
+            self.reader.counts.foreign += late
+            log.info("experiment watch: %s ended: %d samples scored after its end forgotten", exp.name, late)
 
     def _tell(self, exp: ex.Experiment, rule: list[RuleLine]) -> None:
         """Log each verdict that changed."""
@@ -203,8 +214,5 @@ class Watcher:
                 "; ".join(line.typed().reasons),
             )
         self.exp = exp
-        if (
-            self.reader is not None and self.reader.span.ended != exp.ended
-        ):  # ended now: read no later samples
-            self.reader.span = span_of(exp)
+        self._narrow(exp)  # ended now: read no later samples
         return exp

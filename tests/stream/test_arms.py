@@ -114,6 +114,23 @@ def test_malformed_samples_are_refused_by_name(change, problem):
     assert acc.sums == {}  # nothing of a refused chunk is counted
 
 
+def test_dropping_the_samples_after_a_time_leaves_the_figures_of_the_rest():
+    data = joined(5_000, seed=3)
+    acc = ArmsAccumulator(window_s=30.0)
+    acc.update(**data)
+    assert acc.drop_after(60.0) == int((data["ts"] > 60.0).sum()) > 0
+    assert acc.drop_after(60.0) == 0  # nothing later is left
+    early = data["ts"] <= 60.0
+    whole = arm_metrics(Samples.of(**{k: v[early] for k, v in data.items()}), window_s=30.0)
+    got = acc.report()
+    for arm in whole:
+        assert_close(got[arm].cumulative, whole[arm].cumulative)
+        assert_close(got[arm].window, whole[arm].window)
+        mine = early & (data["arm"] == arm)
+        once = ArmSums.of(data["score"][mine], data["label"][mine])
+        np.testing.assert_allclose(dataclasses.astuple(acc.sums[arm]), dataclasses.astuple(once), atol=1e-9)
+
+
 def test_request_ids_must_come_with_every_chunk_or_none():
     acc = ArmsAccumulator()
     acc.update([0], [0.1], [0], [0.0], request=["r1"])

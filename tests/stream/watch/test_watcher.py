@@ -6,6 +6,7 @@ a worse one through the store, with the rule's evidence."""
 from __future__ import annotations
 
 import math
+import time
 import uuid
 
 import numpy as np
@@ -164,3 +165,32 @@ def test_auto_promotes_a_better_candidate_and_aborts_a_worse_one_with_their_evid
     assert (
         watcher.reader is None or watcher.reader.span.ended == record.ended
     )  # no sample after the end counts
+
+
+def test_samples_read_before_an_operators_stop_was_seen_and_scored_after_it_are_forgotten(kafka, tmp_path):
+    exp = experiment_store(tmp_path)
+    topic = kafka.create_topic(f"samples-stop-{uuid.uuid4().hex[:8]}", 2)
+    rng = np.random.default_rng(2)
+    before = [impressions(arm, 30, exp.started, rng, scorer) for arm, scorer in ARMS]  # 1.5 s of them
+    after = [impressions(arm, 10, time.time() + 600, rng, scorer, "late-") for arm, scorer in ARMS]
+    records = mixed(before + after, rng)
+    produce(kafka.bootstrap, topic, records)
+    watcher = Watcher(tmp_path, "m", WatchConfig(brokers=kafka.bootstrap, samples=topic, window_s=WINDOW_S))
+    try:
+        assert read_everything(watcher, len(records)).counts.kept == len(
+            records
+        )  # still running: all its own
+        last = max(max(p.ts) for p in before)
+        wait_until(lambda: time.time() > last, 10, "the clock past the experiment's last sample")
+        ex.stop(tmp_path, "m")  # between two looks; the late samples were scored after it
+        report = watcher.look()
+    finally:
+        watcher.close()
+
+    assert report is not None and report.state == ex.STOPPED
+    assert (report.counts.kept, report.counts.foreign) == (3 * 30 * 4, 3 * 10 * 4)
+    want = arm_metrics(concat(before).samples(), WINDOW_S)
+    for arm, w in want.items():
+        line = report.arm(str(arm))
+        assert line is not None
+        assert max(max_diff(line.cumulative, w.cumulative), max_diff(line.window, w.window)) <= 1e-9
