@@ -25,8 +25,8 @@ Measured (the joiner's and the trainer's /metrics every 0.5 s, a probe request e
 samples and quarantine topics read whole, the model's GUARDS.log):
 
 - ``outage``: ``trip_s`` (the slower outage's start to the input guard's trip), ``served_mean_ratio_min``
-  (the probe's mean predicted CTR from the first outage's start to the end of ``healthy`` after the
-  second, over its mean in the ``--phase-s`` before the first), ``deltas_served_from_outage`` (deltas
+  (the probe's mean predicted CTR in 5 s buckets: the lowest bucket from the first outage's start to
+  the bad labels, over the median bucket of the minute before the first outage), ``deltas_served_from_outage`` (deltas
   that trained a sample of a request whose clicks were lost), ``lost_samples`` (items of the late
   outage's requests without a sample, or with another label than their clicks say),
   ``quarantined`` (the joiner's count), ``resumed`` (samples trained after the lost outage).
@@ -258,9 +258,11 @@ def figures(args, marks, series, joined, held, pipe, quarantined, model_dir: Pat
         return float(t[hit[0]] - after) if len(hit) else None
 
     trips = [first(join_trip > 0, marks[n]) for n in ("late", "lost")]
-    before = mean[(t >= marks["late"] - args.phase_s) & (t < marks["late"])]
-    during = mean[(t >= marks["late"]) & (t < marks["resume"])]
-    ratio = float(np.nanmin(during) / np.nanmean(before)) if len(before) and len(during) else None
+    every5 = [(a, float(np.nanmean(mean[(t >= a) & (t < a + 5)]))) for a in np.arange(marks["warm"], marks["end"], 5.0)
+              if ((t >= a) & (t < a + 5)).any()]  # fmt: skip
+    before = [m for a, m in every5 if marks["late"] - 60 <= a < marks["late"] - 5]
+    during = [m for a, m in every5 if marks["late"] <= a < marks["bad"] - 5]
+    ratio = float(np.nanmin(during) / np.nanmedian(before)) if before and during else None
     rids = requests_of(joined["keys"])
     # the outage's samples: of requests scored in it (one scored before whose late click was lost
     # is a sample with a click missing, counted in lost_clicks_before_the_trip)

@@ -18,7 +18,8 @@ window_s``. Replaying a topic thus gives the labels a live run gave.
 windows then stay open up to ``hold_s`` past their close, so that clicks delayed by a broken
 pipeline still label their items, and the samples of an open window wait for its close (a positive
 too: nothing from a suspect stretch reaches the trainer early). When the guard clears, the windows
-close as usual (``release``) when their clicks came (the clicks of a stopped pipeline, delayed),
+close as usual (``release``; for one window after, each request's clicks still wait for the rest of
+it, so that the trainer does not get a window of clicks before any negative) when their clicks came (the clicks of a stopped pipeline, delayed),
 and as ``quarantine`` samples when they did not (the joiner judges the held windows' label rate
 against the guard's band); those the bound closes while it holds are ``quarantine`` samples too.
 
@@ -98,6 +99,7 @@ class _Request:
     unacked: int = 0
     closed: bool = False
     suspect: bool = False  # impressed while the input guard held the join
+    defer: bool = False  # its clicks wait for its window's close (held, or just after a hold)
     quarantine: bool = False  # its samples go to the quarantine topic when its window closes
 
 
@@ -134,6 +136,7 @@ class PartitionJoin:
         """While set (the input guard is tripped), windows stay open up to this long past their
         close and their samples wait for it; those the bound closes are quarantined."""
         self.items = 0  # items impressed in this partition
+        self._balance_until = float("-inf")  # event time: requests impressed before it defer their clicks
 
     # --- input ---------------------------------------------------------------------------
     def impression(self, offset: int, value: bytes, now: float) -> list[Emit]:
@@ -162,6 +165,7 @@ class PartitionJoin:
             ]
         req.deadline = imp.ts + self.window_s
         req.suspect = self.hold_s is not None
+        req.defer = req.suspect or imp.ts < self._balance_until
         req.writer = SampleWriter(imp, rows)
         req.labelled = np.zeros(batch.num_rows, bool)
         req.held.append((IMPRESSIONS, offset))
@@ -231,7 +235,7 @@ class PartitionJoin:
         req.labelled[ev.item] = True
         req.held.append((EVENTS, offset))
         self._held[EVENTS][offset] = None
-        if self.hold_s is not None or req.quarantine:  # suspect input: the sample waits for the close
+        if self.hold_s is not None or req.quarantine or req.defer:  # the sample waits for the close
             req.deferred.append(ev)
             return []
         req.unacked += 1
@@ -321,6 +325,10 @@ class PartitionJoin:
         if quarantine:
             for req in self.requests.values():
                 req.quarantine = req.quarantine or req.suspect
+        # for one window after, a request's clicks wait for the rest of it: emitted at once they
+        # would reach the trainer a window before any negative (bench-guard: the served mean CTR
+        # rose from 0.25 to 0.46 in the 30 s after an outage)
+        self._balance_until = self.watermark(now) + self.window_s
         self.hold_s = 0.0 if quarantine else None
         out = self.advance(now)
         self.hold_s = None

@@ -213,3 +213,20 @@ def test_a_clear_releases_the_held_windows_as_usual_or_to_quarantine(join):
     join.impression(3, impression("r4", 130.0), now=0)  # r3, impressed while held, closes: quarantined too
     out = join.advance(now=0)
     assert len(out) == N_ITEMS and all(e.quarantine for e in out)
+
+
+def test_for_one_window_after_a_release_clicks_wait_for_the_rest_of_their_request(join):
+    join.hold_s = 30.0
+    join.impression(0, impression("r1", 100.0), now=0)
+    join.caught_up(EVENTS)
+    join.impression(1, impression("r2", 111.0), now=0)
+    join.release(now=0, quarantine=False)  # r1 closes; the window after runs to 121 (event time)
+    join.impression(2, impression("r3", 112.0), now=0)
+    assert join.event(0, event("r3", 1, 113.0), now=0) == []  # waits for r3's close
+    join.caught_up(EVENTS)
+    join.impression(3, impression("r4", 125.0), now=0)  # after the window: clicks at once again
+    assert len(join.event(1, event("r4", 2, 126.0), now=0)) == 1
+    join.caught_up(EVENTS)
+    join.impression(4, impression("r5", 140.0), now=0)
+    closed = labels(join.advance(now=0))
+    assert closed[("r3", 1)] == 1.0 and sum(closed.values()) == 1.0  # r3's click came with r3's window
