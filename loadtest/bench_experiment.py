@@ -2,15 +2,37 @@
 
     python -m loadtest.bench_experiment [--rate 10] [--quick] [--results-dir DIR] [--store DIR]
 
-On the mock Kafka cluster, in the drifting world of ``make bench-stream`` (simulated users,
-``recserve join``) but drifting slowly (``--drift-period-s`` 600: the items' tastes move, yet a
-version trained before the experiment still knows them while the rule decides) and with the users'
-click rate set so that the start version is calibrated (``--ctr`` 0.12: observed ~0.17-0.19
-against its mean score 0.19), both frontends follow one model store and log their impressions:
+On the mock Kafka cluster, simulated users (``loadtest.stream_users``) click the impressions and
+``recserve join`` joins them; both frontends follow one model store and log their impressions:
 ``recserve serve`` (co-located lookups) and TorchServe's handler (an archive whose ``scoring.json``
 names the store; ``--no-torchserve`` leaves it out). The load (``--rate`` requests/s of 200
 items, open-loop) alternates between them, each request the body of one of ``--units`` users
 (the first item's ``C1`` names the user: the experiment's ``--unit-key C1``).
+
+The world (``UserModel`` with a ``reference`` and a ``drift_origin_s``): item ``i`` of the request
+is clicked with probability ``sigmoid(logit(reference[i]) + taste_i(t) - taste_i(t0))``, where
+``reference`` is the start version's scores of the request (one reply, read before the users
+start), ``taste`` the drifting world's rising and falling fashions (``--drift-weight`` 0.7 in
+logit, ``--drift-period-s`` 600) and ``t0`` the users' start. Why this world: the issue expects a fresher
+A to win and a B trained on shuffled labels to lose, which holds only where clicks follow the
+items. In ``make bench-stream``'s world clicks follow the served score (users click what the model
+ranks high) and the tastes, not the items' features: there the start version's spread of scores is
+noise, a near-constant B has the lower log loss, and the first run of this bench promoted B and
+aborted A. Here the truth is a fixed function of the items, so
+
+- control is the truth at ``t0`` and falls behind as the tastes drift (its log loss rises with
+  the drift, its calibration stays near 1: the tastes' mean over the items is about 0);
+- A, trained on the clicks of the last ``--fresh-s`` before the experiment, knows where the
+  tastes went: better than control while the drift since its samples is smaller than since ``t0``
+  (from the experiment's start until about half a period after ``t0``: minutes);
+- B predicts about the Criteo click rate for every item: no signal, a log loss higher by what
+  the reference knows of the items (computed from the start version's and B's scores of the
+  request: about 0.027 above control's, while A is about 0.015-0.025 below it).
+
+The drift is mild (0.7, not bench-stream's 2) because the tastes raise the world's click rate as
+they spread (sigmoid is convex where items are clicked less than half the time): at 1, B's
+higher mean prediction became about as calibrated as control's and its gap fell to 0.014 within
+two minutes, while A's advantage grew past B's deficit.
 
 The versions:
 
@@ -18,34 +40,33 @@ The versions:
 - A, fresher: for ``--warm-s`` the loop runs on control; then a version is trained offline
   (``loadtest.common.train_version``: ``recserve train``'s code, unpublished) on the joined samples
   of the last ``--fresh-s`` -- each sample as its item's Criteo row (every request holds the same
-  200 rows) with the sample's label: the world's clicks of the minutes before the experiment.
-  ``--fresh stream`` takes instead the newest full version of the streaming trainer (``recserve
-  train --follow --stream --train-dense --full-every``, on a copy of the store), what the issue's
-  canaries are; it is not the default because in trial runs those versions predicted about twice
-  the observed click rate (calibration 1.9-2.0, their progressive log loss rising from 0.50 to
-  0.61 while their AUC held at 0.77-0.80) and the rule's calibration guardrail aborted them: a
-  finding about the streaming trainer, not a figure of the experiment;
+  200 rows) with the sample's label. ``--fresh stream`` takes instead the newest full version of
+  the streaming trainer (``recserve train --follow --stream --train-dense --full-every``, on a copy
+  of the store), what the issue's canaries are; not the default: in trial runs those versions
+  predicted about twice the observed click rate (calibration 1.9-2.0) and the calibration
+  guardrail aborted them, a finding about the streaming trainer, not a figure of the experiment;
 - B, worse on purpose: ``train_version`` on a copy of the Criteo training file whose labels are
   permuted (seeded): a model of no signal.
 
 Then ``recserve experiment start --candidate A --share 0.1 --candidate B --share 0.1 --unit-key C1``
-(80/10/10) with ``recserve experiment watch --auto --rule`` running, until the rule has decided
-both candidates or the experiment ended (``--decide-s`` at most). The rule is the defaults but for
-``--min-samples`` (10,000 per arm) and ``--min-clicks`` (1,000): a request is 200 samples that
-move together, and with the defaults (1,000 samples, 100 clicks: 5 and 3 requests) trial runs
-aborted a calibrated, better A on the calibration of its first 2 requests (0.786 at 111 clicks).
-The impressions and samples topics are read whole as they fill; users and joiner stop before they
-are read to their end. Figures (rules in ``loadtest.experiment_parts``):
+(80/10/10) with ``recserve experiment watch --auto`` running, until the rule has decided both
+candidates or the experiment ended (``--decide-s`` at most). The rule is the defaults but for
+``--min-samples`` 20,000 an arm (100 requests; the default is 10,000): a promotion ends the
+experiment, so a worse candidate is aborted only if its evidence is in before the better one's;
+with 20,000 samples both differences (above) are past the mSPRT's bound (about 0.014 in log loss
+at 20,000 against 160,000) at the look that first may decide, where at 10,000 (bound about 0.019)
+a B whose measured gap came out low would be left undecided by A's promotion. The impressions and samples topics are read whole as they fill; users
+and joiner stop before they are read to their end. Figures (rules in ``loadtest.experiment_figures``):
 
 - ``decisions``, ``samples_to_decision`` (EXPERIMENTS.log: the decision's evidence);
-- ``metric_max_abs_diff``: the watch role's report (``EXPERIMENT.metrics.json``, once it holds at
-  least every sample of the experiment) against ``stream.arms.arm_metrics`` over the samples
-  topic read whole;
+- ``metric_max_abs_diff``: the watch role's report (``EXPERIMENT.metrics.json``, once it holds
+  every sample of the experiment) against ``stream.arms.arm_metrics`` over the samples the role
+  owns by its rule (``experiment_figures.recompute``), from the samples topic read whole;
 - ``mixed_responses``; ``units_in_two_arms`` (and ``units_off_their_arm``), start to first decision;
 - ``split_p99_ratio``: after the experiment, on the same frontend at the same load, phases with a
   running experiment (control CURRENT, the two other versions at 10% each) and without, ABBA,
   ``--p99-rounds`` x ``--p99-phase-s`` each; p99 of each side's pooled latencies (per frontend;
-  the headline is ``recserve serve``'s);
+  the headline is ``recserve serve``'s; ``split_p99_requests_per_side``: what it rests on);
 - ``aa_replays``, ``aa_false_decision_rate``: ``stream.aa.aa_replays`` with the bench's rule over
   the samples control's version scored in this run (before the experiment, and control's during
   it), in event-time order, units = request ids; ``aa_rule_defaults`` (the rule's defaults),
@@ -64,13 +85,14 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 import model_store as ms
 from features.schema import load_schema
+from loadtest import experiment_figures as ef
 from loadtest import experiment_parts as ep
 from loadtest import mockbroker
 from loadtest.common import (
@@ -79,7 +101,6 @@ from loadtest.common import (
     keep_work_flag,
     parse,
     parser,
-    print_table,
     report_targets,
     train_version,
     work_dir,
@@ -94,11 +115,8 @@ from model_store import experiments as ex
 from model_store.dense import AUTO
 from serving.rpc.procs import free_ports, spawn, stop_children
 from serving.scoring.arms import Unit
-from stream.aa import aa_replays
-from stream.arms import Samples, arm_metrics
 from stream.sequential import SequentialConfig
 from stream.watch import read_report
-from stream.watch.watcher import span_of
 
 UNIT_SLOT = "C1"
 SPLIT_P99_TARGET = 1.05
@@ -125,17 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--decide-s", type=float, default=150.0, help="most seconds of experiment (default: 150)")
     p.add_argument("--window-s", type=float, default=10.0, help="the joiner's window (default: 10)")
+    p.add_argument("--drift-weight", type=float, default=0.7,
+                   help="logit amplitude of each item's drifting taste (default: 0.7)")  # fmt: skip
     p.add_argument("--drift-period-s", type=float, default=600.0,
-                   help="seconds for an item's taste to go round once (default: 600: it moves, but a version "
-                        "trained before the experiment still knows it while the rule decides)")  # fmt: skip
-    p.add_argument("--ctr", type=float, default=0.12,
-                   help="the users' click rate of an average item (default: 0.12: the start version is calibrated)")  # fmt: skip
+                   help="seconds for an item's taste to go round once (default: 600: A, trained before the "
+                        "experiment, stays ahead of control while the rule decides)")  # fmt: skip
     p.add_argument("--p99-phase-s", type=float, default=10.0, help="one with/without phase (default: 10)")
-    p.add_argument("--p99-rounds", type=int, default=4, help="with/without phases of each side (default: 4)")
-    p.add_argument("--min-samples", type=int, default=10_000,
-                   help="the rule's samples per arm before its test may decide (default: 10000, 50 requests)")  # fmt: skip
-    p.add_argument("--min-clicks", type=int, default=1000,
-                   help="the candidate's clicks before its calibration is judged (default: 1000, ~25 requests)")  # fmt: skip
+    p.add_argument("--p99-rounds", type=int, default=6, help="with/without phases of each side (default: 6)")
+    p.add_argument("--min-samples", type=int, default=20_000,
+                   help="the rule's samples per arm before its test may decide (default: 20000; see above)")  # fmt: skip
+    p.add_argument("--min-clicks", type=int,
+                   help="the candidate's clicks before its calibration is judged (default: the rule's, 1000)")  # fmt: skip
     p.add_argument("--aa-replays", type=int, default=60, help="A/A replays (default: 60)")
     p.add_argument(
         "--torchserve",
@@ -216,7 +234,11 @@ def run(args, root: Path, work: Path) -> dict:
                  [(n, p, work / f"{n}.log") for n, p in procs.items()])  # fmt: skip
         stop_users = threading.Event()
         es.callback(stop_users.set)
-        world = UserModel(ctr=args.ctr, delay_s=2.0, drift_weight=2.0, drift_period_s=args.drift_period_s)
+        reference = ep.reference_scores(
+            endpoints["lean"], bodies[0], control
+        )  # before any click: no delta yet
+        world = UserModel(delay_s=2.0, drift_weight=args.drift_weight, drift_period_s=args.drift_period_s,
+                          reference=reference, drift_origin_s=time.time())  # fmt: skip
         users = threading.Thread(target=play, args=(b, world, stop_users), daemon=True)
         users.start()
         with ep.UnitLoad(endpoints, bodies, args.rate) as load:
@@ -230,12 +252,12 @@ def run(args, root: Path, work: Path) -> dict:
                     root, ep.cat(list(collect["samples"].parts)), args.fresh_s, work
                 )
             print(
-                f"control {control}, A {version_a} (from the stream), B {version_b} (shuffled labels)",
+                f"control {control}, A {version_a} (fresh: {args.fresh}), B {version_b} (shuffled labels)",
                 flush=True,
             )
             procs["watch"] = spawn(["experiment", "watch", "--store", str(root), "--model", model, "--brokers", b,
                                     "--auto", "--every-s", "2", "--window-s", f"{WATCH_WINDOW_S:g}",
-                                    "--rule", str(rule_file(args, work))],
+                                    *rule_flags(args, work)],
                                    work / "watch.log")  # fmt: skip
             recserve("experiment", "start", "--store", str(root), "--model", model, "--name", NAME,
                      "--candidate", version_a, "--share", "0.1", "--candidate", version_b, "--share", "0.1",
@@ -262,16 +284,15 @@ def run(args, root: Path, work: Path) -> dict:
         p99 = ep.split_p99(args, root, model, endpoints, bodies, UNIT_SLOT, others)
     times = {"warm_s": args.warm_s, "experiment_s": round((exp.ended or end_of_load) - exp.started, 1),
              "load_s": round(end_of_load - exp.started + args.warm_s, 1)}  # fmt: skip
-    facts = {
-        "replies": load.table(),
-        "imps": imps,
-        "samples": samples,
-        "report": report,
-        "recomputed": recomputed,
-    }
-    out = figures(args, root, model, exp, facts, p99, {"control": control, "A": version_a, "B": version_b})
-    out["conditions"] |= {"durations": times, "frontends": list(endpoints),
-                          "load_average": {"before": load_before, "after": os.getloadavg()}}  # fmt: skip
+    replies = load.table()
+    facts = {"replies": replies, "imps": imps, "samples": samples, "report": report, "recomputed": recomputed}
+    unit_of = dict(zip(imps["request"].tolist(), imps["unit"].tolist(), strict=True))
+    aa = ef.aa_figures(samples, exp, unit_of, args.aa_replays, rule(args), UNIT_SLOT)
+    out = ef.figures(root, model, exp, facts, p99, aa)
+    out["versions"] = {"control": control, "A": version_a, "B": version_b}
+    out["conditions"] = conditions(args, reference) | {
+        "durations": times, "frontends": list(endpoints),
+        "load_average": {"before": load_before, "after": os.getloadavg()}}  # fmt: skip
     return out
 
 
@@ -280,16 +301,18 @@ WATCH_WINDOW_S = 60.0
 
 
 def rule(args) -> SequentialConfig:
-    """The rule the watch role runs: the defaults but for ``--min-samples`` and ``--min-clicks``
-    (a request is 200 samples that move together: the defaults, 1000 samples and 100 clicks, are
-    5 and 3 requests)."""
-    return SequentialConfig(min_samples=args.min_samples, min_clicks=args.min_clicks)
+    """The rule the watch role runs: the defaults but for ``--min-samples`` and ``--min-clicks``."""
+    given = {"min_samples": args.min_samples, "min_clicks": args.min_clicks}
+    return SequentialConfig(**{k: v for k, v in given.items() if v is not None})
 
 
-def rule_file(args, work: Path) -> Path:
+def rule_flags(args, work: Path) -> list[str]:
+    """The watch role's ``--rule`` file when a flag overrides the defaults (none otherwise)."""
+    if args.min_samples is None and args.min_clicks is None:
+        return []
     path = work / "rule.yaml"
-    path.write_text(f"min_samples: {args.min_samples}\nmin_clicks: {args.min_clicks}\n")
-    return path
+    path.write_text(f"min_samples: {rule(args).min_samples}\nmin_clicks: {rule(args).min_clicks}\n")
+    return ["--rule", str(path)]
 
 
 def wait_decided(root: Path, model: str, seconds: float) -> ex.Experiment:
@@ -312,151 +335,41 @@ def wait_decided(root: Path, model: str, seconds: float) -> ex.Experiment:
 
 def settled(root: Path, model: str, exp: ex.Experiment, samples: dict, watch) -> tuple[dict, dict]:
     """The watch role's figures, once its report holds every sample of the experiment the samples
-    topic holds (30 s at most), and ``arm_metrics`` over those samples: {arm: ArmReport-like}."""
-    span = span_of(exp)
-    mine = np.isin(samples["arm"], list(span.arms)) & (samples["ts"] >= span.started)
-    mine &= samples["ts"] <= (span.ended if span.ended is not None else np.inf)
-    got = Samples.of(samples["arm"][mine].astype(np.str_), samples["score"][mine], samples["label"][mine],
-                     samples["ts"][mine], samples["request"][mine].astype(np.str_))  # fmt: skip
-    recomputed = {str(k): asdict(v) for k, v in arm_metrics(got, WATCH_WINDOW_S).items()}
+    topic holds (30 s at most), and their recomputation (``experiment_figures.recompute``)."""
+    n = int(ef.owned(samples, exp).sum())
+    recomputed = ef.recompute(samples, exp, WATCH_WINDOW_S)
     deadline, report = time.monotonic() + 30, None
     while time.monotonic() < deadline and watch.poll() is None:
         report = read_report(root, model)
-        if report is not None and report.experiment == exp.name and report.counts.kept >= int(mine.sum()):
+        if report is not None and report.experiment == exp.name and report.counts.kept >= n:
             break
         time.sleep(1.0)
     if report is None or report.experiment != exp.name:
         return {}, recomputed
-    if report.counts.kept != int(mine.sum()):
-        armed = np.isin(samples["arm"], list(span.arms))
-        after = armed & (samples["ts"] > (span.ended or np.inf))
-        print(f"  the watch role kept {report.counts.kept} samples, the topic holds {int(mine.sum())} of the "
-              f"experiment; with an arm: {int((armed & (samples['ts'] < span.started)).sum())} before its start, "
-              f"{int(after.sum())} after its end (at most {samples['ts'][after].max(initial=0) - (span.ended or 0):.2f} s)",
+    if report.counts.kept != n:
+        print(f"  the watch role kept {report.counts.kept} samples, the topic holds {n} of the experiment's span",
               flush=True)  # fmt: skip
     reported = {a.arm: {"arm": a.arm, "cumulative": a.cumulative, "window": a.window} for a in report.arms}
     return reported, recomputed
 
 
-def figures(args, root: Path, model: str, exp: ex.Experiment, facts: dict, p99: dict, versions: dict) -> dict:
-    log = ex.read_log(root, model)
-    decided, took = ep.decisions(log, exp.name)
-    replies, imps, samples = facts["replies"], facts["imps"], facts["samples"]
-    first = min([d.at for d in exp.decisions] + [exp.ended or np.inf])
-    start_record = next(e.record for e in log if e.record.name == exp.name)
-    during = (imps["ts"] >= exp.started) & (imps["ts"] < first) & (imps["arm"] != "")
-    in_exp = (replies["experiment"] == exp.name) & (replies["done"] < first)
-    diff = ep.max_abs_diff(facts["report"], facts["recomputed"])
-    v1 = ((samples["arm"] == ex.CONTROL) & (samples["ts"] >= exp.started)) | (
-        (samples["arm"] == "") & (samples["ts"] < exp.started))  # fmt: skip
-    order = np.argsort(samples["ts"][v1], kind="stable")
-    score, label = samples["score"][v1][order], samples["label"][v1][order]
-    rids = samples["request"][v1][order].astype(np.str_)
-    aa = aa_replays(rids, score, label, args.aa_replays, rule(args))
-    aa_defaults = aa_replays(rids, score, label, args.aa_replays)
-    unit_of = dict(zip(imps["request"].tolist(), imps["unit"].tolist(), strict=True))
-    test_only = replace(rule(args), calibration_band=(1e-9, 1e9))  # the mSPRT alone: no calibration guardrail
-    aa_test = aa_replays(rids, score, label, args.aa_replays, test_only)
-    aa_unit = aa_replays(
-        np.array([unit_of.get(r, r) for r in rids.tolist()], np.str_),
-        score,
-        label,
-        args.aa_replays,
-        rule(args),
-    )
-    lean = p99.get("lean", {}).get("ratio")
-    ok = replies["status"] == 200
-    out = {
-        "decisions": decided,
-        "samples_to_decision": took,
-        "metric_max_abs_diff": diff,
-        "mixed_responses": ep.mixed_replies(replies, ep.arm_versions(log)),
-        "units_in_two_arms": ep.units_in_two_arms(imps["unit"][during], imps["arm"][during]),
-        "units_off_their_arm": ep.off_their_arm(imps["unit"][during], imps["arm"][during], start_record),
-        "units_in_two_arms_replies": ep.units_in_two_arms(
-            replies["unit"][in_exp].astype(str), replies["arm"][in_exp]
-        ),
-        "split_p99_ratio": lean,
-        "split_p99": p99,
-        "aa_replays": aa.replays,
-        "aa_false_decision_rate": aa.false_decision_rate,
-        "aa": {
-            "units": "request ids",
-            "samples": aa.samples,
-            "false_promotions": aa.false_promotions,
-            "false_aborts": aa.false_aborts,
-            "samples_to_false_decision": aa.samples_to_false_decision,
-            "requests": len(np.unique(rids)),
-        },  # fmt: skip
-        "aa_rule_defaults": {
-            "units": "request ids",
-            "rule": "SequentialConfig() (1000 samples, 100 clicks)",
-            "false_decision_rate": aa_defaults.false_decision_rate,
-            "false_promotions": aa_defaults.false_promotions,
-            "false_aborts": aa_defaults.false_aborts,
-        },  # fmt: skip
-        "aa_test_only": {
-            "units": "request ids",
-            "calibration_guardrail": "off",
-            "false_decision_rate": aa_test.false_decision_rate,
-            "false_promotions": aa_test.false_promotions,
-            "false_aborts": aa_test.false_aborts,
-        },  # fmt: skip
-        "aa_by_unit_key": {
-            "units": f"unit key ({UNIT_SLOT})",
-            "false_decision_rate": aa_unit.false_decision_rate,
-            "false_promotions": aa_unit.false_promotions,
-            "false_aborts": aa_unit.false_aborts,
-            "unit_count": len({unit_of.get(r, r) for r in rids.tolist()}),
-        },  # fmt: skip
-        "versions": versions,
-        "experiment": {
-            "state": exp.state,
-            "current_after": ms.current(root, model),
-            "arms": {k: v["cumulative"] for k, v in facts["recomputed"].items()},
-        },  # fmt: skip
-        "requests": {
-            fe: {
-                "ok": int((ok & (replies["frontend"] == fe)).sum()),
-                "failed": int((~ok & (replies["frontend"] == fe)).sum()),
-            }
-            for fe in np.unique(replies["frontend"]).tolist()
-        },  # fmt: skip
-        "impressions": {
-            "all": len(imps.get("ts", [])),
-            "in_experiment": int(during.sum()),
-            "by_arm": {a: int((imps["arm"][during] == a).sum()) for a in start_record.names()},
-        },  # fmt: skip
-        "conditions": {
-            "rate_rps": args.rate,
-            "items": 200,
-            "units": args.units,
-            "unit_key": UNIT_SLOT,
-            "machine": "2-vCPU VM, every role, both frontends and the load on it",
-            "shares": {"control": 0.8, "A": 0.1, "B": 0.1},
-            "join_window_s": args.window_s,
-            "drift": {"weight": 2.0, "period_s": args.drift_period_s},
-            "ctr": args.ctr,
-            "click_delay_s": 2.0,
-            "rule": asdict(rule(args)),
-            "watch": f"--auto --every-s 2 --window-s {WATCH_WINDOW_S:g}",
-            "split_p99": f"{args.p99_rounds} x {args.p99_phase_s:g} s a side and frontend at {args.rate:g} "
-            "rps after the experiment (joiner, users, watch stopped), ABBA, pooled p99",
-            "aa": f"{args.aa_replays} replays of the samples control's version scored, event-time order, "
-            "looks every 1000 samples",
-        },  # fmt: skip
-    }
-    rows = [{"arm": a, "version": versions.get(a), "decision": decided.get(a, "control"),
-             "samples": m["samples"], "ctr": m["ctr"]["value"], "calibration": m["calibration"]["value"],
-             "logloss": m["logloss"]["value"], "auc": m["auc"]["value"],
-             "to_decision": (took.get(a) or {}).get("total")} for a, m in out["experiment"]["arms"].items()]  # fmt: skip
-    print_table(f"experiment {exp.name}: {exp.state}", rows,
-                ["arm", "version", "decision", "samples", "ctr", "calibration", "logloss", "auc", "to_decision"])  # fmt: skip
-    print_table("checks", [{k: out[k] for k in ("metric_max_abs_diff", "mixed_responses", "units_in_two_arms",
-                                                 "split_p99_ratio", "aa_replays", "aa_false_decision_rate")}],
-                ["metric_max_abs_diff", "mixed_responses", "units_in_two_arms", "split_p99_ratio", "aa_replays",
-                 "aa_false_decision_rate"])  # fmt: skip
-    return out
+def conditions(args, reference: tuple[float, ...]) -> dict:
+    ref = np.array(reference)
+    return {
+        "rate_rps": args.rate, "items": 200, "units": args.units, "unit_key": UNIT_SLOT,
+        "machine": "2-vCPU VM, every role, both frontends and the load on it",
+        "shares": {"control": 0.8, "A": 0.1, "B": 0.1}, "join_window_s": args.window_s,
+        "world": {"clicks": "sigmoid(logit(reference[item]) + taste(item, t) - taste(item, t0)), t0 the users' start",
+                  "reference": "the start version's scores of the request (one reply before the users start)",
+                  "reference_mean": float(ref.mean()), "reference_range": [float(ref.min()), float(ref.max())],
+                  "drift_weight": args.drift_weight, "drift_period_s": args.drift_period_s},
+        "click_delay_s": 2.0, "fresh": f"{args.fresh} (last {args.fresh_s:g} s)" if args.fresh == "samples" else "stream",
+        "rule": asdict(rule(args)), "watch": f"--auto --every-s 2 --window-s {WATCH_WINDOW_S:g}",
+        "split_p99": f"{args.p99_rounds} x {args.p99_phase_s:g} s a side and frontend at {args.rate:g} rps after "
+        "the experiment (joiner, users, watch stopped), ABBA, pooled p99",
+        "aa": f"{args.aa_replays} replays of the samples control's version scored, event-time order, looks every "
+        "1000 samples",
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

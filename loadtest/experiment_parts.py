@@ -1,31 +1,15 @@
 """``make bench-experiment``'s parts: its versions (``shuffled_labels``, ``trained_on_samples``,
-``adopt_fresh``), TorchServe following the store (``torchserve_frontend``), the requests of many
-units over both frontends (``UnitLoad``, an open-loop ``Paced`` that records each reply's arm and
-versions), the topics' facts, the split's p99 (``split_p99``), and the counts the bench reports,
-as plain functions over what was logged.
-
-The rules the counts rest on:
-
-- a reply is *mixed* when its versions are not its arm's: its dense or embedding version differs
-  from the version the experiment's record gave its arm (any record of that experiment in
-  ``EXPERIMENTS.log``: an arm's version never changes), or, outside an experiment, when its dense
-  and embedding versions differ;
-- a unit is *in two arms* when impressions of it name two different arms while one record was in
-  force (from the experiment's start to its first decision: an abort hands the arm's units to
-  control, rightly). A unit's key is recomputed from the impression's batch exactly as
-  ``serving.scoring.arms.Unit`` reads it (the sign of the unit slot's value in the first row);
-  ``off_their_arm`` counts the impressions of that span whose arm is not the one
-  ``model_store.experiments.assign`` gives their unit;
-- ``max_abs_diff`` compares every figure of the watch role's report with ``stream.arms.arm_metrics``
-  over the same samples (NaN equals NaN; a NaN against a number is an infinite difference).
+``adopt_fresh``), the world's reference (``reference_scores``), TorchServe following the store
+(``torchserve_frontend``), the requests of many units over both frontends (``UnitLoad``, an
+open-loop ``Paced`` that records each reply's arm and versions), the topics' facts
+(``impression_facts``, ``sample_facts``) and the split's p99 (``split_p99``). The counts over what
+they log: ``loadtest.experiment_figures``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import math
 import shutil
 import threading
 import time
@@ -121,22 +105,6 @@ class UnitLoad(Paced):
         return out
 
 
-def arm_versions(entries: list[ex.LogEntry]) -> dict[tuple[str, str], str]:
-    """(experiment, arm) -> version, from every record ``EXPERIMENTS.log`` holds."""
-    return {(e.record.name, a.name): a.version for e in entries for a in e.record.arms}
-
-
-def mixed_replies(replies: dict[str, NDArray[Any]], versions: dict[tuple[str, str], str]) -> int:
-    """Replies (status 200) whose versions are not their arm's (see the module's rule)."""
-    ok = replies["status"] == 200
-    n = 0
-    for arm, name, dense, emb in zip(replies["arm"][ok], replies["experiment"][ok], replies["dense"][ok],
-                                     replies["embedding"][ok], strict=True):  # fmt: skip
-        want = versions.get((name, arm)) if arm else dense
-        n += dense != want or emb != want
-    return int(n)
-
-
 def unit_keys(batches: list[bytes], slot: int, missing: int | None, request_ids: list[str]) -> list[str]:
     """Each impression's unit key, as ``serving.scoring.arms.Unit.key`` reads its request."""
     from features.codec import decode
@@ -149,70 +117,6 @@ def unit_keys(batches: list[bytes], slot: int, missing: int | None, request_ids:
     return out
 
 
-def units_in_two_arms(units: NDArray[Any], arms: NDArray[Any]) -> int:
-    """Units whose impressions (those with an arm) name more than one arm."""
-    seen: dict[str, set[str]] = {}
-    for u, a in zip(units.tolist(), arms.tolist(), strict=True):
-        if a:
-            seen.setdefault(u, set()).add(a)
-    return sum(len(s) > 1 for s in seen.values())
-
-
-def off_their_arm(units: NDArray[Any], arms: NDArray[Any], record: ex.Experiment) -> int:
-    """Impressions with an arm other than the one ``assign`` gives their unit under ``record``."""
-    has = arms != ""
-    if not has.any():
-        return 0
-    want = np.array(record.names(), object)[ex.assign(units[has].astype(np.str_), record)]
-    return int((want != arms[has]).sum())
-
-
-def _leaves(x: Any, prefix: str = "") -> dict[str, float]:
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        x = dataclasses.asdict(x)
-    if isinstance(x, dict):
-        return {k: v for key, val in x.items() for k, v in _leaves(val, f"{prefix}{key}.").items()}
-    return {prefix.rstrip("."): float(x)} if isinstance(x, int | float) else {}
-
-
-def max_abs_diff(reported: dict[str, Any], recomputed: dict[str, Any]) -> float | None:
-    """The largest difference between two {arm: {cumulative, window}} sets of figures (None: no
-    arm in common; an arm in one only: infinite)."""
-    if not reported or set(reported) != set(recomputed):
-        return None if not reported else math.inf
-    worst = 0.0
-    for arm, figures in reported.items():
-        a, b = _leaves(figures), _leaves(recomputed[arm])
-        if set(a) != set(b):
-            return math.inf
-        for k, x in a.items():
-            y = b[k]
-            if math.isnan(x) and math.isnan(y):
-                continue
-            worst = max(worst, abs(x - y) if not (math.isnan(x) or math.isnan(y)) else math.inf)
-    return worst
-
-
-def decisions(entries: list[ex.LogEntry], name: str) -> tuple[dict[str, str | None], dict[str, Any]]:
-    """Per candidate arm of experiment ``name``: what became of it (promoted | aborted | None: the
-    experiment ended first, or the run did) and, when decided, the samples and seconds it took (the
-    decision's evidence: the candidate's and control's samples at the look that decided)."""
-    mine = [e for e in entries if e.record.name == name]
-    if not mine:
-        return {}, {}
-    first = mine[0].record
-    out: dict[str, str | None] = {a.name: None for a in first.arms if a.name != ex.CONTROL and not a.shadow}
-    took: dict[str, Any] = {}
-    for d in mine[-1].record.decisions:
-        out[d.arm] = d.decision
-        ev = d.evidence
-        took[d.arm] = {"candidate": ev.get("n_candidate"), "control": ev.get("n_control"),
-                       "total": (ev.get("n_candidate") or 0) + (ev.get("n_control") or 0),
-                       "seconds": round(d.at - first.started, 1), "by": d.by,
-                       "reasons": list(ev.get("reasons", []))}  # fmt: skip
-    return out, took
-
-
 def shuffled_labels(path: Path, out: Path, seed: int = 0) -> Path:
     """A copy of a Criteo TSV (label first) with its labels permuted: the same rows, no signal."""
     lines = path.read_text().splitlines()
@@ -222,6 +126,21 @@ def shuffled_labels(path: Path, out: Path, seed: int = 0) -> Path:
         "".join(f"{labels[j]}\t{line.split(chr(9), 1)[1]}\n" for j, line in zip(perm, lines, strict=True))
     )
     return out
+
+
+def reference_scores(url: str, body: bytes, version: str) -> tuple[float, ...]:
+    """The scores ``version`` gives the items of ``body`` at ``url`` (a reply of another version:
+    RuntimeError): the world's reference."""
+    client = ScoringClient(url, None)
+    try:
+        status, payload = client.post(body)
+    finally:
+        client.close()
+    reply = orjson.loads(payload) if status == 200 else {}
+    if reply.get("versions", {}).get("dense") != version:
+        raise RuntimeError(f"{url}: no reply of version {version} to read the reference from: {status} "
+                           f"{payload[:200]!r}")  # fmt: skip
+    return tuple(float(x) for x in np.clip(reply["scores"], 1e-4, 1 - 1e-4))  # a logit each
 
 
 @contextlib.contextmanager

@@ -12,7 +12,10 @@ sent to the events topic when it happens, not when its impression is read. With
 ``--drift-weight W`` the world drifts: each item's taste rises and falls with event time (period
 ``--drift-period-s``), so popular items fall out of fashion and others rise, and a model that keeps
 learning has something to win (``make bench-stream``: W = 2, a period of 60 s: an item in fashion
-is clicked e^4 ~ 55x as often as the same item half a minute later). Clicks of one request are
+is clicked e^4 ~ 55x as often as the same item half a minute later). With a ``reference`` (an
+option of ``UserModel`` only) clicks follow the items instead of the served scores: item ``i`` is
+clicked with probability ``sigmoid(logit(reference[i]) + taste)``, so a model that predicts the
+reference is right whatever is served (``make bench-experiment``). Clicks of one request are
 drawn at once (numpy), no loop per item.
 
 ``impressions(n, ...)`` makes impressions of a real ranking request (200 Criteo rows through the
@@ -64,12 +67,22 @@ class UserModel:
     invert: bool = False
     """A broken world (``make bench-guard``'s bad labels): users click what they would not, at
     the same rate (the logit of score and taste negated)."""
+    reference: tuple[float, ...] | None = None
+    """A world whose clicks follow the items, not the served scores (``make bench-experiment``):
+    item ``i`` of a request (its position) is clicked with probability ``sigmoid(logit(reference[i])
+    + taste)`` whatever it was scored; ``ctr`` and ``score_weight`` are then unused (None: the
+    served-score model above)."""
+    drift_origin_s: float | None = None
+    """Event time at which every taste is zero (each taste is then its change since that time: the
+    world is the reference's at the origin and drifts away from it); None: tastes as above."""
 
     def __post_init__(self) -> None:
         if not 0 < self.ctr < 1 or self.delay_s < 0 or not 0 <= self.duplicate <= 1:
             raise ValueError(f"need 0 < ctr < 1, delay_s >= 0, 0 <= duplicate <= 1: {self}")
         if self.drift_weight < 0 or self.drift_period_s <= 0:
             raise ValueError(f"need drift_weight >= 0 and drift_period_s > 0: {self}")
+        if self.reference is not None and not all(0 < p < 1 for p in self.reference):
+            raise ValueError("need every reference click probability in (0, 1)")
 
     def taste(self, n_items: int, ts: float) -> np.ndarray:
         """Each of ``n_items`` items' drifting taste (logit) at event time ``ts``; zeros without drift.
@@ -77,13 +90,26 @@ class UserModel:
         if not self.drift_weight:
             return np.zeros(n_items)
         phase = np.arange(n_items) * 0.6180339887498949 % 1.0
-        return self.drift_weight * np.cos(2 * np.pi * (ts / self.drift_period_s + phase))
+        taste = self.drift_weight * np.cos(2 * np.pi * (ts / self.drift_period_s + phase))
+        if self.drift_origin_s is not None:
+            origin = self.drift_origin_s / self.drift_period_s
+            taste -= self.drift_weight * np.cos(2 * np.pi * (origin + phase))
+        return taste
 
     def click_probability(self, scores: np.ndarray, ts: float) -> np.ndarray:
-        """Each item's click probability in a request scored ``scores`` at event time ``ts``."""
+        """Each item's click probability in a request scored ``scores`` at event time ``ts``: a
+        base logit plus the items' liking (negated when ``invert``)."""
         scores = np.asarray(scores, np.float64)
-        liking = self.score_weight * (scores - scores.mean()) + self.taste(len(scores), ts)
-        logit = math.log(self.ctr / (1 - self.ctr)) + (-liking if self.invert else liking)
+        taste = self.taste(len(scores), ts)
+        if self.reference is None:
+            base = math.log(self.ctr / (1 - self.ctr))
+            liking = self.score_weight * (scores - scores.mean()) + taste
+        else:
+            if len(self.reference) != len(scores):
+                raise ValueError(f"a request of {len(scores)} items, a reference of {len(self.reference)}")
+            ref = np.log(np.asarray(self.reference)) - np.log1p(-np.asarray(self.reference))
+            base, liking = float(ref.mean()), ref - ref.mean() + taste
+        logit = base + (-liking if self.invert else liking)
         return 1 / (1 + np.exp(-logit))
 
     def clicks(self, imp: Impression, rng: np.random.Generator) -> list[Event]:

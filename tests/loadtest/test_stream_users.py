@@ -34,3 +34,28 @@ def test_without_drift_the_click_rate_does_not_move_with_time():
 def test_drift_settings_are_checked():
     with pytest.raises(ValueError, match="drift"):
         UserModel(drift_weight=1.0, drift_period_s=0.0)
+
+
+def test_a_reference_world_clicks_each_item_at_its_reference_rate_whatever_it_is_scored():
+    reference = tuple(np.linspace(0.02, 0.6, 200).tolist())
+    model = UserModel(delay_s=0.0, reference=reference)
+    high, low = np.arange(150, 200), np.arange(0, 50)
+    rate = click_rate(model, high, 0.0, requests=200)
+    assert rate == pytest.approx(float(np.mean(np.array(reference)[high])), abs=0.03)
+    assert click_rate(model, low, 0.0, requests=200) < rate / 3  # the random scores do not matter
+    p = model.click_probability(np.zeros(200), 0.0)
+    assert p == pytest.approx(np.array(reference))
+
+
+def test_a_drift_origin_zeroes_every_taste_at_that_time_and_not_later():
+    model = UserModel(drift_weight=1.0, drift_period_s=100.0, drift_origin_s=30.0)
+    assert not model.taste(200, 30.0).any()
+    assert np.abs(model.taste(200, 55.0)).max() > 1.0
+    assert model.taste(200, 130.0) == pytest.approx(np.zeros(200), abs=1e-9)
+
+
+def test_a_reference_must_be_probabilities_and_match_the_request():
+    with pytest.raises(ValueError, match="reference"):
+        UserModel(reference=(0.5, 1.0))
+    with pytest.raises(ValueError, match="reference of 2"):
+        UserModel(reference=(0.5, 0.2)).click_probability(np.zeros(3), 0.0)
