@@ -3,7 +3,7 @@
     python -m loadtest.bench_guard [--rate 10] [--quick] [--results-dir DIR] [--store DIR]
 
 The whole loop on the mock Kafka cluster (``loadtest.mockbroker``), in a drifting world (each
-item's taste goes round every ``--drift-period-s``, 300 s: slower than ``make bench-stream``'s
+item's taste goes round every ``--drift-period-s``, 600 s: slower than ``make bench-stream``'s
 60 s, whose 10 s join window it outpaces no more than this bench's 30 s one does this one): ``recserve serve`` (co-located lookups, ``--log-impressions``) loaded at
 ``--rate`` requests/s of 200 items, simulated users clicking, ``recserve join`` (its input guard
 on, ``--record-to`` the model) and ``recserve train --follow --stream`` (its output guard on),
@@ -19,7 +19,7 @@ every guard at its documented defaults. The phases, each ``--phase-s`` long unle
 5. ``healthy`` (``--recover-s``): learning resumes by itself.
 6. ``bad`` (``--bad-s``): users click what they would not (``UserModel.invert``), at the same rate:
    the output guard trips and the served rows are rewound to the last good delta.
-7. ``after`` (``--recover-s``).
+7. ``after`` (``--after-s``, 120 s: the bad requests' join windows close for 30 s after it).
 
 Measured (the joiner's and the trainer's /metrics every 0.5 s, a probe request every 0.5 s, the
 samples and quarantine topics read whole, the model's GUARDS.log):
@@ -142,17 +142,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phase-s", type=float, default=90.0, help="each outage and the healthy phase between (default: 90)")  # fmt: skip
     p.add_argument("--recover-s", type=float, default=60.0, help="the healthy phases after (default: 60)")
     p.add_argument("--bad-s", type=float, default=30.0, help="the inverted labels (default: 30)")
+    p.add_argument("--after-s", type=float, default=120.0,
+                   help="the healthy end (default: 120: the bad requests' windows close for a join window after it)")  # fmt: skip
     p.add_argument("--window-s", type=float, default=30.0,
                    help="the joiner's window (default: 30: longer than the input guard takes to trip)")  # fmt: skip
     p.add_argument("--lr", type=float, default=0.05, help="the streaming trainer's sparse learning rate")
-    p.add_argument("--drift-period-s", type=float, default=300.0,
-                   help="seconds for an item's taste to go round once (default: 300: slow beside the 30 s "
+    p.add_argument("--drift-period-s", type=float, default=600.0,
+                   help="seconds for an item's taste to go round once (default: 600: slow beside the 30 s "
                         "join window, so that a model trained on closed windows keeps up)")  # fmt: skip
     p.add_argument(
         "--drift-weight", type=float, default=2.0, help="logit amplitude of the taste (default: 2)"
     )
     keep_work_flag(p)
-    args = parse(p, argv, {"rate": 4.0, "warm_s": 30.0, "phase_s": 20.0, "recover_s": 25.0, "bad_s": 15.0,
+    args = parse(p, argv, {"rate": 4.0, "warm_s": 30.0, "phase_s": 20.0, "recover_s": 25.0, "bad_s": 15.0, "after_s": 30.0,
                            "window_s": 15.0})  # fmt: skip
     with work_dir("bench-guard", args.keep_work) as work:
         store = given_or_trained(args.store, work)
@@ -212,7 +214,7 @@ def run(args, model_dir: Path, work: Path) -> dict:
         marks: dict[str, float] = {}
         plan = [("warm", args.warm_s, "pass"), ("late", args.phase_s, "hold"), ("healthy", args.phase_s, "pass"),
                 ("lost", args.phase_s, "drop"), ("resume", args.recover_s, "pass"), ("bad", args.bad_s, "bad"),
-                ("after", args.recover_s, "pass")]  # fmt: skip
+                ("after", args.after_s, "pass")]  # fmt: skip
         print(f"{args.rate:g} rps; phases " + ", ".join(f"{n} {s:g} s" for n, s, _ in plan), flush=True)
         with Paced(endpoint, body, args.rate):
             for name, seconds, mode in plan:
