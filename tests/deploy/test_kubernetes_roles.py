@@ -1,12 +1,11 @@
 """The manifests' commands run: the Secret's files are made by docs/kubernetes.md's lines, then every pod
-of the small overlay is started in its own network namespace with exactly the commands, args and
-environment its container specs give (init containers first) -- $(VAR) expanded from the
-container's env as the kubelet does, the pod-index label and ConfigMap keys resolved, each volume
-bound at its mountPath in the process's own mount namespace, the image's WORKDIR /app being this
-checkout -- and Service and pod names resolved through /etc/netns/<ns>/hosts. Every pod's
-readiness probe must pass as the kubelet calls it, and a request scored through the frontend then
-equals the trainer's own scores. A flag renamed in the code and not in the manifests fails here:
-its role exits, and the wait names its log; so does a certificate missing a name a client dials."""
+of the small overlay starts in its own network namespace with exactly its containers' commands, args
+and environment (init containers first; $(VAR), the pod-index label and ConfigMap keys resolved as
+the kubelet does; each volume bound at its mountPath; the image's WORKDIR /app this checkout;
+Service and pod names through /etc/netns/<ns>/hosts). Every readiness probe must pass as the kubelet
+calls it, and a request scored through the frontend equals the trainer's own scores. A flag renamed
+in the code and not in the manifests fails here (its role exits; the wait names its log), and so
+does a certificate missing a name a client dials."""
 
 from __future__ import annotations
 
@@ -35,7 +34,6 @@ from tests.helpers import ROOT, doc_blocks, exit_ok, second_half, train_version,
 from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow
-SCHEMA = "data/schemas/criteo.yaml"
 IMAGE_WORKDIR = "/app"  # the image's WORKDIR: this checkout stands for it
 IMAGE_VENV = "/opt/recserve"  # the image's venv: the venv running the tests stands for it
 VENV = Path(sys.prefix)  # this checkout's .venv under `make test`; a shared one in a git worktree
@@ -284,15 +282,8 @@ def test_the_stream_roles_run_as_their_manifests_say_against_the_test_broker(net
     assert sorted(p["name"] for p in stream) == ["follow-0", "join-0"]
     (host,) = network(1, [" ".join(n for p in stream for n in p["names"])]).hosts
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    topics = (
-        "impressions:2",
-        "events:2",
-        "samples:2",
-        "impressions.dead:1",
-        "events.dead:1",
-        "samples.dead:1",
-        "samples.quarantine:2",
-    )
+    topics = ("impressions:2", "events:2", "samples:2", "impressions.dead:1", "events.dead:1", "samples.dead:1",
+              "samples.quarantine:2")  # fmt: skip
     broker_log = tmp_path / "kafka.log"
     host.popen([sys.executable, "-m", "loadtest.mockbroker", *(a for t in topics for a in ("--topic", t))],
                broker_log, env=env, cwd=ROOT)  # fmt: skip
@@ -396,7 +387,7 @@ def test_the_torchserve_component_runs_as_its_manifest_says_and_scores(network, 
     # a newly published version is served by the same pod, no restart (its worker follows the model)
     train_version(store, seed=1, publish=False, data=second_half(tmp_path))  # version 2: other rows
     ms.publish(store, "criteo", "2", allow_schema_change=True)
-    (body, ctype), *_ = requests_from_file(TEST, SCHEMA, 20, 20)
+    (body, ctype), *_ = requests_from_file(TEST, "data/schemas/criteo.yaml", 20, 20)
 
     def dense_version() -> str:
         assert proc.poll() is None, f"pod {pod['name']} exited {proc.returncode}: {log.read_text()[-3000:]}"
