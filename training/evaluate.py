@@ -11,6 +11,7 @@ from xml.sax.saxutils import escape
 import numpy as np
 
 from features.batch import CompactBatch
+from stream.arms import auc as stream_auc
 
 
 @dataclass
@@ -41,17 +42,7 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     pos = y == 1
     if not np.all(pos | (y == 0)):
         raise ValueError(f"labels must be 0 or 1, got {np.unique(y[~(pos | (y == 0))])[:5]}")
-    n_pos = int(pos.sum())
-    n_neg = len(y) - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    order = np.argsort(s, kind="stable")
-    ranked = s[order]
-    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])  # first index of each tie group
-    ends = np.r_[starts[1:], len(s)]
-    ranks = np.repeat((starts + ends + 1) / 2.0, ends - starts)  # 1-based, ties get their mean
-    u = ranks[pos[order]].sum() - n_pos * (n_pos + 1) / 2.0
-    return float(u / (n_pos * n_neg))
+    return stream_auc(s, pos.astype(np.float64))  # the one implementation (stream.arms)
 
 
 def logloss(labels: np.ndarray, scores: np.ndarray, eps: float = 1e-7) -> float:
