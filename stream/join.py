@@ -309,12 +309,13 @@ class PartitionJoin:
     def open_windows(self) -> int:
         return len(self._deadlines)
 
-    def held_labels(self, now: float) -> tuple[int, int]:
-        """(items, items labelled) of the windows past their close the input guard holds."""
+    def held_labels(self, now: float, suspect: bool = False) -> tuple[int, int]:
+        """(items, items labelled) of the windows past their close the input guard holds
+        (``suspect``: of those impressed while it held only)."""
         wm, items, labelled = self.watermark(now), 0, 0
         for deadline, rid in self._deadlines:  # at a clear only: a loop per held request, not per item
             req = self.requests[rid]
-            if deadline <= wm and req.labelled is not None:
+            if deadline <= wm and req.labelled is not None and (req.suspect or not suspect):
                 items, labelled = items + len(req.labelled), labelled + int(req.labelled.sum())
         return items, labelled
 

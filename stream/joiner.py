@@ -171,10 +171,16 @@ class Joiner:
             part.hold_s = hold
 
     def _release(self, now: float) -> None:
-        """The guard cleared: the held windows close, as usual if their clicks came (their label
-        rate is back at the guard's clear share of the band), else to the quarantine topic."""
-        held = [part.held_labels(now) for part in self.parts.values()]
-        items, labelled = sum(h[0] for h in held), sum(h[1] for h in held)
+        """The guard cleared: the held windows close, as usual if their clicks came (the label rate
+        of those impressed while it held is back at the guard's clear share of the band), else to
+        the quarantine topic."""
+        # judged on the windows of impressions read while it held (those before it had their
+        # clicks before the outage), else on every held one
+        for suspect in (True, False):
+            held = [part.held_labels(now, suspect) for part in self.parts.values()]
+            items, labelled = sum(h[0] for h in held), sum(h[1] for h in held)
+            if items:
+                break
         g = self.guard
         quarantine = bool(items) and labelled / items < self.cfg.guard.clear * g.band
         if items:

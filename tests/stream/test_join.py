@@ -230,3 +230,14 @@ def test_for_one_window_after_a_release_clicks_wait_for_the_rest_of_their_reques
     join.impression(4, impression("r5", 140.0), now=0)
     closed = labels(join.advance(now=0))
     assert closed[("r3", 1)] == 1.0 and sum(closed.values()) == 1.0  # r3's click came with r3's window
+
+
+def test_held_labels_of_the_impressions_read_while_held(join):
+    join.impression(0, impression("r1", 100.0), now=0)  # before the trip: its click came
+    join.event(0, event("r1", 1, 101.0), now=0)
+    join.hold_s = 30.0
+    join.impression(1, impression("r2", 102.0), now=0)  # while held: no click came
+    join.caught_up(EVENTS)
+    join.impression(2, impression("r3", 120.0), now=0)
+    assert join.held_labels(now=0) == (2 * N_ITEMS, 1)
+    assert join.held_labels(now=0, suspect=True) == (N_ITEMS, 0)
