@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from features.codec import encode
+from stream import dead_letter
+from stream.config import JoinConfig
 from stream.records import Event, Impression, Versions, encode_event, encode_impression
 from tests.serving.helpers import ITEMS, ranking_batch
 
@@ -63,3 +65,26 @@ def samples_by_key(reader: TopicReader) -> dict[tuple[str, int], list[float]]:
         s = decode_sample(value)
         out.setdefault(s.key, []).append(s.label)
     return out
+
+
+PARTS = 4
+
+
+def topics(kafka, name: str) -> JoinConfig:
+    """Fresh topics named after the test (the inputs' dead-letter topics by the convention's rule),
+    and a joiner's config over them."""
+    names = {k: kafka.create_topic(f"{name}-{k}", PARTS) for k in ("impressions", "events", "samples")}
+    for k in ("impressions", "events"):
+        kafka.create_topic(dead_letter.topic_of(names[k]), PARTS)
+    kafka.create_topic(names["samples"] + ".quarantine", PARTS)
+    return JoinConfig(brokers=kafka.bootstrap, impressions=names["impressions"], events=names["events"],
+                      samples=names["samples"], group=f"{name}-join", window_s=1.0,
+                      commit_every_s=0.2)  # fmt: skip
+
+
+def join_args(cfg: JoinConfig, metrics_port: int = 0) -> list[str]:
+    return ["join", "--kafka-config", cfg.kafka_config, "--brokers", cfg.brokers, "--impressions", cfg.impressions, "--events", cfg.events,
+            "--samples", cfg.samples, "--group", cfg.group,
+            "--window-s", str(cfg.window_s), "--commit-every-s", str(cfg.commit_every_s),
+            "--metrics-port", str(metrics_port)] + (["--member", cfg.member] if cfg.member else []) + (
+            ["--dead-letter", cfg.dead_letter] if cfg.dead_letter else [])  # fmt: skip

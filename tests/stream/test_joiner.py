@@ -20,21 +20,17 @@ from stream import dead_letter
 from stream.config import JoinConfig
 from stream.joiner import Joiner, JoinError
 from tests.helpers import free_port, wait_until
-from tests.stream.helpers import N_ITEMS, TopicReader, event, impression, produce, samples_by_key
-
-PARTS = 4
-
-
-def topics(kafka, name: str) -> JoinConfig:
-    """Fresh topics named after the test (the inputs' dead-letter topics by the convention's rule),
-    and a joiner's config over them."""
-    names = {k: kafka.create_topic(f"{name}-{k}", PARTS) for k in ("impressions", "events", "samples")}
-    for k in ("impressions", "events"):
-        kafka.create_topic(dead_letter.topic_of(names[k]), PARTS)
-    kafka.create_topic(names["samples"] + ".quarantine", PARTS)
-    return JoinConfig(brokers=kafka.bootstrap, impressions=names["impressions"], events=names["events"],
-                      samples=names["samples"], group=f"{name}-join", window_s=1.0,
-                      commit_every_s=0.2)  # fmt: skip
+from tests.stream.helpers import (
+    N_ITEMS,
+    PARTS,
+    TopicReader,
+    event,
+    impression,
+    join_args,
+    produce,
+    samples_by_key,
+    topics,
+)
 
 
 def test_labels_duplicates_late_events_and_dead_letters(kafka):
@@ -157,14 +153,6 @@ def test_a_restarted_joiner_does_not_count_the_events_it_rereads_as_late(kafka):
     run(second, lambda: second.counts.events >= 2, "both events read again")
     samples.close()
     assert (first.counts.late, second.counts.late, second.counts.replayed) == (0, 0, 1)
-
-
-def join_args(cfg: JoinConfig, metrics_port: int = 0) -> list[str]:
-    return ["join", "--kafka-config", cfg.kafka_config, "--brokers", cfg.brokers, "--impressions", cfg.impressions, "--events", cfg.events,
-            "--samples", cfg.samples, "--group", cfg.group,
-            "--window-s", str(cfg.window_s), "--commit-every-s", str(cfg.commit_every_s),
-            "--metrics-port", str(metrics_port)] + (["--member", cfg.member] if cfg.member else []) + (
-            ["--dead-letter", cfg.dead_letter] if cfg.dead_letter else [])  # fmt: skip
 
 
 def workload(kafka, cfg: JoinConfig, requests: range) -> dict[tuple[str, int], float]:

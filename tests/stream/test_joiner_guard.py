@@ -19,8 +19,7 @@ from stream.guard import GuardConfig
 from stream.joiner import Joiner
 from stream.records import decode_sample
 from tests.helpers import wait_until
-from tests.stream.helpers import N_ITEMS, TopicReader, event, impression, produce
-from tests.stream.test_joiner import PARTS, join_args, topics
+from tests.stream.helpers import N_ITEMS, PARTS, TopicReader, event, impression, join_args, produce, topics
 
 GUARD = GuardConfig(window_s=1.0, band_s=20.0, min_items=40, warmup_items=200, hold_s=3.0, max_lag_s=1000.0)
 
