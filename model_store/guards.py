@@ -14,6 +14,7 @@ reader's result, never fatal: the log is a record for people, the metrics are th
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 from model_store.errors import RecordError
 from model_store.records import decode
 
+log = logging.getLogger("recserve.guards")
 NAME = "GUARDS.log"
 FORMAT = "recserve-guard/1"
 GUARDS = ("input", "output")
@@ -53,6 +55,15 @@ def record(model_dir: str | os.PathLike[str], event: GuardEvent) -> GuardEvent:
         f.flush()
         os.fsync(f.fileno())
     return event
+
+
+def record_or_log(model_dir: str | os.PathLike[str], event: GuardEvent) -> None:
+    """``record``, logging (not raising) a write that fails: a guard acts whatever the store's
+    history can take; its metrics and its log keep the event."""
+    try:
+        record(model_dir, event)
+    except OSError as e:
+        log.error("cannot record the %s guard's %s in %s: %s", event.guard, event.event, model_dir, e)
 
 
 def read_guards(model_dir: str | os.PathLike[str], last: int = 0) -> tuple[list[GuardEvent], list[str]]:

@@ -190,12 +190,9 @@ class Joiner:
             self._produce(p, part.release(now, quarantine))
 
     def _record(self, event: str, reason: str) -> None:
-        from model_store.guards import GuardEvent, record
+        from model_store.guards import GuardEvent, record_or_log
 
-        try:
-            record(self.cfg.record_to, GuardEvent("input", event, reason))
-        except OSError as e:  # the metrics and the log keep it; the store's history misses it
-            log.error("cannot record the input guard's %s in %s: %s", event, self.cfg.record_to, e)
+        record_or_log(self.cfg.record_to, GuardEvent("input", event, reason))
 
     def _take(self, m: Message, now: float) -> None:
         err = m.error()

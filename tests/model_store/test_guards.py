@@ -30,3 +30,10 @@ def test_events_round_trip_in_order_and_a_bad_line_is_skipped_by_name(tmp_path):
 def test_an_unknown_event_is_refused():
     with pytest.raises(ValueError, match="one of"):
         record("/nonexistent", GuardEvent("output", "explode"))
+
+
+def test_a_history_that_cannot_be_written_is_logged_not_raised(tmp_path, caplog):
+    from model_store.guards import record_or_log
+
+    record_or_log(tmp_path / "missing", GuardEvent("input", "trip", "label rate fell"))
+    assert "cannot record the input guard's trip" in caplog.text

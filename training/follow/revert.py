@@ -117,13 +117,10 @@ class Rewinder:
         return True
 
     def _record(self, event: str, **kw) -> None:
-        from model_store.guards import GuardEvent, record
+        from model_store.guards import GuardEvent, record_or_log
 
         if self.model_dir is not None:
-            try:
-                record(self.model_dir, GuardEvent("output", event, version=self.version, **kw))
-            except OSError as e:  # the metrics and the log keep it; the store's history misses it
-                log.error("cannot record the output guard's %s in %s: %s", event, self.model_dir, e)
+            record_or_log(self.model_dir, GuardEvent("output", event, version=self.version, **kw))
 
 
 class _Collector:
