@@ -70,7 +70,7 @@ from model_store.guards import read_guards
 from serving.rpc.procs import free_ports, stop_children
 from stream.arms import auc
 from stream.records import Event
-from stream.sample_batch import read_samples
+from stream.sample_batch import read_samples, request_ids
 
 
 class Pipeline:
@@ -126,11 +126,6 @@ def cat(parts: list[dict]) -> dict:
     out = {k: np.concatenate([p[k] for p in parts]) for k in ("labels", "scores", "ts", "where")}
     out["keys"] = np.concatenate([p["keys"].astype(f"S{width}") for p in parts])
     return out
-
-
-def requests_of(keys: np.ndarray) -> np.ndarray:
-    """The request ids of sample keys (item: 4 bytes, then the request id)."""
-    return np.array([k[4:].decode() for k in keys.tolist()], object)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,7 +260,7 @@ def figures(args, marks, series, joined, held, pipe, quarantined, model_dir: Pat
     before = [m for a, m in every5 if marks["late"] - 60 <= a < marks["late"] - 5]
     during = [m for a, m in every5 if marks["late"] <= a < marks["bad"] - 5]
     ratio = float(np.nanmin(during) / np.nanmedian(before)) if before and during else None
-    rids = requests_of(joined["keys"])
+    rids = np.char.decode(request_ids(joined["keys"]))
     # the outage's samples: of requests scored in it (one scored before whose late click was lost
     # is a sample with a click missing, counted in lost_clicks_before_the_trip)
     from_lost = np.isin(rids, list(pipe.lost)) & (joined["ts"] >= marks["lost"])
