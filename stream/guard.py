@@ -16,7 +16,8 @@ arrival (wall) time:
 
 Nothing is judged before the band has seen ``warmup_items`` healthy items, nor over a window of
 fewer than ``min_items``. The guard clears when every measure is back (the label rate at ``clear``
-x the band or above); a tripped bucket never enters the band.
+x the band or above), or when there is nothing left to judge it on; ``cleared`` says which. A
+tripped bucket never enters the band.
 
 While the guard is tripped the join holds its windows open (up to ``hold_s`` past their close, so
 that clicks that come late still label right) and emits nothing from them; windows that reach the
@@ -103,6 +104,8 @@ class InputGuard:
         self._buckets: deque[_Bucket] = deque()
         self.trip: Trip | None = None
         self.since = 0.0  # when the current trip began (wall time)
+        self.cleared = ""  # why the last trip cleared
+        self._counted = (0, 0)  # the last judged window's items and its band's
         self.trips = dict.fromkeys(self.MEASURES, 0)
         self.recoveries = 0
         self.tripped_s = 0.0  # time spent tripped, over the run (trips that ended)
@@ -144,7 +147,8 @@ class InputGuard:
         elif trip is None and self.trip is not None:
             self.recoveries += 1
             self.tripped_s += now - self.since
-            log.warning("input guard cleared after %.1fs (%s)", now - self.since, self.trip.reason)
+            self.cleared = self._why_clear(self.trip, now)
+            log.warning("input guard cleared: %s", self.cleared)
             self.trip = None
         elif trip is not None:
             self.trip = trip
@@ -156,6 +160,7 @@ class InputGuard:
     def _measure(self, window: list[_Bucket], band: list[_Bucket], lags: dict[int, tuple[float, int]]) -> Trip | None:  # fmt: skip
         c = self.cfg
         items, band_items = sum(b.items for b in window), sum(b.items for b in band)
+        self._counted = (items, band_items)
         if band_items < c.warmup_items:
             return None
         self.rate = sum(b.events for b in window) / items if items else math.nan
@@ -168,6 +173,18 @@ class InputGuard:
             if n >= c.min_items and lag > c.max_lag_s:
                 return Trip("event_lag", f"partition {p}'s newest event trails its newest impression by {lag:.1f}s (over {c.max_lag_s:g}s)")  # fmt: skip
         return self._empty_slot(window, band, items, band_items)
+
+    def _why_clear(self, trip: Trip, now: float) -> str:
+        """Why ``trip`` clears at ``now``: its measure is back, or nothing is left to judge it on."""
+        c, (items, band_items) = self.cfg, self._counted
+        after = f"after {now - self.since:.1f}s"
+        if items < c.min_items or band_items < c.warmup_items:
+            return f"nothing judged: {items} items over the last {c.window_s:g}s and {band_items} in its band (judged from {c.min_items} and {c.warmup_items}) {after}"  # fmt: skip
+        return {
+            "label_rate": f"label rate {self.rate:.4f} over the last {c.window_s:g}s is back at >= {c.clear:g} x its band {self.band:.4f} {after}",
+            "event_lag": f"no partition's newest event trails its newest impression by more than {c.max_lag_s:g}s {after}",
+            "empty_slot": f"no slot's share of empty rows is more than {c.max_empty_rise:g} over its band's {after}",
+        }[trip.measure]  # fmt: skip
 
     def _empty_slot(self, window: list[_Bucket], band: list[_Bucket], items: int, band_items: int) -> Trip | None:  # fmt: skip
         empties = [b.empty for b in window if b.empty is not None]

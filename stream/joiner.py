@@ -161,7 +161,7 @@ class Joiner:
         was = self.guard.trip
         trip = self.guard.judge(now, {p: (part.event_lag(), part.items) for p, part in self.parts.items()})
         if (was is None) != (trip is None) and self.cfg.record_to:
-            self._record("trip" if trip is not None else "clear", (trip or was).reason)  # type: ignore[union-attr]
+            self._record(*(("trip", trip.reason) if trip is not None else ("clear", self.guard.cleared)))
         if trip is not None:
             self._held_for = trip.reason  # the quarantine's reason, until the next trip
         if was is not None and trip is None:

@@ -1,7 +1,7 @@
 """The input guard alone (no Kafka): it trips when the label rate falls under its band, when a
 partition's events trail its impressions, and when a slot goes empty; it clears when the measure
-is back; nothing is judged while it warms up or over a thin window, and a tripped stretch never
-becomes the band."""
+is back, saying why (or that nothing was left to judge); nothing is judged while it warms up or
+over a thin window, and a tripped stretch never becomes the band."""
 
 from __future__ import annotations
 
@@ -33,6 +33,19 @@ def test_a_label_rate_under_its_band_trips_and_its_return_clears():
     assert g.band == pytest.approx(0.08)  # the outage never became the band
     assert feed(g, 45, 3, items=100, events=100) is None  # the delayed clicks arrive: a burst clears
     assert (g.trips["label_rate"], g.recoveries) == (1, 1) and g.tripped_s > 0
+    # tripped at 34.9 s (8 events in 600 items), cleared at 45.9 s (100 in 600): why it cleared
+    assert g.cleared == "label rate 0.1667 over the last 5s is back at >= 0.5 x its band 0.0800 after 11.0s"
+
+
+def test_a_trip_whose_window_thins_out_clears_saying_nothing_was_judged():
+    g = InputGuard(CFG)
+    feed(g, 0, 30, items=100, events=8)
+    assert feed(g, 30, 5, items=100, events=0) is not None
+    assert feed(g, 35, 6, items=10, events=0) is None  # 60 items a window: under min_items
+    why = (
+        "nothing judged: 60 items over the last 5s and 2900 in its band (judged from 100 and 1000) after 6.0s"
+    )
+    assert g.cleared == why
 
 
 def test_nothing_is_judged_while_warming_up_or_over_a_thin_window():
@@ -49,6 +62,7 @@ def test_a_partition_whose_events_trail_trips_the_lag_guard():
     trip = feed(g, 30, 2, items=100, events=8, lag=45.0)
     assert trip is not None and trip.measure == "event_lag" and "45.0s" in trip.reason
     assert feed(g, 32, 2, items=100, events=8, lag=3.0) is None
+    assert g.cleared == "no partition's newest event trails its newest impression by more than 30s after 2.0s"
 
 
 def test_a_slot_that_goes_empty_trips():

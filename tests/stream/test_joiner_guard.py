@@ -109,10 +109,11 @@ def test_an_outage_of_clicks_is_held_labelled_late_or_quarantined_and_replayed(k
                 assert (key in labels) != (key in held), key
                 if key in labels:
                     assert labels[key] == float(k == r % N_ITEMS and key[0] not in dropped), key
-        assert [(e.guard, e.event) for e in read_guards(tmp_path)[0]] == [
-            ("input", "trip"),
-            ("input", "clear"),
-        ] * 2
+        recorded = read_guards(tmp_path)[0]
+        assert [(e.guard, e.event) for e in recorded] == [("input", "trip"), ("input", "clear")] * 2
+        for e in recorded:  # a trip says why it tripped, a clear why it cleared
+            why = "is under 0.25 x its band" if e.event == "trip" else "is back at >= 0.5 x its band"
+            assert e.reason.startswith("label rate ") and why in e.reason, e.reason
         # 3. judged good: the replay moves them to the samples topic, once
         cmd = [sys.executable, "-m", "recserve", *join_args(cfg), "--replay-quarantine"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
