@@ -42,7 +42,7 @@ log = logging.getLogger("recserve.join")
 @dataclass
 class GuardConfig:
     """The input guard's thresholds (each a ``recserve join`` flag; the defaults are documented in
-    docs/streaming.md)."""
+    docs/guards-and-experiments.md)."""
 
     enabled: bool = field(default=True, metadata={"flag": "input-guard"})
     """Judge the input and hold windows while it is unhealthy (--no-input-guard: never)."""

@@ -40,14 +40,14 @@ SHELL_FENCES = ("bash", "sh", "shell")
 
 
 @contextlib.contextmanager
-def bash_block(block: list[str], cwd: Path):
+def bash_block(block: list[str], cwd: Path, out: str = "out.txt"):
     """Run a docs block as printed, one ``bash -c`` script in ``cwd`` with the venv first on PATH
-    and the repo importable, in its own session, its output to ``cwd/out.txt`` (a file: the block's
+    and the repo importable, in its own session, its output to ``cwd/out`` (a file: the block's
     background jobs keep it open); yields the process. On the way out the session is killed (the
     broker and whatever the block started in the background)."""
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": str(ROOT)}  # fmt: skip
-    with open(cwd / "out.txt", "w") as log:
+    with open(cwd / out, "w") as log:
         proc = subprocess.Popen(["bash", "-c", "\n".join(block)], cwd=cwd, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:

@@ -48,6 +48,14 @@ RUN: list[tuple[str, str, str, str]] = [
     ("docs/serving.md", "Serving in float16 or int8", "recserve versions", "tests/training/test_quantized_export.py::test_the_documented_versions_and_publish_lines_run_as_printed"),
     ("docs/serving.md", "Serving in float16 or int8", "recserve publish", "tests/training/test_quantized_export.py::test_the_documented_versions_and_publish_lines_run_as_printed"),
     ("docs/serving.md", "The dense model on a GPU", "recserve serve", PARSED),
+    ("docs/guards-and-experiments.md", "The input guard", "", "tests/stream/test_docs_guards.py::test_the_input_guard_lines_run_as_printed"),
+    ("docs/guards-and-experiments.md", "Running an experiment", "", "tests/stream/test_docs_guards.py::test_an_experiment_the_rule_decides_runs_as_printed"),
+    ("docs/guards-and-experiments.md", "By hand", "", "tests/stream/test_docs_guards.py::test_the_by_hand_lines_run_as_printed"),
+    # a streaming trainer at the output guard's defaults needs 16,000 samples before it judges:
+    # tests/training/follow/test_output_guard.py trips, rewinds and clears one in-process
+    ("docs/guards-and-experiments.md", "The output guard", "recserve train", PARSED),
+    # tests/training/follow/test_canary.py runs --canary-share's trainer: promoted, aborted, refused
+    ("docs/guards-and-experiments.md", "Canary for versions from the stream", "recserve train", PARSED),
     ("docs/benchmarks.md", "The dense half on a GPU", "python -m loadtest.bench_gpu", "tests/loadtest/test_bench_gpu.py::test_the_cpu_rehearsal_runs_every_section"),
 ]  # fmt: skip
 
@@ -108,7 +116,7 @@ def test_the_cluster_only_lines_are_those_of_their_block():
 def test_the_readme_is_a_front_door():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 250, len(lines)
-    linked = set(re.findall(r"\]\((docs/[a-z]+\.md)", "\n".join(lines)))
+    linked = set(re.findall(r"\]\((docs/[a-z-]+\.md)", "\n".join(lines)))
     assert linked == set(doc_files()) - {"README.md"}, linked  # every guide linked from the README
 
 

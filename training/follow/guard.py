@@ -34,7 +34,7 @@ log = logging.getLogger("recserve.train.follow")
 @dataclass
 class OutputGuardConfig:
     """The output guard's thresholds (``recserve train --follow`` flags; defaults in
-    docs/training.md)."""
+    docs/guards-and-experiments.md)."""
 
     enabled: bool = field(default=True, metadata={"flag": "output-guard"})
     """Judge the served scores of the samples read; on a trip, train nothing and rewind the
