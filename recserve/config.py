@@ -13,8 +13,9 @@ be read without being defined.
 
 Field metadata tunes a flag: ``flag`` (its name without ``--``; default the field name with
 dashes), ``positional`` (a positional argument), ``choices``, ``metavar`` (what its value is
-called in ``--help``), ``help`` (a short help line instead of the docstring), ``cli=False`` (YAML
-only).
+called in ``--help``), ``help`` (a short help line instead of the docstring), ``type`` (the flag's
+parser instead of the field's type: it raises ``argparse.ArgumentTypeError`` naming what is wrong),
+``cli=False`` (YAML only).
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def add_arguments(
             kw["type"] = _list_of(typing.get_args(tp)[0])
             kw["metavar"] = "A,B,..."
         elif tp in (int, float, str):
-            kw["type"] = tp
+            kw["type"] = f.metadata.get("type", tp)
         else:
             raise TypeError(f"{cls.__name__}.{f.name}: no flag for type {tp!r}")
         if f.metadata.get("positional"):

@@ -90,6 +90,17 @@ def _print_guards(store: str, model: str, last: int = 5) -> None:
         print(f"guard  unreadable line skipped: {why}")
 
 
+def _print_frontends(store: str, model: str) -> None:
+    """Every `recserve serve` process of the model (each worker of a frontend of several)."""
+    from serving.scoring import roster
+
+    records = roster.read(roster.roster_dir(store, model))
+    if records:
+        print(f"frontends (`recserve serve`, {len(records)} process{'es' * (len(records) > 1)}):")
+    for record in records:
+        print(record.line())
+
+
 def run_versions(cfg: VersionsConfig) -> int:
     from model_store import ModelStoreError, list_versions, pin, pins, retain, unpin
     from recserve.commands.experiment import running_line
@@ -131,6 +142,7 @@ def run_versions(cfg: VersionsConfig) -> int:
     if experiment := running_line(cfg.store, cfg.model):
         print(experiment)
     _print_guards(cfg.store, cfg.model)
+    _print_frontends(cfg.store, cfg.model)
     if view is None:
         print(f"serving: no stack running from {run_dir}")
         return 0

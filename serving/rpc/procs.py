@@ -60,6 +60,13 @@ def _term_with_parent() -> Callable[[], object]:
     return functools.partial(ctypes.CDLL(None, use_errno=True).prctl, 1, int(signal.SIGTERM))
 
 
+def term_with_parent() -> None:
+    """This process gets SIGTERM when its parent's thread that started it ends (Linux; elsewhere
+    nothing): for a child started without ``spawn`` (multiprocessing's)."""
+    if sys.platform == "linux":
+        _term_with_parent()()
+
+
 def wait_grpc_healthy(
     address: str,
     timeout_s: float,

@@ -11,13 +11,21 @@ the same table (``reply_of``) and counted by the frontend. Scoring runs the requ
 (``serving.scoring.loop``) through the frontend's router (``serving.scoring.arms.Router``: CURRENT's
 scorer, or the request's arm's while an experiment runs): alone, or with its dense stage
 micro-batched (``DenseBatcher``, which runs each scorer's requests apart); a scorer with a remote
-shard runs its blocking RPCs off the event loop.
+shard runs its blocking RPCs off the event loop. Every response names the process that answered
+(``X-Recserve-Pid``).
+
+A worker of a frontend of several processes (``FrontendProcess``: ``recserve serve --workers N``)
+answers ``/metrics`` for the whole frontend, and finishes its first look at the store (the version
+loaded, or why not known) before it starts taking connections: a connection to the port goes to a
+worker that can answer it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
@@ -45,6 +53,8 @@ if TYPE_CHECKING:
     from serving.scoring.impressions import ImpressionLog
 
 PREDICTIONS = "/predictions/"
+
+log = logging.getLogger("recserve.serve")
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -82,9 +92,19 @@ class Frontend(Protocol):
     def router(self) -> Router: ...
 
     def not_serving_reason(self) -> str: ...
+    def step(self) -> str | None: ...
     def record(self, scorer: Scorer, reply: Reply) -> Reply: ...
     async def follow(self) -> None: ...
     def close(self) -> None: ...
+
+
+class FrontendProcess(NamedTuple):
+    """This process as one worker of a frontend of several (``serving.scoring.processes``)."""
+
+    metrics: CollectorRegistry
+    """What ``/metrics`` answers: the whole frontend's (``serving.scoring.multiproc``)."""
+    ready: Callable[[], None]
+    """Told once the first look at the store is done, as the worker starts taking connections."""
 
 
 class Response(NamedTuple):
@@ -93,9 +113,9 @@ class Response(NamedTuple):
     content_type: bytes = b"application/json"
     headers: tuple[tuple[bytes, bytes], ...] = ()
 
-    async def send(self, send: Send) -> None:
+    async def send(self, send: Send, *extra: tuple[bytes, bytes]) -> None:
         headers = [(b"content-type", self.content_type), (b"content-length", str(len(self.body)).encode()),
-                   *self.headers]  # fmt: skip
+                   *self.headers, *extra]  # fmt: skip
         await send({"type": "http.response.start", "status": self.status, "headers": headers})
         await send({"type": "http.response.body", "body": self.body})
 
@@ -114,11 +134,13 @@ def answered(reply: Reply, rid: str) -> Response:
 
 
 class App:
-    """The ASGI application over ``frontend``."""
+    """The ASGI application over ``frontend`` (``process``: a worker of several's; None: alone)."""
 
-    def __init__(self, frontend: Frontend):
+    def __init__(self, frontend: Frontend, process: FrontendProcess | None = None):
         config = frontend.config
-        self.frontend = frontend
+        self.frontend, self.process = frontend, process
+        self.exposed = frontend.registry if process is None else process.metrics
+        self.pid = (b"x-recserve-pid", str(os.getpid()).encode())
         self.model_path = PREDICTIONS + config.model
         self.max_body = config.scoring.max_body_bytes
         self.expected_auth = None if config.disable_token_auth else b"Bearer " + frontend.token.encode()
@@ -137,7 +159,7 @@ class App:
             response = await self.route(scope, receive)
         except Exception as e:  # the boundary: every refusal mapped here, by the one table
             response = refused(e)
-        await response.send(send)
+        await response.send(send, self.pid)
 
     async def route(self, scope: Scope, receive: Receive) -> Response:
         path, method = scope["path"], scope["method"]
@@ -162,7 +184,7 @@ class App:
     def metrics(self) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        return Response(200, generate_latest(self.frontend.registry), CONTENT_TYPE_LATEST.encode())
+        return Response(200, generate_latest(self.exposed), CONTENT_TYPE_LATEST.encode())
 
     async def predictions(self, scope: Scope, receive: Receive) -> Response:
         headers = dict(scope["headers"])
@@ -236,6 +258,8 @@ class App:
         while True:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
+                if self.process is not None:  # a worker takes connections once it can answer them
+                    await self.first_look(self.process)
                 self._follower = asyncio.create_task(self.frontend.follow())
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
@@ -244,3 +268,12 @@ class App:
                 await asyncio.get_running_loop().run_in_executor(None, self.frontend.close)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    async def first_look(self, process: FrontendProcess) -> None:
+        """One step of the follower (the version CURRENT names loaded, or why not known), then
+        ``process.ready``; ``follow`` steps on from there."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.frontend.step)
+        except Exception:  # as ``follow``: serve what there is, say why, and look again at the poll
+            log.exception("follow step failed")
+        process.ready()

@@ -81,7 +81,7 @@ class ScorerFollower:
         """Told of each version refused for good, with why (besides the log and ``registry``)."""
         self.versions = VersionTarget(store, model, COMPONENT, pin, registry)
         self.notices = follow_notices(scoring.notices, str(Path(store) / model), registry, COMPONENT,
-                                      self._colocated)  # fmt: skip
+                                      self.colocated)  # fmt: skip
         self.arms = ArmsFollower(
             store, model, scoring, self.notices, drain_s, self.versions.refusals, COMPONENT
         )
@@ -94,8 +94,9 @@ class ScorerFollower:
         """The running experiment as served (``arms.split``): take it once per request."""
         return self.arms.split
 
-    def _colocated(self) -> list[tuple[int, Any]]:
-        """(shard, follower) of the served scorer's co-located shards (/metrics: serving.freshness)."""
+    def colocated(self) -> list[tuple[int, Any]]:
+        """(shard, follower) of the served scorer's co-located shards (/metrics: serving.freshness;
+        ``recserve versions``)."""
         shards = getattr(self.scorer.lookups.worker, "shards", []) if self.scorer is not None else []
         return [(s.shard, s.follower) for s in shards if getattr(s, "local", False)]
 

@@ -24,12 +24,18 @@ response mixes versions. The replaced scorer is closed after ``drain_s``. A vers
 the load refuses is skipped (logged, counted, and named by ``/ping`` while nothing is served);
 serving stays on what it has.
 
+With ``--workers N`` (default ``auto``: one per CPU this process may use) a parent binds the port
+and keeps N such processes serving it (``serving.scoring.processes``), with one ``/metrics`` for
+them all (``serving.scoring.multiproc``); ``--workers 1`` is ``serve``: this process alone. Every
+process is listed by ``recserve versions`` while it runs (``serving.scoring.roster``).
+
 This module is the process (its config, its key, the follower of the store and its metrics);
 ``serving.scoring.asgi`` is its HTTP face (the routes, the error boundary, micro-batching).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -37,6 +43,7 @@ import secrets
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import model_store as ms
 from model_store.dense import RUNTIMES
@@ -47,6 +54,7 @@ from serving.scoring.core import Scorer
 from serving.scoring.errors import Reply
 from serving.scoring.follow import ScorerFollower
 from serving.scoring.impressions import ImpressionLog
+from serving.scoring.multiproc import GAUGE_MODE, reset
 from serving.scoring.names import (
     ARM_MAPPED,
     ARM_REQUESTS,
@@ -57,7 +65,29 @@ from serving.scoring.names import (
     LOOKUP_MODES,
 )
 
+if TYPE_CHECKING:
+    import socket
+
+    from prometheus_client import CollectorRegistry
+
+    from serving.scoring.roster import FrontendRecord
+
 log = logging.getLogger("recserve.serve")
+
+
+def workers_flag(value: str) -> str:
+    """``--workers``: a number of processes >= 1, or ``auto``."""
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a number of processes: give N >= 1 or auto"
+        ) from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: give at least 1 process, or auto (one per CPU)")
+    return str(n)
 
 
 @dataclass
@@ -74,6 +104,10 @@ class ServeConfig:
     """Interface to bind (loopback unless told otherwise)."""
     port: int = 8080
     """HTTP port."""
+    workers: str = field(default="auto", metadata={"type": workers_flag, "metavar": "N|auto"})
+    """Processes serving the port (auto: one per CPU this process may use). With more than one, a
+    parent binds the port, restarts a worker that dies and drains them all on SIGTERM; 1 is this
+    process alone. (Not --worker, the embedding worker of remote lookups.)"""
     key_file: str = ""
     """Token file ({"inference": {"key": ...}}, as TorchServe writes; created with a fresh key when
     missing). '' = <store>/.run/<model>/serve-key_file.json."""
@@ -97,6 +131,10 @@ class ServeConfig:
     """The scoring core (its version_dir is set to the version loaded)."""
 
     def __post_init__(self) -> None:
+        try:
+            self.workers = workers_flag(str(self.workers))
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"--workers {e}") from None
         if self.batch_wait_ms < 0 or self.batch_max_items < 1:
             raise ValueError("--batch-wait-ms must be >= 0 and --batch-max-items >= 1")
         if bool(self.https_cert) != bool(self.https_key):
@@ -105,6 +143,9 @@ class ServeConfig:
             from serving.rpc.tls import ServerTLS
 
             ServerTLS(self.https_cert, self.https_key)
+
+    def worker_count(self) -> int:
+        return len(os.sched_getaffinity(0)) if self.workers == "auto" else int(self.workers)
 
     def key_path(self) -> Path:
         return (
@@ -142,28 +183,30 @@ def inference_key(path: Path) -> str:
 class Frontend:
     """The follower of the store (its served ``Scorer``, None until a version loads) and its metrics."""
 
-    def __init__(self, config: ServeConfig):
+    def __init__(self, config: ServeConfig, registry: CollectorRegistry | None = None):
+        """``registry``: where its metrics go (a worker's, ``serving.scoring.multiproc``; None: its own)."""
+        from functools import partial
+
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         from serving.rpc.metrics import LATENCY_BUCKETS
 
         self.config = config
         self.token = "" if config.disable_token_auth else inference_key(config.key_path())
-        self.registry = r = CollectorRegistry()
+        self.registry = r = registry if registry is not None else CollectorRegistry()
+        gauge = partial(Gauge, registry=r, multiprocess_mode=GAUGE_MODE)  # a worker's: see multiproc
         self.requests = Counter("recserve_scoring_requests", "Scoring requests by HTTP status and the versions that answered",
                                 ["model", "status", "dense_version", "embedding_version"], registry=r)  # fmt: skip
         self.stages = Histogram("recserve_scoring_stage_seconds", "Time of each scoring stage", ["stage"],
                                 buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
-        self.served = Gauge(
-            "recserve_scoring_version", "1 for the dense version served", ["model", "version"], registry=r
+        self.served = gauge(
+            "recserve_scoring_version", "1 for the dense version served", ["model", "version"]
         )
-        self.modes = Gauge(LOOKUP_MODE, "Where each embedding shard's rows are read (1 = this mode)",
-                           ["shard", "mode"], registry=r)  # fmt: skip
-        self.runtime = Gauge(DENSE_RUNTIME, "The dense runtime that scores (1 = this runtime)", ["runtime"],
-                             registry=r)  # fmt: skip
-        self.device = Gauge(
-            DENSE_DEVICE, "Where the dense model runs (1 = this device)", ["device"], registry=r
+        self.modes = gauge(
+            LOOKUP_MODE, "Where each embedding shard's rows are read (1 = this mode)", ["shard", "mode"]
         )
+        self.runtime = gauge(DENSE_RUNTIME, "The dense runtime that scores (1 = this runtime)", ["runtime"])
+        self.device = gauge(DENSE_DEVICE, "Where the dense model runs (1 = this device)", ["device"])
         self.batched = Histogram("recserve_scoring_dense_batch_requests", "Requests per run of the dense model "
                                  "(micro-batching)", buckets=(1, 2, 3, 4, 6, 8, 16, 32), registry=r)  # fmt: skip
         self.follower = ScorerFollower(config.store, config.model, config.scoring, pin=config.version,
@@ -176,8 +219,8 @@ class Frontend:
             r.register(self.impressions)
         self.arm_requests = Counter(ARM_REQUESTS[: -len("_total")], "Requests each arm of a running experiment "
                                     "answered (shadow arms' too), by HTTP status", ["arm", "status"], registry=r)  # fmt: skip
-        self.arm_mapped = Gauge(ARM_MAPPED, "Bytes of embedding rows each arm's scorer holds in this process",
-                                ["arm", "version"], registry=r)  # fmt: skip
+        self.arm_mapped = gauge(ARM_MAPPED, "Bytes of embedding rows each arm's scorer holds in this process",
+                                ["arm", "version"])  # fmt: skip
         self.follower.arms.on_split = self._show_split
         self.router = Router(self.follower, self.impressions)
         """Each request to its scorer: CURRENT's, or its arm's while an experiment runs."""
@@ -195,9 +238,9 @@ class Frontend:
         return self.follower.step()
 
     def _show(self, scorer: Scorer) -> None:
-        self.served.clear()
+        reset(self.served)
         self.served.labels(self.config.model, scorer.dense_version).set(1)
-        self.modes.clear()
+        reset(self.modes)
         for i, mode in enumerate(scorer.lookup_modes):
             for m in LOOKUP_MODES:
                 self.modes.labels(str(i), m).set(int(m == mode))
@@ -209,7 +252,7 @@ class Frontend:
     def _show_split(self, split: Split | None) -> None:
         from serving.scoring.experiments import mapped_bytes
 
-        self.arm_mapped.clear()
+        reset(self.arm_mapped)
         for arm, scorer in zip(
             split.experiment.arms if split else [], split.scorers if split else [], strict=True
         ):
@@ -236,6 +279,15 @@ class Frontend:
         if arm := arm_of(reply.versions):
             self.arm_requests.labels(arm, str(reply.status)).inc()
 
+    def describe(self, parent: int = 0) -> FrontendRecord:
+        """This process for the roster (``recserve versions``); ``parent``: the pid that keeps it."""
+        from serving.scoring.roster import FrontendRecord
+
+        scorer, c = self.scorer, self.config
+        return FrontendRecord(os.getpid(), parent, f"{c.host}:{c.port}", version=scorer.dense_version if scorer else "",
+                              deltas=[f.store.delta_seq for _, f in self.follower.colocated()],
+                              lookups=scorer.lookup_modes if scorer else [])  # fmt: skip
+
     def close(self) -> None:
         self.router.close()  # the shadow arms' queue, scored before the scorers close
         self.follower.close()
@@ -243,17 +295,33 @@ class Frontend:
             self.impressions.close()
 
 
-def serve(config: ServeConfig) -> int:
-    """Run the lean frontend until SIGTERM (drain, then exit 0) or SIGINT (drain, then stop)."""
-    import uvicorn
-
-    frontend = Frontend(config)
+def announce(config: ServeConfig, processes: str) -> None:
+    """The start-up line: where the frontend listens, its token auth, lookups and ``processes``."""
     auth = "off (--no-token-auth)" if config.disable_token_auth else f"on, key file {config.key_path()}"
     scheme = "https" if config.https_cert else "http"
-    log.info("scoring %s at %s://%s:%d%s%s (token auth %s; lookups %s)", config.model, scheme, config.host,
-             config.port, PREDICTIONS, config.model, auth, config.scoring.lookups)  # fmt: skip
+    log.info("scoring %s at %s://%s:%d%s%s (token auth %s; lookups %s; %s)", config.model, scheme, config.host,
+             config.port, PREDICTIONS, config.model, auth, config.scoring.lookups, processes)  # fmt: skip
+
+
+def serve(config: ServeConfig) -> int:
+    """Run the lean frontend in this process alone (``--workers 1``; N:
+    ``serving.scoring.processes.serve_workers``) until SIGTERM (drain, then exit 0) or SIGINT
+    (drain, then stop)."""
+    announce(config, "one process")
+    frontend = Frontend(config)
+    return run(frontend, App(frontend))
+
+
+def run(frontend: Frontend, app: App, sock: socket.socket | None = None, parent: int = 0) -> int:
+    """Serve ``app`` until SIGTERM drains it (exit 0; 1 when it never started), listed in the
+    roster meanwhile. A worker serves ``sock``, bound by its ``parent``."""
+    import uvicorn
+
+    from serving.scoring import roster
+
+    config = frontend.config
     server = uvicorn.Server(uvicorn.Config(
-        App(frontend), host=config.host, port=config.port, loop="uvloop", http="httptools", lifespan="on",
+        app, host=config.host, port=config.port, loop="uvloop", http="httptools", lifespan="on",
         access_log=False, log_level="warning",
         # uvicorn hints int but waits with asyncio (a float timeout is what it gets and honours)
         timeout_graceful_shutdown=max(config.drain_s, 1.0),  # type: ignore[arg-type]
@@ -262,7 +330,8 @@ def serve(config: ServeConfig) -> int:
     # uvicorn drains on SIGTERM, then raises the signal again for the handler it found: a no-op
     # here, so a drained stop ends in exit 0 (and this log line) rather than death by the signal
     signal.signal(signal.SIGTERM, lambda *_: None)
-    server.run()
+    with roster.listed(roster.roster_dir(config.store, config.model), lambda: frontend.describe(parent)):
+        server.run(None if sock is None else [sock])
     if not server.started:
         return 1
     log.info("stopped: requests in flight drained")

@@ -264,7 +264,7 @@ def test_a_unit_gets_the_same_arm_in_another_process(store, experiment, bodies, 
     """`recserve serve` in a child process (polling every 0.2 s) and a frontend here agree."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "recserve", "serve", "--store", str(store), "--port", str(port), "--poll-s", "0.2",
+        [sys.executable, "-m", "recserve", "serve", "--workers", "1", "--store", str(store), "--port", str(port), "--poll-s", "0.2",
          "--no-token-auth", "--notices", "none"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

@@ -45,7 +45,7 @@ def test_two_hosts_split_units_alike_and_both_serve_the_rewind(network, tmp_path
     train_version(store, seed=1, publish=False)  # version 2: the candidate
     net = network(2, ["serve-a", "serve-b"])
     for h in net.hosts:
-        h.popen(["recserve", "serve", "--host", h.address, "--port", str(PORT), "--store", MOUNT, "--model", "criteo",
+        h.popen(["recserve", "serve", "--workers", "1", "--host", h.address, "--port", str(PORT), "--store", MOUNT, "--model", "criteo",
                  "--lookups", "colocated", "--no-token-auth", "--poll-s", "0.5"],
                 tmp_path / f"{h.name}.log", env=venv_env(), binds={str(store): MOUNT}, cwd=ROOT)  # fmt: skip
     wait_until(lambda: all(up(h) for h in net.hosts), 180, "both hosts serving")

@@ -1,4 +1,4 @@
-"""``recserve serve`` (serving/scoring/lean.py) as a real process: it follows the store itself
+"""``recserve serve --workers 1`` (serving/scoring/lean.py) as one real process: it follows the store itself
 (503 naming why before anything is published, then the published version), answers the scoring
 core's statuses, requires its token, exposes the lookup mode on /metrics, switches to a retrained
 version with no response mixing versions, and drains on SIGTERM."""
@@ -47,7 +47,7 @@ def lean(tmp_path_factory):
     train_version(root, seed=0, publish=False)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "recserve", "serve", "--store", str(root), "--port", str(port), "--poll-s", "600",
+        [sys.executable, "-m", "recserve", "serve", "--workers", "1", "--store", str(root), "--port", str(port), "--poll-s", "600",
          "--drain-s", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

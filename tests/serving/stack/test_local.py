@@ -185,7 +185,7 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
     trainer = spawn(["train", "--store", str(tmp_path / "train-store"), "--model", "metrics", "--inprocess-ps",
                      "--limit", "1024", "--epochs", "1000", "--checkpoint-every", "4", "--threads", "1",
                      "--no-export", "--no-progress", "--metrics-port", str(train_port)], tmp_path / "train.log")  # fmt: skip
-    serve = spawn(["serve", "--store", str(trained[0]), "--model", "criteo",
+    serve = spawn(["serve", "--workers", "1", "--store", str(trained[0]), "--model", "criteo",
                    "--port", str(port), "--lookups", "remote", "--worker", stack.state.worker, "--no-token-auth"],
                   tmp_path / "serve.log")  # fmt: skip
     try:
