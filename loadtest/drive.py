@@ -161,11 +161,12 @@ def lean_frontend(
 ):
     """``recserve serve`` (the command a user runs) on a free port, micro-batching its dense stage
     with ``--batch-wait-ms`` (0: off), with ``extra`` flags; remote lookups go to the stack's worker
-    process. Yields (endpoint, {role: pids})."""
+    process. One process (``--workers 1``: the benches' figures are of one; ``extra`` may say
+    ``--workers N``). Yields (endpoint, {role: pids})."""
     from serving.rpc.procs import free_ports
 
     port = free_ports(1)[0]
-    argv = ["recserve", "serve", "--store", str(store), "--model", model, "--port",
+    argv = ["recserve", "serve", "--workers", "1", "--store", str(store), "--model", model, "--port",
             str(port), "--lookups", lookups, "--no-token-auth", "--runtime", runtime,
             "--batch-wait-ms", f"{batch_wait_ms:g}", *extra]  # fmt: skip
     if state is not None:
