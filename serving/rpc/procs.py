@@ -1,9 +1,11 @@
 """Starting and stopping the local stack's processes: free ports, spawn with logs, gRPC health
 waits, and stopping exactly the processes we started (by pid + process group, never by name).
-``proc_stat`` is the one reader of ``/proc/<pid>/stat`` (identity, liveness, CPU time, RSS)."""
+``proc_stat`` is the one reader of ``/proc/<pid>/stat`` (identity, liveness, CPU time, RSS);
+``usable_cpus`` how many CPUs this process may use (``recserve serve --workers auto``)."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -58,6 +60,46 @@ def _term_with_parent() -> Callable[[], object]:
     import functools
 
     return functools.partial(ctypes.CDLL(None, use_errno=True).prctl, 1, int(signal.SIGTERM))
+
+
+def usable_cpus(fs: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> int:
+    """The CPUs this process may use: those it may run on (its affinity), capped by the CPU time
+    its cgroups allow (a container's CPU limit; a fraction rounds up). A pod on a large node runs
+    on all of its CPUs unless the kubelet pins it, but its CPU limit holds."""
+    n = len(os.sched_getaffinity(0))
+    limit = cgroup_cpu_limit(fs, own)
+    return n if limit is None else max(1, min(n, math.ceil(limit)))
+
+
+def cgroup_cpu_limit(fs: Path, own: Path) -> float | None:
+    """The least CPU limit, in CPUs, of this process's cgroup (as ``own`` lists it, under ``fs``)
+    and its ancestors: cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``;
+    None when none is set or the files cannot be read."""
+    try:
+        lines = own.read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers and "cpu" not in controllers.split(","):
+            continue
+        base = fs / "cpu" if controllers else fs  # v1: the cpu hierarchy's mount; v2: the unified one
+        here = base / path.lstrip("/")
+        for d in (here, *here.parents[: len(here.parts) - len(base.parts)]):
+            try:
+                if controllers:
+                    quota, period = (
+                        int((d / f).read_text()) for f in ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+                    )
+                else:
+                    quota_s, period_s = (d / "cpu.max").read_text().split()
+                    quota, period = (-1 if quota_s == "max" else int(quota_s)), int(period_s)
+            except (OSError, ValueError):
+                continue
+            if quota > 0 and period > 0:
+                limits.append(quota / period)
+    return min(limits, default=None)
 
 
 def term_with_parent() -> None:

@@ -105,9 +105,10 @@ class ServeConfig:
     port: int = 8080
     """HTTP port."""
     workers: str = field(default="auto", metadata={"type": workers_flag, "metavar": "N|auto"})
-    """Processes serving the port (auto: one per CPU this process may use). With more than one, a
-    parent binds the port, restarts a worker that dies and drains them all on SIGTERM; 1 is this
-    process alone. (Not --worker, the embedding worker of remote lookups.)"""
+    """Processes serving the port (auto: one per CPU this process may use: its affinity, capped by
+    a container's CPU limit). With more than one, a parent binds the port, restarts a worker that
+    dies and drains them all on SIGTERM; 1 is this process alone. (Not --worker, the embedding
+    worker of remote lookups.)"""
     key_file: str = ""
     """Token file ({"inference": {"key": ...}}, as TorchServe writes; created with a fresh key when
     missing). '' = <store>/.run/<model>/serve-key_file.json."""
@@ -145,7 +146,9 @@ class ServeConfig:
             ServerTLS(self.https_cert, self.https_key)
 
     def worker_count(self) -> int:
-        return len(os.sched_getaffinity(0)) if self.workers == "auto" else int(self.workers)
+        from serving.rpc.procs import usable_cpus
+
+        return usable_cpus() if self.workers == "auto" else int(self.workers)
 
     def key_path(self) -> Path:
         return (

@@ -1,4 +1,5 @@
-"""serving.rpc.procs: stopping exactly the processes we started, all of them at once."""
+"""serving.rpc.procs: stopping exactly the processes we started, all of them at once; the CPUs a
+process may use."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import threading
 import time
 from pathlib import Path
 
-from serving.rpc.procs import proc_stat, running, start_time, stop_children, stop_pid
+import pytest
+
+from serving.rpc.procs import proc_stat, running, start_time, stop_children, stop_pid, usable_cpus
 from tests.helpers import wait_until
 
 # a child that waits for a signal and ignores none: SIGTERM ends it at once. MARK tells it from
@@ -101,3 +104,31 @@ def _ignores_sigterm(pid: int) -> bool:
     status = Path(f"/proc/{pid}/status").read_text()
     mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
     return bool(mask >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "files", "want"),
+    [
+        ("0::/\n", {"cpu.max": "max 100000"}, 64),  # v2, no limit: the affinity
+        (
+            "0::/pod/c1\n",
+            {"pod/cpu.max": "150000 100000", "pod/c1/cpu.max": "400000 100000"},
+            2,
+        ),  # the pod's, up
+        (
+            "1:cpu,cpuacct:/\n0::/\n",
+            {"cpu/cpu.cfs_quota_us": "300000", "cpu/cpu.cfs_period_us": "100000"},
+            3,
+        ),  # v1
+        ("1:cpu,cpuacct:/\n", {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, 64),
+    ],
+)
+def test_usable_cpus_are_the_affinity_capped_by_the_cgroup_cpu_limit(
+    cgroup, files, want, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "self-cgroup").write_text(cgroup)
+    assert usable_cpus(tmp_path, tmp_path / "self-cgroup") == want
