@@ -4,7 +4,7 @@ Measured where the data enters (the joiner), from what it reads, in one-second b
 arrival (wall) time:
 
 - **label rate**: events per impressed item over the last ``window_s``, against its own band (the
-  same ratio over the healthy buckets of the ``band_s`` before that window). A pipeline that stops
+  same ratio over the last ``band_s`` healthy seconds before that window). A pipeline that stops
   delivering clicks while impressions flow makes it fall; ``low`` x the band trips the guard. A
   burst above the band is no trip: that is what delayed clicks look like when they arrive at last.
 - **event lag**, per partition: how far the newest event's ts trails the newest impression's
@@ -15,9 +15,12 @@ arrival (wall) time:
   more than ``max_empty_rise`` over its band's.
 
 Nothing is judged before the band has seen ``warmup_items`` healthy items, nor over a window of
-fewer than ``min_items``. The guard clears when every measure is back (the label rate at ``clear``
-x the band or above), or when there is nothing left to judge it on; ``cleared`` says which. A
-tripped bucket never enters the band.
+fewer than ``min_items``; a second not judged leaves the guard as it was: healthy stays healthy, a
+trip holds. The guard clears only when a judged window has every measure back (the label rate at
+``clear`` x the band or above); ``cleared`` says which measure came back, and after how long. A
+second judged under a trip never enters the band, and the band counts healthy seconds, not wall
+time: however long a trip lasts, it is judged against the last healthy band, so an outage longer
+than ``band_s`` neither empties the band nor becomes it.
 
 While the guard is tripped the join holds its windows open (up to ``hold_s`` past their close, so
 that clicks that come late still label right) and emits nothing from them; windows that reach the
@@ -49,7 +52,8 @@ class GuardConfig:
     window_s: float = field(default=5.0, metadata={"flag": "guard-window-s"})
     """The trailing arrival time each measure is judged over."""
     band_s: float = field(default=300.0, metadata={"flag": "guard-band-s"})
-    """How far back (before the window) the band each measure is judged against reaches."""
+    """The healthy seconds (before the window) the band each measure is judged against holds; a
+    second judged under a trip is not one, so a trip never ages the band out."""
     low: float = field(default=0.25, metadata={"flag": "guard-low"})
     """Trip when the window's label rate falls under this share of the band's."""
     clear: float = field(default=0.5, metadata={"flag": "guard-clear"})
@@ -105,7 +109,6 @@ class InputGuard:
         self.trip: Trip | None = None
         self.since = 0.0  # when the current trip began (wall time)
         self.cleared = ""  # why the last trip cleared
-        self._counted = (0, 0)  # the last judged window's items and its band's
         self.trips = dict.fromkeys(self.MEASURES, 0)
         self.recoveries = 0
         self.tripped_s = 0.0  # time spent tripped, over the run (trips that ended)
@@ -129,17 +132,30 @@ class InputGuard:
 
     def judge(self, now: float, partitions: dict[int, tuple[float, int]]) -> Trip | None:
         """Trip or clear from the buckets and each partition's (event lag, items impressed so
-        far); returns the trip in force (None: healthy)."""
+        far); returns the trip in force (None: healthy). A window too thin to judge, or a band
+        too young, changes nothing."""
+        c = self.cfg
         self._bucket(now)
-        cut = int(now - self.cfg.window_s)  # the window: the last window_s seconds and this one so far
+        cut = int(now - c.window_s)  # the window: the last window_s seconds and this one so far
         self._impressed.append((now, {p: n for p, (_, n) in partitions.items()}))
-        while self._impressed[0][0] < now - self.cfg.window_s:
+        while self._impressed[0][0] < now - c.window_s:
             self._impressed.popleft()
         first = self._impressed[0][1]
         lags = {p: (lag, n - first.get(p, 0)) for p, (lag, n) in partitions.items()}
-        window = [b for b in self._buckets if b.second >= cut]
-        band = [b for b in self._buckets if b.second < cut and b.healthy]
-        trip = self._measure(window, band, lags)
+        window, band = self._expire(cut)
+        items, band_items = sum(b.items for b in window), sum(b.items for b in band)
+        if band_items >= c.warmup_items:
+            self.rate = sum(b.events for b in window) / items if items else math.nan
+            self.band = sum(b.events for b in band) / band_items
+            if items >= c.min_items:
+                self._change(now, self._measure(window, band, items, band_items, lags))
+        if self.trip is not None:  # nothing measured under a trip becomes the band
+            for b in window:
+                b.healthy = False
+        return self.trip
+
+    def _change(self, now: float, trip: Trip | None) -> None:
+        """Trip, clear or carry on, from what a judged window measured."""
         if trip is not None and self.trip is None:
             self.trip, self.since = trip, now
             self.trips[trip.measure] += 1
@@ -152,20 +168,11 @@ class InputGuard:
             self.trip = None
         elif trip is not None:
             self.trip = trip
-        if self.trip is not None:  # nothing measured under a trip becomes the band
-            for b in window:
-                b.healthy = False
-        return self.trip
 
-    def _measure(self, window: list[_Bucket], band: list[_Bucket], lags: dict[int, tuple[float, int]]) -> Trip | None:  # fmt: skip
+    def _measure(self, window: list[_Bucket], band: list[_Bucket], items: int, band_items: int, lags: dict[int, tuple[float, int]]) -> Trip | None:  # fmt: skip
+        """The trip a judged window (``min_items`` and more, its band warm) measures, or None."""
         c = self.cfg
-        items, band_items = sum(b.items for b in window), sum(b.items for b in band)
-        self._counted = (items, band_items)
-        if band_items < c.warmup_items:
-            return None
-        self.rate = sum(b.events for b in window) / items if items else math.nan
-        self.band = sum(b.events for b in band) / band_items
-        if items >= c.min_items and self.band > 0:
+        if self.band > 0:
             bar = c.clear if self.trip is not None and self.trip.measure == "label_rate" else c.low
             if self.rate < bar * self.band:
                 return Trip("label_rate", f"label rate {self.rate:.4f} over the last {c.window_s:g}s ({items} items) is under {bar:g} x its band {self.band:.4f}")  # fmt: skip
@@ -175,11 +182,8 @@ class InputGuard:
         return self._empty_slot(window, band, items, band_items)
 
     def _why_clear(self, trip: Trip, now: float) -> str:
-        """Why ``trip`` clears at ``now``: its measure is back, or nothing is left to judge it on."""
-        c, (items, band_items) = self.cfg, self._counted
-        after = f"after {now - self.since:.1f}s"
-        if items < c.min_items or band_items < c.warmup_items:
-            return f"nothing judged: {items} items over the last {c.window_s:g}s and {band_items} in its band (judged from {c.min_items} and {c.warmup_items}) {after}"  # fmt: skip
+        """Why ``trip`` clears at ``now``: its measure is back in a judged window."""
+        c, after = self.cfg, f"after {now - self.since:.1f}s"
         return {
             "label_rate": f"label rate {self.rate:.4f} over the last {c.window_s:g}s is back at >= {c.clear:g} x its band {self.band:.4f} {after}",
             "event_lag": f"no partition's newest event trails its newest impression by more than {c.max_lag_s:g}s {after}",
@@ -189,7 +193,7 @@ class InputGuard:
     def _empty_slot(self, window: list[_Bucket], band: list[_Bucket], items: int, band_items: int) -> Trip | None:  # fmt: skip
         empties = [b.empty for b in window if b.empty is not None]
         before = [b.empty for b in band if b.empty is not None]
-        if items < self.cfg.min_items or not empties or not before:
+        if not empties or not before:
             return None
         share = np.sum(empties, axis=0) / items
         base = np.sum(before, axis=0) / band_items
@@ -205,7 +209,14 @@ class InputGuard:
         second = int(now)
         if not self._buckets or self._buckets[-1].second < second:
             self._buckets.append(_Bucket(second))
-        horizon = second - self.cfg.window_s - self.cfg.band_s
-        while self._buckets[0].second <= horizon:
-            self._buckets.popleft()
         return self._buckets[-1]
+
+    def _expire(self, cut: int) -> tuple[list[_Bucket], list[_Bucket]]:
+        """The window (the buckets from ``cut`` on) and the band (the last ``band_s`` healthy
+        buckets before it); every other bucket is dropped. The band is counted in healthy
+        seconds, not wall time, so that a trip, however long, leaves it the last healthy band."""
+        window = [b for b in self._buckets if b.second >= cut]
+        healthy = [b for b in self._buckets if b.second < cut and b.healthy]
+        band = healthy[max(0, len(healthy) - math.ceil(self.cfg.band_s)) :]
+        self._buckets = deque([*band, *window])
+        return window, band

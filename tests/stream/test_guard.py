@@ -1,7 +1,8 @@
 """The input guard alone (no Kafka): it trips when the label rate falls under its band, when a
-partition's events trail its impressions, and when a slot goes empty; it clears when the measure
-is back, saying why (or that nothing was left to judge); nothing is judged while it warms up or
-over a thin window, and a tripped stretch never becomes the band."""
+partition's events trail its impressions, and when a slot goes empty; it clears only when a judged
+window has the measure back, saying why; nothing is judged while it warms up or over a thin window
+(healthy stays healthy, a trip holds), and a tripped stretch, however long, never becomes the band
+nor ages it out."""
 
 from __future__ import annotations
 
@@ -37,15 +38,35 @@ def test_a_label_rate_under_its_band_trips_and_its_return_clears():
     assert g.cleared == "label rate 0.1667 over the last 5s is back at >= 0.5 x its band 0.0800 after 11.0s"
 
 
-def test_a_trip_whose_window_thins_out_clears_saying_nothing_was_judged():
+def test_a_trip_holds_through_a_thin_window_and_clears_on_a_judged_one():
     g = InputGuard(CFG)
     feed(g, 0, 30, items=100, events=8)
     assert feed(g, 30, 5, items=100, events=0) is not None
-    assert feed(g, 35, 6, items=10, events=0) is None  # 60 items a window: under min_items
-    why = (
-        "nothing judged: 60 items over the last 5s and 2900 in its band (judged from 100 and 1000) after 6.0s"
-    )
-    assert g.cleared == why
+    for t in range(35, 45):  # night traffic, no clicks: 10 items a second, under min_items a window
+        assert feed(g, t, 1, items=10, events=0) is not None, t
+    assert g.recoveries == 0 and g.cleared == ""
+    assert feed(g, 45, 2, items=10, events=10) is not None  # clicks back, but still too thin to judge
+    # tripped at 34.9 s; the first judged window since, at 47.9 s (150 items, 28 events), clears it
+    assert feed(g, 47, 1, items=100, events=8) is None
+    assert g.cleared == "label rate 0.1867 over the last 5s is back at >= 0.5 x its band 0.0800 after 13.0s"
+
+
+def test_an_outage_longer_than_the_band_holds_until_the_clicks_return():
+    cfg = GuardConfig(window_s=5, band_s=300, min_items=100, warmup_items=1000)
+    g = InputGuard(cfg)
+    assert feed(g, 0, 320, items=100, events=8) is None  # the band: 300 healthy seconds at 8%
+    assert feed(g, 320, 5, items=100, events=0) is not None  # the clicks stop: tripped
+    for t in range(325, 720):  # 400 s of impressions with no click in all: longer than band_s
+        trip = feed(g, t, 1, items=100, events=0)
+        assert trip is not None and trip.measure == "label_rate", t
+        assert g.band == pytest.approx(0.08), t  # judged against the last healthy band throughout
+    assert (g.trips["label_rate"], g.recoveries) == (1, 0)
+    assert feed(g, 720, 5, items=100, events=8) is None  # the clicks return
+    # tripped at 324.9 s, cleared at 722.9 s: clicks in half the window's seconds, 0.5 x the band
+    assert g.cleared == "label rate 0.0400 over the last 5s is back at >= 0.5 x its band 0.0800 after 398.0s"
+    # the outage did not become the band: clicks that stop again trip again
+    assert feed(g, 725, 10, items=100, events=0) is not None
+    assert (g.trips["label_rate"], g.recoveries) == (2, 1) and g.band == pytest.approx(0.08)
 
 
 def test_nothing_is_judged_while_warming_up_or_over_a_thin_window():
