@@ -1,5 +1,6 @@
 """``recserve serve --workers N`` (serving/scoring/processes.py) as a real process: two workers on
-one port both answer, one /metrics sums them, `recserve versions` lists each, a delta reaches
+one port both answer, one /metrics sums them (their impression logs too), `recserve versions`
+lists each, a delta reaches
 every worker, a SIGKILLed worker is started again and counted while serving goes on, SIGTERM
 drains them all (exit 0); workers that keep dying at start stop the parent (exit 1); a bad count
 is refused by argparse."""
@@ -24,6 +25,7 @@ from recserve.cli import main
 from serving.scoring import roster
 from serving.scoring.processes import CrashLoop, Workers
 from tests.helpers import free_port, wait_until
+from tests.serving.helpers import consume_impressions
 from training.follow.cut import DeltaWriter
 
 BODY = json.dumps([{"C1": "68fd1e64", "I1": 1}]).encode()
@@ -88,14 +90,15 @@ def _pids_answering(port: int, key: str, n: int) -> set[int]:
 
 
 @pytest.fixture(scope="module")
-def frontend(trained):
-    """`recserve serve --workers 2` over the trained store (token auth on), polling every 600 s:
-    deltas reach its workers by their notices."""
+def frontend(trained, kafka):
+    """`recserve serve --workers 2` over the trained store (token auth on), polling every 600 s
+    (deltas reach its workers by their notices), logging impressions to a topic of its own."""
     root = trained[0]
     port = free_port()
+    topic = kafka.create_topic(f"imps-workers-{port}")
     proc = subprocess.Popen(
         [sys.executable, "-m", "recserve", "serve", "--workers", "2", "--store", str(root), "--port", str(port),
-         "--poll-s", "600", "--drain-s", "0.5"],
+         "--poll-s", "600", "--drain-s", "0.5", "--log-impressions", f"kafka://{kafka.bootstrap}/{topic}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     log: list[str] = []
@@ -108,7 +111,7 @@ def frontend(trained):
         pids = wait_until(
             lambda: len(p := _pids_answering(port, key, 4)) == 2 and p, 60, "both workers answering"
         )
-        yield root, port, key, proc, pids, log
+        yield root, port, key, proc, pids, log, (kafka.bootstrap, topic)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -117,7 +120,7 @@ def frontend(trained):
 
 @pytest.mark.slow
 def test_both_workers_answer_and_one_metrics_sums_their_counts(frontend):
-    _, port, key, _, pids, _ = frontend
+    _, port, key, _, pids, _, (bootstrap, topic) = frontend
     before = _metrics(port)
     ok = (
         'recserve_scoring_requests_total{dense_version="1",embedding_version="1",model="criteo",status="200"}'
@@ -129,11 +132,15 @@ def test_both_workers_answer_and_one_metrics_sums_their_counts(frontend):
     assert after["recserve_serve_worker_restarts_total"] == 0
     assert after['recserve_scoring_version{model="criteo",version="1"}'] == 1
     assert after['recserve_notices_listening{transport="inotify"}'] == 1  # every worker listens
+    # each worker logs its own impressions; their counts come to /metrics within a second
+    logged = f'recserve_impressions_logged_total{{topic="{topic}"}}'
+    wait_until(lambda: (m := _metrics(port)).get(logged) == m[ok], 10, "every impression counted as logged")
+    consume_impressions(bootstrap, topic, int(after[ok]))
 
 
 @pytest.mark.slow
 def test_recserve_versions_lists_every_worker(frontend):
-    root, port, _, proc, pids, _ = frontend
+    root, port, _, proc, pids, *_ = frontend
 
     def listed() -> str:
         out = subprocess.run([sys.executable, "-m", "recserve", "versions", "--store", str(root)],
@@ -146,7 +153,7 @@ def test_recserve_versions_lists_every_worker(frontend):
 
 @pytest.mark.slow
 def test_a_delta_is_applied_by_every_worker(frontend):
-    root, port, key, _, pids, _ = frontend
+    root, port, key, _, pids, *_ = frontend
     writer = DeltaWriter(root, "criteo", "1")
     signs = writer.signs()
     writer.assign(signs[:500], np.random.default_rng(0).normal(0, 0.05, (500, writer.dim)))
@@ -164,7 +171,7 @@ def test_a_delta_is_applied_by_every_worker(frontend):
 
 @pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_counted_while_serving_goes_on(frontend):
-    root, port, key, _, pids, _ = frontend
+    root, port, key, _, pids, *_ = frontend
     seq = max(ms.list_deltas(ms.version_dir(root, "criteo", "1")), default=-1)  # a new worker serves it too
     replies: list[tuple[int | None, int, dict]] = []
     stop = threading.Event()
@@ -196,7 +203,7 @@ def test_a_killed_worker_is_restarted_and_counted_while_serving_goes_on(frontend
 
 @pytest.mark.slow
 def test_sigterm_drains_every_worker_and_exits_0(frontend):
-    root, _, _, proc, _, log = frontend
+    root, _, _, proc, _, log, _ = frontend
     workers = [r.pid for r in roster.read(roster.roster_dir(root, "criteo"))]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0, "".join(log)
