@@ -1,9 +1,8 @@
 """``recserve serve --workers N`` (serving/scoring/processes.py) as a real process: two workers on
 one port both answer, one /metrics sums them (their impression logs too), `recserve versions`
-lists each, a delta reaches
-every worker, a SIGKILLed worker is started again and counted while serving goes on, SIGTERM
-drains them all (exit 0); workers that keep dying at start stop the parent (exit 1); a bad count
-is refused by argparse."""
+lists each, a delta reaches every worker, a SIGKILLed worker is started again and counted while
+serving goes on, SIGTERM drains them all (exit 0); workers that keep dying at start stop the
+parent (exit 1); a bad count is refused by argparse."""
 
 from __future__ import annotations
 
