@@ -1,8 +1,10 @@
-"""What the deploy tests share: the manifests as objects, an overlay built from its base."""
+"""What the deploy tests share: the manifests as objects, an overlay built from its base, and the
+Grafana dashboard's panels and queries."""
 
 from __future__ import annotations
 
 import copy
+import json
 
 import jsonpatch
 import yaml
@@ -10,6 +12,7 @@ import yaml
 from tests.helpers import ROOT
 
 KUBE = ROOT / "deploy" / "kubernetes"
+GRAFANA = ROOT / "deploy" / "grafana" / "recserve.json"
 VERSION = "1.30"  # the oldest Kubernetes these manifests use features of (the preStop sleep action)
 
 
@@ -95,3 +98,17 @@ def build_overlay(overlay):
 
 def workloads(objs):
     return [o for o in objs if o["kind"] in ("Deployment", "StatefulSet", "Job")]
+
+
+def dashboard_panels() -> list[dict]:
+    """The dashboard's panels that chart queries, in order: a collapsed row's (nested in it)
+    included, the rows themselves (titles, no query) not."""
+    out: list[dict] = []
+    for p in json.loads(GRAFANA.read_text())["panels"]:
+        out += p.get("panels", []) if p["type"] == "row" else [p]
+    return out
+
+
+def dashboard_queries() -> list[str]:
+    """Every PromQL expression of the dashboard, panel by panel."""
+    return [t["expr"] for p in dashboard_panels() for t in p["targets"]]

@@ -152,16 +152,21 @@ def test_down_stops_exactly_what_up_started(trained, tmp_path):
 def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
     trained, stack, client, prometheus, tmp_path, kafka
 ):
-    """A real Prometheus scrapes every endpoint `up` lists in prometheus-targets.json and a
-    `recserve serve` over the stack's worker, with deploy/prometheus/alerts.yml loaded: after its
-    scrapes, every query of deploy/grafana/recserve.json and every alert's signal returns series,
-    every alert expression evaluates, every rule is healthy."""
+    """A real Prometheus scrapes every endpoint `up` lists in prometheus-targets.json, a
+    `recserve serve` over the stack's worker, a trainer, a joiner, a streaming trainer and an
+    experiment's watcher (over arm samples of its own topic), with deploy/prometheus/alerts.yml
+    loaded: after its scrapes, every query of deploy/grafana/recserve.json and every alert's signal
+    returns series, every alert expression evaluates, every rule is healthy."""
     import json
     import re
     import urllib.request
 
+    from model_store import experiments as ex
     from serving.rpc.procs import spawn, stop_children
+    from tests.deploy.helpers import dashboard_queries
     from tests.helpers import free_port
+    from tests.stream.helpers import produce
+    from tests.stream.watch.helpers import impressions, mixed, truthful
 
     targets = json.loads((Path(stack.run_dir) / "prometheus-targets.json").read_text())
     components = {g["labels"]["component"] for g in targets}
@@ -181,6 +186,16 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
     follower = spawn(["train", "--follow", str(tmp_path / "follow-store" / "criteo"), "--stream",
                       f"kafka://{kafka.bootstrap}/observed-samples", "--metrics-port", str(follow_port)],
                      tmp_path / "follow.log")  # fmt: skip
+    # an experiment on its own copy of the store, its watcher reading two arms' samples
+    watch_port, watch_store = free_port(), tmp_path / "watch-store"
+    shutil.copytree(trained[0] / "criteo", watch_store / "criteo")
+    exp = ex.start(watch_store, "criteo", "observed", [(stack.state.version, 0.5)])
+    arm_samples, rng = kafka.create_topic("observed-arm-samples", 1), np.random.default_rng(0)
+    produce(kafka.bootstrap, arm_samples,
+            mixed([impressions(arm, 50, exp.started + 1, rng, truthful) for arm in ("control", "A")], rng))  # fmt: skip
+    watcher = spawn(["experiment", "watch", "--store", str(watch_store), "--model", "criteo", "--brokers",
+                     kafka.bootstrap, "--samples", arm_samples, "--every-s", "1", "--metrics-port", str(watch_port)],
+                    tmp_path / "watch.log")  # fmt: skip
     # a trainer with its metrics on, running all through the test (stopped at its end)
     trainer = spawn(["train", "--store", str(tmp_path / "train-store"), "--model", "metrics", "--inprocess-ps",
                      "--limit", "1024", "--epochs", "1000", "--checkpoint-every", "4", "--threads", "1",
@@ -201,13 +216,14 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
                 {"job_name": "train", "static_configs": [{"targets": [f"127.0.0.1:{train_port}"], "labels": {"component": "train"}}]},
                 {"job_name": "join", "static_configs": [{"targets": [f"127.0.0.1:{join_port}"], "labels": {"component": "join"}}]},
                 {"job_name": "follow", "static_configs": [{"targets": [f"127.0.0.1:{follow_port}"], "labels": {"component": "follow"}}]},
+                {"job_name": "watch", "static_configs": [{"targets": [f"127.0.0.1:{watch_port}"], "labels": {"component": "watch"}}]},
             ],
         })  # fmt: skip
         score_all(client, 400)
         score_all(lean, 400)
         assert client.post(b"{not json", "application/json")[0] == 400
         assert lean.post(b"{not json", "application/json")[0] == 400
-        expected = sum(len(g["targets"]) for g in targets) + 4  # + serve, the trainers and the joiner
+        expected = sum(len(g["targets"]) for g in targets) + 5  # serve, 2 trainers, joiner, watcher
         wait_until(lambda: len(prom.query("up == 1")) == expected, 60, f"{expected} targets up in prometheus")
         wait_until(
             lambda: prom.query('recserve_scoring_requests_total{status="400"}'), 60, "the 400s scraped"
@@ -218,8 +234,9 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
         wait_until(lambda: prom.query("max(recserve_train_auc) > 0 and max(recserve_train_checkpoint_step) > 0"),
                    120, f"the trainer's first evaluation and checkpoint scraped (log: {tmp_path / 'train.log'})")  # fmt: skip
 
-        dashboard = json.loads((ROOT / "deploy" / "grafana" / "recserve.json").read_text())
-        exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+        wait_until(lambda: prom.query("min(count_over_time(recserve_experiment_samples_total[1m])) >= 2"), 60,
+                   f"two scrapes of the watcher's arms (log: {tmp_path / 'watch.log'})")  # fmt: skip
+        exprs = dashboard_queries()
         assert len(exprs) >= 15, exprs
         counts = {e: len(prom.query(e)) for e in exprs}
         print("\n".join(f"{n:3d} series  {e}" for e, n in counts.items()))  # for `pytest -s`
@@ -264,7 +281,7 @@ def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
 
         wait_until(healthy, 30, "every alert rule loaded and evaluated without error")
     finally:
-        stop_children([serve, trainer, joiner, follower])
+        stop_children([serve, trainer, joiner, follower, watcher])
 
 
 def _ping(port: int) -> bool:
