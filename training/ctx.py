@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -182,6 +182,11 @@ class TrainCtx:
         if failed is not None:
             raise failed
 
+    def upcoming(self, after: Sequence[CompactBatch]) -> None:
+        """The batches of the next steps, for a caller that steps without ``steps`` (a stream's
+        looks read ahead): their rows are looked up during this one."""
+        self._upcoming = (after[0] if after else None, after[1] if len(after) > 1 else None)
+
     def _on_replicated(self, batch: CompactBatch) -> np.ndarray:
         """bool per sign of the batch: its table is replicated."""
         return np.repeat(self.replicated_mask, np.asarray(batch.sign_counts, np.int64))
@@ -300,7 +305,7 @@ class TrainCtx:
             prof.add("dense", t0)
             prof.steps += 1
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: a follower's frozen TorchScript network saves its inputs
     def predict(self, batch: CompactBatch) -> Prediction:
         """Logits of a batch with the current rows (never inserts) and the dense net in eval mode."""
         model = unwrap(self.model)  # no DDP collectives: evaluation may run on one rank only

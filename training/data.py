@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -190,7 +190,7 @@ class Split:
                 yield transform(t, self.schema)
 
 
-def in_background(items: Iterable, depth: int = 4) -> Iterator:
+def in_background(items: Iterable, depth: int = 4) -> Generator:
     """``items`` produced on a thread, at most ``depth`` ahead (Arrow's parser, numpy and the
     compiled kernels release the GIL, so reading overlaps the training step). An exception is
     re-raised here; leaving the loop early stops the thread."""

@@ -22,7 +22,7 @@ from stream.sample_batch import request_ids
 from training.ctx import TrainCtx
 from training.evaluate import sigmoid
 from training.follow.book import StreamBook
-from training.sources import Keyed, KeyedChunk
+from training.sources import Keyed, KeyedChunk, Look
 from training.sources.ledger import Ledger
 
 
@@ -52,17 +52,23 @@ class KeyedSteps:
         chunks, self.held = self.held, []
         if not chunks:
             return None
-        keyed = Keyed.join([c.keyed for c in chunks])
+        look = _whole_look(chunks)  # its samples and batch as the reading thread built them
+        keyed = look.keyed if look is not None else Keyed.join([c.keyed for c in chunks])
         rows = self.book.admit(keyed, sum(c.refused for c in chunks))
         trained = None
         if keyed.samples.num_rows and (rows is None or len(rows)):
-            batch = keyed.batch(rows)
+            batch = (
+                look.batch
+                if look is not None and look.batch is not None and rows is None
+                else keyed.batch(rows)
+            )
             assert batch.labels is not None
             served = keyed.samples.scores if rows is None else keyed.samples.scores[rows]
             keys = keyed.keys if rows is None else keyed.keys[rows]
             if self.judge is not None and not self.judge(served, batch.labels, request_ids(keys)):
                 self._advance(chunks)
                 return None
+            ctx.upcoming(chunks[-1].look.after if chunks[-1].look is not None else ())
             logits = (forward or ctx.forward)(batch)
             scores = sigmoid(logits.detach().cpu().numpy())
             ctx.backward(self.loss(logits, torch.from_numpy(batch.labels)))
@@ -74,3 +80,13 @@ class KeyedSteps:
     def _advance(self, chunks: list[KeyedChunk]) -> None:
         for c in chunks:
             self.ledger.advance(c.start.unit, c.stop.row - self.ledger.row(c.start.unit))
+
+
+def _whole_look(chunks: list[KeyedChunk]) -> Look | None:
+    """The look ``chunks`` are, all of it and nothing else (None: not one whole look)."""
+    look = chunks[0].look
+    return (
+        look
+        if look is not None and len(chunks) == look.chunks and all(c.look is look for c in chunks)
+        else None
+    )

@@ -91,6 +91,7 @@ class FollowTrainer:
         self._changed = False  # rows trained since the last delta
         self._loss = nn.BCEWithLogitsLoss()
         self._refused: set[str] = set()  # versions CURRENT named that could not be loaded
+        self._current_read = float("-inf")  # when a stream's look last read CURRENT
         self.book = StreamBook(cfg.source[0], kind.keyed, cfg.dedup_window_s)  # keys, scores, counts
         if cfg.metrics_port:
             self.book.serve_metrics(cfg.metrics_port + self.job.rank, cfg.metrics_host)  # a port per rank
@@ -133,16 +134,17 @@ class FollowTrainer:
                 self.step_keyed()  # the last look's samples, before the lag counts them trained
                 self.book.lag(source.behind())
                 if self.job.world > 1:  # the ranks cut, go on or end together
-                    cut, end = self.job.look(self._cut_due(), stopped)
+                    cut, end = self.job.look(self.cutter.due(), stopped)
                     if end:
                         break
                     if cut:
                         self.cut()
                     continue
                 # CURRENT after the source looked: a file dropped once a version was published
-                # trains into that version (read the other way round, a publish and a drop in
-                # between sent the file to the old one)
-                self._follow_current()
+                # trains into that version (a stream's looks, a step apart: once a --poll-s)
+                if not self.book.keyed or self.clock() >= self._current_read + self.cfg.poll_s:
+                    self._current_read = self.clock()
+                    self._follow_current()
                 self._maybe_cut()
             elif not self.train_chunk(chunk, stop, deadline):
                 break
@@ -276,9 +278,6 @@ class FollowTrainer:
             self.result.steps += 1
             self._changed = True
 
-    def _cut_due(self) -> bool:
-        return self.cutter.due()
-
     def _forward(self, lv: Loaded, batch) -> torch.Tensor:
         """The step's logits; with full versions, the batch is scored by the served network too."""
         logits = lv.ctx.forward(batch)
@@ -302,7 +301,7 @@ class FollowTrainer:
 
     def _maybe_cut(self) -> None:
         read_on = self._changed or self.book.moved(self.ledger.positions())  # duplicates only: a delta too
-        if read_on and self._cut_due() and self.job.world == 1:  # ranks cut at a look
+        if read_on and self.cutter.due() and self.job.world == 1:  # ranks cut at a look
             self.cut()
 
     def cut(self) -> int | None:

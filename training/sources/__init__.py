@@ -25,6 +25,7 @@ from training.sources.types import (
     Chunk,
     Keyed,
     KeyedChunk,
+    Look,
     Part,
     Position,
     Reading,
@@ -33,7 +34,7 @@ from training.sources.types import (
     share,
 )
 
-__all__ = ["KINDS", "TICK", "Chunk", "Keyed", "KeyedChunk", "Part", "Position", "Reading", "Source", "SourceKind",
+__all__ = ["KINDS", "TICK", "Chunk", "Keyed", "KeyedChunk", "Look", "Part", "Position", "Reading", "Source", "SourceKind",
            "TableChunk", "get", "open_source", "parse", "register", "share", "tables"]  # fmt: skip
 
 discover(__name__)

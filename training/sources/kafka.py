@@ -11,7 +11,10 @@ record's offset and its ``end`` the offset after the last; the chunks of one con
 two ``TICK``s (the trainer steps on them together). ``behind()`` is the consumer lag: records of
 the rank's partitions not yielded yet. Records are decoded together
 (``stream.sample_batch``: no loop per record beyond the accessors confluent-kafka
-forces). A malformed record, or one that does not fit the followed schema, goes to the
+forces), on a reading thread that consumes and decodes up to ``LOOKS_AHEAD`` looks ahead of the
+trainer's step: each look's chunks share a ``Look`` with the batch of all its samples (the step
+takes it as it is unless a sample in it was trained already) and the batches of the looks read
+after it (the step looks their rows up while it trains). A malformed record, or one that does not fit the followed schema, goes to the
 dead-letter topic ``<TOPIC>.dead`` as it was, with headers saying why and where
 (``stream.dead_letter``), counted in the chunk's ``refused``; the trainer goes on.
 
@@ -24,6 +27,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,11 +41,13 @@ from stream.config import FETCH_WAIT_MS
 from stream.sample_batch import read_fitting, take
 from training.sources.ledger import Ledger
 from training.sources.registry import SourceKind, register
-from training.sources.types import TICK, Keyed, KeyedChunk, Part, Position, Reading, TableChunk, share
+from training.sources.types import TICK, Keyed, KeyedChunk, Look, Part, Position, Reading, TableChunk, share
 
 log = logging.getLogger("recserve.train.follow")
 
 TIMEOUT_S = 10.0  # metadata, watermarks and dead-letter acknowledgements
+LOOKS_AHEAD = 2  # looks consumed and decoded ahead of the trainer's step, on the reading thread
+SLICE_S = 0.05  # the reading thread's longest wait in one consume (how soon it sees the trainer end)
 
 
 def settings(brokers: str) -> dict[str, str]:
@@ -71,6 +79,7 @@ class KafkaSamples:
     _at: dict[Part, int] = field(default_factory=dict, init=False)  # part -> next offset yielded
     _ends: dict[Part, int] = field(default_factory=dict, init=False)  # part -> end offset seen
     _parts: list[Part] | None = field(default=None, init=False)  # the topic's, once listed
+    _ahead: deque[Look | None] = field(default_factory=deque, init=False)  # looks read, not yielded
 
     @property
     def dead_topic(self) -> str:
@@ -99,6 +108,8 @@ class KafkaSamples:
     def chunks(self) -> Iterator[KeyedChunk | TableChunk]:
         from confluent_kafka import Producer
 
+        from training.data import in_background
+
         conf = settings(self.brokers)
         consumer = self._open_consumer()
         producer = Producer(conf | {"acks": "all", "enable.idempotence": True})
@@ -106,15 +117,25 @@ class KafkaSamples:
             ends = self._assign(consumer)
             self._at = {p: p.resume(self.ledger).row for p in ends}
             self._ends, self._consumer = dict(ends), consumer
-            while True:
-                yield TICK
-                if self.reading.once and all(self._at[p] >= ends[p] for p in ends):
-                    return
-                wait = self.reading.poll_s if self.reading.fill_s is None else self.reading.fill_s
-                msgs = consumer.consume(num_messages=self.reading.batch_rows, timeout=wait)
-                for part, chunk in self._chunks(msgs, producer):
-                    self._at[part] = chunk.end
-                    yield chunk
+            halt = threading.Event()
+            looks = in_background(self._looks(consumer, producer, halt), depth=LOOKS_AHEAD)
+            try:
+                while True:
+                    yield TICK
+                    if self.reading.once and all(self._at[p] >= ends[p] for p in ends):
+                        return
+                    look = next(looks)
+                    self._ahead.popleft()
+                    if look:  # the batches read after it, for the trainer's row lookups ahead
+                        look[0][1].look.after = tuple(
+                            x.batch for x in self._ahead if x is not None and x.batch is not None
+                        )
+                    for part, chunk in look:
+                        self._at[part] = chunk.end
+                        yield chunk
+            finally:
+                halt.set()
+                looks.close()  # the reading thread stops (within a slice) before the consumer closes
         finally:
             self._consumer = None
             consumer.close()
@@ -122,20 +143,40 @@ class KafkaSamples:
             if left:
                 log.error("%d dead letters to %s not acknowledged at exit", left, self.dead_topic)
 
+    def _looks(self, consumer, producer, halt: threading.Event) -> Iterator[list[tuple[Part, KeyedChunk]]]:
+        """Each look's chunks (empty: nothing came in ``fill_s``), consumed and decoded on the
+        reading thread while the trainer steps on the looks before; it waits in slices, so a
+        trainer that ends is not held up by a wait for records that will not come."""
+        wait = self.reading.poll_s if self.reading.fill_s is None else self.reading.fill_s
+        n = self.reading.batch_rows
+        while not halt.is_set():
+            deadline = time.monotonic() + wait
+            # once however short the wait, then in slices until the batch fills or the wait ends
+            msgs = consumer.consume(num_messages=n, timeout=min(wait, SLICE_S))
+            while len(msgs) < n and not halt.is_set() and (left := deadline - time.monotonic()) > 0:
+                msgs += consumer.consume(num_messages=n - len(msgs), timeout=min(left, SLICE_S))
+            self._seen_ends(consumer)
+            look = list(self._chunks(msgs, producer))
+            self._ahead.append(look[0][1].look if look else None)
+            yield look
+
     def behind(self) -> int | None:
         """Records of this rank's partitions after those yielded: each partition's end offset as
-        the consumer last saw it (librdkafka's cached high watermark, updated by every fetch: no
-        request) less where it stands; None before the partitions are assigned."""
-        from confluent_kafka import TopicPartition
-
+        the reading thread last saw it (``_seen_ends``) less where it stands; None before the
+        partitions are assigned."""
         if self._consumer is None:
             return None
-        behind = 0
-        for p, at in self._at.items():
-            hi = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p.index), cached=True)[1]
+        return sum(max(0, self._ends[p] - at) for p, at in self._at.items())
+
+    def _seen_ends(self, consumer) -> None:
+        """Each partition's end offset as the consumer last saw it (librdkafka's cached high
+        watermark, updated by every fetch: no request), asked on the reading thread: a call from
+        another one waits for its consume."""
+        from confluent_kafka import TopicPartition
+
+        for p in self._at:
+            hi = consumer.get_watermark_offsets(TopicPartition(self.topic, p.index), cached=True)[1]
             self._ends[p] = max(self._ends[p], hi)  # no fetch yet: the end found at the start
-            behind += max(0, self._ends[p] - at)
-        return behind
 
     def _list(self, consumer) -> list[Part]:
         """The topic's partitions, as the brokers say now (kept for ``list_parts``)."""
@@ -179,13 +220,21 @@ class KafkaSamples:
         if bad and producer.flush(TIMEOUT_S):  # acknowledged before the offsets past them count
             raise RuntimeError(f"dead letters to {self.dead_topic} not acknowledged in {TIMEOUT_S} s")
         row_part = parts[samples.index]
-        for p in np.unique(parts).tolist():
+        order = np.argsort(row_part, kind="stable")  # the rows as the chunks hold them, one look
+        samples, row_part = take(samples, order), row_part[order]
+        present = np.unique(parts)
+        lo, hi = np.searchsorted(row_part, present, "left"), np.searchsorted(row_part, present, "right")
+        whole = Keyed(samples, self.reading.schema)
+        look = Look(whole, len(present), whole.batch() if samples.num_rows else None)
+        for p, a, b in zip(present.tolist(), lo.tolist(), hi.tolist(), strict=True):
             mine = parts == p
-            rows = np.flatnonzero(row_part == p)
-            keyed = Keyed(take(samples, rows), self.reading.schema)
+            keyed = Keyed(take(samples, np.arange(a, b)), self.reading.schema)
             first, last = int(offsets[mine].min()), int(offsets[mine].max())
             part = self.part(p)
-            yield part, KeyedChunk(keyed, Position(part.unit, first), last + 1, int(refused[mine].sum()))
+            yield (
+                part,
+                KeyedChunk(keyed, Position(part.unit, first), last + 1, int(refused[mine].sum()), look),
+            )
 
     def __str__(self) -> str:
         return f"kafka://{self.brokers}/{self.topic}"

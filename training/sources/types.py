@@ -111,6 +111,22 @@ class TableChunk:
         return Position(self.start.unit, self.start.row + self.table.num_rows)
 
 
+@dataclass(eq=False)
+class Look:
+    """The samples of one look of a stream (every partition's chunk of one consume, in the order
+    they are yielded) with their batch, built on the reading thread: a step that takes the whole
+    look as it is (no sample dropped as trained already) uses them as they are."""
+
+    keyed: Keyed
+    chunks: int
+    """The chunks it was yielded as."""
+    batch: CompactBatch | None
+    """The trainer's batch of every sample (None: none fits)."""
+    after: tuple[CompactBatch, ...] = ()
+    """The batches of the looks read after it, as they stood when it was yielded: the trainer
+    looks their rows up during its step (``TrainCtx.upcoming``)."""
+
+
 @dataclass(frozen=True)
 class KeyedChunk:
     """Records of one unit of a stream (a partition's), in order, as keyed samples."""
@@ -123,6 +139,8 @@ class KeyedChunk:
     lie between)."""
     refused: int = 0
     """Records of the unit in this chunk that were malformed (sent to a dead-letter topic)."""
+    look: Look | None = field(default=None, compare=False)
+    """The look it is a part of, when the source built one."""
 
     @property
     def rows(self) -> int:

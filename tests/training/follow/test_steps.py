@@ -15,7 +15,7 @@ from tests.helpers import ROOT
 from tests.training.sources.samples import key, records
 from training.follow.book import StreamBook
 from training.follow.steps import KeyedSteps
-from training.sources import Keyed, KeyedChunk, Position
+from training.sources import Keyed, KeyedChunk, Look, Position
 from training.sources.ledger import Ledger
 
 SCHEMA = load_schema(ROOT / "data/schemas/criteo.yaml")
@@ -40,6 +40,7 @@ class Ctx:
         self.fail = fail
         self.batches: list = []
         self.losses: list[float] = []
+        self.told: list[list] = []  # the batches each step was told come next (``upcoming``)
 
     def forward(self, batch) -> torch.Tensor:
         if self.fail:
@@ -50,6 +51,9 @@ class Ctx:
     def backward(self, loss: torch.Tensor) -> None:
         self.losses.append(float(loss.detach()))
         loss.backward()
+
+    def upcoming(self, after) -> None:
+        self.told.append(list(after))
 
 
 @pytest.fixture
@@ -126,3 +130,38 @@ def test_a_step_that_fails_leaves_the_ledger_where_it_was(steps):
     with pytest.raises(RuntimeError, match="the PS went away"):
         steps.step(Ctx(fail=True))
     assert steps.ledger.row("samples/0") == 0 and steps.book.total.rows == 0 and len(steps.book.keys) == 0
+
+
+def _look(parts: list[KeyedChunk], after=()) -> list[KeyedChunk]:
+    """``parts`` as the chunks of one look, its samples and batch built with it (as the Kafka
+    source's reading thread builds them)."""
+    whole = Keyed.join([c.keyed for c in parts])
+    look = Look(whole, len(parts), whole.batch(), tuple(after))
+    return [KeyedChunk(c.keyed, c.start, c.end, c.refused, look) for c in parts]
+
+
+def test_a_whole_look_steps_on_its_own_batch_and_tells_the_ctx_the_looks_read_after_it(steps):
+    next_batch = Keyed(read_samples([r[3] for r in RECS[40:60]])[0], SCHEMA).batch()
+    chunks = _look(
+        [chunk(RECS[:20], "samples/0"), chunk(RECS[20:40], "samples/1", start=7)], after=[next_batch]
+    )
+    for c in chunks:
+        steps.hold(c)
+    ctx = Ctx()
+    assert steps.step(ctx) == 40
+    assert ctx.batches == [chunks[0].look.batch] and ctx.told == [[next_batch]]  # the same objects
+    assert steps.ledger.positions() == {"samples/0": 20, "samples/1": 27}
+
+
+def test_a_look_not_taken_whole_is_batched_anew(steps):
+    chunks = _look([chunk(RECS[:20], "samples/0"), chunk(RECS[20:40], "samples/1")])
+    steps.book.keys.add(chunks[0].keyed.keys[:5], np.full(5, 1.7e9))
+    for c in chunks:
+        steps.hold(c)
+    ctx = Ctx()
+    assert steps.step(ctx) == 35  # five trained already: the look's own batch would train them again
+    (batch,) = ctx.batches
+    assert batch is not chunks[0].look.batch and batch.num_rows == 35
+    steps.hold(_look([chunk(RECS[40:60], "samples/0", start=20)])[0])
+    steps.hold(chunk(RECS[40:41], "samples/1", start=20))  # another look's chunk beside it
+    assert steps.step(ctx) == 20 and ctx.batches[-1] is not None and ctx.batches[-1].num_rows == 20
