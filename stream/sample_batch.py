@@ -185,6 +185,12 @@ def take(s: Samples, rows: NDArray[np.int64]) -> Samples:
     return Samples(starts=starts, signs=signs, **{f: getattr(s, f)[rows] for f in _PER_ROW})
 
 
+def span(s: Samples, lo: int, hi: int) -> Samples:
+    """Rows ``lo`` to ``hi`` (excluded) of ``s``: views of its arrays, not a gather."""
+    first, end = int(s.starts[lo]), int(s.starts[hi])
+    return Samples(starts=s.starts[lo : hi + 1] - first, signs=s.signs[first:end], **{f: getattr(s, f)[lo:hi] for f in _PER_ROW})  # fmt: skip
+
+
 def read_fitting(values: list[bytes], schema: Schema) -> tuple[Samples, list[tuple[int, str]]]:
     """The records of ``values`` that are valid samples of ``schema`` (a source's read: what it
     trains) and (index, reason) for every other one (what it sends to its dead-letter topic)."""

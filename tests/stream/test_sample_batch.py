@@ -3,11 +3,13 @@ a time; a malformed one is refused with ``decode_sample``'s reason, the others k
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 
 from stream.records import SampleWriter, decode_sample
 from stream.rows import RowTable
-from stream.sample_batch import read_samples, take
+from stream.sample_batch import Samples, read_samples, span, take
 from tests.serving.helpers import ranking_batch
 from tests.stream.helpers import impression_record
 
@@ -75,3 +77,12 @@ def test_request_ids_of_keys():
 
     s, _ = read_samples(_blobs())
     assert set(request_ids(s.keys).tolist()) == {b"r-7"}
+
+
+def test_a_span_is_the_take_of_its_rows_without_a_copy():
+    s, _ = read_samples(_blobs())
+    lo, hi = 2, s.num_rows - 1
+    spanned, taken = span(s, lo, hi), take(s, np.arange(lo, hi))
+    for f in fields(Samples):
+        np.testing.assert_array_equal(getattr(spanned, f.name), getattr(taken, f.name), err_msg=f.name)
+    assert np.shares_memory(spanned.signs, s.signs) and span(s, 3, 3).num_rows == 0

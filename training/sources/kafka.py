@@ -38,7 +38,7 @@ import numpy as np
 
 from stream import dead_letter
 from stream.config import FETCH_WAIT_MS
-from stream.sample_batch import read_fitting, take
+from stream.sample_batch import read_fitting, span, take
 from training.sources.ledger import Ledger
 from training.sources.registry import SourceKind, register
 from training.sources.types import TICK, Keyed, KeyedChunk, Look, Part, Position, Reading, TableChunk, share
@@ -222,19 +222,20 @@ class KafkaSamples:
         row_part = parts[samples.index]
         order = np.argsort(row_part, kind="stable")  # the rows as the chunks hold them, one look
         samples, row_part = take(samples, order), row_part[order]
-        present = np.unique(parts)
+        by_part = np.argsort(parts, kind="stable")  # the records, partition by partition
+        present, begins = np.unique(parts[by_part], return_index=True)
+        first = np.minimum.reduceat(offsets[by_part], begins)
+        last = np.maximum.reduceat(offsets[by_part], begins)
+        n_refused = np.add.reduceat(refused[by_part].astype(np.int64), begins)
         lo, hi = np.searchsorted(row_part, present, "left"), np.searchsorted(row_part, present, "right")
         whole = Keyed(samples, self.reading.schema)
         look = Look(whole, len(present), whole.batch() if samples.num_rows else None)
-        for p, a, b in zip(present.tolist(), lo.tolist(), hi.tolist(), strict=True):
-            mine = parts == p
-            keyed = Keyed(take(samples, np.arange(a, b)), self.reading.schema)
-            first, last = int(offsets[mine].min()), int(offsets[mine].max())
+        for p, a, b, f, z, r in zip(
+            *(x.tolist() for x in (present, lo, hi, first, last, n_refused)), strict=True
+        ):
             part = self.part(p)
-            yield (
-                part,
-                KeyedChunk(keyed, Position(part.unit, first), last + 1, int(refused[mine].sum()), look),
-            )
+            keyed = Keyed(span(samples, a, b), self.reading.schema)
+            yield part, KeyedChunk(keyed, Position(part.unit, f), z + 1, r, look)
 
     def __str__(self) -> str:
         return f"kafka://{self.brokers}/{self.topic}"
