@@ -73,11 +73,17 @@ def _text(buf: NDArray[np.uint8], at: NDArray[np.int64], sizes: NDArray[np.int64
     return np.ascontiguousarray(out).view(f"S{width}").ravel()
 
 
-def _ragged(buf: NDArray[np.uint8], at: NDArray[np.int64], sizes: NDArray[np.int64]) -> NDArray[np.uint8]:
-    """``sizes[i]`` bytes from each ``at[i]``, concatenated."""
-    total = int(sizes.sum())
-    first = np.cumsum(sizes) - sizes
-    return buf[np.repeat(at - first, sizes) + np.arange(total)]
+def _ragged_at(at: NDArray[np.int64], counts: NDArray[np.int64], step: int) -> NDArray[np.int64]:
+    """The offsets of ``counts[i]`` values ``step`` bytes apart from each ``at[i]``, concatenated."""
+    first = np.cumsum(counts) - counts
+    return np.repeat(at - step * first, counts) + step * np.arange(int(counts.sum()))
+
+
+def _words(buf: NDArray[np.uint8], dtype: str) -> NDArray:
+    """``buf`` as a value of ``dtype`` at every byte offset (overlapping views, no copy): values at
+    unaligned offsets gathered by one index each instead of one per byte."""
+    size = np.dtype(dtype).itemsize
+    return np.ndarray((max(len(buf) - size + 1, 0),), dtype, buf, 0, (1,))
 
 
 def _reasons(values: list[bytes], bad: NDArray[np.int64], slots: int, dense: int) -> list[tuple[int, str]]:
@@ -116,7 +122,7 @@ def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> t
     at = begin + HEAD.itemsize + strings  # flags, then lengths u32[S], signs, dense, context dense
     idx = np.flatnonzero(ok)
     flags = _gather(buf, at[idx], slots)
-    lengths = _gather(buf, at[idx] + slots, 4 * slots).view("<u4").astype(np.int64)
+    lengths = _words(buf, "<u4")[at[idx, None] + slots + 4 * np.arange(slots)].astype(np.int64)
     fits = lengths.sum(axis=1) == nsigns[idx]
     width = f_row + f_ctx
     dense_ok: NDArray[np.bool_] = np.ones(len(idx), bool)
@@ -126,12 +132,12 @@ def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> t
     if dense_w:
         end = begin[idx] + sizes[idx]
         rows = np.flatnonzero(same_w)
-        dense[rows] = _gather(buf, end[rows] - 4 * dense_w, 4 * dense_w).view("<f4")
+        dense[rows] = _words(buf, "<f4")[end[rows, None] - 4 * dense_w + 4 * np.arange(dense_w)]
         dense_ok = np.asarray(np.isfinite(dense).all(axis=1))
     keep = fits & dense_ok & same_w
     ok[idx[~keep]] = False
     idx, flags, lengths, dense = idx[keep], flags[keep], lengths[keep], dense[keep]
-    signs = _ragged(buf, at[idx] + 5 * slots, 8 * nsigns[idx]).view("<u8")
+    signs = _words(buf, "<u8")[_ragged_at(at[idx] + 5 * slots, nsigns[idx], 8)]
     l_rid = head["l_rid"][idx].astype(np.int64)
     rid_w = int(l_rid.max(initial=0))
     rid = _gather(buf, begin[idx] + HEAD.itemsize, rid_w) if rid_w else np.zeros((len(idx), 0), np.uint8)

@@ -14,8 +14,10 @@ the rank's partitions not yielded yet. Records are decoded together
 forces), on a reading thread that consumes and decodes up to ``LOOKS_AHEAD`` looks ahead of the
 trainer's step: each look's chunks share a ``Look`` with the batch of all its samples (the step
 takes it as it is unless a sample in it was trained already) and the batches of the looks read
-after it (the step looks their rows up while it trains). A malformed record, or one that does not fit the followed schema, goes to the
-dead-letter topic ``<TOPIC>.dead`` as it was, with headers saying why and where
+after it (the step looks their rows up while it trains). With a backlog one consume takes up to
+``READ_ROWS`` records, cut into looks of the batch size (a consume call costs about as much for
+128 records as for 2,048). A malformed record, or one that does not fit the followed schema, goes
+to the dead-letter topic ``<TOPIC>.dead`` as it was, with headers saying why and where
 (``stream.dead_letter``), counted in the chunk's ``refused``; the trainer goes on.
 
 Reading with ``once``: end when every partition is read up to its end as it was at the start.
@@ -47,6 +49,7 @@ log = logging.getLogger("recserve.train.follow")
 
 TIMEOUT_S = 10.0  # metadata, watermarks and dead-letter acknowledgements
 LOOKS_AHEAD = 2  # looks consumed and decoded ahead of the trainer's step, on the reading thread
+READ_ROWS = 2048  # records one consume takes when a backlog waits (then cut into looks of the batch)
 SLICE_S = 0.05  # the reading thread's longest wait in one consume (how soon it sees the trainer end)
 
 
@@ -155,10 +158,13 @@ class KafkaSamples:
             msgs = consumer.consume(num_messages=n, timeout=min(wait, SLICE_S))
             while len(msgs) < n and not halt.is_set() and (left := deadline - time.monotonic()) > 0:
                 msgs += consumer.consume(num_messages=n - len(msgs), timeout=min(left, SLICE_S))
+            if len(msgs) == n and READ_ROWS > n:  # a backlog: what is there already, in one call
+                msgs += consumer.consume(num_messages=READ_ROWS - n, timeout=0)
             self._seen_ends(consumer)
-            look = list(self._chunks(msgs, producer))
-            self._ahead.append(look[0][1].look if look else None)
-            yield look
+            for lo in range(0, max(len(msgs), 1), n):  # looks of the batch size at most
+                look = list(self._chunks(msgs[lo : lo + n], producer))
+                self._ahead.append(look[0][1].look if look else None)
+                yield look
 
     def behind(self) -> int | None:
         """Records of this rank's partitions after those yielded: each partition's end offset as
