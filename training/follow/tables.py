@@ -16,6 +16,7 @@ from training.cluster import Cluster
 
 if TYPE_CHECKING:
     from features.schema import Schema
+    from model_store.manifest import TrainRecord
     from serving.ps.config import TableShardConfig
     from serving.worker.core import WorkerConfig
     from training.follow.config import FollowConfig
@@ -24,25 +25,38 @@ if TYPE_CHECKING:
 log = logging.getLogger("recserve.train.follow")
 
 
-def store_config(cfg: FollowConfig, vdir: Path, num_shards: int, schema_hash: str) -> TableShardConfig:
+def store_config(cfg: FollowConfig, vdir: Path, num_shards: int, schema_hash: str,
+                 trained: TrainRecord | None = None) -> TableShardConfig:  # fmt: skip
     """The follower's table: the spec (and optimizer) the version's rows were trained with, room
     for its rows and as many new ones (hash routing spreads rows evenly), and the follower's own
-    eviction, memory limit and learning rate."""
+    eviction, memory limit and learning rate (``--lr``; unset: the version's, scaled by the
+    follower's batch over the one the version was trained with, when ``trained`` says)."""
     from model_store.shards import read_meta, shard_dirs
     from serving.ps.shard import TableShardConfig
     from serving.ps.spec import TableSpec
 
     parts = shard_dirs(vdir / "embeddings")
     metas = [read_meta(part) for part in parts]
-    trained = TableSpec.from_meta(metas[0], str(parts[0]))
+    spec = TableSpec.from_meta(metas[0], str(parts[0]))
+    batch = trained.config.get("batch_size") if trained is not None else None
     table = replace(
-        trained,
+        spec,
         capacity=max(cfg.capacity, 2 * sum(m.rows for m in metas) // num_shards + 1024),
         eviction=cfg.eviction,
         max_memory_gb=cfg.max_memory_gb,
-        optimizer=replace(trained.optimizer, lr=cfg.lr) if cfg.lr else trained.optimizer,
+        optimizer=replace(spec.optimizer, lr=learning_rate(cfg, spec.optimizer.lr, batch)),
     )
     return TableShardConfig(table, seed=metas[0].seed, schema_hash=schema_hash)
+
+
+def learning_rate(cfg: FollowConfig, trained_lr: float, trained_batch: int | None) -> float:
+    """``--lr``, else the version's rate times the follower's batch over the version's (the linear
+    scaling rule: a sample's share of a step's mean gradient shrinks as the batch grows; on the
+    Criteo split, 8,000 samples once, batch 1,024 at 8x the rate gave the progressive and test
+    AUC of batch 128 at 1x: 0.7759 / 0.7177 against 0.7764 / 0.7175, and 0.7743 / 0.7116 at 1x)."""
+    if cfg.lr:
+        return cfg.lr
+    return trained_lr * (cfg.batch_size / trained_batch if trained_batch else 1.0)
 
 
 def embedded(store: TableShardConfig, num_shards: int, vdir: Path, version: str, schema: Schema,

@@ -347,7 +347,7 @@ class FollowTrainer:
         if schema.fingerprint != manifest.schema_fingerprint:
             raise ms.ModelStoreError(f"{vdir}: schema.yaml does not match the manifest's fingerprint")
         n = manifest.num_shards
-        store_cfg = follow_tables.store_config(self.cfg, vdir, n, schema.fingerprint)
+        store_cfg = follow_tables.store_config(self.cfg, vdir, n, schema.fingerprint, manifest.train)
         # rows looked up ahead miss the update between: one batch staler than the worker knows
         staleness, prefetch = max(0, self.cfg.staleness - 1), self.cfg.staleness >= 1
         worker_cfg = WorkerConfig(staleness=staleness, update_threads=self.cfg.update_threads)
