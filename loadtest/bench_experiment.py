@@ -65,8 +65,9 @@ and joiner stop before they are read to their end. Figures (rules in ``loadtest.
 - ``mixed_responses``; ``units_in_two_arms`` (and ``units_off_their_arm``), start to first decision;
 - ``split_p99_ratio``: after the experiment, on the same frontend at the same load, phases with a
   running experiment (control CURRENT, the two other versions at 10% each) and without, ABBA,
-  ``--p99-rounds`` x ``--p99-phase-s`` each; p99 of each side's pooled latencies (per frontend;
-  the headline is ``recserve serve``'s; ``split_p99_requests_per_side``: what it rests on);
+  ``--p99-rounds`` x ``--p99-phase-s`` each at ``--p99-rate``; p99 of each side's pooled
+  latencies (per frontend; the headline is ``recserve serve``'s; ``split_p99_requests_per_side``:
+  what it rests on);
 - ``aa_replays``, ``aa_false_decision_rate``: ``stream.aa.aa_replays`` with the bench's rule over
   the samples control's version scored in this run (before the experiment, and control's during
   it), in event-time order, units = request ids; ``aa_rule_defaults`` (the rule's defaults),
@@ -150,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                         "experiment, stays ahead of control while the rule decides)")  # fmt: skip
     p.add_argument("--p99-phase-s", type=float, default=10.0, help="one with/without phase (default: 10)")
     p.add_argument("--p99-rounds", type=int, default=6, help="with/without phases of each side (default: 6)")
+    p.add_argument("--p99-rate", type=float, default=30.0,
+                   help="requests/s of the with/without phases (default: 30: 1,800 requests a side)")  # fmt: skip
     p.add_argument("--min-samples", type=int, default=20_000,
                    help="the rule's samples per arm before its test may decide (default: 20000; see above)")  # fmt: skip
     p.add_argument("--min-clicks", type=int,
@@ -365,7 +368,7 @@ def conditions(args, reference: tuple[float, ...]) -> dict:
                   "drift_weight": args.drift_weight, "drift_period_s": args.drift_period_s},
         "click_delay_s": 2.0, "fresh": f"{args.fresh} (last {args.fresh_s:g} s)" if args.fresh == "samples" else "stream",
         "rule": asdict(rule(args)), "watch": f"--auto --every-s 2 --window-s {WATCH_WINDOW_S:g}",
-        "split_p99": f"{args.p99_rounds} x {args.p99_phase_s:g} s a side and frontend at {args.rate:g} rps after "
+        "split_p99": f"{args.p99_rounds} x {args.p99_phase_s:g} s a side and frontend at {args.p99_rate:g} rps after "
         "the experiment (joiner, users, watch stopped), ABBA, pooled p99",
         "aa": f"{args.aa_replays} replays of the samples control's version scored, event-time order, looks every "
         "1000 samples",

@@ -225,7 +225,7 @@ def split_p99(args, root: Path, model: str, endpoints: dict[str, str], bodies: l
               others: list[str]) -> dict:  # fmt: skip
     """Each frontend's p99 with a running experiment (CURRENT as control, ``others`` at 10% each:
     a new experiment each time, started and stopped through the store) and without, in turns
-    (with, without, without, with, ...), at ``--rate``; each side's latencies pooled."""
+    (with, without, without, with, ...), at ``--p99-rate``; each side's latencies pooled."""
     sides: dict[str, dict[str, list]] = {s: {fe: [] for fe in endpoints} for s in ("with", "without")}
     names = list(endpoints)
     for r in range(args.p99_rounds):
@@ -240,7 +240,7 @@ def split_p99(args, root: Path, model: str, endpoints: dict[str, str], bodies: l
                 serving_split(url, bodies[0], side == "with")
             time.sleep(1.5)  # a stopped experiment's scorers drain (drain_s 1) and close
             for fe in names if r % 2 == 0 else names[::-1]:
-                with UnitLoad({fe: endpoints[fe]}, bodies, args.rate, seed=r + 1) as load:
+                with UnitLoad({fe: endpoints[fe]}, bodies, args.p99_rate, seed=r + 1) as load:
                     time.sleep(args.p99_phase_s)
                 sides[side][fe].append(load.responses())
     if (exp := ex.read_experiment(root, model)) is not None and exp.running:
