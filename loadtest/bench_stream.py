@@ -1,10 +1,10 @@
 """``make bench-stream``: learning from the stream, end to end, with a trainer and a joiner killed.
 
-    python -m loadtest.bench_stream [--minutes 5] [--rate 25] [--quick] [--results-dir DIR] [--store DIR]
+    python -m loadtest.bench_stream [--minutes 5] [--rate 25] [--items 200] [--quick] [--results-dir DIR] [--store DIR]
 
 On the mock Kafka cluster (``loadtest.mockbroker``, a process of its own): ``recserve serve``
 + co-located lookups with ``--log-impressions``, loaded at ``--rate`` requests/s of one request of
-200 items (the same 200 items every time, so an item's taste can be learnt); simulated users
+``--items`` items (200; the same items every time, so an item's taste can be learnt); simulated users
 (``loadtest.stream_users``) clicking in a drifting world (each item's taste rises and falls once
 every ``--drift-period-s``: popular items fall out of fashion and others rise); ``recserve join``;
 the streaming trainer ``recserve train --follow --stream`` at the online learning rate ``--lr`` and
@@ -58,6 +58,8 @@ import model_store as ms
 from loadtest import mockbroker
 from loadtest import stream_figures as sf
 from loadtest.common import (
+    CRITEO_SCHEMA,
+    CRITEO_TEST,
     given_or_trained,
     keep_work_flag,
     parse,
@@ -66,7 +68,7 @@ from loadtest.common import (
     work_dir,
     write_results,
 )
-from loadtest.drive import lean_frontend, request_bodies, warm_up
+from loadtest.drive import lean_frontend, warm_up
 from loadtest.paced import Paced, interleaved
 from loadtest.processes import Sampler
 from loadtest.stream_roles import (
@@ -95,6 +97,7 @@ from loadtest.stream_users import UserModel, play
 from model_store.deltas import DeltaManifest, last_record, read_delta
 from model_store.dense import AUTO
 from serving.rpc.procs import free_ports, stop_children
+from serving.scoring.client import requests_from_file
 
 LOG_RATIO_TARGET = 1.15
 KILL_GUARD_S = 2.0
@@ -132,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store", help="existing model store (default: train one into a temp dir)")
     p.add_argument("--model", default="criteo")
     p.add_argument("--minutes", type=float, default=5.0, help="minutes of load (default: 5)")
-    p.add_argument("--rate", type=float, default=25.0, help="requests/s of 200 items (default: 25)")
+    p.add_argument("--rate", type=float, default=25.0, help="requests/s (default: 25)")
+    p.add_argument(
+        "--items", type=int, default=200, help="items per request, the first Criteo test rows (default: 200)"
+    )
     p.add_argument("--window-s", type=float, default=10.0, help="the joiner's window (default: 10)")
     p.add_argument("--drift-period-s", type=float, default=60.0,
                    help="seconds for an item's taste to go round once (default: 60)")  # fmt: skip
@@ -176,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args, model_dir: Path, work: Path, duration: float) -> dict:
     from confluent_kafka import Consumer
 
-    body = request_bodies()[0]
+    body = next(requests_from_file(str(CRITEO_TEST), str(CRITEO_SCHEMA), args.items))[0]
     vdir = version_dir(model_dir)
     with contextlib.ExitStack() as es:
         broker = es.enter_context(mockbroker.running([mockbroker.TopicSpec(t, n) for t, n in TOPICS.items()]))
@@ -327,7 +333,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         "conditions": {
             "frontend": "recserve serve, co-located lookups, --log-impressions",
             "rate_rps": args.rate,
-            "request_items": 200,
+            "request_items": args.items,
             "load_s": round(load_s, 1),
             "window_s": args.window_s,
             "click_delay_s": 2.0,
