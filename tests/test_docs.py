@@ -42,6 +42,7 @@ RUN: list[tuple[str, str, str, str]] = [
     ("docs/streaming.md", "recserve join", "recserve join", PARSED),
     ("docs/streaming.md", "Full versions from the stream", "", "tests/training/follow/test_full_version.py::test_the_documented_full_version_lines_run_as_printed"),
     ("docs/training.md", "Training from the stream", "", "tests/training/follow/test_stream.py::test_the_documented_lines_train_exactly_once_across_a_sigkill"),
+    ("docs/training.md", "Streaming ranks on several hosts", "", "tests/training/follow/test_ranks_hosts.py::test_a_killed_rank_comes_back_and_both_ranks_follow_a_new_version_training_every_sample_once"),
     ("docs/serving.md", "Update notices", "", "tests/serving/notices/test_docs_notices.py::test_the_notices_lines_run_as_printed"),
     ("docs/serving.md", "Serving dtypes under a memory budget", "", "tests/training/planning/test_serving_plan.py::test_the_documented_plan_and_train_lines_run_as_printed"),
     ("docs/serving.md", "Serving in float16 or int8", "recserve train", "tests/training/test_quantized_export.py::test_the_documented_versions_and_publish_lines_run_as_printed"),

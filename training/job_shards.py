@@ -16,6 +16,7 @@ import torch.distributed as dist
 from serving.rpc.auth import new_token_file
 from training.cluster import Cluster, open_cluster, start_shards, stop_processes
 from training.config import TrainConfig
+from training.ranks import node_address
 
 if TYPE_CHECKING:
     from serving.ps.config import TableShardConfig
@@ -66,7 +67,7 @@ def _job_shards(
         mine = [i for i in range(cfg.num_shards) if nodes[i % len(nodes)] == node] if local_rank == 0 else []
         started: tuple[dict, str] = ({}, "")
         if mine:
-            host = cfg.ps_host or (_node_address() if len(nodes) > 1 else "127.0.0.1")
+            host = cfg.ps_host or (node_address() if len(nodes) > 1 else "127.0.0.1")
             try:
                 procs, addresses = start_shards(spec, cfg.num_shards, Path(log_dir.name), str(token_path),
                                                 cfg.store, shards=mine, host=host)  # fmt: skip
@@ -87,11 +88,3 @@ def _job_shards(
         raise
     cluster.procs, cluster.log_dir = procs, log_dir  # stopped and removed with the cluster
     return cluster
-
-
-def _node_address() -> str:
-    """This node's address toward the rendezvous host (torchrun's MASTER_ADDR): the interface the
-    other nodes reach it on. A UDP connect sends nothing; it only picks the route."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((os.environ["MASTER_ADDR"], int(os.environ.get("MASTER_PORT", "29500"))))
-        return s.getsockname()[0]

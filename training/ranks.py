@@ -11,6 +11,7 @@ the CPU the ranks talk over gloo.
 from __future__ import annotations
 
 import os
+import socket
 from typing import TypeVar
 
 import torch
@@ -82,3 +83,12 @@ def agree(world: int, flag: bool) -> bool:
     t = torch.tensor([int(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.broadcast(t, src=0)
     return bool(t.item())
+
+
+def node_address() -> str:
+    """This node's address toward the rendezvous host (torchrun's MASTER_ADDR): the interface the
+    other nodes reach it on, where a node's PS shards listen when a job spans nodes. A UDP connect
+    sends nothing; it only picks the route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((os.environ["MASTER_ADDR"], int(os.environ.get("MASTER_PORT", "29500"))))
+        return s.getsockname()[0]

@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 from model_store.deltas import DeltaManifest, last_record, read_keys, write_delta
 from training.follow.progressive import Progressive
 from training.follow.trained_keys import TrainedKeys
-from training.follow.types import Counts, Score
+from training.follow.types import Counts, FollowResult, Score
 from training.sources import Keyed
 from training.sources.ledger import Ledger
 
@@ -144,6 +144,13 @@ class StreamBook:
         if self._metrics is not None:
             self._metrics.samples.inc(n)
 
+    def tally(self, result: FollowResult) -> None:
+        """This book's counts and scores into a run's ``result``."""
+        t = self.total
+        result.rows, result.duplicates, result.refused = t.rows, t.duplicates, t.refused
+        result.max_lag_samples, result.progressive = t.max_lag, self.windows
+        result.progressive_total = self.progressive.total()
+
     def moved(self, positions: dict[str, int]) -> bool:
         """A keyed stream read past what the last delta recorded (samples dropped as duplicates,
         refused): a delta is due even when no row changed, else a restart re-reads records the
@@ -216,9 +223,12 @@ class StreamBook:
 
     def resume(self, vdir: Path, ledger: Ledger) -> None:
         """A stream resumes where the version's last delta says (offsets and keys trained), over
-        the ledger file, which a crash between a delta's _SUCCESS and its commit left behind."""
+        the ledger file, which a crash between a delta's _SUCCESS and its commit left behind. A
+        version without a record of the stream (a new CURRENT moved to: ``training.follow.current``)
+        keeps the keys and offsets as they are; its first delta is due as soon as the stream was
+        read at all, and its first key file holds the whole window."""
         last = last_record(vdir) if self.keyed else None
-        self._keys_at = None  # a version without a record: its first key file holds the window
+        self._keys_at, self._recorded = None, {}
         if last is not None and last[0].source == self.source:
             ledger.resume(last[0].positions)
             self._recorded = dict(last[0].positions)

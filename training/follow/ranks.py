@@ -4,19 +4,26 @@ MODEL_DIR --stream kafka://BROKERS/TOPIC``.
 Each rank reads its share of the source's parts, the topic's partitions, assigned by number
 (``training.sources.share``: partition % world == rank) and trains through the same hybrid step as ``recserve train``: its own
 worker over PS processes that hold the followed version's rows (``training.follow.tables.shared``:
-rank 0 starts one per shard of the version, loads the version's dump and every delta already cut
-into it, and tells the other ranks where they are), so every rank's sparse updates reach the same
-rows. One process stays the embedded default (in-process tables). The ranks follow the version
-they started on: a new CURRENT is followed by restarting them.
+rank 0 starts one per shard of the version, on its node's address when the job spans nodes, loads
+the version's dump and every delta already cut into it, and tells the other ranks where they are),
+so every rank's sparse updates reach the same rows. One process stays the embedded default
+(in-process tables).
 
 The ranks move in rounds, one per look (each rank's consume): at its look every rank says whether
 it is done (``--once``: its partitions read to their end) or stopped (SIGTERM, ``--max-seconds``),
-and rank 0 whether a delta is due (its clock); then all cut, go on or end together (``Ranks.look``).
+and rank 0 whether a delta is due (its clock) and whether CURRENT names a new version
+(``training.follow.current``); then all cut, move, go on or end together (``Ranks.look``).
 A cut is one delta with one writer: every rank steps on what it holds and flushes its updates to
 the shards, then sends rank 0 what it trained since the last cut (``Share``: its partitions'
 offsets, the keys trained with their times, the window's labels and scores, its counts); rank 0
 has the shards dump the delta and writes its record with every rank's offsets and keys; then every
-rank commits its ledger. A restarted job resumes every rank from that record.
+rank commits its ledger. A move is a cut into the old version, then every rank drops it (rank 0
+stops its shards) and loads the new one (rank 0 starts new shards), and resumes where the new
+version's record says, else where it stands, cut at once as the new version's first delta.
+
+A rank that dies fails the others at their next collective; torchrun (``--max-restarts``) starts
+every rank again, and each resumes from the last published delta's record (the shards of a rank 0
+that was SIGKILLed die with it: they are started again and loaded with the version and its deltas).
 """
 
 from __future__ import annotations
@@ -44,6 +51,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("recserve.train.follow")
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Round:
+    """What every rank does after a look."""
+
+    cut: bool
+    """Cut a delta: rank 0's clock says one is due."""
+    end: bool
+    """End: every rank is done, or one stopped."""
+    version: str | None = None
+    """Move to this version: rank 0 saw CURRENT name it (the last delta into the old one first)."""
 
 
 @dataclass
@@ -79,11 +98,10 @@ class Ranks:
         assigns them): the units whose positions it sends rank 0 at a cut."""
         self.units = frozenset(p.unit for p in share(parts, self.rank, self.world))
 
-    def look(self, cut_due: bool, stopped: bool) -> tuple[bool, bool]:
-        """Every rank's round at a look: (cut now: rank 0's ``cut_due``, end now: every rank
-        done, or one stopped)."""
-        votes = ranks.all_ranks((cut_due, self.done, stopped), self.world)
-        return votes[0][0], all(v[1] for v in votes) or any(v[2] for v in votes)
+    def look(self, cut_due: bool, stopped: bool, version: str | None = None) -> Round:
+        """Every rank's round at a look, decided by every rank's votes (``version``: rank 0's)."""
+        votes = ranks.all_ranks((cut_due, self.done, stopped, version), self.world)
+        return Round(votes[0][0], all(v[1] for v in votes) or any(v[2] for v in votes), votes[0][3])
 
     def gather(self, share: Share) -> list[Share]:
         """Every rank's share on rank 0 (the others get [])."""

@@ -6,6 +6,7 @@ default), or ``shared``, PS processes that every rank of a torchrun job trains t
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -89,11 +90,14 @@ def apply_deltas(vdir: Path, stores: list) -> int:
 def shared(store: TableShardConfig, num_shards: int, vdir: Path, schema: Schema, worker: WorkerConfig,
            job: Ranks, data_root: str) -> tuple[Cluster, int]:  # fmt: skip
     """PS processes holding the version at ``vdir`` (its dump and deltas), started and loaded by
-    rank 0 (its dumps under ``data_root``), and this rank's worker over them; and the last delta
-    seq they hold. Their deltas carry no base version (the version's dump names none)."""
+    rank 0 (its dumps under ``data_root``; bound to its node's address when the job's ranks are on
+    several nodes, where the others reach them, writes taking rank 0's token), and this rank's
+    worker over them; and the last delta seq they hold. Their deltas carry no base version (the
+    version's dump names none)."""
     from serving.ps.client import PSClient
     from serving.rpc.auth import new_token_file
     from training.cluster import open_cluster, start_shards, stop_processes
+    from training.ranks import node_address
 
     log_dir = tempfile.TemporaryDirectory(prefix="recserve-ps-")  # mode 0700
     token_path = Path(log_dir.name) / "admin.token"
@@ -103,9 +107,9 @@ def shared(store: TableShardConfig, num_shards: int, vdir: Path, schema: Schema,
         if job.rank == 0:
             try:
                 new_token_file(token_path)
-                procs, addresses = start_shards(
-                    store, num_shards, Path(log_dir.name), str(token_path), data_root
-                )
+                apart = int(os.environ.get("LOCAL_WORLD_SIZE", job.world)) < job.world  # ranks on other nodes
+                procs, addresses = start_shards(store, num_shards, Path(log_dir.name), str(token_path), data_root,
+                                                host=node_address() if apart else "127.0.0.1")  # fmt: skip
                 seq = -1
                 for address in addresses:
                     with PSClient(address, token_file=str(token_path)) as client:

@@ -28,8 +28,8 @@ resumes there and drops a sample whose key was trained. Each batch is scored bef
 (progressive validation) and the output guard judges its served scores (``training.follow.guard``).
 
 If CURRENT moves while following (``recserve publish``, a canary promoted), the pending rows are cut
-into the old version and the trainer reloads from the new one; one the serving PS refuses
-(``model_store.validate``) is refused here too.
+into the old version and the trainer moves to the new one (under torchrun every rank, at the look
+where rank 0 saw it); one the serving PS refuses is refused here too (``training.follow.current``).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from training.ctx import DenseOptimizer, TrainCtx
 from training.follow import tables as follow_tables
 from training.follow.book import StreamBook
 from training.follow.config import FollowConfig
+from training.follow.current import REFUSALS, CurrentWatch
 from training.follow.cut import DeltaCut
 from training.follow.full_version import FrozenDense, FullVersions, load_frozen_dense
 from training.follow.guard import OutputGuard
@@ -90,8 +91,7 @@ class FollowTrainer:
         self.result = FollowResult()
         self._changed = False  # rows trained since the last delta
         self._loss = nn.BCEWithLogitsLoss()
-        self._refused: set[str] = set()  # versions CURRENT named that could not be loaded
-        self._current_read = float("-inf")  # when a stream's look last read CURRENT
+        self.current = CurrentWatch(cfg.store, cfg.model, cfg.poll_s, clock)  # the version to follow next
         self.book = StreamBook(cfg.source[0], kind.keyed, cfg.dedup_window_s)  # keys, scores, counts
         if cfg.metrics_port:
             self.book.serve_metrics(cfg.metrics_port + self.job.rank, cfg.metrics_host)  # a port per rank
@@ -133,35 +133,30 @@ class FollowTrainer:
             if chunk is TICK:
                 self.step_keyed()  # the last look's samples, before the lag counts them trained
                 self.book.lag(source.behind())
-                if self.job.world > 1:  # the ranks cut, go on or end together
-                    cut, end = self.job.look(self.cutter.due(), stopped)
-                    if end:
+                if self.job.world > 1:  # the ranks cut, move to a new CURRENT, go on or end together
+                    turn = self.job.look(
+                        self.cutter.due(), stopped, self.current.proposed(self.job.rank, self.loaded)
+                    )
+                    if turn.end:
                         break
-                    if cut:
+                    if turn.version is not None:
+                        self._move(turn.version)
+                    elif turn.cut:
                         self.cut()
                     continue
                 # CURRENT after the source looked: a file dropped once a version was published
                 # trains into that version (a stream's looks, a step apart: once a --poll-s)
-                if not self.book.keyed or self.clock() >= self._current_read + self.cfg.poll_s:
-                    self._current_read = self.clock()
+                if not self.book.keyed or self.current.due():
                     self._follow_current()
                 self._maybe_cut()
             elif not self.train_chunk(chunk, stop, deadline):
                 break
             self._maybe_full()
         self.cut()
-        self.result.seconds = self.clock() - t0
-        b, r = self.book, self.result
+        r = self.result
+        r.seconds = self.clock() - t0
         r.train_seconds = 0.0 if self._first_rows is None else self.clock() - self._first_rows
-        # with ranks, rank 0's book holds the job's counts (its deltas'), another rank's its own
-        r.rows, r.duplicates, r.refused, r.progressive, r.progressive_total, r.max_lag_samples = (
-            b.total.rows,
-            b.total.duplicates,
-            b.total.refused,
-            b.windows,
-            b.progressive.total(),
-            b.total.max_lag,
-        )
+        self.book.tally(r)  # with ranks, rank 0's book holds the job's counts, another rank's its own
         if self.full is not None:
             r.full_versions, r.refused_versions = self.full.published, self.full.refused
         return self.result
@@ -187,36 +182,42 @@ class FollowTrainer:
 
     def _follow_current(self, cut: bool = True) -> None:
         """Load CURRENT's version at the start; later, move to a new CURRENT (``cut``: the last
-        delta into the old one first; a standby writes none). A new version that the serving PS
-        refuses (the one gate, ``model_store.validate``, against the version followed) or that
-        cannot be loaded is refused here too: both stay on the old version."""
-        from model_store.errors import StoreError
-
-        version = ms.current(self.cfg.store, self.cfg.model)
-        if version is None:
-            raise ms.ModelStoreError(f"{self.cfg.model}: nothing published under {self.cfg.store}")
+        delta into the old one first; a standby writes none) unless it is refused: by the gate
+        (``training.follow.current``), or as it cannot be loaded. Refused, it stays on the old one."""
         if self.loaded is None:
-            self.loaded = self._load(version)
-            self.result.version = version
+            self._follow(self._load(self.current.first()))
             return
-        if version == self.loaded.version or version in self._refused:
+        version = self.current.moved(self.loaded)
+        if version is None:
             return
         try:
-            ms.validate(self.cfg.store, self.cfg.model, version, self.loaded.manifest, verify=False)
             new = self._load(version)  # verifies every file
-        except (ms.ModelStoreError, StoreError, OSError, ValueError) as e:
-            log.error("CURRENT moved to %s, which cannot be loaded (%s): staying on %s", version, e,
-                      self.loaded.version)  # fmt: skip
-            self._refused.add(version)
+        except REFUSALS as e:
+            self.current.refuse(version, self.loaded.version, e)
             return
-        log.info("CURRENT moved %s -> %s%s", self.loaded.version, version,
-                 f": last delta into {self.loaded.version}, then following {version}" if cut else "")  # fmt: skip
+        self._move(version, new, cut)
+
+    def _move(self, version: str, new: Loaded | None = None, cut: bool = True) -> None:
+        """From the version followed to ``version`` (``new``: loaded already; else once the old one
+        is cut and gone: every rank at one look). A stream the new version holds no record of goes
+        on where it stands, cut at once as its first delta: a restart resumes from that."""
+        old = self.loaded
+        assert old is not None
+        log.info("CURRENT moved %s -> %s%s", old.version, version,
+                 f": last delta into {old.version}, then following {version}" if cut else "")  # fmt: skip
         if cut:
             self.cut()
         self._unload()
-        self.loaded = new
-        self.result.version = version
+        self._follow(new or self._load(version))
         self.result.reloads += 1
+        if cut:
+            self.cut()
+
+    def _follow(self, lv: Loaded) -> None:
+        """Train into ``lv`` from now on; a stream resumes where its record says (else goes on)."""
+        self.loaded = lv
+        self.book.resume(lv.vdir, self.ledger)
+        self.result.version = lv.version
 
     def train_chunk(self, chunk: Chunk, stop: threading.Event, deadline: float) -> bool:
         """Train on the rows of ``chunk`` and count them in the ledger; False when stopped before
@@ -357,7 +358,6 @@ class FollowTrainer:
             )
         else:
             cluster = follow_tables.embedded(store_cfg, n, vdir, version, schema, worker_cfg)
-        self.book.resume(vdir, self.ledger)
 
         dense: nn.Module = load_frozen_dense(vdir / manifest.dense["torchscript"])
         optimizer: DenseOptimizer = FrozenDense()

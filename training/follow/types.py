@@ -3,8 +3,8 @@ a window's predictions scored (``Score``), what a trainer counted (``Counts``), 
 since the last cut (``Share``), the version it trains (``Loaded``) and what a run did
 (``FollowResult``, printed as JSON by ``recserve train --follow``). The modules beside it do the work:
 ``trainer`` (the loop), ``steps`` (a consume's steps), ``book`` (what is kept between deltas),
-``ranks`` (torchrun), ``cut`` (the one delta cut), ``standby``, ``tables``, ``full_version``,
-``progressive``, ``trained_keys``.
+``ranks`` (torchrun), ``current`` (the version to follow next), ``cut`` (the one delta cut),
+``standby``, ``tables``, ``full_version``, ``progressive``, ``trained_keys``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """What the streaming trainer's tests share (its fixtures are in conftest.py beside): the model
-followed, the sample file, its config for a stream, rows looked up as serving routes them, and the
-environment a documented line runs in."""
+followed, the sample file, its config for a stream, rows looked up as serving routes them, the
+environment a documented line runs in, and a new version to publish."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -101,4 +103,39 @@ def rows_at(store: Path, upto: int | None = None) -> dict[int, np.ndarray]:
                 s.apply_delta(ms.delta_dir(vdir, seq))
         snap = s.snapshot()
         out.update(zip(snap.signs.tolist(), snap.rows, strict=True))
+    return out
+
+
+def retrained(store: Path, v1: str, **changes) -> str:
+    """A new full version of v1's schema and shape (its rows, without its deltas), sealed;
+    ``changes`` go into its manifest."""
+    manifest = ms.read_manifest(ms.version_dir(store, NAME, v1))
+    v2 = ms.next_version(store, NAME)
+    staging = ms.staging_dir(store, NAME, v2)
+    src = ms.version_dir(store, NAME, v1)
+    top = {ms.DELTAS, ms.MANIFEST, ms.SUCCESS}  # (the shard dumps keep their own)
+    shutil.copytree(
+        src, staging, dirs_exist_ok=True, ignore=lambda d, names: top & set(names) if Path(d) == src else []
+    )
+    ms.write_manifest(staging, replace(manifest, version=v2, parent=v1, deltas=0, **changes))
+    ms.seal(staging, ms.version_dir(store, NAME, v2))
+    return v2
+
+
+def torchrun_workers(hosts) -> dict[int, int]:
+    """{rank: pid} of the torchrun workers running on ``hosts`` (``loadtest.netns.Host``: its
+    namespace's processes): those torchrun gave a RANK whose argv runs ``train`` (the PS shards a
+    rank starts inherit its environment; the agent has no RANK)."""
+    out = {}
+    for host in hosts:
+        listed = subprocess.run(["ip", "netns", "pids", host.name], capture_output=True, text=True)
+        for pid in listed.stdout.split():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:  # gone meanwhile
+                continue
+            rank = [e.removeprefix(b"RANK=") for e in env if e.startswith(b"RANK=")]
+            if rank and b"train" in argv:
+                out[int(rank[0])] = int(pid)
     return out

@@ -1,8 +1,10 @@
 """Ranks following one stream (training/follow/ranks.py), without Kafka or torchrun: each rank's
-parts of the source, the rounds and the vote at a look, what a rank sends rank 0 at a cut
-(``take_share``) and what rank 0 makes of every rank's (``merge_shares``: one delta record with
-every rank's offsets, keys, counts and window), and the cut itself in a one-process gloo group
-(written and committed; nothing to write; refused, and then no rank commits)."""
+parts of the source, the rounds and the vote at a look (a cut, the end, a move to the version rank
+0 saw CURRENT name), what a rank sends rank 0 at a cut (``take_share``) and what rank 0 makes of
+every rank's (``merge_shares``: one delta record with every rank's offsets, keys, counts and
+window), and the cut itself in a one-process gloo group (written and committed; nothing to write;
+refused, and then no rank commits). tests/training/follow/test_ranks_hosts.py runs a job of two
+ranks on two hosts."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from model_store.deltas import read_delta, read_keys
 from serving.ps.shard import TableShard, TableShardConfig
 from serving.ps.spec import TableSpec
 from training.follow.book import StreamBook
-from training.follow.ranks import Ranks, cut_together, merge_shares, take_share
+from training.follow.ranks import Ranks, Round, cut_together, merge_shares, take_share
 from training.sources import TICK, Part
 from training.sources.ledger import Ledger
 
@@ -71,7 +73,11 @@ def test_a_look_cuts_when_rank_0_is_due_and_ends_when_every_rank_is_done_or_one_
     cut_due, done, stopped, outcome
 ):
     job = Ranks(done=done)
-    assert job.look(cut_due, stopped) == outcome
+    assert job.look(cut_due, stopped) == Round(*outcome, version=None)
+
+
+def test_a_look_moves_every_rank_to_the_version_rank_0_saw_current_name():
+    assert Ranks().look(False, False, "2") == Round(cut=False, end=False, version="2")
 
 
 def test_rank_0_sends_only_its_positions_its_book_is_the_jobs():

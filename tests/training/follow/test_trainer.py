@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ import torch
 import model_store as ms
 from model_store.shards import read_meta
 from tests.helpers import ROOT, wait_until
-from tests.training.follow.helpers import NAME, SAMPLE, file_signs, lookup, serving_stores
+from tests.training.follow.helpers import NAME, SAMPLE, file_signs, lookup, retrained, serving_stores
 from training.config import TrainConfig
 from training.follow.config import FollowConfig
 from training.follow.trainer import FollowTrainer, follow
@@ -140,22 +139,6 @@ def test_follow_loop_cuts_deltas_and_reloads_on_a_new_current(store, watch):
     assert meta.base_version == v2
 
 
-def _retrained(store: Path, v1: str, **changes) -> str:
-    """A new full version of v1's schema and shape (its rows, without its deltas), sealed;
-    ``changes`` go into its manifest."""
-    manifest = ms.read_manifest(ms.version_dir(store, NAME, v1))
-    v2 = ms.next_version(store, NAME)
-    staging = ms.staging_dir(store, NAME, v2)
-    src = ms.version_dir(store, NAME, v1)
-    top = {ms.DELTAS, ms.MANIFEST, ms.SUCCESS}  # (the shard dumps keep their own)
-    shutil.copytree(
-        src, staging, dirs_exist_ok=True, ignore=lambda d, names: top & set(names) if Path(d) == src else []
-    )
-    ms.write_manifest(staging, replace(manifest, version=v2, parent=v1, deltas=0, **changes))
-    ms.seal(staging, ms.version_dir(store, NAME, v2))
-    return v2
-
-
 def _delta_signs(store: Path, version: str, seq: int) -> set[int]:
     ddir = ms.delta_dir(ms.version_dir(store, NAME, version), seq)
     metas = [read_meta(p) for p in ddir.glob("shard-*")]
@@ -196,7 +179,7 @@ def test_a_publish_mid_follow_moves_the_next_deltas_to_the_new_version_only(stor
 
         train("a.csv", 100)
         assert trainer.result.deltas == []  # a.csv's rows are pending
-        v2 = _retrained(store, v1)
+        v2 = retrained(store, v1)
         assert ms.publish(store, NAME, v2) == v2  # same schema and shape: the gate passes
         wait_until(lambda: running() and trainer.result.version == v2, 60, "the trainer moved to v2")
         train("b.csv", 200)
@@ -222,7 +205,7 @@ def test_the_trainer_refuses_what_serving_refuses(store, watch, caplog):
     v1 = ms.current(store, NAME)
     with FollowTrainer(_cfg(store, watch, once=True)) as trainer:
         trainer.run(threading.Event())
-        v2 = _retrained(store, v1, dim=32)
+        v2 = retrained(store, v1, dim=32)
         with pytest.raises(ms.IncompatibleVersion):
             ms.publish(store, NAME, v2)
         ms.layout.set_current(store, NAME, v2)  # forced past publish's gate
