@@ -24,12 +24,11 @@ import numpy as np
 import orjson
 
 import model_store
-from features.codec import encode as encode_batch
 from features.schema import Schema, load_schema
 from features.transform import dense_matrix
 from model_store.devices import CPU, DenseChoice, choose
 from serving.scoring.config import ScoringConfig
-from serving.scoring.decoding import BINARY, JSON, Decoder, Request
+from serving.scoring.decoding import BINARY, JSON, Decoder, Request, warmup_requests
 from serving.scoring.errors import status_of
 from serving.scoring.lookups import Lookups
 
@@ -97,13 +96,7 @@ class Scorer:
         its codec bytes) through every verb, so compiled kernels, channels and the dense runtime are
         hot before the first real request (scores are discarded). A worker that is still cold may miss the
         deadline at first: retry for ``patience_s``, then fail."""
-        slots = self.schema.slots
-        value = {s.column: ("0" if s.kind != "dense" else 0.0) for s in slots}
-        context = {s.column: value[s.column] for s in slots if s.scope == "context"}
-        items = {s.column: [value[s.column]] for s in slots if s.scope == "item"}
-        bodies = [(orjson.dumps(body), JSON) for body in ([value], {"context": context, "items": items})]
-        # and the codec's bytes: the binary path's compiled checks are hot too
-        bodies.append((encode_batch(self.decode(bodies[1][0], JSON).batch), BINARY))
+        bodies = warmup_requests(self.decoder)
         deadline, done = time.monotonic() + patience_s, 0
         while done < rounds * len(bodies):
             try:

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from features.batch import CompactBatch, check_fits
-from features.codec import decode
+from features.codec import decode, encode
 from features.schema import Schema
 from features.transform import from_json, transform
 from serving.scoring.errors import BadRequest, TooLarge, UnsupportedType
@@ -84,3 +84,16 @@ class Decoder:
     def _check_rows(self, n: int) -> None:
         if n > self.max_items:
             raise TooLarge(f"{n} items exceed the limit of {self.max_items} per request")
+
+
+def warmup_requests(decoder: Decoder) -> list[tuple[bytes, str]]:
+    """One-row requests of the decoder's schema in every form it takes (a list of records, a ranking
+    request in column form, and that request's compact batch), with their content types: decoding
+    them compiles (or loads from numba's cache) every kernel a request of each form runs."""
+    slots = decoder.schema.slots
+    value = {s.column: ("0" if s.kind != "dense" else 0.0) for s in slots}
+    context = {s.column: value[s.column] for s in slots if s.scope == "context"}
+    items = {s.column: [value[s.column]] for s in slots if s.scope == "item"}
+    bodies = [(orjson.dumps(body), JSON) for body in ([value], {"context": context, "items": items})]
+    bodies.append((encode(decoder.decode(*bodies[1]).batch), BINARY))
+    return bodies

@@ -158,6 +158,15 @@ class Collected:
         return merge(live, dead)
 
 
+def use_files() -> None:
+    """Metric objects made from now on keep their values in ``$PROMETHEUS_MULTIPROC_DIR``'s files.
+    ``prometheus_client`` chooses that once, when it is imported: a worker forked from a parent
+    that imported it before setting the directory would otherwise keep its values to itself."""
+    from prometheus_client import values
+
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+
+
 def frontend_registry(directory: str | Path, own: Callable[[], list[Metric]]) -> CollectorRegistry:
     """What a worker's ``/metrics`` answers: every process's metric objects and collected families."""
     from prometheus_client.multiprocess import MultiProcessCollector

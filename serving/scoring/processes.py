@@ -1,11 +1,13 @@
 """``recserve serve --workers N``: one port, N processes serving it, and the parent that keeps them.
 
-The parent binds the port (``--host``, ``--port``) and starts N workers with multiprocessing's
-spawn (a fresh interpreter each), handing each the bound socket; a worker is the one-process
-frontend (``serving.scoring.lean``) on it, so it maps its co-located shards itself (the page cache
-holds their files once), follows the notices and the poll and applies deltas, logs its own
-impressions, serves experiments, with the same key file and TLS. The kernel gives each connection
-to a worker that is accepting. Then the parent waits on its workers (``Workers.run``):
+The parent binds the port (``--host``, ``--port``), loads what every worker holds alike (torch,
+numba and the kernels a decode runs, the scoring modules: ``serving.scoring.preload``) and forks
+N workers from itself (multiprocessing's fork), so they share those pages copy-on-write instead of
+each holding a copy; each inherits the bound socket. A worker is the one-process frontend
+(``serving.scoring.lean``) on it, so it maps its co-located shards itself (the page cache holds
+their files once), follows the notices and the poll and applies deltas, logs its own impressions,
+serves experiments, with the same key file and TLS. The kernel gives each connection to a worker
+that is accepting. Then the parent waits on its workers (``Workers.run``):
 
 1. a worker that exits (SIGKILL, a crash) is started again at once and counted
    (``recserve_serve_worker_restarts_total``); its live gauges leave ``/metrics``, its counts stay,
@@ -46,6 +48,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from serving.scoring import multiproc, roster
+from serving.scoring.preload import preload
 
 if TYPE_CHECKING:
     from serving.scoring.lean import ServeConfig
@@ -165,6 +168,7 @@ def serve_workers(config: ServeConfig, n: int) -> int:
     announce(config, f"{n} worker processes")
     if not config.disable_token_auth:
         inference_key(config.key_path())  # the key file is made once, here, before the workers read it
+    log.info("preloaded for the workers: %s", preload(config))
     try:
         sock = bind(config)
     except OSError as e:
@@ -173,7 +177,7 @@ def serve_workers(config: ServeConfig, n: int) -> int:
     metrics_dir = tempfile.mkdtemp(prefix="recserve-serve-metrics-")
     os.environ[multiproc.ENV] = metrics_dir  # the workers' metric objects write their files there
     members = roster.roster_dir(config.store, config.model)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("fork")  # from this process as preloaded: no thread runs in it
     level = logging.getLogger().getEffectiveLevel()
 
     def make() -> tuple[BaseProcess, Any]:
@@ -204,13 +208,17 @@ def serve_workers(config: ServeConfig, n: int) -> int:
 
 def run_worker(config: ServeConfig, sock: socket.socket, ready: Any, metrics_dir: str, level: int,
                parent: int) -> None:  # fmt: skip
-    """A worker process: the one-process frontend on ``sock``, its metrics in ``metrics_dir``."""
-    logging.basicConfig(level=level, format=LOG_FORMAT)
+    """A worker process, forked from the parent: the one-process frontend on ``sock``, its metrics in
+    ``metrics_dir``."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handlers, inherited by the fork
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    logging.basicConfig(level=level, format=LOG_FORMAT, force=True)  # its lines name its pid
     from serving.rpc.procs import term_with_parent
 
     term_with_parent()
     if os.getppid() != parent:  # the parent died before the line above
         sys.exit(1)
+    multiproc.use_files()
     from serving.scoring.asgi import App, FrontendProcess
     from serving.scoring.lean import Frontend, run
 

@@ -1,8 +1,8 @@
 """``recserve serve --workers N`` (serving/scoring/processes.py) as a real process: two workers on
-one port both answer, one /metrics sums them (their impression logs too), `recserve versions`
-lists each, a delta reaches every worker, a SIGKILLed worker is started again and counted while
-serving goes on, SIGTERM drains them all (exit 0); workers that keep dying at start stop the
-parent (exit 1); a bad count is refused by argparse."""
+one port both answer, one /metrics sums them (their impression logs too), they share the heap
+their parent preloaded, `recserve versions` lists each, a delta reaches every worker, a SIGKILLed
+worker is started again and counted while serving goes on, SIGTERM drains them all (exit 0);
+workers that keep dying at start stop the parent (exit 1); a bad count is refused by argparse."""
 
 from __future__ import annotations
 
@@ -135,6 +135,26 @@ def test_both_workers_answer_and_one_metrics_sums_their_counts(frontend):
     logged = f'recserve_impressions_logged_total{{topic="{topic}"}}'
     wait_until(lambda: (m := _metrics(port)).get(logged) == m[ok], 10, "every impression counted as logged")
     consume_impressions(bootstrap, topic, int(after[ok]))
+
+
+def _rollup(pid: int) -> dict[str, int]:
+    """/proc/<pid>/smaps_rollup: field -> kB."""
+    lines = open(f"/proc/{pid}/smaps_rollup").read().splitlines()[1:]
+    return {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in lines)}
+
+
+@pytest.mark.slow
+def test_the_workers_share_the_heap_their_parent_preloaded(frontend):
+    """Forked from a parent that imported torch and numba and loaded the decode kernels, a worker
+    shares most of its heap with it and the other worker (a spawned interpreter shares none of it:
+    its anonymous pages' PSS equals their RSS)."""
+    _, port, key, _, pids, log, _ = frontend
+    assert any("preloaded for the workers: " in line and "the decode kernels of version 1's schema" in line
+               for line in log), "".join(log)  # fmt: skip
+    _pids_answering(port, key, 20)
+    for pid in pids:
+        rollup = _rollup(pid)
+        assert rollup["Pss_Anon"] < 0.7 * rollup["Anonymous"], rollup
 
 
 @pytest.mark.slow
