@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "down": "stop exactly the processes a previous `recserve up` started",
     "score": "send scoring requests from a data file to an endpoint and print scores",
     "certs": "write a CA and TLS certificates (server, client) for the roles across hosts",
+    "warm": "compile the kernels train and serve compile at their start into numba's cache, ahead of them",
     "versions": "list a model's versions (and optionally keep only the newest N)",
     "publish": "validate a version and make it the served one (atomic CURRENT switch)",
     "rollback": "re-publish the previously published version",

@@ -18,6 +18,7 @@ RUN: list[tuple[str, str, str, str]] = [
     ("README.md", "recserve", "make demo", "tests/test_make_demo.py::test_make_demo_runs_every_step"),
     ("README.md", "recserve", "make test", "tests/test_readme.py::test_readme_names_the_two_commands_and_ci_runs_make_test"),
     ("README.md", "A five-minute tour", "", "tests/test_quick_tour.py::test_quick_tour_runs_as_printed"),
+    ("README.md", "Starting warm", "", "tests/recserve/test_warm.py::test_a_cache_recserve_warm_filled_holds_every_kernel_serve_starts_with"),
     ("docs/cli.md", "The recserve CLI", "recserve ", PARSED),
     ("docs/cli.md", "The recserve CLI", "recserve train --arch deepfm", "tests/test_readme_cli.py::test_tls_replicas_worker_and_publish_lines_run_as_printed"),
     ("docs/cli.md", "The recserve CLI", "recserve up --model criteo --tls", "tests/test_readme_cli.py::test_tls_replicas_worker_and_publish_lines_run_as_printed"),
