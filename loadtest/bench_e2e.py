@@ -1,9 +1,11 @@
-"""``make bench-e2e``: every scoring frontend x lookup mode under locust at fixed rates, against one process.
+"""``make bench-e2e``: every scoring frontend x lookup mode under locust at fixed rates, against one
+process; then ``recserve serve --workers 1`` and ``--workers 2`` as deployed, and an open loop.
 
     python -m loadtest.bench_e2e [--store DIR --model NAME] [--duration 30] [--rates 10,50,100,200]
                                  [--runs lean:colocated,lean:remote,torchserve:colocated,torchserve:remote]
-                                 [--forms records,columns] [--ts-workers 2] [--out e2e] [--quick]
-                                 [--results-dir DIR]
+                                 [--forms records,columns] [--ts-workers 2] [--workers 1,2]
+                                 [--workers-rates 50,100,200,...] [--open-rates 10,50] [--out e2e]
+                                 [--quick] [--results-dir DIR]
 
 Trains a model into a temporary model store unless one is given, then for each run starts what it
 needs on this machine -- ``lean``: ``recserve serve`` (uvicorn/uvloop); ``torchserve``: the local
@@ -22,9 +24,14 @@ Per run and rate: p50/p99, failures, the scoring core's ``Server-Timing`` stages
 dense, encode, total) and the rest of each request's latency (client + HTTP + frontend), and the
 CPU time per request of each process (locust included), which a shared machine disturbs less than
 wall time; per run ``max_rps_p99_le_10ms``. The torchserve + remote run also times each stage
-sequentially (``stages_ms``). Token auth is off (loopback only). Writes
+sequentially (``stages_ms``). Token auth is off in these runs (loopback only).
+
+``workers`` and ``open_loop`` (``loadtest.e2e_workers``): each count of ``--workers`` in turn,
+co-located, token auth on, stepped up through ``--workers-rates`` to its max rate at p99 <= 10 ms in
+both forms, with CPU per request and PSS per process; the open loop runs ``--workers 1`` at each of
+``--open-rates`` on a fixed schedule, latency counted from when each request was due. Writes
 loadtest/results/<out>.json and prints tables; stops everything at the end, also on error.
-``--quick``: lean + co-located and TorchServe + remote at 10 requests/s for 2 s.
+``--quick``: lean + co-located and TorchServe + remote at 10 requests/s for 2 s; workers at 50.
 """
 
 from __future__ import annotations
@@ -33,14 +40,10 @@ import contextlib
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from loadtest.common import (
-    call_times,
     given_or_trained,
     parse,
     parser,
@@ -55,10 +58,13 @@ from loadtest.drive import (
     stack_processes,
     warm_up,
 )
+from loadtest.e2e_stages import median_ms, stages
+from loadtest.e2e_workers import TARGETS as WORKER_TARGETS
+from loadtest.e2e_workers import numbers, print_workers, worker_checks, workers_section
 from model_store.dense import AUTO, CHOICES
 
 if TYPE_CHECKING:
-    from serving.stack.state import StackState
+    pass
 
 TARGETS = {
     "lean_p99_ms_at_50": 6.0,
@@ -66,83 +72,8 @@ TARGETS = {
     "failures": 0,
     "lean_p50_at_10_over_inprocess": 1.5,
     "lean_max_rps_p99_le_10ms": 200,
+    **WORKER_TARGETS,
 }
-
-
-# ---- where the time goes ------------------------------------------------------------------------
-def median_ms(fn, args: list, min_runs: int = 100, min_seconds: float = 1.0) -> float:
-    """Median wall time of ``fn(a)`` in ms, cycling through ``args`` (after one pass of warm-up)."""
-    return round(float(np.median(call_times(fn, min_runs, min_seconds, args))) * 1e3, 3)
-
-
-def stages(
-    vdir: Path, state: StackState, bodies: list[bytes], runtime: str, worker_in_handler: bool
-) -> tuple[dict, float]:
-    """Per-stage medians (ms) of the handler's path, and the in-process p50 (ms)."""
-    import orjson
-
-    import model_store
-    from features.codec import encode
-    from features.schema import load_schema
-    from features.transform import dense_matrix, transform
-    from serving.scoring.config import ScoringConfig
-    from serving.scoring.core import JSON, Scorer
-    from serving.scoring.loop import score
-    from serving.worker.client import WorkerClient
-    from serving.worker.core import EmbeddingWorker, InProcessShard, PSClient
-    from training.offline import load_stores
-
-    manifest = model_store.read_manifest(vdir)
-    schema = load_schema(vdir / "schema.yaml")
-    cfg = ScoringConfig(str(vdir), lookups="remote", worker=state.worker, runtime=runtime)
-    with contextlib.ExitStack() as es:
-        inproc_worker = EmbeddingWorker([InProcessShard(s) for s in load_stores(vdir, manifest)], schema)
-        es.callback(inproc_worker.close)
-        inproc = Scorer(cfg, worker=inproc_worker)
-        # what the handler runs: the worker process over gRPC, or the worker library over the PS
-        remote = Scorer(ScoringConfig(str(vdir), lookups="remote", worker=state.worker, runtime=runtime,
-                                      ps=state.ps if worker_in_handler else None))  # fmt: skip
-        es.callback(remote.close)
-        client = WorkerClient(state.worker)
-        es.callback(client.close)
-        ps = EmbeddingWorker([PSClient(a) for a in state.ps], schema)  # this process -> PS shards
-        es.callback(ps.close)
-
-        batches = [inproc.decode(b, JSON).batch for b in bodies]
-        blobs = [encode(b) for b in batches]
-        signs = [np.asarray(b.signs) for b in batches]
-        pooled = [(inproc_worker.forward(b).pooled, dense_matrix(b, schema)) for b in batches]
-        looked_up = [inproc.lookup(inproc.decode(b, JSON)) for b in bodies]
-        scored = [(inproc.predict([i])[0], i.versions) for i in looked_up]
-
-        def check(status_payload):
-            if status_payload[0] != 200:
-                raise RuntimeError(f"scoring failed: {status_payload}")
-
-        inprocess_p50 = median_ms(lambda b: check(score(inproc, b, JSON)), bodies)
-        paced = []  # the same at 10 requests/s: caches go cold between requests, as at the 10 rps run
-        for i in range(50):
-            time.sleep(0.1)
-            t0 = time.perf_counter()
-            check(score(inproc, bodies[i % len(bodies)], JSON))
-            paced.append((time.perf_counter() - t0) * 1e3)
-        out = {
-            "inprocess_paced_10rps": round(float(np.median(paced)), 3),
-            "handler_score": median_ms(lambda b: check(score(remote, b, JSON)), bodies),
-            "decode": median_ms(lambda b: inproc.decode(b, JSON), bodies),  # what the scoring core runs
-            "orjson_transform": median_ms(lambda b: transform(orjson.loads(b), schema), bodies),  # baseline
-            "codec_encode": median_ms(encode, batches),
-            "worker_forward_rpc": median_ms(lambda blob: client.forward(blob), blobs),
-            "worker_core_over_ps": median_ms(lambda b: ps.forward(b), batches),
-            "ps_lookup_fanout": median_ms(lambda s: ps._lookup(s, insert=False), signs),
-            "worker_core_inprocess_tables": median_ms(lambda b: inproc_worker.forward(b), batches),
-            "dense": median_ms(lambda pd: inproc.dense(*pd), pooled),
-            "encode_response": median_ms(lambda sv: inproc.encode(*sv), scored),
-        }
-    # derived: the worker's gRPC hop (server + client + codec decode) and its own compute
-    out["worker_rpc_hop"] = round(out["worker_forward_rpc"] - out["worker_core_over_ps"], 3)
-    out["worker_compute"] = round(out["worker_core_over_ps"] - out["ps_lookup_fanout"], 3)
-    return out, inprocess_p50
 
 
 # ---- one frontend x lookup mode ----------------------------------------------------------------
@@ -281,16 +212,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--forms", default="records,columns", help="request forms, each run in turn on the same "
                    "server: records (a list of flat records), columns (a ranking request in column form)")  # fmt: skip
     p.add_argument("--columns", action="store_true", help="the column form only (--forms columns)")
-    p.add_argument("--out", default="e2e", help="results name: loadtest/results/<out>.json")
-    args = parse(
-        p, argv, {"rates": "10", "duration": 2.0, "warmup_s": 1.0, "runs": "lean:colocated,torchserve:remote"}
+    p.add_argument(
+        "--workers", default="1,2", help="recserve serve --workers counts, in turn ('' skips them)"
     )
-    rates = [float(r) for r in args.rates.split(",")]
+    p.add_argument("--workers-rates", default="50,100,200,300,400,500,600,700,800,1000",
+                   help="requests/s stepped up to each count's max rate at p99 <= 10 ms")  # fmt: skip
+    p.add_argument("--open-rates", default="10,50", help="the open loop's requests/s ('' skips it)")
+    p.add_argument("--out", default="e2e", help="results name: loadtest/results/<out>.json")
+    args = parse(p, argv, {"rates": "10", "duration": 2.0, "warmup_s": 1.0, "workers_rates": "50",
+                           "runs": "lean:colocated,torchserve:remote"})  # fmt: skip
+    rates = numbers(args.rates)
     forms = ["columns"] if args.columns else args.forms.split(",")
     if not forms or set(forms) - {"records", "columns"}:
         p.error(f"--forms takes records and/or columns, not {args.forms!r}")
     pairs = [(*r.split(":")[:2], float(r.split(":")[2]) if r.count(":") == 2 else args.batch_wait_ms)
-             for r in args.runs.split(",")]  # fmt: skip
+             for r in args.runs.split(",") if r]  # fmt: skip
 
     import model_store
 
@@ -307,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"in one process, {form}: p50 {p50} ms, decode {decode} ms", flush=True)
         load_before = os.getloadavg()
         runs = [x for f, lk, wait in pairs for x in run_one(args, f, lk, store, rates, bodies, work, wait)]
+        counts = [int(n) for n in args.workers.split(",") if n]
+        workers, open_loop = workers_section(args, store, numbers(args.workers_rates), counts, bodies, work,
+                                             numbers(args.open_rates))  # fmt: skip
         load_after = os.getloadavg()
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -333,16 +272,19 @@ def main(argv: list[str] | None = None) -> int:
             checks[f"{form}: torchserve_colocated_p99_at_50_le_10ms"] = (
                 ts["rates"]["50"]["p99_ms"] <= TARGETS["p99_ms_at_50"]
             )
+    checks.update(worker_checks(workers, open_loop))
     out = {
         "inprocess_p50_ms": {form: p50 for form, (p50, _) in reference.items()},
         "decode_p50_ms": {form: decode for form, (_, decode) in reference.items()},
         "runs": runs,
+        "workers": workers,
+        "open_loop": open_loop,
         "targets": TARGETS,
         "conditions": {
             "duration_s": args.duration,
             "request_items": 200,
             "distinct_requests": {form: len(b) for form, b in bodies.items()},
-            "token_auth": False,
+            "token_auth": {"runs": False, "workers": True, "open_loop": True},
             "runtime": args.runtime,
             "ts_workers": args.ts_workers,
             "batch_size": args.batch_size,
@@ -358,29 +300,31 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\nin one process (features + tables in memory + dense), {form}: p50 {p50} ms, decode {decode} ms"
         )
-    print_table(
-        f"end to end: locust FastHttpUser, 200-item JSON requests, {args.duration:g} s per rate, token auth off",
-        [{"run": _name(x), "rate": k, **v} for x in runs for k, v in x["rates"].items()],
-        ["run", "rate", "p50_ms", "p99_ms", "max_ms", "requests", "failures", "achieved_rps"],
-    )
-    print_table(
-        "CPU ms per request, by process",
-        [{"run": _name(x), "rate": k, **v["cpu_ms_per_request"]}
-         for x in runs for k, v in x["rates"].items()],
-        ["run", "rate", "locust", "lean", "torchserve_frontend", "handler", "worker", "ps", "total"],
-    )  # fmt: skip
-    print_table(
-        "Server-Timing p50 under load (ms) and the rest of each request",
-        [{"run": _name(x), "rate": k, **v["server_timing_p50_ms"]}
-         for x in runs for k, v in x["rates"].items()],
-        ["run", "rate", "decode", "worker", "dense", "encode", "total", "outside_handler", "outside_handler_p99"],
-    )  # fmt: skip
-    for x in runs:
-        if x["stages_ms"]:
-            print_table("stages (sequential medians, ms)", [{"stage": k, "ms": v} for k, v in x["stages_ms"].items()],
-                        ["stage", "ms"])  # fmt: skip
-    print("\nmax rate with p99 <= 10 ms and no failures: "
-          + ", ".join(f"{_name(x)} {x['max_rps_p99_le_10ms']:g}" for x in runs))  # fmt: skip
+    if runs:  # (--runs '': the workers alone)
+        print_table(
+            f"end to end: locust FastHttpUser, 200-item JSON requests, {args.duration:g} s per rate, token auth off",
+            [{"run": _name(x), "rate": k, **v} for x in runs for k, v in x["rates"].items()],
+            ["run", "rate", "p50_ms", "p99_ms", "max_ms", "requests", "failures", "achieved_rps"],
+        )
+        print_table(
+            "CPU ms per request, by process",
+            [{"run": _name(x), "rate": k, **v["cpu_ms_per_request"]}
+             for x in runs for k, v in x["rates"].items()],
+            ["run", "rate", "locust", "lean", "torchserve_frontend", "handler", "worker", "ps", "total"],
+        )  # fmt: skip
+        print_table(
+            "Server-Timing p50 under load (ms) and the rest of each request",
+            [{"run": _name(x), "rate": k, **v["server_timing_p50_ms"]}
+             for x in runs for k, v in x["rates"].items()],
+            ["run", "rate", "decode", "worker", "dense", "encode", "total", "outside_handler", "outside_handler_p99"],
+        )  # fmt: skip
+        for x in runs:
+            if x["stages_ms"]:
+                print_table("stages (sequential medians, ms)", [{"stage": k, "ms": v} for k, v in x["stages_ms"].items()],
+                            ["stage", "ms"])  # fmt: skip
+        print("\nmax rate with p99 <= 10 ms and no failures: "
+              + ", ".join(f"{_name(x)} {x['max_rps_p99_le_10ms']:g}" for x in runs))  # fmt: skip
+    print_workers(workers, open_loop)
     print("targets:")
     report_targets(out, checks)
     path = write_results(args.out, out, args.results_dir)

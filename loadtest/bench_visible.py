@@ -63,7 +63,7 @@ def role_argv(host: netns.Host, spec: list[str]) -> list[tuple[str, list[str], s
         out.append((f"ps{shard}-{name}", ["recserve", "ps-serve", f"{MOUNT}/criteo", "--host", a, "--port", str(port),
                     "--metrics-port", str(mport), "--shard", str(shard), "--num-shards", "2", *spec],
                     f"{a}:{port}", f"http://{a}:{mport}/metrics"))  # fmt: skip
-    out.append((f"serve-{name}", ["recserve", "serve", "--host", a, "--port", str(HTTP_PORT), "--store", MOUNT,
+    out.append((f"serve-{name}", ["recserve", "serve", "--workers", "1", "--host", a, "--port", str(HTTP_PORT), "--store", MOUNT,
                 "--model", "criteo", "--lookups", "colocated", "--no-token-auth", *spec],
                 f"http://{a}:{HTTP_PORT}/ping", f"http://{a}:{HTTP_PORT}/metrics"))  # fmt: skip
     return out

@@ -158,16 +158,19 @@ def lean_frontend(
     runtime: str,
     batch_wait_ms: float,
     extra: tuple[str, ...] = (),
+    key_file: Path | None = None,
 ):
     """``recserve serve`` (the command a user runs) on a free port, micro-batching its dense stage
     with ``--batch-wait-ms`` (0: off), with ``extra`` flags; remote lookups go to the stack's worker
     process. One process (``--workers 1``: the benches' figures are of one; ``extra`` may say
-    ``--workers N``). Yields (endpoint, {role: pids})."""
+    ``--workers N``). Token auth off, or on with ``key_file`` (serve's ``--key-file``, made by it
+    when missing). Yields (endpoint, {role: pids})."""
     from serving.rpc.procs import free_ports
 
     port = free_ports(1)[0]
+    auth = ["--no-token-auth"] if key_file is None else ["--key-file", str(key_file)]
     argv = ["recserve", "serve", "--workers", "1", "--store", str(store), "--model", model, "--port",
-            str(port), "--lookups", lookups, "--no-token-auth", "--runtime", runtime,
+            str(port), "--lookups", lookups, *auth, "--runtime", runtime,
             "--batch-wait-ms", f"{batch_wait_ms:g}", *extra]  # fmt: skip
     if state is not None:
         argv += ["--worker", state.worker]

@@ -62,7 +62,7 @@ class Roles:
             out.append((h, f"worker-{h.hostname.split()[0]}-{port}", ["recserve", "worker", "--host", h.address, "--port", str(port),
                         "--ps", spec]))  # fmt: skip
         workers = "|".join(f"{h.address}:{p}" for h, p in self.workers)
-        out.append((self.frontend, "serve", ["recserve", "serve", "--host", self.frontend.address, "--store", MOUNT,
+        out.append((self.frontend, "serve", ["recserve", "serve", "--workers", "1", "--host", self.frontend.address, "--store", MOUNT,
                     "--model", "criteo", "--lookups", "remote", "--worker", workers]))  # fmt: skip
         return out
 

@@ -1,9 +1,14 @@
-"""Paced load for the stream benches: ranking requests at a fixed rate from a few client threads,
-every response recorded with when it came, its latency, its status and the delta that scored it.
+"""Paced load for the benches: ranking requests at a fixed rate from a few client threads, every
+response recorded with when it came, its latency, its status and the delta that scored it.
 
     with Paced(endpoint, body, rate=25) as load:
         ...                                   # the load runs meanwhile
     r = load.responses()                      # Responses: one row per request, in arrival order
+
+Arrivals keep their schedule whatever the answers take (open loop). Latency counts from the send,
+or with ``from_schedule`` from when the request was due, as wrk2 counts it: a request that waited
+for its client's previous answer counts that wait too, so queueing in the server shows in the
+figures instead of thinning the arrivals (what a closed loop, locust's users, hides).
 
 ``interleaved`` loads several endpoints in turn (A B B A A B ...), so a busy minute of a shared
 machine falls on each of them alike, and pools each one's latencies.
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,34 +64,38 @@ class Paced:
     """``rate`` requests/s of ``body`` to ``endpoint`` from ``threads`` clients, each on its own
     schedule (``threads / rate`` s apart, offset from each other), from ``__enter__`` to
     ``__exit__``. A request that comes due while its client still waits for the previous one goes
-    as soon as that returns."""
+    as soon as that returns. ``body`` may be several bodies, sent in turn; ``key_file``: the
+    frontend's token file (token auth on); ``from_schedule``: latency from when each was due."""
 
-    def __init__(self, endpoint: str, body: bytes, rate: float, threads: int = 4) -> None:
+    def __init__(self, endpoint: str, body: bytes | Sequence[bytes], rate: float, threads: int = 4, *,
+                 key_file: str | None = None, from_schedule: bool = False) -> None:  # fmt: skip
         if not rate > 0 or threads < 1:
             raise ValueError(f"need rate > 0 and threads >= 1, got {rate}, {threads}")
-        self.endpoint, self.body, self.rate, self.threads = endpoint, body, rate, threads
+        self.endpoint, self.rate, self.threads = endpoint, rate, threads
+        self.body = [body] if isinstance(body, bytes) else list(body)
+        self.key_file, self.from_schedule = key_file, from_schedule
         self._stop = threading.Event()
         self._rows: list[list[tuple[float, float, int, int]]] = [[] for _ in range(threads)]
         self._workers = [threading.Thread(target=self._client, args=(i,), name=f"paced-{i}", daemon=True)
                          for i in range(threads)]  # fmt: skip
 
     def _client(self, i: int) -> None:
-        c, rows = ScoringClient(self.endpoint, None), self._rows[i]
+        c, rows = ScoringClient(self.endpoint, self.key_file), self._rows[i]
         every = self.threads / self.rate
-        due = time.monotonic() + i * every / self.threads
+        due, n = time.monotonic() + i * every / self.threads, i
         try:
             while not self._stop.is_set():
                 if (wait := due - time.monotonic()) > 0 and self._stop.wait(wait):
                     return
-                t0 = time.perf_counter()
+                t0 = due if self.from_schedule else time.monotonic()
                 try:
-                    status, payload = c.post(self.body)
+                    status, payload = c.post(self.body[n % len(self.body)])
                 except OSError:
                     status, payload = 0, b""
-                latency = time.perf_counter() - t0
+                latency = time.monotonic() - t0
                 seq = int(orjson.loads(payload)["versions"]["delta_seq"]) if status == 200 else -1
                 rows.append((time.time(), latency, status, seq))
-                due += every
+                due, n = due + every, n + self.threads
         finally:
             c.close()
 
