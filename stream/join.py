@@ -77,11 +77,12 @@ class JoinCounts:
 
 @dataclass(frozen=True)
 class Emit:
-    """A record to produce: a sample (``dead`` False) or a dead letter; ``token`` goes back to
-    ``acked`` once the broker has it."""
+    """Records to produce under one key: samples of one request (``dead`` False; a window's close
+    emits all of them at once) or a dead letter; ``token`` goes back to ``acked`` once the broker
+    has each of them."""
 
     key: bytes
-    value: bytes
+    values: list[bytes]
     dead: bool = False
     reason: str = ""
     token: object = None
@@ -240,7 +241,7 @@ class PartitionJoin:
             return []
         req.unacked += 1
         self.counts.positives += 1
-        return [Emit(rid.encode(), req.writer.labelled(ev), token=rid)]
+        return [Emit(rid.encode(), [req.writer.labelled(ev)], token=rid)]
 
     # --- time ----------------------------------------------------------------------------
     def watermark(self, now: float) -> float:
@@ -261,15 +262,16 @@ class PartitionJoin:
             req = self.requests[rid]
             req.closed = True
             assert req.writer is not None and req.labelled is not None
-            key, w, held = rid.encode(), req.writer, held_now or req.quarantine
+            held = held_now or req.quarantine
             items = np.flatnonzero(~req.labelled)
             req.labelled[:] = True
-            req.unacked += len(items) + len(req.deferred)
+            values = req.writer.closing(req.deferred, items)  # the deferred clicks', then the negatives
+            req.unacked += len(values)
             self.counts.negatives += len(items)
             self.counts.positives += len(req.deferred)
-            self.counts.quarantined += (len(items) + len(req.deferred)) * held
-            out += [Emit(key, w.labelled(ev), token=rid, quarantine=held) for ev in req.deferred]
-            out += [Emit(key, w.negative(i), token=rid, quarantine=held) for i in items.tolist()]
+            self.counts.quarantined += len(values) * held
+            if values:
+                out.append(Emit(rid.encode(), values, token=rid, quarantine=held))
             req.deferred = []
             self._maybe_done(rid, req)
         while self._early and self._early[0][0] <= wm:
@@ -298,7 +300,8 @@ class PartitionJoin:
         if req is None:  # produced before this partition was lost and assigned again: re-read since
             return
         req.unacked -= 1
-        self._maybe_done(rid, req)
+        if not req.unacked:  # called for every sample delivered: the rest only at a request's last
+            self._maybe_done(rid, req)
 
     def committable(self) -> tuple[int, int]:
         """Per input, the offset to commit (-1: nothing read yet): the oldest held record's, or
@@ -357,4 +360,4 @@ class PartitionJoin:
     def _dead(self, inp: int, offset: int, value: bytes, reason: str) -> Emit:
         self.counts.malformed[inp] += 1
         self._held[inp][offset] = None
-        return Emit(b"", value, dead=True, reason=reason, token=(inp, offset))
+        return Emit(b"", [value], dead=True, reason=reason, token=(inp, offset))

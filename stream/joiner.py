@@ -215,6 +215,10 @@ class Joiner:
         self._produce(m.partition(), out)  # type: ignore[arg-type]
 
     def _produce(self, partition: int, emits: list[Emit]) -> None:
+        """Each emit's records, under one delivery callback per emit: one per record kept a live
+        object per sample in flight, and walking them took the garbage collector 40% of the
+        joiner's time (bench-join)."""
+        produce = self.producer.produce
         for e in emits:
             topic = self.cfg.samples
             headers: list[tuple[str, str | bytes | None]] | None = None
@@ -225,15 +229,23 @@ class Joiner:
             elif e.quarantine:
                 topic = self.cfg.quarantine_topic()
                 headers = [("reason", f"input guard: {self._held_for}")]
-            callback = functools.partial(self._delivered, partition, e.token)
-            while True:
+            callback, key = functools.partial(self._delivered, partition, e.token), e.key or None
+            for value in e.values:
                 try:
-                    self.producer.produce(
-                        topic, e.value, e.key or None, headers=headers, on_delivery=callback
-                    )
-                    break
-                except BufferError:  # the local queue is full: let deliveries drain it
-                    self.producer.poll(0.05)
+                    produce(topic, value, key, -1, callback, headers=headers)
+                except BufferError:  # the local queue is full
+                    self._produce_when_room(topic, value, key, callback, headers)
+
+    def _produce_when_room(self, topic: str, value: bytes, key: bytes | None, callback: Any,
+                           headers: Any) -> None:  # fmt: skip
+        """Produce one record once the local queue has room (deliveries drain it)."""
+        while True:
+            self.producer.poll(0.05)
+            try:
+                self.producer.produce(topic, value, key, -1, callback, headers=headers)
+                return
+            except BufferError:
+                continue
 
     def _delivered(self, partition: int, token: object, err: KafkaError | None, _msg: Message) -> None:
         if err is not None:

@@ -232,7 +232,9 @@ class Sample:
 
 class SampleWriter:
     """Encodes the samples of one impression: its strings and the row table are laid out once,
-    each sample is then a header and slices (the joiner's per-sample cost)."""
+    each sample is then a header and slices (``encode``, the reference), or the samples of many
+    items at once (``encode_many``: one numpy pass over them, the joiner's path at a window's
+    close)."""
 
     def __init__(self, imp: Impression, rows: RowTable) -> None:
         v = imp.versions
@@ -250,6 +252,27 @@ class SampleWriter:
         )
         self._starts = rows.starts.tolist()
         self.num_rows = rows.num_rows
+        self._rows, self._score_array = rows, np.asarray(imp.scores, "<f4")
+        self._head, self._before, self._after = self._layout()
+
+    def _layout(self) -> tuple[NDArray[np.void], NDArray[np.uint8], NDArray[np.uint8]]:
+        """For ``encode_many``: the header fields every sample of the impression shares, and per row
+        the bytes between the header and its signs (strings, flags, lengths) and after them (dense,
+        context dense)."""
+        head = np.zeros(1, SAMPLE_HEAD)
+        shared = {"magic": _SAM_MAGIC, "version": SAMPLE_VERSION, "l_arm": self._arm,
+                  **dict(zip(("ts", "delta_seq", "schema_hash"), self._fixed, strict=True)),
+                  **dict(zip(("slots", "f_row", "f_ctx"), self._shape, strict=True)),
+                  **dict(zip(("l_rid", "l_emb", "l_dense"), self._lens, strict=True))}  # fmt: skip
+        for name, value in shared.items():
+            head[name] = value
+        (s, f_row, f_ctx), n = self._shape, self.num_rows
+        text = np.frombuffer(self._strings, np.uint8)
+        lengths = np.frombuffer(self._lengths, np.uint8).reshape(n, 4 * s)
+        dense = np.frombuffer(self._dense, np.uint8).reshape(n, 4 * f_row)
+        ctx = np.frombuffer(self._ctx, np.uint8)
+        before = np.hstack([np.broadcast_to(text, (n, len(text))), lengths])
+        return head, before, np.hstack([dense, np.broadcast_to(ctx, (n, 4 * f_ctx))])
 
     def encode(self, item: int, label: float) -> bytes:
         s, f_row, _ = self._shape
@@ -260,15 +283,53 @@ class SampleWriter:
                          self._signs[8 * a : 8 * b], self._dense[4 * f_row * item : 4 * f_row * (item + 1)],
                          self._ctx])  # fmt: skip
 
+    def encode_many(self, items: NDArray[np.int64], labels: NDArray[np.float32]) -> list[bytes]:
+        """``[encode(i, l) for i, l in zip(items, labels)]``, laid out as one array: a row per
+        record, (header, strings and flags, lengths) | signs | (dense, context dense), its signs
+        padded to the longest record's and the padding dropped in one masked copy."""
+        rows, k = self._rows, len(items)
+        if not k:
+            return []
+        counts = rows.starts[items + 1] - rows.starts[items]
+        widest = int(counts.max())
+        lead, tail = _SAM.size + self._before.shape[1], self._after.shape[1]
+        records = np.empty((k, lead + 8 * widest + tail), np.uint8)
+        head = np.repeat(self._head, k)
+        head["item"], head["label"], head["nsigns"] = items, labels, counts
+        head["score"] = self._score_array[items]
+        records[:, : _SAM.size] = head.view(np.uint8).reshape(k, _SAM.size)
+        records[:, _SAM.size : lead] = self._before[items]
+        records[:, lead + 8 * widest :] = self._after[items]
+        signs = records[:, lead : lead + 8 * widest].view("<u8")
+        present = counts[:, None] > np.arange(widest)  # (k, widest): record i has a j-th sign
+        first = np.cumsum(counts) - counts
+        at = np.repeat(rows.starts[items] - first, counts) + np.arange(int(counts.sum()))
+        if present.all():
+            signs[:] = rows.signs[at].reshape(k, widest)
+            data = records.tobytes()
+        else:
+            signs[present] = rows.signs[at]
+            keep = np.ones(records.shape, bool)
+            keep[:, lead : lead + 8 * widest] = np.repeat(present, 8, axis=1)
+            data = records[keep].tobytes()
+        ends = np.cumsum(lead + tail + 8 * counts).tolist()
+        return [data[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
     def labelled(self, ev: Event) -> bytes:
         """The sample of the item ``ev`` names, with what the event carries into it (its label):
         the join hands the whole event over, so a field an event adds for the trainer is this
         module's alone."""
         return self.encode(ev.item, ev.label)
 
-    def negative(self, item: int) -> bytes:
-        """The sample of ``item`` when its window closed without an event."""
-        return self.encode(item, 0.0)
+    def closing(self, events: list[Event], negatives: NDArray[np.int64]) -> list[bytes]:
+        """The samples of a window that closed: those of ``events`` (as ``labelled``), in order,
+        then a negative (label 0.0) of each item of ``negatives``."""
+        items = np.fromiter((e.item for e in events), np.int64, len(events))
+        labels = np.fromiter((e.label for e in events), np.float32, len(events))
+        return self.encode_many(
+            np.concatenate([items, negatives]).astype(np.int64),
+            np.concatenate([labels, np.zeros(len(negatives), np.float32)]),
+        )
 
 
 def encode_sample(imp: Impression, rows: RowTable, item: int, label: float) -> bytes:

@@ -36,36 +36,30 @@ class RowTable:
 
     @classmethod
     def of(cls, batch: CompactBatch) -> RowTable:
-        n, s_count = batch.num_rows, batch.num_slots
-        per_slot: list[NDArray[np.uint64]] = []  # slot s's signs of every row, row after row
-        lengths = np.zeros((n, s_count), np.int64)
-        for s in range(s_count):
-            view = batch.slot(s)
-            signs = view.signs[view.values]
-            if view.offsets is None:  # one value per stored row
-                lengths[:, s] = 1
-                per_slot.append(np.repeat(signs, n) if view.context else signs)
-            elif view.context:  # the request's bag, the same in every row
-                lengths[:, s] = len(signs)
-                per_slot.append(np.tile(signs, n))
-            else:
-                lengths[:, s] = np.diff(view.offsets.astype(np.int64))
-                per_slot.append(signs)
+        n, flags = batch.num_rows, np.asarray(batch.flags, np.uint8)
+        context, multi = (flags & FLAG_CONTEXT) > 0, (flags & FLAG_MULTI) > 0
+        # (row r, slot s) holds a run of lengths[r, s] of the batch's values from first[r, s]; its
+        # stored row is r, or 0 in a context slot (stored once)
+        stored = np.arange(n)[:, None] * ~context
+        value_start = batch.value_splits[:-1]
+        first = value_start + stored
+        lengths = np.ones((n, len(flags)), np.int64)
+        if multi.any():  # the multi-valued slots' offsets, slot after slot, rows_s + 1 each
+            count = np.where(context[multi], 1, n) + 1
+            at = (np.cumsum(count) - count) + stored[:, multi]
+            offsets = batch.offsets.astype(np.int64)
+            first[:, multi] = value_start[multi] + offsets[at]
+            lengths[:, multi] = offsets[at + 1] - offsets[at]
         starts = np.zeros(n + 1, np.int64)
         np.cumsum(lengths.sum(axis=1), out=starts[1:])
-        # where slot s of row r begins in the output: the row's start plus the slots before s
-        begin = starts[:-1, None] + np.cumsum(lengths, axis=1) - lengths
-        out = np.empty(int(starts[-1]), np.uint64)
-        for s in range(s_count):
-            counts = lengths[:, s]
-            within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-            out[np.repeat(begin[:, s], counts) + within] = per_slot[s]
+        runs, sizes = first.ravel(), lengths.ravel()  # row after row, slot after slot
+        values = np.repeat(runs - (np.cumsum(sizes) - sizes), sizes) + np.arange(int(starts[-1]))
         return cls(
             schema_hash=int(batch.schema_hash),
-            flags=np.asarray(batch.flags, np.uint8),
+            flags=flags,
             lengths=lengths.astype(np.uint32),
             starts=starts,
-            signs=out,
+            signs=batch.signs[batch.global_values()[values]],
             dense=np.ascontiguousarray(batch.dense, np.float32).reshape(n, -1),
             context_dense=np.ascontiguousarray(batch.context_dense, np.float32),
         )

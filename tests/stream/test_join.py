@@ -11,17 +11,23 @@ from stream.records import decode_sample
 from tests.stream.helpers import N_ITEMS, event, impression
 
 
+def records(emits) -> list:
+    """(emit, record) of every record the emits carry, in order (a window's close emits its
+    request's samples as one)."""
+    return [(e, value) for e in emits for value in e.values]
+
+
 def labels(emits) -> dict[tuple[str, int], float]:
     out = {}
-    for e in emits:
-        s = decode_sample(e.value)
+    for e, value in records(emits):
+        s = decode_sample(value)
         assert e.key == s.request_id.encode() and not e.dead
         out[s.key] = s.label
     return out
 
 
 def ack_all(join, emits) -> None:
-    for e in emits:
+    for e, _ in records(emits):
         join.acked(e.token)
 
 
@@ -46,13 +52,13 @@ def test_positive_at_once_negatives_when_the_window_closes(join):
 
 def test_duplicate_events_collapse_and_late_events_are_dropped(join):
     join.impression(0, impression("r1", 100.0), now=0)
-    assert len(join.event(0, event("r1", 1, 101.0), now=0)) == 1
+    assert len(records(join.event(0, event("r1", 1, 101.0), now=0))) == 1
     assert join.event(1, event("r1", 1, 102.0), now=0) == []  # duplicate
     assert join.event(2, event("r1", 3, 111.0), now=0) == []  # after its window
     join.caught_up(EVENTS)
     join.impression(1, impression("r2", 130.0), now=0)
     closed = join.advance(now=0)
-    assert len(closed) == N_ITEMS - 1
+    assert len(records(closed)) == N_ITEMS - 1
     assert join.event(3, event("r1", 0, 109.0), now=0) == []  # its window closed meanwhile
     assert join.event(4, event("gone", 0, 50.0), now=0) == []  # a request never seen, long over
     assert (join.counts.duplicates, join.counts.late) == (1, 3)
@@ -93,9 +99,11 @@ def test_offsets_commit_only_after_every_sample_of_a_request_is_acked(join):
     join.impression(1, impression("r2", 200.0), now=0)
     neg = join.advance(now=0)
     assert join.committable() == (0, 0)
-    ack_all(join, pos + neg[:-1])
+    *acked, last = records(pos + neg)
+    for e, _ in acked:
+        join.acked(e.token)
     assert join.committable() == (0, 0)  # one sample of r1 still unacknowledged
-    ack_all(join, neg[-1:])
+    join.acked(last[0].token)
     assert join.committable() == (1, 1)  # r2's window is open: its impression is held
 
 
@@ -105,10 +113,10 @@ def test_the_watermark_waits_for_an_input_that_is_neither_read_nor_caught_up():
     join.impression(1, impression("r2", 200.0), now=0)
     assert join.advance(now=0) == []  # the events input may still hold r1's clicks
     join.event(0, event("r2", 0, 199.0), now=0)
-    assert len(join.advance(now=0)) == N_ITEMS  # events at 199: r1's window (110) is over
+    assert len(records(join.advance(now=0))) == N_ITEMS  # events at 199: r1's window (110) is over
     join.caught_up(IMPRESSIONS)
     join.caught_up(EVENTS)
-    assert len(join.advance(now=15.0)) == N_ITEMS - 1  # both quiet: the wall clock moves time on
+    assert len(records(join.advance(now=15.0))) == N_ITEMS - 1  # both quiet: the wall clock moves time on
 
 
 def test_window_must_be_positive():
@@ -195,7 +203,7 @@ def test_a_held_join_keeps_windows_open_labels_late_clicks_and_quarantines_at_it
     assert join.advance(now=0) == []
     join.impression(3, impression("r4", 161.0), now=0)
     out = join.advance(now=0)
-    assert len(out) == N_ITEMS and all(e.quarantine for e in out)
+    assert len(records(out)) == N_ITEMS and all(e.quarantine for e in out)
     assert join.counts.quarantined == N_ITEMS
 
 
@@ -208,11 +216,11 @@ def test_a_clear_releases_the_held_windows_as_usual_or_to_quarantine(join):
     join.impression(2, impression("r3", 115.0), now=0)  # r1 and r2 past their close, held
     assert join.advance(now=0) == [] and join.held_labels(now=0) == (2 * N_ITEMS, 1)
     out = join.release(now=0, quarantine=True)  # too few clicks came back: quarantined
-    assert len(out) == 2 * N_ITEMS and all(e.quarantine for e in out) and join.hold_s is None
+    assert len(records(out)) == 2 * N_ITEMS and all(e.quarantine for e in out) and join.hold_s is None
     assert join.held_labels(now=0) == (0, 0) and join.open_windows == 1  # r3's window is still open
     join.impression(3, impression("r4", 130.0), now=0)  # r3, impressed while held, closes: quarantined too
     out = join.advance(now=0)
-    assert len(out) == N_ITEMS and all(e.quarantine for e in out)
+    assert len(records(out)) == N_ITEMS and all(e.quarantine for e in out)
 
 
 def test_for_one_window_after_a_release_clicks_wait_for_the_rest_of_their_request(join):
@@ -225,7 +233,7 @@ def test_for_one_window_after_a_release_clicks_wait_for_the_rest_of_their_reques
     assert join.event(0, event("r3", 1, 113.0), now=0) == []  # waits for r3's close
     join.caught_up(EVENTS)
     join.impression(3, impression("r4", 125.0), now=0)  # after the window: clicks at once again
-    assert len(join.event(1, event("r4", 2, 126.0), now=0)) == 1
+    assert len(records(join.event(1, event("r4", 2, 126.0), now=0))) == 1
     join.caught_up(EVENTS)
     join.impression(4, impression("r5", 140.0), now=0)
     closed = labels(join.advance(now=0))

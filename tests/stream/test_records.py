@@ -23,7 +23,7 @@ from stream.records import (
     encode_impression,
 )
 from stream.rows import RowTable
-from tests.serving.helpers import ranking_batch
+from tests.serving.helpers import ITEMS, ranking_batch
 from tests.stream.helpers import impression_record
 
 texts = st.text(min_size=1, max_size=40)
@@ -108,6 +108,37 @@ def test_a_sample_carries_the_served_score_and_the_arm():
     imp = dataclasses.replace(impression_record(), arm="candidate-a")
     s = decode_sample(SampleWriter(imp, RowTable.of(ranking_batch())).encode(1, 1.0))
     assert (s.score, s.arm, s.label) == (float(imp.scores[1]), "candidate-a", 1.0) and s.score > 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.integers(0, len(ITEMS) - 1), min_size=1, max_size=10),
+    st.data(),
+    st.text(max_size=12),
+    texts,
+)
+def test_samples_encoded_together_are_those_encoded_one_at_a_time(picks, data, arm, rid):
+    # rows of every kind (context slots, multi-valued bags empty or not), any items in any order,
+    # repeated, labels and scores of any float32, an arm and a request id of any text
+    batch = ranking_batch(items=[ITEMS[i] for i in picks])
+    n = batch.num_rows
+    scores = np.array(data.draw(st.lists(finite, min_size=n, max_size=n)), np.float32)
+    imp = dataclasses.replace(impression_record(rid), scores=scores, arm=arm)
+    writer = SampleWriter(imp, RowTable.of(batch))
+    items = data.draw(st.lists(st.integers(0, n - 1), max_size=2 * n))
+    labels = data.draw(st.lists(finite, min_size=len(items), max_size=len(items)))
+    many = writer.encode_many(np.array(items, np.int64), np.array(labels, np.float32))
+    assert many == [writer.encode(i, label) for i, label in zip(items, labels, strict=True)]
+
+
+def test_a_closing_window_emits_its_clicks_then_its_negatives():
+    imp = impression_record()
+    writer = SampleWriter(imp, RowTable.of(ranking_batch()))
+    clicks = [Event("r-1", 3, 1.0, 101.0), Event("r-1", 0, 0.5, 102.0)]
+    closing = writer.closing(clicks, np.array([1, 2]))
+    assert closing == [writer.labelled(clicks[0]), writer.labelled(clicks[1]), writer.encode(1, 0.0), writer.encode(2, 0.0)]  # fmt: skip
+    assert [decode_sample(v).label for v in closing] == [1.0, 0.5, 0.0, 0.0]
+    assert writer.closing([], np.array([], np.int64)) == []
 
 
 def test_malformed_samples_are_refused():
