@@ -32,8 +32,10 @@ def test_the_image_runs_as_the_manifests_user_in_their_workdir():
             assert c["image"] == "recserve:latest" and c["command"][0] in ("recserve", "torchrun"), c["name"]
 
 
-def test_the_image_installs_from_bind_mounted_wheels_without_a_cache():
-    (run,) = instructions()["RUN"]
+def test_the_image_installs_from_bind_mounted_wheels_without_a_cache_then_warms_numba():
+    ins = instructions()
+    run, warm = ins["RUN"]
+    assert "recserve warm" in warm and "NUMBA_CACHE_DIR=/opt/recserve/numba-cache" in " ".join(ins["ENV"])
     assert "--mount=type=bind,source=build/image/wheels" in run
     assert "--no-cache-dir" in run and "--no-index" in run
     assert re.search(r"install .* 'recserve' ", run)  # no extras: TorchServe is not an image role
