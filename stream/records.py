@@ -90,6 +90,9 @@ def encode_event(e: Event) -> bytes:
     return orjson.dumps({"request_id": e.request_id, "item": e.item, "label": e.label, "ts": e.ts})
 
 
+_LABEL_MAX = float(np.finfo(np.float32).max)
+
+
 def decode_event(data: bytes) -> Event:
     try:
         d = orjson.loads(data)
@@ -108,6 +111,8 @@ def decode_event(data: bytes) -> Event:
     for name, v in (("label", label), ("ts", ts)):
         if type(v) not in (int, float) or not math.isfinite(v):
             raise RecordError(f"event {name} must be a finite number, got {v!r}")
+    if abs(label) > _LABEL_MAX:  # a sample holds it as a float32
+        raise RecordError(f"event label must be within +-{_LABEL_MAX:.4g} (a float32), got {label!r}")
     return Event(rid, item, float(label), float(ts))
 
 

@@ -47,6 +47,7 @@ def test_event_round_trip(rid, item, label, ts):
         (b'{"request_id": "r", "item": -1, "label": 1, "ts": 0}', "item must be an integer >= 0"),
         (b'{"request_id": "r", "item": 1.5, "label": 1, "ts": 0}', "item must be an integer"),
         (b'{"request_id": "r", "item": 1, "label": "1", "ts": 0}', "label must be a finite number"),
+        (b'{"request_id": "r", "item": 1, "label": 1e300, "ts": 0}', "label must be within"),
     ],
 )
 def test_malformed_events_are_refused(raw, why):
