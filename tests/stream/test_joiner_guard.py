@@ -35,6 +35,15 @@ class Traffic:
         self.withheld: list[tuple[str, bytes]] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
 
+    def resume(self) -> list[tuple[str, bytes]]:
+        """Send clicks again; the clicks withheld until then (every one: the request in flight when
+        they resume has its click sent or withheld before this returns)."""
+        self.clicks.set()
+        sent = self.sent
+        wait_until(lambda: self.sent >= sent + 2, 10, "a request after the clicks resumed")
+        withheld, self.withheld = self.withheld, []
+        return withheld
+
     def _run(self) -> None:
         from confluent_kafka import Producer
 
@@ -73,18 +82,14 @@ def test_an_outage_of_clicks_is_held_labelled_late_or_quarantined_and_replayed(k
         assert joiner.guard.trip.measure == "label_rate"
         outage = traffic.sent
         wait_until(lambda: traffic.sent >= outage + 20, 10, "more impressions during the outage")
-        produce(kafka.bootstrap, cfg.events, traffic.withheld)
-        traffic.withheld.clear()
-        traffic.clicks.set()
+        produce(kafka.bootstrap, cfg.events, traffic.resume())
         wait_until(lambda: not joiner.guard.tripped, 10, "the guard cleared")
         assert joiner.guard.recoveries == 1 and joiner.counts.quarantined == 0
         # 2. clicks stop and never come: the held windows go to quarantine at the hold's bound
         traffic.clicks.clear()
         wait_until(lambda: joiner.guard.tripped, 10, "the guard tripped again")
         wait_until(lambda: joiner.counts.quarantined >= 10 * N_ITEMS, 20, "windows quarantined at the bound")
-        dropped = {rid for rid, _ in traffic.withheld}  # clicks never sent: their items are negatives
-        traffic.withheld.clear()
-        traffic.clicks.set()
+        dropped = {rid for rid, _ in traffic.resume()}  # clicks never sent: their items are negatives
         wait_until(lambda: not joiner.guard.tripped, 10, "the guard cleared again")
         traffic.stop.set()
         traffic.thread.join(30)
