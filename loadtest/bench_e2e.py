@@ -176,6 +176,13 @@ def inprocess_p50_ms(vdir: Path, bodies: list[bytes]) -> tuple[float, float]:
         scorer.close()
 
 
+def _rate_rows(runs: list[dict], part: str | None = None) -> list[dict]:
+    """A table row per run and rate: its figures (``part``: one dict of them)."""
+    return [
+        {"run": _name(x), "rate": k, **(v[part] if part else v)} for x in runs for k, v in x["rates"].items()
+    ]
+
+
 def _name(run: dict) -> str:
     wait = run.get("batch_wait_ms")
     return (
@@ -303,19 +310,17 @@ def main(argv: list[str] | None = None) -> int:
     if runs:  # (--runs '': the workers alone)
         print_table(
             f"end to end: locust FastHttpUser, 200-item JSON requests, {args.duration:g} s per rate, token auth off",
-            [{"run": _name(x), "rate": k, **v} for x in runs for k, v in x["rates"].items()],
+            _rate_rows(runs),
             ["run", "rate", "p50_ms", "p99_ms", "max_ms", "requests", "failures", "achieved_rps"],
         )
         print_table(
             "CPU ms per request, by process",
-            [{"run": _name(x), "rate": k, **v["cpu_ms_per_request"]}
-             for x in runs for k, v in x["rates"].items()],
+            _rate_rows(runs, "cpu_ms_per_request"),
             ["run", "rate", "locust", "lean", "torchserve_frontend", "handler", "worker", "ps", "total"],
         )  # fmt: skip
         print_table(
             "Server-Timing p50 under load (ms) and the rest of each request",
-            [{"run": _name(x), "rate": k, **v["server_timing_p50_ms"]}
-             for x in runs for k, v in x["rates"].items()],
+            _rate_rows(runs, "server_timing_p50_ms"),
             ["run", "rate", "decode", "worker", "dense", "encode", "total", "outside_handler", "outside_handler_p99"],
         )  # fmt: skip
         for x in runs:
