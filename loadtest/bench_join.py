@@ -54,7 +54,7 @@ def fill(broker: mockbroker.Broker, requests: int, partitions: int, seed: int = 
 
 
 def replay(bootstrap: str, expected: int, window_s: float, timeout_s: float = 600) -> dict:
-    joiner = Joiner(JoinConfig(brokers=bootstrap, window_s=window_s, group="bench-join"))
+    joiner = Joiner(JoinConfig(brokers=bootstrap, label_after_s=window_s, group="bench-join"))
     joiner.check_topics()
     stop, cpu_s = threading.Event(), [0.0]
 

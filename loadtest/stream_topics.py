@@ -39,7 +39,7 @@ def joiner_role(brokers: str, window_s: float, group: str, work: Path) -> list[s
     """``recserve join``'s arguments in a bench (its settings file written into ``work``)."""
     settings = work / "joiner-kafka.conf"
     settings.write_text(JOINER_KAFKA)
-    return ["join", "--brokers", brokers, "--window-s", f"{window_s:g}", "--group", group,
+    return ["join", "--brokers", brokers, "--label-after-s", f"{window_s:g}", "--group", group,
             "--member", JOINER_MEMBER, "--kafka-config", str(settings)]  # fmt: skip
 
 

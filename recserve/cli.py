@@ -103,6 +103,7 @@ def wrong_role(name: str, unknown: list[str]) -> str:
 
 FORMER_FLAGS: dict[tuple[str, str], str] = {
     ("train", "--sparse-optimizer"): "renamed --optimizer",
+    ("join", "--window-s"): "renamed --label-after-s (the first horizon; --attribution-s is the second)",
     (
         "worker",
         "--staleness",

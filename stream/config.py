@@ -60,8 +60,13 @@ class JoinConfig:
     """I/N: this joiner takes the partitions p with p % N == I itself, no group rebalancing, so a
     restarted joiner reads again at once instead of after the group's session timeout (run N of
     them, one per I: a StatefulSet's ordinals). '': the group splits the partitions."""
-    window_s: float = 300.0
-    """An event counts for an impression up to this long (event time) after it was scored."""
+    label_after_s: float = 300.0
+    """An item's first sample is emitted this long (event time) after it was scored: positive if
+    its click came within it, else negative (the loop's freshness: short)."""
+    attribution_s: float = 0.0
+    """A click still counts this long (event time) after the impression: one after
+    --label-after-s emits a correcting positive sample of the item (minutes to days; 0: none, a
+    click after --label-after-s is late). The impressions topic's retention must cover it."""
     kafka_config: str = ""
     """File of librdkafka settings, KEY=VALUE a line (security.protocol, sasl.*, ssl.*, ...)."""
     commit_every_s: float = 1.0
@@ -85,8 +90,11 @@ class JoinConfig:
     """The input guard (stream/guard.py)."""
 
     def __post_init__(self) -> None:
-        if not self.window_s > 0:
-            raise ValueError(f"window_s must be > 0, got {self.window_s}")
+        if not self.label_after_s > 0:
+            raise ValueError(f"--label-after-s must be > 0, got {self.label_after_s}")
+        if self.attribution_s and not self.attribution_s >= self.label_after_s:
+            raise ValueError(f"--attribution-s must be 0 (no corrections) or >= --label-after-s "
+                             f"({self.label_after_s:g}), got {self.attribution_s:g}")  # fmt: skip
         if self.batch < 1 or self.commit_every_s <= 0:
             raise ValueError("batch must be >= 1 and commit_every_s > 0")
         self.members()  # checks the form

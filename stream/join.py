@@ -2,11 +2,21 @@
 no Kafka (``stream.joiner`` feeds it records and produces what it returns).
 
 One sample per (request, item): **positive** (the event's label) when an event for the item
-arrives within ``window_s`` of the impression, **negative** (0.0) for every item without one when
-the window closes. A second event for an item collapses into the first (``duplicates``); an event
-after its window, or for a request never seen within a window of its own time, is ``late``:
-counted and dropped. A record that cannot be read (or an event naming an item the request does not
-have) goes to the dead-letter topic (``malformed``).
+arrives within ``label_after_s`` of the impression (its first horizon, the "window"), **negative**
+(0.0) for every item without one when the window closes. A second event for an item collapses into
+the first (``duplicates``); an event after its window, or for a request never seen within a window
+of its own time, is ``late``: counted and dropped. A record that cannot be read (or an event naming
+an item the request does not have) goes to the dead-letter topic (``malformed``).
+
+**Corrections** (``attribution_s`` > ``label_after_s``): a click after the item's first horizon
+but within ``attribution_s`` of the impression emits a second sample of the item, positive, of kind
+``CORRECTION`` with its delay (``elapsed``): the trainer has seen the item as a negative already
+(``--delayed-feedback`` says how its loss counts that). Once its window closes a request keeps only
+where its impression lies, its time and which items were clicked; a correction reads the impression
+back from the impressions topic (``wanted`` offsets, ``fetched`` records: the joiner batches the
+reads), so memory holds the open windows' rows, not the attribution window's. A click after
+``attribution_s`` is late. The request's records stay held (uncommitted) until its attribution
+window is over, so a restart rebuilds it.
 
 **Time** is event time: the join's watermark is the smallest of its two inputs' watermarks, each
 the newest ``ts`` it delivered, advanced by the wall time since (so a quiet input does not stop
@@ -37,13 +47,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
-from numpy.typing import NDArray
 
 from features.codec import CodecError, decode
+from stream.join_state import EVENTS, IMPRESSIONS, INPUTS, Emit, JoinCounts, _Clock, _Request
 from stream.records import (
+    CORRECTION,
     Event,
     RecordError,
     SampleWriter,
@@ -53,81 +63,24 @@ from stream.records import (
 )
 from stream.rows import RowTable
 
-IMPRESSIONS, EVENTS = 0, 1
-INPUTS = ("impressions", "events")
-
-
-@dataclass
-class JoinCounts:
-    """What every partition's join did (the joiner's /metrics read these)."""
-
-    impressions: int = 0
-    items: int = 0  # impressed items (the impressions' rows)
-    events: int = 0
-    positives: int = 0
-    negatives: int = 0
-    duplicates: int = 0
-    late: int = 0
-    replayed: int = 0  # events re-read after a restart, handled before it: not late again
-    malformed: list[int] = field(default_factory=lambda: [0, 0])  # per input
-    acked: int = 0
-    quarantined: int = 0  # samples of windows closed while the input guard held them (to quarantine)
-    empty_rows: NDArray[np.int64] | None = None  # per slot: impressed rows with no value in it
-
-
-@dataclass(frozen=True)
-class Emit:
-    """Records to produce under one key: samples of one request (``dead`` False; a window's close
-    emits all of them at once) or a dead letter; ``token`` goes back to ``acked`` once the broker
-    has each of them."""
-
-    key: bytes
-    values: list[bytes]
-    dead: bool = False
-    reason: str = ""
-    token: object = None
-    quarantine: bool = False  # a sample of a window the input guard held to its bound
-
-
-@dataclass
-class _Request:
-    deadline: float = float("inf")
-    writer: SampleWriter | None = None
-    labelled: np.ndarray | None = None  # bool per item: a sample was emitted
-    held: list[tuple[int, int]] = field(default_factory=list)  # (input, offset)
-    early: list[tuple[int, Event]] = field(default_factory=list)  # events before their impression
-    deferred: list[Event] = field(default_factory=list)  # events applied while held: emitted at the close
-    unacked: int = 0
-    closed: bool = False
-    suspect: bool = False  # impressed while the input guard held the join
-    defer: bool = False  # its clicks wait for its window's close (held, or just after a hold)
-    quarantine: bool = False  # its samples go to the quarantine topic when its window closes
-
-
-class _Clock:
-    """One input's watermark: newest ts seen, advanced by the wall time since it was seen."""
-
-    def __init__(self) -> None:
-        self.ts, self.wall, self.caught_up = float("-inf"), 0.0, False
-
-    def saw(self, ts: float, now: float) -> None:
-        if ts >= self.ts:
-            self.ts, self.wall = ts, now
-        self.caught_up = False
-
-    def at(self, now: float) -> float:
-        return self.ts + max(0.0, now - self.wall)
+__all__ = ["EVENTS", "IMPRESSIONS", "INPUTS", "Emit", "JoinCounts", "PartitionJoin"]
 
 
 class PartitionJoin:
     """The open windows of one partition (the same partition of the impressions and events)."""
 
-    def __init__(self, window_s: float, counts: JoinCounts) -> None:
-        if not window_s > 0:
-            raise ValueError(f"window_s must be > 0, got {window_s}")
-        self.window_s, self.counts = window_s, counts
+    def __init__(self, label_after_s: float, counts: JoinCounts, attribution_s: float = 0.0) -> None:
+        if not label_after_s > 0:
+            raise ValueError(f"label_after_s must be > 0, got {label_after_s}")
+        if attribution_s and attribution_s < label_after_s:
+            raise ValueError(f"attribution_s must be 0 (none) or >= label_after_s ({label_after_s}), got {attribution_s}")  # fmt: skip
+        self.window_s, self.counts = label_after_s, counts
+        self.attribution_s = max(attribution_s, label_after_s)
+        self.correcting = self.attribution_s > label_after_s
         self.requests: dict[str, _Request] = {}
         self._deadlines: list[tuple[float, str]] = []  # heap of open impressions' deadlines
+        self._attributing: list[tuple[float, str]] = []  # heap of closed requests' attribution ends
+        self._fetch: dict[int, str] = {}  # impression offset -> request whose corrections wait for it
         self._early: list[tuple[float, int, str]] = []  # heap of early events' expiry
         self._held: tuple[dict[int, None], dict[int, None]] = ({}, {})
         self._next = [-1, -1]  # next offset to read, per input (-1: none read yet)
@@ -158,13 +111,13 @@ class PartitionJoin:
             else self.counts.empty_rows + empty  # fmt: skip
         self._clocks[IMPRESSIONS].saw(imp.ts, now)
         req = self.requests.setdefault(imp.request_id, _Request())
-        if req.writer is not None:  # the same request id twice: the first impression stands
+        if req.labelled is not None:  # the same request id twice: the first impression stands
             return [
                 self._dead(
                     IMPRESSIONS, offset, value, f"impression: request id {imp.request_id!r} seen twice"
                 )
             ]
-        req.deadline = imp.ts + self.window_s
+        req.deadline, req.ts, req.offset = imp.ts + self.window_s, imp.ts, offset
         req.suspect = self.hold_s is not None
         req.defer = req.suspect or imp.ts < self._balance_until
         req.writer = SampleWriter(imp, rows)
@@ -187,7 +140,7 @@ class PartitionJoin:
         self.counts.events += 1
         self._clocks[EVENTS].saw(ev.ts, now)
         req = self.requests.get(ev.request_id)
-        if req is not None and req.writer is not None:
+        if req is not None and req.labelled is not None:
             return self._apply(ev.request_id, req, offset, ev)
         if ev.ts + self.window_s <= self.watermark(now):  # its impression's window is over
             self._late(offset)
@@ -219,13 +172,14 @@ class PartitionJoin:
         self._clocks[inp].caught_up = True
 
     def _apply(self, rid: str, req: _Request, offset: int, ev: Event) -> list[Emit]:
-        assert req.writer is not None and req.labelled is not None
+        assert req.labelled is not None
         if ev.item >= len(req.labelled):
             if (EVENTS, offset) in req.held:  # an early event: the dead letter holds it now
                 req.held.remove((EVENTS, offset))
             why = f"event: item {ev.item} of a request of {len(req.labelled)} items"
             return [self._dead(EVENTS, offset, encode_event(ev), why)]
-        if req.closed or ev.ts > req.deadline:
+        after = req.closed or ev.ts > req.deadline  # after the item's first horizon
+        if after and (not self.correcting or req.expired or ev.ts > req.ts + self.attribution_s):
             self._late(offset)
             self._release(EVENTS, offset)
             return []
@@ -236,11 +190,17 @@ class PartitionJoin:
         req.labelled[ev.item] = True
         req.held.append((EVENTS, offset))
         self._held[EVENTS][offset] = None
+        if after:  # a correction: at the close (the label first), else once the impression is read back
+            (req.pending if req.closed else req.after).append(ev)
+            if req.closed:
+                self._fetch[req.offset] = rid
+            return []
         if self.hold_s is not None or req.quarantine or req.defer:  # the sample waits for the close
             req.deferred.append(ev)
             return []
         req.unacked += 1
         self.counts.positives += 1
+        assert req.writer is not None  # open: its rows are there
         return [Emit(rid.encode(), [req.writer.labelled(ev)], token=rid)]
 
     # --- time ----------------------------------------------------------------------------
@@ -263,21 +223,36 @@ class PartitionJoin:
             req.closed = True
             assert req.writer is not None and req.labelled is not None
             held = held_now or req.quarantine
-            items = np.flatnonzero(~req.labelled)
-            req.labelled[:] = True
-            values = req.writer.closing(req.deferred, items)  # the deferred clicks', then the negatives
+            negative = ~req.labelled
+            negative[[e.item for e in req.after]] = True  # clicked after the horizon: a negative first
+            items = np.flatnonzero(negative)
+            values = req.writer.closing(
+                req.deferred, items, self.window_s
+            )  # the deferred clicks', then the negatives
+            values += [req.writer.labelled(e, CORRECTION) for e in req.after]
             req.unacked += len(values)
             self.counts.negatives += len(items)
             self.counts.positives += len(req.deferred)
+            self.counts.corrections += len(req.after)
             self.counts.quarantined += len(values) * held
             if values:
                 out.append(Emit(rid.encode(), values, token=rid, quarantine=held))
-            req.deferred = []
+            req.deferred, req.after = [], []
+            if self.correcting:  # what a correction needs of it is read back: the rows go
+                req.writer = None
+                heapq.heappush(self._attributing, (req.ts + self.attribution_s, rid))
+            else:
+                req.expired = True
+            self._maybe_done(rid, req)
+        while self._attributing and self._attributing[0][0] <= wm:
+            _, rid = heapq.heappop(self._attributing)
+            req = self.requests[rid]
+            req.expired = True
             self._maybe_done(rid, req)
         while self._early and self._early[0][0] <= wm:
             _, offset, rid = heapq.heappop(self._early)
             waiting = self.requests.get(rid)
-            if waiting is None or waiting.writer is not None or all(o != offset for o, _ in waiting.early):
+            if waiting is None or waiting.labelled is not None or all(o != offset for o, _ in waiting.early):
                 # its impression came (the event was applied then), or the request it waited for
                 # is done and this is another one of the same id (an event after its window)
                 continue
@@ -288,6 +263,36 @@ class PartitionJoin:
             if not waiting.early:
                 del self.requests[rid]
         return out
+
+    # --- corrections ---------------------------------------------------------------------
+    def wanted(self) -> list[int]:
+        """The offsets of the impressions that corrections wait for (read them back, ``fetched``)."""
+        return sorted(self._fetch)
+
+    def fetched(self, offset: int, value: bytes | None) -> list[Emit]:
+        """The impression at ``offset``, read back (None: it is gone, past the topic's retention):
+        the corrections that waited for it."""
+        rid = self._fetch.pop(offset, "")
+        req = self.requests.get(rid)
+        if req is None or not req.pending:
+            return []
+        events, req.pending = req.pending, []
+        try:
+            imp = None if value is None else decode_impression(value)
+            if imp is not None and imp.request_id != rid:
+                raise RecordError(f"impression at offset {offset} is request {imp.request_id!r}, not {rid!r}")
+            writer = None if imp is None else SampleWriter(imp, RowTable.of(decode(imp.batch)))
+        except (RecordError, CodecError) as e:
+            raise RecordError(f"reading back the impression of a correction: {e}") from None
+        if writer is None:
+            self.counts.corrections_lost += len(events)
+            self._maybe_done(rid, req)
+            return []
+        values = [writer.labelled(e, CORRECTION) for e in events]
+        req.unacked += len(values)
+        self.counts.corrections += len(values)
+        self.counts.quarantined += len(values) * req.quarantine
+        return [Emit(rid.encode(), values, token=rid, quarantine=req.quarantine)]
 
     # --- acknowledgements and offsets ----------------------------------------------------
     def acked(self, token: object) -> None:
@@ -349,7 +354,7 @@ class PartitionJoin:
         return max(0.0, imp - ev) if math.isfinite(imp) and math.isfinite(ev) else 0.0
 
     def _maybe_done(self, rid: str, req: _Request) -> None:
-        if req.closed and req.unacked == 0:
+        if req.expired and req.unacked == 0 and not req.pending:
             for inp, offset in req.held:
                 self._release(inp, offset)
             del self.requests[rid]

@@ -25,7 +25,6 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any, cast
 
 import numpy as np
@@ -34,7 +33,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from stream import dead_letter
 from stream.config import FETCH_WAIT_MS, JoinConfig, kafka_settings
 from stream.guard import InputGuard
-from stream.join import EVENTS, IMPRESSIONS, INPUTS, Emit, JoinCounts, PartitionJoin
+from stream.join import EVENTS, IMPRESSIONS, Emit, JoinCounts, PartitionJoin
+from stream.readback import ImpressionReader
+from stream.records import RecordError
 
 log = logging.getLogger("recserve.join")
 READ_TO = "read_to="
@@ -58,6 +59,9 @@ class Joiner:
                                   "auto.offset.reset": "earliest", "enable.partition.eof": True,
                                   "partition.assignment.strategy": "range", **common})  # fmt: skip
         self._topics = (cfg.impressions, cfg.events)
+        self._readback = (
+            ImpressionReader(common, cfg.impressions) if cfg.attribution_s > cfg.label_after_s else None
+        )
         self._dead_letters = cfg.dead_letters()
         self.guard = InputGuard(cfg.guard)
         self._held_for = ""  # why the guard last held the join
@@ -65,11 +69,13 @@ class Joiner:
             0,
             0,
             None,
-        )  # the counts (items, events, empty rows) the guard was told of
+        )  # items, events, empty rows the guard was told of
         self.partitions = 0
         """The inputs' partition count (``check_topics``)."""
         if registry is not None:
-            registry.register(_Collector(self))
+            from stream.join_metrics import Collector
+
+            registry.register(Collector(self))
 
     # --- start-up ------------------------------------------------------------------------
     def check_topics(self, timeout_s: float = 10.0) -> int:
@@ -124,6 +130,8 @@ class Joiner:
                         last_judged = now
                 for p, part in list(self.parts.items()):
                     self._produce(p, part.advance(now))
+                if self._readback is not None:
+                    self._correct()
                 self.producer.poll(0)
                 if time.monotonic() - last_commit >= self.cfg.commit_every_s:
                     self.commit()
@@ -142,8 +150,19 @@ class Joiner:
             if self.fatal:
                 self.parts.clear()  # nothing more is committed: a restart re-reads it
             self.consumer.close()  # leaves the group (a revoke: flush and commit what is done)
+            if self._readback is not None:
+                self._readback.close()
         if self.fatal:
             raise JoinError(self.fatal)
+
+    def _correct(self) -> None:
+        """The corrections whose impressions are read back now (``stream.readback``)."""
+        assert self._readback is not None
+        try:
+            for p, emits in self._readback.corrections(self.parts):
+                self._produce(p, emits)
+        except (RecordError, TimeoutError) as e:  # the impressions topic is not what the join read
+            self.fatal = str(e)
 
     # --- the input guard ------------------------------------------------------------------
     def _tell_guard(self, now: float) -> None:
@@ -297,7 +316,9 @@ class Joiner:
             self.fatal = (f"assigned impressions partitions {sorted(by_topic[0])} but events partitions "
                           f"{sorted(by_topic[1])}: every member must use partition.assignment.strategy=range")  # fmt: skip
         for p in by_topic[0]:
-            part = self.parts.setdefault(p, PartitionJoin(self.cfg.window_s, self.counts))
+            part = self.parts.setdefault(
+                p, PartitionJoin(self.cfg.label_after_s, self.counts, self.cfg.attribution_s)
+            )
             if self.guard.tripped:
                 part.hold_s = self.cfg.guard.hold_s
             self._committed.pop((IMPRESSIONS, p), None)
@@ -317,68 +338,3 @@ class Joiner:
     def _lost(self, _consumer: Consumer, tps: list[TopicPartition]) -> None:
         for tp in tps:
             self.parts.pop(tp.partition, None)
-
-
-class _Collector:
-    """The join's counters on /metrics (read from ``JoinCounts`` at scrape time)."""
-
-    def __init__(self, joiner: Joiner) -> None:
-        self.joiner = joiner
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        c = self.joiner.counts
-        for name, doc, value in (
-            ("impressions", "Impressions read", c.impressions),
-            ("events", "Events read", c.events),
-            ("duplicate_events", "Events for an item already labelled (collapsed)", c.duplicates),
-            ("late_events", "Events after their window, or for no impression within one (dropped)", c.late),
-            (
-                "replayed_events",
-                "Events re-read after a restart that were handled before it (not late again)",
-                c.replayed,
-            ),
-            ("samples_acked", "Samples and dead letters the broker acknowledged", c.acked),
-        ):
-            yield CounterMetricFamily(f"recserve_join_{name}", doc, value=value)
-        samples = CounterMetricFamily("recserve_join_samples", "Samples produced, by label", labels=["label"])
-        samples.add_metric(["positive"], c.positives)
-        samples.add_metric(["negative"], c.negatives)
-        yield samples
-        dead = CounterMetricFamily("recserve_join_dead_letters", "Malformed input records sent to the dead-letter topic", labels=["input"])  # fmt: skip
-        for inp, name in enumerate(INPUTS):
-            dead.add_metric([name], c.malformed[inp])
-        yield dead
-        parts = list(self.joiner.parts.values())
-        yield GaugeMetricFamily(
-            "recserve_join_open_windows",
-            "Impressions whose window is open",
-            value=sum(p.open_windows for p in parts),
-        )
-        yield from _guard_metrics(self.joiner, parts)
-
-
-def _guard_metrics(joiner: Joiner, parts: list[PartitionJoin]) -> Iterator[Any]:
-    """The input guard's state, trips and measures (stream/guard.py)."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    g, now = joiner.guard, time.time()
-    yield GaugeMetricFamily("recserve_join_guard_tripped", "1 while the input guard holds the join", value=float(g.tripped))  # fmt: skip
-    trips = CounterMetricFamily(
-        "recserve_join_guard_trips", "Input guard trips, by measure", labels=["measure"]
-    )
-    for measure, n in g.trips.items():
-        trips.add_metric([measure], n)
-    yield trips
-    yield CounterMetricFamily(
-        "recserve_join_guard_recoveries", "Input guard trips that cleared", value=g.recoveries
-    )
-    yield CounterMetricFamily("recserve_join_quarantined_samples", "Samples sent to the quarantine topic", value=joiner.counts.quarantined)  # fmt: skip
-    yield GaugeMetricFamily("recserve_join_held_windows", "Windows past their close the input guard holds open", value=sum(p.held_windows(now) for p in parts))  # fmt: skip
-    yield GaugeMetricFamily("recserve_join_label_rate", "Events per impressed item over the guard's window (NaN: not judged)", value=g.rate)  # fmt: skip
-    yield GaugeMetricFamily("recserve_join_label_rate_band", "Events per impressed item over the guard's band (NaN: warming up)", value=g.band)  # fmt: skip
-    lag = GaugeMetricFamily("recserve_join_event_lag_seconds", "How far the newest event's ts trails the newest impression's", labels=["partition"])  # fmt: skip
-    for p in sorted(joiner.parts):
-        lag.add_metric([str(p)], joiner.parts[p].event_lag())
-    yield lag

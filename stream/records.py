@@ -39,13 +39,17 @@ problem, and nothing else.
     40      4     score f32: what the served model predicted for the item (the impression's)
     44      4,4,4,4  num_slots S, per-row dense F_row, context dense F_ctx, signs in the row
     60      2,2,2 lengths of request_id, embedding_version, dense_version
-    66      2     reserved, zero
-    68            the four strings (request_id, embedding_version, dense_version, arm); slot
+    66      1     kind u8: 0 the item's label (at ``--label-after-s``), 1 a correction (a click after
+                  it, within ``--attribution-s``: the same item again, positive)
+    67      1     reserved, zero
+    68      4     elapsed f32: event-time seconds from the impression to the label (a click's delay;
+                  a negative's, the first horizon)
+    72            the four strings (request_id, embedding_version, dense_version, arm); slot
                   flags u8[S]; lengths u32[S]; signs u64[...]; dense f32[F_row]; context dense f32[F_ctx]
 
-A sample is one (request, item): ``Sample.key`` is the pair the trainer deduplicates on. Version 1
-(no score, no arm) is refused by name: a joiner and the trainers reading its samples upgrade
-together (CHANGELOG).
+A sample is one (request, item, kind): ``Sample.key`` is what the trainer deduplicates on.
+Versions 1 (no score, no arm) and 2 (no kind, no elapsed) are refused by name: a joiner and the
+trainers reading its samples upgrade together (CHANGELOG).
 """
 
 from __future__ import annotations
@@ -200,10 +204,11 @@ def decode_impression(data: bytes) -> Impression:
 # --- samples --------------------------------------------------------------------------------
 _SAM_FIELDS = (("magic", "4s"), ("version", "H"), ("l_arm", "H"), ("ts", "d"), ("delta_seq", "q"),
                ("schema_hash", "Q"), ("item", "I"), ("label", "f"), ("score", "f"), ("slots", "I"), ("f_row", "I"),
-               ("f_ctx", "I"), ("nsigns", "I"), ("l_rid", "H"), ("l_emb", "H"), ("l_dense", "H"))  # fmt: skip
+               ("f_ctx", "I"), ("nsigns", "I"), ("l_rid", "H"), ("l_emb", "H"), ("l_dense", "H"), ("kind", "B"),
+               ("reserved", "B"), ("elapsed", "f"))  # fmt: skip
 """The sample header's fields in order (the layout above, written once): ``_SAM`` packs and unpacks
 one record's, ``SAMPLE_HEAD`` views many records' at once (``stream.sample_batch``)."""
-_SAM = struct.Struct("<" + "".join(f for _, f in _SAM_FIELDS) + "2x")
+_SAM = struct.Struct("<" + "".join(f for _, f in _SAM_FIELDS))
 SAMPLE_HEAD = np.dtype(
     {
         "names": [name for name, _ in _SAM_FIELDS],
@@ -216,7 +221,10 @@ SAMPLE_HEAD = np.dtype(
 )
 """The sample header as a numpy record: what ``_SAM`` packs, field by field."""
 _SAM_MAGIC = b"RSSM"
-SAMPLE_VERSION = 2
+SAMPLE_VERSION = 3
+LABEL, CORRECTION = 0, 1
+"""A sample's kind: the item's label when its first horizon closed (or its click came within it),
+or a correction (a click that came after it, within the attribution window)."""
 
 
 @dataclass(frozen=True)
@@ -229,10 +237,12 @@ class Sample:
     row: Row
     score: float = 0.0  # what the served model predicted for the item
     arm: str = ""  # the experiment arm that scored it
+    kind: int = LABEL
+    elapsed: float = 0.0  # event-time seconds from the impression to the label
 
     @property
-    def key(self) -> tuple[str, int]:
-        return self.request_id, self.item
+    def key(self) -> tuple[str, int, int]:
+        return self.request_id, self.item, self.kind
 
 
 class SampleWriter:
@@ -279,17 +289,18 @@ class SampleWriter:
         before = np.hstack([np.broadcast_to(text, (n, len(text))), lengths])
         return head, before, np.hstack([dense, np.broadcast_to(ctx, (n, 4 * f_ctx))])
 
-    def encode(self, item: int, label: float) -> bytes:
+    def encode(self, item: int, label: float, kind: int = LABEL, elapsed: float = 0.0) -> bytes:
         s, f_row, _ = self._shape
         a, b = self._starts[item], self._starts[item + 1]
         head = _SAM.pack(_SAM_MAGIC, SAMPLE_VERSION, self._arm, *self._fixed, item, label, self._scores[item],
-                         *self._shape, b - a, *self._lens)  # fmt: skip
+                         *self._shape, b - a, *self._lens, kind, 0, elapsed)  # fmt: skip
         return b"".join([head, self._strings, self._lengths[4 * s * item : 4 * s * (item + 1)],
                          self._signs[8 * a : 8 * b], self._dense[4 * f_row * item : 4 * f_row * (item + 1)],
                          self._ctx])  # fmt: skip
 
-    def encode_many(self, items: NDArray[np.int64], labels: NDArray[np.float32]) -> list[bytes]:
-        """``[encode(i, l) for i, l in zip(items, labels)]``, laid out as one array: a row per
+    def encode_many(self, items: NDArray[np.int64], labels: NDArray[np.float32],
+                    elapsed: NDArray[np.float32] | float = 0.0) -> list[bytes]:  # fmt: skip
+        """``[encode(i, l, LABEL, e) for i, l, e in zip(items, labels, elapsed)]``, laid out as one array: a row per
         record, (header, strings and flags, lengths) | signs | (dense, context dense), its signs
         padded to the longest record's and the padding dropped in one masked copy."""
         rows, k = self._rows, len(items)
@@ -300,7 +311,7 @@ class SampleWriter:
         lead, tail = _SAM.size + self._before.shape[1], self._after.shape[1]
         records = np.empty((k, lead + 8 * widest + tail), np.uint8)
         head = np.repeat(self._head, k)
-        head["item"], head["label"], head["nsigns"] = items, labels, counts
+        head["item"], head["label"], head["nsigns"], head["elapsed"] = items, labels, counts, elapsed
         head["score"] = self._score_array[items]
         records[:, : _SAM.size] = head.view(np.uint8).reshape(k, _SAM.size)
         records[:, _SAM.size : lead] = self._before[items]
@@ -320,20 +331,24 @@ class SampleWriter:
         ends = np.cumsum(lead + tail + 8 * counts).tolist()
         return [data[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
-    def labelled(self, ev: Event) -> bytes:
-        """The sample of the item ``ev`` names, with what the event carries into it (its label):
-        the join hands the whole event over, so a field an event adds for the trainer is this
-        module's alone."""
-        return self.encode(ev.item, ev.label)
+    def labelled(self, ev: Event, kind: int = LABEL) -> bytes:
+        """The sample of the item ``ev`` names, with what the event carries into it (its label,
+        its delay): the join hands the whole event over, so a field an event adds for the trainer
+        is this module's alone. ``kind`` CORRECTION: a click after the item's first horizon."""
+        return self.encode(ev.item, ev.label, kind, ev.ts - self._fixed[0])
 
-    def closing(self, events: list[Event], negatives: NDArray[np.int64]) -> list[bytes]:
-        """The samples of a window that closed: those of ``events`` (as ``labelled``), in order,
-        then a negative (label 0.0) of each item of ``negatives``."""
-        items = np.fromiter((e.item for e in events), np.int64, len(events))
-        labels = np.fromiter((e.label for e in events), np.float32, len(events))
+    def closing(self, events: list[Event], negatives: NDArray[np.int64], horizon: float) -> list[bytes]:
+        """The samples of a window that closed ``horizon`` seconds after the impression: those of
+        ``events`` (as ``labelled``), in order, then a negative (label 0.0) of each item of
+        ``negatives``."""
+        n = len(events)
+        items = np.fromiter((e.item for e in events), np.int64, n)
+        labels = np.fromiter((e.label for e in events), np.float32, n)
+        delays = np.fromiter((e.ts for e in events), np.float64, n) - self._fixed[0]
         return self.encode_many(
             np.concatenate([items, negatives]).astype(np.int64),
             np.concatenate([labels, np.zeros(len(negatives), np.float32)]),
+            np.concatenate([delays, np.full(len(negatives), horizon)]).astype(np.float32),
         )
 
 
@@ -343,8 +358,13 @@ def encode_sample(imp: Impression, rows: RowTable, item: int, label: float) -> b
 
 def decode_sample(data: bytes) -> Sample:
     head = _header(data, _SAM, _SAM_MAGIC, "a sample", (SAMPLE_VERSION,))
-    l_arm, (ts, seq, shash, item, label, score, s, f_row, f_ctx, nsigns, *lens) = head[2], head[3:]
+    l_arm, (ts, seq, shash, item, label, score, s, f_row, f_ctx, nsigns, *lens, kind, _, elapsed) = (
+        head[2],
+        head[3:],
+    )
     lens.append(l_arm)
+    if kind not in (LABEL, CORRECTION):
+        raise RecordError(f"sample kind must be {LABEL} (a label) or {CORRECTION} (a correction), got {kind}")
     size = _SAM.size + sum(lens) + s + 4 * s + 8 * nsigns + 4 * f_row + 4 * f_ctx
     if len(data) != size:
         raise RecordError(f"sample is {len(data)} bytes, its header says {size}")
@@ -360,9 +380,11 @@ def decode_sample(data: bytes) -> Sample:
     dense = np.frombuffer(data, "<f4", f_row, at + 8 * nsigns)
     ctx = np.frombuffer(data, "<f4", f_ctx, at + 8 * nsigns + 4 * f_row)
     if not (
-        math.isfinite(ts) and math.isfinite(label) and math.isfinite(score)
+        math.isfinite(ts) and math.isfinite(label) and math.isfinite(score) and math.isfinite(elapsed)
         and np.isfinite(dense).all() and np.isfinite(ctx).all()
     ):  # fmt: skip
-        raise RecordError("sample has a non-finite ts, label, score or dense value")
+        raise RecordError("sample has a non-finite ts, label, score, elapsed or dense value")
     row = Row(shash, flags, lengths, signs, dense, ctx)
-    return Sample(rid, item, float(label), ts, Versions(emb, seq, dense_v), row, float(score), arm)
+    return Sample(
+        rid, item, float(label), ts, Versions(emb, seq, dense_v), row, float(score), arm, kind, float(elapsed)
+    )

@@ -6,9 +6,9 @@ over the whole batch, no Python loop per record.
 record, in input order) and, for each invalid one, its index and the reason (``decode_sample``'s
 ``RecordError`` message where it refuses it; a record it accepts but whose slot count differs
 from the batch's first valid record is refused here by name). ``Samples.keys`` are the
-(request, item) pairs as fixed-width bytes (the item as 4 big-endian bytes, then the request id; names are not decoded as
-utf-8 here):
-equal keys are equal pairs, so a set of them dedupes with numpy.
+(request, item, kind) triples as fixed-width bytes (the item as 4 big-endian bytes, its top bit set
+for a correction (``KIND_BIT``), then the request id; names are not decoded as utf-8 here): equal
+keys are equal triples, so a set of them dedupes with numpy.
 
 The batch's other operations live here too, so the sample layout is written once: ``take`` (rows
 by position), ``concat`` (several reads as one), ``misfits`` (rows that do not fit a schema) and
@@ -25,8 +25,11 @@ from numpy.typing import NDArray
 
 from features.batch import FLAG_MULTI, CompactBatch, SlotView
 from features.schema import Schema
-from stream.records import _SAM_MAGIC, SAMPLE_VERSION, RecordError, decode_sample
+from stream.records import _SAM_MAGIC, CORRECTION, SAMPLE_VERSION, RecordError, decode_sample
 from stream.records import SAMPLE_HEAD as HEAD  # the header's layout, written once there
+
+KIND_BIT = 1 << 31
+"""The bit of a key's item word that marks a correction (a request's items are far fewer)."""
 
 
 @dataclass(frozen=True)
@@ -34,11 +37,13 @@ class Samples:
     """Valid sample records, one row each, in the order given."""
 
     index: NDArray[np.int64]  # (N,) where each row was in the input
-    keys: NDArray[np.bytes_]  # (N,) (item, request id) as bytes: the dedupe key
+    keys: NDArray[np.bytes_]  # (N,) (item | kind bit, request id) as bytes: the dedupe key
     ts: NDArray[np.float64]
     labels: NDArray[np.float32]
     scores: NDArray[np.float32]  # what the served model predicted
     arms: NDArray[np.bytes_]  # the experiment arm that scored it (b"": none)
+    kinds: NDArray[np.uint8]  # LABEL or CORRECTION (stream.records)
+    elapsed: NDArray[np.float32]  # event-time seconds from the impression to the label
     schema_hash: NDArray[np.uint64]
     flags: NDArray[np.uint8]  # (N, S) slot flags (FLAG_CONTEXT, FLAG_MULTI)
     lengths: NDArray[np.int64]  # (N, S) signs of row r in slot s
@@ -116,6 +121,7 @@ def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> t
     expected = HEAD.itemsize + strings + 5 * s + 8 * nsigns + 4 * (f_row + f_ctx)
     ok &= (head["magic"] == _SAM_MAGIC) & (head["version"] == SAMPLE_VERSION) & (expected == sizes)
     ok &= np.isfinite(head["ts"]) & np.isfinite(head["label"]) & np.isfinite(head["score"])
+    ok &= np.isfinite(head["elapsed"]) & (head["kind"] <= CORRECTION)
     slots = shape[0] if shape is not None else int(s[ok][0]) if ok.any() else 0
     ok &= s == slots  # one (N, S) layout for the batch
     # the variable part, for the records whose header holds so far
@@ -142,7 +148,8 @@ def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> t
     rid_w = int(l_rid.max(initial=0))
     rid = _gather(buf, begin[idx] + HEAD.itemsize, rid_w) if rid_w else np.zeros((len(idx), 0), np.uint8)
     rid[np.arange(rid_w) >= l_rid[:, None]] = 0
-    item = head["item"][idx].astype(">u4").view(np.uint8).reshape(-1, 4)
+    kinds = head["kind"][idx].copy()
+    item = (head["item"][idx] | kinds.astype(np.uint32) << 31).astype(">u4").view(np.uint8).reshape(-1, 4)
     keys = np.ascontiguousarray(np.hstack([item, rid])).view(f"S{4 + rid_w}").ravel()
     l_arm = head["l_arm"][idx].astype(np.int64)
     arm_at = begin[idx] + HEAD.itemsize + strings[idx] - l_arm
@@ -156,6 +163,8 @@ def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> t
         labels=head["label"][idx].astype(np.float32),
         scores=head["score"][idx].astype(np.float32),
         arms=arms,
+        kinds=kinds,
+        elapsed=head["elapsed"][idx].astype(np.float32),
         schema_hash=head["schema_hash"][idx].copy(),
         flags=flags,
         lengths=lengths,

@@ -32,8 +32,9 @@ def run(cfg: CONFIG) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    log.info("join: %s + %s -> %s (%d partitions, window %gs, group %s%s)", cfg.impressions, cfg.events,
-             cfg.samples, partitions, cfg.window_s, cfg.group, f", member {cfg.member}" if cfg.member else "")  # fmt: skip
+    log.info("join: %s + %s -> %s (%d partitions, label after %gs, attribution %gs, group %s%s)", cfg.impressions,
+             cfg.events, cfg.samples, partitions, cfg.label_after_s, cfg.attribution_s or cfg.label_after_s, cfg.group,
+             f", member {cfg.member}" if cfg.member else "")  # fmt: skip
     try:
         joiner.run(stop)
     except JoinError as e:

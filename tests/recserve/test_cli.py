@@ -97,6 +97,7 @@ def test_a_former_flag_is_refused_saying_what_became_of_it(capsys):
         (["train", "--sparse-optimizer=sgd"], "--sparse-optimizer: renamed --optimizer"),
         (["worker", "--staleness", "2"], "--staleness: gone: the worker only reads"),
         (["worker", "--admin-token-file", "t"], "--admin-token-file: gone: the worker only reads"),
+        (["join", "--window-s", "5"], "--window-s: renamed --label-after-s (the first horizon; --attribution-s"),
     ]  # fmt: skip
     for argv, said in refused:
         with pytest.raises(SystemExit) as e:

@@ -56,14 +56,15 @@ def produce(bootstrap: str, topic: str, records: list[tuple[str, bytes]]) -> Non
     produce_all(bootstrap, topic, records)
 
 
-def samples_by_key(reader: TopicReader) -> dict[tuple[str, int], list[float]]:
-    """Every sample's labels by (request, item): more than one label = produced more than once."""
-    from stream.records import decode_sample
+def samples_by_key(reader: TopicReader) -> dict[tuple, list[float]]:
+    """Every sample's labels by (request, item), a correction's by (request, item, CORRECTION): more
+    than one label = produced more than once."""
+    from stream.records import LABEL, decode_sample
 
-    out: dict[tuple[str, int], list[float]] = {}
+    out: dict[tuple, list[float]] = {}
     for _, value, _ in reader.records:
         s = decode_sample(value)
-        out.setdefault(s.key, []).append(s.label)
+        out.setdefault(s.key[:2] if s.kind == LABEL else s.key, []).append(s.label)
     return out
 
 
@@ -78,13 +79,13 @@ def topics(kafka, name: str) -> JoinConfig:
         kafka.create_topic(dead_letter.topic_of(names[k]), PARTS)
     kafka.create_topic(names["samples"] + ".quarantine", PARTS)
     return JoinConfig(brokers=kafka.bootstrap, impressions=names["impressions"], events=names["events"],
-                      samples=names["samples"], group=f"{name}-join", window_s=1.0,
+                      samples=names["samples"], group=f"{name}-join", label_after_s=1.0,
                       commit_every_s=0.2)  # fmt: skip
 
 
 def join_args(cfg: JoinConfig, metrics_port: int = 0) -> list[str]:
     return ["join", "--kafka-config", cfg.kafka_config, "--brokers", cfg.brokers, "--impressions", cfg.impressions, "--events", cfg.events,
             "--samples", cfg.samples, "--group", cfg.group,
-            "--window-s", str(cfg.window_s), "--commit-every-s", str(cfg.commit_every_s),
+            "--label-after-s", str(cfg.label_after_s), "--commit-every-s", str(cfg.commit_every_s),
             "--metrics-port", str(metrics_port)] + (["--member", cfg.member] if cfg.member else []) + (
             ["--dead-letter", cfg.dead_letter] if cfg.dead_letter else [])  # fmt: skip

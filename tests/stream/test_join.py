@@ -7,7 +7,7 @@ import pytest
 
 from stream.config import JoinConfig
 from stream.join import EVENTS, IMPRESSIONS, JoinCounts, PartitionJoin
-from stream.records import decode_sample
+from stream.records import CORRECTION, LABEL, RecordError, decode_sample
 from tests.stream.helpers import N_ITEMS, event, impression
 
 
@@ -17,12 +17,14 @@ def records(emits) -> list:
     return [(e, value) for e in emits for value in e.values]
 
 
-def labels(emits) -> dict[tuple[str, int], float]:
+def labels(emits, kind: int = LABEL) -> dict[tuple[str, int], float]:
+    """(request, item): label of the samples of ``kind`` the emits carry."""
     out = {}
     for e, value in records(emits):
         s = decode_sample(value)
         assert e.key == s.request_id.encode() and not e.dead
-        out[s.key] = s.label
+        if s.kind == kind:
+            out[s.request_id, s.item] = s.label
     return out
 
 
@@ -33,7 +35,7 @@ def ack_all(join, emits) -> None:
 
 @pytest.fixture
 def join():
-    j = PartitionJoin(window_s=10.0, counts=JoinCounts())
+    j = PartitionJoin(label_after_s=10.0, counts=JoinCounts())
     j.caught_up(EVENTS)  # no events yet: impressions alone set the clock
     return j
 
@@ -108,7 +110,7 @@ def test_offsets_commit_only_after_every_sample_of_a_request_is_acked(join):
 
 
 def test_the_watermark_waits_for_an_input_that_is_neither_read_nor_caught_up():
-    join = PartitionJoin(window_s=10.0, counts=JoinCounts())
+    join = PartitionJoin(label_after_s=10.0, counts=JoinCounts())
     join.impression(0, impression("r1", 100.0), now=0)
     join.impression(1, impression("r2", 200.0), now=0)
     assert join.advance(now=0) == []  # the events input may still hold r1's clicks
@@ -120,8 +122,8 @@ def test_the_watermark_waits_for_an_input_that_is_neither_read_nor_caught_up():
 
 
 def test_window_must_be_positive():
-    with pytest.raises(ValueError, match="window_s must be > 0"):
-        PartitionJoin(window_s=0, counts=JoinCounts())
+    with pytest.raises(ValueError, match="label_after_s must be > 0"):
+        PartitionJoin(label_after_s=0, counts=JoinCounts())
 
 
 @pytest.mark.parametrize("member", ["1", "2/2", "-1/2", "a/b", "1/"])
@@ -171,10 +173,10 @@ def _first_run(join):
 
 @pytest.mark.parametrize("resumed", [True, False], ids=["resumed", "without-marks"])
 def test_a_restart_does_not_count_the_events_it_rereads_as_late(resumed):
-    first = PartitionJoin(window_s=10.0, counts=JoinCounts())
+    first = PartitionJoin(label_after_s=10.0, counts=JoinCounts())
     (imp_from, ev_from), read_to = _first_run(first)
     assert (imp_from, ev_from) == (1, 0) and read_to == (2, 2) and first.counts.late == 0
-    again = PartitionJoin(window_s=10.0, counts=JoinCounts())
+    again = PartitionJoin(label_after_s=10.0, counts=JoinCounts())
     if resumed:  # what the joiner committed beside the offsets
         again.resume(IMPRESSIONS, read_to[0])
         again.resume(EVENTS, read_to[1])
@@ -249,3 +251,61 @@ def test_held_labels_of_the_impressions_read_while_held(join):
     join.impression(2, impression("r3", 120.0), now=0)
     assert join.held_labels(now=0) == (2 * N_ITEMS, 1)
     assert join.held_labels(now=0, suspect=True) == (N_ITEMS, 0)
+
+
+@pytest.fixture
+def correcting():
+    """Label after 10 s, attribute clicks for 100 s."""
+    j = PartitionJoin(label_after_s=10.0, counts=JoinCounts(), attribution_s=100.0)
+    j.caught_up(EVENTS)
+    return j
+
+
+def test_a_click_after_the_first_horizon_corrects_the_items_negative(correcting):
+    join = correcting
+    join.impression(0, impression("r1", 100.0), now=0)
+    pos = join.event(0, event("r1", 2, 105.0), now=0)
+    assert labels(pos) == {("r1", 2): 1.0}  # within 10 s: at once
+    ack_all(join, pos)
+    assert join.event(1, event("r1", 3, 130.0), now=0) == []  # after 10 s, before the close: waits for it
+    join.impression(1, impression("r2", 111.0), now=0)  # event time 111 closes r1
+    closed = join.advance(now=0)
+    assert labels(closed) == {("r1", i): 0.0 for i in range(N_ITEMS) if i != 2}  # 3 a negative first
+    assert labels(closed, CORRECTION) == {("r1", 3): 1.0}  # then its correction, after it
+    assert join.requests["r1"].writer is None  # the rows went: what a correction needs is read back
+    ack_all(join, closed)
+    # after the close: the impression is read back (batched by the joiner), then corrected
+    assert join.event(2, event("r1", 1, 150.0), now=0) == [] and join.wanted() == [0]
+    fixed = join.fetched(0, impression("r1", 100.0))
+    assert labels(fixed, CORRECTION) == {("r1", 1): 1.0} and join.wanted() == []
+    (s,) = [decode_sample(v) for _, v in records(fixed)]
+    assert (s.kind, s.elapsed, s.key) == (CORRECTION, 50.0, ("r1", 1, CORRECTION))
+    assert join.event(3, event("r1", 1, 151.0), now=0) == [] and join.counts.duplicates == 1
+    assert join.event(4, event("r1", 0, 201.0), now=0) == [] and join.counts.late == 1  # past 100 s
+    assert (join.counts.positives, join.counts.corrections) == (1, 2)
+    # held until its attribution window is over and every sample acked: a restart rebuilds it
+    ack_all(join, fixed)
+    assert join.committable()[IMPRESSIONS] == 0
+    join.caught_up(EVENTS)
+    join.impression(2, impression("r3", 200.5), now=0)
+    ack_all(join, join.advance(now=0))  # r2 closes; r1's attribution (200) ends
+    assert "r1" not in join.requests and join.committable() == (1, 5)
+
+
+def test_a_correction_whose_impression_is_gone_is_counted_lost(correcting):
+    join = correcting
+    join.impression(0, impression("r1", 100.0), now=0)
+    join.impression(1, impression("r2", 111.0), now=0)
+    ack_all(join, join.advance(now=0))
+    join.event(0, event("r1", 1, 140.0), now=0)
+    assert join.fetched(0, None) == [] and join.counts.corrections_lost == 1
+    join.event(1, event("r1", 2, 141.0), now=0)
+    with pytest.raises(RecordError, match="offset 0 is request 'r2', not 'r1'"):  # the topic was recreated
+        join.fetched(0, impression("r2", 111.0))
+
+
+def test_attribution_must_cover_the_first_horizon():
+    with pytest.raises(ValueError, match="attribution_s must be 0 .* or >= label_after_s"):
+        PartitionJoin(label_after_s=10.0, counts=JoinCounts(), attribution_s=5.0)
+    with pytest.raises(ValueError, match="--attribution-s must be 0"):
+        JoinConfig(label_after_s=10.0, attribution_s=5.0)

@@ -120,7 +120,7 @@ def test_a_restarted_joiner_does_not_count_the_events_it_rereads_as_late(kafka):
     for k in ("impressions", "events"):
         kafka.create_topic(dead_letter.topic_of(names[k]), 1)
     cfg = JoinConfig(brokers=kafka.bootstrap, impressions=names["impressions"], events=names["events"],
-                     samples=names["samples"], group="replay-join", window_s=30.0, commit_every_s=0.2)  # fmt: skip
+                     samples=names["samples"], group="replay-join", label_after_s=30.0, commit_every_s=0.2)  # fmt: skip
     now = time.time()
     produce(
         kafka.bootstrap,
@@ -174,7 +174,7 @@ def workload(kafka, cfg: JoinConfig, requests: range) -> dict[tuple[str, int], f
 @pytest.mark.parametrize("member", ["", "0/1"], ids=["group", "static"])
 def test_a_joiner_sigkilled_and_restarted_loses_no_sample(kafka, tmp_path, member):
     cfg = topics(kafka, f"kill-{member.replace('/', '-') or 'group'}")
-    cfg.window_s, cfg.member = 3.0, member
+    cfg.label_after_s, cfg.member = 3.0, member
     # the group notices the dead member after its session timeout (45 s by default): shorter here
     (tmp_path / "kafka.conf").write_text(
         "# consumer group\nsession.timeout.ms=6000\nheartbeat.interval.ms=500\n"

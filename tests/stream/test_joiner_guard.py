@@ -63,7 +63,7 @@ class Traffic:
 
 @pytest.mark.slow
 def test_an_outage_of_clicks_is_held_labelled_late_or_quarantined_and_replayed(kafka, tmp_path):
-    cfg = replace(topics(kafka, "guard"), guard=GUARD, window_s=4.0,  # longer than the guard takes to trip
+    cfg = replace(topics(kafka, "guard"), guard=GUARD, label_after_s=4.0,  # longer than the guard takes to trip
                   record_to=str(tmp_path))  # fmt: skip
     joiner = Joiner(cfg, CollectorRegistry())
     joiner.check_topics()

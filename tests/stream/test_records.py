@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream.records import (
+    CORRECTION,
+    LABEL,
     Event,
     Impression,
     RecordError,
@@ -99,7 +101,7 @@ def test_samples_carry_the_items_row_and_round_trip():
     writer = SampleWriter(imp, rows)
     for item in range(rows.num_rows):
         s = decode_sample(writer.encode(item, float(item % 2)))
-        assert s.key == ("r-1", item) and s.label == item % 2 and s.ts == 100.0
+        assert s.key == ("r-1", item, LABEL) and s.label == item % 2 and s.ts == 100.0
         assert s.versions == Versions("v1", 3, "v1")
         assert s.row == rows.row(item)
         assert s.score == float(imp.scores[item]) and s.arm == ""
@@ -128,18 +130,33 @@ def test_samples_encoded_together_are_those_encoded_one_at_a_time(picks, data, a
     writer = SampleWriter(imp, RowTable.of(batch))
     items = data.draw(st.lists(st.integers(0, n - 1), max_size=2 * n))
     labels = data.draw(st.lists(finite, min_size=len(items), max_size=len(items)))
-    many = writer.encode_many(np.array(items, np.int64), np.array(labels, np.float32))
-    assert many == [writer.encode(i, label) for i, label in zip(items, labels, strict=True)]
+    elapsed = np.array(data.draw(st.lists(finite, min_size=len(items), max_size=len(items))), np.float32)
+    many = writer.encode_many(np.array(items, np.int64), np.array(labels, np.float32), elapsed)
+    assert many == [
+        writer.encode(i, label, LABEL, float(e)) for i, label, e in zip(items, labels, elapsed, strict=True)
+    ]
 
 
 def test_a_closing_window_emits_its_clicks_then_its_negatives():
     imp = impression_record()
     writer = SampleWriter(imp, RowTable.of(ranking_batch()))
     clicks = [Event("r-1", 3, 1.0, 101.0), Event("r-1", 0, 0.5, 102.0)]
-    closing = writer.closing(clicks, np.array([1, 2]))
-    assert closing == [writer.labelled(clicks[0]), writer.labelled(clicks[1]), writer.encode(1, 0.0), writer.encode(2, 0.0)]  # fmt: skip
-    assert [decode_sample(v).label for v in closing] == [1.0, 0.5, 0.0, 0.0]
-    assert writer.closing([], np.array([], np.int64)) == []
+    closing = writer.closing(clicks, np.array([1, 2]), horizon=10.0)
+    assert closing == [writer.labelled(clicks[0]), writer.labelled(clicks[1]), writer.encode(1, 0.0, LABEL, 10.0),
+                       writer.encode(2, 0.0, LABEL, 10.0)]  # fmt: skip
+    read = [decode_sample(v) for v in closing]
+    assert [(s.label, s.kind, s.elapsed) for s in read] == [(1.0, LABEL, 1.0), (0.5, LABEL, 2.0), (0.0, LABEL, 10.0),
+                                                          (0.0, LABEL, 10.0)]  # fmt: skip
+    assert writer.closing([], np.array([], np.int64), 10.0) == []
+
+
+def test_a_correction_is_the_items_sample_again_of_its_own_kind_with_its_delay():
+    imp = impression_record()  # ts 100
+    writer = SampleWriter(imp, RowTable.of(ranking_batch()))
+    late = decode_sample(writer.labelled(Event("r-1", 2, 1.0, 160.5), CORRECTION))
+    first = decode_sample(writer.encode(2, 0.0, LABEL, 5.0))
+    assert (late.kind, late.elapsed, late.label, late.row) == (CORRECTION, 60.5, 1.0, first.row)
+    assert late.key == ("r-1", 2, CORRECTION) != first.key
 
 
 def test_malformed_samples_are_refused():
@@ -150,3 +167,7 @@ def test_malformed_samples_are_refused():
         decode_sample(blob[:-4])
     with pytest.raises(RecordError, match="a sample version 1 is not supported"):
         decode_sample(blob[:4] + b"\x01" + blob[5:])  # written before samples carried the score
+    with pytest.raises(RecordError, match="a sample version 2 is not supported .*knows 3"):
+        decode_sample(blob[:4] + b"\x02" + blob[5:])  # written before samples carried their kind
+    with pytest.raises(RecordError, match="sample kind must be 0 .* or 1 .*, got 7"):
+        decode_sample(blob[:66] + b"\x07" + blob[67:])

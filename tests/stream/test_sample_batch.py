@@ -7,9 +7,9 @@ from dataclasses import fields
 
 import numpy as np
 
-from stream.records import SampleWriter, decode_sample
+from stream.records import CORRECTION, LABEL, Event, SampleWriter, decode_sample
 from stream.rows import RowTable
-from stream.sample_batch import Samples, read_samples, span, take
+from stream.sample_batch import KIND_BIT, Samples, read_samples, request_ids, span, take
 from tests.serving.helpers import ranking_batch
 from tests.stream.helpers import impression_record
 
@@ -86,3 +86,16 @@ def test_a_span_is_the_take_of_its_rows_without_a_copy():
     for f in fields(Samples):
         np.testing.assert_array_equal(getattr(spanned, f.name), getattr(taken, f.name), err_msg=f.name)
     assert np.shares_memory(spanned.signs, s.signs) and span(s, 3, 3).num_rows == 0
+
+
+def test_a_correction_reads_with_its_kind_and_delay_and_keys_apart_from_the_label():
+    writer = SampleWriter(impression_record("r-7"), RowTable.of(ranking_batch()))  # ts 100
+    blobs = [writer.encode(1, 0.0, LABEL, 10.0), writer.labelled(Event("r-7", 1, 1.0, 130.0), CORRECTION)]
+    s, bad = read_samples(blobs)
+    assert bad == [] and s.kinds.tolist() == [LABEL, CORRECTION] and s.elapsed.tolist() == [10.0, 30.0]
+    assert s.keys[0] == (1).to_bytes(4, "big") + b"r-7"  # a label's key is the (request, item) pair's
+    assert s.keys[1] == (1 | KIND_BIT).to_bytes(4, "big") + b"r-7" != s.keys[0]
+    assert request_ids(s.keys).tolist() == [b"r-7", b"r-7"]
+    broken = blobs[1][:66] + b"\x05" + blobs[1][67:]  # no such kind
+    _, bad = read_samples([blobs[0], broken])
+    assert bad == [(1, "sample kind must be 0 (a label) or 1 (a correction), got 5")]

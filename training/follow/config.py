@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from serving.ps.spec import EVICTIONS
+from training.follow.delayed import MODES, DelayedFeedback
 from training.follow.guard import OutputGuardConfig
 
 _PERIOD = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
@@ -65,8 +66,13 @@ class FollowConfig:
     records the partitions' offsets and the sample keys trained; a restart resumes from the last
     published delta's, and a sample whose key was trained already is dropped (exactly once)."""
     dedup_window_s: float = 3600.0
-    """--stream: how long (in sample time) a trained sample's key is remembered to drop it if it
-    comes again; cover the joiner's window plus what a restarted joiner replays."""
+    """--stream: how long (in label time: served, plus the label's delay) a trained sample's key
+    is remembered to drop it if it comes again; cover the joiner's --label-after-s plus what a
+    restarted joiner replays (with --attribution-s, that window)."""
+    delayed_feedback: str = field(default="none", metadata={"choices": list(MODES)})
+    """--stream with a joiner's --attribution-s: how the loss counts an item that came as a
+    negative and then, corrected, as a positive. none: as they are; fnw: fake negative weighting;
+    esdfm: its elapsed-time-aware variant (training/follow/delayed.py, docs/late-clicks.md)."""
     delta_interval_s: float = 2.0
     """Cut a delta every this many seconds when rows changed (and always at the end)."""
     announce: str = field(default="", metadata={"metavar": "kafka://BROKERS/TOPIC"})
@@ -152,6 +158,7 @@ class FollowConfig:
         from training import sources
 
         sources.parse(*self.source)  # an unknown <kind>:// is a configuration error
+        DelayedFeedback(self.delayed_feedback)  # a clear error now
         if self.dedup_window_s <= 0:
             raise ValueError(f"dedup_window_s must be > 0, got {self.dedup_window_s}")
         if self.delta_interval_s <= 0 or self.poll_s <= 0:

@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional
 
 from features.batch import CompactBatch
 from stream.sample_batch import request_ids
 from training.ctx import TrainCtx
 from training.evaluate import sigmoid
 from training.follow.book import StreamBook
+from training.follow.delayed import DelayedFeedback
 from training.sources import Keyed, KeyedChunk, Look
 from training.sources.ledger import Ledger
 
@@ -35,6 +37,8 @@ class KeyedSteps:
     held: list[KeyedChunk] = field(default_factory=list)
     loss: nn.Module = field(default_factory=nn.BCEWithLogitsLoss)
     judge: Callable[[np.ndarray, np.ndarray, np.ndarray], bool] | None = None
+    delayed: DelayedFeedback = field(default_factory=lambda: DelayedFeedback("none"))
+    """How the loss weighs labels that may be corrected later (``--delayed-feedback``)."""
     """The output guard (``training.follow.revert.Rewinder.judge``): fed each step's served scores,
     labels and request ids before it trains; False: the step is read, not trained (the guard holds)."""
 
@@ -71,7 +75,11 @@ class KeyedSteps:
             ctx.upcoming(chunks[-1].look.after if chunks[-1].look is not None else ())
             logits = (forward or ctx.forward)(batch)
             scores = sigmoid(logits.detach().cpu().numpy())
-            ctx.backward(self.loss(logits, torch.from_numpy(batch.labels)))
+            elapsed = keyed.samples.elapsed if rows is None else keyed.samples.elapsed[rows]
+            weights = self.delayed.weights(scores, batch.labels, elapsed)
+            labels = torch.from_numpy(batch.labels)
+            ctx.backward(self.loss(logits, labels) if weights is None else
+                         functional.binary_cross_entropy_with_logits(logits, labels, torch.from_numpy(weights)))  # fmt: skip
             self.book.trained(keyed, rows, batch.labels, scores)
             trained = batch.num_rows
         self._advance(chunks)

@@ -21,15 +21,15 @@ is committed only after a delta's ``_SUCCESS``, so it never claims rows no publi
 after a crash a file's rows since the last delta are trained again; after SIGTERM, Ctrl-C or
 ``--max-seconds`` a final delta is cut; an unreadable file is recorded as failed and skipped.
 
-``--stream kafka://...`` is exactly once in what is trained (a consume's samples step together:
-``training.follow.steps``): each delta records the partitions' next offsets and the (request, item)
-keys trained over ``--dedup-window-s`` (``model_store.deltas``) before its ``_SUCCESS``; a restart
-resumes there and drops a sample whose key was trained. Each batch is scored before it trains
-(progressive validation) and the output guard judges its served scores (``training.follow.guard``).
+``--stream kafka://...`` is exactly once in what is trained (``training.follow.steps``): each delta
+records the partitions' next offsets and the (request, item, kind) keys trained over
+``--dedup-window-s`` before its ``_SUCCESS``; a restart resumes there and drops a sample whose key
+was trained. Each batch is scored before it trains (progressive validation), the output guard
+judges its served scores (``training.follow.guard``), ``--delayed-feedback`` weighs its loss.
 
-If CURRENT moves while following (``recserve publish``, a canary promoted), the pending rows are cut
-into the old version and the trainer moves to the new one (under torchrun every rank, at the look
-where rank 0 saw it); one the serving PS refuses is refused here too (``training.follow.current``).
+If CURRENT moves (``recserve publish``, a canary promoted), the pending rows are cut into the old
+version and the trainer moves to the new one (every torchrun rank at the look where rank 0 saw it);
+one the serving PS refuses is refused here too (``training.follow.current``).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from training.follow.book import StreamBook
 from training.follow.config import FollowConfig
 from training.follow.current import REFUSALS, CurrentWatch
 from training.follow.cut import DeltaCut
+from training.follow.delayed import DelayedFeedback
 from training.follow.full_version import FrozenDense, FullVersions, load_frozen_dense
 from training.follow.guard import OutputGuard
 from training.follow.ranks import Ranks, cut_together
@@ -90,13 +91,13 @@ class FollowTrainer:
         self.loaded: Loaded | None = None
         self.result = FollowResult()
         self._changed = False  # rows trained since the last delta
-        self._loss = nn.BCEWithLogitsLoss()
         self.current = CurrentWatch(cfg.store, cfg.model, cfg.poll_s, clock)  # the version to follow next
         self.book = StreamBook(cfg.source[0], kind.keyed, cfg.dedup_window_s)  # keys, scores, counts
         if cfg.metrics_port:
             self.book.serve_metrics(cfg.metrics_port + self.job.rank, cfg.metrics_host)  # a port per rank
         self.full = FullVersions(cfg, self.book, clock) if cfg.full_every else None
-        self.keyed = KeyedSteps(self.book, self.ledger, cfg.batch_size)
+        delayed = DelayedFeedback(cfg.delayed_feedback)  # how the loss weighs labels corrected later
+        self.keyed = KeyedSteps(self.book, self.ledger, cfg.batch_size, delayed=delayed)
         guarded = cfg.guard.enabled and kind.keyed and self.job.world == 1  # the output guard
         self.rewinder = (
             Rewinder(OutputGuard(cfg.guard), self.book.registry, Path(cfg.follow)) if guarded else None
@@ -243,7 +244,7 @@ class FollowTrainer:
                 if batch.labels is None:
                     raise FeatureError("no label column: nothing to train on")
                 logits = self._forward(lv, batch)
-                lv.ctx.backward(self._loss(logits, torch.from_numpy(batch.labels)))
+                lv.ctx.backward(self.keyed.loss(logits, torch.from_numpy(batch.labels)))
                 self.ledger.advance(unit, batch.num_rows)
                 self.book.rows(batch.num_rows)
                 self.result.rows += batch.num_rows

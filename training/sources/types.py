@@ -73,8 +73,10 @@ class Keyed:
 
     @property
     def ts(self) -> NDArray[np.float64]:
-        """Per row, when it was served (seconds since the epoch)."""
-        return self.samples.ts
+        """Per row, when it was labelled (event time, seconds since the epoch: served, plus the
+        label's delay): the trained keys' window runs on it, so a correction an hour after its
+        impression is remembered as long as a first label."""
+        return self.samples.ts + self.samples.elapsed
 
     @classmethod
     def join(cls, parts: list[Keyed]) -> Keyed:

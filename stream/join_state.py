@@ -1,0 +1,84 @@
+"""What ``stream.join`` keeps and returns: its counters (``JoinCounts``), the records it hands the
+joiner to produce (``Emit``), a request's state (``_Request``) and an input's watermark
+(``_Clock``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from stream.records import Event, SampleWriter
+
+IMPRESSIONS, EVENTS = 0, 1
+INPUTS = ("impressions", "events")
+
+
+@dataclass
+class JoinCounts:
+    """What every partition's join did (the joiner's /metrics read these)."""
+
+    impressions: int = 0
+    items: int = 0  # impressed items (the impressions' rows)
+    events: int = 0
+    positives: int = 0
+    negatives: int = 0
+    corrections: int = 0  # positives after an item's first horizon, within its attribution window
+    corrections_lost: int = 0  # corrections whose impression could not be read back (retention)
+    duplicates: int = 0
+    late: int = 0
+    replayed: int = 0  # events re-read after a restart, handled before it: not late again
+    malformed: list[int] = field(default_factory=lambda: [0, 0])  # per input
+    acked: int = 0
+    quarantined: int = 0  # samples of windows closed while the input guard held them (to quarantine)
+    empty_rows: NDArray[np.int64] | None = None  # per slot: impressed rows with no value in it
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Records to produce under one key: samples of one request (``dead`` False; a window's close
+    emits all of them at once) or a dead letter; ``token`` goes back to ``acked`` once the broker
+    has each of them."""
+
+    key: bytes
+    values: list[bytes]
+    dead: bool = False
+    reason: str = ""
+    token: object = None
+    quarantine: bool = False  # a sample of a window the input guard held to its bound
+
+
+@dataclass
+class _Request:
+    deadline: float = float("inf")  # the first horizon's end (event time)
+    ts: float = 0.0  # the impression's
+    offset: int = -1  # the impression's, in its partition (read back for a correction)
+    writer: SampleWriter | None = None  # dropped once the first horizon closes (memory)
+    labelled: np.ndarray | None = None  # bool per item: a positive was emitted or is due
+    held: list[tuple[int, int]] = field(default_factory=list)  # (input, offset)
+    early: list[tuple[int, Event]] = field(default_factory=list)  # events before their impression
+    deferred: list[Event] = field(default_factory=list)  # events applied while held: emitted at the close
+    after: list[Event] = field(default_factory=list)  # clicks after the first horizon, before its close
+    pending: list[Event] = field(default_factory=list)  # corrections waiting for the impression's read-back
+    unacked: int = 0
+    closed: bool = False
+    expired: bool = False  # its attribution window is over: nothing more labels it
+    suspect: bool = False  # impressed while the input guard held the join
+    defer: bool = False  # its clicks wait for its window's close (held, or just after a hold)
+    quarantine: bool = False  # its samples go to the quarantine topic when its window closes
+
+
+class _Clock:
+    """One input's watermark: newest ts seen, advanced by the wall time since it was seen."""
+
+    def __init__(self) -> None:
+        self.ts, self.wall, self.caught_up = float("-inf"), 0.0, False
+
+    def saw(self, ts: float, now: float) -> None:
+        if ts >= self.ts:
+            self.ts, self.wall = ts, now
+        self.caught_up = False
+
+    def at(self, now: float) -> float:
+        return self.ts + max(0.0, now - self.wall)
