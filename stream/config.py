@@ -67,6 +67,10 @@ class JoinConfig:
     """A click still counts this long (event time) after the impression: one after
     --label-after-s emits a correcting positive sample of the item (minutes to days; 0: none, a
     click after --label-after-s is late). The impressions topic's retention must cover it."""
+    state_dir: str = ""
+    """With --attribution-s: where the impressions of requests past --label-after-s wait for their
+    late clicks, on local disk (about the impressions' rate x --attribution-s bytes; '': a
+    temporary directory, removed at exit). Rebuilt from the uncommitted impressions on restart."""
     kafka_config: str = ""
     """File of librdkafka settings, KEY=VALUE a line (security.protocol, sasl.*, ssl.*, ...)."""
     commit_every_s: float = 1.0
@@ -107,6 +111,10 @@ class JoinConfig:
         ]
         if len(set(names)) != len(names) or not all(names):
             raise ValueError(f"the topics must be named and distinct, got {names}")
+
+    def spill_bucket_s(self) -> float:
+        """How much event time one spill segment covers: a sixteenth of the attribution window."""
+        return max(self.attribution_s / 16, 1.0)
 
     def quarantine_topic(self) -> str:
         return self.quarantine or self.samples + QUARANTINE

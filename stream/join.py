@@ -12,11 +12,10 @@ an item the request does not have) goes to the dead-letter topic (``malformed``)
 but within ``attribution_s`` of the impression emits a second sample of the item, positive, of kind
 ``CORRECTION`` with its delay (``elapsed``): the trainer has seen the item as a negative already
 (``--delayed-feedback`` says how its loss counts that). Once its window closes a request keeps only
-where its impression lies, its time and which items were clicked; a correction reads the impression
-back from the impressions topic (``wanted`` offsets, ``fetched`` records: the joiner batches the
-reads), so memory holds the open windows' rows, not the attribution window's. A click after
-``attribution_s`` is late. The request's records stay held (uncommitted) until its attribution
-window is over, so a restart rebuilds it.
+where its impression lies on local disk (``stream.spill``), its time and which items were clicked;
+a correction reads the impression back from there, so memory holds the open windows' rows, not the
+attribution window's. A click after ``attribution_s`` is late. The request's records stay held
+(uncommitted) until its attribution window is over, so a restart rebuilds it.
 
 **Time** is event time: the join's watermark is the smallest of its two inputs' watermarks, each
 the newest ``ts`` it delivered, advanced by the wall time since (so a quiet input does not stop
@@ -62,6 +61,7 @@ from stream.records import (
     encode_event,
 )
 from stream.rows import RowTable
+from stream.spill import Spill
 
 __all__ = ["EVENTS", "IMPRESSIONS", "INPUTS", "Emit", "JoinCounts", "PartitionJoin"]
 
@@ -69,7 +69,8 @@ __all__ = ["EVENTS", "IMPRESSIONS", "INPUTS", "Emit", "JoinCounts", "PartitionJo
 class PartitionJoin:
     """The open windows of one partition (the same partition of the impressions and events)."""
 
-    def __init__(self, label_after_s: float, counts: JoinCounts, attribution_s: float = 0.0) -> None:
+    def __init__(self, label_after_s: float, counts: JoinCounts, attribution_s: float = 0.0,
+                 spill: Spill | None = None) -> None:  # fmt: skip
         if not label_after_s > 0:
             raise ValueError(f"label_after_s must be > 0, got {label_after_s}")
         if attribution_s and attribution_s < label_after_s:
@@ -77,10 +78,14 @@ class PartitionJoin:
         self.window_s, self.counts = label_after_s, counts
         self.attribution_s = max(attribution_s, label_after_s)
         self.correcting = self.attribution_s > label_after_s
+        if self.correcting and spill is None:
+            raise ValueError(
+                "attribution_s past label_after_s needs a spill (where closed requests' impressions lie)"
+            )
+        self.spill = spill
         self.requests: dict[str, _Request] = {}
         self._deadlines: list[tuple[float, str]] = []  # heap of open impressions' deadlines
         self._attributing: list[tuple[float, str]] = []  # heap of closed requests' attribution ends
-        self._fetch: dict[int, str] = {}  # impression offset -> request whose corrections wait for it
         self._early: list[tuple[float, int, str]] = []  # heap of early events' expiry
         self._held: tuple[dict[int, None], dict[int, None]] = ({}, {})
         self._next = [-1, -1]  # next offset to read, per input (-1: none read yet)
@@ -117,7 +122,9 @@ class PartitionJoin:
                     IMPRESSIONS, offset, value, f"impression: request id {imp.request_id!r} seen twice"
                 )
             ]
-        req.deadline, req.ts, req.offset = imp.ts + self.window_s, imp.ts, offset
+        req.deadline, req.ts = imp.ts + self.window_s, imp.ts
+        if self.spill is not None:
+            req.where = self.spill.put(imp.ts + self.attribution_s, value)
         req.suspect = self.hold_s is not None
         req.defer = req.suspect or imp.ts < self._balance_until
         req.writer = SampleWriter(imp, rows)
@@ -190,11 +197,11 @@ class PartitionJoin:
         req.labelled[ev.item] = True
         req.held.append((EVENTS, offset))
         self._held[EVENTS][offset] = None
-        if after:  # a correction: at the close (the label first), else once the impression is read back
-            (req.pending if req.closed else req.after).append(ev)
-            if req.closed:
-                self._fetch[req.offset] = rid
-            return []
+        if after:  # a correction: at the close (the label first), or now from the impression spilled
+            if not req.closed:
+                req.after.append(ev)
+                return []
+            return self._correct(rid, req, ev)
         if self.hold_s is not None or req.quarantine or req.defer:  # the sample waits for the close
             req.deferred.append(ev)
             return []
@@ -262,37 +269,25 @@ class PartitionJoin:
             waiting.held.remove((EVENTS, offset))
             if not waiting.early:
                 del self.requests[rid]
+        if self.spill is not None:
+            self.spill.expire(wm)
         return out
 
     # --- corrections ---------------------------------------------------------------------
-    def wanted(self) -> list[int]:
-        """The offsets of the impressions that corrections wait for (read them back, ``fetched``)."""
-        return sorted(self._fetch)
-
-    def fetched(self, offset: int, value: bytes | None) -> list[Emit]:
-        """The impression at ``offset``, read back (None: it is gone, past the topic's retention):
-        the corrections that waited for it."""
-        rid = self._fetch.pop(offset, "")
-        req = self.requests.get(rid)
-        if req is None or not req.pending:
+    def _correct(self, rid: str, req: _Request, ev: Event) -> list[Emit]:
+        """The correction of a closed request's item, from its impression spilled at its start
+        (gone: counted lost)."""
+        assert self.spill is not None and req.where is not None
+        value = self.spill.get(req.where)
+        if value is None:
+            self.counts.corrections_lost += 1
             return []
-        events, req.pending = req.pending, []
-        try:
-            imp = None if value is None else decode_impression(value)
-            if imp is not None and imp.request_id != rid:
-                raise RecordError(f"impression at offset {offset} is request {imp.request_id!r}, not {rid!r}")
-            writer = None if imp is None else SampleWriter(imp, RowTable.of(decode(imp.batch)))
-        except (RecordError, CodecError) as e:
-            raise RecordError(f"reading back the impression of a correction: {e}") from None
-        if writer is None:
-            self.counts.corrections_lost += len(events)
-            self._maybe_done(rid, req)
-            return []
-        values = [writer.labelled(e, CORRECTION) for e in events]
-        req.unacked += len(values)
-        self.counts.corrections += len(values)
-        self.counts.quarantined += len(values) * req.quarantine
-        return [Emit(rid.encode(), values, token=rid, quarantine=req.quarantine)]
+        imp = decode_impression(value)
+        writer = SampleWriter(imp, RowTable.of(decode(imp.batch)))
+        req.unacked += 1
+        self.counts.corrections += 1
+        self.counts.quarantined += req.quarantine
+        return [Emit(rid.encode(), [writer.labelled(ev, CORRECTION)], token=rid, quarantine=req.quarantine)]
 
     # --- acknowledgements and offsets ----------------------------------------------------
     def acked(self, token: object) -> None:
@@ -354,7 +349,7 @@ class PartitionJoin:
         return max(0.0, imp - ev) if math.isfinite(imp) and math.isfinite(ev) else 0.0
 
     def _maybe_done(self, rid: str, req: _Request) -> None:
-        if req.expired and req.unacked == 0 and not req.pending:
+        if req.expired and req.unacked == 0:
             for inp, offset in req.held:
                 self._release(inp, offset)
             del self.requests[rid]

@@ -41,7 +41,7 @@ class Collector:
             ),
             (
                 "corrections_lost",
-                "Corrections whose impression the impressions topic no longer held",
+                "Corrections whose impression the spill no longer held (dropped)",
                 c.corrections_lost,
             ),
         ):

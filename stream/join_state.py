@@ -25,7 +25,7 @@ class JoinCounts:
     positives: int = 0
     negatives: int = 0
     corrections: int = 0  # positives after an item's first horizon, within its attribution window
-    corrections_lost: int = 0  # corrections whose impression could not be read back (retention)
+    corrections_lost: int = 0  # corrections whose impression was no longer spilled (none expected)
     duplicates: int = 0
     late: int = 0
     replayed: int = 0  # events re-read after a restart, handled before it: not late again
@@ -53,14 +53,13 @@ class Emit:
 class _Request:
     deadline: float = float("inf")  # the first horizon's end (event time)
     ts: float = 0.0  # the impression's
-    offset: int = -1  # the impression's, in its partition (read back for a correction)
+    where: tuple[int, int, int] | None = None  # the impression's place in the spill (corrections)
     writer: SampleWriter | None = None  # dropped once the first horizon closes (memory)
     labelled: np.ndarray | None = None  # bool per item: a positive was emitted or is due
     held: list[tuple[int, int]] = field(default_factory=list)  # (input, offset)
     early: list[tuple[int, Event]] = field(default_factory=list)  # events before their impression
     deferred: list[Event] = field(default_factory=list)  # events applied while held: emitted at the close
     after: list[Event] = field(default_factory=list)  # clicks after the first horizon, before its close
-    pending: list[Event] = field(default_factory=list)  # corrections waiting for the impression's read-back
     unacked: int = 0
     closed: bool = False
     expired: bool = False  # its attribution window is over: nothing more labels it

@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -34,8 +37,7 @@ from stream import dead_letter
 from stream.config import FETCH_WAIT_MS, JoinConfig, kafka_settings
 from stream.guard import InputGuard
 from stream.join import EVENTS, IMPRESSIONS, Emit, JoinCounts, PartitionJoin
-from stream.readback import ImpressionReader
-from stream.records import RecordError
+from stream.spill import Spill
 
 log = logging.getLogger("recserve.join")
 READ_TO = "read_to="
@@ -59,9 +61,7 @@ class Joiner:
                                   "auto.offset.reset": "earliest", "enable.partition.eof": True,
                                   "partition.assignment.strategy": "range", **common})  # fmt: skip
         self._topics = (cfg.impressions, cfg.events)
-        self._readback = (
-            ImpressionReader(common, cfg.impressions) if cfg.attribution_s > cfg.label_after_s else None
-        )
+        self._spills = spill_root(cfg)  # where closed requests' impressions lie (--attribution-s)
         self._dead_letters = cfg.dead_letters()
         self.guard = InputGuard(cfg.guard)
         self._held_for = ""  # why the guard last held the join
@@ -130,8 +130,6 @@ class Joiner:
                         last_judged = now
                 for p, part in list(self.parts.items()):
                     self._produce(p, part.advance(now))
-                if self._readback is not None:
-                    self._correct()
                 self.producer.poll(0)
                 if time.monotonic() - last_commit >= self.cfg.commit_every_s:
                     self.commit()
@@ -147,22 +145,16 @@ class Joiner:
                 self.producer.flush(30)
                 self.commit()
         finally:
-            if self.fatal:
-                self.parts.clear()  # nothing more is committed: a restart re-reads it
+            if self.fatal:  # nothing more is committed: a restart re-reads it
+                for p in list(self.parts):
+                    self._drop(p)
             self.consumer.close()  # leaves the group (a revoke: flush and commit what is done)
-            if self._readback is not None:
-                self._readback.close()
+            for p in list(self.parts):
+                self._drop(p)
+            if self._spills is not None and not self.cfg.state_dir:
+                shutil.rmtree(self._spills, ignore_errors=True)
         if self.fatal:
             raise JoinError(self.fatal)
-
-    def _correct(self) -> None:
-        """The corrections whose impressions are read back now (``stream.readback``)."""
-        assert self._readback is not None
-        try:
-            for p, emits in self._readback.corrections(self.parts):
-                self._produce(p, emits)
-        except (RecordError, TimeoutError) as e:  # the impressions topic is not what the join read
-            self.fatal = str(e)
 
     # --- the input guard ------------------------------------------------------------------
     def _tell_guard(self, now: float) -> None:
@@ -316,9 +308,14 @@ class Joiner:
             self.fatal = (f"assigned impressions partitions {sorted(by_topic[0])} but events partitions "
                           f"{sorted(by_topic[1])}: every member must use partition.assignment.strategy=range")  # fmt: skip
         for p in by_topic[0]:
-            part = self.parts.setdefault(
-                p, PartitionJoin(self.cfg.label_after_s, self.counts, self.cfg.attribution_s)
-            )
+            if p not in self.parts:  # a fresh join, its spill empty: it re-reads what is not committed
+                spill = (
+                    None if self._spills is None else Spill(self._spills / str(p), self.cfg.spill_bucket_s())
+                )
+                self.parts[p] = PartitionJoin(
+                    self.cfg.label_after_s, self.counts, self.cfg.attribution_s, spill
+                )
+            part = self.parts[p]
             if self.guard.tripped:
                 part.hold_s = self.cfg.guard.hold_s
             self._committed.pop((IMPRESSIONS, p), None)
@@ -332,9 +329,27 @@ class Joiner:
             self.producer.flush(30)
             self.commit(gone)
         for p in gone:
-            del self.parts[p]
+            self._drop(p)
         log.info("join: revoked partitions %s", gone)
 
     def _lost(self, _consumer: Consumer, tps: list[TopicPartition]) -> None:
         for tp in tps:
-            self.parts.pop(tp.partition, None)
+            self._drop(tp.partition)
+
+    def _drop(self, p: int) -> None:
+        """Forget partition ``p``'s join (and its spill)."""
+        part = self.parts.pop(p, None)
+        if part is not None and part.spill is not None:
+            part.spill.clear()
+            part.spill.close()
+
+
+def spill_root(cfg: JoinConfig) -> Path | None:
+    """The directory of the partitions' spills: --state-dir, or a temporary one (None: no
+    --attribution-s past --label-after-s, nothing spilled)."""
+    if not cfg.attribution_s > cfg.label_after_s:
+        return None
+    if cfg.state_dir:
+        Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+        return Path(cfg.state_dir)
+    return Path(tempfile.mkdtemp(prefix="recserve-join-"))

@@ -7,7 +7,8 @@ import pytest
 
 from stream.config import JoinConfig
 from stream.join import EVENTS, IMPRESSIONS, JoinCounts, PartitionJoin
-from stream.records import CORRECTION, LABEL, RecordError, decode_sample
+from stream.records import CORRECTION, LABEL, decode_sample
+from stream.spill import Spill
 from tests.stream.helpers import N_ITEMS, event, impression
 
 
@@ -254,9 +255,10 @@ def test_held_labels_of_the_impressions_read_while_held(join):
 
 
 @pytest.fixture
-def correcting():
-    """Label after 10 s, attribute clicks for 100 s."""
-    j = PartitionJoin(label_after_s=10.0, counts=JoinCounts(), attribution_s=100.0)
+def correcting(tmp_path):
+    """Label after 10 s, attribute clicks for 100 s; closed requests' impressions spilled to disk."""
+    j = PartitionJoin(label_after_s=10.0, counts=JoinCounts(), attribution_s=100.0,
+                      spill=Spill(tmp_path / "spill", bucket_s=10.0))  # fmt: skip
     j.caught_up(EVENTS)
     return j
 
@@ -272,24 +274,22 @@ def test_a_click_after_the_first_horizon_corrects_the_items_negative(correcting)
     closed = join.advance(now=0)
     assert labels(closed) == {("r1", i): 0.0 for i in range(N_ITEMS) if i != 2}  # 3 a negative first
     assert labels(closed, CORRECTION) == {("r1", 3): 1.0}  # then its correction, after it
-    assert join.requests["r1"].writer is None  # the rows went: what a correction needs is read back
+    assert join.requests["r1"].writer is None  # the rows went: a correction reads the impression spilled
     ack_all(join, closed)
-    # after the close: the impression is read back (batched by the joiner), then corrected
-    assert join.event(2, event("r1", 1, 150.0), now=0) == [] and join.wanted() == [0]
-    fixed = join.fetched(0, impression("r1", 100.0))
-    assert labels(fixed, CORRECTION) == {("r1", 1): 1.0} and join.wanted() == []
+    fixed = join.event(2, event("r1", 1, 150.0), now=0)
     (s,) = [decode_sample(v) for _, v in records(fixed)]
-    assert (s.kind, s.elapsed, s.key) == (CORRECTION, 50.0, ("r1", 1, CORRECTION))
+    assert (s.kind, s.elapsed, s.key, s.label) == (CORRECTION, 50.0, ("r1", 1, CORRECTION), 1.0)
     assert join.event(3, event("r1", 1, 151.0), now=0) == [] and join.counts.duplicates == 1
     assert join.event(4, event("r1", 0, 201.0), now=0) == [] and join.counts.late == 1  # past 100 s
     assert (join.counts.positives, join.counts.corrections) == (1, 2)
     # held until its attribution window is over and every sample acked: a restart rebuilds it
     ack_all(join, fixed)
-    assert join.committable()[IMPRESSIONS] == 0
+    assert join.committable()[IMPRESSIONS] == 0 and join.spill.bytes > 0
     join.caught_up(EVENTS)
-    join.impression(2, impression("r3", 200.5), now=0)
-    ack_all(join, join.advance(now=0))  # r2 closes; r1's attribution (200) ends
-    assert "r1" not in join.requests and join.committable() == (1, 5)
+    join.impression(2, impression("r3", 230.5), now=0)
+    ack_all(join, join.advance(now=0))  # r2 closes; r1's (200) and r2's (211) attribution windows end
+    assert "r1" not in join.requests and join.committable() == (2, 5)
+    assert join.spill.bytes == len(impression("r3", 230.5))  # the segments of r1 and r2 are deleted
 
 
 def test_a_correction_whose_impression_is_gone_is_counted_lost(correcting):
@@ -297,15 +297,14 @@ def test_a_correction_whose_impression_is_gone_is_counted_lost(correcting):
     join.impression(0, impression("r1", 100.0), now=0)
     join.impression(1, impression("r2", 111.0), now=0)
     ack_all(join, join.advance(now=0))
-    join.event(0, event("r1", 1, 140.0), now=0)
-    assert join.fetched(0, None) == [] and join.counts.corrections_lost == 1
-    join.event(1, event("r1", 2, 141.0), now=0)
-    with pytest.raises(RecordError, match="offset 0 is request 'r2', not 'r1'"):  # the topic was recreated
-        join.fetched(0, impression("r2", 111.0))
+    join.spill.clear()  # the disk lost it
+    assert join.event(0, event("r1", 1, 140.0), now=0) == [] and join.counts.corrections_lost == 1
 
 
-def test_attribution_must_cover_the_first_horizon():
+def test_attribution_must_cover_the_first_horizon_and_have_a_spill():
     with pytest.raises(ValueError, match="attribution_s must be 0 .* or >= label_after_s"):
         PartitionJoin(label_after_s=10.0, counts=JoinCounts(), attribution_s=5.0)
+    with pytest.raises(ValueError, match="needs a spill"):
+        PartitionJoin(label_after_s=10.0, counts=JoinCounts(), attribution_s=50.0)
     with pytest.raises(ValueError, match="--attribution-s must be 0"):
         JoinConfig(label_after_s=10.0, attribution_s=5.0)

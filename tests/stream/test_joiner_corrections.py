@@ -1,6 +1,6 @@
-"""Impressions read back by offset (``stream.readback``) against the mock Kafka cluster, and the
-joiner's corrections through it: a click after the first horizon reaches the samples topic as a
-correction of the item, built from its impression read back."""
+"""The joiner's corrections against the mock Kafka cluster: a click after the first horizon reaches
+the samples topic as a correction of the item, built from its impression spilled to disk; the
+spill's directory is gone when the joiner stops."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
 
-from stream.config import kafka_settings
 from stream.joiner import Joiner
-from stream.readback import GAP, ImpressionReader
 from tests.helpers import wait_until
 from tests.stream.helpers import (
     N_ITEMS,
@@ -26,20 +24,13 @@ from tests.stream.helpers import (
 )
 
 
-def test_offsets_are_read_back_in_runs_and_those_the_partition_lacks_are_none(kafka):
-    topic = kafka.create_topic("readback-one", 1)
-    produce(kafka.bootstrap, topic, [("k", f"record {i}".encode()) for i in range(GAP + 10)])
-    reader = ImpressionReader({"bootstrap.servers": kafka.bootstrap, **kafka_settings("")}, topic)
-    try:
-        far = GAP + 9  # after a seek: further than GAP from the run before it
-        got = reader.read(0, [3, 0, far, 3, GAP + 50])
-        assert got == {0: b"record 0", 3: b"record 3", far: f"record {far}".encode(), GAP + 50: None}
-    finally:
-        reader.close()
-
-
-def test_a_click_after_the_first_horizon_is_corrected_from_its_impression_read_back(kafka):
-    cfg = replace(topics(kafka, "late-clicks"), label_after_s=1.0, attribution_s=3600.0)
+def test_a_click_after_the_first_horizon_is_corrected_from_its_impression_spilled(kafka, tmp_path):
+    cfg = replace(
+        topics(kafka, "late-clicks"),
+        label_after_s=1.0,
+        attribution_s=3600.0,
+        state_dir=str(tmp_path / "join"),
+    )
     t0 = time.time() - 60  # event time a minute ago: the first horizon is over as soon as it is read
     produce(kafka.bootstrap, cfg.impressions, [("a", impression("a", t0))])
     registry = CollectorRegistry()
@@ -55,6 +46,7 @@ def test_a_click_after_the_first_horizon_is_corrected_from_its_impression_read_b
 
     try:
         wait_until(lambda: samples.poll() >= N_ITEMS, 30, "a's first labels, every item negative")
+        assert [f.stat().st_size for f in (tmp_path / "join").glob("*/*.seg")] == [len(impression("a", t0))]
         produce(
             kafka.bootstrap,
             cfg.events,
@@ -72,4 +64,4 @@ def test_a_click_after_the_first_horizon_is_corrected_from_its_impression_read_b
         stop.set()
         thread.join(30)
         samples.close()
-    assert not joiner.fatal
+    assert not joiner.fatal and not list((tmp_path / "join").glob("*/*.seg"))  # its partitions' spills went
