@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from model_store.guards import read_guards
 from stream.guard import GuardConfig
 from stream.joiner import Joiner
-from stream.records import decode_sample
+from stream.records import LABEL, decode_sample
 from tests.helpers import wait_until
 from tests.stream.helpers import N_ITEMS, PARTS, TopicReader, event, impression, join_args, produce, topics
 
@@ -110,7 +110,7 @@ def test_an_outage_of_clicks_is_held_labelled_late_or_quarantined_and_replayed(k
         # every request of the first outage (and all others not quarantined) labelled as clicked
         for r in range(traffic.sent):
             for k in range(N_ITEMS):
-                key = (f"r{r}", k)
+                key = (f"r{r}", k, LABEL)
                 assert (key in labels) != (key in held), key
                 if key in labels:
                     assert labels[key] == float(k == r % N_ITEMS and key[0] not in dropped), key
