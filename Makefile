@@ -80,6 +80,8 @@ bench-train: $(STAMP) $(GEN)
 bench-e2e: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_e2e
 
+# Hot swaps under load behind recserve serve --workers auto, as deployed (--frontend torchserve:
+# recserve up's TorchServe handler), both lookup modes, two rounds.
 bench-swap: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_swap
 

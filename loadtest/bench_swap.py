@@ -1,27 +1,35 @@
 """``make bench-swap``: hot swaps under load.
 
     python -m loadtest.bench_swap [--duration 90] [--rate 50] [--deltas 10] [--delta-rows 10000]
+                                  [--frontend serve|torchserve] [--workers auto|N]
                                   [--lookups remote,colocated] [--rounds 2]
                                   [--serving-dtype float32[,int8]] [--quick] [--results-dir DIR]
 
 Trains two versions into a temporary model store from the same schema file but on *different
 data* (v1 on the first half of the training split, v2 on the second, so their fitted dense
-statistics differ, as in a daily retrain; v1 published, v2 held back), starts the local stack,
-and runs locust (200-item JSON requests) at a fixed rate for ``--duration`` s. Meanwhile: after a
+statistics differ, as in a daily retrain; v1 published, v2 held back), starts the frontend, and
+runs locust (200-item JSON requests) at a fixed rate for ``--duration`` s. Meanwhile: after a
 steady period, ``--deltas`` deltas of ``--delta-rows`` changed rows each are published into the
 served version (one every few seconds, by ``training.follow.cut.DeltaWriter``, in the version's
-serving dtype), then v2 is published (the PS shards map v2 beside v1; the controller waits until
-every shard serves v2, then registers v2's dense model in TorchServe, makes it the default, lets
-v1 drain and unregisters it: the last event's window ends when TorchServe no longer lists v1).
+serving dtype), then v2 is published.
 
-The whole schedule runs once per lookup mode of the handler (``--lookups``), ``--rounds`` times,
+What answers (``--frontend``, ``loadtest.swap_frontends``): by default ``recserve serve --workers
+auto``, the frontend as deployed (token auth on; ``--workers N``: another count), each worker
+process following the store on its own: it applies the deltas to its co-located shards, and loads
+v2 beside v1 (remote: once every PS shard serves v2), switches, and closes v1 ``drain_s`` later.
+Or ``torchserve``: ``recserve up``'s TorchServe with the scoring handler (the PS shards map v2
+beside v1; the controller waits until every shard serves v2, then registers v2's dense model in
+TorchServe, makes it the default, lets v1 drain and unregisters it: the last event's window ends
+when TorchServe no longer lists v1).
+
+The whole schedule runs once per lookup mode of the frontend (``--lookups``), ``--rounds`` times,
 interleaved (remote, colocated, remote, ...), each on a fresh copy of the two trained versions:
-``remote`` (rows through the worker and the PS shards) and ``colocated`` (the handler maps the
-version's shard files and applies its deltas itself; the PS shards still run). With several
-``--serving-dtype`` values (``float32,int8``) all of it runs once per dtype, each dtype's versions
-and deltas written in it.
+``remote`` (rows through the embedding worker and the PS shards) and ``colocated`` (the scoring
+process maps the version's shard files and applies its deltas itself; behind TorchServe the PS
+shards still run, behind ``recserve serve`` none does). With several ``--serving-dtype`` values
+(``float32,int8``) all of it runs once per dtype, each dtype's versions and deltas written in it.
 
-Every response's ``versions`` are recorded: a response is *mixed* when the embedding version it
+Every response's ``versions`` and process are recorded: a response is *mixed* when the embedding version it
 read (any shard) differs from its dense model's version. Each event's window runs from its publish
 until it is live everywhere a request reads it (``loadtest/swap_analysis.py``): steady p50/p99
 against during-swap p50/p99 (the first delta included), one row per event (its window, requests,
@@ -33,7 +41,9 @@ swap / steady), ``p99_during_deltas_ms`` and ``p99_deltas_ratio`` (the deltas' w
 ``placebo_deltas_ratio`` {p50, p90} (that ratio for the same windows placed where no delta is:
 the noise it is compared with), ``first_delta_p99_ms``, ``full_switch_window_s``,
 ``delta_visible_p50/p99_s`` (publish -> the first response that read it), ``delta_ps_live_p99_s``
-(every PS shard), ``stages``, ``per_event``; ``summary``: per dtype and mode, every round's p99s
+(every PS shard; 0 with none), ``stages``, ``per_event``, ``per_process`` (per worker process that
+answered: its requests, failures, mixed responses, p99 steady and during swaps, delta_visible_p99_s);
+``summary``: per dtype and mode, every round's p99s
 and the worst ratio) and
 swap-<lookups>-<dtype>-<round>.png (latency over time with every event marked). ``--quick``: 2
 deltas and the switch in 16 s of load, co-located lookups only, one round, one epoch of training.
@@ -62,8 +72,8 @@ from loadtest.common import (
     train_version,
     write_results,
 )
-from loadtest.processes import wait_for
 from loadtest.swap_analysis import analyse, plot
+from loadtest.swap_frontends import FRONTENDS, started
 
 
 def train_versions(root: Path, epochs: int = 2, serving_dtype: str = "float32") -> list[str]:
@@ -85,38 +95,12 @@ def train_versions(root: Path, epochs: int = 2, serving_dtype: str = "float32") 
     return fingerprints
 
 
-class Shards:
-    """Polls every PS shard's Stats: what (version, delta seq) each one serves."""
-
-    def __init__(self, addresses: list[str]):
-        from serving.ps.client import PSClient
-
-        self.clients = [PSClient(a, timeout_s=2.0) for a in addresses]
-
-    def serving(self) -> list[tuple[str, int]]:
-        out = []
-        for c in self.clients:
-            st = c.stats()
-            out.append((st["version"], st["delta_seq"]))
-        return out
-
-    def wait(self, pred, timeout_s: float = 30.0) -> float:
-        """When every shard's (version, delta seq) satisfies ``pred`` (time.time())."""
-        try:
-            return wait_for(
-                lambda: all(pred(v, s) for v, s in self.serving()), timeout_s, "shards live", poll_s=0.02
-            )
-        except TimeoutError as e:
-            raise TimeoutError(f"{e}: {self.serving()}") from None
-
-
-def swap_schedule(root: Path, stack, args, events: list[dict]) -> None:
+def swap_schedule(root: Path, front, args, events: list[dict]) -> None:
     """The swaps, run in a thread while locust runs. Appends {kind, start, live} per event."""
     import model_store as ms
     from model_store.releases import publish
     from training.follow.cut import DeltaWriter
 
-    shards = Shards(stack.state.ps)
     rng = np.random.default_rng(0)
     time.sleep(args.steady_s)
     writer = DeltaWriter(root, "criteo")
@@ -127,26 +111,14 @@ def swap_schedule(root: Path, stack, args, events: list[dict]) -> None:
             signs, writer.lookup(signs) + rng.normal(0, 0.01, (len(signs), writer.dim)).astype(np.float32)
         )
         seq, _, published = writer.publish()
-        live = shards.wait(lambda v, s, seq=seq: s >= seq)
+        live = front.delta(seq, published)
         events.append({"kind": "delta", "seq": seq, "start": published, "live": live})
         time.sleep(max(0.0, args.delta_every_s - (time.time() - published)))
     time.sleep(args.delta_every_s)
-    v2 = ms.versions(root, "criteo")[-1]
+    old, v2 = ms.versions(root, "criteo")
     t0 = time.time()
     publish(root, "criteo", v2)
-    live = shards.wait(lambda v, s: v == v2, timeout_s=120)
-    events.append({"kind": "full version switch", "version": v2, "start": t0, "live": live})
-    from serving.stack.state import read_state
-
-    # the controller's record: registered + default
-    dense_live = wait_for(lambda: read_state(stack.run_dir).dense_version == v2, 120, "dense version switch live",
-                          poll_s=0.05)  # fmt: skip
-    events.append({"kind": "dense version switch", "version": v2, "start": live, "live": dense_live})
-    # the controller drains the old dense version, then unregisters it (its worker process exits)
-    mgmt, old = stack.dense.management(), ms.versions(root, "criteo")[0]
-    retired = wait_for(lambda: old not in {d.get("modelVersion") for d in mgmt.describe("criteo", "all")}, 60,
-                       "old dense version unregistered", poll_s=0.05)  # fmt: skip
-    events.append({"kind": "old dense version retired", "version": old, "start": dense_live, "live": retired})
+    events.extend(front.switch(root, v2, old, t0))
     time.sleep(args.after_s)  # responses after the switch count too
 
 
@@ -175,23 +147,20 @@ def run(args) -> list[dict]:
 
 
 def run_mode(root: Path, lookups: str, dtype: str, round_: int, args) -> dict:
-    from serving.stack.local import LocalStack, StackConfig
-
     work = root.parent
-    cfg = StackConfig(store=str(root), model="criteo", http_port=0, management_port=0, metrics_port=0,
-                      disable_token_auth=True, poll_s=args.poll_s, lookups=lookups)  # fmt: skip
-    print(f"round {round_}, {dtype}: starting the stack, lookups {lookups} (token auth disabled for this "
-          "local benchmark) ...", flush=True)  # fmt: skip
-    with LocalStack(cfg) as stack:
+    print(f"round {round_}, {dtype}: starting {args.frontend}, lookups {lookups} ...", flush=True)
+    with started(args.frontend, root, lookups, work, args) as front:
         timeline = work / "timeline.txt"
         events: list[dict] = []
         t_start = time.time()
-        locust = start_locust_timeline(stack.state.inference, args.rate, args.duration, timeline)
+        locust = start_locust_timeline(
+            front.host, args.rate, args.duration, timeline, key_file=front.key_file
+        )
         errors: list[BaseException] = []
 
         def swaps():
             try:
-                swap_schedule(root, stack, args, events)
+                swap_schedule(root, front, args, events)
             except BaseException as e:  # reported after the run
                 errors.append(e)
 
@@ -210,9 +179,10 @@ def run_mode(root: Path, lookups: str, dtype: str, round_: int, args) -> dict:
         raise RuntimeError(f"{e} ({lookups} lookups, {dtype})") from None
     png = args.results_dir / f"swap-{lookups}-{dtype}-{round_}.png"
     plot(tl, t_start, figures["events"], png,
-         f"recserve ({lookups} lookups, {dtype} tables, round {round_}): scoring latency at {args.rate} req/s "
+         f"recserve {args.frontend} ({lookups} lookups, {dtype} tables, round {round_}): latency at {args.rate} req/s "
          "while deltas, a full version and a dense model are swapped in")  # fmt: skip
-    conditions = {"rate": args.rate, "duration_s": args.duration, "deltas": args.deltas,
+    conditions = {"frontend": args.frontend, "workers": front.workers, "rate": args.rate,
+                  "duration_s": args.duration, "deltas": args.deltas,
                   "delta_rows": args.delta_rows, "poll_s": args.poll_s, "serving_dtype": dtype,
                   "loadavg": os.getloadavg()}  # fmt: skip
     return {"lookups": lookups, "serving_dtype": dtype, "round": round_, **figures, "conditions": conditions}
@@ -238,6 +208,8 @@ def summary(runs: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from serving.scoring.lean import workers_flag
+
     p = parser(__doc__)
     p.add_argument("--duration", type=int, default=90)
     p.add_argument("--rate", type=int, default=50)
@@ -248,7 +220,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll-s", type=float, default=0.2)
     p.add_argument("--epochs", type=int, default=2, help="each version's training epochs")
     p.add_argument("--after-s", type=float, default=5.0, help="load kept on after the dense switch")
-    p.add_argument("--lookups", default="remote,colocated", help="the handler's lookup modes, one run each")
+    p.add_argument(
+        "--frontend",
+        default="serve",
+        choices=FRONTENDS,
+        help="what answers: recserve serve (as deployed) or recserve up's TorchServe handler",
+    )
+    p.add_argument(
+        "--workers",
+        default="auto",
+        type=workers_flag,
+        metavar="N|auto",
+        help="recserve serve's worker processes (auto, its default: one per CPU)",
+    )
+    p.add_argument("--lookups", default="remote,colocated", help="the frontend's lookup modes, one run each")
     p.add_argument("--rounds", type=int, default=2, help="runs of every lookup mode, interleaved")
     p.add_argument(
         "--serving-dtype", default="float32", type=_dtypes,
@@ -272,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
                 [{**{k: r[k] for k in key}, **row} for r in runs for row in r["per_event"]],
                 [*key, "event", "window_s", "requests", "p50_ms", "p99_ms", "max_ms", "server_max_ms",
                  "worker_max_ms", "dense_max_ms"])  # fmt: skip
+    print_table("per worker process (X-Recserve-Pid; -1: not named, as TorchServe's)",
+                [{**{k: r[k] for k in key}, "pid": pid, **row} for r in runs for pid, row in r["per_process"].items()],
+                [*key, "pid", "requests", "failures", "mixed_responses", "p99_steady_ms", "p99_during_swap_ms",
+                 "p99_ratio", "delta_visible_p99_s"])  # fmt: skip
     checks: dict[str, bool] = {}
     for r in runs:
         m = f"{r['serving_dtype']} {r['lookups']} round {r['round']}"

@@ -226,7 +226,7 @@ def start_locust_timeline(
 
 
 TIMELINE_COLUMNS = ("end_time", "ms", "failed", "mixed", "dense_version", "delta_seq",
-                    "server_ms", "worker_ms", "dense_ms")  # fmt: skip
+                    "server_ms", "worker_ms", "dense_ms", "pid")  # fmt: skip
 """One line per request of ``loadtest/locust_timeline.py``'s ``--timeline-out``."""
 
 

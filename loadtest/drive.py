@@ -34,16 +34,18 @@ def request_bodies(columns: bool = False) -> list[bytes]:
 
 # ---- CPU accounting (robust to a shared machine: CPU time, not wall time) ------------------------
 def stack_processes(state: StackState) -> dict[str, list[int]]:
-    """Role -> pids: the PS shards, the worker, TorchServe's JVM and its Python handler processes."""
+    """Role -> pids: the PS shards, the worker, TorchServe's JVM, its Python handler processes and
+    the controller (the last three only in a stack with TorchServe)."""
     pids = state.pids
-    ts = int(pids["torchserve"])
-    return {
-        "ps": [int(p) for k, p in pids.items() if k.startswith("ps")],
-        "worker": [int(pids["worker"])],
-        "torchserve_frontend": [ts],
-        "handler": descendants(ts),
-        "controller": [int(pids["controller"])],
-    }
+    roles = {"ps": [int(p) for k, p in pids.items() if k.startswith("ps")], "worker": [int(pids["worker"])]}
+    if "torchserve" in pids:
+        ts = int(pids["torchserve"])
+        roles |= {
+            "torchserve_frontend": [ts],
+            "handler": descendants(ts),
+            "controller": [int(pids["controller"])],
+        }
+    return roles
 
 
 def cpu_snapshot(procs: dict[str, list[int]]) -> dict[str, Usage]:

@@ -3,12 +3,13 @@ end time, latency, outcome and the versions that answered, written to ``--timeli
 run stops. ``loadtest/bench_swap.py`` plots latency over time with the swap events on it.
 
 One line per request: ``end_time ms failed mixed dense_version delta_seq server_ms worker_ms
-dense_ms``; ``mixed`` is 1 when the response's embedding version (or any shard's) differs from its
+dense_ms pid``; ``mixed`` is 1 when the response's embedding version (or any shard's) differs from its
 dense version; ``dense_version`` is -1 when the response named none (a failure); ``delta_seq`` is
 the lowest delta seq among the shards the response read (-1: none, or not named); the last three
 are the handler's ``Server-Timing`` stages (``serving.scoring.loop``: the whole request in the
 handler, its lookup, its dense run; -1 when the response has no such header), so a slow request
-says whether it was slow in the lookup, the dense model or waiting outside the handler.
+says whether it was slow in the lookup, the dense model or waiting outside the handler; ``pid`` is
+the process that answered (``recserve serve``'s ``X-Recserve-Pid``; -1: not named, as TorchServe's).
 ``loadtest.common.read_timeline`` reads it (``TIMELINE_COLUMNS``)."""
 
 from __future__ import annotations
@@ -58,11 +59,28 @@ def _stages(response) -> list[float]:
     return [got.get(s, -1.0) for s in _STAGES]
 
 
+def _pid(response) -> str:
+    """The process that answered (``X-Recserve-Pid``), -1 when not named."""
+    header = getattr(response, "headers", None)
+    pid = (header.get("X-Recserve-Pid") if header is not None else None) or ""
+    return pid if pid.isdigit() else "-1"
+
+
 @events.request.add_listener
 def _record(response_time, exception, response=None, **_) -> None:
     mixed, dense, seq = _versions(response) if not exception else (0, "-1", -1)
     stages = _stages(response) if response is not None else [-1.0] * len(_STAGES)
-    _timeline.append((time.time(), float(response_time), 1 if exception else 0, mixed, dense, seq, *stages))
+    row = (
+        time.time(),
+        float(response_time),
+        1 if exception else 0,
+        mixed,
+        dense,
+        seq,
+        *stages,
+        _pid(response),
+    )
+    _timeline.append(row)
 
 
 @events.quitting.add_listener
@@ -71,6 +89,6 @@ def _dump(environment, **_) -> None:
     if out:
         with open(out, "w") as f:
             f.writelines(
-                f"{t:.6f} {ms:.4f} {failed} {mixed} {dense} {seq} {' '.join(f'{x:.3f}' for x in stages)}\n"
-                for t, ms, failed, mixed, dense, seq, *stages in _timeline
+                f"{t:.6f} {ms:.4f} {failed} {mixed} {dense} {seq} {' '.join(f'{x:.3f}' for x in stages)} {pid}\n"
+                for t, ms, failed, mixed, dense, seq, *stages, pid in _timeline
             )

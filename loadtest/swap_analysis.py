@@ -4,10 +4,13 @@ cut into steady and swap windows, p50/p99 of each, one row per event, and the pl
 An event's window runs from its publish until it is live *everywhere a request reads it*: a delta
 until every PS shard reports its seq AND the responses show it applied (the first response that
 read it ended, and no response started after the publish still read an older seq), so a stall of
-the first lookups over a new delta -- in the handler's co-located shards, which apply deltas on
-their own poll, after the PS shards -- falls inside its window; the full switch until every shard
-serves the new version; the dense switch until TorchServe's default is the new version; the old
-dense version's retirement until TorchServe no longer lists it (its worker exits). A request
+the first lookups over a new delta -- in the scoring process's co-located shards, which apply deltas
+on their own notice, after the PS shards -- falls inside its window; the full switch until every
+shard serves the new version. Behind TorchServe: the dense switch until TorchServe's default is the
+new version; the old dense version's retirement until TorchServe no longer lists it (its worker
+exits). Behind ``recserve serve``: the frontend's switch until every worker process has answered
+from the new version (each one's first such response) and then closed the old one (``drain_s``
+later). A request
 is *during a swap* when it overlaps any window; *steady* when it started after a 3 s ramp-up,
 ended before the full version's publish and overlaps no window nor the second after one: the
 quiet stretches before and between the deltas. So the baseline is measured over the same minute as
@@ -32,6 +35,9 @@ from loadtest.common import TIMELINE_COLUMNS
 RAMP_UP_S = 3.0
 GUARD_S = 1.0
 """Requests that start within this long after an event's window are neither steady nor in it."""
+FRONTEND_SWITCH = "frontend version switch"
+SWITCHES = ("dense version switch", FRONTEND_SWITCH)
+"""The event after which every response reads the new version (TorchServe's, recserve serve's)."""
 PLACEBO_DRAWS = 500
 
 
@@ -44,6 +50,8 @@ class Timeline:
         self.start = self.end - self.ms / 1e3
         self.failed = self.cols["failed"].astype(bool)
         self.seq = self.cols["delta_seq"]
+        self.dense = self.cols["dense_version"]
+        self.pid = self.cols["pid"]
 
     def figures(self, mask: np.ndarray) -> dict:
         """requests, p50/p99/max latency (ms) of the requests in ``mask`` and the p99/max of
@@ -60,11 +68,11 @@ class Timeline:
         return out
 
 
-def delta_applied(t: Timeline, e: dict, before: float) -> float:
-    """When delta ``e`` was live in the responses: the first response that read it ended, and
-    no response started after its publish (and before ``before``, the next version) read an
-    older seq any more. Raises when no response read it."""
-    after = (t.end >= e["start"]) & (t.start < before) & ~t.failed
+def delta_applied(t: Timeline, e: dict, before: float, of: np.ndarray | None = None) -> float:
+    """When delta ``e`` was live in the responses (``of``: those of one process): the first
+    response that read it ended, and no response started after its publish (and before
+    ``before``, the next version) read an older seq any more. Raises when no response read it."""
+    after = (t.end >= e["start"]) & (t.start < before) & ~t.failed & (True if of is None else of)
     seen = t.end[after & (t.seq >= e["seq"])]
     if not len(seen):
         raise RuntimeError(f"no response read delta {e['seq']}")
@@ -72,18 +80,37 @@ def delta_applied(t: Timeline, e: dict, before: float) -> float:
     return float(max(seen.min(), stale.max() if len(stale) else 0.0))
 
 
+def switched(t: Timeline, e: dict) -> dict[int, float]:
+    """Per process (pid), when it answered from ``e``'s version: the end of its first response that
+    started after the publish and read it. Raises when a process that answered after the publish
+    never read it (it did not switch)."""
+    after = (t.start >= e["start"]) & ~t.failed
+    out = {}
+    for pid in np.unique(t.pid[after]):
+        new = after & (t.pid == pid) & (t.dense == int(e["version"]))
+        if not new.any():
+            raise RuntimeError(f"process {int(pid)} never answered from version {e['version']}")
+        out[int(pid)] = float(t.end[new].min())
+    return out
+
+
 def analyse(tl: np.ndarray, events: list[dict], t_start: float) -> dict:
     """The figures of one run (one lookup mode, one serving dtype): steady against during swaps,
     each event's window, and when each delta became visible. ``events`` (from the swap schedule:
-    kind, start, live, a delta's seq) gain ``applied`` (deltas) and ``end`` (their window's end)."""
+    kind, start, live, a delta's seq; the frontend's switch: its version and ``drain_s``) gain
+    ``applied`` (deltas; the frontend's switch: its last process's first response from the new
+    version) and ``end`` (their window's end)."""
     t = Timeline(tl)
-    full = next(e for e in events if e["kind"] == "full version switch")
-    dense_live = next(e for e in events if e["kind"] == "dense version switch")["live"]
+    full = next(e for e in events if e["kind"] != "delta")  # the new version's publish
     for e in events:
         e["end"] = e["live"]
         if e["kind"] == "delta":
             e["applied"] = delta_applied(t, e, full["start"])
             e["end"] = max(e["live"], e["applied"])
+        elif e["kind"] == FRONTEND_SWITCH:
+            e["applied"] = max(switched(t, e).values())
+            e["end"] = max(e["live"], e["applied"] + e["drain_s"] + GUARD_S)  # the old scorers closed
+    dense_live = next(e for e in events if e["kind"] in SWITCHES)["end"]
     near = np.zeros(len(t.ms), bool)
     for e in events:
         near |= (t.end >= e["start"]) & (t.start <= e["end"] + GUARD_S)
@@ -105,6 +132,8 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float) -> dict:
                                    (t_start + RAMP_UP_S, full["start"]), s["p99_ms"])  # fmt: skip
     visible = [e["applied"] - e["start"] for e in deltas]
     ps_live = [e["live"] - e["start"] for e in deltas]
+    per_process = {str(int(pid)): _process(t, t.pid == pid, steady, in_swap, deltas, full["start"])
+                   for pid in np.unique(t.pid[~t.failed])}  # fmt: skip
     return {
         "requests": int(len(t.ms)),
         "failures": int(t.failed.sum()),
@@ -127,12 +156,30 @@ def analyse(tl: np.ndarray, events: list[dict], t_start: float) -> dict:
         "first_delta_p99_ms": rows[0]["p99_ms"],
         "full_switch_window_s": round(dense_live - full["start"], 3),
         "full_switch_p99_ms": t.figures(in_full)["p99_ms"],
-        "delta_visible_p50_s": round(float(np.percentile(visible, 50)), 3),
-        "delta_visible_p99_s": round(float(np.percentile(visible, 99)), 3),
-        "delta_ps_live_p99_s": round(float(np.percentile(ps_live, 99)), 3),
+        "delta_visible_p50_s": _pct(np.asarray(visible), 50),
+        "delta_visible_p99_s": _pct(np.asarray(visible), 99),
+        "delta_ps_live_p99_s": _pct(np.asarray(ps_live), 99),
         "stages": {"steady": _stages(s), "during_swap": _stages(w)},
         "per_event": rows,
+        "per_process": per_process,
         "events": [_relative(e, t_start) for e in events],
+    }
+
+
+def _process(t: Timeline, of: np.ndarray, steady: np.ndarray, in_swap: np.ndarray, deltas: list[dict],
+             before: float) -> dict:  # fmt: skip
+    """One scoring process's figures (the responses ``of`` it: its X-Recserve-Pid): requests,
+    failures, mixed responses, p99 steady and during swaps, and when it read each delta."""
+    s, w = t.figures(steady & of), t.figures(in_swap & of)
+    visible = [delta_applied(t, e, before, of) - e["start"] for e in deltas]
+    return {
+        "requests": int(of.sum()),
+        "failures": int((t.failed & of).sum()),
+        "mixed_responses": int(t.cols["mixed"][of].astype(bool).sum()),
+        "p99_steady_ms": s["p99_ms"],
+        "p99_during_swap_ms": w["p99_ms"],
+        "p99_ratio": _ratio(w["p99_ms"], s["p99_ms"]),
+        "delta_visible_p99_s": _pct(np.asarray(visible), 99),
     }
 
 
@@ -197,7 +244,7 @@ def plot(tl: np.ndarray, t_start: float, events: list[dict], path: Path, title: 
     if t.failed.any():
         ax.scatter(x[t.failed], t.ms[t.failed], s=12, color="red", marker="x", label="failed")
     colors = {"delta": "tab:green", "full version switch": "tab:orange", "dense version switch": "tab:purple",
-              "old dense version retired": "tab:gray"}  # fmt: skip
+              "old dense version retired": "tab:gray", FRONTEND_SWITCH: "tab:purple"}  # fmt: skip
     seen = set()
     for e in events:
         c = colors[e["kind"]]

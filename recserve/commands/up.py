@@ -30,14 +30,19 @@ def run_up(cfg: StackConfig) -> int:
     for shard in s.shards:
         print(f"  ps shard {shard.shard} ({shard.address}): version {shard.version}, "
               f"delta {shard.delta_seq}, {shard.rows} rows")  # fmt: skip
-    print(f"endpoint: POST {s.endpoint}")
     metrics = ", ".join(
         f"{name} http://{address}/metrics" for name, address in sorted(s.metrics_endpoints.items())
     )
     print(f"metrics: {metrics}\n  (Prometheus targets: {stack.run_dir / 'prometheus-targets.json'})")
-    if s.token_auth:
-        print(f"token auth is ON: send 'Authorization: Bearer <inference key>' from {s.key_file}")
+    if not s.endpoint:
+        print(
+            f"no TorchServe (--no-torchserve): score with recserve serve --lookups remote --worker {s.worker}"
+        )
+    elif s.token_auth:
+        print(f"endpoint: POST {s.endpoint}\ntoken auth is ON: send 'Authorization: Bearer <inference key>' "
+              f"from {s.key_file}")  # fmt: skip
     else:
+        print(f"endpoint: POST {s.endpoint}")
         print("token auth is OFF (--no-token-auth): anyone on this host can call the APIs")
     if s.tls:
         client = s.tls["client"]

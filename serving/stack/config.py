@@ -50,6 +50,10 @@ class StackConfig:
     """Where the handler runs the dense model: cpu, cuda or auto (docs/serving.md)."""
     disable_token_auth: bool = field(default=False, metadata={"flag": "no-token-auth"})
     """Turn TorchServe token auth OFF (it is on by default; `up` says which)."""
+    torchserve: bool = True
+    """Start TorchServe with the scoring handler and the controller that keeps its dense model on
+    CURRENT; --no-torchserve starts the PS shards and the embedding worker alone, for `recserve serve
+    --lookups remote --worker <the worker>` in front, as the Kubernetes manifests run them."""
     ts_workers: int = 1
     """TorchServe handler processes."""
     batch_size: int = 1

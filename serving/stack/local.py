@@ -6,7 +6,8 @@ version's embeddings, waits until every one serves that version, starts a ``recs
 them (a shard's replicas in one ``--ps`` entry, ``serving.worker.replicas``) and TorchServe with the
 model registered, waits until every part is healthy, writes ``<run_dir>/stack.json`` (pids, ports,
 endpoint, the command of each process) and starts the controller and the supervisor
-(``serving.stack.supervisor``: restarts any process that dies). ``stop()`` -- or ``recserve
+(``serving.stack.supervisor``: restarts any process that dies). With ``--no-torchserve`` neither
+TorchServe nor the controller: the PS shards and the worker alone, for ``recserve serve`` in front. ``stop()`` -- or ``recserve
 down``, from another process -- stops the supervisor first, then exactly the processes listed
 there. Never serve nothing: a shard that refuses the version (or has not
 loaded it after ``startup_timeout_s``) fails ``start`` with every shard's reason, after stopping
@@ -95,11 +96,12 @@ class LocalStack:
         try:
             self._start_ps(vdir, manifest, ps_ports, logs)
             self._start_worker(vdir, ps_ports, worker_port, logs)
-            self._start_torchserve(vdir, version, worker_port)
-            self._write_state()
-            port = self._metrics_port("controller")
-            self._spawn("controller", ["controller", "--run-dir", str(self.run_dir), "--poll-s", str(cfg.poll_s),
-                                       "--metrics-port", str(port)], logs / "controller.log")  # fmt: skip
+            if cfg.torchserve:  # and its controller; else the PS shards and the worker alone
+                self._start_torchserve(vdir, version, worker_port)
+                self._write_state()
+                port = self._metrics_port("controller")
+                self._spawn("controller", ["controller", "--run-dir", str(self.run_dir), "--poll-s", str(cfg.poll_s),
+                                           "--metrics-port", str(port)], logs / "controller.log")  # fmt: skip
             write_prometheus_targets(self.run_dir, self.state)
             self._write_state()
             if cfg.supervise:  # last: it restarts what it finds dead in stack.json

@@ -5,11 +5,12 @@ from loadtest.common import TIMELINE_COLUMNS, Stopwatch, call_times, median_us, 
 
 def test_a_timeline_reads_as_one_row_per_request_whatever_its_length(tmp_path):
     path = tmp_path / "timeline.txt"
-    path.write_text("1700000000.5 4.25 0 0 1 3 3.5 2.0 1.0\n1700000000.7 9.5 1 0 -1 -1 -1 -1 -1\n\n")
+    path.write_text("1700000000.5 4.25 0 0 1 3 3.5 2.0 1.0 4242\n1700000000.7 9.5 1 0 -1 -1 -1 -1 -1 -1\n\n")
     tl = read_timeline(path)
     assert tl.shape == (2, len(TIMELINE_COLUMNS))
     np.testing.assert_array_equal(tl[:, TIMELINE_COLUMNS.index("delta_seq")], [3, -1])
     np.testing.assert_array_equal(tl[:, TIMELINE_COLUMNS.index("worker_ms")], [2.0, -1])
+    np.testing.assert_array_equal(tl[:, TIMELINE_COLUMNS.index("pid")], [4242, -1])  # who answered
     path.write_text("")
     assert read_timeline(path).shape == (0, len(TIMELINE_COLUMNS))
 

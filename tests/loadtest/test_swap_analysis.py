@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from loadtest.common import TIMELINE_COLUMNS
 from loadtest.swap_analysis import analyse
@@ -56,3 +57,38 @@ def test_the_deltas_ratio_comes_with_the_same_windows_where_no_delta_is():
     placebo = result["placebo_deltas_ratio"]
     assert result["p99_steady_ms"] == 9.0 and result["p99_deltas_ratio"] > 3
     assert placebo["draws"] > 400 and placebo["p50"] <= placebo["p90"] <= 1.0
+
+
+def _two_workers(switch_at: dict[int, float]) -> np.ndarray:
+    """Workers 101 and 102 answering 5 ms requests every 0.1 s each from 3 s to 20 s, version 1
+    until their switch to version 2 at ``switch_at[pid]``."""
+    tl = _timeline(
+        [(3.0 + 0.1 * k + 0.05 * (pid - 101), 5.0, -1, 1.0) for k in range(170) for pid in (101, 102)]
+    )
+    col = TIMELINE_COLUMNS.index
+    tl[:, col("pid")] = np.tile([101, 102], 170)
+    for pid, at in switch_at.items():
+        tl[(tl[:, col("pid")] == pid) & (tl[:, col("end_time")] > at), col("dense_version")] = 2
+    return tl
+
+
+def test_the_frontends_switch_lasts_until_its_last_worker_answers_from_the_new_version_and_drains():
+    events = [
+        {"kind": "frontend version switch", "version": "2", "start": 10.0, "live": 11.5, "drain_s": 2.0}
+    ]
+    result = analyse(_two_workers({101: 10.3, 102: 10.8}), events, t_start=0.0)
+    (switch,) = result["events"]
+    # worker 102's first response from version 2 ended at 10.85; its old scorer closes 2 s later
+    assert switch["applied"] == 10.85 and switch["end"] == 10.85 + 2.0 + 1.0
+    assert result["full_switch_window_s"] == 3.85 and result["mixed_responses"] == 0
+    workers = result["per_process"]
+    assert set(workers) == {"101", "102"} and all(w["requests"] == 170 for w in workers.values())
+    assert workers["101"]["p99_steady_ms"] == 5.0 and workers["101"]["p99_ratio"] == 1.0
+
+
+def test_a_worker_that_never_answers_from_the_new_version_fails_the_run():
+    events = [
+        {"kind": "frontend version switch", "version": "2", "start": 10.0, "live": 11.5, "drain_s": 2.0}
+    ]
+    with pytest.raises(RuntimeError, match="process 102 never answered from version 2"):
+        analyse(_two_workers({101: 10.3}), events, t_start=0.0)

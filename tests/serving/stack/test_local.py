@@ -18,7 +18,7 @@ from features.codec import encode
 from features.readers import to_records
 from features.schema import load_schema
 from features.transform import transform
-from serving.scoring.client import ScoringClient
+from serving.scoring.client import ScoringClient, requests_from_file
 from serving.stack.down import down
 from serving.stack.local import LocalStack, StackConfig
 from tests.helpers import ROOT, gone, wait_until
@@ -147,6 +147,31 @@ def test_down_stops_exactly_what_up_started(trained, tmp_path):
         wait_until(lambda: all(gone(pid) for pid in pids.values()), 10, f"{sorted(pids)} gone")
     finally:
         s.stop()  # whatever `down` left (nothing when the test passes); reaps our children
+
+
+def test_no_torchserve_starts_the_ps_shards_and_the_worker_alone_for_a_scorer_in_front(trained, tmp_path):
+    # --no-torchserve: what recserve serve --lookups remote needs, as the Kubernetes manifests run it
+    from serving.scoring.config import ScoringConfig
+    from serving.scoring.core import JSON, Scorer
+    from serving.scoring.loop import score
+
+    root, result = trained
+    cfg = StackConfig(store=str(root), model="criteo", run_dir=str(tmp_path / "run"), torchserve=False)
+    s = LocalStack(cfg).start()
+    try:
+        pids = dict(s.state.pids)
+        assert set(pids) == {"ps0", "ps1", "worker", "supervisor"} and s.state.endpoint == ""
+        scorer = Scorer(ScoringConfig(result.version_dir, lookups="remote", worker=s.state.worker))
+        try:
+            body = next(iter(requests_from_file(TEST, "data/schemas/criteo.yaml", 200, 200)))[0]
+            reply = score(scorer, body, JSON)
+        finally:
+            scorer.close()
+        assert reply.status == 200 and reply.versions["embedding"] == s.state.version
+        assert sorted(down(tmp_path / "run")) == sorted(pids)
+        wait_until(lambda: all(gone(pid) for pid in pids.values()), 10, f"{sorted(pids)} gone")
+    finally:
+        s.stop()
 
 
 def test_prometheus_evaluates_every_dashboard_query_and_alert_on_the_live_stack(
