@@ -8,8 +8,10 @@ TorchServe's handler (``handlers/recserve_handler.py``, on a thread of its worke
    nothing to do when it is served already or was refused;
 2. the one gate (``model_store.validate`` against the served manifest);
 3. a new ``Scorer`` loads beside the serving one -- mapping its co-located shards, and warming up
-   until every remote shard holds the version -- unless an experiment's arm serves that version
-   already (a promoted candidate): its scorer is taken over;
+   until every remote shard holds the version; in the host's turn, so that the workers of a
+   frontend load one at a time while the others serve, with the GIL handed over finely meanwhile
+   (``serving.priority.loading_beside_requests``) -- unless an experiment's arm serves that
+   version already (a promoted candidate): its scorer is taken over;
 4. it replaces the served one in one reference assignment (``on_switch`` is told at once);
 5. the replaced scorer keeps its resources ``drain_s`` for requests that took it, then is closed.
 
@@ -42,6 +44,7 @@ import model_store as ms
 from serving import memory
 from serving.freshness import follow_notices
 from serving.notices import AsyncWake, Wake
+from serving.priority import loading_beside_requests
 from serving.scoring.core import Scorer
 from serving.scoring.experiments import ArmsFollower
 from serving.versions import VersionTarget
@@ -120,9 +123,7 @@ class ScorerFollower:
             ms.validate(self.store, self.model, target, old.manifest if old else None, verify=False)
             vdir = ms.version_dir(self.store, self.model, target)
             # an arm's scorer of that version (a promoted candidate) serves on, not loaded twice
-            new = self.arms.take(target) or Scorer(
-                replace(self.scoring, version_dir=str(vdir)), notices=self.notices
-            )
+            new = self.arms.take(target) or self._load(vdir)
         except (ms.ModelStoreError, ValueError) as e:  # final: this version will not load as it is
             why = f"version {target} refused: {e}"
             self.versions.refuse(target, why)
@@ -146,6 +147,12 @@ class ScorerFollower:
             if not self.arms.adopt(old):  # an arm of the experiment still serves it
                 old.close()
         return target
+
+    def _load(self, vdir: Path) -> Scorer:
+        """A scorer of the version at ``vdir``, loaded in the host's turn while requests go on
+        (``serving.priority.loading_beside_requests``)."""
+        with loading_beside_requests():
+            return Scorer(replace(self.scoring, version_dir=str(vdir)), notices=self.notices)
 
     def not_serving_reason(self) -> str:
         return self.versions.not_serving(self.versions.target(), self.failure)

@@ -36,3 +36,21 @@ def test_a_waiter_gets_the_slot_when_it_is_freed(tmp_path):
     with host_slot("apply", 1, str(tmp_path), wait_s=10) as held:
         assert held
     t.join(10)
+
+
+def test_a_load_beside_requests_takes_a_turn_and_hands_the_gil_over_finely_until_it_is_done(
+    tmp_path, monkeypatch
+):
+    import sys
+
+    from serving import priority
+
+    monkeypatch.setattr(priority, "LOAD_SLOTS", 1)  # one load at a time on this host
+    before = sys.getswitchinterval()
+    with priority.loading_beside_requests(str(tmp_path)):
+        assert sys.getswitchinterval() == priority.FOLLOW_SWITCH_S
+        with host_slot("load", 1, str(tmp_path), wait_s=0.05) as other_worker:
+            assert not other_worker  # another worker's load waits for this one's turn
+    assert sys.getswitchinterval() == before
+    with host_slot("load", 1, str(tmp_path), wait_s=0.05) as next_worker:
+        assert next_worker  # and gets it once this load is done
