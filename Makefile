@@ -103,6 +103,14 @@ bench-stream: $(STAMP) $(GEN)
 bench-guard: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_guard
 
+# Clicks that come late (issue 58): drop them, wait for them all, or label fast and correct them
+# (--delayed-feedback fnw, esdfm), one arm after another over the same world of heavy-tailed click
+# delays, its event time scaled 30x (attribution 120 s, label-after 2 s), ~25 minutes; served AUC,
+# calibration against the final labels, event -> served: loadtest/results/delayed.json.
+.PHONY: bench-delayed
+bench-delayed: $(STAMP) $(GEN)
+	$(PY) -m loadtest.bench_delayed
+
 # An experiment decided by its rule on the joined stream (both frontends, control 80% / a fresher
 # candidate 10% / one trained on shuffled labels 10%, the watch role's --auto, A/A replays of the
 # run's samples, the split's p99 overhead): loadtest/results/experiment.json.

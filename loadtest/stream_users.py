@@ -6,9 +6,11 @@ reads the impressions topic (its own consumer group; ``--requests N`` writes N i
 first) and writes click events to the events topic,
 keyed by request id, one ``{request_id, item, label: 1.0, ts}`` per click. The click model
 (``UserModel``): an item is clicked with probability ``sigmoid(logit(ctr) + score_weight * (score
-- mean score of its request))`` -- users like what the model ranks high, a little -- after an
-exponential delay of mean ``delay_s`` (event time: the impression's ts plus the delay); a click is
-sent to the events topic when it happens, not when its impression is read. With
+- mean score of its request))`` -- users like what the model ranks high, a little -- after a
+delay (event time: the impression's ts plus the delay): exponential of mean ``delay_s``, or with
+``fast_share`` < 1 heavy-tailed, that share of the clicks so and the rest log-normal of median
+``tail_median_s`` (``make bench-delayed``: most clicks within seconds, a tail past the attribution
+window); a click is sent to the events topic when it happens, not when its impression is read. With
 ``--drift-weight W`` the world drifts: each item's taste rises and falls with event time (period
 ``--drift-period-s``), so popular items fall out of fashion and others rise, and a model that keeps
 learning has something to win (``make bench-stream``: W = 2, a period of 60 s: an item in fashion
@@ -54,7 +56,7 @@ class UserModel:
     score_weight: float = 2.0
     """How much more users click what the model scores high (logit per unit of score)."""
     delay_s: float = 5.0
-    """Mean delay from impression to click (exponential)."""
+    """Mean delay from impression to click (exponential) of the ``fast_share`` of clicks."""
     duplicate: float = 0.0
     """Share of clicks sent twice (clients retry)."""
     drift_weight: float = 0.0
@@ -75,10 +77,24 @@ class UserModel:
     drift_origin_s: float | None = None
     """Event time at which every taste is zero (each taste is then its change since that time: the
     world is the reference's at the origin and drifts away from it); None: tastes as above."""
+    clock_s: float = 0.0
+    """Event time at which the tastes' clock starts (taken off every ts, and off
+    ``drift_origin_s``): worlds started at other times with their own ``clock_s`` go the same way
+    (``make bench-delayed``'s arms, one after another)."""
+    fast_share: float = 1.0
+    """Share of clicks whose delay is exponential of mean ``delay_s``; the rest come after a
+    log-normal delay (``tail_median_s``, ``tail_sigma``): late feedback, a tail over a long
+    horizon. 1 (the default): every click exponential, the draws of a world without a tail."""
+    tail_median_s: float = 60.0
+    """Median delay of the clicks outside ``fast_share`` (log-normal)."""
+    tail_sigma: float = 1.5
+    """Spread (sigma of the log) of the tail's delays: 1.5 puts 12% of them past 6x the median."""
 
     def __post_init__(self) -> None:
         if not 0 < self.ctr < 1 or self.delay_s < 0 or not 0 <= self.duplicate <= 1:
             raise ValueError(f"need 0 < ctr < 1, delay_s >= 0, 0 <= duplicate <= 1: {self}")
+        if not 0 <= self.fast_share <= 1 or self.tail_median_s <= 0 or self.tail_sigma < 0:
+            raise ValueError(f"need 0 <= fast_share <= 1, tail_median_s > 0, tail_sigma >= 0: {self}")
         if self.drift_weight < 0 or self.drift_period_s <= 0:
             raise ValueError(f"need drift_weight >= 0 and drift_period_s > 0: {self}")
         if self.reference is not None and not all(0 < p < 1 for p in self.reference):
@@ -90,9 +106,9 @@ class UserModel:
         if not self.drift_weight:
             return np.zeros(n_items)
         phase = np.arange(n_items) * 0.6180339887498949 % 1.0
-        taste = self.drift_weight * np.cos(2 * np.pi * (ts / self.drift_period_s + phase))
+        taste = self.drift_weight * np.cos(2 * np.pi * ((ts - self.clock_s) / self.drift_period_s + phase))
         if self.drift_origin_s is not None:
-            origin = self.drift_origin_s / self.drift_period_s
+            origin = (self.drift_origin_s - self.clock_s) / self.drift_period_s
             taste -= self.drift_weight * np.cos(2 * np.pi * (origin + phase))
         return taste
 
@@ -112,14 +128,20 @@ class UserModel:
         logit = base + (-liking if self.invert else liking)
         return 1 / (1 + np.exp(-logit))
 
+    def delays(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """``n`` clicks' delays (seconds): exponential of mean ``delay_s`` (0: none), then with
+        ``fast_share`` < 1 each one outside that share replaced by a log-normal one (a world
+        without a tail draws nothing more, so its draws are those it always made)."""
+        fast = rng.exponential(self.delay_s, n) if self.delay_s else np.zeros(n)
+        if self.fast_share >= 1:
+            return fast
+        tail = rng.random(n) >= self.fast_share
+        return np.where(tail, rng.lognormal(math.log(self.tail_median_s), self.tail_sigma, n), fast)
+
     def clicks(self, imp: Impression, rng: np.random.Generator) -> list[Event]:
         p_click = self.click_probability(np.asarray(imp.scores), imp.ts)
         items = np.flatnonzero(rng.random(len(p_click)) < p_click)
-        ts = (
-            imp.ts + rng.exponential(self.delay_s, len(items))
-            if self.delay_s
-            else np.full(len(items), imp.ts)
-        )
+        ts = imp.ts + self.delays(len(items), rng)
         again = rng.random(len(items)) < self.duplicate
         items, ts = np.concatenate([items, items[again]]), np.concatenate([ts, ts[again]])
         return [Event(imp.request_id, i, 1.0, t) for i, t in zip(items.tolist(), ts.tolist(), strict=True)]
@@ -178,13 +200,16 @@ def play(bootstrap: str, model: UserModel, stop: threading.Event, impressions_to
          events_topic: str = "events", group: str = "stream-users", seed: int = 0,
          on_sent: Callable[[list[Event], float], None] | None = None,
          world: Callable[[], UserModel] | None = None,
-         gate: Callable[[list[Event]], list[Event]] | None = None) -> int:  # fmt: skip
+         gate: Callable[[list[Event]], list[Event]] | None = None,
+         on_drawn: Callable[[Impression, list[Event]], None] | None = None) -> int:  # fmt: skip
     """Click on every impression read until ``stop``; returns how many events were sent. A click
     is sent when it happens (its ``ts``, the impression's time plus the user's delay), as a user's
     browser would, not when the impression is read; ``on_sent(events, t)`` is told each batch sent
     and the wall time it was handed to the producer. ``world()``: the user model of the moment
     (default ``model``); ``gate(due)``: what of the clicks due is sent now (a broken pipeline holds
-    or drops them, and may hand held ones back later), called at every turn."""
+    or drops them, and may hand held ones back later), called at every turn; ``on_drawn(imp,
+    clicks)``: each impression read and the clicks drawn for it, sent or not yet (the world's
+    final labels)."""
     from confluent_kafka import Consumer, Producer
 
     rng = np.random.default_rng(seed)
@@ -205,7 +230,11 @@ def play(bootstrap: str, model: UserModel, stop: threading.Event, impressions_to
             wait = min(0.05, max(0.0, due[0][0] - time.time())) if due else 0.05
             for m in c.consume(1000, timeout=wait):
                 if m.error() is None:
-                    for e in (world() if world else model).clicks(decode_impression(m.value() or b""), rng):
+                    imp = decode_impression(m.value() or b"")
+                    drawn = (world() if world else model).clicks(imp, rng)
+                    if on_drawn is not None:
+                        on_drawn(imp, drawn)
+                    for e in drawn:
                         heapq.heappush(due, (e.ts, next(order), e))
             now = time.time()
             batch = []
@@ -237,6 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--score-weight", type=float, default=2.0, help="logit per unit of score (default: 2)")
     p.add_argument("--delay-s", type=float, default=5.0, help="mean click delay in seconds (default: 5)")
+    p.add_argument("--fast-share", type=float, default=1.0,
+                   help="share of clicks after an exponential delay of mean --delay-s; the rest log-normal "
+                        "(default: 1, no tail)")  # fmt: skip
+    p.add_argument("--tail-median-s", type=float, default=60.0, help="median delay of the tail (default: 60)")
+    p.add_argument(
+        "--tail-sigma", type=float, default=1.5, help="sigma of the tail's log delay (default: 1.5)"
+    )
     p.add_argument(
         "--drift-weight",
         type=float,
@@ -256,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    model = UserModel(args.ctr, args.score_weight, args.delay_s, drift_weight=args.drift_weight,
+    model = UserModel(args.ctr, args.score_weight, args.delay_s, fast_share=args.fast_share,
+                      tail_median_s=args.tail_median_s, tail_sigma=args.tail_sigma, drift_weight=args.drift_weight,
                       drift_period_s=args.drift_period_s)  # fmt: skip
     sent = play(args.brokers, model, stop, args.impressions, args.events)
     print(f"stream_users: {sent} events sent")

@@ -59,3 +59,31 @@ def test_a_reference_must_be_probabilities_and_match_the_request():
         UserModel(reference=(0.5, 1.0))
     with pytest.raises(ValueError, match="reference of 2"):
         UserModel(reference=(0.5, 0.2)).click_probability(np.zeros(3), 0.0)
+
+
+def test_without_a_tail_the_delays_are_the_exponential_draws_of_before():
+    model, rng, before = UserModel(delay_s=2.0), np.random.default_rng(3), np.random.default_rng(3)
+    assert model.delays(1000, rng) == pytest.approx(before.exponential(2.0, 1000))
+    assert not UserModel(delay_s=0.0).delays(5, rng).any()
+
+
+def test_a_heavy_tailed_world_clicks_its_fast_share_within_seconds_and_the_rest_over_a_long_horizon():
+    model = UserModel(delay_s=1.0, fast_share=0.5, tail_median_s=20.0, tail_sigma=1.5)
+    d = model.delays(200_000, np.random.default_rng(4))
+    assert np.mean(d <= 5.0) == pytest.approx(0.5 * (1 - np.exp(-5.0)) + 0.5 * 0.178, abs=0.01)
+    assert np.mean(d > 120.0) == pytest.approx(0.5 * 0.116, abs=0.005)  # past a 120 s attribution window
+    tail = UserModel(fast_share=0.0, tail_median_s=20.0).delays(100_000, np.random.default_rng(5))
+    assert np.median(tail) == pytest.approx(20.0, rel=0.03)
+
+
+def test_a_clock_starts_the_same_world_at_another_time():
+    a = UserModel(drift_weight=1.0, drift_period_s=100.0, drift_origin_s=0.0)
+    b = UserModel(drift_weight=1.0, drift_period_s=100.0, drift_origin_s=1_000_037.0, clock_s=1_000_037.0)
+    assert b.taste(200, 1_000_037.0 + 33.0) == pytest.approx(a.taste(200, 33.0))
+
+
+def test_delay_settings_are_checked():
+    with pytest.raises(ValueError, match="fast_share"):
+        UserModel(fast_share=1.5)
+    with pytest.raises(ValueError, match="tail_median_s"):
+        UserModel(fast_share=0.5, tail_median_s=0.0)
