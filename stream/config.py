@@ -69,8 +69,9 @@ class JoinConfig:
     click after --label-after-s is late). The impressions topic's retention must cover it."""
     state_dir: str = ""
     """With --attribution-s: where the impressions of requests past --label-after-s wait for their
-    late clicks, on local disk (about the impressions' rate x --attribution-s bytes; '': a
-    temporary directory, removed at exit). Rebuilt from the uncommitted impressions on restart."""
+    late clicks, with the journal of those requests, on local disk (about the impressions' bytes
+    per second x --attribution-s; '': <tmp>/recserve-join/<group>). A restart on the same
+    directory resumes from it; give each --member its own persistent volume."""
     kafka_config: str = ""
     """File of librdkafka settings, KEY=VALUE a line (security.protocol, sasl.*, ssl.*, ...)."""
     commit_every_s: float = 1.0

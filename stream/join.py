@@ -14,8 +14,12 @@ but within ``attribution_s`` of the impression emits a second sample of the item
 (``--delayed-feedback`` says how its loss counts that). Once its window closes a request keeps only
 where its impression lies on local disk (``stream.spill``), its time and which items were clicked;
 a correction reads the impression back from there, so memory holds the open windows' rows, not the
-attribution window's. A click after ``attribution_s`` is late. The request's records stay held
-(uncommitted) until its attribution window is over, so a restart rebuilds it.
+attribution window's. A click after ``attribution_s`` is late. Once its first labels are
+acknowledged the request is *settled*: written to the partition's journal (``stream.journal``) and
+its records released, so the offsets commit past it; a restart ``restore``s it from the journal, and
+its impression re-read (offsets held by an older request) is known, not seen twice. Its corrections
+hold their events until acknowledged and journalled in turn. (Without a journal the request's
+records stay held until its attribution window is over, and a restart re-reads them.)
 
 **Time** is event time: the join's watermark is the smallest of its two inputs' watermarks, each
 the newest ``ts`` it delivered, advanced by the wall time since (so a quiet input does not stop
@@ -51,6 +55,7 @@ import numpy as np
 
 from features.codec import CodecError, decode
 from stream.join_state import EVENTS, IMPRESSIONS, INPUTS, Emit, JoinCounts, _Clock, _Request
+from stream.journal import Journal, Settled
 from stream.records import (
     CORRECTION,
     Event,
@@ -70,7 +75,7 @@ class PartitionJoin:
     """The open windows of one partition (the same partition of the impressions and events)."""
 
     def __init__(self, label_after_s: float, counts: JoinCounts, attribution_s: float = 0.0,
-                 spill: Spill | None = None) -> None:  # fmt: skip
+                 spill: Spill | None = None, journal: Journal | None = None) -> None:  # fmt: skip
         if not label_after_s > 0:
             raise ValueError(f"label_after_s must be > 0, got {label_after_s}")
         if attribution_s and attribution_s < label_after_s:
@@ -82,7 +87,8 @@ class PartitionJoin:
             raise ValueError(
                 "attribution_s past label_after_s needs a spill (where closed requests' impressions lie)"
             )
-        self.spill = spill
+        self.spill, self.journal = spill, journal
+        self._compacted = 0  # the journal's size after its last compaction
         self.requests: dict[str, _Request] = {}
         self._deadlines: list[tuple[float, str]] = []  # heap of open impressions' deadlines
         self._attributing: list[tuple[float, str]] = []  # heap of closed requests' attribution ends
@@ -117,12 +123,14 @@ class PartitionJoin:
         self._clocks[IMPRESSIONS].saw(imp.ts, now)
         req = self.requests.setdefault(imp.request_id, _Request())
         if req.labelled is not None:  # the same request id twice: the first impression stands
+            if req.settled and req.offset == offset:  # re-read after a restart: it was settled before
+                return []
             return [
                 self._dead(
                     IMPRESSIONS, offset, value, f"impression: request id {imp.request_id!r} seen twice"
                 )
             ]
-        req.deadline, req.ts = imp.ts + self.window_s, imp.ts
+        req.deadline, req.ts, req.offset = imp.ts + self.window_s, imp.ts, offset
         if self.spill is not None:
             req.where = self.spill.put(imp.ts + self.attribution_s, value)
         req.suspect = self.hold_s is not None
@@ -190,8 +198,9 @@ class PartitionJoin:
             self._late(offset)
             self._release(EVENTS, offset)
             return []
-        if req.labelled[ev.item]:
-            self.counts.duplicates += 1
+        if req.labelled[ev.item]:  # re-read after a restart (handled before it), or a second click
+            self.counts.replayed += offset < self._replay_to[EVENTS]
+            self.counts.duplicates += offset >= self._replay_to[EVENTS]
             self._release(EVENTS, offset)
             return []
         req.labelled[ev.item] = True
@@ -271,6 +280,7 @@ class PartitionJoin:
                 del self.requests[rid]
         if self.spill is not None:
             self.spill.expire(wm)
+            self.compact()
         return out
 
     # --- corrections ---------------------------------------------------------------------
@@ -285,6 +295,7 @@ class PartitionJoin:
         imp = decode_impression(value)
         writer = SampleWriter(imp, RowTable.of(decode(imp.batch)))
         req.unacked += 1
+        req.unjournaled.append(ev.item)
         self.counts.corrections += 1
         self.counts.quarantined += req.quarantine
         return [Emit(rid.encode(), [writer.labelled(ev, CORRECTION)], token=rid, quarantine=req.quarantine)]
@@ -349,10 +360,36 @@ class PartitionJoin:
         return max(0.0, imp - ev) if math.isfinite(imp) and math.isfinite(ev) else 0.0
 
     def _maybe_done(self, rid: str, req: _Request) -> None:
-        if req.expired and req.unacked == 0:
-            for inp, offset in req.held:
-                self._release(inp, offset)
+        """Every sample of ``req`` so far acknowledged: done once its attribution window is over;
+        before, settled in the journal (its records released) when there is one."""
+        if req.unacked or not (req.expired or (req.closed and self.journal is not None)):
+            return
+        if req.expired:
             del self.requests[rid]
+        elif not req.settled:
+            assert self.journal is not None
+            self.journal.settled(rid, Settled.of(req))
+            req.settled = True
+        elif req.unjournaled:
+            assert self.journal is not None
+            self.journal.clicked(rid, req.unjournaled)
+        req.unjournaled = []
+        for inp, offset in req.held:
+            self._release(inp, offset)
+        req.held = []
+
+    def restore(self, settled: dict[str, Settled]) -> None:
+        """The requests a run before settled (its journal), before reading from its offsets."""
+        for rid, s in settled.items():
+            self.requests[rid] = s.request(self.window_s)
+            heapq.heappush(self._attributing, (s.ts + self.attribution_s, rid))
+
+    def compact(self) -> None:
+        """Rewrite the journal with the requests still settled once it has grown past twice its
+        size after the last (and 16 MB)."""
+        if self.journal is not None and self.journal.bytes >= 2 * self._compacted + (16 << 20):
+            self.journal.compact(self.requests)
+            self._compacted = self.journal.bytes
 
     def _release(self, inp: int, offset: int) -> None:
         self._held[inp].pop(offset, None)

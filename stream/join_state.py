@@ -28,7 +28,7 @@ class JoinCounts:
     corrections_lost: int = 0  # corrections whose impression was no longer spilled (none expected)
     duplicates: int = 0
     late: int = 0
-    replayed: int = 0  # events re-read after a restart, handled before it: not late again
+    replayed: int = 0  # events re-read after a restart, handled before it: not late or duplicate again
     malformed: list[int] = field(default_factory=lambda: [0, 0])  # per input
     acked: int = 0
     quarantined: int = 0  # samples of windows closed while the input guard held them (to quarantine)
@@ -53,6 +53,7 @@ class Emit:
 class _Request:
     deadline: float = float("inf")  # the first horizon's end (event time)
     ts: float = 0.0  # the impression's
+    offset: int = -1  # the impression's
     where: tuple[int, int, int] | None = None  # the impression's place in the spill (corrections)
     writer: SampleWriter | None = None  # dropped once the first horizon closes (memory)
     labelled: np.ndarray | None = None  # bool per item: a positive was emitted or is due
@@ -63,6 +64,8 @@ class _Request:
     unacked: int = 0
     closed: bool = False
     expired: bool = False  # its attribution window is over: nothing more labels it
+    settled: bool = False  # in the journal: its offsets released (``stream.journal``)
+    unjournaled: list[int] = field(default_factory=list)  # items corrected since its last journal line
     suspect: bool = False  # impressed while the input guard held the join
     defer: bool = False  # its clicks wait for its window's close (held, or just after a hold)
     quarantine: bool = False  # its samples go to the quarantine topic when its window closes

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import shutil
 import tempfile
 import threading
 import time
@@ -37,6 +36,7 @@ from stream import dead_letter
 from stream.config import FETCH_WAIT_MS, JoinConfig, kafka_settings
 from stream.guard import InputGuard
 from stream.join import EVENTS, IMPRESSIONS, Emit, JoinCounts, PartitionJoin
+from stream.journal import Journal
 from stream.spill import Spill
 
 log = logging.getLogger("recserve.join")
@@ -62,6 +62,7 @@ class Joiner:
                                   "partition.assignment.strategy": "range", **common})  # fmt: skip
         self._topics = (cfg.impressions, cfg.events)
         self._spills = spill_root(cfg)  # where closed requests' impressions lie (--attribution-s)
+        self._closing = False
         self._dead_letters = cfg.dead_letters()
         self.guard = InputGuard(cfg.guard)
         self._held_for = ""  # why the guard last held the join
@@ -145,14 +146,13 @@ class Joiner:
                 self.producer.flush(30)
                 self.commit()
         finally:
+            self._closing = True  # the partitions' spills and journals stay for the restart
             if self.fatal:  # nothing more is committed: a restart re-reads it
                 for p in list(self.parts):
                     self._drop(p)
             self.consumer.close()  # leaves the group (a revoke: flush and commit what is done)
             for p in list(self.parts):
                 self._drop(p)
-            if self._spills is not None and not self.cfg.state_dir:
-                shutil.rmtree(self._spills, ignore_errors=True)
         if self.fatal:
             raise JoinError(self.fatal)
 
@@ -288,40 +288,55 @@ class Joiner:
             return
         self._committed.update(marks)
 
-    def _resume(self, tps: list[TopicPartition]) -> None:
+    def _resume(self, tps: list[TopicPartition]) -> set[int]:
         """Tell each assigned partition's join how far the run before read it (the metadata of
-        its committed offsets; none: nothing to tell)."""
+        its committed offsets; none: nothing to tell); the partitions whose impressions the group
+        never committed (fresh: a journal there is another run's)."""
         try:
             committed = self.consumer.committed(tps, timeout=10)
         except KafkaException as e:  # no coordinator yet: every re-read late event counts as late
             log.warning("could not read the committed offsets' metadata: %s", e.args[0].str())
-            return
+            return set()
+        fresh = {tp.partition for tp in committed if tp.topic == self._topics[0] and tp.offset < 0}
         for tp in committed:
             if tp.metadata and tp.metadata.startswith(READ_TO) and tp.partition in self.parts:
                 self.parts[tp.partition].resume(
                     self._topics.index(tp.topic), int(tp.metadata.removeprefix(READ_TO))
                 )
+        return fresh
 
     def _assigned(self, _consumer: Consumer, tps: list[TopicPartition]) -> None:
         by_topic = [{tp.partition for tp in tps if tp.topic == t} for t in self._topics]
         if by_topic[0] != by_topic[1]:
             self.fatal = (f"assigned impressions partitions {sorted(by_topic[0])} but events partitions "
                           f"{sorted(by_topic[1])}: every member must use partition.assignment.strategy=range")  # fmt: skip
+        new = sorted(by_topic[0] - set(self.parts))
+        for p in new:  # a fresh join: it re-reads what is not committed
+            self.parts[p] = self._join(p)
         for p in by_topic[0]:
-            if p not in self.parts:  # a fresh join, its spill empty: it re-reads what is not committed
-                spill = (
-                    None if self._spills is None else Spill(self._spills / str(p), self.cfg.spill_bucket_s())
-                )
-                self.parts[p] = PartitionJoin(
-                    self.cfg.label_after_s, self.counts, self.cfg.attribution_s, spill
-                )
             part = self.parts[p]
             if self.guard.tripped:
                 part.hold_s = self.cfg.guard.hold_s
             self._committed.pop((IMPRESSIONS, p), None)
             self._committed.pop((EVENTS, p), None)
-        self._resume(tps)
+        fresh = self._resume(tps)
+        for p in new:  # what its journal says was settled before (another run's: forgotten)
+            journal, spill = self.parts[p].journal, self.parts[p].spill
+            if journal is not None and spill is not None and p in fresh:
+                journal.clear()
+                spill.clear()
+            elif journal is not None:
+                self.parts[p].restore(journal.replay())
         log.info("join: assigned partitions %s", sorted(by_topic[0]))
+
+    def _join(self, p: int) -> PartitionJoin:
+        """Partition ``p``'s join, with its spill and journal under the state directory."""
+        spill = journal = None
+        if self._spills is not None:
+            base = self._spills / f"{self.cfg.impressions}-{p}"
+            spill = Spill(base, self.cfg.spill_bucket_s(), keep=True)
+            journal = Journal(self._spills / f"{self.cfg.impressions}-{p}.journal")
+        return PartitionJoin(self.cfg.label_after_s, self.counts, self.cfg.attribution_s, spill, journal)
 
     def _revoked(self, _consumer: Consumer, tps: list[TopicPartition]) -> None:
         gone = sorted({tp.partition for tp in tps} & set(self.parts))
@@ -337,19 +352,23 @@ class Joiner:
             self._drop(tp.partition)
 
     def _drop(self, p: int) -> None:
-        """Forget partition ``p``'s join (and its spill)."""
+        """Forget partition ``p``'s join; its spill and journal too unless the joiner is closing
+        (then they stay for its restart)."""
         part = self.parts.pop(p, None)
-        if part is not None and part.spill is not None:
+        if part is None or part.spill is None or part.journal is None:
+            return
+        if not self._closing:  # another member has it now
             part.spill.clear()
-            part.spill.close()
+            part.journal.clear()
+        part.spill.close()
+        part.journal.close()
 
 
 def spill_root(cfg: JoinConfig) -> Path | None:
-    """The directory of the partitions' spills: --state-dir, or a temporary one (None: no
+    """The partitions' state directory: --state-dir, or <tmp>/recserve-join/<group> (None: no
     --attribution-s past --label-after-s, nothing spilled)."""
     if not cfg.attribution_s > cfg.label_after_s:
         return None
-    if cfg.state_dir:
-        Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
-        return Path(cfg.state_dir)
-    return Path(tempfile.mkdtemp(prefix="recserve-join-"))
+    root = Path(cfg.state_dir or Path(tempfile.gettempdir()) / "recserve-join" / cfg.group)
+    root.mkdir(parents=True, exist_ok=True)
+    return root

@@ -7,8 +7,8 @@ correction reads it back from there (one ``pread``). A segment is deleted once t
 passed its bucket: every request in it is over. Appends and reads are plain ``os.write`` and
 ``os.pread`` on descriptors kept open, so a read sees every write before it.
 
-The directory is the join's working state, not a checkpoint: a partition's join starts with it
-empty (``clear``), and a restarted joiner rebuilds it by re-reading its uncommitted impressions.
+With ``keep`` a spill opens the segments a run before left, which ``stream.journal`` says what
+they hold; without, it starts empty.
 """
 
 from __future__ import annotations
@@ -20,13 +20,20 @@ from pathlib import Path
 
 
 class Spill:
-    def __init__(self, directory: Path, bucket_s: float) -> None:
+    def __init__(self, directory: Path, bucket_s: float, keep: bool = False) -> None:
         if not bucket_s > 0:
             raise ValueError(f"bucket_s must be > 0, got {bucket_s}")
         self.dir, self.bucket_s = Path(directory), bucket_s
         self._fds: dict[int, int] = {}  # bucket -> descriptor (read and append)
         self._sizes: dict[int, int] = {}
-        self.clear()
+        if not keep:
+            self.clear()
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for seg in self.dir.glob("*.seg"):  # what a run before left (``stream.journal`` says where)
+            bucket = int(seg.stem)
+            self._fds[bucket] = os.open(seg, os.O_RDWR | os.O_APPEND)
+            self._sizes[bucket] = os.fstat(self._fds[bucket]).st_size
 
     def clear(self) -> None:
         """Forget everything (a partition's join starts empty)."""

@@ -88,4 +88,5 @@ def join_args(cfg: JoinConfig, metrics_port: int = 0) -> list[str]:
             "--samples", cfg.samples, "--group", cfg.group,
             "--label-after-s", str(cfg.label_after_s), "--commit-every-s", str(cfg.commit_every_s),
             "--metrics-port", str(metrics_port)] + (["--member", cfg.member] if cfg.member else []) + (
-            ["--dead-letter", cfg.dead_letter] if cfg.dead_letter else [])  # fmt: skip
+            ["--dead-letter", cfg.dead_letter] if cfg.dead_letter else []) + (
+            ["--attribution-s", str(cfg.attribution_s), "--state-dir", cfg.state_dir] if cfg.attribution_s else [])  # fmt: skip

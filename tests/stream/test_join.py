@@ -7,6 +7,7 @@ import pytest
 
 from stream.config import JoinConfig
 from stream.join import EVENTS, IMPRESSIONS, JoinCounts, PartitionJoin
+from stream.journal import Journal
 from stream.records import CORRECTION, LABEL, decode_sample
 from stream.spill import Spill
 from tests.stream.helpers import N_ITEMS, event, impression
@@ -308,3 +309,30 @@ def test_attribution_must_cover_the_first_horizon_and_have_a_spill():
         PartitionJoin(label_after_s=10.0, counts=JoinCounts(), attribution_s=50.0)
     with pytest.raises(ValueError, match="--attribution-s must be 0"):
         JoinConfig(label_after_s=10.0, attribution_s=5.0)
+
+
+def test_a_settled_request_commits_past_itself_and_a_restart_restores_it_from_the_journal(tmp_path):
+    def join_on(keep: bool) -> PartitionJoin:
+        j = PartitionJoin(label_after_s=10.0, counts=JoinCounts(), attribution_s=100.0,
+                          spill=Spill(tmp_path / "spill", bucket_s=10.0, keep=keep), journal=Journal(tmp_path / "journal"))  # fmt: skip
+        j.caught_up(EVENTS)
+        return j
+
+    first = join_on(keep=False)
+    first.impression(0, impression("r1", 100.0), now=0)
+    first.impression(1, impression("r2", 111.0), now=0)
+    ack_all(first, first.advance(now=0))  # r1's first labels acknowledged: settled, its offset released
+    assert first.committable() == (1, -1) and first.requests["r1"].held == []
+    fixed = first.event(0, event("r1", 1, 150.0), now=0)
+    assert first.committable() == (1, 0)  # the correction's event is held until acknowledged
+    ack_all(first, fixed)
+    assert first.committable() == (1, 1)
+    # the joiner dies; the next run restores what the journal says and reads from the offsets
+    again = join_on(keep=True)
+    again.restore(Journal(tmp_path / "journal").replay())
+    assert again.impression(0, impression("r1", 100.0), now=0) == []  # re-read (an older request held it)
+    assert again.event(0, event("r1", 1, 150.0), now=0) == [] and again.counts.duplicates == 1
+    (late,) = [decode_sample(v) for _, v in records(again.event(1, event("r1", 3, 160.0), now=0))]
+    assert (late.key, late.elapsed) == (("r1", 3, CORRECTION), 60.0)  # from the spill the first run wrote
+    (dead,) = again.impression(2, impression("r1", 120.0), now=0)  # another impression of the id: refused
+    assert dead.dead and "seen twice" in dead.reason
