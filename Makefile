@@ -64,6 +64,13 @@ bench-codec: $(STAMP) $(GEN)
 bench-join: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_join
 
+# One joiner over an hour of attribution (accelerated event time) at 50 requests/s of 200 items,
+# SIGKILLed once: its RSS, its spill, lost samples and corrections: loadtest/results/attribution.json.
+# Not part of `make bench`.
+.PHONY: bench-attribution
+bench-attribution: $(STAMP) $(GEN)
+	$(PY) -m loadtest.bench_attribution
+
 # The streaming step against the offline step on the same samples (batch 128 and 1,024, in turns):
 # samples/s, their ratio and both models' AUC: loadtest/results/trainer.json.
 bench-trainer: $(STAMP) $(GEN)

@@ -1,0 +1,226 @@
+"""``make bench-attribution``: one joiner over a long attribution window, at a frontend's rate, in
+accelerated event time: its memory, and exactly once across a SIGKILL.
+
+    python -m loadtest.bench_attribution [--minutes 60] [--rate 50] [--items 200] [--label-after-s 5]
+        [--attribution-s 3600] [--partitions 16] [--quick] [--results-dir DIR]
+
+``--minutes`` of event time at ``--rate`` requests/s of ``--items`` Criteo items (the impressions of
+one ranking request, ``loadtest.stream_users``) and the clicks of users whose delays have a long
+tail (``UserModel``: half within about a second, the rest log-normal with a median of two minutes,
+some past the attribution window) are produced as fast as one ``recserve join --label-after-s
+--attribution-s --state-dir`` (a process of its own, a static member) takes them: event time runs
+far faster than the wall clock, and the join runs on event time, so an hour of attribution passes
+in minutes. The producer keeps the joiner's backlog under ``BACKLOG`` impressions (the mock cluster
+keeps only 5 MB a partition: what the joiner has not read by then is gone). Two fifths in, the
+joiner is SIGKILLed and started again on the same state directory.
+
+The samples topic is read as it fills; every sample's (request, item, kind) is counted, and
+against what the world says must come -- a first label of every item of every request whose first
+horizon closed, a correction of every click sent after its first horizon and within the
+attribution window -- gives ``lost_samples`` and ``lost_corrections``; ``..._produced_again``
+count the records the joiner sent twice (at least once: what a SIGKILL left uncommitted, which the
+trainer drops by key; no trainer runs here, bench-stream and bench-delayed count what it trains). The
+joiner's RSS is sampled every second (``joiner_rss_mb``: the second minute's mean, the last, the
+max) with the spill's bytes on disk.
+
+Writes ``loadtest/results/attribution.json``. ``--quick``: 2 minutes of event time at 20 requests/s
+of 20 items (checks the bench, its figures mean little).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import threading
+import time
+
+import numpy as np
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+
+from loadtest import mockbroker
+from loadtest.common import (
+    keep_work_flag,
+    parse,
+    parser,
+    print_table,
+    report_targets,
+    work_dir,
+    write_results,
+)
+from loadtest.processes import Sampler
+from loadtest.stream_users import UserModel, impressions, ranking_batch_bytes
+from serving.rpc.procs import free_ports, spawn, stop_children
+from stream.records import encode_event, encode_impression
+from stream.sample_batch import KIND_BIT, read_samples, request_ids
+
+BACKLOG = 500
+"""Impressions produced but not yet committed by the joiner or counted by the reader of samples, at
+most: the mock cluster keeps 5 MB a partition, about 150 impressions of 200 items and the samples
+of 50 (16 partitions: 800)."""
+CHUNK = 100
+"""Impressions produced at a time (with the clicks up to the last one's time)."""
+TOPICS = ("impressions", "events", "samples", "impressions.dead", "events.dead", "samples.quarantine")
+WORLD = UserModel(ctr=0.05, delay_s=1.0, fast_share=0.5, tail_median_s=120.0, tail_sigma=2.0)
+"""Half the clicks within about a second, the rest log-normal around two minutes (e^2 wide: about
+2% after an hour)."""
+GROUP = "recserve-join"
+"""The joiner's consumer group (its default): its committed offsets are its progress."""
+
+
+class Counter(threading.Thread):
+    """Reads the samples topic from its start as it fills: every sample's key as an integer
+    (request number x 2^33 + item x 2 + kind)."""
+
+    def __init__(self, bootstrap: str, partitions: int) -> None:
+        super().__init__(daemon=True)
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-attribution-count",
+                                  "enable.auto.commit": False, "fetch.wait.max.ms": 50})  # fmt: skip
+        self.consumer.assign([TopicPartition("samples", p, OFFSET_BEGINNING) for p in range(partitions)])
+        self.codes: list[np.ndarray] = []
+        self.count = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            msgs = [m for m in self.consumer.consume(20_000, timeout=0.2) if m.error() is None]
+            if msgs:
+                s, _ = read_samples([m.value() or b"" for m in msgs])
+                rid = request_ids(s.keys).astype(np.int64)
+                item = np.frombuffer(s.keys.astype("S4").tobytes(), ">u4").astype(np.int64) & (KIND_BIT - 1)
+                self.codes.append((rid << 33) + item * 2 + s.kinds)
+                self.count += s.num_rows
+        self.consumer.close()
+
+    def all(self) -> np.ndarray:
+        return np.concatenate(self.codes) if self.codes else np.zeros(0, np.int64)
+
+
+def world(
+    n: int, rate: float, items: int, t0: float, seed: int = 0
+) -> tuple[list, list[tuple[str, bytes]], np.ndarray, tuple]:
+    """The run's impressions (request ids ``0000000000``, ...), their clicks as (key, record) in
+    event-time order with their times, and the clicks as (request number, item, ts) arrays."""
+    imps = [dataclasses.replace(imp, request_id=f"{i:010d}")
+            for i, imp in enumerate(impressions(n, t0, 1.0 / rate, ranking_batch_bytes(items), items, seed))]  # fmt: skip
+    rng = np.random.default_rng(seed)
+    clicks = [e for imp in imps for e in WORLD.clicks(imp, rng)]
+    ts = np.array([e.ts for e in clicks])
+    order = np.argsort(ts, kind="stable")
+    events = [(clicks[i].request_id, encode_event(clicks[i])) for i in order.tolist()]
+    num = np.array([int(e.request_id) for e in clicks], np.int64)
+    return imps, events, ts[order], (num, np.array([e.item for e in clicks], np.int64), ts)
+
+
+def expected(items: int, imp_ts: np.ndarray, clicks: tuple, label_after: float, attribution: float):
+    """(first labels, corrections) the join owes, as key codes: every item of every request (the
+    watermark moves on with the wall clock once both inputs are read, closing the last windows) and
+    every click sent (up to the last impression's time) after its first horizon and within the
+    attribution window (a click twice: one correction)."""
+    firsts = ((np.arange(len(imp_ts))[:, None] << 33) + np.arange(items) * 2).ravel()
+    num, item, ts = clicks
+    delay = ts - imp_ts[num]
+    late = (delay > label_after) & (delay <= attribution) & (ts <= imp_ts[-1])
+    return firsts, np.unique((num[late] << 33) + item[late] * 2 + 1)
+
+
+def committed(bootstrap: str, partitions: int) -> int:
+    """Impressions the joiner's group committed (its offsets summed; -1 while it cannot tell)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP})
+    try:
+        tps = c.committed([TopicPartition("impressions", p) for p in range(partitions)], timeout=5)
+        return sum(max(tp.offset, 0) for tp in tps)
+    except KafkaException:
+        return -1
+    finally:
+        c.close()
+
+
+def run(args: argparse.Namespace) -> dict:
+    n = int(args.minutes * 60 * args.rate)
+    imps, events, ev_ts, clicks = world(n, args.rate, args.items, 1.7e9)
+    imp_ts = np.array([i.ts for i in imps])
+    with work_dir("bench-attribution", args.keep_work) as work, mockbroker.running() as broker:
+        b = broker.bootstrap
+        for t in TOPICS:
+            broker.create_topic(t, args.partitions)
+        port = free_ports(1)[0]
+        argv = ["join", "--brokers", b, "--member", "0/1", "--label-after-s", str(args.label_after_s),
+                "--attribution-s", str(args.attribution_s), "--state-dir", str(work / "state"),
+                "--metrics-port", str(port)]  # fmt: skip
+        procs = [spawn(argv, work / "join.log")]
+        counter = Counter(b, args.partitions)
+        counter.start()
+        producer = Producer({"bootstrap.servers": b, "linger.ms": 20, "enable.idempotence": True,
+                             "queue.buffering.max.messages": 2_000_000})  # fmt: skip
+        killed_at, sent_ev, t0 = None, 0, time.time()
+        with Sampler(lambda: [procs[-1].pid], interval_s=1.0) as sampler:
+            for start in range(0, n, CHUNK):
+                while start - min(committed(b, args.partitions), counter.count // args.items) > BACKLOG:
+                    time.sleep(0.1)  # the producer's pace: the joiner and the reader catch up
+                chunk = imps[start : start + CHUNK]
+                for imp in chunk:
+                    producer.produce("impressions", encode_impression(imp), imp.request_id.encode())
+                upto = int(np.searchsorted(ev_ts, chunk[-1].ts, "right"))
+                for key, value in events[sent_ev:upto]:
+                    producer.produce("events", value, key.encode())
+                sent_ev = upto
+                producer.flush(60)
+                if killed_at is None and start >= 0.4 * n:
+                    procs[-1].send_signal(signal.SIGKILL)
+                    procs[-1].wait()
+                    killed_at = time.time()
+                    procs.append(spawn(argv, work / "join-2.log"))
+            firsts, corrections = expected(args.items, imp_ts, clicks, args.label_after_s, args.attribution_s)
+            deadline = time.time() + 300
+            while counter.count < len(firsts) + len(corrections) and time.time() < deadline:
+                time.sleep(0.5)  # the samples of the last windows
+        wall = time.time() - t0
+        counter.stop.set()
+        counter.join()
+        stop_children(procs)
+        spill_mb = sum(f.stat().st_size for f in (work / "state").rglob("*.seg")) / 2**20
+    keys, counts = np.unique(counter.all(), return_counts=True)
+    is_corr = (keys & 1).astype(bool)
+    rss = np.array([(t, u.rss_bytes / 2**20) for t, u in sampler.samples if u.rss_bytes]).reshape(-1, 2)
+    second = rss[(rss[:, 0] >= t0 + 60) & (rss[:, 0] < t0 + 120), 1]
+    return {
+        "requests": n, "items": args.items, "rate": args.rate, "event_minutes": args.minutes,
+        "label_after_s": args.label_after_s, "attribution_s": args.attribution_s, "wall_s": round(wall, 1),
+        "first_labels_expected": len(firsts), "corrections_expected": len(corrections),
+        "lost_samples": int(np.isin(firsts, keys, invert=True).sum()),
+        "samples_produced_again": int((counts[~is_corr] - 1).sum()),
+        "lost_corrections": int(np.isin(corrections, keys, invert=True).sum()),
+        "corrections_produced_again": int((counts[is_corr] - 1).sum()),
+        "unexpected_samples": int(np.isin(keys, np.concatenate([firsts, corrections]), invert=True).sum()),
+        "joiner_rss_mb": {"second_minute": round(float(second.mean()), 1) if len(second) else None,
+                          "last": round(float(rss[-1, 1]), 1) if len(rss) else None,
+                          "max": round(float(rss[:, 1].max()), 1) if len(rss) else None},
+        "spill_mb_at_end": round(spill_mb, 1), "killed_at_s": round(killed_at - t0, 1) if killed_at else None,
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__)
+    p.add_argument("--minutes", type=float, default=60.0, help="event time of traffic (default: 60)")
+    p.add_argument("--rate", type=float, default=50.0, help="requests/s of event time (default: 50)")
+    p.add_argument("--items", type=int, default=200, help="items per request (default: 200)")
+    p.add_argument("--label-after-s", type=float, default=5.0)
+    p.add_argument("--attribution-s", type=float, default=3600.0)
+    p.add_argument("--partitions", type=int, default=16)
+    keep_work_flag(p)
+    args = parse(p, argv, {"minutes": 2.0, "rate": 20.0, "items": 20, "attribution_s": 60.0})
+    result = run(args)
+    print_table("bench-attribution", [result], [k for k in result if not isinstance(result[k], dict)])
+    print("joiner RSS MB:", result["joiner_rss_mb"])
+    report_targets(result, {
+        "0 lost samples and corrections across the joiner's SIGKILL": not any(
+            result[k] for k in ("lost_samples", "lost_corrections", "unexpected_samples")),
+        "joiner RSS <= 600 MB": (result["joiner_rss_mb"]["max"] or 0) <= 600,
+    })  # fmt: skip
+    write_results("attribution", result, args.results_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
