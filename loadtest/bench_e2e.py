@@ -5,6 +5,7 @@ process; then ``recserve serve --workers 1`` and ``--workers 2`` as deployed, an
                                  [--runs lean:colocated,lean:remote,torchserve:colocated,torchserve:remote]
                                  [--forms records,columns] [--ts-workers 2] [--workers 1,2]
                                  [--workers-rates 50,100,200,...] [--open-rates 10,50] [--out e2e]
+                                 [--median-runs 100] [--median-s 1]
                                  [--quick] [--results-dir DIR]
 
 Trains a model into a temporary model store unless one is given, then for each run starts what it
@@ -31,7 +32,8 @@ co-located, token auth on, stepped up through ``--workers-rates`` to its max rat
 both forms, with CPU per request and PSS per process; the open loop runs ``--workers 1`` at each of
 ``--open-rates`` on a fixed schedule, latency counted from when each request was due. Writes
 loadtest/results/<out>.json and prints tables; stops everything at the end, also on error.
-``--quick``: lean + co-located and TorchServe + remote at 10 requests/s for 2 s; workers at 50.
+``--quick``: lean + co-located and TorchServe + remote at 10 requests/s for 1 s; workers at 50; each
+sequential median over 10 calls.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from loadtest.drive import (
     stack_processes,
     warm_up,
 )
-from loadtest.e2e_stages import median_ms, stages
+from loadtest.e2e_stages import Sampling, median_ms, stages
 from loadtest.e2e_workers import TARGETS as WORKER_TARGETS
 from loadtest.e2e_workers import numbers, print_workers, worker_checks, workers_section
 from model_store.dense import AUTO, CHOICES
@@ -137,7 +139,8 @@ def run_one(
         stage_ms = None
         if stack is not None and frontend == "torchserve" and lookups == "remote":
             vdir = Path(stack.state.config.store) / args.model / stack.state.version
-            stage_ms, _ = stages(vdir, stack.state, next(iter(bodies.values())), args.runtime, False)
+            stage_ms, _ = stages(vdir, stack.state, next(iter(bodies.values())), args.runtime, False,
+                                 sampling(args))  # fmt: skip
     out = []
     for form, by_rate in results.items():
         ok = [
@@ -152,7 +155,12 @@ def run_one(
     return out
 
 
-def inprocess_p50_ms(vdir: Path, bodies: list[bytes]) -> tuple[float, float]:
+def sampling(args) -> Sampling:
+    """How long each sequential median (the in-process reference, the stages) runs."""
+    return Sampling(args.median_runs, args.median_s)
+
+
+def inprocess_p50_ms(vdir: Path, bodies: list[bytes], timing: Sampling) -> tuple[float, float]:
     """The same requests scored in ONE process (features, embedding tables in memory, dense), and
     their decode alone: p50s in ms."""
     import model_store
@@ -169,8 +177,8 @@ def inprocess_p50_ms(vdir: Path, bodies: list[bytes]) -> tuple[float, float]:
     )
     scorer = Scorer(ScoringConfig(str(vdir), lookups="remote"), worker=inproc_worker)
     try:
-        return median_ms(lambda b: score(scorer, b, JSON), bodies), median_ms(
-            lambda b: scorer.decode(b, JSON), bodies
+        return median_ms(lambda b: score(scorer, b, JSON), bodies, timing), median_ms(
+            lambda b: scorer.decode(b, JSON), bodies, timing
         )
     finally:
         scorer.close()
@@ -225,9 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers-rates", default="50,100,200,300,400,500,600,700,800,1000",
                    help="requests/s stepped up to each count's max rate at p99 <= 10 ms")  # fmt: skip
     p.add_argument("--open-rates", default="10,50", help="the open loop's requests/s ('' skips it)")
+    p.add_argument("--median-runs", type=int, default=100,
+                   help="calls each sequential median (in-process reference, stages) times at least")  # fmt: skip
+    p.add_argument("--median-s", type=float, default=1.0, help="seconds each sequential median runs at least")
     p.add_argument("--out", default="e2e", help="results name: loadtest/results/<out>.json")
-    args = parse(p, argv, {"rates": "10", "duration": 2.0, "warmup_s": 1.0, "workers_rates": "50",
-                           "runs": "lean:colocated,torchserve:remote"})  # fmt: skip
+    args = parse(p, argv, {"rates": "10", "duration": 1.0, "warmup_s": 1.0, "workers_rates": "50",
+                           "runs": "lean:colocated,torchserve:remote", "median_runs": 10, "median_s": 0.0})  # fmt: skip
     rates = numbers(args.rates)
     forms = ["columns"] if args.columns else args.forms.split(",")
     if not forms or set(forms) - {"records", "columns"}:
@@ -245,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"{store}: no published version of {args.model}")
         vdir = model_store.version_dir(store, args.model, current)
         bodies = {form: request_bodies(form == "columns") for form in forms}
-        reference = {form: inprocess_p50_ms(vdir, b) for form, b in bodies.items()}
+        reference = {form: inprocess_p50_ms(vdir, b, sampling(args)) for form, b in bodies.items()}
         for form, (p50, decode) in reference.items():
             print(f"in one process, {form}: p50 {p50} ms, decode {decode} ms", flush=True)
         load_before = os.getloadavg()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,15 +17,30 @@ if TYPE_CHECKING:
     from serving.stack.state import StackState
 
 
-def median_ms(fn, args: list, min_runs: int = 100, min_seconds: float = 1.0) -> float:
+@dataclass(frozen=True)
+class Sampling:
+    """How long each sequential median runs: at least ``runs`` calls over at least ``seconds``
+    (``--quick``: a few calls, enough to check the path, not to time it)."""
+
+    runs: int = 100
+    seconds: float = 1.0
+
+
+def median_ms(fn, args: list, sampling: Sampling) -> float:
     """Median wall time of ``fn(a)`` in ms, cycling through ``args`` (after one pass of warm-up)."""
-    return round(float(np.median(call_times(fn, min_runs, min_seconds, args))) * 1e3, 3)
+    return round(float(np.median(call_times(fn, sampling.runs, sampling.seconds, args))) * 1e3, 3)
 
 
 def stages(
-    vdir: Path, state: StackState, bodies: list[bytes], runtime: str, worker_in_handler: bool
+    vdir: Path,
+    state: StackState,
+    bodies: list[bytes],
+    runtime: str,
+    worker_in_handler: bool,
+    sampling: Sampling,
 ) -> tuple[dict, float]:
-    """Per-stage medians (ms) of the handler's path, and the in-process p50 (ms)."""
+    """Per-stage medians (ms) of the handler's path, and the in-process p50 (ms); the paced pass
+    (10 requests/s) scores half as many requests as a median's ``sampling.runs``."""
     import orjson
 
     import model_store
@@ -65,25 +81,28 @@ def stages(
             if status_payload[0] != 200:
                 raise RuntimeError(f"scoring failed: {status_payload}")
 
-        inprocess_p50 = median_ms(lambda b: check(score(inproc, b, JSON)), bodies)
+        def timed(fn, args: list) -> float:
+            return median_ms(fn, args, sampling)
+
+        inprocess_p50 = timed(lambda b: check(score(inproc, b, JSON)), bodies)
         paced = []  # the same at 10 requests/s: caches go cold between requests, as at the 10 rps run
-        for i in range(50):
+        for i in range(max(1, sampling.runs // 2)):
             time.sleep(0.1)
             t0 = time.perf_counter()
             check(score(inproc, bodies[i % len(bodies)], JSON))
             paced.append((time.perf_counter() - t0) * 1e3)
         out = {
             "inprocess_paced_10rps": round(float(np.median(paced)), 3),
-            "handler_score": median_ms(lambda b: check(score(remote, b, JSON)), bodies),
-            "decode": median_ms(lambda b: inproc.decode(b, JSON), bodies),  # what the scoring core runs
-            "orjson_transform": median_ms(lambda b: transform(orjson.loads(b), schema), bodies),  # baseline
-            "codec_encode": median_ms(encode, batches),
-            "worker_forward_rpc": median_ms(lambda blob: client.forward(blob), blobs),
-            "worker_core_over_ps": median_ms(lambda b: ps.forward(b), batches),
-            "ps_lookup_fanout": median_ms(lambda s: ps._lookup(s, insert=False), signs),
-            "worker_core_inprocess_tables": median_ms(lambda b: inproc_worker.forward(b), batches),
-            "dense": median_ms(lambda pd: inproc.dense(*pd), pooled),
-            "encode_response": median_ms(lambda sv: inproc.encode(*sv), scored),
+            "handler_score": timed(lambda b: check(score(remote, b, JSON)), bodies),
+            "decode": timed(lambda b: inproc.decode(b, JSON), bodies),  # what the scoring core runs
+            "orjson_transform": timed(lambda b: transform(orjson.loads(b), schema), bodies),  # baseline
+            "codec_encode": timed(encode, batches),
+            "worker_forward_rpc": timed(lambda blob: client.forward(blob), blobs),
+            "worker_core_over_ps": timed(lambda b: ps.forward(b), batches),
+            "ps_lookup_fanout": timed(lambda s: ps._lookup(s, insert=False), signs),
+            "worker_core_inprocess_tables": timed(lambda b: inproc_worker.forward(b), batches),
+            "dense": timed(lambda pd: inproc.dense(*pd), pooled),
+            "encode_response": timed(lambda sv: inproc.encode(*sv), scored),
         }
     # derived: the worker's gRPC hop (server + client + codec decode) and its own compute
     out["worker_rpc_hop"] = round(out["worker_forward_rpc"] - out["worker_core_over_ps"], 3)
