@@ -35,15 +35,16 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 # Unit tests first (fast), then the integration tests that start real processes; each on
-# TEST_WORKERS pytest-xdist workers, a module's tests on one worker (its fixtures built once).
+# TEST_WORKERS pytest-xdist workers, a module's tests on one worker (its fixtures built once), the
+# longest modules of the last run first (tests/ordering.py; xdist's own reorder by count is off).
 TEST_WORKERS ?= 2
 # The slow suite runs every bench once with --quick (tests/loadtest/test_bench_*.py; bench-ps's needs
 # redis-server, bench-multihost's root).
 test: $(STAMP) $(GEN) lint
 	command -v prometheus >/dev/null && command -v redis-server >/dev/null || \
 	  (apt-get update && apt-get install -y prometheus redis-server)
-	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadscope
-	$(PY) -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadscope
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+	$(PY) -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test-fast: $(STAMP) $(GEN)
 	$(PY) -m pytest -q -m "not slow" -x

@@ -1,6 +1,7 @@
 """Fixtures every test package may use: ``network``, hosts made of Linux network namespaces;
 ``readme_ports``, the README's fixed ports held by one test at a time; ``trained``, a store with a
-trained, published Criteo version; ``kafka``, the session's mock Kafka cluster."""
+trained, published Criteo version; ``kafka``, the session's mock Kafka cluster. And the order the
+suite's modules run in (``tests/ordering.py``: longest first, by their last durations)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ import pytest
 
 from loadtest import mockbroker, netns
 from tests.helpers import exclusive, train_version
+from tests.ordering import Ordering
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(Ordering(config), "recserve-ordering")
 
 
 @pytest.fixture
