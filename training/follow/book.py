@@ -9,7 +9,9 @@ dropped as duplicates and refused as malformed, and (``--metrics-port``) their P
 window; a window of one label only has no AUC: the gauge keeps the last AUC and
 ``recserve_follow_progressive_one_class_total`` counts it), ``recserve_follow_offset`` (per unit: the next offset or row the last delta recorded),
 ``recserve_follow_lag_samples`` (the consumer lag: samples of the followed partitions after those
-trained, at the trainer's last look; its maximum is the result's ``max_lag_samples``).
+trained, at the trainer's last look; its maximum is the result's ``max_lag_samples``),
+``recserve_follow_final_auc``, ``_final_logloss`` and ``_final_calibration`` (the whole run's
+progressive figures against the final labels: ``training.follow.final_labels``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from model_store.deltas import DeltaManifest, last_record, read_keys, write_delta
+from training.follow.final_labels import FinalLabels
 from training.follow.progressive import Progressive
 from training.follow.trained_keys import TrainedKeys
 from training.follow.types import Counts, FollowResult, Score
@@ -67,6 +70,9 @@ class _Metrics:
         self.lag = Gauge("recserve_follow_lag_samples",
                          "Samples of the followed partitions after those trained, at the last look.",
                          registry=reg)  # fmt: skip
+        self.final = {k: Gauge(f"recserve_follow_final_{k}", f"Progressive {k} of the run against the final labels "
+                               "(corrections applied to the first labels they correct).", registry=reg)
+                      for k in ("auc", "logloss", "calibration")}  # fmt: skip
         self.close = start_metrics_server(port, host, reg)
 
 
@@ -96,6 +102,7 @@ class StreamBook:
 
     def __post_init__(self) -> None:
         self.keys = TrainedKeys(self.window_s)
+        self.final = FinalLabels(self.window_s)
 
     def serve_metrics(self, port: int, host: str) -> None:
         self._metrics = _Metrics(port, host)
@@ -120,10 +127,13 @@ class StreamBook:
     def trained(self, keyed: Keyed, rows: NDArray[np.int64] | None, labels: NDArray[np.float32],
                 scores: NDArray[np.float32]) -> None:  # fmt: skip
         """``rows`` of ``keyed`` (None: all) trained, scored ``scores`` before they were."""
-        keys, ts = keyed.keys, keyed.ts
-        self.add_keys(*((keys, ts) if rows is None else (keys[rows], ts[rows])))
+        keys, ts, kinds = keyed.keys, keyed.ts, keyed.kinds
+        if rows is not None:
+            keys, ts, kinds = keys[rows], ts[rows], kinds[rows]
+        self.add_keys(keys, ts)
         self.rows(len(labels))
         self.progressive.add(labels, scores)
+        self.final.add(keys, kinds, ts, labels, scores)
 
     def add_keys(self, keys: NDArray[np.bytes_], ts: NDArray[np.float64]) -> None:
         """Keys trained (here, or by another rank: ``training.follow.ranks``), for the next delta."""
@@ -150,6 +160,7 @@ class StreamBook:
         result.rows, result.duplicates, result.refused = t.rows, t.duplicates, t.refused
         result.max_lag_samples, result.progressive = t.max_lag, self.windows
         result.progressive_total = self.progressive.total()
+        result.progressive_final = self.final.figures() if self.keyed else None
 
     def moved(self, positions: dict[str, int]) -> bool:
         """A keyed stream read past what the last delta recorded (samples dropped as duplicates,
@@ -181,6 +192,9 @@ class StreamBook:
                 else:
                     self._metrics.auc.set(score.auc)
                 self._metrics.logloss.set(score.logloss or 0.0)
+            for k, v in self.final.figures().items():
+                if k in self._metrics.final and v is not None:
+                    self._metrics.final[k].set(v)
 
     def _write_keys(self, ddir: Path, record: DeltaManifest) -> DeltaManifest:
         """The record with its key file: the keys trained since the last delta, or the whole

@@ -1,11 +1,13 @@
 """The keys of the samples a streaming trainer has trained, over a bounded window: what makes a
 sample that the joiner emits twice (it is at least once) train once.
 
-A key is a sample's (request, item) as bytes (``stream.sample_batch``). The set keeps the
+A key is a sample's (request, item, kind) as bytes (``stream.sample_batch``). The set keeps the
 keys whose sample time is within ``window_s`` of the newest trained (the join window plus the
 longest replay a restarted joiner does), so it stays bounded by the rate times the window. Sorted
 numpy arrays: membership of a whole batch is one ``np.isin``, no loop per sample. It is saved
-with the offsets in every delta (``model_store.deltas``) and read back on restart.
+with the offsets in every delta (``model_store.deltas``) and read back on restart. A key may carry
+a value (``add(..., values)``, ``find``): ``training.follow.final_labels`` keeps where each negative
+lies in the run's progressive record that way.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class TrainedKeys:
         order = np.argsort(self.keys, kind="stable")
         self.keys, self.ts = self.keys[order], self.ts[order]
         self.newest = float(self.ts.max(initial=-np.inf))
-        self._pk, self._pt = self.keys[:0], self.ts[:0]
+        self.values = np.full(len(self.keys), -1, np.int64)
+        self._pk, self._pt, self._pv = self.keys[:0], self.ts[:0], self.values[:0]
 
     def __len__(self) -> int:
         self._merge()
@@ -54,17 +57,31 @@ class TrainedKeys:
         once[first] = True
         return fresh & once
 
-    def add(self, keys: NDArray[np.bytes_], ts: NDArray[np.float64]) -> None:
-        """Remember trained ``keys`` (new ones: see ``new``); forget those out of the window."""
+    def add(
+        self, keys: NDArray[np.bytes_], ts: NDArray[np.float64], values: NDArray[np.int64] | None = None
+    ) -> None:
+        """Remember trained ``keys`` (new ones: see ``new``), each with its value (-1: none);
+        forget those out of the window."""
         if not len(keys):
             return
         self.newest = max(self.newest, float(ts.max()))
         k = keys.astype(self._widen(keys.dtype.itemsize))
         order = np.argsort(k, kind="stable")
         at = np.searchsorted(self._pk, k[order])
+        v = np.full(len(keys), -1, np.int64) if values is None else values
         self._pk, self._pt = np.insert(self._pk, at, k[order]), np.insert(self._pt, at, ts[order])
+        self._pv = np.insert(self._pv, at, v[order])
         if len(self._pk) >= max(self.MERGE_MIN, len(self.keys) // 16):
             self._merge()
+
+    def find(self, keys: NDArray[np.bytes_]) -> NDArray[np.int64]:
+        """Per key, its value (-1: not held, or held without one)."""
+        self._merge()
+        probe = keys.astype(self._widen(keys.dtype.itemsize))
+        if not len(self.keys):
+            return np.full(len(keys), -1, np.int64)
+        at = np.searchsorted(self.keys, probe).clip(max=len(self.keys) - 1)
+        return np.where(self.keys[at] == probe, self.values[at], -1)
 
     def arrays(self) -> tuple[NDArray[np.bytes_], NDArray[np.float64]]:
         """Every key in the window, sorted, with its time."""
@@ -81,10 +98,11 @@ class TrainedKeys:
         if not len(self._pk):
             return
         all_keys, all_ts = np.concatenate([self.keys, self._pk]), np.concatenate([self.ts, self._pt])
-        self._pk, self._pt = self.keys[:0], self.ts[:0]
+        all_values = np.concatenate([self.values, self._pv])
+        self._pk, self._pt, self._pv = self.keys[:0], self.ts[:0], self.values[:0]
         keep = all_ts >= self.newest - self.window_s
         order = np.argsort(all_keys[keep], kind="stable")  # two sorted runs: merged, not sorted anew
-        self.keys, self.ts = all_keys[keep][order], all_ts[keep][order]
+        self.keys, self.ts, self.values = all_keys[keep][order], all_ts[keep][order], all_values[keep][order]
 
 
 def _member(sorted_keys: NDArray[np.bytes_], probe: NDArray[np.bytes_]) -> NDArray[np.bool_]:

@@ -80,6 +80,7 @@ class FollowResult:
     refused: int = 0  # malformed records (sent to the dead-letter topic)
     progressive: list[Score] = field(default_factory=list)  # per delta: scored before training
     progressive_total: Score | None = None
+    progressive_final: dict | None = None  # --stream: against the final labels (training.follow.final_labels)
     steps: int = 0
     reloads: int = 0  # CURRENT changes followed
     full_versions: list[str] = field(default_factory=list)  # written and published (--full-every)

@@ -78,6 +78,11 @@ class Keyed:
         impression is remembered as long as a first label."""
         return self.samples.ts + self.samples.elapsed
 
+    @property
+    def kinds(self) -> NDArray[np.uint8]:
+        """Per row, a first label or a correction (``stream.records`` LABEL, CORRECTION)."""
+        return self.samples.kinds
+
     @classmethod
     def join(cls, parts: list[Keyed]) -> Keyed:
         """The rows of ``parts`` (of one schema) in order, as one."""

@@ -70,6 +70,10 @@ class _Keyed:
     keys: np.ndarray
     ts: np.ndarray
 
+    @property
+    def kinds(self) -> np.ndarray:
+        return np.zeros(len(self.keys), np.uint8)  # first labels
+
 
 def _keyed(*keys: bytes, t: float = 1.0) -> _Keyed:
     return _Keyed(np.array(keys), np.full(len(keys), t))
