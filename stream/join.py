@@ -6,20 +6,18 @@ arrives within ``label_after_s`` of the impression (its first horizon, the "wind
 (0.0) for every item without one when the window closes. A second event for an item collapses into
 the first (``duplicates``); an event after its window, or for a request never seen within a window
 of its own time, is ``late``: counted and dropped. A record that cannot be read (or an event naming
-an item the request does not have) goes to the dead-letter topic (``malformed``).
+an item the request does not have, or a ts more than ``SKEW_S`` before its impression's) goes to the
+dead-letter topic (``malformed``).
 
 **Corrections** (``attribution_s`` > ``label_after_s``): a click after the item's first horizon
 but within ``attribution_s`` of the impression emits a second sample of the item, positive, of kind
-``CORRECTION`` with its delay (``elapsed``): the trainer has seen the item as a negative already
-(``--delayed-feedback`` says how its loss counts that). Once its window closes a request keeps only
-where its impression lies on local disk (``stream.spill``), its time and which items were clicked;
-a correction reads the impression back from there, so memory holds the open windows' rows, not the
-attribution window's. A click after ``attribution_s`` is late. Once its first labels are
-acknowledged the request is *settled*: written to the partition's journal (``stream.journal``) and
-its records released, so the offsets commit past it; a restart ``restore``s it from the journal, and
-its impression re-read (offsets held by an older request) is known, not seen twice. Its corrections
-hold their events until acknowledged and journalled in turn. (Without a journal the request's
-records stay held until its attribution window is over, and a restart re-reads them.)
+``CORRECTION`` with its delay (``elapsed``); one after ``attribution_s`` is late. Once its window
+closes a request keeps only where its impression lies on local disk (``stream.spill``, read back
+for a correction) and which items were clicked. Once its first labels are acknowledged it is
+*settled*: written to the partition's journal (``stream.journal``) and its records released, so
+offsets commit past it; a restart ``restore``s it, and its impression re-read is known, not seen
+twice. A correction holds its event until acknowledged and journalled. (Without a journal a
+request's records stay held until its attribution window is over.)
 
 **Time** is event time: the join's watermark is the smallest of its two inputs' watermarks, each
 the newest ``ts`` it delivered, advanced by the wall time since (so a quiet input does not stop
@@ -32,9 +30,8 @@ windows then stay open up to ``hold_s`` past their close, so that clicks delayed
 pipeline still label their items, and the samples of an open window wait for its close (a positive
 too: nothing from a suspect stretch reaches the trainer early). When the guard clears, the windows
 close as usual (``release``; for one window after, each request's clicks still wait for the rest of
-it, so that the trainer does not get a window of clicks before any negative) when their clicks came (the clicks of a stopped pipeline, delayed),
-and as ``quarantine`` samples when they did not (the joiner judges the held windows' label rate
-against the guard's band); those the bound closes while it holds are ``quarantine`` samples too.
+it) when their clicks came (a stopped pipeline's, delayed), and as ``quarantine`` samples when they
+did not (the held windows' label rate against the guard's band), as are those its bound closes.
 
 **Offsets**: a record is *held* until everything it led to is acknowledged: an impression or event
 until its request's window closed and every sample of it was acknowledged, a dead letter until
@@ -69,6 +66,8 @@ from stream.rows import RowTable
 from stream.spill import Spill
 
 __all__ = ["EVENTS", "IMPRESSIONS", "INPUTS", "Emit", "JoinCounts", "PartitionJoin"]
+SKEW_S = 1.0
+"""How far before its impression's an event's ts may be (clients' clocks are not the frontends')."""
 
 
 class PartitionJoin:
@@ -188,10 +187,12 @@ class PartitionJoin:
 
     def _apply(self, rid: str, req: _Request, offset: int, ev: Event) -> list[Emit]:
         assert req.labelled is not None
-        if ev.item >= len(req.labelled):
+        why = (f"event: item {ev.item} of a request of {len(req.labelled)} items" if ev.item >= len(req.labelled)
+               else f"event: ts {ev.ts:.3f} is {req.ts - ev.ts:.3f} s before its impression's" if ev.ts < req.ts - SKEW_S
+               else "")  # fmt: skip
+        if why:
             if (EVENTS, offset) in req.held:  # an early event: the dead letter holds it now
                 req.held.remove((EVENTS, offset))
-            why = f"event: item {ev.item} of a request of {len(req.labelled)} items"
             return [self._dead(EVENTS, offset, encode_event(ev), why)]
         after = req.closed or ev.ts > req.deadline  # after the item's first horizon
         if after and (not self.correcting or req.expired or ev.ts > req.ts + self.attribution_s):
@@ -385,8 +386,7 @@ class PartitionJoin:
             heapq.heappush(self._attributing, (s.ts + self.attribution_s, rid))
 
     def compact(self) -> None:
-        """Rewrite the journal with the requests still settled once it has grown past twice its
-        size after the last (and 16 MB)."""
+        """Rewrite the journal with the settled requests once past twice its last size (+16 MB)."""
         if self.journal is not None and self.journal.bytes >= 2 * self._compacted + (16 << 20):
             self.journal.compact(self.requests)
             self._compacted = self.journal.bytes

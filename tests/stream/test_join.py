@@ -336,3 +336,11 @@ def test_a_settled_request_commits_past_itself_and_a_restart_restores_it_from_th
     assert (late.key, late.elapsed) == (("r1", 3, CORRECTION), 60.0)  # from the spill the first run wrote
     (dead,) = again.impression(2, impression("r1", 120.0), now=0)  # another impression of the id: refused
     assert dead.dead and "seen twice" in dead.reason
+
+
+def test_an_event_before_its_impression_is_refused_beyond_the_clocks_skew(join):
+    join.impression(0, impression("r1", 100.0), now=0)
+    assert labels(join.event(0, event("r1", 1, 99.5), now=0)) == {("r1", 1): 1.0}  # within SKEW_S: a click
+    (dead,) = join.event(1, event("r1", 2, 97.0), now=0)
+    assert dead.dead and dead.reason == "event: ts 97.000 is 3.000 s before its impression's"
+    assert join.counts.malformed == [0, 1]
