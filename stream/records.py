@@ -335,7 +335,9 @@ class SampleWriter:
         """The sample of the item ``ev`` names, with what the event carries into it (its label,
         its delay): the join hands the whole event over, so a field an event adds for the trainer
         is this module's alone. ``kind`` CORRECTION: a click after the item's first horizon."""
-        return self.encode(ev.item, ev.label, kind, ev.ts - self._fixed[0])
+        return self.encode(
+            ev.item, ev.label, kind, max(ev.ts - self._fixed[0], 0.0)
+        )  # a client's clock may be behind
 
     def closing(self, events: list[Event], negatives: NDArray[np.int64], horizon: float) -> list[bytes]:
         """The samples of a window that closed ``horizon`` seconds after the impression: those of
@@ -344,7 +346,7 @@ class SampleWriter:
         n = len(events)
         items = np.fromiter((e.item for e in events), np.int64, n)
         labels = np.fromiter((e.label for e in events), np.float32, n)
-        delays = np.fromiter((e.ts for e in events), np.float64, n) - self._fixed[0]
+        delays = np.maximum(np.fromiter((e.ts for e in events), np.float64, n) - self._fixed[0], 0.0)
         return self.encode_many(
             np.concatenate([items, negatives]).astype(np.int64),
             np.concatenate([labels, np.zeros(len(negatives), np.float32)]),
