@@ -48,17 +48,18 @@ LOAD_WAIT_S = 30.0
 
 
 @contextlib.contextmanager
-def loading_beside_requests(lock_dir: str | None = None) -> Iterator[None]:
+def loading_beside_requests(kind: str = "load", lock_dir: str | None = None) -> Iterator[None]:
     """Load a new version in a process that serves requests meanwhile: in one of the host's
-    ``LOAD_SLOTS`` turns, and with the GIL handed over every ``FOLLOW_SWITCH_S`` while it loads
-    (the interval before is restored after).
+    ``LOAD_SLOTS`` turns of ``kind``, and with the GIL handed over every ``FOLLOW_SWITCH_S`` while
+    it loads (the interval before is restored after). One kind per role: a scorer's load waits for
+    the PS shards to serve the version (remote lookups), so they must not wait for its turn.
 
     A request thread that gives the GIL up (in numpy or torch) waits up to the switch interval to
     get it back from the loader, each time, and a load holds it for milliseconds at a stretch
     (TorchScript's load: 5-7 ms): 200-item requests beside a scorer being built in the same
     process took 24-33 ms at 5 ms against 13-15 ms at 0.5 ms (1-5 ms with no load). Only for the
     load: kept on, 0.5 ms cost ``recserve serve`` more than it gained (``share_gil_with_followers``)."""
-    with host_slot("load", LOAD_SLOTS, lock_dir, wait_s=LOAD_WAIT_S):
+    with host_slot(kind, LOAD_SLOTS, lock_dir, wait_s=LOAD_WAIT_S):
         before = sys.getswitchinterval()
         sys.setswitchinterval(min(before, FOLLOW_SWITCH_S))
         try:

@@ -26,6 +26,7 @@ Freshness -- time from a delta's ``_SUCCESS`` to the delta being visible in look
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -38,7 +39,7 @@ from model_store import ModelStoreError, shards
 from model_store.errors import StoreError
 from model_store.shards import ShardData
 from serving import memory
-from serving.priority import host_slot
+from serving.priority import host_slot, loading_beside_requests
 from serving.ps.config import TableShardConfig
 from serving.versions import VersionTarget
 
@@ -141,14 +142,18 @@ class Follower:
         return notice.version == (self.pin or self.target)
 
     def poll(self, turn: bool = True) -> list[str]:
-        """One pass: switch to a new CURRENT version, then apply new deltas, in one of the host's
+        """One pass: switch to a new CURRENT version (with ``turn``, in one of the host's load turns:
+        ``serving.priority.loading_beside_requests``), then apply new deltas, in one of the host's
         apply slots (``turn``; a process that serves nothing yet, loading at low priority, takes
-        none: holding one there would keep the serving followers waiting). Returns what it did."""
+        none: holding one there would keep the serving followers waiting; a co-located shard loads
+        its version inside its scorer's turn). Returns what it did."""
         events: list[str] = []
         self.target = target = self.versions.target()
         if target and self.versions.wanted(target, self.store.version):  # wanted() is False without one
             try:
-                events.append(self._switch(target))
+                # beside requests (``turn``): in the host's load turn, the GIL handed over finely
+                with loading_beside_requests("ps-load") if turn else contextlib.nullcontext():
+                    events.append(self._switch(target))
             except (ModelStoreError, StoreError, OSError) as e:
                 self.versions.refuse(target, f"not switching to version {target}: {e}")
         self.refusal = self.versions.refusal(target, self.store.version)

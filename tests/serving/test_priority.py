@@ -47,7 +47,7 @@ def test_a_load_beside_requests_takes_a_turn_and_hands_the_gil_over_finely_until
 
     monkeypatch.setattr(priority, "LOAD_SLOTS", 1)  # one load at a time on this host
     before = sys.getswitchinterval()
-    with priority.loading_beside_requests(str(tmp_path)):
+    with priority.loading_beside_requests(lock_dir=str(tmp_path)):
         assert sys.getswitchinterval() == priority.FOLLOW_SWITCH_S
         with host_slot("load", 1, str(tmp_path), wait_s=0.05) as other_worker:
             assert not other_worker  # another worker's load waits for this one's turn

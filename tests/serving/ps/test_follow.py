@@ -359,3 +359,34 @@ def test_a_follower_that_serves_nothing_yet_takes_no_turn(setup, monkeypatch, tm
         t0 = time.monotonic()
         assert [e.split(":")[0] for e in follower.poll(turn=False)] == [f"delta {seq}"]
         assert time.monotonic() - t0 < 30 and served.delta_seq == seq and follower.slot_timeouts == 0
+
+
+def test_a_serving_follower_switches_versions_in_the_hosts_ps_load_turn(setup, monkeypatch, tmp_path_factory):
+    """A PS shard loads a new version beside its lookups in one of the host's "ps-load" turns (the
+    scorers' loads, which wait for the PS shards, have turns of their own), with the GIL handed
+    over finely; a co-located shard's first load (``turn=False``, inside its scorer's turn) takes
+    none."""
+    import sys
+    import tempfile
+
+    from serving import priority
+    from serving.priority import host_slot
+
+    root, trainer, v1, served, follower = setup
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("locks")))
+    monkeypatch.setattr(priority, "LOAD_SLOTS", 1)
+    seen = []
+    switch = follower._switch
+
+    def observed(version):
+        with host_slot("ps-load", 1, wait_s=0.05) as other, host_slot("load", 1, wait_s=0.05) as scorers:
+            seen.append((other, scorers, sys.getswitchinterval()))
+        return switch(version)
+
+    monkeypatch.setattr(follower, "_switch", observed)
+    follower.poll(turn=False)
+    assert seen[-1][:2] == (True, True) and served.version == v1
+    v2 = make_rows_version(root, trainer)
+    publish(root, "m", v2)
+    follower.poll()
+    assert seen[-1] == (False, True, priority.FOLLOW_SWITCH_S) and served.version == v2
