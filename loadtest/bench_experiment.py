@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     keep_work_flag(p)
     args = parse(p, argv, {"rate": 6.0, "warm_s": 35.0, "fresh_s": 20.0, "full_every": "10s", "decide_s": 50.0, "window_s": 4.0,
-                           "p99_phase_s": 3.0, "min_samples": 2000, "min_clicks": 300, "p99_rounds": 2, "aa_replays": 50})  # fmt: skip
+                           "p99_phase_s": 1.5, "min_samples": 2000, "min_clicks": 300, "p99_rounds": 2, "aa_replays": 50})  # fmt: skip
     with work_dir("bench-experiment", args.keep_work) as work:
         store = given_or_trained(args.store, work)
         served = work / "served"
