@@ -11,9 +11,10 @@ the other waits (xdist's own reorder, by the number of tests, put single-test be
 minutes last). With no durations cached (a fresh clone) modules go by their number of tests, as
 xdist orders them.
 
-The controller records every test's duration as its reports arrive and merges them into the cache
-at the end of the session; the workers, which collect, only read it, so each collects the same
-order.
+The controller reads the cache once and hands that copy to each xdist worker (``workerinput``), so
+every worker collects the same order even when another session in this checkout writes the cache
+meanwhile; it records every test's duration as its reports arrive and merges them into the cache at
+the end of the session. Workers never write it.
 """
 
 from __future__ import annotations
@@ -29,15 +30,22 @@ class Ordering:
 
     def __init__(self, config: pytest.Config) -> None:
         self.cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
-        self.worker = hasattr(config, "workerinput")  # an xdist worker: reads, never writes
+        workerinput = getattr(config, "workerinput", None)  # an xdist worker: its controller's copy
+        self.worker = workerinput is not None
+        self.last = workerinput.get(KEY, {}) if workerinput is not None else self.cached()
         self.seconds: dict[str, float] = {}
 
-    def last(self) -> dict[str, float]:
+    def cached(self) -> dict[str, float]:
         return self.cache.get(KEY, {}) if self.cache is not None else {}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        """xdist's controller, as it starts each worker: the durations it read, for the worker's order."""
+        node.workerinput[KEY] = self.last
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        seconds = self.last()
+        seconds = self.last
         modules: dict[str, list[pytest.Item]] = {}
         for item in items:
             modules.setdefault(item.nodeid.split("::")[0], []).append(item)
@@ -54,4 +62,4 @@ class Ordering:
 
     def pytest_sessionfinish(self) -> None:
         if self.cache is not None and not self.worker and self.seconds:
-            self.cache.set(KEY, {**self.last(), **{k: round(v, 2) for k, v in self.seconds.items()}})
+            self.cache.set(KEY, {**self.cached(), **{k: round(v, 2) for k, v in self.seconds.items()}})
