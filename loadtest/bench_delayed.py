@@ -21,7 +21,7 @@ logit, once round every ``--drift-period-s``). A click's delay is heavy-tailed (
 ``--tail-median-s`` and sigma ``--tail-sigma``, a tail past the attribution window.
 
 **Scaled event time.** The frontend stamps impressions with wall time and the mock cluster keeps
-about 5 MB a partition (a few minutes of impressions, which corrections read back), so the world
+about 5 MB a partition (a few minutes of impressions and samples, which the bench reads), so the world
 runs ``SCALE`` times faster than the one it stands for: 1 s here is 30 s there. The defaults:
 attribution 120 s (1 hour), label-after 2 s (1 minute), fast clicks 1 s (30 s), the tail's median
 20 s (10 minutes; 12% of the tail past the hour), tastes round every 600 s (5 hours).
@@ -178,7 +178,10 @@ def run_arm(args, arm: str, model_dir: Path, work: Path, reference) -> tuple[dic
             "--metrics-port",
             str(join_port),
         ]
-        roles = {"joiner": joiner + (["--attribution-s", f"{attribution:g}"] if attribution else [])}
+        # the spill and journal in the arm's work dir: the default (<tmp>/recserve-join/<group>)
+        # outlives the run, and the next run's joiner of the group would resume from it
+        late = ["--attribution-s", f"{attribution:g}", "--state-dir", str(work / "join-state")]
+        roles = {"joiner": joiner + (late if attribution else [])}
         roles |= trainer_roles(["train", "--follow", str(model_dir), "--stream", f"kafka://{b}/samples",
                                 "--delta-interval-s", "0.5", "--lr", f"{args.lr:g}", "--batch-size",
                                 str(args.batch_size), "--dedup-window-s", f"{2 * final_s + 60:g}",
