@@ -65,7 +65,7 @@ bench-codec: $(STAMP) $(GEN)
 bench-join: $(STAMP) $(GEN)
 	$(PY) -m loadtest.bench_join
 
-# One joiner over an hour of attribution (accelerated event time) at 50 requests/s of 200 items,
+# One joiner over an hour of attribution (accelerated event time: 90 minutes of it) at 50 requests/s of 200 items,
 # SIGKILLed once: its RSS, its spill, lost samples and corrections: loadtest/results/attribution.json.
 # Not part of `make bench`.
 .PHONY: bench-attribution

@@ -1,7 +1,7 @@
 """``make bench-attribution``: one joiner over a long attribution window, at a frontend's rate, in
 accelerated event time: its memory, and exactly once across a SIGKILL.
 
-    python -m loadtest.bench_attribution [--minutes 60] [--rate 50] [--items 200] [--label-after-s 5]
+    python -m loadtest.bench_attribution [--minutes 90] [--rate 50] [--items 200] [--label-after-s 5]
         [--attribution-s 3600] [--partitions 16] [--quick] [--results-dir DIR]
 
 ``--minutes`` of event time at ``--rate`` requests/s of ``--items`` Criteo items (the impressions of
@@ -14,14 +14,16 @@ in minutes. The producer keeps the joiner's backlog under ``BACKLOG`` impression
 keeps only 5 MB a partition: what the joiner has not read by then is gone). Two fifths in, the
 joiner is SIGKILLed and started again on the same state directory.
 
-The samples topic is read as it fills; every sample's (request, item, kind) is counted, and
-against what the world says must come -- a first label of every item of every request whose first
-horizon closed, a correction of every click sent after its first horizon and within the
-attribution window -- gives ``lost_samples`` and ``lost_corrections``; ``..._produced_again``
-count the records the joiner sent twice (at least once: what a SIGKILL left uncommitted, which the
-trainer drops by key; no trainer runs here, bench-stream and bench-delayed count what it trains). The
-joiner's RSS is sampled every second (``joiner_rss_mb``: the second minute's mean, the last, the
-max) with the spill's bytes on disk.
+The samples topic is read as it fills, every sample's (request, item, kind) and label counted,
+and held against what the world owes (``figures``): a first label of every item of every request
+(``lost_samples``, ``unexpected_samples``), and one positive for every item clicked within the
+attribution window -- its first label's if the click came within the first horizon and was read
+before the window closed, else a correction (``lost_clicks``, ``clicks_labelled_twice``,
+``unexpected_corrections``). ``..._produced_again`` count records the joiner sent twice (at least
+once: what a SIGKILL left uncommitted, which the trainer drops by key; no trainer runs here,
+bench-stream and bench-delayed count what it trains). The joiner's RSS is sampled every second
+(``joiner_rss_mb``: the second minute's mean, the last, the max, the mean of each tenth of the
+run: past the attribution window it is flat) with its spill on disk at the end.
 
 Writes ``loadtest/results/attribution.json``. ``--quick``: 2 minutes of event time at 20 requests/s
 of 20 items (checks the bench, its figures mean little).
@@ -49,6 +51,7 @@ from loadtest.common import (
     write_results,
 )
 from loadtest.processes import Sampler
+from loadtest.stream_roles import scrape
 from loadtest.stream_users import UserModel, impressions, ranking_batch_bytes
 from serving.rpc.procs import free_ports, spawn, stop_children
 from stream.records import encode_event, encode_impression
@@ -78,6 +81,7 @@ class Counter(threading.Thread):
                                   "enable.auto.commit": False, "fetch.wait.max.ms": 50})  # fmt: skip
         self.consumer.assign([TopicPartition("samples", p, OFFSET_BEGINNING) for p in range(partitions)])
         self.codes: list[np.ndarray] = []
+        self.positive: list[np.ndarray] = []
         self.count = 0
         self.stop = threading.Event()
 
@@ -89,11 +93,15 @@ class Counter(threading.Thread):
                 rid = request_ids(s.keys).astype(np.int64)
                 item = np.frombuffer(s.keys.astype("S4").tobytes(), ">u4").astype(np.int64) & (KIND_BIT - 1)
                 self.codes.append((rid << 33) + item * 2 + s.kinds)
+                self.positive.append(s.labels > 0)
                 self.count += s.num_rows
         self.consumer.close()
 
-    def all(self) -> np.ndarray:
-        return np.concatenate(self.codes) if self.codes else np.zeros(0, np.int64)
+    def all(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every sample's key code and whether it is positive."""
+        if not self.codes:
+            return np.zeros(0, np.int64), np.zeros(0, bool)
+        return np.concatenate(self.codes), np.concatenate(self.positive)
 
 
 def world(
@@ -112,16 +120,38 @@ def world(
     return imps, events, ts[order], (num, np.array([e.item for e in clicks], np.int64), ts)
 
 
-def expected(items: int, imp_ts: np.ndarray, clicks: tuple, label_after: float, attribution: float):
-    """(first labels, corrections) the join owes, as key codes: every item of every request (the
-    watermark moves on with the wall clock once both inputs are read, closing the last windows) and
-    every click sent (up to the last impression's time) after its first horizon and within the
-    attribution window (a click twice: one correction)."""
+def expected(
+    items: int, imp_ts: np.ndarray, clicks: tuple, attribution: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """What the join owes, as key codes: a first label of every item of every request (the
+    watermark moves on with the wall clock once both inputs are read, closing the last windows),
+    and a positive -- the first label's, or a correction's -- for every item clicked (a click sent:
+    up to the last impression's time) within the attribution window."""
     firsts = ((np.arange(len(imp_ts))[:, None] << 33) + np.arange(items) * 2).ravel()
     num, item, ts = clicks
-    delay = ts - imp_ts[num]
-    late = (delay > label_after) & (delay <= attribution) & (ts <= imp_ts[-1])
-    return firsts, np.unique((num[late] << 33) + item[late] * 2 + 1)
+    counted = (ts - imp_ts[num] <= attribution) & (ts <= imp_ts[-1])
+    return firsts, np.unique((num[counted] << 33) + item[counted] * 2)
+
+
+def figures(
+    codes: np.ndarray, positive: np.ndarray, firsts: np.ndarray, clicked: np.ndarray
+) -> dict[str, int]:
+    """Lost, unexpected and repeated records against what the join owes (``expected``)."""
+    keys, first_at, counts = np.unique(codes, return_index=True, return_counts=True)
+    label, corr = keys[(keys & 1) == 0], keys[(keys & 1) == 1] - 1
+    positive_first = label[positive[first_at][(keys & 1) == 0]]
+    return {
+        "lost_samples": int(np.isin(firsts, label, invert=True).sum()),
+        "unexpected_samples": int(np.isin(label, firsts, invert=True).sum()),
+        "samples_produced_again": int((counts[(keys & 1) == 0] - 1).sum()),
+        "clicks_expected": len(clicked),
+        "clicks_labelled_at_once": len(positive_first),
+        "corrections": len(corr),
+        "lost_clicks": int(np.isin(clicked, np.concatenate([positive_first, corr]), invert=True).sum()),
+        "clicks_labelled_twice": int(np.isin(corr, positive_first).sum()),
+        "unexpected_corrections": int(np.isin(corr, clicked, invert=True).sum()),
+        "corrections_produced_again": int((counts[(keys & 1) == 1] - 1).sum()),
+    }
 
 
 def committed(bootstrap: str, partitions: int) -> int:
@@ -171,38 +201,37 @@ def run(args: argparse.Namespace) -> dict:
                     procs[-1].wait()
                     killed_at = time.time()
                     procs.append(spawn(argv, work / "join-2.log"))
-            firsts, corrections = expected(args.items, imp_ts, clicks, args.label_after_s, args.attribution_s)
-            deadline = time.time() + 300
-            while counter.count < len(firsts) + len(corrections) and time.time() < deadline:
-                time.sleep(0.5)  # the samples of the last windows
+            firsts, clicked = expected(args.items, imp_ts, clicks, args.attribution_s)
+            settled, last = 0, -1
+            deadline = time.time() + 600
+            while settled < 3 and time.time() < deadline:  # every window closed, every sample read
+                time.sleep(1.0)  # the pace of the check: the joiner's last windows and the reader
+                done = scrape(port, "recserve_join_open_windows") == 0 and counter.count == last
+                settled, last = (settled + 1 if done else 0), counter.count
         wall = time.time() - t0
         counter.stop.set()
         counter.join()
         stop_children(procs)
         spill_mb = sum(f.stat().st_size for f in (work / "state").rglob("*.seg")) / 2**20
-    keys, counts = np.unique(counter.all(), return_counts=True)
-    is_corr = (keys & 1).astype(bool)
+    counted = figures(*counter.all(), firsts, clicked)
     rss = np.array([(t, u.rss_bytes / 2**20) for t, u in sampler.samples if u.rss_bytes]).reshape(-1, 2)
     second = rss[(rss[:, 0] >= t0 + 60) & (rss[:, 0] < t0 + 120), 1]
     return {
         "requests": n, "items": args.items, "rate": args.rate, "event_minutes": args.minutes,
         "label_after_s": args.label_after_s, "attribution_s": args.attribution_s, "wall_s": round(wall, 1),
-        "first_labels_expected": len(firsts), "corrections_expected": len(corrections),
-        "lost_samples": int(np.isin(firsts, keys, invert=True).sum()),
-        "samples_produced_again": int((counts[~is_corr] - 1).sum()),
-        "lost_corrections": int(np.isin(corrections, keys, invert=True).sum()),
-        "corrections_produced_again": int((counts[is_corr] - 1).sum()),
-        "unexpected_samples": int(np.isin(keys, np.concatenate([firsts, corrections]), invert=True).sum()),
+        "first_labels_expected": len(firsts), **counted,
         "joiner_rss_mb": {"second_minute": round(float(second.mean()), 1) if len(second) else None,
                           "last": round(float(rss[-1, 1]), 1) if len(rss) else None,
-                          "max": round(float(rss[:, 1].max()), 1) if len(rss) else None},
+                          "max": round(float(rss[:, 1].max()), 1) if len(rss) else None,
+                          "by_tenth": [round(float(t[:, 1].mean()), 1) for t in np.array_split(rss, 10) if len(t)]},
         "spill_mb_at_end": round(spill_mb, 1), "killed_at_s": round(killed_at - t0, 1) if killed_at else None,
     }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__)
-    p.add_argument("--minutes", type=float, default=60.0, help="event time of traffic (default: 60)")
+    p.add_argument("--minutes", type=float, default=90.0,
+                   help="event time of traffic (default: 90: half an hour past a full window)")  # fmt: skip
     p.add_argument("--rate", type=float, default=50.0, help="requests/s of event time (default: 50)")
     p.add_argument("--items", type=int, default=200, help="items per request (default: 200)")
     p.add_argument("--label-after-s", type=float, default=5.0)
@@ -214,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table("bench-attribution", [result], [k for k in result if not isinstance(result[k], dict)])
     print("joiner RSS MB:", result["joiner_rss_mb"])
     report_targets(result, {
-        "0 lost samples and corrections across the joiner's SIGKILL": not any(
-            result[k] for k in ("lost_samples", "lost_corrections", "unexpected_samples")),
+        "0 lost or made-up samples and clicks across the joiner's SIGKILL": not any(result[k] for k in (
+            "lost_samples", "unexpected_samples", "lost_clicks", "clicks_labelled_twice", "unexpected_corrections")),
         "joiner RSS <= 600 MB": (result["joiner_rss_mb"]["max"] or 0) <= 600,
     })  # fmt: skip
     write_results("attribution", result, args.results_dir)

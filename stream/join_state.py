@@ -49,7 +49,7 @@ class Emit:
     quarantine: bool = False  # a sample of a window the input guard held to its bound
 
 
-@dataclass
+@dataclass(slots=True)
 class _Request:
     deadline: float = float("inf")  # the first horizon's end (event time)
     ts: float = 0.0  # the impression's
