@@ -66,7 +66,7 @@ class JoinConfig:
     attribution_s: float = 0.0
     """A click still counts this long (event time) after the impression: one after
     --label-after-s emits a correcting positive sample of the item (minutes to days; 0: none, a
-    click after --label-after-s is late). The impressions topic's retention must cover it."""
+    click after --label-after-s is late). Needs a --state-dir that outlives a restart."""
     state_dir: str = ""
     """With --attribution-s: where the impressions of requests past --label-after-s wait for their
     late clicks, with the journal of those requests, on local disk (about the impressions' bytes
