@@ -11,7 +11,9 @@ process serves (``serving.scoring.arms``), None while no experiment runs.
 2. the record served already, or refused before: nothing to do;
 3. one scorer per arm version: CURRENT's when it serves that version, one loaded before for this
    experiment, else a new ``Scorer`` (mapping its co-located shards, which follow that version's
-   deltas as CURRENT's do; warming up until every remote shard holds it);
+   deltas as CURRENT's do; warming up until every remote shard holds it), then warmed with the
+   process's recent requests (``recent``: its router's, ``serving.scoring.arms.warm``), so the
+   arm's first requests meet a dense runtime that ran their shape and rows already mapped in;
 4. the new split replaces the old in one reference assignment (``on_split`` is told);
 5. scorers no arm uses any more keep their resources ``drain_s`` for requests that took them,
    then are closed.
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import model_store as ms
 from model_store.experiments import Experiment, ExperimentError, read_experiment
-from serving.scoring.arms import Split
+from serving.scoring.arms import Split, warm
 from serving.scoring.core import Scorer
 
 if TYPE_CHECKING:
@@ -75,6 +77,9 @@ class ArmsFollower:
         """Told of each split as it starts serving, and None when the experiment ends."""
         self.on_refuse: Callable[[str], None] = lambda why: None
         """Told of each record refused, with why (besides the log and ``refusals``)."""
+        self.recent: Callable[[], list[tuple[bytes, str | None]]] = lambda: []
+        """The process's recent requests (body, content type), each new arm scorer's warm-up
+        (``serving.scoring.arms.Router`` sets its own)."""
         self.refused: dict[str, str] = {}
         """A refused record (its error, or its repr when it read) -> why."""
         self._owned: dict[str, Scorer] = {}  # version -> a scorer loaded here (or adopted), closed here
@@ -126,6 +131,10 @@ class ArmsFollower:
                     )
             have.update(new)
             split = Split.of(exp, [have[a.version] for a in exp.arms])
+            if new:
+                recent = self.recent()
+                for scorer in new.values():
+                    warm(scorer, recent)
         except BaseException:
             for scorer in new.values():
                 scorer.close()

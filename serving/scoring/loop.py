@@ -87,10 +87,11 @@ Started = Pending | Outcome
 
 def stamped(started: Started, stamp: dict[str, Any]) -> Started:
     """``started`` with ``stamp`` in its versions (an experiment's arm: the response's, the
-    impression's; a failure's too)."""
+    impression's; a failure's too). A looked-up request's versions are its own (a new dict per
+    ``Scorer.lookup``): they gain the stamp in place, no copy of the request on its path."""
     if isinstance(started, Pending):
-        inputs = started.inputs
-        return replace(started, inputs=inputs._replace(versions={**inputs.versions, **stamp}))
+        started.inputs.versions.update(stamp)
+        return started
     return replace(started, versions={**started.versions, **stamp})
 
 

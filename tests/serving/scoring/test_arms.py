@@ -334,3 +334,135 @@ def test_a_promoted_arm_serves_on_as_current_without_loading_twice(store, tmp_pa
             assert status == 200 and "arm" not in reply["versions"] and one_version(reply["versions"]) == "2"
     finally:
         frontend.close()
+
+
+# ---- what a split adds to a request: constant work (serving/scoring/arms.py) ---------------------
+def _experiment(
+    shares: list[float], shadows: int = 0, salt: str = "s", aborted: tuple[int, ...] = ()
+) -> ex.Experiment:
+    """A running record with candidates of ``shares`` laid out as ``ex.start`` does, ``shadows``
+    shadow arms, and the candidates at ``aborted`` removed as ``ex.abort`` does (control takes
+    their share)."""
+    arms, offset = [], 0.0
+    for i, share in enumerate(shares):
+        arms.append(ex.Arm(chr(ord("A") + i), str(i + 2), share, offset=offset))
+        offset += share
+    arms += [ex.Arm(chr(ord("A") + len(shares) + i), str(9 + i), 0.0, shadow=True) for i in range(shadows)]
+    gone = [arms[i] for i in aborted]
+    control = ex.Arm(ex.CONTROL, "1", max(0.0, 1.0 - sum(shares)) + sum(a.share for a in gone))
+    return ex.Experiment("e", salt, [control, *[a for a in arms if a not in gone]])
+
+
+@pytest.mark.parametrize("shares, shadows, aborted", [([0.5], 0, ()), ([0.1, 0.1], 0, ()), ([0.2, 0.3, 0.1], 1, ()),
+                                                      ([0.1, 0.1], 2, (0,)), ([1.0], 0, ()), ([0.25, 0.25], 0, (1,))])  # fmt: skip
+def test_a_splits_assignment_is_model_stores_assign_one_key_at_a_time(shares, shadows, aborted):
+    from serving.scoring.arms import Assignment
+
+    exp = _experiment(shares, shadows, salt=f"salt-{len(shares)}-{shadows}", aborted=aborted)
+    rng = np.random.default_rng(len(shares) + 10 * shadows)
+    keys = [f"user-{i}" for i in range(3000)] + [str(int(x)) for x in rng.integers(0, 2**63, 3000)]
+    keys += ["", "é", "ユーザー", "\U0001f600 emoji", "tab\tand space", "x" * 100, "trailing\0", "\0", "-17"]
+    keys += ["".join(chr(int(c)) for c in rng.integers(1, 0xD7FF, int(n))) for n in rng.integers(1, 40, 500)]
+    assert [Assignment(exp)(k) for k in keys] == ex.assign(keys, exp).tolist()
+
+
+def test_an_ended_experiment_assigns_no_unit_one_key_at_a_time_either():
+    from dataclasses import replace
+
+    from serving.scoring.arms import Assignment
+
+    with pytest.raises(ex.ExperimentError, match="assigns no unit"):
+        Assignment(replace(_experiment([0.5]), state=ex.STOPPED))
+
+
+def _reference_first_sign(batch, slot: int) -> int | None:
+    """The unit's sign as ``CompactBatch.slot`` reads it (what ``first_sign`` reads in place)."""
+    view = batch.slot(slot)
+    if view.offsets is not None:
+        lo, hi = int(view.offsets[0]), int(view.offsets[1])
+        return int(view.signs[view.values[lo]]) if hi > lo else None
+    return int(view.signs[view.values[0]]) if len(view.values) else None
+
+
+def test_first_sign_reads_the_first_rows_value_of_any_slot_in_place():
+    from features.batch import CompactBatch, SlotView
+    from serving.scoring.arms import first_sign
+
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        rows, slots = int(rng.integers(1, 6)), []
+        for s in range(int(rng.integers(1, 7))):
+            kind = rng.choice(["single", "context", "multi"])
+            signs = np.unique(
+                rng.integers(1, 2**62, int(rng.integers(1, 5)), dtype=np.uint64) | np.uint64(s << 58)
+            )
+            if kind == "multi":
+                counts = rng.integers(0, 3, rows)
+                offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.uint32)
+                values = rng.integers(0, len(signs), int(offsets[-1])).astype(np.uint32)
+                slots.append(SlotView(signs, values, offsets, False))
+            else:
+                n = 1 if kind == "context" else rows
+                slots.append(
+                    SlotView(signs, rng.integers(0, len(signs), n).astype(np.uint32), None, kind == "context")
+                )
+        batch = CompactBatch.from_slots(rows, slots, np.zeros((rows, 0), np.float32))
+        for slot in range(len(slots)):
+            assert first_sign(batch, slot) == _reference_first_sign(batch, slot), (trial, slot)
+
+
+def test_a_split_stamps_the_requests_own_versions_without_copying_the_request(store, experiment, bodies):
+    from serving.scoring.loop import Outcome, Pending, stamped
+
+    frontend, _ = serving(store)
+    try:
+        frontend.step()
+        split = frontend.follower.arms.split
+        assert split is not None
+        scorer, started = split.route(bodies[0], JSON, "user-1", None)
+        assert isinstance(started, Pending)
+        arm = experiment.names()[split.arm_of("user-1")]
+        assert (
+            started.inputs.versions["arm"] == arm and started.inputs.versions["experiment"] == experiment.name
+        )
+        assert one_version(started.inputs.versions) == {a.name: a.version for a in experiment.arms}[arm]
+        failed = Outcome(None, ValueError("x"), {}, {"total": 0.0})
+        assert stamped(failed, {"arm": "A"}).versions == {"arm": "A"} and failed.versions == {}
+    finally:
+        frontend.close()
+
+
+def test_a_new_arms_scorer_is_warmed_with_the_routers_recent_requests_before_it_serves(
+    store, bodies, monkeypatch
+):
+    from serving.scoring import experiments as se
+    from serving.scoring.arms import RECENT
+
+    frontend, app = serving(store)
+    warmed: list[tuple[str, int, bool]] = []
+    real = se.warm
+
+    def spy(scorer, requests):
+        warmed.append((scorer.dense_version, len(requests), frontend.follower.arms.split is None))
+        n = real(scorer, requests)
+        assert n == len(requests)  # every recent request scored by the new version
+        return n
+
+    monkeypatch.setattr(se, "warm", spy)
+    try:
+        for i, body in enumerate(bodies[: RECENT + 3]):
+            assert call(app, body, f"r{i}")[0] == 200
+        recent = frontend.router.recent()
+        assert recent == [(b, JSON) for b in bodies[3 : RECENT + 3]]  # the last RECENT, oldest first
+        ex.start(store, "criteo", "warmed", [("2", 0.5)], salt="s")
+        frontend.step()
+        assert warmed == [("2", RECENT, True)]  # the new arm's scorer only, before the split serves
+        assert frontend.follower.arms.split is not None
+        frontend.step()
+        assert len(warmed) == 1  # the same record: nothing loads, nothing warms
+        from serving.scoring.arms import warm
+
+        assert warm(frontend.follower.arms.split.scorers[1], [(b"{not json", JSON), (bodies[0], JSON)]) == 1
+    finally:
+        frontend.close()
+        ex.stop(store, "criteo")
