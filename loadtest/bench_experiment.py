@@ -67,7 +67,12 @@ and joiner stop before they are read to their end. Figures (rules in ``loadtest.
   running experiment (control CURRENT, the two other versions at 10% each) and without, ABBA,
   ``--p99-rounds`` x ``--p99-phase-s`` each at ``--p99-rate``; p99 of each side's pooled
   latencies (per frontend; the headline is ``recserve serve``'s; ``split_p99_requests_per_side``:
-  what it rests on);
+  what it rests on). The phases are short and many (12 x 5 s, since the 6 x 10 s of stop 61)
+  so that a busy spell of the shared machine falls on both sides alike: in one run on the dev VM
+  a phase's p99 ranged from 6.8 to 12.7 ms between rounds a minute apart. Beside it, per frontend, each round's p99 of each side and ``halves``: the
+  p99 of a side's even rounds over its odd rounds' (an A/A at half the requests, from the same
+  phases: the bench's own noise); ``--p99-aa`` runs the phases once more with no experiment on
+  either side (``split_p99_aa``: the A/A at the same number of requests);
 - ``aa_replays``, ``aa_false_decision_rate``: ``stream.aa.aa_replays`` with the bench's rule over
   the samples control's version scored in this run (before the experiment, and control's during
   it), in event-time order, units = request ids; ``aa_rule_defaults`` (the rule's defaults),
@@ -149,10 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drift-period-s", type=float, default=600.0,
                    help="seconds for an item's taste to go round once (default: 600: A, trained before the "
                         "experiment, stays ahead of control while the rule decides)")  # fmt: skip
-    p.add_argument("--p99-phase-s", type=float, default=10.0, help="one with/without phase (default: 10)")
-    p.add_argument("--p99-rounds", type=int, default=6, help="with/without phases of each side (default: 6)")
+    p.add_argument("--p99-phase-s", type=float, default=5.0, help="one with/without phase (default: 5)")
+    p.add_argument("--p99-rounds", type=int, default=12,
+                   help="with/without phases of each side (default: 12; see the docstring)")  # fmt: skip
     p.add_argument("--p99-rate", type=float, default=30.0,
                    help="requests/s of the with/without phases (default: 30: 1,800 requests a side)")  # fmt: skip
+    p.add_argument("--p99-aa", action="store_true",
+                   help="also run the with/without phases with no experiment on either side (an A/A: the bench's "
+                        "own noise at the same number of requests; split_p99_aa)")  # fmt: skip
     p.add_argument("--min-samples", type=int, default=20_000,
                    help="the rule's samples per arm before its test may decide (default: 20000; see above)")  # fmt: skip
     p.add_argument("--min-clicks", type=int,
@@ -211,7 +220,8 @@ def run(args, root: Path, work: Path) -> dict:
         b = broker.bootstrap
         log = f"kafka://{b}/impressions"
         endpoints = {"lean": es.enter_context(lean_frontend(root, model, "colocated", None, work, AUTO, 1.0,
-                                                            ("--log-impressions", log, "--poll-s", "1")))[0]}  # fmt: skip
+                                                            ("--log-impressions", log, "--poll-s", "1",
+                                                             "--drain-s", "1")))[0]}  # fmt: skip
         if args.torchserve:
             print("starting TorchServe ...", flush=True)
             endpoints["torchserve"] = es.enter_context(ep.torchserve_frontend(root, model, work, log))
@@ -285,6 +295,11 @@ def run(args, root: Path, work: Path) -> dict:
               flush=True)  # fmt: skip
         others = sorted({control, version_a, version_b} - {current})
         p99 = ep.split_p99(args, root, model, endpoints, bodies, UNIT_SLOT, others)
+        p99_aa = (
+            ep.split_p99(args, root, model, endpoints, bodies, UNIT_SLOT, others, aa=True)
+            if args.p99_aa
+            else None
+        )
     times = {"warm_s": args.warm_s, "experiment_s": round((exp.ended or end_of_load) - exp.started, 1),
              "load_s": round(end_of_load - exp.started + args.warm_s, 1)}  # fmt: skip
     replies = load.table()
@@ -292,6 +307,8 @@ def run(args, root: Path, work: Path) -> dict:
     unit_of = dict(zip(imps["request"].tolist(), imps["unit"].tolist(), strict=True))
     aa = ef.aa_figures(samples, exp, unit_of, args.aa_replays, rule(args), UNIT_SLOT)
     out = ef.figures(root, model, exp, facts, p99, aa)
+    if p99_aa is not None:
+        out["split_p99_aa"] = p99_aa
     out["versions"] = {"control": control, "A": version_a, "B": version_b}
     out["conditions"] = conditions(args, reference) | {
         "durations": times, "frontends": list(endpoints),

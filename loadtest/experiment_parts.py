@@ -222,22 +222,28 @@ def adopt_fresh(fresh: Path, root: Path, model: str, control: str, procs: dict) 
 
 
 def split_p99(args, root: Path, model: str, endpoints: dict[str, str], bodies: list[bytes], unit_key: str,
-              others: list[str]) -> dict:  # fmt: skip
+              others: list[str], aa: bool = False) -> dict:  # fmt: skip
     """Each frontend's p99 with a running experiment (CURRENT as control, ``others`` at 10% each:
     a new experiment each time, started and stopped through the store) and without, in turns
-    (with, without, without, with, ...), at ``--p99-rate``; each side's latencies pooled."""
+    (with, without, without, with, ...), at ``--p99-rate``; each side's latencies pooled. ``aa``:
+    the "with" side runs no experiment either (an A/A: what the bench reads as overhead when there
+    is none).
+
+    Per frontend: the pooled p99s and their ratio; each round's p99 of each side (the machine's
+    drift across the run); ``halves``: the p99 of each side's even rounds over its odd rounds' (an
+    A/A of half the requests, free: the bench's own noise beside the ratio)."""
     sides: dict[str, dict[str, list]] = {s: {fe: [] for fe in endpoints} for s in ("with", "without")}
     names = list(endpoints)
     for r in range(args.p99_rounds):
         for side in ("with", "without") if r % 2 == 0 else ("without", "with"):
             running = (exp := ex.read_experiment(root, model)) is not None and exp.running
-            if side == "with" and not running:
+            if side == "with" and not running and not aa:
                 ex.start(root, model, f"split-p99-{r}", [(v, 0.1) for v in others], unit_key=unit_key,
                          salt=f"split-p99-{r}")  # fmt: skip
             elif side == "without" and running:
                 ex.stop(root, model)
             for url in endpoints.values():
-                serving_split(url, bodies[0], side == "with")
+                serving_split(url, bodies[0], side == "with" and not aa)
             time.sleep(1.5)  # a stopped experiment's scorers drain (drain_s 1) and close
             for fe in names if r % 2 == 0 else names[::-1]:
                 with UnitLoad({fe: endpoints[fe]}, bodies, args.p99_rate, seed=r + 1) as load:
@@ -249,10 +255,24 @@ def split_p99(args, root: Path, model: str, endpoints: dict[str, str], bodies: l
     for fe in names:
         with_, without = (Responses.cat(sides[s][fe]) for s in ("with", "without"))
         a, b = with_.p99_ms(), without.p99_ms()
-        out[fe] = {"p99_ms_with": a, "p99_ms_without": b, "ratio": round(a / b, 3) if a and b else None,
+        out[fe] = {"p99_ms_with": a, "p99_ms_without": b, "ratio": _ratio(a, b),
                    "requests": {"with": with_.ok, "without": without.ok},
-                   "failed": int((with_.status != 200).sum() + (without.status != 200).sum())}  # fmt: skip
+                   "failed": int((with_.status != 200).sum() + (without.status != 200).sum()),
+                   "rounds_p99_ms": {s: [r.p99_ms() for r in sides[s][fe]] for s in ("with", "without")},
+                   "halves": {s: _halves(sides[s][fe]) for s in ("with", "without")}}  # fmt: skip
+        if aa:
+            out[fe]["aa"] = True
     return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def _halves(rounds: list[Responses]) -> dict:
+    """The p99 of the even rounds' pooled latencies over the odd rounds' (one side, one frontend)."""
+    even, odd = (Responses.cat(rounds[k::2]).p99_ms() if rounds[k::2] else None for k in (0, 1))
+    return {"p99_ms_even": even, "p99_ms_odd": odd, "ratio": _ratio(even, odd)}
 
 
 def serving_split(url: str, body: bytes, split: bool, timeout_s: float = 60.0) -> None:

@@ -13,3 +13,5 @@ def test_bench_experiment_runs_the_experiment_and_writes_every_figure(bench):
     assert result["mixed_responses"] == 0 and result["units_in_two_arms"] == 0
     assert result["aa_replays"] >= 50
     assert set(result["split_p99"]) == {"lean", "torchserve"}
+    for side in result["split_p99"].values():  # the bench's own noise beside each ratio
+        assert set(side["halves"]) == set(side["rounds_p99_ms"]) == {"with", "without"}
