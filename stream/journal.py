@@ -42,7 +42,8 @@ class Settled:
     @classmethod
     def of(cls, req: _Request) -> Settled:
         assert req.labelled is not None and req.where is not None
-        clicked = set(np.flatnonzero(req.labelled).tolist())
+        # a correction not yet acknowledged is not in the journal: a restart re-reads its event
+        clicked = set(np.flatnonzero(req.labelled).tolist()) - set(req.unjournaled)
         return cls(req.offset, req.ts, len(req.labelled), req.where, clicked, req.quarantine)
 
     def request(self, label_after_s: float) -> _Request:
