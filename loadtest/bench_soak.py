@@ -1,6 +1,6 @@
 """``make bench-soak``: the whole loop for half an hour, with the trainer, the joiner and a PS replica killed.
 
-    python -m loadtest.bench_soak [--minutes 30] [--window-min 5] [--rate 50] [--ts-rate 10] [--items 20]
+    python -m loadtest.bench_soak [--minutes 30] [--window-min 5] [--rate 50] [--ts-rate 10] [--items 200]
                                   [--full-every 10m] [--quick] [--results-dir DIR] [--store DIR]
 
 On the mock Kafka cluster (``loadtest.mockbroker``): ``recserve serve`` with co-located
@@ -69,8 +69,10 @@ from loadtest.recorder import Recorder, Responses, rid_ints
 from loadtest.series import Series
 from loadtest.soak_figures import Figures, analyse, report
 from loadtest.stream_figures import Clicks, expected_keys
-from loadtest.stream_roles import alive, kill, standby_flag, start, trainer_roles, until_ready
+from loadtest.stream_roles import alive, guard_warmup, kill, standby_flag, start, trainer_roles, until_ready
 from loadtest.stream_topics import (
+    JOINER_KAFKA_BATCHED,
+    LINGER_MS,
     TOPICS,
     Collector,
     high_watermarks,
@@ -95,13 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window-min", type=float, default=5.0, help="minutes per reported window (default: 5)")
     p.add_argument("--rate", type=float, default=50.0, help="recserve serve's requests/s (default: 50)")
     p.add_argument("--ts-rate", type=float, default=10.0, help="TorchServe's requests/s (default: 10)")
-    p.add_argument(
-        "--items",
-        type=int,
-        default=20,
-        help="items per request, the first Criteo test rows (default: 20; at 200 the two frontends' 60 requests/s "
-        "make 12,000 samples/s, past the ~3,000 the trainer holds beside everything else on 2 vCPUs)",
-    )
+    p.add_argument("--items", type=int, default=200,
+                   help="items per request, the first Criteo test rows (default: 200: with both frontends' 60 "
+                   "requests/s, 12,000 samples/s)")  # fmt: skip
     p.add_argument("--window-s", type=float, default=10.0, help="the joiner's window (default: 10)")
     p.add_argument("--delta-interval-s", type=float, default=0.5, help="the trainer's (default: 0.5)")
     p.add_argument(
@@ -156,7 +154,8 @@ def run(args, model_dir: Path, work: Path) -> dict:
                  str(args.batch_size)]  # fmt: skip
         if args.full_every:
             train += ["--train-dense", "--full-every", args.full_every, "--keep-versions", str(args.keep_versions)]  # fmt: skip
-        roles = {"joiner": joiner_role(b, args.window_s, "bench-soak", work)}
+        train += guard_warmup(args.window_s, (args.rate + args.ts_rate) * args.items)
+        roles = {"joiner": joiner_role(b, args.window_s, "bench-soak", work, JOINER_KAFKA_BATCHED)}
         roles |= trainer_roles(train, free_ports(2), args.standby)
         procs: dict = {}
         for name in ("joiner", "trainer"):  # the standby once the trainer reads (until_ready)
@@ -174,9 +173,15 @@ def run(args, model_dir: Path, work: Path) -> dict:
         model = UserModel(delay_s=2.0, drift_weight=args.drift_weight, drift_period_s=args.drift_period_s)
         clicks, stop_users = Clicks(), threading.Event()
         users = threading.Thread(
-            target=play, args=(b, model, stop_users), kwargs={"on_sent": clicks}, daemon=True
+            target=play,
+            args=(b, model, stop_users),
+            kwargs={"on_sent": clicks, "linger_ms": LINGER_MS},
+            daemon=True,
         )
-        imps, joined = Collector(b, "impressions", impression_facts), Collector(b, "samples", sample_facts)
+        imps, joined = (
+            Collector(b, "impressions", impression_facts),
+            Collector(b, "samples", sample_facts),
+        )
         published = Published(model_dir)
         recorders = [Recorder(endpoint, body, args.rate, LEAN), Recorder(stack.state.endpoint, body, args.ts_rate,
                                                                          TORCHSERVE, clients=2)]  # fmt: skip

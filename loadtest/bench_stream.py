@@ -17,7 +17,9 @@ delta's record (its offsets and the samples it says it trained) against the keys
 its offsets hold, new ones only (``loadtest.stream_figures.exactly_once``; the trainer remembers
 keys for ``--dedup-window-s``, which covers the join window and a restarted joiner's replay). The
 impressions and samples topics are read as they fill, from the start (the mock cluster keeps only
-a few MB a partition). The figures come from those facts (``loadtest.stream_figures``):
+a few MB a partition); the joiner and the users produce in batches of ``stream_topics.LINGER_MS``
+(the mock cluster answers a fetch with one batch a partition). The figures come from those facts
+(``loadtest.stream_figures``):
 
 - ``progressive_auc``: ``streaming``, each sample scored by the trainer before it trains (the
   deltas' records); ``frozen``, the version served at the start scoring the same samples, delta by
@@ -25,16 +27,27 @@ a few MB a partition). The figures come from those facts (``loadtest.stream_figu
   by the deltas' samples.
 - ``event_to_served_s`` {p50, p99}: from a click's produce time to the first response scored with
   the delta that trained its sample (the delta's offsets place the sample; responses name their
-  delta), over the clicks after the joiner and the trainer are at work (the load starts then) and
-  ``KILL_GUARD_S`` before the first kill; ``..._all`` and ``..._by_phase`` say the rest (a phase
+  delta), over the clicks of the load (it starts once the joiner and the trainer are at work)
+  outside the kills' windows, ``KILL_GUARD_S`` before each kill to ``RECOVERY_TARGET_S`` after
+  (``stream_figures.served_figures``); ``..._all`` and ``..._by_phase`` say the rest (a phase
   from a kill holds the clicks from ``KILL_GUARD_S`` before it). ``event_to_served_parts_s``: the
-  same clicks to their joined sample's produce time and to their delta's record.
+  clicks of ``event_to_served_s`` to their joined sample's produce time and to their delta's record.
+- ``recovery_s`` {trainer, joiner}: seconds from each kill until the loop's lag (the trainer's, below,
+  plus the samples the joiner owes) is back under one second of traffic (``--rate`` x ``--items``
+  samples) and stays there until the next kill or the load's end (``stream_figures.recovery_s``;
+  None: not recovered, a missed target).
 - ``max_lag_samples``: the most samples the trainer's published offsets (its last delta's) were
   behind the samples topic's end, sampled every second (the kill's restart included);
   ``max_samples_dropped_by_the_broker_before_trained``: how far the broker's retention had passed
   the trainer's offsets (lost samples; 0 while the trainer keeps within it);
   ``max_lag_samples_trainer_gauge``: the most the trainer's own lag gauge said (its /metrics,
-  ``recserve_follow_lag_samples``; None for a trainer without it).
+  ``recserve_follow_lag_samples``; None for a trainer without it). ``max_owed_by_the_joiner``: the
+  most samples of closed windows not written yet (``stream_figures.owed_by_the_joiner``).
+  ``lag_samples``: [seconds since the load's start, the trainer's lag, the joiner's owed] a look.
+- ``cpu_pct``: over the load and the ``RECOVERY_TARGET_S`` after each kill, each process's CPU in
+  % of one CPU (``loadtest.series``: the frontend, its twin, the broker, the joiner, the trainer
+  and its standby, the bench's own process, which sends the load, plays the users and reads both
+  topics), the whole machine's and ``others``' (the machine's less theirs: anything else running).
 - ``logging_p99_ratio``: after the stream, the same frontend (log on) and a twin over the same
   store without the log (off) at ``--log-rate`` requests/s, in turns of ``--log-phase-s``
   (``--log-rounds`` each, ABBA), p99 of each side's pooled latencies, on / off.
@@ -46,6 +59,7 @@ figures mean little).
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import threading
 import time
@@ -70,36 +84,39 @@ from loadtest.common import (
 )
 from loadtest.drive import lean_frontend, warm_up
 from loadtest.paced import Paced, interleaved
-from loadtest.processes import Sampler
+from loadtest.processes import tree
+from loadtest.series import Series
 from loadtest.stream_roles import (
-    LAG_GAUGE,
+    Looks,
     alive,
+    guard_warmup,
     kill,
     port_of,
-    scrape,
     standby_flag,
     start,
+    trained_offsets,
     trainer_roles,
     until_ready,
 )
 from loadtest.stream_topics import (
-    JOINER_KAFKA,
+    JOINER_KAFKA_BATCHED,
     JOINER_MEMBER,
+    LINGER_MS,
     TOPICS,
     Collector,
     high_watermarks,
     impression_facts,
     joiner_role,
     sample_facts,
-    watermarks,
 )
 from loadtest.stream_users import UserModel, play
-from model_store.deltas import DeltaManifest, last_record, read_delta
+from model_store.deltas import DeltaManifest, read_delta
 from model_store.dense import AUTO
 from serving.rpc.procs import free_ports, stop_children
 from serving.scoring.client import requests_from_file
 
 LOG_RATIO_TARGET = 1.15
+ROLES = ("joiner", "trainer", "trainer-standby")
 KILL_GUARD_S = 2.0
 """Clicks produced this long before a kill count in the kill's phase: a click a second before the
 trainer dies is trained by the restarted one, so its wait is the restart's."""
@@ -121,13 +138,6 @@ def published(model_dir: Path) -> list[tuple[int, Path, DeltaManifest]]:
         if (record := read_delta(d)) is not None:
             out.append((seq, d, record))
     return out
-
-
-def trained_offsets(vdir: Path) -> list[int]:
-    """Per partition of the samples topic, where the last published delta's trainer resumes."""
-    last = last_record(vdir)
-    at = last[0].positions if last is not None else {}
-    return [at.get(f"samples/{p}", 0) for p in range(TOPICS["samples"])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,14 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         served = work / "served"
         shutil.copytree(store, served)
         out = run(args, served / args.model, work, args.minutes * 60)
-    auc = out["progressive_auc"]
-    ok = {"no_duplicates": out["duplicate_samples"] == 0, "no_lost": out["lost_samples"] == 0,
-          f"logging_p99_ratio_le_{LOG_RATIO_TARGET}": (out["logging_p99_ratio"] or 99) <= LOG_RATIO_TARGET}  # fmt: skip
-    if auc["streaming"] is not None and auc["frozen"] is not None:
-        ok["streaming_auc_ge_frozen_plus_0.02"] = auc["streaming"] >= auc["frozen"] + 0.02
-    if out["event_to_served_s"]["p99"] is not None:
-        ok["event_to_served_p99_le_2s"] = out["event_to_served_s"]["p99"] <= 2.0
-    report_targets(out, ok)
+    report_targets(out, sf.targets(out, LOG_RATIO_TARGET))
     print({k: v for k, v in out.items() if k not in ("conditions", "lag_samples")})
     path = write_results("stream", out, args.results_dir)
     print(f"wrote {path}")
@@ -188,16 +191,16 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         broker = es.enter_context(mockbroker.running([mockbroker.TopicSpec(t, n) for t, n in TOPICS.items()]))
         b = broker.bootstrap
         log = ("--log-impressions", f"kafka://{b}/impressions")
-        endpoint, _ = es.enter_context(lean_frontend(model_dir.parent, args.model, "colocated", None, work, AUTO,
-                                                     1.0, log))  # fmt: skip
+        endpoint, lean = es.enter_context(lean_frontend(model_dir.parent, args.model, "colocated", None, work,
+                                                        AUTO, 1.0, log))  # fmt: skip
         (work / "off").mkdir()  # its twin without the log, over the same store (deltas and all)
-        twin, _ = es.enter_context(lean_frontend(model_dir.parent, args.model, "colocated", None, work / "off",
-                                                 AUTO, 1.0))  # fmt: skip
+        twin, lean_off = es.enter_context(lean_frontend(model_dir.parent, args.model, "colocated", None,
+                                                        work / "off", AUTO, 1.0))  # fmt: skip
         frozen_scores, seq0 = first_scores(endpoint, body)
         train = ["train", "--follow", str(model_dir), "--stream", f"kafka://{b}/samples", "--delta-interval-s",
                  f"{args.delta_interval_s:g}", "--lr", f"{args.lr:g}", "--dedup-window-s", f"{args.dedup_window_s:g}",
-                 "--batch-size", str(args.batch_size)]  # fmt: skip
-        roles = {"joiner": joiner_role(b, args.window_s, "bench-stream", work)}
+                 "--batch-size", str(args.batch_size), *guard_warmup(args.window_s, args.rate * args.items)]  # fmt: skip
+        roles = {"joiner": joiner_role(b, args.window_s, "bench-stream", work, JOINER_KAFKA_BATCHED)}
         roles |= trainer_roles(train, free_ports(2), args.standby)
         procs: dict = {}
         for name in ("joiner", "trainer"):  # the standby once the trainer reads (until_ready)
@@ -206,44 +209,48 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         model = UserModel(delay_s=2.0, drift_weight=args.drift_weight, drift_period_s=args.drift_period_s)
         clicks, stop_users = sf.Clicks(), threading.Event()
         users = threading.Thread(
-            target=play, args=(b, model, stop_users), kwargs={"on_sent": clicks}, daemon=True
+            target=play,
+            args=(b, model, stop_users),
+            kwargs={"on_sent": clicks, "linger_ms": LINGER_MS},
+            daemon=True,
         )
         users.start()
         collectors = {"impressions": Collector(b, "impressions", impression_facts),
                       "samples": Collector(b, "samples", sample_facts)}  # fmt: skip
         for c in collectors.values():
             c.start()
-        lags: list[int] = []
-        gauge: list[float] = []  # the trainer's own lag gauge, where it has one
-        trimmed = 0  # samples the broker dropped (retention) before the trainer read them
         watch = Consumer({"bootstrap.servers": b, "group.id": "bench-watch"})
+        looks = Looks(watch, vdir, lambda: port_of(roles["trainer"]))
         kills: dict[str, float] = {}
         print(f"load {args.rate:g} rps for {duration:.0f} s; trainer killed at {duration / 3:.0f} s, "
               f"joiner at {2 * duration / 3:.0f} s", flush=True)  # fmt: skip
         until_ready(roles, procs, work)
-        with Sampler(lambda: [p.pid for p in procs.values() if p.poll() is None], 1.0) as sampler:
-            t0, wall0 = time.monotonic(), time.time()
-            with Paced(endpoint, body, args.rate) as load:
-                for at, name in ((duration / 3, "trainer"), (2 * duration / 3, "joiner"), (duration, "")):
-                    while (left := t0 + at - time.monotonic()) > 0:
-                        time.sleep(min(1.0, left))
-                        low, high = watermarks(watch, "samples")
-                        pos = trained_offsets(vdir)
-                        lags.append(sum(high) - sum(pos))
-                        if (g := scrape(port_of(roles["trainer"]), LAG_GAUGE)) is not None:
-                            gauge.append(g)
-                        trimmed = max(trimmed, sum(max(0, lo - a) for lo, a in zip(low, pos, strict=True)))
-                        alive(procs, work)
-                    if name:
-                        kills[name] = time.time()
-                        kill(roles, procs, work, name)
-                        print(f"  {time.monotonic() - t0:.0f} s: {name} SIGKILLed, restarted", flush=True)
-            load_s, load_end = time.monotonic() - t0, time.time()
-            imps = [i for part in collectors["impressions"].finish(watch) for i in part]
-            expected = sf.expected_keys(imps, args.window_s)
-            catch_up_s = catch_up(args, watch, vdir, load_s + t0, expected, collectors["samples"])
-            stop_users.set()
-            stop_children([p for n, p in procs.items() if n != "joiner"], 60)  # SIGTERM: a last delta
+        named = {"frontend": tree(lean["lean"][0]), "frontend_off": tree(lean_off["lean"][0]),
+                 "broker": lambda: [broker.proc.pid], "bench": lambda: [os.getpid()]}  # fmt: skip
+        series = Series(lambda: {n: f() for n, f in named.items()} | {n: [r.pid] for n, r in dict(procs).items()},
+                        model_dir, 2.0)  # fmt: skip
+        series.start()
+        es.callback(series.halt)
+        t0, wall0, loadavg = time.monotonic(), time.time(), [os.getloadavg()]
+        with Paced(endpoint, body, args.rate) as load:
+            for at, name in ((duration / 3, "trainer"), (2 * duration / 3, "joiner"), (duration, "")):
+                while (left := t0 + at - time.monotonic()) > 0:
+                    time.sleep(min(1.0, left))
+                    looks.look()
+                    alive(procs, work)
+                if name:
+                    kills[name] = time.time()
+                    kill(roles, procs, work, name)
+                    print(f"  {time.monotonic() - t0:.0f} s: {name} SIGKILLed, restarted", flush=True)
+        load_s, load_end = time.monotonic() - t0, time.time()
+        loadavg.append(os.getloadavg())
+        cpu = sf.cpu_figures(series.cpu_pct, looks.busy, {"load": (wall0, load_end)} | {
+            f"after_{n}_kill": (at, min(at + sf.RECOVERY_TARGET_S, load_end)) for n, at in kills.items()})  # fmt: skip
+        imps = [i for part in collectors["impressions"].finish(watch) for i in part]
+        expected = sf.expected_keys(imps, args.window_s)
+        catch_up_s = catch_up(args, watch, vdir, load_s + t0, expected, collectors["samples"])
+        stop_users.set()
+        stop_children([p for n, p in procs.items() if n != "joiner"], 60)  # SIGTERM: a last delta
         samples = sf.SampleLog.cat(collectors["samples"].finish(watch))
         watch.close()
         users.join(30)
@@ -274,13 +281,12 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         np.savez(Path(args.results_dir) / "stream-clicks.npz", served_click=t_click, served_s=e2s,
                  kills=np.array([kills.get("trainer", 0.0), kills.get("joiner", 0.0), wall0]),
                  click=parts["click"], joined=parts["joined"], written=parts["written"])  # fmt: skip
-    measured = t_click < load_end - 5.0  # a click in the last seconds had no response left to see it
-    phases = [wall0, *(kills.get(n, load_end + KILL_GUARD_S) - KILL_GUARD_S for n in ("trainer", "joiner")),
-              load_end]  # fmt: skip
-    by_phase = [
-        sf.percentiles_s(e2s[measured & (t_click >= a) & (t_click < z)])
-        for a, z in zip(phases, phases[1:], strict=False)
-    ]
+    served = sf.served_figures(t_click, e2s, wall0, load_end, kills, KILL_GUARD_S)
+    steady = sf.outside_kills(parts["click"], list(kills.values()), KILL_GUARD_S) & (parts["click"] >= wall0)
+    to = {k: v for k, v in parts.items() if k != "click"}
+    lag_t, lag_n = np.array([t for t, _ in looks.lags]), np.array([n for _, n in looks.lags], np.int64)
+    owed = sf.owed_by_the_joiner(imps, args.window_s, samples, lag_t)
+    ends, under = {"trainer": kills.get("joiner", load_end), "joiner": load_end}, args.rate * args.items
     ok = responses.status == 200
     on, off = sides["on"].p99_ms(), sides["off"].p99_ms()
     return {
@@ -295,31 +301,24 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         "samples_expected": len(expected),
         "progressive_auc": {"streaming": auc.streaming, "frozen": auc.frozen},
         "progressive_auc_windows": {"deltas": auc.windows, "deltas_whose_samples_differ": auc.samples_differ},
-        "event_to_served_s": {
-            **by_phase[0],
-            "over": f"clicks from the load's start to {KILL_GUARD_S:g} s before the first kill",
-        },
-        "event_to_served_s_all": sf.percentiles_s(e2s[measured]),
+        **served,
         "event_to_served_parts_s": {
             "over": "the clicks of event_to_served_s, from each one's produce time",
-            **{
-                f"to_{k}": sf.percentiles_s(v[parts["click"] < phases[1]] if len(v) else v)
-                for k, v in parts.items()
-                if k != "click"
-            },
+            **{f"to_{k}": sf.percentiles_s(v[steady] if len(v) else v) for k, v in to.items()},
         },
-        "event_to_served_s_by_phase": dict(
-            zip(("before_kills", "after_trainer_kill", "after_joiner_kill"), by_phase, strict=True)
-        ),  # fmt: skip
+        "recovery_s": {n: sf.recovery_s(lag_t, lag_n + owed, at, ends[n], under) for n, at in kills.items()},
         "clicks_trained_not_served": unserved,
         "logging_p99_ratio": round(on / off, 3) if on and off else None,
         "logging_p99_ms": {"on": on, "off": off, "requests": {k: v.ok for k, v in sides.items()}},
         "join_samples_per_s": round(len(np.unique(samples.keys)) / (load_s + catch_up_s)),
         "train_samples_per_s": round(n_trained / (load_s + catch_up_s)),
-        "max_lag_samples": max(lags, default=0),
-        "lag_samples": lags,
-        "max_lag_samples_trainer_gauge": int(max(gauge)) if gauge else None,
-        "max_samples_dropped_by_the_broker_before_trained": trimmed,
+        "max_lag_samples": int(lag_n.max(initial=0)),
+        "max_owed_by_the_joiner": int(owed.max(initial=0)),
+        "lag_samples": [
+            [round(t - wall0, 1), int(n), int(o)] for t, n, o in zip(lag_t, lag_n, owed, strict=True)
+        ],
+        "max_lag_samples_trainer_gauge": int(max(looks.gauge)) if looks.gauge else None,
+        "max_samples_dropped_by_the_broker_before_trained": looks.trimmed,
         "deltas": {
             "published": len(deltas),
             "served_at_start": seq0,
@@ -329,7 +328,8 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         },  # fmt: skip
         "identical_requests": len({i[3] for i in imps}) == 1,
         "catch_up_s": round(catch_up_s, 1),
-        "peak_rss_bytes": sampler.peak_rss(),
+        "peak_rss_bytes": max((sum(x.rss.get(n, 0) for n in ROLES) for x in series.samples), default=0),
+        "cpu_pct": cpu,
         "conditions": {
             "frontend": "recserve serve, co-located lookups, --log-impressions",
             "rate_rps": args.rate,
@@ -344,7 +344,8 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
             "delta_interval_s": args.delta_interval_s,
             "dedup_window_s": args.dedup_window_s,
             "partitions": TOPICS,
-            "joiner_kafka_config": JOINER_KAFKA.strip(),
+            "joiner_kafka_config": JOINER_KAFKA_BATCHED.strip(),
+            "users_linger_ms": LINGER_MS,
             "joiner_member": JOINER_MEMBER,
             "trainer_standby": args.standby,
             "kills": "trainer SIGKILL at 1/3, joiner at 2/3, each restarted at once",
@@ -353,6 +354,7 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
             "logging": f"{args.log_rate:g} rps, {args.log_rounds} x {args.log_phase_s:g} s a side, ABBA, "
             "after the stream (joiner, trainer, users stopped); pooled p99",
             "broker": "librdkafka mock cluster, 3 brokers, one process; everything on this machine",
+            "loadavg_at_start_and_end_of_load": loadavg,
         },  # fmt: skip
     }
 

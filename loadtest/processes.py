@@ -37,6 +37,14 @@ def usage(pids: Sequence[int]) -> Usage:
     return Usage(sum(s.cpu_s for s in stats), sum(s.rss_bytes for s in stats))
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (every CPU's user, nice, system, irq and
+    softirq time in ``/proc/stat``: every process's, ours and anyone else's)."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq = map(int, f.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
 def pss_bytes(pids: Sequence[int]) -> int:
     """Summed proportional set size of ``pids`` (``/proc/<pid>/smaps_rollup``): each page counted
     once over every process mapping it, so shared libraries are not counted once per process as

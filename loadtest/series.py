@@ -8,11 +8,11 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import model_store as ms
-from loadtest.processes import usage
+from serving.rpc.procs import proc_stat
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,11 @@ class Sample:
     """The version CURRENT names."""
     versions: int = 0
     """Complete versions in the store (retention's work is done when these are at most its keep)."""
+    pids: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Process name -> the pids sampled under it."""
+    pid_cpu: dict[int, float] = field(default_factory=dict)
+    """Pid -> CPU seconds it has used: a name whose pids changed (a standby that took over, a
+    restart) is counted from what its new pids had used at the sample before."""
 
 
 class Series(threading.Thread):
@@ -42,13 +47,21 @@ class Series(threading.Thread):
 
     def run(self) -> None:
         while not self._halt.is_set():
-            used = {name: usage(pids) for name, pids in self.pids().items()}
-            rss, cpu = {n: u.rss_bytes for n, u in used.items()}, {n: u.cpu_s for n, u in used.items()}
+            named = {name: tuple(pids) for name, pids in self.pids().items()}
+            stats = {pid: proc_stat(pid) for pids in named.values() for pid in pids}
+            pid_cpu = {pid: st.cpu_s for pid, st in stats.items() if st is not None}
+            rss = {
+                n: sum(st.rss_bytes for p in pids if (st := stats[p]) is not None)
+                for n, pids in named.items()
+            }
+            cpu = {n: sum(pid_cpu.get(p, 0.0) for p in pids) for n, pids in named.items()}
             current = ms.current(self.model_dir.parent, self.model_dir.name) or ""
             held = (
                 len(ms.versions(self.model_dir.parent, self.model_dir.name)) if self.model_dir.is_dir() else 0
             )
-            self.samples.append(Sample(time.time(), rss, cpu, disk_bytes(self.model_dir), current, held))
+            self.samples.append(
+                Sample(time.time(), rss, cpu, disk_bytes(self.model_dir), current, held, named, pid_cpu)
+            )
             self._halt.wait(self.every_s)
 
     def floors(self, keep: int | None = None) -> list[tuple[str, int | None]]:
@@ -69,15 +82,22 @@ class Series(threading.Thread):
 
     def cpu_pct(self, a: float, b: float) -> dict[str, float]:
         """Each name's CPU use from ``a`` to ``b``, in % of one CPU (from the samples between; a
-        process restarted meanwhile counts from 0 again)."""
+        process new since the sample before counts from 0, one that was there under another name
+        from what it had used then)."""
         got = [x for x in self.samples if a <= x.t < b]
         if len(got) < 2:
             return {}
         out: dict[str, float] = {}
         for before, after in zip(got[:-1], got[1:], strict=True):
             for name, now in after.cpu.items():
-                was = before.cpu.get(name, 0.0)
-                out[name] = out.get(name, 0.0) + (now - was if now >= was else now)
+                if name in after.pids:
+                    used = sum(
+                        after.pid_cpu.get(p, 0.0) - before.pid_cpu.get(p, 0.0) for p in after.pids[name]
+                    )
+                else:  # samples without their pids: a name whose CPU fell was restarted
+                    was = before.cpu.get(name, 0.0)
+                    used = now - was if now >= was else now
+                out[name] = out.get(name, 0.0) + used
         span = got[-1].t - got[0].t
         return {name: round(100 * used / span, 1) for name, used in out.items()}
 

@@ -14,7 +14,7 @@ from loadtest import stream_figures as sf
 from loadtest.common import print_table, report_targets
 from loadtest.recorder import Responses
 from loadtest.series import Series
-from loadtest.stream_topics import JOINER_KAFKA, JOINER_MEMBER, TOPICS
+from loadtest.stream_topics import JOINER_KAFKA_BATCHED, JOINER_MEMBER, LINGER_MS, TOPICS
 
 NOT_RECSERVE = ("bench", "broker")
 """Processes the RSS check leaves out (``rss_mb`` still shows them): the bench and the mock broker."""
@@ -98,7 +98,8 @@ def analyse(
             "dedup_window_s": args.dedup_window_s,
             "full_every": args.full_every or None,
             "keep_versions": args.keep_versions,
-            "joiner_kafka_config": JOINER_KAFKA.strip().replace("\n", ", "),
+            "joiner_kafka_config": JOINER_KAFKA_BATCHED.strip().replace("\n", ", "),
+            "users_linger_ms": LINGER_MS,
             "joiner_member": JOINER_MEMBER,
             "trainer_standby": args.standby,
             "drift_weight": args.drift_weight,

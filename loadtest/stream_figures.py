@@ -10,10 +10,15 @@ the sample at (partition, offset) is in the first published delta whose offset t
 (a trainer killed between two deltas resumes at the last one's offsets: the mapping holds across
 restarts). Of the samples of one key (a joiner restarted emits some again) the first so placed is
 the one trained; the trainer drops the others by key.
+
+A kill's cost in time: ``recovery_s`` (from the trainer's lag sampled every second) and
+``outside_kills`` (the clicks away from the kills, whose wait is the loop's steady one).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -241,3 +246,127 @@ class Clicks:
         t = np.array([t for es, t in self.parts for _ in es], np.float64)
         rid = np.array([e.request_id.encode() for e in events]) if events else np.zeros(0, "S1")
         return keys_of(rid, np.array([e.item for e in events], np.int64)), t
+
+
+def owed_by_the_joiner(imps: list[tuple[str, float, int, int]], window_s: float, log: SampleLog,
+                       t: NDArray[np.float64]) -> NDArray[np.int64]:  # fmt: skip
+    """At each time in ``t``: the samples the joiner owed then, those of an impression (``imps``:
+    request id, ts, items, ...) whose window had closed (its ts + ``window_s``) of which no sample
+    had been produced yet (``log.produced``: a sample never produced is owed to the end). A
+    killed joiner's backlog, and the windows a restarted one reads again, show here: the
+    trainer's lag (the samples topic's end) does not see what was never written."""
+    t = np.asarray(t, np.float64)
+    if not imps or log.produced is None:
+        return np.zeros(len(t), np.int64)
+    items = np.array([i[2] for i in imps], np.int64)
+    keys = keys_of(np.repeat(np.array([i[0].encode() for i in imps]), items),
+                   np.concatenate([np.arange(n) for n in items]))  # fmt: skip
+    due = np.repeat(np.array([i[1] for i in imps], np.float64) + window_s, items)
+    width = f"S{max(keys.dtype.itemsize, log.keys.dtype.itemsize)}"
+    order = np.lexsort((log.produced, log.keys.astype(width)))  # by key, each key's first produce first
+    have, first = np.unique(log.keys[order].astype(width), return_index=True)
+    produced = np.full(len(keys), np.inf)
+    if len(have):
+        at = np.searchsorted(have, keys.astype(width)).clip(max=len(have) - 1)
+        hit = have[at] == keys.astype(width)
+        produced[hit] = log.produced[order][first][at[hit]]
+    end = np.sort(np.maximum(due, produced))
+    return np.searchsorted(np.sort(due), t, side="right") - np.searchsorted(end, t, side="right")
+
+
+RECOVERY_TARGET_S = 30.0
+"""Issue 57: a killed role's loop is back under one second of traffic behind within this long."""
+
+
+def recovery_s(t: NDArray[np.float64], lag: NDArray[np.int64], kill: float, until: float,
+               under: float) -> float | None:  # fmt: skip
+    """Seconds from ``kill`` until the loop's lag is back under ``under`` samples (one second of
+    traffic) and stays there, from the lag sampled at times ``t``: the samples the trainer's
+    published offsets (its last delta's) are behind the samples topic's end, plus those the joiner
+    owes (``owed_by_the_joiner``: while a killed joiner is down the topic's end stands still, and
+    the trainer's lag alone reads 0). Of the samples in (``kill``, ``until``) -- ``until``: the
+    next kill or the load's end -- the first one under ``under`` after the last one at or above
+    it, its time less ``kill``; 0.0 when none there was at or above it (never a second of traffic
+    behind, to the sampling's resolution); None when the last one there is still at or above it
+    (not recovered before ``until``) or there are none."""
+    t, lag = np.asarray(t, np.float64), np.asarray(lag, np.float64)
+    m = (t > kill) & (t < until)
+    t, lag = t[m], lag[m]
+    if not len(t):
+        return None
+    over = np.flatnonzero(lag >= under)
+    if not len(over):
+        return 0.0
+    if over[-1] == len(t) - 1:
+        return None
+    return round(float(t[over[-1] + 1] - kill), 1)
+
+
+def outside_kills(t: NDArray[np.float64], kills: list[float], before_s: float,
+                  after_s: float = RECOVERY_TARGET_S) -> NDArray[np.bool_]:  # fmt: skip
+    """Per time in ``t``: outside every kill's window, [kill - ``before_s``, kill + ``after_s``)
+    (``after_s``: the recovery allowed, whatever the recovery measured)."""
+    out = np.ones(len(t), bool)
+    for k in kills:
+        out &= (t < k - before_s) | (t >= k + after_s)
+    return out
+
+
+PHASES = ("before_kills", "after_trainer_kill", "after_joiner_kill")
+
+
+def served_figures(t_click: NDArray[np.float64], seconds: NDArray[np.float64], start: float, end: float,
+                   kills: dict[str, float], before_s: float) -> dict:  # fmt: skip
+    """bench-stream's event -> served figures from ``event_to_served``'s (produce times, seconds),
+    over the clicks produced from ``start`` (the load's) to 5 s before ``end`` (a click in the
+    load's last seconds had no response left to see it): ``event_to_served_s`` those outside the
+    kills' windows (``outside_kills``: ``before_s`` before a kill to ``RECOVERY_TARGET_S`` after),
+    ``..._all`` every one, ``..._by_phase`` those from ``start``, from ``before_s`` before the
+    trainer's kill and from ``before_s`` before the joiner's (``kills``: role -> wall time)."""
+    measured = (t_click >= start) & (t_click < end - 5.0)
+    steady = measured & outside_kills(t_click, list(kills.values()), before_s)
+    cuts = [start, *(kills.get(n, end + before_s) - before_s for n in ("trainer", "joiner")), end]
+    by_phase = [
+        percentiles_s(seconds[measured & (t_click >= a) & (t_click < z)])
+        for a, z in zip(cuts, cuts[1:], strict=False)
+    ]
+    over = f"clicks of the load outside [kill - {before_s:g} s, kill + {RECOVERY_TARGET_S:g} s) of every kill"
+    return {"event_to_served_s": {**percentiles_s(seconds[steady]), "over": over},
+            "event_to_served_s_all": percentiles_s(seconds[measured]),
+            "event_to_served_s_by_phase": dict(zip(PHASES, by_phase, strict=True))}  # fmt: skip
+
+
+def targets(out: dict, log_ratio: float) -> dict[str, bool]:
+    """bench-stream's targets (issue 57's among them) from its figures, met or not; a figure that
+    could not be measured (None) misses its target."""
+    auc, e2s_p99 = out["progressive_auc"], out["event_to_served_s"]["p99"]
+    ok = {"no_duplicates": out["duplicate_samples"] == 0, "no_lost": out["lost_samples"] == 0,
+          "event_to_served_p99_outside_the_kills_le_2s": e2s_p99 is not None and e2s_p99 <= 2.0}  # fmt: skip
+    for role, s in out["recovery_s"].items():
+        ok[f"{role}_recovery_s_le_{RECOVERY_TARGET_S:g}"] = s is not None and s <= RECOVERY_TARGET_S
+    ok[f"logging_p99_ratio_le_{log_ratio}"] = (out["logging_p99_ratio"] or math.inf) <= log_ratio
+    if auc["streaming"] is not None and auc["frozen"] is not None:
+        ok["streaming_auc_ge_frozen_plus_0.02"] = auc["streaming"] >= auc["frozen"] + 0.02
+    return ok
+
+
+def busy_pct(busy: list[tuple[float, float]], a: float, b: float) -> float | None:
+    """The machine's CPU use from ``a`` to ``b`` in % of one CPU, from (time, busy CPU seconds so
+    far) looks; None with fewer than two looks there."""
+    got = [(t, s) for t, s in busy if a <= t <= b]
+    if len(got) < 2 or got[-1][0] <= got[0][0]:
+        return None
+    return round(100 * (got[-1][1] - got[0][1]) / (got[-1][0] - got[0][0]), 1)
+
+
+def cpu_figures(per_process: Callable[[float, float], dict[str, float]], busy: list[tuple[float, float]],
+                windows: dict[str, tuple[float, float]]) -> dict:  # fmt: skip
+    """Per window (name -> (from, to)): each process's CPU (``per_process``, e.g.
+    ``loadtest.series.Series.cpu_pct``), the whole ``machine``'s and ``others``' (the machine's
+    less those processes': anything else running), all in % of one CPU."""
+    out = {}
+    for name, (a, b) in windows.items():
+        ours, machine = per_process(a, b), busy_pct(busy, a, b)
+        others = None if machine is None else round(machine - sum(ours.values()), 1)
+        out[name] = {**ours, "machine": machine, "others": others}
+    return out

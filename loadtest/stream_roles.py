@@ -6,11 +6,16 @@ bench-soak."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from loadtest.processes import log_excerpt, wait_for
+from loadtest.processes import log_excerpt, machine_busy_s, wait_for
+from loadtest.stream_topics import TOPICS, watermarks
+from model_store.deltas import last_record
 from serving.rpc.procs import spawn
 
 LAG_GAUGE = "recserve_follow_lag_samples"
@@ -18,6 +23,24 @@ LAG_GAUGE = "recserve_follow_lag_samples"
 STANDBY = "trainer-standby"
 """A second trainer of the model (training/follow/standby.py): it takes over when the trainer dies."""
 STANDBY_GAUGE = "recserve_follow_standby"
+
+
+GUARD_WINDOW_SAMPLES = 2000
+"""The output guard's window (``recserve train --guard-window-samples``, its default)."""
+
+
+def guard_warmup(window_s: float, samples_per_s: float) -> list[str]:
+    """The streaming trainer's ``--guard-warmup-windows`` for a bench's traffic: the output guard's
+    windows in two join windows of samples, at least its default 5. A trainer that starts
+    mid-stream (a standby taking over, a restart) reads, for a join window, the negatives of
+    requests whose clicks its predecessor read: windows with too few clicks. The default 5 windows
+    are 1 s of 10,000 samples/s, so such windows formed the band, the first steady window tripped
+    it (calibration 0.31 x the band's) and none cleared it: the trainer held every sample after
+    (2,059,140 lost at 50 requests/s x 200 items)."""
+    return [
+        "--guard-warmup-windows",
+        str(max(5, math.ceil(2 * window_s * samples_per_s / GUARD_WINDOW_SAMPLES))),
+    ]
 
 
 def standby_flag(p: argparse.ArgumentParser) -> None:
@@ -100,3 +123,34 @@ def scrape(port: int, name: str) -> float | None:
         if line.startswith(name + " "):
             return float(line.split()[1])
     return None
+
+
+def trained_offsets(vdir: Path) -> list[int]:
+    """Per partition of the samples topic, where the last published delta's trainer resumes."""
+    last = last_record(vdir)
+    at = last[0].positions if last is not None else {}
+    return [at.get(f"samples/{p}", 0) for p in range(TOPICS["samples"])]
+
+
+class Looks:
+    """What bench-stream looks at once a second during the load (``look``): ``lags``, (time, the
+    samples the trainer's published offsets, its last delta's, are behind the samples topic's
+    end); ``gauge``, what the trainer's own lag gauge said; ``trimmed``, the most samples the
+    broker's retention had dropped before the trainer's offsets reached them; ``busy``, (time, the
+    machine's busy CPU seconds so far: ``loadtest.processes.machine_busy_s``)."""
+
+    def __init__(self, watch, vdir: Path, port: Callable[[], int]) -> None:
+        self.watch, self.vdir, self.port = watch, vdir, port
+        self.lags: list[tuple[float, int]] = []
+        self.gauge: list[float] = []
+        self.trimmed = 0
+        self.busy: list[tuple[float, float]] = []
+
+    def look(self) -> None:
+        low, high = watermarks(self.watch, "samples")
+        pos = trained_offsets(self.vdir)
+        self.lags.append((time.time(), sum(high) - sum(pos)))
+        self.busy.append((time.time(), machine_busy_s()))
+        if (g := scrape(self.port(), LAG_GAUGE)) is not None:
+            self.gauge.append(g)
+        self.trimmed = max(self.trimmed, sum(max(0, lo - a) for lo, a in zip(low, pos, strict=True)))

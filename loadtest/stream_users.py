@@ -201,7 +201,7 @@ def play(bootstrap: str, model: UserModel, stop: threading.Event, impressions_to
          on_sent: Callable[[list[Event], float], None] | None = None,
          world: Callable[[], UserModel] | None = None,
          gate: Callable[[list[Event]], list[Event]] | None = None,
-         on_drawn: Callable[[Impression, list[Event]], None] | None = None) -> int:  # fmt: skip
+         on_drawn: Callable[[Impression, list[Event]], None] | None = None, linger_ms: float = 5.0) -> int:  # fmt: skip
     """Click on every impression read until ``stop``; returns how many events were sent. A click
     is sent when it happens (its ``ts``, the impression's time plus the user's delay), as a user's
     browser would, not when the impression is read; ``on_sent(events, t)`` is told each batch sent
@@ -209,13 +209,14 @@ def play(bootstrap: str, model: UserModel, stop: threading.Event, impressions_to
     (default ``model``); ``gate(due)``: what of the clicks due is sent now (a broken pipeline holds
     or drops them, and may hand held ones back later), called at every turn; ``on_drawn(imp,
     clicks)``: each impression read and the clicks drawn for it, sent or not yet (the world's
-    final labels)."""
+    final labels); ``linger_ms``: the events producer's (``stream_topics.LINGER_MS`` for
+    thousands of items a second)."""
     from confluent_kafka import Consumer, Producer
 
     rng = np.random.default_rng(seed)
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
     c.subscribe([impressions_topic])
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "enable.idempotence": True})
     due: list[tuple[float, int, Event]] = []  # heap of clicks not sent yet, by ts (then arrival)
     order = itertools.count()  # ties in ts go in arrival order
     failed: list[str] = []

@@ -1,5 +1,6 @@
 import os
 import time
+from pathlib import Path
 
 from loadtest.processes import wait_for
 from loadtest.series import Series, disk_bytes
@@ -43,3 +44,18 @@ def test_a_floor_counts_only_once_retention_left_at_most_keep_versions(tmp_path)
         series.samples.append(Sample(float(t), {}, {}, disk, current, held))
     assert series.floors(keep=2) == [("1", 50), ("2", 70), ("3", None)]  # 3's retention never finished
     assert series.floors() == [("1", 50), ("2", 70), ("3", 110)]
+
+
+def test_a_name_whose_pid_changed_counts_the_new_pid_from_its_use_at_the_sample_before():
+    from loadtest.series import Sample
+
+    series = Series(lambda: {}, Path("."), 1.0)
+    # the standby (pid 2, 30 s of CPU used standing by) takes over from the trainer (pid 1) at t=1;
+    # a new standby (pid 3) starts
+    series.samples += [
+        Sample(0.0, {}, {"trainer": 50.0, "standby": 30.0}, 0, "1", 1, {"trainer": (1,), "standby": (2,)},
+               {1: 50.0, 2: 30.0}),
+        Sample(1.0, {}, {"trainer": 30.5, "standby": 2.0}, 0, "1", 1, {"trainer": (2,), "standby": (3,)},
+               {2: 30.5, 3: 2.0}),
+    ]  # fmt: skip
+    assert series.cpu_pct(0.0, 2.0) == {"trainer": 50.0, "standby": 200.0}  # 0.5 s, 2 s: not 30.5 s

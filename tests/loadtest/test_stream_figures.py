@@ -124,3 +124,72 @@ def test_exactly_once_counts_a_retrained_key_and_a_skipped_sample_against_the_im
     # a delta whose offsets hold a new key it does not say it trained: skipped, lost
     deltas = [record({0: 2}, 2), record({0: 4}, 0)]
     assert sf.exactly_once(log, where, sf.first_trained(log, where), deltas, expected) == sf.Counted(0, 2)
+
+
+def test_recovery_is_the_first_lag_sample_under_a_second_of_traffic_after_the_last_over_it():
+    t = np.arange(100.0, 140.0)  # one lag sample a second; the kill at 110.5, the next one at 135
+    lag = np.full(40, 2_000)
+    lag[11:20] = 50_000  # behind from 111 to 119
+    lag[22] = 12_000  # over again at 122 (a restarted joiner's replay): not recovered till 123
+    assert sf.recovery_s(t, lag, 110.5, 135.0, 10_000) == 12.5
+    lag[22] = 10_000  # one second of traffic exactly is not under it
+    assert sf.recovery_s(t, lag, 110.5, 135.0, 10_000) == 12.5
+    lag[22] = 9_999
+    assert sf.recovery_s(t, lag, 110.5, 135.0, 10_000) == 9.5  # under from 120 on
+
+
+def test_recovery_counts_only_the_samples_before_the_next_kill():
+    t = np.arange(100.0, 140.0)
+    lag = np.full(40, 2_000)
+    lag[30:] = 80_000  # the next kill's (at 129.5) lag is not this one's
+    assert sf.recovery_s(t, lag, 110.5, 129.5, 10_000) == 0.0  # never a second of traffic behind
+    lag[25:] = 80_000  # still behind when the next kill came: never recovered
+    assert sf.recovery_s(t, lag, 110.5, 129.5, 10_000) is None
+    assert sf.recovery_s(t, lag, 150.0, 160.0, 10_000) is None  # no sample after the kill
+
+
+def test_the_clicks_outside_the_kills_windows_are_steady():
+    t = np.array([0.0, 97.9, 98.0, 129.9, 130.0, 150.0, 199.0])
+    assert sf.outside_kills(t, [100.0, 200.0], 2.0).tolist() == [True, True, False, False, True, True, False]
+    assert sf.outside_kills(t, [], 2.0).all()
+
+
+def test_served_figures_leave_out_the_kills_windows_and_the_last_seconds():
+    t = np.array([10.0, 20.0, 99.0, 110.0, 140.0, 250.0, 298.0])  # load from 0 to 300, kills at 100, 200
+    seconds = np.array([0.5, 0.6, 9.0, 5.0, 0.7, 0.8, 0.9])
+    out = sf.served_figures(t, seconds, 0.0, 300.0, {"trainer": 100.0, "joiner": 200.0}, 2.0)
+    assert out["event_to_served_s"]["n"] == 4 and out["event_to_served_s"]["p99"] < 1.0
+    assert out["event_to_served_s_all"]["n"] == 6  # the click at 298 s: no response left to see it
+    assert [p["n"] for p in out["event_to_served_s_by_phase"].values()] == [2, 3, 1]
+
+
+def test_a_role_not_recovered_or_a_p99_not_measured_misses_its_target():
+    out = {"duplicate_samples": 0, "lost_samples": 0, "event_to_served_s": {"p99": 1.2},
+           "recovery_s": {"trainer": 14.0, "joiner": None}, "logging_p99_ratio": 1.01,
+           "progressive_auc": {"streaming": 0.7, "frozen": 0.5}}  # fmt: skip
+    ok = sf.targets(out, 1.15)
+    assert ok["trainer_recovery_s_le_30"] and not ok["joiner_recovery_s_le_30"]
+    assert ok["event_to_served_p99_outside_the_kills_le_2s"] and ok["streaming_auc_ge_frozen_plus_0.02"]
+    out |= {"event_to_served_s": {"p99": None}, "recovery_s": {"trainer": 30.5}}
+    ok = sf.targets(out, 1.15)
+    assert not ok["event_to_served_p99_outside_the_kills_le_2s"] and not ok["trainer_recovery_s_le_30"]
+
+
+def test_the_machines_cpu_less_the_bench_processes_is_the_others():
+    busy = [(0.0, 100.0), (10.0, 112.0), (20.0, 130.0)]  # busy CPU seconds of the whole machine
+    assert sf.busy_pct(busy, 0.0, 20.0) == 150.0 and sf.busy_pct(busy, 5.0, 15.0) is None
+    out = sf.cpu_figures(lambda a, b: {"trainer": 40.0, "joiner": 20.0}, busy,
+                         {"load": (0.0, 20.0), "after": (10.0, 20.0)})  # fmt: skip
+    assert out["load"] == {"trainer": 40.0, "joiner": 20.0, "machine": 150.0, "others": 90.0}
+    assert out["after"]["machine"] == 180.0
+
+
+def test_the_joiner_owes_the_samples_of_a_closed_window_until_it_produces_them():
+    imps = [("a", 100.0, 2, 0), ("b", 101.0, 1, 0)]  # windows of 10 s: due at 110 and 111
+    log = log_of([(0, 0, "a", 0, 1), (0, 1, "a", 1, 0), (0, 2, "a", 1, 0)])
+    # a/0 clicked early (103), a/1 written late (114) and again (115: a restarted joiner's replay),
+    # b/0 never
+    log = sf.SampleLog(log.partition, log.offset, log.keys, log.labels, np.array([103.0, 114.0, 115.0]))
+    t = np.array([105.0, 110.0, 112.0, 114.0, 120.0])
+    assert sf.owed_by_the_joiner(imps, 10.0, log, t).tolist() == [0, 1, 2, 1, 1]
+    assert sf.owed_by_the_joiner([], 10.0, log, t).tolist() == [0] * 5

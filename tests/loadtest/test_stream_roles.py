@@ -1,6 +1,7 @@
 """loadtest/stream_roles.py: a role's metric read off its /metrics, none from a port nobody
 answers; a role that exited by itself stops the bench with its log; ready waits on both facts; a
-killed trainer's standby becomes the trainer and a new standby takes the dead one's port."""
+killed trainer's standby becomes the trainer and a new standby takes the dead one's port; the
+output guard's warmup follows the traffic."""
 
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from loadtest import stream_roles
-from loadtest.stream_roles import LAG_GAUGE, STANDBY, alive, scrape, until_ready
+from loadtest.stream_roles import LAG_GAUGE, STANDBY, alive, guard_warmup, scrape, until_ready
 from serving.rpc.procs import free_ports
 
 
@@ -67,3 +68,8 @@ def test_a_killed_trainer_s_standby_trains_on_and_a_new_standby_starts(tmp_path,
         for p in procs.values():
             p.kill()
             p.wait()
+
+
+def test_the_guards_warmup_covers_two_join_windows_of_samples():
+    assert guard_warmup(10.0, 10_000.0) == ["--guard-warmup-windows", "100"]  # 200,000 samples
+    assert guard_warmup(4.0, 800.0) == ["--guard-warmup-windows", "5"]  # never under the default
