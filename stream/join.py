@@ -4,10 +4,9 @@ no Kafka (``stream.joiner`` feeds it records and produces what it returns).
 One sample per (request, item): **positive** (the event's label) when an event for the item
 arrives within ``label_after_s`` of the impression (its first horizon, the "window"), **negative**
 (0.0) for every item without one when the window closes. A second event for an item collapses into
-the first (``duplicates``); an event after its window, or for a request never seen within a window
-of its own time, is ``late``: counted and dropped. A record that cannot be read (or an event naming
-an item the request does not have, or a ts more than ``SKEW_S`` before its impression's) goes to the
-dead-letter topic (``malformed``).
+the first (``duplicates``); an event after its window is ``late``: counted and dropped. A record
+that cannot be read (or an event naming an item the request does not have, a ts more than ``SKEW_S``
+before its impression's, or an unknown request, ``stream.recent``) goes to the dead-letter topic.
 
 **Corrections** (``attribution_s`` > ``label_after_s``): a click after the item's first horizon
 but within ``attribution_s`` of the impression emits a second sample of the item, positive, of kind
@@ -33,26 +32,24 @@ close as usual (``release``; for one window after, each request's clicks still w
 it) when their clicks came (a stopped pipeline's, delayed), and as ``quarantine`` samples when they
 did not (the held windows' label rate against the guard's band), as are those its bound closes.
 
-**Offsets**: a record is *held* until everything it led to is acknowledged: an impression or event
-until its request's window closed and every sample of it was acknowledged, a dead letter until
-it was. ``committable()`` is the offset of the oldest held record of each input (or the next one
-to read): committing it and restarting re-reads exactly the open windows, rebuilding them. A
-request's samples may then be produced twice (at least once); never lost. A restart also re-reads
-events past the oldest held one that were handled before it (their windows closed and committed):
-the joiner commits, beside each offset, how far it had read (``read_to``), and an event below that
-mark that finds no open window is ``replayed``, not counted ``late`` a second time (``resume``).
+**Offsets**: a record is *held* until all it led to is acknowledged (an impression or event until
+its request's window closed and its samples were; a dead letter until it was). ``committable()``
+is each input's oldest held offset (or the next to read): a restart from it re-reads exactly the
+open windows (their samples perhaps produced twice, never lost), and events past it handled before:
+the joiner commits beside each offset how far it had read (``read_to``), and an event below that
+mark that finds no open window is ``replayed``, not ``late`` again (``resume``).
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 
 import numpy as np
 
 from features.codec import CodecError, decode
-from stream.join_state import EVENTS, IMPRESSIONS, INPUTS, Emit, JoinCounts, _Clock, _Request
+from stream.join_state import EVENTS, IMPRESSIONS, INPUTS, Emit, JoinCounts, _Clock, _Request, event_lag
 from stream.journal import Journal, Settled
+from stream.recent import DoneRequests
 from stream.records import (
     CORRECTION,
     Event,
@@ -83,15 +80,13 @@ class PartitionJoin:
         self.attribution_s = max(attribution_s, label_after_s)
         self.correcting = self.attribution_s > label_after_s
         if self.correcting and spill is None:
-            raise ValueError(
-                "attribution_s past label_after_s needs a spill (where closed requests' impressions lie)"
-            )
+            raise ValueError("attribution_s past label_after_s needs a spill (where closed requests' impressions lie)")  # fmt: skip
         self.spill, self.journal = spill, journal
         self._compacted = 0  # the journal's size after its last compaction
         self.requests: dict[str, _Request] = {}
         self._deadlines: list[tuple[float, str]] = []  # heap of open impressions' deadlines
         self._attributing: list[tuple[float, str]] = []  # heap of closed requests' attribution ends
-        self._early: list[tuple[float, int, str]] = []  # heap of early events' expiry
+        self._early: list[tuple[float, int, str, Event]] = []  # heap of early events' expiry
         self._held: tuple[dict[int, None], dict[int, None]] = ({}, {})
         self._next = [-1, -1]  # next offset to read, per input (-1: none read yet)
         self._replay_to = [0, 0]  # per input: offsets below were read by the run before a restart
@@ -100,6 +95,7 @@ class PartitionJoin:
         """While set (the input guard is tripped), windows stay open up to this long past their
         close and their samples wait for it; those the bound closes are quarantined."""
         self.items = 0  # items impressed in this partition
+        self.done = DoneRequests(2 * self.attribution_s)  # to tell a late click from an unknown request
         self._balance_until = float("-inf")  # event time: requests impressed before it defer their clicks
 
     # --- input ---------------------------------------------------------------------------
@@ -120,15 +116,12 @@ class PartitionJoin:
         self.counts.empty_rows = empty if self.counts.empty_rows is None or len(self.counts.empty_rows) != len(empty) \
             else self.counts.empty_rows + empty  # fmt: skip
         self._clocks[IMPRESSIONS].saw(imp.ts, now)
+        self.done.seen(imp.ts)
         req = self.requests.setdefault(imp.request_id, _Request())
         if req.labelled is not None:  # the same request id twice: the first impression stands
             if req.settled and req.offset == offset:  # re-read after a restart: it was settled before
                 return []
-            return [
-                self._dead(
-                    IMPRESSIONS, offset, value, f"impression: request id {imp.request_id!r} seen twice"
-                )
-            ]
+            return [self._dead(IMPRESSIONS, offset, value, f"impression: request id {imp.request_id!r} seen twice")]  # fmt: skip
         req.deadline, req.ts, req.offset = imp.ts + self.window_s, imp.ts, offset
         if self.spill is not None:
             req.where = self.spill.put(imp.ts + self.attribution_s, value)
@@ -157,13 +150,12 @@ class PartitionJoin:
         if req is not None and req.labelled is not None:
             return self._apply(ev.request_id, req, offset, ev)
         if ev.ts + self.window_s <= self.watermark(now):  # its impression's window is over
-            self._late(offset)
-            return []
+            return self._unplaced(offset, ev)
         req = self.requests.setdefault(ev.request_id, _Request())
         req.early.append((offset, ev))
         req.held.append((EVENTS, offset))
         self._held[EVENTS][offset] = None
-        heapq.heappush(self._early, (ev.ts + self.window_s, offset, ev.request_id))
+        heapq.heappush(self._early, (ev.ts + self.window_s, offset, ev.request_id, ev))
         return []
 
     def resume(self, inp: int, read_to: int) -> None:
@@ -174,6 +166,14 @@ class PartitionJoin:
     def read_to(self, inp: int) -> int:
         """The next offset of ``inp`` to read (-1: none read yet), committed beside its offset."""
         return self._next[inp]
+
+    def _unplaced(self, offset: int, ev: Event) -> list[Emit]:
+        """An event no open or settled request takes: late, or a dead letter for an unknown request."""
+        why = self.done.unknown(ev.request_id, ev.ts) if offset >= self._replay_to[EVENTS] else ""
+        if why:
+            return [self._dead(EVENTS, offset, encode_event(ev), f"event: {why}")]
+        self._late(offset)
+        return []
 
     def _late(self, offset: int) -> None:
         if offset < self._replay_to[EVENTS]:
@@ -243,9 +243,7 @@ class PartitionJoin:
             negative = ~req.labelled
             negative[[e.item for e in req.after]] = True  # clicked after the horizon: a negative first
             items = np.flatnonzero(negative)
-            values = req.writer.closing(
-                req.deferred, items, self.window_s
-            )  # the deferred clicks', then the negatives
+            values = req.writer.closing(req.deferred, items, self.window_s)  # deferred clicks, negatives
             values += [req.writer.labelled(e, CORRECTION) for e in req.after]
             req.unacked += len(values)
             self.counts.negatives += len(items)
@@ -267,18 +265,19 @@ class PartitionJoin:
             req.expired = True
             self._maybe_done(rid, req)
         while self._early and self._early[0][0] <= wm:
-            _, offset, rid = heapq.heappop(self._early)
+            _, offset, rid, ev = heapq.heappop(self._early)
             waiting = self.requests.get(rid)
             if waiting is None or waiting.labelled is not None or all(o != offset for o, _ in waiting.early):
                 # its impression came (the event was applied then), or the request it waited for
                 # is done and this is another one of the same id (an event after its window)
                 continue
             waiting.early = [(o, e) for o, e in waiting.early if o != offset]
-            self._late(offset)
             self._release(EVENTS, offset)
             waiting.held.remove((EVENTS, offset))
+            out += self._unplaced(offset, ev)
             if not waiting.early:
                 del self.requests[rid]
+        self.done.expire(wm)
         if self.spill is not None:
             self.spill.expire(wm)
             self.compact()
@@ -357,8 +356,7 @@ class PartitionJoin:
 
     def event_lag(self) -> float:
         """How far the newest event's ts trails the newest impression's (0 before both came)."""
-        imp, ev = self._clocks[IMPRESSIONS].ts, self._clocks[EVENTS].ts
-        return max(0.0, imp - ev) if math.isfinite(imp) and math.isfinite(ev) else 0.0
+        return event_lag(self._clocks)
 
     def _maybe_done(self, rid: str, req: _Request) -> None:
         """Every sample of ``req`` so far acknowledged: done once its attribution window is over;
@@ -367,6 +365,7 @@ class PartitionJoin:
             return
         if req.expired:
             del self.requests[rid]
+            self.done.add(rid, req.ts)
         elif not req.settled:
             assert self.journal is not None
             self.journal.settled(rid, Settled.of(req))
@@ -383,6 +382,7 @@ class PartitionJoin:
         """The requests a run before settled (its journal), before reading from its offsets."""
         for rid, s in settled.items():
             self.requests[rid] = s.request(self.window_s)
+            self.done.seen(s.ts)
             heapq.heappush(self._attributing, (s.ts + self.attribution_s, rid))
 
     def compact(self) -> None:

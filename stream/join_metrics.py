@@ -27,7 +27,7 @@ class Collector:
             ("impressions", "Impressions read", c.impressions),
             ("events", "Events read", c.events),
             ("duplicate_events", "Events for an item already labelled (collapsed)", c.duplicates),
-            ("late_events", "Events after their window, or for no impression within one (dropped)", c.late),
+            ("late_events", "Events past their window or attribution (dropped)", c.late),
             (
                 "replayed_events",
                 "Events re-read after a restart that were handled before it (not late again)",

@@ -4,6 +4,7 @@ joiner to produce (``Emit``), a request's state (``_Request``) and an input's wa
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,3 +85,9 @@ class _Clock:
 
     def at(self, now: float) -> float:
         return self.ts + max(0.0, now - self.wall)
+
+
+def event_lag(clocks: tuple[_Clock, _Clock]) -> float:
+    """How far the newest event's ts trails the newest impression's (0 before both came)."""
+    imp, ev = clocks[IMPRESSIONS].ts, clocks[EVENTS].ts
+    return max(0.0, imp - ev) if math.isfinite(imp) and math.isfinite(ev) else 0.0
