@@ -20,6 +20,7 @@ import pytest
 import model_store as ms
 from model_store.deltas import DeltaManifest, read_delta, read_keys
 from stream import dead_letter
+from stream.sample_batch import KIND_BIT
 from tests.helpers import ROOT, doc_blocks, free_port, wait_until
 from tests.training.follow.helpers import NAME, bash, doc_env, schema_of, serving_stores, stream_cfg
 from tests.training.sources.samples import key, produce, records
@@ -340,3 +341,43 @@ def test_a_second_trainer_stands_by_and_takes_over_where_the_first_stopped(kafka
     assert [int(d.name) for d, _ in published] == list(range(len(published)))  # one writer at a time
     ddir, last = published[-1]
     assert sorted(map(key, read_keys(ddir, last)[0])) == sorted((r[0], r[1]) for b in batches for r in b)
+
+
+@pytest.mark.slow
+def test_a_sigkilled_trainer_trains_every_correction_once(kafka, new_topic, store, tmp_path):
+    """First labels and their corrections, (request, item, kind) keys: a trainer SIGKILLed between
+    deltas, the joiner re-emitting what it had, a --once catch-up: each key trained once."""
+    topic = new_topic("samples-corrections")
+    spec = f"kafka://{kafka.bootstrap}/{topic}"
+    batches = [records(schema_of(store), 200, per_request=20, prefix=p, corrections=3) for p in "ab"]
+    assert all(any(r[1] & KIND_BIT for r in b) for b in batches)
+    line = [sys.executable, "-m", "recserve", "train", "--follow", str(store / NAME), "--stream", spec,
+            "--batch-size", "16", "--delta-interval-s", "0.2", "--poll-s", "0.2", "--delayed-feedback", "fnw"]  # fmt: skip
+    produce(kafka.bootstrap, topic, batches[0])
+    env = doc_env()
+    log = (tmp_path / "trainer.log").open("wb")  # read on a failure: a pipe nobody reads could fill
+    proc = subprocess.Popen(line, cwd=tmp_path, env=env, start_new_session=True, stderr=log)
+    try:
+        wait_until(
+            lambda: sum(r.samples for _, r in _published(store)) >= len(batches[0]), 120, "batch a trained"
+        )
+        produce(kafka.bootstrap, topic, batches[1])
+        wait_until(
+            lambda: sum(r.samples for _, r in _published(store)) > len(batches[0]), 60, "b being trained"
+        )
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.close()
+    produce(kafka.bootstrap, topic, batches[0] + batches[1])  # the joiner's restart re-emits both
+    done = subprocess.run(
+        [*line, "--once"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["duplicates"] >= len(batches[0])  # re-emits known
+    produced = {(r[0], r[1]) for b in batches for r in b}
+    published = _published(store)
+    ddir, last = published[-1]
+    keys = [key(k) for k in read_keys(ddir, last)[0]]
+    assert sum(r.samples for _, r in published) == len(produced) == sum(len(b) for b in batches)
+    assert len(keys) == len(set(keys)) and set(keys) == produced

@@ -10,18 +10,22 @@ import numpy as np
 from features import stream
 from features.schema import Schema
 from features.transform import Table, transform
-from stream.records import Impression, SampleWriter, Versions
+from stream.records import CORRECTION, Impression, SampleWriter, Versions
 from stream.rows import RowTable
+from stream.sample_batch import KIND_BIT
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "data/criteo/deepctr_criteo_sample.csv"
 
 
 def records(schema: Schema, rows: int, per_request: int = 50, prefix: str = "r", skip: int = 0,
-            ts: float = 1.7e9, served=None, invert: bool = False) -> list[tuple[str, int, float, bytes]]:  # fmt: skip
+            ts: float = 1.7e9, served=None, invert: bool = False,
+            corrections: int = 0) -> list[tuple[str, int, float, bytes]]:  # fmt: skip
     """(request id, item, label, sample record) of ``rows`` rows of the sample after ``skip``;
     ``served(labels)``: the scores served (default zeros); ``invert``: every label flipped (a broken
-    upstream)."""
+    upstream); ``corrections``: every such row that is a negative is also corrected, as the joiner
+    does for a click after the first horizon (a positive of kind CORRECTION, 30 s late; its item
+    there is ``item | KIND_BIT``, as a trained key's item word has it)."""
     table = stream.read(SAMPLE, schema, limit=skip + rows)
     out = []
     for lo in range(skip, skip + rows, per_request):
@@ -36,6 +40,8 @@ def records(schema: Schema, rows: int, per_request: int = 50, prefix: str = "r",
         for item in range(hi - lo):
             label = float(batch.labels[item]) if not invert else 1.0 - float(batch.labels[item])
             out.append((rid, item, label, writer.encode(item, label)))
+            if corrections and (lo + item) % corrections == 0 and label == 0.0:
+                out.append((rid, item | KIND_BIT, 1.0, writer.encode(item, 1.0, CORRECTION, elapsed=30.0)))
     return out
 
 
