@@ -4,7 +4,8 @@ process; then ``recserve serve --workers 1`` and ``--workers 2`` as deployed, an
     python -m loadtest.bench_e2e [--store DIR --model NAME] [--duration 30] [--rates 10,50,100,200]
                                  [--runs lean:colocated,lean:remote,torchserve:colocated,torchserve:remote]
                                  [--forms records,columns] [--ts-workers 2] [--workers 1,2]
-                                 [--workers-rates 50,100,200,...] [--open-rates 10,50] [--out e2e]
+                                 [--workers-rates 50,100,200,...] [--workers-step 25] [--open-rates 10,50]
+                                 [--out e2e]
                                  [--median-runs 100] [--median-s 1]
                                  [--quick] [--results-dir DIR]
 
@@ -29,7 +30,8 @@ sequentially (``stages_ms``). Token auth is off in these runs (loopback only).
 
 ``workers`` and ``open_loop`` (``loadtest.e2e_workers``): each count of ``--workers`` in turn,
 co-located, token auth on, stepped up through ``--workers-rates`` to its max rate at p99 <= 10 ms in
-both forms, with CPU per request and PSS per process; the open loop runs ``--workers 1`` at each of
+both forms (then bisected to ``--workers-step`` requests/s between the last rate held and the first
+missed), with CPU per request and PSS per process; the open loop runs ``--workers 1`` at each of
 ``--open-rates`` on a fixed schedule, latency counted from when each request was due. Writes
 loadtest/results/<out>.json and prints tables; stops everything at the end, also on error.
 ``--quick``: lean + co-located and TorchServe + remote at 10 requests/s for 1 s; workers at 50; each
@@ -232,12 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--workers-rates", default="50,100,200,300,400,500,600,700,800,1000",
                    help="requests/s stepped up to each count's max rate at p99 <= 10 ms")  # fmt: skip
+    p.add_argument("--workers-step", type=float, default=25.0,
+                   help="then bisect between each form's last rate held and first missed, to this many "
+                        "requests/s (0: the stepped rates only)")  # fmt: skip
     p.add_argument("--open-rates", default="10,50", help="the open loop's requests/s ('' skips it)")
     p.add_argument("--median-runs", type=int, default=100,
                    help="calls each sequential median (in-process reference, stages) times at least")  # fmt: skip
     p.add_argument("--median-s", type=float, default=1.0, help="seconds each sequential median runs at least")
     p.add_argument("--out", default="e2e", help="results name: loadtest/results/<out>.json")
-    args = parse(p, argv, {"rates": "10", "duration": 1.0, "warmup_s": 1.0, "workers_rates": "50",
+    args = parse(p, argv, {"rates": "10", "duration": 1.0, "warmup_s": 1.0, "workers_rates": "50", "workers_step": 0.0,
                            "runs": "lean:colocated,torchserve:remote", "median_runs": 10, "median_s": 0.0})  # fmt: skip
     rates = numbers(args.rates)
     forms = ["columns"] if args.columns else args.forms.split(",")
@@ -303,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             "request_items": 200,
             "distinct_requests": {form: len(b) for form, b in bodies.items()},
             "token_auth": {"runs": False, "workers": True, "open_loop": True},
+            "workers_step_rps": args.workers_step,
             "runtime": args.runtime,
             "ts_workers": args.ts_workers,
             "batch_size": args.batch_size,

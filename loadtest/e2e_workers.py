@@ -49,13 +49,38 @@ def step_up(run, rates: list[float], forms: list[str]) -> dict[str, dict[str, di
     for rate in rates:
         for form in list(going):
             r = results[form][f"{rate:g}"] = run(rate, form)
-            print(f"    {form}, {rate:g} rps: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, {r['requests']} "
-                  f"requests, {r['failures']} failures", flush=True)  # fmt: skip
+            _say(form, f"{rate:g} rps", r)
             if not held(r):
                 going.remove(form)
         if not going:
             break
     return results
+
+
+def refine(run, results: dict[str, dict[str, dict]], step: float) -> None:
+    """Narrow each form's max rate down to ``step`` requests/s by bisection between its highest
+    rate held and the first it missed (``step_up``'s results, added to in place): the grid is
+    ``step``'s multiples, the same for every worker count, so that ``ratio`` is not quantised by
+    the coarse rates (100 apart: 1.4 and 1.5 one step). A form that held every rate, or none, is
+    left as it is."""
+    for form, by_rate in results.items():
+        lo = max_held(by_rate)
+        above = [float(k) for k, r in by_rate.items() if not held(r) and float(k) > lo]
+        if not lo or not above:
+            continue
+        hi = min(above)
+        while True:
+            mid = round((lo + hi) / 2 / step) * step
+            if not lo < mid < hi:
+                break
+            r = by_rate[f"{mid:g}"] = run(mid, form)
+            _say(form, f"{mid:g} rps (bisecting {lo:g}-{hi:g})", r)
+            lo, hi = (mid, hi) if held(r) else (lo, mid)
+
+
+def _say(form: str, rate: str, r: dict) -> None:
+    print(f"    {form}, {rate}: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, {r['requests']} requests, "
+          f"{r['failures']} failures", flush=True)  # fmt: skip
 
 
 def max_held(by_rate: dict[str, dict]) -> float:
@@ -108,6 +133,8 @@ def one_count(args, n: int, store: Path, rates: list[float], bodies: dict[str, l
                               columns=form == "columns")  # fmt: skip
 
         by_form = step_up(run, rates, list(bodies))
+        if args.workers_step:
+            refine(run, by_form, args.workers_step)
         mem = memory(pids)
     best = {form: max_held(r) for form, r in by_form.items()}
     top = min(best.values())
