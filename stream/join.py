@@ -22,7 +22,8 @@ request's records stay held until its attribution window is over.)
 the newest ``ts`` it delivered, advanced by the wall time since (so a quiet input does not stop
 the clock); an input that is caught up (at the end of its partition) does not hold the join back
 while the other has records. A window closes when the watermark passes ``impression.ts +
-window_s``. Replaying a topic thus gives the labels a live run gave.
+window_s``; an attribution window ends once the events' own clock passes it too (a click in flight
+while the impressions ran ahead still counts). Replaying a topic gives the labels a live run gave.
 
 **The input guard** (``stream.guard``, judged by the joiner) may *hold* the join (``hold_s``):
 windows then stay open up to ``hold_s`` past their close, so that clicks delayed by a broken
@@ -47,7 +48,7 @@ import heapq
 import numpy as np
 
 from features.codec import CodecError, decode
-from stream.join_state import EVENTS, IMPRESSIONS, INPUTS, Emit, JoinCounts, _Clock, _Request, event_lag
+from stream.join_state import EVENTS, IMPRESSIONS, INPUTS, Clocks, Emit, JoinCounts, _Request
 from stream.journal import Journal, Settled
 from stream.recent import DoneRequests
 from stream.records import (
@@ -90,7 +91,7 @@ class PartitionJoin:
         self._held: tuple[dict[int, None], dict[int, None]] = ({}, {})
         self._next = [-1, -1]  # next offset to read, per input (-1: none read yet)
         self._replay_to = [0, 0]  # per input: offsets below were read by the run before a restart
-        self._clocks = (_Clock(), _Clock())
+        self._clocks = Clocks()
         self.hold_s: float | None = None
         """While set (the input guard is tripped), windows stay open up to this long past their
         close and their samples wait for it; those the bound closes are quarantined."""
@@ -222,11 +223,7 @@ class PartitionJoin:
 
     # --- time ----------------------------------------------------------------------------
     def watermark(self, now: float) -> float:
-        """The slowest input's watermark among those not caught up (an input never read from is
-        at -inf: it holds the join until it delivers or is caught up); when both are caught up,
-        the newest, advanced by the wall clock."""
-        behind = [c.at(now) for c in self._clocks if not c.caught_up]
-        return min(behind) if behind else max(c.at(now) for c in self._clocks)
+        return self._clocks.watermark(now)
 
     def advance(self, now: float) -> list[Emit]:
         """Close every window the watermark passed (the negatives of their unlabelled items) and
@@ -259,7 +256,8 @@ class PartitionJoin:
             else:
                 req.expired = True
             self._maybe_done(rid, req)
-        while self._attributing and self._attributing[0][0] <= wm:
+        attributed = self._clocks.attribution(now)
+        while self._attributing and self._attributing[0][0] <= attributed:
             _, rid = heapq.heappop(self._attributing)
             req = self.requests[rid]
             req.expired = True
@@ -279,7 +277,7 @@ class PartitionJoin:
                 del self.requests[rid]
         self.done.expire(wm)
         if self.spill is not None:
-            self.spill.expire(wm)
+            self.spill.expire(attributed)
             self.compact()
         return out
 
@@ -356,7 +354,7 @@ class PartitionJoin:
 
     def event_lag(self) -> float:
         """How far the newest event's ts trails the newest impression's (0 before both came)."""
-        return event_lag(self._clocks)
+        return self._clocks.event_lag()
 
     def _maybe_done(self, rid: str, req: _Request) -> None:
         """Every sample of ``req`` so far acknowledged: done once its attribution window is over;

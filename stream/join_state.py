@@ -87,7 +87,27 @@ class _Clock:
         return self.ts + max(0.0, now - self.wall)
 
 
-def event_lag(clocks: tuple[_Clock, _Clock]) -> float:
-    """How far the newest event's ts trails the newest impression's (0 before both came)."""
-    imp, ev = clocks[IMPRESSIONS].ts, clocks[EVENTS].ts
-    return max(0.0, imp - ev) if math.isfinite(imp) and math.isfinite(ev) else 0.0
+class Clocks(tuple[_Clock, _Clock]):
+    """The two inputs' clocks (``IMPRESSIONS``, ``EVENTS``) and the join's watermarks from them."""
+
+    def __new__(cls) -> Clocks:
+        return super().__new__(cls, (_Clock(), _Clock()))
+
+    def watermark(self, now: float) -> float:
+        """The slowest input's watermark among those not caught up (an input never read from is
+        at -inf: it holds the join until it delivers or is caught up); when both are caught up,
+        the newest, advanced by the wall clock."""
+        behind = [c.at(now) for c in self if not c.caught_up]
+        return min(behind) if behind else max(c.at(now) for c in self)
+
+    def attribution(self, now: float) -> float:
+        """How far attribution windows may end: the watermark, held back to the events' own clock
+        (caught up or not: a producer may write a stretch of impressions before its clicks, and a
+        click still in flight within its window counts) once an event came."""
+        wm, ev = self.watermark(now), self[EVENTS].at(now)
+        return min(wm, ev) if math.isfinite(ev) else wm
+
+    def event_lag(self) -> float:
+        """How far the newest event's ts trails the newest impression's (0 before both came)."""
+        imp, ev = self[IMPRESSIONS].ts, self[EVENTS].ts
+        return max(0.0, imp - ev) if math.isfinite(imp) and math.isfinite(ev) else 0.0

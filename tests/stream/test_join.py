@@ -286,8 +286,9 @@ def test_a_click_after_the_first_horizon_corrects_the_items_negative(correcting)
     # held until its attribution window is over and every sample acked: a restart rebuilds it
     ack_all(join, fixed)
     assert join.committable()[IMPRESSIONS] == 0 and join.spill.bytes > 0
-    join.caught_up(EVENTS)
     join.impression(2, impression("r3", 230.5), now=0)
+    join.event(5, event("r3", 0, 230.5), now=0)  # the events pass 211 too
+    join.caught_up(EVENTS)
     ack_all(join, join.advance(now=0))  # r2 closes; r1's (200) and r2's (211) attribution windows end
     assert "r1" not in join.requests and join.committable() == (2, 5)
     assert join.spill.bytes == len(impression("r3", 230.5))  # the segments of r1 and r2 are deleted
@@ -300,6 +301,26 @@ def test_a_correction_whose_impression_is_gone_is_counted_lost(correcting):
     ack_all(join, join.advance(now=0))
     join.spill.clear()  # the disk lost it
     assert join.event(0, event("r1", 1, 140.0), now=0) == [] and join.counts.corrections_lost == 1
+
+
+def test_an_attribution_window_ends_when_the_events_show_it_over_not_the_impressions_alone(correcting):
+    """The events input read to its end while the impressions run ahead (a producer writes a
+    stretch of impressions before its clicks): a click still in flight within the window counts."""
+    join = correcting
+    join.impression(0, impression("r1", 100.0), now=0)
+    join.event(0, event("r1", 1, 150.0), now=0)  # the events' clock at 150
+    join.caught_up(EVENTS)
+    join.impression(1, impression("r2", 230.0), now=0)  # r1's window (200) over by the impressions
+    ack_all(join, join.advance(now=0))
+    assert "r1" in join.requests  # the events have not passed 200
+    fixed = join.event(1, event("r1", 2, 199.0), now=0)  # in flight when the impressions ran ahead
+    assert labels(fixed, CORRECTION) == {("r1", 2): 1.0} and join.counts.late == 0
+    ack_all(join, fixed)
+    join.event(2, event("r2", 0, 231.0), now=0)  # the events past 200
+    join.caught_up(EVENTS)
+    ack_all(join, join.advance(now=0))
+    assert "r1" not in join.requests
+    assert join.event(3, event("r1", 3, 200.5), now=0) == [] and join.counts.late == 1
 
 
 def test_attribution_must_cover_the_first_horizon_and_have_a_spill():
