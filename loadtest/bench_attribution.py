@@ -2,7 +2,7 @@
 accelerated event time: its memory, and exactly once across a SIGKILL.
 
     python -m loadtest.bench_attribution [--minutes 90] [--rate 50] [--items 200] [--label-after-s 5]
-        [--attribution-s 3600] [--partitions 16] [--quick] [--results-dir DIR]
+        [--attribution-s 3600] [--partitions 16] [--trainer] [--store DIR] [--quick] [--results-dir DIR]
 
 ``--minutes`` of event time at ``--rate`` requests/s of ``--items`` Criteo items (the impressions of
 one ranking request, ``loadtest.stream_users``) and the clicks of users whose delays have a long
@@ -25,6 +25,14 @@ bench-stream and bench-delayed count what it trains). The joiner's RSS is sample
 (``joiner_rss_mb``: the second minute's mean, the last, the max, the mean of each tenth of the
 run: past the attribution window it is flat) with its spill on disk at the end.
 
+``--trainer``: the streaming trainer (``recserve train --follow --stream --delayed-feedback fnw``,
+a delta a second, over a Criteo version trained first or ``--store``'s) trains the samples as they
+come, the producer's pace held to its published offsets too; it is SIGKILLed seven tenths in and
+started again. Each published delta's record is then held against the samples topic as read
+(``trained``): a sample is placed in the first delta whose offsets pass it, and each delta must
+say it trained exactly the keys first placed in it (``trainer.duplicate_samples``,
+``trainer.lost_samples``: over (request, item, kind), corrections included).
+
 Writes ``loadtest/results/attribution.json``. ``--quick``: 2 minutes of event time at 20 requests/s
 of 20 items (checks the bench, its figures mean little).
 """
@@ -33,15 +41,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shutil
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
+import model_store as ms
 from loadtest import mockbroker
+from loadtest.bench_stream import published, version_dir
 from loadtest.common import (
+    given_or_trained,
     keep_work_flag,
     parse,
     parser,
@@ -53,6 +66,7 @@ from loadtest.common import (
 from loadtest.processes import Sampler
 from loadtest.stream_roles import scrape
 from loadtest.stream_users import UserModel, impressions, ranking_batch_bytes
+from model_store.deltas import read_delta
 from serving.rpc.procs import free_ports, spawn, stop_children
 from stream.records import encode_event, encode_impression
 from stream.sample_batch import KIND_BIT, read_samples, request_ids
@@ -82,6 +96,7 @@ class Counter(threading.Thread):
         self.consumer.assign([TopicPartition("samples", p, OFFSET_BEGINNING) for p in range(partitions)])
         self.codes: list[np.ndarray] = []
         self.positive: list[np.ndarray] = []
+        self.where: list[np.ndarray] = []  # (partition, offset) of each record
         self.count = 0
         self.stop = threading.Event()
 
@@ -94,8 +109,16 @@ class Counter(threading.Thread):
                 item = np.frombuffer(s.keys.astype("S4").tobytes(), ">u4").astype(np.int64) & (KIND_BIT - 1)
                 self.codes.append((rid << 33) + item * 2 + s.kinds)
                 self.positive.append(s.labels > 0)
+                self.where.append(np.array([(m.partition(), m.offset()) for m in msgs], np.int32))
                 self.count += s.num_rows
         self.consumer.close()
+
+    def offsets(self) -> int:
+        """The samples topic's records read, as the sum of each partition's next offset."""
+        if not self.where:
+            return 0
+        where = np.concatenate(self.where)
+        return int(sum(where[where[:, 0] == p, 1].max(initial=-1) + 1 for p in np.unique(where[:, 0])))
 
     def all(self) -> tuple[np.ndarray, np.ndarray]:
         """Every sample's key code and whether it is positive."""
@@ -154,6 +177,57 @@ def figures(
     }
 
 
+def trained(codes: np.ndarray, where: np.ndarray, records: list, partitions: int) -> dict[str, int]:
+    """The published deltas' records against the samples topic as read: each record is placed in
+    the first delta whose offsets (where its successor resumes) pass it, each key's first copy so
+    placed is new there, and a delta that says it trained more samples than the new keys placed
+    in it trained some twice, fewer lost some (as are keys no delta reached)."""
+    pos = np.array(
+        [[r.positions.get(f"samples/{p}", 0) for p in range(partitions)] for r in records], np.int64
+    )
+    pos = np.maximum.accumulate(pos.reshape(-1, partitions), axis=0)
+    delta = np.full(len(codes), len(records), np.int64)
+    for p in range(partitions):  # a loop per partition: the records of each at once
+        at = where[:, 0] == p
+        delta[at] = np.searchsorted(pos[:, p], where[at, 1], side="right")
+    order = np.argsort(delta, kind="stable")
+    _, first = np.unique(codes[order], return_index=True)
+    placed = np.bincount(delta[order][first], minlength=len(records) + 1)
+    said = np.array([r.samples for r in records] + [0], np.int64)
+    return {"samples_trained": int(said.sum()), "deltas": len(records),
+            "duplicate_samples": int(np.maximum(0, said - placed).sum()),
+            "lost_samples": int(np.maximum(0, placed - said).sum())}  # fmt: skip
+
+
+def trainer_offsets(model_dir: Path | None) -> int:
+    """The samples the trainer's last published delta has read (0: none yet, or no trainer)."""
+    if model_dir is None:
+        return 0
+    vdir = version_dir(model_dir)
+    for seq in reversed(ms.list_deltas(vdir)):  # the newest with its record (one cut may lack it)
+        if (record := read_delta(ms.delta_dir(vdir, seq))) is not None:
+            return sum(record.positions.values())
+    return 0
+
+
+def model_to_follow(args: argparse.Namespace, work: Path) -> Path | None:
+    """With ``--trainer``, the model it follows: a copy of ``--store``'s, else one trained now."""
+    if not args.trainer:
+        return None
+    if args.store:
+        shutil.copytree(args.store, work / "store")
+    return given_or_trained(str(work / "store") if args.store else None, work) / "criteo"
+
+
+def trainer_argv(model_dir: Path, bootstrap: str, args: argparse.Namespace) -> list[str]:
+    """The streaming trainer over the samples topic: fake negative weighting, a delta a second, a
+    dedupe window of what a restarted joiner sends again (the open windows: its journal has the
+    rest) with room, its output guard off (the bench counts samples, not a model's judgement)."""
+    return ["train", "--follow", str(model_dir), "--stream", f"kafka://{bootstrap}/samples", "--delta-interval-s", "1",
+            "--batch-size", "1024", "--dedup-window-s", f"{max(600.0, 20 * args.label_after_s):g}",
+            "--delayed-feedback", "fnw", "--no-output-guard"]  # fmt: skip
+
+
 def committed(bootstrap: str, partitions: int) -> int:
     """Impressions the joiner's group committed (its offsets summed; -1 while it cannot tell)."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP})
@@ -179,15 +253,19 @@ def run(args: argparse.Namespace) -> dict:
                 "--attribution-s", str(args.attribution_s), "--state-dir", str(work / "state"),
                 "--metrics-port", str(port)]  # fmt: skip
         procs = [spawn(argv, work / "join.log")]
+        model_dir = model_to_follow(args, work)
+        train = trainer_argv(model_dir, b, args) if model_dir is not None else []
+        trainers = [spawn(train, work / "train.log")] if train else []
         counter = Counter(b, args.partitions)
         counter.start()
         producer = Producer({"bootstrap.servers": b, "linger.ms": 20, "enable.idempotence": True,
                              "queue.buffering.max.messages": 2_000_000})  # fmt: skip
-        killed_at, sent_ev, t0 = None, 0, time.time()
+        killed_at, trainer_killed_at, sent_ev, t0 = None, None, 0, time.time()
         with Sampler(lambda: [procs[-1].pid], interval_s=1.0) as sampler:
             for start in range(0, n, CHUNK):
-                while start - min(committed(b, args.partitions), counter.count // args.items) > BACKLOG:
-                    time.sleep(0.1)  # the producer's pace: the joiner and the reader catch up
+                while start - min(committed(b, args.partitions), counter.count // args.items,
+                                  trainer_offsets(model_dir) // args.items if train else n) > BACKLOG:  # fmt: skip
+                    time.sleep(0.1)  # the producer's pace: the joiner, the reader (and the trainer) catch up
                 chunk = imps[start : start + CHUNK]
                 for imp in chunk:
                     producer.produce("impressions", encode_impression(imp), imp.request_id.encode())
@@ -201,19 +279,31 @@ def run(args: argparse.Namespace) -> dict:
                     procs[-1].wait()
                     killed_at = time.time()
                     procs.append(spawn(argv, work / "join-2.log"))
+                if train and trainer_killed_at is None and start >= 0.7 * n:
+                    trainers[-1].send_signal(signal.SIGKILL)
+                    trainers[-1].wait()
+                    trainer_killed_at = time.time()
+                    trainers.append(spawn(train, work / "train-2.log"))
             firsts, clicked = expected(args.items, imp_ts, clicks, args.attribution_s)
             settled, last = 0, -1
             deadline = time.time() + 600
             while settled < 3 and time.time() < deadline:  # every window closed, every sample read
                 time.sleep(1.0)  # the pace of the check: the joiner's last windows and the reader
                 done = scrape(port, "recserve_join_open_windows") == 0 and counter.count == last
+                done = done and (not train or trainer_offsets(model_dir) == counter.offsets())
                 settled, last = (settled + 1 if done else 0), counter.count
         wall = time.time() - t0
         counter.stop.set()
         counter.join()
-        stop_children(procs)
+        stop_children(procs + trainers)
+        records = [r for _, _, r in published(model_dir)] if model_dir is not None else []
         spill_mb = sum(f.stat().st_size for f in (work / "state").rglob("*.seg")) / 2**20
-    counted = figures(*counter.all(), firsts, clicked)
+    codes, positive = counter.all()
+    counted: dict[str, object] = {**figures(codes, positive, firsts, clicked)}
+    if train:
+        where = np.concatenate(counter.where) if counter.where else np.zeros((0, 2), np.int32)
+        counted["trainer"] = trained(codes, where, records, args.partitions) | {
+            "killed_at_s": round(trainer_killed_at - t0, 1) if trainer_killed_at else None}  # fmt: skip
     rss = np.array([(t, u.rss_bytes / 2**20) for t, u in sampler.samples if u.rss_bytes]).reshape(-1, 2)
     second = rss[(rss[:, 0] >= t0 + 60) & (rss[:, 0] < t0 + 120), 1]
     return {
@@ -237,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label-after-s", type=float, default=5.0)
     p.add_argument("--attribution-s", type=float, default=3600.0)
     p.add_argument("--partitions", type=int, default=16)
+    p.add_argument("--trainer", action="store_true",
+                   help="the streaming trainer too, SIGKILLed seven tenths in: what it trained, counted")  # fmt: skip
+    p.add_argument(
+        "--store", help="with --trainer: an existing model store (default: train one into the work dir)"
+    )
     keep_work_flag(p)
     args = parse(p, argv, {"minutes": 2.0, "rate": 20.0, "items": 20, "attribution_s": 60.0})
     result = run(args)
@@ -246,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         "0 lost or made-up samples and clicks across the joiner's SIGKILL": not any(result[k] for k in (
             "lost_samples", "unexpected_samples", "lost_clicks", "clicks_labelled_twice", "unexpected_corrections")),
         "joiner RSS <= 600 MB": (result["joiner_rss_mb"]["max"] or 0) <= 600,
+        **({"0 lost, 0 duplicated samples and corrections trained across the trainer's SIGKILL":
+            not (result["trainer"]["lost_samples"] or result["trainer"]["duplicate_samples"])}
+           if "trainer" in result else {}),
     })  # fmt: skip
     write_results("attribution", result, args.results_dir)
     return 0

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from tests.loadtest.conftest import has
@@ -21,3 +22,31 @@ def test_bench_attribution_corrects_across_a_joiner_sigkill_and_reports_its_memo
     )
     assert [result[k] for k in lost] == [0] * len(lost)
     has(result["joiner_rss_mb"], "second_minute", "last", "max")
+
+
+def test_bench_attribution_counts_what_a_sigkilled_trainer_trained(bench, trained):
+    result = bench("bench_attribution", "attribution", "--trainer", "--store", str(trained[0]), timeout_s=600)
+    t = result["trainer"]
+    has(t, "samples_trained", "deltas", "duplicate_samples", "lost_samples", "killed_at_s")
+    assert t["killed_at_s"] is not None and t["deltas"] > 1
+    assert (t["duplicate_samples"], t["lost_samples"]) == (0, 0)
+    assert t["samples_trained"] == result["first_labels_expected"] + result["corrections"]
+
+
+def test_each_delta_is_held_to_the_new_keys_first_placed_in_it():
+    from types import SimpleNamespace
+
+    from loadtest.bench_attribution import trained
+
+    # partition 0: keys 1, 2, 3, 1 (re-sent) at offsets 0-3; partition 1: keys 4, 5 at 0-1
+    codes = np.array([1, 2, 3, 1, 4, 5])
+    where = np.array([[0, 0], [0, 1], [0, 2], [0, 3], [1, 0], [1, 1]])
+
+    def deltas(*said):
+        return [SimpleNamespace(positions={"samples/0": p0, "samples/1": p1}, samples=n)
+                for (p0, p1), n in zip([(2, 1), (4, 2)][: len(said)], said, strict=True)]  # fmt: skip
+
+    assert trained(codes, where, deltas(3, 2), 2) == {"samples_trained": 5, "deltas": 2, "duplicate_samples": 0, "lost_samples": 0}  # fmt: skip
+    assert trained(codes, where, deltas(3, 3), 2)["duplicate_samples"] == 1  # key 1 trained again
+    assert trained(codes, where, deltas(3, 1), 2)["lost_samples"] == 1
+    assert trained(codes, where, deltas(3), 2)["lost_samples"] == 2  # keys 3 and 5 never reached
