@@ -14,6 +14,8 @@ before a restart, or out of the window) is counted ``unmatched`` and left out.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -25,11 +27,38 @@ from training.follow.trained_keys import TrainedKeys
 BINS = 1000
 
 
+@dataclass
+class FinalPart:
+    """What one rank tallied since it last sent its part (``FinalLabels.take``): under torchrun,
+    rank 0's figures are the job's (a correction trains on the rank its first label did: the
+    partition is the request's)."""
+
+    tally: Tally
+    corrected: int
+    unmatched: int
+
+
 class FinalLabels:
     def __init__(self, window_s: float) -> None:
         self.negatives = TrainedKeys(window_s)
         self.tally = Tally(BINS)
         self.corrected, self.unmatched = 0, 0
+        self._sent = FinalPart(Tally(BINS), 0, 0)
+
+    def take(self) -> FinalPart:
+        """What this rank tallied since its last ``take``, for rank 0's (``merge``)."""
+        part = FinalPart(
+            self.tally.copy(), self.corrected - self._sent.corrected, self.unmatched - self._sent.unmatched
+        )
+        part.tally.merge(self._sent.tally, -1)
+        self._sent = FinalPart(self.tally.copy(), self.corrected, self.unmatched)
+        return part
+
+    def merge(self, part: FinalPart) -> None:
+        """Another rank's part (rank 0: its figures become the job's)."""
+        self.tally.merge(part.tally)
+        self.corrected += part.corrected
+        self.unmatched += part.unmatched
 
     def add(self, keys: NDArray[np.bytes_], kinds: NDArray[np.uint8], ts: NDArray[np.float64],
             labels: NDArray[np.float32], scores: NDArray[np.float32]) -> None:  # fmt: skip

@@ -125,7 +125,8 @@ def take_share(book: StreamBook, positions: dict[str, int], changed: bool, rank:
         return Share(positions, keys[:0], ts[:0], empty, empty, 0, 0, 0, changed)
     labels, scores = book.progressive.take_window()
     book.mark_cut()
-    return Share(positions, keys, ts, labels, scores, counts.rows, counts.duplicates, counts.refused, changed)
+    return Share(positions, keys, ts, labels, scores, counts.rows, counts.duplicates, counts.refused, changed,
+                 book.final.take())  # fmt: skip
 
 
 def merge_shares(book: StreamBook, shares: list[Share]) -> dict[str, int]:
@@ -139,6 +140,8 @@ def merge_shares(book: StreamBook, shares: list[Share]) -> dict[str, int]:
         book.total.rows += s.rows
         book.total.duplicates += s.duplicates
         book.total.refused += s.refused
+        if s.final is not None:
+            book.final.merge(s.final)
     return positions
 
 

@@ -31,6 +31,18 @@ class Tally:
         np.add.at(self.pos, self.bin(p), 1)
         self.loss += (np.log1p(-p) - np.log(p)).sum()
 
+    def merge(self, other: Tally, sign: int = 1) -> None:
+        """``other``'s samples added (``sign`` -1: taken away)."""
+        self.pos += sign * other.pos
+        self.neg += sign * other.neg
+        self.loss += sign * other.loss
+        self.sum_p += sign * other.sum_p
+
+    def copy(self) -> Tally:
+        out = Tally(self.bins)
+        out.merge(self)
+        return out
+
     @property
     def samples(self) -> int:
         return int(self.pos.sum() + self.neg.sum())

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from features.schema import Schema
     from training.cluster import Cluster
     from training.ctx import TrainCtx
+    from training.follow.final_labels import FinalPart
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class Share:
     duplicates: int
     refused: int
     changed: bool
+    final: FinalPart | None = None  # its final-label tally since the last cut (another rank's)
 
 
 @dataclass

@@ -37,6 +37,8 @@ def _trained(
     book.add_keys(np.array(keys), np.full(len(keys), 1.7e9))
     book.rows(len(keys))
     book.progressive.add(np.array(labels, np.float32), np.array(scores, np.float32))
+    book.final.add(np.array(keys), np.zeros(len(keys), np.uint8), np.full(len(keys), 1.7e9),
+                   np.array(labels, np.float32), np.array(scores, np.float32))  # fmt: skip
     book.total.duplicates += dups
 
 
@@ -123,6 +125,9 @@ def test_rank_0_writes_one_record_of_every_ranks_offsets_keys_counts_and_window(
     assert record.auc == pytest.approx(0.5)  # 1 (0.9) > 0 (0.4) but not > 1 (0.1): one of two pairs
     assert sorted(read_keys(ddir, record)[0].tolist()) == [b"a", b"b", b"c"]
     assert books[0].total.rows == 3
+    final = books[0].final.figures()  # rank 0's figures against the final labels are the job's
+    assert (final["samples"], final["auc"]) == (3, pytest.approx(0.5))
+    assert books[1].final.take().tally.samples == 0  # sent once: the next part starts from nothing
 
 
 @pytest.fixture(scope="module")
