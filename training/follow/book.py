@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from numpy.typing import NDArray
 
 from model_store.deltas import DeltaManifest, last_record, read_keys, write_delta
 from training.follow.final_labels import FinalLabels
-from training.follow.progressive import Progressive
+from training.follow.progressive import WINDOWS_KEPT, Progressive
 from training.follow.trained_keys import TrainedKeys
 from training.follow.types import Counts, FollowResult, Score
 from training.sources import Keyed
@@ -86,7 +87,7 @@ class StreamBook:
     keys: TrainedKeys = field(init=False)
     progressive: Progressive = field(default_factory=Progressive)
     total: Counts = field(default_factory=Counts)
-    windows: list[Score] = field(default_factory=list)
+    windows: deque[Score] = field(default_factory=lambda: deque(maxlen=WINDOWS_KEPT))
     """Progressive scores per delta."""
     _cut: Counts = field(default_factory=Counts)  # totals at the last delta
     _since_cut: list[tuple[NDArray[np.bytes_], NDArray[np.float64]]] = field(default_factory=list)
@@ -158,7 +159,7 @@ class StreamBook:
         """This book's counts and scores into a run's ``result``."""
         t = self.total
         result.rows, result.duplicates, result.refused = t.rows, t.duplicates, t.refused
-        result.max_lag_samples, result.progressive = t.max_lag, self.windows
+        result.max_lag_samples, result.progressive = t.max_lag, list(self.windows)
         result.progressive_total = self.progressive.total()
         result.progressive_final = self.final.figures() if self.keyed else None
 

@@ -8,6 +8,7 @@ bytes a sample).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,6 +17,9 @@ from numpy.typing import NDArray
 from training.follow.tally import Tally, clip
 from training.follow.types import Score
 
+WINDOWS_KEPT = 10_000
+"""Per-window scores kept (the newest; each delta's record has its own): a run of days cuts
+hundreds of thousands."""
 TOTAL_BINS = 1 << 18
 """The whole run's histogram bins (4 MB, scores 4e-6 apart tie): its AUC a few 1e-5 from the exact one."""
 
@@ -24,7 +28,7 @@ TOTAL_BINS = 1 << 18
 class Progressive:
     """Labels and pre-training scores of the window open now, tallied over the whole run."""
 
-    windows: list[Score] = field(default_factory=list)
+    windows: deque[Score] = field(default_factory=lambda: deque(maxlen=WINDOWS_KEPT))
     _open: list[tuple[NDArray[np.float32], NDArray[np.float32]]] = field(default_factory=list)
     _all: Tally = field(default_factory=lambda: Tally(TOTAL_BINS))
 

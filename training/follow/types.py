@@ -80,7 +80,7 @@ class FollowResult:
     rows: int = 0  # training rows
     duplicates: int = 0  # samples dropped: their key was trained already
     refused: int = 0  # malformed records (sent to the dead-letter topic)
-    progressive: list[Score] = field(default_factory=list)  # per delta: scored before training
+    progressive: list[Score] = field(default_factory=list)  # the newest deltas, scored before training
     progressive_total: Score | None = None
     progressive_final: dict | None = None  # --stream: against the final labels (training.follow.final_labels)
     steps: int = 0
