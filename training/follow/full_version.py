@@ -36,7 +36,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,6 +53,7 @@ from training.ctx import DenseOptimizer
 from training.evaluate import sigmoid
 from training.export_dense import export_dense
 from training.follow.canary import Canary
+from training.follow.tally import Tally, clip
 from training.follow.types import Score
 
 if TYPE_CHECKING:
@@ -108,19 +108,41 @@ def load_frozen_dense(path: Path) -> nn.Module:
     return module
 
 
-@dataclass
-class _Window:
-    """Labels and the two pre-training scores of the samples since the last full version."""
+WINDOW_BINS = 1 << 14
+"""Score bins of a full version's window (``training.follow.tally``): the gate's AUCs within
+about 1/16,384 of the exact ones, in memory and work that do not grow with the period's samples."""
 
-    labels: list[NDArray[np.float32]] = field(default_factory=list)
-    candidate: list[NDArray[np.float32]] = field(default_factory=list)
-    served: list[NDArray[np.float32]] = field(default_factory=list)
+
+class _Window:
+    """The two pre-training scores of the samples since the last full version, tallied per label.
+    Kept sample by sample, the window held 12 bytes a sample and its exact AUCs sorted it at the
+    full version on the training thread: at 12,000 samples/s and a 10-minute period, 7.2 million
+    samples, about 2 s a score on an idle 2-vCPU VM, no delta cut meanwhile (the soak at 200 items
+    a request)."""
+
+    def __init__(self) -> None:
+        self.candidate, self.served = Tally(WINDOW_BINS), Tally(WINDOW_BINS)
+
+    def add(
+        self, labels: NDArray[np.float32], candidate: NDArray[np.float32], served: NDArray[np.float32]
+    ) -> None:
+        clicked = labels > 0
+        self.candidate.add(clicked, clip(candidate))
+        self.served.add(clicked, clip(served))
+
+    @property
+    def samples(self) -> int:
+        return self.candidate.samples
 
     def scores(self) -> tuple[Score, Score]:
-        if not self.labels:
-            return Score(0, None, None), Score(0, None, None)
-        y = np.concatenate(self.labels)
-        return Score.of(y, np.concatenate(self.candidate)), Score.of(y, np.concatenate(self.served))
+        return _score(self.candidate), _score(self.served)
+
+
+def _score(t: Tally) -> Score:
+    auc, logloss = t.auc(), t.logloss()
+    return Score(
+        t.samples, None if auc is None else round(auc, 6), None if logloss is None else round(logloss, 6)
+    )
 
 
 class FullVersions:
@@ -199,9 +221,8 @@ class FullVersions:
     def split(self, logits: Tensor, labels: NDArray[np.float32] | None) -> Tensor:
         """The candidate's logits of a ``Paired`` output; both scores of the batch join the window."""
         if labels is not None:
-            self.window.labels.append(labels)
-            self.window.candidate.append(sigmoid(logits[0].detach().cpu().numpy()))
-            self.window.served.append(sigmoid(logits[1].detach().cpu().numpy()))
+            scores = sigmoid(logits.detach().cpu().numpy())
+            self.window.add(labels, scores[0], scores[1])
         return logits[0]
 
     def restart(self) -> None:
@@ -212,7 +233,7 @@ class FullVersions:
         """A period passed and samples were trained since the last full version (nothing new: no
         new version), and no experiment runs on the model with ``--canary-share`` (then the period
         and its window restart: one period later it is looked at again)."""
-        if not self.window.labels or not self.period.due(
+        if not self.window.samples or not self.period.due(
             self.clock() - self._since, deltas_cut - self._deltas
         ):
             return False

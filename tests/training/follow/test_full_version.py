@@ -40,7 +40,9 @@ from tests.training.follow.helpers import (
 )
 from tests.training.sources.samples import key, produce, records
 from training.follow.config import FollowConfig, Period
+from training.follow.full_version import WINDOW_BINS, _Window
 from training.follow.trainer import FollowTrainer, follow
+from training.follow.types import Score
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:.*torch.jit.load. is deprecated", "ignore::DeprecationWarning"
@@ -63,6 +65,29 @@ def test_full_every_parses_a_time_or_a_count_of_deltas(text, period):
 def test_full_every_refuses_anything_else_naming_the_forms(text):
     with pytest.raises(ValueError, match="600s, 10m, 1h|whole number|> 0"):
         Period.parse(text)
+
+
+def test_the_window_scores_within_a_bin_of_the_exact_figures_in_memory_that_does_not_grow():
+    rng = np.random.default_rng(7)
+    window, labels, candidates, served = _Window(), [], [], []
+    for _ in range(40):  # batches of a stream whose scores sit low, as clicks do
+        y = (rng.random(1024) < 0.04).astype(np.float32)
+        logit = rng.normal(-3.3, 1.0, 1024) + 1.5 * y
+        c, s = (
+            (1 / (1 + np.exp(-logit))).astype(np.float32),
+            (1 / (1 + np.exp(-logit / 2))).astype(np.float32),
+        )
+        window.add(y, c, s)
+        labels.append(y), candidates.append(c), served.append(s)
+    y = np.concatenate(labels)
+    assert window.samples == len(y)
+    for got, scores in zip(window.scores(), (candidates, served), strict=True):
+        exact = Score.of(y, np.concatenate(scores))
+        assert got.samples == len(y)
+        assert abs(got.auc - exact.auc) <= 1e-4 and abs(got.logloss - exact.logloss) <= 1e-6
+    held = window.candidate.pos.nbytes + window.candidate.neg.nbytes
+    assert held == 2 * 8 * WINDOW_BINS  # the tally's bins, whatever the samples
+    assert _Window().scores()[0] == Score(0, None, None)
 
 
 def test_train_dense_needs_full_every():
