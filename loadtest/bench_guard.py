@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from loadtest import guard_clear as clear_view
 from loadtest import mockbroker
 from loadtest.common import (
     given_or_trained,
@@ -115,15 +116,16 @@ def sample_facts(msgs: list) -> dict:
     """The facts of a batch of samples: keys (request, item), labels, served scores, ts, where."""
     s, _ = read_samples([m.value() or b"" for m in msgs])
     where = np.array([(m.partition(), m.offset()) for m in msgs], np.int64).reshape(-1, 2)[s.index]
-    return {"keys": s.keys, "labels": s.labels, "scores": s.scores, "ts": s.ts, "where": where}
+    at = np.array([m.timestamp()[1] for m in msgs], np.float64)[s.index] / 1000  # produced (wall)
+    return {"keys": s.keys, "labels": s.labels, "scores": s.scores, "ts": s.ts, "where": where, "at": at}
 
 
 def cat(parts: list[dict]) -> dict:
     if not parts:
         return {"keys": np.zeros(0, "S1"), "labels": np.zeros(0), "scores": np.zeros(0), "ts": np.zeros(0),
-                "where": np.zeros((0, 2), np.int64)}  # fmt: skip
+                "where": np.zeros((0, 2), np.int64), "at": np.zeros(0)}  # fmt: skip
     width = max(p["keys"].dtype.itemsize for p in parts)
-    out = {k: np.concatenate([p[k] for p in parts]) for k in ("labels", "scores", "ts", "where")}
+    out = {k: np.concatenate([p[k] for p in parts]) for k in ("labels", "scores", "ts", "where", "at")}
     out["keys"] = np.concatenate([p["keys"].astype(f"S{width}") for p in parts])
     return out
 
@@ -221,12 +223,13 @@ def run(args, model_dir: Path, work: Path) -> dict:
                 while time.monotonic() < end:
                     status, payload = probe.post(body)
                     reply = orjson.loads(payload) if status == 200 else None
+                    jm, tm = clear_view.metrics(join_port), clear_view.metrics(train_port)
                     series.append((time.time(), float(np.mean(reply["scores"])) if reply else np.nan,
                                    int(reply["versions"]["delta_seq"]) if reply else -1,
-                                   scrape(join_port, "recserve_join_guard_tripped"),
-                                   scrape(train_port, "recserve_follow_guard_tripped"),
-                                   scrape(train_port, "recserve_follow_samples_total"),
-                                   scrape(train_port, "recserve_follow_served_auc")))  # fmt: skip
+                                   jm.get("recserve_join_guard_tripped"), tm.get("recserve_follow_guard_tripped"),
+                                   tm.get("recserve_follow_samples_total"), tm.get("recserve_follow_served_auc"),
+                                   jm.get("recserve_join_events_total", np.nan),
+                                   clear_view.offsets(tm, TOPICS["samples"])))  # fmt: skip
                     time.sleep(0.5)
             marks["end"] = time.time()
         time.sleep(args.window_s + 5)  # the last requests' windows close, their samples are joined
@@ -338,6 +341,7 @@ def figures(args, marks, series, joined, held, pipe, quarantined, model_dir: Pat
             {"guard": e.guard, "event": e.event, "at_s": round(e.at - marks["warm"], 1), "reason": e.reason}
             for e in events
         ],  # fmt: skip
+        "around_clears": _around_clears(series, t, mean, joined, events, marks),
     }
 
 
@@ -352,6 +356,20 @@ def _spread(x: np.ndarray) -> dict | None:
         if not len(x)
         else {k: round(float(f(x)), 4) for k, f in (("min", np.min), ("median", np.median), ("max", np.max))}
     )
+
+
+def _around_clears(series, t, mean, joined, events, marks) -> list[dict]:
+    """Each input-guard clear's buckets (``loadtest.guard_clear``), with its trip, clear and the
+    pipeline's release (s from the start)."""
+    offs = np.array([s[8] for s in series], np.float64)
+    trained = clear_view.trained_at(t, offs, joined["where"])
+    ev = np.array([s[7] for s in series], np.float64)
+    inp = [e for e in events if e.guard == "input"]
+    pairs = [
+        (a.at, b.at) for a, b in zip(inp, inp[1:], strict=False) if (a.event, b.event) == ("trip", "clear")
+    ]
+    return [{"trip_s": round(a - marks["warm"], 1), "clear_s": round(b - marks["warm"], 1),
+             "buckets": clear_view.around(b, a, t, mean, ev, joined, trained)} for a, b in pairs]  # fmt: skip
 
 
 def _deltas_covering(model_dir: Path, where: np.ndarray) -> int:
