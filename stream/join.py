@@ -29,9 +29,9 @@ while the impressions ran ahead still counts). Replaying a topic gives the label
 windows then stay open up to ``hold_s`` past their close, so that clicks delayed by a broken
 pipeline still label their items, and the samples of an open window wait for its close (a positive
 too: nothing from a suspect stretch reaches the trainer early). When the guard clears, the windows
-close as usual (``release``; for one window after, each request's clicks still wait for the rest of
-it) when their clicks came (a stopped pipeline's, delayed), and as ``quarantine`` samples when they
-did not (the held windows' label rate against the guard's band), as are those its bound closes.
+close when their clicks came (a stopped pipeline's, delayed): every sample a live join would have
+produced by now, in its order (``release``, ``stream.live_order``); else as ``quarantine`` samples
+(the held windows' label rate against the guard's band), as are those its bound closes.
 
 **Offsets**: a record is *held* until all it led to is acknowledged (an impression or event until
 its request's window closed and its samples were; a dead letter until it was). ``committable()``
@@ -50,6 +50,7 @@ import numpy as np
 from features.codec import CodecError, decode
 from stream.join_state import EVENTS, IMPRESSIONS, INPUTS, Clocks, Emit, JoinCounts, _Request
 from stream.journal import Journal, Settled
+from stream.live_order import clicks_due, in_live_order
 from stream.recent import DoneRequests
 from stream.records import (
     CORRECTION,
@@ -332,19 +333,20 @@ class PartitionJoin:
         return items, labelled
 
     def release(self, now: float, quarantine: bool) -> list[Emit]:
-        """The input guard cleared: the held windows close now, to the quarantine topic if
-        ``quarantine`` (their clicks never came), else as usual, and so will the windows still open
-        of the impressions read while it held; the join holds no more."""
-        if quarantine:
-            for req in self.requests.values():
-                req.quarantine = req.quarantine or req.suspect
-        # for one window after, a request's clicks wait for the rest of it: emitted at once they
-        # would reach the trainer a window before any negative (bench-guard: the served mean CTR
-        # rose from 0.25 to 0.46 in the 30 s after an outage)
+        """The input guard cleared; the join holds no more. ``quarantine`` (their clicks never
+        came): the held windows close now to the quarantine topic, as will the windows still open
+        of the impressions read while it held, and for one window after a request's clicks wait for
+        the rest of it (the trainer would get a window of clicks and no negative: bench-guard's
+        served mean CTR rose from 0.25 to 0.46). Else what a live join would have emitted by now, in
+        its order: the held windows' samples and the clicks of those still open (``live_order``)."""
+        if not quarantine:
+            self.hold_s = None
+            return in_live_order(clicks_due(self.requests, self.counts) + self.advance(now))
+        for req in self.requests.values():
+            req.quarantine = req.quarantine or req.suspect
         self._balance_until = self.watermark(now) + self.window_s
-        self.hold_s = 0.0 if quarantine else None
-        out = self.advance(now)
-        self.hold_s = None
+        self.hold_s = 0.0  # what closes now is quarantined
+        out, self.hold_s = self.advance(now), None
         return out
 
     def held_windows(self, now: float) -> int:

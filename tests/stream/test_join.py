@@ -227,12 +227,12 @@ def test_a_clear_releases_the_held_windows_as_usual_or_to_quarantine(join):
     assert len(records(out)) == N_ITEMS and all(e.quarantine for e in out)
 
 
-def test_for_one_window_after_a_release_clicks_wait_for_the_rest_of_their_request(join):
+def test_for_one_window_after_a_quarantine_clicks_wait_for_the_rest_of_their_request(join):
     join.hold_s = 30.0
     join.impression(0, impression("r1", 100.0), now=0)
     join.caught_up(EVENTS)
     join.impression(1, impression("r2", 111.0), now=0)
-    join.release(now=0, quarantine=False)  # r1 closes; the window after runs to 121 (event time)
+    join.release(now=0, quarantine=True)  # r1 closes to quarantine; the window after runs to 121
     join.impression(2, impression("r3", 112.0), now=0)
     assert join.event(0, event("r3", 1, 113.0), now=0) == []  # waits for r3's close
     join.caught_up(EVENTS)
@@ -242,6 +242,31 @@ def test_for_one_window_after_a_release_clicks_wait_for_the_rest_of_their_reques
     join.impression(4, impression("r5", 140.0), now=0)
     closed = labels(join.advance(now=0))
     assert closed[("r3", 1)] == 1.0 and sum(closed.values()) == 1.0  # r3's click came with r3's window
+
+
+def test_a_release_whose_clicks_came_emits_what_a_live_join_would_have_in_its_order(join):
+    join.impression(0, impression("r0", 100.0), now=0)
+    first = join.event(0, event("r0", 0, 101.0), now=0)
+    assert len(records(first)) == 1  # before the trip: at once
+    join.hold_s = 30.0
+    join.impression(1, impression("r1", 105.0), now=0)
+    join.impression(2, impression("r2", 112.0), now=0)
+    for offset, (rid, item, ts) in enumerate([("r0", 1, 103.0), ("r1", 2, 106.0), ("r2", 3, 114.0)], 1):
+        assert join.event(offset, event(rid, item, ts), now=0) == []  # delivered late, held
+    join.caught_up(EVENTS)
+    join.impression(3, impression("r3", 116.0), now=0)  # r0 and r1 past their close; r2 open
+    out = join.release(now=0, quarantine=False)
+    got = [
+        (s.request_id, s.item, s.label, s.ts + s.elapsed) for s in (decode_sample(v) for _, v in records(out))
+    ]
+    negatives = lambda rid, at, clicked: [(rid, i, 0.0, at) for i in range(N_ITEMS) if i not in clicked]  # noqa: E731
+    assert got == [("r0", 1, 1.0, 103.0), ("r1", 2, 1.0, 106.0), *negatives("r0", 110.0, (0, 1)),
+                   ("r2", 3, 1.0, 114.0), *negatives("r1", 115.0, (2,))]  # fmt: skip
+    assert all(e.key == e.token.encode() == rid.encode() for e, (rid, *_) in zip(out, got[:2], strict=False))
+    assert (join.counts.positives, join.counts.negatives, join.hold_s) == (4, 2 * N_ITEMS - 3, None)
+    assert len(records(join.event(4, event("r2", 0, 117.0), now=0))) == 1  # r2's clicks at once now
+    ack_all(join, first + out)
+    assert join.committable()[IMPRESSIONS] == 2  # r0 and r1 done: r2's impression is the oldest held
 
 
 def test_held_labels_of_the_impressions_read_while_held(join):
