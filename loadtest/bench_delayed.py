@@ -1,6 +1,6 @@
 """``make bench-delayed``: clicks that come late -- drop them, wait for them, or label fast and correct.
 
-    python -m loadtest.bench_delayed [--minutes 4] [--rate 10] [--arms drop_late,...] [--quick] [--results-dir DIR] [--store DIR]
+    python -m loadtest.bench_delayed [--minutes 7] [--rate 10] [--arms drop_late,...] [--quick] [--results-dir DIR] [--store DIR]
 
 Four arms, one after another (2 cores), each the whole loop on a mock Kafka cluster of its own over
 a fresh copy of the same model: ``recserve serve`` (co-located lookups, ``--log-impressions``)
@@ -8,17 +8,23 @@ loaded at ``--rate`` requests/s of 200 items (the same items every time), simula
 (``loadtest.stream_users``), ``recserve join`` and ``recserve train --follow --stream``:
 
 - ``drop_late``: ``--label-after-s`` short, no ``--attribution-s``: a later click is dropped.
-- ``wait_all``: ``--label-after-s`` = the attribution window: every label is final, and late.
+- ``wait_all``: ``--label-after-s`` = the attribution window: every label is final. A negative comes
+  when the window closes, a click when it comes (the joiner emits it at once): the arm's first
+  window trains clicks alone, and its model over-predicts until the first negatives come.
 - ``correct_fnw`` / ``correct_esdfm``: ``--label-after-s`` short plus ``--attribution-s``: a later
   click comes as a correction; the trainer's ``--delayed-feedback fnw`` / ``esdfm``.
 
 **The world** is the same in every arm (the same seed, its clock started at each arm's load):
-item ``i`` is clicked with probability ``sigmoid(logit(reference[i]) + taste)``, the reference the
-served model's own scores of the items at the start, shifted to a mean of ``--ctr`` (default: the
-served model's mean, so every arm starts calibrated), each item's taste drifting (``--drift-weight``
-logit, once round every ``--drift-period-s``). A click's delay is heavy-tailed (``UserModel``):
-``--fast-share`` of them exponential of mean ``--fast-delay-s``, the rest log-normal of median
-``--tail-median-s`` and sigma ``--tail-sigma``, a tail past the attribution window.
+item ``i`` is clicked with probability ``sigmoid(logit(reference[i]) + shift + taste)``, the
+reference the served model's own scores of the items at the start (so the items rank as it ranks
+them), the shift one logit that makes the mean click rate of a slate ``--ctr`` (default 0.03: 6
+clicks a slate of 200, a realistic rate; ``UserModel.slate_ctr``), each item's taste drifting
+(``--drift-weight`` logit, once round every ``--drift-period-s``, the items' phases spread over it
+so the mean rate stays within 10% of ``--ctr``). The served model (CTR about 0.2, Criteo's) starts
+over-predicting that world several times over: each arm learns it, and is measured late in its
+load, once settled. A click's delay is heavy-tailed (``UserModel``): ``--fast-share`` of them
+exponential of mean ``--fast-delay-s``, the rest log-normal of median ``--tail-median-s`` and sigma
+``--tail-sigma``, a tail past the attribution window.
 
 **Scaled event time.** The frontend stamps impressions with wall time and the mock cluster keeps
 about 5 MB a partition (a few minutes of impressions and samples, which the bench reads), so the world
@@ -28,8 +34,12 @@ attribution 120 s (1 hour), label-after 2 s (1 minute), fast clicks 1 s (30 s), 
 
 Per arm, from facts (``loadtest.delayed_figures``): ``auc``, ``logloss`` and ``calibration``
 (mean served score / observed CTR) of the scores served to the impressions of the load's last
-``1 - --measure-from`` against the **final labels** (the world's clicks within the attribution
-window, drawn at once, sent or not); ``frozen_auc`` (the start's model on them);
+``1 - --measure-from`` (two fifths) against the **final labels** (the world's clicks within the
+attribution window, drawn at once, sent or not); ``frozen_auc`` (the start's model on them);
+``settled`` (the calibration of as long a span before it, and whether the two are within 2%);
+``fixed_point_calibration`` (where the arm's loss settles in this world, ``delayed.settles_at``
+over the world's click probabilities of the items measured: ``fnw`` over-predicts by ``1 / (1 - p
+q)`` an item, ``q`` the share of clicks within the first horizon); ``calibration_every_30s``;
 ``event_to_served_s`` (a click's produce time to the first response scored with the delta that
 trained its sample: its label or, late, its correction); the joiner's /metrics (samples,
 corrections, corrections lost, late events) and the deltas' (samples and corrections trained);
@@ -93,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--arms", default=",".join(ARMS), help=f"arms to run, in order (default: {','.join(ARMS)})"
     )
-    p.add_argument("--minutes", type=float, default=4.0, help="minutes of load per arm (default: 4)")
+    p.add_argument("--minutes", type=float, default=7.0, help="minutes of load per arm (default: 7)")
     p.add_argument("--rate", type=float, default=10.0, help="requests/s of 200 items (default: 10)")
     p.add_argument("--label-after-s", type=float, default=2.0, help="the short first horizon (default: 2)")
     p.add_argument("--attribution-s", type=float, default=120.0, help="the attribution window (default: 120)")
@@ -105,15 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tail-sigma", type=float, default=1.5, help="the tail's sigma of log delay (default: 1.5)"
     )
-    p.add_argument("--ctr", type=float, help="the world's mean click rate (default: the served model's mean)")
+    p.add_argument("--ctr", type=float, default=0.03, help="mean click rate of a slate (default: 0.03)")
     p.add_argument("--drift-period-s", type=float, default=600.0, help="(default: 600)")
     p.add_argument("--drift-weight", type=float, default=2.0, help="(default: 2)")
     p.add_argument(
         "--lr", type=float, default=0.05, help="the streaming trainer's sparse rate (default: 0.05)"
     )
     p.add_argument("--batch-size", type=int, default=1024, help="(default: 1024)")
-    p.add_argument("--measure-from", type=float, default=0.5,
-                   help="share of each arm's load before the impressions measured (default: 0.5)")  # fmt: skip
+    p.add_argument("--measure-from", type=float, default=0.6,
+                   help="share of each arm's load before the impressions measured (default: 0.6)")  # fmt: skip
     p.add_argument("--catch-up-s", type=float, default=120.0, help="most seconds to catch up after the load")
     p.add_argument("--seed", type=int, default=0, help="the users' seed, every arm's (default: 0)")
     keep_work_flag(p)
@@ -145,17 +155,9 @@ def horizons(args, arm: str) -> tuple[float, float]:
     return args.label_after_s, args.attribution_s if arm.startswith("correct") else 0.0
 
 
-def world_reference(scores: np.ndarray, ctr: float | None) -> tuple[float, ...]:
-    """The served scores as click probabilities, shifted in logit so their mean is ``ctr``."""
-    p = np.clip(scores.astype(np.float64), 1e-4, 1 - 1e-4)
-    logit = np.log(p) - np.log1p(-p)
-    if ctr is not None:
-        lo, hi = -20.0, 20.0
-        for _ in range(60):  # bisection on one shift: the mean is monotone in it
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if np.mean(1 / (1 + np.exp(-(logit + mid)))) < ctr else (lo, mid)
-        logit = logit + (lo + hi) / 2
-    return tuple((1 / (1 + np.exp(-logit))).tolist())
+def world_reference(scores: np.ndarray) -> tuple[float, ...]:
+    """The served scores as the world's reference click probabilities (kept off 0 and 1)."""
+    return tuple(np.clip(scores.astype(np.float64), 1e-4, 1 - 1e-4).tolist())
 
 
 def run_arm(args, arm: str, model_dir: Path, work: Path, reference) -> tuple[dict, tuple[float, ...]]:
@@ -171,7 +173,7 @@ def run_arm(args, arm: str, model_dir: Path, work: Path, reference) -> tuple[dic
         endpoint, _ = es.enter_context(lean_frontend(model_dir.parent, args.model, "colocated", None, work, AUTO,
                                                      1.0, ("--log-impressions", f"kafka://{b}/impressions")))  # fmt: skip
         frozen, _ = first_scores(endpoint, body)
-        reference = reference or world_reference(frozen, args.ctr)
+        reference = reference or world_reference(frozen)
         join_port, train_port = free_ports(2)
         joiner = [
             *joiner_role(b, label_after, f"bench-delayed-{arm}", work),
@@ -199,7 +201,7 @@ def run_arm(args, arm: str, model_dir: Path, work: Path, reference) -> tuple[dic
         wall0, loadavg = time.time(), [os.getloadavg()]
         world = UserModel(delay_s=args.fast_delay_s, fast_share=args.fast_share, tail_median_s=args.tail_median_s,
                           tail_sigma=args.tail_sigma, drift_weight=args.drift_weight, drift_period_s=args.drift_period_s,
-                          reference=reference, drift_origin_s=wall0, clock_s=wall0)  # fmt: skip
+                          reference=reference, slate_ctr=args.ctr, clock_s=wall0)  # fmt: skip
         users = threading.Thread(target=play, args=(b, world, stop_users), daemon=True,
                                  kwargs={"on_sent": clicks, "on_drawn": drawn, "seed": args.seed})  # fmt: skip
         users.start()
@@ -239,15 +241,23 @@ def run_arm(args, arm: str, model_dir: Path, work: Path, reference) -> tuple[dic
     t_click, e2s, unserved = sf.event_to_served((sent.keys, sent.sent), log, where, first,
                                                 np.array([s for s, _, _ in deltas], np.int64), responses)  # fmt: skip
     measured_from = wall0 + args.measure_from * (load_end - wall0)
+    before_from = max(wall0, 2 * measured_from - load_end)  # a span as long, just before
     trained = first & (where >= 0)
     quality = df.served_quality(world_log, final_s, measured_from, load_end, frozen)
+    before = df.served_quality(world_log, final_s, before_from, measured_from, frozen)["calibration"]
+    m = (world_log.ts >= measured_from) & (world_log.ts < load_end)
+    # the world's final click probabilities of the items measured (a click's delay is the item's own)
+    p_final = world.click_probability(world_log.scores[0], world_log.ts[m][:, None]) * float(
+        np.mean(world_log.click_delays <= final_s)
+    )
     return {
         "label_after_s": label_after,
         "attribution_s": attribution,
         "delayed_feedback": ARMS[arm][1],
         **quality,
-        "fnw_calibration_fixed_point": df.fnw_fixed_point(
-            quality["observed_ctr"], world_log.click_delays, args.label_after_s, final_s
+        "settled": df.settled(before, quality["calibration"]),
+        "fixed_point_calibration": df.fixed_point(
+            p_final, world_log.click_delays, label_after, final_s, ARMS[arm][1], bool(attribution)
         ),
         "calibration_every_30s": df.calibration_every(world_log, final_s, wall0, load_end, 30.0),
         "event_to_served_s": df.served_wait(t_click, e2s, wall0, load_end),
@@ -311,7 +321,8 @@ def summarise(args, out: dict) -> None:
         "final_labels": f"the world's clicks within {args.attribution_s:g} s (drawn, sent or not)",
         "click_delay": {"fast_share": args.fast_share, "fast_mean_s": args.fast_delay_s,
                         "tail": {"median_s": args.tail_median_s, "sigma": args.tail_sigma}},
-        "world": {"reference": "the start's served scores" + (f", shifted to a mean of {args.ctr:g}" if args.ctr else ""),
+        "world": {"reference": "the start's served scores", "slate_ctr": args.ctr,
+                  "shift": "one logit added to every item so that a slate's mean click rate is slate_ctr",
                   "drift_weight": args.drift_weight, "drift_period_s": args.drift_period_s, "seed": args.seed},
         "event_time_scale": f"1 s here stands for {SCALE} s: attribution {args.attribution_s * SCALE / 3600:g} h, "
         f"label-after {args.label_after_s * SCALE:g} s, the tail's median {args.tail_median_s * SCALE / 60:g} min",
@@ -320,7 +331,8 @@ def summarise(args, out: dict) -> None:
         "broker": "librdkafka mock cluster, 3 brokers, one process; everything on this machine",
     }  # fmt: skip
     rows = [{"arm": a, "auc": v["auc"], "frozen_auc": v["frozen_auc"], "logloss": v["logloss"],
-             "calibration": v["calibration"], "fnw_fixed": v["fnw_calibration_fixed_point"], "e2s_p50": v["event_to_served_s"]["p50"],
+             "calibration": v["calibration"], "fixed_point": v["fixed_point_calibration"],
+             "settled": v["settled"]["change"], "e2s_p50": v["event_to_served_s"]["p50"],
              "e2s_p99": v["event_to_served_s"]["p99"], "trained": v["samples_trained"],
              "corrections": v["corrections_trained"], "lost": v["lost_samples"], "dup": v["duplicate_samples"],
              "rss_max_mb": v["joiner_rss_mb"]["max"]} for a, v in arms.items()]  # fmt: skip
@@ -345,6 +357,8 @@ def targets(arms: dict) -> dict[str, bool]:
     if {"correct_fnw", "wait_all"} <= set(arms):
         f, w = arms["correct_fnw"]["auc"], arms["wait_all"]["auc"]
         ok["correct_fnw_auc_ge_wait_all"] = None not in (f, w) and f >= w
+    if "correct_fnw" in arms:  # not the issue's: whether its calibration is the settled one
+        ok["correct_fnw_settled"] = arms["correct_fnw"]["settled"]["settled"]
     ok["no_lost"] = all(v["lost_samples"] == 0 for v in arms.values())
     ok["no_duplicates"] = all(v["duplicate_samples"] == 0 for v in arms.values())
     return ok

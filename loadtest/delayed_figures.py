@@ -27,6 +27,10 @@ from loadtest.stream_figures import keys_of, percentiles_s
 from stream.records import Event, Impression
 from stream.sample_batch import KIND_BIT
 from training.evaluate import auc_logloss
+from training.follow.delayed import settles_at
+
+SETTLE_TOLERANCE = 0.02
+"""An arm's calibration has settled when its measured span's is within 2% of the span's before it."""
 
 
 @dataclass(frozen=True)
@@ -132,17 +136,28 @@ def calibration_every(world: World, attribution_s: float, start: float, end: flo
     return [round(float(p / s), 3) if s else None for p, s in zip(pred, seen, strict=True)]
 
 
-def fnw_fixed_point(observed_ctr: float | None, delays: NDArray[np.float64], label_after_s: float,
-                    attribution_s: float) -> float | None:  # fmt: skip
-    """The calibration fake negative weighting settles at in this world: it assumes every click came
-    as a negative first, but a share ``s`` of the final clicks (``delays`` within ``attribution_s``)
-    came within the first horizon, as a positive alone; its loss is then least at ``p = q / (1 -
-    q s)`` (``q`` the observed CTR), a calibration of ``1 / (1 - q s)`` (1 when clicks are rare or
-    all late)."""
+def fixed_point(p: NDArray[np.floating], delays: NDArray[np.float64], label_after_s: float, attribution_s: float,
+                mode: str, correcting: bool) -> float | None:  # fmt: skip
+    """The calibration an arm's loss settles at in this world (``delayed.settles_at``): ``p`` the
+    world's final click probabilities of the items measured (any shape), ``delays`` the clicks'
+    (the share of those within ``attribution_s`` that came within ``label_after_s`` is ``q``):
+    the predictions it settles at summed over the world's. ``fnw`` with corrections: ``p / (1 - p
+    q)`` per item, above 1 by more where clicks are common; ``esdfm`` and waiting for all: 1;
+    drop-late (``none``, no corrections): ``q``."""
     final = delays[delays <= attribution_s]
-    if observed_ctr is None or not len(final):
+    total = float(np.sum(p))
+    if not len(final) or not total:
         return None
-    return round(1 / (1 - observed_ctr * float(np.mean(final <= label_after_s))), 4)
+    q = float(np.mean(final <= label_after_s))
+    return round(float(settles_at(mode, p, q, correcting).sum()) / total, 4)
+
+
+def settled(before: float | None, measured: float | None, tolerance: float = SETTLE_TOLERANCE) -> dict:
+    """Whether an arm's calibration had settled: the measured span's against the span as long
+    before it; settled when they differ by at most ``tolerance`` (relative)."""
+    change = round(measured / before - 1, 4) if before and measured is not None else None
+    return {"calibration_before": before, "calibration_measured": measured, "change": change,
+            "settled": change is not None and abs(change) <= tolerance}  # fmt: skip
 
 
 @dataclass(frozen=True)

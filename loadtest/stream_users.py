@@ -27,6 +27,7 @@ shipped schema) for benches and the demo while the frontends do not log them yet
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import itertools
 import math
@@ -89,6 +90,11 @@ class UserModel:
     """Median delay of the clicks outside ``fast_share`` (log-normal)."""
     tail_sigma: float = 1.5
     """Spread (sigma of the log) of the tail's delays: 1.5 puts 12% of them past 6x the median."""
+    slate_ctr: float | None = None
+    """With a ``reference``: the world's mean click rate, its items' click probabilities averaged
+    over the request and over a drift period, set by adding one logit to every item (``shift``):
+    a world whose clicks are rarer than the reference's scores (``make bench-delayed``: 0.03, a few
+    clicks a slate of 200) ranks the items as they do. None: the reference as it is."""
 
     def __post_init__(self) -> None:
         if not 0 < self.ctr < 1 or self.delay_s < 0 or not 0 <= self.duplicate <= 1:
@@ -99,10 +105,28 @@ class UserModel:
             raise ValueError(f"need drift_weight >= 0 and drift_period_s > 0: {self}")
         if self.reference is not None and not all(0 < p < 1 for p in self.reference):
             raise ValueError("need every reference click probability in (0, 1)")
+        if self.slate_ctr is not None and (self.reference is None or not 0 < self.slate_ctr < 1):
+            raise ValueError(f"slate_ctr needs a reference and 0 < slate_ctr < 1: {self}")
 
-    def taste(self, n_items: int, ts: float) -> np.ndarray:
-        """Each of ``n_items`` items' drifting taste (logit) at event time ``ts``; zeros without drift.
-        The items' phases are golden-ratio spaced, so neighbours in a request drift apart."""
+    @functools.cached_property
+    def shift(self) -> float:
+        """The logit added to every item of a reference world so that its mean click rate is
+        ``slate_ctr`` (0 without one): bisection, the mean rising with the shift."""
+        if self.slate_ctr is None or self.reference is None:
+            return 0.0
+        ref = np.asarray(self.reference, np.float64)
+        ts = self.clock_s + self.drift_period_s * np.arange(64)[:, None] / 64  # one drift period
+        logit = np.log(ref) - np.log1p(-ref) + self.taste(len(ref), ts)
+        lo, hi = -30.0, 30.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if np.mean(1 / (1 + np.exp(-(logit + mid)))) < self.slate_ctr else (lo, mid)
+        return (lo + hi) / 2
+
+    def taste(self, n_items: int, ts: float | np.ndarray) -> np.ndarray:
+        """Each of ``n_items`` items' drifting taste (logit) at event time ``ts`` (a column of times:
+        a row each); zeros without drift. The items' phases are golden-ratio spaced, so neighbours in
+        a request drift apart."""
         if not self.drift_weight:
             return np.zeros(n_items)
         phase = np.arange(n_items) * 0.6180339887498949 % 1.0
@@ -112,9 +136,10 @@ class UserModel:
             taste -= self.drift_weight * np.cos(2 * np.pi * (origin + phase))
         return taste
 
-    def click_probability(self, scores: np.ndarray, ts: float) -> np.ndarray:
-        """Each item's click probability in a request scored ``scores`` at event time ``ts``: a
-        base logit plus the items' liking (negated when ``invert``)."""
+    def click_probability(self, scores: np.ndarray, ts: float | np.ndarray) -> np.ndarray:
+        """Each item's click probability in a request scored ``scores`` at event time ``ts`` (with
+        a reference, a column of times: a row each): a base logit plus the items' liking (negated
+        when ``invert``)."""
         scores = np.asarray(scores, np.float64)
         taste = self.taste(len(scores), ts)
         if self.reference is None:
@@ -124,7 +149,7 @@ class UserModel:
             if len(self.reference) != len(scores):
                 raise ValueError(f"a request of {len(scores)} items, a reference of {len(self.reference)}")
             ref = np.log(np.asarray(self.reference)) - np.log1p(-np.asarray(self.reference))
-            base, liking = float(ref.mean()), ref - ref.mean() + taste
+            base, liking = float(ref.mean()) + self.shift, ref - ref.mean() + taste
         logit = base + (-liking if self.invert else liking)
         return 1 / (1 + np.exp(-logit))
 

@@ -74,5 +74,22 @@ def test_rss_mb_takes_the_second_minute_the_last_and_the_most():
 
 def test_fnw_settles_above_one_by_the_share_of_clicks_that_never_came_as_a_negative():
     delays = np.array([1.0, 1.0, 50.0, 50.0, 500.0])  # half of the final clicks (within 120 s) fast
-    assert df.fnw_fixed_point(0.2, delays, 2.0, 120.0) == pytest.approx(1 / (1 - 0.2 * 0.5), abs=1e-4)
-    assert df.fnw_fixed_point(0.2, np.array([50.0]), 2.0, 120.0) == 1.0  # every click late: unbiased
+    p = np.array([[0.2, 0.2], [0.2, 0.2]])
+    assert df.fixed_point(p, delays, 2.0, 120.0, "fnw", True) == pytest.approx(1 / (1 - 0.2 * 0.5), abs=1e-4)
+    assert df.fixed_point(p, delays, 2.0, 120.0, "esdfm", True) == 1.0
+    assert df.fixed_point(p, delays, 2.0, 120.0, "none", False) == 0.5  # drop-late: the fast half
+    assert df.fixed_point(p, delays, 120.0, 120.0, "none", False) == 1.0  # wait for all
+    assert df.fixed_point(p, np.array([50.0]), 2.0, 120.0, "fnw", True) == 1.0  # every click late: unbiased
+    # common clicks weigh more: the mean of p / (1 - p q) over the clicks, not at the mean p
+    mixed = df.fixed_point(np.array([0.02, 0.38]), delays, 2.0, 120.0, "fnw", True)
+    assert mixed > df.fixed_point(np.full(2, 0.2), delays, 2.0, 120.0, "fnw", True)
+
+
+def test_an_arm_has_settled_when_its_calibration_moved_at_most_two_percent_from_the_span_before():
+    assert df.settled(1.0, 1.015) == {"calibration_before": 1.0, "calibration_measured": 1.015, "change": 0.015,
+                                      "settled": True}  # fmt: skip
+    assert df.settled(1.2, 1.1)["settled"] is False and df.settled(1.2, 1.1)["change"] == pytest.approx(
+        -0.0833
+    )
+    assert df.settled(None, 1.1) == {"calibration_before": None, "calibration_measured": 1.1, "change": None,
+                                     "settled": False}  # fmt: skip

@@ -87,3 +87,20 @@ def test_delay_settings_are_checked():
         UserModel(fast_share=1.5)
     with pytest.raises(ValueError, match="tail_median_s"):
         UserModel(fast_share=0.5, tail_median_s=0.0)
+
+
+def test_a_slate_ctr_shifts_every_item_by_one_logit_to_that_mean_over_a_drift_period():
+    reference = tuple(np.linspace(0.02, 0.4, 200).tolist())
+    model = UserModel(
+        reference=reference, slate_ctr=0.03, drift_weight=2.0, drift_period_s=100.0, clock_s=50.0
+    )
+    ts = 50.0 + np.arange(0.0, 100.0, 0.5)[:, None]
+    p = model.click_probability(np.zeros(200), ts)
+    assert p.shape == (200, 200) and p.mean() == pytest.approx(0.03, rel=0.01)
+    assert p.mean(axis=1).max() / p.mean(axis=1).min() < 1.25  # the items' phases spread: a steady rate
+    logit = np.log(p) - np.log1p(-p)
+    ref = np.log(np.array(reference)) - np.log1p(-np.array(reference))
+    np.testing.assert_allclose(logit - model.taste(200, ts) - ref, model.shift, atol=1e-6)  # one shift
+    assert UserModel(reference=reference).shift == 0.0
+    with pytest.raises(ValueError, match="slate_ctr needs a reference"):
+        UserModel(slate_ctr=0.03)

@@ -21,6 +21,16 @@ held constant in the gradient):
   histogram under-counts the tail until they come), so early on it leans towards ``fnw``.
 
 Every weight is computed over the whole batch at once (no loop per sample).
+
+**Where each loss settles** (``settles_at``): with ``p`` an item's final click probability and ``q``
+the share of its clicks within the first horizon, the stream holds per impression ``P`` positives
+(``p`` with corrections: ``p q`` first labels and ``p (1 - q)`` corrections; ``p q`` without) and
+``N = 1 - p q`` negatives. The weighted loss is least where ``P w+ (1 - m) = N w- m``, at ``m = P /
+(N + P s)``, ``s`` the share of clicks the loss takes for ones that never came as a negative:
+``none`` 1 (``m = P / (P + N)``), ``fnw`` 0 (``m = P / N = p / (1 - p q)`` with corrections: it
+over-predicts by ``1 / (1 - p q)``, right only when every click is late, ``q = 0``), ``esdfm`` its
+measured ``F(horizon)``: ``q`` with corrections (``m = p``), 1 without (every click trained came within
+the horizon).
 """
 
 from __future__ import annotations
@@ -32,6 +42,22 @@ MODES = ("none", "fnw", "esdfm")
 
 EDGES = np.concatenate([[0.0], np.geomspace(0.01, 30 * 86_400.0, 96)])
 """The delay histogram's bin edges (seconds): 10 ms to 30 days, log-spaced, and a bin past each end."""
+
+
+def _check(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"--delayed-feedback must be one of {', '.join(MODES)}, got {mode!r}")
+
+
+def settles_at(mode: str, p: NDArray[np.floating], q: float, correcting: bool) -> NDArray[np.float64]:
+    """The prediction ``mode``'s loss settles at for items of final click probability ``p`` whose
+    clicks come within the first horizon with share ``q`` (later ones, when ``correcting``, as a
+    negative and then a correction, else as a negative alone); see the module's docstring."""
+    _check(mode)
+    p = np.asarray(p, np.float64)
+    positives, negatives = (p if correcting else p * q), 1.0 - p * q
+    s = {"none": 1.0, "fnw": 0.0, "esdfm": q if correcting else 1.0}[mode]
+    return positives / (negatives + positives * s)
 
 
 class DelayCdf:
@@ -57,8 +83,7 @@ class DelayedFeedback:
     """The weights of a batch's samples under ``mode`` (one of ``MODES``)."""
 
     def __init__(self, mode: str) -> None:
-        if mode not in MODES:
-            raise ValueError(f"--delayed-feedback must be one of {', '.join(MODES)}, got {mode!r}")
+        _check(mode)
         self.mode, self.delays = mode, DelayCdf()
         self.horizon = float("inf")  # how long a negative's label waited (the joiner's --label-after-s)
 
