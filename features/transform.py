@@ -35,7 +35,7 @@ from features.schema import Cross, Schema, Slot
 if TYPE_CHECKING:
     from features.jsonscan import ScanTable
 
-__all__ = ["FeatureError", "Records", "Table", "dense_matrix", "from_json", "transform"]
+__all__ = ["FeatureError", "Records", "Table", "dedup_signs", "dense_matrix", "from_json", "transform"]
 
 Records = Table | list[Record] | Mapping[str, Any]
 """A Table, a list of records, or a ranking request (``features.inputs`` says what each holds)."""
@@ -267,14 +267,29 @@ def _dedup(
     per_slot: list[NDArray[np.uint64]], plan: _Plan
 ) -> tuple[NDArray[np.uint64], NDArray[np.unsignedinteger[Any]], NDArray[np.uint32], NDArray[np.uint32]]:
     """One compiled dedup for all slots: signs sorted within each slot, slots in schema order."""
-    from features.kernels import dedup_slots
-
     value_counts = np.fromiter(map(len, per_slot), np.int64, len(per_slot))
     all_signs = np.concatenate(per_slot) if per_slot else np.empty(0, np.uint64)
+    return _dedup_all(all_signs, value_counts, plan)
+
+
+def dedup_signs(
+    all_signs: NDArray[np.uint64], value_counts: NDArray[np.int64], schema: Schema
+) -> tuple[NDArray[np.uint64], NDArray[np.unsignedinteger[Any]], NDArray[np.uint32], NDArray[np.uint32]]:
+    """A compact batch's sparse part (signs, values, sign counts, value counts) from its values'
+    signs slot after slot in schema order (``value_counts[j]`` of them in slot j), by the same
+    compiled dedup as ``transform``'s (``stream.sample_batch.to_batch``: decoded samples' signs)."""
+    return _dedup_all(all_signs, np.asarray(value_counts, np.int64), _plan(schema))
+
+
+def _dedup_all(
+    all_signs: NDArray[np.uint64], value_counts: NDArray[np.int64], plan: _Plan
+) -> tuple[NDArray[np.uint64], NDArray[np.unsignedinteger[Any]], NDArray[np.uint32], NDArray[np.uint32]]:
+    from features.kernels import dedup_slots
+
     if plan.ids_ascending:
         uniq, local, sign_counts = dedup_slots(all_signs, value_counts, plan.rank)
     else:  # sort by batch slot, then sign: the slot's rank in the top bits while deduplicating
-        ranks = np.arange(len(per_slot), dtype=np.int64)
+        ranks = np.arange(len(value_counts), dtype=np.int64)
         keys = (plan.rank[(all_signs >> SLOT_SHIFT).astype(np.int64)].astype(np.uint64) << SLOT_SHIFT) | (
             all_signs & SIGN_MASK
         )

@@ -13,7 +13,8 @@ keys are equal triples, so a set of them dedupes with numpy.
 The batch's other operations live here too, so the sample layout is written once: ``take`` (rows
 by position), ``concat`` (several reads as one), ``misfits`` (rows that do not fit a schema) and
 ``to_batch`` (the trainer's ``CompactBatch``: labels, no request context, sparse and dense slots in
-schema order; one pass per slot, no loop per sample).
+schema order; the signs of every slot deduplicated by ``transform``'s one compiled pass, no loop per
+sample or per slot).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 from numpy.typing import NDArray
 
-from features.batch import FLAG_MULTI, CompactBatch, SlotView
+from features.batch import FLAG_MULTI, CompactBatch
 from features.schema import Schema
 from stream.records import _SAM_MAGIC, CORRECTION, SAMPLE_VERSION, RecordError, decode_sample
 from stream.records import SAMPLE_HEAD as HEAD  # the header's layout, written once there
@@ -252,19 +253,34 @@ def _multi(schema: Schema) -> NDArray[np.bool_]:
 
 
 def to_batch(s: Samples, schema: Schema) -> CompactBatch:
-    """The training batch of samples that fit ``schema`` (``misfits`` found none)."""
+    """The training batch of samples that fit ``schema`` (``misfits`` found none): the signs
+    gathered slot after slot and deduplicated by ``transform``'s compiled dedup, no loop per
+    sample or per slot."""
+    from features.transform import dedup_signs
+
     n, slots = s.num_rows, s.lengths.shape[1]
+    multi = _multi(schema)
+    assert len(multi) == slots
     begin = s.starts[:-1, None] + np.cumsum(s.lengths, axis=1) - s.lengths  # slot s of row r
-    views = []
-    for j, multi in enumerate(_multi(schema).tolist()):
-        counts = s.lengths[:, j]
-        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        signs = s.signs[np.repeat(begin[:, j], counts) + within]
-        uniq, inverse = np.unique(signs, return_inverse=True)
-        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.uint32) if multi else None
-        views.append(SlotView(uniq, inverse.astype(np.uint32), offsets, False))
-    assert len(views) == slots
-    return CompactBatch.from_slots(n, views, _dense(s, schema), labels=s.labels, schema_hash=schema.hash64)
+    at, counts = begin.T.ravel(), s.lengths.T.ravel()  # slot after slot, row after row in each
+    first = np.cumsum(counts) - counts
+    signs = s.signs[np.repeat(at - first, counts) + np.arange(int(counts.sum()))]
+    uniq, values, sign_counts, value_counts = dedup_signs(signs, s.lengths.sum(axis=0), schema)
+    ends = np.cumsum(s.lengths[:, multi], axis=0).T.astype(np.uint32)  # (multi slots, N)
+    offsets = np.concatenate([np.zeros((len(ends), 1), np.uint32), ends], axis=1).ravel()
+    return CompactBatch(
+        num_rows=n,
+        flags=(multi * FLAG_MULTI).astype(np.uint8),
+        sign_counts=sign_counts,
+        value_counts=value_counts,
+        signs=uniq,
+        values=values,
+        offsets=offsets,
+        dense=np.ascontiguousarray(_dense(s, schema), np.float32),
+        context_dense=np.zeros(0, np.float32),
+        labels=np.ascontiguousarray(s.labels, np.float32),
+        schema_hash=schema.hash64,
+    )
 
 
 def _dense(s: Samples, schema: Schema) -> NDArray[np.float32]:

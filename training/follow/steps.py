@@ -35,6 +35,7 @@ class KeyedSteps:
     batch_rows: int
     """Step once the held chunks have this many rows."""
     held: list[KeyedChunk] = field(default_factory=list)
+    _held_rows: int = field(default=0, init=False)  # rows of ``held``, kept as chunks come
     loss: nn.Module = field(default_factory=nn.BCEWithLogitsLoss)
     judge: Callable[[np.ndarray, np.ndarray, np.ndarray], bool] | None = None
     delayed: DelayedFeedback = field(default_factory=lambda: DelayedFeedback("none"))
@@ -45,7 +46,8 @@ class KeyedSteps:
     def hold(self, chunk: KeyedChunk) -> bool:
         """Hold a keyed chunk for the next step; True when a step is due."""
         self.held.append(chunk)
-        return sum(c.rows for c in self.held) >= self.batch_rows
+        self._held_rows += chunk.rows
+        return self._held_rows >= self.batch_rows
 
     def step(
         self, ctx: TrainCtx, forward: Callable[[CompactBatch], torch.Tensor] | None = None
@@ -53,7 +55,7 @@ class KeyedSteps:
         """One step on the held chunks' samples not trained yet (``forward``: the step's logits,
         default ``ctx.forward``); the rows trained (None: no step: nothing held, or every sample
         held was trained already or refused)."""
-        chunks, self.held = self.held, []
+        chunks, self.held, self._held_rows = self.held, [], 0
         if not chunks:
             return None
         look = _whole_look(chunks)  # its samples and batch as the reading thread built them

@@ -40,10 +40,21 @@ import numpy as np
 
 from stream import dead_letter
 from stream.config import FETCH_WAIT_MS
-from stream.sample_batch import read_fitting, span, take
+from stream.sample_batch import read_fitting, take
 from training.sources.ledger import Ledger
 from training.sources.registry import SourceKind, register
-from training.sources.types import TICK, Keyed, KeyedChunk, Look, Part, Position, Reading, TableChunk, share
+from training.sources.types import (
+    TICK,
+    Keyed,
+    KeyedChunk,
+    KeyedSpan,
+    Look,
+    Part,
+    Position,
+    Reading,
+    TableChunk,
+    share,
+)
 
 log = logging.getLogger("recserve.train.follow")
 
@@ -83,6 +94,7 @@ class KafkaSamples:
     _ends: dict[Part, int] = field(default_factory=dict, init=False)  # part -> end offset seen
     _parts: list[Part] | None = field(default=None, init=False)  # the topic's, once listed
     _ahead: deque[Look | None] = field(default_factory=deque, init=False)  # looks read, not yielded
+    _read: dict[int, int] = field(default_factory=dict, init=False)  # partition -> next offset read
 
     @property
     def dead_topic(self) -> str:
@@ -120,14 +132,18 @@ class KafkaSamples:
             ends = self._assign(consumer)
             self._at = {p: p.resume(self.ledger).row for p in ends}
             self._ends, self._consumer = dict(ends), consumer
+            self._read = {p.index: at for p, at in self._at.items()}
+            stop_at = {p.index: end for p, end in ends.items()} if self.reading.once else None
             halt = threading.Event()
-            looks = in_background(self._looks(consumer, producer, halt), depth=LOOKS_AHEAD)
+            looks = in_background(self._looks(consumer, producer, halt, stop_at), depth=LOOKS_AHEAD)
             try:
                 while True:
                     yield TICK
                     if self.reading.once and all(self._at[p] >= ends[p] for p in ends):
                         return
-                    look = next(looks)
+                    look = next(looks, None)
+                    if look is None:  # with ``once``: the reading thread read to the ends, all yielded
+                        return
                     self._ahead.popleft()
                     if look:  # the batches read after it, for the trainer's row lookups ahead
                         look[0][1].look.after = tuple(
@@ -146,18 +162,29 @@ class KafkaSamples:
             if left:
                 log.error("%d dead letters to %s not acknowledged at exit", left, self.dead_topic)
 
-    def _looks(self, consumer, producer, halt: threading.Event) -> Iterator[list[tuple[Part, KeyedChunk]]]:
+    def _looks(
+        self, consumer, producer, halt: threading.Event, stop_at: dict[int, int] | None = None
+    ) -> Iterator[list[tuple[Part, KeyedChunk]]]:
         """Each look's chunks (empty: nothing came in ``fill_s``), consumed and decoded on the
         reading thread while the trainer steps on the looks before; it waits in slices, so a
-        trainer that ends is not held up by a wait for records that will not come."""
+        trainer that ends is not held up by a wait for records that will not come. ``stop_at``
+        (``once``: each partition's end at the start): a look waits for no more records than are
+        left before the ends (the last look of a catch-up is not held ``fill_s`` for records the
+        run will not train), and the reading ends once every partition is read that far."""
         wait = self.reading.poll_s if self.reading.fill_s is None else self.reading.fill_s
         n = self.reading.batch_rows
         while not halt.is_set():
+            left_once = (
+                None if stop_at is None else sum(max(0, e - self._read[p]) for p, e in stop_at.items())
+            )
+            if left_once == 0:
+                return
+            want = n if left_once is None else min(n, left_once)
             deadline = time.monotonic() + wait
             # once however short the wait, then in slices until the batch fills or the wait ends
-            msgs = consumer.consume(num_messages=n, timeout=min(wait, SLICE_S))
-            while len(msgs) < n and not halt.is_set() and (left := deadline - time.monotonic()) > 0:
-                msgs += consumer.consume(num_messages=n - len(msgs), timeout=min(left, SLICE_S))
+            msgs = consumer.consume(num_messages=want, timeout=min(wait, SLICE_S))
+            while len(msgs) < want and not halt.is_set() and (left := deadline - time.monotonic()) > 0:
+                msgs += consumer.consume(num_messages=want - len(msgs), timeout=min(left, SLICE_S))
             if len(msgs) == n and READ_ROWS > n:  # a backlog: what is there already, in one call
                 msgs += consumer.consume(num_messages=READ_ROWS - n, timeout=0)
             self._seen_ends(consumer)
@@ -234,14 +261,14 @@ class KafkaSamples:
         last = np.maximum.reduceat(offsets[by_part], begins)
         n_refused = np.add.reduceat(refused[by_part].astype(np.int64), begins)
         lo, hi = np.searchsorted(row_part, present, "left"), np.searchsorted(row_part, present, "right")
+        self._read.update(zip(present.tolist(), (last + 1).tolist(), strict=True))
         whole = Keyed(samples, self.reading.schema)
         look = Look(whole, len(present), whole.batch() if samples.num_rows else None)
         for p, a, b, f, z, r in zip(
             *(x.tolist() for x in (present, lo, hi, first, last, n_refused)), strict=True
         ):
             part = self.part(p)
-            keyed = Keyed(span(samples, a, b), self.reading.schema)
-            yield part, KeyedChunk(keyed, Position(part.unit, f), z + 1, r, look)
+            yield part, KeyedChunk(KeyedSpan(whole, a, b), Position(part.unit, f), z + 1, r, look)
 
     def __str__(self) -> str:
         return f"kafka://{self.brokers}/{self.topic}"

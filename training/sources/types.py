@@ -90,11 +90,41 @@ class Keyed:
 
         return parts[0] if len(parts) == 1 else cls(concat([p.samples for p in parts]), parts[0].schema)
 
+    @property
+    def num_rows(self) -> int:
+        return self.samples.num_rows
+
     def batch(self, rows: NDArray[np.int64] | None = None) -> CompactBatch:
         """The trainer's batch (with labels) of the rows at ``rows`` (None: all)."""
         from stream.sample_batch import take, to_batch
 
         return to_batch(self.samples if rows is None else take(self.samples, rows), self.schema)
+
+
+class KeyedSpan(Keyed):
+    """Rows ``lo`` to ``hi`` of ``whole``'s samples, cut (``stream.sample_batch.span``) only when
+    they are read: a stream's chunk of a look whose step takes the whole look never is."""
+
+    _span: tuple[Samples, int, int]
+
+    def __init__(self, whole: Keyed, lo: int, hi: int) -> None:
+        object.__setattr__(self, "schema", whole.schema)
+        object.__setattr__(self, "_span", (whole.samples, lo, hi))
+
+    @property  # Keyed's field, computed here
+    def samples(self) -> Samples:
+        from stream.sample_batch import span
+
+        cut = self.__dict__.get("_cut")
+        if cut is None:
+            cut = span(*self._span)
+            object.__setattr__(self, "_cut", cut)
+        return cut
+
+    @property
+    def num_rows(self) -> int:
+        _, lo, hi = self._span
+        return hi - lo
 
 
 @dataclass(frozen=True)
@@ -151,7 +181,7 @@ class KeyedChunk:
 
     @property
     def rows(self) -> int:
-        return self.keyed.samples.num_rows
+        return self.keyed.num_rows
 
     @property
     def stop(self) -> Position:

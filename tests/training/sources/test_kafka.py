@@ -4,6 +4,8 @@ training batch equal to the one the rows' features make, and malformed records r
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -111,3 +113,24 @@ def test_a_looks_chunks_join_into_one_batch_and_behind_counts_what_was_not_yield
     assert joined.batch() == transform(
         Table({k: v[rows] for k, v in table.columns.items()}, len(rows)), SCHEMA
     )
+
+
+def test_a_once_read_takes_a_last_short_look_without_waiting_to_fill_it(kafka, tmp_path):
+    # 70 records at 64 a look: the last look holds 6, and a read with ``once`` knows no more are
+    # its to take, so it ends at once instead of waiting fill_s (here a minute) for 58 more
+    topic = kafka.create_topic("source-once-tail", 3)
+    kafka.create_topic(topic + ".dead", 1)
+    produce(kafka.bootstrap, topic, records(SCHEMA, 70, per_request=10), partitions=3)
+    got: list[sources.KeyedChunk] = []
+    reader = threading.Thread(
+        target=lambda: got.extend(
+            _read(
+                f"kafka://{kafka.bootstrap}/{topic}", Ledger(tmp_path / "l.json"), batch_rows=64, fill_s=60.0
+            )
+        ),  # fmt: skip
+        daemon=True,
+    )
+    reader.start()
+    reader.join(timeout=30)
+    assert not reader.is_alive(), "the read waited for records past the ends it started with"
+    assert sum(c.rows for c in got) == 70
