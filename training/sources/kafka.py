@@ -37,10 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from stream import dead_letter
 from stream.config import FETCH_WAIT_MS
-from stream.sample_batch import read_fitting, take
+from stream.sample_batch import Samples, read_fitting, span, take
 from training.sources.ledger import Ledger
 from training.sources.registry import SourceKind, register
 from training.sources.types import (
@@ -188,8 +189,9 @@ class KafkaSamples:
             if len(msgs) == n and READ_ROWS > n:  # a backlog: what is there already, in one call
                 msgs += consumer.consume(num_messages=READ_ROWS - n, timeout=0)
             self._seen_ends(consumer)
-            for lo in range(0, max(len(msgs), 1), n):  # looks of the batch size at most
-                look = list(self._chunks(msgs[lo : lo + n], producer))
+            read = self._decode(msgs, producer)  # the whole consume at once, then cut into looks
+            for lo in range(0, max(len(read[1]), 1), n):  # looks of the batch size at most
+                look = list(self._chunks(read, lo, lo + n))
                 self._ahead.append(look[0][1].look if look else None)
                 yield look
 
@@ -233,13 +235,13 @@ class KafkaSamples:
                  [starts[p] for p in mine])  # fmt: skip
         return ends
 
-    def _chunks(self, msgs: list, producer) -> Iterator[tuple[Part, KeyedChunk]]:
+    def _decode(self, msgs: list, producer) -> tuple[Samples, NDArray[np.int64], NDArray[np.int64], NDArray[np.bool_]]:  # fmt: skip
+        """A consume's records that came without an error, decoded together: (the valid samples,
+        each record's partition, offset, and whether it was refused: sent to the dead-letter topic)."""
         good = [m for m in msgs if m.error() is None]  # the accessors confluent-kafka forces
         for m in msgs if len(good) < len(msgs) else ():
             if m.error() is not None:
                 log.error("%s: consume error: %s", self.topic, m.error())
-        if not good:
-            return
         parts = np.fromiter((m.partition() for m in good), np.int64, len(good))
         offsets = np.fromiter((m.offset() for m in good), np.int64, len(good))
         values = [m.value() or b"" for m in good]
@@ -252,7 +254,17 @@ class KafkaSamples:
             log.warning("%s/%d@%d to %s: %s", self.topic, parts[i], offsets[i], self.dead_topic, why)
         if bad and producer.flush(TIMEOUT_S):  # acknowledged before the offsets past them count
             raise RuntimeError(f"dead letters to {self.dead_topic} not acknowledged in {TIMEOUT_S} s")
-        row_part = parts[samples.index]
+        return samples, parts, offsets, refused
+
+    def _chunks(self, read, lo: int, hi: int) -> Iterator[tuple[Part, KeyedChunk]]:
+        """The chunks of the look of records ``lo`` to ``hi`` (excluded) of a decoded consume."""
+        samples, parts, offsets, refused = read
+        parts, offsets, refused = parts[lo:hi], offsets[lo:hi], refused[lo:hi]
+        if not len(parts):
+            return
+        a, b = np.searchsorted(samples.index, (lo, hi))  # its samples: in record order
+        samples = span(samples, int(a), int(b))
+        row_part = parts[samples.index - lo]
         order = np.argsort(row_part, kind="stable")  # the rows as the chunks hold them, one look
         samples, row_part = take(samples, order), row_part[order]
         by_part = np.argsort(parts, kind="stable")  # the records, partition by partition
@@ -260,12 +272,12 @@ class KafkaSamples:
         first = np.minimum.reduceat(offsets[by_part], begins)
         last = np.maximum.reduceat(offsets[by_part], begins)
         n_refused = np.add.reduceat(refused[by_part].astype(np.int64), begins)
-        lo, hi = np.searchsorted(row_part, present, "left"), np.searchsorted(row_part, present, "right")
+        since, until = np.searchsorted(row_part, present, "left"), np.searchsorted(row_part, present, "right")
         self._read.update(zip(present.tolist(), (last + 1).tolist(), strict=True))
         whole = Keyed(samples, self.reading.schema)
         look = Look(whole, len(present), whole.batch() if samples.num_rows else None)
         for p, a, b, f, z, r in zip(
-            *(x.tolist() for x in (present, lo, hi, first, last, n_refused)), strict=True
+            *(x.tolist() for x in (present, since, until, first, last, n_refused)), strict=True
         ):
             part = self.part(p)
             yield part, KeyedChunk(KeyedSpan(whole, a, b), Position(part.unit, f), z + 1, r, look)
