@@ -67,10 +67,14 @@ class TrainedKeys:
         self.newest = max(self.newest, float(ts.max()))
         k = keys.astype(self._widen(keys.dtype.itemsize))
         order = np.argsort(k, kind="stable")
-        at = np.searchsorted(self._pk, k[order])
+        # where each new key lands among the pending ones (np.insert's places, found once for all three)
+        at = np.searchsorted(self._pk, k[order]) + np.arange(len(k))
+        was = np.ones(len(self._pk) + len(k), bool)
+        was[at] = False
         v = np.full(len(keys), -1, np.int64) if values is None else values
-        self._pk, self._pt = np.insert(self._pk, at, k[order]), np.insert(self._pt, at, ts[order])
-        self._pv = np.insert(self._pv, at, v[order])
+        self._pk, self._pt, self._pv = (
+            _placed(old, new[order], at, was) for old, new in ((self._pk, k), (self._pt, ts), (self._pv, v))
+        )
         if len(self._pk) >= max(self.MERGE_MIN, len(self.keys) // 16):
             self._merge()
 
@@ -111,3 +115,12 @@ def _member(sorted_keys: NDArray[np.bytes_], probe: NDArray[np.bytes_]) -> NDArr
         return np.zeros(len(probe), bool)
     at = np.searchsorted(sorted_keys, probe).clip(max=len(sorted_keys) - 1)
     return np.asarray(sorted_keys[at] == probe)
+
+
+def _placed(old: NDArray, new: NDArray, at: NDArray[np.int64], was: NDArray[np.bool_]) -> NDArray:
+    """``old`` with ``new`` put at positions ``at`` of the result (``was``: the result's positions
+    that hold ``old``'s entries, in order)."""
+    out = np.empty(len(was), old.dtype)
+    out[at] = new
+    out[was] = old
+    return out
