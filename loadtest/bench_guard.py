@@ -26,7 +26,8 @@ samples and quarantine topics read whole, the model's GUARDS.log):
 
 - ``outage``: ``trip_s`` (the slower outage's start to the input guard's trip), ``served_mean_ratio_min``
   (the probe's mean predicted CTR in 5 s buckets: the lowest bucket from the first outage's start to
-  the bad labels, over the median bucket of the minute before the first outage), ``deltas_served_from_outage`` (deltas
+  the bad labels, over the median bucket of the minute before the first outage; ``_max``: the highest, not a
+  target), ``deltas_served_from_outage`` (deltas
   that trained a sample of a request whose clicks were lost), ``lost_samples`` (items of the late
   outage's requests without a sample, or with another label than their clicks say),
   ``quarantined`` (the joiner's count), ``resumed`` (samples trained after the lost outage).
@@ -263,6 +264,7 @@ def figures(args, marks, series, joined, held, pipe, quarantined, model_dir: Pat
     before = [m for a, m in every5 if marks["late"] - 60 <= a < marks["late"] - 5]
     during = [m for a, m in every5 if marks["late"] <= a < marks["bad"] - 5]
     ratio = float(np.nanmin(during) / np.nanmedian(before)) if before and during else None
+    high = float(np.nanmax(during) / np.nanmedian(before)) if before and during else None  # not a target
     rids = np.char.decode(request_ids(joined["keys"]))
     # the outage's samples: of requests scored in it (one scored before whose late click was lost
     # is a sample with a click missing, counted in lost_clicks_before_the_trip)
@@ -309,6 +311,7 @@ def figures(args, marks, series, joined, held, pipe, quarantined, model_dir: Pat
             "trip_s": max(x for x in trips if x is not None) if all(x is not None for x in trips) else None,
             "trip_s_each": trips,
             "served_mean_ratio_min": None if ratio is None else round(ratio, 4),
+            "served_mean_ratio_max": None if high is None else round(high, 4),
             "deltas_served_from_outage": deltas_from_outage,
             "lost_outage_samples_joined": int(from_lost.sum()),
             "samples_scored_before_with_a_click_lost": int(clicks_missing.sum()),
