@@ -7,8 +7,9 @@ TorchServe's handler (``handlers/recserve_handler.py``, on a thread of its worke
 1. the target: the pinned version, or the one CURRENT names (``serving.versions.VersionTarget``);
    nothing to do when it is served already or was refused;
 2. the one gate (``model_store.validate`` against the served manifest);
-3. a new ``Scorer`` loads beside the serving one -- mapping its co-located shards, and warming up
-   until every remote shard holds the version; in the host's turn, so that the workers of a
+3. a new ``Scorer`` loads beside the serving one -- mapping its co-located shards, warming up
+   until every remote shard holds the version, then with the process's recent requests (their
+   shapes and rows); in the host's turn, so that the workers of a
    frontend load one at a time while the others serve, with the GIL handed over finely meanwhile
    (``serving.priority.loading_beside_requests``) -- unless an experiment's arm serves that
    version already (a promoted candidate): its scorer is taken over;
@@ -45,6 +46,7 @@ from serving import memory
 from serving.freshness import follow_notices
 from serving.notices import AsyncWake, Wake
 from serving.priority import loading_beside_requests
+from serving.scoring.arms import warm
 from serving.scoring.core import Scorer
 from serving.scoring.experiments import ArmsFollower
 from serving.versions import VersionTarget
@@ -150,9 +152,16 @@ class ScorerFollower:
 
     def _load(self, vdir: Path) -> Scorer:
         """A scorer of the version at ``vdir``, loaded in the host's turn while requests go on
-        (``serving.priority.loading_beside_requests``)."""
+        (``serving.priority.loading_beside_requests``), then warmed there with the process's recent
+        requests (``arms.recent``: its router's; ``serving.scoring.arms.warm``), as a new arm's is:
+        its own warm-up runs one-row requests, so the first real ones met a dense runtime that had
+        not run their shape, and rows not read yet. Measured in one process, a new co-located ONNX
+        scorer's first 200-item request: lookup 1.06-1.15 ms and dense 0.56-0.75 ms, against
+        0.6-0.7 and 0.32-0.34 from the fourth on; warmed, 0.6-0.86 and 0.34-0.4."""
         with loading_beside_requests():
-            return Scorer(replace(self.scoring, version_dir=str(vdir)), notices=self.notices)
+            scorer = Scorer(replace(self.scoring, version_dir=str(vdir)), notices=self.notices)
+            warm(scorer, self.arms.recent())
+            return scorer
 
     def not_serving_reason(self) -> str:
         return self.versions.not_serving(self.versions.target(), self.failure)

@@ -42,3 +42,25 @@ def test_a_new_version_loads_in_the_hosts_turn_with_the_gil_handed_over_finely(t
     assert seen == {"interval": priority.FOLLOW_SWITCH_S, "another_load": False,
                     "version_dir": str(store / "criteo" / "1")}  # fmt: skip
     assert sys.getswitchinterval() == before
+
+
+def test_a_new_version_is_warmed_with_the_processs_recent_requests_in_its_turn(tmp_path, monkeypatch):
+    # its own warm-up runs one-row requests: the recent ones give the dense runtime their shape
+    monkeypatch.setattr(follow.ms, "validate", lambda *a, **k: None)
+    built = SimpleNamespace(dense_version="1", lookup_modes=[], manifest=None, close=lambda: None)
+    monkeypatch.setattr(follow, "Scorer", lambda config, notices=None: built)
+    warmed = []
+    monkeypatch.setattr(follow, "warm", lambda scorer, requests: warmed.append(
+        (scorer, requests, sys.getswitchinterval())))  # fmt: skip
+    store = tmp_path / "store"
+    (store / "criteo" / "1").mkdir(parents=True)
+    set_current(store, "criteo", "1")
+    follower = follow.ScorerFollower(str(store), "criteo", ScoringConfig(notices="none"))
+    recent = [(b'[{"a": 1}]', "application/json")]
+    follower.arms.recent = lambda: recent  # the router's (serving.scoring.arms.Router)
+    try:
+        assert follower.step() == "1"
+        assert follower.scorer is built
+    finally:
+        follower.close()
+    assert warmed == [(built, recent, priority.FOLLOW_SWITCH_S)]  # in the load's turn
