@@ -75,6 +75,10 @@ BACKLOG = 500
 """Impressions produced but not yet committed by the joiner or counted by the reader of samples, at
 most: the mock cluster keeps 5 MB a partition, about 150 impressions of 200 items and the samples
 of 50 (16 partitions: 800)."""
+TRAINER_BACKLOG = 150
+"""Impressions produced and not yet in the trainer's published deltas, at most (``--trainer``): their
+samples must stay within the 5 MB a partition the mock keeps until the trainer reads them
+(``trainer.dropped_by_the_broker_before_trained`` says whether they did)."""
 CHUNK = 100
 """Impressions produced at a time (with the clicks up to the last one's time)."""
 TOPICS = ("impressions", "events", "samples", "impressions.dead", "events.dead", "samples.quarantine")
@@ -199,15 +203,19 @@ def trained(codes: np.ndarray, where: np.ndarray, records: list, partitions: int
             "lost_samples": int(np.maximum(0, placed - said).sum())}  # fmt: skip
 
 
-def trainer_offsets(model_dir: Path | None) -> int:
-    """The samples the trainer's last published delta has read (0: none yet, or no trainer)."""
-    if model_dir is None:
-        return 0
+def trainer_positions(model_dir: Path, partitions: int) -> np.ndarray:
+    """Per partition of the samples topic, where the trainer's last published delta resumes."""
     vdir = version_dir(model_dir)
     for seq in reversed(ms.list_deltas(vdir)):  # the newest with its record (one cut may lack it)
         if (record := read_delta(ms.delta_dir(vdir, seq))) is not None:
-            return sum(record.positions.values())
-    return 0
+            return np.array([record.positions.get(f"samples/{p}", 0) for p in range(partitions)], np.int64)
+    return np.zeros(partitions, np.int64)
+
+
+def trimmed(watch: Consumer, at: np.ndarray) -> int:
+    """Samples the broker dropped (its retention) before the offsets ``at`` reached them."""
+    low = [watch.get_watermark_offsets(TopicPartition("samples", p), timeout=5)[0] for p in range(len(at))]
+    return int(np.maximum(0, np.array(low) - at).sum())
 
 
 def model_to_follow(args: argparse.Namespace, work: Path) -> Path | None:
@@ -260,12 +268,16 @@ def run(args: argparse.Namespace) -> dict:
         counter.start()
         producer = Producer({"bootstrap.servers": b, "linger.ms": 20, "enable.idempotence": True,
                              "queue.buffering.max.messages": 2_000_000})  # fmt: skip
-        killed_at, trainer_killed_at, sent_ev, t0 = None, None, 0, time.time()
+        killed_at, trainer_killed_at, sent_ev, dropped, t0 = None, None, 0, 0, time.time()
+        watch = Consumer({"bootstrap.servers": b, "group.id": "bench-attribution-watch"})
         with Sampler(lambda: [procs[-1].pid], interval_s=1.0) as sampler:
             for start in range(0, n, CHUNK):
-                while start - min(committed(b, args.partitions), counter.count // args.items,
-                                  trainer_offsets(model_dir) // args.items if train else n) > BACKLOG:  # fmt: skip
+                while start - min(committed(b, args.partitions), counter.count // args.items) > BACKLOG or (
+                        model_dir is not None and start - trainer_positions(model_dir, args.partitions).sum()
+                        // args.items > TRAINER_BACKLOG):  # fmt: skip
                     time.sleep(0.1)  # the producer's pace: the joiner, the reader (and the trainer) catch up
+                if model_dir is not None:
+                    dropped = max(dropped, trimmed(watch, trainer_positions(model_dir, args.partitions)))
                 chunk = imps[start : start + CHUNK]
                 for imp in chunk:
                     producer.produce("impressions", encode_impression(imp), imp.request_id.encode())
@@ -290,11 +302,15 @@ def run(args: argparse.Namespace) -> dict:
             while settled < 3 and time.time() < deadline:  # every window closed, every sample read
                 time.sleep(1.0)  # the pace of the check: the joiner's last windows and the reader
                 done = scrape(port, "recserve_join_open_windows") == 0 and counter.count == last
-                done = done and (not train or trainer_offsets(model_dir) == counter.offsets())
+                done = done and (
+                    model_dir is None
+                    or trainer_positions(model_dir, args.partitions).sum() == counter.offsets()
+                )
                 settled, last = (settled + 1 if done else 0), counter.count
         wall = time.time() - t0
         counter.stop.set()
         counter.join()
+        watch.close()
         stop_children(procs + trainers)
         records = [r for _, _, r in published(model_dir)] if model_dir is not None else []
         spill_mb = sum(f.stat().st_size for f in (work / "state").rglob("*.seg")) / 2**20
@@ -303,7 +319,8 @@ def run(args: argparse.Namespace) -> dict:
     if train:
         where = np.concatenate(counter.where) if counter.where else np.zeros((0, 2), np.int32)
         counted["trainer"] = trained(codes, where, records, args.partitions) | {
-            "killed_at_s": round(trainer_killed_at - t0, 1) if trainer_killed_at else None}  # fmt: skip
+            "killed_at_s": round(trainer_killed_at - t0, 1) if trainer_killed_at else None,
+            "dropped_by_the_broker_before_trained": dropped}  # fmt: skip
     rss = np.array([(t, u.rss_bytes / 2**20) for t, u in sampler.samples if u.rss_bytes]).reshape(-1, 2)
     second = rss[(rss[:, 0] >= t0 + 60) & (rss[:, 0] < t0 + 120), 1]
     return {

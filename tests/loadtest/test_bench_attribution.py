@@ -27,7 +27,8 @@ def test_bench_attribution_corrects_across_a_joiner_sigkill_and_reports_its_memo
 def test_bench_attribution_counts_what_a_sigkilled_trainer_trained(bench, trained):
     result = bench("bench_attribution", "attribution", "--trainer", "--store", str(trained[0]), timeout_s=600)
     t = result["trainer"]
-    has(t, "samples_trained", "deltas", "duplicate_samples", "lost_samples", "killed_at_s")
+    has(t, "samples_trained", "deltas", "duplicate_samples", "lost_samples", "killed_at_s",
+        "dropped_by_the_broker_before_trained")  # fmt: skip
     assert t["killed_at_s"] is not None and t["deltas"] > 1
     assert (t["duplicate_samples"], t["lost_samples"]) == (0, 0)
     assert t["samples_trained"] == result["first_labels_expected"] + result["corrections"]
