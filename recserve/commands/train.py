@@ -166,6 +166,7 @@ def run_follow(args: argparse.Namespace) -> int:
         "wall_s": round(result.seconds, 2),
         "samples_per_s": round(result.rows / result.train_seconds) if result.train_seconds else 0,
         "max_lag_samples": result.max_lag_samples,
+        "skipped_records": result.skipped_records,
     }
     print(json.dumps(summary))
     return 0

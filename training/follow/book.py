@@ -68,6 +68,8 @@ class _Metrics:
                              "Progressive log loss of the last delta's samples.", registry=reg)  # fmt: skip
         self.offset = Gauge("recserve_follow_offset", "Where each unit resumes, as the last delta recorded.",
                             ["unit"], registry=reg)  # fmt: skip
+        self.skipped = Counter("recserve_follow_skipped_records", "Records of the stream gone when read past "
+                               "(the broker's retention passed them first), never trained.", registry=reg)  # fmt: skip
         self.lag = Gauge("recserve_follow_lag_samples",
                          "Samples of the followed partitions after those trained, at the last look.",
                          registry=reg)  # fmt: skip
@@ -142,8 +144,11 @@ class StreamBook:
             self.keys.add(keys, ts)
             self._since_cut.append((keys, ts))
 
-    def lag(self, samples: int | None) -> None:
-        """The source's consumer lag now (None: unknown)."""
+    def lag(self, samples: int | None, skipped: int = 0) -> None:
+        """The source's consumer lag now (None: unknown), and the records it read past, gone."""
+        if self._metrics is not None and skipped > self.total.skipped:
+            self._metrics.skipped.inc(skipped - self.total.skipped)
+        self.total.skipped = max(self.total.skipped, skipped)
         if samples is None:
             return
         self.total.max_lag = max(self.total.max_lag, samples)
@@ -160,6 +165,7 @@ class StreamBook:
         t = self.total
         result.rows, result.duplicates, result.refused = t.rows, t.duplicates, t.refused
         result.max_lag_samples, result.progressive = t.max_lag, list(self.windows)
+        result.skipped_records = t.skipped
         result.progressive_total = self.progressive.total()
         result.progressive_final = self.final.figures() if self.keyed else None
 

@@ -133,7 +133,7 @@ class FollowTrainer:
                 break
             if chunk is TICK:
                 self.step_keyed()  # the last look's samples, before the lag counts them trained
-                self.book.lag(source.behind())
+                self.book.lag(source.behind(), source.skipped())
                 if self.job.world > 1:  # the ranks cut, move to a new CURRENT, go on or end together
                     turn = self.job.look(
                         self.cutter.due(), stopped, self.current.proposed(self.job.rank, self.loaded)

@@ -52,6 +52,7 @@ class Counts:
     duplicates: int = 0
     refused: int = 0
     max_lag: int = 0
+    skipped: int = 0  # records the source read past, gone
 
 
 @dataclass
@@ -90,6 +91,7 @@ class FollowResult:
     seconds: float = 0.0
     train_seconds: float = 0.0  # from the first rows read to the end (samples/s = rows / this)
     max_lag_samples: int = 0  # a stream's most samples behind its partitions' ends, at a look
+    skipped_records: int = 0  # a stream's records gone (its retention passed them) when read past
 
 
 @dataclass

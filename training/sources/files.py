@@ -27,6 +27,9 @@ class Files:
     def behind(self) -> int | None:
         return None  # a bounded source; its rows are read as they are
 
+    def skipped(self) -> int:
+        return 0
+
     def list_parts(self) -> list[Part]:
         return []  # ranks share its rows (``Reading.part``), not parts
 

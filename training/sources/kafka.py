@@ -96,6 +96,7 @@ class KafkaSamples:
     _parts: list[Part] | None = field(default=None, init=False)  # the topic's, once listed
     _ahead: deque[Look | None] = field(default_factory=deque, init=False)  # looks read, not yielded
     _read: dict[int, int] = field(default_factory=dict, init=False)  # partition -> next offset read
+    _skipped: int = field(default=0, init=False)  # records gone when read past (``skipped``)
 
     @property
     def dead_topic(self) -> str:
@@ -195,6 +196,9 @@ class KafkaSamples:
                 self._ahead.append(look[0][1].look if look else None)
                 yield look
 
+    def skipped(self) -> int:
+        return self._skipped
+
     def behind(self) -> int | None:
         """Records of this rank's partitions after those yielded: each partition's end offset as
         the reading thread last saw it (``_seen_ends``) less where it stands; None before the
@@ -273,6 +277,11 @@ class KafkaSamples:
         last = np.maximum.reduceat(offsets[by_part], begins)
         n_refused = np.add.reduceat(refused[by_part].astype(np.int64), begins)
         since, until = np.searchsorted(row_part, present, "left"), np.searchsorted(row_part, present, "right")
+        gone = first - np.array([self._read[p] for p in present.tolist()])  # a loop per partition
+        if (gone > 0).any():  # offsets jumped: the broker no longer had them (or control records)
+            self._skipped += int(gone[gone > 0].sum())
+            log.error("%s: read past %d records the broker no longer had (its retention passed them "
+                      "before they were read, or control records), %d so far", self.topic, int(gone[gone > 0].sum()), self._skipped)  # fmt: skip
         self._read.update(zip(present.tolist(), (last + 1).tolist(), strict=True))
         whole = Keyed(samples, self.reading.schema)
         look = Look(whole, len(present), whole.batch() if samples.num_rows else None)

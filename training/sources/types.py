@@ -237,6 +237,11 @@ class Source(Protocol):
         summed over its units; None: the source does not know)."""
         ...
 
+    def skipped(self) -> int:
+        """Records the source found gone and read past, since it opened (a stream's offsets the
+        broker's retention dropped before they were read, or its control records): 0 elsewhere."""
+        ...
+
     def list_parts(self) -> list[Part]:
         """Every part of the source that reads on its own, in index order (a stream's
         partitions: torchrun ranks split them, ``share``); [] for a source one process reads."""

@@ -100,6 +100,9 @@ class Watched:
     def behind(self) -> int | None:
         return None  # files may arrive at any time
 
+    def skipped(self) -> int:
+        return 0
+
     def list_parts(self) -> list[Part]:
         return []  # one process reads a watched directory
 
