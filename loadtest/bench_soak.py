@@ -69,7 +69,16 @@ from loadtest.recorder import Recorder, Responses, rid_ints
 from loadtest.series import Series
 from loadtest.soak_figures import Figures, analyse, report
 from loadtest.stream_figures import Clicks, expected_keys
-from loadtest.stream_roles import alive, guard_warmup, kill, standby_flag, start, trainer_roles, until_ready
+from loadtest.stream_roles import (
+    alive,
+    guard_warmup,
+    input_guard_warmup,
+    kill,
+    standby_flag,
+    start,
+    trainer_roles,
+    until_ready,
+)
 from loadtest.stream_topics import (
     JOINER_KAFKA_BATCHED,
     LINGER_MS,
@@ -154,8 +163,10 @@ def run(args, model_dir: Path, work: Path) -> dict:
                  str(args.batch_size)]  # fmt: skip
         if args.full_every:
             train += ["--train-dense", "--full-every", args.full_every, "--keep-versions", str(args.keep_versions)]  # fmt: skip
-        train += guard_warmup(args.window_s, (args.rate + args.ts_rate) * args.items)
-        roles = {"joiner": joiner_role(b, args.window_s, "bench-soak", work, JOINER_KAFKA_BATCHED)}
+        items_per_s = (args.rate + args.ts_rate) * args.items
+        train += guard_warmup(args.window_s, items_per_s)
+        roles = {"joiner": joiner_role(b, args.window_s, "bench-soak", work, JOINER_KAFKA_BATCHED)
+                 + input_guard_warmup(args.window_s, items_per_s)}  # fmt: skip
         roles |= trainer_roles(train, free_ports(2), args.standby)
         procs: dict = {}
         for name in ("joiner", "trainer"):  # the standby once the trainer reads (until_ready)

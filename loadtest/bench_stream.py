@@ -90,6 +90,7 @@ from loadtest.stream_roles import (
     Looks,
     alive,
     guard_warmup,
+    input_guard_warmup,
     kill,
     port_of,
     standby_flag,
@@ -200,7 +201,8 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
         train = ["train", "--follow", str(model_dir), "--stream", f"kafka://{b}/samples", "--delta-interval-s",
                  f"{args.delta_interval_s:g}", "--lr", f"{args.lr:g}", "--dedup-window-s", f"{args.dedup_window_s:g}",
                  "--batch-size", str(args.batch_size), *guard_warmup(args.window_s, args.rate * args.items)]  # fmt: skip
-        roles = {"joiner": joiner_role(b, args.window_s, "bench-stream", work, JOINER_KAFKA_BATCHED)}
+        roles = {"joiner": joiner_role(b, args.window_s, "bench-stream", work, JOINER_KAFKA_BATCHED)
+                 + input_guard_warmup(args.window_s, args.rate * args.items)}  # fmt: skip
         roles |= trainer_roles(train, free_ports(2), args.standby)
         procs: dict = {}
         for name in ("joiner", "trainer"):  # the standby once the trainer reads (until_ready)

@@ -43,6 +43,20 @@ def guard_warmup(window_s: float, samples_per_s: float) -> list[str]:
     ]
 
 
+def input_guard_warmup(window_s: float, items_per_s: float) -> list[str]:
+    """The joiner's ``--guard-warmup-items`` for a bench's traffic: two join windows of impressed
+    items, at least its default (``stream.guard.GuardConfig.warmup_items``). The input guard judges
+    rates of arrival, and a restarted joiner's first seconds are its replay. At 12,000 items/s the
+    default 5,000 items are 0.4 s: in the first bench-soak at 200 items the restarted joiner's band
+    formed at a label rate of 0.288 (steady: about 0.1, 1,140 clicks/s over 11,700 items/s), its
+    replay tripped the guard 7 s after the kill (0.064 over 231,600 items < 0.25 x the band), and
+    clearing needs 0.5 x the band, above the steady rate: it never cleared, every window after was
+    held 120 s and quarantined, and the trainer lost the last 15 minutes (10.7 million samples)."""
+    from stream.guard import GuardConfig
+
+    return ["--guard-warmup-items", str(max(GuardConfig.warmup_items, math.ceil(2 * window_s * items_per_s)))]
+
+
 def standby_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--standby", action=argparse.BooleanOptionalAction, default=True,
                    help="run the trainer with a warm standby, which takes over when it is killed (default: on)")  # fmt: skip

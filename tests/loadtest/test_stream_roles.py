@@ -10,7 +10,15 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from loadtest import stream_roles
-from loadtest.stream_roles import LAG_GAUGE, STANDBY, alive, guard_warmup, scrape, until_ready
+from loadtest.stream_roles import (
+    LAG_GAUGE,
+    STANDBY,
+    alive,
+    guard_warmup,
+    input_guard_warmup,
+    scrape,
+    until_ready,
+)
 from serving.rpc.procs import free_ports
 
 
@@ -73,3 +81,8 @@ def test_a_killed_trainer_s_standby_trains_on_and_a_new_standby_starts(tmp_path,
 def test_the_guards_warmup_covers_two_join_windows_of_samples():
     assert guard_warmup(10.0, 10_000.0) == ["--guard-warmup-windows", "100"]  # 200,000 samples
     assert guard_warmup(4.0, 800.0) == ["--guard-warmup-windows", "5"]  # never under the default
+
+
+def test_the_joiners_input_guard_warms_up_over_two_join_windows_of_items():
+    assert input_guard_warmup(10.0, 12_000.0) == ["--guard-warmup-items", "240000"]
+    assert input_guard_warmup(4.0, 120.0) == ["--guard-warmup-items", "5000"]  # never under the default
