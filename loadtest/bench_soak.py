@@ -30,7 +30,9 @@ clicks produced in the window; those no response served before the load stopped 
 spans [from, to, clicks] in seconds since the load's start), ``rss_mb`` per process (the mean of its samples in the window), ``cpu_pct``
 per process (% of one CPU over the window) and
 ``store_bytes`` (the model store's disk use at the window's end); over the run also
-``impressions_missing`` (answered requests the impression log lacks) and ``store_floor_bytes`` (the
+``impressions_missing`` (answered requests the impression log lacks; the bench reads the log as it
+fills, and ``impressions_unread_by_the_bench`` counts those the broker dropped before it read
+them, ``samples_unread_by_the_bench`` the samples') and ``store_floor_bytes`` (the
 store's fewest bytes under each version CURRENT named, once its publish's retention left at most
 ``--keep-versions``: null where it was still deleting when the run ended). Writes
 ``loadtest/results/soak.json``. ``--quick``: 0.6 minutes at 4 + 2 rps in 0.2-minute windows.
@@ -255,6 +257,8 @@ def run(args, model_dir: Path, work: Path) -> dict:
         "samples_trained": sum(r.samples for r in records),
         "impressions": len(impressions),
         "impressions_missing": int((~np.isin(answered, logged)).sum()),
+        "impressions_unread_by_the_bench": imps.skipped,
+        "samples_unread_by_the_bench": joined.skipped,
         "deltas": len(records),
         "deltas_missed": published.missed,
         "max_samples_dropped_by_the_broker_before_trained": dropped,

@@ -137,7 +137,8 @@ def report(out: dict, args) -> None:
     print_table("CPU (% of one CPU over the window)", [{"process": n, **{f"w{i}": w["cpu_pct"].get(n) for i, w in
                 enumerate(out["windows"])}} for n in names], ["process", *(f"w{i}" for i in range(len(rows)))])  # fmt: skip
     print({k: out[k] for k in ("lost_samples", "duplicate_samples", "samples_expected", "samples_trained",
-                               "impressions", "impressions_missing", "max_samples_dropped_by_the_broker_before_trained",
+                               "impressions", "impressions_missing", "impressions_unread_by_the_bench",
+                               "samples_unread_by_the_bench", "max_samples_dropped_by_the_broker_before_trained",
                                "deltas", "deltas_missed", "kills")})  # fmt: skip
     ws = out["windows"]
     checks = {

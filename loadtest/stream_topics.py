@@ -60,7 +60,9 @@ def joiner_role(
 class Collector(threading.Thread):
     """Reads ``topic`` from its beginning for the whole run (the mock cluster keeps only a few MB a
     partition, so reading it at the end would miss the start), keeping ``decode(messages)`` of each
-    batch read in ``parts``; ``finish`` reads on to the topic's end now, then stops."""
+    batch read in ``parts``; ``finish`` reads on to the topic's end now, then stops. ``skipped``:
+    the records the broker dropped before this read them (gaps in a partition's offsets), which a
+    bench would otherwise count as never written."""
 
     def __init__(self, bootstrap: str, topic: str, decode) -> None:
         super().__init__(name=f"collect-{topic}", daemon=True)
@@ -72,6 +74,7 @@ class Collector(threading.Thread):
                                   "enable.auto.commit": False})  # fmt: skip
         self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(TOPICS[topic])])
         self.next = [0] * TOPICS[topic]
+        self.skipped = 0
         self.until: list[int] | None = None
 
     def run(self) -> None:
@@ -80,7 +83,9 @@ class Collector(threading.Thread):
             if msgs:
                 self.parts.append(self.decode(msgs))
             for m in msgs:
-                self.next[m.partition() or 0] = (m.offset() or 0) + 1
+                partition, offset = m.partition() or 0, m.offset() or 0
+                self.skipped += max(0, offset - self.next[partition])
+                self.next[partition] = offset + 1
         self.consumer.close()
 
     def finish(self, watch, timeout_s: float = 120.0) -> list:
