@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -56,10 +57,15 @@ class OutputGuardConfig:
     are a join window's clicks before their requests' negatives."""
     clear_windows: int = field(default=2, metadata={"flag": "guard-clear-windows"})
     """Healthy windows in a row that clear a trip."""
+    idle_reset_s: float = field(default=30.0, metadata={"flag": "guard-idle-reset-s"})
+    """After this long with no sample read (the joiner's input guard held the join, the stream
+    stopped), the band forms anew, warmup first: the served model learnt nothing meanwhile, and in
+    a drifting world a band of before would trip on its staleness alone (bench-guard: served AUC
+    0.57 against a band of 0.78 after 90 s held, then rewound, and never clear). 0: never."""
 
     def __post_init__(self) -> None:
-        if self.clear_windows < 1 or self.warmup_windows < 0:
-            raise ValueError("output guard: clear_windows >= 1 and warmup_windows >= 0")
+        if self.clear_windows < 1 or self.warmup_windows < 0 or self.idle_reset_s < 0:
+            raise ValueError("output guard: clear_windows >= 1, warmup_windows >= 0 and idle_reset_s >= 0")
         if self.window < 100 or self.band_windows < 1 or not 1 <= self.min_band_windows <= self.band_windows:
             raise ValueError("output guard: window >= 100 samples, 1 <= min_band_windows <= band_windows")
         if not 0 < self.max_auc_drop < 1 or self.max_calibration_ratio <= 1:
@@ -91,8 +97,11 @@ class OutputGuard:
         self.last: Judged | None = None
         self.reason = ""
         self.since_sample = -1  # where the window that tripped began (-1: not tripped)
-        self.trips = self.recoveries = self.judged = 0
+        self.trips = self.recoveries = self.judged = self.resets = 0
         self._healthy = 0  # healthy windows in a row while tripped
+        self._warm_from = 0  # ``judged`` when the band last started forming (warmup counts from it)
+        self.clock = time.monotonic
+        self._read_at: float | None = None  # when the last sample was read
 
     @property
     def tripped(self) -> bool:
@@ -102,6 +111,7 @@ class OutputGuard:
             requests: NDArray[np.bytes_] | None = None) -> str:  # fmt: skip
         """Feed a step's samples (in the order read; ``requests``: each one's request id, to judge
         whole requests); "trip" or "clear" when the guard changed state, else ""."""
+        self._idle(len(scores))
         at = np.arange(self.seen, self.seen + len(scores))
         s, y = np.asarray(scores, np.float64), np.asarray(labels, np.float64)
         self.seen += len(scores)
@@ -118,7 +128,7 @@ class OutputGuard:
         judged = Judged(auc(s, y) if 0 < y.sum() < len(y) else math.nan, calibration)  # no click: inf
         self.last = judged
         self.judged += 1
-        if self.judged <= self.cfg.warmup_windows:
+        if self.judged - self._warm_from <= self.cfg.warmup_windows:
             return ""
         why = self._judge(judged)
         if why:
@@ -141,6 +151,22 @@ class OutputGuard:
         if not why:
             self.band.append(judged)
         return ""
+
+    def _idle(self, samples: int) -> None:
+        """A long stretch with nothing read before these ``samples``: the band starts over."""
+        if not samples:
+            return
+        now, last = self.clock(), self._read_at
+        self._read_at = now
+        if (
+            self.cfg.idle_reset_s
+            and last is not None
+            and now - last >= self.cfg.idle_reset_s
+            and not self.tripped
+        ):
+            self.band.clear()
+            self._warm_from, self.resets = self.judged, self.resets + 1
+            log.warning("output guard: nothing read for %.0f s, its band forms anew", now - last)
 
     def _whole(
         self, s, y, at, requests

@@ -75,3 +75,33 @@ def test_bad_thresholds_are_refused():
         OutputGuardConfig(window=10)
     with pytest.raises(ValueError, match="max_calibration_ratio > 1"):
         OutputGuardConfig(max_calibration_ratio=1.0)
+
+
+def test_after_a_long_stretch_with_nothing_read_the_band_forms_anew():
+    """The input guard held the join for 90 s: the served model learnt nothing, and windows of a
+    stale model are judged against a band of their own, not one of before."""
+    rng, g = np.random.default_rng(4), OutputGuard(CFG)
+    now = [0.0]
+    g.clock = lambda: now[0]
+    for _ in range(4):
+        g.saw(*world(rng, 1000))
+        now[0] += 1.0
+    assert len(g.band) == 4
+    now[0] += 90.0  # nothing read
+    stale = world(rng, 1000, scale=4.0)  # would trip the band of before (calibration)
+    assert g.saw(*stale) == "" and (len(g.band), g.resets) == (1, 1) and not g.tripped
+    now[0] += 1.0
+    assert g.saw(*world(rng, 1000, scale=4.0)) == "" and len(g.band) == 2
+
+
+def test_no_idle_reset_when_told_so():
+    rng = np.random.default_rng(5)
+    g = OutputGuard(
+        OutputGuardConfig(window=1000, band_windows=5, min_band_windows=3, warmup_windows=0, idle_reset_s=0)
+    )
+    now = [0.0]
+    g.clock = lambda: now[0]
+    for _ in range(4):
+        g.saw(*world(rng, 1000))
+    now[0] += 1000.0
+    assert g.saw(*world(rng, 1000, scale=4.0)) == "trip" and g.resets == 0
