@@ -78,7 +78,9 @@ of 50 (16 partitions: 800)."""
 TRAINER_BACKLOG = 150
 """Impressions produced and not yet in the trainer's published deltas, at most (``--trainer``): their
 samples must stay within the 5 MB a partition the mock keeps until the trainer reads them
-(``trainer.dropped_by_the_broker_before_trained`` says whether they did)."""
+(``trainer.dropped_by_the_broker_before_trained``: samples the broker dropped before the offsets of
+the trainer's last published delta passed them; it may have read them by then, and
+``trainer.lost_samples`` says whether any was never trained)."""
 CHUNK = 100
 """Impressions produced at a time (with the clicks up to the last one's time)."""
 TOPICS = ("impressions", "events", "samples", "impressions.dead", "events.dead", "samples.quarantine")
@@ -236,6 +238,22 @@ def trainer_argv(model_dir: Path, bootstrap: str, args: argparse.Namespace) -> l
             "--delayed-feedback", "fnw", "--no-output-guard"]  # fmt: skip
 
 
+def lost_clicks(codes: np.ndarray, positive: np.ndarray, clicked: np.ndarray, clicks: tuple, imp_ts: np.ndarray,
+                label_after_s: float, most: int = 10) -> list[dict[str, float | int]]:  # fmt: skip
+    """The first ``most`` clicks no positive came out for, to find why: the request's number, the
+    item, its impression's event time from the run's first, the click's delay (its first one)."""
+    got = codes[positive | ((codes & 1) == 1)] & ~np.int64(1)  # positives' keys as first labels
+    lost = clicked[np.isin(clicked, got, invert=True)][:most]
+    num, item, ts = clicks
+    out = []
+    for code in lost.tolist():  # a loop per lost click: a handful
+        r, i = code >> 33, (code >> 1) & ((1 << 32) - 1)
+        delay = float((ts[(num == r) & (item == i)] - imp_ts[r]).min())
+        out.append({"request": r, "item": i, "impression_s": round(float(imp_ts[r] - imp_ts[0]), 3),
+                    "delay_s": round(delay, 3), "after_first_horizon": delay > label_after_s})  # fmt: skip
+    return out
+
+
 def committed(bootstrap: str, partitions: int) -> int:
     """Impressions the joiner's group committed (its offsets summed; -1 while it cannot tell)."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP})
@@ -316,6 +334,7 @@ def run(args: argparse.Namespace) -> dict:
         spill_mb = sum(f.stat().st_size for f in (work / "state").rglob("*.seg")) / 2**20
     codes, positive = counter.all()
     counted: dict[str, object] = {**figures(codes, positive, firsts, clicked)}
+    counted["lost_click_examples"] = lost_clicks(codes, positive, clicked, clicks, imp_ts, args.label_after_s)
     if train:
         where = np.concatenate(counter.where) if counter.where else np.zeros((0, 2), np.int32)
         counted["trainer"] = trained(codes, where, records, args.partitions) | {
