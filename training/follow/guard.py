@@ -12,7 +12,10 @@ A trip (``training.follow.trainer``): the trainer trains nothing more while it h
 are counted, not trained), cuts no rows, and rewinds the served version's rows to the last delta
 cut before the tripping window began (``training.follow.revert``): a delta like any other, so every
 serving process on every host applies it at its notice or poll. It clears when ``clear_windows``
-windows in a row are back within the same bounds, and training resumes from the rewound rows.
+windows in a row are back within the same bounds, each of samples all read after the trip (a window
+with a request read before it was served by the model that tripped, its labels of the same stretch:
+bench-guard's inverted labels cleared it so, and the trainer then trained the stretch's remaining
+negatives), and training resumes from the rewound rows.
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ class OutputGuard:
         self.trips = self.recoveries = self.judged = self.resets = 0
         self._healthy = 0  # healthy windows in a row while tripped
         self._warm_from = 0  # ``judged`` when the band last started forming (warmup counts from it)
+        self._trip_seen = 0  # samples fed when it last tripped: only windows read wholly after clear it
         self.clock = time.monotonic
         self._read_at: float | None = None  # when the last sample was read
 
@@ -134,11 +138,13 @@ class OutputGuard:
         if why:
             self._healthy = 0
         if why and not self.tripped:
-            self.since_sample, self.reason = start, why
+            self.since_sample, self.reason, self._trip_seen = start, why, self.seen
             self.trips += 1
             log.warning("output guard tripped: %s", why)
             return "trip"
         if not why and self.tripped:
+            if start < self._trip_seen:  # of requests read (served) before the trip: they do not clear it
+                return ""
             self._healthy += 1
             if self._healthy < self.cfg.clear_windows:
                 return ""

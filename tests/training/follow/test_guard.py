@@ -105,3 +105,23 @@ def test_no_idle_reset_when_told_so():
         g.saw(*world(rng, 1000))
     now[0] += 1000.0
     assert g.saw(*world(rng, 1000, scale=4.0)) == "trip" and g.resets == 0
+
+
+def test_only_windows_read_wholly_after_the_trip_clear_it():
+    """A request clicked before the trip and closed after it was served by the model that tripped:
+    its window, healthy or not, does not count towards the clear."""
+    g = OutputGuard(OutputGuardConfig(window=100, band_windows=5, min_band_windows=3, warmup_windows=0))
+    rng = np.random.default_rng(6)
+
+    def request(rid: bytes, invert: bool = False):
+        s, y = world(rng, 200, invert=invert)
+        return s, y, np.full(200, rid)
+
+    for i in range(4):
+        g.saw(*request(b"good%d" % i))
+    s, y, r = request(b"straddles")
+    assert g.saw(s[y == 1], y[y == 1], r[y == 1]) == ""  # its clicks, read before the trip: held
+    assert g.saw(*request(b"bad", invert=True)) == "trip"
+    assert g.saw(s[y == 0], y[y == 0], r[y == 0]) == ""  # its negatives: a healthy window, not counted
+    assert g.last is not None and g.last.auc > 0.6
+    assert [g.saw(*request(b"after%d" % i)) for i in range(2)] == ["", "clear"]
