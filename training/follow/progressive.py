@@ -21,7 +21,8 @@ WINDOWS_KEPT = 10_000
 """Per-window scores kept (the newest; each delta's record has its own): a run of days cuts
 hundreds of thousands."""
 TOTAL_BINS = 1 << 18
-"""The whole run's histogram bins (4 MB, scores 4e-6 apart tie): its AUC a few 1e-5 from the exact one."""
+"""The whole run's histogram bins (4 MB): scores under 4e-6 apart tie (200 clustered samples: 1.4e-4
+off the exact AUC, one pair in 7,500; millions spread over the bins: about 1e-5)."""
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Predictions tallied in bounded memory, for figures over a whole run: the scores of each label in
 a histogram of ``bins`` bins over [0, 1] (the AUC the histogram's, ties within a bin counting half:
-within about 1/bins of the exact one), the log loss and the scores summed. Nothing grows with the
+off the exact one by at most half the share of positive-negative pairs that share a bin), the log loss and the scores summed. Nothing grows with the
 samples (``training.follow.progressive``'s whole run, ``training.follow.final_labels``)."""
 
 from __future__ import annotations

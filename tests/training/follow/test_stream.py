@@ -87,7 +87,7 @@ def test_samples_train_into_a_delta_with_their_offsets(kafka, new_topic, store):
     (window,) = result.progressive  # one delta: its window's exact figures, the run's tallied ones
     total = result.progressive_total
     assert (window.samples, window.logloss) == (total.samples, pytest.approx(total.logloss, abs=1e-6))
-    assert window.auc == pytest.approx(total.auc, abs=1e-4) and (record.auc, record.logloss) == (
+    assert window.auc == pytest.approx(total.auc, abs=5e-4) and (record.auc, record.logloss) == (
         window.auc,
         window.logloss,
     )
