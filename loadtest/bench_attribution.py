@@ -103,6 +103,7 @@ class Counter(threading.Thread):
         self.codes: list[np.ndarray] = []
         self.positive: list[np.ndarray] = []
         self.where: list[np.ndarray] = []  # (partition, offset) of each record
+        self.next: dict[int, int] = {}  # partition -> the offset after the last record read
         self.count = 0
         self.stop = threading.Event()
 
@@ -116,15 +117,14 @@ class Counter(threading.Thread):
                 self.codes.append((rid << 33) + item * 2 + s.kinds)
                 self.positive.append(s.labels > 0)
                 self.where.append(np.array([(m.partition(), m.offset()) for m in msgs], np.int32))
+                for p, o in zip(*np.unique(self.where[-1][::-1, 0], return_index=True), strict=True):
+                    self.next[int(p)] = int(self.where[-1][len(msgs) - 1 - o, 1]) + 1  # a loop per partition
                 self.count += s.num_rows
         self.consumer.close()
 
     def offsets(self) -> int:
         """The samples topic's records read, as the sum of each partition's next offset."""
-        if not self.where:
-            return 0
-        where = np.concatenate(self.where)
-        return int(sum(where[where[:, 0] == p, 1].max(initial=-1) + 1 for p in np.unique(where[:, 0])))
+        return sum(self.next.values())
 
     def all(self) -> tuple[np.ndarray, np.ndarray]:
         """Every sample's key code and whether it is positive."""

@@ -57,8 +57,7 @@ class Progressive:
 
     def total(self) -> Score:
         """The whole run's (the window open now included)."""
-        t = Tally(TOTAL_BINS)
-        t.pos, t.neg, t.loss = self._all.pos.copy(), self._all.neg.copy(), self._all.loss
+        t = self._all.copy()
         labels, scores = _cat(self._open)
         t.add(labels > 0, clip(scores))
         auc, logloss = t.auc(), t.logloss()
