@@ -42,6 +42,7 @@ class Samples:
     ts: NDArray[np.float64]
     labels: NDArray[np.float32]
     scores: NDArray[np.float32]  # what the served model predicted
+    deltas: NDArray[np.int64]  # the embedding version's delta that served it
     arms: NDArray[np.bytes_]  # the experiment arm that scored it (b"": none)
     kinds: NDArray[np.uint8]  # LABEL or CORRECTION (stream.records)
     elapsed: NDArray[np.float32]  # event-time seconds from the impression to the label
@@ -163,6 +164,7 @@ def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> t
         ts=head["ts"][idx].copy(),
         labels=head["label"][idx].astype(np.float32),
         scores=head["score"][idx].astype(np.float32),
+        deltas=head["delta_seq"][idx].astype(np.int64),
         arms=arms,
         kinds=kinds,
         elapsed=head["elapsed"][idx].astype(np.float32),

@@ -9,13 +9,21 @@ Healthy windows form the band (the last ``band_windows``); a window whose AUC fa
 max_calibration_ratio]`` x the band's, trips the guard, once the band holds ``min_band_windows``.
 
 A trip (``training.follow.trainer``): the trainer trains nothing more while it holds (the samples
-are counted, not trained), cuts no rows, and rewinds the served version's rows to the last delta
-cut before the tripping window began (``training.follow.revert``): a delta like any other, so every
-serving process on every host applies it at its notice or poll. It clears when ``clear_windows``
-windows in a row are back within the same bounds, each of samples all read after the trip (a window
-with a request read before it was served by the model that tripped, its labels of the same stretch:
-bench-guard's inverted labels cleared it so, and the trainer then trained the stretch's remaining
-negatives), and training resumes from the rewound rows.
+are counted, not trained), cuts no rows, and rewinds the served version's rows to the last good
+delta (``training.follow.revert``): a delta like any other, so every serving process on every host
+applies it at its notice or poll. The last good delta is the newest that served a window *clearly*
+healthy, within half the trip's bounds (``good_delta``; each sample names the delta that served
+it), and never later than the last cut before the tripping window began. A poison the model learns
+as fast as it comes (bench-guard's inverted clicks, trained at once, a join window before their
+requests' negatives) keeps the windows of the bad stretch just inside the bounds, a model trained
+on them agreeing with their labels; it trips only once that model serves good labels, and the
+delta cut before that window already holds the poison.
+
+It clears when ``clear_windows`` windows in a row are back within the same bounds, each of samples
+all read after the trip and served by the rewound rows or later (``served_from``): a window served
+by the model that tripped, its labels of the same stretch, looks healthy (bench-guard's inverted
+labels cleared it so, and the trainer then trained the stretch's remaining negatives). Training
+then resumes from the rewound rows.
 """
 
 from __future__ import annotations
@@ -90,12 +98,14 @@ class OutputGuard:
         self._scores: list[NDArray[np.float64]] = []
         self._labels: list[NDArray[np.float64]] = []
         self._first = 0  # the first sample (by ``seen``) of the current window
-        self._pending = (
+        self._deltas: list[NDArray[np.int64]] = []
+        self._pending: tuple[NDArray, ...] = (
             np.zeros(0, "S1"),
             np.zeros(0),
             np.zeros(0),
             np.zeros(0, np.int64),
-        )  # clicks of open requests
+            np.zeros(0, np.int64),
+        )  # clicks of open requests: request ids, scores, labels, read positions, serving deltas
         self.band: deque[Judged] = deque(maxlen=cfg.band_windows)
         self.last: Judged | None = None
         self.reason = ""
@@ -104,6 +114,8 @@ class OutputGuard:
         self._healthy = 0  # healthy windows in a row while tripped
         self._warm_from = 0  # ``judged`` when the band last started forming (warmup counts from it)
         self._trip_seen = 0  # samples fed when it last tripped: only windows read wholly after clear it
+        self.good_delta: int | None = None  # the newest delta seen serving a clearly healthy window
+        self.served_from: int | None = None  # while tripped: only windows served from this delta clear it
         self.clock = time.monotonic
         self._read_at: float | None = None  # when the last sample was read
 
@@ -112,22 +124,25 @@ class OutputGuard:
         return self.since_sample >= 0
 
     def saw(self, scores: NDArray[np.floating], labels: NDArray[np.floating],
-            requests: NDArray[np.bytes_] | None = None) -> str:  # fmt: skip
+            requests: NDArray[np.bytes_] | None = None, deltas: NDArray[np.integer] | None = None) -> str:  # fmt: skip
         """Feed a step's samples (in the order read; ``requests``: each one's request id, to judge
-        whole requests); "trip" or "clear" when the guard changed state, else ""."""
+        whole requests; ``deltas``: the delta that served each, -1 or None: not known); "trip" or
+        "clear" when the guard changed state, else ""."""
         self._idle(len(scores))
         at = np.arange(self.seen, self.seen + len(scores))
         s, y = np.asarray(scores, np.float64), np.asarray(labels, np.float64)
+        d = np.full(len(s), -1, np.int64) if deltas is None else np.asarray(deltas, np.int64)
         self.seen += len(scores)
         if requests is not None:
-            s, y, at = self._whole(s, y, at, np.asarray(requests))
+            s, y, at, d = self._whole(s, y, at, d, np.asarray(requests))
         self._scores.append(s)
         self._labels.append(y)
+        self._deltas.append(d)
         self._first = min(self._first, int(at.min(initial=self.seen)))
         if sum(map(len, self._scores)) < self.cfg.window:
             return ""
-        s, y = np.concatenate(self._scores), np.concatenate(self._labels)
-        self._scores, self._labels, start, self._first = [], [], self._first, self.seen
+        s, y, d = np.concatenate(self._scores), np.concatenate(self._labels), np.concatenate(self._deltas)
+        self._scores, self._labels, self._deltas, start, self._first = [], [], [], self._first, self.seen
         calibration = float(s.mean() / y.mean()) if y.sum() > 0 else math.inf if s.mean() > 0 else math.nan
         judged = Judged(auc(s, y) if 0 < y.sum() < len(y) else math.nan, calibration)  # no click: inf
         self.last = judged
@@ -135,6 +150,9 @@ class OutputGuard:
         if self.judged - self._warm_from <= self.cfg.warmup_windows:
             return ""
         why = self._judge(judged)
+        known = d[d >= 0]
+        if not why and not self.tripped and known.size and not self._judge(judged, slack=0.5):
+            self.good_delta = int(known.max())
         if why:
             self._healthy = 0
         if why and not self.tripped:
@@ -145,13 +163,15 @@ class OutputGuard:
         if not why and self.tripped:
             if start < self._trip_seen:  # of requests read (served) before the trip: they do not clear it
                 return ""
+            if self.served_from is not None and known.min(initial=self.served_from) < self.served_from:
+                return ""  # served (in part) before the rewind: the model that tripped judged
             self._healthy += 1
             if self._healthy < self.cfg.clear_windows:
                 return ""
             log.warning(
                 "output guard cleared: served AUC %.4f, calibration %.3f", judged.auc, judged.calibration
             )
-            self.since_sample, self.reason = -1, ""
+            self.since_sample, self.reason, self.served_from = -1, "", None
             self.recoveries += 1
             return "clear"
         if not why:
@@ -174,36 +194,34 @@ class OutputGuard:
             self._warm_from, self.resets = self.judged, self.resets + 1
             log.warning("output guard: nothing read for %.0f s, its band forms anew", now - last)
 
-    def _whole(
-        self, s, y, at, requests
-    ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]]:
+    def _whole(self, s, y, at, d, requests) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]]:  # fmt: skip
         """The samples of the requests whose negatives came in this step, with the clicks of those
         requests read earlier (kept until then: the join emits a click at once and the rest of its
         request when the window closes). A window of arrivals would compare clicks with other,
         older requests' negatives; whole requests compare items served together."""
         neg = y == 0
         done = np.unique(requests[neg])
-        pr, ps, py, pa = (
-            np.concatenate([a, b[~neg]]) for a, b in zip(self._pending, (requests, s, y, at), strict=True)
-        )
-        hit = np.isin(pr, done)
+        pending = [np.concatenate([a, b[~neg]]) for a, b in zip(self._pending, (requests, s, y, at, d), strict=True)]  # fmt: skip
+        hit = np.isin(pending[0], done)
         keep = np.flatnonzero(~hit)[-self.cfg.window * 10 :]  # clicks of requests still open, bounded
-        self._pending = (pr[keep], ps[keep], py[keep], pa[keep])
-        return (np.concatenate([ps[hit], s[neg]]), np.concatenate([py[hit], y[neg]]),
-                np.concatenate([pa[hit], at[neg]]))  # fmt: skip
+        self._pending = tuple(p[keep] for p in pending)
+        ps, py, pa, pd = (p[hit] for p in pending[1:])
+        return (np.concatenate([ps, s[neg]]), np.concatenate([py, y[neg]]), np.concatenate([pa, at[neg]]),
+                np.concatenate([pd, d[neg]]))  # fmt: skip
 
-    def _judge(self, w: Judged) -> str:
-        """Why the window ``w`` is unhealthy ('' : it is, or there is no band yet)."""
+    def _judge(self, w: Judged, slack: float = 1.0) -> str:
+        """Why the window ``w`` is unhealthy ('' : it is, or there is no band yet); ``slack`` < 1:
+        within that share of the bounds (the calibration's in log space)."""
         c = self.cfg
         if len(self.band) < c.min_band_windows:
             return ""
-        drop = c.max_auc_drop
+        drop, most = c.max_auc_drop * slack, c.max_calibration_ratio**slack
         aucs = [b.auc for b in self.band if not math.isnan(b.auc)]
         if aucs and not math.isnan(w.auc) and w.auc < statistics.median(aucs) - drop:
             return f"served AUC {w.auc:.4f} over {c.window} samples is more than {drop:g} under its band's {statistics.median(aucs):.4f}"  # fmt: skip
         cals = [b.calibration for b in self.band if not math.isnan(b.calibration)]
         if cals and statistics.median(cals) > 0 and not math.isnan(w.calibration):
             ratio = w.calibration / statistics.median(cals)
-            if not 1 / c.max_calibration_ratio <= ratio <= c.max_calibration_ratio:
+            if not 1 / most <= ratio <= most:
                 return f"served calibration {w.calibration:.3f} is {ratio:.2f} x its band's {statistics.median(cals):.3f}"  # fmt: skip
         return ""

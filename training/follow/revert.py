@@ -1,9 +1,11 @@
 """Rewinding the served version to its last good delta (the output guard's action,
 ``training.follow.guard``), as the trainer's next delta.
 
-Which delta is good: the trainer notes, at each delta it cuts, how many samples it had read
-(``Cuts``); when the window that tripped the guard began at sample S, the last good delta is the
-newest cut at or before S (a delta cut before the trainer started counts as good). Its rows are
+Which delta is good: the newest that served a window the guard judged clearly healthy
+(``OutputGuard.good_delta``), and never later than the last cut before the tripping window: the
+trainer notes, at each delta it cuts, how many samples it had read (``Cuts``); when the window that
+tripped the guard began at sample S, that is the newest cut at or before S (a delta cut before the
+trainer started counts as good). Its rows are
 the version's dump and its deltas up to it, loaded beside the live tables shard by shard (a second
 copy of one shard at a time); every row changed after it (in a later delta, or pending) is written
 back or deleted (``serving.ps.rewind``), and the trainer cuts the result as its next delta.
@@ -85,18 +87,21 @@ class Rewinder:
     def loaded(self, version: str, base: int) -> None:
         """``version`` was loaded with its deltas up to ``base``."""
         self.cuts, self.version = Cuts(base), version
+        self.guard.good_delta = self.guard.served_from = None  # another version's deltas
 
     def cut(self, seq: int) -> None:
         self.cuts.cut.append((seq, self.guard.seen))
         if self._rewound and self.last is not None:
             self._rewound = False
+            if self.guard.tripped:
+                self.guard.served_from = seq  # windows served by the rewound rows clear it
             self._record("rewind", delta=seq, to=self.last.to)
 
-    def judge(self, scores, labels, requests=None) -> bool:
-        """Feed a step's served scores, labels and request ids; True: train it (the guard does
-        not hold)."""
+    def judge(self, scores, labels, requests=None, deltas=None) -> bool:
+        """Feed a step's served scores, labels, request ids and the deltas that served them; True:
+        train it (the guard does not hold)."""
         reason = self.guard.reason
-        event = self.guard.saw(scores, labels, requests)
+        event = self.guard.saw(scores, labels, requests, deltas)
         if event:
             self._record(event, reason=self.guard.reason or f"cleared ({reason})")
         if event == "trip":
@@ -105,13 +110,19 @@ class Rewinder:
             self.held += len(labels)
         return not self.guard.tripped
 
+    def target(self) -> int:
+        """The last good delta: the newest that served a clearly healthy window, and no later than
+        the last cut before the tripping window began."""
+        to = self.cuts.good(self.guard.since_sample)
+        return to if self.guard.good_delta is None else max(0, min(to, self.guard.good_delta))
+
     def rewind(self, vdir: Path, stores: list) -> bool:
         """After a trip: the stores rewound to the last good delta (the caller cuts it); False
         when nothing is due."""
         if not self._due:
             return False
         self._due = False
-        self.last = revert(vdir, stores, self.cuts.good(self.guard.since_sample))
+        self.last = revert(vdir, stores, self.target())
         self.rewinds += 1
         self._rewound = True
         return True

@@ -37,11 +37,12 @@ class KeyedSteps:
     held: list[KeyedChunk] = field(default_factory=list)
     _held_rows: int = field(default=0, init=False)  # rows of ``held``, kept as chunks come
     loss: nn.Module = field(default_factory=nn.BCEWithLogitsLoss)
-    judge: Callable[[np.ndarray, np.ndarray, np.ndarray], bool] | None = None
+    judge: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], bool] | None = None
     delayed: DelayedFeedback = field(default_factory=lambda: DelayedFeedback("none"))
     """How the loss weighs labels that may be corrected later (``--delayed-feedback``)."""
     """The output guard (``training.follow.revert.Rewinder.judge``): fed each step's served scores,
-    labels and request ids before it trains; False: the step is read, not trained (the guard holds)."""
+    labels, request ids and the deltas that served them before it trains; False: the step is read,
+    not trained (the guard holds)."""
 
     def hold(self, chunk: KeyedChunk) -> bool:
         """Hold a keyed chunk for the next step; True when a step is due."""
@@ -71,7 +72,8 @@ class KeyedSteps:
             assert batch.labels is not None
             served = keyed.samples.scores if rows is None else keyed.samples.scores[rows]
             keys = keyed.keys if rows is None else keyed.keys[rows]
-            if self.judge is not None and not self.judge(served, batch.labels, request_ids(keys)):
+            deltas = keyed.samples.deltas if rows is None else keyed.samples.deltas[rows]
+            if self.judge is not None and not self.judge(served, batch.labels, request_ids(keys), deltas):
                 self._advance(chunks)
                 return None
             ctx.upcoming(chunks[-1].look.after if chunks[-1].look is not None else ())

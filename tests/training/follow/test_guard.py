@@ -4,20 +4,25 @@ a tripped window never joins the band. ``Cuts.good`` picks the last delta cut be
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from training.follow.guard import OutputGuard, OutputGuardConfig
-from training.follow.revert import Cuts
+from training.follow.revert import Cuts, Rewinder
 
 CFG = OutputGuardConfig(window=1000, band_windows=5, min_band_windows=3, max_auc_drop=0.2, clear_windows=2,
                          warmup_windows=0)  # fmt: skip
 
 
-def world(rng, n: int, invert: bool = False, scale: float = 1.0):
-    """Served scores of a fair model (AUC about 0.75) and the labels they predict (inverted: wrong)."""
+def world(rng, n: int, invert: bool = False, scale: float = 1.0, blur: float = 0.0):
+    """Served scores of a fair model (AUC about 0.78) and the labels they predict (inverted: wrong;
+    ``blur``: that share of the labels shuffled, 0.6: AUC about 0.61)."""
     score = rng.beta(1, 4, n)
     label = (rng.random(n) < score).astype(np.float64)
+    mixed = rng.random(n) < blur
+    label[mixed] = rng.permutation(label[mixed])
     return np.clip(score * scale, 0, 1), 1 - label if invert else label
 
 
@@ -125,3 +130,35 @@ def test_only_windows_read_wholly_after_the_trip_clear_it():
     assert g.saw(s[y == 0], y[y == 0], r[y == 0]) == ""  # its negatives: a healthy window, not counted
     assert g.last is not None and g.last.auc > 0.6
     assert [g.saw(*request(b"after%d" % i)) for i in range(2)] == ["", "clear"]
+
+
+def test_the_last_good_delta_is_the_newest_that_served_a_clearly_healthy_window():
+    """bench-guard's inverted clicks, trained as they came, made a model that agreed with them:
+    the bad stretch's windows fell short of a trip but outside half its bounds, and the window that
+    tripped was served by a delta cut long after the poison began. The rewind goes back to the delta
+    of the last window within half the bounds."""
+    rng = np.random.default_rng(7)
+    g = OutputGuard(replace(CFG, window=2000))
+    for seq in (10, 11, 12, 13):
+        assert g.saw(*world(rng, 2000), None, np.full(2000, seq)) == ""
+    assert g.good_delta == 13
+    for seq in (14, 15):  # AUC about 0.61 against a band of 0.78: no trip, not clearly healthy
+        assert g.saw(*world(rng, 2000, blur=0.6), None, np.full(2000, seq)) == "" and not g.tripped
+    assert g.good_delta == 13
+    assert g.saw(*world(rng, 2000, invert=True), None, np.full(2000, 16)) == "trip"
+    r = Rewinder(g)
+    r.cuts = Cuts(base=9, cut=[(seq, 2000 * (seq - 9)) for seq in range(10, 17)])
+    assert r.cuts.good(g.since_sample) == 15 and r.target() == 13
+
+
+def test_only_windows_served_by_the_rewound_rows_clear_it():
+    rng = np.random.default_rng(8)
+    g = OutputGuard(CFG)
+    for _ in range(4):
+        g.saw(*world(rng, 1000), None, np.full(1000, 5))
+    assert g.saw(*world(rng, 1000, invert=True), None, np.full(1000, 6)) == "trip"
+    g.served_from = 7  # the rewind's delta (``Rewinder.cut``)
+    assert [g.saw(*world(rng, 1000), None, np.full(1000, 6)) for _ in range(3)] == ["", "", ""]
+    assert g.tripped  # healthy windows, but served by the model that tripped
+    assert [g.saw(*world(rng, 1000), None, np.full(1000, 7)) for _ in range(2)] == ["", "clear"]
+    assert g.served_from is None

@@ -33,8 +33,9 @@ def test_inverted_labels_trip_the_guard_which_rewinds_the_served_rows(kafka, new
     topic = new_topic("samples-output-guard")
     schema = schema_of(store)
 
-    def batch(prefix: str, invert: bool = False) -> list:
-        return records(schema, 200, per_request=20, prefix=prefix, served=served, invert=invert)
+    def batch(prefix: str, invert: bool = False, delta_seq: int = 1) -> list:
+        return records(schema, 200, per_request=20, prefix=prefix, served=served, invert=invert,
+                       delta_seq=delta_seq)  # fmt: skip
 
     produce(kafka.bootstrap, topic, [r for p in ("g0", "g1", "g2", "g3") for r in batch(p)])
     cfg = stream_cfg(store, f"kafka://{kafka.bootstrap}/{topic}", delta_interval_s=0.2, guard=GUARD)
@@ -56,10 +57,17 @@ def test_inverted_labels_trip_the_guard_which_rewinds_the_served_rows(kafka, new
             good, now = rows_at(store, r.last.to), rows_at(store)
             assert good.keys() == now.keys()
             assert all(np.array_equal(good[k], now[k]) for k in good)
-            produce(kafka.bootstrap, topic, [r for p in ("h0", "h1") for r in batch(p)])
+            assert r.last.to <= 1  # no later than the delta that served the good samples
+            rewound = trainer.result.deltas[-1][1]
+            produce(
+                kafka.bootstrap, topic, [r for p in ("h0", "h1") for r in batch(p, delta_seq=rewound - 1)]
+            )
+            wait_until(lambda: r.guard.seen >= 1600, 30, "the samples served before the rewind read")
+            assert r.guard.tripped  # healthy, but served by the model that tripped
+            produce(kafka.bootstrap, topic, [r for p in ("h2", "h3") for r in batch(p, delta_seq=rewound)])
             wait_until(lambda: r.guard.recoveries == 1, 60, "the guard cleared")
             trained = trainer.result.rows
-            produce(kafka.bootstrap, topic, batch("h2"))
+            produce(kafka.bootstrap, topic, batch("h4", delta_seq=rewound))
             wait_until(lambda: trainer.result.rows > trained, 30, "training resumed")
         finally:
             stop.set()

@@ -20,12 +20,13 @@ SAMPLE = ROOT / "data/criteo/deepctr_criteo_sample.csv"
 
 def records(schema: Schema, rows: int, per_request: int = 50, prefix: str = "r", skip: int = 0,
             ts: float = 1.7e9, served=None, invert: bool = False,
-            corrections: int = 0) -> list[tuple[str, int, float, bytes]]:  # fmt: skip
+            corrections: int = 0, delta_seq: int = 0) -> list[tuple[str, int, float, bytes]]:  # fmt: skip
     """(request id, item, label, sample record) of ``rows`` rows of the sample after ``skip``;
     ``served(labels)``: the scores served (default zeros); ``invert``: every label flipped (a broken
     upstream); ``corrections``: every such row that is a negative is also corrected, as the joiner
     does for a click after the first horizon (a positive of kind CORRECTION, 30 s late; its item
-    there is ``item | KIND_BIT``, as a trained key's item word has it)."""
+    there is ``item | KIND_BIT``, as a trained key's item word has it); ``delta_seq``: the delta
+    that served them."""
     table = stream.read(SAMPLE, schema, limit=skip + rows)
     out = []
     for lo in range(skip, skip + rows, per_request):
@@ -35,7 +36,7 @@ def records(schema: Schema, rows: int, per_request: int = 50, prefix: str = "r",
         assert batch.labels is not None
         rid = f"{prefix}-{lo // per_request}"
         scores = np.zeros(hi - lo, np.float32) if served is None else served(batch.labels).astype(np.float32)
-        imp = Impression(rid, ts + lo, Versions("v", 0, "v"), scores, b"")
+        imp = Impression(rid, ts + lo, Versions("v", delta_seq, "v"), scores, b"")
         writer = SampleWriter(imp, RowTable.of(batch))
         for item in range(hi - lo):
             label = float(batch.labels[item]) if not invert else 1.0 - float(batch.labels[item])
