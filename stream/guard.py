@@ -113,6 +113,7 @@ class InputGuard:
         self.recoveries = 0
         self.tripped_s = 0.0  # time spent tripped, over the run (trips that ended)
         self.rate = self.band = math.nan  # the last judged window's and band's label rates
+        self.items = self.events = 0  # all it was told of
         self._impressed: deque[tuple[float, dict[int, int]]] = deque()  # (when, items per partition)
 
     @property
@@ -127,6 +128,7 @@ class InputGuard:
         b = self._bucket(now)
         b.items += items
         b.events += events
+        self.items, self.events = self.items + items, self.events + events
         if empty is not None:
             b.empty = empty.astype(np.int64) if b.empty is None else b.empty + empty
 

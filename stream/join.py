@@ -122,6 +122,7 @@ class PartitionJoin:
         req = self.requests.setdefault(imp.request_id, _Request())
         if req.labelled is not None:  # the same request id twice: the first impression stands
             if req.settled and req.offset == offset:  # re-read after a restart: it was settled before
+                self.counts.replayed_items += batch.num_rows
                 return []
             return [self._dead(IMPRESSIONS, offset, value, f"impression: request id {imp.request_id!r} seen twice")]  # fmt: skip
         req.deadline, req.ts, req.offset = imp.ts + self.window_s, imp.ts, offset

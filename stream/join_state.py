@@ -30,6 +30,7 @@ class JoinCounts:
     duplicates: int = 0
     late: int = 0
     replayed: int = 0  # events re-read after a restart, handled before it: not late or duplicate again
+    replayed_items: int = 0  # items of impressions re-read after a restart, settled before it
     malformed: list[int] = field(default_factory=lambda: [0, 0])  # per input
     acked: int = 0
     quarantined: int = 0  # samples of windows closed while the input guard held them (to quarantine)

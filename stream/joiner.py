@@ -158,14 +158,19 @@ class Joiner:
 
     # --- the input guard ------------------------------------------------------------------
     def _tell_guard(self, now: float) -> None:
-        """What was read since the last call: items impressed, events, empty rows per slot."""
+        """What entered since the last call: items impressed, events, empty rows per slot. What a
+        restart re-reads that the run before it handled is no input: a restarted joiner re-reads
+        the events of requests it had settled (their impressions' offsets committed past), and a
+        label rate of those would form the guard's band too high (bench-soak: tripped at once,
+        never cleared)."""
         c, (items, events, empty) = self.counts, self._seen
+        now_items, now_events = c.items - c.replayed_items, c.events - c.replayed
         rows, new = c.empty_rows, None
         if rows is not None:
             new = rows - empty if empty is not None and len(empty) == len(rows) else rows
-        if c.items != items or c.events != events:
-            self.guard.saw(now, c.items - items, c.events - events, new)
-            self._seen = (c.items, c.events, None if rows is None else rows.copy())
+        if now_items != items or now_events != events:
+            self.guard.saw(now, now_items - items, now_events - events, new)
+            self._seen = (now_items, now_events, None if rows is None else rows.copy())
 
     def _judge(self, now: float) -> None:
         """Judge the input; hold every partition's windows while the guard is tripped."""

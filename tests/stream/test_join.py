@@ -377,6 +377,7 @@ def test_a_settled_request_commits_past_itself_and_a_restart_restores_it_from_th
     again = join_on(keep=True)
     again.restore(Journal(tmp_path / "journal").replay())
     assert again.impression(0, impression("r1", 100.0), now=0) == []  # re-read (an older request held it)
+    assert again.counts.replayed_items == N_ITEMS  # not input again (the joiner's input guard)
     assert again.event(0, event("r1", 1, 150.0), now=0) == [] and again.counts.duplicates == 1
     (late,) = [decode_sample(v) for _, v in records(again.event(1, event("r1", 3, 160.0), now=0))]
     assert (late.key, late.elapsed) == (("r1", 3, CORRECTION), 60.0)  # from the spill the first run wrote

@@ -153,6 +153,8 @@ def test_a_restarted_joiner_does_not_count_the_events_it_rereads_as_late(kafka):
     run(second, lambda: second.counts.events >= 2, "both events read again")
     samples.close()
     assert (first.counts.late, second.counts.late, second.counts.replayed) == (0, 0, 1)
+    # the input guard is told of what entered: the open request again, with its click, not the old click
+    assert (second.guard.items, second.guard.events) == (N_ITEMS, 1)
 
 
 def workload(kafka, cfg: JoinConfig, requests: range) -> dict[tuple[str, int], float]:
