@@ -21,7 +21,9 @@ attribution window -- its first label's if the click came within the first horiz
 before the window closed, else a correction (``lost_clicks``, ``clicks_labelled_twice``,
 ``unexpected_corrections``). ``..._produced_again`` count records the joiner sent twice (at least
 once: what a SIGKILL left uncommitted, which the trainer drops by key; no trainer runs here,
-bench-stream and bench-delayed count what it trains). The joiner's RSS is sampled every second
+bench-stream and bench-delayed count what it trains). The dead-letter topics are read whole at
+the end (``dead_letters``: each input's count, the commonest reasons), and each lost click is named
+with its request's dead letter, if any (``lost_click_examples``). The joiner's RSS is sampled every second
 (``joiner_rss_mb``: the second minute's mean, the last, the max, the mean of each tenth of the
 run: past the attribution window it is flat) with its spill on disk at the end.
 
@@ -68,6 +70,7 @@ from loadtest.stream_roles import scrape
 from loadtest.stream_users import UserModel, impressions, ranking_batch_bytes
 from model_store.deltas import read_delta
 from serving.rpc.procs import free_ports, spawn, stop_children
+from stream.dead_letter import read_headers
 from stream.records import encode_event, encode_impression
 from stream.sample_batch import KIND_BIT, read_samples, request_ids
 
@@ -239,9 +242,10 @@ def trainer_argv(model_dir: Path, bootstrap: str, args: argparse.Namespace) -> l
 
 
 def lost_clicks(codes: np.ndarray, positive: np.ndarray, clicked: np.ndarray, clicks: tuple, imp_ts: np.ndarray,
-                label_after_s: float, most: int = 10) -> list[dict[str, float | int]]:  # fmt: skip
+                label_after_s: float, dead: dict[str, str], most: int = 10) -> list[dict[str, object]]:  # fmt: skip
     """The first ``most`` clicks no positive came out for, to find why: the request's number, the
-    item, its impression's event time from the run's first, the click's delay (its first one)."""
+    item, its impression's event time from the run's first, the click's delay (its first one), and
+    the reason of a dead letter of its request (``dead``: request id -> reason; "" none)."""
     got = codes[positive | ((codes & 1) == 1)] & ~np.int64(1)  # positives' keys as first labels
     lost = clicked[np.isin(clicked, got, invert=True)][:most]
     num, item, ts = clicks
@@ -250,8 +254,33 @@ def lost_clicks(codes: np.ndarray, positive: np.ndarray, clicked: np.ndarray, cl
         r, i = code >> 33, (code >> 1) & ((1 << 32) - 1)
         delay = float((ts[(num == r) & (item == i)] - imp_ts[r]).min())
         out.append({"request": r, "item": i, "impression_s": round(float(imp_ts[r] - imp_ts[0]), 3),
-                    "delay_s": round(delay, 3), "after_first_horizon": delay > label_after_s})  # fmt: skip
+                    "delay_s": round(delay, 3), "after_first_horizon": delay > label_after_s,
+                    "dead_letter": dead.get(f"{r:010d}", "")})  # fmt: skip
     return out
+
+
+def dead_letters(bootstrap: str, partitions: int) -> dict:
+    """The joiner's dead letters, read whole: how many of each input, the commonest reasons (up to
+    the first quote: a reason names its request), and the request of each (``lost_clicks`` looks
+    its lost clicks up there)."""
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "bench-attribution-dead", "enable.auto.commit": False}
+    )
+    c.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in ("impressions.dead", "events.dead") for p in range(partitions)])  # fmt: skip
+    counts, reasons, by_request = {"impressions.dead": 0, "events.dead": 0}, {}, {}
+    quiet = time.time() + 5
+    while time.time() < quiet:
+        for m in c.consume(10_000, timeout=0.5):  # a loop per dead letter: a handful expected
+            if m.error() is not None:
+                continue
+            quiet = time.time() + 2
+            reason = read_headers(m.headers()).get("reason", "")
+            counts[m.topic()] += 1
+            reasons[reason.split("'")[0]] = reasons.get(reason.split("'")[0], 0) + 1
+            by_request[(m.key() or b"").decode()] = reason
+    c.close()
+    common = dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:5])
+    return {**counts, "reasons": common, "by_request": by_request}
 
 
 def committed(bootstrap: str, partitions: int) -> int:
@@ -331,10 +360,14 @@ def run(args: argparse.Namespace) -> dict:
         watch.close()
         stop_children(procs + trainers)
         records = [r for _, _, r in published(model_dir)] if model_dir is not None else []
+        dead = dead_letters(b, args.partitions)
         spill_mb = sum(f.stat().st_size for f in (work / "state").rglob("*.seg")) / 2**20
     codes, positive = counter.all()
     counted: dict[str, object] = {**figures(codes, positive, firsts, clicked)}
-    counted["lost_click_examples"] = lost_clicks(codes, positive, clicked, clicks, imp_ts, args.label_after_s)
+    by_request = dead.pop("by_request")
+    counted["lost_click_examples"] = lost_clicks(codes, positive, clicked, clicks, imp_ts, args.label_after_s,
+                                                 by_request)  # fmt: skip
+    counted["dead_letters"] = dead
     if train:
         where = np.concatenate(counter.where) if counter.where else np.zeros((0, 2), np.int32)
         counted["trainer"] = trained(codes, where, records, args.partitions) | {

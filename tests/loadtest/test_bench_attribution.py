@@ -11,8 +11,9 @@ def test_bench_attribution_corrects_across_a_joiner_sigkill_and_reports_its_memo
     has(result, "requests", "first_labels_expected", "lost_samples", "unexpected_samples", "samples_produced_again",
         "clicks_expected", "clicks_labelled_at_once", "corrections", "lost_clicks", "clicks_labelled_twice",
         "unexpected_corrections", "corrections_produced_again", "joiner_rss_mb", "spill_mb_at_end", "killed_at_s",
-        "lost_click_examples",
+        "lost_click_examples", "dead_letters",
         "targets_met", "machine")  # fmt: skip
+    has(result["dead_letters"], "impressions.dead", "events.dead", "reasons")
     assert result["corrections"] > 0 and result["killed_at_s"] is not None
     lost = (
         "lost_samples",
@@ -61,7 +62,7 @@ def test_the_clicks_no_positive_came_out_for_are_named():
     clicks = (np.array([0, 1, 1]), np.array([3, 5, 5]), np.array([100.5, 131.0, 140.0]))  # request, item, ts
     clicked = np.array([(0 << 33) + 3 * 2, (1 << 33) + 5 * 2])
     codes = np.array([(0 << 33) + 3 * 2, (1 << 33) + 5 * 2])  # both items' first labels: 0's positive
-    got = lost_clicks(codes, np.array([True, False]), clicked, clicks, imp_ts, label_after_s=5.0)
-    assert got == [
-        {"request": 1, "item": 5, "impression_s": 1.0, "delay_s": 30.0, "after_first_horizon": True}
-    ]
+    dead = {"0000000001": "event: no impression of request '0000000001' in the 7200 s before it"}
+    got = lost_clicks(codes, np.array([True, False]), clicked, clicks, imp_ts, label_after_s=5.0, dead=dead)
+    assert got == [{"request": 1, "item": 5, "impression_s": 1.0, "delay_s": 30.0, "after_first_horizon": True,
+                    "dead_letter": dead["0000000001"]}]  # fmt: skip
