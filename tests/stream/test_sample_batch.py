@@ -9,8 +9,8 @@ import numpy as np
 
 from stream.records import CORRECTION, LABEL, Event, SampleWriter, decode_sample
 from stream.rows import RowTable
-from stream.sample_batch import KIND_BIT, Samples, read_samples, request_ids, span, take
-from tests.serving.helpers import ranking_batch
+from stream.sample_batch import KIND_BIT, Samples, read_samples, request_ids, span, take, to_batch, to_batches
+from tests.serving.helpers import SCHEMA, ranking_batch
 from tests.stream.helpers import impression_record
 
 
@@ -86,6 +86,17 @@ def test_a_span_is_the_take_of_its_rows_without_a_copy():
     for f in fields(Samples):
         np.testing.assert_array_equal(getattr(spanned, f.name), getattr(taken, f.name), err_msg=f.name)
     assert np.shares_memory(spanned.signs, s.signs) and span(s, 3, 3).num_rows == 0
+
+
+def test_the_batches_of_spans_are_the_batches_of_the_spans_alone():
+    # a context's dense values and a multi-valued slot (offsets) included; one span empty
+    s, _ = read_samples(_blobs() * 3)
+    bounds = np.array([0, 2, 2, 5, s.num_rows])
+    got = to_batches(s, bounds, SCHEMA)
+    assert [b.num_rows for b in got] == np.diff(bounds).tolist()
+    for batch, lo, hi in zip(got, bounds[:-1], bounds[1:], strict=True):
+        assert batch == to_batch(take(s, np.arange(lo, hi)), SCHEMA)
+    assert len(got[1].signs) == 0 and len(got[2].offsets) > 0
 
 
 def test_a_correction_reads_with_its_kind_and_delay_and_keys_apart_from_the_label():

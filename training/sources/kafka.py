@@ -41,7 +41,7 @@ from numpy.typing import NDArray
 
 from stream import dead_letter
 from stream.config import FETCH_WAIT_MS
-from stream.sample_batch import Samples, read_fitting, span, take
+from stream.sample_batch import Samples, read_fitting, span, take, to_batches
 from training.sources.ledger import Ledger
 from training.sources.registry import SourceKind, register
 from training.sources.types import (
@@ -191,8 +191,7 @@ class KafkaSamples:
                 msgs += consumer.consume(num_messages=READ_ROWS - n, timeout=0)
             self._seen_ends(consumer)
             read = self._decode(msgs, producer)  # the whole consume at once, then cut into looks
-            for lo in range(0, max(len(read[1]), 1), n):  # looks of the batch size at most
-                look = list(self._chunks(read, lo, lo + n))
+            for look in self._cut(read, n):  # looks of the batch size at most
                 self._ahead.append(look[0][1].look if look else None)
                 yield look
 
@@ -260,36 +259,53 @@ class KafkaSamples:
             raise RuntimeError(f"dead letters to {self.dead_topic} not acknowledged in {TIMEOUT_S} s")
         return samples, parts, offsets, refused
 
-    def _chunks(self, read, lo: int, hi: int) -> Iterator[tuple[Part, KeyedChunk]]:
-        """The chunks of the look of records ``lo`` to ``hi`` (excluded) of a decoded consume."""
+    def _cut(self, read, n: int) -> Iterator[list[tuple[Part, KeyedChunk]]]:
+        """The looks of a decoded consume, ``n`` records each at most (one empty look when it holds
+        none): each look's chunks, one per partition. The whole consume at once: its samples put
+        look by look, partition by partition in each (one gather), every look's batch
+        (``to_batches``: one compiled call, no GIL held), and the (look, partition) groups' offsets
+        and refused counts; a look's samples and batch are views of those."""
         samples, parts, offsets, refused = read
-        parts, offsets, refused = parts[lo:hi], offsets[lo:hi], refused[lo:hi]
         if not len(parts):
+            yield []
             return
-        a, b = np.searchsorted(samples.index, (lo, hi))  # its samples: in record order
-        samples = span(samples, int(a), int(b))
-        row_part = parts[samples.index - lo]
-        order = np.argsort(row_part, kind="stable")  # the rows as the chunks hold them, one look
-        samples, row_part = take(samples, order), row_part[order]
-        by_part = np.argsort(parts, kind="stable")  # the records, partition by partition
-        present, begins = np.unique(parts[by_part], return_index=True)
-        first = np.minimum.reduceat(offsets[by_part], begins)
-        last = np.maximum.reduceat(offsets[by_part], begins)
-        n_refused = np.add.reduceat(refused[by_part].astype(np.int64), begins)
-        since, until = np.searchsorted(row_part, present, "left"), np.searchsorted(row_part, present, "right")
-        gone = first - np.array([self._read[p] for p in present.tolist()])  # a loop per partition
-        if (gone > 0).any():  # offsets jumped: the broker no longer had them (or control records)
-            self._skipped += int(gone[gone > 0].sum())
-            log.error("%s: read past %d records the broker no longer had (its retention passed them "
-                      "before they were read, or control records), %d so far", self.topic, int(gone[gone > 0].sum()), self._skipped)  # fmt: skip
-        self._read.update(zip(present.tolist(), (last + 1).tolist(), strict=True))
-        whole = Keyed(samples, self.reading.schema)
-        look = Look(whole, len(present), whole.batch() if samples.num_rows else None)
-        for p, a, b, f, z, r in zip(
-            *(x.tolist() for x in (present, since, until, first, last, n_refused)), strict=True
-        ):
-            part = self.part(p)
-            yield part, KeyedChunk(KeyedSpan(whole, a, b), Position(part.unit, f), z + 1, r, look)
+        looks, width = -(-len(parts) // n), int(parts.max()) + 1
+        group = np.arange(len(parts)) // n * width + parts  # each record's (look, partition)
+        order = np.argsort(group[samples.index], kind="stable")  # rows: in record order in each group
+        samples = take(samples, order)
+        row_group = group[samples.index]
+        bounds = np.searchsorted(row_group, np.arange(looks + 1) * width)  # each look's rows
+        batches = to_batches(samples, bounds, self.reading.schema)
+        by = np.argsort(group, kind="stable")  # the records, group by group
+        present, begins = np.unique(group[by], return_index=True)
+        first = np.minimum.reduceat(offsets[by], begins)
+        last = np.maximum.reduceat(offsets[by], begins)
+        n_refused = np.add.reduceat(refused[by].astype(np.int64), begins)
+        since, until = (
+            np.searchsorted(row_group, present, "left"),
+            np.searchsorted(row_group, present, "right"),
+        )
+        at = np.searchsorted(present, np.arange(looks + 1) * width).tolist()  # each look's groups
+        rows, parts_of = bounds.tolist(), (present % width).tolist()
+        since, until, first, last, n_refused = (x.tolist() for x in (since, until, first, last, n_refused))
+        for k in range(looks):
+            lo, g = rows[k], slice(at[k], at[k + 1])
+            mine = parts_of[g]
+            # a loop per partition of the look: records the offsets jumped past
+            gone = sum(max(0, f - self._read[p]) for p, f in zip(mine, first[g], strict=True))
+            if gone:  # offsets jumped: the broker no longer had them (or control records)
+                self._skipped += gone
+                log.error("%s: read past %d records the broker no longer had (its retention passed them "
+                          "before they were read, or control records), %d so far", self.topic, gone, self._skipped)  # fmt: skip
+            self._read.update((p, z + 1) for p, z in zip(mine, last[g], strict=True))
+            whole = Keyed(span(samples, lo, rows[k + 1]), self.reading.schema)
+            look = Look(whole, len(mine), batches[k] if rows[k + 1] > lo else None)
+            yield [
+                (part, KeyedChunk(KeyedSpan(whole, a - lo, b - lo), Position(part.unit, f), z + 1, r, look))
+                for part, a, b, f, z, r in zip(
+                    map(self.part, mine), since[g], until[g], first[g], last[g], n_refused[g], strict=True
+                )
+            ]
 
     def __str__(self) -> str:
         return f"kafka://{self.brokers}/{self.topic}"
