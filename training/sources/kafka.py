@@ -11,10 +11,11 @@ record's offset and its ``end`` the offset after the last; the chunks of one con
 two ``TICK``s (the trainer steps on them together). ``behind()`` is the consumer lag: records of
 the rank's partitions not yielded yet. Records are decoded together
 (``stream.sample_batch``: no loop per record beyond the accessors confluent-kafka
-forces), on a reading thread that consumes and decodes up to ``LOOKS_AHEAD`` looks ahead of the
-trainer's step: each look's chunks share a ``Look`` with the batch of all its samples (the step
-takes it as it is unless a sample in it was trained already) and the batches of the looks read
-after it (the step looks their rows up while it trains). With a backlog one consume takes up to
+forces), on a reading thread that consumes and decodes up to ``CONSUMES_AHEAD`` consumes ahead of
+the trainer's step, handing each over whole (its looks: one hand-over between the threads a
+consume, not one a look): each look's chunks share a ``Look`` with the batch of all its samples
+(the step takes it as it is unless a sample in it was trained already) and the batches of the
+``CONSUMES_AHEAD`` looks read after it (the step looks their rows up while it trains). With a backlog one consume takes up to
 ``READ_ROWS`` records, cut into looks of the batch size (a consume call costs about as much for
 128 records as for 2,048). A malformed record, or one that does not fit the followed schema, goes
 to the dead-letter topic ``<TOPIC>.dead`` as it was, with headers saying why and where
@@ -27,6 +28,7 @@ SASL_SSL`` sets ``security.protocol``): SASL/TLS for real brokers.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -34,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -60,7 +62,7 @@ from training.sources.types import (
 log = logging.getLogger("recserve.train.follow")
 
 TIMEOUT_S = 10.0  # metadata, watermarks and dead-letter acknowledgements
-LOOKS_AHEAD = 2  # looks consumed and decoded ahead of the trainer's step, on the reading thread
+CONSUMES_AHEAD = 2  # consumes decoded ahead of the trainer's step, on the reading thread
 READ_ROWS = 2048  # records one consume takes when a backlog waits (then cut into looks of the batch)
 SLICE_S = 0.05  # the reading thread's longest wait in one consume (how soon it sees the trainer end)
 
@@ -137,26 +139,29 @@ class KafkaSamples:
             self._read = {p.index: at for p, at in self._at.items()}
             stop_at = {p.index: end for p, end in ends.items()} if self.reading.once else None
             halt = threading.Event()
-            looks = in_background(self._looks(consumer, producer, halt, stop_at), depth=LOOKS_AHEAD)
+            consumes = in_background(self._looks(consumer, producer, halt, stop_at), depth=CONSUMES_AHEAD)
+            looks: deque[list[tuple[Part, KeyedChunk]]] = deque()  # of the consume handed over last
             try:
                 while True:
                     yield TICK
                     if self.reading.once and all(self._at[p] >= ends[p] for p in ends):
                         return
-                    look = next(looks, None)
-                    if look is None:  # with ``once``: the reading thread read to the ends, all yielded
+                    if not looks:
+                        looks.extend(next(consumes, ()))
+                    if not looks:  # with ``once``: the reading thread read to the ends, all yielded
                         return
+                    look = looks.popleft()
                     self._ahead.popleft()
-                    if look:  # the batches read after it, for the trainer's row lookups ahead
-                        look[0][1].look.after = tuple(
-                            x.batch for x in self._ahead if x is not None and x.batch is not None
-                        )
+                    whole = look[0][1].look if look else None
+                    if whole is not None:  # the batches read after it, for the trainer's row lookups ahead
+                        after = (x.batch for x in self._ahead if x is not None and x.batch is not None)
+                        whole.after = tuple(itertools.islice(after, CONSUMES_AHEAD))
                     for part, chunk in look:
                         self._at[part] = chunk.end
                         yield chunk
             finally:
                 halt.set()
-                looks.close()  # the reading thread stops (within a slice) before the consumer closes
+                consumes.close()  # the reading thread stops (within a slice) before the consumer closes
         finally:
             self._consumer = None
             consumer.close()
@@ -166,10 +171,11 @@ class KafkaSamples:
 
     def _looks(
         self, consumer, producer, halt: threading.Event, stop_at: dict[int, int] | None = None
-    ) -> Iterator[list[tuple[Part, KeyedChunk]]]:
-        """Each look's chunks (empty: nothing came in ``fill_s``), consumed and decoded on the
-        reading thread while the trainer steps on the looks before; it waits in slices, so a
-        trainer that ends is not held up by a wait for records that will not come. ``stop_at``
+    ) -> Iterator[list[list[tuple[Part, KeyedChunk]]]]:
+        """Each consume's looks, each look's chunks (one empty look: nothing came in ``fill_s``),
+        consumed and decoded on the reading thread while the trainer steps on the looks before; it
+        waits in slices, so a trainer that ends is not held up by a wait for records that will not
+        come. ``stop_at``
         (``once``: each partition's end at the start): a look waits for no more records than are
         left before the ends (the last look of a catch-up is not held ``fill_s`` for records the
         run will not train), and the reading ends once every partition is read that far."""
@@ -191,9 +197,9 @@ class KafkaSamples:
                 msgs += consumer.consume(num_messages=READ_ROWS - n, timeout=0)
             self._seen_ends(consumer)
             read = self._decode(msgs, producer)  # the whole consume at once, then cut into looks
-            for look in self._cut(read, n):  # looks of the batch size at most
-                self._ahead.append(look[0][1].look if look else None)
-                yield look
+            looks = list(self._cut(read, n))  # looks of the batch size at most
+            self._ahead.extend(look[0][1].look if look else None for look in looks)
+            yield looks
 
     def skipped(self) -> int:
         return self._skipped
@@ -241,13 +247,23 @@ class KafkaSamples:
     def _decode(self, msgs: list, producer) -> tuple[Samples, NDArray[np.int64], NDArray[np.int64], NDArray[np.bool_]]:  # fmt: skip
         """A consume's records that came without an error, decoded together: (the valid samples,
         each record's partition, offset, and whether it was refused: sent to the dead-letter topic)."""
-        good = [m for m in msgs if m.error() is None]  # the accessors confluent-kafka forces
-        for m in msgs if len(good) < len(msgs) else ():
-            if m.error() is not None:
-                log.error("%s: consume error: %s", self.topic, m.error())
-        parts = np.fromiter((m.partition() for m in good), np.int64, len(good))
-        offsets = np.fromiter((m.offset() for m in good), np.int64, len(good))
-        values = [m.value() or b"" for m in good]
+        from confluent_kafka import Message
+
+        # the accessors confluent-kafka forces, each mapped in C (no bytecode per record)
+        errors = list(map(Message.error, msgs))
+        good = (
+            msgs
+            if errors.count(None) == len(msgs)
+            else [m for m, e in zip(msgs, errors, strict=True) if e is None]
+        )
+        for e in errors if len(good) < len(msgs) else ():
+            if e is not None:
+                log.error("%s: consume error: %s", self.topic, e)
+        parts = np.fromiter(map(Message.partition, good), np.int64, len(good))
+        offsets = np.fromiter(map(Message.offset, good), np.int64, len(good))
+        raw: list[bytes | None] = list(map(Message.value, good))
+        # a record without a value: malformed, refused below
+        values: list[bytes] = [v or b"" for v in raw] if None in raw else cast("list[bytes]", raw)
         samples, bad = read_fitting(values, self.reading.schema)
         refused = np.zeros(len(good), bool)
         for i, why in bad:  # malformed records: the rare path
