@@ -80,19 +80,6 @@ def _text(buf: NDArray[np.uint8], at: NDArray[np.int64], sizes: NDArray[np.int64
     return np.ascontiguousarray(out).view(f"S{width}").ravel()
 
 
-def _ragged_at(at: NDArray[np.int64], counts: NDArray[np.int64], step: int) -> NDArray[np.int64]:
-    """The offsets of ``counts[i]`` values ``step`` bytes apart from each ``at[i]``, concatenated."""
-    first = np.cumsum(counts) - counts
-    return np.repeat(at - step * first, counts) + step * np.arange(int(counts.sum()))
-
-
-def _words(buf: NDArray[np.uint8], dtype: str) -> NDArray:
-    """``buf`` as a value of ``dtype`` at every byte offset (overlapping views, no copy): values at
-    unaligned offsets gathered by one index each instead of one per byte."""
-    size = np.dtype(dtype).itemsize
-    return np.ndarray((max(len(buf) - size + 1, 0),), dtype, buf, 0, (1,))
-
-
 def _reasons(values: list[bytes], bad: NDArray[np.int64], slots: int, dense: int) -> list[tuple[int, str]]:
     """Why each refused record is refused (the rare path: one record at a time)."""
     out = []
@@ -109,7 +96,11 @@ def _reasons(values: list[bytes], bad: NDArray[np.int64], slots: int, dense: int
 
 def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> tuple[Samples, list[tuple[int, str]]]:  # fmt: skip
     """The valid records of ``values`` and (index, reason) for each invalid one. ``shape``: the
-    (slots, dense values) a record must have (None: those of the first valid record)."""
+    (slots, dense values) a record must have (None: those of the first valid record). The headers
+    are checked with numpy, the variable parts gathered by one compiled pass
+    (``stream.sample_kernels.gather_rows``, no GIL held)."""
+    from stream.sample_kernels import gather_rows
+
     n = len(values)
     sizes = np.fromiter(map(len, values), np.int64, n)
     buf = np.frombuffer(b"".join(values), np.uint8)
@@ -129,30 +120,18 @@ def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> t
     # the variable part, for the records whose header holds so far
     at = begin + HEAD.itemsize + strings  # flags, then lengths u32[S], signs, dense, context dense
     idx = np.flatnonzero(ok)
-    flags = _gather(buf, at[idx], slots)
-    lengths = _words(buf, "<u4")[at[idx, None] + slots + 4 * np.arange(slots)].astype(np.int64)
-    fits = lengths.sum(axis=1) == nsigns[idx]
     width = f_row + f_ctx
-    dense_ok: NDArray[np.bool_] = np.ones(len(idx), bool)
     dense_w = shape[1] if shape is not None else int(width[idx][0]) if len(idx) else 0
-    same_w = width[idx] == dense_w
-    dense = np.zeros((len(idx), dense_w), np.float32)
-    if dense_w:
-        end = begin[idx] + sizes[idx]
-        rows = np.flatnonzero(same_w)
-        dense[rows] = _words(buf, "<f4")[end[rows, None] - 4 * dense_w + 4 * np.arange(dense_w)]
-        dense_ok = np.asarray(np.isfinite(dense).all(axis=1))
-    keep = fits & dense_ok & same_w
-    ok[idx[~keep]] = False
-    idx, flags, lengths, dense = idx[keep], flags[keep], lengths[keep], dense[keep]
-    signs = _words(buf, "<u8")[_ragged_at(at[idx] + 5 * slots, nsigns[idx], 8)]
-    l_rid = head["l_rid"][idx].astype(np.int64)
-    rid_w = int(l_rid.max(initial=0))
-    rid = _gather(buf, begin[idx] + HEAD.itemsize, rid_w) if rid_w else np.zeros((len(idx), 0), np.uint8)
-    rid[np.arange(rid_w) >= l_rid[:, None]] = 0
-    kinds = head["kind"][idx].copy()
-    item = (head["item"][idx] | kinds.astype(np.uint32) << 31).astype(">u4").view(np.uint8).reshape(-1, 4)
-    keys = np.ascontiguousarray(np.hstack([item, rid])).view(f"S{4 + rid_w}").ravel()
+    kinds = head["kind"][idx]
+    item = head["item"][idx] | kinds.astype(np.uint32) << 31  # the key's item word: a correction's bit
+    flags, lengths, dense, keep, signs, key_bytes = gather_rows(
+        buf, at[idx], begin[idx] + sizes[idx], nsigns[idx], width[idx] == dense_w,
+        begin[idx] + HEAD.itemsize, head["l_rid"][idx].astype(np.int64), item, slots, dense_w,
+    )  # fmt: skip
+    if not keep.all():
+        ok[idx[~keep]] = False
+        idx, flags, lengths, dense, kinds = idx[keep], flags[keep], lengths[keep], dense[keep], kinds[keep]
+    keys = key_bytes.view(f"S{key_bytes.shape[1]}").ravel()
     l_arm = head["l_arm"][idx].astype(np.int64)
     arm_at = begin[idx] + HEAD.itemsize + strings[idx] - l_arm
     arms = _text(buf, arm_at, l_arm)

@@ -8,6 +8,7 @@ from dataclasses import fields
 import numpy as np
 
 from stream.records import CORRECTION, LABEL, Event, SampleWriter, decode_sample
+from stream.records import SAMPLE_HEAD as HEAD
 from stream.rows import RowTable
 from stream.sample_batch import KIND_BIT, Samples, read_samples, request_ids, span, take, to_batch, to_batches
 from tests.serving.helpers import SCHEMA, ranking_batch
@@ -45,6 +46,23 @@ def test_a_malformed_record_is_refused_with_its_reason_and_the_rest_kept():
     picked = take(read_samples(blobs)[0], np.array([2]))
     np.testing.assert_array_equal(picked.signs, s.signs)
     assert picked.keys.tolist() == s.keys.tolist()
+
+
+def test_a_record_whose_lengths_or_dense_values_do_not_hold_is_refused_and_the_rest_read():
+    # headers that hold: the compiled gather (stream.sample_kernels) finds these
+    blobs = _blobs()
+    nan_dense = blobs[1][:-4] + np.float32(np.nan).tobytes()
+    head = np.frombuffer(blobs[2][: HEAD.itemsize], HEAD)[0]
+    strings = int(head["l_rid"]) + int(head["l_emb"]) + int(head["l_dense"]) + int(head["l_arm"])
+    at = HEAD.itemsize + strings + int(head["slots"])  # the first slot's length word
+    first = int.from_bytes(blobs[2][at : at + 4], "little")
+    bad_length = blobs[2][:at] + (first + 1).to_bytes(4, "little") + blobs[2][at + 4 :]
+    s, bad = read_samples([blobs[0], nan_dense, bad_length, *blobs[3:]])
+    assert [i for i, _ in bad] == [1, 2] and s.index.tolist() == [0, *range(3, len(blobs))]
+    whole, _ = read_samples(blobs)
+    kept = take(whole, s.index)
+    for f in fields(Samples):
+        np.testing.assert_array_equal(getattr(s, f.name), getattr(kept, f.name), err_msg=f.name)
 
 
 def test_a_record_of_another_shape_first_does_not_refuse_the_rest():
