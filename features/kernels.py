@@ -4,6 +4,8 @@
   and the count per slot (``np.unique(..., return_inverse=True)`` and a bincount by a scratch
   hash table and one sort of the distinct signs only: 4x faster on a 200-item request, about
   even with numpy on a million values);
+- ``dedup_spans``: ``dedup_slots`` of each of many batches at once (decoded samples' rows, a
+  stream's looks), in one call that holds no GIL;
 - ``dense_columns``: missing -> default, clip, log1p, standardise, transpose to float32 rows.
 
 numba, like ``features.xxh64``, and imported on first use for the same reason: a process that
@@ -107,6 +109,79 @@ def _local(
             i += 1
         start += sign_counts[j]
     return local, sign_counts
+
+
+@numba.njit(cache=True, nogil=True)
+def dedup_spans(
+    starts: NDArray[np.int64],
+    signs: NDArray[np.uint64],
+    lengths: NDArray[np.int64],
+    bounds: NDArray[np.int64],
+    rank: NDArray[np.int64],
+) -> tuple[NDArray[np.uint64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """``dedup_slots`` of each span of rows ``bounds[i]`` to ``bounds[i + 1]`` (excluded), row r
+    holding ``signs[starts[r]:starts[r + 1]]``, ``lengths[r, j]`` of them in slot j, slot after
+    slot; a span's values are taken slot after slot, row after row in each. Returns the spans'
+    distinct signs one span after the other, each value's index among its span's slot's, and per
+    span and slot the distinct and the value counts (their row sums say where each span's part of
+    the first two begins). One call for many batches: the GIL is not held, and no numpy call is
+    made per batch."""
+    n_spans, n_slots = len(bounds) - 1, lengths.shape[1]
+    total = starts[bounds[n_spans]] - starts[bounds[0]]
+    uniq = np.empty(total, np.uint64)
+    local = np.empty(total, np.int64)
+    sign_counts = np.zeros((n_spans, n_slots), np.int64)
+    value_counts = np.zeros((n_spans, n_slots), np.int64)
+    u = 0
+    v = 0
+    for i in range(n_spans):
+        a, b = bounds[i], bounds[i + 1]
+        at = starts[a:b].copy()  # each row's next sign
+        values = np.empty(starts[b] - starts[a], np.uint64)
+        k = 0
+        for j in range(n_slots):
+            for r in range(b - a):
+                for _ in range(lengths[a + r, j]):
+                    values[k] = signs[at[r]]
+                    at[r] += 1
+                    k += 1
+                value_counts[i, j] += lengths[a + r, j]
+        bits = 4
+        while (1 << bits) < 2 * k:  # a table at most half full, as dedup_slots
+            bits += 1
+        distinct, first, table = _distinct(values, bits)
+        ordered = _radix_sort(distinct)
+        span_local, counts = _local(table, bits, distinct, ordered, first, value_counts[i], rank)
+        uniq[u : u + len(ordered)] = ordered
+        local[v : v + k] = span_local
+        sign_counts[i] = counts
+        u += len(ordered)
+        v += k
+    return uniq[:u], local, sign_counts, value_counts
+
+
+@numba.njit(cache=True, nogil=True)
+def _radix_sort(x: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """``np.sort(x)``, a byte at a time (LSD radix; a byte every value shares is skipped): in a
+    kernel, 3-4x faster than numba's ``np.sort`` on a batch's 1,500 distinct signs."""
+    n = len(x)
+    a, b = x.copy(), np.empty_like(x)
+    count = np.empty(257, np.int64)
+    for p in range(8):
+        shift = np.uint64(8 * p)
+        count[:] = 0
+        for i in range(n):
+            count[np.int64((a[i] >> shift) & np.uint64(0xFF)) + 1] += 1
+        if count.max() == n:
+            continue
+        for d in range(256):
+            count[d + 1] += count[d]
+        for i in range(n):
+            digit = np.int64((a[i] >> shift) & np.uint64(0xFF))
+            b[count[digit]] = a[i]
+            count[digit] += 1
+        a, b = b, a
+    return a
 
 
 @numba.njit(cache=True, nogil=True)

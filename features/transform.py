@@ -35,7 +35,7 @@ from features.schema import Cross, Schema, Slot
 if TYPE_CHECKING:
     from features.jsonscan import ScanTable
 
-__all__ = ["FeatureError", "Records", "Table", "dedup_signs", "dense_matrix", "from_json", "transform"]
+__all__ = ["FeatureError", "Records", "Table", "dedup_spans", "dense_matrix", "from_json", "transform"]
 
 Records = Table | list[Record] | Mapping[str, Any]
 """A Table, a list of records, or a ranking request (``features.inputs`` says what each holds)."""
@@ -272,13 +272,38 @@ def _dedup(
     return _dedup_all(all_signs, value_counts, plan)
 
 
-def dedup_signs(
-    all_signs: NDArray[np.uint64], value_counts: NDArray[np.int64], schema: Schema
-) -> tuple[NDArray[np.uint64], NDArray[np.unsignedinteger[Any]], NDArray[np.uint32], NDArray[np.uint32]]:
-    """A compact batch's sparse part (signs, values, sign counts, value counts) from its values'
-    signs slot after slot in schema order (``value_counts[j]`` of them in slot j), by the same
-    compiled dedup as ``transform``'s (``stream.sample_batch.to_batch``: decoded samples' signs)."""
-    return _dedup_all(all_signs, np.asarray(value_counts, np.int64), _plan(schema))
+def dedup_spans(
+    signs: NDArray[np.uint64],
+    starts: NDArray[np.int64],
+    lengths: NDArray[np.int64],
+    bounds: NDArray[np.int64],
+    schema: Schema,
+) -> tuple[NDArray[np.uint64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """A compact batch's sparse part for each span of decoded samples' rows, by the same compiled
+    dedup as ``transform``'s (``features.kernels.dedup_spans``; ``stream.sample_batch.to_batches``: row
+    r's signs are ``signs[starts[r]:starts[r + 1]]``, ``lengths[r, j]`` in slot j; the spans are
+    rows ``bounds[i]`` to ``bounds[i + 1]``), in one compiled call for all of them: (the spans'
+    distinct signs, each value's local index, per span and slot the sign and the value counts)."""
+    from features.kernels import dedup_spans as spans
+
+    plan = _plan(schema)
+    if plan.ids_ascending:
+        return spans(starts, signs, lengths, np.asarray(bounds, np.int64), plan.rank)
+    ranks = np.arange(lengths.shape[1], dtype=np.int64)
+    uniq, local, sign_counts, value_counts = spans(starts, _by_rank(signs, plan), lengths, np.asarray(bounds, np.int64), ranks)  # fmt: skip
+    return _from_rank(uniq, plan), local, sign_counts, value_counts
+
+
+def _by_rank(signs: NDArray[np.uint64], plan: _Plan) -> NDArray[np.uint64]:
+    """The signs with their slot's batch rank in the top bits instead of its id: sorted, they
+    are in batch slot order (slot ids that do not ascend with the slots)."""
+    ranks = plan.rank[(signs >> SLOT_SHIFT).astype(np.int64)].astype(np.uint64)
+    return np.asarray((ranks << SLOT_SHIFT) | (signs & SIGN_MASK), np.uint64)
+
+
+def _from_rank(keys: NDArray[np.uint64], plan: _Plan) -> NDArray[np.uint64]:
+    """``_by_rank``'s inverse."""
+    return np.asarray((plan.slot_ids[(keys >> SLOT_SHIFT).astype(np.int64)] << SLOT_SHIFT) | (keys & SIGN_MASK), np.uint64)  # fmt: skip
 
 
 def _dedup_all(
@@ -290,11 +315,8 @@ def _dedup_all(
         uniq, local, sign_counts = dedup_slots(all_signs, value_counts, plan.rank)
     else:  # sort by batch slot, then sign: the slot's rank in the top bits while deduplicating
         ranks = np.arange(len(value_counts), dtype=np.int64)
-        keys = (plan.rank[(all_signs >> SLOT_SHIFT).astype(np.int64)].astype(np.uint64) << SLOT_SHIFT) | (
-            all_signs & SIGN_MASK
-        )
-        uniq, local, sign_counts = dedup_slots(keys, value_counts, ranks)
-        uniq = (plan.slot_ids[(uniq >> SLOT_SHIFT).astype(np.int64)] << SLOT_SHIFT) | (uniq & SIGN_MASK)
+        uniq, local, sign_counts = dedup_slots(_by_rank(all_signs, plan), value_counts, ranks)
+        uniq = _from_rank(uniq, plan)
     index = local.astype(index_dtype(int(sign_counts.max(initial=0))))
     return uniq, index, sign_counts.astype(np.uint32), value_counts.astype(np.uint32)
 

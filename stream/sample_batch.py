@@ -13,8 +13,8 @@ keys are equal triples, so a set of them dedupes with numpy.
 The batch's other operations live here too, so the sample layout is written once: ``take`` (rows
 by position), ``concat`` (several reads as one), ``misfits`` (rows that do not fit a schema) and
 ``to_batch`` (the trainer's ``CompactBatch``: labels, no request context, sparse and dense slots in
-schema order; the signs of every slot deduplicated by ``transform``'s one compiled pass, no loop per
-sample or per slot).
+schema order; the signs of every slot deduplicated by one compiled pass, no loop per sample or per
+slot) and ``to_batches`` (the batches of many spans of rows, a stream's looks, in one such pass).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 from numpy.typing import NDArray
 
-from features.batch import FLAG_MULTI, CompactBatch
+from features.batch import FLAG_MULTI, CompactBatch, index_dtype
 from features.schema import Schema
 from stream.records import _SAM_MAGIC, CORRECTION, SAMPLE_VERSION, RecordError, decode_sample
 from stream.records import SAMPLE_HEAD as HEAD  # the header's layout, written once there
@@ -80,19 +80,6 @@ def _text(buf: NDArray[np.uint8], at: NDArray[np.int64], sizes: NDArray[np.int64
     return np.ascontiguousarray(out).view(f"S{width}").ravel()
 
 
-def _ragged_at(at: NDArray[np.int64], counts: NDArray[np.int64], step: int) -> NDArray[np.int64]:
-    """The offsets of ``counts[i]`` values ``step`` bytes apart from each ``at[i]``, concatenated."""
-    first = np.cumsum(counts) - counts
-    return np.repeat(at - step * first, counts) + step * np.arange(int(counts.sum()))
-
-
-def _words(buf: NDArray[np.uint8], dtype: str) -> NDArray:
-    """``buf`` as a value of ``dtype`` at every byte offset (overlapping views, no copy): values at
-    unaligned offsets gathered by one index each instead of one per byte."""
-    size = np.dtype(dtype).itemsize
-    return np.ndarray((max(len(buf) - size + 1, 0),), dtype, buf, 0, (1,))
-
-
 def _reasons(values: list[bytes], bad: NDArray[np.int64], slots: int, dense: int) -> list[tuple[int, str]]:
     """Why each refused record is refused (the rare path: one record at a time)."""
     out = []
@@ -109,7 +96,11 @@ def _reasons(values: list[bytes], bad: NDArray[np.int64], slots: int, dense: int
 
 def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> tuple[Samples, list[tuple[int, str]]]:  # fmt: skip
     """The valid records of ``values`` and (index, reason) for each invalid one. ``shape``: the
-    (slots, dense values) a record must have (None: those of the first valid record)."""
+    (slots, dense values) a record must have (None: those of the first valid record). The headers
+    are checked with numpy, the variable parts gathered by one compiled pass
+    (``stream.sample_kernels.gather_rows``, no GIL held)."""
+    from stream.sample_kernels import gather_rows
+
     n = len(values)
     sizes = np.fromiter(map(len, values), np.int64, n)
     buf = np.frombuffer(b"".join(values), np.uint8)
@@ -129,30 +120,18 @@ def read_samples(values: list[bytes], shape: tuple[int, int] | None = None) -> t
     # the variable part, for the records whose header holds so far
     at = begin + HEAD.itemsize + strings  # flags, then lengths u32[S], signs, dense, context dense
     idx = np.flatnonzero(ok)
-    flags = _gather(buf, at[idx], slots)
-    lengths = _words(buf, "<u4")[at[idx, None] + slots + 4 * np.arange(slots)].astype(np.int64)
-    fits = lengths.sum(axis=1) == nsigns[idx]
     width = f_row + f_ctx
-    dense_ok: NDArray[np.bool_] = np.ones(len(idx), bool)
     dense_w = shape[1] if shape is not None else int(width[idx][0]) if len(idx) else 0
-    same_w = width[idx] == dense_w
-    dense = np.zeros((len(idx), dense_w), np.float32)
-    if dense_w:
-        end = begin[idx] + sizes[idx]
-        rows = np.flatnonzero(same_w)
-        dense[rows] = _words(buf, "<f4")[end[rows, None] - 4 * dense_w + 4 * np.arange(dense_w)]
-        dense_ok = np.asarray(np.isfinite(dense).all(axis=1))
-    keep = fits & dense_ok & same_w
-    ok[idx[~keep]] = False
-    idx, flags, lengths, dense = idx[keep], flags[keep], lengths[keep], dense[keep]
-    signs = _words(buf, "<u8")[_ragged_at(at[idx] + 5 * slots, nsigns[idx], 8)]
-    l_rid = head["l_rid"][idx].astype(np.int64)
-    rid_w = int(l_rid.max(initial=0))
-    rid = _gather(buf, begin[idx] + HEAD.itemsize, rid_w) if rid_w else np.zeros((len(idx), 0), np.uint8)
-    rid[np.arange(rid_w) >= l_rid[:, None]] = 0
-    kinds = head["kind"][idx].copy()
-    item = (head["item"][idx] | kinds.astype(np.uint32) << 31).astype(">u4").view(np.uint8).reshape(-1, 4)
-    keys = np.ascontiguousarray(np.hstack([item, rid])).view(f"S{4 + rid_w}").ravel()
+    kinds = head["kind"][idx]
+    item = head["item"][idx] | kinds.astype(np.uint32) << 31  # the key's item word: a correction's bit
+    flags, lengths, dense, keep, signs, key_bytes = gather_rows(
+        buf, at[idx], begin[idx] + sizes[idx], nsigns[idx], width[idx] == dense_w,
+        begin[idx] + HEAD.itemsize, head["l_rid"][idx].astype(np.int64), item, slots, dense_w,
+    )  # fmt: skip
+    if not keep.all():
+        ok[idx[~keep]] = False
+        idx, flags, lengths, dense, kinds = idx[keep], flags[keep], lengths[keep], dense[keep], kinds[keep]
+    keys = key_bytes.view(f"S{key_bytes.shape[1]}").ravel()
     l_arm = head["l_arm"][idx].astype(np.int64)
     arm_at = begin[idx] + HEAD.itemsize + strings[idx] - l_arm
     arms = _text(buf, arm_at, l_arm)
@@ -256,33 +235,55 @@ def _multi(schema: Schema) -> NDArray[np.bool_]:
 
 def to_batch(s: Samples, schema: Schema) -> CompactBatch:
     """The training batch of samples that fit ``schema`` (``misfits`` found none): the signs
-    gathered slot after slot and deduplicated by ``transform``'s compiled dedup, no loop per
-    sample or per slot."""
-    from features.transform import dedup_signs
+    gathered slot after slot and deduplicated by the compiled dedup, no loop per sample or per
+    slot (``to_batches`` of one span)."""
+    return to_batches(s, np.array([0, s.num_rows], np.int64), schema)[0]
 
-    n, slots = s.num_rows, s.lengths.shape[1]
+
+def to_batches(s: Samples, bounds: NDArray[np.int64], schema: Schema) -> list[CompactBatch]:
+    """``to_batch`` of each span of rows ``bounds[i]`` to ``bounds[i + 1]`` (excluded) of ``s``:
+    one compiled call gathers and deduplicates the signs of all of them (``dedup_spans``, no GIL
+    held), the dense values are put in schema order once; each batch's dense values and labels
+    are views of those."""
+    from features.transform import dedup_spans
+
     multi = _multi(schema)
-    assert len(multi) == slots
-    begin = s.starts[:-1, None] + np.cumsum(s.lengths, axis=1) - s.lengths  # slot s of row r
-    at, counts = begin.T.ravel(), s.lengths.T.ravel()  # slot after slot, row after row in each
-    first = np.cumsum(counts) - counts
-    signs = s.signs[np.repeat(at - first, counts) + np.arange(int(counts.sum()))]
-    uniq, values, sign_counts, value_counts = dedup_signs(signs, s.lengths.sum(axis=0), schema)
-    ends = np.cumsum(s.lengths[:, multi], axis=0).T.astype(np.uint32)  # (multi slots, N)
-    offsets = np.concatenate([np.zeros((len(ends), 1), np.uint32), ends], axis=1).ravel()
-    return CompactBatch(
-        num_rows=n,
-        flags=(multi * FLAG_MULTI).astype(np.uint8),
-        sign_counts=sign_counts,
-        value_counts=value_counts,
-        signs=uniq,
-        values=values,
-        offsets=offsets,
-        dense=np.ascontiguousarray(_dense(s, schema), np.float32),
-        context_dense=np.zeros(0, np.float32),
-        labels=np.ascontiguousarray(s.labels, np.float32),
-        schema_hash=schema.hash64,
+    assert len(multi) == s.lengths.shape[1]
+    uniq, local, sign_counts, value_counts = dedup_spans(s.signs, s.starts, s.lengths, bounds, schema)
+    u_at, v_at = (
+        np.concatenate([[0], np.cumsum(c.sum(axis=1))]).tolist() for c in (sign_counts, value_counts)
     )
+    widths = sign_counts.max(axis=1, initial=0).tolist()
+    dense = np.ascontiguousarray(_dense(s, schema), np.float32)
+    labels = np.ascontiguousarray(s.labels, np.float32)
+    flags = (multi * FLAG_MULTI).astype(np.uint8)
+    counts = sign_counts.astype(np.uint32), value_counts.astype(np.uint32)
+    edges = np.asarray(bounds, np.int64).tolist()
+    types = [index_dtype(w) for w in widths]
+    as_type = {t: local.astype(t) for t in set(types)}  # each batch's values: a view of one of these
+    return [
+        CompactBatch(
+            num_rows=b - a,
+            flags=flags,
+            sign_counts=counts[0][i],
+            value_counts=counts[1][i],
+            signs=uniq[u_at[i] : u_at[i + 1]],
+            values=as_type[types[i]][v_at[i] : v_at[i + 1]],
+            offsets=_multi_offsets(s.lengths[a:b, multi]) if multi.any() else np.zeros(0, np.uint32),
+            dense=dense[a:b],
+            context_dense=np.zeros(0, np.float32),
+            labels=labels[a:b],
+            schema_hash=schema.hash64,
+        )
+        for i, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True))
+    ]
+
+
+def _multi_offsets(lengths: NDArray[np.int64]) -> NDArray[np.uint32]:
+    """A batch's offsets of its multi-valued slots (``lengths``: rows by those slots): each slot's
+    rows' ends, after a 0, one slot after the other."""
+    ends = np.cumsum(lengths, axis=0).T.astype(np.uint32)  # (multi slots, N)
+    return np.concatenate([np.zeros((len(ends), 1), np.uint32), ends], axis=1).ravel()
 
 
 def _dense(s: Samples, schema: Schema) -> NDArray[np.float32]:

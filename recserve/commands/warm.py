@@ -12,8 +12,9 @@ variables, and only where it may write (numba checks before it reads).
 warm trains a model on ``--data`` (one epoch) into a temporary store as ``recserve train`` does
 at its defaults (the reader, the transform, the training step), then loads a scorer over it with
 co-located lookups, whose warm-up decodes a request of each form, looks its rows up in the mapped
-shards and runs the dense model (what ``recserve serve`` runs before it takes a connection). The
-store is removed.
+shards and runs the dense model (what ``recserve serve`` runs before it takes a connection), and
+decodes a few of the rows as the sample records ``recserve join`` writes into their batch (what
+``recserve train --stream`` runs at its first consume). The store is removed.
 """
 
 from __future__ import annotations
@@ -58,12 +59,33 @@ def run(config: WarmConfig) -> int:
                           test=config.test, epochs=1, publish=True, progress=False))  # fmt: skip
         version = ms.current(store, "warm") or ""
         Scorer(ScoringConfig(str(ms.version_dir(store, "warm", version)), lookups="colocated")).close()
+        _stream_samples(config)
     finally:
         shutil.rmtree(store, ignore_errors=True)
     where = os.environ.get("NUMBA_CACHE_DIR") or "beside the modules (__pycache__), else ~/.cache/numba"
     cpu = os.environ.get("NUMBA_CPU_NAME") or "this host's CPU"
     log.info("numba's cache is warm in %.1f s: %s (code for %s)", time.monotonic() - started, where, cpu)
     return 0
+
+
+def _stream_samples(config: WarmConfig) -> None:
+    """A few of ``config.data``'s rows as sample records, decoded and batched as the streaming
+    trainer's reading thread does (``stream.sample_batch.read_fitting``, ``to_batches``)."""
+    import numpy as np
+
+    from features import stream
+    from features.schema import load_schema
+    from features.transform import transform
+    from stream.records import Impression, SampleWriter, Versions
+    from stream.rows import RowTable
+    from stream.sample_batch import read_fitting, to_batches
+
+    schema = load_schema(config.schema)
+    batch = transform(stream.read(config.data, schema, limit=8), schema)
+    served = Impression("warm", 0.0, Versions("warm", 0, "warm"), np.zeros(batch.num_rows, np.float32), b"")
+    writer = SampleWriter(served, RowTable.of(batch))
+    samples, _ = read_fitting([writer.encode(i, 0.0) for i in range(batch.num_rows)], schema)
+    to_batches(samples, np.array([0, samples.num_rows]), schema)
 
 
 CONFIG = WarmConfig

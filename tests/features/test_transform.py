@@ -6,7 +6,7 @@ from features import stream
 from features.codec import decode, encode
 from features.readers import read_obd, to_records
 from features.schema import SchemaError, load_schema, schema_from_dict
-from features.transform import FeatureError, dense_matrix, from_json, transform
+from features.transform import FeatureError, Table, dedup_spans, dense_matrix, from_json, transform
 from serving.scoring.client import column_form
 
 CRITEO = load_schema("data/schemas/criteo.yaml")
@@ -256,3 +256,23 @@ def test_numbers_sent_for_a_categorical_field_are_named_or_hashed_as_text():
         schema = CRITEO if isinstance(records, list) else OBD
         with pytest.raises(FeatureError, match="expected a string or integer"):
             transform(records, schema)
+
+
+def test_dedup_spans_with_slot_ids_that_do_not_ascend_is_the_batch_of_each_span():
+    # slot ids 9, 3: sorted signs are not in batch slot order, so the dedup sorts by rank
+    schema = schema_from_dict({"slots": [{"name": "a", "id": 9}, {"name": "b", "id": 3}]})
+    rows = Table({"a": np.array(["x", "y", "x", "z", "y"]), "b": np.array(["p", "p", "q", "q", "r"])}, 5)
+    batch = transform(rows, schema)
+    signs = np.stack([batch.signs[batch.values[: 5].astype(np.int64)], batch.signs[int(batch.sign_counts[0]) + batch.values[5:].astype(np.int64)]], axis=1).ravel()  # fmt: skip
+    lengths = np.ones((5, 2), np.int64)
+    uniq, local, sign_counts, value_counts = dedup_spans(signs, np.arange(0, 11, 2), lengths, np.array([0, 2, 5]), schema)  # fmt: skip
+    u = v = 0
+    for k, (a, b) in enumerate(((0, 2), (2, 5))):
+        want = transform(Table({c: x[a:b] for c, x in rows.columns.items()}, b - a), schema)
+        n_u, n_v = int(sign_counts[k].sum()), int(value_counts[k].sum())
+        assert (
+            uniq[u : u + n_u].tolist() == want.signs.tolist()
+            and local[v : v + n_v].tolist() == want.values.tolist()
+        )
+        assert sign_counts[k].tolist() == want.sign_counts.tolist()
+        u, v = u + n_u, v + n_v

@@ -1,7 +1,8 @@
 """``recserve warm`` (README.md, "Starting warm", run as printed): into a numba cache of its own, as
 the image holds one (``NUMBA_CACHE_DIR``, ``NUMBA_CPU_NAME=generic``), it compiles every kernel
-``recserve serve`` starts with: the frontend then starts, takes two workers' requests and compiles
-nothing (a kernel compiled would be a new file in the cache, or a rewritten index)."""
+``recserve serve`` starts with (and the streaming trainer's decode): the frontend then starts, takes
+two workers' requests and compiles nothing (a kernel compiled would be a new file in the cache, or
+a rewritten index)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ def test_a_cache_recserve_warm_filled_holds_every_kernel_serve_starts_with(train
     assert "numba's cache is warm" in done.stderr and str(cache) in done.stderr
     warm = cache_files(cache)
     assert any(name.endswith(".nbc") for name in warm), warm  # compiled kernels, not only indexes
+    # and the streaming trainer's decode (recserve train --stream's first consume)
+    assert {"gather_rows", "dedup_spans"} <= {
+        k for k in ("gather_rows", "dedup_spans") for n in warm if f".{k}-" in n
+    }
 
     port = free_port()
     serve = subprocess.Popen([sys.executable, "-m", "recserve", "serve", "--workers", "2", "--store", str(trained[0]),

@@ -8,9 +8,10 @@ from dataclasses import fields
 import numpy as np
 
 from stream.records import CORRECTION, LABEL, Event, SampleWriter, decode_sample
+from stream.records import SAMPLE_HEAD as HEAD
 from stream.rows import RowTable
-from stream.sample_batch import KIND_BIT, Samples, read_samples, request_ids, span, take
-from tests.serving.helpers import ranking_batch
+from stream.sample_batch import KIND_BIT, Samples, read_samples, request_ids, span, take, to_batch, to_batches
+from tests.serving.helpers import SCHEMA, ranking_batch
 from tests.stream.helpers import impression_record
 
 
@@ -45,6 +46,23 @@ def test_a_malformed_record_is_refused_with_its_reason_and_the_rest_kept():
     picked = take(read_samples(blobs)[0], np.array([2]))
     np.testing.assert_array_equal(picked.signs, s.signs)
     assert picked.keys.tolist() == s.keys.tolist()
+
+
+def test_a_record_whose_lengths_or_dense_values_do_not_hold_is_refused_and_the_rest_read():
+    # headers that hold: the compiled gather (stream.sample_kernels) finds these
+    blobs = _blobs()
+    nan_dense = blobs[1][:-4] + np.float32(np.nan).tobytes()
+    head = np.frombuffer(blobs[2][: HEAD.itemsize], HEAD)[0]
+    strings = int(head["l_rid"]) + int(head["l_emb"]) + int(head["l_dense"]) + int(head["l_arm"])
+    at = HEAD.itemsize + strings + int(head["slots"])  # the first slot's length word
+    first = int.from_bytes(blobs[2][at : at + 4], "little")
+    bad_length = blobs[2][:at] + (first + 1).to_bytes(4, "little") + blobs[2][at + 4 :]
+    s, bad = read_samples([blobs[0], nan_dense, bad_length, *blobs[3:]])
+    assert [i for i, _ in bad] == [1, 2] and s.index.tolist() == [0, *range(3, len(blobs))]
+    whole, _ = read_samples(blobs)
+    kept = take(whole, s.index)
+    for f in fields(Samples):
+        np.testing.assert_array_equal(getattr(s, f.name), getattr(kept, f.name), err_msg=f.name)
 
 
 def test_a_record_of_another_shape_first_does_not_refuse_the_rest():
@@ -86,6 +104,17 @@ def test_a_span_is_the_take_of_its_rows_without_a_copy():
     for f in fields(Samples):
         np.testing.assert_array_equal(getattr(spanned, f.name), getattr(taken, f.name), err_msg=f.name)
     assert np.shares_memory(spanned.signs, s.signs) and span(s, 3, 3).num_rows == 0
+
+
+def test_the_batches_of_spans_are_the_batches_of_the_spans_alone():
+    # a context's dense values and a multi-valued slot (offsets) included; one span empty
+    s, _ = read_samples(_blobs() * 3)
+    bounds = np.array([0, 2, 2, 5, s.num_rows])
+    got = to_batches(s, bounds, SCHEMA)
+    assert [b.num_rows for b in got] == np.diff(bounds).tolist()
+    for batch, lo, hi in zip(got, bounds[:-1], bounds[1:], strict=True):
+        assert batch == to_batch(take(s, np.arange(lo, hi)), SCHEMA)
+    assert len(got[1].signs) == 0 and len(got[2].offsets) > 0
 
 
 def test_a_correction_reads_with_its_kind_and_delay_and_keys_apart_from_the_label():

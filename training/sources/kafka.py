@@ -11,10 +11,11 @@ record's offset and its ``end`` the offset after the last; the chunks of one con
 two ``TICK``s (the trainer steps on them together). ``behind()`` is the consumer lag: records of
 the rank's partitions not yielded yet. Records are decoded together
 (``stream.sample_batch``: no loop per record beyond the accessors confluent-kafka
-forces), on a reading thread that consumes and decodes up to ``LOOKS_AHEAD`` looks ahead of the
-trainer's step: each look's chunks share a ``Look`` with the batch of all its samples (the step
-takes it as it is unless a sample in it was trained already) and the batches of the looks read
-after it (the step looks their rows up while it trains). With a backlog one consume takes up to
+forces), on a reading thread that consumes and decodes up to ``CONSUMES_AHEAD`` consumes ahead of
+the trainer's step, handing each over whole (its looks: one hand-over between the threads a
+consume, not one a look): each look's chunks share a ``Look`` with the batch of all its samples
+(the step takes it as it is unless a sample in it was trained already) and the batches of the
+``CONSUMES_AHEAD`` looks read after it (the step looks their rows up while it trains). With a backlog one consume takes up to
 ``READ_ROWS`` records, cut into looks of the batch size (a consume call costs about as much for
 128 records as for 2,048). A malformed record, or one that does not fit the followed schema, goes
 to the dead-letter topic ``<TOPIC>.dead`` as it was, with headers saying why and where
@@ -27,6 +28,7 @@ SASL_SSL`` sets ``security.protocol``): SASL/TLS for real brokers.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -34,14 +36,14 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from stream import dead_letter
 from stream.config import FETCH_WAIT_MS
-from stream.sample_batch import Samples, read_fitting, span, take
+from stream.sample_batch import Samples, read_fitting, span, take, to_batches
 from training.sources.ledger import Ledger
 from training.sources.registry import SourceKind, register
 from training.sources.types import (
@@ -60,7 +62,7 @@ from training.sources.types import (
 log = logging.getLogger("recserve.train.follow")
 
 TIMEOUT_S = 10.0  # metadata, watermarks and dead-letter acknowledgements
-LOOKS_AHEAD = 2  # looks consumed and decoded ahead of the trainer's step, on the reading thread
+CONSUMES_AHEAD = 2  # consumes decoded ahead of the trainer's step, on the reading thread
 READ_ROWS = 2048  # records one consume takes when a backlog waits (then cut into looks of the batch)
 SLICE_S = 0.05  # the reading thread's longest wait in one consume (how soon it sees the trainer end)
 
@@ -137,26 +139,29 @@ class KafkaSamples:
             self._read = {p.index: at for p, at in self._at.items()}
             stop_at = {p.index: end for p, end in ends.items()} if self.reading.once else None
             halt = threading.Event()
-            looks = in_background(self._looks(consumer, producer, halt, stop_at), depth=LOOKS_AHEAD)
+            consumes = in_background(self._looks(consumer, producer, halt, stop_at), depth=CONSUMES_AHEAD)
+            looks: deque[list[tuple[Part, KeyedChunk]]] = deque()  # of the consume handed over last
             try:
                 while True:
                     yield TICK
                     if self.reading.once and all(self._at[p] >= ends[p] for p in ends):
                         return
-                    look = next(looks, None)
-                    if look is None:  # with ``once``: the reading thread read to the ends, all yielded
+                    if not looks:
+                        looks.extend(next(consumes, ()))
+                    if not looks:  # with ``once``: the reading thread read to the ends, all yielded
                         return
+                    look = looks.popleft()
                     self._ahead.popleft()
-                    if look:  # the batches read after it, for the trainer's row lookups ahead
-                        look[0][1].look.after = tuple(
-                            x.batch for x in self._ahead if x is not None and x.batch is not None
-                        )
+                    whole = look[0][1].look if look else None
+                    if whole is not None:  # the batches read after it, for the trainer's row lookups ahead
+                        after = (x.batch for x in self._ahead if x is not None and x.batch is not None)
+                        whole.after = tuple(itertools.islice(after, CONSUMES_AHEAD))
                     for part, chunk in look:
                         self._at[part] = chunk.end
                         yield chunk
             finally:
                 halt.set()
-                looks.close()  # the reading thread stops (within a slice) before the consumer closes
+                consumes.close()  # the reading thread stops (within a slice) before the consumer closes
         finally:
             self._consumer = None
             consumer.close()
@@ -166,10 +171,11 @@ class KafkaSamples:
 
     def _looks(
         self, consumer, producer, halt: threading.Event, stop_at: dict[int, int] | None = None
-    ) -> Iterator[list[tuple[Part, KeyedChunk]]]:
-        """Each look's chunks (empty: nothing came in ``fill_s``), consumed and decoded on the
-        reading thread while the trainer steps on the looks before; it waits in slices, so a
-        trainer that ends is not held up by a wait for records that will not come. ``stop_at``
+    ) -> Iterator[list[list[tuple[Part, KeyedChunk]]]]:
+        """Each consume's looks, each look's chunks (one empty look: nothing came in ``fill_s``),
+        consumed and decoded on the reading thread while the trainer steps on the looks before; it
+        waits in slices, so a trainer that ends is not held up by a wait for records that will not
+        come. ``stop_at``
         (``once``: each partition's end at the start): a look waits for no more records than are
         left before the ends (the last look of a catch-up is not held ``fill_s`` for records the
         run will not train), and the reading ends once every partition is read that far."""
@@ -191,10 +197,9 @@ class KafkaSamples:
                 msgs += consumer.consume(num_messages=READ_ROWS - n, timeout=0)
             self._seen_ends(consumer)
             read = self._decode(msgs, producer)  # the whole consume at once, then cut into looks
-            for lo in range(0, max(len(read[1]), 1), n):  # looks of the batch size at most
-                look = list(self._chunks(read, lo, lo + n))
-                self._ahead.append(look[0][1].look if look else None)
-                yield look
+            looks = list(self._cut(read, n))  # looks of the batch size at most
+            self._ahead.extend(look[0][1].look if look else None for look in looks)
+            yield looks
 
     def skipped(self) -> int:
         return self._skipped
@@ -242,13 +247,23 @@ class KafkaSamples:
     def _decode(self, msgs: list, producer) -> tuple[Samples, NDArray[np.int64], NDArray[np.int64], NDArray[np.bool_]]:  # fmt: skip
         """A consume's records that came without an error, decoded together: (the valid samples,
         each record's partition, offset, and whether it was refused: sent to the dead-letter topic)."""
-        good = [m for m in msgs if m.error() is None]  # the accessors confluent-kafka forces
-        for m in msgs if len(good) < len(msgs) else ():
-            if m.error() is not None:
-                log.error("%s: consume error: %s", self.topic, m.error())
-        parts = np.fromiter((m.partition() for m in good), np.int64, len(good))
-        offsets = np.fromiter((m.offset() for m in good), np.int64, len(good))
-        values = [m.value() or b"" for m in good]
+        from confluent_kafka import Message
+
+        # the accessors confluent-kafka forces, each mapped in C (no bytecode per record)
+        errors = list(map(Message.error, msgs))
+        good = (
+            msgs
+            if errors.count(None) == len(msgs)
+            else [m for m, e in zip(msgs, errors, strict=True) if e is None]
+        )
+        for e in errors if len(good) < len(msgs) else ():
+            if e is not None:
+                log.error("%s: consume error: %s", self.topic, e)
+        parts = np.fromiter(map(Message.partition, good), np.int64, len(good))
+        offsets = np.fromiter(map(Message.offset, good), np.int64, len(good))
+        raw: list[bytes | None] = list(map(Message.value, good))
+        # a record without a value: malformed, refused below
+        values: list[bytes] = [v or b"" for v in raw] if None in raw else cast("list[bytes]", raw)
         samples, bad = read_fitting(values, self.reading.schema)
         refused = np.zeros(len(good), bool)
         for i, why in bad:  # malformed records: the rare path
@@ -260,36 +275,53 @@ class KafkaSamples:
             raise RuntimeError(f"dead letters to {self.dead_topic} not acknowledged in {TIMEOUT_S} s")
         return samples, parts, offsets, refused
 
-    def _chunks(self, read, lo: int, hi: int) -> Iterator[tuple[Part, KeyedChunk]]:
-        """The chunks of the look of records ``lo`` to ``hi`` (excluded) of a decoded consume."""
+    def _cut(self, read, n: int) -> Iterator[list[tuple[Part, KeyedChunk]]]:
+        """The looks of a decoded consume, ``n`` records each at most (one empty look when it holds
+        none): each look's chunks, one per partition. The whole consume at once: its samples put
+        look by look, partition by partition in each (one gather), every look's batch
+        (``to_batches``: one compiled call, no GIL held), and the (look, partition) groups' offsets
+        and refused counts; a look's samples and batch are views of those."""
         samples, parts, offsets, refused = read
-        parts, offsets, refused = parts[lo:hi], offsets[lo:hi], refused[lo:hi]
         if not len(parts):
+            yield []
             return
-        a, b = np.searchsorted(samples.index, (lo, hi))  # its samples: in record order
-        samples = span(samples, int(a), int(b))
-        row_part = parts[samples.index - lo]
-        order = np.argsort(row_part, kind="stable")  # the rows as the chunks hold them, one look
-        samples, row_part = take(samples, order), row_part[order]
-        by_part = np.argsort(parts, kind="stable")  # the records, partition by partition
-        present, begins = np.unique(parts[by_part], return_index=True)
-        first = np.minimum.reduceat(offsets[by_part], begins)
-        last = np.maximum.reduceat(offsets[by_part], begins)
-        n_refused = np.add.reduceat(refused[by_part].astype(np.int64), begins)
-        since, until = np.searchsorted(row_part, present, "left"), np.searchsorted(row_part, present, "right")
-        gone = first - np.array([self._read[p] for p in present.tolist()])  # a loop per partition
-        if (gone > 0).any():  # offsets jumped: the broker no longer had them (or control records)
-            self._skipped += int(gone[gone > 0].sum())
-            log.error("%s: read past %d records the broker no longer had (its retention passed them "
-                      "before they were read, or control records), %d so far", self.topic, int(gone[gone > 0].sum()), self._skipped)  # fmt: skip
-        self._read.update(zip(present.tolist(), (last + 1).tolist(), strict=True))
-        whole = Keyed(samples, self.reading.schema)
-        look = Look(whole, len(present), whole.batch() if samples.num_rows else None)
-        for p, a, b, f, z, r in zip(
-            *(x.tolist() for x in (present, since, until, first, last, n_refused)), strict=True
-        ):
-            part = self.part(p)
-            yield part, KeyedChunk(KeyedSpan(whole, a, b), Position(part.unit, f), z + 1, r, look)
+        looks, width = -(-len(parts) // n), int(parts.max()) + 1
+        group = np.arange(len(parts)) // n * width + parts  # each record's (look, partition)
+        order = np.argsort(group[samples.index], kind="stable")  # rows: in record order in each group
+        samples = take(samples, order)
+        row_group = group[samples.index]
+        bounds = np.searchsorted(row_group, np.arange(looks + 1) * width)  # each look's rows
+        batches = to_batches(samples, bounds, self.reading.schema)
+        by = np.argsort(group, kind="stable")  # the records, group by group
+        present, begins = np.unique(group[by], return_index=True)
+        first = np.minimum.reduceat(offsets[by], begins)
+        last = np.maximum.reduceat(offsets[by], begins)
+        n_refused = np.add.reduceat(refused[by].astype(np.int64), begins)
+        since, until = (
+            np.searchsorted(row_group, present, "left"),
+            np.searchsorted(row_group, present, "right"),
+        )
+        at = np.searchsorted(present, np.arange(looks + 1) * width).tolist()  # each look's groups
+        rows, parts_of = bounds.tolist(), (present % width).tolist()
+        since, until, first, last, n_refused = (x.tolist() for x in (since, until, first, last, n_refused))
+        for k in range(looks):
+            lo, g = rows[k], slice(at[k], at[k + 1])
+            mine = parts_of[g]
+            # a loop per partition of the look: records the offsets jumped past
+            gone = sum(max(0, f - self._read[p]) for p, f in zip(mine, first[g], strict=True))
+            if gone:  # offsets jumped: the broker no longer had them (or control records)
+                self._skipped += gone
+                log.error("%s: read past %d records the broker no longer had (its retention passed them "
+                          "before they were read, or control records), %d so far", self.topic, gone, self._skipped)  # fmt: skip
+            self._read.update((p, z + 1) for p, z in zip(mine, last[g], strict=True))
+            whole = Keyed(span(samples, lo, rows[k + 1]), self.reading.schema)
+            look = Look(whole, len(mine), batches[k] if rows[k + 1] > lo else None)
+            yield [
+                (part, KeyedChunk(KeyedSpan(whole, a - lo, b - lo), Position(part.unit, f), z + 1, r, look))
+                for part, a, b, f, z, r in zip(
+                    map(self.part, mine), since[g], until[g], first[g], last[g], n_refused[g], strict=True
+                )
+            ]
 
     def __str__(self) -> str:
         return f"kafka://{self.brokers}/{self.topic}"

@@ -113,6 +113,8 @@ def test_a_looks_chunks_join_into_one_batch_and_behind_counts_what_was_not_yield
     assert joined.batch() == transform(
         Table({k: v[rows] for k, v in table.columns.items()}, len(rows)), SCHEMA
     )
+    # the batch the reading thread built for the whole look (``to_batches``, every look of the consume at once)
+    assert all(c.look is look[0].look for c in look) and look[0].look.batch == joined.batch()
 
 
 def test_a_once_read_takes_a_last_short_look_without_waiting_to_fill_it(kafka, tmp_path):
