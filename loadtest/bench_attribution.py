@@ -267,15 +267,17 @@ def dead_letters(bootstrap: str, partitions: int) -> dict:
         {"bootstrap.servers": bootstrap, "group.id": "bench-attribution-dead", "enable.auto.commit": False}
     )
     c.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in ("impressions.dead", "events.dead") for p in range(partitions)])  # fmt: skip
-    counts, reasons, by_request = {"impressions.dead": 0, "events.dead": 0}, {}, {}
+    counts = {"impressions.dead": 0, "events.dead": 0}
+    reasons: dict[str, int] = {}
+    by_request: dict[str, str] = {}
     quiet = time.time() + 5
     while time.time() < quiet:
         for m in c.consume(10_000, timeout=0.5):  # a loop per dead letter: a handful expected
             if m.error() is not None:
                 continue
             quiet = time.time() + 2
-            reason = read_headers(m.headers()).get("reason", "")
-            counts[m.topic()] += 1
+            reason = read_headers(m.headers()).get("reason", "")  # type: ignore[arg-type]  # as produced: a list
+            counts[str(m.topic())] += 1
             reasons[reason.split("'")[0]] = reasons.get(reason.split("'")[0], 0) + 1
             by_request[(m.key() or b"").decode()] = reason
     c.close()

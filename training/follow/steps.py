@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import nn
 from torch.nn import functional
 
 from features.batch import CompactBatch
@@ -36,7 +35,6 @@ class KeyedSteps:
     """Step once the held chunks have this many rows."""
     held: list[KeyedChunk] = field(default_factory=list)
     _held_rows: int = field(default=0, init=False)  # rows of ``held``, kept as chunks come
-    loss: nn.Module = field(default_factory=nn.BCEWithLogitsLoss)
     judge: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], bool] | None = None
     delayed: DelayedFeedback = field(default_factory=lambda: DelayedFeedback("none"))
     """How the loss weighs labels that may be corrected later (``--delayed-feedback``)."""
@@ -81,13 +79,25 @@ class KeyedSteps:
             scores = sigmoid(logits.detach().cpu().numpy())
             elapsed = keyed.samples.elapsed if rows is None else keyed.samples.elapsed[rows]
             weights = self.delayed.weights(scores, batch.labels, elapsed)
-            labels = torch.from_numpy(batch.labels)
-            ctx.backward(self.loss(logits, labels) if weights is None else
-                         functional.binary_cross_entropy_with_logits(logits, labels, torch.from_numpy(weights)))  # fmt: skip
+            ctx.backward(self.loss(logits, torch.from_numpy(batch.labels), weights))
             self.book.trained(keyed, rows, batch.labels, scores)
             trained = batch.num_rows
         self._advance(chunks)
         return trained
+
+    def loss(
+        self, logits: torch.Tensor, labels: torch.Tensor, weights: np.ndarray | None = None
+    ) -> torch.Tensor:
+        """The step's log loss, each sample weighed 1 / ``batch_rows`` whatever the step's size: a
+        stream's steps are as large as what came (a look's, a consume's), and their labels are not
+        alike: the join sends a click when it comes and its request's negatives together when the
+        window closes. A mean over each step weighed the clicks of a small step tens of times more
+        than the negatives of a large one: bench-delayed's steps held 209 samples on average, and
+        the served model climbed from 2x to 4.5x the click rate in 3 minutes of a world of 3%
+        (drop-late, 1.4% of samples positive); in one step of ``batch_rows`` it is the mean."""
+        w = None if weights is None else torch.from_numpy(weights)
+        per = functional.binary_cross_entropy_with_logits(logits, labels, w, reduction="sum")
+        return per / self.batch_rows
 
     def _advance(self, chunks: list[KeyedChunk]) -> None:
         for c in chunks:

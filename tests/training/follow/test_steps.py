@@ -165,3 +165,26 @@ def test_a_look_not_taken_whole_is_batched_anew(steps):
     steps.hold(_look([chunk(RECS[40:60], "samples/0", start=20)])[0])
     steps.hold(chunk(RECS[40:41], "samples/1", start=20))  # another look's chunk beside it
     assert steps.step(ctx) == 20 and ctx.batches[-1] is not None and ctx.batches[-1].num_rows == 20
+
+
+def test_each_sample_weighs_the_same_whatever_the_size_of_its_step(steps):
+    """The join sends clicks as they come and a request's negatives together at its window's close:
+    a stream's steps differ in size and in labels. Cut anyhow, the steps' losses sum to the loss of
+    one step over them all: a mean per step weighed a small step's clicks tens of times more than a
+    large step's negatives (bench-delayed's served model climbed to 4.5x the click rate)."""
+    rng = np.random.default_rng(0)
+    logits, labels = (
+        torch.from_numpy(rng.normal(-3, 1, 100)),
+        torch.from_numpy((rng.random(100) < 0.05) * 1.0),
+    )
+    weights = rng.uniform(0.5, 2, 100)
+    whole = steps.loss(logits, labels, weights)
+    for cut in (3, 37, 99):
+        parts = steps.loss(logits[:cut], labels[:cut], weights[:cut]) + steps.loss(
+            logits[cut:], labels[cut:], weights[cut:]
+        )
+        assert float(parts) == pytest.approx(float(whole), rel=1e-12)
+    full = torch.nn.functional.binary_cross_entropy_with_logits(logits[:40], labels[:40])
+    assert float(steps.loss(logits[:40], labels[:40])) == pytest.approx(
+        float(full), rel=1e-12
+    )  # a full step: the mean
