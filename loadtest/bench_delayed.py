@@ -20,9 +20,11 @@ reference the served model's own scores of the items at the start (so the items 
 them), the shift one logit that makes the mean click rate of a slate ``--ctr`` (default 0.03: 6
 clicks a slate of 200, a realistic rate; ``UserModel.slate_ctr``), each item's taste drifting
 (``--drift-weight`` logit, once round every ``--drift-period-s``, the items' phases spread over it
-so the mean rate stays within 10% of ``--ctr``). The served model (CTR about 0.2, Criteo's) starts
-over-predicting that world several times over: each arm learns it, and is measured late in its
-load, once settled. A click's delay is heavy-tailed (``UserModel``): ``--fast-share`` of them
+so the mean rate stays within 10% of ``--ctr``). The served model is trained first on the Criteo
+split with its clicks thinned to ``--ctr`` (``at_click_rate``), so it starts at the world's rate,
+as a model deployed in it would (its dense network stays frozen while the stream trains the rows):
+the arms differ in how they handle late clicks, not in how fast they unlearn Criteo's rate of
+about 0.25. Each arm is measured late in its load, once settled. A click's delay is heavy-tailed (``UserModel``): ``--fast-share`` of them
 exponential of mean ``--fast-delay-s``, the rest log-normal of median ``--tail-median-s`` and sigma
 ``--tail-sigma``, a tail past the attribution window.
 
@@ -67,12 +69,13 @@ from loadtest.bench_stream import catch_up, first_scores, published, version_dir
 from loadtest.common import (
     CRITEO_SCHEMA,
     CRITEO_TEST,
-    given_or_trained,
+    CRITEO_TRAIN,
     keep_work_flag,
     parse,
     parser,
     print_table,
     report_targets,
+    train_version,
     work_dir,
     write_results,
 )
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
     out: dict = {"arms": {}}
     with work_dir("bench-delayed", args.keep_work) as work:
-        store = given_or_trained(args.store, work)
+        store = Path(args.store) if args.store else start_model(args.ctr, work, args.seed)
         reference: tuple[float, ...] | None = None
         for arm in arms:
             print(f"arm {arm} ({args.minutes:g} min at {args.rate:g} rps)", flush=True)
@@ -145,6 +148,26 @@ def main(argv: list[str] | None = None) -> int:
     path = write_results("delayed", out, args.results_dir)
     print(f"wrote {path}")
     return 0
+
+
+def at_click_rate(src: Path, dst: Path, ctr: float, seed: int = 0) -> Path:
+    """``src`` (a Criteo TSV, the label first) with its positives thinned at random so that they
+    are ``ctr`` of the rows, written to ``dst``."""
+    lines = src.read_bytes().splitlines(keepends=True)
+    positive = np.array([line[:1] == b"1" for line in lines])  # a loop per training row, once
+    pos, neg = int(positive.sum()), int((~positive).sum())
+    keep = min(1.0, ctr * neg / ((1 - ctr) * max(pos, 1)))
+    kept = ~positive | (np.random.default_rng(seed).random(len(lines)) < keep)
+    dst.write_bytes(b"".join(line for line, k in zip(lines, kept.tolist(), strict=True) if k))
+    return dst
+
+
+def start_model(ctr: float, work: Path, seed: int = 0) -> Path:
+    """A model store with a Criteo version trained at the world's click rate (``at_click_rate``)."""
+    root = work / "store"
+    print(f"training a model at click rate {ctr:g} into {root} ...", flush=True)
+    train_version(root, data=at_click_rate(CRITEO_TRAIN, work / "train-at-ctr.tsv", ctr, seed))
+    return root
 
 
 def horizons(args, arm: str) -> tuple[float, float]:

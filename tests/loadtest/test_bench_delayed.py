@@ -22,3 +22,15 @@ def test_bench_delayed_runs_every_arm_over_one_world_and_counts_each_sample_and_
     assert arms["drop_late"]["corrections_trained"] == 0 and arms["wait_all"]["corrections_trained"] == 0
     assert arms["correct_fnw"]["corrections_trained"] > 0  # late clicks came back as corrections
     assert arms["drop_late"]["joiner"]["late_events"] > 0  # and were dropped without --attribution-s
+
+
+@pytest.mark.parametrize("ctr", [0.03, 0.1])
+def test_the_start_model_trains_on_criteo_with_its_clicks_thinned_to_the_worlds_rate(tmp_path, ctr):
+    from loadtest.bench_delayed import at_click_rate
+    from loadtest.common import CRITEO_TRAIN
+
+    rows = at_click_rate(CRITEO_TRAIN, tmp_path / "thin.tsv", ctr).read_bytes().splitlines()
+    labels = [r[:1] for r in rows]
+    negatives = sum(1 for line in CRITEO_TRAIN.read_bytes().splitlines() if line[:1] == b"0")
+    assert labels.count(b"0") == negatives  # every negative kept
+    assert labels.count(b"1") / len(rows) == pytest.approx(ctr, abs=0.01)
