@@ -74,7 +74,11 @@ class _Request:
 
 
 class _Clock:
-    """One input's watermark: newest ts seen, advanced by the wall time since it was seen."""
+    """One input's watermark: the newest ts seen; once the input is caught up (read to its end),
+    advanced by the wall time since. An input with records still to read stays at its records'
+    time: a consumer that lags (a restarted joiner fetching a backlog of impressions, 50 KB each,
+    behind its small events) must not see the join's time run past records it has not read yet,
+    which would drop a click read first as late, and label its impression negative when it came."""
 
     def __init__(self) -> None:
         self.ts, self.wall, self.caught_up = float("-inf"), 0.0, False
@@ -85,7 +89,7 @@ class _Clock:
         self.caught_up = False
 
     def at(self, now: float) -> float:
-        return self.ts + max(0.0, now - self.wall)
+        return self.ts + max(0.0, now - self.wall) if self.caught_up else self.ts
 
 
 class Clocks(tuple[_Clock, _Clock]):

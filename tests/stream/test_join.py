@@ -123,6 +123,20 @@ def test_the_watermark_waits_for_an_input_that_is_neither_read_nor_caught_up():
     assert len(records(join.advance(now=15.0))) == N_ITEMS - 1  # both quiet: the wall clock moves time on
 
 
+def test_an_input_with_records_to_read_holds_the_watermark_at_its_records_time():
+    """A lagging input (not caught up) is where its records are, however long the wall clock runs:
+    a click read before its impression waits for it instead of passing for late."""
+    join = PartitionJoin(label_after_s=10.0, counts=JoinCounts())
+    join.impression(0, impression("r1", 100.0), now=0)  # the impressions input has more to read
+    join.caught_up(EVENTS)
+    assert join.event(0, event("r2", 1, 101.0), now=0) == []  # r2's impression not read yet: early
+    join.caught_up(EVENTS)
+    assert join.advance(now=1000.0) == [] and join.counts.late == 0  # the wall clock alone moves nothing
+    assert labels(join.impression(1, impression("r2", 100.5), now=1000.0)) == {
+        ("r2", 1): 1.0
+    }  # its early click
+
+
 def test_window_must_be_positive():
     with pytest.raises(ValueError, match="label_after_s must be > 0"):
         PartitionJoin(label_after_s=0, counts=JoinCounts())
