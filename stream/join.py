@@ -51,7 +51,7 @@ from features.codec import CodecError, decode
 from stream.join_state import EVENTS, IMPRESSIONS, INPUTS, Clocks, Emit, JoinCounts, _Request
 from stream.journal import Journal, Settled
 from stream.live_order import clicks_due, in_live_order
-from stream.recent import DoneRequests
+from stream.recent import KNOWN_FOR_S, DoneRequests
 from stream.records import (
     CORRECTION,
     Event,
@@ -97,7 +97,7 @@ class PartitionJoin:
         """While set (the input guard is tripped), windows stay open up to this long past their
         close and their samples wait for it; those the bound closes are quarantined."""
         self.items = 0  # items impressed in this partition
-        self.done = DoneRequests(2 * self.attribution_s)  # to tell a late click from an unknown request
+        self.done = DoneRequests(max(2 * self.attribution_s, KNOWN_FOR_S))  # late, or unknown: a dead letter
         self._balance_until = float("-inf")  # event time: requests impressed before it defer their clicks
 
     # --- input ---------------------------------------------------------------------------
@@ -111,8 +111,7 @@ class PartitionJoin:
         except (RecordError, CodecError) as e:
             return [self._dead(IMPRESSIONS, offset, value, f"impression: {e}")]
         self.counts.impressions += 1
-        self.counts.items += batch.num_rows
-        self.items += batch.num_rows
+        self.counts.items, self.items = self.counts.items + batch.num_rows, self.items + batch.num_rows
         rows = RowTable.of(batch)
         empty = (rows.lengths == 0).sum(axis=0)
         self.counts.empty_rows = empty if self.counts.empty_rows is None or len(self.counts.empty_rows) != len(empty) \

@@ -408,30 +408,33 @@ def test_an_event_before_its_impression_is_refused_beyond_the_clocks_skew(join):
 
 
 def test_a_click_for_an_unknown_request_is_a_dead_letter_and_one_for_a_request_done_with_is_late(join):
-    join.impression(0, impression("r0", 100.0), now=0)  # the join knows every impression from 100 on
+    """A request done with is remembered for an hour (``KNOWN_FOR_S``; twice the attribution window
+    where that is longer): a click up to then is late, whatever the first horizon (10 s here)."""
+    join.impression(0, impression("a", 100.0), now=0)  # the join knows every impression from 100 on
+    join.impression(1, impression("r0", 3650.0), now=0)
     join.caught_up(EVENTS)
-    join.impression(1, impression("r1", 140.0), now=0)
+    join.impression(2, impression("r1", 3690.0), now=0)
     ack_all(join, join.advance(now=0))  # r0 closes (its negatives acknowledged): done with
     assert "r0" not in join.requests and "r0" in join.done
-    join.event(0, event("r0", 1, 141.0), now=0)  # waits for an impression of its own time
-    join.event(1, event("ghost", 1, 141.0), now=0)
+    join.event(0, event("r0", 1, 3701.0), now=0)  # 51 s after its impression: waits for one of its time
+    join.event(1, event("ghost", 1, 3701.0), now=0)
     join.caught_up(EVENTS)
-    join.impression(2, impression("r2", 151.0), now=0)
-    (dead,) = [e for e in join.advance(now=0) if e.dead]  # 20 s (2 x attribution) back: all known
-    assert dead.reason == "event: no impression of request 'ghost' in the 20 s before it"
+    join.impression(3, impression("r2", 3711.0), now=0)
+    (dead,) = [e for e in join.advance(now=0) if e.dead]  # an hour back from 3701: every impression known
+    assert dead.reason == "event: no impression of request 'ghost' in the 3600 s before it"
     assert (join.counts.late, join.counts.malformed[EVENTS]) == (1, 1)  # r0's click: late
     assert join.committable()[EVENTS] == 1  # the dead letter holds its offset until acknowledged
     join.acked(dead.token)
     assert join.committable()[EVENTS] == 2
-    assert join.event(2, event("ghost", 1, 115.0), now=0) == []  # 15 s after the first impression read
+    assert join.event(2, event("ghost", 1, 3615.0), now=0) == []  # under an hour after the first impression
     assert (join.counts.late, join.counts.malformed[EVENTS]) == (2, 1)  # the join cannot tell: late
 
 
 def test_an_early_event_whose_impression_never_comes_is_a_dead_letter_once_the_join_knows_that_far(join):
     join.impression(0, impression("r0", 100.0), now=0)
-    assert join.event(0, event("nope", 0, 130.0), now=0) == []  # waits for its impression
+    assert join.event(0, event("nope", 0, 3730.0), now=0) == []  # waits for its impression
     join.caught_up(EVENTS)
-    join.impression(1, impression("r2", 141.0), now=0)
+    join.impression(1, impression("r2", 3741.0), now=0)
     dead = [e for e in join.advance(now=0) if e.dead]
-    assert [e.reason for e in dead] == ["event: no impression of request 'nope' in the 20 s before it"]
+    assert [e.reason for e in dead] == ["event: no impression of request 'nope' in the 3600 s before it"]
     assert join.counts.late == 0 and "nope" not in join.requests
