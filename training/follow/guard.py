@@ -62,7 +62,9 @@ class OutputGuardConfig:
     moves it by 0.1 in a minute: bench-guard)."""
     max_calibration_ratio: float = field(default=3.0, metadata={"flag": "guard-max-calibration-ratio"})
     """Trip when a window's calibration is more than this many times the band's, or under its
-    inverse (the clicks of an outage, delivered late, move it by 2x: bench-guard)."""
+    inverse (the clicks of an outage, delivered late, move it by 2x: bench-guard), unless it is
+    nearer 1 than the band's: a model that over-predicted 4x as it started and learns the rate
+    tripped the guard so (bench-guard on c8b2f00)."""
     warmup_windows: int = field(default=5, metadata={"flag": "guard-warmup-windows"})
     """Windows read at the start that neither judge nor join the band: a stream's first samples
     are a join window's clicks before their requests' negatives."""
@@ -220,8 +222,9 @@ class OutputGuard:
         if aucs and not math.isnan(w.auc) and w.auc < statistics.median(aucs) - drop:
             return f"served AUC {w.auc:.4f} over {c.window} samples is more than {drop:g} under its band's {statistics.median(aucs):.4f}"  # fmt: skip
         cals = [b.calibration for b in self.band if not math.isnan(b.calibration)]
-        if cals and statistics.median(cals) > 0 and not math.isnan(w.calibration):
+        if cals and statistics.median(cals) > 0 and not math.isnan(w.calibration) and w.calibration > 0:
             ratio = w.calibration / statistics.median(cals)
-            if not 1 / most <= ratio <= most:
+            nearer = abs(math.log(w.calibration)) <= abs(math.log(statistics.median(cals)))
+            if not nearer and not 1 / most <= ratio <= most:  # a model coming to 1 is no trip
                 return f"served calibration {w.calibration:.3f} is {ratio:.2f} x its band's {statistics.median(cals):.3f}"  # fmt: skip
         return ""

@@ -162,3 +162,17 @@ def test_only_windows_served_by_the_rewound_rows_clear_it():
     assert g.tripped  # healthy windows, but served by the model that tripped
     assert [g.saw(*world(rng, 1000), None, np.full(1000, 7)) for _ in range(2)] == ["", "clear"]
     assert g.served_from is None
+
+
+def test_a_calibration_that_comes_nearer_1_than_its_band_is_no_trip():
+    """A served model that started over-predicting 4x and learns the world's rate: its calibration
+    falls to 1, a quarter of its band's, and that is no trip; one that falls on under 1 is."""
+    rng = np.random.default_rng(9)
+    g = OutputGuard(CFG)
+    for _ in range(4):
+        g.saw(*world(rng, 1000, scale=4.0))  # over-predicting 4x: the band
+    assert g.saw(*world(rng, 1000)) == "" and not g.tripped  # calibrated now: nearer 1
+    g = OutputGuard(CFG)
+    for _ in range(4):
+        g.saw(*world(rng, 1000, scale=4.0))
+    assert g.saw(*world(rng, 1000, scale=0.15)) == "trip" and "calibration" in g.reason  # far under 1
