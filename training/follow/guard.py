@@ -180,6 +180,15 @@ class OutputGuard:
             self.band.append(judged)
         return ""
 
+    def rewound(self, seq: int) -> None:
+        """The rewind was cut as delta ``seq``: while tripped, only windows served from it clear."""
+        if self.tripped:
+            self.served_from = seq
+
+    def new_version(self) -> None:
+        """Another version was loaded: the deltas seen serving were another version's."""
+        self.good_delta = self.served_from = None
+
     def _idle(self, samples: int) -> None:
         """A long stretch with nothing read before these ``samples``: the band starts over."""
         if not samples:

@@ -87,14 +87,13 @@ class Rewinder:
     def loaded(self, version: str, base: int) -> None:
         """``version`` was loaded with its deltas up to ``base``."""
         self.cuts, self.version = Cuts(base), version
-        self.guard.good_delta = self.guard.served_from = None  # another version's deltas
+        self.guard.new_version()
 
     def cut(self, seq: int) -> None:
         self.cuts.cut.append((seq, self.guard.seen))
         if self._rewound and self.last is not None:
             self._rewound = False
-            if self.guard.tripped:
-                self.guard.served_from = seq  # windows served by the rewound rows clear it
+            self.guard.rewound(seq)
             self._record("rewind", delta=seq, to=self.last.to)
 
     def judge(self, scores, labels, requests=None, deltas=None) -> bool:
