@@ -67,6 +67,12 @@ class JoinConfig:
     """A click still counts this long (event time) after the impression: one after
     --label-after-s emits a correcting positive sample of the item (minutes to days; 0: none, a
     click after --label-after-s is late). Needs a --state-dir that outlives a restart."""
+    events_idle_s: float = 10.0
+    """A window's negatives wait for an event past its close (the click pipeline has delivered up
+    to it) until the events partition has been silent this long: a pipeline that stops while
+    impressions flow then emits no negative without its positives before the input guard trips
+    (within --guard-window-s), and an events partition quieter than a click every few seconds
+    closes its windows up to this late (0: on the impressions' clock alone)."""
     state_dir: str = ""
     """With --attribution-s: where the impressions of requests past --label-after-s wait for their
     late clicks, with the journal of those requests, on local disk (about the impressions' bytes
@@ -100,8 +106,8 @@ class JoinConfig:
         if self.attribution_s and not self.attribution_s >= self.label_after_s:
             raise ValueError(f"--attribution-s must be 0 (no corrections) or >= --label-after-s "
                              f"({self.label_after_s:g}), got {self.attribution_s:g}")  # fmt: skip
-        if self.batch < 1 or self.commit_every_s <= 0:
-            raise ValueError("batch must be >= 1 and commit_every_s > 0")
+        if self.batch < 1 or self.commit_every_s <= 0 or self.events_idle_s < 0:
+            raise ValueError("batch must be >= 1, commit_every_s > 0 and events_idle_s >= 0")
         self.members()  # checks the form
         names = [
             self.impressions,

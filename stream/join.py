@@ -19,10 +19,10 @@ twice. A correction holds its event until acknowledged and journalled. (Without 
 request's records stay held until its attribution window is over.)
 
 **Time** is event time: the join's watermark is the smallest of its two inputs' watermarks, each
-the newest ``ts`` it delivered, advanced by the wall time since (so a quiet input does not stop
-the clock); an input that is caught up (at the end of its partition) does not hold the join back
-while the other has records. A window closes when the watermark passes ``impression.ts +
-window_s``; an attribution window ends once the events' own clock passes it too (a click in flight
+the newest ``ts`` it delivered, advanced by the wall time since (a quiet input does not stop the
+clock); an input caught up (at the end of its partition) does not hold the join back while the
+other has records, but no window closes past the newest event until the events have been silent
+``events_idle_s`` (``Clocks``). A window closes when the watermark passes ``impression.ts + window_s``; an attribution window ends once the events' own clock passes it too (a click in flight
 while the impressions ran ahead still counts). Replaying a topic gives the labels a live run gave.
 
 **The input guard** (``stream.guard``, judged by the joiner) may *hold* the join (``hold_s``):
@@ -72,8 +72,8 @@ SKEW_S = 1.0
 class PartitionJoin:
     """The open windows of one partition (the same partition of the impressions and events)."""
 
-    def __init__(self, label_after_s: float, counts: JoinCounts, attribution_s: float = 0.0,
-                 spill: Spill | None = None, journal: Journal | None = None) -> None:  # fmt: skip
+    def __init__(self, label_after_s: float, counts: JoinCounts, attribution_s: float = 0.0, spill: Spill | None = None,
+                 journal: Journal | None = None, events_idle_s: float = 0.0) -> None:  # fmt: skip
         if not label_after_s > 0:
             raise ValueError(f"label_after_s must be > 0, got {label_after_s}")
         if attribution_s and attribution_s < label_after_s:
@@ -92,7 +92,7 @@ class PartitionJoin:
         self._held: tuple[dict[int, None], dict[int, None]] = ({}, {})
         self._next = [-1, -1]  # next offset to read, per input (-1: none read yet)
         self._replay_to = [0, 0]  # per input: offsets below were read by the run before a restart
-        self._clocks = Clocks()
+        self._clocks = Clocks(events_idle_s)  # windows close once an event past them came (or idle_s)
         self.hold_s: float | None = None
         """While set (the input guard is tripped), windows stay open up to this long past their
         close and their samples wait for it; those the bound closes are quarantined."""

@@ -82,28 +82,42 @@ class _Clock:
 
     def __init__(self) -> None:
         self.ts, self.wall, self.caught_up = float("-inf"), 0.0, False
+        self.heard = float("-inf")  # when its last record (of any ts) came, wall time
 
     def saw(self, ts: float, now: float) -> None:
         if ts >= self.ts:
             self.ts, self.wall = ts, now
-        self.caught_up = False
+        self.caught_up, self.heard = False, now
 
     def at(self, now: float) -> float:
         return self.ts + max(0.0, now - self.wall) if self.caught_up else self.ts
 
 
 class Clocks(tuple[_Clock, _Clock]):
-    """The two inputs' clocks (``IMPRESSIONS``, ``EVENTS``) and the join's watermarks from them."""
+    """The two inputs' clocks (``IMPRESSIONS``, ``EVENTS``) and the join's watermarks from them.
 
-    def __new__(cls) -> Clocks:
-        return super().__new__(cls, (_Clock(), _Clock()))
+    ``events_idle_s``: an events input read to its end holds the watermark at its newest event's
+    ts until it has been silent this long. A window's negatives say that no click came by its
+    close, which only an event past it shows; without this, a click pipeline that stops while
+    impressions flow closes every window as a negative with no positive beside it until the
+    input guard trips (bench-guard: 5 s of them moved the served mean CTR by 60%)."""
+
+    idle_s: float
+
+    def __new__(cls, events_idle_s: float = 0.0) -> Clocks:
+        clocks = super().__new__(cls, (_Clock(), _Clock()))
+        clocks.idle_s = events_idle_s
+        return clocks
 
     def watermark(self, now: float) -> float:
         """The slowest input's watermark among those not caught up (an input never read from is
         at -inf: it holds the join until it delivers or is caught up); when both are caught up,
-        the newest, advanced by the wall clock."""
+        the newest, advanced by the wall clock; either way no further than the newest event while
+        the events input, caught up, was heard from within ``idle_s``."""
         behind = [c.at(now) for c in self if not c.caught_up]
-        return min(behind) if behind else max(c.at(now) for c in self)
+        wm = min(behind) if behind else max(c.at(now) for c in self)
+        ev = self[EVENTS]
+        return min(wm, ev.ts) if ev.caught_up and now - ev.heard < self.idle_s else wm
 
     def attribution(self, now: float) -> float:
         """How far attribution windows may end: the watermark, held back to the events' own clock

@@ -341,7 +341,8 @@ class Joiner:
             base = self._spills / f"{self.cfg.impressions}-{p}"
             spill = Spill(base, self.cfg.spill_bucket_s(), keep=True)
             journal = Journal(self._spills / f"{self.cfg.impressions}-{p}.journal")
-        return PartitionJoin(self.cfg.label_after_s, self.counts, self.cfg.attribution_s, spill, journal)
+        c = self.cfg
+        return PartitionJoin(c.label_after_s, self.counts, c.attribution_s, spill, journal, c.events_idle_s)
 
     def _revoked(self, _consumer: Consumer, tps: list[TopicPartition]) -> None:
         gone = sorted({tp.partition for tp in tps} & set(self.parts))

@@ -137,6 +137,24 @@ def test_an_input_with_records_to_read_holds_the_watermark_at_its_records_time()
     }  # its early click
 
 
+def test_a_window_closes_only_once_an_event_past_it_came_or_the_events_were_silent_idle_s():
+    """A click pipeline that stops while impressions flow: no window closes as a negative past the
+    last event read until the events have been silent ``events_idle_s`` (the input guard judges
+    the stop meanwhile); an event past a window's close closes it at once."""
+    join = PartitionJoin(label_after_s=10.0, counts=JoinCounts(), events_idle_s=5.0)
+    join.impression(0, impression("r1", 100.0), now=100.0)
+    join.event(0, event("r1", 1, 101.0), now=101.0)  # the last event for a while
+    join.caught_up(EVENTS)
+    join.impression(1, impression("r2", 120.0), now=120.0)
+    join.caught_up(IMPRESSIONS)
+    assert join.advance(now=105.9) == []  # impressions at 120 > r1's close (110), events at 101
+    join.event(1, event("r2", 0, 120.5), now=106.0)
+    join.caught_up(EVENTS)
+    assert len(records(join.advance(now=106.0))) == N_ITEMS - 1  # an event past 110: r1's negatives
+    assert join.advance(now=110.9) == []  # r2's close (130): the events silent 4.9 s of 5
+    assert len(records(join.advance(now=131.1))) == N_ITEMS - 1  # silent 5 s: the wall clock rules
+
+
 def test_window_must_be_positive():
     with pytest.raises(ValueError, match="label_after_s must be > 0"):
         PartitionJoin(label_after_s=0, counts=JoinCounts())
