@@ -48,7 +48,7 @@ import heapq
 import numpy as np
 
 from features.codec import CodecError, decode
-from stream.join_state import EVENTS, IMPRESSIONS, INPUTS, Clocks, Emit, JoinCounts, _Request
+from stream.join_state import EVENTS, IMPRESSIONS, INPUTS, Clocks, Emit, JoinCounts, Offsets, _Request
 from stream.journal import Journal, Settled
 from stream.live_order import clicks_due, in_live_order
 from stream.recent import KNOWN_FOR_S, DoneRequests
@@ -89,9 +89,7 @@ class PartitionJoin:
         self._deadlines: list[tuple[float, str]] = []  # heap of open impressions' deadlines
         self._attributing: list[tuple[float, str]] = []  # heap of closed requests' attribution ends
         self._early: list[tuple[float, int, str, Event]] = []  # heap of early events' expiry
-        self._held: tuple[dict[int, None], dict[int, None]] = ({}, {})
-        self._next = [-1, -1]  # next offset to read, per input (-1: none read yet)
-        self._replay_to = [0, 0]  # per input: offsets below were read by the run before a restart
+        self.offsets = Offsets()  # per input: held, next to read, handled by the run before a restart
         self._clocks = Clocks(events_idle_s)  # windows close once an event past them came (or idle_s)
         self.hold_s: float | None = None
         """While set (the input guard is tripped), windows stay open up to this long past their
@@ -102,7 +100,7 @@ class PartitionJoin:
 
     # --- input ---------------------------------------------------------------------------
     def impression(self, offset: int, value: bytes, now: float) -> list[Emit]:
-        self._next[IMPRESSIONS] = offset + 1
+        self.offsets.read(IMPRESSIONS, offset)
         try:
             imp = decode_impression(value)
             batch = decode(imp.batch)
@@ -132,7 +130,7 @@ class PartitionJoin:
         req.writer = SampleWriter(imp, rows)
         req.labelled = np.zeros(batch.num_rows, bool)
         req.held.append((IMPRESSIONS, offset))
-        self._held[IMPRESSIONS][offset] = None
+        self.offsets.hold(IMPRESSIONS, offset)
         heapq.heappush(self._deadlines, (req.deadline, imp.request_id))
         out: list[Emit] = []
         for ev_offset, ev in req.early:
@@ -141,7 +139,7 @@ class PartitionJoin:
         return out
 
     def event(self, offset: int, value: bytes, now: float) -> list[Emit]:
-        self._next[EVENTS] = offset + 1
+        self.offsets.read(EVENTS, offset)
         try:
             ev = decode_event(value)
         except RecordError as e:
@@ -156,29 +154,29 @@ class PartitionJoin:
         req = self.requests.setdefault(ev.request_id, _Request())
         req.early.append((offset, ev))
         req.held.append((EVENTS, offset))
-        self._held[EVENTS][offset] = None
+        self.offsets.hold(EVENTS, offset)
         heapq.heappush(self._early, (ev.ts + self.window_s, offset, ev.request_id, ev))
         return []
 
     def resume(self, inp: int, read_to: int) -> None:
         """An earlier run of this partition's join had read ``inp`` up to ``read_to`` (what it
         committed beside its offset): an event re-read below it was handled then."""
-        self._replay_to[inp] = read_to
+        self.offsets.replay_to[inp] = read_to
 
     def read_to(self, inp: int) -> int:
         """The next offset of ``inp`` to read (-1: none read yet), committed beside its offset."""
-        return self._next[inp]
+        return self.offsets.next[inp]
 
     def _unplaced(self, offset: int, ev: Event) -> list[Emit]:
         """An event no open or settled request takes: late, or a dead letter for an unknown request."""
-        why = self.done.unknown(ev.request_id, ev.ts) if offset >= self._replay_to[EVENTS] else ""
+        why = self.done.unknown(ev.request_id, ev.ts) if not self.offsets.replayed(EVENTS, offset) else ""
         if why:
             return [self._dead(EVENTS, offset, encode_event(ev), f"event: {why}")]
         self._late(offset)
         return []
 
     def _late(self, offset: int) -> None:
-        if offset < self._replay_to[EVENTS]:
+        if self.offsets.replayed(EVENTS, offset):
             self.counts.replayed += 1  # counted (late, or joined) by the run before the restart
         else:
             self.counts.late += 1
@@ -199,16 +197,17 @@ class PartitionJoin:
         after = req.closed or ev.ts > req.deadline  # after the item's first horizon
         if after and (not self.correcting or req.expired or ev.ts > req.ts + self.attribution_s):
             self._late(offset)
-            self._release(EVENTS, offset)
+            self.offsets.release(EVENTS, offset)
             return []
         if req.labelled[ev.item]:  # re-read after a restart (handled before it), or a second click
-            self.counts.replayed += offset < self._replay_to[EVENTS]
-            self.counts.duplicates += offset >= self._replay_to[EVENTS]
-            self._release(EVENTS, offset)
+            replayed = self.offsets.replayed(EVENTS, offset)
+            self.counts.replayed += replayed
+            self.counts.duplicates += not replayed
+            self.offsets.release(EVENTS, offset)
             return []
         req.labelled[ev.item] = True
         req.held.append((EVENTS, offset))
-        self._held[EVENTS][offset] = None
+        self.offsets.hold(EVENTS, offset)
         if after:  # a correction: at the close (the label first), or now from the impression spilled
             if not req.closed:
                 req.after.append(ev)
@@ -271,7 +270,7 @@ class PartitionJoin:
                 # is done and this is another one of the same id (an event after its window)
                 continue
             waiting.early = [(o, e) for o, e in waiting.early if o != offset]
-            self._release(EVENTS, offset)
+            self.offsets.release(EVENTS, offset)
             waiting.held.remove((EVENTS, offset))
             out += self._unplaced(offset, ev)
             if not waiting.early:
@@ -303,7 +302,7 @@ class PartitionJoin:
     def acked(self, token: object) -> None:
         self.counts.acked += 1
         if isinstance(token, tuple):  # a dead letter: (input, offset)
-            self._release(*token)
+            self.offsets.release(*token)
             return
         rid = str(token)
         req = self.requests.get(rid)
@@ -314,9 +313,8 @@ class PartitionJoin:
             self._maybe_done(rid, req)
 
     def committable(self) -> tuple[int, int]:
-        """Per input, the offset to commit (-1: nothing read yet): the oldest held record's, or
-        the next to read when none is held."""
-        return tuple(min(h) if h else n for h, n in zip(self._held, self._next, strict=True))  # type: ignore[return-value]
+        """Per input, the offset to commit (``Offsets.committable``)."""
+        return self.offsets.committable()
 
     @property
     def open_windows(self) -> int:
@@ -375,7 +373,7 @@ class PartitionJoin:
             self.journal.clicked(rid, req.unjournaled)
         req.unjournaled = []
         for inp, offset in req.held:
-            self._release(inp, offset)
+            self.offsets.release(inp, offset)
         req.held = []
 
     def restore(self, settled: dict[str, Settled]) -> None:
@@ -391,10 +389,7 @@ class PartitionJoin:
             self.journal.compact(self.requests)
             self._compacted = self.journal.bytes
 
-    def _release(self, inp: int, offset: int) -> None:
-        self._held[inp].pop(offset, None)
-
     def _dead(self, inp: int, offset: int, value: bytes, reason: str) -> Emit:
         self.counts.malformed[inp] += 1
-        self._held[inp][offset] = None
+        self.offsets.hold(inp, offset)
         return Emit(b"", [value], dead=True, reason=reason, token=(inp, offset))

@@ -1,6 +1,6 @@
 """What ``stream.join`` keeps and returns: its counters (``JoinCounts``), the records it hands the
-joiner to produce (``Emit``), a request's state (``_Request``) and an input's watermark
-(``_Clock``)."""
+joiner to produce (``Emit``), a request's state (``_Request``), its inputs' offsets (``Offsets``)
+and watermarks (``Clocks``)."""
 
 from __future__ import annotations
 
@@ -71,6 +71,34 @@ class _Request:
     suspect: bool = False  # impressed while the input guard held the join
     defer: bool = False  # its clicks wait for its window's close (held, or just after a hold)
     quarantine: bool = False  # its samples go to the quarantine topic when its window closes
+
+
+class Offsets:
+    """Per input of a partition's join: the offsets of the records held (one is held until all it
+    led to is acknowledged), the next offset to read, and the mark below which the run before a
+    restart had read (``replay_to``: an event re-read below it was handled then)."""
+
+    def __init__(self) -> None:
+        self.held: tuple[dict[int, None], dict[int, None]] = ({}, {})  # insertion-ordered sets
+        self.next = [-1, -1]  # -1: none read yet
+        self.replay_to = [0, 0]
+
+    def read(self, inp: int, offset: int) -> None:
+        self.next[inp] = offset + 1
+
+    def hold(self, inp: int, offset: int) -> None:
+        self.held[inp][offset] = None
+
+    def release(self, inp: int, offset: int) -> None:
+        self.held[inp].pop(offset, None)
+
+    def replayed(self, inp: int, offset: int) -> bool:
+        return offset < self.replay_to[inp]
+
+    def committable(self) -> tuple[int, int]:
+        """Per input, the offset to commit (-1: nothing read yet): the oldest held record's, or
+        the next to read when none is held."""
+        return tuple(min(h) if h else n for h, n in zip(self.held, self.next, strict=True))  # type: ignore[return-value]
 
 
 class _Clock:
