@@ -10,8 +10,9 @@ negatives of the requests impressed before the trip (their clicks trained before
 then whole requests, then for a window no click before its negatives. bench-guard measured it
 (loadtest/results/guard.json ``around_clears``): the 208,165 samples the clear produced had a mean
 label of 0.091 and the next 30 s 0.10-0.108, against 0.125 trained live before the outage, and the
-served mean predicted CTR fell from 0.22 to 0.12 in those 30 s (the live loop's own level, the clicks
-a window ahead, is 0.23 at a label rate of 0.126), and rose back once clicks came ahead again.
+served mean predicted CTR fell from 0.22 to 0.12 in those 30 s (the live loop's level then, 0.23 at a
+label rate of 0.126, was the over-prediction c8b2f00's streaming loss fixed), and rose back once
+clicks came ahead again.
 
 So the clicks of the windows still open are emitted now (``clicks_due``; their later clicks label
 at once, as usual), and the samples are sorted by the event time a live join would have emitted
