@@ -278,8 +278,8 @@ class Joiner:
         marks: dict[tuple[int, int], tuple[int, int]] = {}
         for p in self.parts if partitions is None else partitions:
             part = self.parts[p]
-            for inp, offset in enumerate(part.committable()):
-                mark = (offset, part.read_to(inp))
+            for inp, offset in enumerate(part.offsets.committable()):
+                mark = (offset, part.offsets.next[inp])
                 if offset >= 0 and self._committed.get((inp, p)) != mark:
                     marks[(inp, p)] = mark
         if not marks:
@@ -305,9 +305,8 @@ class Joiner:
         fresh = {tp.partition for tp in committed if tp.topic == self._topics[0] and tp.offset < 0}
         for tp in committed:
             if tp.metadata and tp.metadata.startswith(READ_TO) and tp.partition in self.parts:
-                self.parts[tp.partition].resume(
-                    self._topics.index(tp.topic), int(tp.metadata.removeprefix(READ_TO))
-                )
+                inp = self._topics.index(tp.topic)
+                self.parts[tp.partition].offsets.replay_to[inp] = int(tp.metadata.removeprefix(READ_TO))
         return fresh
 
     def _assigned(self, _consumer: Consumer, tps: list[TopicPartition]) -> None:

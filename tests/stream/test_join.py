@@ -77,10 +77,10 @@ def test_an_early_event_whose_impression_never_comes_is_late(join):
     join.impression(0, impression("r0", 100.0), now=0)
     join.event(0, event("nope", 0, 100.0), now=0)
     join.caught_up(EVENTS)
-    assert join.committable() == (0, 0)
+    assert join.offsets.committable() == (0, 0)
     join.impression(1, impression("r2", 120.0), now=0)
     join.advance(now=0)
-    assert join.counts.late == 1 and join.committable()[EVENTS] == 1
+    assert join.counts.late == 1 and join.offsets.committable()[EVENTS] == 1
 
 
 def test_malformed_records_become_dead_letters_held_until_acked(join):
@@ -91,9 +91,9 @@ def test_malformed_records_become_dead_letters_held_until_acked(join):
     (bad_item,) = join.event(1, event("r1", N_ITEMS, 100.0), now=0)
     assert f"item {N_ITEMS} of a request of {N_ITEMS} items" in bad_item.reason
     assert join.counts.malformed == [1, 2]
-    assert join.committable() == (0, 0)
+    assert join.offsets.committable() == (0, 0)
     ack_all(join, [dead, bad_json, bad_item])
-    assert join.committable() == (1, 2)  # r1's impression stays held: its window is open
+    assert join.offsets.committable() == (1, 2)  # r1's impression stays held: its window is open
 
 
 def test_offsets_commit_only_after_every_sample_of_a_request_is_acked(join):
@@ -102,13 +102,13 @@ def test_offsets_commit_only_after_every_sample_of_a_request_is_acked(join):
     join.caught_up(EVENTS)
     join.impression(1, impression("r2", 200.0), now=0)
     neg = join.advance(now=0)
-    assert join.committable() == (0, 0)
+    assert join.offsets.committable() == (0, 0)
     *acked, last = records(pos + neg)
     for e, _ in acked:
         join.acked(e.token)
-    assert join.committable() == (0, 0)  # one sample of r1 still unacknowledged
+    assert join.offsets.committable() == (0, 0)  # one sample of r1 still unacknowledged
     join.acked(last[0].token)
-    assert join.committable() == (1, 1)  # r2's window is open: its impression is held
+    assert join.offsets.committable() == (1, 1)  # r2's window is open: its impression is held
 
 
 def test_the_watermark_waits_for_an_input_that_is_neither_read_nor_caught_up():
@@ -170,7 +170,7 @@ def test_a_static_member_must_be_i_of_n(member):
 def test_an_ack_from_before_the_partition_was_assigned_again_is_ignored(join):
     join.acked("a request this join never saw")
     join.acked((IMPRESSIONS, 7))
-    assert join.committable() == (-1, -1) and join.counts.acked == 2
+    assert join.offsets.committable() == (-1, -1) and join.counts.acked == 2
 
 
 def test_an_early_event_of_a_request_done_does_not_touch_a_later_event_of_the_same_request(join):
@@ -202,7 +202,7 @@ def _first_run(join):
     ack_all(join, join.event(0, event("r2", 1, 131.0), now=0))
     ack_all(join, join.event(1, event("r1", 2, 105.0), now=0))
     ack_all(join, join.advance(now=0))  # the watermark (130) closes r1 only
-    return join.committable(), (join.read_to(IMPRESSIONS), join.read_to(EVENTS))
+    return join.offsets.committable(), (join.offsets.next[IMPRESSIONS], join.offsets.next[EVENTS])
 
 
 @pytest.mark.parametrize("resumed", [True, False], ids=["resumed", "without-marks"])
@@ -212,8 +212,8 @@ def test_a_restart_does_not_count_the_events_it_rereads_as_late(resumed):
     assert (imp_from, ev_from) == (1, 0) and read_to == (2, 2) and first.counts.late == 0
     again = PartitionJoin(label_after_s=10.0, counts=JoinCounts())
     if resumed:  # what the joiner committed beside the offsets
-        again.resume(IMPRESSIONS, read_to[0])
-        again.resume(EVENTS, read_to[1])
+        again.offsets.replay_to[IMPRESSIONS] = read_to[0]
+        again.offsets.replay_to[EVENTS] = read_to[1]
     again.impression(1, impression("r2", 130.0), now=0)
     again.event(0, event("r2", 1, 131.0), now=0)
     again.event(1, event("r1", 2, 105.0), now=0)  # r1 closed before the restart
@@ -276,6 +276,35 @@ def test_for_one_window_after_a_quarantine_clicks_wait_for_the_rest_of_their_req
     assert closed[("r3", 1)] == 1.0 and sum(closed.values()) == 1.0  # r3's click came with r3's window
 
 
+def test_after_a_quarantine_the_requests_whose_clicks_were_trained_ahead_close_as_live_the_rest_to_quarantine(
+    join,
+):
+    """A live join trains a window of clicks ahead of their negatives: the requests impressed by
+    the newest event at the trip close after the clear, as far apart as they were, to the samples
+    topic, and the clicks of new requests come at once; those impressed after it go to quarantine."""
+    join.impression(0, impression("r0", 100.0), now=0)
+    join.impression(1, impression("r1", 100.5), now=0)
+    assert len(records(join.event(0, event("r0", 0, 101.0), now=0))) == 1  # before the outage: at once
+    join.caught_up(EVENTS)
+    join.impression(2, impression("r2", 103.0), now=0)  # after the newest event (101): its clicks lost
+    join.hold_s = 30.0  # the input guard trips
+    join.impression(3, impression("r3", 105.0), now=0)  # impressed while held
+    join.impression(4, impression("r4", 135.0), now=0)  # every window but r4's past its close, held
+    assert join.advance(now=0) == [] and join.held_windows(now=0) == 4
+    out = join.release(now=0, quarantine=True)
+    assert labels([e for e in out if not e.quarantine]) == {("r0", i): 0.0 for i in range(1, N_ITEMS)}
+    assert len(records([e for e in out if e.quarantine])) == 2 * N_ITEMS  # r2 and r3
+    join.impression(5, impression("r5", 135.4), now=0)
+    assert len(records(join.event(1, event("r5", 1, 135.45), now=0))) == 1  # no window waits: at once
+    join.caught_up(EVENTS)
+    assert join.advance(now=0) == []  # r1 closed 0.5 s after r0 (110.5 + 25)
+    join.impression(6, impression("r6", 135.5), now=0)
+    assert labels(join.advance(now=0)) == {("r1", i): 0.0 for i in range(N_ITEMS)}
+    join.impression(7, impression("r7", 145.2), now=0)  # r4 closes (impressed while held): quarantined
+    out = join.advance(now=0)
+    assert all(e.quarantine for e in out) and len(records(out)) == N_ITEMS == join.counts.quarantined / 3
+
+
 def test_a_release_whose_clicks_came_emits_what_a_live_join_would_have_in_its_order(join):
     join.impression(0, impression("r0", 100.0), now=0)
     first = join.event(0, event("r0", 0, 101.0), now=0)
@@ -298,7 +327,7 @@ def test_a_release_whose_clicks_came_emits_what_a_live_join_would_have_in_its_or
     assert (join.counts.positives, join.counts.negatives, join.hold_s) == (4, 2 * N_ITEMS - 3, None)
     assert len(records(join.event(4, event("r2", 0, 117.0), now=0))) == 1  # r2's clicks at once now
     ack_all(join, first + out)
-    assert join.committable()[IMPRESSIONS] == 2  # r0 and r1 done: r2's impression is the oldest held
+    assert join.offsets.committable()[IMPRESSIONS] == 2  # r0 and r1 done: r2's impression is the oldest held
 
 
 def test_held_labels_of_the_impressions_read_while_held(join):
@@ -342,12 +371,12 @@ def test_a_click_after_the_first_horizon_corrects_the_items_negative(correcting)
     assert (join.counts.positives, join.counts.corrections) == (1, 2)
     # held until its attribution window is over and every sample acked: a restart rebuilds it
     ack_all(join, fixed)
-    assert join.committable()[IMPRESSIONS] == 0 and join.spill.bytes > 0
+    assert join.offsets.committable()[IMPRESSIONS] == 0 and join.spill.bytes > 0
     join.impression(2, impression("r3", 230.5), now=0)
     join.event(5, event("r3", 0, 230.5), now=0)  # the events pass 211 too
     join.caught_up(EVENTS)
     ack_all(join, join.advance(now=0))  # r2 closes; r1's (200) and r2's (211) attribution windows end
-    assert "r1" not in join.requests and join.committable() == (2, 5)
+    assert "r1" not in join.requests and join.offsets.committable() == (2, 5)
     assert join.spill.bytes == len(impression("r3", 230.5))  # the segments of r1 and r2 are deleted
 
 
@@ -400,11 +429,11 @@ def test_a_settled_request_commits_past_itself_and_a_restart_restores_it_from_th
     first.impression(0, impression("r1", 100.0), now=0)
     first.impression(1, impression("r2", 111.0), now=0)
     ack_all(first, first.advance(now=0))  # r1's first labels acknowledged: settled, its offset released
-    assert first.committable() == (1, -1) and first.requests["r1"].held == []
+    assert first.offsets.committable() == (1, -1) and first.requests["r1"].held == []
     fixed = first.event(0, event("r1", 1, 150.0), now=0)
-    assert first.committable() == (1, 0)  # the correction's event is held until acknowledged
+    assert first.offsets.committable() == (1, 0)  # the correction's event is held until acknowledged
     ack_all(first, fixed)
-    assert first.committable() == (1, 1)
+    assert first.offsets.committable() == (1, 1)
     # the joiner dies; the next run restores what the journal says and reads from the offsets
     again = join_on(keep=True)
     again.restore(Journal(tmp_path / "journal").replay())
@@ -441,9 +470,9 @@ def test_a_click_for_an_unknown_request_is_a_dead_letter_and_one_for_a_request_d
     (dead,) = [e for e in join.advance(now=0) if e.dead]  # an hour back from 3701: every impression known
     assert dead.reason == "event: no impression of request 'ghost' in the 3600 s before it"
     assert (join.counts.late, join.counts.malformed[EVENTS]) == (1, 1)  # r0's click: late
-    assert join.committable()[EVENTS] == 1  # the dead letter holds its offset until acknowledged
+    assert join.offsets.committable()[EVENTS] == 1  # the dead letter holds its offset until acknowledged
     join.acked(dead.token)
-    assert join.committable()[EVENTS] == 2
+    assert join.offsets.committable()[EVENTS] == 2
     assert join.event(2, event("ghost", 1, 3615.0), now=0) == []  # under an hour after the first impression
     assert (join.counts.late, join.counts.malformed[EVENTS]) == (2, 1)  # the join cannot tell: late
 
