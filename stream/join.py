@@ -31,8 +31,7 @@ pipeline still label their items, and the samples of an open window wait for its
 too: nothing from a suspect stretch reaches the trainer early). When the guard clears, the windows
 close when their clicks came (a stopped pipeline's, delayed): every sample a live join would have
 produced by now, in its order (``release``, ``stream.live_order``); else as ``quarantine`` samples
-(the held windows' label rate against the guard's band), as are those its bound closes, but for
-the requests whose clicks were trained before it (``live_order.resumed``).
+(the held windows' label rate against the guard's band), as are those its bound closes.
 
 **Offsets** (``offsets``, ``join_state.Offsets``): a record is *held* until all it led to is
 acknowledged (an impression or event until its request's window closed and its samples were; a
@@ -52,7 +51,7 @@ import numpy as np
 from features.codec import CodecError, decode
 from stream.join_state import EVENTS, IMPRESSIONS, INPUTS, Clocks, Emit, JoinCounts, Offsets, _Request
 from stream.journal import Journal, Settled
-from stream.live_order import clicks_due, in_live_order, resumed
+from stream.live_order import clicks_due, in_live_order
 from stream.recent import KNOWN_FOR_S, DoneRequests
 from stream.records import (
     CORRECTION,
@@ -93,8 +92,9 @@ class PartitionJoin:
         self._early: list[tuple[float, int, str, Event]] = []  # heap of early events' expiry
         self.offsets = Offsets()  # per input: held, next to read, handled by the run before a restart
         self._clocks = Clocks(events_idle_s)  # windows close once an event past them came (or idle_s)
-        self._hold_s: float | None = None
-        self._outage_from = float("-inf")  # the newest event's ts when the hold began
+        self.hold_s: float | None = None
+        """While set (the input guard is tripped), windows stay open up to this long past their
+        close and their samples wait for it; those the bound closes are quarantined."""
         self.items = 0  # items impressed in this partition
         self.done = DoneRequests(max(2 * self.attribution_s, KNOWN_FOR_S))  # late, or unknown: a dead letter
         self._balance_until = float("-inf")  # event time: requests impressed before it defer their clicks
@@ -126,7 +126,7 @@ class PartitionJoin:
         req.deadline, req.ts, req.offset = imp.ts + self.window_s, imp.ts, offset
         if self.spill is not None:
             req.where = self.spill.put(imp.ts + self.attribution_s, value)
-        req.suspect = self._hold_s is not None
+        req.suspect = self.hold_s is not None
         req.defer = req.suspect or imp.ts < self._balance_until
         req.writer = SampleWriter(imp, rows)
         req.labelled = np.zeros(batch.num_rows, bool)
@@ -320,34 +320,20 @@ class PartitionJoin:
 
     def release(self, now: float, quarantine: bool) -> list[Emit]:
         """The input guard cleared; the join holds no more. ``quarantine`` (their clicks never
-        came): the windows of the requests impressed by the newest event at the trip close from
-        now on, as far apart as they were, and those after it go to the quarantine topic
-        (``live_order.resumed``); with none of the first (the hold's bound closed them), for one
-        window after a request's clicks wait for the rest of it (a window of clicks and no negative:
-        bench-guard's served mean CTR rose from 0.25 to 0.46). Else what a live join would have
-        emitted by now, in its order: the held windows' samples and the clicks of those still open
-        (``live_order``)."""
+        came): the held windows close now to the quarantine topic, as will the windows still open
+        of the impressions read while it held, and for one window after a request's clicks wait for
+        the rest of it (the trainer would get a window of clicks and no negative: bench-guard's
+        served mean CTR rose from 0.25 to 0.46). Else what a live join would have emitted by now, in
+        its order: the held windows' samples and the clicks of those still open (``live_order``)."""
         if not quarantine:
             self.hold_s = None
             return in_live_order(clicks_due(self.requests, self.counts) + self.advance(now))
-        wm = self.watermark(now)
-        self._deadlines, ahead = resumed(self._deadlines, self.requests, self._outage_from, wm)
-        if not ahead:
-            self._balance_until = wm + self.window_s
-        self.hold_s = None
-        return self.advance(now)
-
-    @property
-    def hold_s(self) -> float | None:
-        """While set (the input guard is tripped), windows stay open up to this long past their
-        close and their samples wait for it; those the bound closes are quarantined."""
-        return self._hold_s
-
-    @hold_s.setter
-    def hold_s(self, hold_s: float | None) -> None:
-        if hold_s is not None and self._hold_s is None:
-            self._outage_from = self._clocks[EVENTS].ts
-        self._hold_s = hold_s
+        for req in self.requests.values():
+            req.quarantine = req.quarantine or req.suspect
+        self._balance_until = self.watermark(now) + self.window_s
+        self.hold_s = 0.0  # what closes now is quarantined
+        out, self.hold_s = self.advance(now), None
+        return out
 
     def held_windows(self, now: float) -> int:
         """Windows past their close that the input guard holds open."""

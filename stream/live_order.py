@@ -22,7 +22,6 @@ a negative's horizon), which every sample record carries.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 
 import numpy as np
@@ -75,24 +74,3 @@ def in_live_order(emits: list[Emit]) -> list[Emit]:
         Emit(live[o].key, values[a:b].tolist(), token=live[o].token, quarantine=live[o].quarantine)
         for o, a, b in zip(owner[starts].tolist(), starts.tolist(), stops.tolist(), strict=True)
     ]
-
-
-def resumed(deadlines: list[tuple[float, str]], requests: dict[str, _Request], outage_from: float,
-            wm: float) -> tuple[list[tuple[float, str]], int]:  # fmt: skip
-    """After a hold whose clicks never came: the open windows' heap again, and how many of them are
-    *ahead*. A live join trains a window of clicks ahead of their requests' negatives. The
-    requests impressed by ``outage_from`` (the newest event's ts when the hold began) had their
-    clicks trained before the outage: their windows close from ``wm`` on, as far apart as they
-    were, to the samples topic, so that their negatives come as the clicks of the requests after
-    the clear do, as live. Quarantined, the loop would train that window of clicks twice with one
-    window of negatives (bench-guard: the served mean CTR 1.41x its level for a minute). The
-    others (their clicks lost) are flagged for the quarantine topic."""
-    ahead = {rid for _, rid in deadlines if requests[rid].ts <= outage_from and not requests[rid].suspect}
-    for _, rid in deadlines:
-        requests[rid].quarantine = requests[rid].quarantine or rid not in ahead
-    if not ahead:
-        return deadlines, 0
-    shift = wm - min(d for d, rid in deadlines if rid in ahead)
-    heap = [(d + shift, rid) if rid in ahead else (d, rid) for d, rid in deadlines]
-    heapq.heapify(heap)
-    return heap, len(ahead)

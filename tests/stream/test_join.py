@@ -276,35 +276,6 @@ def test_for_one_window_after_a_quarantine_clicks_wait_for_the_rest_of_their_req
     assert closed[("r3", 1)] == 1.0 and sum(closed.values()) == 1.0  # r3's click came with r3's window
 
 
-def test_after_a_quarantine_the_requests_whose_clicks_were_trained_ahead_close_as_live_the_rest_to_quarantine(
-    join,
-):
-    """A live join trains a window of clicks ahead of their negatives: the requests impressed by
-    the newest event at the trip close after the clear, as far apart as they were, to the samples
-    topic, and the clicks of new requests come at once; those impressed after it go to quarantine."""
-    join.impression(0, impression("r0", 100.0), now=0)
-    join.impression(1, impression("r1", 100.5), now=0)
-    assert len(records(join.event(0, event("r0", 0, 101.0), now=0))) == 1  # before the outage: at once
-    join.caught_up(EVENTS)
-    join.impression(2, impression("r2", 103.0), now=0)  # after the newest event (101): its clicks lost
-    join.hold_s = 30.0  # the input guard trips
-    join.impression(3, impression("r3", 105.0), now=0)  # impressed while held
-    join.impression(4, impression("r4", 135.0), now=0)  # every window but r4's past its close, held
-    assert join.advance(now=0) == [] and join.held_windows(now=0) == 4
-    out = join.release(now=0, quarantine=True)
-    assert labels([e for e in out if not e.quarantine]) == {("r0", i): 0.0 for i in range(1, N_ITEMS)}
-    assert len(records([e for e in out if e.quarantine])) == 2 * N_ITEMS  # r2 and r3
-    join.impression(5, impression("r5", 135.4), now=0)
-    assert len(records(join.event(1, event("r5", 1, 135.45), now=0))) == 1  # no window waits: at once
-    join.caught_up(EVENTS)
-    assert join.advance(now=0) == []  # r1 closed 0.5 s after r0 (110.5 + 25)
-    join.impression(6, impression("r6", 135.5), now=0)
-    assert labels(join.advance(now=0)) == {("r1", i): 0.0 for i in range(N_ITEMS)}
-    join.impression(7, impression("r7", 145.2), now=0)  # r4 closes (impressed while held): quarantined
-    out = join.advance(now=0)
-    assert all(e.quarantine for e in out) and len(records(out)) == N_ITEMS == join.counts.quarantined / 3
-
-
 def test_a_release_whose_clicks_came_emits_what_a_live_join_would_have_in_its_order(join):
     join.impression(0, impression("r0", 100.0), now=0)
     first = join.event(0, event("r0", 0, 101.0), now=0)
