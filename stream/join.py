@@ -45,6 +45,7 @@ open window is ``replayed``, not ``late`` again.
 from __future__ import annotations
 
 import heapq
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -376,6 +377,17 @@ class PartitionJoin:
         if self.journal is not None and self.journal.bytes >= 2 * self._compacted + (16 << 20):
             self.journal.compact(self.requests)
             self._compacted = self.journal.bytes
+
+    if not TYPE_CHECKING:  # (mypy keeps checking every attribute's name)
+
+        def __getattr__(self, name: str) -> object:  # names not found only: refuse the old, naming the new
+            moved = {"committable": "offsets.committable()", "read_to": "offsets.next[inp]",
+                     "resume": "offsets.replay_to[inp] = read_to"}  # fmt: skip
+            if name in moved:
+                raise AttributeError(
+                    f"PartitionJoin.{name} is now PartitionJoin.{moved[name]} (CHANGELOG.md)"
+                )
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _dead(self, inp: int, offset: int, value: bytes, reason: str) -> Emit:
         self.counts.malformed[inp] += 1

@@ -155,6 +155,15 @@ def test_a_window_closes_only_once_an_event_past_it_came_or_the_events_were_sile
     assert len(records(join.advance(now=131.1))) == N_ITEMS - 1  # silent 5 s: the wall clock rules
 
 
+def test_the_offsets_old_spellings_are_refused_naming_the_new(join):
+    with pytest.raises(
+        AttributeError, match=r"PartitionJoin.committable is now PartitionJoin.offsets.committable\(\)"
+    ):
+        join.committable()
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        join.nothing  # noqa: B018
+
+
 def test_window_must_be_positive():
     with pytest.raises(ValueError, match="label_after_s must be > 0"):
         PartitionJoin(label_after_s=0, counts=JoinCounts())
