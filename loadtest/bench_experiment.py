@@ -42,9 +42,10 @@ The versions:
   of the last ``--fresh-s`` -- each sample as its item's Criteo row (every request holds the same
   200 rows) with the sample's label. ``--fresh stream`` takes instead the newest full version of
   the streaming trainer (``recserve train --follow --stream --train-dense --full-every``, on a copy
-  of the store), what the issue's canaries are; not the default: in trial runs those versions
-  predicted about twice the observed click rate (calibration 1.9-2.0) and the calibration
-  guardrail aborted them, a finding about the streaming trainer, not a figure of the experiment;
+  of the store), what the issue's canaries are; not the default: in trial runs before c8b2f00's
+  streaming loss those versions predicted about twice the observed click rate (calibration
+  1.9-2.0) and the calibration guardrail aborted them; since, one was promoted (calibration 0.99,
+  docs/benchmarks.md);
 - B, worse on purpose: ``train_version`` on a copy of the Criteo training file whose labels are
   permuted (seeded): a model of no signal.
 
