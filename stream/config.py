@@ -106,8 +106,12 @@ class JoinConfig:
         if self.attribution_s and not self.attribution_s >= self.label_after_s:
             raise ValueError(f"--attribution-s must be 0 (no corrections) or >= --label-after-s "
                              f"({self.label_after_s:g}), got {self.attribution_s:g}")  # fmt: skip
-        if self.batch < 1 or self.commit_every_s <= 0 or self.events_idle_s < 0:
-            raise ValueError("batch must be >= 1, commit_every_s > 0 and events_idle_s >= 0")
+        if self.batch < 1 or self.commit_every_s <= 0:
+            raise ValueError("batch must be >= 1 and commit_every_s > 0")
+        if self.events_idle_s < 0:
+            raise ValueError(
+                f"--events-idle-s must be >= 0 (0: windows close on the impressions' clock alone), got {self.events_idle_s:g}"
+            )
         self.members()  # checks the form
         names = [
             self.impressions,

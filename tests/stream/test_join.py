@@ -169,6 +169,11 @@ def test_window_must_be_positive():
         PartitionJoin(label_after_s=0, counts=JoinCounts())
 
 
+def test_a_negative_events_idle_s_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"--events-idle-s must be >= 0 .*got -1"):
+        JoinConfig(events_idle_s=-1.0)
+
+
 @pytest.mark.parametrize("member", ["1", "2/2", "-1/2", "a/b", "1/"])
 def test_a_static_member_must_be_i_of_n(member):
     assert JoinConfig(member="1/3").members() == (1, 3) and JoinConfig().members() is None
