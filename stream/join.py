@@ -111,7 +111,8 @@ class PartitionJoin:
         except (RecordError, CodecError) as e:
             return [self._dead(IMPRESSIONS, offset, value, f"impression: {e}")]
         self.counts.impressions += 1
-        self.counts.items, self.items = self.counts.items + batch.num_rows, self.items + batch.num_rows
+        self.counts.items += batch.num_rows
+        self.items += batch.num_rows
         rows = RowTable.of(batch)
         empty = (rows.lengths == 0).sum(axis=0)
         self.counts.empty_rows = empty if self.counts.empty_rows is None or len(self.counts.empty_rows) != len(empty) \
@@ -384,9 +385,7 @@ class PartitionJoin:
             moved = {"committable": "offsets.committable()", "read_to": "offsets.next[inp]",
                      "resume": "offsets.replay_to[inp] = read_to"}  # fmt: skip
             if name in moved:
-                raise AttributeError(
-                    f"PartitionJoin.{name} is now PartitionJoin.{moved[name]} (CHANGELOG.md)"
-                )
+                raise AttributeError(f"PartitionJoin.{name} is now PartitionJoin.{moved[name]} (CHANGELOG.md)")  # fmt: skip
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _dead(self, inp: int, offset: int, value: bytes, reason: str) -> Emit:
