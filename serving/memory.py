@@ -16,6 +16,7 @@ import ctypes.util
 import functools
 import gc
 import logging
+import os
 
 log = logging.getLogger("recserve.memory")
 
@@ -42,6 +43,14 @@ def trim(collect: bool = True) -> bool:
         gc.collect()
     libc = _libc()
     return bool(libc.malloc_trim(0)) if libc is not None else False
+
+
+def rss_mb() -> float:
+    """This process's resident set size in MB (NaN where /proc cannot say)."""
+    from serving.rpc.procs import proc_stat
+
+    stat = proc_stat(os.getpid())
+    return stat.rss_bytes / 2**20 if stat is not None else float("nan")
 
 
 @functools.cache
