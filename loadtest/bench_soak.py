@@ -8,7 +8,9 @@ lookups at ``--rate`` requests/s, and the local stack (``serving.stack.local``: 
 shard, the worker, TorchServe with remote lookups, supervised) at ``--ts-rate``, both logging
 impressions to one topic and following one model store; a request is always the same ``--items``
 Criteo rows (``loadtest.recorder``: every response's time, latency, status and versions). Simulated users
-(``loadtest.stream_users``) click in a drifting world; ``recserve join``; the streaming trainer
+(``loadtest.stream_users``) click in a drifting world, their clicks sent in batches of
+``stream_topics.USERS_LINGER_MS`` (200 ms: the mock cluster's cost of a fetch grows with a partition's
+message sets); ``recserve join``; the streaming trainer
 (``recserve train --follow --stream``) cuts a delta every ``--delta-interval-s`` (0.5) and, with
 ``--full-every`` (10m; '': none), trains the dense network and publishes a full version that often,
 retention keeping ``--keep-versions``. A third of
@@ -83,8 +85,8 @@ from loadtest.stream_roles import (
 )
 from loadtest.stream_topics import (
     JOINER_KAFKA_BATCHED,
-    LINGER_MS,
     TOPICS,
+    USERS_LINGER_MS,
     Collector,
     high_watermarks,
     impression_facts,
@@ -188,7 +190,7 @@ def run(args, model_dir: Path, work: Path) -> dict:
         users = threading.Thread(
             target=play,
             args=(b, model, stop_users),
-            kwargs={"on_sent": clicks, "linger_ms": LINGER_MS},
+            kwargs={"on_sent": clicks, "linger_ms": USERS_LINGER_MS},
             daemon=True,
         )
         imps, joined = (

@@ -14,7 +14,7 @@ from loadtest import stream_figures as sf
 from loadtest.common import print_table, report_targets
 from loadtest.recorder import Responses
 from loadtest.series import Series
-from loadtest.stream_topics import JOINER_KAFKA_BATCHED, JOINER_MEMBER, LINGER_MS, TOPICS
+from loadtest.stream_topics import JOINER_KAFKA_BATCHED, JOINER_MEMBER, TOPICS, USERS_LINGER_MS
 
 NOT_RECSERVE = ("bench", "broker")
 """Processes the RSS check leaves out (``rss_mb`` still shows them): the bench and the mock broker."""
@@ -99,7 +99,7 @@ def analyse(
             "full_every": args.full_every or None,
             "keep_versions": args.keep_versions,
             "joiner_kafka_config": JOINER_KAFKA_BATCHED.strip().replace("\n", ", "),
-            "users_linger_ms": LINGER_MS,
+            "users_linger_ms": USERS_LINGER_MS,
             "joiner_member": JOINER_MEMBER,
             "trainer_standby": args.standby,
             "drift_weight": args.drift_weight,

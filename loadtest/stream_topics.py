@@ -45,6 +45,17 @@ Multiple messageSets ?"), found by walking the partition's sets one by one (``rd
 process, and a restarted joiner, one small batch a fetch, caught up at 11,000-13,000 samples/s."""
 JOINER_KAFKA_BATCHED = JOINER_KAFKA + f"linger.ms={LINGER_MS}\n"
 """``JOINER_KAFKA`` with ``LINGER_MS``."""
+USERS_LINGER_MS = 200
+"""How long the simulated users' events producer waits to fill a batch in bench-soak (half an
+hour). The mock cluster keeps a partition's message sets up to 5 MB, and every fetch walks them
+from the oldest to find its offset (``rd_kafka_mock_msgset_find``, above). Clicks are about 100
+bytes: in ``LINGER_MS`` batches (3-4 clicks a set at 1,100 clicks/s over 16 partitions) the
+events partitions held 14,000 sets each by minute 15 of bench-soak, where perf found 93% of the
+broker's CPU in that walk (the broker at 33-45% of a core from minute 10, rising as the partitions
+filled), and a restarted joiner, which re-reads its events one set per partition a fetch, took 30
+s to read its inputs to their ends (events back in a served delta 22.8 s after the kill). 200 ms
+batches hold a quarter of the sets. The wait is part of event -> served, which is timed from the
+click's hand-over to the producer."""
 
 
 def joiner_role(

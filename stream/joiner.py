@@ -59,7 +59,7 @@ class Joiner:
                                   "queue.buffering.max.messages": 1_000_000, **common})  # fmt: skip
         self.consumer = Consumer({"group.id": cfg.group, "enable.auto.commit": False, "fetch.wait.max.ms": FETCH_WAIT_MS,
                                   "auto.offset.reset": "earliest", "enable.partition.eof": True,
-                                  "partition.assignment.strategy": "range", **common})  # fmt: skip
+                                  "partition.assignment.strategy": "range", "queued.max.messages.kbytes": 16384, **common})  # fmt: skip
         self._topics = (cfg.impressions, cfg.events)
         self._spills = spill_root(cfg)  # where closed requests' impressions lie (--attribution-s)
         self._closing = False
@@ -235,9 +235,9 @@ class Joiner:
     def _read_to_end(self, inp: int, partition: int) -> None:
         """Once every input of every partition was read to its end after an assignment (a
         restart's backlog read), return the allocator's free pages to the system: librdkafka
-        queues up to ``queued.max.messages.kbytes`` (64 MB) of a backlog's impressions, and glibc
-        kept those pages after they were freed (bench-soak: a restarted joiner settled 64-100 MB
-        above the one killed)."""
+        queues up to ``queued.max.messages.kbytes`` of a backlog's impressions (16 MB here; its
+        default 64 MB), and glibc kept those pages after they were freed (bench-soak: a restarted
+        joiner settled 64-100 MB above the one killed)."""
         if self._at_end is None:
             return
         self._at_end.add((inp, partition))
