@@ -27,6 +27,21 @@ def test_keys_are_the_trainers_item_then_request_id():
     assert sf.item_of(keys).tolist() == [3, 70000]
 
 
+def test_clicks_keep_each_batchs_keys_and_hand_over_time_whatever_the_request_ids_widths():
+    from stream.records import Event
+
+    clicks = sf.Clicks()
+    clicks([Event("req-10", 3, 1.0, 5.0), Event("r2", 7, 1.0, 5.5)], 100.0)
+    clicks([], 101.0)
+    clicks([Event("request-3", 0, 1.0, 6.0)], 102.5)
+    keys, t = clicks.arrays()
+    assert (
+        keys.tolist() == sf.keys_of(np.array([b"req-10", b"r2", b"request-3"]), np.array([3, 7, 0])).tolist()
+    )
+    assert t.tolist() == [100.0, 100.0, 102.5]
+    assert [len(a) for a in sf.Clicks().arrays()] == [0, 0]
+
+
 def test_a_sample_belongs_to_the_first_delta_whose_offsets_pass_it_across_a_restart():
     log = log_of(
         [(0, 0, "a", 0, 1), (0, 1, "a", 1, 0), (0, 2, "b", 0, 0), (1, 0, "c", 0, 1), (0, 3, "d", 0, 0)]
