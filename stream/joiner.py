@@ -26,6 +26,7 @@ import logging
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -49,8 +50,10 @@ class JoinError(RuntimeError):
 
 
 class Joiner:
-    def __init__(self, cfg: JoinConfig, registry: Any = None) -> None:
-        self.cfg, self.counts = cfg, JoinCounts()
+    def __init__(
+        self, cfg: JoinConfig, registry: Any = None, read_to_end: Callable[[], None] | None = None
+    ) -> None:
+        self.cfg, self.counts, self.read_to_end = cfg, JoinCounts(), read_to_end
         self.parts: dict[int, PartitionJoin] = {}
         self.fatal = ""
         self._committed: dict[tuple[int, int], tuple[int, int]] = {}  # (input, partition): (offset, read to)
@@ -234,20 +237,17 @@ class Joiner:
 
     def _read_to_end(self, inp: int, partition: int) -> None:
         """Once every input of every partition was read to its end after an assignment (a
-        restart's backlog read), return the allocator's free pages to the system: librdkafka
-        queues up to ``queued.max.messages.kbytes`` of a backlog's impressions (16 MB here; its
-        default 64 MB), and glibc kept those pages after they were freed (bench-soak: a restarted
-        joiner settled 64-100 MB above the one killed)."""
+        restart's backlog read), call ``read_to_end`` (``recserve join``: give the allocator's
+        free pages back; librdkafka queued up to ``queued.max.messages.kbytes`` of the backlog's
+        impressions, 16 MB here, and glibc kept those pages after they were freed: bench-soak's
+        restarted joiner settled 64-100 MB above the one killed)."""
         if self._at_end is None:
             return
         self._at_end.add((inp, partition))
         if len(self._at_end) == 2 * len(self.parts):
             self._at_end = None
-            from serving import memory
-
-            before = memory.rss_mb()
-            memory.trim()
-            log.info("join: read every input to its end; RSS %.0f -> %.0f MB", before, memory.rss_mb())
+            if self.read_to_end is not None:
+                self.read_to_end()
 
     def _produce(self, partition: int, emits: list[Emit]) -> None:
         """Each emit's records, under one delivery callback per emit: one per record kept a live

@@ -40,8 +40,8 @@ def test_labels_duplicates_late_events_and_dead_letters(kafka):
                                                ("x", b"garbage, and long enough for a header" * 2)])  # fmt: skip
     produce(kafka.bootstrap, cfg.events, [("a", event("a", 1, now + 0.1)), ("a", event("a", 1, now + 0.2)),
                                           ("b", event("b", 3, now + 5.0)), ("b", b"{not json")])  # fmt: skip
-    registry = CollectorRegistry()
-    joiner = Joiner(cfg, registry)
+    registry, at_end = CollectorRegistry(), []
+    joiner = Joiner(cfg, registry, read_to_end=lambda: at_end.append(time.time()))
     assert joiner.check_topics() == PARTS
     stop = threading.Event()
     thread = threading.Thread(target=joiner.run, args=(stop,), daemon=True)
@@ -72,6 +72,7 @@ def test_labels_duplicates_late_events_and_dead_letters(kafka):
             return registry.get_sample_value(f"recserve_join_{name}", labels)
 
         wait_until(lambda: metric("late_events_total") == 1, 30, "the late event counted")
+        assert len(at_end) == 1  # told once that every input was read to its end (recserve join trims)
         assert metric("duplicate_events_total") == 1
         assert (
             metric("samples_total", label="positive") == 1 and metric("samples_total", label="negative") == 7
