@@ -76,7 +76,7 @@ class Joiner:
         )  # items, events, empty rows the guard was told of
         self.partitions = 0
         """The inputs' partition count (``check_topics``)."""
-        self._at_end: set[tuple[int, int]] | None = set()  # (input, partition) read to its end; None: trimmed
+        self._at_end: set[tuple[int, int]] | None = set()  # (input, partition) at its end; None: hook called
         if registry is not None:
             from stream.join_metrics import Collector
 
