@@ -1,21 +1,21 @@
 """``recserve serve --workers N``: one port, N processes serving it, and the parent that keeps them.
 
-The parent binds the port (``--host``, ``--port``), loads what every worker holds alike (torch,
-numba and the kernels a decode runs, the scoring modules: ``serving.scoring.preload``) and forks
-N workers from itself (multiprocessing's fork), so they share those pages copy-on-write instead of
-each holding a copy; each inherits the bound socket. A worker is the one-process frontend
-(``serving.scoring.lean``) on it, so it maps its co-located shards itself (the page cache holds
-their files once), follows the notices and the poll and applies deltas, logs its own impressions,
-serves experiments, with the same key file and TLS. The kernel gives each connection to a worker
-that is accepting. Then the parent waits on its workers (``Workers.run``):
-
-1. a worker that exits (SIGKILL, a crash) is started again at once and counted
-   (``recserve_serve_worker_restarts_total``); its live gauges leave ``/metrics``, its counts stay,
-   its roster record goes (``serving.scoring.multiproc``, ``serving.scoring.roster``);
-2. workers that keep dying before they serve (``CrashLoop``: 5 within 30 s) stop the frontend:
-   the parent drains the others and exits 1, naming the last exit;
-3. on SIGTERM or SIGINT each worker gets SIGTERM and drains (stops accepting, finishes the
-   requests in flight within ``--drain-s``, closes); the parent waits for them and exits 0.
+The parent binds the port (``--host``, ``--port``) once per worker (``SO_REUSEPORT``: one
+listening socket a worker), loads what every worker holds alike (torch, numba and the kernels a
+decode runs, the scoring modules: ``serving.scoring.preload``) and forks N workers from itself
+(multiprocessing's fork), so they share those pages copy-on-write instead of each holding a copy;
+worker i inherits socket i. A worker is the one-process frontend (``serving.scoring.lean``) on it,
+so it maps its co-located shards itself (the page cache holds their files once), follows the
+notices and the poll and applies deltas, logs its own impressions, serves experiments, with the
+same key file and TLS. The kernel spreads new connections over the listening sockets by a hash of
+each connection's addresses and ports, so each worker gets its share. One socket that every worker
+accepts from (what this did first, and uvicorn's and gunicorn's way) gave a connection to whichever
+woke first: of 100 connections opened one after the other, 67, 73 and 49 went to one of two
+workers, and a client that keeps its connections open (locust's users, a load balancer's pool)
+then loads one worker up to twice the other: ``--workers 2`` held 1.4x the rate of one where the
+busier worker met the latency bound (bench-e2e, stop 66). A worker restarted takes over its
+slot's socket: the connections the kernel queued on it while no worker held it wait for the new
+one instead of being refused. Then the parent waits on its workers (``Workers.run``):
 
 Readiness: a worker finishes its first look at the store (CURRENT's version loaded, or why not
 known) before it accepts (``asgi.FrontendProcess``). Until the first worker does, the port refuses
@@ -77,11 +77,11 @@ def how(exitcode: int | None) -> str:
 
 
 class Workers:
-    """``n`` worker processes made by ``make`` (an unstarted process and the event it sets once it
-    takes connections), each started again when it exits, until ``stop`` or a crash loop.
+    """``n`` worker processes made by ``make(slot)`` (an unstarted process and the event it sets
+    once it takes connections; ``slot`` 0 to n - 1, the same for a restart), each started again when it exits, until ``stop`` or a crash loop.
     ``on_exit(pid)`` is told of each exit; ``on_change(serving, restarts)`` of each change."""
 
-    def __init__(self, n: int, make: Callable[[], tuple[BaseProcess, Any]], *, drain_s: float = 2.0,
+    def __init__(self, n: int, make: Callable[[int], tuple[BaseProcess, Any]], *, drain_s: float = 2.0,
                  crash_loop: CrashLoop = CrashLoop(), on_exit: Callable[[int], None] = lambda pid: None,
                  on_change: Callable[[int, int], None] = lambda serving, restarts: None):  # fmt: skip
         self.n, self.make, self.drain_s, self.crash_loop = n, make, drain_s, crash_loop
@@ -99,7 +99,7 @@ class Workers:
     def run(self, poll_s: float = 0.2) -> int:
         """Keep the workers running until ``stop`` (0) or a crash loop (1); they are drained then."""
         try:
-            self.slots = [self._start() for _ in range(self.n)]
+            self.slots = [self._start(i) for i in range(self.n)]
             while not self.stopping:
                 wait([p.sentinel for p, _ in self.slots], poll_s)
                 for i, (p, ready) in enumerate(self.slots):
@@ -112,15 +112,15 @@ class Workers:
                                   self.crash_loop.window_s, p.pid, how(p.exitcode))  # fmt: skip
                         return 1
                     log.warning("worker %s %s: starting another", p.pid, how(p.exitcode))
-                    self.slots[i] = self._start()
+                    self.slots[i] = self._start(i)
                     self.restarts += 1
                 self._show()
             return 0
         finally:
             self._drain()
 
-    def _start(self) -> tuple[BaseProcess, Any]:
-        process, ready = self.make()
+    def _start(self, slot: int) -> tuple[BaseProcess, Any]:
+        process, ready = self.make(slot)
         process.start()
         return process, ready
 
@@ -152,13 +152,31 @@ class Workers:
             self.on_exit(p.pid or 0)
 
 
-def bind(config: ServeConfig) -> socket.socket:
-    """The frontend's listening socket, bound (the workers listen on it as they become ready)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.host, config.port))
-    sock.set_inheritable(True)
-    return sock
+def bind(config: ServeConfig, n: int) -> list[socket.socket]:
+    """The frontend's ``n`` sockets, one a worker, bound to one port with ``SO_REUSEPORT`` (each
+    worker listens on its own as it becomes ready; the kernel spreads connections over those that
+    listen). A port another process holds is refused (``OSError``, address in use) as it was with
+    one socket: a plain bind is tried first, which any socket on the port refuses, ``SO_REUSEPORT``
+    or not (else a second frontend of the same user would join the first one's port)."""
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((config.host, config.port))
+        port = probe.getsockname()[1]  # --port 0: the one the system chose
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            sock = socket.socket(family)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((config.host, port))
+            sock.set_inheritable(True)
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
 
 
 def serve_workers(config: ServeConfig, n: int) -> int:
@@ -170,7 +188,7 @@ def serve_workers(config: ServeConfig, n: int) -> int:
         inference_key(config.key_path())  # the key file is made once, here, before the workers read it
     log.info("preloaded for the workers: %s", preload(config))
     try:
-        sock = bind(config)
+        socks = bind(config, n)
     except OSError as e:
         log.error("cannot listen on %s:%d: %s", config.host, config.port, e)
         return 1
@@ -180,9 +198,9 @@ def serve_workers(config: ServeConfig, n: int) -> int:
     ctx = multiprocessing.get_context("fork")  # from this process as preloaded: no thread runs in it
     level = logging.getLogger().getEffectiveLevel()
 
-    def make() -> tuple[BaseProcess, Any]:
+    def make(slot: int) -> tuple[BaseProcess, Any]:
         ready = ctx.Event()
-        args = (config, sock, ready, metrics_dir, level, os.getpid())
+        args = (config, socks[slot], ready, metrics_dir, level, os.getpid())
         return ctx.Process(target=run_worker, args=args, name="recserve-serve-worker"), ready
 
     def exited(pid: int) -> None:
@@ -199,7 +217,8 @@ def serve_workers(config: ServeConfig, n: int) -> int:
     try:
         code = workers.run()
     finally:
-        sock.close()
+        for sock in socks:
+            sock.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
     if code == 0:
         log.info("stopped: every worker drained")

@@ -2,7 +2,8 @@
 one port both answer, one /metrics sums them (their impression logs too), they share the heap
 their parent preloaded, `recserve versions` lists each, a delta reaches every worker, a SIGKILLed
 worker is started again and counted while serving goes on, SIGTERM drains them all (exit 0);
-workers that keep dying at start stop the parent (exit 1); a bad count is refused by argparse."""
+connections opened together are spread over both workers; workers that keep dying at start stop
+the parent (exit 1); a port another process holds is refused; a bad count is refused by argparse."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +24,8 @@ import pytest
 import model_store as ms
 from recserve.cli import main
 from serving.scoring import roster
-from serving.scoring.processes import CrashLoop, Workers
+from serving.scoring.lean import ServeConfig
+from serving.scoring.processes import CrashLoop, Workers, bind
 from tests.helpers import free_port, wait_until
 from tests.serving.helpers import consume_impressions
 from training.follow.cut import DeltaWriter
@@ -41,12 +44,27 @@ def test_a_bad_worker_count_is_refused_by_argparse(value, capsys):
 @pytest.mark.slow
 def test_workers_that_keep_dying_at_start_stop_the_parent(caplog):
     ctx = multiprocessing.get_context("spawn")
-    workers = Workers(2, lambda: (ctx.Process(target=os._exit, args=(3,)), ctx.Event()),
+    workers = Workers(2, lambda _slot: (ctx.Process(target=os._exit, args=(3,)), ctx.Event()),
                       crash_loop=CrashLoop(exits=5, window_s=30.0))  # fmt: skip
     with caplog.at_level(logging.ERROR, "recserve.serve"):
         assert workers.run() == 1
     assert "workers keep dying before they serve: 5 exits within 30 s" in caplog.text
     assert "exited with status 3" in caplog.text and workers.restarts == 4
+
+
+def test_a_port_another_process_listens_on_is_refused_and_port_0_binds_every_socket_to_one():
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as another frontend's worker
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        with pytest.raises(OSError, match="in use"):
+            bind(ServeConfig(host="127.0.0.1", port=other.getsockname()[1]), 2)
+    socks = bind(ServeConfig(host="127.0.0.1", port=0), 3)
+    try:
+        assert len({s.getsockname() for s in socks}) == 1 and socks[0].getsockname()[1] != 0
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _post(port: int, key: str) -> tuple[int | None, int, dict]:
@@ -135,6 +153,31 @@ def test_both_workers_answer_and_one_metrics_sums_their_counts(frontend):
     logged = f'recserve_impressions_logged_total{{topic="{topic}"}}'
     wait_until(lambda: (m := _metrics(port)).get(logged) == m[ok], 10, "every impression counted as logged")
     consume_impressions(bootstrap, topic, int(after[ok]))
+
+
+@pytest.mark.slow
+def test_connections_opened_together_are_spread_over_both_workers(frontend):
+    """A client that keeps its connections (locust's users, a pool) loads the workers as they were
+    handed out: one socket each (SO_REUSEPORT), the kernel spreads them by a hash of their ports
+    (100 connections to one shared socket went 67/33, 73/27 and 49/51)."""
+    _, port, key, _, pids, *_ = frontend
+    conns = [http.client.HTTPConnection("127.0.0.1", port, timeout=10) for _ in range(200)]
+    try:
+        for conn in conns:
+            conn.connect()
+        held: dict[int, int] = {}
+        for conn in conns:
+            conn.request("POST", "/predictions/criteo", BODY, {"Authorization": f"Bearer {key}",
+                                                               "Content-Type": "application/json"})  # fmt: skip
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == 200
+            pid = int(resp.getheader("x-recserve-pid") or 0)
+            held[pid] = held.get(pid, 0) + 1
+    finally:
+        for conn in conns:
+            conn.close()
+    assert set(held) == pids and min(held.values()) >= 70, held  # a fair coin: under 70 of 200 is 1e-5
 
 
 def _rollup(pid: int) -> dict[str, int]:
