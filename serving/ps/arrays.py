@@ -26,6 +26,9 @@ __all__ = ["RowArrays", "SignIndex", "checked_assign", "checked_grads", "coalesc
 
 MAPPED_BYTES = 1 << 20
 """Arrays of at least this many bytes are anonymous mappings of their own (``zeros``)."""
+HUGE_BYTES = 4 << 20
+"""Mapped arrays of at least this many bytes are advised transparent huge pages (numpy's own
+threshold)."""
 
 
 def zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -38,20 +41,23 @@ def zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     ones from its heap, cleared whole with a memset: once a process had replaced a version's
     tables, the next version's index, keys and per-row counts were resident in full and stayed in
     the heap (a streaming trainer's RSS rose by 20-55 MB at each full version it loaded, glibc's
-    in-use bytes by 54 MB at one). Mapped big arrays are advised transparent huge pages, as numpy
-    advises its own: lookups touch random rows, and with 4 KiB pages most of them would also miss
+    in-use bytes by 54 MB at one). Mapped arrays from ``HUGE_BYTES`` are advised transparent huge
+    pages, as numpy advises its own: lookups touch random rows, and with 4 KiB pages most of them would also miss
     the TLB."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
+    count = int(np.prod(shape))
+    nbytes = count * dtype.itemsize
     if nbytes < MAPPED_BYTES:
         buf = np.zeros(nbytes + 64, dtype=np.uint8)
         offset = -buf.ctypes.data % 64
         return buf[offset : offset + nbytes].view(dtype).reshape(shape)
-    # page-aligned, zero until written; private: a fork's writes are its own
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
-    if nbytes >= 4 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
+    try:  # page-aligned, zero until written; private: a fork's writes are its own
+        m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    except OSError as e:  # as np.zeros says it (a shard's growth refuses on MemoryError)
+        raise MemoryError(f"cannot map {nbytes} bytes for a {shape} {dtype} array: {e}") from e
+    if nbytes >= HUGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
         m.madvise(mmap.MADV_HUGEPAGE)
-    return np.frombuffer(m, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+    return np.frombuffer(m, dtype=dtype, count=count).reshape(shape)
 
 
 @dataclass(eq=False)

@@ -78,8 +78,9 @@ def how(exitcode: int | None) -> str:
 
 class Workers:
     """``n`` worker processes made by ``make(slot)`` (an unstarted process and the event it sets
-    once it takes connections; ``slot`` 0 to n - 1, the same for a restart), each started again when it exits, until ``stop`` or a crash loop.
-    ``on_exit(pid)`` is told of each exit; ``on_change(serving, restarts)`` of each change."""
+    once it takes connections; ``slot`` 0 to n - 1, the same for a restart), each started again
+    when it exits, until ``stop`` or a crash loop. ``on_exit(pid)`` is told of each exit;
+    ``on_change(serving, restarts)`` of each change."""
 
     def __init__(self, n: int, make: Callable[[int], tuple[BaseProcess, Any]], *, drain_s: float = 2.0,
                  crash_loop: CrashLoop = CrashLoop(), on_exit: Callable[[int], None] = lambda pid: None,

@@ -1,6 +1,6 @@
 """serving/ps/arrays.py's ``zeros``: 64-byte aligned zeros; from ``MAPPED_BYTES`` up an anonymous
 private mapping of its own (its pages go back to the system with it, wherever glibc's threshold
-stands), below that numpy's."""
+stands; one the system refuses is a MemoryError), below that numpy's."""
 
 from __future__ import annotations
 
@@ -60,3 +60,9 @@ def test_a_forked_child_writes_its_own_copy():
         os._exit(0)
     assert os.waitpid(pid, 0)[1] == 0
     assert not a.any()
+
+
+def test_a_mapping_the_system_refuses_is_a_memory_error_as_from_numpy():
+    """A shard's growth turns a MemoryError into its clear refusal (serving/ps/growth.py)."""
+    with pytest.raises(MemoryError, match="cannot map"):
+        zeros((1 << 46, 16), np.float32)

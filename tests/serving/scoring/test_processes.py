@@ -69,7 +69,7 @@ def test_a_port_another_process_listens_on_is_refused_and_port_0_binds_every_soc
 
 def _post(port: int, key: str) -> tuple[int | None, int, dict]:
     """(status, the answering worker's pid, the reply's versions) of one request on a new
-    connection (the kernel gives each to an accepting worker); (None, 0, {}) when refused."""
+    connection (the kernel gives each to a worker's socket); (None, 0, {}) when refused."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         conn.request("POST", "/predictions/criteo", BODY, {"Authorization": f"Bearer {key}",
