@@ -6,17 +6,23 @@ keeps freed heap pages, and it raises its mmap threshold after the first large f
 arrays under 32 MB come from the heap too. ``trim()`` asks glibc to return free pages
 (``malloc_trim``) after a switch (the streaming trainer, the controller, a PS shard that read a
 version's deltas for its flip); on another C library it
-does nothing. ``freeze_loaded()`` takes what a serving process holds for its life out of the cyclic
+does nothing. ``trimming()`` trims every ``TRIM_EVERY_S`` on a thread of its own, for a process
+whose frees come from its steady work, not from a switch (the joiner, the streaming trainer and
+its standby). ``freeze_loaded()`` takes what a serving process holds for its life out of the cyclic
 collector's scans, once its first version is loaded."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import gc
 import logging
 import os
+import threading
+import time
+from collections.abc import Iterator
 
 log = logging.getLogger("recserve.memory")
 
@@ -43,6 +49,39 @@ def trim(collect: bool = True) -> bool:
         gc.collect()
     libc = _libc()
     return bool(libc.malloc_trim(0)) if libc is not None else False
+
+
+TRIM_EVERY_S = 30.0
+"""How often ``trimming()`` returns free heap pages. In a 12-minute soak (bench-soak, 200 items a
+request, a full version every 90 s), one ``malloc_trim`` took a restarted joiner from 338 to 257 MB
+of anonymous memory (the catch-up's buffers, freed and kept), the trainer's standby from 369 to
+336 MB (its version steps) and the trainer from 611 to 495 MB (its steps' freed temporaries)."""
+
+
+@contextlib.contextmanager
+def trimming(every_s: float = TRIM_EVERY_S) -> Iterator[threading.Event]:
+    """``trim(collect=False)`` every ``every_s`` on a daemon thread while the block runs (the event
+    it yields stops it early). ``malloc_trim`` runs with the GIL released, so Python threads go
+    on; an allocation in an arena it is trimming waits for it (a few ms). Not for a serving process:
+    there it would stall the requests that allocate meanwhile (they trim after a switch)."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(every_s):
+            t0, before = time.monotonic(), rss_mb()
+            trim(collect=False)
+            log.debug("trimmed the heap in %.1f ms: RSS %.0f -> %.0f MB", 1e3 * (time.monotonic() - t0), before,
+                      rss_mb())  # fmt: skip
+
+    thread = threading.Thread(target=run, name="recserve-trim", daemon=True)
+    if _libc() is not None:
+        thread.start()
+    try:
+        yield stop
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join(5.0)
 
 
 def rss_mb() -> float:

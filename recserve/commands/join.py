@@ -16,6 +16,7 @@ log = logging.getLogger("recserve.join")
 def run(cfg: CONFIG) -> int:
     from prometheus_client import CollectorRegistry
 
+    from serving import memory
     from serving.rpc.metrics import start_metrics_server
     from stream.joiner import Joiner, JoinError
 
@@ -36,7 +37,8 @@ def run(cfg: CONFIG) -> int:
              cfg.events, cfg.samples, partitions, cfg.label_after_s, cfg.attribution_s or cfg.label_after_s, cfg.group,
              f", member {cfg.member}" if cfg.member else "")  # fmt: skip
     try:
-        joiner.run(stop)
+        with memory.trimming():  # a catch-up's buffers, freed, back to the system (serving/memory.py)
+            joiner.run(stop)
     except JoinError as e:
         log.error("join: %s (stopping without committing: a restart re-reads it)", e)
         return 1

@@ -134,6 +134,7 @@ def run_follow(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from model_store import ModelStoreError
+    from serving import memory
     from serving.rpc.metrics import MetricsPortError
     from training.follow.trainer import follow
 
@@ -143,7 +144,8 @@ def run_follow(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             handlers[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
-        result = follow(cfg, stop)
+        with memory.trimming():  # its steps' and versions' freed memory, back to the system
+            result = follow(cfg, stop)
     except (ModelStoreError, MetricsPortError) as e:
         logging.getLogger("recserve.train").error("cannot follow: %s", e)
         return 1

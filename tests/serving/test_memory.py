@@ -1,10 +1,15 @@
-"""serving/memory.py: what a serving process loaded for good leaves the collector's scans once."""
+"""serving/memory.py: what a serving process loaded for good leaves the collector's scans once; what a
+process freed goes back to the system."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
+
+from serving.memory import _libc as memory_libc
 from tests.helpers import ROOT
 
 FREEZE = """
@@ -39,3 +44,38 @@ def test_a_scoring_process_freezes_once_its_first_version_is_loaded(trained, mon
         assert frontend.step() is None and calls == [1]  # nothing new: nothing frozen again
     finally:
         frontend.close()
+
+
+TRIMMING = """
+import time
+from serving import memory
+
+
+def anon_mb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("RssAnon"))
+
+
+base = anon_mb()
+blocks = [bytearray(4000) for _ in range(50_000)]  # ~200 MB of glibc's heap (under its mmap threshold)
+kept = blocks[::100] + [blocks[-1]]  # a block alive every 400 KB and at the top: no automatic trim
+del blocks
+freed = anon_mb()
+assert freed > base + 150, (base, freed)  # freed, and kept by the allocator
+with memory.trimming(0.1):
+    deadline = time.monotonic() + 10
+    while anon_mb() > base + 50 and time.monotonic() < deadline:
+        time.sleep(0.05)
+print(f"{freed:.0f} {anon_mb():.0f}")
+"""
+
+
+def test_trimming_returns_what_a_process_freed_to_the_system():
+    if not Path("/proc/self/status").exists() or memory_libc() is None:
+        pytest.skip("needs glibc and /proc")
+    out = subprocess.run(
+        [sys.executable, "-c", TRIMMING], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    freed, after = map(float, out.stdout.split())
+    assert after < freed - 100, (freed, after)  # the freed pages went back within the deadline
