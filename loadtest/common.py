@@ -13,9 +13,11 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -72,13 +74,21 @@ def work_dir(name: str, keep: bool) -> Iterator[Path]:
 
 
 def parse(p: argparse.ArgumentParser, argv: list[str] | None, quick: dict[str, Any]) -> argparse.Namespace:
-    """``p``'s arguments; with ``--quick``, ``quick`` (dest -> value) replaces the defaults (flags
-    given on the command line still win)."""
+    r"""``p``'s arguments; with ``--quick``, ``quick`` (dest -> value) replaces the defaults (flags
+    given on the command line still win). A SIGTERM then ends the bench as Ctrl-C would, through
+    its ``finally``\ s: the processes it started are stopped (it killed the bench alone, and a
+    SIGTERMed bench-e2e left its PS shards, worker and TorchServe running)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args = p.parse_args(argv)
     if args.quick:
         p.set_defaults(**quick)
         args = p.parse_args(argv)
     return args
+
+
+def _exit_on_sigterm(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def machine() -> dict:

@@ -1,6 +1,11 @@
+import signal
+import subprocess
+import sys
+
 import numpy as np
 
 from loadtest.common import TIMELINE_COLUMNS, Stopwatch, call_times, median_us, read_timeline
+from tests.helpers import ROOT
 
 
 def test_a_timeline_reads_as_one_row_per_request_whatever_its_length(tmp_path):
@@ -26,3 +31,24 @@ def test_call_times_cycles_its_arguments_after_a_warm_up_and_times_each_call():
     with Stopwatch() as sw:
         running_s = sw.s
     assert 0 < running_s <= sw.s
+
+
+SIGTERMED = """
+import time
+from loadtest.common import parse, parser
+
+parse(parser("a bench"), [], {})
+try:
+    print("started", flush=True)
+    time.sleep(60)
+finally:
+    print("stopped its processes", flush=True)
+"""
+
+
+def test_a_sigtermed_bench_runs_its_finally_blocks():
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERMED], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert out.strip() == "stopped its processes" and proc.returncode == 128 + signal.SIGTERM
