@@ -68,6 +68,9 @@ def trimming(every_s: float = TRIM_EVERY_S) -> Iterator[threading.Event]:
 
     def run() -> None:
         while not stop.wait(every_s):
+            if not log.isEnabledFor(logging.DEBUG):
+                trim(collect=False)
+                continue
             t0, before = time.monotonic(), rss_mb()
             trim(collect=False)
             log.debug("trimmed the heap in %.1f ms: RSS %.0f -> %.0f MB", 1e3 * (time.monotonic() - t0), before,

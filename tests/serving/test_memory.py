@@ -47,26 +47,19 @@ def test_a_scoring_process_freezes_once_its_first_version_is_loaded(trained, mon
 
 
 TRIMMING = """
-import time
 from serving import memory
+from serving.memory import rss_mb  # what grows and falls here is anonymous memory
+from tests.helpers import wait_until
 
-
-def anon_mb():
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("RssAnon"))
-
-
-base = anon_mb()
+base = rss_mb()
 blocks = [bytearray(4000) for _ in range(50_000)]  # ~200 MB of glibc's heap (under its mmap threshold)
 kept = blocks[::100] + [blocks[-1]]  # a block alive every 400 KB and at the top: no automatic trim
 del blocks
-freed = anon_mb()
+freed = rss_mb()
 assert freed > base + 150, (base, freed)  # freed, and kept by the allocator
 with memory.trimming(0.1):
-    deadline = time.monotonic() + 10
-    while anon_mb() > base + 50 and time.monotonic() < deadline:
-        time.sleep(0.05)
-print(f"{freed:.0f} {anon_mb():.0f}")
+    wait_until(lambda: rss_mb() <= base + 50, 10, "the freed pages back")
+print(f"{freed:.0f} {rss_mb():.0f}")
 """
 
 
