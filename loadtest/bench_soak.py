@@ -35,8 +35,9 @@ per process (% of one CPU over the window) and
 ``impressions_missing`` (answered requests the impression log lacks; the bench reads the log as it
 fills, and ``impressions_unread_by_the_bench`` counts those the broker dropped before it read
 them, ``samples_unread_by_the_bench`` the samples') and ``store_floor_bytes`` (the
-store's fewest bytes under each version CURRENT named, once its publish's retention left at most
-``--keep-versions``: null where it was still deleting when the run ended). Writes
+store's fewest bytes under each version CURRENT named, once its publish's retention was done
+(``model_store.doomed``: nothing left that ``--keep-versions`` deletes; null where it was still
+deleting when the run ended). Writes
 ``loadtest/results/soak.json``. ``--quick``: 0.6 minutes at 4 + 2 rps in 0.2-minute windows.
 """
 
@@ -200,7 +201,7 @@ def run(args, model_dir: Path, work: Path) -> dict:
         published = Published(model_dir)
         recorders = [Recorder(endpoint, body, args.rate, LEAN), Recorder(stack.state.endpoint, body, args.ts_rate,
                                                                          TORCHSERVE, clients=2)]  # fmt: skip
-        series = Series(pids, model_dir, args.sample_s)
+        series = Series(pids, model_dir, args.sample_s, args.keep_versions if args.full_every else None)
         watch = Consumer({"bootstrap.servers": b, "group.id": "bench-soak-watch"})
         for t in (users, imps, joined, published, *recorders, series):
             t.start()
@@ -265,7 +266,7 @@ def run(args, model_dir: Path, work: Path) -> dict:
         "deltas_missed": published.missed,
         "max_samples_dropped_by_the_broker_before_trained": dropped,
         "versions": sorted({d.version for d in published.deltas}),
-        "store_floor_bytes": series.floors(args.keep_versions if args.full_every else None),
+        "store_floor_bytes": series.floors(),
         "catch_up_s": round(catch_up_s, 1),
         "kills": [{k: round(v - t0, 2) if k in ("kill", "back") else v for k, v in e.items()} for e in kills],
     }
@@ -276,15 +277,13 @@ def catch_up(
 ) -> float:
     """Wait (at most ``--catch-up-s``) until the joiner wrote a sample of every ``expected`` key,
     the trainer's published offsets (of any version) reached the samples topic's end and, with full
-    versions, retention left at most ``--keep-versions`` (a full version published in the load's
+    versions, retention's work was done (``ms.doomed``: a full version published in the load's
     last seconds has its floor measured too); seconds waited."""
     start, complete = time.monotonic(), False
     while time.monotonic() < start + args.catch_up_s:
         if not complete and sum(len(p.keys) for p in joined.parts) >= len(expected):
             complete = sf.missing(expected, sf.SampleLog.cat(list(joined.parts)).keys) == 0
-        retained = (
-            not args.full_every or len(ms.versions(model_dir.parent, model_dir.name)) <= args.keep_versions
-        )
+        retained = not args.full_every or not ms.doomed(model_dir.parent, model_dir.name, args.keep_versions)
         if complete and retained and published.offsets() >= sum(high_watermarks(watch, "samples")):
             break
         time.sleep(1.0)

@@ -26,8 +26,8 @@ class Sample:
     """The store's bytes on disk."""
     current: str
     """The version CURRENT names."""
-    versions: int = 0
-    """Complete versions in the store (retention's work is done when these are at most its keep)."""
+    retained: bool = True
+    """Retention's work is done: the store holds no version it would delete (``ms.doomed``)."""
     pids: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Process name -> the pids sampled under it."""
     pid_cpu: dict[int, float] = field(default_factory=dict)
@@ -37,11 +37,18 @@ class Sample:
 
 class Series(threading.Thread):
     """A ``Sample`` every ``every_s`` into ``samples`` until ``halt``: ``pids()`` names the
-    processes (name -> pids, asked at each sample: a restarted process has a new pid)."""
+    processes (name -> pids, asked at each sample: a restarted process has a new pid); ``keep``:
+    retention's ``--keep-versions`` (None: no retention runs)."""
 
-    def __init__(self, pids: Callable[[], dict[str, list[int]]], model_dir: Path, every_s: float) -> None:
+    def __init__(
+        self,
+        pids: Callable[[], dict[str, list[int]]],
+        model_dir: Path,
+        every_s: float,
+        keep: int | None = None,
+    ) -> None:
         super().__init__(name="series", daemon=True)
-        self.pids, self.model_dir, self.every_s = pids, model_dir, every_s
+        self.pids, self.model_dir, self.every_s, self.keep = pids, model_dir, every_s, keep
         self.samples: list[Sample] = []
         self._halt = threading.Event()
 
@@ -56,23 +63,23 @@ class Series(threading.Thread):
             }
             cpu = {n: sum(pid_cpu.get(p, 0.0) for p in pids) for n, pids in named.items()}
             current = ms.current(self.model_dir.parent, self.model_dir.name) or ""
-            held = (
-                len(ms.versions(self.model_dir.parent, self.model_dir.name)) if self.model_dir.is_dir() else 0
+            retained = self.keep is None or not (
+                self.model_dir.is_dir() and ms.doomed(self.model_dir.parent, self.model_dir.name, self.keep)
             )
             self.samples.append(
-                Sample(time.time(), rss, cpu, disk_bytes(self.model_dir), current, held, named, pid_cpu)
+                Sample(time.time(), rss, cpu, disk_bytes(self.model_dir), current, retained, named, pid_cpu)
             )
             self._halt.wait(self.every_s)
 
-    def floors(self, keep: int | None = None) -> list[tuple[str, int | None]]:
+    def floors(self) -> list[tuple[str, int | None]]:
         """(version, the store's fewest bytes while CURRENT named it) of each version CURRENT named,
-        in order: after the retention its publish ran, before its deltas pile up. ``keep``
-        (retention's ``--keep-versions``): only samples where at most ``keep`` versions were left
-        count (retention done: deleting a version's thousand deltas takes seconds), None for a
-        version with none (its retention still running when the samples ended)."""
+        in order: after the retention its publish ran, before its deltas pile up. With ``keep``,
+        only samples where retention's work was done count (deleting a version's thousand deltas
+        takes seconds), None for a version with none (its retention still running when the
+        samples ended)."""
         out: list[tuple[str, int | None]] = []
         for s in self.samples:
-            disk = s.disk if keep is None or s.versions <= keep else None
+            disk = s.disk if s.retained else None
             if out and out[-1][0] == s.current:
                 was = out[-1][1]
                 out[-1] = (s.current, disk if was is None else was if disk is None else min(was, disk))

@@ -72,7 +72,7 @@ from model_store.releases import (
     rollback,
     validate,
 )
-from model_store.retention import pin, pins, retain, unpin
+from model_store.retention import doomed, pin, pins, retain, unpin
 
 __all__ = [
     "CURRENT", "DELTAS", "MANIFEST", "SUCCESS", "CapacityError", "CorruptVersion", "IncompatibleVersion",
@@ -80,7 +80,7 @@ __all__ = [
     "ModelStoreError", "RecordError", "RuntimeChoice", "SchemaMismatch", "StoreError", "TrainRecord", "QuantRecord", "QuantizationLoss", "QualityDrop", "StreamRecord",
     "UnknownFormat", "VersionManifest", "VersionNotFound", "current", "default_root",
     "current_manifest", "delta_dir", "discard", "fsync_dir",
-    "history", "list_deltas", "list_versions", "mark_done", "model_dir", "next_version", "publish",
+    "doomed", "history", "list_deltas", "list_versions", "mark_done", "model_dir", "next_version", "publish",
     "pin", "pins", "read_manifest", "refusals", "retain", "unpin", "rollback", "seal", "file_digest", "sha256_file", "staging_dir", "validate",
     "verify_files", "version_dir", "versions", "write_atomic", "write_manifest",
 ]  # fmt: skip

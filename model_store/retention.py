@@ -64,21 +64,31 @@ def protected(root: Root, model: str) -> set[str]:
 def retain(root: Root, model: str, keep: int) -> list[str]:
     """Delete all but the newest ``keep`` complete versions, never a ``protected`` one; returns
     what was removed (version names, and the names of stale staging directories)."""
-    if keep < 1:
-        raise ValueError("keep must be >= 1")
-    keep_also = protected(root, model)
+    removed = doomed(root, model, keep)
+    for v in removed:
+        shutil.rmtree(ms.version_dir(root, model, v))
     complete = ms.versions(root, model)
-    newest = set(complete[-keep:])
-    removed = []
-    for v in ms.versions(root, model, complete_only=False):
-        if v in keep_also or v in newest:
-            continue
-        if v in complete or (complete and int(v) < int(complete[-1])):
-            shutil.rmtree(ms.version_dir(root, model, v))
-            removed.append(v)
     for stale in ms.model_dir(root, model).glob(f"{ms.STAGING}*"):
         number = stale.name[len(ms.STAGING) :].split("-")[0]
         if complete and number.isdigit() and int(number) < int(complete[-1]):
             shutil.rmtree(stale, ignore_errors=True)
             removed.append(stale.name)
     return removed
+
+
+def doomed(root: Root, model: str, keep: int) -> list[str]:
+    """The versions ``retain(root, model, keep)`` would delete now: none once retention is done,
+    though more than ``keep`` may be left (CURRENT, the one before it and the pins are kept
+    beside the newest ``keep``, a version the gate refused among those)."""
+    if keep < 1:
+        raise ValueError("keep must be >= 1")
+    keep_also = protected(root, model)
+    complete = ms.versions(root, model)
+    newest = set(complete[-keep:])
+    return [
+        v
+        for v in ms.versions(root, model, complete_only=False)
+        if v not in keep_also
+        and v not in newest
+        and (v in complete or (complete and int(v) < int(complete[-1])))
+    ]

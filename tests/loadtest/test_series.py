@@ -35,15 +35,34 @@ def test_the_series_samples_each_process_by_name_the_stores_disk_and_current(tmp
                                                                          if x.current == "1")  # fmt: skip
 
 
-def test_a_floor_counts_only_once_retention_left_at_most_keep_versions(tmp_path):
+def test_a_floor_counts_only_once_retention_is_done(tmp_path):
     from loadtest.series import Sample
 
     series = Series(lambda: {}, tmp_path, 1.0)
-    for t, (disk, current, held) in enumerate([(50, "1", 1), (90, "2", 3), (70, "2", 2), (80, "2", 2),
-                                               (120, "3", 3), (110, "3", 3)]):  # fmt: skip
-        series.samples.append(Sample(float(t), {}, {}, disk, current, held))
-    assert series.floors(keep=2) == [("1", 50), ("2", 70), ("3", None)]  # 3's retention never finished
-    assert series.floors() == [("1", 50), ("2", 70), ("3", 110)]
+    for t, (disk, current, retained) in enumerate([(50, "1", True), (90, "2", False), (70, "2", True),
+                                                   (80, "2", True), (120, "3", False), (110, "3", False)]):  # fmt: skip
+        series.samples.append(Sample(float(t), {}, {}, disk, current, retained))
+    assert series.floors() == [("1", 50), ("2", 70), ("3", None)]  # 3's retention never finished
+
+
+def test_the_series_samples_whether_retention_is_done(tmp_path):
+    """Done once no version is left that retention would delete, however many it keeps (here the
+    one published before CURRENT beside the newest two: three of keep=2)."""
+    from model_store.releases import publish
+    from model_store.retention import retain
+    from tests.model_store.helpers import write_version
+
+    vs = [write_version(tmp_path) for _ in range(4)]
+    publish(tmp_path, "m", vs[0])
+    publish(tmp_path, "m", vs[3])
+    series = Series(lambda: {}, tmp_path / "m", 0.01, keep=2)
+    series.start()
+    try:
+        wait_for(lambda: series.samples and not series.samples[-1].retained, 30, "a sample with work left")
+        retain(tmp_path, "m", keep=2)
+        wait_for(lambda: series.samples[-1].retained, 30, "a sample after retention")
+    finally:
+        series.halt()
 
 
 def test_a_name_whose_pid_changed_counts_the_new_pid_from_its_use_at_the_sample_before():
@@ -53,9 +72,9 @@ def test_a_name_whose_pid_changed_counts_the_new_pid_from_its_use_at_the_sample_
     # the standby (pid 2, 30 s of CPU used standing by) takes over from the trainer (pid 1) at t=1;
     # a new standby (pid 3) starts
     series.samples += [
-        Sample(0.0, {}, {"trainer": 50.0, "standby": 30.0}, 0, "1", 1, {"trainer": (1,), "standby": (2,)},
+        Sample(0.0, {}, {"trainer": 50.0, "standby": 30.0}, 0, "1", True, {"trainer": (1,), "standby": (2,)},
                {1: 50.0, 2: 30.0}),
-        Sample(1.0, {}, {"trainer": 30.5, "standby": 2.0}, 0, "1", 1, {"trainer": (2,), "standby": (3,)},
+        Sample(1.0, {}, {"trainer": 30.5, "standby": 2.0}, 0, "1", True, {"trainer": (2,), "standby": (3,)},
                {2: 30.5, 3: 2.0}),
     ]  # fmt: skip
     assert series.cpu_pct(0.0, 2.0) == {"trainer": 50.0, "standby": 200.0}  # 0.5 s, 2 s: not 30.5 s

@@ -7,7 +7,7 @@ import pytest
 
 import model_store as ms
 from model_store.releases import publish
-from model_store.retention import pin, pins, protected, retain, unpin
+from model_store.retention import doomed, pin, pins, protected, retain, unpin
 from tests.model_store.helpers import write_version
 
 
@@ -22,11 +22,26 @@ def test_retain_keeps_newest_current_and_rollback_target(tmp_path):
     vs = [write_version(tmp_path) for _ in range(6)]
     publish(tmp_path, "m", vs[1])
     publish(tmp_path, "m", vs[2])
+    assert set(doomed(tmp_path, "m", keep=2)) == {vs[0], vs[3]}
     removed = retain(tmp_path, "m", keep=2)
     left = ms.versions(tmp_path, "m")
     assert set(left) == {vs[1], vs[2], vs[4], vs[5]} and set(removed) == {vs[0], vs[3]}
+    assert doomed(tmp_path, "m", keep=2) == []  # done, with four versions left of keep=2
     with pytest.raises(ValueError):
         retain(tmp_path, "m", keep=0)
+    with pytest.raises(ValueError):
+        doomed(tmp_path, "m", keep=0)
+
+
+def test_a_refused_version_among_the_newest_leaves_more_than_keep_and_nothing_doomed(tmp_path):
+    """The streaming trainer's gate refused versions 2 and 3: the newest two (3, 4) and the one
+    published before 4 (1) stay, and retention is done."""
+    vs = [write_version(tmp_path) for _ in range(4)]
+    publish(tmp_path, "m", vs[0])
+    publish(tmp_path, "m", vs[3])
+    assert doomed(tmp_path, "m", keep=2) == [vs[1]]
+    assert retain(tmp_path, "m", keep=2) == [vs[1]]
+    assert ms.versions(tmp_path, "m") == [vs[0], vs[2], vs[3]] and doomed(tmp_path, "m", keep=2) == []
 
 
 def test_retention_never_deletes_a_served_or_pinned_version_and_takes_deltas_along(tmp_path):
