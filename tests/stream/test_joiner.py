@@ -113,15 +113,19 @@ def test_missing_or_unequal_topics_are_refused(kafka):
                           dead_letter=cfg.dead_letter)).check_topics()  # fmt: skip
 
 
-def test_a_restarted_joiner_does_not_count_the_events_it_rereads_as_late(kafka):
+def test_a_restarted_joiner_does_not_count_the_events_it_rereads_as_late(kafka, tmp_path):
     """A restart re-reads the events past the oldest held one; those it handled before (their
     windows closed and committed) are counted replayed, not late again: the joiner commits how far
     it read beside each offset (it counted 46 and 48 late events after restarts before)."""
     names = {k: kafka.create_topic(f"replay-{k}", 1) for k in ("impressions", "events", "samples")}
     for k in ("impressions", "events"):
         kafka.create_topic(dead_letter.topic_of(names[k]), 1)
+    # the mock holds a member joining a group it knew for its rebalance delay, the session timeout
+    # less 1 s (44 s by default), though the first joiner left: shorter here
+    (tmp_path / "kafka.conf").write_text("session.timeout.ms=6000\nheartbeat.interval.ms=500\n")
     cfg = JoinConfig(brokers=kafka.bootstrap, impressions=names["impressions"], events=names["events"],
-                     samples=names["samples"], group="replay-join", label_after_s=30.0, commit_every_s=0.2)  # fmt: skip
+                     samples=names["samples"], group="replay-join", label_after_s=30.0, commit_every_s=0.2,
+                     kafka_config=str(tmp_path / "kafka.conf"))  # fmt: skip
     now = time.time()
     produce(
         kafka.bootstrap,
