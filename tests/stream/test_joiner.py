@@ -34,7 +34,8 @@ from tests.stream.helpers import (
 
 
 def test_labels_duplicates_late_events_and_dead_letters(kafka):
-    cfg = topics(kafka, "e2e")
+    # a partition whose events end before its windows close closes them after --events-idle-s
+    cfg = replace(topics(kafka, "e2e"), events_idle_s=2.0)
     now = time.time()
     produce(kafka.bootstrap, cfg.impressions, [("a", impression("a", now)), ("b", impression("b", now)),
                                                ("x", b"garbage, and long enough for a header" * 2)])  # fmt: skip

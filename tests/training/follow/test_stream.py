@@ -331,9 +331,12 @@ def test_a_second_trainer_stands_by_and_takes_over_where_the_first_stopped(kafka
         produce(kafka.bootstrap, topic, batches[1])
         wait_until(lambda: samples_in_deltas() == 200, 60, "the first trainer's next deltas")
         newest = int(_published(store)[-1][0].name)
-        wait_until(
-            lambda: second.loaded.cluster.stores[0].delta_seq == newest, 30, "the standby at the newest delta"
-        )
+
+        def standby_at(seq: int) -> bool:  # the gauge is up before the standby's first load ends
+            lv = second.loaded
+            return lv is not None and lv.cluster.stores[0].delta_seq == seq
+
+        wait_until(lambda: standby_at(newest), 30, "the standby at the newest delta")
         stops[0].set()
         threads[0].join(60)
         produce(kafka.bootstrap, topic, batches[2])
