@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--catch-up-s", type=float, default=120.0, help="most seconds to catch up after the load")
     p.add_argument("--seed", type=int, default=0, help="the users' seed, every arm's (default: 0)")
     keep_work_flag(p)
-    args = parse(p, argv, {"minutes": 0.4, "rate": 4.0, "label_after_s": 1.0, "attribution_s": 12.0,
+    args = parse(p, argv, {"minutes": 0.3, "rate": 4.0, "label_after_s": 1.0, "attribution_s": 12.0,
                            "tail_median_s": 3.0, "drift_period_s": 60.0, "catch_up_s": 60.0})  # fmt: skip
     arms = args.arms.split(",")
     if unknown := [a for a in arms if a not in ARMS]:

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         "--drift-weight", type=float, default=2.0, help="logit amplitude of the taste (default: 2)"
     )
     keep_work_flag(p)
-    args = parse(p, argv, {"rate": 4.0, "warm_s": 30.0, "phase_s": 20.0, "recover_s": 25.0, "bad_s": 15.0, "after_s": 30.0,
+    args = parse(p, argv, {"rate": 4.0, "warm_s": 20.0, "phase_s": 20.0, "recover_s": 20.0, "bad_s": 15.0, "after_s": 22.0,
                            "window_s": 15.0})  # fmt: skip
     with work_dir("bench-guard", args.keep_work) as work:
         store = given_or_trained(args.store, work)
