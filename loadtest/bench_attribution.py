@@ -45,7 +45,6 @@ import argparse
 import dataclasses
 import shutil
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -67,6 +66,7 @@ from loadtest.common import (
 )
 from loadtest.processes import Sampler
 from loadtest.stream_roles import scrape
+from loadtest.stream_topics import Collector
 from loadtest.stream_users import UserModel, impressions, ranking_batch_bytes
 from model_store.deltas import read_delta
 from serving.rpc.procs import free_ports, spawn, stop_children
@@ -94,46 +94,30 @@ GROUP = "recserve-join"
 """The joiner's consumer group (its default): its committed offsets are its progress."""
 
 
-class Counter(threading.Thread):
-    """Reads the samples topic from its start as it fills: every sample's key as an integer
-    (request number x 2^33 + item x 2 + kind)."""
+def sample_codes(msgs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of one batch read from the samples topic (``stream_topics.Collector``'s decode): each
+    sample's key as an integer (request number x 2^33 + item x 2 + kind), whether it is positive,
+    and the (partition, offset) of its record."""
+    s, _ = read_samples([m.value() or b"" for m in msgs])
+    rid = request_ids(s.keys).astype(np.int64)
+    item = np.frombuffer(s.keys.astype("S4").tobytes(), ">u4").astype(np.int64) & (KIND_BIT - 1)
+    part = np.fromiter((m.partition() for m in msgs), np.int32, len(msgs))
+    offset = np.fromiter((m.offset() for m in msgs), np.int32, len(msgs))
+    where = np.stack([part[s.index], offset[s.index]], axis=1)
+    return (rid << 33) + item * 2 + s.kinds, s.labels > 0, where
 
-    def __init__(self, bootstrap: str, partitions: int) -> None:
-        super().__init__(daemon=True)
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-attribution-count",
-                                  "enable.auto.commit": False, "fetch.wait.max.ms": 50})  # fmt: skip
-        self.consumer.assign([TopicPartition("samples", p, OFFSET_BEGINNING) for p in range(partitions)])
-        self.codes: list[np.ndarray] = []
-        self.positive: list[np.ndarray] = []
-        self.where: list[np.ndarray] = []  # (partition, offset) of each record
-        self.next: dict[int, int] = {}  # partition -> the offset after the last record read
-        self.count = 0
-        self.stop = threading.Event()
 
-    def run(self) -> None:
-        while not self.stop.is_set():
-            msgs = [m for m in self.consumer.consume(20_000, timeout=0.2) if m.error() is None]
-            if msgs:
-                s, _ = read_samples([m.value() or b"" for m in msgs])
-                rid = request_ids(s.keys).astype(np.int64)
-                item = np.frombuffer(s.keys.astype("S4").tobytes(), ">u4").astype(np.int64) & (KIND_BIT - 1)
-                self.codes.append((rid << 33) + item * 2 + s.kinds)
-                self.positive.append(s.labels > 0)
-                self.where.append(np.array([(m.partition(), m.offset()) for m in msgs], np.int32))
-                for p, o in zip(*np.unique(self.where[-1][::-1, 0], return_index=True), strict=True):
-                    self.next[int(p)] = int(self.where[-1][len(msgs) - 1 - o, 1]) + 1  # a loop per partition
-                self.count += s.num_rows
-        self.consumer.close()
+def all_codes(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``sample_codes`` of every batch read, each array joined."""
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, bool), np.zeros((0, 2), np.int32)
+    codes, positive, where = (np.concatenate(a) for a in zip(*parts, strict=True))
+    return codes, positive, where
 
-    def offsets(self) -> int:
-        """The samples topic's records read, as the sum of each partition's next offset."""
-        return sum(self.next.values())
 
-    def all(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every sample's key code and whether it is positive."""
-        if not self.codes:
-            return np.zeros(0, np.int64), np.zeros(0, bool)
-        return np.concatenate(self.codes), np.concatenate(self.positive)
+def read_so_far(samples: Collector) -> int:
+    """The samples ``samples`` (a ``Collector`` of ``sample_codes``) has read so far."""
+    return sum(len(codes) for codes, _, _ in list(samples.parts))
 
 
 def world(
@@ -313,15 +297,15 @@ def run(args: argparse.Namespace) -> dict:
         model_dir = model_to_follow(args, work)
         train = trainer_argv(model_dir, b, args) if model_dir is not None else []
         trainers = [spawn(train, work / "train.log")] if train else []
-        counter = Counter(b, args.partitions)
-        counter.start()
+        samples = Collector(b, "samples", sample_codes, args.partitions)
+        samples.start()
         producer = Producer({"bootstrap.servers": b, "linger.ms": 20, "enable.idempotence": True,
                              "queue.buffering.max.messages": 2_000_000})  # fmt: skip
         killed_at, trainer_killed_at, sent_ev, dropped, t0 = None, None, 0, 0, time.time()
         watch = Consumer({"bootstrap.servers": b, "group.id": "bench-attribution-watch"})
         with Sampler(lambda: [procs[-1].pid], interval_s=1.0) as sampler:
             for start in range(0, n, CHUNK):
-                while start - min(committed(b, args.partitions), counter.count // args.items) > BACKLOG or (
+                while start - min(committed(b, args.partitions), read_so_far(samples) // args.items) > BACKLOG or (
                         model_dir is not None and start - trainer_positions(model_dir, args.partitions).sum()
                         // args.items > TRAINER_BACKLOG):  # fmt: skip
                     time.sleep(0.1)  # the producer's pace: the joiner, the reader (and the trainer) catch up
@@ -350,28 +334,27 @@ def run(args: argparse.Namespace) -> dict:
             deadline = time.time() + 600
             while settled < 3 and time.time() < deadline:  # every window closed, every sample read
                 time.sleep(1.0)  # the pace of the check: the joiner's last windows and the reader
-                done = scrape(port, "recserve_join_open_windows") == 0 and counter.count == last
+                read = read_so_far(samples)
+                done = scrape(port, "recserve_join_open_windows") == 0 and read == last
                 done = done and (
                     model_dir is None
-                    or trainer_positions(model_dir, args.partitions).sum() == counter.offsets()
+                    or trainer_positions(model_dir, args.partitions).sum() == sum(samples.next)
                 )
-                settled, last = (settled + 1 if done else 0), counter.count
+                settled, last = (settled + 1 if done else 0), read
         wall = time.time() - t0
-        counter.stop.set()
-        counter.join()
+        parts = samples.finish(watch)
         watch.close()
         stop_children(procs + trainers)
         records = [r for _, _, r in published(model_dir)] if model_dir is not None else []
         dead = dead_letters(b, args.partitions)
         spill_mb = sum(f.stat().st_size for f in (work / "state").rglob("*.seg")) / 2**20
-    codes, positive = counter.all()
+    codes, positive, where = all_codes(parts)
     counted: dict[str, object] = {**figures(codes, positive, firsts, clicked)}
     by_request = dead.pop("by_request")
     counted["lost_click_examples"] = lost_clicks(codes, positive, clicked, clicks, imp_ts, args.label_after_s,
                                                  by_request)  # fmt: skip
     counted["dead_letters"] = dead
     if train:
-        where = np.concatenate(counter.where) if counter.where else np.zeros((0, 2), np.int32)
         counted["trainer"] = trained(codes, where, records, args.partitions) | {
             "killed_at_s": round(trainer_killed_at - t0, 1) if trainer_killed_at else None,
             "dropped_by_the_broker_before_trained": dropped}  # fmt: skip

@@ -73,18 +73,19 @@ class Collector(threading.Thread):
     partition, so reading it at the end would miss the start), keeping ``decode(messages)`` of each
     batch read in ``parts``; ``finish`` reads on to the topic's end now, then stops. ``skipped``:
     the records the broker dropped before this read them (gaps in a partition's offsets), which a
-    bench would otherwise count as never written."""
+    bench would otherwise count as never written. ``partitions``: the topic's (default: ``TOPICS``')."""
 
-    def __init__(self, bootstrap: str, topic: str, decode) -> None:
+    def __init__(self, bootstrap: str, topic: str, decode, partitions: int | None = None) -> None:
         super().__init__(name=f"collect-{topic}", daemon=True)
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
         self.topic, self.decode = topic, decode
+        n = TOPICS[topic] if partitions is None else partitions
         self.parts: list = []
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-read-{topic}",
                                   "enable.auto.commit": False})  # fmt: skip
-        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(TOPICS[topic])])
-        self.next = [0] * TOPICS[topic]
+        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(n)])
+        self.next = [0] * n
         self.skipped = 0
         self.until: list[int] | None = None
 
