@@ -92,8 +92,10 @@ def container_env(container: dict, pod: dict, config_maps: dict) -> dict[str, st
 def image_commands(directory: Path) -> Path:
     """The image's commands over this checkout's venv bound at IMAGE_VENV. The venv's own scripts
     name their interpreter by its path here, which a pod's /tmp volume hides when the checkout
-    lies under /tmp (as CI's fresh clone does); these run the bound venv's python instead, which
-    imports recserve from the WORKDIR. ``python3`` is the venv's, as the image's PATH has it;
+    lies under /tmp (as a fresh clone may); these run the bound venv's python instead, which
+    imports recserve from the WORKDIR (``PYTHONPATH``: the image installs recserve in its venv, the
+    editable install here names this checkout's path, and TorchServe starts its Python worker in
+    the model's directory, where a checkout under /tmp is out of sight). ``python3`` is the venv's, as the image's PATH has it;
     ``java`` is this host's (the TorchServe image's is Debian's openjdk-17-jre-headless)."""
     directory.mkdir()
     for name, module in (("recserve", "-m recserve"), ("torchrun", "-m torch.distributed.run"),
@@ -192,7 +194,7 @@ class Kubelet:
         }
         env = container_env(container, pod, self.config_maps)
         argv = [expand(a, env) for a in container["command"] + container.get("args", [])]
-        proc_env = {**os.environ, "PATH": self.path, **env}
+        proc_env = {**os.environ, "PATH": self.path, "PYTHONPATH": IMAGE_WORKDIR, **env}
         if wait:
             done = host.run(argv, binds, env=proc_env, cwd=IMAGE_WORKDIR, capture_output=True, text=True,
                             timeout=60)  # fmt: skip
