@@ -93,10 +93,11 @@ def image_commands(directory: Path) -> Path:
     """The image's commands over this checkout's venv bound at IMAGE_VENV. The venv's own scripts
     name their interpreter by its path here, which a pod's /tmp volume hides when the checkout
     lies under /tmp (as a fresh clone may); these run the bound venv's python instead, which
-    imports recserve from the WORKDIR (``PYTHONPATH``: the image installs recserve in its venv, the
-    editable install here names this checkout's path, and TorchServe starts its Python worker in
-    the model's directory, where a checkout under /tmp is out of sight). ``python3`` is the venv's, as the image's PATH has it;
-    ``java`` is this host's (the TorchServe image's is Debian's openjdk-17-jre-headless)."""
+    imports recserve from the WORKDIR (``PYTHONPATH``, set by ``Kubelet.run``: the image installs
+    recserve in its venv, the editable install here names this checkout's path, and TorchServe
+    starts its Python worker in the model's directory, where a checkout under /tmp is out of
+    sight). ``python3`` is the venv's, as the image's PATH has it; ``java`` is this host's (the
+    TorchServe image's is Debian's openjdk-17-jre-headless)."""
     directory.mkdir()
     for name, module in (("recserve", "-m recserve"), ("torchrun", "-m torch.distributed.run"),
                          ("torch-model-archiver", "-c 'import sys; from model_archiver.model_packaging import generate_model_archive as g; sys.exit(g())'"), ("python3", "")):  # fmt: skip
