@@ -16,21 +16,39 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+STOP_S = 60.0
+"""How long a bench past its timeout has to stop its processes after SIGTERM."""
 
 
 @pytest.fixture
 def bench(tmp_path) -> Callable[..., dict]:
     """``bench(module, name, *args, timeout_s=300)``: ``python -m loadtest.<module> --quick
     --results-dir <tmp> ARGS`` from the checkout's root (an AssertionError with its output's tail
-    when it fails); returns ``<tmp>/<name>.json``."""
+    when it fails); returns ``<tmp>/<name>.json``. Past ``timeout_s`` the bench gets SIGTERM, so
+    that it stops the processes it started on its way out (``loadtest.common.parse``), and
+    SIGKILL only if it has not ended ``STOP_S`` later."""
 
     def run(module: str, name: str, *args: str, timeout_s: float = 300) -> dict:
         results = tmp_path / "results"
         cmd = [sys.executable, "-m", f"loadtest.{module}", "--quick", "--results-dir", str(results), *args]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-        assert done.returncode == 0, (
-            f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) as proc:  # fmt: skip
+            try:
+                out, err = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                try:
+                    out, err = proc.communicate(timeout=STOP_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    out, err = proc.communicate()
+                raise AssertionError(
+                    f"{' '.join(cmd)} ran past {timeout_s:g} s (stopped, exit {proc.returncode}):\n"
+                    f"{out[-3000:]}\n{err[-3000:]}"
+                ) from None
+        assert proc.returncode == 0, (
+            f"{' '.join(cmd)} exited {proc.returncode}:\n{out[-3000:]}\n{err[-3000:]}"
         )
         return json.loads((results / f"{name}.json").read_text())
 
