@@ -83,6 +83,16 @@ def topics(kafka, name: str) -> JoinConfig:
                       commit_every_s=0.2)  # fmt: skip
 
 
+def short_session(directory) -> str:
+    """A librdkafka config file in ``directory`` with a 6 s session timeout (45 s by default), for
+    a joiner in a group: the mock cluster notices a dead member after it, and holds a member joining
+    a group it knew (even one the last member left) for its rebalance delay, the session timeout
+    less 1 s (a real broker goes on once every member has rejoined). Its path."""
+    path = directory / "kafka.conf"
+    path.write_text("session.timeout.ms=6000\nheartbeat.interval.ms=500\n")
+    return str(path)
+
+
 def join_args(cfg: JoinConfig, metrics_port: int = 0) -> list[str]:
     return ["join", "--kafka-config", cfg.kafka_config, "--brokers", cfg.brokers, "--impressions", cfg.impressions, "--events", cfg.events,
             "--samples", cfg.samples, "--group", cfg.group,

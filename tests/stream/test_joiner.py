@@ -29,6 +29,7 @@ from tests.stream.helpers import (
     join_args,
     produce,
     samples_by_key,
+    short_session,
     topics,
 )
 
@@ -121,12 +122,10 @@ def test_a_restarted_joiner_does_not_count_the_events_it_rereads_as_late(kafka, 
     names = {k: kafka.create_topic(f"replay-{k}", 1) for k in ("impressions", "events", "samples")}
     for k in ("impressions", "events"):
         kafka.create_topic(dead_letter.topic_of(names[k]), 1)
-    # the mock holds a member joining a group it knew for its rebalance delay, the session timeout
-    # less 1 s (44 s by default), though the first joiner left: shorter here
-    (tmp_path / "kafka.conf").write_text("session.timeout.ms=6000\nheartbeat.interval.ms=500\n")
+    # the second joiner joins the group the first left: held for the rebalance delay (short_session)
     cfg = JoinConfig(brokers=kafka.bootstrap, impressions=names["impressions"], events=names["events"],
                      samples=names["samples"], group="replay-join", label_after_s=30.0, commit_every_s=0.2,
-                     kafka_config=str(tmp_path / "kafka.conf"))  # fmt: skip
+                     kafka_config=short_session(tmp_path))  # fmt: skip
     now = time.time()
     produce(
         kafka.bootstrap,
@@ -183,11 +182,7 @@ def workload(kafka, cfg: JoinConfig, requests: range) -> dict[tuple[str, int], f
 def test_a_joiner_sigkilled_and_restarted_loses_no_sample(kafka, tmp_path, member):
     cfg = topics(kafka, f"kill-{member.replace('/', '-') or 'group'}")
     cfg.label_after_s, cfg.member = 3.0, member
-    # the group notices the dead member after its session timeout (45 s by default): shorter here
-    (tmp_path / "kafka.conf").write_text(
-        "# consumer group\nsession.timeout.ms=6000\nheartbeat.interval.ms=500\n"
-    )
-    cfg.kafka_config = str(tmp_path / "kafka.conf")
+    cfg.kafka_config = short_session(tmp_path)  # the group notices the dead member after it
     due = workload(kafka, cfg, range(0, 200))
     reader = TopicReader(kafka.bootstrap, cfg.samples, PARTS)
     proc = spawn(join_args(cfg), tmp_path / "join-1.log")
@@ -230,10 +225,7 @@ def scrape(port: int, name: str) -> float:
 @pytest.mark.parametrize("static", [False, True], ids=["group", "static"])
 def test_two_joiners_split_the_partitions(kafka, tmp_path, static):
     cfg = topics(kafka, f"split-{static}")
-    # A member joining a running group waits out the mock's rebalance delay, the session timeout
-    # less 1 s (44 s by default; a real broker goes on once every member has rejoined): shorter here
-    (tmp_path / "kafka.conf").write_text("session.timeout.ms=6000\nheartbeat.interval.ms=500\n")
-    cfg.kafka_config = str(tmp_path / "kafka.conf")
+    cfg.kafka_config = short_session(tmp_path)  # a member joining a running group: the rebalance delay
     ports = [free_port(), free_port()]
     reader = TopicReader(kafka.bootstrap, cfg.samples, PARTS)
 
