@@ -98,8 +98,9 @@ class RecserveHandler:
         self.initialized = True
 
     def _follow(self, where: dict, config, model_name: str) -> None:
-        """Serve what CURRENT names, loaded here (readiness: TorchServe's /ping passes once this
-        returns), then follow the store on a daemon thread."""
+        """Serve what CURRENT names, loaded here (the worker is READY in TorchServe's management API
+        once this returns: the component's readiness, serving/torchserve/ready.py), then follow the
+        store on a daemon thread."""
         from serving.priority import loading_priority
         from serving.scoring.arms import Router
         from serving.scoring.experiments import KIND

@@ -26,19 +26,16 @@ class DenseSwitch:
         Registration is asynchronous on purpose: TorchServe serves a synchronous register on one of
         its netty event-loop threads, and every inference connection on that thread stalls until
         the new workers are up (seconds). Asynchronous registration plus polling keeps serving."""
+        from serving.torchserve.ready import not_ready
+
         mgmt = self.management()
         mgmt.register(
             build_mar(self.cfg, self.state, self.run_dir, vdir, version), self.cfg.model, synchronous=False
         )
         deadline = time.monotonic() + timeout_s
-        while True:
-            workers = [w for d in mgmt.describe(self.cfg.model, version) for w in d.get("workers", [])]
-            if workers and all(w.get("status") == "READY" for w in workers):
-                break
+        while (why := not_ready(mgmt, self.cfg.model, version)) is not None:
             if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{self.cfg.model} version {version}: workers not READY after {timeout_s}s: {workers}"
-                )
+                raise TimeoutError(f"{self.cfg.model} version {version}: not READY after {timeout_s}s: {why}")
             time.sleep(0.1)
         if make_default:
             mgmt.set_default(self.cfg.model, version)

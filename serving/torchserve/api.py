@@ -26,7 +26,12 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _http(
-    method: str, url: str, token: str | None, body: bytes | None = None, content_type: str = ""
+    method: str,
+    url: str,
+    token: str | None,
+    body: bytes | None = None,
+    content_type: str = "",
+    timeout_s: float = 300.0,
 ) -> bytes:
     req = urllib.request.Request(url, data=body, method=method)
     if token:
@@ -34,7 +39,7 @@ def _http(
     if content_type:
         req.add_header("Content-Type", content_type)
     try:
-        with _OPENER.open(req, timeout=300) as resp:
+        with _OPENER.open(req, timeout=timeout_s) as resp:
             return resp.read()
     except urllib.error.HTTPError as e:
         raw = e.read().decode("utf-8", "replace")
@@ -58,17 +63,20 @@ class _Keys:
 
 
 class ManagementClient:
-    """The TorchServe management API (stdlib HTTP). ``key_file`` is None when token auth is off."""
+    """The TorchServe management API (stdlib HTTP). ``key_file`` is None when token auth is off;
+    ``timeout_s`` bounds each call (a readiness probe's is short)."""
 
-    def __init__(self, base_url: str, key_file: Path | None = None, defaults: TorchServeConfig | None = None):
+    def __init__(self, base_url: str, key_file: Path | None = None, defaults: TorchServeConfig | None = None,
+                 timeout_s: float = 300.0):  # fmt: skip
         self.base_url = base_url.rstrip("/")
         self._keys = _Keys(key_file)
         self._defaults = defaults
+        self.timeout_s = timeout_s
 
     def _call(self, method: str, path: str, **params: Any) -> Any:
         query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
         url = f"{self.base_url}{path}" + (f"?{query}" if query else "")
-        raw = _http(method, url, self._keys.get("management"))
+        raw = _http(method, url, self._keys.get("management"), timeout_s=self.timeout_s)
         return json.loads(raw) if raw else None
 
     def register(
