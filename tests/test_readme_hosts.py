@@ -19,7 +19,7 @@ import pytest
 import model_store as ms
 from serving.ps.client import PSClient, ShardError
 from serving.scoring.client import ScoringClient, requests_from_file
-from tests.helpers import ROOT, doc_blocks, exit_ok, recserve_argv, split_comment, train_version, wait_until
+from tests.helpers import ROOT, doc_blocks, exit_ok, recserve_argv, split_comment, wait_until
 from tests.serving.helpers import TEST
 
 pytestmark = pytest.mark.slow
@@ -51,9 +51,9 @@ def _scores(address: str, store) -> np.ndarray:
     return np.array(scores)
 
 
-def test_the_serving_lines_run_as_printed_across_three_hosts(network, tmp_path):
+def test_the_serving_lines_run_as_printed_across_three_hosts(network, tmp_path, trained_copy):
     store = tmp_path / "store"
-    train_version(store, seed=0, publish=True)
+    trained_copy(store)
     net = network(3, ["host-a", "host-b", "host-c"], subnet="198.18.0")
     hosts = {"host A": net.hosts[0], "host B": net.hosts[1], "host C": net.hosts[2], "any host": net.hosts[0]}
     binds = {str(store): MOUNT}

@@ -5,8 +5,8 @@ from tests.loadtest.conftest import has
 pytestmark = pytest.mark.slow
 
 
-def test_bench_e2e_runs_a_lean_and_a_torchserve_run_one_and_two_workers_and_an_open_loop(bench):
-    result = bench("bench_e2e", "e2e")
+def test_bench_e2e_runs_a_lean_and_a_torchserve_run_one_and_two_workers_and_an_open_loop(bench, trained):
+    result = bench("bench_e2e", "e2e", "--store", str(trained[0]))
     has(result, "inprocess_p50_ms", "runs", "targets_met", "conditions")
     runs = result["runs"]
     served = [(r["frontend"], r["lookups"], r["form"]) for r in runs]

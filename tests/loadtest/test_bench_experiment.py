@@ -5,8 +5,8 @@ from tests.loadtest.conftest import has
 pytestmark = pytest.mark.slow
 
 
-def test_bench_experiment_runs_the_experiment_and_writes_every_figure(bench):
-    result = bench("bench_experiment", "experiment", timeout_s=600)
+def test_bench_experiment_runs_the_experiment_and_writes_every_figure(bench, trained):
+    result = bench("bench_experiment", "experiment", "--store", str(trained[0]), timeout_s=600)
     has(result, "decisions", "samples_to_decision", "metric_max_abs_diff", "mixed_responses", "units_in_two_arms",
         "split_p99_ratio", "aa_replays", "aa_false_decision_rate", "conditions")  # fmt: skip
     assert set(result["decisions"]) == {"A", "B"}

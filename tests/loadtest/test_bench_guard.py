@@ -5,8 +5,8 @@ from tests.loadtest.conftest import has
 pytestmark = pytest.mark.slow
 
 
-def test_bench_guard_trips_both_guards_and_writes_every_figure(bench):
-    result = bench("bench_guard", "guard", timeout_s=600)
+def test_bench_guard_trips_both_guards_and_writes_every_figure(bench, trained):
+    result = bench("bench_guard", "guard", "--store", str(trained[0]), timeout_s=600)
     has(result, "outage", "bad_labels", "guard_events", "conditions")
     has(result["outage"], "trip_s", "served_mean_ratio_min", "deltas_served_from_outage", "lost_samples",
         "quarantined", "resumed")  # fmt: skip

@@ -5,8 +5,8 @@ from tests.loadtest.conftest import has
 
 
 @pytest.mark.slow
-def test_bench_soak_reports_every_window_and_counts_samples_across_the_kills(bench):
-    result = bench("bench_soak", "soak", timeout_s=600)
+def test_bench_soak_reports_every_window_and_counts_samples_across_the_kills(bench, trained):
+    result = bench("bench_soak", "soak", "--store", str(trained[0]), timeout_s=600)
     has(result, "minutes", "lost_samples", "duplicate_samples", "windows", "kills", "conditions")
     assert len(result["windows"]) == 3 and [k["name"] for k in result["kills"]] == [
         "trainer",

@@ -5,8 +5,8 @@ from tests.loadtest.conftest import has
 pytestmark = pytest.mark.slow
 
 
-def test_bench_stream_trains_every_closed_impression_once_across_the_kills(bench):
-    result = bench("bench_stream", "stream", timeout_s=600)
+def test_bench_stream_trains_every_closed_impression_once_across_the_kills(bench, trained):
+    result = bench("bench_stream", "stream", "--store", str(trained[0]), timeout_s=600)
     has(result, "impressions", "samples_joined", "samples_trained", "duplicate_samples", "lost_samples",
         "progressive_auc", "join_samples_per_s", "train_samples_per_s", "max_lag_samples", "event_to_served_s",
         "logging_p99_ratio", "conditions")  # fmt: skip

@@ -5,8 +5,8 @@ from tests.loadtest.conftest import has
 pytestmark = pytest.mark.slow  # a process of its own, as every bench's smoke run
 
 
-def test_bench_trainer_trains_the_same_samples_offline_and_streaming_to_the_same_model(bench):
-    result = bench("bench_trainer", "trainer")
+def test_bench_trainer_trains_the_same_samples_offline_and_streaming_to_the_same_model(bench, trained):
+    result = bench("bench_trainer", "trainer", "--store", str(trained[0]))
     has(result, "samples", "batches", "broker_consume_samples_per_s", "targets_met", "machine")
     assert set(result["batches"]) == {"128", "1024"}
     for b in result["batches"].values():

@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 
 from loadtest.multihost_serving import Roles, under_load
-from tests.helpers import train_version, wait_until
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_lost_ps_host_and_a_lost_worker_host_cost_no_request(network, tmp_path):
+def test_a_lost_ps_host_and_a_lost_worker_host_cost_no_request(network, tmp_path, trained_copy):
     store = tmp_path / "store"
-    train_version(store, seed=0, publish=True)
+    trained_copy(store)
     net = network(5, ["ps-a", "ps-b", "worker-c", "worker-d", "serve-e"])
     a, _, c, _, _ = net.hosts
     roles = Roles(net.hosts, store, tmp_path).start()

@@ -35,10 +35,10 @@ SCHEMA = "data/schemas/criteo.yaml"
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store(tmp_path_factory, trained_copy):
     """Version 1 published (CURRENT) and version 2 trained beside it (another seed)."""
     root = tmp_path_factory.mktemp("store")
-    train_version(root, seed=0, publish=True)
+    trained_copy(root)
     train_version(root, seed=1, publish=False)
     return root
 

@@ -39,9 +39,9 @@ def up(host) -> bool:
         return False
 
 
-def test_two_hosts_split_units_alike_and_both_serve_the_rewind(network, tmp_path):
+def test_two_hosts_split_units_alike_and_both_serve_the_rewind(network, tmp_path, trained_copy):
     store = tmp_path / "store"
-    train_version(store, seed=0, publish=True)  # version 1: CURRENT, control
+    trained_copy(store)  # version 1: CURRENT, control
     train_version(store, seed=1, publish=False)  # version 2: the candidate
     net = network(2, ["serve-a", "serve-b"])
     for h in net.hosts:

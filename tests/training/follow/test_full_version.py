@@ -20,7 +20,6 @@ import pytest
 import torch
 
 import model_store as ms
-from loadtest.common import train_version
 from model_store.deltas import last_record, read_keys
 from model_store.releases import refusals
 from model_store.shards import read_meta, shard_dirs
@@ -212,11 +211,11 @@ def _rows(root: Path, version: str, signs: np.ndarray, deltas: bool = True) -> n
 
 
 @pytest.fixture(scope="module")
-def ranked(tmp_path_factory) -> Path:
+def ranked(tmp_path_factory, trained_copy) -> Path:
     """A store whose version 1 ranks the samples better than chance (``follow_version``, one epoch
     on 2,000 rows, ranks them barely better, AUC about 0.54: a candidate can hardly drop below it)."""
     root = tmp_path_factory.mktemp("ranked")
-    train_version(root, seed=0, publish=True)
+    trained_copy(root)
     return root
 
 
