@@ -61,7 +61,8 @@ def trained_copy(tmp_path_factory) -> Callable[[Path], TrainResult]:
     published), copied into ``root`` (absent or empty) from the one store the session trained first;
     its training result, with its paths in ``root``. The xdist workers of a session share that
     store (their base temp dir's parent, made under an flock there): seed 0 trains the same model
-    each time, and it was trained once per module and bench, several minutes of the suite."""
+    each time, and it was trained once per module (21 in the slow suite) and per bench smoke run
+    that imported torch for it alone (a training is 1.3 s in a warm process, 7 s in a fresh one)."""
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
     first, done = shared / "trained-seed-0", shared / "trained-seed-0.pkl"
