@@ -20,10 +20,10 @@ import pytest
 
 from loadtest import mockbroker, netns
 from tests.helpers import exclusive, train_version
+from tests.ordering import Ordering
 
 if TYPE_CHECKING:
     from training.train import TrainResult
-from tests.ordering import Ordering
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -72,7 +72,9 @@ def trained_copy(tmp_path_factory) -> Callable[[Path], TrainResult]:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released as it closes
             if not done.exists():
                 shutil.rmtree(first, ignore_errors=True)  # a session stopped while it trained
-                done.write_bytes(pickle.dumps(train_version(first, seed=0, publish=True)))
+                part = done.with_suffix(".part")
+                part.write_bytes(pickle.dumps(train_version(first, seed=0, publish=True)))
+                part.rename(done)  # whole, or absent
         result = pickle.loads(done.read_bytes())
         shutil.copytree(first, root, dirs_exist_ok=True)
         here = {
