@@ -3,6 +3,7 @@ handler is still initializing (when TorchServe's own /ping already says Healthy)
 returns; a management API that does not answer is not ready, said so."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from serving.torchserve import TorchServe, archive
 from serving.torchserve.ready import main
 from tests.helpers import free_ports, wait_until
-from tests.serving.torchserve.test_torchserve import make_config
+from tests.serving.torchserve.helpers import make_config
 
 pytestmark = pytest.mark.slow
 HANDLER = Path(__file__).resolve().parent / "gated_handler.py"
@@ -18,6 +19,7 @@ HANDLER = Path(__file__).resolve().parent / "gated_handler.py"
 
 def test_ready_only_once_the_handler_has_initialized(tmp_path, capsys):
     gate = tmp_path / "gate"
+    os.mkfifo(gate)  # the handler's initialize holds until a byte comes through it
     (tmp_path / "gate.json").write_text(json.dumps({"gate": str(gate)}))
     archive(HANDLER, [tmp_path / "gate.json"], "gated", "1.0", tmp_path / "store")
 
@@ -36,7 +38,9 @@ def test_ready_only_once_the_handler_has_initialized(tmp_path, capsys):
         assert ts.inference().ping()["status"] == "Healthy"  # TorchServe's /ping: why this module exists
         code, said = ready(url)
         assert code == 1 and said.startswith("gated: worker ") and said.endswith(" UNLOADING"), said
-        gate.touch()
+        fd = os.open(gate, os.O_WRONLY | os.O_NONBLOCK)  # the handler holds its read end
+        os.write(fd, b"1")
+        os.close(fd)
         wait_until(
             lambda: ready(url) == (0, "ready: gated"), 30, "the probe to pass once initialize returned"
         )

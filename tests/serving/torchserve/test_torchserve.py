@@ -11,11 +11,10 @@ import pytest
 from serving.torchserve import (
     ManagementClient,
     TorchServe,
-    TorchServeConfig,
     TorchServeError,
     archive,
 )
-from tests.helpers import free_ports
+from tests.serving.torchserve.helpers import make_config
 
 pytestmark = pytest.mark.slow
 
@@ -32,23 +31,6 @@ def model_store(tmp_path_factory) -> Path:
         extra.write_text(json.dumps({"tag": tag}))
         archive(HANDLER, [extra], "echo", version, store)
     return store
-
-
-def make_config(store: Path, run_dir: Path, **overrides) -> TorchServeConfig:
-    ports = dict(
-        zip(
-            (
-                "inference_port",
-                "management_port",
-                "metrics_port",
-                "grpc_inference_port",
-                "grpc_management_port",
-            ),
-            free_ports(5),
-            strict=True,
-        )
-    )
-    return TorchServeConfig(model_store=store, run_dir=run_dir, **ports, **overrides)
 
 
 def listening_addresses(pid: int) -> list[tuple[str, int]]:
