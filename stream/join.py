@@ -97,6 +97,9 @@ class PartitionJoin:
         """While set (the input guard is tripped), windows stay open up to this long past their
         close and their samples wait for it; those the bound closes are quarantined."""
         self.items = 0  # items impressed in this partition
+        self.waiting = 0
+        """Events read before their impression, not placed yet: the input guard is told of an event
+        once it is placed (a restart's re-read click waits here until it is late, so replayed)."""
         self.done = DoneRequests(max(2 * self.attribution_s, KNOWN_FOR_S))  # late, or unknown: a dead letter
         self._balance_until = float("-inf")  # event time: requests impressed before it defer their clicks
 
@@ -136,6 +139,7 @@ class PartitionJoin:
         self.offsets.hold(IMPRESSIONS, offset)
         heapq.heappush(self._deadlines, (req.deadline, imp.request_id))
         out: list[Emit] = []
+        self.waiting -= len(req.early)
         for ev_offset, ev in req.early:
             out += self._apply(imp.request_id, req, ev_offset, ev)
         req.early = []
@@ -156,6 +160,7 @@ class PartitionJoin:
             return self._unplaced(offset, ev)
         req = self.requests.setdefault(ev.request_id, _Request())
         req.early.append((offset, ev))
+        self.waiting += 1
         req.held.append((EVENTS, offset))
         self.offsets.hold(EVENTS, offset)
         heapq.heappush(self._early, (ev.ts + self.window_s, offset, ev.request_id, ev))
@@ -264,6 +269,7 @@ class PartitionJoin:
                 # is done and this is another one of the same id (an event after its window)
                 continue
             waiting.early = [(o, e) for o, e in waiting.early if o != offset]
+            self.waiting -= 1
             self.offsets.release(EVENTS, offset)
             waiting.held.remove((EVENTS, offset))
             out += self._unplaced(offset, ev)

@@ -166,9 +166,11 @@ class Joiner:
         restart re-reads that the run before it handled is no input: a restarted joiner re-reads
         the events of requests it had settled (their impressions' offsets committed past), and a
         label rate of those would form the guard's band too high (bench-soak: tripped at once,
-        never cleared)."""
+        never cleared). An event read before its impression counts once placed (``waiting``): a
+        re-read click of a settled request waits there until it is late, so replayed."""
         c, (items, events, empty) = self.counts, self._seen
-        now_items, now_events = c.items - c.replayed_items, c.events - c.replayed
+        now_items = c.items - c.replayed_items
+        now_events = c.events - c.replayed - sum(part.waiting for part in self.parts.values())
         rows, new = c.empty_rows, None
         if rows is not None:
             new = rows - empty if empty is not None and len(empty) == len(rows) else rows

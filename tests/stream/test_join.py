@@ -235,6 +235,28 @@ def test_a_restart_does_not_count_the_events_it_rereads_as_late(resumed):
     assert (again.counts.late, again.counts.replayed) == ((1, 1) if resumed else (2, 0))
 
 
+def test_a_restarts_reread_click_of_a_settled_request_is_no_input_while_it_waits():
+    """The input guard's count of events (read, less replayed, less waiting unplaced) takes a
+    re-read click of a request settled before the restart at no moment: it waits unplaced until
+    its window is over, then it is replayed."""
+    again = PartitionJoin(label_after_s=10.0, counts=JoinCounts())
+    again.offsets.replay_to[EVENTS] = 1
+
+    def told() -> int:
+        return again.counts.events - again.counts.replayed - again.waiting
+
+    again.event(0, event("r1", 2, 105.0), now=0)  # r1 settled before: its impression is not read again
+    assert (again.waiting, told()) == (1, 0)
+    again.impression(0, impression("r2", 200.0), now=0)
+    again.caught_up(EVENTS)
+    ack_all(again, again.advance(now=0))
+    assert (again.waiting, again.counts.replayed, again.counts.late, told()) == (0, 1, 0, 0)
+    again.event(1, event("r3", 0, 201.0), now=0)  # a new click waits for its impression, then counts
+    assert (again.waiting, told()) == (1, 0)
+    again.impression(1, impression("r3", 200.5), now=0)
+    assert (again.waiting, told()) == (0, 1)
+
+
 def test_a_held_join_keeps_windows_open_labels_late_clicks_and_quarantines_at_its_bound(join):
     join.impression(0, impression("r1", 100.0), now=0)
     join.hold_s = 30.0  # the input guard tripped
