@@ -154,9 +154,10 @@ class Kubelet:
     """Starts a pod's containers on a ``host`` as the kubelet would (init containers to completion
     first): its volumes as directories bound at their mount paths (the claim ``model-store`` is
     ``store``; a Secret or ConfigMap its keys as files, only ``items`` where listed; an emptyDir a
-    directory of its own), the image's WORKDIR and venv being this checkout and its venv."""
+    directory of its own; a StatefulSet's volume claim template too), the image's WORKDIR and venv
+    being this checkout and its venv. ``secret``: the Secret's files (None: no pod mounts it)."""
 
-    def __init__(self, tmp_path: Path, store: Path, secret: Path, config_maps: dict):
+    def __init__(self, tmp_path: Path, store: Path, secret: Path | None, config_maps: dict):
         self.tmp_path, self.store, self.secret, self.config_maps = tmp_path, store, secret, config_maps
         self.commands = image_commands(tmp_path / "image-bin")
         self.path = f"{IMAGE_VENV}-commands{os.pathsep}{os.environ['PATH']}"  # the image's commands on PATH
@@ -168,6 +169,7 @@ class Kubelet:
         d = self.tmp_path / pod["name"] / volume["name"]
         d.mkdir(parents=True, exist_ok=True)
         if "secret" in volume:
+            assert self.secret is not None, f"pod {pod['name']} mounts the Secret: give the Kubelet its files"
             items = volume["secret"].get("items") or [
                 {"key": f.name, "path": f.name} for f in self.secret.iterdir()
             ]
@@ -182,6 +184,7 @@ class Kubelet:
     def context(self, pod: dict, container: dict) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
         """(binds, the container's own env, the processes' env) of a container of ``pod``."""
         volumes = {v["name"]: self.volume_dir(pod, v) for v in pod["spec"].get("volumes", [])}
+        volumes |= {name: self.volume_dir(pod, {"name": name}) for name in pod.get("claims", [])}
         binds = {str(volumes[m["name"]]): m["mountPath"] for m in container.get("volumeMounts", [])}
         binds |= {
             str(ROOT): IMAGE_WORKDIR,

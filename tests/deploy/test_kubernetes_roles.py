@@ -28,13 +28,7 @@ from serving.rpc.health import check
 from serving.scoring.client import ScoringClient, requests_from_file
 from tests.deploy.helpers import KUBE, build_overlay
 from tests.deploy.kubelet import (
-    IMAGE_VENV,
-    IMAGE_WORKDIR,
-    VENV,
     Kubelet,
-    container_env,
-    expand,
-    image_commands,
     pods,
     probe,
     secret_files,
@@ -128,30 +122,15 @@ def test_the_stream_roles_run_as_their_manifests_say_against_the_test_broker(net
     config_maps["recserve-kafka"]["data"]["bootstrap"] = found[1]
     store = tmp_path / "store"
     shutil.copytree(trained[0], store)
-    commands = image_commands(tmp_path / "image-bin")
-    path = f"{IMAGE_VENV}-commands{os.pathsep}{os.environ['PATH']}"
-    started = {}
-    for pod in stream:
-        volumes = {v["name"]: (store if "persistentVolumeClaim" in v else tmp_path / pod["name"] / v["name"])
-                   for v in pod["spec"].get("volumes", [])}  # fmt: skip
-        claims = pod.get("claims", [])
-        volumes |= {name: tmp_path / pod["name"] / name for name in claims}
-        for d in volumes.values():
-            d.mkdir(parents=True, exist_ok=True)
-        (container,) = pod["spec"]["containers"]
-        binds = {str(volumes[m["name"]]): m["mountPath"] for m in container.get("volumeMounts", [])}
-        binds |= {str(ROOT): IMAGE_WORKDIR, str(VENV): IMAGE_VENV, str(commands): f"{IMAGE_VENV}-commands"}
-        cenv = container_env(container, pod, config_maps)
-        argv = [expand(a, cenv) for a in container["command"] + container.get("args", [])]
-        log = tmp_path / f"{pod['name']}.log"
-        proc = host.popen(argv, log, env={**os.environ, "PATH": path, **cenv}, binds=binds, cwd=IMAGE_WORKDIR)
-        started[pod["name"]] = (container, proc, log)
+    kubelet = Kubelet(tmp_path, store, None, config_maps)
+    started = {pod["name"]: (pod, *kubelet.start(pod, host)[1:]) for pod in stream}
 
     def ready(name: str) -> bool:
-        container, proc, log = started[name]
+        pod, proc, log = started[name]
         if proc.poll() is not None:
             raise AssertionError(f"pod {name} exited {proc.returncode}: {log.read_text()[-3000:]}")
-        return probe(container, host.address)[0]
+        (container,) = pod["spec"]["containers"]
+        return probe(container, host.address, kubelet.exec(pod, host, container))[0]
 
     wait_until(lambda: all(ready(name) for name in started), 120, "the stream pods' readiness probes to pass")
     host.popen([sys.executable, "-m", "loadtest.stream_users", "--brokers", found[1], "--requests", "10",
