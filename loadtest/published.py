@@ -41,7 +41,7 @@ class Published(threading.Thread):
         self.deltas: list[Delta] = []
         self.missed = 0
         """Deltas gone (retention) or unreadable before they were read."""
-        self._seen: set[tuple[int, int]] = set()
+        self._seen: dict[int, set[int]] = {}  # version -> its deltas' seqs read (or missed)
         self._halt = threading.Event()
         self.error: BaseException | None = None
 
@@ -62,10 +62,9 @@ class Published(threading.Thread):
     def harvest(self) -> None:
         for version in ms.versions(self.root, self.model):
             vdir = ms.version_dir(self.root, self.model, version)
-            for seq in ms.list_deltas(vdir):
-                if (int(version), seq) in self._seen:
-                    continue
-                self._seen.add((int(version), seq))
+            seen = self._seen.setdefault(int(version), set())
+            for seq in ms.list_deltas(vdir, known=seen):
+                seen.add(seq)
                 try:
                     record = read_delta(ms.delta_dir(vdir, seq))
                 except (OSError, ms.RecordError):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Container
 from pathlib import Path
 
 FORMAT = 1
@@ -98,16 +99,20 @@ def delta_dir(version_path: str | os.PathLike[str], seq: int) -> Path:
     return Path(version_path) / DELTAS / str(seq)
 
 
-def list_deltas(version_path: str | os.PathLike[str], after: int = -1) -> list[int]:
+def list_deltas(
+    version_path: str | os.PathLike[str], after: int = -1, known: Container[int] = ()
+) -> list[int]:
     """Sequence numbers of the complete deltas (with ``_SUCCESS``) of a version after ``after``,
-    ascending (a follower passes the one it holds: it looks at the markers of new deltas only)."""
+    ascending (a follower passes the one it holds: it looks at the markers of new deltas only);
+    ``known``: seqs the caller has (not listed, their markers not looked at: a reader of every
+    delta as it lands looks at the new ones only)."""
     d = Path(version_path) / DELTAS
     if not d.is_dir():
         return []
     return sorted(
-        int(p.name)
+        seq
         for p in d.iterdir()
-        if p.name.isdigit() and int(p.name) > after and (p / SUCCESS).is_file()
+        if p.name.isdigit() and (seq := int(p.name)) > after and seq not in known and (p / SUCCESS).is_file()
     )
 
 

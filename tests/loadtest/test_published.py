@@ -28,6 +28,12 @@ def test_every_delta_of_every_version_is_read_once_in_publish_order(tmp_path):
     assert log.offsets() == 12 and log.missed == 0
     assert log.positions() == [12] + [0] * 15  # the samples topic's partitions, the newest delta's
     assert (np.diff(log.codes()) > 0).all()
+    late = ms.delta_dir(ms.version_dir(tmp_path, "m", 2), 1)  # complete now: read at the next pass
+    write_delta(late, DeltaManifest("kafka://b/samples", {"samples/0": 14}, 2))
+    (late / ms.SUCCESS).touch()
+    log.harvest()
+    assert [(d.version, d.seq) for d in log.deltas][-2:] == [(2, 0), (2, 1)] and log.offsets() == 14
+    assert ms.list_deltas(ms.version_dir(tmp_path, "m", 1), known={0}) == [1]  # what a pass looks at
 
 
 def test_codes_order_a_versions_deltas_before_the_next_and_a_fresh_version_after_them():
