@@ -51,6 +51,7 @@ class Series(threading.Thread):
         self.pids, self.model_dir, self.every_s, self.keep = pids, model_dir, every_s, keep
         self.samples: list[Sample] = []
         self._halt = threading.Event()
+        self._sealed: dict[tuple[str, int], int] = {}  # disk_bytes' complete deltas
 
     def run(self) -> None:
         while not self._halt.is_set():
@@ -67,7 +68,16 @@ class Series(threading.Thread):
                 self.model_dir.is_dir() and ms.doomed(self.model_dir.parent, self.model_dir.name, self.keep)
             )
             self.samples.append(
-                Sample(time.time(), rss, cpu, disk_bytes(self.model_dir), current, retained, named, pid_cpu)
+                Sample(
+                    time.time(),
+                    rss,
+                    cpu,
+                    disk_bytes(self.model_dir, self._sealed),
+                    current,
+                    retained,
+                    named,
+                    pid_cpu,
+                )
             )
             self._halt.wait(self.every_s)
 
@@ -113,10 +123,22 @@ class Series(threading.Thread):
         self.join()
 
 
-def disk_bytes(path: Path) -> int:
-    """Bytes allocated on disk under ``path`` (files that vanish meanwhile: not counted)."""
+def disk_bytes(path: Path, sealed: dict[tuple[str, int], int] | None = None) -> int:
+    """Bytes allocated on disk under ``path`` (files that vanish meanwhile: not counted).
+    ``sealed``: the bytes of each complete delta directory counted before, by (path, inode), kept
+    across calls: a delta is written whole before its ``_SUCCESS``, then never changed, and a
+    half-hour soak's store holds thousands of them (tens of thousands of files to look at every
+    sample otherwise)."""
     total = 0
-    for d, _, files in os.walk(path):
+    for d, dirs, files in os.walk(path):
+        if sealed is not None and ms.SUCCESS in files and Path(d).parent.name == ms.DELTAS:
+            with contextlib.suppress(FileNotFoundError):
+                key = (d, os.lstat(d).st_ino)
+                if key not in sealed:
+                    sealed[key] = disk_bytes(Path(d))
+                total += sealed[key]
+            dirs[:] = []  # counted whole
+            continue
         for f in files:
             with contextlib.suppress(FileNotFoundError):
                 total += os.lstat(os.path.join(d, f)).st_blocks * 512

@@ -2,6 +2,7 @@ import os
 import time
 from pathlib import Path
 
+import model_store as ms
 from loadtest.processes import wait_for
 from loadtest.series import Series, disk_bytes
 from model_store.layout import set_current
@@ -78,3 +79,22 @@ def test_a_name_whose_pid_changed_counts_the_new_pid_from_its_use_at_the_sample_
                {2: 30.5, 3: 2.0}),
     ]  # fmt: skip
     assert series.cpu_pct(0.0, 2.0) == {"trainer": 50.0, "standby": 200.0}  # 0.5 s, 2 s: not 30.5 s
+
+
+def test_disk_bytes_counts_a_complete_delta_once_and_then_from_what_it_counted(tmp_path):
+    vdir = ms.version_dir(tmp_path, "m", "1")
+    (vdir / "embeddings").mkdir(parents=True)
+    (vdir / "embeddings" / "rows.npy").write_bytes(b"x" * 50_000)
+    done, open_ = ms.delta_dir(vdir, 0), ms.delta_dir(vdir, 1)
+    for d in (done, open_):
+        (d / "shard-0-of-1").mkdir(parents=True)
+        (d / "shard-0-of-1" / "rows.npy").write_bytes(b"x" * 20_000)
+    (done / ms.SUCCESS).touch()
+    sealed: dict = {}
+    total = disk_bytes(tmp_path / "m", sealed)
+    assert total == disk_bytes(tmp_path / "m") and list(sealed) == [(str(done), done.stat().st_ino)]
+    (open_ / "shard-0-of-1" / "more.npy").write_bytes(b"x" * 20_000)  # a delta being written: looked at
+    grown = disk_bytes(tmp_path / "m", sealed)
+    assert grown == disk_bytes(tmp_path / "m") > total
+    (done / "shard-0-of-1" / "rows.npy").write_bytes(b"x" * 90_000)  # (never done to a complete delta)
+    assert disk_bytes(tmp_path / "m", sealed) == grown < disk_bytes(tmp_path / "m")  # counted from before
