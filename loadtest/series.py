@@ -67,18 +67,8 @@ class Series(threading.Thread):
             retained = self.keep is None or not (
                 self.model_dir.is_dir() and ms.doomed(self.model_dir.parent, self.model_dir.name, self.keep)
             )
-            self.samples.append(
-                Sample(
-                    time.time(),
-                    rss,
-                    cpu,
-                    disk_bytes(self.model_dir, self._sealed),
-                    current,
-                    retained,
-                    named,
-                    pid_cpu,
-                )
-            )
+            disk = disk_bytes(self.model_dir, self._sealed)
+            self.samples.append(Sample(time.time(), rss, cpu, disk, current, retained, named, pid_cpu))
             self._halt.wait(self.every_s)
 
     def floors(self) -> list[tuple[str, int | None]]:
