@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -38,7 +36,7 @@ from stream.config import FETCH_WAIT_MS, JoinConfig, kafka_settings
 from stream.guard import InputGuard
 from stream.join import EVENTS, IMPRESSIONS, Emit, JoinCounts, PartitionJoin
 from stream.journal import Journal
-from stream.spill import Spill
+from stream.spill import Spill, spill_root
 
 log = logging.getLogger("recserve.join")
 READ_TO = "read_to="
@@ -390,13 +388,3 @@ class Joiner:
             part.journal.clear()
         part.spill.close()
         part.journal.close()
-
-
-def spill_root(cfg: JoinConfig) -> Path | None:
-    """The partitions' state directory: --state-dir, or <tmp>/recserve-join/<group> (None: no
-    --attribution-s past --label-after-s, nothing spilled)."""
-    if not cfg.attribution_s > cfg.label_after_s:
-        return None
-    root = Path(cfg.state_dir or Path(tempfile.gettempdir()) / "recserve-join" / cfg.group)
-    root.mkdir(parents=True, exist_ok=True)
-    return root

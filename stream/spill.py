@@ -16,7 +16,12 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stream.config import JoinConfig
 
 
 class Spill:
@@ -76,3 +81,13 @@ class Spill:
             os.close(fd)
         self._fds.clear()
         self._sizes.clear()
+
+
+def spill_root(cfg: JoinConfig) -> Path | None:
+    """The partitions' state directory: --state-dir, or <tmp>/recserve-join/<group> (None: no
+    --attribution-s past --label-after-s, nothing spilled)."""
+    if not cfg.attribution_s > cfg.label_after_s:
+        return None
+    root = Path(cfg.state_dir or Path(tempfile.gettempdir()) / "recserve-join" / cfg.group)
+    root.mkdir(parents=True, exist_ok=True)
+    return root
