@@ -92,6 +92,7 @@ class ImpressionLog:
             "acks": "all", "enable.idempotence": False, "compression.type": "lz4", "log_level": 3,
             "error_cb": self._error,
         })  # fmt: skip
+        self._closed = False
         self._thread = threading.Thread(target=self._drain, name="impression-log", daemon=True)
         self._thread.start()
 
@@ -173,7 +174,14 @@ class ImpressionLog:
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the drain and deliver what is buffered within ``timeout_s``; what is not, counts as
         dropped (of the impression topic)."""
+        if self._closed:
+            return
         self._queue.put(None)
         self._thread.join(timeout_s)
         left = self._producer.flush(timeout_s)
         self._drop(left)
+        self._closed = True
+        if not self._thread.is_alive():
+            # the handle goes now, not at a garbage collection: its error_cb holds this log, so
+            # the two make a cycle, and until then librdkafka dials a down broker every second
+            del self._producer

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -115,6 +116,29 @@ def test_each_request_is_logged_once_with_the_bytes_it_was_scored_on(trained, ka
         assert log.dropped == 0
     finally:
         frontend.close()
+
+
+def _librdkafka_threads() -> int:
+    """Threads of this process that librdkafka runs (named ``rdk:...``)."""
+    n = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            n += (task / "comm").read_text().startswith("rdk:")
+        except OSError:  # gone meanwhile
+            pass
+    return n
+
+
+def test_close_lets_go_of_the_kafka_handle_at_once():
+    """The handle goes with close(), not at a garbage collection (its error callback holds the
+    log): no thread of it dials a down broker after."""
+    before = _librdkafka_threads()
+    log = ImpressionLog("kafka://127.0.0.1:1/imps", delivery_timeout_s=1.0)
+    wait_until(lambda: _librdkafka_threads() > before, 10, "librdkafka's threads up")
+    log.close(0.1)
+    log.close(0.1)  # twice: nothing more to do
+    wait_until(lambda: _librdkafka_threads() <= before, 10, "librdkafka's threads gone")
+    assert log.dropped == 0
 
 
 @pytest.mark.slow
