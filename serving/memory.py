@@ -98,11 +98,14 @@ def rss_mb() -> float:
 @functools.cache
 def freeze_loaded() -> int:
     """Take every object alive now out of the cyclic collector's generations (``gc.freeze``), once
-    per process (later calls do nothing), after its first version is loaded: the imports (torch,
+    per process (later calls do nothing), after its first version is loaded (a scoring frontend, the
+    streaming trainer and its standby) or its setup is done (the joiner): the imports (torch,
     numpy, grpc) and that version's objects live as long as the process, and a full (gen2)
     collection that scans them held the GIL for 80-155 ms in a scoring frontend that imported
     torch: at 200 requests/s every request behind it waited, and the p99 of a 15-second window
-    rose from about 20 to 100-230 ms whenever one fell in it (bench-e2e, remote lookups). Later
+    rose from about 20 to 100-230 ms whenever one fell in it (bench-e2e, remote lookups). The
+    streaming trainer's took 166-305 ms (270,000 objects) every 20-50 s at 10,000 samples/s, and a
+    restarted joiner's 135-143 ms in its catch-up (bench-stream, ``gc.callbacks``). Later
     collections scan only what came since. The cost: cycles among the objects alive now (the first
     version's, once a later one replaces it) are never collected, once per process. Returns how
     many objects were frozen."""

@@ -36,6 +36,7 @@ def run(cfg: CONFIG) -> int:
     log.info("join: %s + %s -> %s (%d partitions, label after %gs, attribution %gs, group %s%s)", cfg.impressions,
              cfg.events, cfg.samples, partitions, cfg.label_after_s, cfg.attribution_s or cfg.label_after_s, cfg.group,
              f", member {cfg.member}" if cfg.member else "")  # fmt: skip
+    memory.freeze_loaded()  # its imports, out of the collector's scans (serving/memory.py)
     try:
         with memory.trimming():  # a catch-up's buffers, freed, back to the system (serving/memory.py)
             joiner.run(stop)

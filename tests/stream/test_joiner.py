@@ -195,6 +195,8 @@ def test_a_joiner_sigkilled_and_restarted_loses_no_sample(kafka, tmp_path, membe
     proc = spawn(join_args(cfg), tmp_path / "join-1.log")
     try:
         wait_until(lambda: reader.poll() > 0, 60, "the first joiner's first samples")
+        # its imports out of the collector's scans before it joins (serving/memory.py)
+        assert "objects loaded for good" in (tmp_path / "join-1.log").read_text()
         due |= workload(kafka, cfg, range(200, 400))  # its windows are open when it dies
         proc.send_signal(signal.SIGKILL)
         proc.wait()

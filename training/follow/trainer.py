@@ -187,6 +187,7 @@ class FollowTrainer:
         (``training.follow.current``), or as it cannot be loaded. Refused, it stays on the old one."""
         if self.loaded is None:
             self._follow(self._load(self.current.first()))
+            memory.freeze_loaded()  # imports and the version, out of the collector's scans
             return
         version = self.current.moved(self.loaded)
         if version is None:
