@@ -104,7 +104,7 @@ def freeze_loaded() -> int:
     collection that scans them held the GIL for 80-155 ms in a scoring frontend that imported
     torch: at 200 requests/s every request behind it waited, and the p99 of a 15-second window
     rose from about 20 to 100-230 ms whenever one fell in it (bench-e2e, remote lookups). The
-    streaming trainer's took 166-305 ms (270,000 objects) every 20-50 s at 10,000 samples/s, and a
+    streaming trainer's took 117-305 ms (270,000 objects) every 20-50 s at 10,000 samples/s, and a
     restarted joiner's 135-143 ms in its catch-up (bench-stream, ``gc.callbacks``). Later
     collections scan only what came since. The cost: cycles among the objects alive now (the first
     version's, once a later one replaces it) are never collected, once per process. Returns how

@@ -91,7 +91,7 @@ def test_once_cuts_a_delta_that_serving_applies(store, watch):
 
 def test_the_trainer_freezes_what_it_loaded_once(store, watch, monkeypatch):
     # the imports and the first version out of the collector's scans (serving/memory.py): its full
-    # collections held the GIL for 166-305 ms every 20-50 s of a stream at 10,000 samples/s
+    # collections held the GIL for 117-305 ms every 20-50 s of a stream at 10,000 samples/s
     from serving import memory
 
     calls: list[int] = []
