@@ -17,7 +17,7 @@ from training.cluster import Cluster
 
 if TYPE_CHECKING:
     from features.schema import Schema
-    from model_store.manifest import TrainRecord
+    from model_store.manifest import TrainRecord, VersionManifest
     from serving.ps.config import TableShardConfig
     from serving.worker.core import WorkerConfig
     from training.follow.config import FollowConfig
@@ -58,6 +58,22 @@ def learning_rate(cfg: FollowConfig, trained_lr: float, trained_batch: int | Non
     if cfg.lr:
         return cfg.lr
     return trained_lr * (cfg.batch_size / trained_batch if trained_batch else 1.0)
+
+
+def open_tables(cfg: FollowConfig, vdir: Path, version: str, schema: Schema, manifest: VersionManifest,
+                job: Ranks) -> Cluster:  # fmt: skip
+    """The version's tables at what serving holds: in this process (one trainer), or the ranks'
+    shared PS processes under torchrun (``job.seq``: the last delta seq they hold). Rows looked up
+    ahead (``--staleness`` >= 1) miss the update between: the worker is one batch less stale."""
+    from serving.worker.core import WorkerConfig
+
+    n = manifest.num_shards
+    store = store_config(cfg, vdir, n, schema.fingerprint, manifest.train)
+    worker = WorkerConfig(staleness=max(0, cfg.staleness - 1), update_threads=cfg.update_threads)
+    if job.world > 1:
+        cluster, job.seq = shared(store, n, vdir, schema, worker, job, cfg.store)
+        return cluster
+    return embedded(store, n, vdir, version, schema, worker)
 
 
 def embedded(store: TableShardConfig, num_shards: int, vdir: Path, version: str, schema: Schema,

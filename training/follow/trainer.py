@@ -342,35 +342,23 @@ class FollowTrainer:
 
     # ---- loading a version -----------------------------------------------------------------------
     def _load(self, version: str) -> Loaded:
-        from serving.worker.core import WorkerConfig
-
         vdir = ms.version_dir(self.cfg.store, self.cfg.model, version)
         manifest = ms.read_manifest(vdir, verify=True)
         schema = load_schema(vdir / "schema.yaml")
         if schema.fingerprint != manifest.schema_fingerprint:
             raise ms.ModelStoreError(f"{vdir}: schema.yaml does not match the manifest's fingerprint")
-        n = manifest.num_shards
-        store_cfg = follow_tables.store_config(self.cfg, vdir, n, schema.fingerprint, manifest.train)
-        # rows looked up ahead miss the update between: one batch staler than the worker knows
-        staleness, prefetch = max(0, self.cfg.staleness - 1), self.cfg.staleness >= 1
-        worker_cfg = WorkerConfig(staleness=staleness, update_threads=self.cfg.update_threads)
-        if self.job.world > 1:  # the ranks' shared PS processes
-            cluster, self.job.seq = follow_tables.shared(
-                store_cfg, n, vdir, schema, worker_cfg, self.job, self.cfg.store
-            )
-        else:
-            cluster = follow_tables.embedded(store_cfg, n, vdir, version, schema, worker_cfg)
-
+        cluster = follow_tables.open_tables(self.cfg, vdir, version, schema, manifest, self.job)
         dense: nn.Module = load_frozen_dense(vdir / manifest.dense["torchscript"])
         optimizer: DenseOptimizer = FrozenDense()
         if self.full is not None:  # trained (--train-dense) beside the served one, shipped in full versions
             dense, optimizer = self.full.dense(dense, manifest)
         assert cluster.worker is not None
-        ctx = TrainCtx(cluster.worker, dense, optimizer, schema, prefetch=prefetch)
+        ctx = TrainCtx(cluster.worker, dense, optimizer, schema, prefetch=self.cfg.staleness >= 1)
         last = cluster.stores[0].delta_seq if cluster.stores else self.job.seq
         if self.rewinder is not None:
             self.rewinder.loaded(version, last)
-        log.info("following %s/%s: %d shards, deltas up to %d applied", self.cfg.model, version, n, last)
+        log.info("following %s/%s: %d shards, deltas up to %d applied", self.cfg.model, version,
+                 manifest.num_shards, last)  # fmt: skip
         return Loaded(version, vdir, schema, cluster, ctx, dense, manifest)
 
     def _unload(self) -> None:
