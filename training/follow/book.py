@@ -5,6 +5,7 @@ dropped as duplicates and refused as malformed, and (``--metrics-port``) their P
 
 ``recserve_follow_samples_total``, ``recserve_follow_duplicates_total``,
 ``recserve_follow_refused_total`` (sent to the dead-letter topic), ``recserve_follow_deltas_total``,
+``recserve_follow_delta_cut_seconds`` (a histogram: how long each delta's cut held training),
 ``recserve_follow_progressive_auc`` and ``recserve_follow_progressive_logloss`` (the last delta's
 window; a window of one label only has no AUC: the gauge keeps the last AUC and
 ``recserve_follow_progressive_one_class_total`` counts it), ``recserve_follow_offset`` (per unit: the next offset or row the last delta recorded),
@@ -46,9 +47,14 @@ WHOLE_EVERY = 256
 number of files)."""
 
 
+CUT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+"""``recserve_follow_delta_cut_seconds``'s buckets: a cut holds the step, against a delta
+interval of 0.5-1 s."""
+
+
 class _Metrics:
     def __init__(self, port: int, host: str) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         from serving.rpc.metrics import start_metrics_server
 
@@ -59,6 +65,9 @@ class _Metrics:
         self.refused = Counter("recserve_follow_refused", "Malformed samples (to the dead-letter topic).",
                                registry=reg)  # fmt: skip
         self.deltas = Counter("recserve_follow_deltas", "Deltas cut.", registry=reg)
+        self.cut_seconds = Histogram("recserve_follow_delta_cut_seconds",
+                                     "Seconds a delta's cut held training (flush, dump, encode, record, "
+                                     "done, announce, commit).", buckets=CUT_BUCKETS_S, registry=reg)  # fmt: skip
         self.auc = Gauge("recserve_follow_progressive_auc", "Progressive AUC of the last delta's samples.",
                          registry=reg)  # fmt: skip
         self.one_class = Counter("recserve_follow_progressive_one_class",
@@ -154,6 +163,11 @@ class StreamBook:
         self.total.max_lag = max(self.total.max_lag, samples)
         if self._metrics is not None:
             self._metrics.lag.set(samples)
+
+    def cut_took(self, seconds: float) -> None:
+        """A delta's cut held training ``seconds``."""
+        if self._metrics is not None:
+            self._metrics.cut_seconds.observe(seconds)
 
     def rows(self, n: int) -> None:
         self.total.rows += n

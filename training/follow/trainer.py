@@ -328,7 +328,7 @@ class FollowTrainer:
             lv.ctx.flush()
             self.ledger.commit()  # e.g. unreadable files: nothing to publish, but remember them
             return None
-        seq = lv.cluster.stores[0].delta_seq + 1
+        seq, began = lv.cluster.stores[0].delta_seq + 1, time.perf_counter()
         ddir = self.cutter.commit(
             lv.vdir, seq, lambda d: lv.cluster.dump(d, delta=True), flush=lv.ctx.flush,
             record=lambda d: self.book.write(d, self.ledger.positions()), commit=self.ledger.commit,
@@ -337,7 +337,9 @@ class FollowTrainer:
         self.result.deltas.append((lv.version, seq))
         if self.rewinder is not None:
             self.rewinder.cut(seq)
-        log.info("delta %s/%d cut: %s", lv.version, seq, ddir)
+        took = time.perf_counter() - began
+        self.book.cut_took(took)
+        log.info("delta %s/%d cut in %.0f ms: %s", lv.version, seq, took * 1e3, ddir)
         return seq
 
     # ---- loading a version -----------------------------------------------------------------------

@@ -165,13 +165,16 @@ def test_the_metrics_count_what_the_book_counts(tmp_path):
         ddir = tmp_path / "0"
         ddir.mkdir()
         book.write(ddir, {"t/0": 4})
+        book.cut_took(0.03)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     finally:
         book.close()
     for line in ("recserve_follow_samples_total 2.0", "recserve_follow_duplicates_total 1.0",
                  "recserve_follow_refused_total 1.0", "recserve_follow_deltas_total 1.0",
                  'recserve_follow_offset{unit="t/0"} 4.0', "recserve_follow_lag_samples 9.0",
-                 "recserve_follow_progressive_auc 1.0"):  # fmt: skip
+                 "recserve_follow_progressive_auc 1.0", "recserve_follow_delta_cut_seconds_count 1.0",
+                 'recserve_follow_delta_cut_seconds_bucket{le="0.025"} 0.0',
+                 'recserve_follow_delta_cut_seconds_bucket{le="0.05"} 1.0'):  # fmt: skip
         assert line in metrics, line
 
 
