@@ -97,7 +97,6 @@ from loadtest.stream_topics import (
 )
 from loadtest.stream_users import UserModel, play
 from model_store.dense import AUTO
-from serving import memory
 from serving.rpc.procs import free_ports, stop_children
 from serving.scoring.client import requests_from_file
 
@@ -204,7 +203,6 @@ def run(args, model_dir: Path, work: Path) -> dict:
                                                                          TORCHSERVE, clients=2)]  # fmt: skip
         series = Series(pids, model_dir, args.sample_s, args.keep_versions if args.full_every else None)
         watch = Consumer({"bootstrap.servers": b, "group.id": "bench-soak-watch"})
-        memory.freeze_loaded()  # this process plays the users: no 0.3 s collections (serving/memory.py)
         for t in (users, imps, joined, published, *recorders, series):
             t.start()
         es.callback(series.halt)  # on the way out, before the processes it samples go

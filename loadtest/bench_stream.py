@@ -113,7 +113,6 @@ from loadtest.stream_topics import (
 from loadtest.stream_users import UserModel, play
 from model_store.deltas import DeltaManifest, read_delta
 from model_store.dense import AUTO
-from serving import memory
 from serving.rpc.procs import free_ports, stop_children
 from serving.scoring.client import requests_from_file
 
@@ -234,7 +233,6 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
                         model_dir, 2.0)  # fmt: skip
         series.start()
         es.callback(series.halt)
-        memory.freeze_loaded()  # this process plays the users: no 0.3 s collections (serving/memory.py)
         t0, wall0, loadavg = time.monotonic(), time.time(), [os.getloadavg()]
         with Paced(endpoint, body, args.rate) as load:
             for at, name in ((duration / 3, "trainer"), (2 * duration / 3, "joiner"), (duration, "")):

@@ -104,3 +104,19 @@ def test_a_slate_ctr_shifts_every_item_by_one_logit_to_that_mean_over_a_drift_pe
     assert UserModel(reference=reference).shift == 0.0
     with pytest.raises(ValueError, match="slate_ctr needs a reference"):
         UserModel(slate_ctr=0.03)
+
+
+def test_the_process_that_plays_the_users_is_frozen_once_before_it_plays(monkeypatch):
+    """Its imports out of the collector's scans (``serving.memory.freeze_loaded``): a full
+    collection held the bench's process, and the clicks it sends, 0.24-0.30 s every 10 s."""
+    import threading
+
+    from loadtest.stream_users import play
+    from serving import memory
+
+    calls: list[int] = []
+    monkeypatch.setattr(memory, "freeze_loaded", lambda: calls.append(1) or 0)
+    stop = threading.Event()
+    stop.set()  # no broker is asked: it stops before its first turn
+    assert play("127.0.0.1:1", UserModel(), stop) == 0
+    assert calls == [1]
