@@ -314,6 +314,7 @@ class FollowTrainer:
         if lv is None:
             return None
         self.step_keyed()  # what was handed over is in the delta
+        began = time.perf_counter()
         if self.job.world > 1:
             self.cutter.begin()
             lv.ctx.flush()  # every sparse update applied before the dump
@@ -322,13 +323,15 @@ class FollowTrainer:
             self.result.deltas += [(lv.version, seq)] if seq is not None else []
             if seq is not None and self.job.rank == 0:
                 self.cutter.announce(lv.vdir, seq)
+            if seq is not None:  # every rank: how long the cut held its step (rank 0 wrote it)
+                self.book.cut_took(time.perf_counter() - began)
             return seq
         if DeltaCut.empty(self._changed, self.book.moved(self.ledger.positions())):
             self.cutter.begin()
             lv.ctx.flush()
             self.ledger.commit()  # e.g. unreadable files: nothing to publish, but remember them
             return None
-        seq, began = lv.cluster.stores[0].delta_seq + 1, time.perf_counter()
+        seq = lv.cluster.stores[0].delta_seq + 1
         ddir = self.cutter.commit(
             lv.vdir, seq, lambda d: lv.cluster.dump(d, delta=True), flush=lv.ctx.flush,
             record=lambda d: self.book.write(d, self.ledger.positions()), commit=self.ledger.commit,
