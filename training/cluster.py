@@ -36,6 +36,7 @@ from features.schema import Schema
 from serving.rpc.auth import new_token_file
 
 if TYPE_CHECKING:
+    from model_store.shards import ShardData
     from serving.ps.config import TableShardConfig
     from serving.ps.shard import TableShard
     from serving.worker.core import EmbeddingWorker, WorkerConfig
@@ -75,6 +76,25 @@ class Cluster:
             for address in self.addresses:
                 with PSClient(address, token_file=self.token_file) as client:
                     client.dump(str(directory), delta=delta)
+
+    def cut_deltas(self) -> list[ShardData] | None:
+        """Every in-process store's rows changed since the last delta, cut in memory
+        (``TableShard.cut_delta``) for ``write_deltas`` to write off the training thread; None with
+        gRPC shards (a shard cuts its delta when told to dump it: ``dump``)."""
+        if self.addresses:
+            return None
+        if self.replicated is not None:
+            self.push_replicated(self.replicated)
+        return [store.cut_delta() for store in self.stores]
+
+    @staticmethod
+    def write_deltas(directory: str | Path, deltas: list[ShardData]) -> None:
+        """Write what ``cut_deltas`` took as ``directory/shard-<i>-of-<n>/``."""
+        from model_store import shards
+
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        for data in deltas:
+            shards.write_shard(directory, data)
 
     def push_replicated(self, replicated: Replicated) -> int:
         """Write the replicated tables' rows changed since the last push into the shards that own

@@ -6,6 +6,7 @@ dropped as duplicates and refused as malformed, and (``--metrics-port``) their P
 ``recserve_follow_samples_total``, ``recserve_follow_duplicates_total``,
 ``recserve_follow_refused_total`` (sent to the dead-letter topic), ``recserve_follow_deltas_total``,
 ``recserve_follow_delta_cut_seconds`` (a histogram: how long each delta's cut held training),
+``recserve_follow_delta_publish_seconds`` (from a cut to its delta's ``_SUCCESS`` and announce),
 ``recserve_follow_progressive_auc`` and ``recserve_follow_progressive_logloss`` (the last delta's
 window; a window of one label only has no AUC: the gauge keeps the last AUC and
 ``recserve_follow_progressive_one_class_total`` counts it), ``recserve_follow_offset`` (per unit: the next offset or row the last delta recorded),
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -66,8 +68,13 @@ class _Metrics:
                                registry=reg)  # fmt: skip
         self.deltas = Counter("recserve_follow_deltas", "Deltas cut.", registry=reg)
         self.cut_seconds = Histogram("recserve_follow_delta_cut_seconds",
-                                     "Seconds a delta's cut held training (flush, dump, encode, record, "
-                                     "done, announce, commit).", buckets=CUT_BUCKETS_S, registry=reg)  # fmt: skip
+                                     "Seconds a delta's cut held training (flush, the rows and the record "
+                                     "taken; with gRPC shards or a final cut, until it was published).",
+                                     buckets=CUT_BUCKETS_S, registry=reg)  # fmt: skip
+        self.publish_seconds = Histogram("recserve_follow_delta_publish_seconds",
+                                         "Seconds from a delta's cut to its _SUCCESS and announce (its "
+                                         "files written on the cut's own thread).", buckets=CUT_BUCKETS_S,
+                                         registry=reg)  # fmt: skip
         self.auc = Gauge("recserve_follow_progressive_auc", "Progressive AUC of the last delta's samples.",
                          registry=reg)  # fmt: skip
         self.one_class = Counter("recserve_follow_progressive_one_class",
@@ -169,6 +176,11 @@ class StreamBook:
         if self._metrics is not None:
             self._metrics.cut_seconds.observe(seconds)
 
+    def published(self, seconds: float) -> None:
+        """A delta was published ``seconds`` after its cut began."""
+        if self._metrics is not None:
+            self._metrics.publish_seconds.observe(seconds)
+
     def rows(self, n: int) -> None:
         self.total.rows += n
         if self._metrics is not None:
@@ -191,14 +203,18 @@ class StreamBook:
 
     def write(self, ddir: Path, positions: dict[str, int]) -> None:
         """Write the delta's record (positions, counts and scores since the last, keys)."""
+        self.take(Path(ddir), positions)()
+
+    def take(self, ddir: Path, positions: dict[str, int]) -> Callable[[], DeltaManifest]:
+        """The delta's record as of now, the book moved past it: returns what writes its files
+        into ``ddir`` (on the cut's own thread: it reads no state that training changes)."""
         score = self.progressive.close_window()
         t, c = self.total, self._cut
         record = DeltaManifest(self.source, positions, t.rows - c.rows, t.duplicates - c.duplicates,
                                score.auc, score.logloss)  # fmt: skip
+        keys = None
         if self.keyed:
-            record = self._write_keys(Path(ddir), record)
-        else:
-            write_delta(ddir, record)
+            record, keys = self._take_keys(ddir, record)
         self._recorded = dict(positions)
         self.mark_cut()
         if score.samples:
@@ -216,10 +232,12 @@ class StreamBook:
             for k, v in self.final.figures().items():
                 if k in self._metrics.final and v is not None:
                     self._metrics.final[k].set(v)
+        return lambda: write_delta(ddir, record, keys)
 
-    def _write_keys(self, ddir: Path, record: DeltaManifest) -> DeltaManifest:
-        """The record with its key file: the keys trained since the last delta, or the whole
-        window when one is due (``WHOLE_MIN_KEYS``)."""
+    def _take_keys(self, ddir: Path, record: DeltaManifest) -> tuple[DeltaManifest, tuple[NDArray[np.bytes_], NDArray[np.float64]]]:  # fmt: skip
+        """The record and the keys of its key file: those trained since the last delta, or the
+        whole window when one is due (``WHOLE_MIN_KEYS``). The arrays are never changed in place
+        (``TrainedKeys`` replaces them), so they are written as they are now."""
         _, keys, ts = self.since_cut()
         since = self.keys.newest - self.window_s if np.isfinite(self.keys.newest) else None
         added = self._added + len(keys)
@@ -229,15 +247,14 @@ class StreamBook:
             or self._links >= WHOLE_EVERY
             or added >= max(WHOLE_MIN_KEYS, self.keys.size - added)
         ):
-            record = replace(record, keys_since=since)
-            written = write_delta(ddir, record, self.keys.arrays())  # trimmed to the window
+            record, window = replace(record, keys_since=since), self.keys.arrays()  # trimmed to the window
         else:
             after = os.path.relpath(self._keys_at, ddir)
             record = replace(record, keys_after=after, keys_since=since, keys_links=self._links + 1,
                              keys_added=added)  # fmt: skip
-            written = write_delta(ddir, record, (keys, ts))
-        self._keys_at, self._links, self._added = ddir, written.keys_links, written.keys_added
-        return written
+            window = (keys, ts)
+        self._keys_at, self._links, self._added = ddir, record.keys_links, record.keys_added
+        return record, window
 
     def since_cut(self) -> tuple[Counts, NDArray[np.bytes_], NDArray[np.float64]]:
         """The counts and the keys (with their times) since the last delta."""

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,7 +26,12 @@ import model_store as ms
 from features.hashing import shard_of
 from serving.notices import Announcer, announce
 
-Step = Callable[[Path], None]
+if TYPE_CHECKING:
+    from training.follow.book import StreamBook
+    from training.follow.types import Loaded
+    from training.sources.ledger import Ledger
+
+Step = Callable[[Path], object]
 """A step of a cut that writes into the delta's directory."""
 
 
@@ -44,8 +52,12 @@ class DeltaCut:
     7. commit: the ledger of what was trained (``commit``), only once the delta is published.
 
     ``commit`` runs them all in one process; a job of ranks runs 1 and 7 on every rank and 2-6 on
-    rank 0 (``write``, ``announce``; ``training.follow.ranks.cut_together``).
+    rank 0 (``write``, ``announce``; ``training.follow.ranks.cut_together``). The streaming trainer
+    takes the rows and the record in memory on its thread and runs 2-6 on the cut's own thread
+    (``start``) while it trains on; 7 once they are done (``Pending``, the trainer's ``settle``).
     """
+
+    _pool: ThreadPoolExecutor | None = None
 
     def __init__(self, interval_s: float = 0.0, announcer: Announcer | None = None,
                  clock: Callable[[], float] = time.monotonic):  # fmt: skip
@@ -95,6 +107,58 @@ class DeltaCut:
         if commit is not None:
             commit()
         return ddir
+
+    def start(self, vdir: Path, seq: int, dump: Step, record: Step | None = None) -> Future[float]:
+        """Steps 2-6 on the cut's own thread: ``dump`` and ``record`` write what was taken in
+        memory (they read nothing training changes). The future's value: ``time.perf_counter()``
+        once the delta was announced. The caller waits for one before it starts the next."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="recserve-delta-cut")
+        return self._pool.submit(self._publish, vdir, seq, dump, record)
+
+    def take(self, lv: Loaded, seq: int, book: StreamBook, ledger: Ledger, began: float) -> Pending:
+        """A streaming trainer's cut of delta ``seq`` of ``lv``: 1 here, the rows
+        (``Cluster.cut_deltas``) and the record (``StreamBook.take``) taken in memory, 2-6 started
+        on the cut's own thread; with gRPC shards (which cut at their dump) the caller waits for
+        it before it trains on (``Pending.threaded``)."""
+        self.begin()
+        lv.ctx.flush()  # every sparse update applied
+        deltas = lv.cluster.cut_deltas()
+        ddir = ms.delta_dir(lv.vdir, seq)
+        record = book.take(ddir, ledger.positions())
+        dump: Step = (
+            (lambda d: lv.cluster.dump(d, delta=True))
+            if deltas is None
+            else (lambda d: lv.cluster.write_deltas(d, deltas))
+        )
+        published = self.start(lv.vdir, seq, dump, lambda d: record())
+        return Pending(lv.version, seq, ddir, published, ledger.take(), began, threaded=deltas is not None)
+
+    def _publish(self, vdir: Path, seq: int, dump: Step, record: Step | None) -> float:
+        self.write(vdir, seq, dump, record)
+        self.announce(vdir, seq)
+        return time.perf_counter()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+@dataclass
+class Pending:
+    """A delta whose files are written on the cut's own thread (``DeltaCut.start``): once it is
+    published, the ledger commits the progress it holds (``Ledger.take``)."""
+
+    version: str
+    seq: int
+    ddir: Path
+    future: Future[float]
+    taken: dict[str, dict]
+    began: float
+    """``time.perf_counter()`` when the cut began."""
+    threaded: bool = True
+    """False: the rows are cut as they are written (gRPC shards): training waits for it."""
 
 
 class DeltaWriter:

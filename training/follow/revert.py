@@ -14,6 +14,7 @@ back or deleted (``serving.ps.rewind``), and the trainer cuts the result as its 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,12 +116,14 @@ class Rewinder:
         to = self.cuts.good(self.guard.since_sample)
         return to if self.guard.good_delta is None else max(0, min(to, self.guard.good_delta))
 
-    def rewind(self, vdir: Path, stores: list) -> bool:
-        """After a trip: the stores rewound to the last good delta (the caller cuts it); False
-        when nothing is due."""
+    def rewind(self, vdir: Path, stores: list, settle: Callable[[], None] = lambda: None) -> bool:
+        """After a trip: the stores rewound to the last good delta (the caller cuts it), once
+        ``settle`` published the delta in flight (the rewind reads the published ones); False when
+        nothing is due."""
         if not self._due:
             return False
         self._due = False
+        settle()
         self.last = revert(vdir, stores, self.target())
         self.rewinds += 1
         self._rewound = True

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from serving.ps.config import TableShardConfig
     from serving.worker.core import WorkerConfig
     from training.follow.config import FollowConfig
+    from training.follow.full_version import FullVersions
     from training.follow.ranks import Ranks
+    from training.follow.types import Loaded
 
 log = logging.getLogger("recserve.train.follow")
 
@@ -74,6 +76,29 @@ def open_tables(cfg: FollowConfig, vdir: Path, version: str, schema: Schema, man
         cluster, job.seq = shared(store, n, vdir, schema, worker, job, cfg.store)
         return cluster
     return embedded(store, n, vdir, version, schema, worker)
+
+
+def load_version(cfg: FollowConfig, version: str, job: Ranks, full: FullVersions | None) -> Loaded:
+    """``version`` ready to train: its files verified, its tables with every delta applied, its
+    frozen dense network (``full``: trained beside the served one, shipped in full versions)."""
+    from features.schema import load_schema
+    from training.ctx import DenseOptimizer, TrainCtx
+    from training.follow.full_version import FrozenDense, load_frozen_dense
+    from training.follow.types import Loaded
+
+    vdir = ms.version_dir(cfg.store, cfg.model, version)
+    manifest = ms.read_manifest(vdir, verify=True)
+    schema = load_schema(vdir / "schema.yaml")
+    if schema.fingerprint != manifest.schema_fingerprint:
+        raise ms.ModelStoreError(f"{vdir}: schema.yaml does not match the manifest's fingerprint")
+    cluster = open_tables(cfg, vdir, version, schema, manifest, job)
+    dense = load_frozen_dense(vdir / manifest.dense["torchscript"])
+    optimizer: DenseOptimizer = FrozenDense()
+    if full is not None:  # --train-dense
+        dense, optimizer = full.dense(dense, manifest)
+    assert cluster.worker is not None
+    ctx = TrainCtx(cluster.worker, dense, optimizer, schema, prefetch=cfg.staleness >= 1)
+    return Loaded(version, vdir, schema, cluster, ctx, dense, manifest)
 
 
 def embedded(store: TableShardConfig, num_shards: int, vdir: Path, version: str, schema: Schema,

@@ -41,21 +41,18 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 import model_store as ms
-from features.schema import load_schema
 from features.transform import FeatureError, transform
 from serving import memory, notices
 from training import data, sources
-from training.ctx import DenseOptimizer, TrainCtx
 from training.follow import tables as follow_tables
 from training.follow.book import StreamBook
 from training.follow.config import FollowConfig
 from training.follow.current import REFUSALS, CurrentWatch
-from training.follow.cut import DeltaCut
+from training.follow.cut import DeltaCut, Pending
 from training.follow.delayed import DelayedFeedback
-from training.follow.full_version import FrozenDense, FullVersions, load_frozen_dense
+from training.follow.full_version import FullVersions
 from training.follow.guard import OutputGuard
 from training.follow.ranks import Ranks, cut_together
 from training.follow.revert import Rewinder
@@ -107,6 +104,7 @@ class FollowTrainer:
         self.announcer = notices.announcer(cfg.announce)  # each delta's _SUCCESS, told to serving
         self.cutter = DeltaCut(cfg.delta_interval_s, self.announcer, clock)  # the one delta cut
         self.lock: FollowLock | None = None  # held while writing deltas (training/follow/standby.py)
+        self.pending: Pending | None = None  # the delta written on the cut's own thread
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> FollowResult:
@@ -272,7 +270,7 @@ class FollowTrainer:
             return
         units = {c.start.unit for c in self.keyed.held}
         rows = self.keyed.step(lv.ctx, lambda batch: self._forward(lv, batch))
-        if self.rewinder is not None and self.rewinder.rewind(lv.vdir, lv.cluster.stores):
+        if self.rewinder is not None and self.rewinder.rewind(lv.vdir, lv.cluster.stores, self.settle):
             self._changed = True  # the rewound rows: the next delta, cut now
             self.cut()
         if rows is not None:
@@ -303,17 +301,22 @@ class FollowTrainer:
         notices.announce(self.announcer, vdir.parent, version, seq, marker.stat().st_mtime)
 
     def _maybe_cut(self) -> None:
+        if self.pending is not None and self.pending.future.done():
+            self.settle()  # the ledger committed as soon as the delta in flight is published
         read_on = self._changed or self.book.moved(self.ledger.positions())  # duplicates only: a delta too
         if read_on and self.cutter.due() and self.job.world == 1:  # ranks cut at a look
-            self.cut()
+            self.cut(wait=False)
 
-    def cut(self) -> int | None:
+    def cut(self, wait: bool = True) -> int | None:
         """Cut the rows changed since the last delta as the version's next delta and commit the
-        ledger (``training.follow.cut.DeltaCut``'s steps); returns its seq (None: nothing changed)."""
+        ledger (``training.follow.cut.DeltaCut``'s steps); returns its seq (None: nothing changed).
+        In-process tables' rows and the record are taken here and written on the cut's own thread
+        (``wait``: until published; else training goes on, ``settle`` commits the ledger)."""
         lv = self.loaded
         if lv is None:
             return None
         self.step_keyed()  # what was handed over is in the delta
+        self.settle()  # one delta in flight at a time
         began = time.perf_counter()
         if self.job.world > 1:
             self.cutter.begin()
@@ -332,39 +335,38 @@ class FollowTrainer:
             self.ledger.commit()  # e.g. unreadable files: nothing to publish, but remember them
             return None
         seq = lv.cluster.stores[0].delta_seq + 1
-        ddir = self.cutter.commit(
-            lv.vdir, seq, lambda d: lv.cluster.dump(d, delta=True), flush=lv.ctx.flush,
-            record=lambda d: self.book.write(d, self.ledger.positions()), commit=self.ledger.commit,
-        )  # fmt: skip
+        self.pending = self.cutter.take(lv, seq, self.book, self.ledger, began)  # 1-6
         self._changed = False
         self.result.deltas.append((lv.version, seq))
         if self.rewinder is not None:
             self.rewinder.cut(seq)
-        took = time.perf_counter() - began
-        self.book.cut_took(took)
-        log.info("delta %s/%d cut in %.0f ms: %s", lv.version, seq, took * 1e3, ddir)
+        if wait or not self.pending.threaded:
+            self.settle()  # 7
+        held = time.perf_counter() - began
+        self.book.cut_took(held)
+        log.info("delta %s/%d cut in %.0f ms (training held)", lv.version, seq, held * 1e3)
         return seq
+
+    def settle(self) -> None:
+        """Wait for the delta in flight (``cut``); published, the ledger commits what it holds."""
+        p, self.pending = self.pending, None
+        if p is None:
+            return
+        done = p.future.result()  # what its thread raised, raised here
+        self.ledger.commit(p.taken)
+        self.book.published(done - p.began)
+        log.info("delta %s/%d published %.0f ms after its cut began: %s", p.version, p.seq,
+                 (done - p.began) * 1e3, p.ddir)  # fmt: skip
 
     # ---- loading a version -----------------------------------------------------------------------
     def _load(self, version: str) -> Loaded:
-        vdir = ms.version_dir(self.cfg.store, self.cfg.model, version)
-        manifest = ms.read_manifest(vdir, verify=True)
-        schema = load_schema(vdir / "schema.yaml")
-        if schema.fingerprint != manifest.schema_fingerprint:
-            raise ms.ModelStoreError(f"{vdir}: schema.yaml does not match the manifest's fingerprint")
-        cluster = follow_tables.open_tables(self.cfg, vdir, version, schema, manifest, self.job)
-        dense: nn.Module = load_frozen_dense(vdir / manifest.dense["torchscript"])
-        optimizer: DenseOptimizer = FrozenDense()
-        if self.full is not None:  # trained (--train-dense) beside the served one, shipped in full versions
-            dense, optimizer = self.full.dense(dense, manifest)
-        assert cluster.worker is not None
-        ctx = TrainCtx(cluster.worker, dense, optimizer, schema, prefetch=self.cfg.staleness >= 1)
-        last = cluster.stores[0].delta_seq if cluster.stores else self.job.seq
+        lv = follow_tables.load_version(self.cfg, version, self.job, self.full)
+        last = lv.cluster.stores[0].delta_seq if lv.cluster.stores else self.job.seq
         if self.rewinder is not None:
             self.rewinder.loaded(version, last)
         log.info("following %s/%s: %d shards, deltas up to %d applied", self.cfg.model, version,
-                 manifest.num_shards, last)  # fmt: skip
-        return Loaded(version, vdir, schema, cluster, ctx, dense, manifest)
+                 lv.manifest.num_shards, last)  # fmt: skip
+        return lv
 
     def _unload(self) -> None:
         if self.loaded is not None:
@@ -377,6 +379,11 @@ class FollowTrainer:
             memory.trim()  # the old version's tables, back to the system (serving/memory.py)
 
     def close(self) -> None:
+        try:
+            self.settle()  # after an exception too: the delta in flight is whole, or never done
+        except Exception:
+            log.exception("the delta in flight failed")
+        self.cutter.close()
         if self.full is not None:
             self.full.settle()
         if self.lock is not None:

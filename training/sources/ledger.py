@@ -65,12 +65,19 @@ class Ledger:
         """Skip the rest of ``unit``: it cannot be read (or trained on) from where it stands."""
         self._entry(unit).update(done=True, error=error)
 
-    def commit(self) -> None:
-        """Move the progress into the ledger file (atomically): call after a delta's _SUCCESS."""
-        if not self.progress:
+    def take(self) -> dict[str, dict]:
+        """The progress so far, for ``commit`` once the delta that holds it is published (a delta
+        written on its own thread: training goes on meanwhile)."""
+        return {unit: dict(entry) for unit, entry in self.progress.items()}
+
+    def commit(self, taken: dict[str, dict] | None = None) -> None:
+        """Move the progress (or what ``take`` returned: the progress since stays apart) into the
+        ledger file (atomically): call after a delta's _SUCCESS."""
+        progress = self.progress if taken is None else taken
+        if not progress:
             return
-        self.units.update(self.progress)
-        self.progress = {}
+        self.units.update(progress)
+        self.progress = {} if taken is None else {u: e for u, e in self.progress.items() if e != taken.get(u)}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
         tmp.write_text(json.dumps({"files": self.units}, indent=1, sort_keys=True))

@@ -166,6 +166,7 @@ def test_the_metrics_count_what_the_book_counts(tmp_path):
         ddir.mkdir()
         book.write(ddir, {"t/0": 4})
         book.cut_took(0.03)
+        book.published(0.3)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     finally:
         book.close()
@@ -174,7 +175,9 @@ def test_the_metrics_count_what_the_book_counts(tmp_path):
                  'recserve_follow_offset{unit="t/0"} 4.0', "recserve_follow_lag_samples 9.0",
                  "recserve_follow_progressive_auc 1.0", "recserve_follow_delta_cut_seconds_count 1.0",
                  'recserve_follow_delta_cut_seconds_bucket{le="0.025"} 0.0',
-                 'recserve_follow_delta_cut_seconds_bucket{le="0.05"} 1.0'):  # fmt: skip
+                 'recserve_follow_delta_cut_seconds_bucket{le="0.05"} 1.0',
+                 'recserve_follow_delta_publish_seconds_bucket{le="0.25"} 0.0',
+                 'recserve_follow_delta_publish_seconds_bucket{le="0.5"} 1.0'):  # fmt: skip
         assert line in metrics, line
 
 

@@ -77,6 +77,7 @@ def test_samples_train_into_a_delta_with_their_offsets(kafka, new_topic, store):
     assert result.max_lag_samples == 201 and "recserve_follow_lag_samples 0.0" in metrics
     (ddir, record), = _published(store)  # fmt: skip
     assert "recserve_follow_delta_cut_seconds_count 1.0" in metrics  # the one delta's cut, timed
+    assert "recserve_follow_delta_publish_seconds_count 1.0" in metrics  # and when it was published
     in_p0 = sum(int(r[0].rpartition("-")[2]) % 2 == 0 for r in recs)
     assert record.positions == {f"{topic}/0": in_p0 + 1, f"{topic}/1": 200 - in_p0}
     assert record.samples == 200 and record.source == f"kafka://{kafka.bootstrap}/{topic}"

@@ -19,11 +19,13 @@ import pytest
 import torch
 
 import model_store as ms
+from model_store.deltas import read_delta
 from model_store.shards import read_meta
 from tests.helpers import ROOT, wait_until
 from tests.training.follow.helpers import NAME, SAMPLE, file_signs, lookup, retrained, serving_stores
 from training.config import TrainConfig
 from training.follow.config import FollowConfig
+from training.follow.cut import DeltaCut
 from training.follow.trainer import FollowTrainer, follow
 from training.train import train
 
@@ -102,6 +104,39 @@ def test_the_trainer_freezes_what_it_loaded_once(store, watch, monkeypatch):
         assert calls == [1]
         trainer.keep_up()  # a later look at CURRENT loads nothing new, freezes nothing again
         assert calls == [1]
+
+
+def test_a_delta_is_written_on_its_own_thread_while_training_goes_on(store, watch, monkeypatch):
+    # the cut takes the rows and the record in memory; the files, _SUCCESS and announce follow on
+    # the cut's thread, and the ledger claims the rows only once the delta holding them is published
+    gate = threading.Event()
+    publish = DeltaCut._publish
+    monkeypatch.setattr(DeltaCut, "_publish", lambda self, *a: gate.wait(60) and publish(self, *a))
+    shutil.copy(SAMPLE, watch / SAMPLE.name)
+    cfg = _cfg(store, watch, once=True, delta_interval_s=1e-6, batch_size=50)
+    vdir = ms.version_dir(store, NAME, ms.current(store, NAME))
+    box: dict = {}
+    with FollowTrainer(cfg) as trainer:
+        run = threading.Thread(target=lambda: box.update(result=trainer.run(threading.Event())))
+        run.start()
+        try:  # the step after the first cut trains; the next cut waits for the first's files
+            wait_until(lambda: trainer.result.rows >= 100, 60, "a step trained past the cut in flight")
+            [(_, seq)] = trainer.result.deltas
+            assert not (ms.delta_dir(vdir, seq) / ms.SUCCESS).exists()
+            assert not cfg.ledger.exists()  # nothing published: a restart trains the rows again
+        finally:
+            gate.set()
+            run.join(60)
+    result = box["result"]
+    assert result.rows == 200 and [s for _, s in result.deltas] == [seq, seq + 1, seq + 2, seq + 3]
+    records = [read_delta(ms.delta_dir(vdir, s)) for _, s in result.deltas]
+    assert [(r.positions[SAMPLE.name], r.samples) for r in records] == [
+        (50, 50),
+        (100, 50),
+        (150, 50),
+        (200, 50),
+    ]
+    assert json.loads(cfg.ledger.read_text())["files"][SAMPLE.name] == {"rows": 200, "done": True}
 
 
 def test_follow_loop_cuts_deltas_and_reloads_on_a_new_current(store, watch):

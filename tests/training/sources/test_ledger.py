@@ -59,6 +59,26 @@ def test_progress_after_a_commit_adds_to_the_committed_rows(tmp_path):
     assert Ledger(ledger.path).row("t/0") == 15
 
 
+def test_a_commit_of_what_was_taken_leaves_the_progress_since_apart(tmp_path):
+    # a delta written on its own thread holds the progress taken at its cut; training went on
+    path = tmp_path / "ledger.json"
+    ledger = Ledger(path)
+    ledger.advance("a.csv", 100)
+    ledger.advance("b.csv", 5)
+    taken = ledger.take()
+    ledger.advance("a.csv", 30)  # trained after the cut: the next delta's
+    ledger.advance("c.csv", 9)
+    ledger.commit(taken)
+    assert json.loads(path.read_text())["files"] == {
+        "a.csv": {"rows": 100, "done": False},
+        "b.csv": {"rows": 5, "done": False},
+    }
+    assert ledger.positions() == {"a.csv": 130, "b.csv": 5, "c.csv": 9}
+    assert Ledger(path).positions() == {"a.csv": 100, "b.csv": 5}  # a restart: the published delta's
+    ledger.commit()
+    assert Ledger(path).positions() == {"a.csv": 130, "b.csv": 5, "c.csv": 9}
+
+
 def test_a_commit_of_nothing_writes_nothing(tmp_path):
     ledger = Ledger(tmp_path / "ledger.json")
     ledger.commit()
