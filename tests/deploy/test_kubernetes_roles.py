@@ -144,8 +144,9 @@ def test_the_stream_roles_run_as_their_manifests_say_against_the_test_broker(net
         )
 
     wait_until(trained_samples, 120, "clicks joined into samples and trained into a delta")
-    (state,) = (tmp_path / "follow-0" / "state").iterdir()  # the ledger on the pod's own volume
-    assert state.name == "follow.json"
+    state = tmp_path / "follow-0" / "state"  # the ledger on the pod's own volume, committed at the
+    # trainer's next look once the delta is published (its files are written on their own thread)
+    assert wait_until(lambda: [f.name for f in state.iterdir()], 60, "the ledger's commit") == ["follow.json"]
 
 
 def test_the_torchserve_component_runs_as_its_manifest_says_and_scores(network, trained, tmp_path):
