@@ -13,6 +13,7 @@ benchmarks and the tests; continuous training (``recserve train --follow``) cuts
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from training.follow.book import StreamBook
     from training.follow.types import Loaded
     from training.sources.ledger import Ledger
+
+log = logging.getLogger("recserve.train.follow")
 
 Step = Callable[[Path], object]
 """A step of a cut that writes into the delta's directory."""
@@ -54,10 +57,12 @@ class DeltaCut:
     ``commit`` runs them all in one process; a job of ranks runs 1 and 7 on every rank and 2-6 on
     rank 0 (``write``, ``announce``; ``training.follow.ranks.cut_together``). The streaming trainer
     takes the rows and the record in memory on its thread and runs 2-6 on the cut's own thread
-    (``start``) while it trains on; 7 once they are done (``Pending``, the trainer's ``settle``).
+    (``take``, ``start``) while it trains on; 7 once they are done (``settle``).
     """
 
     _pool: ThreadPoolExecutor | None = None
+    pending: Pending | None = None
+    """The delta written on the cut's own thread (``take``), until ``settle``."""
 
     def __init__(self, interval_s: float = 0.0, announcer: Announcer | None = None,
                  clock: Callable[[], float] = time.monotonic):  # fmt: skip
@@ -132,7 +137,24 @@ class DeltaCut:
             else (lambda d: lv.cluster.write_deltas(d, deltas))
         )
         published = self.start(lv.vdir, seq, dump, lambda d: record())
-        return Pending(lv.version, seq, ddir, published, ledger.take(), began, threaded=deltas is not None)
+        self.pending = Pending(lv.version, seq, ddir, published, ledger.take(), began, deltas is not None)
+        return self.pending
+
+    def published(self) -> bool:
+        """The delta in flight is written and announced (or failed): ``settle`` will not wait."""
+        return self.pending is not None and self.pending.future.done()
+
+    def settle(self, ledger: Ledger, book: StreamBook) -> None:
+        """Step 7 of the delta in flight (none: nothing to do): wait until it is published (what
+        its thread raised, raised here), then commit the ledger's progress it holds."""
+        p, self.pending = self.pending, None
+        if p is None:
+            return
+        done = p.future.result()
+        ledger.commit(p.taken)
+        book.published(done - p.began)
+        log.info("delta %s/%d published %.0f ms after its cut began: %s", p.version, p.seq,
+                 (done - p.began) * 1e3, p.ddir)  # fmt: skip
 
     def _publish(self, vdir: Path, seq: int, dump: Step, record: Step | None) -> float:
         self.write(vdir, seq, dump, record)

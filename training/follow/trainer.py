@@ -50,7 +50,7 @@ from training.follow import tables as follow_tables
 from training.follow.book import StreamBook
 from training.follow.config import FollowConfig
 from training.follow.current import REFUSALS, CurrentWatch
-from training.follow.cut import DeltaCut, Pending
+from training.follow.cut import DeltaCut
 from training.follow.delayed import DelayedFeedback
 from training.follow.full_version import FullVersions
 from training.follow.guard import OutputGuard
@@ -104,7 +104,6 @@ class FollowTrainer:
         self.announcer = notices.announcer(cfg.announce)  # each delta's _SUCCESS, told to serving
         self.cutter = DeltaCut(cfg.delta_interval_s, self.announcer, clock)  # the one delta cut
         self.lock: FollowLock | None = None  # held while writing deltas (training/follow/standby.py)
-        self.pending: Pending | None = None  # the delta written on the cut's own thread
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> FollowResult:
@@ -301,7 +300,7 @@ class FollowTrainer:
         notices.announce(self.announcer, vdir.parent, version, seq, marker.stat().st_mtime)
 
     def _maybe_cut(self) -> None:
-        if self.pending is not None and self.pending.future.done():
+        if self.cutter.published():
             self.settle()  # the ledger committed as soon as the delta in flight is published
         read_on = self._changed or self.book.moved(self.ledger.positions())  # duplicates only: a delta too
         if read_on and self.cutter.due() and self.job.world == 1:  # ranks cut at a look
@@ -335,12 +334,12 @@ class FollowTrainer:
             self.ledger.commit()  # e.g. unreadable files: nothing to publish, but remember them
             return None
         seq = lv.cluster.stores[0].delta_seq + 1
-        self.pending = self.cutter.take(lv, seq, self.book, self.ledger, began)  # 1-6
+        pending = self.cutter.take(lv, seq, self.book, self.ledger, began)  # 1-6
         self._changed = False
         self.result.deltas.append((lv.version, seq))
         if self.rewinder is not None:
             self.rewinder.cut(seq)
-        if wait or not self.pending.threaded:
+        if wait or not pending.threaded:
             self.settle()  # 7
         held = time.perf_counter() - began
         self.book.cut_took(held)
@@ -349,14 +348,7 @@ class FollowTrainer:
 
     def settle(self) -> None:
         """Wait for the delta in flight (``cut``); published, the ledger commits what it holds."""
-        p, self.pending = self.pending, None
-        if p is None:
-            return
-        done = p.future.result()  # what its thread raised, raised here
-        self.ledger.commit(p.taken)
-        self.book.published(done - p.began)
-        log.info("delta %s/%d published %.0f ms after its cut began: %s", p.version, p.seq,
-                 (done - p.began) * 1e3, p.ddir)  # fmt: skip
+        self.cutter.settle(self.ledger, self.book)
 
     # ---- loading a version -----------------------------------------------------------------------
     def _load(self, version: str) -> Loaded:
