@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 
 import jsonpatch
 import yaml
@@ -13,6 +14,7 @@ from tests.helpers import ROOT
 
 KUBE = ROOT / "deploy" / "kubernetes"
 GRAFANA = ROOT / "deploy" / "grafana" / "recserve.json"
+IMAGE = ROOT / "deploy" / "image"
 VERSION = "1.30"  # the oldest Kubernetes these manifests use features of (the preStop sleep action)
 
 
@@ -112,3 +114,19 @@ def dashboard_panels() -> list[dict]:
 def dashboard_queries() -> list[str]:
     """Every PromQL expression of the dashboard, panel by panel."""
     return [t["expr"] for p in dashboard_panels() for t in p["targets"]]
+
+
+def instructions() -> dict[str, list[str]]:
+    """The image's Containerfile: each instruction's arguments, in order (continued lines joined)."""
+    text = (IMAGE / "Containerfile").read_text().replace("\\\n", " ")
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            word, _, rest = line.strip().partition(" ")
+            out.setdefault(word, []).append(rest.strip())
+    return out
+
+
+def image_env() -> dict[str, str]:
+    """The environment the image's ENV instructions give every container (``NAME=value`` pairs)."""
+    return dict(pair.split("=", 1) for env in instructions()["ENV"] for pair in shlex.split(env))

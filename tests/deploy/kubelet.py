@@ -19,7 +19,7 @@ import grpc
 import yaml
 
 from serving.rpc.health import check
-from tests.deploy.helpers import KUBE
+from tests.deploy.helpers import KUBE, image_env
 from tests.helpers import ROOT, doc_blocks
 
 IMAGE_WORKDIR = "/app"  # the image's WORKDIR: this checkout stands for it
@@ -186,13 +186,26 @@ class Kubelet:
         volumes = {v["name"]: self.volume_dir(pod, v) for v in pod["spec"].get("volumes", [])}
         volumes |= {name: self.volume_dir(pod, {"name": name}) for name in pod.get("claims", [])}
         binds = {str(volumes[m["name"]]): m["mountPath"] for m in container.get("volumeMounts", [])}
-        binds |= {
-            str(ROOT): IMAGE_WORKDIR,
-            str(VENV): IMAGE_VENV,
-            str(self.commands): f"{IMAGE_VENV}-commands",
-        }
         env = container_env(container, pod, self.config_maps)
-        return binds, env, {**os.environ, "PATH": self.path, "PYTHONPATH": IMAGE_WORKDIR, **env}
+        return binds | self.image_binds(), env, {**self.image_env(), **env}
+
+    def image_binds(self) -> dict[str, str]:
+        """The image's files: its WORKDIR, venv and commands (this checkout, its venv, ``image_commands``)."""
+        return {str(ROOT): IMAGE_WORKDIR, str(VENV): IMAGE_VENV, str(self.commands): f"{IMAGE_VENV}-commands"}
+
+    def image_env(self) -> dict[str, str]:
+        """A process's environment before its container's own: the image's ENV (numba's cache in the
+        image's venv, HOME), its PATH being the image's commands here and recserve the WORKDIR's."""
+        return {**os.environ, **image_env(), "PATH": self.path, "PYTHONPATH": IMAGE_WORKDIR}
+
+    def warm(self, host) -> tuple:
+        """The image build's ``recserve warm`` (deploy/image/Containerfile), started on ``host`` in the
+        image's WORKDIR and ENV: numba's cache in the image's venv (here this venv's ``numba-cache``),
+        which the frontend's init container copies, so that it starts warm as it does from the image.
+        (process, log) to wait for."""
+        log = self.tmp_path / "image-warm.log"
+        return host.popen(["recserve", "warm"], log, env=self.image_env(), binds=self.image_binds(),
+                          cwd=IMAGE_WORKDIR), log  # fmt: skip
 
     def exec(self, pod: dict, host, container: dict) -> Callable[[list[str], float], tuple[int, str]]:
         """An exec probe's runner for ``container`` on ``host``: the command as given (the kubelet

@@ -6,20 +6,8 @@ from __future__ import annotations
 import re
 import subprocess
 
-from tests.deploy.helpers import KUBE, documents, workloads
+from tests.deploy.helpers import IMAGE, KUBE, documents, instructions, workloads
 from tests.helpers import ROOT
-
-IMAGE = ROOT / "deploy" / "image"
-
-
-def instructions() -> dict[str, list[str]]:
-    text = (IMAGE / "Containerfile").read_text().replace("\\\n", " ")
-    out: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            word, _, rest = line.strip().partition(" ")
-            out.setdefault(word, []).append(rest.strip())
-    return out
 
 
 def test_the_image_runs_as_the_manifests_user_in_their_workdir():

@@ -28,6 +28,7 @@ from serving.rpc.health import check
 from serving.scoring.client import ScoringClient, requests_from_file
 from tests.deploy.helpers import KUBE, build_overlay
 from tests.deploy.kubelet import (
+    VENV,
     Kubelet,
     pods,
     probe,
@@ -55,8 +56,10 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
     start = kubelet.start
 
     placed = list(zip(all_pods, net.hosts, strict=True))
+    warming = kubelet.warm(net.hosts[-1])  # the image's build step, beside the training Job
     jobs = {pod["name"]: start(pod, host) for pod, host in placed if pod["job"]}
     exit_ok([(f"pod {name}", proc, log) for name, (_, proc, log) in jobs.items()])
+    exit_ok([("the image's recserve warm", *warming)])
     assert ms.current(store, "criteo") == "1", "the training Job published no version"
     assert ms.read_manifest(ms.version_dir(store, "criteo", "1")).train.world_size == 2  # type: ignore[union-attr]
     started = {pod["name"]: start(pod, host) for pod, host in placed if not pod["job"]}
@@ -76,7 +79,13 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
     try:
         wait_until(all_ready, 120, "every serving pod's readiness probe to pass across the namespaces")
     except AssertionError as e:
-        raise AssertionError(f"{e}; the probes answered {answers}") from None
+        logs = {name: log.read_text()[-2000:] for name, (_, _, log) in started.items()
+                if not answers.get(name, "").startswith("200")}  # fmt: skip
+        raise AssertionError(f"{e}; the probes answered {answers}; the others' logs end {logs}") from None
+    cache = {p.relative_to(VENV / "numba-cache") for p in (VENV / "numba-cache").rglob("*.nbc")}
+    for name in (n for n in started if n.startswith("scoring-")):  # numba's cache: the image's, copied
+        copied = tmp_path / name / "tmp" / "numba-cache"
+        assert cache and {p.relative_to(copied) for p in copied.rglob("*.nbc")} == cache, f"{name} compiled"
     with grpc.insecure_channel(f"{started['ps-0'][0].address}:50061") as channel:
         assert check(channel, timeout_s=2) == "UNAVAILABLE"  # mTLS: a plaintext client gets nothing
     frontends = [(n, s) for n, s in started.items() if n.startswith("scoring-")]
