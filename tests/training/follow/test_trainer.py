@@ -139,6 +139,39 @@ def test_a_delta_is_written_on_its_own_thread_while_training_goes_on(store, watc
     assert json.loads(cfg.ledger.read_text())["files"][SAMPLE.name] == {"rows": 200, "done": True}
 
 
+def test_a_delta_whose_write_fails_on_its_thread_stops_the_trainer_and_commits_nothing(
+    store, watch, monkeypatch
+):
+    # the disk fills while delta 2's files are written on the cut's thread: the error reaches the
+    # training thread, the ledger holds delta 1's progress only, and a restart trains the rest once
+    encode, calls = ms.shards.encode_delta, []
+
+    def full_disk(ddir: Path, vdir: Path) -> None:
+        calls.append(ddir)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device", str(ddir))
+        encode(ddir, vdir)
+
+    monkeypatch.setattr(ms.shards, "encode_delta", full_disk)
+    shutil.copy(SAMPLE, watch / SAMPLE.name)
+    cfg = _cfg(store, watch, once=True, delta_interval_s=1e-6, batch_size=50)
+    vdir = ms.version_dir(store, NAME, ms.current(store, NAME))
+    with FollowTrainer(cfg) as trainer, pytest.raises(OSError, match="No space left"):
+        trainer.run(threading.Event())
+    first, failed = calls
+    assert (first / ms.SUCCESS).is_file() and not (failed / ms.SUCCESS).exists()
+    assert ms.list_deltas(vdir)[-1] == int(first.name)  # the half-written one is no delta
+    assert json.loads(cfg.ledger.read_text())["files"][SAMPLE.name] == {"rows": 50, "done": False}
+
+    monkeypatch.setattr(ms.shards, "encode_delta", encode)
+    with FollowTrainer(cfg) as again:
+        result = again.run(threading.Event())
+    assert result.deltas[0][1] == int(failed.name)  # its directory written again, whole this time
+    records = [read_delta(ms.delta_dir(vdir, s)) for _, s in result.deltas]
+    assert sum(r.samples for r in records) == 150 and records[-1].positions[SAMPLE.name] == 200
+    assert json.loads(cfg.ledger.read_text())["files"][SAMPLE.name] == {"rows": 200, "done": True}
+
+
 def test_follow_loop_cuts_deltas_and_reloads_on_a_new_current(store, watch):
     v1 = ms.current(store, NAME)
     stop = threading.Event()
