@@ -35,7 +35,9 @@ a few MB a partition); the joiner and the users produce in batches of ``stream_t
 - ``recovery_s`` {trainer, joiner}: seconds from each kill until the loop's lag (the trainer's, below,
   plus the samples the joiner owes) is back under one second of traffic (``--rate`` x ``--items``
   samples) and stays there until the next kill or the load's end (``stream_figures.recovery_s``;
-  None: not recovered, a missed target).
+  None: not recovered, a missed target). ``back_under_s``: until it first fell back under the line
+  after the kill's first look over it (the kill's own setback; ``recovery_s`` also waits out the
+  steady state's looks over the line before the next event).
 - ``max_lag_samples``: the most samples the trainer's published offsets (its last delta's) were
   behind the samples topic's end, sampled every second (the kill's restart included);
   ``max_samples_dropped_by_the_broker_before_trained``: how far the broker's retention had passed
@@ -309,6 +311,9 @@ def run(args, model_dir: Path, work: Path, duration: float) -> dict:
             **{f"to_{k}": sf.percentiles_s(v[steady] if len(v) else v) for k, v in to.items()},
         },
         "recovery_s": {n: sf.recovery_s(lag_t, lag_n + owed, at, ends[n], under) for n, at in kills.items()},
+        "back_under_s": {
+            n: sf.back_under_s(lag_t, lag_n + owed, at, ends[n], under) for n, at in kills.items()
+        },
         "clicks_trained_not_served": unserved,
         "logging_p99_ratio": round(on / off, 3) if on and off else None,
         "logging_p99_ms": {"on": on, "off": off, "requests": {k: v.ok for k, v in sides.items()}},

@@ -11,7 +11,7 @@ the sample at (partition, offset) is in the first published delta whose offset t
 restarts). Of the samples of one key (a joiner restarted emits some again) the first so placed is
 the one trained; the trainer drops the others by key.
 
-A kill's cost in time: ``recovery_s`` (from the trainer's lag sampled every second) and
+A kill's cost in time: ``recovery_s`` and ``back_under_s`` (from the trainer's lag sampled every second) and
 ``outside_kills`` (the clicks away from the kills, whose wait is the loop's steady one).
 """
 
@@ -307,6 +307,24 @@ def recovery_s(t: NDArray[np.float64], lag: NDArray[np.int64], kill: float, unti
     if over[-1] == len(t) - 1:
         return None
     return round(float(t[over[-1] + 1] - kill), 1)
+
+
+def back_under_s(t: NDArray[np.float64], lag: NDArray[np.int64], kill: float, until: float,
+                 under: float) -> float | None:  # fmt: skip
+    """Seconds from ``kill`` until the lag (as ``recovery_s`` reads it) first falls back under
+    ``under`` after its first look at or above it: the kill's own setback, which ``recovery_s``
+    extends to the last look over the line before ``until`` (the steady state's noise included).
+    0.0 when no look there was at or above it; None when it never fell back under (or no look)."""
+    t, lag = np.asarray(t, np.float64), np.asarray(lag, np.float64)
+    m = (t > kill) & (t < until)
+    t, lag = t[m], lag[m]
+    if not len(t):
+        return None
+    over = np.flatnonzero(lag >= under)
+    if not len(over):
+        return 0.0
+    back = np.flatnonzero(lag[over[0] :] < under)
+    return round(float(t[over[0] + back[0]] - kill), 1) if len(back) else None
 
 
 def outside_kills(t: NDArray[np.float64], kills: list[float], before_s: float,

@@ -153,6 +153,20 @@ def test_recovery_is_the_first_lag_sample_under_a_second_of_traffic_after_the_la
     assert sf.recovery_s(t, lag, 110.5, 135.0, 10_000) == 9.5  # under from 120 on
 
 
+def test_back_under_is_the_first_lag_sample_under_the_line_after_the_kills_first_over_it():
+    t = np.arange(100.0, 140.0)
+    lag = np.full(40, 2_000)
+    lag[11:20] = 50_000  # behind from 111 to 119: under again at 120
+    lag[30] = 12_000  # a look over the line at 130, the steady state's noise: recovery_s waits it out
+    assert sf.back_under_s(t, lag, 110.5, 135.0, 10_000) == 9.5
+    assert sf.recovery_s(t, lag, 110.5, 135.0, 10_000) == 20.5
+    lag[11:20] = 2_000
+    assert sf.back_under_s(t, lag, 110.5, 129.5, 10_000) == 0.0  # never a second of traffic behind
+    lag[25:] = 80_000  # still behind when the next kill came
+    assert sf.back_under_s(t, lag, 110.5, 135.0, 10_000) is None
+    assert sf.back_under_s(t, lag, 150.0, 160.0, 10_000) is None  # no sample after the kill
+
+
 def test_recovery_counts_only_the_samples_before_the_next_kill():
     t = np.arange(100.0, 140.0)
     lag = np.full(40, 2_000)
