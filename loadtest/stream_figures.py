@@ -296,6 +296,14 @@ def recovery_s(t: NDArray[np.float64], lag: NDArray[np.int64], kill: float, unti
     it, its time less ``kill``; 0.0 when none there was at or above it (never a second of traffic
     behind, to the sampling's resolution); None when the last one there is still at or above it
     (not recovered before ``until``) or there are none."""
+    return _after_kill(t, lag, kill, until, under, lambda over: over[-1] + 1)
+
+
+def _after_kill(t: NDArray[np.float64], lag: NDArray[np.int64], kill: float, until: float, under: float,
+                back: Callable[[NDArray[np.int64]], int | None]) -> float | None:  # fmt: skip
+    """The looks in (``kill``, ``until``): None when there are none, 0.0 when none is at or above
+    ``under``, else the time less ``kill`` of the look ``back(over)`` picks (``over``: the indexes
+    of the looks at or above it; None or past the last look: not back under)."""
     t, lag = np.asarray(t, np.float64), np.asarray(lag, np.float64)
     m = (t > kill) & (t < until)
     t, lag = t[m], lag[m]
@@ -304,9 +312,8 @@ def recovery_s(t: NDArray[np.float64], lag: NDArray[np.int64], kill: float, unti
     over = np.flatnonzero(lag >= under)
     if not len(over):
         return 0.0
-    if over[-1] == len(t) - 1:
-        return None
-    return round(float(t[over[-1] + 1] - kill), 1)
+    i = back(over)
+    return None if i is None or i >= len(t) else round(float(t[i] - kill), 1)
 
 
 def back_under_s(t: NDArray[np.float64], lag: NDArray[np.int64], kill: float, until: float,
@@ -315,16 +322,13 @@ def back_under_s(t: NDArray[np.float64], lag: NDArray[np.int64], kill: float, un
     ``under`` after its first look at or above it: the kill's own setback, which ``recovery_s``
     extends to the last look over the line before ``until`` (the steady state's noise included).
     0.0 when no look there was at or above it; None when it never fell back under (or no look)."""
-    t, lag = np.asarray(t, np.float64), np.asarray(lag, np.float64)
-    m = (t > kill) & (t < until)
-    t, lag = t[m], lag[m]
-    if not len(t):
-        return None
-    over = np.flatnonzero(lag >= under)
-    if not len(over):
-        return 0.0
-    back = np.flatnonzero(lag[over[0] :] < under)
-    return round(float(t[over[0] + back[0]] - kill), 1) if len(back) else None
+
+    def first_under(over: NDArray[np.int64]) -> int | None:
+        # the first look under the line after the first over it: a gap in the indexes over it
+        gaps = np.flatnonzero(np.diff(over) > 1)
+        return int(over[gaps[0]] + 1) if len(gaps) else int(over[-1] + 1)
+
+    return _after_kill(t, lag, kill, until, under, first_under)
 
 
 def outside_kills(t: NDArray[np.float64], kills: list[float], before_s: float,
