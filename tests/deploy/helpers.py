@@ -4,6 +4,7 @@ Grafana dashboard's panels and queries."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import shlex
 
@@ -127,6 +128,8 @@ def instructions() -> dict[str, list[str]]:
     return out
 
 
+@functools.cache
 def image_env() -> dict[str, str]:
-    """The environment the image's ENV instructions give every container (``NAME=value`` pairs)."""
+    """The environment the image's ENV instructions give every container (``NAME=value`` pairs;
+    read once: callers copy it)."""
     return dict(pair.split("=", 1) for env in instructions()["ENV"] for pair in shlex.split(env))

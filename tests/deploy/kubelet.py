@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import ssl
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import grpc
 import yaml
 
 from serving.rpc.health import check
-from tests.deploy.helpers import KUBE, image_env
+from tests.deploy.helpers import KUBE, image_env, instructions
 from tests.helpers import ROOT, doc_blocks
 
 IMAGE_WORKDIR = "/app"  # the image's WORKDIR: this checkout stands for it
@@ -187,13 +188,13 @@ class Kubelet:
         volumes |= {name: self.volume_dir(pod, {"name": name}) for name in pod.get("claims", [])}
         binds = {str(volumes[m["name"]]): m["mountPath"] for m in container.get("volumeMounts", [])}
         env = container_env(container, pod, self.config_maps)
-        return binds | self.image_binds(), env, {**self.image_env(), **env}
+        return binds | self.image_binds(), env, {**self.process_env(), **env}
 
     def image_binds(self) -> dict[str, str]:
         """The image's files: its WORKDIR, venv and commands (this checkout, its venv, ``image_commands``)."""
         return {str(ROOT): IMAGE_WORKDIR, str(VENV): IMAGE_VENV, str(self.commands): f"{IMAGE_VENV}-commands"}
 
-    def image_env(self) -> dict[str, str]:
+    def process_env(self) -> dict[str, str]:
         """A process's environment before its container's own: the image's ENV (numba's cache in the
         image's venv, HOME), its PATH being the image's commands here and recserve the WORKDIR's."""
         return {**os.environ, **image_env(), "PATH": self.path, "PYTHONPATH": IMAGE_WORKDIR}
@@ -203,8 +204,10 @@ class Kubelet:
         image's WORKDIR and ENV: numba's cache in the image's venv (here this venv's ``numba-cache``),
         which the frontend's init container copies, so that it starts warm as it does from the image.
         (process, log) to wait for."""
+        (argv,) = [shlex.split(step) for run in instructions()["RUN"] for step in run.split("&&")
+                   if step.split()[:2] == ["recserve", "warm"]]  # fmt: skip
         log = self.tmp_path / "image-warm.log"
-        return host.popen(["recserve", "warm"], log, env=self.image_env(), binds=self.image_binds(),
+        return host.popen(argv, log, env=self.process_env(), binds=self.image_binds(),
                           cwd=IMAGE_WORKDIR), log  # fmt: skip
 
     def exec(self, pod: dict, host, container: dict) -> Callable[[list[str], float], tuple[int, str]]:

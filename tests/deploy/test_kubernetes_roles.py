@@ -83,8 +83,10 @@ def test_every_pod_of_the_small_overlay_runs_as_its_manifest_says_and_scores(net
                 if not answers.get(name, "").startswith("200")}  # fmt: skip
         raise AssertionError(f"{e}; the probes answered {answers}; the others' logs end {logs}") from None
     cache = {p.relative_to(VENV / "numba-cache") for p in (VENV / "numba-cache").rglob("*.nbc")}
-    for name in (n for n in started if n.startswith("scoring-")):  # numba's cache: the image's, copied
-        copied = tmp_path / name / "tmp" / "numba-cache"
+    for pod in (
+        p for p in all_pods if p["name"].startswith("scoring-")
+    ):  # numba's cache: the image's, copied
+        name, copied = pod["name"], kubelet.volume_dir(pod, {"name": "tmp"}) / "numba-cache"
         assert cache and {p.relative_to(copied) for p in copied.rglob("*.nbc")} == cache, f"{name} compiled"
     with grpc.insecure_channel(f"{started['ps-0'][0].address}:50061") as channel:
         assert check(channel, timeout_s=2) == "UNAVAILABLE"  # mTLS: a plaintext client gets nothing
