@@ -35,6 +35,11 @@ def assignment(path) -> set[int] | None:
     return {int(p) for p in last[-1][0].split(",")} if last[-1] else set()
 
 
+def events(logs) -> dict[str, list[str]]:
+    """Each member log's lines other than GOT, to show when a wait fails."""
+    return {path.name: [ln for ln in lines(path) if not ln.startswith("GOT")][-20:] for path in logs}
+
+
 def got(path) -> set[tuple[int, int]]:
     return {(int(a), int(b)) for _, a, b in (ln.split() for ln in lines(path) if ln.startswith("GOT"))}
 
@@ -66,19 +71,27 @@ def test_group_members_split_commit_and_rebalance_after_sigkill(kafka, tmp_path)
     procs = [member(kafka, topic, "g", log) for log in logs]
     try:
 
-        def split() -> bool:  # a member the group dropped while it was slow to poll rejoins: wait for that
+        def wait(predicate, what: str, members=procs) -> None:
+            """Wait for ``predicate``; a member of ``members`` that exits fails it at once, and a
+            failed wait shows the members' exit codes and their logs' events."""
+            exited = lambda: [p.returncode for p in members if p.poll() is not None]  # noqa: E731
+            try:
+                wait_until(lambda: exited() or predicate(), 60, what)
+                assert not exited(), f"a member exited while waiting for {what}"
+            except AssertionError as e:
+                raise AssertionError(f"{e}; exit codes {[p.poll() for p in procs]}; {events(logs)}") from None
+
+        def split() -> bool:  # the first member's assignment is revoked when the second joins
             a, b = (assignment(x) for x in logs)
             return bool(a and b and not a & b and a | b == {0, 1, 2, 3})
 
-        wait_until(split, 60, "both members assigned, the four partitions split between them")
-        wait_until(lambda: len(got(logs[0]) | got(logs[1])) == 200 or None, 60, "200 records consumed")
+        wait(split, "both members assigned, the four partitions split between them")
+        wait(lambda: len(got(logs[0]) | got(logs[1])) == 200, "200 records consumed")
         procs[1].send_signal(signal.SIGKILL)
         procs[1].wait()
-        wait_until(lambda: assignment(logs[0]) == {0, 1, 2, 3}, 60, "the survivor owns every partition")
+        wait(lambda: assignment(logs[0]) == {0, 1, 2, 3}, "the survivor owns every partition", procs[:1])
         produce(kafka.bootstrap, topic, range(200, 300))
-        wait_until(
-            lambda: len(got(logs[0]) | got(logs[1])) == 300 or None, 60, "the 100 later records consumed"
-        )
+        wait(lambda: len(got(logs[0]) | got(logs[1])) == 300, "the 100 later records consumed", procs[:1])
         # committed offsets are kept by the broker: they equal the end of every partition
         c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "g"})
         committed = c.committed([TopicPartition(topic, p) for p in range(4)], timeout=10)

@@ -2,14 +2,17 @@
 
     python -m tests.stream.member BOOTSTRAP TOPIC GROUP
 
-prints ``ASSIGNED p,q,...`` after every rebalance and ``GOT partition offset`` per record, and
-commits each record's offset synchronously before printing it."""
+prints ``ASSIGNED p,q,...`` after every rebalance and, per record, commits its offset
+synchronously and prints ``GOT partition offset``. A commit the group refuses while it rebalances
+(REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION) is printed ``UNCOMMITTED partition offset error`` and
+the member goes on, as any consumer must: the partition's next owner starts from its committed
+offset and reads the record again."""
 
 from __future__ import annotations
 
 import sys
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 
 
 def main(bootstrap: str, topic: str, group: str) -> None:
@@ -24,7 +27,11 @@ def main(bootstrap: str, topic: str, group: str) -> None:
         msg = c.poll(0.5)
         if msg is None or msg.error():
             continue
-        c.commit(msg, asynchronous=False)
+        try:
+            c.commit(msg, asynchronous=False)
+        except KafkaException as e:
+            print(f"UNCOMMITTED {msg.partition()} {msg.offset()} {e.args[0].name()}", flush=True)
+            continue
         print(f"GOT {msg.partition()} {msg.offset()}", flush=True)
 
 
