@@ -108,10 +108,12 @@ def torch_threads(num_threads: int | None) -> Callable[[], None]:
 
 
 def as_array(x: ArrayLike | torch.Tensor) -> NDArray[np.float32]:
-    """float32, C-contiguous (a torch tensor is copied to the host first)."""
+    """float32, C-contiguous and writable (a torch tensor is copied to the host first; a read-only
+    array, e.g. a binary request's dense values viewed in its body, is copied: ``torch.from_numpy``
+    of one is undefined behaviour, and torch warns)."""
     if hasattr(x, "detach"):
         x = x.detach().cpu().numpy()
-    return np.ascontiguousarray(x, dtype=np.float32)
+    return np.require(x, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])
 
 
 def check_inputs(

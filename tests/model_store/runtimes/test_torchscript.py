@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -47,3 +48,16 @@ def test_a_model_runs_at_its_thread_count_in_whichever_thread_scores(tmp_path) -
     thread.start()
     thread.join()
     assert seen == [1]
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.load. is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("error::UserWarning")
+def test_read_only_inputs_score_as_writable_ones_without_torchs_warning(tmp_path) -> None:
+    """A binary request's dense values are a view of its body (read-only): they are copied before
+    torch.from_numpy, which warns of undefined behaviour on a read-only array."""
+    path = torchscript.RUNTIME.write(make("dlrm", F).eval(), tmp_path / "dense.pt", *inputs(2, F))
+    predict = torchscript.load(path, 1)
+    pooled, dense = inputs(4, F)
+    views = [np.frombuffer(x.tobytes(), np.float32).reshape(x.shape) for x in (pooled, dense)]
+    assert not any(v.flags.writeable for v in views)
+    assert np.array_equal(predict(*views), predict(pooled, dense))
